@@ -1,0 +1,170 @@
+// Tutti: collective communication for distributed deep-learning training.
+//
+// The one header a user includes. The shape follows NCCL: counts are in elements,
+// `send == recv` means in place, `reduce_scatter` takes the per-rank receive count and
+// `allgather` the per-rank send count. Every call checks its arguments before anything is
+// sent and raises `tutti::Error` (see <tutti/types.hpp>) on failure.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "tutti/types.hpp"
+
+namespace tutti {
+
+namespace detail {
+class Operation;
+class CommImpl;
+}  // namespace detail
+
+/// The handle of a nonblocking operation. Copies share the same operation.
+/// The buffers passed to the operation must stay valid until it completes.
+class Request {
+ public:
+  Request() = default;  // an empty request: already complete
+  /// Blocks until the operation completes (and every operation issued before it on the
+  /// same communicator); throws the operation's `Error` (e.g. `timeout` after the deadline).
+  void wait();
+  /// Makes progress; true when complete. Throws the operation's `Error`.
+  bool test();
+  /// Like `wait`, but gives up after `duration` and returns false (the operation goes on).
+  bool wait_for(std::chrono::milliseconds duration);
+
+  explicit Request(std::shared_ptr<detail::Operation> op) : op_(std::move(op)) {}
+
+ private:
+  std::shared_ptr<detail::Operation> op_;
+};
+
+/// A group of ranks that run collectives together. Copies are handles to the same
+/// communicator. Calls on one communicator must be issued in the same order on every rank;
+/// operations complete in issue order. One thread at a time per rank should issue calls.
+class Communicator {
+ public:
+  Communicator() = default;  // the empty communicator: size() == 0
+
+  int rank() const;  ///< this rank, 0 ≤ rank < size(); -1 for an empty communicator
+  int size() const;  ///< number of ranks; 0 for an empty communicator
+
+  // ---- blocking collectives (counts in elements) ----
+
+  /// recv[i] = op over ranks of send[i], on every rank. In place: send == recv.
+  void allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                 const Options& options = {});
+  /// Like allreduce, but only `root` receives the result (recv is ignored elsewhere and may be null).
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
+              const Options& options = {});
+  /// send holds size()*recv_count elements; rank r receives block r of the reduction.
+  /// In place: recv == send + rank*recv_count (as NCCL), or send == recv (result at the start, as MPI).
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type, ReduceOp op,
+                      const Options& options = {});
+  /// recv (size()*send_count elements) gets every rank's block in rank order.
+  /// In place: send == recv + rank*send_count (as NCCL) or send == recv (as MPI_IN_PLACE).
+  void allgather(const void* send, void* recv, std::size_t send_count, DataType type, const Options& options = {});
+  /// Like allgather with per-rank counts (recv_counts has size() entries, the same on every rank;
+  /// blocks are packed in rank order). In place: send == recv + displacement(rank) or send == recv.
+  void allgatherv(const void* send, std::size_t send_count, void* recv, std::span<const std::size_t> recv_counts,
+                  DataType type, const Options& options = {});
+  /// Copies root's buffer to every rank's buffer.
+  void broadcast(void* buffer, std::size_t count, DataType type, int root, const Options& options = {});
+  /// Block j of send (count_per_rank elements) goes to rank j, which stores it as its block `rank`.
+  /// In place: send == recv.
+  void alltoall(const void* send, void* recv, std::size_t count_per_rank, DataType type,
+                const Options& options = {});
+  /// Like alltoall with per-peer counts; blocks are packed in rank order (no displacements).
+  /// send_counts[j] on rank i must equal recv_counts[i] on rank j. In place: send == recv.
+  void alltoallv(const void* send, std::span<const std::size_t> send_counts, void* recv,
+                 std::span<const std::size_t> recv_counts, DataType type, const Options& options = {});
+  /// root's recv (size()*send_count elements) gets every rank's block in rank order.
+  /// In place on root: send == recv + root*send_count.
+  void gather(const void* send, void* recv, std::size_t send_count, DataType type, int root,
+              const Options& options = {});
+  /// Block r of root's send (size()*recv_count elements) goes to rank r.
+  /// In place on root: recv == send + root*recv_count.
+  void scatter(const void* send, void* recv, std::size_t recv_count, DataType type, int root,
+               const Options& options = {});
+  /// Returns on any rank only after every rank has entered it.
+  void barrier(const Options& options = {});
+  /// Point to point; messages between two ranks with the same tag arrive in order.
+  void send(const void* data, std::size_t count, DataType type, int peer, int tag = 0);
+  void recv(void* data, std::size_t count, DataType type, int peer, int tag = 0);
+
+  // ---- nonblocking twins: same arguments, return at once ----
+
+  Request iallreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                     const Options& options = {});
+  Request ireduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
+                  const Options& options = {});
+  Request ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type, ReduceOp op,
+                          const Options& options = {});
+  Request iallgather(const void* send, void* recv, std::size_t send_count, DataType type,
+                     const Options& options = {});
+  Request iallgatherv(const void* send, std::size_t send_count, void* recv, std::span<const std::size_t> recv_counts,
+                      DataType type, const Options& options = {});
+  Request ibroadcast(void* buffer, std::size_t count, DataType type, int root, const Options& options = {});
+  Request ialltoall(const void* send, void* recv, std::size_t count_per_rank, DataType type,
+                    const Options& options = {});
+  Request ialltoallv(const void* send, std::span<const std::size_t> send_counts, void* recv,
+                     std::span<const std::size_t> recv_counts, DataType type, const Options& options = {});
+  Request igather(const void* send, void* recv, std::size_t send_count, DataType type, int root,
+                  const Options& options = {});
+  Request iscatter(const void* send, void* recv, std::size_t recv_count, DataType type, int root,
+                   const Options& options = {});
+  Request ibarrier(const Options& options = {});
+  Request isend(const void* data, std::size_t count, DataType type, int peer, int tag = 0);
+  Request irecv(void* data, std::size_t count, DataType type, int peer, int tag = 0);
+
+  // ---- typed conveniences ----
+
+  /// In place.
+  template <class T>
+  void allreduce(std::span<T> data, ReduceOp op, const Options& options = {}) {
+    allreduce(data.data(), data.data(), data.size(), data_type_of<T>(), op, options);
+  }
+  /// Out of place; recv.size() must equal send.size().
+  template <class T>
+  void allreduce(std::span<const T> send, std::span<T> recv, ReduceOp op, const Options& options = {}) {
+    check_span_sizes(send.size(), recv.size(), 1, "allreduce: recv.size() must equal send.size()");
+    allreduce(send.data(), recv.data(), send.size(), data_type_of<T>(), op, options);
+  }
+  template <class T>
+  void broadcast(std::span<T> data, int root, const Options& options = {}) {
+    broadcast(data.data(), data.size(), data_type_of<T>(), root, options);
+  }
+  /// recv.size() must be size() * send.size().
+  template <class T>
+  void allgather(std::span<const T> send, std::span<T> recv, const Options& options = {}) {
+    check_span_sizes(recv.size(), send.size(), size(), "allgather: recv.size() must be size() * send.size()");
+    allgather(send.data(), recv.data(), send.size(), data_type_of<T>(), options);
+  }
+  /// send.size() must be size() * recv.size().
+  template <class T>
+  void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op, const Options& options = {}) {
+    check_span_sizes(send.size(), recv.size(), size(), "reduce_scatter: send.size() must be size() * recv.size()");
+    reduce_scatter(send.data(), recv.data(), recv.size(), data_type_of<T>(), op, options);
+  }
+
+  /// MPI_Comm_split: ranks with the same color form a communicator, ordered by (key, old rank).
+  /// Collective over this communicator. A negative color gives an empty communicator.
+  Communicator split(int color, int key) const;
+
+  explicit Communicator(std::shared_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}
+  detail::CommImpl* impl() const { return impl_.get(); }
+
+ private:
+  static void check_span_sizes(std::size_t a, std::size_t b, std::size_t factor, const char* message);
+  detail::CommImpl& checked() const;
+  std::shared_ptr<detail::CommImpl> impl_;
+};
+
+/// Joins the job described by the environment. Without a launcher, a job of one rank.
+Communicator init();
+
+/// `p` communicators over the in-process transport, one per rank: give each to its own thread.
+std::vector<Communicator> local_group(int p);
+
+}  // namespace tutti

@@ -1,0 +1,190 @@
+#include "comm/comm_impl.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "core/env.hpp"
+#include "exec/request.hpp"
+#include "reduce/reduce.hpp"
+
+namespace tutti::detail {
+
+using schedule::Collective;
+
+CommImpl::CommImpl(std::unique_ptr<transport::Transport> transport)
+    : rank_(transport->rank()), size_(transport->size()), default_timeout_(core::default_timeout()) {
+  queue_ = std::make_shared<exec::OperationQueue>(std::move(transport));
+}
+
+namespace {
+
+// Bytes the algorithm choice looks at: the same on every rank of the call.
+std::size_t choice_bytes(const Call& call, int p) {
+  const std::size_t elem = size_of(call.type);
+  switch (call.collective) {
+    case Collective::allreduce:
+    case Collective::reduce:
+    case Collective::broadcast: return call.count * elem;
+    case Collective::allgatherv: return std::accumulate(call.counts.begin(), call.counts.end(), std::size_t{0}) * elem;
+    case Collective::alltoallv:
+    case Collective::barrier: return 0;
+    default: return static_cast<std::size_t>(p) * call.count * elem;
+  }
+}
+
+std::uint64_t hash_counts(std::span<const std::size_t> counts) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::size_t c : counts) h = (h ^ c) * 1099511628211ull;
+  return counts.empty() ? 0 : h | 1;
+}
+
+bool has_result(const Call& call, int rank) {
+  switch (call.collective) {
+    case Collective::allreduce:
+    case Collective::reduce_scatter: return true;
+    case Collective::reduce: return rank == call.root;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+Request CommImpl::start(const Call& call) {
+  queue_->check_usable();
+  const Extents extents = validate(call, rank_, size_);
+  const std::size_t elem = size_of(call.type);
+  const Algorithm algorithm =
+      choose_algorithm(call.collective, call.options.algorithm, size_, choice_bytes(call, size_));
+
+  schedule::Params params;
+  params.collective = call.collective;
+  params.rank = rank_;
+  params.size = size_;
+  params.count = call.count;
+  params.elem_size = elem;
+  params.root = call.root;
+  params.counts = call.counts;
+  params.recv_counts = call.recv_counts;
+  schedule::Schedule plan = schedule::make(algorithm, params);
+
+  // Map the user's buffers onto the schedule's input/output, handling the in-place forms the
+  // schedules do not run natively (see schedule.hpp) with a snapshot or a staging output.
+  const auto* send = static_cast<const std::byte*>(call.send);
+  auto* recv = static_cast<std::byte*>(call.recv);
+  exec::Operation::Buffers buffers{send, recv};
+  std::unique_ptr<std::byte[]> snapshot, staging_output;
+  const std::size_t rank_block = static_cast<std::size_t>(rank_) * call.count * elem;
+  switch (call.collective) {
+    case Collective::broadcast: buffers.input = nullptr; break;
+    case Collective::reduce:
+    case Collective::gather:
+      if (rank_ != call.root) buffers.output = nullptr;
+      break;
+    case Collective::scatter:
+      if (rank_ != call.root) buffers.input = nullptr;
+      break;
+    case Collective::alltoall:
+    case Collective::alltoallv:
+      if (send == recv && extents.send > 0) {
+        snapshot = std::make_unique_for_overwrite<std::byte[]>(extents.send * elem);
+        std::memcpy(snapshot.get(), send, extents.send * elem);
+        buffers.input = snapshot.get();
+      }
+      break;
+    case Collective::reduce_scatter:
+      if (send == recv && rank_block != 0 && extents.recv > 0) {  // MPI form: result at the start
+        staging_output = std::make_unique_for_overwrite<std::byte[]>(extents.recv * elem);
+        buffers.output = staging_output.get();
+      }
+      break;
+    case Collective::allgather:
+      if (send == recv) buffers.input = recv + rank_block;  // MPI_IN_PLACE: the block is in its slot
+      break;
+    case Collective::allgatherv:
+      if (send == recv)
+        buffers.input = recv + std::accumulate(call.counts.begin(), call.counts.begin() + rank_, std::size_t{0}) * elem;
+      break;
+    default: break;
+  }
+
+  transport::Signature signature;
+  signature.seq = queue_->next_seq();
+  signature.kind = schedule::to_string(call.collective);
+  signature.count = call.collective == Collective::alltoallv ? 0 : call.count;
+  signature.type = call.type;
+  signature.op = call.op;
+  signature.root = call.root;
+  signature.algorithm = to_string(algorithm);
+  signature.counts_hash = call.collective == Collective::allgatherv ? hash_counts(call.counts) : 0;
+
+  auto op = std::make_unique<exec::Operation>(queue_->transport(), std::move(plan), buffers, call.type,
+                                              call.op.value_or(ReduceOp::sum), signature);
+  op->timeout = call.options.timeout.count() > 0 ? call.options.timeout : default_timeout_;
+  const bool average = call.op == ReduceOp::avg && has_result(call, rank_);
+  if (average || staging_output) {
+    std::byte* result = static_cast<std::byte*>(buffers.output);
+    const std::size_t count = extents.recv, p = static_cast<std::size_t>(size_);
+    const DataType type = call.type;
+    op->on_success([=] {
+      if (average) reduce::divide(type, result, count, static_cast<int>(p));
+      if (result != recv && count > 0) std::memcpy(recv, result, count * size_of(type));
+    });
+  }
+  if (snapshot) op->own(std::move(snapshot));
+  if (staging_output) op->own(std::move(staging_output));
+  auto shared = queue_->submit(std::move(op));
+  return Request(std::make_shared<detail::Operation>(queue_, std::move(shared)));
+}
+
+Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer,
+                                       int tag) {
+  const char* name = is_send ? "send" : "recv";
+  if (size_ <= 0) throw Error(ErrorCode::invalid_argument, std::string(name) + ": the communicator is empty");
+  queue_->check_usable();
+  const auto t = static_cast<int>(type);
+  if (t < static_cast<int>(DataType::i8) || t > static_cast<int>(DataType::f64))
+    throw Error(ErrorCode::invalid_argument, std::string(name) + ": type is not a valid DataType");
+  if (peer < 0 || peer >= size_)
+    throw Error(ErrorCode::invalid_argument, std::string(name) + ": peer " + std::to_string(peer) +
+                                                 " is out of range [0, " + std::to_string(size_) + ")");
+  if (tag < 0) throw Error(ErrorCode::invalid_argument, std::string(name) + ": tag must be non-negative");
+  if (data == nullptr && count > 0)
+    throw Error(ErrorCode::invalid_argument, std::string(name) + ": data is null but count is " + std::to_string(count));
+  const auto key = queue_->next_p2p_key(is_send, peer, tag);
+  std::string description = std::string(name) + "(count=" + std::to_string(count) + ", " +
+                            std::string(to_string(type)) + (is_send ? ", to rank " : ", from rank ") +
+                            std::to_string(peer) + ", tag " + std::to_string(tag) + ")";
+  auto op = exec::Operation::point_to_point(queue_->transport(), is_send, const_cast<void*>(data), count, type, peer,
+                                            key, std::move(description));
+  op->timeout = default_timeout_;
+  auto shared = queue_->submit(std::move(op));
+  return Request(std::make_shared<detail::Operation>(queue_, std::move(shared)));
+}
+
+Communicator CommImpl::split(int color, int key) {
+  const int mine[2] = {color, key};
+  std::vector<int> all(2 * static_cast<std::size_t>(size_));
+  Call call;
+  call.collective = Collective::allgather;
+  call.send = mine;
+  call.recv = all.data();
+  call.count = 2;
+  call.type = DataType::i32;
+  start(call).wait();
+  const std::uint64_t split_seq = queue_->next_seq();  // the same on every rank: identifies this split
+  if (color < 0) return Communicator();
+  std::vector<int> ranks;
+  for (int r = 0; r < size_; ++r)
+    if (all[2 * static_cast<std::size_t>(r)] == color) ranks.push_back(r);
+  std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) {
+    return all[2 * static_cast<std::size_t>(a) + 1] < all[2 * static_cast<std::size_t>(b) + 1];
+  });
+  const int new_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin());
+  std::uint64_t id = queue_->transport().id();
+  for (std::uint64_t part : {split_seq, static_cast<std::uint64_t>(static_cast<std::uint32_t>(color))})
+    id = (id ^ (part + 0x9e3779b97f4a7c15ull + (id << 6) + (id >> 2))) * 0xff51afd7ed558ccdull;
+  return Communicator(std::make_shared<CommImpl>(queue_->transport().split(id, ranks, new_rank)));
+}
+
+}  // namespace tutti::detail

@@ -1,0 +1,65 @@
+// The communicator behind the public handle: validates a call, chooses its algorithm, builds
+// its schedule and hands it to the operation queue. Every collective goes through `start`.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <span>
+
+#include "exec/queue.hpp"
+#include "schedule/schedule.hpp"
+#include "tutti/tutti.hpp"
+
+namespace tutti::detail {
+
+/// One collective call as the user made it.
+struct Call {
+  schedule::Collective collective = schedule::Collective::allreduce;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;
+  DataType type = DataType::u8;
+  std::optional<ReduceOp> op;
+  int root = -1;
+  std::span<const std::size_t> counts;       // allgatherv: recv_counts; alltoallv: send_counts
+  std::span<const std::size_t> recv_counts;  // alltoallv
+  Options options;
+};
+
+class CommImpl {
+ public:
+  explicit CommImpl(std::unique_ptr<transport::Transport> transport);
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  /// Validates, chooses the algorithm and starts the call. Throws Error(invalid_argument) or
+  /// Error(unsupported) before anything is sent.
+  Request start(const Call& call);
+  Request start_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer, int tag);
+  Communicator split(int color, int key);
+
+  std::chrono::milliseconds default_timeout() const { return default_timeout_; }
+
+ private:
+  std::shared_ptr<exec::OperationQueue> queue_;
+  int rank_;
+  int size_;
+  std::chrono::milliseconds default_timeout_;
+};
+
+/// The algorithm `automatic` resolves to (TUTTI_ALGO first, then a size rule); a forced one is
+/// checked. Throws Error(unsupported) for an algorithm that does not serve the collective.
+Algorithm choose_algorithm(schedule::Collective collective, Algorithm requested, int p, std::size_t bytes);
+
+/// Element counts of a call on this rank: what `send` and `recv` must hold.
+struct Extents {
+  std::size_t send = 0;
+  std::size_t recv = 0;
+};
+
+/// Checks the call's arguments (throws Error(invalid_argument) naming the argument) and returns
+/// the extents of its buffers on this rank.
+Extents validate(const Call& call, int rank, int size);
+
+}  // namespace tutti::detail

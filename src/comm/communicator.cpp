@@ -1,0 +1,160 @@
+// The public Communicator: thin wrappers that describe each call and hand it to CommImpl.
+#include "comm/comm_impl.hpp"
+#include "transport/inproc/inproc.hpp"
+#include "core/env.hpp"
+
+namespace tutti {
+
+using detail::Call;
+using schedule::Collective;
+
+namespace {
+
+Call make_call(Collective collective, const void* send, void* recv, std::size_t count, DataType type,
+               std::optional<ReduceOp> op, int root, const Options& options) {
+  Call call;
+  call.collective = collective;
+  call.send = send;
+  call.recv = recv;
+  call.count = count;
+  call.type = type;
+  call.op = op;
+  call.root = root;
+  call.options = options;
+  return call;
+}
+
+}  // namespace
+
+detail::CommImpl& Communicator::checked() const {
+  if (!impl_) throw Error(ErrorCode::invalid_argument, "the communicator is empty (split with a negative color)");
+  return *impl_;
+}
+
+void Communicator::check_span_sizes(std::size_t a, std::size_t b, std::size_t factor, const char* message) {
+  if (a != b * factor) throw Error(ErrorCode::invalid_argument, message);
+}
+
+int Communicator::rank() const { return impl_ ? impl_->rank() : -1; }
+int Communicator::size() const { return impl_ ? impl_->size() : 0; }
+
+Request Communicator::iallreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                                 const Options& options) {
+  return checked().start(make_call(Collective::allreduce, send, recv, count, type, op, -1, options));
+}
+Request Communicator::ireduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
+                              const Options& options) {
+  return checked().start(make_call(Collective::reduce, send, recv, count, type, op, root, options));
+}
+Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type,
+                                      ReduceOp op, const Options& options) {
+  return checked().start(make_call(Collective::reduce_scatter, send, recv, recv_count, type, op, -1, options));
+}
+Request Communicator::iallgather(const void* send, void* recv, std::size_t send_count, DataType type,
+                                 const Options& options) {
+  return checked().start(make_call(Collective::allgather, send, recv, send_count, type, std::nullopt, -1, options));
+}
+Request Communicator::iallgatherv(const void* send, std::size_t send_count, void* recv,
+                                  std::span<const std::size_t> recv_counts, DataType type, const Options& options) {
+  Call call = make_call(Collective::allgatherv, send, recv, send_count, type, std::nullopt, -1, options);
+  call.counts = recv_counts;
+  return checked().start(call);
+}
+Request Communicator::ibroadcast(void* buffer, std::size_t count, DataType type, int root, const Options& options) {
+  return checked().start(make_call(Collective::broadcast, buffer, buffer, count, type, std::nullopt, root, options));
+}
+Request Communicator::ialltoall(const void* send, void* recv, std::size_t count_per_rank, DataType type,
+                                const Options& options) {
+  return checked().start(make_call(Collective::alltoall, send, recv, count_per_rank, type, std::nullopt, -1, options));
+}
+Request Communicator::ialltoallv(const void* send, std::span<const std::size_t> send_counts, void* recv,
+                                 std::span<const std::size_t> recv_counts, DataType type, const Options& options) {
+  Call call = make_call(Collective::alltoallv, send, recv, 0, type, std::nullopt, -1, options);
+  call.counts = send_counts;
+  call.recv_counts = recv_counts;
+  return checked().start(call);
+}
+Request Communicator::igather(const void* send, void* recv, std::size_t send_count, DataType type, int root,
+                              const Options& options) {
+  return checked().start(make_call(Collective::gather, send, recv, send_count, type, std::nullopt, root, options));
+}
+Request Communicator::iscatter(const void* send, void* recv, std::size_t recv_count, DataType type, int root,
+                               const Options& options) {
+  return checked().start(make_call(Collective::scatter, send, recv, recv_count, type, std::nullopt, root, options));
+}
+Request Communicator::ibarrier(const Options& options) {
+  return checked().start(make_call(Collective::barrier, nullptr, nullptr, 0, DataType::u8, std::nullopt, -1, options));
+}
+Request Communicator::isend(const void* data, std::size_t count, DataType type, int peer, int tag) {
+  return checked().start_point_to_point(true, data, count, type, peer, tag);
+}
+Request Communicator::irecv(void* data, std::size_t count, DataType type, int peer, int tag) {
+  return checked().start_point_to_point(false, data, count, type, peer, tag);
+}
+
+void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                             const Options& options) {
+  iallreduce(send, recv, count, type, op, options).wait();
+}
+void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
+                          const Options& options) {
+  ireduce(send, recv, count, type, op, root, options).wait();
+}
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type, ReduceOp op,
+                                  const Options& options) {
+  ireduce_scatter(send, recv, recv_count, type, op, options).wait();
+}
+void Communicator::allgather(const void* send, void* recv, std::size_t send_count, DataType type,
+                             const Options& options) {
+  iallgather(send, recv, send_count, type, options).wait();
+}
+void Communicator::allgatherv(const void* send, std::size_t send_count, void* recv,
+                              std::span<const std::size_t> recv_counts, DataType type, const Options& options) {
+  iallgatherv(send, send_count, recv, recv_counts, type, options).wait();
+}
+void Communicator::broadcast(void* buffer, std::size_t count, DataType type, int root, const Options& options) {
+  ibroadcast(buffer, count, type, root, options).wait();
+}
+void Communicator::alltoall(const void* send, void* recv, std::size_t count_per_rank, DataType type,
+                            const Options& options) {
+  ialltoall(send, recv, count_per_rank, type, options).wait();
+}
+void Communicator::alltoallv(const void* send, std::span<const std::size_t> send_counts, void* recv,
+                             std::span<const std::size_t> recv_counts, DataType type, const Options& options) {
+  ialltoallv(send, send_counts, recv, recv_counts, type, options).wait();
+}
+void Communicator::gather(const void* send, void* recv, std::size_t send_count, DataType type, int root,
+                          const Options& options) {
+  igather(send, recv, send_count, type, root, options).wait();
+}
+void Communicator::scatter(const void* send, void* recv, std::size_t recv_count, DataType type, int root,
+                           const Options& options) {
+  iscatter(send, recv, recv_count, type, root, options).wait();
+}
+void Communicator::barrier(const Options& options) { ibarrier(options).wait(); }
+void Communicator::send(const void* data, std::size_t count, DataType type, int peer, int tag) {
+  isend(data, count, type, peer, tag).wait();
+}
+void Communicator::recv(void* data, std::size_t count, DataType type, int peer, int tag) {
+  irecv(data, count, type, peer, tag).wait();
+}
+
+Communicator Communicator::split(int color, int key) const { return checked().split(color, key); }
+
+std::vector<Communicator> local_group(int p) {
+  if (p < 1) throw Error(ErrorCode::invalid_argument, "local_group: p must be at least 1, got " + std::to_string(p));
+  std::vector<Communicator> out;
+  for (auto& transport : transport::inproc::make_group(p))
+    out.emplace_back(std::make_shared<detail::CommImpl>(std::move(transport)));
+  return out;
+}
+
+Communicator init() {
+  if (const auto size = core::env("TUTTI_SIZE"); size && *size != "1")
+    throw Error(ErrorCode::unsupported, "init: TUTTI_SIZE=" + *size +
+                                            " asks for a multi-process job, which needs the multi-process runtime; "
+                                            "this build runs single-process jobs (or threads: local_group)");
+  return local_group(1).front();
+}
+
+}  // namespace tutti

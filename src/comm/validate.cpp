@@ -1,0 +1,146 @@
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include "comm/comm_impl.hpp"
+
+namespace tutti::detail {
+
+using schedule::Collective;
+
+namespace {
+
+[[noreturn]] void invalid(const Call& call, const std::string& message) {
+  throw Error(ErrorCode::invalid_argument,
+              std::string(schedule::to_string(call.collective)) + ": " + message);
+}
+
+std::size_t checked_mul(const Call& call, std::size_t a, std::size_t b, const char* what) {
+  if (b != 0 && a > std::numeric_limits<std::size_t>::max() / b) invalid(call, std::string(what) + " overflows");
+  return a * b;
+}
+
+std::size_t checked_sum(const Call& call, std::span<const std::size_t> counts, const char* what) {
+  std::size_t total = 0;
+  for (std::size_t c : counts) {
+    if (c > std::numeric_limits<std::size_t>::max() - total) invalid(call, std::string(what) + " sum overflows");
+    total += c;
+  }
+  return total;
+}
+
+void check_enums(const Call& call) {
+  const auto type = static_cast<int>(call.type);
+  if (type < static_cast<int>(DataType::i8) || type > static_cast<int>(DataType::f64))
+    invalid(call, "type is not a valid DataType (" + std::to_string(type) + ")");
+  if (call.op) {
+    const auto op = static_cast<int>(*call.op);
+    if (op < static_cast<int>(ReduceOp::sum) || op > static_cast<int>(ReduceOp::avg))
+      invalid(call, "op is not a valid ReduceOp (" + std::to_string(op) + ")");
+  }
+  const auto algorithm = static_cast<int>(call.options.algorithm);
+  if (algorithm < static_cast<int>(Algorithm::automatic) || algorithm > static_cast<int>(Algorithm::mpi))
+    invalid(call, "options.algorithm is not a valid Algorithm (" + std::to_string(algorithm) + ")");
+  if (call.options.timeout.count() < 0) invalid(call, "options.timeout is negative");
+}
+
+Extents extents_of(const Call& call, int rank, int size) {
+  const auto p = static_cast<std::size_t>(size);
+  const std::size_t c = call.count;
+  const bool is_root = rank == call.root;
+  switch (call.collective) {
+    case Collective::allreduce: return {c, c};
+    case Collective::reduce: return {c, is_root ? c : 0};
+    case Collective::reduce_scatter: return {checked_mul(call, p, c, "size() * recv_count"), c};
+    case Collective::allgather: return {c, checked_mul(call, p, c, "size() * send_count")};
+    case Collective::allgatherv: return {c, checked_sum(call, call.counts, "recv_counts")};
+    case Collective::broadcast: return {0, c};
+    case Collective::alltoall: {
+      const std::size_t total = checked_mul(call, p, c, "size() * count_per_rank");
+      return {total, total};
+    }
+    case Collective::alltoallv:
+      return {checked_sum(call, call.counts, "send_counts"), checked_sum(call, call.recv_counts, "recv_counts")};
+    case Collective::gather: return {c, is_root ? checked_mul(call, p, c, "size() * send_count") : 0};
+    case Collective::scatter: return {is_root ? checked_mul(call, p, c, "size() * recv_count") : 0, c};
+    case Collective::barrier: return {0, 0};
+  }
+  return {};
+}
+
+void check_counts_spans(const Call& call, int rank, int size) {
+  const auto p = static_cast<std::size_t>(size);
+  if (call.collective == Collective::allgatherv) {
+    if (call.counts.size() != p)
+      invalid(call, "recv_counts has " + std::to_string(call.counts.size()) + " entries, expected size() = " +
+                        std::to_string(p));
+    if (call.counts[static_cast<std::size_t>(rank)] != call.count)
+      invalid(call, "send_count (" + std::to_string(call.count) + ") differs from recv_counts[rank] (" +
+                        std::to_string(call.counts[static_cast<std::size_t>(rank)]) + ")");
+  }
+  if (call.collective == Collective::alltoallv) {
+    if (call.counts.size() != p)
+      invalid(call, "send_counts has " + std::to_string(call.counts.size()) + " entries, expected size() = " +
+                        std::to_string(p));
+    if (call.recv_counts.size() != p)
+      invalid(call, "recv_counts has " + std::to_string(call.recv_counts.size()) + " entries, expected size() = " +
+                        std::to_string(p));
+    if (call.counts[static_cast<std::size_t>(rank)] != call.recv_counts[static_cast<std::size_t>(rank)])
+      invalid(call, "send_counts[rank] differs from recv_counts[rank] (a rank's block to itself)");
+  }
+}
+
+bool roots_at(Collective c) {
+  return c == Collective::reduce || c == Collective::broadcast || c == Collective::gather || c == Collective::scatter;
+}
+
+// The in-place forms schedule.hpp and CommImpl::start accept, as (send, recv) address pairs.
+bool is_in_place_form(const Call& call, int rank, std::size_t elem) {
+  const auto* s = static_cast<const std::byte*>(call.send);
+  const auto* r = static_cast<const std::byte*>(call.recv);
+  const std::size_t rank_block = static_cast<std::size_t>(rank) * call.count * elem;
+  switch (call.collective) {
+    case Collective::allreduce:
+    case Collective::reduce:
+    case Collective::alltoall:
+    case Collective::alltoallv: return s == r;
+    case Collective::reduce_scatter: return s == r || r == s + rank_block;
+    case Collective::allgather: return s == r || s == r + rank_block;
+    case Collective::allgatherv: {
+      const auto displ = std::accumulate(call.counts.begin(), call.counts.begin() + rank, std::size_t{0});
+      return s == r || s == r + displ * elem;
+    }
+    case Collective::gather: return s == r + rank_block;
+    case Collective::scatter: return r == s + rank_block;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+Extents validate(const Call& call, int rank, int size) {
+  if (size <= 0) invalid(call, "the communicator is empty (split with a negative color)");
+  check_enums(call);
+  if (roots_at(call.collective) && (call.root < 0 || call.root >= size))
+    invalid(call, "root " + std::to_string(call.root) + " is out of range [0, " + std::to_string(size) + ")");
+  check_counts_spans(call, rank, size);
+  const Extents e = extents_of(call, rank, size);
+  const std::size_t elem = size_of(call.type);
+  checked_mul(call, std::max(e.send, e.recv), elem, "count * element size");
+  const bool has_send_buffer = call.collective != Collective::broadcast;
+  if (has_send_buffer && e.send > 0 && call.send == nullptr)
+    invalid(call, "send is null but " + std::to_string(e.send) + " elements are to be sent");
+  if (e.recv > 0 && call.recv == nullptr)
+    invalid(call, (call.collective == Collective::broadcast ? std::string("buffer") : std::string("recv")) +
+                      " is null but " + std::to_string(e.recv) + " elements are to be received");
+  if (has_send_buffer && e.send > 0 && e.recv > 0) {
+    const auto s = reinterpret_cast<std::uintptr_t>(call.send);
+    const auto r = reinterpret_cast<std::uintptr_t>(call.recv);
+    const bool overlap = s < r + e.recv * elem && r < s + e.send * elem;
+    if (overlap && !is_in_place_form(call, rank, elem))
+      invalid(call, "send and recv overlap but are not in place (see the in-place forms in tutti.hpp)");
+  }
+  return e;
+}
+
+}  // namespace tutti::detail

@@ -1,0 +1,187 @@
+#include "exec/operation.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "reduce/reduce.hpp"
+
+namespace tutti::exec {
+
+using schedule::Buffer;
+using schedule::StepKind;
+using transport::Completion;
+
+Operation::Operation(transport::Transport& transport, DataType type, ReduceOp op)
+    : transport_(transport), type_(type), op_(op), elem_size_(size_of(type)) {}
+
+Operation::Operation(transport::Transport& transport, schedule::Schedule schedule, Buffers buffers, DataType type,
+                     ReduceOp op, transport::Signature signature)
+    : Operation(transport, type, op) {
+  schedule_ = std::move(schedule);
+  signature_ = signature;
+  input_ = static_cast<const std::byte*>(buffers.input);
+  output_ = static_cast<std::byte*>(buffers.output);
+  // The k-th message between two ranks in list order is matched by index k on both sides.
+  keys_.resize(schedule_.steps.size());
+  std::map<int, std::uint32_t> sends, recvs;
+  for (std::size_t i = 0; i < schedule_.steps.size(); ++i) {
+    const auto& step = schedule_.steps[i];
+    if (step.kind == StepKind::copy) continue;
+    auto& counter = step.kind == StepKind::send ? sends[step.peer] : recvs[step.peer];
+    keys_[i] = transport::MessageKey{transport::Channel::collective, signature_.seq, counter++};
+  }
+  build_graph();
+}
+
+std::unique_ptr<Operation> Operation::point_to_point(transport::Transport& transport, bool is_send, void* data,
+                                                     std::size_t count, DataType type, int peer,
+                                                     transport::MessageKey key, std::string description) {
+  std::unique_ptr<Operation> op(new Operation(transport, type, ReduceOp::sum));
+  const schedule::Region region{Buffer::output, 0, count};
+  if (is_send)
+    op->schedule_.send(peer, region);
+  else
+    op->schedule_.recv(peer, region);
+  op->output_ = static_cast<std::byte*>(data);
+  op->keys_ = {key};
+  op->ordered_ = false;
+  op->description_ = std::move(description);
+  op->build_graph();
+  return op;
+}
+
+void Operation::build_graph() {
+  const std::size_t n = schedule_.steps.size();
+  remaining_deps_.assign(n, 0);
+  dependents_begin_.assign(n + 1, 0);
+  for (const auto& step : schedule_.steps)
+    for (auto d : step.deps) ++dependents_begin_[d + 1];
+  for (std::size_t i = 0; i < n; ++i) dependents_begin_[i + 1] += dependents_begin_[i];
+  dependents_.resize(dependents_begin_[n]);
+  std::vector<std::uint32_t> fill(dependents_begin_.begin(), dependents_begin_.end() - 1);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    remaining_deps_[i] = static_cast<std::uint32_t>(schedule_.steps[i].deps.size());
+    for (auto d : schedule_.steps[i].deps) dependents_[fill[d]++] = i;
+    if (remaining_deps_[i] == 0) ready_.push_back(i);
+  }
+  std::reverse(ready_.begin(), ready_.end());  // pop_back() then starts steps in list order
+  completions_ = std::make_unique<Completion[]>(n);
+  staging_.resize(n);
+  if (schedule_.scratch_count > 0)
+    scratch_ = std::make_unique_for_overwrite<std::byte[]>(schedule_.scratch_count * elem_size_);
+}
+
+std::byte* Operation::address(const schedule::Region& region) const {
+  std::byte* base = nullptr;
+  switch (region.buffer) {
+    case Buffer::input: base = const_cast<std::byte*>(input_); break;
+    case Buffer::output: base = output_; break;
+    case Buffer::scratch: base = scratch_.get(); break;
+  }
+  return base == nullptr ? nullptr : base + region.offset * elem_size_;
+}
+
+void Operation::start_step(std::uint32_t index) {
+  const auto& step = schedule_.steps[index];
+  const std::size_t bytes = step.region.count * elem_size_;
+  Completion* done = &completions_[index];
+  switch (step.kind) {
+    case StepKind::copy: {
+      std::byte* dst = address(step.region);
+      const std::byte* src = address(step.operand);
+      if (dst != src && bytes > 0) std::memmove(dst, src, bytes);
+      done->set(Completion::done);
+      complete_step(index);
+      return;
+    }
+    case StepKind::send: transport_.post_send(step.peer, keys_[index], address(step.region), bytes, done); break;
+    case StepKind::recv: transport_.post_recv(step.peer, keys_[index], address(step.region), bytes, done); break;
+    case StepKind::recv_reduce:
+      if (!transport_.post_recv_reduce(step.peer, keys_[index], address(step.region), address(step.operand),
+                                       step.region.count, type_, op_, done)) {
+        staging_[index] = std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(bytes, 1));
+        transport_.post_recv(step.peer, keys_[index], staging_[index].get(), bytes, done);
+      }
+      break;
+  }
+  in_flight_.push_back(index);
+}
+
+void Operation::complete_step(std::uint32_t index) {
+  ++completed_;
+  for (std::uint32_t k = dependents_begin_[index]; k < dependents_begin_[index + 1]; ++k)
+    if (--remaining_deps_[dependents_[k]] == 0) ready_.push_back(dependents_[k]);
+}
+
+void Operation::start() {
+  if (schedule_.steps.empty()) {
+    if (finalize_) finalize_();
+    finished_ = true;
+    return;
+  }
+  progress();
+}
+
+bool Operation::progress() {
+  if (finished_) return true;
+  for (bool changed = true; changed && !finished_;) {
+    changed = false;
+    while (!ready_.empty()) {
+      const std::uint32_t index = ready_.back();
+      ready_.pop_back();
+      start_step(index);
+      changed = true;
+    }
+    for (std::size_t i = 0; i < in_flight_.size();) {
+      const std::uint32_t index = in_flight_[i];
+      const auto state = completions_[index].state();
+      if (state == Completion::posted) {
+        ++i;
+        continue;
+      }
+      in_flight_[i] = in_flight_.back();
+      in_flight_.pop_back();
+      if (state == Completion::failed) {
+        fail(Error(ErrorCode::mismatch, describe() + ": " + completions_[index].error));
+        return true;
+      }
+      if (staging_[index]) {  // a staged recv_reduce: combine now
+        const auto& step = schedule_.steps[index];
+        reduce::apply(op_, type_, address(step.region), address(step.operand), staging_[index].get(),
+                      step.region.count);
+        staging_[index].reset();
+      }
+      complete_step(index);
+      changed = true;
+    }
+    if (completed_ == schedule_.steps.size()) {
+      if (finalize_) finalize_();
+      finished_ = true;
+    }
+  }
+  return finished_;
+}
+
+void Operation::fail(const Error& error) {
+  if (finished_) return;
+  for (std::uint32_t index : in_flight_) transport_.cancel(&completions_[index]);
+  in_flight_.clear();
+  ready_.clear();
+  error_ = error;
+  finished_ = true;
+}
+
+std::string Operation::describe() const {
+  return description_.empty() ? signature_.describe() : description_;
+}
+
+std::vector<int> Operation::waiting_for() const {
+  std::vector<int> peers;
+  for (std::uint32_t index : in_flight_) peers.push_back(schedule_.steps[index].peer);
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  return peers;
+}
+
+}  // namespace tutti::exec

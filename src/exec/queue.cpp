@@ -1,0 +1,120 @@
+#include "exec/queue.hpp"
+
+#include <algorithm>
+
+#include "core/log.hpp"
+
+namespace tutti::exec {
+
+OperationQueue::OperationQueue(std::unique_ptr<transport::Transport> transport) : transport_(std::move(transport)) {}
+
+OperationQueue::~OperationQueue() {
+  // Buffers of unfinished operations must not be touched once the communicator is gone.
+  std::lock_guard lock(mutex_);
+  for (auto& op : active_) op->fail(Error(ErrorCode::aborted, "communicator destroyed"));
+  for (auto& op : unordered_) op->fail(Error(ErrorCode::aborted, "communicator destroyed"));
+}
+
+void OperationQueue::check_usable() {
+  std::lock_guard lock(mutex_);
+  if (!aborted_) {
+    if (auto error = transport_->aborted()) fail_all_locked(*error);
+  }
+  if (aborted_) throw Error(ErrorCode::aborted, "communicator was aborted earlier: " + std::string(aborted_->what()));
+}
+
+transport::MessageKey OperationQueue::next_p2p_key(bool is_send, int peer, int tag) {
+  std::lock_guard lock(mutex_);
+  const std::uint32_t index = p2p_counters_[{is_send, peer, tag}]++;
+  return transport::MessageKey{transport::Channel::point_to_point, static_cast<std::uint64_t>(tag), index};
+}
+
+std::shared_ptr<Operation> OperationQueue::submit(std::unique_ptr<Operation> op) {
+  std::shared_ptr<Operation> shared(std::move(op));
+  std::lock_guard lock(mutex_);
+  if (shared->ordered()) {
+    shared->ordinal = next_ordinal_++;
+    transport_->announce(shared->signature());
+    active_.push_back(shared);
+  } else {
+    unordered_.push_back(shared);
+  }
+  shared->start();
+  progress_locked();
+  return shared;
+}
+
+void OperationQueue::fail_all_locked(const Error& error) {
+  if (!aborted_) aborted_ = error;
+  for (auto& op : active_) op->fail(error);
+  for (auto& op : unordered_) op->fail(error);
+}
+
+void OperationQueue::progress_locked() {
+  if (!aborted_) {
+    if (auto error = transport_->aborted()) fail_all_locked(*error);
+  }
+  for (auto& op : active_) {
+    if (op->progress() && op->error() && !aborted_) {
+      transport_->abort(*op->error());  // every rank learns of it
+      fail_all_locked(*op->error());
+    }
+  }
+  while (!active_.empty() && active_.front()->finished()) active_.pop_front();
+  for (auto& op : unordered_) {
+    if (op->progress() && op->error() && !aborted_) {
+      transport_->abort(*op->error());
+      fail_all_locked(*op->error());
+    }
+  }
+  std::erase_if(unordered_, [](const auto& op) { return op->finished(); });
+}
+
+bool OperationQueue::complete_locked(const Operation& op) {
+  if (!op.finished()) return false;
+  if (op.error()) throw *op.error();
+  if (!op.ordered()) return true;
+  return active_.empty() || active_.front()->ordinal > op.ordinal;
+}
+
+bool OperationQueue::test(const Operation& op) {
+  std::lock_guard lock(mutex_);
+  progress_locked();
+  return complete_locked(op);
+}
+
+void OperationQueue::raise_timeout_locked(const Operation& op) {
+  // Blame the earliest unfinished operation this one waits behind: that is what is stuck.
+  const Operation* stuck = &op;
+  if (op.ordered() && !active_.empty() && active_.front()->ordinal < op.ordinal) stuck = active_.front().get();
+  std::string peers;
+  for (int peer : stuck->waiting_for()) peers += (peers.empty() ? "" : ", ") + std::to_string(peer);
+  Error error(ErrorCode::timeout, "rank " + std::to_string(rank()) + ": " + stuck->describe() + " timed out after " +
+                                      std::to_string(op.timeout.count()) + " ms" +
+                                      (peers.empty() ? "" : "; still waiting for rank(s) " + peers));
+  core::log(core::LogLevel::warn, rank(), error.what());
+  transport_->abort(error);
+  fail_all_locked(error);
+  throw error;
+}
+
+bool OperationQueue::wait(const Operation& op, std::optional<std::chrono::milliseconds> limit) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const auto deadline = start + op.timeout;
+  const auto give_up = limit ? std::min(deadline, start + *limit) : deadline;
+  for (;;) {
+    const std::uint64_t seen = transport_->generation();  // read first: no wake-up is lost
+    {
+      std::lock_guard lock(mutex_);
+      progress_locked();
+      if (complete_locked(op)) return true;
+      const auto now = clock::now();
+      if (now >= deadline) raise_timeout_locked(op);
+      if (now >= give_up) return false;
+    }
+    transport_->wait(seen, give_up);
+  }
+}
+
+}  // namespace tutti::exec

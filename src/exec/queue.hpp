@@ -1,0 +1,62 @@
+// The operations of one rank on one communicator, in issue order. Collectives complete in
+// issue order (a wait on a later one progresses and waits for the earlier ones); point-to-point
+// operations complete on their own. Errors: a failed operation aborts the communicator for every
+// rank (through the transport); later calls raise Error(aborted).
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "exec/operation.hpp"
+#include "transport/transport.hpp"
+
+namespace tutti::exec {
+
+class OperationQueue {
+ public:
+  explicit OperationQueue(std::unique_ptr<transport::Transport> transport);
+  ~OperationQueue();
+
+  transport::Transport& transport() { return *transport_; }
+  int rank() const { return transport_->rank(); }
+  int size() const { return transport_->size(); }
+
+  /// Throws Error(aborted) if the communicator was aborted.
+  void check_usable();
+  /// The next collective sequence number (same on every rank when calls are issued in the same order).
+  std::uint64_t next_seq() { return next_seq_++; }
+  /// The key of the next point-to-point message to (is_send) or from `peer` with `tag`.
+  transport::MessageKey next_p2p_key(bool is_send, int peer, int tag);
+
+  /// Announces (collectives) and starts `op`; returns the shared handle.
+  std::shared_ptr<Operation> submit(std::unique_ptr<Operation> op);
+
+  /// Progresses everything; true when `op` (and, for collectives, every earlier one) completed.
+  /// Throws the operation's error.
+  bool test(const Operation& op);
+  /// Blocks until test(op) or `limit`; on reaching op's own timeout, raises Error(timeout)
+  /// naming the ranks it still waits for. Returns false only when `limit` came first.
+  bool wait(const Operation& op, std::optional<std::chrono::milliseconds> limit);
+
+ private:
+  void progress_locked();
+  bool complete_locked(const Operation& op);
+  void fail_all_locked(const Error& error);
+  [[noreturn]] void raise_timeout_locked(const Operation& op);
+
+  std::unique_ptr<transport::Transport> transport_;
+  std::mutex mutex_;
+  std::deque<std::shared_ptr<Operation>> active_;  // ordered, unfinished (front) first
+  std::vector<std::shared_ptr<Operation>> unordered_;
+  std::uint64_t next_seq_ = 0;
+  std::uint64_t next_ordinal_ = 1;
+  std::map<std::tuple<bool, int, int>, std::uint32_t> p2p_counters_;
+  std::optional<Error> aborted_;
+};
+
+}  // namespace tutti::exec

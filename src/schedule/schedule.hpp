@@ -1,0 +1,133 @@
+// Algorithms as data. A schedule is one rank's list of steps for one collective call; it does
+// no I/O. The executor runs it over a transport, the cost model counts it, tests check it.
+//
+// Buffers and regions. A step names regions of three buffers, in elements:
+//   input   — the caller's send buffer          output — the caller's recv buffer
+//   scratch — `Schedule::scratch_count` elements the executor allocates for the call.
+// Layout per collective (p ranks, r = this rank, c = Params::count):
+//   allreduce       input c,            output c
+//   reduce          input c,            output c on root only (non-roots must not touch output)
+//   reduce_scatter  input p*c,          output c
+//   allgather       input c,            output p*c
+//   allgatherv      input counts[r],    output sum(counts), blocks packed in rank order
+//   broadcast       output c (the one buffer; root's output holds the data on entry), no input
+//   alltoall        input p*c,          output p*c
+//   alltoallv       input sum(counts) (send_counts), output sum(recv_counts), packed in rank order
+//   gather          input c,            output p*c on root only
+//   scatter         input p*c on root only, output c
+//   barrier         no buffers (messages of zero elements)
+//
+// In place. The executor runs a schedule with input and output aliased in exactly these ways,
+// so generators must stay correct under them:
+//   allreduce, reduce(root): input == output.
+//   reduce_scatter: output == input + r*c.   allgather/allgatherv/gather(root): input == output
+//   slot of rank r.   scatter(root): output == input slot of root.   alltoall(v): never (the
+//   executor snapshots the input first).
+// A generator therefore reads an input element only before (in dependency order) it writes the
+// aliased output element, and never relies on output contents it did not write, except the
+// own slot / own block that in-place leaves in place (copy steps with src == dst are no-ops).
+//
+// Steps:
+//   send(peer, region)                      region's data goes to peer
+//   recv(peer, region)                      data from peer lands in region
+//   recv_reduce(peer, region, operand)      region = operand ⊕ data from peer (operand may == region)
+//   copy(region <- operand)                 local copy (elided when the addresses are equal)
+// Matching: the k-th send from rank a to rank b (in list order) is received by the k-th
+// recv/recv_reduce from a in b's list; their counts are equal. A step starts when every step
+// in `deps` has completed (a send completes when its region may be reused). Two steps that
+// touch overlapping regions, one of them writing, must be ordered by deps.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "tutti/types.hpp"
+
+namespace tutti::schedule {
+
+enum class Collective {
+  allreduce,
+  reduce,
+  reduce_scatter,
+  allgather,
+  allgatherv,
+  broadcast,
+  alltoall,
+  alltoallv,
+  gather,
+  scatter,
+  barrier,
+};
+std::string_view to_string(Collective collective);
+
+enum class Buffer : std::uint8_t { input, output, scratch };
+
+struct Region {
+  Buffer buffer = Buffer::output;
+  std::size_t offset = 0;  // elements
+  std::size_t count = 0;   // elements
+};
+
+enum class StepKind : std::uint8_t { send, recv, recv_reduce, copy };
+
+struct Step {
+  StepKind kind = StepKind::copy;
+  int peer = -1;                  // send, recv, recv_reduce
+  Region region;                  // send: source; recv/recv_reduce/copy: destination
+  Region operand;                 // recv_reduce: local operand; copy: source
+  std::vector<std::uint32_t> deps;  // indices of earlier steps of the same schedule
+};
+
+struct Schedule {
+  std::vector<Step> steps;
+  std::size_t scratch_count = 0;  // elements
+
+  // Builders; each returns the new step's index.
+  std::uint32_t send(int peer, Region region, std::vector<std::uint32_t> deps = {});
+  std::uint32_t recv(int peer, Region region, std::vector<std::uint32_t> deps = {});
+  std::uint32_t recv_reduce(int peer, Region region, Region operand, std::vector<std::uint32_t> deps = {});
+  std::uint32_t copy(Region dst, Region src, std::vector<std::uint32_t> deps = {});
+};
+
+struct Params {
+  Collective collective = Collective::allreduce;
+  int rank = 0;
+  int size = 1;
+  std::size_t count = 0;      // see the layout above; unused by the v-collectives and barrier
+  std::size_t elem_size = 4;  // bytes per element (chunking decisions only)
+  int root = 0;               // reduce, broadcast, gather, scatter
+  std::span<const std::size_t> counts;       // allgatherv: recv_counts; alltoallv: send_counts
+  std::span<const std::size_t> recv_counts;  // alltoallv only
+  std::size_t chunk_bytes = 1 << 18;         // pipelining granularity of ring and chain algorithms
+};
+
+/// Whether `algorithm` serves `collective` (automatic, direct, hierarchical and mpi: false here).
+bool applies(Algorithm algorithm, Collective collective);
+
+/// The algorithms that serve `collective`, in a stable order.
+std::vector<Algorithm> algorithms_for(Collective collective);
+
+/// This rank's schedule. Throws Error(unsupported) if the algorithm does not serve the collective.
+Schedule make(Algorithm algorithm, const Params& params);
+
+/// Counts on the critical path of a whole call (all ranks' schedules together), under the
+/// α-β-γ model: time = α·rounds + β·bytes + γ·elements.
+struct Cost {
+  double rounds = 0;       // messages on the critical path
+  double bytes = 0;        // bytes transferred on the critical path
+  double elements = 0;     // elements reduced on the critical path
+  double time = 0;         // α·rounds + β·bytes + γ·elements along that path
+};
+
+/// Critical path through all ranks' schedules (schedules[r] is rank r's), where a message costs
+/// α + β·bytes from the start of its send to the end of its receive, a recv_reduce adds
+/// γ·count, and a copy costs β·bytes.
+Cost estimate(std::span<const Schedule> schedules, std::size_t elem_size, double alpha, double beta, double gamma);
+
+/// Convenience: generate every rank's schedule for `params` (params.rank is ignored) and estimate.
+Cost estimate(Algorithm algorithm, Params params, double alpha, double beta, double gamma);
+
+}  // namespace tutti::schedule

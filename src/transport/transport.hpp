@@ -1,0 +1,96 @@
+// Moving bytes between two ranks of one communicator. A transport posts sends and receives
+// without blocking and reports completion through `Completion` objects that it may set from
+// any thread; `wait` sleeps until one of this rank's completions changes.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tutti/types.hpp"
+
+namespace tutti::transport {
+
+/// What one rank calls, carried with every collective so that ranks that disagree are caught
+/// before any byte is written.
+struct Signature {
+  std::uint64_t seq = 0;
+  std::string_view kind;  // collective's name (static storage)
+  std::size_t count = 0;
+  DataType type = DataType::u8;
+  std::optional<ReduceOp> op;  // reductions only
+  std::string_view algorithm;  // the algorithm this rank runs (ranks must agree)
+  int root = -1;
+  std::uint64_t counts_hash = 0;  // v-collectives: hash of the counts every rank must agree on
+  bool operator==(const Signature&) const = default;
+  std::string describe() const;
+};
+
+enum class Channel : std::uint8_t { collective, point_to_point };
+
+/// Identifies one message of a communicator: (channel, seq, index) plus the sender's rank.
+/// Collectives: seq = sequence number, index = k-th message from that sender in the call.
+/// Point to point: seq = tag, index = k-th message with that tag from that sender.
+struct MessageKey {
+  Channel channel = Channel::collective;
+  std::uint64_t seq = 0;
+  std::uint32_t index = 0;
+};
+
+/// State of one posted operation. Set by the transport (from any thread), read by the executor.
+/// `peer` and `key` are recorded at post time so that the transport can find it to cancel it.
+struct Completion {
+  enum State : int { idle, posted, done, failed, cancelled };
+  State state() const { return static_cast<State>(state_.load(std::memory_order_acquire)); }
+  void set(State s) { state_.store(s, std::memory_order_release); }
+  std::atomic<int> state_{idle};
+  std::string error;  // written before the state becomes `failed`
+  int peer = -1;
+  bool is_send = false;
+  MessageKey key;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Identifies the communicator among all communicators of the job.
+  virtual std::uint64_t id() const = 0;
+  /// This rank's transport of a sub-communicator `id` made of `ranks` (in this communicator's
+  /// numbering, in the new order); this rank is ranks[new_rank]. Every member calls it alike.
+  virtual std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) = 0;
+
+  /// Starts a collective: registers this rank's signature. When ranks disagree the communicator
+  /// is aborted with Error(mismatch) naming both ranks and signatures (see `aborted`).
+  virtual void announce(const Signature& signature) = 0;
+
+  /// Posts a send of `bytes` from `data` (valid until completion) to `peer`.
+  virtual void post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) = 0;
+  /// Posts a receive of exactly `bytes` into `data` from `peer`. A size disagreement fails both sides.
+  virtual void post_recv(int peer, const MessageKey& key, void* data, std::size_t bytes, Completion* done) = 0;
+  /// Posts a receive whose data is combined on arrival: dst = operand op incoming. Returns false
+  /// when the transport cannot do that itself (the executor then receives into staging memory).
+  virtual bool post_recv_reduce(int peer, const MessageKey& key, void* dst, const void* operand, std::size_t count,
+                                DataType type, ReduceOp op, Completion* done) = 0;
+  /// Withdraws a posted operation; returns once the transport no longer touches its buffer.
+  virtual void cancel(Completion* done) = 0;
+
+  /// Generation counter of this rank's completions; `wait` returns when it differs from `seen`
+  /// (or at the deadline). Lets the executor sleep instead of spinning.
+  virtual std::uint64_t generation() const = 0;
+  virtual void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) = 0;
+
+  /// Set once the communicator is aborted (by any rank): the first error, to be raised by every rank.
+  virtual std::optional<Error> aborted() const = 0;
+  /// Aborts the communicator for every rank with `error`, waking all of them.
+  virtual void abort(const Error& error) = 0;
+};
+
+}  // namespace tutti::transport

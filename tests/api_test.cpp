@@ -1,0 +1,380 @@
+// The public API beyond the per-collective sweep: nonblocking operations, split communicators,
+// point to point, typed conveniences, invalid arguments, unsupported algorithms, and the errors
+// raised when ranks disagree or stop answering.
+#include <atomic>
+#include <numeric>
+
+#include "harness.hpp"
+
+namespace tutti::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Expects `fn` to throw Error(code) whose message contains `needle`.
+template <class Fn>
+void expect_error(Fn&& fn, ErrorCode code, const std::string& needle) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected Error(" << to_string(code) << ") mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what();
+  }
+}
+
+TEST(Types, SizesAndMapping) {
+  EXPECT_EQ(size_of(DataType::i8), 1u);
+  EXPECT_EQ(size_of(DataType::bf16), 2u);
+  EXPECT_EQ(size_of(DataType::f16), 2u);
+  EXPECT_EQ(size_of(DataType::u32), 4u);
+  EXPECT_EQ(size_of(DataType::f64), 8u);
+  static_assert(data_type_of<float>() == DataType::f32);
+  static_assert(data_type_of<const std::int64_t>() == DataType::i64);
+  static_assert(data_type_of<bf16>() == DataType::bf16);
+  static_assert(data_type_of<f16>() == DataType::f16);
+  static_assert(sizeof(f16) == 2 && sizeof(bf16) == 2);
+}
+
+TEST(Types, HalfConversionsRoundToNearestEven) {
+  EXPECT_EQ(f16(1.0f).bits, 0x3c00);
+  EXPECT_EQ(f16(65504.0f).bits, 0x7bff);
+  EXPECT_EQ(f16(65520.0f).bits, 0x7c00);  // rounds to infinity
+  EXPECT_EQ(f16(1.0f + 1.0f / 2048).bits, 0x3c00);  // halfway: to even
+  EXPECT_EQ(f16(1.0f + 3.0f / 2048).bits, 0x3c02);  // halfway: to even (up)
+  EXPECT_EQ(f16(5.960464477539063e-08f).bits, 0x0001);  // smallest subnormal
+  EXPECT_EQ(static_cast<float>(f16(-2.5f)), -2.5f);
+  EXPECT_EQ(bf16(1.0f).bits, 0x3f80);
+  EXPECT_EQ(bf16(1.0f + 1.0f / 256).bits, 0x3f80);  // halfway: to even
+  EXPECT_EQ(bf16(1.0f + 3.0f / 256).bits, 0x3f82);
+  EXPECT_EQ(static_cast<float>(bf16(-3.0f)), -3.0f);
+  for (std::uint32_t bits = 0; bits < 0x10000; ++bits) {  // every f16 value survives a round trip
+    f16 h;
+    h.bits = static_cast<std::uint16_t>(bits);
+    const float f = static_cast<float>(h);
+    if (f != f) continue;  // NaN
+    EXPECT_EQ(f16(f).bits, h.bits) << bits;
+  }
+}
+
+TEST(Init, SingleProcessJob) {
+  Communicator world = init();
+  EXPECT_EQ(world.size(), 1);
+  EXPECT_EQ(world.rank(), 0);
+  std::vector<float> data = {1, 2, 3};
+  world.allreduce(std::span<float>(data), ReduceOp::sum);
+  EXPECT_EQ(data, (std::vector<float>{1, 2, 3}));
+  world.barrier();
+}
+
+TEST(Nonblocking, ManyOutstandingCompletedInReverseOrder) {
+  const std::string failures = run_ranks(4, [](Communicator& comm) {
+    constexpr int ops = 24;
+    std::vector<std::vector<std::int64_t>> data(ops);
+    std::vector<Request> requests;
+    const Algorithm algorithms[] = {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::rabenseifner,
+                                    Algorithm::binomial_tree};
+    for (int i = 0; i < ops; ++i) {
+      data[i].assign(static_cast<std::size_t>(1 + i * 997), comm.rank() + i);
+      requests.push_back(comm.iallreduce(data[i].data(), data[i].data(), data[i].size(), DataType::i64,
+                                         ReduceOp::sum, {algorithms[i % 4], test_timeout}));
+    }
+    for (int i = ops - 1; i >= 0; --i) {
+      requests[i].wait();
+      // Waiting on a later operation completes every earlier one (issue order).
+      for (int k = 0; k <= i; ++k) ASSERT_TRUE(requests[k].test());
+    }
+    for (int i = 0; i < ops; ++i) {
+      const std::int64_t want = 0 + 1 + 2 + 3 + 4 * i;
+      for (auto v : data[i]) ASSERT_EQ(v, want) << "op " << i;
+    }
+  });
+  EXPECT_EQ(failures, "");
+}
+
+TEST(Nonblocking, MixedCollectivesInFlight) {
+  const std::string failures = run_ranks(5, [](Communicator& comm) {
+    const int p = comm.size(), r = comm.rank();
+    std::vector<int> a(1000, r), mine(1000, r), gathered(1000 * static_cast<std::size_t>(p), -1), b(777, r == 2 ? 42 : -1);
+    std::vector<double> c(3001, r);
+    Request r1 = comm.iallreduce(a.data(), a.data(), a.size(), DataType::i32, ReduceOp::max, {Algorithm::ring, test_timeout});
+    Request r2 = comm.iallgather(mine.data(), gathered.data(), a.size(), DataType::i32, {Algorithm::bruck, test_timeout});
+    Request r3 = comm.ibroadcast(b.data(), b.size(), DataType::i32, 2, {Algorithm::ring, test_timeout});
+    Request r4 = comm.iallreduce(c.data(), c.data(), c.size(), DataType::f64, ReduceOp::avg, {{}, test_timeout});
+    Request r5 = comm.ibarrier({{}, test_timeout});
+    while (!r5.test()) r5.wait_for(10ms);
+    EXPECT_TRUE(r1.test() && r2.test() && r3.test() && r4.test());
+    for (int v : a) ASSERT_EQ(v, p - 1);
+    for (std::size_t i = 0; i < gathered.size(); ++i) ASSERT_EQ(gathered[i], static_cast<int>(i / 1000));
+    for (int v : b) ASSERT_EQ(v, 42);
+    for (double v : c) ASSERT_EQ(v, 2.0);  // (0+1+2+3+4)/5
+  });
+  EXPECT_EQ(failures, "");
+}
+
+TEST(Split, ColorsKeysAndEmpty) {
+  const std::string failures = run_ranks(7, [](Communicator& comm) {
+    const int r = comm.rank();
+    // Colors 0/1 by parity, keys reversing the order; rank 6 opts out.
+    Communicator sub = comm.split(r == 6 ? -1 : r % 2, -r);
+    if (r == 6) {
+      EXPECT_EQ(sub.size(), 0);
+      EXPECT_EQ(sub.rank(), -1);
+      expect_error([&] { sub.barrier(); }, ErrorCode::invalid_argument, "empty");
+      return;
+    }
+    ASSERT_EQ(sub.size(), 3);  // evens {0,2,4}, odds {1,3,5}
+    // Key -r reverses the order: the highest old rank gets new rank 0.
+    const std::vector<int> evens = {4, 2, 0}, odds = {5, 3, 1};
+    const auto& order = r % 2 == 0 ? evens : odds;
+    EXPECT_EQ(order[static_cast<std::size_t>(sub.rank())], r);
+    std::vector<int> all(static_cast<std::size_t>(sub.size()));
+    sub.allgather(&r, all.data(), 1, DataType::i32, {{}, test_timeout});
+    EXPECT_EQ(all, order);
+  });
+  EXPECT_EQ(failures, "");
+}
+
+TEST(Split, ConcurrentCommunicators) {
+  // Each rank drives its half-communicator and its parity communicator from two threads at once,
+  // while the parent is used afterwards: messages of different communicators never mix.
+  const std::string failures = run_ranks(8, [](Communicator& comm) {
+    const int r = comm.rank();
+    Communicator halves = comm.split(r / 4, r);
+    Communicator parity = comm.split(r % 2, r);
+    std::string error;
+    auto drive = [&error](Communicator& c, int salt) {
+      try {
+        for (int i = 0; i < 50; ++i) {
+          std::vector<std::int64_t> v(257 + static_cast<std::size_t>(i * 31), c.rank() * salt + i);
+          c.allreduce(v.data(), v.data(), v.size(), DataType::i64, ReduceOp::sum,
+                      {i % 2 ? Algorithm::ring : Algorithm::recursive_doubling, test_timeout});
+          const std::int64_t want = salt * (c.size() * (c.size() - 1) / 2) + static_cast<std::int64_t>(i) * c.size();
+          for (auto x : v)
+            if (x != want) throw std::runtime_error("wrong sum in split communicator");
+        }
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    };
+    std::string error2;
+    std::thread t([&] {
+      std::string mine;
+      auto drive2 = [&](Communicator& c) {
+        for (int i = 0; i < 50; ++i) {
+          std::vector<std::int64_t> v(129 + static_cast<std::size_t>(i), 1);
+          c.allreduce(v.data(), v.data(), v.size(), DataType::i64, ReduceOp::sum, {Algorithm::rabenseifner, test_timeout});
+          for (auto x : v)
+            if (x != c.size()) throw std::runtime_error("wrong sum in parity communicator");
+        }
+      };
+      try {
+        drive2(parity);
+      } catch (const std::exception& e) {
+        error2 = e.what();
+      }
+    });
+    drive(halves, 3);
+    t.join();
+    EXPECT_EQ(error, "");
+    EXPECT_EQ(error2, "");
+    std::int64_t one = 1, total = 0;
+    comm.allreduce(&one, &total, 1, DataType::i64, ReduceOp::sum, {{}, test_timeout});
+    EXPECT_EQ(total, 8);
+  });
+  EXPECT_EQ(failures, "");
+}
+
+TEST(PointToPoint, RingAndTagsInOrder) {
+  const std::string failures = run_ranks(5, [](Communicator& comm) {
+    const int p = comm.size(), r = comm.rank();
+    const int next = (r + 1) % p, prev = (r + p - 1) % p;
+    // Several messages per tag, two tags, posted before any is received: per-tag order holds.
+    std::vector<std::vector<int>> out(6), in(6);
+    std::vector<Request> requests;
+    for (int k = 0; k < 6; ++k) {
+      out[k].assign(100 + k, r * 100 + k);
+      in[k].assign(100 + k, -1);
+    }
+    for (int k = 0; k < 6; ++k) requests.push_back(comm.isend(out[k].data(), out[k].size(), DataType::i32, next, k % 2));
+    for (int k = 5; k >= 0; --k) requests.push_back(comm.irecv(in[k].data(), in[k].size(), DataType::i32, prev, k % 2));
+    for (auto& q : requests) q.wait();
+    for (int k = 0; k < 6; ++k)
+      for (int v : in[k]) ASSERT_EQ(v, prev * 100 + k) << "message " << k;
+    // Blocking: pairs exchange.
+    if (r % 2 == 0 && r + 1 < p) {
+      double x = r;
+      comm.send(&x, 1, DataType::f64, r + 1, 7);
+    } else if (r % 2 == 1) {
+      double x = -1;
+      comm.recv(&x, 1, DataType::f64, r - 1, 7);
+      EXPECT_EQ(x, r - 1);
+    }
+  });
+  EXPECT_EQ(failures, "");
+}
+
+TEST(PointToPoint, SizeMismatchIsAnErrorOnBothSides) {
+  std::atomic<int> mismatches{0};
+  const std::string failures = run_ranks(2, [&](Communicator& comm) {
+    std::vector<int> buffer(10, 0);
+    try {
+      if (comm.rank() == 0) comm.send(buffer.data(), 10, DataType::i32, 1);
+      else comm.recv(buffer.data(), 9, DataType::i32, 0);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::mismatch) mismatches.fetch_add(1);
+    }
+  });
+  EXPECT_EQ(failures, "");
+  EXPECT_EQ(mismatches.load(), 2);
+}
+
+TEST(Typed, SpanConveniences) {
+  const std::string failures = run_ranks(3, [](Communicator& comm) {
+    const int r = comm.rank();
+    std::vector<float> x(10, static_cast<float>(r + 1));
+    comm.allreduce(std::span<float>(x), ReduceOp::prod);
+    for (float v : x) ASSERT_EQ(v, 6.0f);
+    std::vector<std::int32_t> send(4, r), recv(4);
+    comm.allreduce(std::span<const std::int32_t>(send), std::span<std::int32_t>(recv), ReduceOp::sum);
+    for (auto v : recv) ASSERT_EQ(v, 3);
+    std::vector<double> b(5, r == 1 ? 2.5 : 0.0);
+    comm.broadcast(std::span<double>(b), 1);
+    for (double v : b) ASSERT_EQ(v, 2.5);
+    std::vector<std::uint8_t> mine(2, static_cast<std::uint8_t>(r)), all(6);
+    comm.allgather(std::span<const std::uint8_t>(mine), std::span<std::uint8_t>(all));
+    EXPECT_EQ(all, (std::vector<std::uint8_t>{0, 0, 1, 1, 2, 2}));
+    std::vector<std::int64_t> full(6, r), part(2);
+    comm.reduce_scatter(std::span<const std::int64_t>(full), std::span<std::int64_t>(part), ReduceOp::sum);
+    EXPECT_EQ(part, (std::vector<std::int64_t>{3, 3}));
+    expect_error([&] { comm.allgather(std::span<const std::uint8_t>(mine), std::span<std::uint8_t>(all).first(5)); },
+                 ErrorCode::invalid_argument, "recv.size()");
+  });
+  EXPECT_EQ(failures, "");
+}
+
+TEST(InvalidArguments, NamedAndNothingSent) {
+  const std::string failures = run_ranks(3, [](Communicator& comm) {
+    const int p = comm.size();
+    std::vector<float> a(12, 1), b(12, 0);
+    std::vector<std::size_t> counts(static_cast<std::size_t>(p), 1), short_counts(2, 1);
+    const Options o{{}, test_timeout};
+    // Only rank 1 makes bad calls: if any of them sent a byte or took a sequence number,
+    // the collective below would mismatch or hang.
+    if (comm.rank() == 1) {
+      expect_error([&] { comm.allreduce(nullptr, b.data(), 4, DataType::f32, ReduceOp::sum, o); }, ErrorCode::invalid_argument, "send is null");
+      expect_error([&] { comm.allreduce(a.data(), nullptr, 4, DataType::f32, ReduceOp::sum, o); }, ErrorCode::invalid_argument, "recv is null");
+      expect_error([&] { comm.broadcast(nullptr, 4, DataType::f32, 0, o); }, ErrorCode::invalid_argument, "buffer is null");
+      expect_error([&] { comm.broadcast(a.data(), 4, DataType::f32, p, o); }, ErrorCode::invalid_argument, "root 3");
+      expect_error([&] { comm.reduce(a.data(), b.data(), 4, DataType::f32, ReduceOp::sum, -1, o); }, ErrorCode::invalid_argument, "root -1");
+      expect_error([&] { comm.gather(a.data(), b.data(), 1, DataType::f32, 7, o); }, ErrorCode::invalid_argument, "root 7");
+      expect_error([&] { comm.scatter(a.data(), b.data(), 1, DataType::f32, -2, o); }, ErrorCode::invalid_argument, "root -2");
+      expect_error([&] { comm.send(a.data(), 1, DataType::f32, 3); }, ErrorCode::invalid_argument, "peer 3");
+      expect_error([&] { comm.recv(a.data(), 1, DataType::f32, -1); }, ErrorCode::invalid_argument, "peer -1");
+      expect_error([&] { comm.send(a.data(), 1, DataType::f32, 0, -5); }, ErrorCode::invalid_argument, "tag");
+      expect_error([&] { comm.allgatherv(a.data(), 1, b.data(), short_counts, DataType::f32, o); }, ErrorCode::invalid_argument, "recv_counts has 2 entries");
+      expect_error([&] { comm.allgatherv(a.data(), 2, b.data(), counts, DataType::f32, o); }, ErrorCode::invalid_argument, "send_count (2)");
+      expect_error([&] { comm.alltoallv(a.data(), short_counts, b.data(), counts, DataType::f32, o); }, ErrorCode::invalid_argument, "send_counts has 2 entries");
+      expect_error([&] { comm.alltoallv(a.data(), counts, b.data(), short_counts, DataType::f32, o); }, ErrorCode::invalid_argument, "recv_counts has 2 entries");
+      expect_error([&] { comm.allreduce(a.data(), a.data() + 1, 4, DataType::f32, ReduceOp::sum, o); }, ErrorCode::invalid_argument, "overlap");
+      expect_error([&] { comm.allgather(a.data() + 1, a.data(), 2, DataType::f32, o); }, ErrorCode::invalid_argument, "overlap");
+      expect_error([&] { comm.alltoall(a.data(), a.data() + 3, 3, DataType::f32, o); }, ErrorCode::invalid_argument, "overlap");
+      expect_error([&] { comm.allreduce(a.data(), b.data(), 4, static_cast<DataType>(99), ReduceOp::sum, o); }, ErrorCode::invalid_argument, "DataType");
+      expect_error([&] { comm.allreduce(a.data(), b.data(), 4, DataType::f32, static_cast<ReduceOp>(42), o); }, ErrorCode::invalid_argument, "ReduceOp");
+      expect_error([&] { comm.allreduce(a.data(), b.data(), SIZE_MAX / 2, DataType::f32, ReduceOp::sum, o); }, ErrorCode::invalid_argument, "overflows");
+      expect_error([&] { comm.allreduce(a.data(), b.data(), 4, DataType::f32, ReduceOp::sum, {Algorithm::bruck, test_timeout}); }, ErrorCode::unsupported, "bruck");
+      expect_error([&] { comm.allreduce(a.data(), b.data(), 4, DataType::f32, ReduceOp::sum, {Algorithm::direct, test_timeout}); }, ErrorCode::unsupported, "direct");
+      expect_error([&] { comm.gather(a.data(), b.data(), 1, DataType::f32, 0, {Algorithm::ring, test_timeout}); }, ErrorCode::unsupported, "ring");
+      expect_error([&] { comm.broadcast(a.data(), 1, DataType::f32, 0, {Algorithm::mpi, test_timeout}); }, ErrorCode::unsupported, "mpi");
+      expect_error([&] { comm.alltoallv(a.data(), counts, b.data(), counts, DataType::f32, {Algorithm::bruck, test_timeout}); }, ErrorCode::unsupported, "bruck");
+    }
+    // Non-roots may pass null recv (reduce, gather) and null send (scatter) with count > 0.
+    comm.reduce(a.data(), comm.rank() == 0 ? b.data() : nullptr, 4, DataType::f32, ReduceOp::sum, 0, o);
+    std::vector<float> scattered(2);
+    comm.scatter(comm.rank() == 2 ? a.data() : nullptr, scattered.data(), 2, DataType::f32, 2, o);
+    float sum = 0, one = 1;
+    comm.allreduce(&one, &sum, 1, DataType::f32, ReduceOp::sum, o);
+    EXPECT_EQ(sum, 3.0f);
+  });
+  EXPECT_EQ(failures, "");
+  expect_error([] { local_group(0); }, ErrorCode::invalid_argument, "p must be at least 1");
+  Communicator empty;
+  expect_error([&] { empty.split(0, 0); }, ErrorCode::invalid_argument, "empty");
+}
+
+TEST(Errors, MismatchedCountsRaiseOnEveryRank) {
+  std::atomic<int> mismatches{0};
+  const std::string failures = run_ranks(4, [&](Communicator& comm) {
+    std::vector<float> v(1000, 1.0f);
+    const std::size_t n = comm.rank() == 2 ? 999 : 1000;
+    try {
+      comm.allreduce(v.data(), v.data(), n, DataType::f32, ReduceOp::sum, {{}, test_timeout});
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (e.code() == ErrorCode::mismatch && what.find("count=999") != std::string::npos &&
+          what.find("count=1000") != std::string::npos && what.find("rank 2") != std::string::npos)
+        mismatches.fetch_add(1);
+    }
+    // Nothing past the smaller buffer was written: elements keep their input on rank 2.
+    if (comm.rank() == 2) {
+      EXPECT_EQ(v[999], 1.0f);
+    }
+    // The communicator is now aborted for everyone.
+    expect_error([&] { comm.barrier({{}, test_timeout}); }, ErrorCode::aborted, "aborted");
+  });
+  EXPECT_EQ(failures, "");
+  EXPECT_EQ(mismatches.load(), 4);
+}
+
+TEST(Errors, MismatchedRootsAndKinds) {
+  std::atomic<int> mismatches{0};
+  const std::string failures = run_ranks(3, [&](Communicator& comm) {
+    std::vector<int> v(16, comm.rank());
+    try {
+      if (comm.rank() == 0) comm.allreduce(v.data(), v.data(), 16, DataType::i32, ReduceOp::sum, {{}, test_timeout});
+      else comm.broadcast(v.data(), 16, DataType::i32, comm.rank(), {{}, test_timeout});
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::mismatch) mismatches.fetch_add(1);
+    }
+  });
+  EXPECT_EQ(failures, "");
+  EXPECT_EQ(mismatches.load(), 3);
+}
+
+TEST(Errors, SilentPeerTimesOutNamingIt) {
+  const std::string failures = run_ranks(2, [](Communicator& comm) {
+    std::vector<float> v(64, 1.0f);
+    if (comm.rank() == 1) {  // never joins the first call; then finds the communicator aborted
+      std::this_thread::sleep_for(500ms);
+      expect_error([&] { comm.allreduce(v.data(), v.data(), 64, DataType::f32, ReduceOp::sum); }, ErrorCode::aborted,
+                   "timed out");
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    expect_error([&] { comm.allreduce(v.data(), v.data(), 64, DataType::f32, ReduceOp::sum, {Algorithm::ring, 200ms}); },
+                 ErrorCode::timeout, "timed out after 200 ms; still waiting for rank(s) 1");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+    expect_error([&] { comm.barrier(); }, ErrorCode::aborted, "aborted");
+  });
+  EXPECT_EQ(failures, "");
+}
+
+TEST(Errors, WaitForGivesUpWithoutFailing) {
+  const std::string failures = run_ranks(2, [](Communicator& comm) {
+    int x = comm.rank(), y = -1;
+    if (comm.rank() == 1) std::this_thread::sleep_for(300ms);
+    Request r = comm.iallreduce(&x, &y, 1, DataType::i32, ReduceOp::sum, {{}, test_timeout});
+    if (comm.rank() == 0) {
+      EXPECT_FALSE(r.wait_for(50ms));  // rank 1 has not called yet
+    }
+    r.wait();
+    EXPECT_EQ(y, 1);
+    Request empty;
+    EXPECT_TRUE(empty.test());
+    empty.wait();
+  });
+  EXPECT_EQ(failures, "");
+}
+
+}  // namespace
+}  // namespace tutti::testing
