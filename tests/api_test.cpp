@@ -197,7 +197,9 @@ TEST(PointToPoint, RingAndTagsInOrder) {
       in[k].assign(100 + k, -1);
     }
     for (int k = 0; k < 6; ++k) requests.push_back(comm.isend(out[k].data(), out[k].size(), DataType::i32, next, k % 2));
-    for (int k = 5; k >= 0; --k) requests.push_back(comm.irecv(in[k].data(), in[k].size(), DataType::i32, prev, k % 2));
+    // Receives posted tag 1 first, then tag 0: tags are separate channels, each in order.
+    for (int tag : {1, 0})
+      for (int k = tag; k < 6; k += 2) requests.push_back(comm.irecv(in[k].data(), in[k].size(), DataType::i32, prev, tag));
     for (auto& q : requests) q.wait();
     for (int k = 0; k < 6; ++k)
       for (int v : in[k]) ASSERT_EQ(v, prev * 100 + k) << "message " << k;
@@ -344,10 +346,11 @@ TEST(Errors, MismatchedRootsAndKinds) {
 TEST(Errors, SilentPeerTimesOutNamingIt) {
   const std::string failures = run_ranks(2, [](Communicator& comm) {
     std::vector<float> v(64, 1.0f);
-    if (comm.rank() == 1) {  // never joins the first call; then finds the communicator aborted
+    if (comm.rank() == 1) {  // joins the call late: gets the same error; later calls get aborted
       std::this_thread::sleep_for(500ms);
-      expect_error([&] { comm.allreduce(v.data(), v.data(), 64, DataType::f32, ReduceOp::sum); }, ErrorCode::aborted,
-                   "timed out");
+      expect_error([&] { comm.allreduce(v.data(), v.data(), 64, DataType::f32, ReduceOp::sum); }, ErrorCode::timeout,
+                   "waiting for rank(s) 1");
+      expect_error([&] { comm.barrier(); }, ErrorCode::aborted, "timed out");
       return;
     }
     const auto start = std::chrono::steady_clock::now();

@@ -4,6 +4,7 @@
 // computed directly from the definition.
 #include <atomic>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 #include "harness.hpp"
@@ -273,7 +274,7 @@ std::vector<Case> sweep_cases() {
   for (Collective coll : data_collectives)
     for (Algorithm a : algorithms_with_automatic(coll))
       for (int p : {1, 2, 3, 4, 5, 7, 8})
-        for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t(p - 1), std::size_t(p + 1)})
+        for (std::size_t n : std::set<std::size_t>{0, 1, std::size_t(p - 1), std::size_t(p + 1)})
           for (int place : places_of(coll)) {
             const int root = p > 1 ? static_cast<int>((n + static_cast<std::size_t>(place)) % static_cast<std::size_t>(p)) : 0;
             cases.push_back({coll, a, DataType::f32, ReduceOp::sum, p, n, place, root, (n + static_cast<std::size_t>(place)) % 2 == 1});

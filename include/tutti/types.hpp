@@ -107,7 +107,7 @@ constexpr std::uint16_t float_to_f16_bits(float value) {
   if (abs < 0x38800000u) {                                                      // half subnormal or zero
     if (abs < 0x33000000u) return static_cast<std::uint16_t>(sign);             // below half the smallest subnormal
     const std::uint32_t mantissa = (abs & 0x007fffffu) | 0x00800000u;
-    const int shift = 126 - static_cast<int>(abs >> 23) + 13;
+    const int shift = 126 - static_cast<int>(abs >> 23);
     std::uint32_t half = mantissa >> shift;
     const std::uint32_t rest = mantissa & ((1u << shift) - 1u);
     const std::uint32_t halfway = 1u << (shift - 1);

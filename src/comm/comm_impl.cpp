@@ -51,7 +51,7 @@ bool has_result(const Call& call, int rank) {
 }  // namespace
 
 Request CommImpl::start(const Call& call) {
-  queue_->check_usable();
+  queue_->check_usable(true);
   const Extents extents = validate(call, rank_, size_);
   const std::size_t elem = size_of(call.type);
   const Algorithm algorithm =
@@ -111,7 +111,8 @@ Request CommImpl::start(const Call& call) {
   transport::Signature signature;
   signature.seq = queue_->next_seq();
   signature.kind = schedule::to_string(call.collective);
-  signature.count = call.collective == Collective::alltoallv ? 0 : call.count;
+  const bool per_rank_counts = call.collective == Collective::alltoallv || call.collective == Collective::allgatherv;
+  signature.count = per_rank_counts ? 0 : call.count;  // v-collectives: counts_hash instead
   signature.type = call.type;
   signature.op = call.op;
   signature.root = call.root;
@@ -141,7 +142,7 @@ Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size
                                        int tag) {
   const char* name = is_send ? "send" : "recv";
   if (size_ <= 0) throw Error(ErrorCode::invalid_argument, std::string(name) + ": the communicator is empty");
-  queue_->check_usable();
+  queue_->check_usable(false);
   const auto t = static_cast<int>(type);
   if (t < static_cast<int>(DataType::i8) || t > static_cast<int>(DataType::f64))
     throw Error(ErrorCode::invalid_argument, std::string(name) + ": type is not a valid DataType");

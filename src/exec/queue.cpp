@@ -15,12 +15,17 @@ OperationQueue::~OperationQueue() {
   for (auto& op : unordered_) op->fail(Error(ErrorCode::aborted, "communicator destroyed"));
 }
 
-void OperationQueue::check_usable() {
+void OperationQueue::check_usable(bool collective) {
   std::lock_guard lock(mutex_);
   if (!aborted_) {
-    if (auto error = transport_->aborted()) fail_all_locked(*error);
+    if (auto failure = transport_->aborted()) fail_all_locked(*failure);
   }
-  if (aborted_) throw Error(ErrorCode::aborted, "communicator was aborted earlier: " + std::string(aborted_->what()));
+  if (!aborted_) return;
+  if (collective && aborted_->seq == next_seq_) {
+    ++next_seq_;  // this call is the one that failed: consumed, so the next one is refused as aborted
+    throw aborted_->error;
+  }
+  throw Error(ErrorCode::aborted, "communicator was aborted earlier: " + std::string(aborted_->error.what()));
 }
 
 transport::MessageKey OperationQueue::next_p2p_key(bool is_send, int peer, int tag) {
@@ -44,29 +49,26 @@ std::shared_ptr<Operation> OperationQueue::submit(std::unique_ptr<Operation> op)
   return shared;
 }
 
-void OperationQueue::fail_all_locked(const Error& error) {
-  if (!aborted_) aborted_ = error;
-  for (auto& op : active_) op->fail(error);
-  for (auto& op : unordered_) op->fail(error);
+void OperationQueue::fail_all_locked(const transport::Failure& failure) {
+  if (!aborted_) aborted_ = failure;
+  for (auto& op : active_) op->fail(failure.error);
+  for (auto& op : unordered_) op->fail(failure.error);
+}
+
+void OperationQueue::abort_locked(const Error& error, std::uint64_t seq) {
+  transport_->abort(error, seq);  // every rank learns of it
+  fail_all_locked(transport::Failure{error, seq});
 }
 
 void OperationQueue::progress_locked() {
   if (!aborted_) {
-    if (auto error = transport_->aborted()) fail_all_locked(*error);
+    if (auto failure = transport_->aborted()) fail_all_locked(*failure);
   }
-  for (auto& op : active_) {
-    if (op->progress() && op->error() && !aborted_) {
-      transport_->abort(*op->error());  // every rank learns of it
-      fail_all_locked(*op->error());
-    }
-  }
+  for (auto& op : active_)
+    if (op->progress() && op->error() && !aborted_) abort_locked(*op->error(), op->signature().seq);
   while (!active_.empty() && active_.front()->finished()) active_.pop_front();
-  for (auto& op : unordered_) {
-    if (op->progress() && op->error() && !aborted_) {
-      transport_->abort(*op->error());
-      fail_all_locked(*op->error());
-    }
-  }
+  for (auto& op : unordered_)
+    if (op->progress() && op->error() && !aborted_) abort_locked(*op->error(), transport::no_seq);
   std::erase_if(unordered_, [](const auto& op) { return op->finished(); });
 }
 
@@ -93,8 +95,7 @@ void OperationQueue::raise_timeout_locked(const Operation& op) {
                                       std::to_string(op.timeout.count()) + " ms" +
                                       (peers.empty() ? "" : "; still waiting for rank(s) " + peers));
   core::log(core::LogLevel::warn, rank(), error.what());
-  transport_->abort(error);
-  fail_all_locked(error);
+  abort_locked(error, stuck->ordered() ? stuck->signature().seq : transport::no_seq);
   throw error;
 }
 

@@ -26,8 +26,9 @@ class OperationQueue {
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }
 
-  /// Throws Error(aborted) if the communicator was aborted.
-  void check_usable();
+  /// Throws if the communicator was aborted: the original error when this rank's next collective
+  /// is the one that failed (it arrived late to it), else Error(aborted).
+  void check_usable(bool collective);
   /// The next collective sequence number (same on every rank when calls are issued in the same order).
   std::uint64_t next_seq() { return next_seq_++; }
   /// The key of the next point-to-point message to (is_send) or from `peer` with `tag`.
@@ -46,7 +47,8 @@ class OperationQueue {
  private:
   void progress_locked();
   bool complete_locked(const Operation& op);
-  void fail_all_locked(const Error& error);
+  void fail_all_locked(const transport::Failure& failure);
+  void abort_locked(const Error& error, std::uint64_t seq);
   [[noreturn]] void raise_timeout_locked(const Operation& op);
 
   std::unique_ptr<transport::Transport> transport_;
@@ -56,7 +58,7 @@ class OperationQueue {
   std::uint64_t next_seq_ = 0;
   std::uint64_t next_ordinal_ = 1;
   std::map<std::tuple<bool, int, int>, std::uint32_t> p2p_counters_;
-  std::optional<Error> aborted_;
+  std::optional<transport::Failure> aborted_;
 };
 
 }  // namespace tutti::exec

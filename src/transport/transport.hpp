@@ -56,6 +56,15 @@ struct Completion {
   MessageKey key;
 };
 
+/// Why a communicator was aborted: the first error, and the sequence number of the collective
+/// that failed (`no_seq` for point to point), so that a rank that reaches that same call later
+/// raises the same error.
+struct Failure {
+  Error error;
+  std::uint64_t seq;
+};
+inline constexpr std::uint64_t no_seq = ~std::uint64_t{0};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -88,9 +97,9 @@ class Transport {
   virtual void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) = 0;
 
   /// Set once the communicator is aborted (by any rank): the first error, to be raised by every rank.
-  virtual std::optional<Error> aborted() const = 0;
+  virtual std::optional<Failure> aborted() const = 0;
   /// Aborts the communicator for every rank with `error`, waking all of them.
-  virtual void abort(const Error& error) = 0;
+  virtual void abort(const Error& error, std::uint64_t seq) = 0;
 };
 
 }  // namespace tutti::transport

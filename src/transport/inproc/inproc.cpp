@@ -54,7 +54,7 @@ struct SignatureSlot {
 struct CommState {
   std::vector<int> members;
   std::atomic<bool> has_error{false};  // fast check without the lock
-  std::optional<Error> error;
+  std::optional<Failure> error;
   std::map<std::uint64_t, SignatureSlot> signatures;
 };
 
@@ -67,7 +67,8 @@ struct InprocTransport::Posted {
   DataType type = DataType::u8;
   ReduceOp op = ReduceOp::sum;
   Completion* done = nullptr;
-  int owner = 0;  // global rank of the poster
+  int owner = 0;       // global rank of the poster
+  int owner_rank = 0;  // its rank in the communicator
 };
 
 class Fabric {
@@ -110,7 +111,7 @@ void InprocTransport::announce(const Signature& signature) {
     }
     if (++slot.arrived == size()) state.signatures.erase(it);
   }
-  if (mismatch) abort(*mismatch);
+  if (mismatch) abort(*mismatch, signature.seq);
 }
 
 namespace {
@@ -120,9 +121,9 @@ void deliver(InprocTransport::Posted* send_side, InprocTransport::Posted* recv_s
   const std::size_t expected = recv_side->bytes;
   failed = send_side->bytes != expected;
   if (failed) {
-    const std::string message = "message size mismatch: rank(global) " + std::to_string(send_side->owner) +
-                                " sent " + std::to_string(send_side->bytes) + " bytes, rank(global) " +
-                                std::to_string(recv_side->owner) + " expected " + std::to_string(expected);
+    const std::string message = "message size mismatch: rank " + std::to_string(send_side->owner_rank) + " sent " +
+                                std::to_string(send_side->bytes) + " bytes but rank " +
+                                std::to_string(recv_side->owner_rank) + " expected " + std::to_string(expected);
     send_side->done->error = message;
     recv_side->done->error = message;
     send_side->done->set(Completion::failed);
@@ -149,6 +150,7 @@ void InprocTransport::post(int peer, const MessageKey& key, Posted entry, bool i
   const int me = members_[static_cast<std::size_t>(rank_)];
   const int other = members_[static_cast<std::size_t>(peer)];
   entry.owner = me;
+  entry.owner_rank = rank_;
   entry.done->peer = peer;
   entry.done->is_send = is_send;
   entry.done->key = key;
@@ -247,18 +249,18 @@ void InprocTransport::wait(std::uint64_t seen, std::chrono::steady_clock::time_p
   bell.cv.wait_until(lock, deadline, [&] { return bell.generation.load(std::memory_order_acquire) != seen; });
 }
 
-std::optional<Error> InprocTransport::aborted() const {
+std::optional<Failure> InprocTransport::aborted() const {
   if (!state_->has_error.load(std::memory_order_acquire)) return std::nullopt;
   std::lock_guard lock(fabric_->comms_mutex);
   return state_->error;
 }
 
-void InprocTransport::abort(const Error& error) {
+void InprocTransport::abort(const Error& error, std::uint64_t seq) {
   {
     std::lock_guard lock(fabric_->comms_mutex);
     CommState& state = *state_;
     if (state.error) return;
-    state.error = error;
+    state.error = Failure{error, seq};
     state.has_error.store(true, std::memory_order_release);
   }
   for (int member : members_) fabric_->endpoints[static_cast<std::size_t>(member)]->bell.ring();

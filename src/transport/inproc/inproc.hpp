@@ -36,8 +36,8 @@ class InprocTransport final : public Transport {
   void cancel(Completion* done) override;
   std::uint64_t generation() const override;
   void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) override;
-  std::optional<Error> aborted() const override;
-  void abort(const Error& error) override;
+  std::optional<Failure> aborted() const override;
+  void abort(const Error& error, std::uint64_t seq) override;
 
   const std::shared_ptr<Fabric>& fabric() const { return fabric_; }
   std::uint64_t comm_id() const { return comm_id_; }
