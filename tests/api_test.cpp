@@ -2,9 +2,12 @@
 // point to point, typed conveniences, invalid arguments, unsupported algorithms, and the errors
 // raised when ranks disagree or stop answering.
 #include <atomic>
+#include <cstdlib>
 #include <numeric>
 
+#include "comm/comm_impl.hpp"
 #include "harness.hpp"
+#include "transport/inproc/inproc.hpp"
 
 namespace tutti::testing {
 namespace {
@@ -65,6 +68,13 @@ TEST(Init, SingleProcessJob) {
   world.allreduce(std::span<float>(data), ReduceOp::sum);
   EXPECT_EQ(data, (std::vector<float>{1, 2, 3}));
   world.barrier();
+}
+
+TEST(Init, MultiProcessJobNeedsTheRuntime) {
+  ::setenv("TUTTI_SIZE", "4", 1);
+  expect_error([] { init(); }, ErrorCode::unsupported, "TUTTI_SIZE=4");
+  ::unsetenv("TUTTI_SIZE");
+  EXPECT_EQ(init().size(), 1);
 }
 
 TEST(Nonblocking, ManyOutstandingCompletedInReverseOrder) {
@@ -377,6 +387,42 @@ TEST(Errors, WaitForGivesUpWithoutFailing) {
     empty.wait();
   });
   EXPECT_EQ(failures, "");
+}
+
+}  // namespace
+}  // namespace tutti::testing
+
+namespace tutti::testing {
+namespace {
+
+// A transport that cannot reduce on arrival: the executor receives into staging memory and
+// reduces itself. Every reducing algorithm must give the same exact results that way.
+TEST(Executor, StagedReceiveAndReduce) {
+  for (int p : {2, 3, 5, 8}) {
+    std::vector<Communicator> comms;
+    for (auto& t : transport::inproc::make_group(p, false))
+      comms.emplace_back(std::make_shared<detail::CommImpl>(std::move(t)));
+    std::vector<std::thread> threads;
+    std::atomic<int> wrong{0};
+    for (int r = 0; r < p; ++r)
+      threads.emplace_back([&, r] {
+        Communicator& comm = comms[static_cast<std::size_t>(r)];
+        for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::rabenseifner, Algorithm::binomial_tree}) {
+          std::vector<std::int32_t> v(1001);
+          for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int32_t>(i) * (r + 1);
+          comm.allreduce(v.data(), v.data(), v.size(), DataType::i32, ReduceOp::sum, {a, test_timeout});
+          for (std::size_t i = 0; i < v.size(); ++i)
+            if (v[i] != static_cast<std::int32_t>(i) * p * (p + 1) / 2) wrong.fetch_add(1);
+          std::vector<std::int32_t> part(3);
+          std::vector<std::int32_t> full(3 * static_cast<std::size_t>(p), r);
+          comm.reduce_scatter(full.data(), part.data(), 3, DataType::i32, ReduceOp::max, {{}, test_timeout});
+          for (auto x : part)
+            if (x != p - 1) wrong.fetch_add(1);
+        }
+      });
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(wrong.load(), 0) << "p=" << p;
+  }
 }
 
 }  // namespace

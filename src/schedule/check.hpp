@@ -15,7 +15,7 @@ struct CheckOptions {
   bool check_races = true;   // verify that conflicting accesses are ordered by deps (quadratic; small counts)
   // alltoallv only: the p×p matrix of element counts, [a*p + b] = what rank a sends to rank b.
   // Empty: every rank sends params.counts[b] to rank b (so rank b receives counts[b] from each).
-  std::span<const std::size_t> alltoallv_counts;
+  std::span<const std::size_t> alltoallv_counts{};
 };
 
 /// Empty string when the schedules of `algorithm` for `params` (params.rank ignored; all ranks are

@@ -64,7 +64,8 @@ std::vector<std::uint32_t> sinks(const Schedule& schedule) {
 }
 
 std::size_t chunks_for(const Params& params, std::size_t count) {
-  const std::size_t chunk_elems = std::max<std::size_t>(1, params.chunk_bytes / std::max<std::size_t>(1, params.elem_size));
+  const std::size_t chunk_elems =
+      std::max<std::size_t>(1, params.chunk_bytes / std::max<std::size_t>(1, params.elem_size));
   return std::max<std::size_t>(1, (count + chunk_elems - 1) / chunk_elems);
 }
 
@@ -117,8 +118,10 @@ std::string match_messages(std::span<const Schedule> schedules, std::vector<std:
     partner[static_cast<std::size_t>(r)].assign(sched.steps.size(), StepRef{});
     for (std::uint32_t i = 0; i < sched.steps.size(); ++i) {
       const Step& s = sched.steps[i];
-      if (s.kind == StepKind::send) queues[{r, s.peer}].first.push_back(i);
-      else if (s.kind != StepKind::copy) queues[{s.peer, r}].second.push_back(i);
+      if (s.kind == StepKind::send)
+        queues[{r, s.peer}].first.push_back(i);
+      else if (s.kind != StepKind::copy)
+        queues[{s.peer, r}].second.push_back(i);
     }
   }
   for (const auto& [pair, lists] : queues) {

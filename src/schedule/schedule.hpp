@@ -99,8 +99,8 @@ struct Params {
   std::size_t count = 0;      // see the layout above; unused by the v-collectives and barrier
   std::size_t elem_size = 4;  // bytes per element (chunking decisions only)
   int root = 0;               // reduce, broadcast, gather, scatter
-  std::span<const std::size_t> counts;       // allgatherv: recv_counts; alltoallv: send_counts
-  std::span<const std::size_t> recv_counts;  // alltoallv only
+  std::span<const std::size_t> counts{};     // allgatherv: recv_counts; alltoallv: send_counts
+  std::span<const std::size_t> recv_counts{};  // alltoallv only
   std::size_t chunk_bytes = 1 << 18;         // pipelining granularity of ring and chain algorithms
 };
 

@@ -200,6 +200,7 @@ void InprocTransport::post_recv(int peer, const MessageKey& key, void* data, std
 
 bool InprocTransport::post_recv_reduce(int peer, const MessageKey& key, void* dst, const void* operand,
                                        std::size_t count, DataType type, ReduceOp op, Completion* done) {
+  if (!native_reduce) return false;
   Posted p;
   p.kind = Posted::recv_reduce;
   p.dst = dst;
@@ -282,15 +283,20 @@ std::unique_ptr<InprocTransport> join(const std::shared_ptr<Fabric>& fabric, std
 std::unique_ptr<Transport> InprocTransport::split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) {
   std::vector<int> members;
   for (int r : ranks) members.push_back(members_[static_cast<std::size_t>(r)]);
-  return join(fabric_, id, std::move(members), new_rank);
+  auto transport = join(fabric_, id, std::move(members), new_rank);
+  transport->native_reduce = native_reduce;
+  return transport;
 }
 
-std::vector<std::unique_ptr<InprocTransport>> make_group(int p) {
+std::vector<std::unique_ptr<InprocTransport>> make_group(int p, bool native_reduce) {
   auto fabric = std::make_shared<Fabric>(p);
   std::vector<int> members(static_cast<std::size_t>(p));
   for (int i = 0; i < p; ++i) members[static_cast<std::size_t>(i)] = i;
   std::vector<std::unique_ptr<InprocTransport>> out;
-  for (int i = 0; i < p; ++i) out.push_back(join(fabric, 0, members, i));
+  for (int i = 0; i < p; ++i) {
+    out.push_back(join(fabric, 0, members, i));
+    out.back()->native_reduce = native_reduce;
+  }
   return out;
 }
 

@@ -24,6 +24,7 @@ struct CommState;
 class InprocTransport final : public Transport {
  public:
   InprocTransport(std::shared_ptr<Fabric> fabric, std::uint64_t comm_id, std::vector<int> members, int rank);
+  bool native_reduce = true;
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(members_.size()); }
   std::uint64_t id() const override { return comm_id_; }
@@ -54,8 +55,10 @@ class InprocTransport final : public Transport {
   std::shared_ptr<CommState> state_;
 };
 
-/// Creates the fabric and communicator 0 over `p` ranks: one transport per rank.
-std::vector<std::unique_ptr<InprocTransport>> make_group(int p);
+/// Creates the fabric and communicator 0 over `p` ranks: one transport per rank. With
+/// `native_reduce` false, receive-and-reduce is left to the executor (staging memory), as on a
+/// transport that cannot reduce on arrival; tests use it to cover that path.
+std::vector<std::unique_ptr<InprocTransport>> make_group(int p, bool native_reduce = true);
 
 /// Registers a new communicator (e.g. from split) over global ranks `members`; every member
 /// calls this with the same arguments. Returns this rank's transport.

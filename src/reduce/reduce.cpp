@@ -1,0 +1,161 @@
+// Argument checks, and the choice of kernel table (see dispatch.hpp).
+#include "reduce/reduce.hpp"
+
+#include <cstdint>
+#include <iterator>
+#include <string>
+
+#include "core/env.hpp"
+#include "reduce/dispatch.hpp"
+#include "reduce/kernel_table.hpp"
+
+namespace tutti::reduce {
+namespace {
+
+constexpr Isa all_isas[] = {Isa::generic, Isa::avx2, Isa::avx512};
+
+bool cpu_has(Isa isa) {
+#if defined(TUTTI_REDUCE_X86)
+  __builtin_cpu_init();
+  switch (isa) {
+    case Isa::generic: return true;
+    case Isa::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case Isa::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }
+  return false;
+#else
+  return isa == Isa::generic;
+#endif
+}
+
+const KernelTable& kernels(Isa isa) {
+  switch (isa) {
+#if defined(TUTTI_REDUCE_X86)
+    case Isa::avx2: return avx2_kernels();
+    case Isa::avx512: return avx512_kernels();
+#endif
+    default: return generic_kernels();
+  }
+}
+
+Isa choose_isa() {
+  const auto forced = core::env("TUTTI_REDUCE_ISA");
+  if (!forced) {
+    for (const Isa isa : {Isa::avx512, Isa::avx2})
+      if (supported(isa)) return isa;
+    return Isa::generic;
+  }
+  for (const Isa isa : all_isas) {
+    if (*forced != name(isa)) continue;
+    if (!supported(isa))
+      throw Error(ErrorCode::unsupported, "TUTTI_REDUCE_ISA=" + *forced + ": this CPU or build cannot run it");
+    return isa;
+  }
+  throw Error(ErrorCode::invalid_argument,
+              "TUTTI_REDUCE_ISA: expected generic, avx2 or avx512, got '" + *forced + "'");
+}
+
+const KernelTable& supported_kernels(Isa isa) {
+  if (!supported(isa)) throw Error(ErrorCode::unsupported, std::string("tutti::reduce: ") + name(isa) + " kernels cannot run here");
+  return kernels(isa);
+}
+
+std::string describe(const char* function, DataType type, std::size_t count) {
+  return std::string("tutti::reduce::") + function + "(" + std::string(to_string(type)) + ", count " +
+         std::to_string(count) + ")";
+}
+
+void check_type(DataType type, const char* function) {
+  if (static_cast<std::size_t>(type) >= type_count)
+    throw Error(ErrorCode::invalid_argument, std::string("tutti::reduce::") + function + ": invalid DataType value " +
+                                                 std::to_string(static_cast<int>(type)));
+}
+
+void check_buffer(const void* p, const char* what, const char* function, DataType type, std::size_t count) {
+  if (p == nullptr) throw Error(ErrorCode::invalid_argument, describe(function, type, count) + ": " + what + " is null");
+}
+
+// Exact aliasing is fine (each element is read before it is written); a partial overlap would
+// read elements that an earlier block already overwrote.
+void check_overlap(const void* dst, const void* src, const char* what, DataType type, std::size_t count) {
+  const auto d = reinterpret_cast<std::uintptr_t>(dst);
+  const auto s = reinterpret_cast<std::uintptr_t>(src);
+  const std::size_t bytes = count * size_of(type);
+  if (d != s && d < s + bytes && s < d + bytes)
+    throw Error(ErrorCode::invalid_argument,
+                describe("apply", type, count) + ": dst and " + what + " overlap without being equal");
+}
+
+void run_apply(const KernelTable& table, ReduceOp op, DataType type, void* dst, const void* a, const void* b,
+               std::size_t count) {
+  check_type(type, "apply");
+  if (static_cast<std::size_t>(op) >= op_count)
+    throw Error(ErrorCode::invalid_argument,
+                "tutti::reduce::apply: invalid ReduceOp value " + std::to_string(static_cast<int>(op)));
+  if (count == 0) return;
+  check_buffer(dst, "dst", "apply", type, count);
+  check_buffer(a, "a", "apply", type, count);
+  check_buffer(b, "b", "apply", type, count);
+  check_overlap(dst, a, "a", type, count);
+  check_overlap(dst, b, "b", type, count);
+  table.apply[static_cast<std::size_t>(op)][static_cast<std::size_t>(type)](dst, a, b, count);
+}
+
+void run_divide(const KernelTable& table, DataType type, void* data, std::size_t count, int divisor) {
+  check_type(type, "divide");
+  if (divisor < 1)
+    throw Error(ErrorCode::invalid_argument,
+                describe("divide", type, count) + ": divisor must be at least 1, got " + std::to_string(divisor));
+  if (count == 0) return;
+  check_buffer(data, "data", "divide", type, count);
+  table.divide[static_cast<std::size_t>(type)](data, count, divisor);
+}
+
+const KernelTable& active_kernels() {
+  static const KernelTable& table = kernels(active_isa());
+  return table;
+}
+
+}  // namespace
+
+bool supported(Isa isa) {
+  static const bool has[] = {cpu_has(Isa::generic), cpu_has(Isa::avx2), cpu_has(Isa::avx512)};
+  const auto index = static_cast<std::size_t>(isa);
+  return index < std::size(has) && has[index];
+}
+
+Isa active_isa() {
+  static const Isa isa = choose_isa();
+  return isa;
+}
+
+const char* name(Isa isa) {
+  switch (isa) {
+    case Isa::generic: return "generic";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+  }
+  return "unknown";
+}
+
+const char* isa() { return name(active_isa()); }
+
+void apply(ReduceOp op, DataType type, void* dst, const void* a, const void* b, std::size_t count) {
+  run_apply(active_kernels(), op, type, dst, a, b, count);
+}
+
+void divide(DataType type, void* data, std::size_t count, int divisor) {
+  run_divide(active_kernels(), type, data, count, divisor);
+}
+
+void apply_with(Isa isa, ReduceOp op, DataType type, void* dst, const void* a, const void* b, std::size_t count) {
+  run_apply(supported_kernels(isa), op, type, dst, a, b, count);
+}
+
+void divide_with(Isa isa, DataType type, void* data, std::size_t count, int divisor) {
+  run_divide(supported_kernels(isa), type, data, count, divisor);
+}
+
+}  // namespace tutti::reduce

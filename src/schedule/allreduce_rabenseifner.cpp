@@ -1,0 +1,97 @@
+// Rabenseifner's allreduce: a recursive-halving reduce_scatter (each round a rank sends the half
+// of its current range that its partner keeps, and reduces the half it keeps) leaves virtual
+// rank v with block v of pof2 near-equal blocks; a recursive-doubling allgather in the reverse
+// order of partners assembles the result. Non-powers of two fold (fold.hpp): two extra rounds.
+//
+// Partial sums live in output. The first reduction of a range reads input (or, on a rank that
+// received a fold, output) and writes output; the halves it sends are never written again until
+// the allgather brings them back, which therefore waits for that send (in place it read them).
+#include <algorithm>
+#include <tuple>
+#include <utility>
+
+#include "schedule/algorithms.hpp"
+#include "schedule/fold.hpp"
+
+namespace tutti::schedule {
+
+namespace {
+
+struct Halving {
+  const Fold& f;
+  std::size_t count;
+  // Elements of virtual ranks [lo, hi).
+  Region range(Buffer b, int lo, int hi) const {
+    const std::size_t a = block_offset(count, static_cast<std::size_t>(f.pof2), static_cast<std::size_t>(lo));
+    const std::size_t z = block_offset(count, static_cast<std::size_t>(f.pof2), static_cast<std::size_t>(hi));
+    return Region{b, a, z - a};
+  }
+};
+
+std::uint32_t send_if(Schedule& s, int peer, Region r, std::vector<std::uint32_t> deps) {
+  return r.count == 0 ? no_step : s.send(peer, r, std::move(deps));
+}
+
+// Recursive halving then recursive doubling among the pof2 active ranks; `from` holds this
+// rank's contribution after step `ready`. Returns the steps after which output is complete.
+std::vector<std::uint32_t> halve_then_double(Schedule& s, const Fold& f, Buffer from, std::uint32_t ready,
+                                             std::size_t count) {
+  const Halving h{f, count};
+  const int v = f.vrank;
+  std::vector<std::uint32_t> rs_sent(static_cast<std::size_t>(f.steps), no_step);
+  std::vector<std::pair<int, int>> given(static_cast<std::size_t>(f.steps));  // virtual ranges sent away
+  int lo = 0, hi = f.pof2;
+  std::uint32_t reduced = ready;
+  for (int k = 0; k < f.steps; ++k) {
+    const int m = f.pof2 >> (k + 1), mid = lo + m, peer = f.real(v ^ m);
+    const bool upper = (v & m) != 0;
+    const auto keep = upper ? std::pair{mid, hi} : std::pair{lo, mid};
+    given[static_cast<std::size_t>(k)] = upper ? std::pair{lo, mid} : std::pair{mid, hi};
+    const Buffer source = k == 0 ? from : Buffer::output;
+    const auto [glo, ghi] = given[static_cast<std::size_t>(k)];
+    rs_sent[static_cast<std::size_t>(k)] = send_if(s, peer, h.range(source, glo, ghi), deps_of({reduced}));
+    const Region to = h.range(Buffer::output, keep.first, keep.second);
+    reduced =
+        to.count == 0 ? no_step : s.recv_reduce(peer, to, h.range(source, keep.first, keep.second), deps_of({reduced}));
+    std::tie(lo, hi) = keep;
+  }
+  std::vector<std::uint32_t> complete{reduced};
+  std::uint32_t sent = no_step, arrived = no_step;
+  for (int k = f.steps - 1; k >= 0; --k) {
+    const int peer = f.real(v ^ (f.pof2 >> (k + 1)));
+    // What this rank has: its reduced block and every earlier arrival (through the previous send).
+    sent = send_if(s, peer, h.range(Buffer::output, lo, hi), deps_of({reduced, sent, arrived}));
+    const auto [glo, ghi] = given[static_cast<std::size_t>(k)];
+    const Region back = h.range(Buffer::output, glo, ghi);
+    arrived = back.count == 0 ? no_step : s.recv(peer, back, deps_of({rs_sent[static_cast<std::size_t>(k)]}));
+    complete.push_back(arrived);
+    lo = std::min(lo, glo);
+    hi = std::max(hi, ghi);
+  }
+  return complete;
+}
+
+}  // namespace
+
+Schedule allreduce_rabenseifner(const Params& params) {
+  Schedule s;
+  const std::size_t c = params.count;
+  const Region input{Buffer::input, 0, c}, output{Buffer::output, 0, c};
+  if (params.size == 1 || c == 0) {
+    if (c > 0) s.copy(output, input);
+    return s;
+  }
+  const Fold f = fold(params.rank, params.size);
+  if (f.sits_out()) {
+    const std::uint32_t sent = s.send(f.partner, input);
+    s.recv(f.partner, output, {sent});  // in place, output is the input just sent
+    return s;
+  }
+  const std::uint32_t ready = f.receives_fold() ? s.recv_reduce(f.partner, output, input) : no_step;
+  auto complete = halve_then_double(s, f, f.receives_fold() ? Buffer::output : Buffer::input, ready, c);
+  std::erase(complete, no_step);
+  if (f.receives_fold()) s.send(f.partner, output, complete);
+  return s;
+}
+
+}  // namespace tutti::schedule

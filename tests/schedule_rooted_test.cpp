@@ -1,0 +1,245 @@
+// The rooted and personalized collectives' schedules (broadcast, reduce, allreduce by binomial
+// tree, alltoall(v), gather, scatter, barrier), swept through the in-process checker over every
+// size that breaks tree and ring arithmetic (1..9 and 16), every root, the counts that break
+// block splitting, in place and out of place, and chunk sizes that force one or many chunks.
+// A few structural tests pin down the round counts that make each algorithm worth having.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <numeric>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "schedule/algorithms.hpp"
+#include "schedule/check.hpp"
+
+namespace tutti::schedule {
+namespace {
+
+struct Case {
+  Collective collective;
+  Algorithm algorithm;
+};
+
+// gtest prints a failing case's parameter with this instead of its bytes.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << to_string(c.collective) << "/" << tutti::to_string(c.algorithm);
+}
+
+const Case kCases[] = {
+    {Collective::broadcast, Algorithm::binomial_tree}, {Collective::broadcast, Algorithm::ring},
+    {Collective::reduce, Algorithm::binomial_tree},    {Collective::reduce, Algorithm::ring},
+    {Collective::allreduce, Algorithm::binomial_tree}, {Collective::alltoall, Algorithm::pairwise},
+    {Collective::alltoall, Algorithm::bruck},          {Collective::gather, Algorithm::linear},
+    {Collective::gather, Algorithm::binomial_tree},    {Collective::scatter, Algorithm::linear},
+    {Collective::scatter, Algorithm::binomial_tree},   {Collective::barrier, Algorithm::bruck},
+};
+
+const int kSizes[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16};
+
+bool is_rooted(Collective c) {
+  return c == Collective::broadcast || c == Collective::reduce || c == Collective::gather || c == Collective::scatter;
+}
+
+bool has_in_place(Collective c) {
+  return c == Collective::allreduce || c == Collective::reduce || c == Collective::gather || c == Collective::scatter;
+}
+
+std::vector<int> roots_for(Collective c, int p) {
+  if (!is_rooted(c)) return {0};
+  if (p <= 9) {
+    std::vector<int> all(p);
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }
+  return {0, 1, p / 2, p - 1};
+}
+
+std::vector<std::size_t> counts_for(Collective c, int p) {
+  if (c == Collective::barrier) return {0};
+  const auto n = static_cast<std::size_t>(p);
+  return {0, 1, n - 1, n, n + 1, 97};
+}
+
+std::string describe(const Case& c, const Params& params, bool in_place) {
+  return std::string(to_string(c.collective)) + "/" + std::string(tutti::to_string(c.algorithm)) +
+         " p=" + std::to_string(params.size) + " root=" + std::to_string(params.root) +
+         " count=" + std::to_string(params.count) + " chunk_bytes=" + std::to_string(params.chunk_bytes) +
+         (in_place ? " in place" : " out of place");
+}
+
+class RootedSchedule : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RootedSchedule, CorrectForEverySizeRootCountAndChunking) {
+  const Case c = GetParam();
+  for (int p : kSizes) {
+    for (int root : roots_for(c.collective, p)) {
+      for (std::size_t count : counts_for(c.collective, p)) {
+        for (std::size_t chunk_bytes : {std::size_t{8}, std::size_t{1} << 18}) {
+          for (bool in_place : {false, true}) {
+            if (in_place && !has_in_place(c.collective)) continue;
+            Params params;
+            params.collective = c.collective;
+            params.size = p;
+            params.root = root;
+            params.count = count;
+            params.elem_size = 4;
+            params.chunk_bytes = chunk_bytes;
+            CheckOptions options;
+            options.in_place = in_place;
+            ASSERT_EQ(check(c.algorithm, params, options), "") << describe(c, params, in_place);
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, RootedSchedule, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::string(to_string(info.param.collective)) + "_" +
+                                  std::string(tutti::to_string(info.param.algorithm));
+                         });
+
+// ---- alltoallv ----
+
+// send_counts[i][j]: what rank i sends to rank j; rank j's recv_counts[i] is the same number.
+using Matrix = std::vector<std::vector<std::size_t>>;
+
+Matrix irregular_counts(int p, int seed) {
+  Matrix m(p, std::vector<std::size_t>(p));
+  for (int i = 0; i < p; ++i)
+    for (int j = 0; j < p; ++j)
+      m[i][j] = static_cast<std::size_t>((i * 7 + j * 3 + seed * 5 + i * j) % 6);  // zeros too
+  return m;
+}
+
+TEST(AlltoallvPairwise, CorrectForIrregularCountsWithZeros) {
+  for (int p : kSizes) {
+    for (int seed = 0; seed < 4; ++seed) {
+      const Matrix m = irregular_counts(p, seed);
+      std::vector<std::size_t> flat;
+      for (const auto& row : m) flat.insert(flat.end(), row.begin(), row.end());
+      Params params;
+      params.collective = Collective::alltoallv;
+      params.size = p;
+      CheckOptions options;
+      options.alltoallv_counts = flat;
+      EXPECT_EQ(check(Algorithm::pairwise, params, options), "") << "p=" << p << " seed=" << seed;
+    }
+  }
+}
+
+TEST(AlltoallvPairwise, ZeroCountPairsExchangeNothing) {
+  const int p = 4;
+  const std::vector<std::size_t> send = {1, 0, 2, 0}, recv = {3, 0, 2, 0};  // rank 2's view
+  Params params;
+  params.collective = Collective::alltoallv;
+  params.size = p;
+  params.rank = 2;
+  params.counts = send;
+  params.recv_counts = recv;
+  const Schedule s = alltoall_pairwise(params);
+  for (const Step& step : s.steps) {
+    EXPECT_NE(step.peer, 1);
+    EXPECT_NE(step.peer, 3);
+  }
+  ASSERT_EQ(s.steps.size(), 3u);  // own copy, send to 0, recv from 0
+  EXPECT_EQ(s.steps[0].kind, StepKind::copy);
+  EXPECT_EQ(s.steps[0].region.offset, 3u);   // output block of rank 2 after 3 + 0 elements
+  EXPECT_EQ(s.steps[0].operand.offset, 1u);  // input block for rank 2 after 1 + 0 elements
+}
+
+// ---- structure: the round counts each algorithm exists for ----
+
+int log2_ceil(int p) { return static_cast<int>(std::bit_width(static_cast<unsigned>(p - 1))); }
+
+int count_kind(const Schedule& s, StepKind kind) {
+  int n = 0;
+  for (const Step& step : s.steps) n += step.kind == kind ? 1 : 0;
+  return n;
+}
+
+Params rooted_params(Collective c, int p, int rank, int root, std::size_t count) {
+  Params params;
+  params.collective = c;
+  params.size = p;
+  params.rank = rank;
+  params.root = root;
+  params.count = count;
+  return params;
+}
+
+TEST(RootedStructure, BinomialRootsTalkToCeilLog2PChildren) {
+  for (int p : kSizes) {
+    const int root = p / 2;
+    EXPECT_EQ(
+        count_kind(broadcast_binomial_tree(rooted_params(Collective::broadcast, p, root, root, 5)), StepKind::send),
+        log2_ceil(p));
+    EXPECT_EQ(
+        count_kind(reduce_binomial_tree(rooted_params(Collective::reduce, p, root, root, 5)), StepKind::recv_reduce),
+        log2_ceil(p));
+    EXPECT_EQ(count_kind(gather_binomial_tree(rooted_params(Collective::gather, p, root, root, 5)), StepKind::recv),
+              log2_ceil(p));
+    EXPECT_EQ(count_kind(scatter_binomial_tree(rooted_params(Collective::scatter, p, root, root, 5)), StepKind::send),
+              log2_ceil(p));
+  }
+}
+
+TEST(RootedStructure, ChainsForwardEveryChunk) {
+  Params params = rooted_params(Collective::broadcast, 5, 3, 1, 100);
+  params.chunk_bytes = 40;  // 10 elements of 4 bytes: 10 chunks
+  const Schedule b = broadcast_ring(params);
+  EXPECT_EQ(count_kind(b, StepKind::recv), 10);
+  EXPECT_EQ(count_kind(b, StepKind::send), 10);
+  params.collective = Collective::reduce;
+  const Schedule r = reduce_ring(params);
+  EXPECT_EQ(count_kind(r, StepKind::recv_reduce), 10);
+  EXPECT_EQ(count_kind(r, StepKind::send), 10);
+}
+
+TEST(RootedStructure, NonRootsOfReduceAndGatherNeverTouchOutput) {
+  for (int p : kSizes) {
+    for (int rank = 0; rank < p; ++rank) {
+      if (rank == 1 % p) continue;  // the root
+      for (const Schedule& s : {reduce_binomial_tree(rooted_params(Collective::reduce, p, rank, 1 % p, 7)),
+                                reduce_ring(rooted_params(Collective::reduce, p, rank, 1 % p, 7)),
+                                gather_binomial_tree(rooted_params(Collective::gather, p, rank, 1 % p, 7)),
+                                gather_linear(rooted_params(Collective::gather, p, rank, 1 % p, 7))}) {
+        for (const Step& step : s.steps) {
+          EXPECT_NE(step.region.buffer, Buffer::output) << "p=" << p << " rank=" << rank;
+          if (step.kind == StepKind::copy || step.kind == StepKind::recv_reduce) {
+            EXPECT_NE(step.operand.buffer, Buffer::output) << "p=" << p << " rank=" << rank;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(RootedStructure, BruckAndDisseminationTakeCeilLog2PRounds) {
+  for (int p : kSizes) {
+    Params params = rooted_params(Collective::alltoall, p, p - 1, 0, 3);
+    EXPECT_EQ(count_kind(alltoall_bruck(params), StepKind::send), log2_ceil(p)) << "p=" << p;
+    params.collective = Collective::barrier;
+    const Schedule b = barrier_dissemination(params);
+    EXPECT_EQ(count_kind(b, StepKind::send), log2_ceil(p)) << "p=" << p;
+    EXPECT_EQ(count_kind(b, StepKind::recv), log2_ceil(p)) << "p=" << p;
+  }
+}
+
+TEST(RootedStructure, PairwiseTakesPMinusOneChainedRounds) {
+  const Schedule s = alltoall_pairwise(rooted_params(Collective::alltoall, 6, 2, 0, 4));
+  EXPECT_EQ(count_kind(s, StepKind::send), 5);
+  EXPECT_EQ(count_kind(s, StepKind::recv), 5);
+  // Every exchange after the first waits for the previous one.
+  for (const Step& step : s.steps) {
+    if (step.kind != StepKind::copy && step.peer != 3 && step.peer != 1) {
+      EXPECT_FALSE(step.deps.empty());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tutti::schedule

@@ -1,0 +1,393 @@
+// The schedule layer: every allreduce, reduce_scatter and allgather(v) generator checked for
+// every p and awkward count, in place and out, with tiny and default chunks; the checker shown
+// to catch broken schedules; dispatch's table; and the cost model's critical path.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "schedule/algorithms.hpp"
+#include "schedule/check.hpp"
+#include "schedule/fold.hpp"
+
+namespace tutti::schedule {
+namespace {
+
+const std::vector<int> kSizes{1, 2, 3, 4, 5, 6, 7, 8, 9, 16};
+
+std::vector<std::size_t> counts_for(int p) {
+  const auto n = static_cast<std::size_t>(p);
+  return {0, 1, n - 1, n, n + 1, 2 * n + 3, 97};
+}
+
+struct Case {
+  Collective collective;
+  Algorithm algorithm;
+};
+
+std::string name_of(const Case& c) {
+  return std::string(to_string(c.collective)) + "/" + std::string(tutti::to_string(c.algorithm));
+}
+
+// Every p, count, in place or not, and chunking for one collective and algorithm.
+void sweep(const Case& c) {
+  for (int p : kSizes)
+    for (std::size_t count : counts_for(p))
+      for (bool in_place : {false, true})
+        for (std::size_t chunk_bytes : {std::size_t{8}, std::size_t{1} << 18}) {
+          Params params;
+          params.collective = c.collective;
+          params.size = p;
+          params.count = count;
+          params.chunk_bytes = chunk_bytes;
+          std::vector<std::size_t> counts(static_cast<std::size_t>(p), count);
+          params.counts = counts;
+          EXPECT_EQ(check(c.algorithm, params, {.in_place = in_place}), "")
+              << name_of(c) << " p=" << p << " count=" << count << " chunk_bytes=" << chunk_bytes;
+        }
+}
+
+class Sweep : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Sweep, EveryRankGetsExactlyTheResult) { sweep(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Schedules, Sweep,
+                         ::testing::Values(Case{Collective::allreduce, Algorithm::ring},
+                                           Case{Collective::allreduce, Algorithm::recursive_doubling},
+                                           Case{Collective::allreduce, Algorithm::rabenseifner},
+                                           Case{Collective::reduce_scatter, Algorithm::ring},
+                                           Case{Collective::reduce_scatter, Algorithm::rabenseifner},
+                                           Case{Collective::allgather, Algorithm::ring},
+                                           Case{Collective::allgather, Algorithm::recursive_doubling},
+                                           Case{Collective::allgather, Algorithm::bruck},
+                                           Case{Collective::allgatherv, Algorithm::ring},
+                                           Case{Collective::allgatherv, Algorithm::recursive_doubling},
+                                           Case{Collective::allgatherv, Algorithm::bruck}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string n = name_of(info.param);
+                           for (char& ch : n)
+                             if (ch == '/') ch = '_';
+                           return n;
+                         });
+
+TEST(Allgatherv, IrregularCountsWithZeros) {
+  for (int p : kSizes) {
+    const auto n = static_cast<std::size_t>(p);
+    std::vector<std::vector<std::size_t>> patterns{
+        std::vector<std::size_t>(n, 0),  // nothing at all
+    };
+    std::vector<std::size_t> one(n, 0), mixed(n), ramp(n);
+    one[n - 1] = 5;
+    for (std::size_t i = 0; i < n; ++i) {
+      mixed[i] = i % 3 == 1 ? 0 : (i * 7 + 3) % 11;
+      ramp[i] = i;
+    }
+    patterns.insert(patterns.end(), {one, mixed, ramp});
+    for (const auto& counts : patterns)
+      for (Algorithm a : algorithms_for(Collective::allgatherv))
+        for (bool in_place : {false, true})
+          for (std::size_t chunk_bytes : {std::size_t{4}, std::size_t{1} << 18}) {
+            Params params{
+                .collective = Collective::allgatherv, .size = p, .counts = counts, .chunk_bytes = chunk_bytes};
+            EXPECT_EQ(check(a, params, {.in_place = in_place}), "") << tutti::to_string(a) << " p=" << p;
+          }
+  }
+}
+
+TEST(Generators, ChunkingPipelinesTheRing) {
+  // 97 four-byte elements in 8-byte chunks: each ring step moves many small messages.
+  const Params params{.collective = Collective::allreduce, .rank = 0, .size = 4, .count = 97, .chunk_bytes = 8};
+  const Schedule s = make(Algorithm::ring, params);
+  std::size_t sends = 0;
+  for (const Step& step : s.steps) sends += step.kind == StepKind::send;
+  EXPECT_GT(sends, 2u * 3u * 4u);
+  for (const Step& step : s.steps) EXPECT_LE(step.region.count, 2u);
+}
+
+TEST(Generators, SingleRankIsACopy) {
+  for (Collective c : {Collective::allreduce, Collective::reduce_scatter, Collective::allgather})
+    for (Algorithm a : algorithms_for(c)) {
+      const Params params{.collective = c, .size = 1, .count = 10};
+      const Schedule s = make(a, params);
+      ASSERT_EQ(s.steps.size(), 1u) << to_string(c) << "/" << tutti::to_string(a);
+      EXPECT_EQ(s.steps[0].kind, StepKind::copy);
+    }
+}
+
+TEST(Fold, PairsTheFirstRanksAndMapsVirtualRanks) {
+  // p = 6: pof2 4, rest 2; ranks 0,2 sit out; 1,3 are virtual 0,1; 4,5 are virtual 2,3.
+  const std::vector<int> vranks{-1, 0, -1, 1, 2, 3};
+  for (int r = 0; r < 6; ++r) {
+    const Fold f = fold(r, 6);
+    EXPECT_EQ(f.pof2, 4);
+    EXPECT_EQ(f.steps, 2);
+    EXPECT_EQ(f.vrank, vranks[static_cast<std::size_t>(r)]);
+    if (f.vrank >= 0) {
+      EXPECT_EQ(f.real(f.vrank), r);
+    }
+    EXPECT_EQ(f.partner, r < 4 ? (r % 2 == 0 ? r + 1 : r - 1) : -1);
+  }
+  const Fold f = fold(0, 6);
+  EXPECT_EQ(f.first(0), 0);
+  EXPECT_EQ(f.first(1), 2);
+  EXPECT_EQ(f.first(2), 4);
+  EXPECT_EQ(f.first(4), 6);
+  EXPECT_FALSE(fold(3, 8).folded());
+}
+
+// ---- the checker catches defects ----
+
+Params two_ranks(Collective c, std::size_t count) { return Params{.collective = c, .size = 2, .count = count}; }
+
+// A correct 2-rank allreduce: exchange inputs, reduce into output.
+std::vector<Schedule> exchange_allreduce(std::size_t count) {
+  std::vector<Schedule> s(2);
+  for (int r = 0; r < 2; ++r) {
+    s[static_cast<std::size_t>(r)].send(1 - r, {Buffer::input, 0, count});
+    s[static_cast<std::size_t>(r)].recv_reduce(1 - r, {Buffer::scratch, 0, count}, {Buffer::input, 0, count});
+    s[static_cast<std::size_t>(r)].copy({Buffer::output, 0, count}, {Buffer::scratch, 0, count}, {0, 1});
+    s[static_cast<std::size_t>(r)].scratch_count = count;
+  }
+  return s;
+}
+
+TEST(Checker, AcceptsACorrectHandBuiltSchedule) {
+  EXPECT_EQ(check_schedules(exchange_allreduce(5), two_ranks(Collective::allreduce, 5)), "");
+  EXPECT_EQ(check_schedules(exchange_allreduce(5), two_ranks(Collective::allreduce, 5), {.in_place = true}), "");
+}
+
+TEST(Checker, CatchesAMissingDepRace) {
+  auto s = exchange_allreduce(5);
+  s[1].steps[2].deps = {1};  // the copy into output no longer waits for the send of input
+  EXPECT_EQ(check_schedules(s, two_ranks(Collective::allreduce, 5)), "");  // harmless out of place
+  const std::string defect = check_schedules(s, two_ranks(Collective::allreduce, 5), {.in_place = true});
+  EXPECT_NE(defect.find("race on rank 1"), std::string::npos) << defect;
+}
+
+TEST(Checker, CatchesAWrongCount) {
+  auto s = exchange_allreduce(5);
+  s[0].steps[0].region.count = 4;
+  const std::string defect = check_schedules(s, two_ranks(Collective::allreduce, 5));
+  EXPECT_NE(defect.find("sends 4 elements"), std::string::npos) << defect;
+}
+
+TEST(Checker, CatchesADeadlock) {
+  std::vector<Schedule> s(2);
+  for (int r = 0; r < 2; ++r) {  // both receive before they send
+    auto& mine = s[static_cast<std::size_t>(r)];
+    const auto got = mine.recv_reduce(1 - r, {Buffer::output, 0, 3}, {Buffer::input, 0, 3});
+    mine.send(1 - r, {Buffer::input, 0, 3}, {got});
+  }
+  const std::string defect = check_schedules(s, two_ranks(Collective::allreduce, 3));
+  EXPECT_NE(defect.find("deadlock"), std::string::npos) << defect;
+}
+
+TEST(Checker, CatchesADoubleCountedContribution) {
+  auto s = exchange_allreduce(5);
+  // Rank 0 reduces rank 1's input a second time into its result.
+  s[0].steps.push_back(Step{StepKind::recv_reduce, 1, {Buffer::output, 0, 5}, {Buffer::output, 0, 5}, {2}});
+  s[1].steps.push_back(Step{StepKind::send, 0, {Buffer::input, 0, 5}, {}, {}});
+  const std::string defect = check_schedules(s, two_ranks(Collective::allreduce, 5));
+  EXPECT_NE(defect.find("rank 0 output[0]"), std::string::npos) << defect;
+  EXPECT_NE(defect.find("extra {1:0}"), std::string::npos) << defect;
+}
+
+TEST(Checker, CatchesOutputNeverWritten) {
+  auto s = exchange_allreduce(5);
+  s[1].steps[2].region.count = 4;
+  s[1].steps[2].operand.count = 4;
+  const std::string defect = check_schedules(s, two_ranks(Collective::allreduce, 5));
+  EXPECT_NE(defect.find("rank 1 output[4] holds {uninitialized}"), std::string::npos) << defect;
+}
+
+TEST(Checker, CatchesStructuralDefects) {
+  const Params params = two_ranks(Collective::allreduce, 5);
+  auto bad_dep = exchange_allreduce(5);
+  bad_dep[0].steps[0].deps = {2};
+  EXPECT_NE(check_schedules(bad_dep, params).find("does not point to an earlier step"), std::string::npos);
+  auto bad_peer = exchange_allreduce(5);
+  bad_peer[0].steps[0].peer = 0;
+  EXPECT_NE(check_schedules(bad_peer, params).find("invalid peer"), std::string::npos);
+  auto outside = exchange_allreduce(5);
+  outside[0].steps[0].region.offset = 1;
+  EXPECT_NE(check_schedules(outside, params).find("lies outside input"), std::string::npos);
+  auto writes_input = exchange_allreduce(5);
+  writes_input[0].steps[1].region = {Buffer::input, 0, 5};
+  EXPECT_NE(check_schedules(writes_input, params).find("writes into input"), std::string::npos);
+  auto unmatched = exchange_allreduce(5);
+  unmatched[0].steps.push_back(Step{StepKind::send, 1, {Buffer::input, 0, 5}, {}, {}});
+  EXPECT_NE(check_schedules(unmatched, params).find("sends 2 messages to rank 1"), std::string::npos);
+}
+
+TEST(Checker, NonRootsHaveNoOutputInReduce) {
+  // Rank 1 (not the root) writes an output that does not exist for it.
+  std::vector<Schedule> s(2);
+  s[1].send(0, {Buffer::input, 0, 3});
+  s[0].recv_reduce(1, {Buffer::output, 0, 3}, {Buffer::input, 0, 3});
+  Params params = two_ranks(Collective::reduce, 3);
+  EXPECT_EQ(check_schedules(s, params), "");
+  s[1].copy({Buffer::output, 0, 3}, {Buffer::input, 0, 3});
+  EXPECT_NE(check_schedules(s, params).find("outside output of 0 elements"), std::string::npos);
+}
+
+TEST(Checker, BarrierNeedsEveryRankToHearFromEveryRank) {
+  std::vector<Schedule> s(3);
+  s[0].send(1, {Buffer::output, 0, 0});  // 0 -> 1 -> 2 only: rank 0 may leave before 2 enters
+  const auto got = s[1].recv(0, {Buffer::output, 0, 0});
+  s[1].send(2, {Buffer::output, 0, 0}, {got});
+  s[2].recv(1, {Buffer::output, 0, 0});
+  const std::string defect = check_schedules(s, Params{.collective = Collective::barrier, .size = 3});
+  EXPECT_NE(defect.find("barrier: rank 0 may leave before rank 1 enters"), std::string::npos) << defect;
+}
+
+// ---- dispatch ----
+
+TEST(Dispatch, MakeThrowsUnsupportedExactlyWhereNoAlgorithmApplies) {
+  const std::vector<Collective> collectives{Collective::allreduce, Collective::reduce,     Collective::reduce_scatter,
+                                            Collective::allgather, Collective::allgatherv, Collective::broadcast,
+                                            Collective::alltoall,  Collective::alltoallv,  Collective::gather,
+                                            Collective::scatter,   Collective::barrier};
+  const std::vector<std::size_t> counts{1, 1, 1, 1};
+  for (Collective c : collectives) {
+    const auto listed = algorithms_for(c);
+    EXPECT_FALSE(listed.empty()) << to_string(c);
+    for (int a = 0; a <= static_cast<int>(Algorithm::mpi); ++a) {
+      const auto algorithm = static_cast<Algorithm>(a);
+      const bool listed_here = std::find(listed.begin(), listed.end(), algorithm) != listed.end();
+      EXPECT_EQ(applies(algorithm, c), listed_here);
+      const Params params{.collective = c, .rank = 1, .size = 4, .count = 3, .counts = counts, .recv_counts = counts};
+      if (listed_here) {
+        EXPECT_NO_THROW(make(algorithm, params)) << to_string(c) << "/" << tutti::to_string(algorithm);
+        continue;
+      }
+      try {
+        make(algorithm, params);
+        ADD_FAILURE() << to_string(c) << "/" << tutti::to_string(algorithm) << " did not throw";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::unsupported);
+        EXPECT_NE(std::string(e.what()).find(std::string(to_string(c))), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(std::string(tutti::to_string(algorithm))), std::string::npos);
+      }
+    }
+  }
+  for (Algorithm a : {Algorithm::automatic, Algorithm::direct, Algorithm::hierarchical, Algorithm::mpi})
+    for (Collective c : collectives) EXPECT_FALSE(applies(a, c));
+}
+
+TEST(Dispatch, TheTable) {
+  using A = Algorithm;
+  EXPECT_EQ(algorithms_for(Collective::allreduce),
+            (std::vector<A>{A::ring, A::recursive_doubling, A::rabenseifner, A::binomial_tree}));
+  EXPECT_EQ(algorithms_for(Collective::reduce_scatter), (std::vector<A>{A::ring, A::rabenseifner}));
+  EXPECT_EQ(algorithms_for(Collective::allgather), (std::vector<A>{A::ring, A::recursive_doubling, A::bruck}));
+  EXPECT_EQ(algorithms_for(Collective::allgatherv), algorithms_for(Collective::allgather));
+  EXPECT_EQ(algorithms_for(Collective::broadcast), (std::vector<A>{A::binomial_tree, A::ring}));
+  EXPECT_EQ(algorithms_for(Collective::reduce), (std::vector<A>{A::binomial_tree, A::ring}));
+  EXPECT_EQ(algorithms_for(Collective::alltoall), (std::vector<A>{A::pairwise, A::bruck}));
+  EXPECT_EQ(algorithms_for(Collective::alltoallv), (std::vector<A>{A::pairwise}));
+  EXPECT_EQ(algorithms_for(Collective::gather), (std::vector<A>{A::linear, A::binomial_tree}));
+  EXPECT_EQ(algorithms_for(Collective::scatter), (std::vector<A>{A::linear, A::binomial_tree}));
+  EXPECT_EQ(algorithms_for(Collective::barrier), (std::vector<A>{A::bruck}));
+  EXPECT_EQ(to_string(Collective::reduce_scatter), "reduce_scatter");
+}
+
+TEST(Dispatch, MakeRejectsBadParams) {
+  const Params bad_rank{.collective = Collective::allreduce, .rank = 4, .size = 4, .count = 1};
+  EXPECT_THROW(make(Algorithm::ring, bad_rank), Error);
+  const Params no_counts{.collective = Collective::allgatherv, .rank = 0, .size = 4};
+  EXPECT_THROW(make(Algorithm::ring, no_counts), Error);
+}
+
+// ---- the cost model ----
+
+int log2_ceil(int p) { return p <= 1 ? 0 : std::bit_width(static_cast<unsigned>(p - 1)); }
+int log2_floor(int p) { return std::bit_width(static_cast<unsigned>(p)) - 1; }
+
+Cost cost(Collective c, Algorithm a, int p, std::size_t count, double alpha, double beta, double gamma) {
+  return estimate(a, Params{.collective = c, .size = p, .count = count, .elem_size = 4}, alpha, beta, gamma);
+}
+
+TEST(Estimate, OneMessage) {
+  std::vector<Schedule> s(2);
+  s[0].send(1, {Buffer::input, 0, 10});
+  s[1].recv_reduce(0, {Buffer::output, 0, 10}, {Buffer::input, 0, 10});
+  const Cost c = estimate(s, 4, 2.0, 0.5, 0.25);
+  EXPECT_EQ(c.rounds, 1);
+  EXPECT_EQ(c.bytes, 40);
+  EXPECT_EQ(c.elements, 10);
+  EXPECT_DOUBLE_EQ(c.time, 2.0 + 0.5 * 40 + 0.25 * 10);
+}
+
+TEST(Estimate, RejectsDeadlockAndMismatch) {
+  std::vector<Schedule> s(2);
+  for (int r = 0; r < 2; ++r) {
+    const auto got = s[static_cast<std::size_t>(r)].recv(1 - r, {Buffer::output, 0, 1});
+    s[static_cast<std::size_t>(r)].send(1 - r, {Buffer::input, 0, 1}, {got});
+  }
+  EXPECT_THROW(estimate(s, 4, 1, 1, 1), Error);
+  s[0].steps.pop_back();
+  EXPECT_THROW(estimate(s, 4, 1, 1, 1), Error);
+}
+
+TEST(Estimate, LatencyBoundRounds) {
+  // With β = γ = 0 the time is α times the longest chain of messages.
+  for (int p : {2, 3, 4, 5, 6, 7, 8, 9, 16}) {
+    const bool pof2 = std::has_single_bit(static_cast<unsigned>(p));
+    const double rd = cost(Collective::allreduce, Algorithm::recursive_doubling, p, 64, 1, 0, 0).rounds;
+    if (pof2) {
+      EXPECT_EQ(rd, log2_floor(p)) << p;
+    }
+    EXPECT_GE(rd, log2_ceil(p)) << p;
+    EXPECT_LE(rd, log2_floor(p) + 2) << p;
+    const double rab = cost(Collective::allreduce, Algorithm::rabenseifner, p, 64, 1, 0, 0).rounds;
+    EXPECT_LE(rab, 2 * log2_floor(p) + 2) << p;
+    if (pof2) {
+      EXPECT_EQ(rab, 2 * log2_floor(p)) << p;
+    }
+    EXPECT_EQ(cost(Collective::allreduce, Algorithm::ring, p, 64, 1, 0, 0).rounds, 2 * (p - 1)) << p;
+    EXPECT_EQ(cost(Collective::allgather, Algorithm::ring, p, 64, 1, 0, 0).rounds, p - 1) << p;
+    EXPECT_EQ(cost(Collective::allgather, Algorithm::bruck, p, 64, 1, 0, 0).rounds, log2_ceil(p)) << p;
+    EXPECT_EQ(cost(Collective::reduce_scatter, Algorithm::ring, p, 64, 1, 0, 0).rounds, p - 1) << p;
+  }
+}
+
+TEST(Estimate, BandwidthOptimalAlgorithmsMoveTwoTimesPMinusOneOverP) {
+  const std::size_t n = std::size_t{1} << 20;  // elements of 4 bytes
+  for (int p : {2, 3, 4, 5, 8, 16}) {
+    const double optimal = 2.0 * (p - 1) / p * static_cast<double>(n) * 4;
+    const Cost ring = cost(Collective::allreduce, Algorithm::ring, p, n, 1e-6, 1e-9, 0);
+    EXPECT_NEAR(ring.bytes, optimal, optimal * 0.01) << p;
+    if (std::has_single_bit(static_cast<unsigned>(p))) {
+      const Cost rab = cost(Collective::allreduce, Algorithm::rabenseifner, p, n, 1e-6, 1e-9, 0);
+      EXPECT_NEAR(rab.bytes, optimal, optimal * 0.01) << p;
+      const Cost rd = cost(Collective::allreduce, Algorithm::recursive_doubling, p, n, 1e-6, 1e-9, 0);
+      // p = 2 has one round, which cannot reduce into output in place: one local copy more.
+      const int full_volumes = log2_floor(p) + (p == 2 ? 1 : 0);
+      EXPECT_NEAR(rd.bytes, full_volumes * static_cast<double>(n) * 4, 1) << p;
+    }
+    const Cost ag = cost(Collective::allgather, Algorithm::ring, p, n / static_cast<std::size_t>(p), 1e-6, 1e-9, 0);
+    EXPECT_NEAR(ag.bytes, optimal / 2, optimal * 0.01) << p;
+  }
+}
+
+TEST(Estimate, TimeIsTheSumAlongThePath) {
+  for (Collective c : {Collective::allreduce, Collective::reduce_scatter, Collective::allgather})
+    for (Algorithm a : algorithms_for(c))
+      for (int p : {3, 8}) {
+        const Cost k = cost(c, a, p, 1000, 3e-6, 2e-10, 5e-11);
+        EXPECT_NEAR(k.time, 3e-6 * k.rounds + 2e-10 * k.bytes + 5e-11 * k.elements, 1e-12);
+        EXPECT_GT(k.time, 0);
+      }
+}
+
+TEST(Estimate, SingleRankCostsOnlyTheCopy) {
+  const Cost k = cost(Collective::allreduce, Algorithm::ring, 1, 100, 1, 1, 1);
+  EXPECT_EQ(k.rounds, 0);
+  EXPECT_EQ(k.bytes, 400);
+}
+
+}  // namespace
+}  // namespace tutti::schedule
