@@ -233,6 +233,17 @@ TEST(Checker, NonRootsHaveNoOutputInReduce) {
   EXPECT_NE(check_schedules(s, params).find("outside output of 0 elements"), std::string::npos);
 }
 
+TEST(Checker, AlltoallvTakesAFullMatrix) {
+  for (int p : {2, 3, 5}) {
+    const auto n = static_cast<std::size_t>(p);
+    std::vector<std::size_t> matrix(n * n), row(n, 0);
+    for (std::size_t a = 0; a < n; ++a)
+      for (std::size_t b = 0; b < n; ++b) matrix[a * n + b] = (a + 2 * b) % 4;  // zeros included
+    const Params params{.collective = Collective::alltoallv, .size = p, .counts = row, .recv_counts = row};
+    EXPECT_EQ(check(Algorithm::pairwise, params, {.alltoallv_counts = matrix}), "") << p;
+  }
+}
+
 TEST(Checker, BarrierNeedsEveryRankToHearFromEveryRank) {
   std::vector<Schedule> s(3);
   s[0].send(1, {Buffer::output, 0, 0});  // 0 -> 1 -> 2 only: rank 0 may leave before 2 enters

@@ -190,7 +190,7 @@ std::string validate_params(Call& call) {
   return {};
 }
 
-// Per-rank parameters (rank, and alltoallv's per-rank counts); the views need the schedules.
+// Per-rank parameters (rank, and alltoallv's per-rank counts), also kept in the rank views.
 std::vector<Params> rank_params(Call& call) {
   std::vector<Params> out;
   call.ranks.assign(static_cast<std::size_t>(call.p), RankView{});
@@ -203,6 +203,8 @@ std::vector<Params> rank_params(Call& call) {
         v.send_counts.push_back(call.matrix[static_cast<std::size_t>(r)][static_cast<std::size_t>(q)]);
         v.recv_counts.push_back(call.matrix[static_cast<std::size_t>(q)][static_cast<std::size_t>(r)]);
       }
+      v.params.counts = v.send_counts;  // call.ranks is not resized again: the spans stay valid
+      v.params.recv_counts = v.recv_counts;
     }
     out.push_back(v.params);
   }
@@ -416,8 +418,9 @@ std::string execute(Call& call) {
     knowledge.of.emplace_back(n);
   }
   std::string defect;
+  const bool barrier = call.params.collective == Collective::barrier;
   auto stuck = replay(call.schedules, call.partner, [&](StepRef x) {
-    learn(call, knowledge, x);
+    if (barrier) learn(call, knowledge, x);
     const Step& s = call.schedules[static_cast<std::size_t>(x.rank)].steps[x.step];
     if (s.kind == StepKind::send)
       sent[static_cast<std::size_t>(x.rank)][x.step] = read(call, x.rank, s.region);
@@ -429,7 +432,7 @@ std::string execute(Call& call) {
   });
   if (!defect.empty()) return defect;
   if (!stuck.empty()) return describe_deadlock(call, stuck);
-  if (call.params.collective == Collective::barrier) return check_barrier(call, knowledge);
+  if (barrier) return check_barrier(call, knowledge);
   return {};
 }
 
@@ -529,15 +532,7 @@ std::string check(Algorithm algorithm, const Params& params, const CheckOptions&
   if (auto d = validate_params(call); !d.empty()) return with_context(params, options, d);
   std::vector<Schedule> schedules;
   try {
-    for (const Params& prm : rank_params(call)) {
-      Params with_counts = prm;
-      const RankView& v = call.ranks[static_cast<std::size_t>(prm.rank)];
-      if (params.collective == Collective::alltoallv) {
-        with_counts.counts = v.send_counts;
-        with_counts.recv_counts = v.recv_counts;
-      }
-      schedules.push_back(make(algorithm, with_counts));
-    }
+    for (const Params& prm : rank_params(call)) schedules.push_back(make(algorithm, prm));
   } catch (const std::exception& e) {
     return with_context(params, options, std::string("generator threw: ") + e.what());
   }

@@ -11,8 +11,8 @@
 namespace tutti::schedule {
 
 struct CheckOptions {
-  bool in_place = false;     // run with input/output aliased as schedule.hpp's in-place rules say
-  bool check_races = true;   // verify that conflicting accesses are ordered by deps (quadratic; small counts)
+  bool in_place = false;    // run with input/output aliased as schedule.hpp's in-place rules say
+  bool check_races = true;  // verify that conflicting accesses are ordered by deps (quadratic; small counts)
   // alltoallv only: the p×p matrix of element counts, [a*p + b] = what rank a sends to rank b.
   // Empty: every rank sends params.counts[b] to rank b (so rank b receives counts[b] from each).
   std::span<const std::size_t> alltoallv_counts{};
@@ -23,7 +23,9 @@ struct CheckOptions {
 /// touch output where it does not exist; sends and receives match pairwise in count and order;
 /// the execution completes without deadlock; no two unordered steps conflict on a region; and every
 /// rank's output holds exactly the collective's result (for reductions: every rank's contribution
-/// exactly once). Otherwise a message naming the rank, step and defect.
+/// exactly once); for a barrier, that no rank can finish before every rank has started. Otherwise
+/// a message naming the rank, step and defect. Every element carries the set of contributions
+/// it holds, so the cost grows with p · count: meant for counts up to a few thousand.
 std::string check(Algorithm algorithm, const Params& params, const CheckOptions& options = {});
 
 /// The same checks on given schedules (schedules[r] is rank r's, params.collective and the rest

@@ -45,10 +45,6 @@ struct Model {
   }
 };
 
-}  // namespace
-
-namespace {
-
 // Discrete-event simulation in time order. Steps become ready when their deps complete; a send
 // then puts its message on the wire as soon as the sender's outgoing and the receiver's incoming
 // port are free (first come, first served), occupies both for β·bytes, and arrives α later.
