@@ -50,7 +50,7 @@ bool has_result(const Call& call, int rank) {
 
 }  // namespace
 
-Request CommImpl::start(const Call& call) {
+Request CommImpl::start(const Call& call, bool blocking) {
   queue_->check_usable(true);
   const Extents extents = validate(call, rank_, size_);
   const std::size_t elem = size_of(call.type);
@@ -134,12 +134,12 @@ Request CommImpl::start(const Call& call) {
   }
   if (snapshot) op->own(std::move(snapshot));
   if (staging_output) op->own(std::move(staging_output));
-  auto shared = queue_->submit(std::move(op));
+  auto shared = queue_->submit(std::move(op), blocking);
   return Request(std::make_shared<detail::Operation>(queue_, std::move(shared)));
 }
 
 Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer,
-                                       int tag) {
+                                       int tag, bool blocking) {
   const char* name = is_send ? "send" : "recv";
   if (size_ <= 0) throw Error(ErrorCode::invalid_argument, std::string(name) + ": the communicator is empty");
   queue_->check_usable(false);
@@ -159,7 +159,7 @@ Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size
   auto op = exec::Operation::point_to_point(queue_->transport(), is_send, const_cast<void*>(data), count, type, peer,
                                             key, std::move(description));
   op->timeout = default_timeout_;
-  auto shared = queue_->submit(std::move(op));
+  auto shared = queue_->submit(std::move(op), blocking);
   return Request(std::make_shared<detail::Operation>(queue_, std::move(shared)));
 }
 
@@ -172,7 +172,7 @@ Communicator CommImpl::split(int color, int key) {
   call.recv = all.data();
   call.count = 2;
   call.type = DataType::i32;
-  start(call).wait();
+  start(call, true).wait();
   const std::uint64_t split_seq = queue_->next_seq();  // the same on every rank: identifies this split
   if (color < 0) return Communicator();
   std::vector<int> ranks;

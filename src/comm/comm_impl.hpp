@@ -35,8 +35,10 @@ class CommImpl {
 
   /// Validates, chooses the algorithm and starts the call. Throws Error(invalid_argument) or
   /// Error(unsupported) before anything is sent.
-  Request start(const Call& call);
-  Request start_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer, int tag);
+  /// `blocking`: the caller waits at once (the progress engine is left alone).
+  Request start(const Call& call, bool blocking = false);
+  Request start_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer, int tag,
+                               bool blocking);
   Communicator split(int color, int key);
 
   std::chrono::milliseconds default_timeout() const { return default_timeout_; }

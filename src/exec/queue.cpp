@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/log.hpp"
+#include "exec/progress.hpp"
 
 namespace tutti::exec {
 
@@ -34,7 +35,7 @@ transport::MessageKey OperationQueue::next_p2p_key(bool is_send, int peer, int t
   return transport::MessageKey{transport::Channel::point_to_point, static_cast<std::uint64_t>(tag), index};
 }
 
-std::shared_ptr<Operation> OperationQueue::submit(std::unique_ptr<Operation> op) {
+std::shared_ptr<Operation> OperationQueue::submit(std::unique_ptr<Operation> op, bool blocking) {
   std::shared_ptr<Operation> shared(std::move(op));
   std::lock_guard lock(mutex_);
   if (shared->ordered()) {
@@ -44,8 +45,14 @@ std::shared_ptr<Operation> OperationQueue::submit(std::unique_ptr<Operation> op)
   } else {
     unordered_.push_back(shared);
   }
+  // A rank whose signature disagrees never posts a step: announce has aborted the communicator.
+  if (auto failure = transport_->aborted(); failure && shared->ordered()) {
+    fail_all_locked(*failure);
+    return shared;
+  }
   shared->start();
   progress_locked();
+  if (!blocking && outstanding_.load() > 0) engine_notify(shared_from_this());
   return shared;
 }
 
@@ -56,11 +63,13 @@ void OperationQueue::fail_all_locked(const transport::Failure& failure) {
 }
 
 void OperationQueue::abort_locked(const Error& error, std::uint64_t seq) {
-  transport_->abort(error, seq);  // every rank learns of it
-  fail_all_locked(transport::Failure{error, seq});
+  transport_->abort(error, seq);  // every rank learns of it; the first error reported wins
+  fail_all_locked(transport_->aborted().value_or(transport::Failure{error, seq}));
 }
 
 void OperationQueue::progress_locked() {
+  transport_->progress();
+  const std::size_t before = active_.size() + unordered_.size();
   if (!aborted_) {
     if (auto failure = transport_->aborted()) fail_all_locked(*failure);
   }
@@ -70,6 +79,15 @@ void OperationQueue::progress_locked() {
   for (auto& op : unordered_)
     if (op->progress() && op->error() && !aborted_) abort_locked(*op->error(), transport::no_seq);
   std::erase_if(unordered_, [](const auto& op) { return op->finished(); });
+  const std::size_t after = active_.size() + unordered_.size();
+  outstanding_.store(after, std::memory_order_release);
+  if (after < before) transport_->wake();  // a waiter on another thread may be waiting for these
+}
+
+bool OperationQueue::progress_in_background() {
+  std::lock_guard lock(mutex_);
+  progress_locked();
+  return !active_.empty() || !unordered_.empty();
 }
 
 bool OperationQueue::complete_locked(const Operation& op) {

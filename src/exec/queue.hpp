@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -17,7 +18,7 @@
 
 namespace tutti::exec {
 
-class OperationQueue {
+class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
  public:
   explicit OperationQueue(std::unique_ptr<transport::Transport> transport);
   ~OperationQueue();
@@ -34,8 +35,9 @@ class OperationQueue {
   /// The key of the next point-to-point message to (is_send) or from `peer` with `tag`.
   transport::MessageKey next_p2p_key(bool is_send, int peer, int tag);
 
-  /// Announces (collectives) and starts `op`; returns the shared handle.
-  std::shared_ptr<Operation> submit(std::unique_ptr<Operation> op);
+  /// Announces (collectives) and starts `op`; returns the shared handle. Unless `blocking` (the
+  /// caller waits at once), the progress engine takes over what remains.
+  std::shared_ptr<Operation> submit(std::unique_ptr<Operation> op, bool blocking);
 
   /// Progresses everything; true when `op` (and, for collectives, every earlier one) completed.
   /// Throws the operation's error.
@@ -43,6 +45,10 @@ class OperationQueue {
   /// Blocks until test(op) or `limit`; on reaching op's own timeout, raises Error(timeout)
   /// naming the ranks it still waits for. Returns false only when `limit` came first.
   bool wait(const Operation& op, std::optional<std::chrono::milliseconds> limit);
+
+  /// For the progress engine: progresses everything; true while operations remain outstanding.
+  bool progress_in_background();
+  bool has_work() const { return outstanding_.load(std::memory_order_acquire) > 0; }
 
  private:
   void progress_locked();
@@ -59,6 +65,7 @@ class OperationQueue {
   std::uint64_t next_ordinal_ = 1;
   std::map<std::tuple<bool, int, int>, std::uint32_t> p2p_counters_;
   std::optional<transport::Failure> aborted_;
+  std::atomic<std::size_t> outstanding_{0};
 };
 
 }  // namespace tutti::exec

@@ -95,6 +95,11 @@ class Transport {
   /// (or at the deadline). Lets the executor sleep instead of spinning.
   virtual std::uint64_t generation() const = 0;
   virtual void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) = 0;
+  /// Bumps the generation and wakes this rank's waiters (an operation finished on another thread).
+  virtual void wake() = 0;
+  /// Drives the transport's own I/O without blocking (copying through rings, sockets). Called by
+  /// whichever thread progresses the executor; transports whose peers move the data do nothing.
+  virtual void progress() {}
 
   /// Set once the communicator is aborted (by any rank): the first error, to be raised by every rank.
   virtual std::optional<Failure> aborted() const = 0;

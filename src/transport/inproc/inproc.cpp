@@ -250,6 +250,10 @@ void InprocTransport::wait(std::uint64_t seen, std::chrono::steady_clock::time_p
   bell.cv.wait_until(lock, deadline, [&] { return bell.generation.load(std::memory_order_acquire) != seen; });
 }
 
+void InprocTransport::wake() {
+  fabric_->endpoints[static_cast<std::size_t>(members_[static_cast<std::size_t>(rank_)])]->bell.ring();
+}
+
 std::optional<Failure> InprocTransport::aborted() const {
   if (!state_->has_error.load(std::memory_order_acquire)) return std::nullopt;
   std::lock_guard lock(fabric_->comms_mutex);

@@ -37,6 +37,7 @@ class InprocTransport final : public Transport {
   void cancel(Completion* done) override;
   std::uint64_t generation() const override;
   void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) override;
+  void wake() override;
   std::optional<Failure> aborted() const override;
   void abort(const Error& error, std::uint64_t seq) override;
 

@@ -1,0 +1,102 @@
+#include "exec/progress.hpp"
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "exec/queue.hpp"
+
+namespace tutti::exec {
+
+namespace {
+
+class Engine {
+ public:
+  Engine() : thread_([this] { run(); }) {}
+  ~Engine() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void notify(const std::shared_ptr<OperationQueue>& queue) {
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& weak : queues_)
+        if (weak.lock() == queue) {
+          pending_ = true;
+          cv_.notify_all();
+          return;
+        }
+      queues_.push_back(queue);
+      pending_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      cv_.wait(lock, [&] { return stop_ || pending_; });
+      if (stop_) break;
+      pending_ = false;
+      std::vector<std::weak_ptr<OperationQueue>> queues = queues_;
+      lock.unlock();
+      const bool busy = sweep(queues);
+      lock.lock();
+      std::erase_if(queues_, [](const auto& weak) {
+        auto queue = weak.lock();
+        return !queue || !queue->has_work();
+      });
+      if (busy) pending_ = true;
+    }
+  }
+
+  // Progresses every queue once; then, if one still has work, sleeps on its transport until
+  // something completes (or briefly, when several communicators are busy). True while work remains.
+  static bool sweep(const std::vector<std::weak_ptr<OperationQueue>>& queues) {
+    std::shared_ptr<OperationQueue> busy;
+    int busy_count = 0;
+    std::uint64_t seen = 0;
+    for (const auto& weak : queues) {
+      auto queue = weak.lock();
+      if (!queue) continue;
+      const std::uint64_t generation = queue->transport().generation();
+      if (queue->progress_in_background()) {
+        if (!busy) {
+          busy = queue;
+          seen = generation;
+        }
+        ++busy_count;
+      }
+    }
+    if (!busy) return false;
+    const auto nap = busy_count > 1 ? std::chrono::microseconds(200) : std::chrono::microseconds(50000);
+    busy->transport().wait(seen, std::chrono::steady_clock::now() + nap);
+    return true;
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<std::weak_ptr<OperationQueue>> queues_;
+  bool pending_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+Engine& engine() {
+  static Engine instance;
+  return instance;
+}
+
+}  // namespace
+
+void engine_notify(const std::shared_ptr<OperationQueue>& queue) { engine().notify(queue); }
+
+}  // namespace tutti::exec
