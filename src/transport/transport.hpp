@@ -32,6 +32,21 @@ struct Signature {
   std::string describe() const;
 };
 
+/// A Signature as bytes, for transports that carry it between processes (fixed layout, 40 bytes).
+struct WireSignature {
+  std::uint64_t seq = 0;
+  std::uint64_t count = 0;
+  std::uint64_t counts_hash = 0;
+  std::int32_t root = -1;
+  std::uint8_t kind = 0xff;       // index into the collective names, 0xff = none
+  std::uint8_t algorithm = 0xff;  // index into the algorithm names, 0xff = none
+  std::uint8_t type = 0;
+  std::int8_t op = -1;  // -1 = none
+  std::uint32_t reserved = 0;
+};
+WireSignature to_wire(const Signature& signature);
+Signature from_wire(const WireSignature& wire);
+
 enum class Channel : std::uint8_t { collective, point_to_point };
 
 /// Identifies one message of a communicator: (channel, seq, index) plus the sender's rank.

@@ -1,0 +1,124 @@
+// tutti::init(): joining the job the environment describes.
+//
+// 1. bootstrap::detect_job() reads tutti-run's, mpirun's or srun's variables.
+// 2. Under mpirun without TUTTI_STORE (built with MPI), MPI itself bootstraps: MPI_Init_thread if
+//    the program has not, then the world communicator over the mpi transport.
+// 3. Otherwise the store (TUTTI_STORE; rank 0 hosts a tcp:// store itself when nobody else does)
+//    exchanges host names; ranks all on one host use shared memory, else TCP (TUTTI_TRANSPORT
+//    forces one).
+#include <unistd.h>
+
+#include <algorithm>
+#include <set>
+
+#include "bootstrap/job.hpp"
+#include "bootstrap/store.hpp"
+#include "comm/comm_impl.hpp"
+#include "core/env.hpp"
+#include "core/log.hpp"
+#include "transport/shm/shm.hpp"
+#include "transport/tcp/tcp.hpp"
+
+#ifdef TUTTI_WITH_MPI
+#include "tutti/mpi.hpp"
+#endif
+
+namespace tutti {
+
+namespace {
+
+constexpr std::uint64_t world_id = 1;
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+// tcp://host:port → port, or -1.
+int store_port(const std::string& url) {
+  if (url.rfind("tcp://", 0) != 0) return -1;
+  const auto colon = url.rfind(':');
+  if (colon == std::string::npos || colon < 6) return -1;
+  try {
+    return std::stoi(url.substr(colon + 1));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// Rank 0 hosts a tcp:// store when the URL names a port nobody serves yet.
+std::shared_ptr<bootstrap::StoreServer> maybe_host_store(const bootstrap::JobInfo& job) {
+  const int port = store_port(job.store);
+  if (job.rank != 0 || port <= 0) return nullptr;
+  try {
+    return std::make_shared<bootstrap::StoreServer>("0.0.0.0", port, job.token);
+  } catch (const Error& e) {
+    core::log(core::LogLevel::info, job.rank, std::string("not hosting the store (") + e.what() + ")");
+    return nullptr;
+  }
+}
+
+#ifdef TUTTI_WITH_MPI
+Communicator init_with_mpi() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    std::atexit([] {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Finalize();
+    });
+  }
+  return from_mpi(MPI_COMM_WORLD);
+}
+#endif
+
+}  // namespace
+
+Communicator init() {
+  const bootstrap::JobInfo job = bootstrap::detect_job();
+  if (job.size == 1 && job.launcher == "none" && job.transport.empty()) return local_group(1).front();
+#ifdef TUTTI_WITH_MPI
+  if (job.transport == "mpi" || (job.launcher == "mpirun" && job.store.empty())) return init_with_mpi();
+#else
+  if (job.transport == "mpi")
+    throw Error(ErrorCode::unsupported, "init: TUTTI_TRANSPORT=mpi, but this Tutti was built without MPI");
+#endif
+  if (job.store.empty())
+    throw Error(ErrorCode::invalid_argument,
+                "init: started by " + job.launcher + " without TUTTI_STORE; set TUTTI_STORE=file:///shared/dir or "
+                "tcp://host:port (or use tutti-run, or mpirun with an MPI-enabled build)");
+  const auto timeout = core::default_timeout();
+  auto server = maybe_host_store(job);
+  auto store = bootstrap::connect_store(job.store, job.token, timeout);
+  const std::string prefix = "tutti/" + job.job_id + "/";
+  store->set(prefix + "host/" + std::to_string(job.rank), host_name());
+  std::set<std::string> hosts;
+  for (int r = 0; r < job.size; ++r) hosts.insert(store->get(prefix + "host/" + std::to_string(r), timeout));
+  const bool one_host = hosts.size() == 1;
+  const std::string kind = job.transport.empty() ? (one_host ? "shm" : "tcp") : job.transport;
+  std::unique_ptr<transport::Transport> transport;
+  if (kind == "shm") {
+    if (!one_host)
+      throw Error(ErrorCode::invalid_argument, "init: TUTTI_TRANSPORT=shm, but the ranks run on " +
+                                                   std::to_string(hosts.size()) + " hosts");
+    transport = transport::shm::open("tutti-" + job.job_id + "-world", job.rank, job.size, world_id, timeout);
+  } else if (kind == "tcp") {
+    transport = transport::tcp::connect(*store, job.token, job.rank, job.size, world_id,
+                                        one_host ? "127.0.0.1" : "0.0.0.0", timeout);
+  } else {
+    throw Error(ErrorCode::invalid_argument, "TUTTI_TRANSPORT: expected shm, tcp or mpi, got '" + kind + "'");
+  }
+  // Everyone is connected: nobody needs the store any more, but rank 0 keeps serving until all
+  // ranks have read what they needed, which the first collective guarantees.
+  auto impl = std::make_shared<detail::CommImpl>(std::move(transport));
+  Communicator world(impl);
+  world.barrier();
+  (void)server;
+  return world;
+}
+
+}  // namespace tutti

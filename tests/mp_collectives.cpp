@@ -1,0 +1,127 @@
+// The collective sweep with ranks as processes: run under tutti-run (shm or tcp) or mpirun.
+//
+//   mp_collectives sweep     every collective × algorithm × count × in place, f32 sum, at this p
+//   mp_collectives types     every type × op for the reductions (every algorithm), p as given
+//   mp_collectives split     several split communicators used at once from two threads per rank
+//   mp_collectives overlap   a nonblocking allreduce proceeds while the rank is away
+//
+// Every rank checks its own results; rank 0 prints "N passed, M failed" over all ranks and the
+// exit status is non-zero if anything failed on any rank.
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "collective_cases.hpp"
+
+namespace {
+
+using namespace tutti;
+using namespace tutti::testing;
+
+// Runs every case of `cases` made for this communicator's size; returns {passed, failed} on this rank.
+std::pair<int, int> run_cases(Communicator& world, const std::vector<Case>& cases) {
+  int passed = 0, failed = 0;
+  for (Case c : cases) {
+    if (c.p != world.size()) continue;
+    std::string error;
+    try {
+      error = run_rank(world, c);
+    } catch (const std::exception& e) {
+      error = std::string("exception: ") + e.what();
+    }
+    if (error.empty()) {
+      ++passed;
+    } else {
+      ++failed;
+      std::printf("FAIL %s: %s\n", name_of(c).c_str(), error.c_str());
+    }
+  }
+  return {passed, failed};
+}
+
+std::vector<Case> with_size(std::vector<Case> cases, int p) {
+  for (Case& c : cases) {
+    c.p = p;
+    if (c.root >= p) c.root = p - 1;
+  }
+  return cases;
+}
+
+std::pair<int, int> run_split(Communicator& world) {
+  const int r = world.rank();
+  Communicator halves = world.split(r % 2, -r);
+  Communicator thirds = world.split(r % 3 == 0 ? -1 : r % 3, r);
+  int failed = 0;
+  std::thread other([&] {
+    if (thirds.size() == 0) return;
+    for (int i = 0; i < 20; ++i) {
+      std::vector<std::int64_t> v(1000 + static_cast<std::size_t>(i), thirds.rank() + 1);
+      thirds.allreduce(v.data(), v.data(), v.size(), DataType::i64, ReduceOp::sum, {Algorithm::ring, test_timeout});
+      const std::int64_t want = static_cast<std::int64_t>(thirds.size()) * (thirds.size() + 1) / 2;
+      for (auto x : v) failed += x != want;
+    }
+  });
+  for (int i = 0; i < 20; ++i) {
+    std::vector<float> v(777, static_cast<float>(halves.rank()));
+    halves.allreduce(v.data(), v.data(), v.size(), DataType::f32, ReduceOp::max, {{}, test_timeout});
+    for (float x : v) failed += x != static_cast<float>(halves.size() - 1);
+  }
+  other.join();
+  std::vector<int> ranks(static_cast<std::size_t>(halves.size()));
+  halves.allgather(&r, ranks.data(), 1, DataType::i32, {{}, test_timeout});
+  for (std::size_t i = 1; i < ranks.size(); ++i) failed += ranks[i] >= ranks[i - 1];  // key -r: descending
+  return {failed == 0 ? 1 : 0, failed == 0 ? 0 : 1};
+}
+
+// Issue an allreduce, stay away (sleep) for three times what it takes when waited on at once,
+// then wait: with background progress the wait is short.
+std::pair<int, int> run_overlap(Communicator& world) {
+  const std::size_t n = std::size_t{1} << 23;
+  std::vector<float> a(n, 1.0f), b(n);
+  using clock = std::chrono::steady_clock;
+  const Options o{Algorithm::ring, test_timeout};
+  world.allreduce(a.data(), b.data(), n, DataType::f32, ReduceOp::sum, o);  // warm-up
+  world.barrier();
+  auto t0 = clock::now();
+  world.allreduce(a.data(), b.data(), n, DataType::f32, ReduceOp::sum, o);
+  double blocking = std::chrono::duration<double>(clock::now() - t0).count();
+  world.allreduce(&blocking, &blocking, 1, DataType::f64, ReduceOp::max);
+  Request r = world.iallreduce(a.data(), b.data(), n, DataType::f32, ReduceOp::sum, o);
+  std::this_thread::sleep_for(std::chrono::duration<double>(3 * blocking + 0.2));
+  t0 = clock::now();
+  r.wait();
+  const double waited = std::chrono::duration<double>(clock::now() - t0).count();
+  bool ok = waited < blocking / 2;
+  for (std::size_t i = 0; i < n; i += 4097) ok &= b[i] == static_cast<float>(world.size());
+  std::printf("overlap: blocking allreduce %.1f ms, wait after being away %.2f ms\n", blocking * 1e3, waited * 1e3);
+  return {ok ? 1 : 0, ok ? 0 : 1};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "sweep";
+  int passed = 0, failed = 0;
+  try {
+    Communicator world = init();
+    std::pair<int, int> result;
+    if (mode == "sweep") result = run_cases(world, sweep_cases());
+    else if (mode == "types") result = run_cases(world, with_size(type_cases(), world.size()));
+    else if (mode == "split") result = run_split(world);
+    else if (mode == "overlap") result = run_overlap(world);
+    else {
+      std::fprintf(stderr, "mp_collectives: unknown mode '%s'\n", mode.c_str());
+      return 2;
+    }
+    int totals[2] = {result.first, result.second};
+    world.allreduce(totals, totals, 2, DataType::i32, ReduceOp::sum, {{}, test_timeout});
+    passed = totals[0];
+    failed = totals[1];
+    if (world.rank() == 0) std::printf("%d passed, %d failed\n", passed, failed);
+  } catch (const std::exception& e) {
+    std::printf("FAIL %s: %s\n", mode.c_str(), e.what());
+    return 1;
+  }
+  return failed == 0 && passed > 0 ? 0 : 1;
+}
