@@ -1,0 +1,153 @@
+#include "tutti_run_job.hpp"
+
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "tutti_run_output.hpp"
+
+extern char** environ;
+
+namespace tutti::launcher {
+
+namespace fs = std::filesystem;
+
+std::string random_hex(std::size_t bytes) {
+  std::vector<unsigned char> raw(bytes);
+  std::size_t have = 0;
+  while (have < bytes) {
+    const ssize_t n = ::getrandom(raw.data() + have, bytes - have, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::system_error(errno, std::generic_category(), "getrandom");
+    have += static_cast<std::size_t>(n);
+  }
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(2 * bytes);
+  for (unsigned char b : raw) {
+    hex.push_back(digits[b >> 4]);
+    hex.push_back(digits[b & 15]);
+  }
+  return hex;
+}
+
+namespace {
+
+// Why `path` cannot be executed, or "" if it can (the checks execve would make, in advance, so
+// that a typo fails before any rank starts).
+std::string cannot_execute(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::strerror(errno);
+  if (S_ISDIR(st.st_mode)) return std::strerror(EISDIR);
+  if (!S_ISREG(st.st_mode) || ::access(path.c_str(), X_OK) != 0) return std::strerror(EACCES);
+  return "";
+}
+
+std::string temp_base() {
+  const char* tmpdir = std::getenv("TMPDIR");
+  std::string base = (tmpdir != nullptr && tmpdir[0] == '/') ? tmpdir : "/tmp";
+  std::error_code ec;
+  if (!fs::is_directory(base, ec)) base = "/tmp";
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  return base == "/" ? "" : base;
+}
+
+bool is_set_by_us(const char* entry) {
+  static constexpr const char* names[] = {"TUTTI_RANK",   "TUTTI_SIZE",  "TUTTI_LOCAL_RANK", "TUTTI_LOCAL_SIZE",
+                                          "TUTTI_JOB_ID", "TUTTI_TOKEN", "TUTTI_STORE"};
+  for (const char* name : names) {
+    const std::size_t len = std::strlen(name);
+    if (std::strncmp(entry, name, len) == 0 && entry[len] == '=') return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+ProgramLookup find_program(const std::string& program) {
+  if (program.empty()) return {"", "empty program name"};
+  if (program.find('/') != std::string::npos) {
+    std::string why = cannot_execute(program);
+    return why.empty() ? ProgramLookup{program, ""} : ProgramLookup{"", why};
+  }
+  const char* env_path = std::getenv("PATH");
+  const std::string search = env_path != nullptr ? env_path : "/bin:/usr/bin";  // execvp's default
+  std::string first_error;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t colon = search.find(':', start);
+    std::string dir = search.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    if (dir.empty()) dir = ".";  // an empty PATH entry means the current directory
+    const std::string candidate = dir + "/" + program;
+    std::string why = cannot_execute(candidate);
+    if (why.empty()) return {candidate, ""};
+    // Report "Permission denied" over "not found" when a non-executable file was seen.
+    if (first_error.empty() && why != std::strerror(ENOENT) && why != std::strerror(ENOTDIR)) first_error = why;
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return {"", first_error.empty() ? "command not found in PATH" : first_error};
+}
+
+Job::Job() : id_(random_hex(8)), token_(random_hex(32)) {
+  store_dir_ = temp_base() + "/tutti-" + id_;
+  if (::mkdir(store_dir_.c_str(), 0700) != 0) {
+    throw std::system_error(errno, std::generic_category(), "cannot create store directory " + store_dir_);
+  }
+  // The umask may have taken bits away; the ranks need all three of the owner's.
+  ::chmod(store_dir_.c_str(), 0700);
+}
+
+Job::~Job() {
+  std::error_code ec;
+  fs::remove_all(store_dir_, ec);
+  if (ec) report("cannot remove store directory " + store_dir_ + ": " + ec.message());
+  remove_shm_segments();
+}
+
+void Job::remove_shm_segments() const {
+  const std::string prefix = "tutti-" + id_;
+  std::error_code ec;
+  fs::directory_iterator it("/dev/shm", ec);
+  if (ec) return;  // no /dev/shm: the ranks could not have made segments there either
+  for (const fs::directory_entry& entry : it) {
+    const std::string name = entry.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    std::error_code remove_ec;
+    fs::remove_all(entry.path(), remove_ec);
+    if (remove_ec) report("cannot remove " + entry.path().string() + ": " + remove_ec.message());
+  }
+}
+
+std::vector<std::vector<std::string>> rank_environments(const Job& job, const JobSettings& settings) {
+  std::vector<std::string> common;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const bool replaced = is_set_by_us(*e) ||
+                          (!settings.transport.empty() && std::strncmp(*e, "TUTTI_TRANSPORT=", 16) == 0) ||
+                          (settings.timeout_ms && std::strncmp(*e, "TUTTI_TIMEOUT_MS=", 17) == 0);
+    if (!replaced) common.emplace_back(*e);
+  }
+  const std::string size = std::to_string(settings.ranks);
+  common.push_back("TUTTI_SIZE=" + size);
+  common.push_back("TUTTI_LOCAL_SIZE=" + size);
+  common.push_back("TUTTI_JOB_ID=" + job.id());
+  common.push_back("TUTTI_TOKEN=" + job.token());
+  common.push_back("TUTTI_STORE=" + job.store_url());
+  if (!settings.transport.empty()) common.push_back("TUTTI_TRANSPORT=" + settings.transport);
+  if (settings.timeout_ms) common.push_back("TUTTI_TIMEOUT_MS=" + std::to_string(*settings.timeout_ms));
+
+  std::vector<std::vector<std::string>> all(static_cast<std::size_t>(settings.ranks), common);
+  for (int r = 0; r < settings.ranks; ++r) {
+    all[r].push_back("TUTTI_RANK=" + std::to_string(r));
+    all[r].push_back("TUTTI_LOCAL_RANK=" + std::to_string(r));
+  }
+  return all;
+}
+
+}  // namespace tutti::launcher

@@ -1,0 +1,58 @@
+// What a tutti-run job owns outside its processes: its identity (job id, token), its store
+// directory and the shared-memory segments its ranks create; and the environment of its ranks.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tutti::launcher {
+
+/// `bytes` random bytes from getrandom(2), as 2*bytes lower-case hex digits. Throws
+/// std::system_error if the kernel has no randomness to give.
+std::string random_hex(std::size_t bytes);
+
+/// The full path execvp would run for `program`, or an error text (why it cannot be run).
+struct ProgramLookup {
+  std::string path;
+  std::string error;
+};
+ProgramLookup find_program(const std::string& program);
+
+/// A job's identity and resources. The constructor creates the store directory
+/// $TMPDIR/tutti-<job id> (or /tmp/...), mode 0700; the destructor removes it recursively, with
+/// every /dev/shm entry whose name starts with "tutti-<job id>", whatever the ranks did.
+class Job {
+ public:
+  Job();  // throws std::system_error if the directory cannot be made
+  ~Job();
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  const std::string& id() const { return id_; }        ///< 16 hex digits
+  const std::string& token() const { return token_; }  ///< 64 hex digits
+  const std::string& store_dir() const { return store_dir_; }
+  std::string store_url() const { return "file://" + store_dir_; }
+
+ private:
+  void remove_shm_segments() const;
+
+  std::string id_;
+  std::string token_;
+  std::string store_dir_;
+};
+
+/// What the user asked to put in every rank's environment besides rank and size.
+struct JobSettings {
+  int ranks = 0;
+  std::string transport;                // empty: not set
+  std::optional<long long> timeout_ms;  // empty: not set
+};
+
+/// The environment ("NAME=value" strings) of every rank: tutti-run's own, minus the variables it
+/// sets, plus TUTTI_RANK, TUTTI_SIZE, TUTTI_LOCAL_RANK, TUTTI_LOCAL_SIZE, TUTTI_JOB_ID,
+/// TUTTI_TOKEN, TUTTI_STORE, and TUTTI_TRANSPORT / TUTTI_TIMEOUT_MS when given.
+std::vector<std::vector<std::string>> rank_environments(const Job& job, const JobSettings& settings);
+
+}  // namespace tutti::launcher

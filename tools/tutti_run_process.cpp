@@ -1,0 +1,114 @@
+#include "tutti_run_process.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <system_error>
+
+namespace tutti::launcher {
+
+namespace {
+
+[[noreturn]] void exec_child(const ExecSpec& spec, pid_t parent, int status_fd) {
+  // A rank must not outlive tutti-run, even when tutti-run is killed with SIGKILL.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);  // tutti-run died before prctl took effect
+  if (spec.stdin_fd >= 0) ::dup2(spec.stdin_fd, STDIN_FILENO);
+  ::dup2(spec.stdout_fd, STDOUT_FILENO);  // dup2 clears O_CLOEXEC on the copy
+  ::dup2(spec.stderr_fd, STDERR_FILENO);
+  ::signal(SIGPIPE, SIG_DFL);
+  ::setrlimit(RLIMIT_NOFILE, &spec.open_files);
+  ::sigprocmask(SIG_SETMASK, &spec.signal_mask, nullptr);
+  ::execvpe(spec.program, spec.argv, spec.envp);
+  const int error = errno;
+  [[maybe_unused]] ssize_t n = ::write(status_fd, &error, sizeof error);
+  ::_exit(127);
+}
+
+}  // namespace
+
+pid_t spawn(const ExecSpec& spec, int* exec_errno) {
+  // The status pipe is closed by a successful exec (O_CLOEXEC) and carries errno otherwise, so
+  // the parent knows, before starting the next rank, whether this one runs.
+  int status[2];
+  if (::pipe2(status, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int error = errno;
+    ::close(status[0]);
+    ::close(status[1]);
+    throw std::system_error(error, std::generic_category(), "fork");
+  }
+  if (pid == 0) exec_child(spec, parent, status[1]);
+  ::close(status[1]);
+  int error = 0;
+  ssize_t n;
+  do {
+    n = ::read(status[0], &error, sizeof error);
+  } while (n < 0 && errno == EINTR);
+  ::close(status[0]);
+  if (n != static_cast<ssize_t>(sizeof error)) return pid;
+  int wait_status;
+  while (::waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
+  }
+  *exec_errno = error;
+  return -1;
+}
+
+std::vector<pid_t> list_children() {
+  std::vector<pid_t> children;
+  const pid_t self = ::getpid();
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return children;
+  while (const dirent* entry = ::readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(entry->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0) continue;
+    std::ifstream file(std::string("/proc/") + entry->d_name + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    // The command name in parentheses may contain anything, the fields after the last ')' not.
+    const std::size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 1));
+    std::string state;
+    long ppid = 0;
+    if (fields >> state >> ppid && ppid == self) children.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(proc);
+  return children;
+}
+
+int exit_code(int wait_status) {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return 1;
+}
+
+std::string describe_exit(int rank, pid_t pid, int wait_status) {
+  std::string text = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") ";
+  if (WIFSIGNALED(wait_status)) {
+    const int signo = WTERMSIG(wait_status);
+    text += "killed by signal " + std::to_string(signo) + " (" + ::strsignal(signo) + ")";
+    if (WCOREDUMP(wait_status)) text += ", core dumped";
+  } else {
+    text += "exited with status " + std::to_string(exit_code(wait_status));
+  }
+  return text;
+}
+
+std::string signal_name(int signo) {
+  const char* abbrev = ::sigabbrev_np(signo);
+  return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(signo);
+}
+
+}  // namespace tutti::launcher
