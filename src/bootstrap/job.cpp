@@ -1,0 +1,125 @@
+// detect_job(): the first launcher whose variables are present wins, in the order tutti-run,
+// Open MPI, MPICH/Hydra (PMI), Slurm. Values are parsed strictly: a launcher that set something
+// odd should fail loudly at start-up, not hang later on a wrong rank or size.
+#include <algorithm>
+#include <charconv>
+#include <climits>
+#include <optional>
+#include <vector>
+
+#include "bootstrap/job.hpp"
+#include "core/env.hpp"
+#include "tutti/types.hpp"
+
+namespace tutti::bootstrap {
+namespace {
+
+[[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::invalid_argument, what); }
+
+int parse_int(const std::string& text, const char* name) {
+  int value = -1;
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, value);
+  if (text.empty() || error != std::errc() || stop != end || value < 0)
+    bad(std::string(name) + ": expected a non-negative integer, got '" + text + "'");
+  return value;
+}
+
+std::optional<int> read_int(const char* name) {
+  const auto text = core::env(name);
+  if (!text) return std::nullopt;
+  return parse_int(*text, name);
+}
+
+// Sets rank/size (both required) and local rank/size (optional: default to rank and size, right
+// for a single host) from the launcher's variable names; checks they are consistent.
+void read_ranks(JobInfo& job, const char* rank_name, const char* size_name, const char* local_rank_name,
+                const char* local_size_name) {
+  const auto rank = read_int(rank_name);
+  const auto size = read_int(size_name);
+  if (!rank) bad(std::string(size_name) + " is set but " + rank_name + " is not");
+  if (!size) bad(std::string(rank_name) + " is set but " + size_name + " is not");
+  if (*size < 1) bad(std::string(size_name) + " must be at least 1, got 0");
+  if (*rank >= *size)
+    bad(std::string(rank_name) + "=" + std::to_string(*rank) + " is not below " + size_name + "=" +
+        std::to_string(*size));
+  job.rank = *rank;
+  job.size = *size;
+  job.local_rank = local_rank_name ? read_int(local_rank_name).value_or(*rank) : *rank;
+  job.local_size = local_size_name ? read_int(local_size_name).value_or(*size) : *size;
+  if (job.local_size < 1 || job.local_size > job.size)
+    bad(std::string(local_size_name) + "=" + std::to_string(job.local_size) + " is not in 1.." + size_name + "=" +
+        std::to_string(job.size));
+  if (job.local_rank >= job.local_size)
+    bad(std::string(local_rank_name ? local_rank_name : rank_name) + "=" + std::to_string(job.local_rank) +
+        " is not below the local size " + std::to_string(job.local_size));
+}
+
+// SLURM_TASKS_PER_NODE lists tasks per node, runs compressed: "2(x3),1" = 2,2,2,1.
+int slurm_tasks_on_node(const std::string& text, int node) {
+  const char* name = "SLURM_TASKS_PER_NODE";
+  std::vector<int> counts;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    const std::size_t paren = item.find("(x");
+    int repeat = 1;
+    if (paren != std::string::npos) {
+      if (item.back() != ')') bad(std::string(name) + ": malformed '" + text + "'");
+      repeat = parse_int(item.substr(paren + 2, item.size() - paren - 3), name);
+    }
+    const int count = parse_int(item.substr(0, paren), name);
+    for (int i = 0; i < repeat && counts.size() <= static_cast<std::size_t>(node); ++i) counts.push_back(count);
+    start = comma + 1;
+  }
+  if (static_cast<std::size_t>(node) >= counts.size())
+    bad(std::string(name) + "='" + text + "' has no entry for SLURM_NODEID=" + std::to_string(node));
+  return counts[static_cast<std::size_t>(node)];
+}
+
+void read_slurm(JobInfo& job) {
+  read_ranks(job, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE");
+  if (!core::env("SLURM_NTASKS_PER_NODE")) {
+    if (const auto per_node = core::env("SLURM_TASKS_PER_NODE")) {
+      job.local_size = slurm_tasks_on_node(*per_node, read_int("SLURM_NODEID").value_or(0));
+      if (job.local_size < 1 || job.local_size > job.size || job.local_rank >= job.local_size)
+        bad("SLURM_TASKS_PER_NODE='" + *per_node + "' does not fit SLURM_NTASKS=" + std::to_string(job.size) +
+            " and SLURM_LOCALID=" + std::to_string(job.local_rank));
+    }
+  }
+  if (const auto id = core::env("SLURM_JOB_ID")) {
+    job.job_id = *id;
+    if (const auto step = core::env("SLURM_STEP_ID")) job.job_id += "." + *step;
+  }
+}
+
+}  // namespace
+
+JobInfo detect_job() {
+  JobInfo job;
+  if (core::env("TUTTI_RANK") || core::env("TUTTI_SIZE")) {
+    job.launcher = "tutti-run";
+    read_ranks(job, "TUTTI_RANK", "TUTTI_SIZE", "TUTTI_LOCAL_RANK", "TUTTI_LOCAL_SIZE");
+  } else if (core::env("OMPI_COMM_WORLD_RANK") || core::env("OMPI_COMM_WORLD_SIZE")) {
+    job.launcher = "mpirun";
+    read_ranks(job, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+               "OMPI_COMM_WORLD_LOCAL_SIZE");
+    job.job_id = core::env("OMPI_MCA_ess_base_jobid").value_or(core::env("PMIX_NAMESPACE").value_or(""));
+  } else if (core::env("PMI_RANK") || core::env("PMI_SIZE")) {
+    job.launcher = "mpirun";
+    read_ranks(job, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS");
+  } else if (core::env("SLURM_PROCID")) {  // not SLURM_NTASKS alone: sbatch sets it for the batch script too
+    job.launcher = "srun";
+    read_slurm(job);
+  }
+  job.store = core::env("TUTTI_STORE").value_or("");
+  job.token = core::env("TUTTI_TOKEN").value_or("");
+  if (const auto id = core::env("TUTTI_JOB_ID")) job.job_id = *id;
+  job.transport = core::env("TUTTI_TRANSPORT").value_or("");
+  if (!job.transport.empty() && job.transport != "shm" && job.transport != "tcp" && job.transport != "mpi")
+    bad("TUTTI_TRANSPORT: expected shm, tcp or mpi, got '" + job.transport + "'");
+  return job;
+}
+
+}  // namespace tutti::bootstrap

@@ -1,0 +1,660 @@
+// Bootstrap layer: SHA-256/HMAC vectors, the token handshake, the file and TCP stores, and job
+// detection from each launcher's variables. Every wait has a deadline; every socket, thread and
+// temporary directory a test makes is closed, joined or removed by the test.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/auth.hpp"
+#include "bootstrap/job.hpp"
+#include "bootstrap/store.hpp"
+#include "tutti/types.hpp"
+
+namespace tutti::bootstrap {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::string hex(const std::array<std::uint8_t, 32>& digest) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string text;
+  for (const auto byte : digest) {
+    text.push_back(digits[byte >> 4]);
+    text.push_back(digits[byte & 0xf]);
+  }
+  return text;
+}
+
+// ---- SHA-256 and HMAC-SHA256 -------------------------------------------------------------------
+
+TEST(Sha256, Fips180Vectors) {
+  EXPECT_EQ(hex(sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(hex(sha256("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(hex(sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(hex(sha256(std::string(1000000, 'a'))), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(Sha256, PaddingBoundaries) {
+  // Lengths at the 55/56/64-byte padding edges, against values from Python's hashlib.
+  EXPECT_EQ(hex(sha256(std::string(55, 'x'))), "d5e285683cd4efc02d021a5c62014694958901005d6f71e89e0989fac77e4072");
+  EXPECT_EQ(hex(sha256(std::string(56, 'x'))), "04c26261370ee7541549d16dee320c723e3fd14671e66a099afe0a377c16888e");
+  EXPECT_EQ(hex(sha256(std::string(64, 'x'))), "7ce100971f64e7001e8fe5a51973ecdfe1ced42befe7ee8d5fd6219506b5393c");
+  EXPECT_EQ(hex(sha256(std::string(119, 'x'))), "000b48d4edf0fa7bee3c6236ecd2785baa5db4eeb8bb54341b029e0d9fa5fb0c");
+}
+
+TEST(HmacSha256, Rfc4231Vectors) {
+  EXPECT_EQ(hex(hmac_sha256(std::string(20, '\x0b'), "Hi There")),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  EXPECT_EQ(hex(hmac_sha256("Jefe", "what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  EXPECT_EQ(hex(hmac_sha256(std::string(20, '\xaa'), std::string(50, '\xdd'))),
+            "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe");
+  std::string key4;
+  for (int i = 1; i <= 25; ++i) key4.push_back(static_cast<char>(i));
+  EXPECT_EQ(hex(hmac_sha256(key4, std::string(50, '\xcd'))),
+            "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b");
+  const std::string long_key(131, '\xaa');
+  EXPECT_EQ(hex(hmac_sha256(long_key, "Test Using Larger Than Block-Size Key - Hash Key First")),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  EXPECT_EQ(hex(hmac_sha256(long_key,
+                            "This is a test using a larger than block-size key and a larger than block-size data. The "
+                            "key needs to be hashed before being used by the HMAC algorithm.")),
+            "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2");
+}
+
+TEST(RandomHex, LengthAndDigits) {
+  const std::string a = random_hex(), b = random_hex(8);
+  EXPECT_EQ(a.size(), 64u);
+  EXPECT_EQ(b.size(), 16u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_NE(a, random_hex());
+}
+
+// ---- handshake ---------------------------------------------------------------------------------
+
+struct SocketPair {
+  int fd[2] = {-1, -1};
+  SocketPair() { EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fd), 0); }
+  ~SocketPair() { close_all(); }
+  void close_all() {
+    for (int& f : fd)
+      if (f >= 0) ::close(f), f = -1;
+  }
+};
+
+struct HandshakeResult {
+  bool ok[2] = {false, false};
+  std::string why[2];
+};
+
+HandshakeResult run_pair(const std::string& token0, const std::string& token1, std::chrono::milliseconds limit = 5s) {
+  SocketPair pair;
+  HandshakeResult result;
+  const auto deadline = Clock::now() + limit;
+  std::thread acceptor([&] { result.ok[1] = handshake(pair.fd[1], token1, false, deadline, &result.why[1]); });
+  result.ok[0] = handshake(pair.fd[0], token0, true, deadline, &result.why[0]);
+  acceptor.join();
+  return result;
+}
+
+TEST(Handshake, SameTokenSucceedsBothWays) {
+  const auto r = run_pair("secret", "secret");
+  EXPECT_TRUE(r.ok[0]) << r.why[0];
+  EXPECT_TRUE(r.ok[1]) << r.why[1];
+  const auto empty = run_pair("", "");
+  EXPECT_TRUE(empty.ok[0] && empty.ok[1]);
+}
+
+TEST(Handshake, WrongTokenFailsOnBothSides) {
+  const auto r = run_pair("secret", "other");
+  EXPECT_FALSE(r.ok[0]);
+  EXPECT_FALSE(r.ok[1]);
+  EXPECT_NE(r.why[0].find("wrong token"), std::string::npos) << r.why[0];
+  EXPECT_NE(r.why[1].find("wrong token"), std::string::npos) << r.why[1];
+}
+
+TEST(Handshake, NonblockingSocketsWork) {
+  SocketPair pair;
+  for (int f : pair.fd) ASSERT_EQ(fcntl(f, F_SETFL, fcntl(f, F_GETFL) | O_NONBLOCK), 0);
+  const auto deadline = Clock::now() + 5s;
+  auto other = std::async(std::launch::async, [&] { return handshake(pair.fd[1], "t", false, deadline); });
+  EXPECT_TRUE(handshake(pair.fd[0], "t", true, deadline));
+  EXPECT_TRUE(other.get());
+}
+
+TEST(Handshake, SilentPeerFailsByTheDeadline) {
+  SocketPair pair;
+  std::string why;
+  const auto start = Clock::now();
+  EXPECT_FALSE(handshake(pair.fd[0], "t", true, start + 200ms, &why));
+  EXPECT_LT(Clock::now() - start, 3s);
+  EXPECT_NE(why.find("deadline"), std::string::npos) << why;
+}
+
+TEST(Handshake, GarbageAndEofFail) {
+  {
+    SocketPair pair;
+    const std::string junk = "GET / HTTP/1.1\r\nHost: x\r\n\r\n and some more junk bytes to fill a hello";
+    ASSERT_EQ(::write(pair.fd[1], junk.data(), junk.size()), static_cast<ssize_t>(junk.size()));
+    std::string why;
+    EXPECT_FALSE(handshake(pair.fd[0], "t", false, Clock::now() + 2s, &why));
+    EXPECT_NE(why.find("magic"), std::string::npos) << why;
+  }
+  {
+    SocketPair pair;
+    ::close(pair.fd[1]);
+    pair.fd[1] = -1;
+    std::string why;
+    EXPECT_FALSE(handshake(pair.fd[0], "t", false, Clock::now() + 2s, &why));
+  }
+  {
+    // A correct hello followed by a wrong answer (e.g. a replayed one).
+    SocketPair pair;
+    std::string hello = "TUT1" + std::string(32, '\x01') + std::string(32, '\x02');
+    ASSERT_EQ(::write(pair.fd[1], hello.data(), hello.size()), static_cast<ssize_t>(hello.size()));
+    std::string why;
+    EXPECT_FALSE(handshake(pair.fd[0], "t", false, Clock::now() + 2s, &why));
+    EXPECT_NE(why.find("wrong token"), std::string::npos) << why;
+  }
+}
+
+// ---- helpers for the stores --------------------------------------------------------------------
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "tutti-store-XXXXXX").string();
+    EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
+    path = pattern;
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string url() const { return "file://" + path; }
+};
+
+// Polls `done` until it holds or `limit` passes; the result of the last check.
+template <class F>
+bool eventually(F done, std::chrono::milliseconds limit = 5s) {
+  const auto deadline = Clock::now() + limit;
+  while (!done()) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+template <class F>
+ErrorCode error_code_of(F f, std::string* message = nullptr) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (message != nullptr) *message = e.what();
+    return e.code();
+  }
+  ADD_FAILURE() << "no tutti::Error thrown";
+  return ErrorCode::aborted;
+}
+
+// Several threads, each with its own store: they publish keys, bump a shared counter, and read
+// every other thread's keys (some of which are set after the reader asks).
+void exercise_store(const std::string& url, const std::string& token, int threads, int keys) {
+  std::vector<std::thread> workers;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      try {
+        auto store = connect_store(url, token, 5s);
+        for (int k = 0; k < keys; ++k) {
+          store->set("t" + std::to_string(t) + "/k" + std::to_string(k), std::to_string(t * 1000 + k));
+          store->add("counter", 1);
+        }
+        for (int other = 0; other < threads; ++other)
+          for (int k = 0; k < keys; ++k)
+            if (store->get("t" + std::to_string(other) + "/k" + std::to_string(k), 10s) !=
+                std::to_string(other * 1000 + k))
+              ++failures;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+        ++failures;
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto store = connect_store(url, token, 5s);
+  EXPECT_EQ(store->get("counter", 1s), std::to_string(threads * keys));
+  EXPECT_EQ(store->add("counter", -threads * keys), 0);
+}
+
+// ---- file store --------------------------------------------------------------------------------
+
+TEST(FileStore, SetGetAddFromSeveralThreads) {
+  TempDir dir;
+  exercise_store(dir.url(), "", 4, 20);
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path))
+    EXPECT_FALSE(entry.path().filename().string().starts_with(".tmp-")) << entry.path();
+}
+
+TEST(FileStore, GetWaitsForALaterSet) {
+  TempDir dir;
+  auto store = connect_store(dir.url(), "", 1s);
+  std::thread writer([&] {
+    std::this_thread::sleep_for(100ms);
+    connect_store(dir.url(), "", 1s)->set("late", "value");
+  });
+  EXPECT_EQ(store->get("late", 5s), "value");
+  writer.join();
+}
+
+TEST(FileStore, GetTimesOutNamingTheKey) {
+  TempDir dir;
+  auto store = connect_store(dir.url(), "", 1s);
+  std::string message;
+  const auto start = Clock::now();
+  EXPECT_EQ(error_code_of([&] { store->get("missing/key", 50ms); }, &message), ErrorCode::timeout);
+  EXPECT_LT(Clock::now() - start, 2s);
+  EXPECT_NE(message.find("store: key 'missing/key' not set after 50 ms"), std::string::npos) << message;
+}
+
+TEST(FileStore, OddKeysAndValues) {
+  TempDir dir;
+  auto store = connect_store(dir.url(), "", 1s);
+  const std::vector<std::string> keys = {"a/b/c", ".", "..", "", "%2F", "/", "a b\n\xff", ".lock-x", ".tmp-y"};
+  for (std::size_t i = 0; i < keys.size(); ++i) store->set(keys[i], "v" + std::to_string(i) + std::string(3, '\0'));
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    EXPECT_EQ(store->get(keys[i], 1s), "v" + std::to_string(i) + std::string(3, '\0')) << keys[i];
+  store->set("big", std::string(1 << 20, 'z'));
+  EXPECT_EQ(store->get("big", 1s).size(), std::size_t{1} << 20);
+  store->set("word", "hello");
+  EXPECT_EQ(error_code_of([&] { store->add("word", 1); }), ErrorCode::invalid_argument);
+}
+
+TEST(StoreUrl, MalformedOrMissing) {
+  std::string message;
+  EXPECT_EQ(error_code_of([&] { connect_store("file:///no/such/dir/for/tutti", "", 100ms); }, &message),
+            ErrorCode::invalid_argument);
+  EXPECT_NE(message.find("TUTTI_STORE"), std::string::npos) << message;
+  for (const char* url : {"", "http://x:1", "file://relative", "file://", "tcp://", "tcp://host", "tcp://host:",
+                          "tcp://:80", "tcp://host:0", "tcp://host:65536", "tcp://host:12x", "tcp://::1:80"}) {
+    EXPECT_EQ(error_code_of([&] { connect_store(url, "", 100ms); }, &message), ErrorCode::invalid_argument) << url;
+    EXPECT_NE(message.find("TUTTI_STORE"), std::string::npos) << message;
+  }
+}
+
+// ---- TCP store ---------------------------------------------------------------------------------
+
+TEST(TcpStore, SetGetAddFromSeveralClients) {
+  StoreServer server("127.0.0.1", 0, "token");
+  EXPECT_EQ(server.url(), "tcp://127.0.0.1:" + std::to_string(server.port()));
+  exercise_store(server.url(), "token", 4, 50);
+  EXPECT_EQ(server.refused(), 0);
+}
+
+TEST(TcpStore, GetBlocksUntilSetAndTimesOut) {
+  StoreServer server("127.0.0.1", 0, "t");
+  auto reader = connect_store(server.url(), "t", 5s);
+  auto writer = connect_store(server.url(), "t", 5s);
+  auto value = std::async(std::launch::async, [&] { return reader->get("later", 5s); });
+  EXPECT_EQ(value.wait_for(100ms), std::future_status::timeout);
+  writer->set("later", "here");
+  EXPECT_EQ(value.get(), "here");
+  std::string message;
+  EXPECT_EQ(error_code_of([&] { reader->get("never", 50ms); }, &message), ErrorCode::timeout);
+  EXPECT_NE(message.find("store: key 'never' not set after 50 ms"), std::string::npos) << message;
+  writer->set("never", "late");  // the reply to the abandoned get must not confuse the next call
+  EXPECT_EQ(reader->get("later", 1s), "here");
+  EXPECT_EQ(reader->add("n", 5), 5);
+}
+
+TEST(TcpStore, OneStoreSharedByThreads) {
+  // A get blocked on one thread must not stop the set on another thread of the same Store.
+  StoreServer server("127.0.0.1", 0, "t");
+  auto store = connect_store(server.url(), "t", 5s);
+  auto value = std::async(std::launch::async, [&] { return store->get("k", 5s); });
+  std::this_thread::sleep_for(50ms);
+  store->set("k", "v");
+  EXPECT_EQ(value.get(), "v");
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 100; ++i) store->add("shared", 1);
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(store->get("shared", 1s), "400");
+}
+
+TEST(TcpStore, WrongTokenIsRefusedOthersKeepWorking) {
+  StoreServer server("127.0.0.1", 0, "right");
+  auto good = connect_store(server.url(), "right", 5s);
+  good->set("a", "1");
+  std::string message;
+  EXPECT_EQ(error_code_of([&] { connect_store(server.url(), "wrong", 5s); }, &message), ErrorCode::system);
+  EXPECT_NE(message.find("authentication failed"), std::string::npos) << message;
+  EXPECT_TRUE(eventually([&] { return server.refused() == 1; }));
+  EXPECT_EQ(good->get("a", 1s), "1");
+  EXPECT_EQ(connect_store(server.url(), "right", 5s)->add("a", 1), 2);
+  EXPECT_EQ(server.refused(), 1);
+}
+
+int raw_connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  timeval limit{10, 0};  // no read below waits longer than this
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  return fd;
+}
+
+// Reads until the server closes the connection; false if it is still open after ~10 s.
+bool closed_by_server(int fd) {
+  char buffer[256];
+  for (;;) {
+    const ssize_t got = ::recv(fd, buffer, sizeof(buffer), 0);
+    if (got == 0 || (got < 0 && errno == ECONNRESET)) return true;
+    if (got < 0) return false;
+  }
+}
+
+TEST(TcpStore, JunkConnectionIsRefused) {
+  StoreServer server("127.0.0.1", 0, "t");
+  const int fd = raw_connect(server.port());
+  const std::string junk = "GET / HTTP/1.1\r\nHost: localhost\r\n\r\n........................................";
+  EXPECT_EQ(::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL), static_cast<ssize_t>(junk.size()));
+  EXPECT_TRUE(closed_by_server(fd));
+  ::close(fd);
+  EXPECT_TRUE(eventually([&] { return server.refused() == 1; }));
+  EXPECT_EQ(connect_store(server.url(), "t", 5s)->add("x", 3), 3);
+}
+
+TEST(TcpStore, SilentConnectionIsClosedAfterTheHandshakeLimit) {
+  StoreServer server("127.0.0.1", 0, "t");
+  const int fd = raw_connect(server.port());
+  auto other = connect_store(server.url(), "t", 5s);  // served while the silent one waits
+  other->set("k", "v");
+  const auto start = Clock::now();
+  EXPECT_TRUE(closed_by_server(fd));
+  EXPECT_LT(Clock::now() - start, 8s);
+  ::close(fd);
+  EXPECT_TRUE(eventually([&] { return server.refused() == 1; }));
+}
+
+TEST(TcpStore, DestructorWithConnectedClientsDoesNotHang) {
+  std::unique_ptr<Store> client;
+  std::future<ErrorCode> blocked;
+  int silent = -1;
+  const auto start = Clock::now();
+  {
+    StoreServer server("127.0.0.1", 0, "t");
+    client = connect_store(server.url(), "t", 5s);
+    client->set("a", "b");
+    silent = raw_connect(server.port());  // still in its handshake when the server goes
+    blocked = std::async(std::launch::async, [&] { return error_code_of([&] { client->get("never", 20s); }); });
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_LT(Clock::now() - start, 3s);
+  EXPECT_EQ(blocked.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(blocked.get(), ErrorCode::system);
+  EXPECT_EQ(error_code_of([&] { client->set("a", "c"); }), ErrorCode::system);
+  ::close(silent);
+}
+
+std::size_t open_descriptors() {
+  return static_cast<std::size_t>(
+      std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator()));
+}
+
+TEST(TcpStore, ClosesEveryDescriptor) {
+  const std::size_t before = open_descriptors();
+  {
+    StoreServer server("127.0.0.1", 0, "t");
+    auto a = connect_store(server.url(), "t", 5s);
+    auto b = connect_store(server.url(), "t", 5s);
+    a->set("k", "v");
+    EXPECT_EQ(b->get("k", 1s), "v");
+    EXPECT_EQ(error_code_of([&] { connect_store(server.url(), "bad", 5s); }), ErrorCode::system);
+    EXPECT_TRUE(eventually([&] { return server.refused() == 1; }));
+  }
+  EXPECT_EQ(open_descriptors(), before);
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  socklen_t size = sizeof(address);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+TEST(TcpStore, ClientWaitsForALateServerOrTimesOut) {
+  const int port = free_port();
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
+  std::string message;
+  EXPECT_EQ(error_code_of([&] { connect_store(url, "t", 100ms); }, &message), ErrorCode::timeout);
+  EXPECT_NE(message.find("could not connect"), std::string::npos) << message;
+  auto client = std::async(std::launch::async, [&] { return connect_store(url, "t", 5s); });
+  std::this_thread::sleep_for(200ms);
+  StoreServer server("127.0.0.1", port, "t");
+  auto store = client.get();
+  store->set("k", "v");
+  EXPECT_EQ(store->get("k", 1s), "v");
+}
+
+TEST(TcpStore, WildcardUrlNamesTheHost) {
+  StoreServer server("0.0.0.0", 0, "t");
+  char name[256] = {};
+  ASSERT_EQ(::gethostname(name, sizeof(name) - 1), 0);
+  EXPECT_EQ(server.url(), "tcp://" + std::string(name) + ":" + std::to_string(server.port()));
+  auto store = connect_store("tcp://127.0.0.1:" + std::to_string(server.port()), "t", 5s);
+  EXPECT_EQ(store->add("k", 2), 2);
+}
+
+// ---- detect_job --------------------------------------------------------------------------------
+
+// Clears every variable detect_job reads, sets the given ones, and puts the environment back.
+class Environment {
+ public:
+  explicit Environment(const std::map<std::string, std::string>& values) {
+    for (const char* name : names_) {
+      const char* old = std::getenv(name);
+      if (old != nullptr) saved_[name] = old;
+      ::unsetenv(name);
+    }
+    for (const auto& [name, value] : values) {
+      EXPECT_TRUE(std::find(std::begin(names_), std::end(names_), name) != std::end(names_)) << name;
+      ::setenv(name.c_str(), value.c_str(), 1);
+    }
+  }
+  ~Environment() {
+    for (const char* name : names_) ::unsetenv(name);
+    for (const auto& [name, value] : saved_) ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  Environment(const Environment&) = delete;
+  Environment& operator=(const Environment&) = delete;
+
+ private:
+  static constexpr const char* names_[] = {"TUTTI_RANK",
+                                           "TUTTI_SIZE",
+                                           "TUTTI_LOCAL_RANK",
+                                           "TUTTI_LOCAL_SIZE",
+                                           "TUTTI_STORE",
+                                           "TUTTI_TOKEN",
+                                           "TUTTI_JOB_ID",
+                                           "TUTTI_TRANSPORT",
+                                           "OMPI_COMM_WORLD_RANK",
+                                           "OMPI_COMM_WORLD_SIZE",
+                                           "OMPI_COMM_WORLD_LOCAL_RANK",
+                                           "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                           "OMPI_MCA_ess_base_jobid",
+                                           "PMIX_NAMESPACE",
+                                           "PMI_RANK",
+                                           "PMI_SIZE",
+                                           "MPI_LOCALRANKID",
+                                           "MPI_LOCALNRANKS",
+                                           "SLURM_PROCID",
+                                           "SLURM_NTASKS",
+                                           "SLURM_LOCALID",
+                                           "SLURM_NTASKS_PER_NODE",
+                                           "SLURM_TASKS_PER_NODE",
+                                           "SLURM_NODEID",
+                                           "SLURM_JOB_ID",
+                                           "SLURM_STEP_ID"};
+  std::map<std::string, std::string> saved_;
+};
+
+TEST(DetectJob, NoLauncher) {
+  Environment env({});
+  const JobInfo job = detect_job();
+  EXPECT_EQ(job.launcher, "none");
+  EXPECT_EQ(job.rank, 0);
+  EXPECT_EQ(job.size, 1);
+  EXPECT_EQ(job.local_size, 1);
+  EXPECT_TRUE(job.store.empty() && job.token.empty() && job.job_id.empty() && job.transport.empty());
+}
+
+TEST(DetectJob, TuttiRun) {
+  {
+    Environment env({{"TUTTI_RANK", "2"},
+                     {"TUTTI_SIZE", "4"},
+                     {"TUTTI_STORE", "file:///tmp/x"},
+                     {"TUTTI_TOKEN", "abc"},
+                     {"TUTTI_JOB_ID", "j1"},
+                     {"TUTTI_TRANSPORT", "tcp"},
+                     {"OMPI_COMM_WORLD_RANK", "0"},
+                     {"OMPI_COMM_WORLD_SIZE", "1"}});  // tutti-run wins
+    const JobInfo job = detect_job();
+    EXPECT_EQ(job.launcher, "tutti-run");
+    EXPECT_EQ(job.rank, 2);
+    EXPECT_EQ(job.size, 4);
+    EXPECT_EQ(job.local_rank, 2);
+    EXPECT_EQ(job.local_size, 4);
+    EXPECT_EQ(job.store, "file:///tmp/x");
+    EXPECT_EQ(job.token, "abc");
+    EXPECT_EQ(job.job_id, "j1");
+    EXPECT_EQ(job.transport, "tcp");
+  }
+  Environment env({{"TUTTI_RANK", "5"}, {"TUTTI_SIZE", "8"}, {"TUTTI_LOCAL_RANK", "1"}, {"TUTTI_LOCAL_SIZE", "4"}});
+  const JobInfo job = detect_job();
+  EXPECT_EQ(job.local_rank, 1);
+  EXPECT_EQ(job.local_size, 4);
+}
+
+TEST(DetectJob, OpenMpi) {
+  {
+    Environment env({{"OMPI_COMM_WORLD_RANK", "3"},
+                     {"OMPI_COMM_WORLD_SIZE", "6"},
+                     {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"},
+                     {"OMPI_MCA_ess_base_jobid", "4242"},
+                     {"PMIX_NAMESPACE", "ns"},
+                     {"TUTTI_STORE", "tcp://h:1"}});
+    const JobInfo job = detect_job();
+    EXPECT_EQ(job.launcher, "mpirun");
+    EXPECT_EQ(job.rank, 3);
+    EXPECT_EQ(job.size, 6);
+    EXPECT_EQ(job.local_rank, 0);
+    EXPECT_EQ(job.local_size, 3);
+    EXPECT_EQ(job.job_id, "4242");
+    EXPECT_EQ(job.store, "tcp://h:1");
+  }
+  Environment env({{"OMPI_COMM_WORLD_RANK", "0"},
+                   {"OMPI_COMM_WORLD_SIZE", "2"},
+                   {"PMIX_NAMESPACE", "prterun-x@1"},
+                   {"TUTTI_JOB_ID", "override"}});
+  EXPECT_EQ(detect_job().job_id, "override");
+  ::unsetenv("TUTTI_JOB_ID");
+  EXPECT_EQ(detect_job().job_id, "prterun-x@1");
+}
+
+TEST(DetectJob, MpichHydra) {
+  Environment env({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}});
+  const JobInfo job = detect_job();
+  EXPECT_EQ(job.launcher, "mpirun");
+  EXPECT_EQ(job.rank, 1);
+  EXPECT_EQ(job.size, 2);
+  EXPECT_EQ(job.local_rank, 1);
+  EXPECT_EQ(job.local_size, 2);
+}
+
+TEST(DetectJob, Slurm) {
+  {
+    Environment env({{"SLURM_PROCID", "5"},
+                     {"SLURM_NTASKS", "7"},
+                     {"SLURM_LOCALID", "1"},
+                     {"SLURM_TASKS_PER_NODE", "4,2(x2)"},
+                     {"SLURM_NODEID", "2"},
+                     {"SLURM_JOB_ID", "123"},
+                     {"SLURM_STEP_ID", "0"}});
+    const JobInfo job = detect_job();
+    EXPECT_EQ(job.launcher, "srun");
+    EXPECT_EQ(job.rank, 5);
+    EXPECT_EQ(job.size, 7);
+    EXPECT_EQ(job.local_rank, 1);
+    EXPECT_EQ(job.local_size, 2);
+    EXPECT_EQ(job.job_id, "123.0");
+  }
+  Environment env({{"SLURM_PROCID", "3"},
+                   {"SLURM_NTASKS", "8"},
+                   {"SLURM_LOCALID", "3"},
+                   {"SLURM_NTASKS_PER_NODE", "4"},
+                   {"SLURM_TASKS_PER_NODE", "garbage"},
+                   {"SLURM_JOB_ID", "9"}});
+  const JobInfo job = detect_job();
+  EXPECT_EQ(job.local_size, 4);
+  EXPECT_EQ(job.job_id, "9");
+}
+
+TEST(DetectJob, MalformedValuesNameTheVariable) {
+  const std::vector<std::pair<std::map<std::string, std::string>, std::string>> cases = {
+      {{{"TUTTI_RANK", "abc"}, {"TUTTI_SIZE", "4"}}, "TUTTI_RANK"},
+      {{{"TUTTI_RANK", "1"}, {"TUTTI_SIZE", " 4"}}, "TUTTI_SIZE"},
+      {{{"TUTTI_RANK", "+1"}, {"TUTTI_SIZE", "4"}}, "TUTTI_RANK"},
+      {{{"TUTTI_RANK", "-1"}, {"TUTTI_SIZE", "4"}}, "TUTTI_RANK"},
+      {{{"TUTTI_RANK", "1x"}, {"TUTTI_SIZE", "4"}}, "TUTTI_RANK"},
+      {{{"TUTTI_RANK", "0"}, {"TUTTI_SIZE", "99999999999"}}, "TUTTI_SIZE"},
+      {{{"TUTTI_RANK", "4"}, {"TUTTI_SIZE", "4"}}, "TUTTI_RANK"},
+      {{{"TUTTI_RANK", "0"}, {"TUTTI_SIZE", "0"}}, "TUTTI_SIZE"},
+      {{{"TUTTI_RANK", "0"}}, "TUTTI_SIZE"},
+      {{{"TUTTI_RANK", "1"}, {"TUTTI_SIZE", "4"}, {"TUTTI_LOCAL_RANK", "2"}, {"TUTTI_LOCAL_SIZE", "2"}},
+       "TUTTI_LOCAL_RANK"},
+      {{{"TUTTI_RANK", "1"}, {"TUTTI_SIZE", "4"}, {"TUTTI_LOCAL_SIZE", "5"}}, "TUTTI_LOCAL_SIZE"},
+      {{{"TUTTI_TRANSPORT", "udp"}}, "TUTTI_TRANSPORT"},
+      {{{"OMPI_COMM_WORLD_RANK", "2"}}, "OMPI_COMM_WORLD_SIZE"},
+      {{{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}}, "OMPI_COMM_WORLD_RANK"},
+      {{{"PMI_RANK", "0"}, {"PMI_SIZE", "1"}, {"MPI_LOCALRANKID", "x"}}, "MPI_LOCALRANKID"},
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_TASKS_PER_NODE", "2(x"}}, "SLURM_TASKS_PER_NODE"},
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_TASKS_PER_NODE", "2"}, {"SLURM_NODEID", "1"}},
+       "SLURM_TASKS_PER_NODE"},
+  };
+  for (const auto& [values, name] : cases) {
+    Environment env(values);
+    std::string message;
+    EXPECT_EQ(error_code_of([] { detect_job(); }, &message), ErrorCode::invalid_argument) << name;
+    EXPECT_NE(message.find(name), std::string::npos) << name << ": " << message;
+  }
+}
+
+}  // namespace
+}  // namespace tutti::bootstrap
