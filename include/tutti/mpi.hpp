@@ -1,0 +1,28 @@
+// Tutti over MPI: a Tutti communicator built from an MPI communicator, for programs that are
+// already MPI programs (launched by mpirun, with MPI initialized by themselves).
+#pragma once
+
+#include <mpi.h>
+
+#include "tutti/tutti.hpp"
+
+namespace tutti {
+
+/// A Tutti communicator over the ranks of `comm`, with the same rank numbering. Tutti's
+/// schedules run over MPI point-to-point on duplicates of `comm` (so they never match the
+/// program's own messages), and `Algorithm::mpi` runs MPI's own collective instead.
+/// Collective over `comm`.
+///
+/// MPI must be initialized with MPI_Init_thread at MPI_THREAD_MULTIPLE (MPI_THREAD_SERIALIZED
+/// works, with every MPI call of the process serialized): Tutti calls MPI from its progress
+/// thread. `comm` itself may be freed afterwards, but MPI must outlive the communicator: destroy
+/// it (every copy) before MPI_Finalize.
+/// Throws Error(invalid_argument) for MPI_COMM_NULL or MPI not initialized, Error(unsupported)
+/// for a thread level below MPI_THREAD_SERIALIZED, Error(system) when MPI fails.
+///
+/// Limitations of MPI: ranks that issue different collectives are not detected as `mismatch`
+/// (they fail by size mismatch or by timeout), and a rank's failure reaches the other ranks only
+/// through their deadlines.
+Communicator from_mpi(MPI_Comm comm);
+
+}  // namespace tutti

@@ -1,0 +1,41 @@
+// What the MPI transport and Tutti's use of MPI's own collectives share: error reporting, the
+// thread-level check, the process-wide lock that serializes MPI calls when MPI is not
+// MPI_THREAD_MULTIPLE, and the mapping of Tutti's types and reductions onto MPI's.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <mutex>
+#include <string>
+
+#include "tutti/types.hpp"
+
+namespace tutti::transport::mpi {
+
+/// MPI's text for an error code, e.g. "MPI_ERR_TRUNCATE: message truncated".
+std::string error_string(int code);
+
+/// Throws Error(system) "<function> failed: <MPI's message>" unless `code` is MPI_SUCCESS.
+void check(int code, const char* function);
+
+/// Throws unless MPI is initialized, not finalized, and at MPI_THREAD_SERIALIZED or above: Tutti
+/// calls MPI from its progress-engine thread as well as from the caller's. `who` names the caller
+/// in the message (Error(invalid_argument) or Error(unsupported)).
+void require_usable_mpi(const char* who);
+
+/// Held around every MPI call: the process-wide lock when MPI provides less than
+/// MPI_THREAD_MULTIPLE (so that no two threads are in MPI at once), else an empty lock.
+std::unique_lock<std::mutex> serialize();
+
+/// True while MPI is initialized and not yet finalized (destructors must not call MPI otherwise).
+bool mpi_active();
+
+/// MPI datatype of `type`. f16 and bf16 are Tutti's own 2-byte MPI types (created on first use).
+MPI_Datatype datatype(DataType type);
+
+/// MPI reduction of `op` on `type` (avg reduces as sum; the caller divides). f16 and bf16 use
+/// user-defined MPI_Ops that compute with reduce::apply (created on first use).
+MPI_Op reduction(ReduceOp op, DataType type);
+
+}  // namespace tutti::transport::mpi

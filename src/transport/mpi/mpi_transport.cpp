@@ -1,0 +1,349 @@
+#include "transport/mpi/mpi_transport.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <random>
+#include <thread>
+
+#include "transport/mpi/mpi_support.hpp"
+
+namespace tutti::transport::mpi {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// How long `cancel` waits for MPI to let go of a request before detaching it.
+constexpr auto cancel_grace = std::chrono::milliseconds(200);
+
+// MPI counts are ints: a message over INT_MAX bytes travels as one element of a derived type
+// (whole GiB chunks, then the rest), so that keys still map to a single MPI message.
+bool byte_type(std::size_t bytes, MPI_Datatype& type, int& count, std::string& error) {
+  if (bytes <= static_cast<std::size_t>(INT_MAX)) {
+    type = MPI_BYTE;
+    count = static_cast<int>(bytes);
+    return true;
+  }
+  constexpr std::size_t chunk = std::size_t{1} << 30;
+  const std::size_t chunks = bytes / chunk, rest = bytes % chunk;
+  MPI_Datatype gib = MPI_DATATYPE_NULL, body = MPI_DATATYPE_NULL;
+  int rc = MPI_Type_contiguous(static_cast<int>(chunk), MPI_BYTE, &gib);
+  if (rc == MPI_SUCCESS) rc = MPI_Type_contiguous(static_cast<int>(chunks), gib, &body);
+  type = body;
+  if (rc == MPI_SUCCESS && rest > 0) {
+    int lengths[2] = {1, static_cast<int>(rest)};
+    MPI_Aint displacements[2] = {0, static_cast<MPI_Aint>(chunks * chunk)};
+    MPI_Datatype types[2] = {body, MPI_BYTE};
+    rc = MPI_Type_create_struct(2, lengths, displacements, types, &type);
+    MPI_Type_free(&body);
+  }
+  if (gib != MPI_DATATYPE_NULL) MPI_Type_free(&gib);
+  if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&type);
+  if (rc != MPI_SUCCESS) {
+    error = "MPI_Type_create for a " + std::to_string(bytes) + "-byte message failed: " + error_string(rc);
+    return false;
+  }
+  count = 1;
+  return true;
+}
+
+// Bits of tag space: the largest b with 2^b - 1 <= MPI_TAG_UB.
+int tag_bits() {
+  int* tag_ub = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag);
+  const long long ub = flag && tag_ub != nullptr ? *tag_ub : 32767;
+  int bits = 0;
+  while (bits < 31 && (1LL << (bits + 1)) - 1 <= ub) ++bits;
+  return bits;
+}
+
+}  // namespace
+
+MpiTransport::MpiTransport(MPI_Comm comm) {
+  require_usable_mpi("MpiTransport");
+  if (comm == MPI_COMM_NULL) throw Error(ErrorCode::invalid_argument, "MpiTransport: comm is MPI_COMM_NULL");
+  set_up(comm);
+  // An id no other communicator of the job is likely to draw: rank 0's random draw, shared.
+  std::uint64_t value = 0;
+  if (rank_ == 0) {
+    std::random_device device;
+    value = (static_cast<std::uint64_t>(device()) << 32) ^ device() ^
+            static_cast<std::uint64_t>(clock::now().time_since_epoch().count());
+  }
+  auto lock = serialize();
+  check(MPI_Bcast(&value, 1, MPI_UINT64_T, 0, collective_), "MPI_Bcast");
+  id_ = value;
+}
+
+MpiTransport::MpiTransport(MPI_Comm comm, std::uint64_t id) : id_(id) { set_up(comm); }
+
+void MpiTransport::set_up(MPI_Comm comm) {
+  const int bits = tag_bits();
+  if (bits < 20)
+    throw Error(ErrorCode::unsupported, "MpiTransport: MPI_TAG_UB is below 2^20 - 1; Tutti needs 20 bits of tag");
+  index_bits_ = std::min(16, bits - 8);
+  seq_bits_ = std::min(15, bits - index_bits_);
+  tag_ub_ = static_cast<int>((1LL << bits) - 1);
+
+  auto lock = serialize();
+  try {
+    check(MPI_Comm_dup(comm, &collective_), "MPI_Comm_dup");
+    check(MPI_Comm_dup(comm, &point_to_point_), "MPI_Comm_dup");
+    // Errors come back as codes (and then as tutti::Error), never as MPI's default abort.
+    check(MPI_Comm_set_errhandler(collective_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check(MPI_Comm_set_errhandler(point_to_point_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check(MPI_Comm_rank(collective_, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(collective_, &size_), "MPI_Comm_size");
+  } catch (...) {
+    if (collective_ != MPI_COMM_NULL) MPI_Comm_free(&collective_);
+    if (point_to_point_ != MPI_COMM_NULL) MPI_Comm_free(&point_to_point_);
+    throw;
+  }
+}
+
+MpiTransport::~MpiTransport() {
+  if (!mpi_active()) return;  // MPI_Finalize has released everything already
+  std::lock_guard lock(mutex_);
+  auto mpi_lock = serialize();
+  // Operations fail (and cancel their steps) before their queue lets go of the transport, so
+  // these are leftovers at most.
+  for (std::size_t i = 0; i < requests_.size(); ++i) {
+    MPI_Cancel(&requests_[i]);
+    MPI_Request_free(&requests_[i]);
+    release_locked(pending_[i]);
+  }
+  for (MPI_Request& request : detached_) MPI_Request_free(&request);
+  MPI_Comm_free(&collective_);
+  MPI_Comm_free(&point_to_point_);
+}
+
+std::unique_ptr<Transport> MpiTransport::split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) {
+  // Only the members call split, so the group-collective MPI_Comm_create_group, not MPI_Comm_split.
+  MPI_Comm sub = MPI_COMM_NULL;
+  {
+    auto lock = serialize();
+    MPI_Group parent = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+    check(MPI_Comm_group(collective_, &parent), "MPI_Comm_group");
+    int rc = MPI_Group_incl(parent, static_cast<int>(ranks.size()), ranks.data(), &group);
+    MPI_Group_free(&parent);
+    check(rc, "MPI_Group_incl");
+    rc = MPI_Comm_create_group(collective_, group, static_cast<int>(id % static_cast<std::uint64_t>(tag_ub_)), &sub);
+    MPI_Group_free(&group);
+    check(rc, "MPI_Comm_create_group");
+  }
+  std::unique_ptr<MpiTransport> transport(new MpiTransport(sub, id));
+  {
+    auto lock = serialize();
+    MPI_Comm_free(&sub);
+  }
+  if (transport->rank() != new_rank)
+    throw Error(ErrorCode::system, "MpiTransport::split: MPI placed this rank at " + std::to_string(transport->rank()) +
+                                       ", expected " + std::to_string(new_rank));
+  return transport;
+}
+
+int MpiTransport::tag_of(const MessageKey& key, std::string& error) const {
+  if (key.channel == Channel::point_to_point) {
+    if (key.seq > static_cast<std::uint64_t>(tag_ub_))
+      error = "tag " + std::to_string(key.seq) + " exceeds the MPI transport's largest tag " + std::to_string(tag_ub_);
+    return static_cast<int>(key.seq & static_cast<std::uint64_t>(tag_ub_));
+  }
+  const std::uint64_t seq = key.seq & ((std::uint64_t{1} << seq_bits_) - 1);
+  const std::uint64_t index = key.index & ((std::uint64_t{1} << index_bits_) - 1);
+  return static_cast<int>((seq << index_bits_) | index);
+}
+
+void MpiTransport::fail(Completion* done, const std::string& error) {
+  done->error = error;
+  done->set(Completion::failed);
+  wake();
+}
+
+void MpiTransport::post(bool is_send, int peer, const MessageKey& key, void* data, std::size_t bytes,
+                        Completion* done) {
+  done->peer = peer;
+  done->is_send = is_send;
+  done->key = key;
+  done->error.clear();
+  done->set(Completion::posted);
+  std::string error;
+  const int tag = tag_of(key, error);
+  if (peer < 0 || peer >= size_) error = "peer " + std::to_string(peer) + " is not a rank of the communicator";
+  if (!error.empty()) return fail(done, error);
+
+  std::lock_guard lock(mutex_);
+  auto mpi_lock = serialize();
+  Pending pending{done, MPI_BYTE, bytes, peer};
+  int count = 0;
+  if (!byte_type(bytes, pending.type, count, error)) return fail(done, error);
+  const MPI_Comm comm = key.channel == Channel::collective ? collective_ : point_to_point_;
+  MPI_Request request = MPI_REQUEST_NULL;
+  const int rc = is_send ? MPI_Isend(data, count, pending.type, peer, tag, comm, &request)
+                         : MPI_Irecv(data, count, pending.type, peer, tag, comm, &request);
+  if (rc != MPI_SUCCESS) {
+    release_locked(pending);
+    return fail(done, std::string(is_send ? "MPI_Isend" : "MPI_Irecv") + " failed: " + error_string(rc));
+  }
+  requests_.push_back(request);
+  pending_.push_back(pending);
+}
+
+void MpiTransport::post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) {
+  post(true, peer, key, const_cast<void*>(data), bytes, done);  // MPI_Isend only reads it
+}
+
+void MpiTransport::post_recv(int peer, const MessageKey& key, void* data, std::size_t bytes, Completion* done) {
+  post(false, peer, key, data, bytes, done);
+}
+
+void MpiTransport::release_locked(Pending& pending) {
+  if (pending.type != MPI_BYTE) MPI_Type_free(&pending.type);  // MPI lets pending messages finish with it
+  pending.type = MPI_BYTE;
+}
+
+void MpiTransport::finish_locked(const Pending& pending, MPI_Status& status, int error) {
+  Completion* done = pending.done;
+  const std::string me = std::to_string(rank_), peer = std::to_string(pending.peer);
+  if (done->is_send) {
+    if (error != MPI_SUCCESS) return fail(done, "MPI_Isend to rank " + peer + " failed: " + error_string(error));
+    return done->set(Completion::done);
+  }
+  if (error != MPI_SUCCESS) {
+    int error_class = 0;
+    MPI_Error_class(error, &error_class);
+    if (error_class == MPI_ERR_TRUNCATE)
+      return fail(done, "message size mismatch: rank " + peer + " sent more than the " + std::to_string(pending.bytes) +
+                            " bytes rank " + me + " expected");
+    return fail(done, "MPI_Irecv from rank " + peer + " failed: " + error_string(error));
+  }
+  MPI_Count received = 0;
+  MPI_Get_elements_x(&status, pending.type, &received);
+  if (received != static_cast<MPI_Count>(pending.bytes))
+    return fail(done, "message size mismatch: rank " + peer + " sent " + std::to_string(received) + " bytes but rank " +
+                          me + " expected " + std::to_string(pending.bytes));
+  done->set(Completion::done);
+}
+
+void MpiTransport::test_locked() {
+  if (requests_.empty() && detached_.empty()) return;
+  auto mpi_lock = serialize();
+  std::erase_if(detached_, [](MPI_Request& request) {
+    int flag = 0;
+    MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+    return flag != 0;
+  });
+  if (requests_.empty()) return;
+  const int n = static_cast<int>(requests_.size());
+  indices_.resize(requests_.size());
+  statuses_.resize(requests_.size());
+  int completed = 0;
+  const int rc = MPI_Testsome(n, requests_.data(), &completed, indices_.data(), statuses_.data());
+  if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+    // MPI gave no per-request answer: fail every posted operation rather than wait forever.
+    for (Pending& pending : pending_) {
+      release_locked(pending);
+      fail(pending.done, "MPI_Testsome failed: " + error_string(rc));
+    }
+    requests_.clear();
+    pending_.clear();
+    return;
+  }
+  if (completed == MPI_UNDEFINED || completed == 0) return;
+  indices_.resize(static_cast<std::size_t>(completed));
+  for (int k = 0; k < completed; ++k) {
+    const auto i = static_cast<std::size_t>(indices_[static_cast<std::size_t>(k)]);
+    MPI_Status& status = statuses_[static_cast<std::size_t>(k)];
+    finish_locked(pending_[i], status, rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS);
+    release_locked(pending_[i]);
+  }
+  // Remove from the back so that each swap brings in an element still pending.
+  std::sort(indices_.begin(), indices_.end(), std::greater<>());
+  for (int index : indices_) {
+    const auto i = static_cast<std::size_t>(index);
+    requests_[i] = requests_.back();
+    requests_.pop_back();
+    pending_[i] = pending_.back();
+    pending_.pop_back();
+  }
+  wake();
+}
+
+void MpiTransport::progress() {
+  std::lock_guard lock(mutex_);
+  test_locked();
+}
+
+void MpiTransport::cancel(Completion* done) {
+  std::lock_guard lock(mutex_);
+  const auto it = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.done == done; });
+  if (it == pending_.end()) return;  // completed (or never reached MPI)
+  const auto i = static_cast<std::size_t>(it - pending_.begin());
+  MPI_Request request = requests_[i];
+  Pending pending = *it;
+  requests_[i] = requests_.back();
+  requests_.pop_back();
+  pending_[i] = pending_.back();
+  pending_.pop_back();
+  {
+    auto mpi_lock = serialize();
+    MPI_Cancel(&request);
+    release_locked(pending);
+  }
+  // A cancelled receive completes at once; a send may not be cancellable at all.
+  const auto give_up = clock::now() + cancel_grace;
+  for (;;) {
+    int flag = 0;
+    {
+      auto mpi_lock = serialize();
+      MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+    }
+    if (flag) break;
+    if (clock::now() >= give_up) {
+      detached_.push_back(request);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  done->set(Completion::cancelled);
+  wake();
+}
+
+void MpiTransport::wait(std::uint64_t seen, clock::time_point deadline) {
+  // MPI has no blocking wait with a deadline: poll, spinning briefly, then napping (50 to 200 µs)
+  // so that more ranks than cores still run well.
+  const auto spin_until = clock::now() + std::chrono::microseconds(20);
+  auto nap = std::chrono::microseconds(50);
+  while (generation() == seen) {
+    {
+      std::lock_guard lock(mutex_);
+      test_locked();
+    }
+    const auto now = clock::now();
+    if (generation() != seen || now >= deadline) return;
+    if (now < spin_until) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(std::min<clock::duration>(nap, deadline - now));
+    nap = std::min(nap * 2, std::chrono::microseconds(200));
+  }
+}
+
+std::optional<Failure> MpiTransport::aborted() const {
+  if (!has_failure_.load(std::memory_order_acquire)) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  return failure_;
+}
+
+void MpiTransport::abort(const Error& error, std::uint64_t seq) {
+  {
+    std::lock_guard lock(mutex_);
+    if (failure_) return;
+    failure_ = Failure{error, seq};
+    has_failure_.store(true, std::memory_order_release);
+  }
+  wake();
+}
+
+}  // namespace tutti::transport::mpi

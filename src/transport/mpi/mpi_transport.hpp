@@ -1,0 +1,105 @@
+// The MPI transport: Tutti's schedules over MPI point-to-point (MPI_Isend / MPI_Irecv), on two
+// duplicates of the user's communicator, one for collectives and one for point to point, so
+// that neither can match the other's messages (nor the user's own).
+//
+// Message keys live in the MPI tag. Collectives: tag = (seq mod 2^s) << i | (index mod 2^i),
+// with i = 16 and s = 15 when MPI_TAG_UB is 2^31 - 1 (fewer bits on MPIs with a smaller tag
+// space; fewer than 20 bits is refused). Keys that collide modulo these widths would need 2^s
+// collectives outstanding at once (or 2^i messages to one peer in one collective); MPI's
+// non-overtaking order keeps even those apart in practice. Point to point: tag = the user's tag,
+// and the index (k-th message with that tag) is MPI's non-overtaking order itself.
+//
+// Limitations, by design of MPI rather than of this file:
+// - `announce` keeps no record: ranks that call different collectives are not told apart
+//   (MPI would hang or fail on a size mismatch; the operation's deadline catches the hang).
+// - `abort` is local: the other ranks learn of it by their own deadline, not at once.
+// - A size disagreement fails the receiver ("message size mismatch"); the sender's MPI_Isend
+//   completes normally.
+// - A send MPI cannot cancel (OpenMPI ignores MPI_Cancel on sends) is detached after a short
+//   grace period when its operation fails: MPI may still read its buffer until a peer receives it.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "transport/transport.hpp"
+
+namespace tutti::transport::mpi {
+
+class MpiTransport final : public Transport {
+ public:
+  /// This rank's transport over `comm` (which MpiTransport duplicates, and which need not outlive
+  /// it). Collective over `comm`. Throws Error(invalid_argument) for MPI_COMM_NULL or MPI not
+  /// initialized, Error(unsupported) below MPI_THREAD_SERIALIZED or with too small an MPI_TAG_UB,
+  /// Error(system) when MPI fails.
+  explicit MpiTransport(MPI_Comm comm);
+  /// Frees the duplicates. Must run before MPI_Finalize (afterwards it frees nothing).
+  ~MpiTransport() override;
+  MpiTransport(const MpiTransport&) = delete;
+  MpiTransport& operator=(const MpiTransport&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::uint64_t id() const override { return id_; }
+  std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) override;
+  void announce(const Signature&) override {}
+  void post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) override;
+  void post_recv(int peer, const MessageKey& key, void* data, std::size_t bytes, Completion* done) override;
+  bool post_recv_reduce(int, const MessageKey&, void*, const void*, std::size_t, DataType, ReduceOp,
+                        Completion*) override {
+    return false;  // the executor receives into staging memory and reduces
+  }
+  void cancel(Completion* done) override;
+  std::uint64_t generation() const override { return generation_.load(std::memory_order_acquire); }
+  void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) override;
+  void wake() override { generation_.fetch_add(1, std::memory_order_acq_rel); }
+  void progress() override;
+  std::optional<Failure> aborted() const override;
+  void abort(const Error& error, std::uint64_t seq) override;
+
+  /// The duplicate on which collectives run: Tutti's schedules, and MPI's own collectives
+  /// (mpi_collective). Valid as long as the transport.
+  MPI_Comm collective_comm() const { return collective_; }
+
+ private:
+  MpiTransport(MPI_Comm comm, std::uint64_t id);  // split: the id is given
+  void set_up(MPI_Comm comm);
+  struct Pending {
+    Completion* done = nullptr;
+    MPI_Datatype type = MPI_BYTE;  // MPI_BYTE, or a derived type for messages over INT_MAX bytes
+    std::size_t bytes = 0;
+    int peer = 0;
+  };
+  void post(bool is_send, int peer, const MessageKey& key, void* data, std::size_t bytes, Completion* done);
+  int tag_of(const MessageKey& key, std::string& error) const;
+  void fail(Completion* done, const std::string& error);
+  void test_locked();
+  void finish_locked(const Pending& pending, MPI_Status& status, int error);
+  void release_locked(Pending& pending);
+
+  MPI_Comm collective_ = MPI_COMM_NULL;
+  MPI_Comm point_to_point_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 0;
+  std::uint64_t id_ = 0;
+  int tag_ub_ = 0;
+  int index_bits_ = 16;
+  int seq_bits_ = 15;
+
+  // Guards what follows: progress() runs under the queue's lock, but wait() and cancel() may run
+  // on another thread at the same time.
+  mutable std::mutex mutex_;
+  std::vector<MPI_Request> requests_;  // parallel to pending_, for MPI_Testsome
+  std::vector<Pending> pending_;
+  std::vector<MPI_Request> detached_;  // cancelled sends MPI has not let go of yet
+  std::vector<int> indices_;
+  std::vector<MPI_Status> statuses_;
+  std::optional<Failure> failure_;
+  std::atomic<bool> has_failure_{false};
+  std::atomic<std::uint64_t> generation_{0};
+};
+
+}  // namespace tutti::transport::mpi
