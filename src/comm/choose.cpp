@@ -74,13 +74,15 @@ Algorithm size_rule(Collective collective, int p, std::size_t bytes) {
 
 }  // namespace
 
+Algorithm requested_algorithm(Collective collective, Algorithm requested) {
+  if (requested != Algorithm::automatic) return requested;
+  const auto& forced = forced_by_environment();
+  const auto it = forced.find(collective);
+  return it != forced.end() ? it->second : Algorithm::automatic;
+}
+
 Algorithm choose_algorithm(Collective collective, Algorithm requested, int p, std::size_t bytes) {
-  Algorithm algorithm = requested;
-  if (algorithm == Algorithm::automatic) {
-    const auto& forced = forced_by_environment();
-    const auto it = forced.find(collective);
-    algorithm = it != forced.end() ? it->second : size_rule(collective, p, bytes);
-  }
+  Algorithm algorithm = requested_algorithm(collective, requested);
   if (algorithm == Algorithm::automatic) algorithm = size_rule(collective, p, bytes);
   if (!schedule::applies(algorithm, collective)) {
     std::string serves;

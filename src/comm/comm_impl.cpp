@@ -7,6 +7,10 @@
 #include "core/env.hpp"
 #include "exec/request.hpp"
 #include "reduce/reduce.hpp"
+#ifdef TUTTI_WITH_MPI
+#include "transport/mpi/mpi_collective.hpp"
+#include "transport/mpi/mpi_transport.hpp"
+#endif
 
 namespace tutti::detail {
 
@@ -53,6 +57,7 @@ bool has_result(const Call& call, int rank) {
 Request CommImpl::start(const Call& call, bool blocking) {
   queue_->check_usable(true);
   const Extents extents = validate(call, rank_, size_);
+  if (requested_algorithm(call.collective, call.options.algorithm) == Algorithm::mpi) return start_mpi(call);
   const std::size_t elem = size_of(call.type);
   const Algorithm algorithm =
       choose_algorithm(call.collective, call.options.algorithm, size_, choice_bytes(call, size_));
@@ -136,6 +141,24 @@ Request CommImpl::start(const Call& call, bool blocking) {
   if (staging_output) op->own(std::move(staging_output));
   auto shared = queue_->submit(std::move(op), blocking);
   return Request(std::make_shared<detail::Operation>(queue_, std::move(shared)));
+}
+
+// Algorithm::mpi: MPI's own (blocking) collective on the communicator MPI gave us, after every
+// earlier operation completed, so that issue order holds.
+Request CommImpl::start_mpi(const Call& call) {
+  const std::string what = std::string(schedule::to_string(call.collective)) + ": Algorithm::mpi ";
+#ifdef TUTTI_WITH_MPI
+  if (dynamic_cast<transport::mpi::MpiTransport*>(&queue_->transport()) == nullptr)
+    throw Error(ErrorCode::unsupported, what + "needs a communicator over MPI (tutti::from_mpi, or init() under mpirun)");
+  queue_->wait_all();
+  queue_->next_seq();  // keeps the sequence numbers of all ranks in step
+  if (transport::mpi_collective(queue_->transport(), schedule::to_string(call.collective), call.send, call.recv,
+                                call.count, call.type, call.op, call.root, call.counts, call.recv_counts))
+    return Request();
+  throw Error(ErrorCode::unsupported, what + "needs a communicator over MPI (tutti::from_mpi, or init() under mpirun)");
+#else
+  throw Error(ErrorCode::unsupported, what + "needs Tutti built with MPI (this build has none)");
+#endif
 }
 
 Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer,

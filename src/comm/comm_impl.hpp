@@ -44,11 +44,15 @@ class CommImpl {
   std::chrono::milliseconds default_timeout() const { return default_timeout_; }
 
  private:
+  Request start_mpi(const Call& call);
   std::shared_ptr<exec::OperationQueue> queue_;
   int rank_;
   int size_;
   std::chrono::milliseconds default_timeout_;
 };
+
+/// The algorithm asked for: `requested`, or for `automatic` what TUTTI_ALGO forces (else automatic).
+Algorithm requested_algorithm(schedule::Collective collective, Algorithm requested);
 
 /// The algorithm `automatic` resolves to (TUTTI_ALGO first, then a size rule); a forced one is
 /// checked. Throws Error(unsupported) for an algorithm that does not serve the collective.

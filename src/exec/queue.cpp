@@ -84,6 +84,17 @@ void OperationQueue::progress_locked() {
   if (after < before) transport_->wake();  // a waiter on another thread may be waiting for these
 }
 
+void OperationQueue::wait_all() {
+  std::shared_ptr<Operation> last;
+  {
+    std::lock_guard lock(mutex_);
+    progress_locked();
+    if (active_.empty()) return;
+    last = active_.back();
+  }
+  wait(*last, std::nullopt);
+}
+
 bool OperationQueue::progress_in_background() {
   std::lock_guard lock(mutex_);
   progress_locked();

@@ -46,6 +46,9 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   /// naming the ranks it still waits for. Returns false only when `limit` came first.
   bool wait(const Operation& op, std::optional<std::chrono::milliseconds> limit);
 
+  /// Blocks until every collective issued so far completed (throws the first error).
+  void wait_all();
+
   /// For the progress engine: progresses everything; true while operations remain outstanding.
   bool progress_in_background();
   bool has_work() const { return outstanding_.load(std::memory_order_acquire) > 0; }

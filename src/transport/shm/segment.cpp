@@ -1,0 +1,183 @@
+#include "transport/shm/segment.hpp"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <thread>
+
+#include "core/log.hpp"
+
+namespace tutti::transport::shm {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+[[noreturn]] void fail_system(const std::string& what) {
+  throw Error(ErrorCode::system, "shm: " + what + ": " + std::strerror(errno));
+}
+
+// Zeroed memory from ftruncate already holds zero-valued atomics; constructing them makes that official.
+void construct(std::byte* base, const Layout& layout, std::uint64_t comm_id) {
+  auto* header = new (base) Header{};
+  header->total_bytes = layout.total;
+  header->comm_id = comm_id;
+  header->size = layout.size;
+  header->slots = layout.slots;
+  header->payload = layout.payload;
+  const auto p = static_cast<std::size_t>(layout.size);
+  for (std::size_t r = 0; r < p; ++r) new (base + layout.rank_blocks + r * sizeof(RankBlock)) RankBlock{};
+  for (std::size_t s = 0; s < p * signature_slots; ++s)
+    new (base + layout.signatures + s * sizeof(SignatureSlot)) SignatureSlot{};
+  for (std::size_t pair = 0; pair < p * p; ++pair) new (base + layout.rings + pair * layout.ring_stride) RingHeader{};
+  header->magic.store(ready_magic, std::memory_order_release);
+}
+
+std::byte* map(int fd, const Layout& layout) {
+  void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return base == MAP_FAILED ? nullptr : static_cast<std::byte*>(base);
+}
+
+// Rank 0: a fresh segment. A name left over by a crashed job of the same id is replaced.
+std::byte* create(const std::string& path, const Layout& layout, std::uint64_t comm_id) {
+  int fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    core::log(core::LogLevel::warn, 0, "shm: replacing leftover segment " + path);
+    shm_unlink(path.c_str());
+    fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  }
+  if (fd < 0) fail_system("shm_open(" + path + ")");
+  std::byte* base = nullptr;
+  if (ftruncate(fd, static_cast<off_t>(layout.total)) == 0) base = map(fd, layout);
+  const int saved = errno;
+  close(fd);
+  if (base == nullptr) {
+    shm_unlink(path.c_str());
+    errno = saved;
+    fail_system("creating " + path + " (" + std::to_string(layout.total) + " bytes)");
+  }
+  construct(base, layout, comm_id);
+  return base;
+}
+
+// Other ranks: the segment once rank 0 created and initialized it, or nullptr to retry later.
+std::byte* try_open(const std::string& path, const Layout& layout, std::uint64_t comm_id, clock::time_point deadline) {
+  const int fd = shm_open(path.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) return nullptr;
+    fail_system("shm_open(" + path + ")");
+  }
+  struct stat st {};
+  std::byte* base = nullptr;
+  if (fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) == layout.total) base = map(fd, layout);
+  close(fd);
+  if (base == nullptr) return nullptr;  // not yet sized by rank 0
+  auto& header = *reinterpret_cast<Header*>(base);
+  while (header.magic.load(std::memory_order_acquire) != ready_magic && clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  if (header.magic.load(std::memory_order_acquire) == ready_magic && header.comm_id == comm_id &&
+      header.size == layout.size)
+    return base;
+  munmap(base, layout.total);  // a stale segment of another communicator: wait for ours
+  return nullptr;
+}
+
+}  // namespace
+
+Layout Layout::for_size(int size) {
+  Layout l;
+  l.size = size;
+  l.slots = 8;
+  l.payload = 64 * 1024;
+  const auto pairs = static_cast<std::size_t>(size) * static_cast<std::size_t>(size);
+  constexpr std::size_t budget = 96u << 20;
+  while (pairs * l.slots * (l.payload + chunk_header_bytes) > budget && l.payload > 4096) l.payload /= 2;
+  while (pairs * l.slots * (l.payload + chunk_header_bytes) > budget && l.slots > 2) l.slots /= 2;
+  l.slot_stride = chunk_header_bytes + l.payload;
+  l.ring_stride = round_up(sizeof(RingHeader) + l.slots * l.slot_stride, 4096);
+  l.rank_blocks = round_up(sizeof(Header), 64);
+  l.signatures = l.rank_blocks + static_cast<std::size_t>(size) * sizeof(RankBlock);
+  l.rings = round_up(l.signatures + static_cast<std::size_t>(size) * signature_slots * sizeof(SignatureSlot), 4096);
+  l.total = l.rings + pairs * l.ring_stride;
+  return l;
+}
+
+std::unique_ptr<Segment> Segment::attach(const std::string& name, int rank, int size, std::uint64_t comm_id,
+                                         clock::time_point deadline) {
+  if (size < 1 || rank < 0 || rank >= size)
+    throw Error(ErrorCode::invalid_argument,
+                "shm: rank " + std::to_string(rank) + " is out of range for size " + std::to_string(size));
+  if (name.empty() || name.find('/') != std::string::npos || name.size() > 200)
+    throw Error(ErrorCode::invalid_argument, "shm: invalid segment name '" + name + "'");
+  const Layout layout = Layout::for_size(size);
+  const std::string path = "/" + name;
+  const std::int32_t pid = static_cast<std::int32_t>(getpid());
+  std::unique_ptr<Segment> segment;
+  for (;;) {
+    std::byte* base = rank == 0 ? create(path, layout, comm_id) : try_open(path, layout, comm_id, deadline);
+    if (base != nullptr) {
+      segment.reset(new Segment(name, layout, base));
+      std::int32_t expected = 0;
+      if (segment->rank_block(rank).pid.compare_exchange_strong(expected, pid)) break;
+      segment.reset();  // our slot is taken: a stale segment (or a duplicate rank); retry until the deadline
+    }
+    if (clock::now() >= deadline)
+      throw Error(ErrorCode::timeout, "shm: rank " + std::to_string(rank) + " could not open segment " + path +
+                                          " before the deadline (is rank 0 running?)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  Header& header = segment->header();
+  if (header.attached.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<std::uint32_t>(size))
+    shm_unlink(path.c_str());  // everyone has it mapped: nothing is left behind, whatever happens next
+  while (header.attached.load(std::memory_order_acquire) < static_cast<std::uint32_t>(size)) {
+    if (clock::now() >= deadline) {
+      shm_unlink(path.c_str());
+      throw Error(ErrorCode::timeout, "shm: only " + std::to_string(header.attached.load()) + " of " +
+                                          std::to_string(size) + " ranks attached to segment " + path +
+                                          " before the deadline");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return segment;
+}
+
+Segment::~Segment() { munmap(base_, layout_.total); }
+
+namespace {
+
+long futex(std::atomic<std::uint32_t>& word, int op, std::uint32_t value, const timespec* timeout) {
+  static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
+  // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
+  return syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), op, value, timeout, nullptr, 0);
+}
+
+}  // namespace
+
+void ring_doorbell(RankBlock& block) {
+  // seq_cst on both sides (here and in sleep_on_doorbell): either the sleeper sees the new
+  // generation before sleeping, or we see it counted among the sleepers and wake it.
+  block.generation.fetch_add(1, std::memory_order_seq_cst);
+  if (block.sleepers.load(std::memory_order_seq_cst) != 0) futex(block.generation, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+void sleep_on_doorbell(RankBlock& block, std::uint32_t seen, std::chrono::nanoseconds timeout) {
+  if (timeout.count() <= 0) return;
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  block.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (block.generation.load(std::memory_order_seq_cst) == seen) futex(block.generation, FUTEX_WAIT, seen, &ts);
+  block.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+}  // namespace tutti::transport::shm

@@ -1,0 +1,155 @@
+// The shared-memory segment of one communicator: its layout, how ranks attach to it, and the
+// futex doorbells ranks sleep on. Everything here is plain memory shared by processes; the fields
+// that more than one process writes are atomics (lock-free, hence address-free), and the rest is
+// published through them with release/acquire ordering.
+//
+// Layout (offsets computed by Layout, the same in every process):
+//   Header        magic, geometry, comm id, attached count, abort record
+//   RankBlock[p]  pid, futex doorbell (generation), sleeper count
+//   SignatureSlot[p][signature_slots]   the collectives each rank announced, by seq
+//   Ring[p][p]    ring i->j: RingHeader (data head/tail, acks j->i), then `slots` chunk slots
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "transport/transport.hpp"
+
+namespace tutti::transport::shm {
+
+// Atomics in shared memory must not hide a lock in this process: they have to be lock-free.
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free &&
+              std::atomic<std::int32_t>::is_always_lock_free);
+
+inline constexpr std::uint64_t ready_magic = 0x31736974747574ull;  // "tuttis1", set once initialized
+inline constexpr std::size_t signature_slots = 16;                 // announced signatures kept per rank
+inline constexpr std::size_t ack_entries = 1024;                   // acknowledgements in flight per pair
+inline constexpr std::size_t chunk_header_bytes = 128;
+inline constexpr std::size_t abort_text_bytes = 1024;
+
+/// First error of the communicator; the first writer wins (state 0 -> 1 by CAS, then 2 once written).
+struct AbortRecord {
+  std::atomic<std::uint32_t> state;
+  std::int32_t code;
+  std::uint64_t seq;
+  std::uint32_t length;
+  char text[abort_text_bytes];
+};
+
+struct Header {
+  std::atomic<std::uint64_t> magic;
+  std::uint64_t total_bytes;
+  std::uint64_t comm_id;
+  std::int32_t size;
+  std::uint32_t slots;
+  std::uint32_t payload;
+  alignas(64) std::atomic<std::uint32_t> attached;
+  alignas(64) AbortRecord abort;
+};
+
+struct alignas(64) RankBlock {
+  std::atomic<std::int32_t> pid;
+  alignas(64) std::atomic<std::uint32_t> generation;  // the futex word
+  std::atomic<std::uint32_t> sleepers;                // ranks' threads in FUTEX_WAIT on it
+};
+
+/// One announced signature, written under a seqlock: tag = seq + 1 when valid, busy while written.
+struct alignas(64) SignatureSlot {
+  static constexpr std::uint64_t busy = ~std::uint64_t{0};
+  std::atomic<std::uint64_t> tag;
+  std::atomic<std::uint64_t> words[5];
+};
+static_assert(sizeof(WireSignature) == 5 * sizeof(std::uint64_t));
+
+/// Precedes the payload of each chunk slot. Written by the producer before it publishes `head`.
+struct ChunkHeader {
+  std::uint64_t seq;
+  std::uint64_t total;   // bytes of the whole message
+  std::uint64_t offset;  // of this chunk in the message
+  std::uint32_t index;
+  std::uint32_t bytes;  // of this chunk
+  std::uint8_t channel;
+  std::uint8_t has_signature;
+  WireSignature signature;  // the sender's collective (has_signature)
+};
+static_assert(sizeof(ChunkHeader) <= chunk_header_bytes);
+
+/// Receiver's answer to a message's first chunk: matched (ok) or the size it expected.
+struct Ack {
+  std::uint64_t seq;
+  std::uint64_t expected;
+  std::uint32_t index;
+  std::uint8_t channel;
+  std::uint8_t ok;
+};
+
+/// Ring i->j: the data ring (producer i, consumer j) and the ack ring (producer j, consumer i).
+struct RingHeader {
+  alignas(64) std::atomic<std::uint64_t> head;
+  alignas(64) std::atomic<std::uint64_t> tail;
+  alignas(64) std::atomic<std::uint64_t> ack_head;
+  alignas(64) std::atomic<std::uint64_t> ack_tail;
+  alignas(64) Ack acks[ack_entries];
+};
+
+/// Where everything lies in a segment for `size` ranks.
+struct Layout {
+  int size = 0;
+  std::uint32_t slots = 0;    // chunk slots per ring
+  std::uint32_t payload = 0;  // bytes of data per chunk (a multiple of 64)
+  std::size_t rank_blocks = 0, signatures = 0, rings = 0, ring_stride = 0, slot_stride = 0, total = 0;
+  /// The geometry for `size` ranks: 8 x 64 KiB per ring, smaller when p^2 rings would pass ~96 MB.
+  static Layout for_size(int size);
+};
+
+/// One rank's mapping of a segment. Not copyable; unmaps on destruction.
+class Segment {
+ public:
+  /// Creates (rank 0) or opens (others) the segment "/<name>", registers this rank's pid and
+  /// waits until all `size` ranks have attached; the last one to attach unlinks the name.
+  /// Throws Error(timeout) if not all attached before `deadline` (the name is unlinked then),
+  /// Error(system) if a system call fails, Error(invalid_argument) for a bad rank or size.
+  static std::unique_ptr<Segment> attach(const std::string& name, int rank, int size, std::uint64_t comm_id,
+                                         std::chrono::steady_clock::time_point deadline);
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  const std::string& name() const { return name_; }
+  const Layout& layout() const { return layout_; }
+  Header& header() const { return *reinterpret_cast<Header*>(base_); }
+  RankBlock& rank_block(int rank) const { return reinterpret_cast<RankBlock*>(base_ + layout_.rank_blocks)[rank]; }
+  SignatureSlot& signature_slot(int rank, std::uint64_t seq) const {
+    auto* slots = reinterpret_cast<SignatureSlot*>(base_ + layout_.signatures);
+    return slots[static_cast<std::size_t>(rank) * signature_slots + seq % signature_slots];
+  }
+  RingHeader& ring(int from, int to) const { return *reinterpret_cast<RingHeader*>(ring_base(from, to)); }
+  /// Slot `n` (a running count, taken modulo the ring's slots) of ring from->to.
+  ChunkHeader& chunk(int from, int to, std::uint64_t n) const {
+    return *reinterpret_cast<ChunkHeader*>(slot_base(from, to, n));
+  }
+  std::byte* payload(int from, int to, std::uint64_t n) const { return slot_base(from, to, n) + chunk_header_bytes; }
+
+ private:
+  Segment(std::string name, Layout layout, std::byte* base) : name_(std::move(name)), layout_(layout), base_(base) {}
+  std::byte* ring_base(int from, int to) const {
+    return base_ + layout_.rings + (static_cast<std::size_t>(from) * layout_.size + to) * layout_.ring_stride;
+  }
+  std::byte* slot_base(int from, int to, std::uint64_t n) const {
+    return ring_base(from, to) + sizeof(RingHeader) + (n % layout_.slots) * layout_.slot_stride;
+  }
+  std::string name_;
+  Layout layout_;
+  std::byte* base_;
+};
+
+/// Bumps `rank`'s generation and wakes its sleepers (a FUTEX_WAKE only when some sleep).
+void ring_doorbell(RankBlock& block);
+/// Sleeps while `block`'s generation equals `seen`, at most `timeout` (FUTEX_WAIT, process-shared).
+void sleep_on_doorbell(RankBlock& block, std::uint32_t seen, std::chrono::nanoseconds timeout);
+
+}  // namespace tutti::transport::shm

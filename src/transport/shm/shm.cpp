@@ -1,0 +1,214 @@
+// The shared-memory transport's life cycle, collective signatures, sleeping, aborts and the
+// liveness of peers. Moving messages is in shm_messages.cpp.
+#include "transport/shm/shm.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "transport/shm/shm_transport.hpp"
+
+namespace tutti::transport::shm {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// Peers are checked for death at most this often (kill(pid, 0) per peer).
+constexpr auto liveness_period = std::chrono::milliseconds(100);
+// A sleeping rank wakes at least this often, so that its caller progresses and checks peers.
+constexpr auto longest_sleep = std::chrono::milliseconds(100);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+bool same(const WireSignature& a, const WireSignature& b) {
+  return a.seq == b.seq && a.count == b.count && a.counts_hash == b.counts_hash && a.root == b.root &&
+         a.kind == b.kind && a.algorithm == b.algorithm && a.type == b.type && a.op == b.op;
+}
+
+// Seqlock write: readers that overlap it see the busy tag (or a changed one) and ignore the slot.
+void write_slot(SignatureSlot& slot, std::uint64_t seq, const WireSignature& signature) {
+  std::uint64_t words[5];
+  std::memcpy(words, &signature, sizeof words);
+  slot.tag.store(SignatureSlot::busy, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  for (int i = 0; i < 5; ++i) slot.words[i].store(words[i], std::memory_order_relaxed);
+  slot.tag.store(seq + 1, std::memory_order_release);
+}
+
+bool read_slot(const SignatureSlot& slot, std::uint64_t seq, WireSignature& out) {
+  const std::uint64_t tag = slot.tag.load(std::memory_order_acquire);
+  if (tag != seq + 1) return false;
+  std::uint64_t words[5];
+  for (int i = 0; i < 5; ++i) words[i] = slot.words[i].load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (slot.tag.load(std::memory_order_relaxed) != tag) return false;
+  std::memcpy(&out, words, sizeof words);
+  return true;
+}
+
+}  // namespace
+
+Error mismatched_collective(int first_rank, const Signature& first, int second_rank, const Signature& second) {
+  return Error(ErrorCode::mismatch, "mismatched collective: rank " + std::to_string(first_rank) + " called " +
+                                        first.describe() + " but rank " + std::to_string(second_rank) + " called " +
+                                        second.describe());
+}
+
+bool same_signature(const WireSignature& a, const WireSignature& b) { return same(a, b); }
+
+std::unique_ptr<Transport> open(const std::string& name, int rank, int size, std::uint64_t comm_id,
+                                std::chrono::milliseconds timeout) {
+  auto segment = Segment::attach(name, rank, size, comm_id, clock::now() + timeout);
+  return std::make_unique<ShmTransport>(std::move(segment), rank, timeout);
+}
+
+ShmTransport::ShmTransport(std::unique_ptr<Segment> segment, int rank, std::chrono::milliseconds attach_timeout)
+    : segment_(std::move(segment)),
+      rank_(rank),
+      size_(segment_->layout().size),
+      comm_id_(segment_->header().comm_id),
+      attach_timeout_(attach_timeout),
+      self_(segment_->rank_block(rank)),
+      outbox_(static_cast<std::size_t>(size_)),
+      pending_acks_(static_cast<std::size_t>(size_)),
+      wake_peer_(static_cast<std::size_t>(size_), false),
+      pidfds_(static_cast<std::size_t>(size_), -1) {
+  // Every pid is registered once attach returns. A pidfd (opened now, before the pid could be
+  // reused) also reports a dead child its parent has not reaped yet, which kill(pid, 0) does not.
+  const auto me = static_cast<std::int32_t>(getpid());
+  for (int r = 0; r < size_; ++r) {
+    const std::int32_t pid = segment_->rank_block(r).pid.load(std::memory_order_relaxed);
+    if (r == rank_ || pid <= 0 || pid == me) continue;
+#ifdef SYS_pidfd_open
+    pidfds_[static_cast<std::size_t>(r)] = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+#endif
+  }
+}
+
+// The queue fails (and so cancels) every operation before the transport goes; the mapping stays
+// valid for the peers until each of them unmaps it.
+ShmTransport::~ShmTransport() {
+  for (int fd : pidfds_)
+    if (fd >= 0) close(fd);
+}
+
+std::unique_ptr<Transport> ShmTransport::split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(id));
+  // Nested splits lengthen the name; the id alone tells communicators apart, so cut the prefix.
+  const std::string name = segment_->name().substr(0, 150) + "-" + hex;
+  auto segment = Segment::attach(name, new_rank, static_cast<int>(ranks.size()), id, clock::now() + attach_timeout_);
+  return std::make_unique<ShmTransport>(std::move(segment), new_rank, attach_timeout_);
+}
+
+void ShmTransport::announce(const Signature& signature) {
+  const WireSignature mine = to_wire(signature);
+  announced_[signature.seq] = mine;
+  while (announced_.size() > 1024) announced_.erase(announced_.begin());
+  write_slot(segment_->signature_slot(rank_, signature.seq), signature.seq, mine);
+  // Two ranks announcing the same seq at once: each writes, then reads; the fences make sure at
+  // least one of them sees the other's slot.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (int r = 0; r < size_; ++r) {
+    WireSignature theirs;
+    if (r == rank_ || !read_slot(segment_->signature_slot(r, signature.seq), signature.seq, theirs)) continue;
+    if (!same(theirs, mine)) {
+      abort(mismatched_collective(r, from_wire(theirs), rank_, signature), signature.seq);
+      return;
+    }
+  }
+}
+
+std::uint64_t ShmTransport::generation() const { return self_.generation.load(std::memory_order_acquire); }
+
+void ShmTransport::wait(std::uint64_t seen, clock::time_point deadline) {
+  const auto expected = static_cast<std::uint32_t>(seen);
+  // A peer that answers within a few microseconds is cheaper to catch spinning than sleeping.
+  for (int i = 0; i < 64; ++i) {
+    if (self_.generation.load(std::memory_order_acquire) != expected) return;
+    cpu_relax();
+  }
+  const auto now = clock::now();
+  if (now >= deadline) return;
+  sleep_on_doorbell(self_, expected, std::min<clock::duration>(deadline - now, longest_sleep));
+}
+
+void ShmTransport::wake() { ring_doorbell(self_); }
+
+std::optional<Failure> ShmTransport::aborted() const {
+  const AbortRecord& record = segment_->header().abort;
+  if (record.state.load(std::memory_order_acquire) != 2) return std::nullopt;
+  return Failure{Error(static_cast<ErrorCode>(record.code), std::string(record.text, record.length)), record.seq};
+}
+
+void ShmTransport::abort(const Error& error, std::uint64_t seq) {
+  AbortRecord& record = segment_->header().abort;
+  std::uint32_t expected = 0;
+  if (record.state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    const std::size_t length = std::min(std::strlen(error.what()), abort_text_bytes);
+    record.code = static_cast<std::int32_t>(error.code());
+    record.seq = seq;
+    std::memcpy(record.text, error.what(), length);
+    record.length = static_cast<std::uint32_t>(length);
+    record.state.store(2, std::memory_order_release);
+  }
+  for (int r = 0; r < size_; ++r) ring_doorbell(segment_->rank_block(r));
+}
+
+bool ShmTransport::waits_on(int peer) const {
+  if (!outbox_[static_cast<std::size_t>(peer)].empty()) return true;
+  for (const auto& [key, op] : sends_)
+    if (key.peer == peer) return true;
+  for (const auto& [key, op] : recvs_)
+    if (key.peer == peer) return true;
+  return false;
+}
+
+bool ShmTransport::peer_dead(int peer, std::int32_t pid) const {
+  const int fd = pidfds_[static_cast<std::size_t>(peer)];
+  if (fd >= 0) {
+    pollfd ready{fd, POLLIN, 0};
+    return poll(&ready, 1, 0) > 0;  // readable once the process has terminated
+  }
+  return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+// A dead peer is an error only for a rank that still needs it: a peer that finished its part and
+// exited normally has left everything it sent in the rings, which we drain before deciding.
+void ShmTransport::check_peers() {
+  const auto now = clock::now();
+  if (now < next_liveness_check_) return;
+  next_liveness_check_ = now + liveness_period;
+  const auto me = static_cast<std::int32_t>(getpid());
+  for (int r = 0; r < size_; ++r) {
+    const std::int32_t pid = segment_->rank_block(r).pid.load(std::memory_order_relaxed);
+    if (r == rank_ || pid <= 0 || pid == me || !peer_dead(r, pid)) continue;
+    drain(r);
+    if (!waits_on(r)) continue;
+    abort(Error(ErrorCode::peer_failure, "rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") died"),
+          no_seq);
+    return;
+  }
+}
+
+std::size_t ShmTransport::KeyHash::operator()(const Key& k) const {
+  std::uint64_t h = k.seq * 0x9e3779b97f4a7c15ull;
+  h ^= (static_cast<std::uint64_t>(k.index) << 24) ^ static_cast<std::uint64_t>(k.peer) ^
+       (static_cast<std::uint64_t>(k.channel) << 62);
+  return static_cast<std::size_t>(h * 0xff51afd7ed558ccdull);
+}
+
+}  // namespace tutti::transport::shm

@@ -1,0 +1,297 @@
+// Moving messages through the rings: posting, matching, chunking, acknowledgements, cancel.
+// The protocol is described in shm_transport.hpp.
+#include <algorithm>
+#include <cstring>
+
+#include "reduce/reduce.hpp"
+#include "transport/shm/shm_transport.hpp"
+
+namespace tutti::transport::shm {
+
+namespace {
+
+void prepare(Completion* done, int peer, const MessageKey& key, bool is_send) {
+  done->peer = peer;
+  done->is_send = is_send;
+  done->key = key;
+  done->error.clear();
+  done->set(Completion::posted);
+}
+
+std::string size_mismatch(int sender, std::size_t sent, int receiver, std::size_t expected) {
+  return "message size mismatch: rank " + std::to_string(sender) + " sent " + std::to_string(sent) +
+         " bytes but rank " + std::to_string(receiver) + " expected " + std::to_string(expected);
+}
+
+}  // namespace
+
+void ShmTransport::finish(Completion* done, Completion::State state, std::string error) {
+  if (!error.empty()) done->error = std::move(error);
+  done->set(state);
+  completed_ = true;
+}
+
+// Publishes what this round produced: acks that wait for room, and the doorbells of every rank
+// whose rings we wrote into or freed, then our own when one of our completions changed.
+void ShmTransport::end_round() {
+  for (int r = 0; r < size_; ++r) {
+    flush_acks(r);
+    if (wake_peer_[static_cast<std::size_t>(r)]) ring_doorbell(segment_->rank_block(r));  // r == rank_: to self
+    wake_peer_[static_cast<std::size_t>(r)] = false;
+  }
+  if (completed_) ring_doorbell(self_);
+  completed_ = false;
+}
+
+void ShmTransport::post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) {
+  prepare(done, peer, key, true);
+  auto op = std::make_unique<SendOp>();
+  op->key = key;
+  op->data = static_cast<const std::byte*>(data);
+  op->bytes = bytes;
+  op->done = done;
+  if (key.channel == Channel::collective) {
+    if (auto it = announced_.find(key.seq); it != announced_.end()) {
+      op->has_signature = true;
+      op->signature = it->second;
+    }
+  }
+  SendOp* raw = op.get();
+  if (!sends_.try_emplace(Key{peer, key.channel, key.seq, key.index}, std::move(op)).second) {
+    finish(done, Completion::failed,
+           "message posted twice: seq " + std::to_string(key.seq) + " index " + std::to_string(key.index) +
+               " to rank " + std::to_string(peer));
+    return;
+  }
+  auto& queue = outbox_[static_cast<std::size_t>(peer)];
+  queue.push_back(raw);
+  if (queue.size() == 1) push_sends(peer);
+  end_round();
+}
+
+void ShmTransport::post_recv(int peer, const MessageKey& key, void* data, std::size_t bytes, Completion* done) {
+  RecvOp op;
+  op.dst = static_cast<std::byte*>(data);
+  op.bytes = bytes;
+  op.done = done;
+  post_recv_op(peer, key, op);
+}
+
+bool ShmTransport::post_recv_reduce(int peer, const MessageKey& key, void* dst, const void* operand, std::size_t count,
+                                    DataType type, ReduceOp op, Completion* done) {
+  RecvOp recv;
+  recv.dst = static_cast<std::byte*>(dst);
+  recv.operand = static_cast<const std::byte*>(operand);
+  recv.bytes = count * size_of(type);
+  recv.reduce = true;
+  recv.type = type;
+  recv.op = op;
+  recv.done = done;
+  post_recv_op(peer, key, recv);
+  return true;
+}
+
+void ShmTransport::post_recv_op(int peer, const MessageKey& key, RecvOp op) {
+  prepare(op.done, peer, key, false);
+  const Key k{peer, key.channel, key.seq, key.index};
+  if (auto it = unexpected_.find(k); it != unexpected_.end()) {
+    Unexpected message = std::move(it->second);
+    unexpected_.erase(it);
+    if (accept(k, op, message.total, message.has_signature, message.signature)) {
+      deliver(op, 0, message.data.get(), message.received);
+      if (op.received == op.bytes)
+        finish(op.done, Completion::done);
+      else
+        recvs_.emplace(k, op);  // the rest goes straight into the buffer
+    }
+  } else if (!recvs_.try_emplace(k, op).second) {
+    finish(op.done, Completion::failed,
+           "receive posted twice: seq " + std::to_string(key.seq) + " index " + std::to_string(key.index) +
+               " from rank " + std::to_string(peer));
+  }
+  end_round();
+}
+
+// Called once per message, when its first chunk meets its receive: checks that both ranks run
+// the same collective and that the sizes agree, and answers the sender. False: `op` failed.
+bool ShmTransport::accept(const Key& key, RecvOp& op, std::size_t total, bool has_signature,
+                          const WireSignature& theirs) {
+  if (key.channel == Channel::collective && has_signature) {
+    const auto mine = announced_.find(key.seq);
+    if (mine != announced_.end() && !same_signature(mine->second, theirs)) {
+      const Error error = mismatched_collective(key.peer, from_wire(theirs), rank_, from_wire(mine->second));
+      abort(error, key.seq);  // the sender learns of it through the abort, not an ack
+      finish(op.done, Completion::failed, error.what());
+      return false;
+    }
+  }
+  const bool ok = total == op.bytes;
+  Ack ack{};
+  ack.seq = key.seq;
+  ack.index = key.index;
+  ack.channel = static_cast<std::uint8_t>(key.channel);
+  ack.ok = ok ? 1 : 0;
+  ack.expected = op.bytes;
+  pending_acks_[static_cast<std::size_t>(key.peer)].push_back(ack);
+  if (!ok) finish(op.done, Completion::failed, size_mismatch(key.peer, total, rank_, op.bytes));
+  return ok;
+}
+
+void ShmTransport::deliver(RecvOp& op, std::size_t offset, const std::byte* data, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (op.reduce)
+    reduce::apply(op.op, op.type, op.dst + offset, op.operand + offset, data, bytes / size_of(op.type));
+  else
+    std::memcpy(op.dst + offset, data, bytes);
+  op.received += bytes;
+}
+
+void ShmTransport::handle_chunk(int src, const ChunkHeader& header, const std::byte* payload) {
+  const Key key{src, static_cast<Channel>(header.channel), header.seq, header.index};
+  if (auto it = recvs_.find(key); it != recvs_.end()) {
+    RecvOp& op = it->second;
+    if (header.offset == 0 && !accept(key, op, header.total, header.has_signature != 0, header.signature)) {
+      recvs_.erase(it);
+      return;
+    }
+    deliver(op, header.offset, payload, header.bytes);
+    if (op.received == op.bytes) {
+      finish(op.done, Completion::done);
+      recvs_.erase(it);
+    }
+    return;
+  }
+  if (header.offset == 0) {  // unexpected: keep it until its receive is posted
+    Unexpected message;
+    message.total = header.total;
+    message.data = std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(header.total, 1));
+    if (header.bytes > 0) std::memcpy(message.data.get(), payload, header.bytes);
+    message.received = header.bytes;
+    message.has_signature = header.has_signature != 0;
+    message.signature = header.signature;
+    unexpected_.insert_or_assign(key, std::move(message));
+    return;
+  }
+  if (auto it = unexpected_.find(key); it != unexpected_.end()) {
+    std::memcpy(it->second.data.get() + header.offset, payload, header.bytes);
+    it->second.received += header.bytes;
+  }
+  // Otherwise the rest of a message whose receive failed or was cancelled: dropped.
+}
+
+void ShmTransport::drain(int src) {
+  RingHeader& ring = segment_->ring(src, rank_);
+  std::uint64_t tail = ring.tail.load(std::memory_order_relaxed);
+  std::uint64_t head = ring.head.load(std::memory_order_acquire);
+  if (tail == head) return;
+  const std::uint64_t limit = tail + 4 * segment_->layout().slots;  // bounds one round
+  while (tail != head && tail != limit) {
+    handle_chunk(src, segment_->chunk(src, rank_, tail), segment_->payload(src, rank_, tail));
+    ring.tail.store(++tail, std::memory_order_release);  // frees the slot at once: the sender refills it
+    if (tail == head) head = ring.head.load(std::memory_order_acquire);
+  }
+  wake_peer_[static_cast<std::size_t>(src)] = true;
+  if (tail != head) completed_ = true;  // more to drain: keep our caller from sleeping
+}
+
+void ShmTransport::push_sends(int dst) {
+  auto& queue = outbox_[static_cast<std::size_t>(dst)];
+  if (queue.empty()) return;
+  RingHeader& ring = segment_->ring(rank_, dst);
+  const std::uint64_t slots = segment_->layout().slots;
+  const std::size_t payload = segment_->layout().payload;
+  std::uint64_t head = ring.head.load(std::memory_order_relaxed);
+  std::uint64_t tail = ring.tail.load(std::memory_order_acquire);
+  while (!queue.empty()) {
+    if (head - tail >= slots && head - (tail = ring.tail.load(std::memory_order_acquire)) >= slots) break;
+    SendOp& op = *queue.front();
+    const std::size_t n = std::min(payload, op.bytes - op.offset);
+    ChunkHeader& chunk = segment_->chunk(rank_, dst, head);
+    chunk.seq = op.key.seq;
+    chunk.total = op.bytes;
+    chunk.offset = op.offset;
+    chunk.index = op.key.index;
+    chunk.bytes = static_cast<std::uint32_t>(n);
+    chunk.channel = static_cast<std::uint8_t>(op.key.channel);
+    chunk.has_signature = op.has_signature ? 1 : 0;
+    chunk.signature = op.signature;
+    if (n > 0) std::memcpy(segment_->payload(rank_, dst, head), op.data + op.offset, n);
+    op.offset += n;
+    ring.head.store(++head, std::memory_order_release);
+    wake_peer_[static_cast<std::size_t>(dst)] = true;
+    if (op.offset < op.bytes) continue;
+    queue.pop_front();
+    op.written = true;
+    if (op.acked) {
+      finish(op.done, Completion::done);
+      sends_.erase(Key{dst, op.key.channel, op.key.seq, op.key.index});
+    }
+  }
+}
+
+void ShmTransport::drain_acks(int dst) {
+  RingHeader& ring = segment_->ring(rank_, dst);
+  std::uint64_t tail = ring.ack_tail.load(std::memory_order_relaxed);
+  const std::uint64_t head = ring.ack_head.load(std::memory_order_acquire);
+  if (tail == head) return;
+  const bool was_full = head - tail >= ack_entries;
+  for (; tail != head; ++tail) handle_ack(dst, ring.acks[tail % ack_entries]);
+  ring.ack_tail.store(tail, std::memory_order_release);
+  if (was_full) wake_peer_[static_cast<std::size_t>(dst)] = true;  // it may hold acks waiting for room
+}
+
+void ShmTransport::handle_ack(int dst, const Ack& ack) {
+  const auto it = sends_.find(Key{dst, static_cast<Channel>(ack.channel), ack.seq, ack.index});
+  if (it == sends_.end()) return;  // cancelled meanwhile
+  SendOp& op = *it->second;
+  if (ack.ok) {
+    op.acked = true;
+    if (!op.written) return;
+    finish(op.done, Completion::done);
+  } else {
+    std::erase(outbox_[static_cast<std::size_t>(dst)], &op);  // the receiver drops what is left of it
+    finish(op.done, Completion::failed, size_mismatch(rank_, op.bytes, dst, ack.expected));
+  }
+  sends_.erase(it);
+}
+
+void ShmTransport::flush_acks(int src) {
+  auto& queue = pending_acks_[static_cast<std::size_t>(src)];
+  if (queue.empty()) return;
+  RingHeader& ring = segment_->ring(src, rank_);
+  std::uint64_t head = ring.ack_head.load(std::memory_order_relaxed);
+  const std::uint64_t tail = ring.ack_tail.load(std::memory_order_acquire);
+  if (head - tail >= ack_entries) return;
+  for (; !queue.empty() && head - tail < ack_entries; ++head) {
+    ring.acks[head % ack_entries] = queue.front();
+    queue.pop_front();
+  }
+  ring.ack_head.store(head, std::memory_order_release);
+  ring_doorbell(segment_->rank_block(src));
+}
+
+void ShmTransport::progress() {
+  for (int r = 0; r < size_; ++r) drain(r);
+  for (int r = 0; r < size_; ++r) drain_acks(r);
+  for (int r = 0; r < size_; ++r) push_sends(r);
+  check_peers();
+  end_round();
+}
+
+void ShmTransport::cancel(Completion* done) {
+  if (done->state() != Completion::posted) return;
+  const Key key{done->peer, done->key.channel, done->key.seq, done->key.index};
+  if (done->is_send) {
+    const auto it = sends_.find(key);
+    if (it != sends_.end() && it->second->done == done) {
+      std::erase(outbox_[static_cast<std::size_t>(key.peer)], it->second.get());
+      sends_.erase(it);
+    }
+  } else {
+    const auto it = recvs_.find(key);
+    if (it != recvs_.end() && it->second.done == done) recvs_.erase(it);  // later chunks are dropped
+  }
+  done->set(Completion::cancelled);
+}
+
+}  // namespace tutti::transport::shm

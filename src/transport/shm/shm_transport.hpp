@@ -1,0 +1,136 @@
+// The shared-memory transport of one rank. Messages travel through the segment's per-pair rings
+// in chunks (see segment.hpp); both copies (into the ring, out of it) are made by `progress`,
+// under the owning queue's lock, by the sender and by the receiver respectively.
+//
+// Protocol of one message i->j:
+//   - i copies chunk after chunk into ring i->j as slots free up, messages to j in posting order;
+//     each chunk names its message (channel, seq, index), the total size and the sender's
+//     collective signature.
+//   - j drains ring i->j whenever it progresses: a chunk of a posted receive goes straight into
+//     the user's buffer (or is reduced from the slot); otherwise into heap memory (unexpected),
+//     which a later receive consumes, so one unmatched message never blocks those behind it.
+//   - when j matches the message (first chunk, or post of its receive) it answers with an Ack
+//     in ring i->j's ack ring: ok, or the size it expected. The send completes once all chunks
+//     are in the ring and the ack said ok; a size disagreement fails both sides.
+//   - every write into a ring is followed by ringing the consumer's doorbell, every slot freed by
+//     ringing the producer's, so that a rank may sleep on its futex until something happens.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/shm/segment.hpp"
+#include "transport/transport.hpp"
+
+namespace tutti::transport::shm {
+
+/// Error(mismatch) naming both ranks and what each called.
+Error mismatched_collective(int first_rank, const Signature& first, int second_rank, const Signature& second);
+/// Whether two ranks' signatures of a collective agree (every field but the padding).
+bool same_signature(const WireSignature& a, const WireSignature& b);
+
+class ShmTransport final : public Transport {
+ public:
+  /// Takes over an attached segment; `attach_timeout` bounds the attach of split communicators.
+  ShmTransport(std::unique_ptr<Segment> segment, int rank, std::chrono::milliseconds attach_timeout);
+  ~ShmTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::uint64_t id() const override { return comm_id_; }
+  std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) override;
+  void announce(const Signature& signature) override;
+  void post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) override;
+  void post_recv(int peer, const MessageKey& key, void* data, std::size_t bytes, Completion* done) override;
+  bool post_recv_reduce(int peer, const MessageKey& key, void* dst, const void* operand, std::size_t count,
+                        DataType type, ReduceOp op, Completion* done) override;
+  void cancel(Completion* done) override;
+  std::uint64_t generation() const override;
+  void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) override;
+  void wake() override;
+  void progress() override;
+  std::optional<Failure> aborted() const override;
+  void abort(const Error& error, std::uint64_t seq) override;
+
+  /// A message as the receiver files it: sender and key.
+  struct Key {
+    int peer;
+    Channel channel;
+    std::uint64_t seq;
+    std::uint32_t index;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    std::size_t operator()(const Key& k) const;
+  };
+
+ private:
+  struct SendOp {
+    MessageKey key;
+    const std::byte* data = nullptr;
+    std::size_t bytes = 0;
+    std::size_t offset = 0;  // bytes already in the ring
+    Completion* done = nullptr;
+    bool has_signature = false;
+    WireSignature signature;
+    bool written = false;  // every chunk is in the ring
+    bool acked = false;    // the receiver matched it, sizes agree
+  };
+  struct RecvOp {
+    std::byte* dst = nullptr;
+    const std::byte* operand = nullptr;  // recv_reduce: dst = operand op incoming
+    std::size_t bytes = 0;
+    std::size_t received = 0;
+    bool reduce = false;
+    DataType type = DataType::u8;
+    ReduceOp op = ReduceOp::sum;
+    Completion* done = nullptr;
+  };
+  struct Unexpected {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t total = 0;
+    std::size_t received = 0;
+    bool has_signature = false;
+    WireSignature signature;
+  };
+
+  void post_recv_op(int peer, const MessageKey& key, RecvOp op);
+  bool accept(const Key& key, RecvOp& op, std::size_t total, bool has_signature, const WireSignature& theirs);
+  void deliver(RecvOp& op, std::size_t offset, const std::byte* data, std::size_t bytes);
+  void finish(Completion* done, Completion::State state, std::string error = {});
+  void end_round();
+  void handle_chunk(int src, const ChunkHeader& header, const std::byte* payload);
+  void drain(int src);
+  void drain_acks(int dst);
+  void handle_ack(int dst, const Ack& ack);
+  void flush_acks(int src);
+  void push_sends(int dst);
+  void check_peers();
+  bool waits_on(int peer) const;
+  bool peer_dead(int peer, std::int32_t pid) const;
+
+  std::unique_ptr<Segment> segment_;
+  int rank_;
+  int size_;
+  std::uint64_t comm_id_;
+  std::chrono::milliseconds attach_timeout_;
+  RankBlock& self_;
+
+  std::map<std::uint64_t, WireSignature> announced_;                 // recent collectives of this rank, by seq
+  std::unordered_map<Key, std::unique_ptr<SendOp>, KeyHash> sends_;  // peer = destination
+  std::vector<std::deque<SendOp*>> outbox_;                          // per destination, posting order
+  std::unordered_map<Key, RecvOp, KeyHash> recvs_;                   // peer = source
+  std::unordered_map<Key, Unexpected, KeyHash> unexpected_;
+  std::vector<std::deque<Ack>> pending_acks_;  // per source, when its ack ring is full
+  std::vector<bool> wake_peer_;                // doorbells to ring at the end of this progress
+  bool completed_ = false;                     // a completion changed: ring our own doorbell
+  std::chrono::steady_clock::time_point next_liveness_check_{};
+  std::vector<int> pidfds_;  // per peer process, -1 where unavailable (or a thread of ours)
+};
+
+}  // namespace tutti::transport::shm

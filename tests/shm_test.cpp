@@ -1,0 +1,480 @@
+// The shared-memory transport. The segment is shared memory whoever maps it, so most tests run
+// ranks as threads of this process, each attaching with shm::open like a process would; the
+// tests about processes (a killed rank) fork. Every call has a deadline, every forked child is
+// reaped (killed on timeout), and no /dev/shm/tutti-test-<pid>-* may be left after any test.
+#include <dirent.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "collective_cases.hpp"
+#include "comm/comm_impl.hpp"
+#include "transport/shm/segment.hpp"
+#include "transport/shm/shm.hpp"
+
+namespace tutti::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using transport::Completion;
+using transport::MessageKey;
+
+constexpr std::chrono::milliseconds timeout{30000};
+constexpr std::chrono::milliseconds attach_timeout{20000};
+
+// Point-to-point calls take the communicator's default deadline: keep it bounded too.
+const int bounded_default_timeout = setenv("TUTTI_TIMEOUT_MS", "30000", 0);
+
+std::string prefix() { return "tutti-test-" + std::to_string(getpid()) + "-"; }
+
+std::string unique_name() {
+  static std::atomic<int> counter{0};
+  return prefix() + std::to_string(counter++);
+}
+
+std::vector<std::string> leftovers() {
+  std::vector<std::string> found;
+  if (DIR* dir = opendir("/dev/shm")) {
+    while (dirent* entry = readdir(dir))
+      if (std::string(entry->d_name).rfind(prefix(), 0) == 0) found.push_back(entry->d_name);
+    closedir(dir);
+  }
+  return found;
+}
+
+Communicator communicator(std::unique_ptr<transport::Transport> transport) {
+  return Communicator(std::make_shared<detail::CommImpl>(std::move(transport)));
+}
+
+// Runs fn(comm) on p threads, rank r attaching to a fresh segment as rank r; returns the failures.
+std::string run_shm(int p, const std::function<void(Communicator&)>& fn) {
+  const std::string name = unique_name();
+  std::mutex mutex;
+  std::string failures;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < p; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        Communicator comm = communicator(transport::shm::open(name, r, p, 7, attach_timeout));
+        fn(comm);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        failures += "rank " + std::to_string(r) + ": " + e.what() + "\n";
+      }
+    });
+  for (auto& t : threads) t.join();
+  return failures;
+}
+
+class Shm : public ::testing::Test {
+ protected:
+  void TearDown() override { EXPECT_EQ(leftovers(), std::vector<std::string>{}); }
+};
+
+TEST_F(Shm, AttachUnlinksTheName) {
+  const std::string name = unique_name();
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      auto t = transport::shm::open(name, r, 3, 42, attach_timeout);
+      if (t->rank() != r || t->size() != 3 || t->id() != 42) ++wrong;
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_NE(access(("/dev/shm/" + name).c_str(), F_OK), 0);
+}
+
+TEST_F(Shm, AttachTimesOutWhenARankIsMissing) {
+  const std::string name = unique_name();
+  try {
+    transport::shm::open(name, 0, 2, 1, 200ms);
+    FAIL() << "open returned without rank 1";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::timeout) << e.what();
+  }
+  try {
+    transport::shm::open(unique_name(), 1, 2, 1, 200ms);
+    FAIL() << "open returned without rank 0";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::timeout) << e.what();
+  }
+}
+
+// Exact integer values: element i of rank r is (r + 1) * (i % 7 + 1); the sum is p(p+1)/2 * (i % 7 + 1).
+TEST_F(Shm, AllreduceEveryAlgorithmAndSize) {
+  for (int p : {1, 2, 3, 5, 8}) {
+    std::atomic<int> wrong{0};
+    const std::string failures = run_shm(p, [&](Communicator& comm) {
+      const int r = comm.rank();
+      for (Algorithm a : algorithms_with_automatic(Collective::allreduce))
+        for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{1000003}}) {
+          std::vector<float> send(n), recv(n, std::nanf(""));
+          for (std::size_t i = 0; i < n; ++i) send[i] = static_cast<float>((r + 1) * static_cast<int>(i % 7 + 1));
+          comm.allreduce(send.data(), recv.data(), n, DataType::f32, ReduceOp::sum, {a, timeout});
+          const float scale = static_cast<float>(p * (p + 1) / 2);
+          for (std::size_t i = 0; i < n; ++i)
+            if (recv[i] != scale * static_cast<float>(i % 7 + 1)) {
+              ADD_FAILURE() << to_string(a) << " p=" << p << " n=" << n << " rank " << r << " element " << i << " = "
+                            << recv[i];
+              ++wrong;
+              break;
+            }
+        }
+    });
+    EXPECT_EQ(failures, "") << "p=" << p;
+    EXPECT_EQ(wrong.load(), 0) << "p=" << p;
+  }
+}
+
+// The in-process suite's sweep (every collective × algorithm × count × place), run over shm:
+// all cases of one p on one communicator, so that sequence numbers and rings are reused.
+std::string run_cases(int p, const std::vector<Case>& cases) {
+  return run_shm(p, [&](Communicator& comm) {
+    for (const Case& c : cases) {
+      if (c.p != p) continue;
+      const std::string wrong = run_rank(comm, c);
+      if (!wrong.empty()) throw std::runtime_error(name_of(c) + ": " + wrong);
+    }
+  });
+}
+
+TEST_F(Shm, CollectiveSweep) {
+  const auto cases = sweep_cases();
+  for (int p : {1, 2, 3, 5, 8}) EXPECT_EQ(run_cases(p, cases), "") << "p=" << p;
+}
+
+TEST_F(Shm, CollectiveTypes) {
+  const auto cases = type_cases();
+  for (int p : {3, 5, 8}) EXPECT_EQ(run_cases(p, cases), "") << "p=" << p;
+}
+
+TEST_F(Shm, CollectiveLargeCounts) {
+  const auto cases = large_cases();
+  for (int p : {3, 8}) EXPECT_EQ(run_cases(p, cases), "") << "p=" << p;
+}
+
+// Messages many times the ring, zero-byte messages, and messages that arrive before their
+// receive is posted (received in the reverse order of sending).
+TEST_F(Shm, SendRecvLargeEmptyAndUnexpected) {
+  const std::size_t ring_bytes =
+      std::size_t{transport::shm::Layout::for_size(3).slots} * transport::shm::Layout::for_size(3).payload;
+  const std::size_t big = 5 * ring_bytes / sizeof(std::int32_t) + 13;
+  const std::string failures = run_shm(3, [&](Communicator& comm) {
+    const int r = comm.rank(), p = comm.size();
+    const int right = (r + 1) % p, left = (r + p - 1) % p;
+    std::vector<std::int32_t> out(big), in(big, -1);
+    for (std::size_t i = 0; i < big; ++i) out[i] = static_cast<std::int32_t>(i * 31 + static_cast<std::size_t>(r));
+    Request s = comm.isend(out.data(), big, DataType::i32, right, 5);
+    comm.recv(in.data(), big, DataType::i32, left, 5);
+    s.wait();
+    for (std::size_t i = 0; i < big; ++i)
+      if (in[i] != static_cast<std::int32_t>(i * 31 + static_cast<std::size_t>(left)))
+        throw std::runtime_error("large message wrong at " + std::to_string(i));
+    // Sends complete once matched (as over inproc): a ring of blocking sends would deadlock.
+    Request empty = comm.isend(nullptr, 0, DataType::u8, right, 6);
+    comm.recv(nullptr, 0, DataType::u8, left, 6);
+    empty.wait();
+    // Three tagged messages, received last first: the first two wait in the unexpected store.
+    std::vector<Request> sends;
+    std::vector<std::vector<std::int64_t>> data(3), got(3);
+    for (int tag = 0; tag < 3; ++tag) {
+      data[static_cast<std::size_t>(tag)].assign(1000 + static_cast<std::size_t>(tag) * 70000, r * 100 + tag);
+      got[static_cast<std::size_t>(tag)].assign(data[static_cast<std::size_t>(tag)].size(), -1);
+      auto& d = data[static_cast<std::size_t>(tag)];
+      sends.push_back(comm.isend(d.data(), d.size(), DataType::i64, right, tag));
+    }
+    std::this_thread::sleep_for(20ms);
+    for (int tag = 2; tag >= 0; --tag) {
+      auto& g = got[static_cast<std::size_t>(tag)];
+      comm.recv(g.data(), g.size(), DataType::i64, left, tag);
+      for (std::int64_t v : g)
+        if (v != left * 100 + tag) throw std::runtime_error("tag " + std::to_string(tag) + " got " + std::to_string(v));
+    }
+    for (auto& s2 : sends) s2.wait();
+    // To itself, through its own ring.
+    std::vector<std::int32_t> mine(100000, r), back(100000, -1);
+    Request to_self = comm.isend(mine.data(), mine.size(), DataType::i32, r, 8);
+    comm.recv(back.data(), back.size(), DataType::i32, r, 8);
+    to_self.wait();
+    if (back != mine) throw std::runtime_error("message to itself differs");
+  });
+  EXPECT_EQ(failures, "");
+}
+
+TEST_F(Shm, MismatchedAllreduceFailsEveryRank) {
+  for (int p : {2, 3, 5}) {
+    std::atomic<int> mismatches{0};
+    const std::string failures = run_shm(p, [&](Communicator& comm) {
+      std::vector<float> data(100, 1.0f);
+      const std::size_t n = comm.rank() == 1 ? 99 : 100;
+      try {
+        comm.allreduce(data.data(), data.data(), n, DataType::f32, ReduceOp::sum, {Algorithm::ring, timeout});
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::mismatch && std::string(e.what()).find("mismatched collective") != std::string::npos)
+          ++mismatches;
+        else
+          throw;
+      }
+      try {  // the communicator is aborted for good
+        comm.barrier({Algorithm::automatic, timeout});
+        throw std::runtime_error("barrier after a mismatch succeeded");
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::aborted) throw;
+      }
+    });
+    EXPECT_EQ(failures, "") << "p=" << p;
+    EXPECT_EQ(mismatches.load(), p) << "p=" << p;
+  }
+}
+
+TEST_F(Shm, MismatchedCollectivesFailEveryRank) {
+  std::atomic<int> mismatches{0};
+  const std::string failures = run_shm(3, [&](Communicator& comm) {
+    std::vector<float> data(64, 1.0f);
+    try {
+      if (comm.rank() == 2)
+        comm.broadcast(data.data(), 64, DataType::f32, 0, {Algorithm::automatic, timeout});
+      else
+        comm.allreduce(data.data(), data.data(), 64, DataType::f32, ReduceOp::sum, {Algorithm::automatic, timeout});
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::mismatch) throw;
+      ++mismatches;
+    }
+  });
+  EXPECT_EQ(failures, "");
+  EXPECT_EQ(mismatches.load(), 3);
+}
+
+TEST_F(Shm, SizeMismatchedSendRecvFailsBothSides) {
+  std::vector<std::string> errors(2);
+  const std::string failures = run_shm(2, [&](Communicator& comm) {
+    std::vector<float> data(12, 1.0f);
+    try {
+      if (comm.rank() == 0)
+        comm.send(data.data(), 10, DataType::f32, 1, 3);
+      else
+        comm.recv(data.data(), 12, DataType::f32, 0, 3);
+      errors[static_cast<std::size_t>(comm.rank())] = "no error";
+    } catch (const Error& e) {
+      errors[static_cast<std::size_t>(comm.rank())] = std::string(to_string(e.code())) + ": " + e.what();
+    }
+  });
+  EXPECT_EQ(failures, "");
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("mismatch"), std::string::npos) << e;
+    EXPECT_NE(e.find("message size mismatch: rank 0 sent 40 bytes but rank 1 expected 48"), std::string::npos) << e;
+  }
+}
+
+TEST_F(Shm, TimeoutAbortsForEveryRank) {
+  std::atomic<int> timeouts{0};
+  const std::string failures = run_shm(2, [&](Communicator& comm) {
+    std::vector<float> data(8, 1.0f);
+    if (comm.rank() == 1) std::this_thread::sleep_for(500ms);  // late: rank 0 gives up first
+    try {
+      comm.allreduce(data.data(), data.data(), 8, DataType::f32, ReduceOp::sum,
+                     {Algorithm::ring, comm.rank() == 0 ? 100ms : timeout});
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::timeout) throw;
+      ++timeouts;
+    }
+  });
+  EXPECT_EQ(failures, "");
+  EXPECT_EQ(timeouts.load(), 2);
+}
+
+TEST_F(Shm, SplitCommunicators) {
+  std::atomic<int> wrong{0};
+  const std::string failures = run_shm(5, [&](Communicator& comm) {
+    const int r = comm.rank();
+    Communicator half = comm.split(r % 2, -r);  // reversed order within each color
+    const int members = r % 2 == 0 ? 3 : 2;
+    if (half.size() != members) ++wrong;
+    std::vector<std::int32_t> all(static_cast<std::size_t>(members), -1);
+    half.allgather(&r, all.data(), 1, DataType::i32, {Algorithm::automatic, timeout});
+    for (int i = 0; i < members; ++i)  // highest old rank first
+      if (all[static_cast<std::size_t>(i)] != all[0] - 2 * i) ++wrong;
+    std::vector<float> big(300001, static_cast<float>(r));
+    half.allreduce(std::span<float>(big), ReduceOp::sum, {Algorithm::ring, timeout});
+    float expected = 0;
+    for (int x : all) expected += static_cast<float>(x);
+    for (float v : big)
+      if (v != expected) {
+        ++wrong;
+        break;
+      }
+    Communicator nested = half.split(0, 0);
+    int sum = 0;
+    nested.allreduce(&r, &sum, 1, DataType::i32, ReduceOp::sum, {Algorithm::automatic, timeout});
+    if (static_cast<float>(sum) != expected) ++wrong;
+    Communicator none = comm.split(r == 0 ? -1 : 0, 0);
+    if ((r == 0) != (none.size() == 0)) ++wrong;
+  });
+  EXPECT_EQ(failures, "");
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+// Transport level: a receive cancelled while its message is half received gets no more bytes.
+TEST_F(Shm, CancelStopsAPartialReceive) {
+  const std::string name = unique_name();
+  std::unique_ptr<transport::Transport> t[2];
+  std::thread other([&] { t[1] = transport::shm::open(name, 1, 2, 3, attach_timeout); });
+  t[0] = transport::shm::open(name, 0, 2, 3, attach_timeout);
+  other.join();
+  const std::size_t bytes = 4 << 20;  // 8 times the ring
+  std::vector<std::byte> out(bytes, std::byte{1}), in(bytes, std::byte{0});
+  Completion sent, received;
+  const MessageKey key{transport::Channel::point_to_point, 9, 0};
+  t[0]->post_send(1, key, out.data(), bytes, &sent);
+  t[1]->post_recv(0, key, in.data(), bytes, &received);
+  t[1]->progress();
+  t[1]->cancel(&received);
+  EXPECT_EQ(received.state(), Completion::cancelled);
+  std::fill(in.begin(), in.end(), std::byte{7});
+  for (int i = 0; i < 200 && sent.state() == Completion::posted; ++i) {
+    t[0]->progress();
+    t[1]->progress();
+  }
+  EXPECT_EQ(sent.state(), Completion::done);  // the receiver matched it before cancelling
+  EXPECT_EQ(std::count(in.begin(), in.end(), std::byte{7}), static_cast<std::ptrdiff_t>(bytes));
+  Completion never;
+  t[0]->post_recv(1, key, in.data(), 8, &never);
+  t[0]->cancel(&never);
+  EXPECT_EQ(never.state(), Completion::cancelled);
+}
+
+// ---- processes ----
+
+// Waits for `pid` until `deadline`; kills it if still running. Returns its wait status, or -1.
+int reap(pid_t pid, std::chrono::steady_clock::time_point deadline) {
+  int status = 0;
+  for (;;) {
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) return status;
+    if (done < 0) return -1;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
+// In a child: rank `r` of `p` runs allreduces until an error, then _exits with a code saying what
+// happened: 0 = peer_failure naming rank `victim`, 2 = another error, 3 = no error at all.
+[[noreturn]] void child_allreduce_loop(const std::string& name, int r, int p, int victim, int ready_fd) {
+  int code = 3;
+  try {
+    Communicator comm = communicator(transport::shm::open(name, r, p, 11, attach_timeout));
+    std::vector<float> data(200000, 1.0f);
+    const auto stop = std::chrono::steady_clock::now() + 20s;
+    for (int i = 0; std::chrono::steady_clock::now() < stop; ++i) {
+      comm.allreduce(data.data(), data.data(), data.size(), DataType::f32, ReduceOp::max, {Algorithm::ring, timeout});
+      if (i == 0 && write(ready_fd, "x", 1) != 1) _exit(2);
+    }
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    code = e.code() == ErrorCode::peer_failure &&
+                   what.find("rank " + std::to_string(victim) + " (pid") != std::string::npos
+               ? 0
+               : 2;
+    if (code != 0) std::fprintf(stderr, "rank %d: %s\n", r, what.c_str());
+  } catch (...) {
+    code = 2;
+  }
+  _exit(code);
+}
+
+TEST_F(Shm, KilledProcessIsReportedToTheOthers) {
+  constexpr int p = 4, victim = 2;
+  const std::string name = unique_name();
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < p; ++r) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      close(fds[0]);
+      child_allreduce_loop(name, r, p, victim, fds[1]);
+    }
+    pids.push_back(pid);
+  }
+  close(fds[1]);
+  int ready = 0;
+  char buffer[8];
+  const auto start = std::chrono::steady_clock::now();
+  while (ready < p && std::chrono::steady_clock::now() - start < 20s) {
+    pollfd pfd{fds[0], POLLIN, 0};
+    if (poll(&pfd, 1, 100) > 0) {
+      const ssize_t n = read(fds[0], buffer, sizeof buffer);
+      if (n <= 0) break;
+      ready += static_cast<int>(n);
+    }
+  }
+  close(fds[0]);
+  EXPECT_EQ(ready, p) << "not every rank finished its first allreduce";
+  std::this_thread::sleep_for(50ms);  // mid-operation: the loop runs back to back
+  kill(pids[victim], SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  // The victim is reaped last on purpose: a dead child its parent has not reaped yet (a zombie,
+  // which kill(pid, 0) still finds) must be reported as dead too.
+  for (int r = 0; r < p; ++r) {
+    const int status = reap(pids[static_cast<std::size_t>(r)], killed + 10s);
+    if (r == victim) continue;
+    ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "rank " << r << " hung or crashed";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r;
+  }
+  const auto took = std::chrono::steady_clock::now() - killed;
+  std::printf("survivors reported the death after %lld ms\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+  EXPECT_LT(took, 5s);
+}
+
+// Real processes run a few collectives and point-to-point messages and exit cleanly.
+TEST_F(Shm, ForkedRanksRunCollectives) {
+  constexpr int p = 3;
+  const std::string name = unique_name();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < p; ++r) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 0;
+      try {
+        Communicator comm = communicator(transport::shm::open(name, r, p, 5, attach_timeout));
+        std::vector<std::int64_t> data(1000003, r + 1);
+        comm.allreduce(std::span<std::int64_t>(data), ReduceOp::sum, {Algorithm::automatic, timeout});
+        for (std::int64_t v : data) code |= v != 6;
+        std::int64_t token = r == 0 ? 77 : -1;
+        if (r == 0) comm.send(&token, 1, DataType::i64, 1);
+        if (r > 0) comm.recv(&token, 1, DataType::i64, r - 1);
+        if (r > 0 && r + 1 < p) comm.send(&token, 1, DataType::i64, r + 1);
+        code |= token != 77;
+        comm.barrier({Algorithm::automatic, timeout});
+      } catch (...) {
+        code = 2;
+      }
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  for (int r = 0; r < p; ++r) {
+    const int status = reap(pids[static_cast<std::size_t>(r)], deadline);
+    ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "rank " << r << " hung or crashed";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace tutti::testing
