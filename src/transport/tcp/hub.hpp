@@ -1,0 +1,204 @@
+// The connections of one rank and the I/O thread that drives them, shared by a root TCP
+// transport and every communicator split from it (frames carry their communicator's id; the
+// I/O thread demultiplexes). All state is guarded by one mutex, taken by the executor's calls
+// (post_*, cancel, announce, abort) and by the I/O thread; socket reads and writes into users'
+// buffers happen under it too, so that once `cancel` returns no thread touches the buffer.
+// The I/O thread never calls user code: it sets Completions and rings the doorbell.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/tcp/wire.hpp"
+#include "transport/transport.hpp"
+
+namespace tutti::transport::tcp {
+
+/// Heap bytes without zero-initialization (unexpected messages can be large).
+struct Bytes {
+  std::unique_ptr<std::byte[]> data;
+  std::size_t size = 0;
+  static Bytes make(std::size_t size) { return {std::make_unique_for_overwrite<std::byte[]>(size ? size : 1), size}; }
+};
+
+/// Identifies a message within one communicator: sender (global rank), channel, seq, index.
+struct MatchKey {
+  int src = 0;
+  std::uint8_t channel = 0;
+  std::uint64_t seq = 0;
+  std::uint32_t index = 0;
+  bool operator==(const MatchKey&) const = default;
+};
+struct MatchKeyHash {
+  std::size_t operator()(const MatchKey& k) const {
+    std::uint64_t h = k.seq * 0x9e3779b97f4a7c15ull;
+    h ^= (static_cast<std::uint64_t>(k.index) << 24) ^ (static_cast<std::uint64_t>(k.src) << 4) ^ k.channel;
+    return static_cast<std::size_t>(h * 0xff51afd7ed558ccdull);
+  }
+};
+
+/// One frame waiting to be written to a peer.
+struct OutFrame {
+  FrameHeader header;
+  const std::byte* payload = nullptr;
+  std::size_t bytes = 0;
+  Bytes owned;                 // the payload when the frame owns it (control frames, detached sends)
+  std::size_t written = 0;     // of header + payload
+  Completion* done = nullptr;  // a data send whose buffer the executor still owns
+};
+
+/// Where the payload of the frame being read goes.
+struct Inbound {
+  // user: copy into the receive's buffer; reduce: combine into it as whole elements arrive.
+  enum class Sink { user, reduce, heap, drain };
+  std::unique_ptr<std::byte[]> buffer;  // bytes read ahead of the current frame
+  std::size_t begin = 0, end = 0;
+  bool in_payload = false;
+  FrameHeader header;
+  std::size_t remaining = 0;
+  Sink sink = Sink::drain;
+  std::byte* target = nullptr;         // next byte of the user's buffer or of `heap`
+  const std::byte* operand = nullptr;  // sink == reduce: next byte of the operand
+  DataType type = DataType::u8;
+  ReduceOp op = ReduceOp::sum;
+  Bytes heap;
+  Completion* done = nullptr;  // sink user or reduce: the receive being filled
+};
+
+struct Peer {
+  int fd = -1;
+  bool closed = false;    // the connection is gone (fd closed)
+  bool departed = false;  // said goodbye: its end of the connection is orderly
+  bool write_armed = false;
+  std::deque<OutFrame> out;
+  Inbound in;
+};
+
+/// A posted receive; with `operand`, a receive-and-reduce: data = operand op incoming.
+struct PostedRecv {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  Completion* done = nullptr;
+  const void* operand = nullptr;
+  DataType type = DataType::u8;
+  ReduceOp op = ReduceOp::sum;
+  /// Lands a complete message of `bytes` bytes from `incoming`.
+  void land(const void* incoming) const;
+};
+struct SelfSend {
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+  Completion* done = nullptr;
+};
+
+/// One communicator's matching state on this rank. Created when this rank joins it, or earlier
+/// when a frame for it arrives first (then `members` stays empty until the join).
+struct CommState {
+  std::vector<int> members;              // global rank of each rank
+  std::unordered_map<int, int> rank_of;  // global rank -> rank in this communicator
+  int rank = -1;
+  std::unordered_map<MatchKey, PostedRecv, MatchKeyHash> posted;
+  std::unordered_map<MatchKey, Bytes, MatchKeyHash> unexpected;
+  std::unordered_map<MatchKey, SelfSend, MatchKeyHash> self_sends;
+  std::map<std::uint64_t, WireSignature> announced;                  // this rank's, by seq
+  std::map<std::uint64_t, std::pair<int, WireSignature>> unchecked;  // a sender's, before announce
+  std::optional<Failure> failure;
+  std::atomic<bool> has_failure{false};
+};
+
+class Hub {
+ public:
+  /// Takes the connected sockets `fds` (indexed by global rank; -1 for this rank) and starts the I/O thread.
+  Hub(int rank, int size, std::vector<int> fds);
+  /// Orderly shutdown: goodbye to every peer, flush (bounded), stop the thread, close.
+  ~Hub();
+  Hub(const Hub&) = delete;
+  Hub& operator=(const Hub&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(peers_.size()); }
+
+  /// Registers this rank as rank `rank` of communicator `id` over global ranks `members`;
+  /// returns its state (valid until leave).
+  CommState* join(std::uint64_t id, const std::vector<int>& members, int rank);
+  void leave(std::uint64_t id);
+
+  void announce(std::uint64_t id, const Signature& signature);
+  void post_send(std::uint64_t id, int peer, const MessageKey& key, const void* data, std::size_t bytes,
+                 Completion* done);
+  /// A receive (recv.operand == nullptr) or a receive-and-reduce.
+  void post_recv(std::uint64_t id, int peer, const MessageKey& key, const PostedRecv& recv);
+  void cancel(std::uint64_t id, Completion* done);
+  std::optional<Failure> failure(const CommState& state) const;
+  void abort(std::uint64_t id, const Error& error, std::uint64_t seq);
+
+  std::uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
+  void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline);
+  void ring();
+
+  /// Tests only: drops every connection at once, without goodbye, as a killed process would.
+  void crash_for_testing();
+
+ private:
+  // I/O thread and socket work (hub_io.cpp).
+  void run();
+  void read_peer_locked(int g);
+  bool fill_locked(int g);
+  void flush_locked(int g);
+  void after_write_locked(int g, std::size_t written);
+  void set_write_armed_locked(int g, bool armed);
+  void peer_lost_locked(int g, const std::string& why);
+  void enqueue_locked(int g, OutFrame frame);
+  void stop_thread();
+
+  // Frames and matching (hub_match.cpp).
+  CommState& comm_locked(std::uint64_t id);
+  bool start_frame_locked(int g);
+  void start_data_locked(int g);
+  void finish_frame_locked(int g);
+  bool check_signature_locked(CommState& c, std::uint64_t id, int g, std::uint64_t seq, const WireSignature& theirs);
+  void report_mismatch_locked(CommState& c, std::uint64_t id, int g, const WireSignature& theirs,
+                              const WireSignature& mine);
+  void match_buffered_locked(CommState& c, std::uint64_t id, int g, const MatchKey& key, Bytes& message,
+                             const PostedRecv& recv);
+  void size_mismatch_locked(CommState& c, std::uint64_t id, int g, const MatchKey& key, std::size_t sent,
+                            const PostedRecv& recv);
+  void fail_send_locked(std::uint64_t id, int g, const FrameHeader& header, const std::string& text);
+  void fail_comm_locked(CommState& c, std::uint64_t id, const Failure& failure, bool broadcast);
+  void send_control_locked(int g, FrameKind kind, std::uint64_t id, const MatchKey& about, std::string text,
+                           std::uint32_t code = 0);
+  void self_send_locked(CommState& c, const MatchKey& key, const void* data, std::size_t bytes, Completion* done);
+
+  const int rank_;
+  mutable std::mutex mutex_;
+  std::vector<Peer> peers_;
+  std::unordered_map<std::uint64_t, std::unique_ptr<CommState>> comms_;
+  // Point-to-point sends written but not yet matched by the receiver: (comm, peer, channel, seq, index).
+  std::map<std::tuple<std::uint64_t, int, std::uint8_t, std::uint64_t, std::uint32_t>, Completion*> awaiting_ack_;
+  std::set<int> dead_;  // global ranks whose connection failed
+  bool stopping_ = false;
+  bool crashed_ = false;
+  std::chrono::steady_clock::time_point stop_deadline_;
+
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::thread thread_;
+
+  std::mutex bell_mutex_;
+  std::condition_variable bell_cv_;
+  std::atomic<std::uint64_t> generation_{0};
+};
+
+}  // namespace tutti::transport::tcp

@@ -1,0 +1,341 @@
+// The I/O side of the hub: the epoll thread, nonblocking reads into the current frame's sink,
+// writev of each peer's queue as far as the socket allows, and connection loss.
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "bootstrap/socket_io.hpp"
+#include "core/log.hpp"
+#include "reduce/reduce.hpp"
+#include "transport/tcp/hub.hpp"
+
+namespace tutti::transport::tcp {
+
+namespace {
+
+constexpr std::uint32_t wake_tag = 0xffffffffu;
+constexpr std::size_t read_ahead = 256 * 1024;  // bytes of one peer's stream read at a time
+constexpr std::size_t direct_read = 64 * 1024;  // payload left at least this: recv() straight into the sink
+constexpr std::size_t read_budget = 8 << 20;    // per wake-up and peer, so that one peer cannot starve the others
+constexpr auto flush_limit = std::chrono::seconds(5);  // how long shutdown waits for queued frames to leave
+
+// Moves read-ahead bytes of the current payload into its sink. False when none could move: a
+// receive-and-reduce combines whole elements only, and the rest of a split one is not here yet.
+bool consume_buffered(Inbound& in, std::size_t& budget) {
+  std::size_t take = std::min(in.end - in.begin, in.remaining);
+  if (in.sink == Inbound::Sink::reduce) {
+    const std::size_t elem = size_of(in.type);
+    take -= take % elem;
+    if (take == 0) return false;
+    reduce::apply(in.op, in.type, in.target, in.operand, in.buffer.get() + in.begin, take / elem);
+    in.operand += take;
+    in.target += take;
+  } else if (in.sink != Inbound::Sink::drain) {
+    std::memcpy(in.target, in.buffer.get() + in.begin, take);
+    in.target += take;
+  }
+  in.begin += take;
+  in.remaining -= take;
+  budget -= std::min(budget, take);
+  return true;
+}
+
+}  // namespace
+
+Hub::Hub(int rank, int size, std::vector<int> fds) : rank_(rank), peers_(static_cast<std::size_t>(size)) {
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (epoll_fd_ < 0 || wake_fd_ < 0) {
+    for (int fd : fds)
+      if (fd >= 0) ::close(fd);
+    if (epoll_fd_ >= 0) ::close(epoll_fd_);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    throw Error(ErrorCode::system, "tcp: epoll/eventfd: " + bootstrap::detail::errno_text(errno));
+  }
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.u32 = wake_tag;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &event);
+  for (int g = 0; g < size; ++g) {
+    Peer& peer = peers_[static_cast<std::size_t>(g)];
+    peer.fd = fds[static_cast<std::size_t>(g)];
+    if (peer.fd < 0) {
+      peer.closed = true;  // this rank (or no connection): never read
+      continue;
+    }
+    peer.in.buffer = std::make_unique_for_overwrite<std::byte[]>(read_ahead);
+    event.events = EPOLLIN;
+    event.data.u32 = static_cast<std::uint32_t>(g);
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, peer.fd, &event);
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+Hub::~Hub() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    stop_deadline_ = std::chrono::steady_clock::now() + flush_limit;
+    for (int g = 0; g < size(); ++g) {
+      if (peers_[static_cast<std::size_t>(g)].closed) continue;
+      OutFrame bye;
+      bye.header.kind = FrameKind::goodbye;
+      enqueue_locked(g, std::move(bye));
+    }
+  }
+  stop_thread();
+  for (Peer& peer : peers_) {
+    if (peer.closed) continue;
+    // Half-close, then read what is already here: closing with unread data would reset the
+    // connection, and the peer might lose our goodbye.
+    ::shutdown(peer.fd, SHUT_WR);
+    char sink[4096];
+    for (int i = 0; i < 1024 && ::recv(peer.fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+    }
+    ::close(peer.fd);
+  }
+  ::close(epoll_fd_);
+  ::close(wake_fd_);
+}
+
+void Hub::stop_thread() {
+  const std::uint64_t one = 1;
+  [[maybe_unused]] const auto written = ::write(wake_fd_, &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+}
+
+void Hub::crash_for_testing() {
+  {
+    std::lock_guard lock(mutex_);
+    crashed_ = true;
+  }
+  stop_thread();
+  std::lock_guard lock(mutex_);
+  for (Peer& peer : peers_) {
+    if (peer.closed) continue;
+    ::close(peer.fd);
+    peer.closed = true;
+    peer.out.clear();
+  }
+  for (auto& [id, state] : comms_)
+    fail_comm_locked(*state, id, Failure{Error(ErrorCode::aborted, "tcp transport crashed (test hook)"), no_seq},
+                     false);
+}
+
+void Hub::run() {
+  epoll_event events[64];
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      if (crashed_) return;
+      if (stopping_) {
+        const bool flushed = std::all_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.out.empty(); });
+        if (flushed || std::chrono::steady_clock::now() >= stop_deadline_) return;
+      }
+    }
+    const int n = ::epoll_wait(epoll_fd_, events, 64, 50);
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.u32 == wake_tag) {
+        std::uint64_t count = 0;
+        [[maybe_unused]] const auto got = ::read(wake_fd_, &count, sizeof(count));
+        continue;
+      }
+      const int g = static_cast<int>(events[i].data.u32);
+      std::lock_guard lock(mutex_);
+      if (crashed_) return;
+      if (peers_[static_cast<std::size_t>(g)].closed) continue;
+      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) read_peer_locked(g);
+      if (!peers_[static_cast<std::size_t>(g)].closed && (events[i].events & EPOLLOUT)) flush_locked(g);
+    }
+  }
+}
+
+bool Hub::fill_locked(int g) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  Inbound& in = peer.in;
+  if (in.begin == in.end) {
+    in.begin = in.end = 0;
+  } else if (in.begin > 0) {
+    std::memmove(in.buffer.get(), in.buffer.get() + in.begin, in.end - in.begin);
+    in.end -= in.begin;
+    in.begin = 0;
+  }
+  for (;;) {
+    const ssize_t got = ::recv(peer.fd, in.buffer.get() + in.end, read_ahead - in.end, 0);
+    if (got > 0) {
+      in.end += static_cast<std::size_t>(got);
+      return true;
+    }
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+    peer_lost_locked(g, got == 0 ? "end of stream" : bootstrap::detail::errno_text(errno));
+    return false;
+  }
+}
+
+void Hub::read_peer_locked(int g) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  Inbound& in = peer.in;
+  std::size_t budget = read_budget;
+  while (!peer.closed && budget > 0) {
+    if (!in.in_payload) {
+      if (in.end - in.begin >= sizeof(FrameHeader)) {
+        std::memcpy(&in.header, in.buffer.get() + in.begin, sizeof(FrameHeader));
+        in.begin += sizeof(FrameHeader);
+        if (!start_frame_locked(g)) return;
+        continue;
+      }
+      if (!fill_locked(g)) return;
+      continue;
+    }
+    const std::size_t buffered = in.end - in.begin;
+    if (buffered > 0 && consume_buffered(in, budget)) {
+      // moved what was read ahead
+    } else if (buffered == 0 && in.remaining >= direct_read &&
+               (in.sink == Inbound::Sink::user || in.sink == Inbound::Sink::heap)) {
+      const ssize_t got = ::recv(peer.fd, in.target, std::min(in.remaining, budget), 0);
+      if (got <= 0) {
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        peer_lost_locked(g, got == 0 ? "end of stream" : bootstrap::detail::errno_text(errno));
+        return;
+      }
+      in.target += got;
+      in.remaining -= static_cast<std::size_t>(got);
+      budget -= std::min(budget, static_cast<std::size_t>(got));
+    } else if (!fill_locked(g)) {
+      return;
+    }
+    if (in.remaining == 0) {
+      in.in_payload = false;
+      finish_frame_locked(g);
+    }
+  }
+}
+
+void Hub::enqueue_locked(int g, OutFrame frame) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  if (peer.closed) return;  // the communicator is aborted already; the executor fails the operation
+  frame.header.magic = frame_magic;
+  frame.header.bytes = frame.bytes;
+  const bool idle = peer.out.empty();
+  peer.out.push_back(std::move(frame));
+  // Write at once from the posting thread when nothing is queued ahead: no hand-off to the I/O thread.
+  if (idle) flush_locked(g);
+}
+
+void Hub::flush_locked(int g) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  constexpr std::size_t max_iov = 64;
+  while (!peer.out.empty()) {
+    iovec iov[max_iov];
+    std::size_t count = 0;
+    for (auto it = peer.out.begin(); it != peer.out.end() && count + 2 <= max_iov; ++it) {
+      const std::size_t skip = it == peer.out.begin() ? it->written : 0;
+      if (skip < sizeof(FrameHeader))
+        iov[count++] = {reinterpret_cast<std::byte*>(&it->header) + skip, sizeof(FrameHeader) - skip};
+      const std::size_t payload_skip = skip > sizeof(FrameHeader) ? skip - sizeof(FrameHeader) : 0;
+      if (it->bytes > payload_skip)
+        iov[count++] = {const_cast<std::byte*>(it->payload) + payload_skip, it->bytes - payload_skip};
+    }
+    msghdr message{};
+    message.msg_iov = iov;
+    message.msg_iovlen = count;
+    const ssize_t sent = ::sendmsg(peer.fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        set_write_armed_locked(g, true);
+        return;
+      }
+      peer_lost_locked(g, bootstrap::detail::errno_text(errno));
+      return;
+    }
+    after_write_locked(g, static_cast<std::size_t>(sent));
+  }
+  set_write_armed_locked(g, false);
+}
+
+void Hub::after_write_locked(int g, std::size_t written) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  bool completed = false;
+  while (!peer.out.empty()) {
+    OutFrame& frame = peer.out.front();
+    const std::size_t total = sizeof(FrameHeader) + frame.bytes;
+    const std::size_t take = std::min(written, total - frame.written);
+    frame.written += take;
+    written -= take;
+    if (frame.written < total) break;
+    if (frame.done != nullptr) {
+      if (frame.header.channel == static_cast<std::uint8_t>(Channel::point_to_point)) {
+        // Complete when the receiver matches it (ack), so that a size disagreement fails both sides.
+        awaiting_ack_[{frame.header.comm_id, g, frame.header.channel, frame.header.seq, frame.header.index}] =
+            frame.done;
+      } else {
+        frame.done->set(Completion::done);
+        completed = true;
+      }
+    }
+    peer.out.pop_front();
+  }
+  if (completed) ring();
+}
+
+void Hub::set_write_armed_locked(int g, bool armed) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  if (peer.write_armed == armed || peer.closed) return;
+  epoll_event event{};
+  event.events = EPOLLIN | (armed ? EPOLLOUT : 0u);
+  event.data.u32 = static_cast<std::uint32_t>(g);
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, peer.fd, &event);
+  peer.write_armed = armed;
+}
+
+void Hub::peer_lost_locked(int g, const std::string& why) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  if (peer.closed) return;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer.fd, nullptr);
+  ::close(peer.fd);
+  peer.closed = true;
+  peer.out.clear();  // no buffer of a queued send is touched again
+  peer.in.in_payload = false;
+  peer.in.sink = Inbound::Sink::drain;
+  peer.in.done = nullptr;
+  peer.in.heap = Bytes{};
+  if (stopping_ || peer.departed) return;  // orderly: the peer said goodbye first
+  dead_.insert(g);
+  core::log(core::LogLevel::warn, rank_, "tcp: connection to rank " + std::to_string(g) + " lost (" + why + ")");
+  for (auto& [id, state] : comms_) {
+    auto it = state->rank_of.find(g);
+    if (it == state->rank_of.end()) continue;
+    std::string text = "rank " + std::to_string(it->second) + " closed its connection (died?)";
+    if (it->second != g) text += " [rank " + std::to_string(g) + " of the root communicator]";
+    const std::uint64_t seq = state->announced.empty() ? no_seq : state->announced.rbegin()->first;
+    fail_comm_locked(*state, id, Failure{Error(ErrorCode::peer_failure, text), seq}, true);
+  }
+}
+
+void Hub::wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) {
+  for (int i = 0; i < 64; ++i) {
+    if (generation() != seen) return;
+    std::this_thread::yield();
+  }
+  std::unique_lock lock(bell_mutex_);
+  bell_cv_.wait_until(lock, deadline, [&] { return generation() != seen; });
+}
+
+void Hub::ring() {
+  {
+    std::lock_guard lock(bell_mutex_);
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  bell_cv_.notify_all();
+}
+
+}  // namespace tutti::transport::tcp

@@ -1,0 +1,435 @@
+// The matching side of the hub: posting, frames as they arrive, signatures, size errors, aborts.
+// Every function here runs with the hub's mutex held.
+#include <cstring>
+
+#include "core/log.hpp"
+#include "reduce/reduce.hpp"
+#include "transport/tcp/hub.hpp"
+
+namespace tutti::transport::tcp {
+
+namespace {
+
+constexpr std::size_t max_signatures = 1024;  // announced signatures kept per communicator
+constexpr auto p2p = static_cast<std::uint8_t>(Channel::point_to_point);
+
+void prepare(Completion* done, int peer, const MessageKey& key, bool is_send) {
+  done->peer = peer;
+  done->is_send = is_send;
+  done->key = key;
+  done->error.clear();
+  done->set(Completion::posted);
+}
+
+MatchKey match_key(int src, const MessageKey& key) {
+  return MatchKey{src, static_cast<std::uint8_t>(key.channel), key.seq, key.index};
+}
+
+// The frame keeps sending from its own copy: the executor may reuse the buffer from now on.
+void detach(OutFrame& frame) {
+  if (frame.done == nullptr) return;
+  if (frame.bytes > 0 && frame.payload != frame.owned.data.get()) {
+    frame.owned = Bytes::make(frame.bytes);
+    std::memcpy(frame.owned.data.get(), frame.payload, frame.bytes);
+    frame.payload = frame.owned.data.get();
+  }
+  frame.done = nullptr;
+}
+
+std::string size_error_text(int sender, std::size_t sent, int receiver, std::size_t expected) {
+  return "message size mismatch: rank " + std::to_string(sender) + " sent " + std::to_string(sent) +
+         " bytes but rank " + std::to_string(receiver) + " expected " + std::to_string(expected);
+}
+
+}  // namespace
+
+CommState& Hub::comm_locked(std::uint64_t id) {
+  auto& slot = comms_[id];
+  if (!slot) slot = std::make_unique<CommState>();
+  return *slot;
+}
+
+CommState* Hub::join(std::uint64_t id, const std::vector<int>& members, int rank) {
+  std::lock_guard lock(mutex_);
+  CommState& c = comm_locked(id);
+  c.members = members;
+  c.rank = rank;
+  for (std::size_t r = 0; r < members.size(); ++r) c.rank_of[members[r]] = static_cast<int>(r);
+  for (std::size_t r = 0; r < members.size(); ++r) {
+    if (!dead_.count(members[r])) continue;
+    fail_comm_locked(
+        c, id,
+        Failure{Error(ErrorCode::peer_failure, "rank " + std::to_string(r) + " closed its connection (died?)"), no_seq},
+        false);
+    break;
+  }
+  return &c;
+}
+
+void Hub::leave(std::uint64_t id) {
+  std::lock_guard lock(mutex_);
+  for (Peer& peer : peers_) {
+    if (peer.in.in_payload && peer.in.header.comm_id == id && peer.in.done != nullptr) {
+      peer.in.sink = Inbound::Sink::drain;
+      peer.in.done = nullptr;
+    }
+    for (OutFrame& frame : peer.out)
+      if (frame.header.comm_id == id) detach(frame);
+  }
+  std::erase_if(awaiting_ack_, [id](const auto& entry) { return std::get<0>(entry.first) == id; });
+  comms_.erase(id);
+}
+
+void Hub::announce(std::uint64_t id, const Signature& signature) {
+  std::lock_guard lock(mutex_);
+  CommState& c = comm_locked(id);
+  const WireSignature mine = to_wire(signature);
+  c.announced[signature.seq] = mine;
+  while (c.announced.size() > max_signatures) c.announced.erase(c.announced.begin());
+  auto it = c.unchecked.find(signature.seq);
+  if (it == c.unchecked.end()) return;
+  const auto [g, theirs] = it->second;
+  c.unchecked.erase(it);
+  if (!same_signature(theirs, mine)) report_mismatch_locked(c, id, g, theirs, mine);
+}
+
+void Hub::post_send(std::uint64_t id, int peer, const MessageKey& key, const void* data, std::size_t bytes,
+                    Completion* done) {
+  prepare(done, peer, key, true);
+  std::lock_guard lock(mutex_);
+  CommState& c = comm_locked(id);
+  const int g = c.members.at(static_cast<std::size_t>(peer));
+  if (g == rank_) {
+    self_send_locked(c, match_key(g, key), data, bytes, done);
+    return;
+  }
+  OutFrame frame;
+  frame.header.kind = FrameKind::data;
+  frame.header.channel = static_cast<std::uint8_t>(key.channel);
+  frame.header.comm_id = id;
+  frame.header.seq = key.seq;
+  frame.header.index = key.index;
+  if (key.channel == Channel::collective) {
+    auto it = c.announced.find(key.seq);
+    if (it != c.announced.end()) frame.header.signature = it->second;
+  }
+  frame.payload = static_cast<const std::byte*>(data);
+  frame.bytes = bytes;
+  frame.done = done;
+  enqueue_locked(g, std::move(frame));
+}
+
+void PostedRecv::land(const void* incoming) const {
+  if (operand != nullptr)
+    reduce::apply(op, type, data, operand, incoming, bytes / size_of(type));
+  else if (bytes > 0)
+    std::memmove(data, incoming, bytes);
+}
+
+void Hub::post_recv(std::uint64_t id, int peer, const MessageKey& key, const PostedRecv& recv) {
+  prepare(recv.done, peer, key, false);
+  std::lock_guard lock(mutex_);
+  CommState& c = comm_locked(id);
+  const int g = c.members.at(static_cast<std::size_t>(peer));
+  const MatchKey k = match_key(g, key);
+  if (g == rank_) {
+    auto it = c.self_sends.find(k);
+    if (it == c.self_sends.end()) {
+      c.posted[k] = recv;
+      return;
+    }
+    const SelfSend send = it->second;
+    c.self_sends.erase(it);
+    c.posted[k] = recv;
+    self_send_locked(c, k, send.data, send.bytes, send.done);
+    return;
+  }
+  auto it = c.unexpected.find(k);
+  if (it == c.unexpected.end()) {
+    c.posted[k] = recv;
+    return;
+  }
+  Bytes message = std::move(it->second);
+  c.unexpected.erase(it);
+  match_buffered_locked(c, id, g, k, message, recv);
+}
+
+void Hub::self_send_locked(CommState& c, const MatchKey& key, const void* data, std::size_t bytes, Completion* done) {
+  auto it = c.posted.find(key);
+  if (it == c.posted.end()) {
+    c.self_sends[key] = SelfSend{data, bytes, done};
+    return;
+  }
+  const PostedRecv recv = it->second;
+  c.posted.erase(it);
+  if (recv.bytes != bytes) {
+    const std::string text = size_error_text(c.rank, bytes, c.rank, recv.bytes);
+    done->error = recv.done->error = text;
+    done->set(Completion::failed);
+    recv.done->set(Completion::failed);
+  } else {
+    recv.land(data);
+    done->set(Completion::done);
+    recv.done->set(Completion::done);
+  }
+  ring();
+}
+
+void Hub::match_buffered_locked(CommState& c, std::uint64_t id, int g, const MatchKey& key, Bytes& message,
+                                const PostedRecv& recv) {
+  if (message.size != recv.bytes) {
+    size_mismatch_locked(c, id, g, key, message.size, recv);
+    return;
+  }
+  recv.land(message.data.get());
+  recv.done->set(Completion::done);
+  if (key.channel == p2p) send_control_locked(g, FrameKind::ack, id, key, {});
+  ring();
+}
+
+void Hub::cancel(std::uint64_t id, Completion* done) {
+  std::lock_guard lock(mutex_);
+  if (done->state() != Completion::posted) return;
+  auto found = comms_.find(id);
+  if (found != comms_.end()) {
+    CommState& c = *found->second;
+    const int g = c.members.at(static_cast<std::size_t>(done->peer));
+    MatchKey k = match_key(g, done->key);
+    if (!done->is_send) {
+      auto it = c.posted.find(k);
+      if (it != c.posted.end() && it->second.done == done) c.posted.erase(it);
+      Inbound& in = peers_[static_cast<std::size_t>(g)].in;
+      if (in.in_payload && in.done == done) {  // mid-read into its buffer: divert the rest
+        in.sink = Inbound::Sink::drain;
+        in.done = nullptr;
+      }
+    } else if (g == rank_) {
+      auto it = c.self_sends.find(k);
+      if (it != c.self_sends.end() && it->second.done == done) c.self_sends.erase(it);
+    } else {
+      auto& out = peers_[static_cast<std::size_t>(g)].out;
+      for (auto it = out.begin(); it != out.end(); ++it) {
+        if (it->done != done) continue;
+        if (it->written == 0)
+          out.erase(it);
+        else
+          detach(*it);  // the peer is reading it: finish the frame from a copy
+        break;
+      }
+      awaiting_ack_.erase({id, g, k.channel, k.seq, k.index});
+    }
+  }
+  done->set(Completion::cancelled);
+}
+
+std::optional<Failure> Hub::failure(const CommState& state) const {
+  if (!state.has_failure.load(std::memory_order_acquire)) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  return state.failure;
+}
+
+void Hub::abort(std::uint64_t id, const Error& error, std::uint64_t seq) {
+  std::lock_guard lock(mutex_);
+  fail_comm_locked(comm_locked(id), id, Failure{error, seq}, true);
+}
+
+void Hub::fail_comm_locked(CommState& c, std::uint64_t id, const Failure& failure, bool broadcast) {
+  if (c.failure) return;  // the first error wins
+  c.failure = failure;
+  c.has_failure.store(true, std::memory_order_release);
+  if (broadcast) {
+    for (int g : c.members) {
+      if (g == rank_) continue;
+      send_control_locked(g, FrameKind::abort, id, MatchKey{0, 0, failure.seq, 0}, failure.error.what(),
+                          static_cast<std::uint32_t>(failure.error.code()));
+    }
+  }
+  ring();
+}
+
+void Hub::send_control_locked(int g, FrameKind kind, std::uint64_t id, const MatchKey& about, std::string text,
+                              std::uint32_t code) {
+  if (text.size() > max_control_payload) text.resize(max_control_payload);
+  OutFrame frame;
+  frame.header.kind = kind;
+  frame.header.comm_id = id;
+  frame.header.channel = about.channel;
+  frame.header.seq = about.seq;
+  frame.header.index = about.index;
+  frame.header.code = code;
+  frame.owned = Bytes::make(text.size());
+  if (!text.empty()) std::memcpy(frame.owned.data.get(), text.data(), text.size());
+  frame.payload = frame.owned.data.get();
+  frame.bytes = text.size();
+  enqueue_locked(g, std::move(frame));
+}
+
+bool Hub::start_frame_locked(int g) {
+  Inbound& in = peers_[static_cast<std::size_t>(g)].in;
+  const FrameHeader& h = in.header;
+  if (h.magic != frame_magic) {
+    peer_lost_locked(g, "corrupt stream: bad frame magic");
+    return false;
+  }
+  in.remaining = h.bytes;
+  in.sink = Inbound::Sink::drain;
+  in.done = nullptr;
+  in.target = nullptr;
+  switch (h.kind) {
+    case FrameKind::data:
+      start_data_locked(g);
+      break;
+    case FrameKind::abort:
+    case FrameKind::size_error:
+      if (h.bytes > max_control_payload) {
+        peer_lost_locked(g, "corrupt stream: oversized control frame");
+        return false;
+      }
+      in.heap = Bytes::make(h.bytes);
+      in.sink = Inbound::Sink::heap;
+      in.target = in.heap.data.get();
+      break;
+    case FrameKind::ack: {
+      auto it = awaiting_ack_.find({h.comm_id, g, h.channel, h.seq, h.index});
+      if (it != awaiting_ack_.end()) {
+        it->second->set(Completion::done);
+        awaiting_ack_.erase(it);
+        ring();
+      }
+      break;
+    }
+    case FrameKind::goodbye:
+      peers_[static_cast<std::size_t>(g)].departed = true;
+      break;
+    default:
+      peer_lost_locked(g, "corrupt stream: unknown frame kind");
+      return false;
+  }
+  if (in.remaining == 0)
+    finish_frame_locked(g);
+  else
+    in.in_payload = true;
+  return true;
+}
+
+void Hub::start_data_locked(int g) {
+  Inbound& in = peers_[static_cast<std::size_t>(g)].in;
+  const FrameHeader& h = in.header;
+  if (stopping_) return;  // nobody will receive it
+  CommState& c = comm_locked(h.comm_id);
+  if (c.failure) return;  // an aborted communicator takes no more data
+  if (h.channel != p2p && !check_signature_locked(c, h.comm_id, g, h.seq, h.signature)) return;
+  const MatchKey k{g, h.channel, h.seq, h.index};
+  auto it = c.posted.find(k);
+  if (it == c.posted.end()) {  // unexpected: keep it until the receive is posted
+    in.heap = Bytes::make(h.bytes);
+    in.sink = Inbound::Sink::heap;
+    in.target = in.heap.data.get();
+    return;
+  }
+  const PostedRecv recv = it->second;
+  c.posted.erase(it);
+  if (recv.bytes != h.bytes) {
+    size_mismatch_locked(c, h.comm_id, g, k, h.bytes, recv);
+    return;
+  }
+  in.sink = recv.operand ? Inbound::Sink::reduce : Inbound::Sink::user;  // straight into the user's buffer
+  in.target = static_cast<std::byte*>(recv.data);
+  in.operand = static_cast<const std::byte*>(recv.operand);
+  in.type = recv.type;
+  in.op = recv.op;
+  in.done = recv.done;
+}
+
+void Hub::finish_frame_locked(int g) {
+  Inbound& in = peers_[static_cast<std::size_t>(g)].in;
+  const FrameHeader h = in.header;
+  const std::string text = in.sink == Inbound::Sink::heap && h.kind != FrameKind::data
+                               ? std::string(reinterpret_cast<const char*>(in.heap.data.get()), in.heap.size)
+                               : std::string();
+  if (h.kind == FrameKind::data && (in.sink == Inbound::Sink::user || in.sink == Inbound::Sink::reduce)) {
+    in.done->set(Completion::done);
+    if (h.channel == p2p) send_control_locked(g, FrameKind::ack, h.comm_id, {g, h.channel, h.seq, h.index}, {});
+    ring();
+  } else if (h.kind == FrameKind::data && in.sink == Inbound::Sink::heap) {
+    CommState& c = comm_locked(h.comm_id);
+    const MatchKey k{g, h.channel, h.seq, h.index};
+    auto it = c.posted.find(k);  // posted while the payload was arriving?
+    if (it == c.posted.end()) {
+      c.unexpected[k] = std::move(in.heap);
+    } else {
+      const PostedRecv recv = it->second;
+      c.posted.erase(it);
+      match_buffered_locked(c, h.comm_id, g, k, in.heap, recv);
+    }
+  } else if (h.kind == FrameKind::abort) {
+    const auto code =
+        h.code <= static_cast<std::uint32_t>(ErrorCode::system) ? static_cast<ErrorCode>(h.code) : ErrorCode::system;
+    fail_comm_locked(comm_locked(h.comm_id), h.comm_id, Failure{Error(code, text), h.seq}, false);
+  } else if (h.kind == FrameKind::size_error) {
+    fail_send_locked(h.comm_id, g, h, text);
+  }
+  in.done = nullptr;
+  in.heap = Bytes{};
+  in.sink = Inbound::Sink::drain;
+}
+
+bool Hub::check_signature_locked(CommState& c, std::uint64_t id, int g, std::uint64_t seq,
+                                 const WireSignature& theirs) {
+  auto it = c.announced.find(seq);
+  if (it == c.announced.end()) {  // checked when this rank announces it
+    c.unchecked.try_emplace(seq, g, theirs);
+    return true;
+  }
+  if (same_signature(it->second, theirs)) return true;
+  report_mismatch_locked(c, id, g, theirs, it->second);
+  return false;
+}
+
+void Hub::report_mismatch_locked(CommState& c, std::uint64_t id, int g, const WireSignature& theirs,
+                                 const WireSignature& mine) {
+  auto found = c.rank_of.find(g);
+  const int them = found == c.rank_of.end() ? g : found->second;
+  const std::string theirs_text = from_wire(theirs).describe(), mine_text = from_wire(mine).describe();
+  const std::string text = them < c.rank
+                               ? "mismatched collective: rank " + std::to_string(them) + " called " + theirs_text +
+                                     " but rank " + std::to_string(c.rank) + " called " + mine_text
+                               : "mismatched collective: rank " + std::to_string(c.rank) + " called " + mine_text +
+                                     " but rank " + std::to_string(them) + " called " + theirs_text;
+  if (core::log_enabled(core::LogLevel::info)) core::log(core::LogLevel::info, rank_, text);
+  fail_comm_locked(c, id, Failure{Error(ErrorCode::mismatch, text), mine.seq}, true);
+}
+
+void Hub::size_mismatch_locked(CommState& c, std::uint64_t id, int g, const MatchKey& key, std::size_t sent,
+                               const PostedRecv& recv) {
+  auto found = c.rank_of.find(g);
+  const std::string text = size_error_text(found == c.rank_of.end() ? g : found->second, sent, c.rank, recv.bytes);
+  recv.done->error = text;
+  recv.done->set(Completion::failed);
+  send_control_locked(g, FrameKind::size_error, id, key, text);
+  ring();
+}
+
+void Hub::fail_send_locked(std::uint64_t id, int g, const FrameHeader& h, const std::string& text) {
+  Completion* done = nullptr;
+  auto it = awaiting_ack_.find({id, g, h.channel, h.seq, h.index});
+  if (it != awaiting_ack_.end()) {
+    done = it->second;
+    awaiting_ack_.erase(it);
+  } else {
+    for (OutFrame& frame : peers_[static_cast<std::size_t>(g)].out) {
+      const FrameHeader& f = frame.header;
+      if (frame.done == nullptr || f.comm_id != id || f.channel != h.channel || f.seq != h.seq || f.index != h.index)
+        continue;
+      done = frame.done;
+      detach(frame);
+      break;
+    }
+  }
+  if (done == nullptr) return;  // already complete: the receiver's abort reaches this rank's operation
+  done->error = text;
+  done->set(Completion::failed);
+  ring();
+}
+
+}  // namespace tutti::transport::tcp

@@ -1,0 +1,63 @@
+// What the TCP transport puts on a connection. After the handshake each side sends one Ident;
+// from then on the stream is a sequence of frames, each an 80-byte FrameHeader followed by
+// `bytes` bytes of payload. All fields are in the host's byte order (the ranks of a job share an
+// architecture; the magic numbers catch a peer that does not).
+//
+// Kinds:
+//   data        a message; (comm_id, channel, seq, index) and the connection's peer identify it;
+//               `signature` is the sender's WireSignature for collectives (zero for point to point)
+//   abort       the communicator comm_id failed: code = ErrorCode, seq = Failure::seq, payload = text
+//   size_error  the receiver of message (comm_id, channel, seq, index) expected another size:
+//               payload = the error text; the sender fails its send with it
+//   ack         point to point: the receiver matched message (comm_id, channel, seq, index) with a
+//               receive of the same size (the send completes then, as a synchronous send)
+//   goodbye     orderly shutdown: the connection's end that follows is not a failure
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "transport/transport.hpp"
+
+namespace tutti::transport::tcp {
+
+inline constexpr std::uint32_t frame_magic = 0x46545554;  // "TUTF"
+inline constexpr std::uint32_t ident_magic = 0x49545554;  // "TUTI"
+/// Largest payload of a control frame (abort and size_error texts); more is a corrupt stream.
+inline constexpr std::uint64_t max_control_payload = 64 * 1024;
+
+enum class FrameKind : std::uint8_t { data = 1, abort = 2, size_error = 3, ack = 4, goodbye = 5 };
+
+struct FrameHeader {
+  std::uint32_t magic = frame_magic;
+  FrameKind kind = FrameKind::data;
+  std::uint8_t channel = 0;  // transport::Channel
+  std::uint16_t reserved = 0;
+  std::uint32_t index = 0;
+  std::uint32_t code = 0;  // abort: ErrorCode
+  std::uint64_t comm_id = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t bytes = 0;  // payload bytes that follow
+  WireSignature signature;
+};
+static_assert(sizeof(WireSignature) == 40);
+static_assert(sizeof(FrameHeader) == 80);
+static_assert(std::is_trivially_copyable_v<FrameHeader>);
+
+/// Sent by both ends of a new connection after the handshake: who is calling, for which job.
+struct Ident {
+  std::uint32_t magic = ident_magic;
+  std::int32_t rank = -1;
+  std::int32_t size = 0;
+  std::uint32_t reserved = 0;
+  std::uint64_t comm_id = 0;
+};
+static_assert(sizeof(Ident) == 24);
+
+/// Field-wise equality (the struct has padding, so no memcmp).
+inline bool same_signature(const WireSignature& a, const WireSignature& b) {
+  return a.seq == b.seq && a.count == b.count && a.counts_hash == b.counts_hash && a.root == b.root &&
+         a.kind == b.kind && a.algorithm == b.algorithm && a.type == b.type && a.op == b.op;
+}
+
+}  // namespace tutti::transport::tcp

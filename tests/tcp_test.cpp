@@ -1,0 +1,465 @@
+// The TCP transport: ranks are threads of this process, each with its own tcp::connect over
+// 127.0.0.1 and an in-memory store; communicators run real collectives over the sockets.
+// Inputs are integer-valued so results are exact; outputs are poisoned first. Every wait is
+// bounded (connect and operation timeouts), and every transport is destroyed by the test.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/auth.hpp"
+#include "bootstrap/store.hpp"
+#include "comm/comm_impl.hpp"
+#include "transport/tcp/tcp.hpp"
+#include "transport/tcp/testing.hpp"
+#include "tutti/tutti.hpp"
+
+namespace tutti::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::chrono::milliseconds op_timeout{60000};
+constexpr std::chrono::milliseconds connect_timeout{30000};
+const std::string token = "tcp-test-secret";
+
+// Point-to-point calls take the communicator's default deadline: keep it well below ctest's.
+const bool timeout_set = [] { return ::setenv("TUTTI_TIMEOUT_MS", "60000", 0) == 0; }();
+
+class MemoryStore final : public bootstrap::Store {
+ public:
+  void set(const std::string& key, const std::string& value) override {
+    {
+      std::lock_guard lock(mutex_);
+      values_[key] = value;
+    }
+    cv_.notify_all();
+  }
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    std::unique_lock lock(mutex_);
+    if (!cv_.wait_for(lock, timeout, [&] { return values_.count(key) > 0; }))
+      throw Error(ErrorCode::timeout,
+                  "store: key '" + key + "' was not set within " + std::to_string(timeout.count()) + " ms");
+    return values_[key];
+  }
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    std::lock_guard lock(mutex_);
+    const std::int64_t value = (values_.count(key) ? std::stoll(values_[key]) : 0) + delta;
+    values_[key] = std::to_string(value);
+    return value;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> values_;
+};
+
+using Transports = std::vector<std::unique_ptr<transport::Transport>>;
+
+// Connects ranks `ranks` of a p-rank mesh, each on its own thread; errors by rank.
+Transports connect_ranks(MemoryStore& store, int p, std::vector<std::string>* errors,
+                         std::chrono::milliseconds timeout = connect_timeout, std::vector<int> ranks = {}) {
+  if (ranks.empty())
+    for (int r = 0; r < p; ++r) ranks.push_back(r);
+  Transports transports(static_cast<std::size_t>(p));
+  errors->assign(static_cast<std::size_t>(p), "");
+  std::vector<std::thread> threads;
+  for (int r : ranks) {
+    threads.emplace_back([&, r] {
+      try {
+        transports[static_cast<std::size_t>(r)] = transport::tcp::connect(store, token, r, p, 7, "127.0.0.1", timeout);
+      } catch (const std::exception& e) {
+        (*errors)[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return transports;
+}
+
+std::vector<Communicator> to_communicators(Transports& transports) {
+  std::vector<Communicator> comms;
+  for (auto& t : transports) comms.emplace_back(std::make_shared<detail::CommImpl>(std::move(t)));
+  return comms;
+}
+
+std::vector<Communicator> make_group(int p) {
+  MemoryStore store;
+  std::vector<std::string> errors;
+  Transports transports = connect_ranks(store, p, &errors);
+  for (int r = 0; r < p; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+  return to_communicators(transports);
+}
+
+// Runs fn(comm) on one thread per rank; returns "" or every rank's failure.
+std::string run_ranks(std::vector<Communicator>& comms, const std::function<void(Communicator&)>& fn) {
+  std::mutex mutex;
+  std::string failures;
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < comms.size(); ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(comms[r]);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        failures += "rank " + std::to_string(r) + ": " + e.what() + "\n";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return failures;
+}
+
+// Integer value of element i on `rank` (small: every sum is exact in f32).
+float value(int rank, std::size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 3) % 13) - 6);
+}
+constexpr float poison = -12345.0f;
+
+const int sizes[] = {1, 2, 3, 5, 6};
+
+TEST(TcpCollectives, AllreduceEveryAlgorithmAndCount) {
+  for (int p : sizes) {
+    auto comms = make_group(p);
+    const std::string failures = run_ranks(comms, [p](Communicator& comm) {
+      for (Algorithm algorithm : {Algorithm::automatic, Algorithm::ring, Algorithm::recursive_doubling,
+                                  Algorithm::rabenseifner, Algorithm::binomial_tree}) {
+        for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{1'000'003}}) {
+          std::vector<float> send(n), recv(n + 1, poison);
+          for (std::size_t i = 0; i < n; ++i) send[i] = value(comm.rank(), i);
+          comm.allreduce(send.data(), recv.data(), n, DataType::f32, ReduceOp::sum, {algorithm, op_timeout});
+          for (std::size_t i = 0; i < n; ++i) {
+            float want = 0;
+            for (int r = 0; r < p; ++r) want += value(r, i);
+            ASSERT_EQ(recv[i], want) << to_string(algorithm) << " p=" << p << " n=" << n << " i=" << i;
+          }
+          ASSERT_EQ(recv[n], poison) << "wrote past the end";
+        }
+      }
+    });
+    EXPECT_EQ(failures, "") << "p=" << p;
+  }
+}
+
+// Receive-and-reduce combines elements as they arrive, across read boundaries: every element size.
+TEST(TcpCollectives, ReduceOnArrivalEveryElementSize) {
+  auto comms = make_group(3);
+  const std::string failures = run_ranks(comms, [](Communicator& comm) {
+    constexpr std::size_t n = 200'003;
+    const auto r = static_cast<std::size_t>(comm.rank());
+    std::vector<std::uint8_t> bytes(n);
+    std::vector<f16> halves(n);  // small integers are exact in f16
+    std::vector<std::int64_t> wide(n);
+    std::vector<double> doubles(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      bytes[i] = static_cast<std::uint8_t>((i + r * 5) % 200);
+      halves[i] = f16(static_cast<float>((i + r) % 5));
+      wide[i] = static_cast<std::int64_t>(i) * 1000003 - static_cast<std::int64_t>(r);
+      doubles[i] = static_cast<double>((i * 3 + r) % 11);
+    }
+    const Options ring{Algorithm::ring, op_timeout};
+    comm.allreduce(bytes.data(), bytes.data(), n, DataType::u8, ReduceOp::max, ring);
+    comm.allreduce(halves.data(), halves.data(), n, DataType::f16, ReduceOp::sum, ring);
+    comm.allreduce(wide.data(), wide.data(), n, DataType::i64, ReduceOp::sum, {Algorithm::rabenseifner, op_timeout});
+    comm.allreduce(doubles.data(), doubles.data(), n, DataType::f64, ReduceOp::min, ring);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint8_t max_byte = 0;
+      float sum16 = 0;
+      double least = 1e9;
+      for (std::size_t q = 0; q < 3; ++q) {
+        max_byte = std::max(max_byte, static_cast<std::uint8_t>((i + q * 5) % 200));
+        sum16 += static_cast<float>((i + q) % 5);
+        least = std::min(least, static_cast<double>((i * 3 + q) % 11));
+      }
+      ASSERT_EQ(bytes[i], max_byte) << i;
+      ASSERT_EQ(static_cast<float>(halves[i]), sum16) << i;
+      ASSERT_EQ(wide[i], static_cast<std::int64_t>(i) * 3000009 - 3) << i;
+      ASSERT_EQ(doubles[i], least) << i;
+    }
+  });
+  EXPECT_EQ(failures, "");
+}
+
+TEST(TcpCollectives, AllgatherBroadcastAlltoallSendRecv) {
+  for (int p : sizes) {
+    auto comms = make_group(p);
+    const std::string failures = run_ranks(comms, [p](Communicator& comm) {
+      const int me = comm.rank();
+      const auto up = static_cast<std::size_t>(p);
+      for (Algorithm algorithm : {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::bruck}) {
+        for (std::size_t n : {std::size_t{1}, std::size_t{1001}, std::size_t{100'003}}) {
+          std::vector<float> mine(n), all(n * up + 1, poison);
+          for (std::size_t i = 0; i < n; ++i) mine[i] = value(me, i);
+          comm.allgather(mine.data(), all.data(), n, DataType::f32, {algorithm, op_timeout});
+          for (int r = 0; r < p; ++r)
+            for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(all[static_cast<std::size_t>(r) * n + i], value(r, i));
+          ASSERT_EQ(all[n * up], poison);
+        }
+      }
+      for (Algorithm algorithm : {Algorithm::binomial_tree, Algorithm::ring}) {
+        for (int root : {0, p - 1}) {
+          std::vector<float> buffer(100'003, poison);
+          if (me == root)
+            for (std::size_t i = 0; i < buffer.size(); ++i) buffer[i] = value(root, i);
+          comm.broadcast(buffer.data(), buffer.size(), DataType::f32, root, {algorithm, op_timeout});
+          for (std::size_t i = 0; i < buffer.size(); ++i) ASSERT_EQ(buffer[i], value(root, i));
+        }
+      }
+      for (Algorithm algorithm : {Algorithm::pairwise, Algorithm::bruck}) {
+        for (std::size_t n : {std::size_t{3}, std::size_t{5000}}) {
+          std::vector<float> send(n * up), recv(n * up + 1, poison);
+          for (std::size_t i = 0; i < send.size(); ++i) send[i] = value(me, i);
+          comm.alltoall(send.data(), recv.data(), n, DataType::f32, {algorithm, op_timeout});
+          // Block r of recv is block `me` of rank r's send.
+          for (int r = 0; r < p; ++r)
+            for (std::size_t i = 0; i < n; ++i)
+              ASSERT_EQ(recv[static_cast<std::size_t>(r) * n + i], value(r, static_cast<std::size_t>(me) * n + i));
+          ASSERT_EQ(recv[n * up], poison);
+        }
+      }
+      // A ring of tagged messages, sent before the receives are posted (unexpected on arrival).
+      const int next = (me + 1) % p, prev = (me + p - 1) % p;
+      for (std::size_t n : {std::size_t{0}, std::size_t{10}, std::size_t{300'000}}) {
+        std::vector<float> out(n), in(n + 1, poison), out2(n + 1, 2.0f), in2(n + 1, poison);
+        for (std::size_t i = 0; i < n; ++i) out[i] = value(me, i);
+        Request sent = comm.isend(out.data(), n, DataType::f32, next, 5);
+        Request sent2 = comm.isend(out2.data(), n + 1, DataType::f32, next, 6);
+        std::this_thread::sleep_for(5ms);
+        comm.recv(in2.data(), n + 1, DataType::f32, prev, 6);  // tags match regardless of order
+        comm.recv(in.data(), n, DataType::f32, prev, 5);
+        sent.wait();
+        sent2.wait();
+        for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(in[i], value(prev, i));
+        for (std::size_t i = 0; i <= n; ++i) ASSERT_EQ(in2[i], 2.0f);
+        ASSERT_EQ(in[n], poison);
+      }
+    });
+    EXPECT_EQ(failures, "") << "p=" << p;
+  }
+}
+
+TEST(TcpSplit, SubcommunicatorsRunConcurrentlyOverTheSameConnections) {
+  constexpr int p = 6;
+  auto comms = make_group(p);
+  const std::string failures = run_ranks(comms, [](Communicator& world) {
+    const int me = world.rank();
+    Communicator half = world.split(me % 2, -me);  // reversed order inside each half
+    Communicator pair = half.split(half.rank() / 2, 0);
+    ASSERT_EQ(half.size(), 3);
+    ASSERT_EQ(half.rank(), 2 - me / 2);
+    for (int round = 0; round < 10; ++round) {
+      const std::size_t n = round % 2 ? 100'003 : 17;
+      std::vector<float> a(n, static_cast<float>(me)), b(n, 1.0f), c(n, 1.0f), d(n, static_cast<float>(me));
+      Request r1 = half.iallreduce(a.data(), a.data(), n, DataType::f32, ReduceOp::sum, {Algorithm::ring, op_timeout});
+      Request r2 = world.iallreduce(b.data(), b.data(), n, DataType::f32, ReduceOp::sum, {{}, op_timeout});
+      Request r3 = pair.iallreduce(c.data(), c.data(), n, DataType::f32, ReduceOp::sum, {{}, op_timeout});
+      Request r4 = half.ibroadcast(d.data(), n, DataType::f32, 0, {{}, op_timeout});
+      r3.wait();
+      r2.wait();
+      r1.wait();
+      r4.wait();
+      const float half_sum = me % 2 ? 1 + 3 + 5 : 0 + 2 + 4;
+      const float half_root = me % 2 ? 5 : 4;  // rank 0 of a half is its largest world rank
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(a[i], half_sum);
+        ASSERT_EQ(b[i], 6.0f);
+        ASSERT_EQ(c[i], static_cast<float>(pair.size()));
+        ASSERT_EQ(d[i], half_root);
+      }
+    }
+  });
+  EXPECT_EQ(failures, "");
+}
+
+TEST(TcpErrors, MismatchedAllreduceCountsRaiseOnEveryRank) {
+  auto comms = make_group(4);
+  std::atomic<int> mismatches{0};
+  const std::string failures = run_ranks(comms, [&](Communicator& comm) {
+    std::vector<float> v(1000, 1.0f);
+    const std::size_t n = comm.rank() == 2 ? 999 : 1000;
+    try {
+      comm.allreduce(v.data(), v.data(), n, DataType::f32, ReduceOp::sum, {Algorithm::ring, op_timeout});
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.code(), ErrorCode::mismatch) << what;
+      if (e.code() == ErrorCode::mismatch && what.find("count=999") != std::string::npos &&
+          what.find("count=1000") != std::string::npos && what.find("rank 2") != std::string::npos)
+        mismatches.fetch_add(1);
+    }
+  });
+  EXPECT_EQ(failures, "");
+  EXPECT_EQ(mismatches.load(), 4);
+}
+
+TEST(TcpErrors, SizeMismatchedSendRecvFailsBothSides) {
+  auto comms = make_group(2);
+  std::atomic<int> mismatches{0};
+  const std::string failures = run_ranks(comms, [&](Communicator& comm) {
+    std::vector<int> buffer(10, 0);
+    try {
+      if (comm.rank() == 0)
+        comm.send(buffer.data(), 10, DataType::i32, 1);
+      else
+        comm.recv(buffer.data(), 9, DataType::i32, 0);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (e.code() == ErrorCode::mismatch && what.find("sent 40 bytes but rank 1 expected 36") != std::string::npos)
+        mismatches.fetch_add(1);
+      else
+        ADD_FAILURE() << what;
+    }
+  });
+  EXPECT_EQ(failures, "");
+  EXPECT_EQ(mismatches.load(), 2);
+}
+
+// A raw client of a rank's listening port, for the refusal tests.
+int dial_raw(const std::string& address) {
+  const std::size_t colon = address.rfind(':');
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1))));
+  ::inet_pton(AF_INET, address.substr(0, colon).c_str(), &to.sin_addr);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// True when the server closes `fd` within `limit` (EOF or reset), reading and discarding the rest.
+bool closed_by_server(int fd, std::chrono::milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  char sink[256];
+  while (Clock::now() < deadline) {
+    pollfd entry{fd, POLLIN, 0};
+    if (::poll(&entry, 1, 50) <= 0) continue;
+    const ssize_t got = ::recv(fd, sink, sizeof(sink), 0);
+    if (got <= 0) return true;
+  }
+  return false;
+}
+
+TEST(TcpConnect, RefusesStrangersAndTheMeshStillCompletes) {
+  MemoryStore store;
+  std::vector<std::string> errors;
+  Transports transports;
+  std::thread early([&] { transports = connect_ranks(store, 3, &errors, connect_timeout, {0}); });
+  // Rank 0 only accepts; strangers reach it before the legitimate ranks do.
+  const std::string address = store.get("tcp/7/0", 10s);
+  const int junk = dial_raw(address);
+  ASSERT_GE(junk, 0);
+  const char garbage[] = "GET / HTTP/1.0\r\n\r\n and more bytes than a hello";
+  ASSERT_GT(::send(junk, garbage, sizeof(garbage), MSG_NOSIGNAL), 0);
+  EXPECT_TRUE(closed_by_server(junk, 10s));
+  ::close(junk);
+  const int impostor = dial_raw(address);
+  ASSERT_GE(impostor, 0);
+  std::string why;
+  EXPECT_FALSE(bootstrap::handshake(impostor, "wrong-token", true, Clock::now() + 10s, &why));
+  EXPECT_TRUE(closed_by_server(impostor, 10s));
+  ::close(impostor);
+  const int silent = dial_raw(address);  // connects and says nothing: must not hold up the mesh
+  ASSERT_GE(silent, 0);
+
+  std::vector<std::string> late_errors;
+  Transports late = connect_ranks(store, 3, &late_errors, connect_timeout, {1, 2});
+  early.join();
+  ::close(silent);
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(late_errors[1], "");
+  EXPECT_EQ(late_errors[2], "");
+  if (!transports[0] || !late[1] || !late[2]) return;
+  transports[1] = std::move(late[1]);
+  transports[2] = std::move(late[2]);
+  auto comms = to_communicators(transports);
+  const std::string failures = run_ranks(comms, [](Communicator& comm) {
+    std::vector<float> v(1000, 2.0f);
+    comm.allreduce(v.data(), v.data(), v.size(), DataType::f32, ReduceOp::sum, {{}, op_timeout});
+    for (float x : v) ASSERT_EQ(x, 6.0f);
+  });
+  EXPECT_EQ(failures, "");
+}
+
+TEST(TcpConnect, TimesOutNamingTheMissingRanks) {
+  MemoryStore store;
+  std::vector<std::string> errors;
+  const auto start = Clock::now();
+  Transports transports = connect_ranks(store, 4, &errors, 500ms, {0, 1});
+  EXPECT_LT(Clock::now() - start, 10s);
+  for (int r : {0, 1}) {
+    EXPECT_EQ(transports[static_cast<std::size_t>(r)], nullptr);
+    EXPECT_NE(errors[static_cast<std::size_t>(r)].find("timed out"), std::string::npos)
+        << errors[static_cast<std::size_t>(r)];
+    EXPECT_NE(errors[static_cast<std::size_t>(r)].find("rank(s) 2, 3"), std::string::npos)
+        << errors[static_cast<std::size_t>(r)];
+  }
+}
+
+TEST(TcpFailure, DeadPeerIsReportedQuicklyByName) {
+  MemoryStore store;
+  std::vector<std::string> errors;
+  Transports transports = connect_ranks(store, 3, &errors);
+  ASSERT_TRUE(transports[0] && transports[1] && transports[2]);
+  transport::Transport* victim = transports[2].get();
+  auto comms = to_communicators(transports);
+  std::atomic<int> reported{0};
+  const std::string failures = run_ranks(comms, [&](Communicator& comm) {
+    if (comm.rank() == 2) {
+      std::this_thread::sleep_for(300ms);  // the others are waiting for it in the allreduce
+      transport::tcp::testing::crash(*victim);
+      return;
+    }
+    std::vector<float> v(1000, 1.0f);
+    const auto start = Clock::now();
+    try {
+      comm.allreduce(v.data(), v.data(), v.size(), DataType::f32, ReduceOp::sum, {Algorithm::ring, op_timeout});
+      ADD_FAILURE() << "the allreduce succeeded without rank 2";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.code(), ErrorCode::peer_failure) << what;
+      EXPECT_NE(what.find("rank 2 closed its connection"), std::string::npos) << what;
+      EXPECT_LT(Clock::now() - start, 10s);  // at once, not at the 60 s deadline
+      reported.fetch_add(1);
+    }
+  });
+  EXPECT_EQ(failures, "");
+  EXPECT_EQ(reported.load(), 2);
+}
+
+TEST(TcpShutdown, OrderlyDestructionIsNotAPeerFailure) {
+  MemoryStore store;
+  std::vector<std::string> errors;
+  Transports transports = connect_ranks(store, 2, &errors);
+  ASSERT_TRUE(transports[0] && transports[1]);
+  transport::Transport* survivor = transports[1].get();
+  {
+    auto comms = to_communicators(transports);
+    EXPECT_EQ(run_ranks(comms, [](Communicator& comm) { comm.barrier({{}, op_timeout}); }), "");
+    comms[0] = Communicator();  // rank 0 leaves: goodbye, then its sockets close
+    std::this_thread::sleep_for(300ms);
+    EXPECT_FALSE(survivor->aborted().has_value()) << survivor->aborted()->error.what();
+  }
+}
+
+}  // namespace
+}  // namespace tutti::testing
