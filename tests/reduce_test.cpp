@@ -11,18 +11,28 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "reduce/dispatch.hpp"
 #include "reduce/reduce.hpp"
 #include "tutti/types.hpp"
+
+// Readable test parameters in gtest's messages (found by argument-dependent lookup).
+namespace tutti {
+inline void PrintTo(DataType type, std::ostream* os) { *os << to_string(type); }
+namespace reduce {
+inline void PrintTo(Isa isa, std::ostream* os) { *os << name(isa); }
+}  // namespace reduce
+}  // namespace tutti
 
 namespace {
 
@@ -32,35 +42,24 @@ using tutti::reduce::Isa;
 namespace reduce = tutti::reduce;
 
 constexpr Isa all_isas[] = {Isa::generic, Isa::avx2, Isa::avx512};
-constexpr DataType all_types[] = {DataType::i8,  DataType::u8,  DataType::i32, DataType::u32,  DataType::i64,
+constexpr DataType all_types[] = {DataType::i8,  DataType::u8,  DataType::i32,  DataType::u32, DataType::i64,
                                   DataType::u64, DataType::f16, DataType::bf16, DataType::f32, DataType::f64};
 constexpr ReduceOp all_ops[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
 constexpr std::size_t counts[] = {0, 1, 2, 3, 7, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 1000, 4099};
 
-const char* op_name(ReduceOp op) {
-  constexpr const char* names[] = {"sum", "prod", "min", "max", "avg"};
-  return names[static_cast<int>(op)];
-}
-const char* type_name(DataType type) {
-  constexpr const char* names[] = {"i8", "u8", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64"};
-  return names[static_cast<int>(type)];
-}
+std::string op_name(ReduceOp op) { return std::string(tutti::to_string(op)); }
+std::string type_name(DataType type) { return std::string(tutti::to_string(type)); }
 
 // Calls f.template operator()<T>() with the storage type of `type`.
+using StorageTypes = std::tuple<std::int8_t, std::uint8_t, std::int32_t, std::uint32_t, std::int64_t, std::uint64_t,
+                                tutti::f16, tutti::bf16, float, double>;  // in DataType's order
 template <class F>
 void visit(DataType type, F&& f) {
-  switch (type) {
-    case DataType::i8: return f.template operator()<std::int8_t>();
-    case DataType::u8: return f.template operator()<std::uint8_t>();
-    case DataType::i32: return f.template operator()<std::int32_t>();
-    case DataType::u32: return f.template operator()<std::uint32_t>();
-    case DataType::i64: return f.template operator()<std::int64_t>();
-    case DataType::u64: return f.template operator()<std::uint64_t>();
-    case DataType::f16: return f.template operator()<tutti::f16>();
-    case DataType::bf16: return f.template operator()<tutti::bf16>();
-    case DataType::f32: return f.template operator()<float>();
-    case DataType::f64: return f.template operator()<double>();
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((static_cast<std::size_t>(type) == I ? f.template operator()<std::tuple_element_t<I, StorageTypes>>() : void()),
+     ...);
   }
+  (std::make_index_sequence<std::tuple_size_v<StorageTypes>>{});
 }
 
 template <class T>
@@ -95,8 +94,10 @@ F reference_float(ReduceOp op, F a, F b) {
   if (std::isnan(b)) return quieted(b);
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: return a + b;
-    case ReduceOp::prod: return a * b;
+    case ReduceOp::avg:
+      return a + b;
+    case ReduceOp::prod:
+      return a * b;
     case ReduceOp::min:
       if (a == b) return std::signbit(a) ? a : b;  // -0 < +0
       return a < b ? a : b;
@@ -109,14 +110,18 @@ F reference_float(ReduceOp op, F a, F b) {
 
 template <class T>
 float to_float(T h) {
-  if constexpr (std::is_same_v<T, tutti::f16>) return tutti::detail::f16_bits_to_float(h.bits);
-  else return tutti::detail::bf16_bits_to_float(h.bits);
+  if constexpr (std::is_same_v<T, tutti::f16>)
+    return tutti::detail::f16_bits_to_float(h.bits);
+  else
+    return tutti::detail::bf16_bits_to_float(h.bits);
 }
 template <class T>
 T from_float(float f) {
   T h;
-  if constexpr (std::is_same_v<T, tutti::f16>) h.bits = tutti::detail::float_to_f16_bits(f);
-  else h.bits = tutti::detail::float_to_bf16_bits(f);
+  if constexpr (std::is_same_v<T, tutti::f16>)
+    h.bits = tutti::detail::float_to_f16_bits(f);
+  else
+    h.bits = tutti::detail::float_to_bf16_bits(f);
   return h;
 }
 
@@ -130,10 +135,14 @@ T reference(ReduceOp op, T a, T b) {
     using U = std::make_unsigned_t<T>;  // wrap, without signed overflow
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-      case ReduceOp::prod: return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
-      case ReduceOp::min: return std::min(a, b);
-      case ReduceOp::max: return std::max(a, b);
+      case ReduceOp::avg:
+        return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+      case ReduceOp::prod:
+        return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+      case ReduceOp::min:
+        return std::min(a, b);
+      case ReduceOp::max:
+        return std::max(a, b);
     }
     return a;
   }
@@ -141,10 +150,14 @@ T reference(ReduceOp op, T a, T b) {
 
 template <class T>
 T reference_divide(T x, int divisor) {
-  if constexpr (is_half<T>) return from_float<T>(to_float(x) / static_cast<float>(divisor));
-  else if constexpr (std::is_floating_point_v<T>) return x / static_cast<T>(divisor);
-  else if constexpr (std::is_signed_v<T>) return static_cast<T>(static_cast<long long>(x) / divisor);
-  else return static_cast<T>(static_cast<unsigned long long>(x) / static_cast<unsigned long long>(divisor));
+  if constexpr (is_half<T>)
+    return from_float<T>(to_float(x) / static_cast<float>(divisor));
+  else if constexpr (std::is_floating_point_v<T>)
+    return x / static_cast<T>(divisor);
+  else if constexpr (std::is_signed_v<T>)
+    return static_cast<T>(static_cast<long long>(x) / divisor);
+  else
+    return static_cast<T>(static_cast<unsigned long long>(x) / static_cast<unsigned long long>(divisor));
 }
 
 // ---- data ----
@@ -156,10 +169,15 @@ std::vector<F> special_floats() {
   const B sign = B(1) << (sizeof(F) * 8 - 1);
   const F payload_nan = std::bit_cast<F>(static_cast<B>(std::bit_cast<B>(L::quiet_NaN()) | 0x2a5));
   const F signaling = std::bit_cast<F>(static_cast<B>(std::bit_cast<B>(L::infinity()) | 0x15));
-  return {F(0),         -F(0),        F(1),         F(-1),         L::infinity(), -L::infinity(), L::quiet_NaN(),
-          payload_nan,  signaling,    std::bit_cast<F>(static_cast<B>(std::bit_cast<B>(payload_nan) | sign)),
-          L::denorm_min(), -L::denorm_min(), L::min(), -L::min(), L::min() / F(3), L::max(), -L::max(),
-          F(65504),     F(65520),     F(-65520),    F(1.0009765625), F(3.0e38)};
+  const F negative_payload_nan = std::bit_cast<F>(static_cast<B>(std::bit_cast<B>(payload_nan) | sign));
+  std::vector<F> values = {
+      L::infinity(),   -L::infinity(),   L::quiet_NaN(), payload_nan, signaling, negative_payload_nan,
+      L::denorm_min(), -L::denorm_min(), L::min(),       -L::min(),   L::max(),  -L::max()};
+  values.push_back(L::min() / F(3));  // subnormal
+  // 65504 is f16's largest; 65520 rounds to f16 infinity; 3e38 overflows when doubled
+  for (const double v : {0.0, -0.0, 1.0, -1.0, 65504.0, 65520.0, -65520.0, 1.0009765625, 3.0e38})
+    values.push_back(static_cast<F>(v));
+  return values;
 }
 
 // Bit patterns of f16 / bf16 worth having: zeros, infinities, NaNs (quiet, signaling, with
@@ -167,11 +185,11 @@ std::vector<F> special_floats() {
 template <class T>
 std::vector<std::uint16_t> special_halves() {
   if constexpr (std::is_same_v<T, tutti::f16>)
-    return {0x0000, 0x8000, 0x7c00, 0xfc00, 0x7e00, 0xfe00, 0x7c01, 0x7d23, 0xfd23, 0x0001, 0x8001,
-            0x03ff, 0x0400, 0x7bff, 0xfbff, 0x3c00, 0x3c01, 0xbc00, 0x1400, 0x0200};
+    return {0x0000, 0x8000, 0x7c00, 0xfc00, 0x7e00, 0xfe00, 0x7c01, 0x7d23, 0xfd23, 0x0001,
+            0x8001, 0x03ff, 0x0400, 0x7bff, 0xfbff, 0x3c00, 0x3c01, 0xbc00, 0x1400, 0x0200};
   else
-    return {0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7f81, 0x7fa3, 0xffa3, 0x0001, 0x8001,
-            0x007f, 0x0080, 0x7f7f, 0xff7f, 0x3f80, 0x3f81, 0xbf80, 0x3400, 0x0040};
+    return {0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7f81, 0x7fa3, 0xffa3, 0x0001,
+            0x8001, 0x007f, 0x0080, 0x7f7f, 0xff7f, 0x3f80, 0x3f81, 0xbf80, 0x3400, 0x0040};
 }
 
 template <class T>
@@ -180,9 +198,11 @@ T random_value(std::mt19937_64& rng) {
   if constexpr (is_half<T>) {
     T h;
     const auto specials = special_halves<T>();
-    if (kind == 0) h.bits = specials[rng() % specials.size()];
-    else if (kind == 1) h.bits = static_cast<std::uint16_t>(rng());  // anything at all
-    else  // near 1 in magnitude, so that sums carry, cancel and round
+    if (kind == 0)
+      h.bits = specials[rng() % specials.size()];
+    else if (kind == 1)
+      h.bits = static_cast<std::uint16_t>(rng());  // anything at all
+    else                                           // near 1 in magnitude, so that sums carry, cancel and round
       h.bits = static_cast<std::uint16_t>((rng() & 0x80ff) | (std::is_same_v<T, tutti::f16> ? 0x3c00 : 0x3f00));
     return h;
   } else if constexpr (std::is_floating_point_v<T>) {
@@ -251,20 +271,14 @@ bool check_case(Isa isa, ReduceOp op, std::vector<T> a, std::vector<T> b, Alias 
   if (alias == Alias::all_same || alias == Alias::a_is_b) b = a;
   Buffer<T> a_buf(a, offset), b_buf(b, offset), d_buf(std::vector<T>(a.size()), offset);
   std::memset(static_cast<void*>(d_buf.data()), Buffer<T>::poison, a.size() * sizeof(T));
-  T* dst = d_buf.data();
   T* x = a_buf.data();
-  T* y = b_buf.data();
-  switch (alias) {
-    case Alias::distinct: break;
-    case Alias::dst_is_a: dst = x; break;
-    case Alias::dst_is_b: dst = y; break;
-    case Alias::all_same: dst = y = x; break;
-    case Alias::a_is_b: y = x; break;
-  }
+  T* y = alias == Alias::all_same || alias == Alias::a_is_b ? x : b_buf.data();
+  T* dst = alias == Alias::dst_is_a || alias == Alias::all_same ? x : alias == Alias::dst_is_b ? y : d_buf.data();
   reduce::apply_with(isa, op, tutti::data_type_of<T>(), dst, x, y, a.size());
   // Inputs that are not the destination must come back unchanged.
   const auto kept = [&](Buffer<T>& buf, const std::vector<T>& values) {
-    return dst == buf.data() || values.empty() || std::memcmp(buf.data(), values.data(), values.size() * sizeof(T)) == 0;
+    return dst == buf.data() || values.empty() ||
+           std::memcmp(buf.data(), values.data(), values.size() * sizeof(T)) == 0;
   };
   const bool inputs_kept = kept(a_buf, a) && kept(b_buf, b);
 
@@ -279,8 +293,8 @@ bool check_case(Isa isa, ReduceOp op, std::vector<T> a, std::vector<T> b, Alias 
   }
   const bool guards = a_buf.guards_intact() && b_buf.guards_intact() && d_buf.guards_intact();
   if (wrong.empty() && guards && inputs_kept) return true;
-  ADD_FAILURE() << reduce::name(isa) << " " << op_name(op) << " " << type_name(tutti::data_type_of<T>())
-                << " count " << a.size() << " " << alias_name(alias) << " offset " << offset
+  ADD_FAILURE() << reduce::name(isa) << " " << op_name(op) << " " << type_name(tutti::data_type_of<T>()) << " count "
+                << a.size() << " " << alias_name(alias) << " offset " << offset
                 << (guards ? "" : ": wrote outside the buffer") << (inputs_kept ? "" : ": changed an input") << wrong;
   return false;
 }
@@ -408,19 +422,15 @@ TEST(ReduceRules, IntegersWrapAndDivideTowardZero) {
   for (const auto r : on_every_isa<std::uint8_t>(ReduceOp::sum, 200, 100)) EXPECT_EQ(r, 44);
   for (const Isa isa : all_isas) {
     if (!reduce::supported(isa)) continue;
-    std::int8_t i8[] = {-7, 7, -128};
-    std::int32_t i32[] = {-7, 7, INT32_MIN};
-    std::int64_t i64[] = {-7, 7, INT64_MIN};
-    reduce::divide_with(isa, DataType::i8, i8, 3, 2);
-    reduce::divide_with(isa, DataType::i32, i32, 3, 2);
-    reduce::divide_with(isa, DataType::i64, i64, 3, 2);
-    EXPECT_EQ(i8[0], -3);
-    EXPECT_EQ(i8[1], 3);
-    EXPECT_EQ(i8[2], -64);
-    EXPECT_EQ(i32[0], -3);
-    EXPECT_EQ(i32[2], INT32_MIN / 2);
-    EXPECT_EQ(i64[0], -3);
-    EXPECT_EQ(i64[2], INT64_MIN / 2);
+    std::vector<std::int8_t> i8 = {-7, 7, -128};
+    std::vector<std::int32_t> i32 = {-7, 7, INT32_MIN};
+    std::vector<std::int64_t> i64 = {-7, 7, INT64_MIN};
+    reduce::divide_with(isa, DataType::i8, i8.data(), 3, 2);
+    reduce::divide_with(isa, DataType::i32, i32.data(), 3, 2);
+    reduce::divide_with(isa, DataType::i64, i64.data(), 3, 2);
+    EXPECT_EQ(i8, (std::vector<std::int8_t>{-3, 3, -64}));
+    EXPECT_EQ(i32, (std::vector<std::int32_t>{-3, 3, INT32_MIN / 2}));
+    EXPECT_EQ(i64, (std::vector<std::int64_t>{-3, 3, INT64_MIN / 2}));
   }
 }
 
@@ -467,6 +477,29 @@ TEST(ReduceApi, PublicEntryPointsUseTheActiveIsa) {
   reduce::divide(DataType::f32, a, 3, 2);
   EXPECT_EQ(a[0], 5.5f);
   EXPECT_EQ(a[2], 16.5f);
+}
+
+// Exits 0 when TUTTI_REDUCE_ISA=`value` makes isa() `expected`, or (expected null) makes it throw
+// invalid_argument.
+[[noreturn]] void exit_with_forced_isa(const char* value, const char* expected) {
+  setenv("TUTTI_REDUCE_ISA", value, 1);
+  try {
+    const std::string chosen = reduce::isa();
+    std::exit(expected != nullptr && chosen == expected ? 0 : 1);
+  } catch (const tutti::Error& e) {
+    std::exit(expected == nullptr && e.code() == tutti::ErrorCode::invalid_argument ? 0 : 2);
+  }
+}
+
+// The choice is made once per process, so each case runs in a fresh one (threadsafe style
+// re-executes the test binary rather than forking this process, whose choice is already made).
+TEST(ReduceApiDeathTest, EnvironmentForcesTheIsa) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(exit_with_forced_isa("generic", "generic"), ::testing::ExitedWithCode(0), "");
+  if (reduce::supported(Isa::avx2)) {
+    EXPECT_EXIT(exit_with_forced_isa("avx2", "avx2"), ::testing::ExitedWithCode(0), "");
+  }
+  EXPECT_EXIT(exit_with_forced_isa("sse9", nullptr), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(ReduceApi, RejectsBadArguments) {

@@ -57,9 +57,13 @@ template <class F>
 inline Bits<F> mask_of(bool condition) {
   return Bits<F>(0) - Bits<F>(condition);
 }
+// Compared as signed integers (both sides are below the sign bit): SSE2 and AVX2 have no
+// unsigned compare.
 template <class F>
 inline Bits<F> nan_mask(F x) {
-  return mask_of<F>((bits_of(x) & ~FloatBits<F>::sign) > FloatBits<F>::exponent);
+  using Signed = std::make_signed_t<Bits<F>>;
+  return mask_of<F>(static_cast<Signed>(bits_of(x) & ~FloatBits<F>::sign) >
+                    static_cast<Signed>(FloatBits<F>::exponent));
 }
 template <class F>
 inline F select(Bits<F> mask, F yes, F no) {
@@ -93,16 +97,20 @@ inline T wrapping_mul(T a, T b) {
 struct SumOp {
   template <class T>
   T operator()(T a, T b) const {
-    if constexpr (is_float_v<T>) return propagate_nan(a, b, a + b);
-    else return wrapping_add(a, b);
+    if constexpr (is_float_v<T>)
+      return propagate_nan(a, b, a + b);
+    else
+      return wrapping_add(a, b);
   }
 };
 
 struct ProdOp {
   template <class T>
   T operator()(T a, T b) const {
-    if constexpr (is_float_v<T>) return propagate_nan(a, b, a * b);
-    else return wrapping_mul(a, b);
+    if constexpr (is_float_v<T>)
+      return propagate_nan(a, b, a * b);
+    else
+      return wrapping_mul(a, b);
   }
 };
 
@@ -144,13 +152,15 @@ struct DivideBy {
   using Quotient = std::conditional_t<std::is_same_v<T, std::uint32_t>, std::int64_t, std::int32_t>;
   Divisor divisor;
   T operator()(T x) const {
-    if constexpr (in_double) return static_cast<T>(static_cast<Quotient>(static_cast<double>(x) / divisor));
-    else return x / divisor;
+    if constexpr (in_double)
+      return static_cast<T>(static_cast<Quotient>(static_cast<double>(x) / divisor));
+    else
+      return x / divisor;
   }
 };
 
-// bfloat16 <-> f32, as tutti::detail::bf16_bits_to_float / float_to_bf16_bits, but branch-free
-// so that the loops around it vectorize.
+// bfloat16 <-> f32, bit for bit as tutti::detail::bf16_bits_to_float / float_to_bf16_bits, but
+// branch-free so that the loops around it vectorize.
 struct Bf16Codec {
   static float decode(std::uint16_t h) { return __builtin_bit_cast(float, static_cast<std::uint32_t>(h) << 16); }
   static std::uint16_t encode(float f) {
@@ -159,6 +169,36 @@ struct Bf16Codec {
     const std::uint32_t nan = (x >> 16) | 0x40u;
     const std::uint32_t is_nan = nan_mask(f);
     return static_cast<std::uint16_t>((nan & is_nan) | (rounded & ~is_nan));
+  }
+};
+
+// IEEE half <-> f32, bit for bit as tutti::detail::f16_bits_to_float / float_to_f16_bits
+// (checked over all 2^16 and 2^32 inputs), but branch-free so that the loops around it vectorize.
+// Like every f32 op here, it assumes the default rounding mode.
+struct F16Codec {
+  static std::uint32_t mask(bool condition) { return mask_of<float>(condition); }
+  static float decode(std::uint16_t h) {
+    const std::uint32_t magnitude = h & 0x7fffu, sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+    const std::uint32_t normal = (magnitude << 13) + 0x38000000u;   // exponent rebiased from 15 to 127
+    const std::uint32_t special = (magnitude << 13) | 0x7f800000u;  // inf and NaN keep their payload
+    // subnormal: magnitude x 2^-24, exact in f32
+    const std::uint32_t subnormal = bits_of(static_cast<float>(static_cast<std::int32_t>(magnitude)) * 0x1p-24f);
+    const std::uint32_t is_special = mask(magnitude >= 0x7c00u), is_subnormal = mask(magnitude < 0x400u);
+    return float_of<float>(sign | (special & is_special) | (subnormal & is_subnormal) |
+                           (normal & ~is_special & ~is_subnormal));
+  }
+  static std::uint16_t encode(float f) {
+    const std::uint32_t x = bits_of(f), sign = (x >> 16) & 0x8000u, abs = x & 0x7fffffffu;
+    const std::uint32_t special = 0x7c00u | (mask(abs > 0x7f800000u) & 0x200u);            // inf, or NaN quieted
+    const std::uint32_t normal = (abs - 0x38000000u + 0xfffu + ((abs >> 13) & 1u)) >> 13;  // nearest even
+    // Below 2^-14, adding 0.5 rounds abs to a multiple of 2^-24, to nearest even, into the low bits.
+    const std::uint32_t subnormal = bits_of(float_of<float>(abs) + 0.5f) - 0x3f000000u;
+    const std::uint32_t is_special = mask(abs >= 0x7f800000u), is_overflow = mask(abs >= 0x477ff000u);
+    const std::uint32_t is_subnormal = mask(abs < 0x38800000u);
+    std::uint32_t half = (normal & ~is_subnormal) | (subnormal & is_subnormal);
+    half = (half & ~is_overflow) | (0x7c00u & is_overflow);
+    half = (half & ~is_special) | (special & is_special);
+    return static_cast<std::uint16_t>(sign | half);
   }
 };
 

@@ -24,7 +24,7 @@ struct KernelTable {
 const KernelTable& generic_kernels();
 #if defined(TUTTI_REDUCE_X86)
 const KernelTable& avx2_kernels();    // needs AVX2 and F16C
-const KernelTable& avx512_kernels();  // needs AVX-512 F, BW, VL and DQ
+const KernelTable& avx512_kernels();  // needs AVX-512 F, BW, VL, DQ and F16C
 #endif
 
 }  // namespace tutti::reduce

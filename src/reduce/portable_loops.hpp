@@ -21,7 +21,7 @@ namespace {
 
 enum class Alias { none, dst_is_a, dst_is_b, all };
 
-// 256 bytes: four AVX-512 vectors per block; 32 bytes: one AVX2 vector, for the rest.
+// 256 bytes: a few vectors of any width per block; 32 bytes: one 256-bit vector, for the rest.
 template <class T>
 inline constexpr std::size_t big_block = 256 / sizeof(T);
 template <class T>
@@ -29,8 +29,8 @@ inline constexpr std::size_t small_block = 32 / sizeof(T);
 
 // Elements [i, n) in blocks of K while they last; returns where it stopped.
 template <Alias kAlias, std::size_t K, class T, class Op>
-std::size_t binary_blocks(T* __restrict d, const T* __restrict a, const T* __restrict b, std::size_t i,
-                          std::size_t n, Op op) {
+std::size_t binary_blocks(T* __restrict d, const T* __restrict a, const T* __restrict b, std::size_t i, std::size_t n,
+                          Op op) {
   constexpr bool a_in_d = kAlias == Alias::dst_is_a || kAlias == Alias::all;
   constexpr bool b_in_d = kAlias == Alias::dst_is_b || kAlias == Alias::all;
   for (; i + K <= n; i += K) {
@@ -55,10 +55,14 @@ void binary_kernel(void* dst, const void* lhs, const void* rhs, std::size_t n) {
   T* d = static_cast<T*>(dst);
   const T* a = static_cast<const T*>(lhs);
   const T* b = static_cast<const T*>(rhs);
-  if (d == a && d == b) binary_loop<Alias::all, T, Op>(d, nullptr, nullptr, n, Op{});
-  else if (d == a) binary_loop<Alias::dst_is_a, T, Op>(d, nullptr, b, n, Op{});
-  else if (d == b) binary_loop<Alias::dst_is_b, T, Op>(d, a, nullptr, n, Op{});
-  else binary_loop<Alias::none, T, Op>(d, a, b, n, Op{});
+  if (d == a && d == b)
+    binary_loop<Alias::all, T, Op>(d, nullptr, nullptr, n, Op{});
+  else if (d == a)
+    binary_loop<Alias::dst_is_a, T, Op>(d, nullptr, b, n, Op{});
+  else if (d == b)
+    binary_loop<Alias::dst_is_b, T, Op>(d, a, nullptr, n, Op{});
+  else
+    binary_loop<Alias::none, T, Op>(d, a, b, n, Op{});
 }
 
 template <std::size_t K, class T, class Op>

@@ -5,6 +5,10 @@
 #include <iterator>
 #include <string>
 
+#if defined(TUTTI_REDUCE_X86)
+#include <cpuid.h>
+#endif
+
 #include "core/env.hpp"
 #include "reduce/dispatch.hpp"
 #include "reduce/kernel_table.hpp"
@@ -14,15 +18,26 @@ namespace {
 
 constexpr Isa all_isas[] = {Isa::generic, Isa::avx2, Isa::avx512};
 
+#if defined(TUTTI_REDUCE_X86)
+// From cpuid itself: clang's __builtin_cpu_supports does not know "f16c". (The AVX2 and AVX-512
+// checks below also cover the OS saving the wider registers.)
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+#endif
+
 bool cpu_has(Isa isa) {
 #if defined(TUTTI_REDUCE_X86)
   __builtin_cpu_init();
   switch (isa) {
-    case Isa::generic: return true;
-    case Isa::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case Isa::generic:
+      return true;
+    case Isa::avx2:
+      return __builtin_cpu_supports("avx2") && cpu_has_f16c();
     case Isa::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && cpu_has_f16c();
   }
   return false;
 #else
@@ -33,10 +48,13 @@ bool cpu_has(Isa isa) {
 const KernelTable& kernels(Isa isa) {
   switch (isa) {
 #if defined(TUTTI_REDUCE_X86)
-    case Isa::avx2: return avx2_kernels();
-    case Isa::avx512: return avx512_kernels();
+    case Isa::avx2:
+      return avx2_kernels();
+    case Isa::avx512:
+      return avx512_kernels();
 #endif
-    default: return generic_kernels();
+    default:
+      return generic_kernels();
   }
 }
 
@@ -53,12 +71,12 @@ Isa choose_isa() {
       throw Error(ErrorCode::unsupported, "TUTTI_REDUCE_ISA=" + *forced + ": this CPU or build cannot run it");
     return isa;
   }
-  throw Error(ErrorCode::invalid_argument,
-              "TUTTI_REDUCE_ISA: expected generic, avx2 or avx512, got '" + *forced + "'");
+  throw Error(ErrorCode::invalid_argument, "TUTTI_REDUCE_ISA: expected generic, avx2 or avx512, got '" + *forced + "'");
 }
 
 const KernelTable& supported_kernels(Isa isa) {
-  if (!supported(isa)) throw Error(ErrorCode::unsupported, std::string("tutti::reduce: ") + name(isa) + " kernels cannot run here");
+  if (!supported(isa))
+    throw Error(ErrorCode::unsupported, std::string("tutti::reduce: ") + name(isa) + " kernels cannot run here");
   return kernels(isa);
 }
 
@@ -74,7 +92,8 @@ void check_type(DataType type, const char* function) {
 }
 
 void check_buffer(const void* p, const char* what, const char* function, DataType type, std::size_t count) {
-  if (p == nullptr) throw Error(ErrorCode::invalid_argument, describe(function, type, count) + ": " + what + " is null");
+  if (p == nullptr)
+    throw Error(ErrorCode::invalid_argument, describe(function, type, count) + ": " + what + " is null");
 }
 
 // Exact aliasing is fine (each element is read before it is written); a partial overlap would
@@ -133,9 +152,12 @@ Isa active_isa() {
 
 const char* name(Isa isa) {
   switch (isa) {
-    case Isa::generic: return "generic";
-    case Isa::avx2: return "avx2";
-    case Isa::avx512: return "avx512";
+    case Isa::generic:
+      return "generic";
+    case Isa::avx2:
+      return "avx2";
+    case Isa::avx512:
+      return "avx512";
   }
   return "unknown";
 }
