@@ -70,9 +70,14 @@ TEST(Init, SingleProcessJob) {
   world.barrier();
 }
 
-TEST(Init, MultiProcessJobNeedsTheRuntime) {
+TEST(Init, MalformedJobEnvironmentIsNamed) {
   ::setenv("TUTTI_SIZE", "4", 1);
-  expect_error([] { init(); }, ErrorCode::unsupported, "TUTTI_SIZE=4");
+  expect_error([] { init(); }, ErrorCode::invalid_argument, "TUTTI_RANK");
+  ::setenv("TUTTI_RANK", "0", 1);
+  expect_error([] { init(); }, ErrorCode::invalid_argument, "without TUTTI_STORE");
+  ::setenv("TUTTI_RANK", "4", 1);
+  expect_error([] { init(); }, ErrorCode::invalid_argument, "TUTTI_RANK");
+  ::unsetenv("TUTTI_RANK");
   ::unsetenv("TUTTI_SIZE");
   EXPECT_EQ(init().size(), 1);
 }

@@ -253,15 +253,16 @@ inline const std::vector<Collective> data_collectives = {
     Collective::gather,    Collective::scatter};
 
 // Every collective × algorithm × p × count {0, 1, p−1, p+1} × in place/out of place, f32 sum.
-inline std::vector<Case> sweep_cases() {
+inline std::vector<Case> sweep_cases(std::initializer_list<int> sizes = {1, 2, 3, 4, 5, 7, 8}) {
   std::vector<Case> cases;
   for (Collective coll : data_collectives)
     for (Algorithm a : algorithms_with_automatic(coll))
-      for (int p : {1, 2, 3, 4, 5, 7, 8})
+      for (int p : sizes)
         for (std::size_t n : std::set<std::size_t>{0, 1, std::size_t(p - 1), std::size_t(p + 1)})
           for (int place : places_of(coll)) {
-            const int root = p > 1 ? static_cast<int>((n + static_cast<std::size_t>(place)) % static_cast<std::size_t>(p)) : 0;
-            cases.push_back({coll, a, DataType::f32, ReduceOp::sum, p, n, place, root, (n + static_cast<std::size_t>(place)) % 2 == 1});
+            const auto up = static_cast<std::size_t>(p), shift = n + static_cast<std::size_t>(place);
+            const int root = p > 1 ? static_cast<int>(shift % up) : 0;
+            cases.push_back({coll, a, DataType::f32, ReduceOp::sum, p, n, place, root, shift % 2 == 1});
           }
   return cases;
 }

@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
   try {
     Communicator world = init();
     std::pair<int, int> result;
-    if (mode == "sweep") result = run_cases(world, sweep_cases());
+    if (mode == "sweep") result = run_cases(world, sweep_cases({world.size()}));
     else if (mode == "types") result = run_cases(world, with_size(type_cases(), world.size()));
     else if (mode == "split") result = run_split(world);
     else if (mode == "overlap") result = run_overlap(world);

@@ -1,7 +1,6 @@
 // The public Communicator: thin wrappers that describe each call and hand it to CommImpl.
 #include "comm/comm_impl.hpp"
 #include "transport/inproc/inproc.hpp"
-#include "core/env.hpp"
 
 namespace tutti {
 
@@ -171,14 +170,6 @@ std::vector<Communicator> local_group(int p) {
   for (auto& transport : transport::inproc::make_group(p))
     out.emplace_back(std::make_shared<detail::CommImpl>(std::move(transport)));
   return out;
-}
-
-Communicator init() {
-  if (const auto size = core::env("TUTTI_SIZE"); size && *size != "1")
-    throw Error(ErrorCode::unsupported, "init: TUTTI_SIZE=" + *size +
-                                            " asks for a multi-process job, which needs the multi-process runtime; "
-                                            "this build runs single-process jobs (or threads: local_group)");
-  return local_group(1).front();
 }
 
 }  // namespace tutti

@@ -31,7 +31,42 @@ Operation::Operation(transport::Transport& transport, schedule::Schedule schedul
     auto& counter = step.kind == StepKind::send ? sends[step.peer] : recvs[step.peer];
     keys_[i] = transport::MessageKey{transport::Channel::collective, signature_.seq, counter++};
   }
+  if (!transport_.detects_every_mismatch() && transport_.size() > 1) add_signature_exchange();
   build_graph();
+  if (signature_recv_ != ~std::uint32_t{0}) {
+    const transport::WireSignature mine = transport::to_wire(signature_);
+    std::memcpy(address(schedule_.steps[signature_recv_ - 1].region), &mine, sizeof(mine));
+  }
+}
+
+namespace {
+constexpr std::uint32_t signature_index = ~std::uint32_t{0};  // reserved message index
+}
+
+// Sends this rank's signature to the next rank and receives the previous one's: if all ranks do
+// not agree, some neighbours disagree, and the one that sees it aborts the communicator.
+void Operation::add_signature_exchange() {
+  static_assert(sizeof(transport::WireSignature) % 8 == 0);
+  const std::size_t elems = sizeof(transport::WireSignature) / elem_size_;
+  const std::size_t base = schedule_.scratch_count;
+  schedule_.scratch_count += 2 * elems;
+  const int p = transport_.size(), r = transport_.rank();
+  schedule_.send((r + 1) % p, schedule::Region{Buffer::scratch, base, elems});
+  signature_recv_ = schedule_.recv((r + p - 1) % p, schedule::Region{Buffer::scratch, base + elems, elems});
+  const transport::MessageKey key{transport::Channel::collective, signature_.seq, signature_index};
+  keys_.push_back(key);
+  keys_.push_back(key);
+}
+
+std::optional<Error> Operation::check_signature() const {
+  transport::WireSignature theirs;
+  std::memcpy(&theirs, address(schedule_.steps[signature_recv_].region), sizeof(theirs));
+  const transport::WireSignature mine = transport::to_wire(signature_);
+  if (std::memcmp(&theirs, &mine, sizeof(mine)) == 0) return std::nullopt;
+  const int p = transport_.size(), r = transport_.rank();
+  return Error(ErrorCode::mismatch, "mismatched collective: rank " + std::to_string((r + p - 1) % p) + " called " +
+                                        transport::from_wire(theirs).describe() + " but rank " + std::to_string(r) +
+                                        " called " + signature_.describe());
 }
 
 std::unique_ptr<Operation> Operation::point_to_point(transport::Transport& transport, bool is_send, void* data,
@@ -145,6 +180,12 @@ bool Operation::progress() {
       if (state == Completion::failed) {
         fail(Error(ErrorCode::mismatch, describe() + ": " + completions_[index].error));
         return true;
+      }
+      if (index == signature_recv_) {
+        if (auto mismatch = check_signature()) {
+          fail(*mismatch);
+          return true;
+        }
       }
       if (staging_[index]) {  // a staged recv_reduce: combine now
         const auto& step = schedule_.steps[index];

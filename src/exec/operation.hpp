@@ -58,6 +58,8 @@ class Operation {
  private:
   Operation(transport::Transport& transport, DataType type, ReduceOp op);
   void build_graph();
+  void add_signature_exchange();
+  std::optional<Error> check_signature() const;
   std::byte* address(const schedule::Region& region) const;
   void start_step(std::uint32_t index);
   void complete_step(std::uint32_t index);
@@ -83,6 +85,7 @@ class Operation {
   std::vector<std::unique_ptr<std::byte[]>> staging_;  // per step, for transports without native recv_reduce
   std::vector<std::uint32_t> ready_, in_flight_;
   std::size_t completed_ = 0;
+  std::uint32_t signature_recv_ = ~std::uint32_t{0};  // the step receiving the ring neighbour's signature
   bool finished_ = false;
   std::optional<Error> error_;
 };

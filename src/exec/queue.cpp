@@ -58,6 +58,13 @@ std::shared_ptr<Operation> OperationQueue::submit(std::unique_ptr<Operation> op,
 
 void OperationQueue::fail_all_locked(const transport::Failure& failure) {
   if (!aborted_) aborted_ = failure;
+  if (core::log_enabled(core::LogLevel::info))
+    for (auto& op : active_)
+      if (!op->finished()) {
+        std::string peers;
+        for (int peer : op->waiting_for()) peers += " " + std::to_string(peer);
+        core::log(core::LogLevel::info, rank(), op->describe() + " fails with the communicator's abort; waiting for:" + peers);
+      }
   for (auto& op : active_) op->fail(failure.error);
   for (auto& op : unordered_) op->fail(failure.error);
 }
@@ -68,16 +75,18 @@ void OperationQueue::abort_locked(const Error& error, std::uint64_t seq) {
 }
 
 void OperationQueue::progress_locked() {
+  // Read the abort state before progressing: whatever peers delivered before they aborted is then
+  // visible to the progress below, so an operation whose messages all arrived still completes
+  // (a slow rank finishing the previous call while a later one failed elsewhere).
+  const std::optional<transport::Failure> failure = aborted_ ? std::nullopt : transport_->aborted();
   transport_->progress();
   const std::size_t before = active_.size() + unordered_.size();
-  if (!aborted_) {
-    if (auto failure = transport_->aborted()) fail_all_locked(*failure);
-  }
   for (auto& op : active_)
     if (op->progress() && op->error() && !aborted_) abort_locked(*op->error(), op->signature().seq);
-  while (!active_.empty() && active_.front()->finished()) active_.pop_front();
   for (auto& op : unordered_)
     if (op->progress() && op->error() && !aborted_) abort_locked(*op->error(), transport::no_seq);
+  if (failure && !aborted_) fail_all_locked(*failure);
+  while (!active_.empty() && active_.front()->finished()) active_.pop_front();
   std::erase_if(unordered_, [](const auto& op) { return op->finished(); });
   const std::size_t after = active_.size() + unordered_.size();
   outstanding_.store(after, std::memory_order_release);

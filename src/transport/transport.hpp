@@ -42,8 +42,9 @@ struct WireSignature {
   std::uint8_t algorithm = 0xff;  // index into the algorithm names, 0xff = none
   std::uint8_t type = 0;
   std::int8_t op = -1;  // -1 = none
-  std::uint32_t reserved = 0;
+  std::uint64_t reserved = 0;  // keeps the struct free of padding, so that it compares as bytes
 };
+static_assert(sizeof(WireSignature) == 40);
 WireSignature to_wire(const Signature& signature);
 Signature from_wire(const WireSignature& wire);
 
@@ -90,6 +91,11 @@ class Transport {
   /// This rank's transport of a sub-communicator `id` made of `ranks` (in this communicator's
   /// numbering, in the new order); this rank is ranks[new_rank]. Every member calls it alike.
   virtual std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) = 0;
+
+  /// True when `announce` catches every disagreement by itself (a table all ranks see). Otherwise
+  /// the executor adds to every collective a 40-byte message carrying the caller's signature to
+  /// the next rank on a ring, so that any disagreement is caught by some rank, which aborts all.
+  virtual bool detects_every_mismatch() const { return false; }
 
   /// Starts a collective: registers this rank's signature. When ranks disagree the communicator
   /// is aborted with Error(mismatch) naming both ranks and signatures (see `aborted`).

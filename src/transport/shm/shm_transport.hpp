@@ -44,6 +44,7 @@ class ShmTransport final : public Transport {
   int size() const override { return size_; }
   std::uint64_t id() const override { return comm_id_; }
   std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) override;
+  bool detects_every_mismatch() const override { return true; }  // signature slots in the segment
   void announce(const Signature& signature) override;
   void post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) override;
   void post_recv(int peer, const MessageKey& key, void* data, std::size_t bytes, Completion* done) override;
