@@ -42,9 +42,9 @@ TEST(Types, SizesAndMapping) {
 TEST(Types, HalfConversionsRoundToNearestEven) {
   EXPECT_EQ(f16(1.0f).bits, 0x3c00);
   EXPECT_EQ(f16(65504.0f).bits, 0x7bff);
-  EXPECT_EQ(f16(65520.0f).bits, 0x7c00);  // rounds to infinity
-  EXPECT_EQ(f16(1.0f + 1.0f / 2048).bits, 0x3c00);  // halfway: to even
-  EXPECT_EQ(f16(1.0f + 3.0f / 2048).bits, 0x3c02);  // halfway: to even (up)
+  EXPECT_EQ(f16(65520.0f).bits, 0x7c00);                // rounds to infinity
+  EXPECT_EQ(f16(1.0f + 1.0f / 2048).bits, 0x3c00);      // halfway: to even
+  EXPECT_EQ(f16(1.0f + 3.0f / 2048).bits, 0x3c02);      // halfway: to even (up)
   EXPECT_EQ(f16(5.960464477539063e-08f).bits, 0x0001);  // smallest subnormal
   EXPECT_EQ(static_cast<float>(f16(-2.5f)), -2.5f);
   EXPECT_EQ(bf16(1.0f).bits, 0x3f80);
@@ -91,8 +91,8 @@ TEST(Nonblocking, ManyOutstandingCompletedInReverseOrder) {
                                     Algorithm::binomial_tree};
     for (int i = 0; i < ops; ++i) {
       data[i].assign(static_cast<std::size_t>(1 + i * 997), comm.rank() + i);
-      requests.push_back(comm.iallreduce(data[i].data(), data[i].data(), data[i].size(), DataType::i64,
-                                         ReduceOp::sum, {algorithms[i % 4], test_timeout}));
+      requests.push_back(comm.iallreduce(data[i].data(), data[i].data(), data[i].size(), DataType::i64, ReduceOp::sum,
+                                         {algorithms[i % 4], test_timeout}));
     }
     for (int i = ops - 1; i >= 0; --i) {
       requests[i].wait();
@@ -110,10 +110,13 @@ TEST(Nonblocking, ManyOutstandingCompletedInReverseOrder) {
 TEST(Nonblocking, MixedCollectivesInFlight) {
   const std::string failures = run_ranks(5, [](Communicator& comm) {
     const int p = comm.size(), r = comm.rank();
-    std::vector<int> a(1000, r), mine(1000, r), gathered(1000 * static_cast<std::size_t>(p), -1), b(777, r == 2 ? 42 : -1);
+    std::vector<int> a(1000, r), mine(1000, r), gathered(1000 * static_cast<std::size_t>(p), -1),
+        b(777, r == 2 ? 42 : -1);
     std::vector<double> c(3001, r);
-    Request r1 = comm.iallreduce(a.data(), a.data(), a.size(), DataType::i32, ReduceOp::max, {Algorithm::ring, test_timeout});
-    Request r2 = comm.iallgather(mine.data(), gathered.data(), a.size(), DataType::i32, {Algorithm::bruck, test_timeout});
+    Request r1 =
+        comm.iallreduce(a.data(), a.data(), a.size(), DataType::i32, ReduceOp::max, {Algorithm::ring, test_timeout});
+    Request r2 =
+        comm.iallgather(mine.data(), gathered.data(), a.size(), DataType::i32, {Algorithm::bruck, test_timeout});
     Request r3 = comm.ibroadcast(b.data(), b.size(), DataType::i32, 2, {Algorithm::ring, test_timeout});
     Request r4 = comm.iallreduce(c.data(), c.data(), c.size(), DataType::f64, ReduceOp::avg, {{}, test_timeout});
     Request r5 = comm.ibarrier({{}, test_timeout});
@@ -178,7 +181,8 @@ TEST(Split, ConcurrentCommunicators) {
       auto drive2 = [&](Communicator& c) {
         for (int i = 0; i < 50; ++i) {
           std::vector<std::int64_t> v(129 + static_cast<std::size_t>(i), 1);
-          c.allreduce(v.data(), v.data(), v.size(), DataType::i64, ReduceOp::sum, {Algorithm::rabenseifner, test_timeout});
+          c.allreduce(v.data(), v.data(), v.size(), DataType::i64, ReduceOp::sum,
+                      {Algorithm::rabenseifner, test_timeout});
           for (auto x : v)
             if (x != c.size()) throw std::runtime_error("wrong sum in parity communicator");
         }
@@ -211,10 +215,12 @@ TEST(PointToPoint, RingAndTagsInOrder) {
       out[k].assign(100 + k, r * 100 + k);
       in[k].assign(100 + k, -1);
     }
-    for (int k = 0; k < 6; ++k) requests.push_back(comm.isend(out[k].data(), out[k].size(), DataType::i32, next, k % 2));
+    for (int k = 0; k < 6; ++k)
+      requests.push_back(comm.isend(out[k].data(), out[k].size(), DataType::i32, next, k % 2));
     // Receives posted tag 1 first, then tag 0: tags are separate channels, each in order.
     for (int tag : {1, 0})
-      for (int k = tag; k < 6; k += 2) requests.push_back(comm.irecv(in[k].data(), in[k].size(), DataType::i32, prev, tag));
+      for (int k = tag; k < 6; k += 2)
+        requests.push_back(comm.irecv(in[k].data(), in[k].size(), DataType::i32, prev, tag));
     for (auto& q : requests) q.wait();
     for (int k = 0; k < 6; ++k)
       for (int v : in[k]) ASSERT_EQ(v, prev * 100 + k) << "message " << k;
@@ -236,8 +242,10 @@ TEST(PointToPoint, SizeMismatchIsAnErrorOnBothSides) {
   const std::string failures = run_ranks(2, [&](Communicator& comm) {
     std::vector<int> buffer(10, 0);
     try {
-      if (comm.rank() == 0) comm.send(buffer.data(), 10, DataType::i32, 1);
-      else comm.recv(buffer.data(), 9, DataType::i32, 0);
+      if (comm.rank() == 0)
+        comm.send(buffer.data(), 10, DataType::i32, 1);
+      else
+        comm.recv(buffer.data(), 9, DataType::i32, 0);
     } catch (const Error& e) {
       if (e.code() == ErrorCode::mismatch) mismatches.fetch_add(1);
     }
@@ -279,31 +287,67 @@ TEST(InvalidArguments, NamedAndNothingSent) {
     // Only rank 1 makes bad calls: if any of them sent a byte or took a sequence number,
     // the collective below would mismatch or hang.
     if (comm.rank() == 1) {
-      expect_error([&] { comm.allreduce(nullptr, b.data(), 4, DataType::f32, ReduceOp::sum, o); }, ErrorCode::invalid_argument, "send is null");
-      expect_error([&] { comm.allreduce(a.data(), nullptr, 4, DataType::f32, ReduceOp::sum, o); }, ErrorCode::invalid_argument, "recv is null");
-      expect_error([&] { comm.broadcast(nullptr, 4, DataType::f32, 0, o); }, ErrorCode::invalid_argument, "buffer is null");
+      expect_error([&] { comm.allreduce(nullptr, b.data(), 4, DataType::f32, ReduceOp::sum, o); },
+                   ErrorCode::invalid_argument, "send is null");
+      expect_error([&] { comm.allreduce(a.data(), nullptr, 4, DataType::f32, ReduceOp::sum, o); },
+                   ErrorCode::invalid_argument, "recv is null");
+      expect_error([&] { comm.broadcast(nullptr, 4, DataType::f32, 0, o); }, ErrorCode::invalid_argument,
+                   "buffer is null");
       expect_error([&] { comm.broadcast(a.data(), 4, DataType::f32, p, o); }, ErrorCode::invalid_argument, "root 3");
-      expect_error([&] { comm.reduce(a.data(), b.data(), 4, DataType::f32, ReduceOp::sum, -1, o); }, ErrorCode::invalid_argument, "root -1");
-      expect_error([&] { comm.gather(a.data(), b.data(), 1, DataType::f32, 7, o); }, ErrorCode::invalid_argument, "root 7");
-      expect_error([&] { comm.scatter(a.data(), b.data(), 1, DataType::f32, -2, o); }, ErrorCode::invalid_argument, "root -2");
+      expect_error([&] { comm.reduce(a.data(), b.data(), 4, DataType::f32, ReduceOp::sum, -1, o); },
+                   ErrorCode::invalid_argument, "root -1");
+      expect_error([&] { comm.gather(a.data(), b.data(), 1, DataType::f32, 7, o); }, ErrorCode::invalid_argument,
+                   "root 7");
+      expect_error([&] { comm.scatter(a.data(), b.data(), 1, DataType::f32, -2, o); }, ErrorCode::invalid_argument,
+                   "root -2");
       expect_error([&] { comm.send(a.data(), 1, DataType::f32, 3); }, ErrorCode::invalid_argument, "peer 3");
       expect_error([&] { comm.recv(a.data(), 1, DataType::f32, -1); }, ErrorCode::invalid_argument, "peer -1");
       expect_error([&] { comm.send(a.data(), 1, DataType::f32, 0, -5); }, ErrorCode::invalid_argument, "tag");
-      expect_error([&] { comm.allgatherv(a.data(), 1, b.data(), short_counts, DataType::f32, o); }, ErrorCode::invalid_argument, "recv_counts has 2 entries");
-      expect_error([&] { comm.allgatherv(a.data(), 2, b.data(), counts, DataType::f32, o); }, ErrorCode::invalid_argument, "send_count (2)");
-      expect_error([&] { comm.alltoallv(a.data(), short_counts, b.data(), counts, DataType::f32, o); }, ErrorCode::invalid_argument, "send_counts has 2 entries");
-      expect_error([&] { comm.alltoallv(a.data(), counts, b.data(), short_counts, DataType::f32, o); }, ErrorCode::invalid_argument, "recv_counts has 2 entries");
-      expect_error([&] { comm.allreduce(a.data(), a.data() + 1, 4, DataType::f32, ReduceOp::sum, o); }, ErrorCode::invalid_argument, "overlap");
-      expect_error([&] { comm.allgather(a.data() + 1, a.data(), 2, DataType::f32, o); }, ErrorCode::invalid_argument, "overlap");
-      expect_error([&] { comm.alltoall(a.data(), a.data() + 3, 3, DataType::f32, o); }, ErrorCode::invalid_argument, "overlap");
-      expect_error([&] { comm.allreduce(a.data(), b.data(), 4, static_cast<DataType>(99), ReduceOp::sum, o); }, ErrorCode::invalid_argument, "DataType");
-      expect_error([&] { comm.allreduce(a.data(), b.data(), 4, DataType::f32, static_cast<ReduceOp>(42), o); }, ErrorCode::invalid_argument, "ReduceOp");
-      expect_error([&] { comm.allreduce(a.data(), b.data(), SIZE_MAX / 2, DataType::f32, ReduceOp::sum, o); }, ErrorCode::invalid_argument, "overflows");
-      expect_error([&] { comm.allreduce(a.data(), b.data(), 4, DataType::f32, ReduceOp::sum, {Algorithm::bruck, test_timeout}); }, ErrorCode::unsupported, "bruck");
-      expect_error([&] { comm.allreduce(a.data(), b.data(), 4, DataType::f32, ReduceOp::sum, {Algorithm::direct, test_timeout}); }, ErrorCode::unsupported, "direct");
-      expect_error([&] { comm.gather(a.data(), b.data(), 1, DataType::f32, 0, {Algorithm::ring, test_timeout}); }, ErrorCode::unsupported, "ring");
-      expect_error([&] { comm.broadcast(a.data(), 1, DataType::f32, 0, {Algorithm::mpi, test_timeout}); }, ErrorCode::unsupported, "mpi");
-      expect_error([&] { comm.alltoallv(a.data(), counts, b.data(), counts, DataType::f32, {Algorithm::bruck, test_timeout}); }, ErrorCode::unsupported, "bruck");
+      expect_error([&] { comm.allgatherv(a.data(), 1, b.data(), short_counts, DataType::f32, o); },
+                   ErrorCode::invalid_argument, "recv_counts has 2 entries");
+      expect_error([&] { comm.allgatherv(a.data(), 2, b.data(), counts, DataType::f32, o); },
+                   ErrorCode::invalid_argument, "send_count (2)");
+      expect_error([&] { comm.alltoallv(a.data(), short_counts, b.data(), counts, DataType::f32, o); },
+                   ErrorCode::invalid_argument, "send_counts has 2 entries");
+      expect_error([&] { comm.alltoallv(a.data(), counts, b.data(), short_counts, DataType::f32, o); },
+                   ErrorCode::invalid_argument, "recv_counts has 2 entries");
+      expect_error([&] { comm.allreduce(a.data(), a.data() + 1, 4, DataType::f32, ReduceOp::sum, o); },
+                   ErrorCode::invalid_argument, "overlap");
+      expect_error([&] { comm.allgather(a.data() + 1, a.data(), 2, DataType::f32, o); }, ErrorCode::invalid_argument,
+                   "overlap");
+      expect_error([&] { comm.alltoall(a.data(), a.data() + 3, 3, DataType::f32, o); }, ErrorCode::invalid_argument,
+                   "overlap");
+      expect_error([&] { comm.allreduce(a.data(), b.data(), 4, static_cast<DataType>(99), ReduceOp::sum, o); },
+                   ErrorCode::invalid_argument, "DataType");
+      expect_error([&] { comm.allreduce(a.data(), b.data(), 4, DataType::f32, static_cast<ReduceOp>(42), o); },
+                   ErrorCode::invalid_argument, "ReduceOp");
+      expect_error([&] { comm.allreduce(a.data(), b.data(), SIZE_MAX / 2, DataType::f32, ReduceOp::sum, o); },
+                   ErrorCode::invalid_argument, "overflows");
+      expect_error(
+          [&] {
+            comm.allreduce(a.data(), b.data(), 4, DataType::f32, ReduceOp::sum, {Algorithm::bruck, test_timeout});
+          },
+          ErrorCode::unsupported, "bruck");
+      expect_error(
+          [&] {
+            comm.allreduce(a.data(), b.data(), 4, DataType::f32, ReduceOp::sum, {Algorithm::direct, test_timeout});
+          },
+          ErrorCode::unsupported, "direct");
+      expect_error(
+          [&] {
+            comm.gather(a.data(), b.data(), 1, DataType::f32, 0, {Algorithm::ring, test_timeout});
+          },
+          ErrorCode::unsupported, "ring");
+      expect_error(
+          [&] {
+            comm.broadcast(a.data(), 1, DataType::f32, 0, {Algorithm::mpi, test_timeout});
+          },
+          ErrorCode::unsupported, "mpi");
+      expect_error(
+          [&] {
+            comm.alltoallv(a.data(), counts, b.data(), counts, DataType::f32, {Algorithm::bruck, test_timeout});
+          },
+          ErrorCode::unsupported, "bruck");
     }
     // Non-roots may pass null recv (reduce, gather) and null send (scatter) with count > 0.
     comm.reduce(a.data(), comm.rank() == 0 ? b.data() : nullptr, 4, DataType::f32, ReduceOp::sum, 0, o);
@@ -348,8 +392,10 @@ TEST(Errors, MismatchedRootsAndKinds) {
   const std::string failures = run_ranks(3, [&](Communicator& comm) {
     std::vector<int> v(16, comm.rank());
     try {
-      if (comm.rank() == 0) comm.allreduce(v.data(), v.data(), 16, DataType::i32, ReduceOp::sum, {{}, test_timeout});
-      else comm.broadcast(v.data(), 16, DataType::i32, comm.rank(), {{}, test_timeout});
+      if (comm.rank() == 0)
+        comm.allreduce(v.data(), v.data(), 16, DataType::i32, ReduceOp::sum, {{}, test_timeout});
+      else
+        comm.broadcast(v.data(), 16, DataType::i32, comm.rank(), {{}, test_timeout});
     } catch (const Error& e) {
       if (e.code() == ErrorCode::mismatch) mismatches.fetch_add(1);
     }
@@ -369,8 +415,11 @@ TEST(Errors, SilentPeerTimesOutNamingIt) {
       return;
     }
     const auto start = std::chrono::steady_clock::now();
-    expect_error([&] { comm.allreduce(v.data(), v.data(), 64, DataType::f32, ReduceOp::sum, {Algorithm::ring, 200ms}); },
-                 ErrorCode::timeout, "timed out after 200 ms; still waiting for rank(s) 1");
+    expect_error(
+        [&] {
+          comm.allreduce(v.data(), v.data(), 64, DataType::f32, ReduceOp::sum, {Algorithm::ring, 200ms});
+        },
+        ErrorCode::timeout, "timed out after 200 ms; still waiting for rank(s) 1");
     EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
     expect_error([&] { comm.barrier(); }, ErrorCode::aborted, "aborted");
   });
@@ -412,7 +461,8 @@ TEST(Executor, StagedReceiveAndReduce) {
     for (int r = 0; r < p; ++r)
       threads.emplace_back([&, r] {
         Communicator& comm = comms[static_cast<std::size_t>(r)];
-        for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::rabenseifner, Algorithm::binomial_tree}) {
+        for (Algorithm a :
+             {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::rabenseifner, Algorithm::binomial_tree}) {
           std::vector<std::int32_t> v(1001);
           for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int32_t>(i) * (r + 1);
           comm.allreduce(v.data(), v.data(), v.size(), DataType::i32, ReduceOp::sum, {a, test_timeout});

@@ -62,7 +62,7 @@ inline void fill(Buffer& b, const Case& c, int rank, std::size_t first, std::siz
 
 // Compares [first, first+n) of `b` with the expected values; returns a description of the first difference.
 inline std::string compare(Buffer& b, const Case& c, std::size_t first, std::size_t n,
-                    const std::function<double(std::size_t)>& expected) {
+                           const std::function<double(std::size_t)>& expected) {
   std::vector<unsigned char> want(b.elem);
   for (std::size_t j = 0; j < n; ++j) {
     store(c.type, want.data(), expected(j));
@@ -90,13 +90,17 @@ inline std::string run_rank(Communicator& comm, const Case& c) {
   const int r = comm.rank(), p = comm.size();
   const auto up = static_cast<std::size_t>(p), n = c.count;
   const Options options{c.algorithm, test_timeout};
-  const auto ref = [&](std::size_t base) { return [&, base](std::size_t j) { return reference_reduction(c.type, c.op, p, base + j); }; };
+  const auto ref = [&](std::size_t base) {
+    return [&, base](std::size_t j) { return reference_reduction(c.type, c.op, p, base + j); };
+  };
   const auto value_of = [&](int rank, std::size_t base) {
     return [&, rank, base](std::size_t j) { return input_value(c.type, c.op, rank, base + j); };
   };
   auto call = [&](auto&& blocking, auto&& nonblocking) {
-    if (c.nonblocking) finish(nonblocking(), true);
-    else blocking();
+    if (c.nonblocking)
+      finish(nonblocking(), true);
+    else
+      blocking();
   };
   switch (c.collective) {
     case Collective::allreduce: {
@@ -137,7 +141,8 @@ inline std::string run_rank(Communicator& comm, const Case& c) {
       call([&] { comm.allgather(send, out.at(0), n, c.type, options); },
            [&] { return comm.iallgather(send, out.at(0), n, c.type, options); });
       for (int q = 0; q < p; ++q)
-        if (auto e = compare(out, c, q * n, n, value_of(q, 0)); !e.empty()) return "block " + std::to_string(q) + ": " + e;
+        if (auto e = compare(out, c, q * n, n, value_of(q, 0)); !e.empty())
+          return "block " + std::to_string(q) + ": " + e;
       return "";
     }
     case Collective::allgatherv: {
@@ -173,7 +178,8 @@ inline std::string run_rank(Communicator& comm, const Case& c) {
       call([&] { comm.alltoall(in.at(0), result.at(0), n, c.type, options); },
            [&] { return comm.ialltoall(in.at(0), result.at(0), n, c.type, options); });
       for (int q = 0; q < p; ++q)
-        if (auto e = compare(result, c, q * n, n, value_of(q, r * n)); !e.empty()) return "block " + std::to_string(q) + ": " + e;
+        if (auto e = compare(result, c, q * n, n, value_of(q, r * n)); !e.empty())
+          return "block " + std::to_string(q) + ": " + e;
       return "";
     }
     case Collective::alltoallv: {
@@ -213,7 +219,8 @@ inline std::string run_rank(Communicator& comm, const Case& c) {
            [&] { return comm.igather(send, recv, n, c.type, c.root, options); });
       if (r != c.root) return "";
       for (int q = 0; q < p; ++q)
-        if (auto e = compare(out, c, q * n, n, value_of(q, 0)); !e.empty()) return "block " + std::to_string(q) + ": " + e;
+        if (auto e = compare(out, c, q * n, n, value_of(q, 0)); !e.empty())
+          return "block " + std::to_string(q) + ": " + e;
       return "";
     }
     case Collective::scatter: {
@@ -226,7 +233,8 @@ inline std::string run_rank(Communicator& comm, const Case& c) {
       if (c.place && r == c.root) return compare(in, c, r * n, n, value_of(c.root, r * n));
       return compare(out, c, 0, n, value_of(c.root, r * n));
     }
-    case Collective::barrier: return "";  // see BarrierTest
+    case Collective::barrier:
+      return "";  // see BarrierTest
   }
   return "unknown collective";
 }
@@ -239,18 +247,21 @@ inline std::vector<Algorithm> algorithms_with_automatic(Collective c) {
 
 inline std::vector<int> places_of(Collective c) {
   switch (c) {
-    case Collective::broadcast: return {0};
+    case Collective::broadcast:
+      return {0};
     case Collective::reduce_scatter:
     case Collective::allgather:
-    case Collective::allgatherv: return {0, 1, 2};
-    default: return {0, 1};
+    case Collective::allgatherv:
+      return {0, 1, 2};
+    default:
+      return {0, 1};
   }
 }
 
 inline const std::vector<Collective> data_collectives = {
-    Collective::allreduce, Collective::reduce,    Collective::reduce_scatter, Collective::allgather,
-    Collective::allgatherv, Collective::broadcast, Collective::alltoall,     Collective::alltoallv,
-    Collective::gather,    Collective::scatter};
+    Collective::allreduce,  Collective::reduce,    Collective::reduce_scatter, Collective::allgather,
+    Collective::allgatherv, Collective::broadcast, Collective::alltoall,       Collective::alltoallv,
+    Collective::gather,     Collective::scatter};
 
 // Every collective × algorithm × p × count {0, 1, p−1, p+1} × in place/out of place, f32 sum.
 inline std::vector<Case> sweep_cases(std::initializer_list<int> sizes = {1, 2, 3, 4, 5, 7, 8}) {
@@ -270,7 +281,7 @@ inline std::vector<Case> sweep_cases(std::initializer_list<int> sizes = {1, 2, 3
 // Every type × op for the reductions (every algorithm), and every type for the others.
 inline std::vector<Case> type_cases() {
   std::vector<Case> cases;
-  const DataType types[] = {DataType::i8, DataType::u8,   DataType::i32, DataType::u32, DataType::i64,
+  const DataType types[] = {DataType::i8,  DataType::u8,  DataType::i32,  DataType::u32, DataType::i64,
                             DataType::u64, DataType::f16, DataType::bf16, DataType::f32, DataType::f64};
   const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
   for (DataType t : types) {

@@ -9,9 +9,9 @@
 // Every rank prints one line "rank R: <code>: <message>" for the error it got (or "rank R: ok").
 // It exits 3 when it got the error the mode expects (non-zero, so that tutti-run ends the job),
 // 0 when the mode expects success and it succeeded, else 1.
+#include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <netdb.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -60,8 +60,10 @@ int mismatch(Communicator& world, const std::string& what) {
   if (odd && what == "op") op = ReduceOp::max;
   if (odd && what == "root") root = 1;
   try {
-    if (what == "root") world.reduce(data.data(), data.data(), count, type, op, root);
-    else world.allreduce(data.data(), data.data(), count, type, op);
+    if (what == "root")
+      world.reduce(data.data(), data.data(), count, type, op, root);
+    else
+      world.allreduce(data.data(), data.data(), count, type, op);
   } catch (const Error& e) {
     return report(world.rank(), std::string(to_string(e.code())) + ": " + e.what(), e.code() == ErrorCode::mismatch);
   }
@@ -75,13 +77,15 @@ bool rogue_connection_refused(const std::string& address) {
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (::getaddrinfo(address.substr(0, colon).c_str(), address.substr(colon + 1).c_str(), &hints, &found) != 0) return false;
+  if (::getaddrinfo(address.substr(0, colon).c_str(), address.substr(colon + 1).c_str(), &hints, &found) != 0)
+    return false;
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   const bool connected = ::connect(fd, found->ai_addr, found->ai_addrlen) == 0;
   ::freeaddrinfo(found);
   std::string why;
-  const bool accepted = connected && bootstrap::handshake(fd, "not-the-token", true,
-                                                          std::chrono::steady_clock::now() + std::chrono::seconds(5), &why);
+  const bool accepted =
+      connected &&
+      bootstrap::handshake(fd, "not-the-token", true, std::chrono::steady_clock::now() + std::chrono::seconds(5), &why);
   ::close(fd);
   return !accepted;  // once the mesh is complete the port is closed: refused before the handshake
 }
@@ -89,7 +93,8 @@ bool rogue_connection_refused(const std::string& address) {
 int bad_token(Communicator& world) {
   bool refused = true;
   if (world.rank() == 0) {
-    auto store = bootstrap::connect_store(std::getenv("TUTTI_STORE"), std::getenv("TUTTI_TOKEN"), std::chrono::seconds(10));
+    auto store =
+        bootstrap::connect_store(std::getenv("TUTTI_STORE"), std::getenv("TUTTI_TOKEN"), std::chrono::seconds(10));
     refused = rogue_connection_refused(store->get("tcp/1/1", std::chrono::seconds(10)));
   }
   try {

@@ -59,16 +59,52 @@ inline double input_value(DataType type, ReduceOp op, int rank, std::size_t i) {
 inline void store(DataType type, void* out, double value) {
   const auto wide = static_cast<std::int64_t>(value);  // integers wrap modulo 2^bits, as the kernels do
   switch (type) {
-    case DataType::i8: { auto v = static_cast<std::int8_t>(wide); std::memcpy(out, &v, 1); break; }
-    case DataType::u8: { auto v = static_cast<std::uint8_t>(wide); std::memcpy(out, &v, 1); break; }
-    case DataType::i32: { auto v = static_cast<std::int32_t>(wide); std::memcpy(out, &v, 4); break; }
-    case DataType::u32: { auto v = static_cast<std::uint32_t>(wide); std::memcpy(out, &v, 4); break; }
-    case DataType::i64: std::memcpy(out, &wide, 8); break;
-    case DataType::u64: { auto v = static_cast<std::uint64_t>(wide); std::memcpy(out, &v, 8); break; }
-    case DataType::f16: { f16 v(static_cast<float>(value)); std::memcpy(out, &v, 2); break; }
-    case DataType::bf16: { bf16 v(static_cast<float>(value)); std::memcpy(out, &v, 2); break; }
-    case DataType::f32: { auto v = static_cast<float>(value); std::memcpy(out, &v, 4); break; }
-    case DataType::f64: std::memcpy(out, &value, 8); break;
+    case DataType::i8: {
+      auto v = static_cast<std::int8_t>(wide);
+      std::memcpy(out, &v, 1);
+      break;
+    }
+    case DataType::u8: {
+      auto v = static_cast<std::uint8_t>(wide);
+      std::memcpy(out, &v, 1);
+      break;
+    }
+    case DataType::i32: {
+      auto v = static_cast<std::int32_t>(wide);
+      std::memcpy(out, &v, 4);
+      break;
+    }
+    case DataType::u32: {
+      auto v = static_cast<std::uint32_t>(wide);
+      std::memcpy(out, &v, 4);
+      break;
+    }
+    case DataType::i64:
+      std::memcpy(out, &wide, 8);
+      break;
+    case DataType::u64: {
+      auto v = static_cast<std::uint64_t>(wide);
+      std::memcpy(out, &v, 8);
+      break;
+    }
+    case DataType::f16: {
+      f16 v(static_cast<float>(value));
+      std::memcpy(out, &v, 2);
+      break;
+    }
+    case DataType::bf16: {
+      bf16 v(static_cast<float>(value));
+      std::memcpy(out, &v, 2);
+      break;
+    }
+    case DataType::f32: {
+      auto v = static_cast<float>(value);
+      std::memcpy(out, &v, 4);
+      break;
+    }
+    case DataType::f64:
+      std::memcpy(out, &value, 8);
+      break;
   }
 }
 
@@ -85,10 +121,18 @@ inline double reference_reduction(DataType type, ReduceOp op, int p, std::size_t
     const double v = input_value(type, op, r, i);
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: acc += v; break;
-      case ReduceOp::prod: acc *= v; break;
-      case ReduceOp::min: acc = std::min(acc, v); break;
-      case ReduceOp::max: acc = std::max(acc, v); break;
+      case ReduceOp::avg:
+        acc += v;
+        break;
+      case ReduceOp::prod:
+        acc *= v;
+        break;
+      case ReduceOp::min:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::max:
+        acc = std::max(acc, v);
+        break;
     }
   }
   if (op == ReduceOp::avg) {

@@ -106,10 +106,14 @@ int main(int argc, char** argv) {
   try {
     Communicator world = init();
     std::pair<int, int> result;
-    if (mode == "sweep") result = run_cases(world, sweep_cases({world.size()}));
-    else if (mode == "types") result = run_cases(world, with_size(type_cases(), world.size()));
-    else if (mode == "split") result = run_split(world);
-    else if (mode == "overlap") result = run_overlap(world);
+    if (mode == "sweep")
+      result = run_cases(world, sweep_cases({world.size()}));
+    else if (mode == "types")
+      result = run_cases(world, with_size(type_cases(), world.size()));
+    else if (mode == "split")
+      result = run_split(world);
+    else if (mode == "overlap")
+      result = run_overlap(world);
     else {
       std::fprintf(stderr, "mp_collectives: unknown mode '%s'\n", mode.c_str());
       return 2;

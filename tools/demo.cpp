@@ -34,13 +34,17 @@ Settings parse(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (arg == "-n" || arg == "--ranks") s.ranks = std::stoi(value());
-    else if (arg == "--count") s.count = std::stoull(value());
-    else if (arg == "--iters") s.iters = std::stoi(value());
+    if (arg == "-n" || arg == "--ranks")
+      s.ranks = std::stoi(value());
+    else if (arg == "--count")
+      s.count = std::stoull(value());
+    else if (arg == "--iters")
+      s.iters = std::stoi(value());
     else if (arg == "-h" || arg == "--help") {
-      std::printf("usage: tutti-demo [-n RANKS] [--count ELEMENTS] [--iters N]\n"
-                  "Runs every collective on RANKS threads (default 4) with f32 data of ELEMENTS per rank\n"
-                  "(default 1048576), checks every result, and prints time and bus bandwidth.\n");
+      std::printf(
+          "usage: tutti-demo [-n RANKS] [--count ELEMENTS] [--iters N]\n"
+          "Runs every collective on RANKS threads (default 4) with f32 data of ELEMENTS per rank\n"
+          "(default 1048576), checks every result, and prints time and bus bandwidth.\n");
       std::exit(0);
     } else {
       std::fprintf(stderr, "tutti-demo: unknown argument %s (see --help)\n", arg.c_str());
@@ -105,15 +109,15 @@ void run_rank(tutti::Communicator& comm, const Settings& s, std::vector<Row>& ro
   }
 
   std::vector<float> part(n / p);
-  const double t_rs = timed(comm, s.iters, [&] {
-    comm.reduce_scatter(grad.data(), part.data(), n / p, DataType::f32, ReduceOp::sum);
-  });
+  const double t_rs =
+      timed(comm, s.iters, [&] { comm.reduce_scatter(grad.data(), part.data(), n / p, DataType::f32, ReduceOp::sum); });
   bool ok_rs = true;
   for (std::size_t i = 0; i < n / p; ++i) ok_rs &= part[i] == expected_sum(r * (n / p) + i);
   record("reduce_scatter", t_rs, gather_factor, (n / p) * p * sizeof(float), ok_rs);
 
   std::vector<float> all(part.size() * p);
-  const double t_ag = timed(comm, s.iters, [&] { comm.allgather(part.data(), all.data(), part.size(), DataType::f32); });
+  const double t_ag =
+      timed(comm, s.iters, [&] { comm.allgather(part.data(), all.data(), part.size(), DataType::f32); });
   bool ok_ag = true;
   for (std::size_t i = 0; i < all.size(); ++i) ok_ag &= all[i] == expected_sum(i);
   record("allgather", t_ag, gather_factor, all.size() * sizeof(float), ok_ag);
@@ -127,7 +131,8 @@ void run_rank(tutti::Communicator& comm, const Settings& s, std::vector<Row>& ro
   const std::size_t block = n / p;
   std::vector<float> a2a_in(block * p), a2a_out(block * p);
   for (std::size_t i = 0; i < a2a_in.size(); ++i) a2a_in[i] = static_cast<float>(r * 1000 + i / block);
-  const double t_a2a = timed(comm, s.iters, [&] { comm.alltoall(a2a_in.data(), a2a_out.data(), block, DataType::f32); });
+  const double t_a2a =
+      timed(comm, s.iters, [&] { comm.alltoall(a2a_in.data(), a2a_out.data(), block, DataType::f32); });
   bool ok_a2a = true;
   for (std::size_t i = 0; i < a2a_out.size(); ++i) ok_a2a &= a2a_out[i] == static_cast<float>((i / block) * 1000 + r);
   record("alltoall", t_a2a, gather_factor, a2a_out.size() * sizeof(float), ok_a2a);
@@ -179,7 +184,8 @@ int main(int argc, char** argv) {
   std::printf("%-32s %12s %12s  %s\n", "collective", "time (us)", "busbw (GB/s)", "result");
   bool all_ok = true;
   for (const Row& row : rows) {
-    std::printf("%-32s %12.1f %12.2f  %s\n", row.what.c_str(), row.seconds * 1e6, row.busbw, row.ok ? "correct" : "WRONG");
+    std::printf("%-32s %12.1f %12.2f  %s\n", row.what.c_str(), row.seconds * 1e6, row.busbw,
+                row.ok ? "correct" : "WRONG");
     all_ok &= row.ok;
   }
   std::printf("\n%s\n", all_ok ? "all results correct" : "SOME RESULTS WRONG");

@@ -73,8 +73,7 @@ class Communicator {
   void broadcast(void* buffer, std::size_t count, DataType type, int root, const Options& options = {});
   /// Block j of send (count_per_rank elements) goes to rank j, which stores it as its block `rank`.
   /// In place: send == recv.
-  void alltoall(const void* send, void* recv, std::size_t count_per_rank, DataType type,
-                const Options& options = {});
+  void alltoall(const void* send, void* recv, std::size_t count_per_rank, DataType type, const Options& options = {});
   /// Like alltoall with per-peer counts; blocks are packed in rank order (no displacements).
   /// send_counts[j] on rank i must equal recv_counts[i] on rank j. In place: send == recv.
   void alltoallv(const void* send, std::span<const std::size_t> send_counts, void* recv,
@@ -101,8 +100,7 @@ class Communicator {
                   const Options& options = {});
   Request ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type, ReduceOp op,
                           const Options& options = {});
-  Request iallgather(const void* send, void* recv, std::size_t send_count, DataType type,
-                     const Options& options = {});
+  Request iallgather(const void* send, void* recv, std::size_t send_count, DataType type, const Options& options = {});
   Request iallgatherv(const void* send, std::size_t send_count, void* recv, std::span<const std::size_t> recv_counts,
                       DataType type, const Options& options = {});
   Request ibroadcast(void* buffer, std::size_t count, DataType type, int root, const Options& options = {});

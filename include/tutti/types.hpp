@@ -104,8 +104,8 @@ constexpr std::uint16_t float_to_f16_bits(float value) {
   const std::uint32_t abs = x & 0x7fffffffu;
   if (abs >= 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
   if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to infinity
-  if (abs < 0x38800000u) {                                                      // half subnormal or zero
-    if (abs < 0x33000000u) return static_cast<std::uint16_t>(sign);             // below half the smallest subnormal
+  if (abs < 0x38800000u) {                                                    // half subnormal or zero
+    if (abs < 0x33000000u) return static_cast<std::uint16_t>(sign);           // below half the smallest subnormal
     const std::uint32_t mantissa = (abs & 0x007fffffu) | 0x00800000u;
     const int shift = 126 - static_cast<int>(abs >> 23);
     std::uint32_t half = mantissa >> shift;
@@ -148,17 +148,28 @@ inline bf16::operator float() const { return detail::bf16_bits_to_float(bits); }
 template <class T>
 constexpr DataType data_type_of() {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, std::int8_t>) return DataType::i8;
-  else if constexpr (std::is_same_v<U, std::uint8_t>) return DataType::u8;
-  else if constexpr (std::is_same_v<U, std::int32_t>) return DataType::i32;
-  else if constexpr (std::is_same_v<U, std::uint32_t>) return DataType::u32;
-  else if constexpr (std::is_same_v<U, std::int64_t>) return DataType::i64;
-  else if constexpr (std::is_same_v<U, std::uint64_t>) return DataType::u64;
-  else if constexpr (std::is_same_v<U, f16>) return DataType::f16;
-  else if constexpr (std::is_same_v<U, bf16>) return DataType::bf16;
-  else if constexpr (std::is_same_v<U, float>) return DataType::f32;
-  else if constexpr (std::is_same_v<U, double>) return DataType::f64;
-  else static_assert(sizeof(U) == 0, "tutti: no DataType for this C++ type");
+  if constexpr (std::is_same_v<U, std::int8_t>)
+    return DataType::i8;
+  else if constexpr (std::is_same_v<U, std::uint8_t>)
+    return DataType::u8;
+  else if constexpr (std::is_same_v<U, std::int32_t>)
+    return DataType::i32;
+  else if constexpr (std::is_same_v<U, std::uint32_t>)
+    return DataType::u32;
+  else if constexpr (std::is_same_v<U, std::int64_t>)
+    return DataType::i64;
+  else if constexpr (std::is_same_v<U, std::uint64_t>)
+    return DataType::u64;
+  else if constexpr (std::is_same_v<U, f16>)
+    return DataType::f16;
+  else if constexpr (std::is_same_v<U, bf16>)
+    return DataType::bf16;
+  else if constexpr (std::is_same_v<U, float>)
+    return DataType::f32;
+  else if constexpr (std::is_same_v<U, double>)
+    return DataType::f64;
+  else
+    static_assert(sizeof(U) == 0, "tutti: no DataType for this C++ type");
 }
 
 }  // namespace tutti

@@ -56,18 +56,24 @@ Algorithm size_rule(Collective collective, int p, std::size_t bytes) {
     case Collective::allreduce:
       if (bytes <= small_bytes) return Algorithm::recursive_doubling;
       return bytes <= medium_bytes ? Algorithm::rabenseifner : Algorithm::ring;
-    case Collective::reduce_scatter: return bytes <= medium_bytes ? Algorithm::rabenseifner : Algorithm::ring;
+    case Collective::reduce_scatter:
+      return bytes <= medium_bytes ? Algorithm::rabenseifner : Algorithm::ring;
     case Collective::allgather:
     case Collective::allgatherv:
       if (bytes > small_bytes) return Algorithm::ring;
       return power_of_two ? Algorithm::recursive_doubling : Algorithm::bruck;
     case Collective::broadcast:
-    case Collective::reduce: return bytes <= medium_bytes ? Algorithm::binomial_tree : Algorithm::ring;
-    case Collective::alltoall: return bytes <= 256 * static_cast<std::size_t>(p) ? Algorithm::bruck : Algorithm::pairwise;
-    case Collective::alltoallv: return Algorithm::pairwise;
+    case Collective::reduce:
+      return bytes <= medium_bytes ? Algorithm::binomial_tree : Algorithm::ring;
+    case Collective::alltoall:
+      return bytes <= 256 * static_cast<std::size_t>(p) ? Algorithm::bruck : Algorithm::pairwise;
+    case Collective::alltoallv:
+      return Algorithm::pairwise;
     case Collective::gather:
-    case Collective::scatter: return bytes <= medium_bytes ? Algorithm::binomial_tree : Algorithm::linear;
-    case Collective::barrier: return Algorithm::bruck;
+    case Collective::scatter:
+      return bytes <= medium_bytes ? Algorithm::binomial_tree : Algorithm::linear;
+    case Collective::barrier:
+      return Algorithm::bruck;
   }
   return Algorithm::ring;
 }
@@ -86,13 +92,16 @@ Algorithm choose_algorithm(Collective collective, Algorithm requested, int p, st
   if (algorithm == Algorithm::automatic) algorithm = size_rule(collective, p, bytes);
   if (!schedule::applies(algorithm, collective)) {
     std::string serves;
-    for (Algorithm a : schedule::algorithms_for(collective)) serves += (serves.empty() ? "" : ", ") + std::string(to_string(a));
-    const bool runtime = algorithm == Algorithm::direct || algorithm == Algorithm::hierarchical || algorithm == Algorithm::mpi;
-    throw Error(ErrorCode::unsupported,
-                std::string(schedule::to_string(collective)) + ": algorithm " + std::string(to_string(algorithm)) +
-                    (runtime ? " needs the multi-process runtime (shared memory or MPI), which this communicator does not have"
-                             : " does not serve this collective") +
-                    "; available: " + serves);
+    for (Algorithm a : schedule::algorithms_for(collective))
+      serves += (serves.empty() ? "" : ", ") + std::string(to_string(a));
+    const bool runtime =
+        algorithm == Algorithm::direct || algorithm == Algorithm::hierarchical || algorithm == Algorithm::mpi;
+    throw Error(
+        ErrorCode::unsupported,
+        std::string(schedule::to_string(collective)) + ": algorithm " + std::string(to_string(algorithm)) +
+            (runtime ? " needs the multi-process runtime (shared memory or MPI), which this communicator does not have"
+                     : " does not serve this collective") +
+            "; available: " + serves);
   }
   if (core::log_enabled(core::LogLevel::info)) {
     static std::mutex mutex;

@@ -29,11 +29,15 @@ std::size_t choice_bytes(const Call& call, int p) {
   switch (call.collective) {
     case Collective::allreduce:
     case Collective::reduce:
-    case Collective::broadcast: return call.count * elem;
-    case Collective::allgatherv: return std::accumulate(call.counts.begin(), call.counts.end(), std::size_t{0}) * elem;
+    case Collective::broadcast:
+      return call.count * elem;
+    case Collective::allgatherv:
+      return std::accumulate(call.counts.begin(), call.counts.end(), std::size_t{0}) * elem;
     case Collective::alltoallv:
-    case Collective::barrier: return 0;
-    default: return static_cast<std::size_t>(p) * call.count * elem;
+    case Collective::barrier:
+      return 0;
+    default:
+      return static_cast<std::size_t>(p) * call.count * elem;
   }
 }
 
@@ -46,9 +50,12 @@ std::uint64_t hash_counts(std::span<const std::size_t> counts) {
 bool has_result(const Call& call, int rank) {
   switch (call.collective) {
     case Collective::allreduce:
-    case Collective::reduce_scatter: return true;
-    case Collective::reduce: return rank == call.root;
-    default: return false;
+    case Collective::reduce_scatter:
+      return true;
+    case Collective::reduce:
+      return rank == call.root;
+    default:
+      return false;
   }
 }
 
@@ -81,7 +88,9 @@ Request CommImpl::start(const Call& call, bool blocking) {
   std::unique_ptr<std::byte[]> snapshot, staging_output;
   const std::size_t rank_block = static_cast<std::size_t>(rank_) * call.count * elem;
   switch (call.collective) {
-    case Collective::broadcast: buffers.input = nullptr; break;
+    case Collective::broadcast:
+      buffers.input = nullptr;
+      break;
     case Collective::reduce:
     case Collective::gather:
       if (rank_ != call.root) buffers.output = nullptr;
@@ -110,7 +119,8 @@ Request CommImpl::start(const Call& call, bool blocking) {
       if (send == recv)
         buffers.input = recv + std::accumulate(call.counts.begin(), call.counts.begin() + rank_, std::size_t{0}) * elem;
       break;
-    default: break;
+    default:
+      break;
   }
 
   transport::Signature signature;
@@ -149,7 +159,8 @@ Request CommImpl::start_mpi(const Call& call) {
   const std::string what = std::string(schedule::to_string(call.collective)) + ": Algorithm::mpi ";
 #ifdef TUTTI_WITH_MPI
   if (dynamic_cast<transport::mpi::MpiTransport*>(&queue_->transport()) == nullptr)
-    throw Error(ErrorCode::unsupported, what + "needs a communicator over MPI (tutti::from_mpi, or init() under mpirun)");
+    throw Error(ErrorCode::unsupported,
+                what + "needs a communicator over MPI (tutti::from_mpi, or init() under mpirun)");
   queue_->wait_all();
   queue_->next_seq();  // keeps the sequence numbers of all ranks in step
   if (transport::mpi_collective(queue_->transport(), schedule::to_string(call.collective), call.send, call.recv,
@@ -174,7 +185,8 @@ Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size
                                                  " is out of range [0, " + std::to_string(size_) + ")");
   if (tag < 0) throw Error(ErrorCode::invalid_argument, std::string(name) + ": tag must be non-negative");
   if (data == nullptr && count > 0)
-    throw Error(ErrorCode::invalid_argument, std::string(name) + ": data is null but count is " + std::to_string(count));
+    throw Error(ErrorCode::invalid_argument,
+                std::string(name) + ": data is null but count is " + std::to_string(count));
   const auto key = queue_->next_p2p_key(is_send, peer, tag);
   std::string description = std::string(name) + "(count=" + std::to_string(count) + ", " +
                             std::string(to_string(type)) + (is_send ? ", to rank " : ", from rank ") +

@@ -54,13 +54,15 @@ Request Communicator::ireduce(const void* send, void* recv, std::size_t count, D
                               const Options& options) {
   return checked().start(make_call(Collective::reduce, send, recv, count, type, op, root, options), blocking_call);
 }
-Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type,
-                                      ReduceOp op, const Options& options) {
-  return checked().start(make_call(Collective::reduce_scatter, send, recv, recv_count, type, op, -1, options), blocking_call);
+Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type, ReduceOp op,
+                                      const Options& options) {
+  return checked().start(make_call(Collective::reduce_scatter, send, recv, recv_count, type, op, -1, options),
+                         blocking_call);
 }
 Request Communicator::iallgather(const void* send, void* recv, std::size_t send_count, DataType type,
                                  const Options& options) {
-  return checked().start(make_call(Collective::allgather, send, recv, send_count, type, std::nullopt, -1, options), blocking_call);
+  return checked().start(make_call(Collective::allgather, send, recv, send_count, type, std::nullopt, -1, options),
+                         blocking_call);
 }
 Request Communicator::iallgatherv(const void* send, std::size_t send_count, void* recv,
                                   std::span<const std::size_t> recv_counts, DataType type, const Options& options) {
@@ -69,11 +71,13 @@ Request Communicator::iallgatherv(const void* send, std::size_t send_count, void
   return checked().start(call, blocking_call);
 }
 Request Communicator::ibroadcast(void* buffer, std::size_t count, DataType type, int root, const Options& options) {
-  return checked().start(make_call(Collective::broadcast, buffer, buffer, count, type, std::nullopt, root, options), blocking_call);
+  return checked().start(make_call(Collective::broadcast, buffer, buffer, count, type, std::nullopt, root, options),
+                         blocking_call);
 }
 Request Communicator::ialltoall(const void* send, void* recv, std::size_t count_per_rank, DataType type,
                                 const Options& options) {
-  return checked().start(make_call(Collective::alltoall, send, recv, count_per_rank, type, std::nullopt, -1, options), blocking_call);
+  return checked().start(make_call(Collective::alltoall, send, recv, count_per_rank, type, std::nullopt, -1, options),
+                         blocking_call);
 }
 Request Communicator::ialltoallv(const void* send, std::span<const std::size_t> send_counts, void* recv,
                                  std::span<const std::size_t> recv_counts, DataType type, const Options& options) {
@@ -84,14 +88,17 @@ Request Communicator::ialltoallv(const void* send, std::span<const std::size_t> 
 }
 Request Communicator::igather(const void* send, void* recv, std::size_t send_count, DataType type, int root,
                               const Options& options) {
-  return checked().start(make_call(Collective::gather, send, recv, send_count, type, std::nullopt, root, options), blocking_call);
+  return checked().start(make_call(Collective::gather, send, recv, send_count, type, std::nullopt, root, options),
+                         blocking_call);
 }
 Request Communicator::iscatter(const void* send, void* recv, std::size_t recv_count, DataType type, int root,
                                const Options& options) {
-  return checked().start(make_call(Collective::scatter, send, recv, recv_count, type, std::nullopt, root, options), blocking_call);
+  return checked().start(make_call(Collective::scatter, send, recv, recv_count, type, std::nullopt, root, options),
+                         blocking_call);
 }
 Request Communicator::ibarrier(const Options& options) {
-  return checked().start(make_call(Collective::barrier, nullptr, nullptr, 0, DataType::u8, std::nullopt, -1, options), blocking_call);
+  return checked().start(make_call(Collective::barrier, nullptr, nullptr, 0, DataType::u8, std::nullopt, -1, options),
+                         blocking_call);
 }
 Request Communicator::isend(const void* data, std::size_t count, DataType type, int peer, int tag) {
   return checked().start_point_to_point(true, data, count, type, peer, tag, blocking_call);

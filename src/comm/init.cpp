@@ -89,8 +89,9 @@ Communicator init() {
 #endif
   if (job.store.empty())
     throw Error(ErrorCode::invalid_argument,
-                "init: started by " + job.launcher + " without TUTTI_STORE; set TUTTI_STORE=file:///shared/dir or "
-                "tcp://host:port (or use tutti-run, or mpirun with an MPI-enabled build)");
+                "init: started by " + job.launcher +
+                    " without TUTTI_STORE; set TUTTI_STORE=file:///shared/dir or "
+                    "tcp://host:port (or use tutti-run, or mpirun with an MPI-enabled build)");
   const auto timeout = core::default_timeout();
   auto server = maybe_host_store(job);
   auto store = bootstrap::connect_store(job.store, job.token, timeout);
@@ -103,8 +104,8 @@ Communicator init() {
   std::unique_ptr<transport::Transport> transport;
   if (kind == "shm") {
     if (!one_host)
-      throw Error(ErrorCode::invalid_argument, "init: TUTTI_TRANSPORT=shm, but the ranks run on " +
-                                                   std::to_string(hosts.size()) + " hosts");
+      throw Error(ErrorCode::invalid_argument,
+                  "init: TUTTI_TRANSPORT=shm, but the ranks run on " + std::to_string(hosts.size()) + " hosts");
     transport = transport::shm::open("tutti-" + job.job_id + "-world", job.rank, job.size, world_id, timeout);
   } else if (kind == "tcp") {
     transport = transport::tcp::connect(*store, job.token, job.rank, job.size, world_id,

@@ -11,8 +11,7 @@ using schedule::Collective;
 namespace {
 
 [[noreturn]] void invalid(const Call& call, const std::string& message) {
-  throw Error(ErrorCode::invalid_argument,
-              std::string(schedule::to_string(call.collective)) + ": " + message);
+  throw Error(ErrorCode::invalid_argument, std::string(schedule::to_string(call.collective)) + ": " + message);
 }
 
 std::size_t checked_mul(const Call& call, std::size_t a, std::size_t b, const char* what) {
@@ -49,21 +48,30 @@ Extents extents_of(const Call& call, int rank, int size) {
   const std::size_t c = call.count;
   const bool is_root = rank == call.root;
   switch (call.collective) {
-    case Collective::allreduce: return {c, c};
-    case Collective::reduce: return {c, is_root ? c : 0};
-    case Collective::reduce_scatter: return {checked_mul(call, p, c, "size() * recv_count"), c};
-    case Collective::allgather: return {c, checked_mul(call, p, c, "size() * send_count")};
-    case Collective::allgatherv: return {c, checked_sum(call, call.counts, "recv_counts")};
-    case Collective::broadcast: return {0, c};
+    case Collective::allreduce:
+      return {c, c};
+    case Collective::reduce:
+      return {c, is_root ? c : 0};
+    case Collective::reduce_scatter:
+      return {checked_mul(call, p, c, "size() * recv_count"), c};
+    case Collective::allgather:
+      return {c, checked_mul(call, p, c, "size() * send_count")};
+    case Collective::allgatherv:
+      return {c, checked_sum(call, call.counts, "recv_counts")};
+    case Collective::broadcast:
+      return {0, c};
     case Collective::alltoall: {
       const std::size_t total = checked_mul(call, p, c, "size() * count_per_rank");
       return {total, total};
     }
     case Collective::alltoallv:
       return {checked_sum(call, call.counts, "send_counts"), checked_sum(call, call.recv_counts, "recv_counts")};
-    case Collective::gather: return {c, is_root ? checked_mul(call, p, c, "size() * send_count") : 0};
-    case Collective::scatter: return {is_root ? checked_mul(call, p, c, "size() * recv_count") : 0, c};
-    case Collective::barrier: return {0, 0};
+    case Collective::gather:
+      return {c, is_root ? checked_mul(call, p, c, "size() * send_count") : 0};
+    case Collective::scatter:
+      return {is_root ? checked_mul(call, p, c, "size() * recv_count") : 0, c};
+    case Collective::barrier:
+      return {0, 0};
   }
   return {};
 }
@@ -72,19 +80,19 @@ void check_counts_spans(const Call& call, int rank, int size) {
   const auto p = static_cast<std::size_t>(size);
   if (call.collective == Collective::allgatherv) {
     if (call.counts.size() != p)
-      invalid(call, "recv_counts has " + std::to_string(call.counts.size()) + " entries, expected size() = " +
-                        std::to_string(p));
+      invalid(call, "recv_counts has " + std::to_string(call.counts.size()) +
+                        " entries, expected size() = " + std::to_string(p));
     if (call.counts[static_cast<std::size_t>(rank)] != call.count)
       invalid(call, "send_count (" + std::to_string(call.count) + ") differs from recv_counts[rank] (" +
                         std::to_string(call.counts[static_cast<std::size_t>(rank)]) + ")");
   }
   if (call.collective == Collective::alltoallv) {
     if (call.counts.size() != p)
-      invalid(call, "send_counts has " + std::to_string(call.counts.size()) + " entries, expected size() = " +
-                        std::to_string(p));
+      invalid(call, "send_counts has " + std::to_string(call.counts.size()) +
+                        " entries, expected size() = " + std::to_string(p));
     if (call.recv_counts.size() != p)
-      invalid(call, "recv_counts has " + std::to_string(call.recv_counts.size()) + " entries, expected size() = " +
-                        std::to_string(p));
+      invalid(call, "recv_counts has " + std::to_string(call.recv_counts.size()) +
+                        " entries, expected size() = " + std::to_string(p));
     if (call.counts[static_cast<std::size_t>(rank)] != call.recv_counts[static_cast<std::size_t>(rank)])
       invalid(call, "send_counts[rank] differs from recv_counts[rank] (a rank's block to itself)");
   }
@@ -103,16 +111,22 @@ bool is_in_place_form(const Call& call, int rank, std::size_t elem) {
     case Collective::allreduce:
     case Collective::reduce:
     case Collective::alltoall:
-    case Collective::alltoallv: return s == r;
-    case Collective::reduce_scatter: return s == r || r == s + rank_block;
-    case Collective::allgather: return s == r || s == r + rank_block;
+    case Collective::alltoallv:
+      return s == r;
+    case Collective::reduce_scatter:
+      return s == r || r == s + rank_block;
+    case Collective::allgather:
+      return s == r || s == r + rank_block;
     case Collective::allgatherv: {
       const auto displ = std::accumulate(call.counts.begin(), call.counts.begin() + rank, std::size_t{0});
       return s == r || s == r + displ * elem;
     }
-    case Collective::gather: return s == r + rank_block;
-    case Collective::scatter: return r == s + rank_block;
-    default: return false;
+    case Collective::gather:
+      return s == r + rank_block;
+    case Collective::scatter:
+      return r == s + rank_block;
+    default:
+      return false;
   }
 }
 

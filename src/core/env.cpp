@@ -21,7 +21,8 @@ long long parse_count(const std::string& text, const char* what) {
     used = 0;
   }
   if (used != text.size() || value < 0)
-    throw Error(ErrorCode::invalid_argument, std::string(what) + ": expected a non-negative integer, got '" + text + "'");
+    throw Error(ErrorCode::invalid_argument,
+                std::string(what) + ": expected a non-negative integer, got '" + text + "'");
   return value;
 }
 

@@ -110,9 +110,15 @@ void Operation::build_graph() {
 std::byte* Operation::address(const schedule::Region& region) const {
   std::byte* base = nullptr;
   switch (region.buffer) {
-    case Buffer::input: base = const_cast<std::byte*>(input_); break;
-    case Buffer::output: base = output_; break;
-    case Buffer::scratch: base = scratch_.get(); break;
+    case Buffer::input:
+      base = const_cast<std::byte*>(input_);
+      break;
+    case Buffer::output:
+      base = output_;
+      break;
+    case Buffer::scratch:
+      base = scratch_.get();
+      break;
   }
   return base == nullptr ? nullptr : base + region.offset * elem_size_;
 }
@@ -130,8 +136,12 @@ void Operation::start_step(std::uint32_t index) {
       complete_step(index);
       return;
     }
-    case StepKind::send: transport_.post_send(step.peer, keys_[index], address(step.region), bytes, done); break;
-    case StepKind::recv: transport_.post_recv(step.peer, keys_[index], address(step.region), bytes, done); break;
+    case StepKind::send:
+      transport_.post_send(step.peer, keys_[index], address(step.region), bytes, done);
+      break;
+    case StepKind::recv:
+      transport_.post_recv(step.peer, keys_[index], address(step.region), bytes, done);
+      break;
     case StepKind::recv_reduce:
       if (!transport_.post_recv_reduce(step.peer, keys_[index], address(step.region), address(step.operand),
                                        step.region.count, type_, op_, done)) {
@@ -213,9 +223,7 @@ void Operation::fail(const Error& error) {
   finished_ = true;
 }
 
-std::string Operation::describe() const {
-  return description_.empty() ? signature_.describe() : description_;
-}
+std::string Operation::describe() const { return description_.empty() ? signature_.describe() : description_; }
 
 std::vector<int> Operation::waiting_for() const {
   std::vector<int> peers;

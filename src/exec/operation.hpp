@@ -48,8 +48,8 @@ class Operation {
   bool finished() const { return finished_; }
   const std::optional<Error>& error() const { return error_; }
   bool ordered() const { return ordered_; }
-  std::uint64_t ordinal = 0;                     // issue order within the queue
-  std::chrono::milliseconds timeout{0};          // how long a wait may take
+  std::uint64_t ordinal = 0;             // issue order within the queue
+  std::chrono::milliseconds timeout{0};  // how long a wait may take
   const transport::Signature& signature() const { return signature_; }
   std::string describe() const;
   /// Ranks this operation is still waiting for (posted, uncompleted receives and sends).

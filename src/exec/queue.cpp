@@ -63,7 +63,8 @@ void OperationQueue::fail_all_locked(const transport::Failure& failure) {
       if (!op->finished()) {
         std::string peers;
         for (int peer : op->waiting_for()) peers += " " + std::to_string(peer);
-        core::log(core::LogLevel::info, rank(), op->describe() + " fails with the communicator's abort; waiting for:" + peers);
+        core::log(core::LogLevel::info, rank(),
+                  op->describe() + " fails with the communicator's abort; waiting for:" + peers);
       }
   for (auto& op : active_) op->fail(failure.error);
   for (auto& op : unordered_) op->fail(failure.error);

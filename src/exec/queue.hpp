@@ -4,8 +4,8 @@
 // rank (through the transport); later calls raise Error(aborted).
 #pragma once
 
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <map>
 #include <memory>

@@ -10,8 +10,6 @@ void Request::wait() {
 
 bool Request::test() { return !op_ || op_->queue->test(*op_->op); }
 
-bool Request::wait_for(std::chrono::milliseconds duration) {
-  return !op_ || op_->queue->wait(*op_->op, duration);
-}
+bool Request::wait_for(std::chrono::milliseconds duration) { return !op_ || op_->queue->wait(*op_->op, duration); }
 
 }  // namespace tutti

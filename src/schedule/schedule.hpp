@@ -75,9 +75,9 @@ enum class StepKind : std::uint8_t { send, recv, recv_reduce, copy };
 
 struct Step {
   StepKind kind = StepKind::copy;
-  int peer = -1;                  // send, recv, recv_reduce
-  Region region;                  // send: source; recv/recv_reduce/copy: destination
-  Region operand;                 // recv_reduce: local operand; copy: source
+  int peer = -1;                    // send, recv, recv_reduce
+  Region region;                    // send: source; recv/recv_reduce/copy: destination
+  Region operand;                   // recv_reduce: local operand; copy: source
   std::vector<std::uint32_t> deps;  // indices of earlier steps of the same schedule
 };
 
@@ -96,12 +96,12 @@ struct Params {
   Collective collective = Collective::allreduce;
   int rank = 0;
   int size = 1;
-  std::size_t count = 0;      // see the layout above; unused by the v-collectives and barrier
-  std::size_t elem_size = 4;  // bytes per element (chunking decisions only)
-  int root = 0;               // reduce, broadcast, gather, scatter
-  std::span<const std::size_t> counts{};     // allgatherv: recv_counts; alltoallv: send_counts
+  std::size_t count = 0;                       // see the layout above; unused by the v-collectives and barrier
+  std::size_t elem_size = 4;                   // bytes per element (chunking decisions only)
+  int root = 0;                                // reduce, broadcast, gather, scatter
+  std::span<const std::size_t> counts{};       // allgatherv: recv_counts; alltoallv: send_counts
   std::span<const std::size_t> recv_counts{};  // alltoallv only
-  std::size_t chunk_bytes = 1 << 18;         // pipelining granularity of ring and chain algorithms
+  std::size_t chunk_bytes = 1 << 18;           // pipelining granularity of ring and chain algorithms
 };
 
 /// Whether `algorithm` serves `collective` (automatic, direct, hierarchical and mpi: false here).
@@ -116,10 +116,10 @@ Schedule make(Algorithm algorithm, const Params& params);
 /// Counts on the critical path of a whole call (all ranks' schedules together), under the
 /// α-β-γ model: time = α·rounds + β·bytes + γ·elements.
 struct Cost {
-  double rounds = 0;       // messages on the critical path
-  double bytes = 0;        // bytes transferred on the critical path
-  double elements = 0;     // elements reduced on the critical path
-  double time = 0;         // α·rounds + β·bytes + γ·elements along that path
+  double rounds = 0;    // messages on the critical path
+  double bytes = 0;     // bytes transferred on the critical path
+  double elements = 0;  // elements reduced on the critical path
+  double time = 0;      // α·rounds + β·bytes + γ·elements along that path
 };
 
 /// Critical path through all ranks' schedules (schedules[r] is rank r's), where a message costs

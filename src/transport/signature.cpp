@@ -18,11 +18,12 @@ std::string Signature::describe() const {
 namespace {
 
 // Names as schedule::to_string(Collective) and tutti::to_string(Algorithm) spell them.
-constexpr std::string_view kinds[] = {"allreduce", "reduce",   "reduce_scatter", "allgather", "allgatherv", "broadcast",
-                                      "alltoall",  "alltoallv", "gather",        "scatter",   "barrier"};
-constexpr std::string_view algorithms[] = {"automatic", "ring",   "recursive_doubling", "rabenseifner",
-                                           "binomial_tree", "bruck", "pairwise", "linear", "direct",
-                                           "hierarchical", "mpi"};
+constexpr std::string_view kinds[] = {"allreduce",  "reduce",    "reduce_scatter", "allgather",
+                                      "allgatherv", "broadcast", "alltoall",       "alltoallv",
+                                      "gather",     "scatter",   "barrier"};
+constexpr std::string_view algorithms[] = {
+    "automatic", "ring",   "recursive_doubling", "rabenseifner", "binomial_tree", "bruck", "pairwise",
+    "linear",    "direct", "hierarchical",       "mpi"};
 
 template <std::size_t N>
 std::uint8_t index_of(const std::string_view (&names)[N], std::string_view name) {

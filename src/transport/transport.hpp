@@ -41,7 +41,7 @@ struct WireSignature {
   std::uint8_t kind = 0xff;       // index into the collective names, 0xff = none
   std::uint8_t algorithm = 0xff;  // index into the algorithm names, 0xff = none
   std::uint8_t type = 0;
-  std::int8_t op = -1;  // -1 = none
+  std::int8_t op = -1;         // -1 = none
   std::uint64_t reserved = 0;  // keeps the struct free of padding, so that it compares as bytes
 };
 static_assert(sizeof(WireSignature) == 40);
