@@ -156,31 +156,48 @@ void run_rank(tutti::Communicator& comm, const Settings& s, std::vector<Row>& ro
   }
 }
 
+// Ranks as threads of this process (no launcher), or this process as one rank of a job started
+// by tutti-run or mpirun. Returns the failures, one line per failed rank seen here.
+std::string run(const Settings& s, std::vector<Row>& rows, bool launched) {
+  std::mutex mutex;
+  std::string failure;
+  auto guarded = [&](tutti::Communicator comm) {
+    try {
+      run_rank(comm, s, rows, mutex);
+    } catch (const std::exception& e) {
+      std::lock_guard lock(mutex);
+      failure += "rank " + std::to_string(comm.rank()) + ": " + e.what() + "\n";
+    }
+  };
+  if (launched) {
+    tutti::Communicator world = tutti::init();
+    if (world.rank() == 0)
+      std::printf("tutti-demo: %d ranks (processes), %zu f32 elements per rank, %d iterations\n\n", world.size(),
+                  s.count, s.iters);
+    guarded(world);
+    return failure;
+  }
+  std::printf("tutti-demo: %d ranks (threads, in-process transport), %zu f32 elements per rank, %d iterations\n\n",
+              s.ranks, s.count, s.iters);
+  std::vector<std::thread> threads;
+  for (auto& comm : tutti::local_group(s.ranks)) threads.emplace_back(guarded, comm);
+  for (auto& t : threads) t.join();
+  return failure;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Settings s = parse(argc, argv);
-  std::printf("tutti-demo: %d ranks (threads, in-process transport), %zu f32 elements per rank, %d iterations\n\n",
-              s.ranks, s.count, s.iters);
-  std::vector<tutti::Communicator> comms = tutti::local_group(s.ranks);
+  const bool launched = std::getenv("TUTTI_RANK") != nullptr || std::getenv("OMPI_COMM_WORLD_RANK") != nullptr ||
+                        std::getenv("PMI_RANK") != nullptr || std::getenv("SLURM_PROCID") != nullptr;
   std::vector<Row> rows;
-  std::mutex mutex;
-  std::string failure;
-  std::vector<std::thread> threads;
-  for (auto& comm : comms)
-    threads.emplace_back([&, c = comm]() mutable {
-      try {
-        run_rank(c, s, rows, mutex);
-      } catch (const std::exception& e) {
-        std::lock_guard lock(mutex);
-        failure += "rank " + std::to_string(c.rank()) + ": " + e.what() + "\n";
-      }
-    });
-  for (auto& t : threads) t.join();
+  const std::string failure = run(s, rows, launched);
   if (!failure.empty()) {
     std::fprintf(stderr, "tutti-demo failed:\n%s", failure.c_str());
     return 1;
   }
+  if (rows.empty()) return 0;  // not rank 0 of a launched job: rank 0 prints the table
   std::printf("%-32s %12s %12s  %s\n", "collective", "time (us)", "busbw (GB/s)", "result");
   bool all_ok = true;
   for (const Row& row : rows) {
