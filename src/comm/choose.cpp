@@ -87,21 +87,28 @@ Algorithm requested_algorithm(Collective collective, Algorithm requested) {
   return it != forced.end() ? it->second : Algorithm::automatic;
 }
 
+Algorithm step_algorithm(Collective collective, int p, std::size_t bytes) {
+  const Algorithm forced = requested_algorithm(collective, Algorithm::automatic);
+  return schedule::applies(forced, collective) ? forced : size_rule(collective, p, bytes);
+}
+
 Algorithm choose_algorithm(Collective collective, Algorithm requested, int p, std::size_t bytes) {
   Algorithm algorithm = requested_algorithm(collective, requested);
   if (algorithm == Algorithm::automatic) algorithm = size_rule(collective, p, bytes);
   if (!schedule::applies(algorithm, collective)) {
+    // CommImpl::start runs hierarchical allreduce and mpi itself; anything else that reaches
+    // here has no schedule.
     std::string serves;
     for (Algorithm a : schedule::algorithms_for(collective))
       serves += (serves.empty() ? "" : ", ") + std::string(to_string(a));
-    const bool runtime =
-        algorithm == Algorithm::direct || algorithm == Algorithm::hierarchical || algorithm == Algorithm::mpi;
-    throw Error(
-        ErrorCode::unsupported,
-        std::string(schedule::to_string(collective)) + ": algorithm " + std::string(to_string(algorithm)) +
-            (runtime ? " needs the multi-process runtime (shared memory or MPI), which this communicator does not have"
-                     : " does not serve this collective") +
-            "; available: " + serves);
+    if (collective == Collective::allreduce) serves += ", hierarchical";
+    std::string why = " does not serve this collective";
+    if (algorithm == Algorithm::direct || algorithm == Algorithm::mpi)
+      why = " needs the multi-process runtime (shared memory or MPI), which this communicator does not have";
+    else if (algorithm == Algorithm::hierarchical)
+      why = " serves allreduce only";
+    throw Error(ErrorCode::unsupported, std::string(schedule::to_string(collective)) + ": algorithm " +
+                                            std::string(to_string(algorithm)) + why + "; available: " + serves);
   }
   if (core::log_enabled(core::LogLevel::info)) {
     static std::mutex mutex;

@@ -64,7 +64,11 @@ bool has_result(const Call& call, int rank) {
 Request CommImpl::start(const Call& call, bool blocking) {
   queue_->check_usable(true);
   const Extents extents = validate(call, rank_, size_);
-  if (requested_algorithm(call.collective, call.options.algorithm) == Algorithm::mpi) return start_mpi(call);
+  const Algorithm requested = requested_algorithm(call.collective, call.options.algorithm);
+  if (requested == Algorithm::mpi) return start_mpi(call);
+  // Hierarchical runs on the caller's thread (blocking), so automatic does not pick it yet: that
+  // would make a multi-host iallreduce blocking. `prefers_hierarchical` is the rule it will use.
+  if (call.collective == Collective::allreduce && requested == Algorithm::hierarchical) return start_hierarchical(call);
   const std::size_t elem = size_of(call.type);
   const Algorithm algorithm =
       choose_algorithm(call.collective, call.options.algorithm, size_, choice_bytes(call, size_));
@@ -220,7 +224,10 @@ Communicator CommImpl::split(int color, int key) {
   std::uint64_t id = queue_->transport().id();
   for (std::uint64_t part : {split_seq, static_cast<std::uint64_t>(static_cast<std::uint32_t>(color))})
     id = (id ^ (part + 0x9e3779b97f4a7c15ull + (id << 6) + (id >> 2))) * 0xff51afd7ed558ccdull;
-  return Communicator(std::make_shared<CommImpl>(queue_->transport().split(id, ranks, new_rank)));
+  auto child = std::make_shared<CommImpl>(queue_->transport().split(id, ranks, new_rank));
+  child->host_override_ = host_override_;
+  if (topology_) child->topology_ = topology_->subset(ranks);
+  return Communicator(std::move(child));
 }
 
 }  // namespace tutti::detail

@@ -6,7 +6,9 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 
+#include "comm/topology.hpp"
 #include "exec/queue.hpp"
 #include "schedule/schedule.hpp"
 #include "tutti/tutti.hpp"
@@ -43,13 +45,35 @@ class CommImpl {
 
   std::chrono::milliseconds default_timeout() const { return default_timeout_; }
 
+  /// Makes the topology known without a collective (init() learned every rank's host already).
+  void set_topology(Topology topology) { topology_ = std::move(topology); }
+  /// Test-only: this rank's host, instead of TUTTI_HOST or gethostname() (ranks as threads share
+  /// one process). Takes effect while the topology is not yet known; inherited by split.
+  void set_host_override(std::string host) { host_override_ = std::move(host); }
+
  private:
   Request start_mpi(const Call& call);
+  Request start_hierarchical(const Call& call);  // hierarchical.cpp
+  /// The topology, learned at the first call that needs it (a collective: an allgather).
+  const Topology& topology();
+  /// The intra-host and inter-host communicators, split at the first call that needs them.
+  struct Hierarchy {
+    Communicator intra;  // the ranks of my host, in rank order
+    Communicator inter;  // the ranks with my local index, one per host
+  };
+  Hierarchy& hierarchy();
+
   std::shared_ptr<exec::OperationQueue> queue_;
   int rank_;
   int size_;
   std::chrono::milliseconds default_timeout_;
+  std::string host_override_;
+  std::optional<Topology> topology_;
+  std::optional<Hierarchy> hierarchy_;
 };
+
+/// Test-only: gives this in-process rank its own host (see CommImpl::set_host_override).
+void set_host_for_testing(Communicator& comm, std::string host);
 
 /// The algorithm asked for: `requested`, or for `automatic` what TUTTI_ALGO forces (else automatic).
 Algorithm requested_algorithm(schedule::Collective collective, Algorithm requested);
@@ -57,6 +81,10 @@ Algorithm requested_algorithm(schedule::Collective collective, Algorithm request
 /// The algorithm `automatic` resolves to (TUTTI_ALGO first, then a size rule); a forced one is
 /// checked. Throws Error(unsupported) for an algorithm that does not serve the collective.
 Algorithm choose_algorithm(schedule::Collective collective, Algorithm requested, int p, std::size_t bytes);
+
+/// The schedule algorithm for one step of a composite algorithm (hierarchical): what TUTTI_ALGO
+/// forces for the step's collective when that is a schedule serving it, else the size rule.
+Algorithm step_algorithm(schedule::Collective collective, int p, std::size_t bytes);
 
 /// Element counts of a call on this rank: what `send` and `recv` must hold.
 struct Extents {

@@ -96,9 +96,20 @@ Communicator init() {
   auto server = maybe_host_store(job);
   auto store = bootstrap::connect_store(job.store, job.token, timeout);
   const std::string prefix = "tutti/" + job.job_id + "/";
-  store->set(prefix + "host/" + std::to_string(job.rank), host_name());
+  // The real host decides the transport (shared memory works within it); the topology host
+  // (TUTTI_HOST, which may emulate several hosts on one) decides hierarchical algorithms.
+  // Published together as "real" or "real<TAB>topology".
+  const std::string real_host = host_name(), topology_host = detail::topology_host_name();
+  store->set(prefix + "host/" + std::to_string(job.rank),
+             topology_host == real_host ? real_host : real_host + "\t" + topology_host);
   std::set<std::string> hosts;
-  for (int r = 0; r < job.size; ++r) hosts.insert(store->get(prefix + "host/" + std::to_string(r), timeout));
+  std::vector<std::uint64_t> topology_hosts;
+  for (int r = 0; r < job.size; ++r) {
+    const std::string value = store->get(prefix + "host/" + std::to_string(r), timeout);
+    const std::size_t tab = value.find('\t');
+    hosts.insert(value.substr(0, tab));
+    topology_hosts.push_back(detail::hash_host(tab == std::string::npos ? value : value.substr(tab + 1)));
+  }
   const bool one_host = hosts.size() == 1;
   const std::string kind = job.transport.empty() ? (one_host ? "shm" : "tcp") : job.transport;
   std::unique_ptr<transport::Transport> transport;
@@ -116,6 +127,7 @@ Communicator init() {
   // Everyone is connected: nobody needs the store any more, but rank 0 keeps serving until all
   // ranks have read what they needed, which the first collective guarantees.
   auto impl = std::make_shared<detail::CommImpl>(std::move(transport));
+  impl->set_topology(detail::Topology(std::move(topology_hosts)));  // known: automatic may pick hierarchical
   Communicator world(impl);
   world.barrier();
   (void)server;

@@ -22,8 +22,9 @@ void OperationQueue::check_usable(bool collective) {
     if (auto failure = transport_->aborted()) fail_all_locked(*failure);
   }
   if (!aborted_) return;
-  if (collective && aborted_->seq == next_seq_) {
-    ++next_seq_;  // this call is the one that failed: consumed, so the next one is refused as aborted
+  if (!reported_) {  // the caller has not seen the failure yet (it was between calls, or late)
+    reported_ = true;
+    if (collective && aborted_->seq == next_seq_) ++next_seq_;
     throw aborted_->error;
   }
   throw Error(ErrorCode::aborted, "communicator was aborted earlier: " + std::string(aborted_->error.what()));
@@ -113,7 +114,10 @@ bool OperationQueue::progress_in_background() {
 
 bool OperationQueue::complete_locked(const Operation& op) {
   if (!op.finished()) return false;
-  if (op.error()) throw *op.error();
+  if (op.error()) {
+    reported_ = true;
+    throw *op.error();
+  }
   if (!op.ordered()) return true;
   return active_.empty() || active_.front()->ordinal > op.ordinal;
 }
@@ -135,6 +139,7 @@ void OperationQueue::raise_timeout_locked(const Operation& op) {
                                       (peers.empty() ? "" : "; still waiting for rank(s) " + peers));
   core::log(core::LogLevel::warn, rank(), error.what());
   abort_locked(error, stuck->ordered() ? stuck->signature().seq : transport::no_seq);
+  reported_ = true;
   throw error;
 }
 

@@ -27,8 +27,8 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }
 
-  /// Throws if the communicator was aborted: the original error when this rank's next collective
-  /// is the one that failed (it arrived late to it), else Error(aborted).
+  /// Throws if the communicator was aborted: the original error when the user has not seen it yet
+  /// (this rank was between calls or arrived late to the failed one), else Error(aborted).
   void check_usable(bool collective);
   /// The next collective sequence number (same on every rank when calls are issued in the same order).
   std::uint64_t next_seq() { return next_seq_++; }
@@ -68,6 +68,7 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   std::uint64_t next_ordinal_ = 1;
   std::map<std::tuple<bool, int, int>, std::uint32_t> p2p_counters_;
   std::optional<transport::Failure> aborted_;
+  bool reported_ = false;  // the failure reached the user (through a call or a wait)
   std::atomic<std::size_t> outstanding_{0};
 };
 
