@@ -4,6 +4,7 @@
 //   mp_collectives types     every type × op for the reductions (every algorithm), p as given
 //   mp_collectives split     several split communicators used at once from two threads per rank
 //   mp_collectives overlap   a nonblocking allreduce proceeds while the rank is away
+//   mp_collectives direct    the shared-memory direct algorithms (shm only), every count and form
 //
 // Every rank checks its own results; rank 0 prints "N passed, M failed" over all ranks and the
 // exit status is non-zero if anything failed on any rank.
@@ -46,6 +47,23 @@ std::vector<Case> with_size(std::vector<Case> cases, int p) {
     if (c.root >= p) c.root = p - 1;
   }
   return cases;
+}
+
+// The sweep's cases for the collectives the shared-memory direct algorithms serve, forced to direct.
+std::vector<Case> direct_cases(int p) {
+  std::vector<Case> out;
+  for (Case c : sweep_cases({p})) {
+    const bool served = c.collective == Collective::allreduce || c.collective == Collective::reduce_scatter ||
+                        c.collective == Collective::allgather || c.collective == Collective::broadcast;
+    if (!served || c.algorithm != Algorithm::automatic) continue;
+    c.algorithm = Algorithm::direct;
+    out.push_back(c);
+    for (std::size_t n : {std::size_t{100003}, std::size_t{1} << 20}) {  // several chunks
+      c.count = n;
+      out.push_back(c);
+    }
+  }
+  return out;
 }
 
 std::pair<int, int> run_split(Communicator& world) {
@@ -108,6 +126,8 @@ int main(int argc, char** argv) {
     std::pair<int, int> result;
     if (mode == "sweep")
       result = run_cases(world, sweep_cases({world.size()}));
+    else if (mode == "direct")
+      result = run_cases(world, direct_cases(world.size()));
     else if (mode == "types")
       result = run_cases(world, with_size(type_cases(), world.size()));
     else if (mode == "split")

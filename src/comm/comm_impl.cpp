@@ -7,6 +7,7 @@
 #include "core/env.hpp"
 #include "exec/request.hpp"
 #include "reduce/reduce.hpp"
+#include "transport/shm/direct.hpp"
 #ifdef TUTTI_WITH_MPI
 #include "transport/mpi/mpi_collective.hpp"
 #include "transport/mpi/mpi_transport.hpp"
@@ -66,6 +67,7 @@ Request CommImpl::start(const Call& call, bool blocking) {
   const Extents extents = validate(call, rank_, size_);
   const Algorithm requested = requested_algorithm(call.collective, call.options.algorithm);
   if (requested == Algorithm::mpi) return start_mpi(call);
+  if (requested == Algorithm::direct) return start_direct(call);
   // Hierarchical runs on the caller's thread (blocking), so automatic does not pick it yet: that
   // would make a multi-host iallreduce blocking. `prefers_hierarchical` is the rule it will use.
   if (call.collective == Collective::allreduce && requested == Algorithm::hierarchical) return start_hierarchical(call);
@@ -174,6 +176,51 @@ Request CommImpl::start_mpi(const Call& call) {
 #else
   throw Error(ErrorCode::unsupported, what + "needs Tutti built with MPI (this build has none)");
 #endif
+}
+
+// Algorithm::direct: the shared-memory algorithms, where ranks read each other's data in the
+// segment instead of exchanging messages. Like Algorithm::mpi it runs on the caller's thread once
+// every earlier operation completed (so an `i…` call with it is blocking).
+Request CommImpl::start_direct(const Call& call) {
+  const std::string what = std::string(schedule::to_string(call.collective)) + ": Algorithm::direct ";
+  const bool served = call.collective == Collective::allreduce || call.collective == Collective::reduce_scatter ||
+                      call.collective == Collective::allgather || call.collective == Collective::broadcast;
+  if (!served)
+    throw Error(ErrorCode::unsupported, what + "serves allreduce, reduce_scatter, allgather and broadcast only");
+  if (!transport::shm::is_shm(queue_->transport()))
+    throw Error(ErrorCode::unsupported, what + "needs the shared-memory transport (processes on one host)");
+  queue_->wait_all();
+  transport::Signature signature;
+  signature.seq = queue_->next_seq();
+  signature.kind = schedule::to_string(call.collective);
+  signature.count = call.count;
+  signature.type = call.type;
+  signature.op = call.op;
+  signature.root = call.root;
+  signature.algorithm = to_string(Algorithm::direct);
+  const auto timeout = call.options.timeout.count() > 0 ? call.options.timeout : default_timeout_;
+  const std::size_t elem = size_of(call.type), block = static_cast<std::size_t>(rank_) * call.count * elem;
+  const auto* send = static_cast<const std::byte*>(call.send);
+  auto* recv = static_cast<std::byte*>(call.recv);
+  // The MPI in-place forms, mapped onto the forms the direct algorithms take.
+  std::unique_ptr<std::byte[]> staging;
+  void* result = recv;
+  if (call.collective == Collective::allgather && send == recv) send = recv + block;
+  if (call.collective == Collective::reduce_scatter && send == recv && block != 0 && call.count > 0) {
+    staging = std::make_unique_for_overwrite<std::byte[]>(call.count * elem);
+    result = staging.get();
+  }
+  try {
+    queue_->transport().announce(signature);  // ranks that disagree abort here, before any data moves
+    queue_->check_usable(false);
+    transport::shm::direct_collective(queue_->transport(), signature.kind, send, result, call.count, call.type, call.op,
+                                      call.root, std::chrono::steady_clock::now() + timeout);
+  } catch (const Error&) {
+    queue_->mark_reported();
+    throw;
+  }
+  if (staging) std::memcpy(recv, staging.get(), call.count * elem);
+  return Request();
 }
 
 Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer,

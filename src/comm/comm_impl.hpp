@@ -53,6 +53,7 @@ class CommImpl {
 
  private:
   Request start_mpi(const Call& call);
+  Request start_direct(const Call& call);
   Request start_hierarchical(const Call& call);  // hierarchical.cpp
   /// The topology, learned at the first call that needs it (a collective: an allgather).
   const Topology& topology();

@@ -46,6 +46,12 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   /// naming the ranks it still waits for. Returns false only when `limit` came first.
   bool wait(const Operation& op, std::optional<std::chrono::milliseconds> limit);
 
+  /// Records that the user was given the communicator's failure (later calls raise `aborted`).
+  void mark_reported() {
+    std::lock_guard lock(mutex_);
+    reported_ = true;
+  }
+
   /// Blocks until every collective issued so far completed (throws the first error).
   void wait_all();
 

@@ -39,6 +39,7 @@ void construct(std::byte* base, const Layout& layout, std::uint64_t comm_id) {
   for (std::size_t r = 0; r < p; ++r) new (base + layout.rank_blocks + r * sizeof(RankBlock)) RankBlock{};
   for (std::size_t s = 0; s < p * signature_slots; ++s)
     new (base + layout.signatures + s * sizeof(SignatureSlot)) SignatureSlot{};
+  for (std::size_t r = 0; r < p; ++r) new (base + layout.direct_rounds + r * sizeof(DirectRound)) DirectRound{};
   for (std::size_t pair = 0; pair < p * p; ++pair) new (base + layout.rings + pair * layout.ring_stride) RingHeader{};
   header->magic.store(ready_magic, std::memory_order_release);
 }
@@ -107,8 +108,15 @@ Layout Layout::for_size(int size) {
   l.ring_stride = round_up(sizeof(RingHeader) + l.slots * l.slot_stride, 4096);
   l.rank_blocks = round_up(sizeof(Header), 64);
   l.signatures = l.rank_blocks + static_cast<std::size_t>(size) * sizeof(RankBlock);
-  l.rings = round_up(l.signatures + static_cast<std::size_t>(size) * signature_slots * sizeof(SignatureSlot), 4096);
-  l.total = l.rings + pairs * l.ring_stride;
+  l.direct_rounds =
+      round_up(l.signatures + static_cast<std::size_t>(size) * signature_slots * sizeof(SignatureSlot), 64);
+  l.rings = round_up(l.direct_rounds + static_cast<std::size_t>(size) * sizeof(DirectRound), 4096);
+  l.direct_data = l.rings + pairs * l.ring_stride;
+  l.direct_chunk = 256 * 1024;
+  constexpr std::size_t direct_budget = 16u << 20;
+  while (2 * static_cast<std::size_t>(size) * l.direct_chunk > direct_budget && l.direct_chunk > 4096)
+    l.direct_chunk /= 2;
+  l.total = l.direct_data + 2 * static_cast<std::size_t>(size) * l.direct_chunk;
   return l;
 }
 

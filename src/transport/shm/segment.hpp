@@ -8,6 +8,8 @@
 //   RankBlock[p]  pid, futex doorbell (generation), sleeper count
 //   SignatureSlot[p][signature_slots]   the collectives each rank announced, by seq
 //   Ring[p][p]    ring i->j: RingHeader (data head/tail, acks j->i), then `slots` chunk slots
+//   DirectRound[p]                     barrier round each rank has reached (direct algorithms)
+//   direct data[2][p]                  `direct_chunk` bytes per rank, two sets (double buffering)
 #pragma once
 
 #include <atomic>
@@ -96,13 +98,21 @@ struct RingHeader {
   alignas(64) Ack acks[ack_entries];
 };
 
+/// Barrier rounds a rank has entered in direct algorithms (written by that rank only).
+struct alignas(64) DirectRound {
+  std::atomic<std::uint64_t> round;
+};
+
 /// Where everything lies in a segment for `size` ranks.
 struct Layout {
   int size = 0;
   std::uint32_t slots = 0;    // chunk slots per ring
   std::uint32_t payload = 0;  // bytes of data per chunk (a multiple of 64)
   std::size_t rank_blocks = 0, signatures = 0, rings = 0, ring_stride = 0, slot_stride = 0, total = 0;
-  /// The geometry for `size` ranks: 8 x 64 KiB per ring, smaller when p^2 rings would pass ~96 MB.
+  std::size_t direct_rounds = 0, direct_data = 0;
+  std::size_t direct_chunk = 0;  // bytes per rank per data slot (a multiple of 4096)
+  /// The geometry for `size` ranks: 8 x 64 KiB per ring, smaller when p^2 rings would pass ~96 MB;
+  /// a direct data area of 2 x p x 256 KiB, smaller when it would pass 16 MiB.
   static Layout for_size(int size);
 };
 
@@ -133,6 +143,14 @@ class Segment {
     return *reinterpret_cast<ChunkHeader*>(slot_base(from, to, n));
   }
   std::byte* payload(int from, int to, std::uint64_t n) const { return slot_base(from, to, n) + chunk_header_bytes; }
+  DirectRound& direct_round(int rank) const {
+    return reinterpret_cast<DirectRound*>(base_ + layout_.direct_rounds)[rank];
+  }
+  /// Rank `rank`'s part of data set `use` (taken modulo 2); the parts of one set are contiguous.
+  std::byte* direct_slot(std::uint64_t use, int rank) const {
+    const std::size_t index = (use % 2) * static_cast<std::size_t>(layout_.size) + static_cast<std::size_t>(rank);
+    return base_ + layout_.direct_data + index * layout_.direct_chunk;
+  }
 
  private:
   Segment(std::string name, Layout layout, std::byte* base) : name_(std::move(name)), layout_(layout), base_(base) {}

@@ -186,6 +186,12 @@ bool ShmTransport::peer_dead(int peer, std::int32_t pid) const {
   return kill(pid, 0) != 0 && errno == ESRCH;
 }
 
+bool ShmTransport::peer_has_died(int peer) const {
+  const std::int32_t pid = segment_->rank_block(peer).pid.load(std::memory_order_relaxed);
+  if (peer == rank_ || pid <= 0 || pid == static_cast<std::int32_t>(getpid())) return false;
+  return peer_dead(peer, pid);
+}
+
 // A dead peer is an error only for a rank that still needs it: a peer that finished its part and
 // exited normally has left everything it sent in the rings, which we drain before deciding.
 void ShmTransport::check_peers() {

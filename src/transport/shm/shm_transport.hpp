@@ -58,6 +58,13 @@ class ShmTransport final : public Transport {
   std::optional<Failure> aborted() const override;
   void abort(const Error& error, std::uint64_t seq) override;
 
+  // For the direct algorithms (direct.cpp), which work on the segment itself.
+  Segment& segment() const { return *segment_; }
+  /// Whether `peer`'s process has terminated (always false for a peer that is this process).
+  bool peer_has_died(int peer) const;
+  /// Which data set (modulo 2) the next step of a direct algorithm uses; every rank counts alike.
+  std::uint64_t next_direct_use() { return direct_uses_++; }
+
   /// A message as the receiver files it: sender and key.
   struct Key {
     int peer;
@@ -132,6 +139,7 @@ class ShmTransport final : public Transport {
   bool completed_ = false;                     // a completion changed: ring our own doorbell
   std::chrono::steady_clock::time_point next_liveness_check_{};
   std::vector<int> pidfds_;  // per peer process, -1 where unavailable (or a thread of ours)
+  std::uint64_t direct_uses_ = 0;
 };
 
 }  // namespace tutti::transport::shm

@@ -1,0 +1,461 @@
+// The shared-memory direct collectives (transport/shm/direct.hpp), ranks as threads each
+// attached with shm::open like a process would. Results are checked exactly on every element
+// of every rank (outputs poisoned first); every call has a deadline; no segment is left behind.
+#include "transport/shm/direct.hpp"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "comm/comm_impl.hpp"
+#include "transport/inproc/inproc.hpp"
+#include "transport/shm/shm.hpp"
+#include "tutti/tutti.hpp"
+
+namespace tutti::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using clock = std::chrono::steady_clock;
+
+constexpr std::chrono::milliseconds timeout{60000};
+const int bounded_default_timeout = setenv("TUTTI_TIMEOUT_MS", "60000", 0);
+
+std::string prefix() { return "tutti-test-" + std::to_string(getpid()) + "-"; }
+
+std::string unique_name() {
+  static std::atomic<int> counter{0};
+  return prefix() + std::to_string(counter++);
+}
+
+std::vector<std::string> leftovers() {
+  std::vector<std::string> found;
+  if (DIR* dir = opendir("/dev/shm")) {
+    while (dirent* entry = readdir(dir))
+      if (std::string(entry->d_name).rfind(prefix(), 0) == 0) found.push_back(entry->d_name);
+    closedir(dir);
+  }
+  return found;
+}
+
+// One rank: its transport (for direct calls) and a communicator over it (for message-based ones).
+struct Rank {
+  transport::Transport* transport;
+  Communicator comm;
+};
+
+// Runs fn on p threads, each rank attached to a fresh segment; returns the failures.
+std::string run_ranks(int p, const std::function<void(Rank&)>& fn) {
+  const std::string name = unique_name();
+  std::mutex mutex;
+  std::string failures;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < p; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto t = transport::shm::open(name, r, p, 11, 20000ms);
+        transport::Transport* raw = t.get();
+        Rank rank{raw, Communicator(std::make_shared<detail::CommImpl>(std::move(t)))};
+        fn(rank);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        failures += "rank " + std::to_string(r) + ": " + e.what() + "\n";
+      }
+    });
+  for (auto& t : threads) t.join();
+  return failures;
+}
+
+void direct(Rank& rank, std::string_view kind, const void* send, void* recv, std::size_t count, DataType type,
+            std::optional<ReduceOp> op = std::nullopt, int root = -1, std::chrono::milliseconds limit = timeout) {
+  if (!transport::shm::direct_collective(*rank.transport, kind, send, recv, count, type, op, root,
+                                         clock::now() + limit))
+    throw std::runtime_error("direct_collective declined a shm transport");
+}
+
+// Element i of rank r for the f32 sweeps: small integers, so that every sum is exact.
+float value(int r, std::size_t i) { return static_cast<float>((r + 1) * static_cast<int>(i % 7 + 1)); }
+float sum_value(int p, std::size_t i) { return static_cast<float>(p * (p + 1) / 2 * static_cast<int>(i % 7 + 1)); }
+
+void expect_equal(const std::vector<float>& got, const std::function<float(std::size_t)>& want,
+                  const std::string& what) {
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want(i))
+      throw std::runtime_error(what + ": element " + std::to_string(i) + " = " + std::to_string(got[i]) +
+                               ", expected " + std::to_string(want(i)));
+}
+
+std::vector<std::size_t> counts_for(int p, std::size_t large) {
+  const auto up = static_cast<std::size_t>(p);
+  return {0, 1, up - 1, up + 1, 1000, large};
+}
+
+class ShmDirect : public ::testing::Test {
+ protected:
+  void TearDown() override { EXPECT_EQ(leftovers(), std::vector<std::string>{}); }
+};
+
+TEST_F(ShmDirect, AllreduceCountsSizesAndPlaces) {
+  for (int p : {1, 2, 3, 5, 8})
+    EXPECT_EQ(run_ranks(p,
+                        [&](Rank& rank) {
+                          const int r = rank.comm.rank();
+                          for (std::size_t n : counts_for(p, 1000003))
+                            for (bool in_place : {false, true}) {
+                              std::vector<float> send(n), recv(n, std::nanf(""));
+                              for (std::size_t i = 0; i < n; ++i) send[i] = value(r, i);
+                              float* out = in_place ? send.data() : recv.data();
+                              direct(rank, "allreduce", send.data(), out, n, DataType::f32, ReduceOp::sum);
+                              expect_equal(
+                                  in_place ? send : recv, [&](std::size_t i) { return sum_value(p, i); },
+                                  "allreduce n=" + std::to_string(n) + (in_place ? " in place" : ""));
+                            }
+                        }),
+              "")
+        << "p=" << p;
+}
+
+TEST_F(ShmDirect, ReduceScatterCountsSizesAndPlaces) {
+  for (int p : {1, 2, 3, 5, 8})
+    EXPECT_EQ(run_ranks(p,
+                        [&](Rank& rank) {
+                          const int r = rank.comm.rank();
+                          const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
+                          for (std::size_t n : counts_for(p, 300007))
+                            for (bool in_place : {false, true}) {
+                              std::vector<float> send(up * n), recv(n, std::nanf(""));
+                              for (std::size_t i = 0; i < up * n; ++i) send[i] = value(r, i);
+                              float* out = in_place ? send.data() + ur * n : recv.data();
+                              direct(rank, "reduce_scatter", send.data(), out, n, DataType::f32, ReduceOp::sum);
+                              if (in_place) recv.assign(out, out + n);
+                              expect_equal(
+                                  recv, [&](std::size_t i) { return sum_value(p, ur * n + i); },
+                                  "reduce_scatter n=" + std::to_string(n) + (in_place ? " in place" : ""));
+                            }
+                        }),
+              "")
+        << "p=" << p;
+}
+
+TEST_F(ShmDirect, AllgatherCountsSizesAndPlaces) {
+  for (int p : {1, 2, 3, 5, 8})
+    EXPECT_EQ(run_ranks(p,
+                        [&](Rank& rank) {
+                          const int r = rank.comm.rank();
+                          const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
+                          for (std::size_t n : counts_for(p, 300007))
+                            for (bool in_place : {false, true}) {
+                              std::vector<float> send(n), recv(up * n, std::nanf(""));
+                              for (std::size_t i = 0; i < n; ++i) send[i] = value(r, i);
+                              const float* in = send.data();
+                              if (in_place) {
+                                std::copy(send.begin(), send.end(), recv.begin() + static_cast<long>(ur * n));
+                                in = recv.data() + ur * n;
+                              }
+                              direct(rank, "allgather", in, recv.data(), n, DataType::f32);
+                              expect_equal(
+                                  recv, [&](std::size_t i) { return value(static_cast<int>(i / n), i % n); },
+                                  "allgather n=" + std::to_string(n) + (in_place ? " in place" : ""));
+                            }
+                        }),
+              "")
+        << "p=" << p;
+}
+
+TEST_F(ShmDirect, BroadcastCountsSizesAndRoots) {
+  for (int p : {1, 2, 3, 5, 8})
+    EXPECT_EQ(run_ranks(p,
+                        [&](Rank& rank) {
+                          const int r = rank.comm.rank();
+                          for (std::size_t n : counts_for(p, 1000003))
+                            for (int root : {0, p - 1, p / 2}) {
+                              std::vector<float> buffer(n, std::nanf(""));
+                              if (r == root)
+                                for (std::size_t i = 0; i < n; ++i) buffer[i] = value(root, i);
+                              direct(rank, "broadcast", buffer.data(), buffer.data(), n, DataType::f32, std::nullopt,
+                                     root);
+                              expect_equal(
+                                  buffer, [&](std::size_t i) { return value(root, i); },
+                                  "broadcast n=" + std::to_string(n) + " root " + std::to_string(root));
+                            }
+                        }),
+              "")
+        << "p=" << p;
+}
+
+// Every type and op, exactly: sum/min/max of 1..3, prod of 1..2 (integers wrap alike on both
+// sides), avg of values whose sum is a multiple of p. Expected values are encoded in the type.
+constexpr DataType all_types[] = {DataType::i8,  DataType::u8,  DataType::i32,  DataType::u32, DataType::i64,
+                                  DataType::u64, DataType::f16, DataType::bf16, DataType::f32, DataType::f64};
+constexpr ReduceOp all_ops[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
+
+template <typename T>
+void put_as(std::byte* at, double v) {
+  T x;
+  if constexpr (std::is_integral_v<T>)
+    x = static_cast<T>(static_cast<std::int64_t>(v));  // modular, like the kernels' wrapping
+  else
+    x = T(static_cast<float>(v));
+  std::memcpy(at, &x, sizeof x);
+}
+
+void put(DataType type, std::byte* at, double v) {
+  switch (type) {
+    case DataType::i8:
+      return put_as<std::int8_t>(at, v);
+    case DataType::u8:
+      return put_as<std::uint8_t>(at, v);
+    case DataType::i32:
+      return put_as<std::int32_t>(at, v);
+    case DataType::u32:
+      return put_as<std::uint32_t>(at, v);
+    case DataType::i64:
+      return put_as<std::int64_t>(at, v);
+    case DataType::u64:
+      return put_as<std::uint64_t>(at, v);
+    case DataType::f16:
+      return put_as<f16>(at, v);
+    case DataType::bf16:
+      return put_as<bf16>(at, v);
+    case DataType::f32: {
+      const float x = static_cast<float>(v);
+      std::memcpy(at, &x, sizeof x);
+      return;
+    }
+    case DataType::f64:
+      std::memcpy(at, &v, sizeof v);
+      return;
+  }
+}
+
+double input(ReduceOp op, int p, int r, std::size_t i) {
+  const int k = static_cast<int>(i % 3);
+  if (op == ReduceOp::prod) return (r + k) % 2 + 1;
+  if (op != ReduceOp::avg) return (r + k) % 3 + 1;
+  const int offset = (p % 2 == 1 && r == p - 1) ? 0 : (r % 2 == 1 ? 1 : -1);  // the offsets sum to 0
+  return k + 2 + offset;
+}
+
+double expected(ReduceOp op, int p, std::size_t i) {
+  double result = input(op, p, 0, i);
+  for (int r = 1; r < p; ++r) {
+    const double v = input(op, p, r, i);
+    if (op == ReduceOp::sum || op == ReduceOp::avg) result += v;
+    if (op == ReduceOp::prod) result *= v;
+    if (op == ReduceOp::min) result = std::min(result, v);
+    if (op == ReduceOp::max) result = std::max(result, v);
+  }
+  return op == ReduceOp::avg ? result / p : result;
+}
+
+std::vector<std::byte> encode(DataType type, std::size_t n, const std::function<double(std::size_t)>& v) {
+  std::vector<std::byte> out(n * size_of(type));
+  for (std::size_t i = 0; i < n; ++i) put(type, out.data() + i * size_of(type), v(i));
+  return out;
+}
+
+// First differing element of `got` against `want`, or "" when equal.
+std::string difference(const std::byte* got, const std::vector<std::byte>& want, DataType type) {
+  const std::size_t esize = size_of(type);
+  for (std::size_t i = 0; i < want.size() / esize; ++i)
+    if (std::memcmp(got + i * esize, want.data() + i * esize, esize) != 0) return "element " + std::to_string(i);
+  return "";
+}
+
+TEST_F(ShmDirect, EveryTypeAndOp) {
+  for (int p : {3, 8})
+    EXPECT_EQ(run_ranks(p,
+                        [&](Rank& rank) {
+                          const int r = rank.comm.rank();
+                          const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
+                          for (DataType type : all_types)
+                            for (ReduceOp op : all_ops)
+                              for (std::size_t n : {std::size_t{37}, std::size_t{20011}}) {
+                                const std::string what = std::string(to_string(type)) + " " +
+                                                         std::string(to_string(op)) + " n=" + std::to_string(n);
+                                auto send = encode(type, up * n, [&](std::size_t i) { return input(op, p, r, i); });
+                                auto want = encode(type, up * n, [&](std::size_t i) { return expected(op, p, i); });
+                                std::vector<std::byte> recv(up * n * size_of(type), std::byte{0xa5});
+                                direct(rank, "allreduce", send.data(), recv.data(), up * n, type, op);
+                                if (const auto d = difference(recv.data(), want, type); !d.empty())
+                                  throw std::runtime_error("allreduce " + what + ": " + d);
+                                std::byte* mine = send.data() + ur * n * size_of(type);  // in place
+                                direct(rank, "reduce_scatter", send.data(), mine, n, type, op);
+                                const std::vector<std::byte> block(
+                                    want.begin() + static_cast<long>(ur * n * size_of(type)),
+                                    want.begin() + static_cast<long>((ur + 1) * n * size_of(type)));
+                                if (const auto d = difference(mine, block, type); !d.empty())
+                                  throw std::runtime_error("reduce_scatter " + what + ": " + d);
+                              }
+                        }),
+              "")
+        << "p=" << p;
+}
+
+// Many calls in a row, of every kind and size, reuse both data sets many times; message-based
+// collectives on the same communicator work before, between and after them.
+TEST_F(ShmDirect, ManyCallsInterleavedWithMessages) {
+  for (int p : {2, 5, 8})
+    EXPECT_EQ(
+        run_ranks(p,
+                  [&](Rank& rank) {
+                    const int r = rank.comm.rank();
+                    const auto up = static_cast<std::size_t>(p);
+                    for (int call = 0; call < 60; ++call) {
+                      const std::size_t n =
+                          call % 3 == 0 ? 70001 + static_cast<std::size_t>(call) : 5 + static_cast<std::size_t>(call);
+                      std::vector<float> send(n), recv(n, std::nanf(""));
+                      for (std::size_t i = 0; i < n; ++i) send[i] = value(r, i + static_cast<std::size_t>(call));
+                      const auto want = [&](std::size_t i) { return sum_value(p, i + static_cast<std::size_t>(call)); };
+                      direct(rank, "allreduce", send.data(), recv.data(), n, DataType::f32, ReduceOp::sum);
+                      expect_equal(recv, want, "direct call " + std::to_string(call));
+                      if (call % 10 == 0) {
+                        recv.assign(n, std::nanf(""));
+                        rank.comm.allreduce(send.data(), recv.data(), n, DataType::f32, ReduceOp::sum,
+                                            {Algorithm::ring, timeout});
+                        expect_equal(recv, want, "ring call " + std::to_string(call));
+                        std::vector<float> all(up * n, std::nanf(""));
+                        rank.comm.allgather(send.data(), all.data(), n, DataType::f32, {Algorithm::automatic, timeout});
+                        expect_equal(
+                            all,
+                            [&](std::size_t i) {
+                              return value(static_cast<int>(i / n), i % n + static_cast<std::size_t>(call));
+                            },
+                            "message allgather " + std::to_string(call));
+                      }
+                      std::vector<float> gathered(up * n, std::nanf(""));
+                      direct(rank, "allgather", send.data(), gathered.data(), n, DataType::f32);
+                      expect_equal(
+                          gathered,
+                          [&](std::size_t i) {
+                            return value(static_cast<int>(i / n), i % n + static_cast<std::size_t>(call));
+                          },
+                          "direct allgather " + std::to_string(call));
+                    }
+                  }),
+        "")
+        << "p=" << p;
+}
+
+// A rank that never calls: the others time out naming it, and the communicator is aborted, so
+// that the late rank fails too instead of waiting.
+TEST_F(ShmDirect, DeadlineWhenARankNeverCalls) {
+  std::atomic<int> timed_out{0}, late_failed{0};
+  std::atomic<int> finished{0};
+  const std::string failures = run_ranks(3, [&](Rank& rank) {
+    std::vector<float> data(100, 1.0f);
+    if (rank.comm.rank() == 2) {
+      while (finished.load() < 2) std::this_thread::sleep_for(1ms);
+    } else {
+      try {
+        direct(rank, "allreduce", data.data(), data.data(), data.size(), DataType::f32, ReduceOp::sum, -1, 300ms);
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::timeout && std::string(e.what()).find("rank(s) 2") != std::string::npos)
+          ++timed_out;
+        else
+          ADD_FAILURE() << e.what();
+      }
+      ++finished;
+      return;
+    }
+    try {
+      direct(rank, "allreduce", data.data(), data.data(), data.size(), DataType::f32, ReduceOp::sum, -1, 300ms);
+    } catch (const Error&) {
+      ++late_failed;
+    }
+  });
+  EXPECT_EQ(failures, "");
+  EXPECT_EQ(timed_out.load(), 2);
+  EXPECT_EQ(late_failed.load(), 1);
+}
+
+TEST_F(ShmDirect, UnsupportedKindAndOtherTransports) {
+  EXPECT_EQ(run_ranks(2,
+                      [&](Rank& rank) {
+                        float x = 1.0f;
+                        try {
+                          direct(rank, "alltoall", &x, &x, 1, DataType::f32);
+                          throw std::runtime_error("alltoall did not throw");
+                        } catch (const Error& e) {
+                          if (e.code() != ErrorCode::unsupported) throw;
+                        }
+                        // Declining a kind leaves the communicator usable.
+                        direct(rank, "allreduce", &x, &x, 1, DataType::f32, ReduceOp::sum);
+                        if (x != 2.0f)
+                          throw std::runtime_error("allreduce after unsupported gave " + std::to_string(x));
+                      }),
+            "");
+  auto group = transport::inproc::make_group(1);
+  float x = 1.0f;
+  EXPECT_FALSE(transport::shm::direct_collective(*group[0], "allreduce", &x, &x, 1, DataType::f32, ReduceOp::sum, -1,
+                                                 clock::now() + timeout));
+}
+
+// Waits for `pid` until `deadline`; kills it if still running. Returns its wait status, or -1.
+int reap(pid_t pid, clock::time_point deadline) {
+  int status = 0;
+  for (;;) {
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) return status;
+    if (done < 0) return -1;
+    if (clock::now() >= deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
+// In a child: rank r of 3 runs direct allreduces; rank 2 runs one and exits. The others must
+// stop with peer_failure naming rank 2 (exit 0), not wait for their deadline (exit 2 or 3).
+[[noreturn]] void child_direct_loop(const std::string& name, int r) {
+  int code = 3;
+  try {
+    auto t = transport::shm::open(name, r, 3, 13, 20000ms);
+    std::vector<float> data(100000, 1.0f);
+    for (int i = 0; i < (r == 2 ? 1 : 1000000); ++i)
+      if (!transport::shm::direct_collective(*t, "allreduce", data.data(), data.data(), data.size(), DataType::f32,
+                                             ReduceOp::max, -1, clock::now() + 20s))
+        _exit(2);
+    if (r == 2) _exit(0);
+  } catch (const Error& e) {
+    code =
+        e.code() == ErrorCode::peer_failure && std::string(e.what()).find("rank 2 died") != std::string::npos ? 0 : 2;
+    if (code != 0) std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+  } catch (...) {
+    code = 2;
+  }
+  _exit(code);
+}
+
+TEST_F(ShmDirect, ExitedProcessIsReportedToTheOthers) {
+  const std::string name = unique_name();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 3; ++r) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) child_direct_loop(name, r);
+    pids.push_back(pid);
+  }
+  const auto deadline = clock::now() + 15s;
+  for (int r = 0; r < 3; ++r) {
+    const int status = reap(pids[static_cast<std::size_t>(r)], deadline);
+    ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "rank " << r << " hung or crashed";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace tutti::testing
