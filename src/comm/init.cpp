@@ -119,8 +119,9 @@ Communicator init() {
                   "init: TUTTI_TRANSPORT=shm, but the ranks run on " + std::to_string(hosts.size()) + " hosts");
     transport = transport::shm::open("tutti-" + job.job_id + "-world", job.rank, job.size, world_id, timeout);
   } else if (kind == "tcp") {
-    transport = transport::tcp::connect(*store, job.token, job.rank, job.size, world_id,
-                                        one_host ? "127.0.0.1" : "0.0.0.0", timeout);
+    // TUTTI_TCP_HOST picks the address to listen on and advertise (a host with several networks).
+    const std::string bind_host = core::env("TUTTI_TCP_HOST").value_or(one_host ? "127.0.0.1" : "0.0.0.0");
+    transport = transport::tcp::connect(*store, job.token, job.rank, job.size, world_id, bind_host, timeout);
   } else {
     throw Error(ErrorCode::invalid_argument, "TUTTI_TRANSPORT: expected shm, tcp or mpi, got '" + kind + "'");
   }
