@@ -47,23 +47,6 @@ std::string size_label(std::size_t bytes) {
   return bytes >= (1u << 20) ? std::to_string(bytes >> 20) + "MiB" : std::to_string(bytes >> 10) + "KiB";
 }
 
-std::size_t element_size(DataType type) {
-  switch (type) {
-    case DataType::i8:
-    case DataType::u8:
-      return 1;
-    case DataType::f16:
-    case DataType::bf16:
-      return 2;
-    case DataType::i32:
-    case DataType::u32:
-    case DataType::f32:
-      return 4;
-    default:
-      return 8;
-  }
-}
-
 // One 64-byte-aligned allocation per buffer, kept for the whole run.
 struct Buffers {
   explicit Buffers(std::size_t bytes) : a(alloc(bytes)), b(alloc(bytes)), dst(alloc(bytes)) {}
@@ -103,7 +86,7 @@ void fill(std::byte* p, DataType type, std::size_t count, int seed) {
         reinterpret_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(i * 7 + seed);
         break;
       default:
-        std::memset(p + i * element_size(type), seed, element_size(type));
+        std::memset(p + i * tutti::size_of(type), seed, tutti::size_of(type));
         break;
     }
   }
@@ -132,7 +115,7 @@ struct Kernel {
 // `isa` null: reduce::apply as the library calls it; otherwise that ISA's kernels.
 void bench_kernel(benchmark::State& state, Kernel k, const Isa* isa, std::size_t bytes) {
   Buffers& buf = buffers(bytes);
-  const std::size_t count = bytes / element_size(k.type);
+  const std::size_t count = bytes / tutti::size_of(k.type);
   fill(buf.a.get(), k.type, count, 1);
   fill(buf.b.get(), k.type, count, 2);
   void* dst = k.in_place ? buf.a.get() : buf.dst.get();
