@@ -92,7 +92,9 @@ Algorithm step_algorithm(Collective collective, int p, std::size_t bytes) {
   return schedule::applies(forced, collective) ? forced : size_rule(collective, p, bytes);
 }
 
-Algorithm choose_algorithm(Collective collective, Algorithm requested, int p, std::size_t bytes) {
+Algorithm choose_algorithm(Collective collective, Algorithm requested, const ChoiceContext& context,
+                           std::size_t bytes) {
+  const int p = context.ranks;
   Algorithm algorithm = requested_algorithm(collective, requested);
   if (algorithm == Algorithm::automatic) algorithm = size_rule(collective, p, bytes);
   if (!schedule::applies(algorithm, collective)) {

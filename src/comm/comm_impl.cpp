@@ -72,8 +72,9 @@ Request CommImpl::start(const Call& call, bool blocking) {
   // would make a multi-host iallreduce blocking. `prefers_hierarchical` is the rule it will use.
   if (call.collective == Collective::allreduce && requested == Algorithm::hierarchical) return start_hierarchical(call);
   const std::size_t elem = size_of(call.type);
+  const ChoiceContext context{queue_->transport().name(), size_, false};
   const Algorithm algorithm =
-      choose_algorithm(call.collective, call.options.algorithm, size_, choice_bytes(call, size_));
+      choose_algorithm(call.collective, call.options.algorithm, context, choice_bytes(call, size_));
 
   schedule::Params params;
   params.collective = call.collective;

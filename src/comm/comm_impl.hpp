@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "comm/topology.hpp"
 #include "exec/queue.hpp"
@@ -79,9 +80,20 @@ void set_host_for_testing(Communicator& comm, std::string host);
 /// The algorithm asked for: `requested`, or for `automatic` what TUTTI_ALGO forces (else automatic).
 Algorithm requested_algorithm(schedule::Collective collective, Algorithm requested);
 
-/// The algorithm `automatic` resolves to (TUTTI_ALGO first, then a size rule); a forced one is
-/// checked. Throws Error(unsupported) for an algorithm that does not serve the collective.
-Algorithm choose_algorithm(schedule::Collective collective, Algorithm requested, int p, std::size_t bytes);
+/// What the algorithm choice may depend on besides the collective and its size: the same on
+/// every rank of a communicator, so that every rank chooses alike.
+struct ChoiceContext {
+  std::string_view transport;     // Transport::name(): "inproc", "shm", "tcp", "mpi"
+  int ranks = 1;                  // communicator size
+  bool direct_available = false;  // the shared-memory direct algorithms can serve this call
+};
+
+/// The algorithm `automatic` resolves to (TUTTI_ALGO first, then the tuning table, then the cost
+/// model); a forced one is checked. `bytes` is the call's size as tutti-bench reports it (the
+/// total over ranks for allgather, reduce_scatter and alltoall). Throws Error(unsupported) for an
+/// algorithm that does not serve the collective.
+Algorithm choose_algorithm(schedule::Collective collective, Algorithm requested, const ChoiceContext& context,
+                           std::size_t bytes);
 
 /// The schedule algorithm for one step of a composite algorithm (hierarchical): what TUTTI_ALGO
 /// forces for the step's collective when that is a schedule serving it, else the size rule.

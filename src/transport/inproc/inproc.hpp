@@ -28,6 +28,7 @@ class InprocTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(members_.size()); }
   std::uint64_t id() const override { return comm_id_; }
+  std::string_view name() const override { return "inproc"; }
   std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) override;
   bool detects_every_mismatch() const override { return true; }
   void announce(const Signature& signature) override;

@@ -44,6 +44,7 @@ class MpiTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::uint64_t id() const override { return id_; }
+  std::string_view name() const override { return "mpi"; }
   std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) override;
   void announce(const Signature&) override {}
   void post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) override;
