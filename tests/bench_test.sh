@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# tutti-bench end to end: small checked sweeps under tutti-run (every collective, several types
+# and ops, every algorithm, the Gloo peer, the ceiling, JSON), a deliberately corrupted result
+# that must be counted, bad flags, --calibrate and --tune writing a tuning file that a later run
+# loads, and (when given mpirun) the MPI peer. Every run is bounded by `timeout`; the temporary
+# directory is removed at the end.
+#
+#   bench_test.sh PATH/TO/tutti-run PATH/TO/tutti-bench [PATH/TO/mpirun]
+set -u
+run=$1
+bench=$2
+mpirun=${3:-}
+passed=0
+failed=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+ok() { echo "ok   $1"; passed=$((passed + 1)); }
+fail() {
+  echo "FAIL $1: $2"
+  for f in "$tmp/out" "$tmp/err"; do [[ -s $f ]] && sed 's/^/    | /' "$f" | tail -40; done
+  failed=$((failed + 1))
+}
+# bench N ARGS...: tutti-bench on N ranks under tutti-run, 120 s at most; status in $status.
+bench() {
+  local n=$1
+  shift
+  timeout -s KILL 120 "$run" -n "$n" --timeout-ms 60000 "$bench" --no-progress "$@" >"$tmp/out" 2>"$tmp/err"
+  status=$?
+}
+# The data rows of the table: the lines that start with a size (rank 0's stdout, tagged or not).
+rows() { sed -E 's/^\[[0-9]+\] ?//' "$tmp/out" | grep -E '^ +[0-9]+ +[0-9]+ ' || true; }
+# Every row has the nccl-tests columns, numeric, with #wrong 0 in both forms (N/A allowed).
+rows_parse_clean() {
+  local n
+  n=$(rows | wc -l)
+  [[ $n -ge $1 ]] || { echo "only $n rows, expected at least $1"; return 1; }
+  rows | awk '{
+    if (NF < 13) { print "short row: " $0; bad = 1 }
+    if ($9 != "0" && $9 != "N/A") { print "wrong out-of-place: " $0; bad = 1 }
+    if ($13 != "0" && $13 != "N/A") { print "wrong in-place: " $0; bad = 1 }
+    for (i = 6; i <= 8; i++) if ($i != "N/A" && $i !~ /^[0-9.]+$/) { print "not a number: " $0; bad = 1 }
+  } END { exit bad }'
+}
+
+# 1. Every collective, two types, every op, checked, at 3 ranks (a non-power of two).
+bench 3 -t all -b 1 -e 64K -f 8 -n 2 -w 1 -d f32,i32 -o all -c 1 --json "$tmp/all.json"
+if [[ $status -ne 0 ]]; then
+  fail "all collectives" "exit status $status"
+elif ! why=$(rows_parse_clean 80); then
+  fail "all collectives" "$why"
+elif ! grep -q "Out of bounds values : 0 OK" "$tmp/out" || ! grep -q "Avg bus bandwidth" "$tmp/out"; then
+  fail "all collectives" "no footer"
+elif ! /usr/bin/python3 - "$tmp/all.json" <<'EOF'; then
+import json, sys
+doc = json.load(open(sys.argv[1]))
+rows = doc["results"]
+assert doc["ranks"] == 3 and doc["tool"] == "tutti-bench", doc
+kinds = {r["collective"] for r in rows}
+assert kinds == {"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "sendrecv"}, kinds
+assert all(r["wrong"] == 0 for r in rows)
+assert all(r["time_us"] > 0 and r["busbw_GBps"] >= 0 for r in rows)
+assert {r["op"] for r in rows if r["collective"] == "allreduce"} == {"sum", "prod", "min", "max", "avg"}
+EOF
+  fail "all collectives" "the JSON file does not hold the rows"
+else
+  ok "every collective, type and op checked at p=3, table and JSON parse"
+fi
+
+# 2. Every algorithm, the Gloo peer and the ceiling, at 4 ranks; all types for allreduce.
+bench 4 -t allreduce,allgather,broadcast -b 4 -e 256K -f 16 -n 2 -w 1 --all-algorithms --peers gloo --ceiling -c 1
+if [[ $status -ne 0 ]]; then
+  fail "all algorithms" "exit status $status"
+elif ! why=$(rows_parse_clean 30); then
+  fail "all algorithms" "$why"
+elif [[ $(grep -c "^# Collective allreduce, algorithm" "$tmp/out") -lt 4 ]]; then
+  fail "all algorithms" "fewer than four allreduce algorithm groups"
+elif ! grep -q "Ceiling  *: memory bandwidth" "$tmp/out"; then
+  fail "all algorithms" "no ceiling line"
+elif ! grep -q "gloo" "$tmp/out"; then
+  fail "all algorithms" "no gloo column or skip line"
+else
+  ok "every algorithm at p=4 with the Gloo peer and the ceiling"
+fi
+bench 2 -b 8 -e 4K -f 8 -n 2 -w 1 -d all -c 1
+if [[ $status -ne 0 ]] || ! why=$(rows_parse_clean 40); then
+  fail "all types" "status $status ${why:-}"
+else
+  ok "allreduce of every type at p=2"
+fi
+
+# 3. The check can fail: a damaged result is counted and the exit status says so.
+bench 2 -b 64 -e 1K -f 4 -n 1 -w 0 -c 1 --corrupt-for-testing
+if [[ $status -eq 0 ]] || ! grep -q "Out of bounds values : [1-9][0-9]* ERROR" "$tmp/out"; then
+  fail "corrupted result" "status $status; the damage was not counted"
+else
+  ok "a corrupted result is counted as #wrong and fails the run"
+fi
+
+# 4. Bad flags are refused with a message naming the flag.
+for args in "-b 1M -e 1K" "-d float17" "-t allsum" "--peers nccl" "-n 0" "--frobnicate"; do
+  # shellcheck disable=SC2086
+  timeout 20 "$bench" $args >"$tmp/out" 2>"$tmp/err"
+  status=$?
+  if [[ $status -ne 2 ]] || ! grep -q "tutti-bench: " "$tmp/err"; then
+    fail "bad flags '$args'" "status $status"
+  else
+    ok "refuses '$args'"
+  fi
+done
+
+# 5. --calibrate and --tune write a tuning file; a run that loads it checks clean.
+bench 2 --calibrate -o "$tmp/tuning.json"
+if [[ $status -ne 0 ]] || ! grep -q '"cost_model"' "$tmp/tuning.json" 2>/dev/null; then
+  fail "calibrate" "status $status; no cost_model in the file"
+else
+  ok "--calibrate writes the cost model"
+fi
+bench 2 --tune -t allreduce,allgather -b 8 -e 1M -f 32 -n 2 -w 1 -o "$tmp/tuning.json"
+if [[ $status -ne 0 ]] || ! /usr/bin/python3 - "$tmp/tuning.json" <<'EOF'; then
+import json, sys
+doc = json.load(open(sys.argv[1]))
+entries = doc["entries"]
+assert {e["collective"] for e in entries} == {"allreduce", "allgather"}, entries
+assert all(e["ranks"] == 2 and e["min_bytes"] <= e["max_bytes"] for e in entries)
+assert "shm" in doc["cost_model"] or "tcp" in doc["cost_model"]
+EOF
+  fail "tune" "status $status; the tuning file is not as expected"
+else
+  ok "--tune writes entries for the tuned collectives"
+fi
+TUTTI_TUNING_FILE="$tmp/tuning.json" TUTTI_DEBUG=info bench 2 -t allreduce,allgather -b 8 -e 1M -f 32 -n 2 -w 1 -c 1
+if [[ $status -ne 0 ]] || ! rows_parse_clean 8 >/dev/null || ! grep -q "tuning file" "$tmp/err"; then
+  fail "tuned run" "status $status; no clean run with the tuning file"
+else
+  ok "a run with TUTTI_TUNING_FILE chooses from the table and checks clean"
+fi
+
+# 6. Under mpirun: the MPI peer beside Tutti (Tutti over shared memory), and Gloo.
+if [[ -n $mpirun ]]; then
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -s KILL 120 "$mpirun" --oversubscribe -np 2 \
+    "$bench" --no-progress -t allreduce,reduce_scatter,alltoall -b 8 -e 64K -f 16 -n 2 -w 1 --peers mpi,gloo -c 1 \
+    >"$tmp/out" 2>"$tmp/err"
+  status=$?
+  if [[ $status -ne 0 ]] || ! rows_parse_clean 9 >/dev/null; then
+    fail "mpirun" "status $status"
+  elif ! grep -q "mpi (same run)" "$tmp/out" || grep -q "mpi peer skipped" "$tmp/out"; then
+    fail "mpirun" "no MPI columns"
+  elif ! grep -q "over shm" "$tmp/out"; then
+    fail "mpirun" "Tutti did not run over shared memory"
+  else
+    ok "under mpirun with the MPI and Gloo peers"
+  fi
+fi
+
+echo "bench_test: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]

@@ -1,0 +1,51 @@
+// One measured case of tutti-bench (collective, type, op, root, size, form) and the buffers it
+// runs on: sizes, predictable inputs and the exact check of the results.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "bench/options.hpp"
+
+namespace tutti::bench {
+
+struct Case {
+  Kind kind = Kind::allreduce;
+  DataType type = DataType::f32;
+  ReduceOp op = ReduceOp::sum;
+  int root = 0;
+  std::size_t count = 0;  // the count argument of the call (per-rank block for total-size collectives)
+  bool in_place = false;
+};
+
+/// The case for `bytes` as nccl-tests reads `size(B)`; the count is rounded down to fit.
+Case make_case(Kind kind, DataType type, ReduceOp op, int root, std::size_t bytes, int ranks);
+/// The bytes the row reports (size(B)) and the elements (count) it prints.
+std::size_t case_bytes(const Case& c, int ranks);
+std::size_t case_elements(const Case& c, int ranks);
+/// Whether the collective has this form: broadcast is in place only, sendrecv out of place only.
+bool has_form(Kind kind, bool in_place);
+
+/// The buffers of one case on one rank, allocated once per size and reused by every peer.
+/// `input()` is where the rank's input lives for this form; `output()` what is checked.
+class Buffers {
+ public:
+  Buffers(const Case& c, int rank, int ranks);
+  const void* send() const;  // the `send` argument of the call
+  void* recv();              // the `recv` argument (the buffer of broadcast)
+  /// Writes the predictable inputs and poisons the outputs (before a checked iteration).
+  void prepare();
+  /// Elements of this rank's output that differ from the exact expected result.
+  std::size_t count_wrong() const;
+  /// Flips a bit of the first output element (tests of the check itself).
+  void corrupt();
+
+ private:
+  std::byte* input();
+  Case case_;
+  int rank_, ranks_;
+  std::size_t send_elems_, recv_elems_, elem_;
+  std::unique_ptr<std::byte[]> send_, recv_;
+};
+
+}  // namespace tutti::bench

@@ -1,0 +1,271 @@
+#include "bench/options.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <string_view>
+
+namespace tutti::bench {
+
+namespace {
+
+constexpr const char* usage_text = R"(usage: tutti-bench [flags]   (run under tutti-run or mpirun)
+
+  -t, --collective NAME   allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall,
+                          sendrecv, a comma-separated list, or all (default allreduce)
+  -b, --minbytes SIZE     smallest size, e.g. 8, 64K, 1M (default 8)
+  -e, --maxbytes SIZE     largest size (default 64M)
+  -f, --stepfactor F      size multiplier between rows (default 2)
+  -n, --iters N           timed iterations per size (default: enough for ~50 ms, at least 5)
+  -w, --warmup_iters N    warm-up iterations per size (default 5)
+  -d, --datatype TYPE     f32, f16, bf16, f64, i8, u8, i32, u32, i64, u64, or all (default f32)
+  -o, --op OP             sum, prod, min, max, avg, or all (default sum)
+                          (with --tune/--calibrate: -o FILE is the tuning file to write)
+  -r, --root R            root of broadcast and reduce (default 0)
+  -c, --check 0|1         check results in separate iterations (default 1)
+  -a, --algorithm NAME    force an algorithm (ring, recursive_doubling, rabenseifner, direct, ...)
+      --all-algorithms    one row group per algorithm that serves the collective
+      --json FILE         also write the results as JSON (for tools/plot_bench.py)
+      --peers LIST        time peers in the same run: mpi, gloo (comma-separated)
+      --ceiling           measure memory bandwidth and flag latency; show t_bound / t
+      --calibrate         measure the cost model's alpha, beta, gamma for this transport
+      --tune              sweep every algorithm and write a tuning table (with --calibrate's model)
+      --output FILE       the tuning file --tune/--calibrate write (default: the per-user path)
+      --no-progress       no progress line on stderr
+  -h, --help              this text
+)";
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t end = std::min(text.find(',', start), text.size());
+    if (end > start) out.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+long parse_int(const std::string& text, const char* flag) {
+  std::size_t used = 0;
+  long value = 0;
+  try {
+    value = std::stol(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty())
+    throw std::invalid_argument(std::string(flag) + ": expected an integer, got '" + text + "'");
+  return value;
+}
+
+std::vector<Kind> parse_kinds(const std::string& text) {
+  constexpr Kind all[] = {Kind::allreduce, Kind::reduce_scatter, Kind::allgather, Kind::broadcast,
+                          Kind::reduce,    Kind::alltoall,       Kind::sendrecv};
+  if (text == "all") return {std::begin(all), std::end(all)};
+  std::vector<Kind> out;
+  for (const std::string& name : split_list(text)) {
+    bool found = false;
+    for (Kind kind : all)
+      if (name == to_string(kind)) out.push_back(kind), found = true;
+    if (!found) throw std::invalid_argument("--collective: unknown collective '" + name + "'");
+  }
+  return out;
+}
+
+std::vector<DataType> parse_types(const std::string& text) {
+  std::vector<DataType> out;
+  if (text == "all") {
+    for (int t = 0; t <= static_cast<int>(DataType::f64); ++t) out.push_back(static_cast<DataType>(t));
+    return out;
+  }
+  for (const std::string& name : split_list(text)) {
+    const auto type = parse_type(name);
+    if (!type) throw std::invalid_argument("-d: unknown type '" + name + "'");
+    out.push_back(*type);
+  }
+  return out;
+}
+
+std::vector<ReduceOp> parse_ops(const std::string& text) {
+  std::vector<ReduceOp> out;
+  for (int o = 0; o <= static_cast<int>(ReduceOp::avg); ++o)
+    if (text == "all" || text == to_string(static_cast<ReduceOp>(o))) out.push_back(static_cast<ReduceOp>(o));
+  if (out.empty()) throw std::invalid_argument("-o: unknown op '" + text + "' (sum, prod, min, max, avg, all)");
+  return out;
+}
+
+Algorithm parse_algorithm(const std::string& name) {
+  for (int a = 0; a <= static_cast<int>(Algorithm::mpi); ++a)
+    if (name == to_string(static_cast<Algorithm>(a))) return static_cast<Algorithm>(a);
+  throw std::invalid_argument("-a: unknown algorithm '" + name + "'");
+}
+
+void validate(const BenchOptions& o) {
+  if (o.min_bytes > o.max_bytes) throw std::invalid_argument("-b must not exceed -e");
+  if (o.factor <= 1.0 && o.min_bytes != o.max_bytes) throw std::invalid_argument("-f must be greater than 1");
+  if (o.iterations && *o.iterations < 1) throw std::invalid_argument("-n must be at least 1");
+  if (o.warmup < 0) throw std::invalid_argument("-w must not be negative");
+  if (o.root < 0) throw std::invalid_argument("-r must not be negative");
+  for (const std::string& peer : o.peers)
+    if (peer != "mpi" && peer != "gloo")
+      throw std::invalid_argument("--peers: unknown peer '" + peer + "' (mpi, gloo)");
+}
+
+}  // namespace
+
+const char* to_string(Kind kind) {
+  switch (kind) {
+    case Kind::allreduce:
+      return "allreduce";
+    case Kind::reduce_scatter:
+      return "reduce_scatter";
+    case Kind::allgather:
+      return "allgather";
+    case Kind::broadcast:
+      return "broadcast";
+    case Kind::reduce:
+      return "reduce";
+    case Kind::alltoall:
+      return "alltoall";
+    case Kind::sendrecv:
+      return "sendrecv";
+  }
+  return "?";
+}
+
+double bus_factor(Kind kind, int ranks) {
+  const double p = ranks;
+  switch (kind) {
+    case Kind::allreduce:
+      return ranks > 1 ? 2 * (p - 1) / p : 0;
+    case Kind::reduce_scatter:
+    case Kind::allgather:
+    case Kind::alltoall:
+      return (p - 1) / p;
+    default:
+      return 1;
+  }
+}
+
+bool size_is_total(Kind kind) {
+  return kind == Kind::reduce_scatter || kind == Kind::allgather || kind == Kind::alltoall;
+}
+
+bool reduces(Kind kind) { return kind == Kind::allreduce || kind == Kind::reduce_scatter || kind == Kind::reduce; }
+
+std::optional<DataType> parse_type(const std::string& name) {
+  static const std::pair<const char*, DataType> aliases[] = {
+      {"float", DataType::f32}, {"half", DataType::f16},   {"bfloat16", DataType::bf16}, {"double", DataType::f64},
+      {"int8", DataType::i8},   {"uint8", DataType::u8},   {"int32", DataType::i32},     {"uint32", DataType::u32},
+      {"int64", DataType::i64}, {"uint64", DataType::u64}, {"int", DataType::i32}};
+  for (int t = 0; t <= static_cast<int>(DataType::f64); ++t)
+    if (name == to_string(static_cast<DataType>(t))) return static_cast<DataType>(t);
+  for (const auto& [alias, type] : aliases)
+    if (name == alias) return type;
+  return std::nullopt;
+}
+
+std::size_t parse_bytes(const std::string& text, const char* flag) {
+  if (text.empty()) throw std::invalid_argument(std::string(flag) + ": expected a size");
+  std::size_t multiplier = 1;
+  std::string digits = text;
+  switch (text.back()) {
+    case 'K':
+    case 'k':
+      multiplier = std::size_t{1} << 10;
+      break;
+    case 'M':
+    case 'm':
+      multiplier = std::size_t{1} << 20;
+      break;
+    case 'G':
+    case 'g':
+      multiplier = std::size_t{1} << 30;
+      break;
+    default:
+      break;
+  }
+  if (multiplier != 1) digits.pop_back();
+  const long value = parse_int(digits, flag);
+  if (value < 0) throw std::invalid_argument(std::string(flag) + ": size must not be negative");
+  return static_cast<std::size_t>(value) * multiplier;
+}
+
+std::vector<std::size_t> sweep_sizes(const BenchOptions& options) {
+  std::vector<std::size_t> sizes;
+  double size = static_cast<double>(options.min_bytes);
+  while (true) {
+    const auto bytes = static_cast<std::size_t>(std::llround(size));
+    if (bytes > options.max_bytes) break;
+    if (sizes.empty() || bytes != sizes.back()) sizes.push_back(bytes);
+    if (options.factor <= 1.0 || bytes == options.max_bytes) break;
+    size = std::max(size * options.factor, size + 1);
+  }
+  return sizes;
+}
+
+std::optional<BenchOptions> parse_options(int argc, char** argv) {
+  BenchOptions o;
+  for (int i = 0; i < argc; ++i) o.command_line += (i ? " " : "") + std::string(argv[i]);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (const std::string& a : args)
+    if (a == "--tune" || a == "--calibrate")
+      o.tune = o.tune || a == "--tune", o.calibrate = o.calibrate || a == "--calibrate";
+  const bool tuning = o.tune || o.calibrate;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& flag = args[i];
+    auto value = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) throw std::invalid_argument(flag + ": missing value");
+      return args[++i];
+    };
+    if (flag == "-h" || flag == "--help") {
+      std::fputs(usage_text, stdout);
+      return std::nullopt;
+    } else if (flag == "-t" || flag == "--collective") {
+      o.kinds = parse_kinds(value());
+      o.kinds_given = true;
+    } else if (flag == "-b" || flag == "--minbytes") {
+      o.min_bytes = parse_bytes(value(), "-b");
+    } else if (flag == "-e" || flag == "--maxbytes") {
+      o.max_bytes = parse_bytes(value(), "-e");
+    } else if (flag == "-f" || flag == "--stepfactor") {
+      o.factor = static_cast<double>(parse_int(value(), "-f"));
+    } else if (flag == "-n" || flag == "--iters") {
+      o.iterations = static_cast<int>(parse_int(value(), "-n"));
+    } else if (flag == "-w" || flag == "--warmup_iters") {
+      o.warmup = static_cast<int>(parse_int(value(), "-w"));
+    } else if (flag == "-d" || flag == "--datatype") {
+      o.types = parse_types(value());
+    } else if ((flag == "-o" && tuning) || flag == "--output") {
+      o.output_path = value();
+    } else if (flag == "-o" || flag == "--op") {
+      o.ops = parse_ops(value());
+    } else if (flag == "-r" || flag == "--root") {
+      o.root = static_cast<int>(parse_int(value(), "-r"));
+    } else if (flag == "-c" || flag == "--check") {
+      o.check = parse_int(value(), "-c") != 0;
+    } else if (flag == "-a" || flag == "--algorithm") {
+      o.algorithm = parse_algorithm(value());
+    } else if (flag == "--all-algorithms") {
+      o.all_algorithms = true;
+    } else if (flag == "--json") {
+      o.json_path = value();
+    } else if (flag == "--peers") {
+      o.peers = split_list(value());
+    } else if (flag == "--ceiling") {
+      o.ceiling = true;
+    } else if (flag == "--tune" || flag == "--calibrate") {
+    } else if (flag == "--corrupt-for-testing") {  // proves the check can fail; not in --help
+      o.corrupt_for_testing = true;
+    } else if (flag == "--no-progress") {
+      o.quiet_progress = true;
+    } else {
+      throw std::invalid_argument("unknown flag '" + flag + "' (see --help)");
+    }
+  }
+  validate(o);
+  return o;
+}
+
+}  // namespace tutti::bench

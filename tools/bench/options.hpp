@@ -1,0 +1,63 @@
+// tutti-bench's command line, in the spirit of nccl-tests (-b/-e/-f, -n/-w, -d, -o, -r, -c, -a).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tutti/types.hpp"
+
+namespace tutti::bench {
+
+/// What tutti-bench can time. `sendrecv` is point to point: rank r sends to r+1 and receives
+/// from r-1, as nccl-tests' sendrecv does.
+enum class Kind { allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, sendrecv };
+
+const char* to_string(Kind kind);
+/// busbw = algbw × this factor (BENCHMARKS.md).
+double bus_factor(Kind kind, int ranks);
+/// Whether `size(B)` counts all ranks' blocks (allgather, reduce_scatter, alltoall) rather than one buffer.
+bool size_is_total(Kind kind);
+bool reduces(Kind kind);
+
+struct BenchOptions {
+  std::vector<Kind> kinds{Kind::allreduce};
+  bool kinds_given = false;  // -t was on the command line
+  std::size_t min_bytes = 8;
+  std::size_t max_bytes = 64 << 20;
+  double factor = 2;
+  std::optional<int> iterations;  // unset: enough for about 50 ms per measurement, at least 5
+  int warmup = 5;
+  std::vector<DataType> types{DataType::f32};
+  std::vector<ReduceOp> ops{ReduceOp::sum};
+  int root = 0;
+  bool check = true;
+  Algorithm algorithm = Algorithm::automatic;
+  bool all_algorithms = false;
+  std::string json_path;
+  std::vector<std::string> peers;  // "mpi", "gloo"
+  bool ceiling = false;
+  bool calibrate = false;
+  bool tune = false;
+  std::string output_path;  // --calibrate/--tune: the tuning file ("" = the per-user default)
+  bool quiet_progress = false;
+  bool corrupt_for_testing = false;  // --corrupt-for-testing: rank 0 flips a result byte in checks
+  std::string command_line;
+};
+
+/// Parses argv; throws std::invalid_argument with a message naming the flag on bad input.
+/// Returns nullopt after printing the usage for -h/--help.
+std::optional<BenchOptions> parse_options(int argc, char** argv);
+
+/// "f32" → DataType::f32 (also the nccl-tests names float, half, bfloat16, double, int8, uint8,
+/// int32, uint32, int64, uint64).
+std::optional<DataType> parse_type(const std::string& name);
+
+/// The sizes of the sweep: min, min·f, … up to max (max included when f reaches it).
+std::vector<std::size_t> sweep_sizes(const BenchOptions& options);
+
+/// "64K", "8M", "1G", "256" → bytes.
+std::size_t parse_bytes(const std::string& text, const char* flag);
+
+}  // namespace tutti::bench

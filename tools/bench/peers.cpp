@@ -1,0 +1,163 @@
+// The peers tutti-bench times beside Tutti: OpenMPI's own collectives and Gloo's.
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+#include "bench/gloo_peer.hpp"
+#include "bench/runner.hpp"
+
+#ifdef TUTTI_WITH_MPI
+#include <mpi.h>
+#endif
+
+namespace tutti::bench {
+
+namespace {
+
+#ifdef TUTTI_WITH_MPI
+class MpiPeer final : public Peer {
+ public:
+  std::string name() const override { return "mpi"; }
+
+  bool supports(const Case& c) const override {
+    if (c.type == DataType::f16 || c.type == DataType::bf16) return false;  // no MPI datatype
+    return !reduces(c.kind) || c.op != ReduceOp::avg;
+  }
+
+  void run(const Case& c, Buffers& b) override {
+    const MPI_Datatype type = mpi_type(c.type);
+    const int n = static_cast<int>(c.count);
+    const void* send = b.send();
+    void* recv = b.recv();
+    switch (c.kind) {
+      case Kind::allreduce:
+        MPI_Allreduce(send, recv, n, type, mpi_op(c.op), MPI_COMM_WORLD);
+        break;
+      case Kind::reduce_scatter:
+        MPI_Reduce_scatter_block(send, recv, n, type, mpi_op(c.op), MPI_COMM_WORLD);
+        break;
+      case Kind::allgather:
+        MPI_Allgather(send, n, type, recv, n, type, MPI_COMM_WORLD);
+        break;
+      case Kind::broadcast:
+        MPI_Bcast(recv, n, type, c.root, MPI_COMM_WORLD);
+        break;
+      case Kind::reduce:
+        MPI_Reduce(send, recv, n, type, mpi_op(c.op), c.root, MPI_COMM_WORLD);
+        break;
+      case Kind::alltoall:
+        MPI_Alltoall(send, n, type, recv, n, type, MPI_COMM_WORLD);
+        break;
+      case Kind::sendrecv: {
+        int rank = 0, size = 1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        MPI_Sendrecv(send, n, type, (rank + 1) % size, 0, recv, n, type, (rank + size - 1) % size, 0, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+        break;
+      }
+    }
+  }
+
+ private:
+  static MPI_Datatype mpi_type(DataType type) {
+    switch (type) {
+      case DataType::i8:
+        return MPI_INT8_T;
+      case DataType::u8:
+        return MPI_UINT8_T;
+      case DataType::i32:
+        return MPI_INT32_T;
+      case DataType::u32:
+        return MPI_UINT32_T;
+      case DataType::i64:
+        return MPI_INT64_T;
+      case DataType::u64:
+        return MPI_UINT64_T;
+      case DataType::f64:
+        return MPI_DOUBLE;
+      default:
+        return MPI_FLOAT;
+    }
+  }
+  static MPI_Op mpi_op(ReduceOp op) {
+    switch (op) {
+      case ReduceOp::prod:
+        return MPI_PROD;
+      case ReduceOp::min:
+        return MPI_MIN;
+      case ReduceOp::max:
+        return MPI_MAX;
+      default:
+        return MPI_SUM;
+    }
+  }
+};
+#endif
+
+class GlooAdapter final : public Peer {
+ public:
+  GlooAdapter(int rank, int size, const std::string& directory)
+      : gloo_(rank, size, directory, std::chrono::seconds(60)) {}
+  std::string name() const override { return "gloo"; }
+  bool supports(const Case& c) const override {
+    if (c.kind != Kind::allreduce && c.kind != Kind::allgather && c.kind != Kind::broadcast) return false;
+    return gloo_.supports(to_string(c.kind), c.type, c.op);
+  }
+  void run(const Case& c, Buffers& b) override {
+    gloo_.run(to_string(c.kind), b.send(), b.recv(), c.count, c.type, c.op, c.root);
+  }
+
+ private:
+  GlooPeer gloo_;
+};
+
+}  // namespace
+
+std::unique_ptr<Peer> make_mpi_peer(std::string& why) {
+#ifdef TUTTI_WITH_MPI
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) return std::make_unique<MpiPeer>();
+  why = "not launched by mpirun (run tutti-bench under mpirun to time MPI beside Tutti)";
+#else
+  why = "this build of Tutti has no MPI (install libopenmpi-dev and rebuild)";
+#endif
+  return nullptr;
+}
+
+std::unique_ptr<Peer> make_gloo_peer(Communicator& world, std::string& why) {
+  if (!GlooPeer::available()) {
+    why = "this build has no Gloo (install libgloo-dev and rebuild)";
+    return nullptr;
+  }
+  // Rank 0 makes the rendezvous directory and tells the others where it is (one host).
+  char path[256] = {};
+  if (world.rank() == 0) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tutti-gloo-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) != nullptr) std::strncpy(path, tmpl.c_str(), sizeof(path) - 1);
+  }
+  world.broadcast(path, sizeof(path), DataType::u8, 0);
+  if (path[0] == '\0') {
+    why = "could not create a rendezvous directory";
+    return nullptr;
+  }
+  std::unique_ptr<Peer> peer;
+  try {
+    peer = std::make_unique<GlooAdapter>(world.rank(), world.size(), path);
+  } catch (const std::exception& e) {
+    why = std::string("Gloo failed to connect: ") + e.what();
+  }
+  world.barrier();  // everyone connected (or failed) before the directory goes
+  if (world.rank() == 0) std::filesystem::remove_all(path);
+  int ok = peer ? 1 : 0;
+  world.allreduce(std::span<int>(&ok, 1), ReduceOp::min);
+  if (!ok) {
+    if (why.empty()) why = "Gloo failed to connect on another rank";
+    return nullptr;
+  }
+  return peer;
+}
+
+}  // namespace tutti::bench

@@ -1,0 +1,168 @@
+#include "bench/report.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace tutti::bench {
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void print_measure(const Row& row, int ranks, const Measure& m) {
+  if (!m.measured()) {
+    std::printf(" %10s %7s %7s %6s", "N/A", "N/A", "N/A", "N/A");
+    return;
+  }
+  std::printf(" %10.2f %7.2f %7.2f %6zu", m.time * 1e6, algbw(row, ranks, m.time), busbw(row, ranks, m.time), m.wrong);
+}
+
+}  // namespace
+
+double algbw(const Row& row, int ranks, double seconds) {
+  return seconds > 0 ? static_cast<double>(case_bytes(row.c, ranks)) / seconds / 1e9 : 0;
+}
+
+double busbw(const Row& row, int ranks, double seconds) {
+  return algbw(row, ranks, seconds) * bus_factor(row.c.kind, ranks);
+}
+
+const Measure& primary(const Row& row) { return row.c.kind == Kind::broadcast ? row.in_place : row.out_of_place; }
+
+std::string human_bytes(std::size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int unit = 0;
+  double value = static_cast<double>(bytes);
+  while (value >= 1024 && unit < 3) value /= 1024, ++unit;
+  char text[32];
+  std::snprintf(text, sizeof(text), value == static_cast<double>(static_cast<long>(value)) ? "%.0f %s" : "%.1f %s",
+                value, units[unit]);
+  return text;
+}
+
+void Report::header(Kind kind, const std::string& algorithm) const {
+  std::printf("#\n# Collective %s, algorithm %s, %d ranks over %s\n#\n", to_string(kind), algorithm.c_str(), ranks_,
+              transport_.c_str());
+  std::printf("# %10s %12s %6s %6s %6s %36s %36s", "", "", "", "", "", "out-of-place", "in-place");
+  for (const std::string& peer : peers_) std::printf(" %17s", (peer + " (same run)").c_str());
+  std::printf("\n# %10s %12s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s", "size", "count", "type", "redop", "root",
+              "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+  for (std::size_t i = 0; i < peers_.size(); ++i) std::printf(" %8s %8s", "busbw", "tutti/x");
+  if (ceiling_) std::printf(" %8s", "bound/t");
+  std::printf("\n# %10s %12s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s", "(B)", "(elements)", "", "", "", "(us)",
+              "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  for (std::size_t i = 0; i < peers_.size(); ++i) std::printf(" %8s %8s", "(GB/s)", "");
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+void Report::row(const Row& row) {
+  if (print_) print_row(row);
+  for (const Measure* m : {&row.out_of_place, &row.in_place})
+    if (m->measured()) busbw_sum_ += busbw(row, ranks_, m->time), ++busbw_cells_, wrong_ += m->wrong;
+  for (const auto& [name, peer] : row.peers) wrong_ += peer.wrong;
+  rows_.push_back(row);
+}
+
+void Report::print_row(const Row& row) const {
+  const bool rooted = row.c.kind == Kind::broadcast || row.c.kind == Kind::reduce;
+  std::printf("  %10zu %12zu %6s %6s %6d", case_bytes(row.c, ranks_), case_elements(row.c, ranks_),
+              std::string(to_string(row.c.type)).c_str(),
+              reduces(row.c.kind) ? std::string(to_string(row.c.op)).c_str() : "none", rooted ? row.c.root : -1);
+  print_measure(row, ranks_, row.out_of_place);
+  print_measure(row, ranks_, row.in_place);
+  const Measure& mine = primary(row);
+  for (const std::string& peer : peers_) {
+    const auto it = row.peers.find(peer);
+    if (it == row.peers.end() || !it->second.measured()) {
+      std::printf(" %8s %8s", "-", "-");
+      continue;
+    }
+    std::printf(" %8.2f %8.2f", busbw(row, ranks_, it->second.time), it->second.time / mine.time);
+  }
+  if (ceiling_) std::printf(" %8.2f", row.bound / mine.time);
+  std::printf("%s\n", row.chosen.empty() ? "" : ("  " + row.chosen).c_str());
+  std::fflush(stdout);
+}
+
+void Report::footer(const std::optional<Ceiling>& ceiling) const {
+  std::printf("# Out of bounds values : %zu %s\n", wrong_, wrong_ ? "ERROR" : "OK");
+  std::printf("# Avg bus bandwidth    : %g\n", busbw_cells_ ? busbw_sum_ / busbw_cells_ : 0.0);
+  if (ceiling)
+    std::printf("# Ceiling              : memory bandwidth %.2f GB/s (all ranks, read + write), flag latency %.3f us\n",
+                ceiling->memory_bandwidth / 1e9, ceiling->latency * 1e6);
+  std::printf("#\n");
+  std::fflush(stdout);
+}
+
+void Report::write_json(const std::string& path, const std::string& command, const std::string& launcher,
+                        const std::optional<Ceiling>& ceiling) const {
+  using nlohmann::json;
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  json doc = {{"tool", "tutti-bench"},   {"version", 1},         {"host", host},       {"ranks", ranks_},
+              {"transport", transport_}, {"launcher", launcher}, {"command", command}, {"results", json::array()}};
+  if (ceiling)
+    doc["ceiling"] = {{"memory_bandwidth_GBps", ceiling->memory_bandwidth / 1e9},
+                      {"latency_us", ceiling->latency * 1e6}};
+  for (const Row& row : rows_) {
+    for (const bool in_place : {false, true}) {
+      const Measure& m = in_place ? row.in_place : row.out_of_place;
+      if (!m.measured()) continue;
+      json r = {{"collective", to_string(row.c.kind)},
+                {"algorithm", row.algorithm},
+                {"chosen", row.chosen.empty() ? row.algorithm : row.chosen},
+                {"type", std::string(to_string(row.c.type))},
+                {"op", reduces(row.c.kind) ? std::string(to_string(row.c.op)) : "none"},
+                {"root", row.c.root},
+                {"bytes", case_bytes(row.c, ranks_)},
+                {"count", case_elements(row.c, ranks_)},
+                {"in_place", in_place},
+                {"time_us", m.time * 1e6},
+                {"algbw_GBps", algbw(row, ranks_, m.time)},
+                {"busbw_GBps", busbw(row, ranks_, m.time)},
+                {"wrong", m.wrong}};
+      if (row.bound > 0) {
+        r["bound_fraction"] = row.bound / m.time;
+        r["ceiling_busbw_GBps"] = busbw(row, ranks_, row.bound);
+      }
+      if (&m == &primary(row))
+        for (const auto& [name, peer] : row.peers)
+          if (peer.measured())
+            r["peers"][name] = {{"time_us", peer.time * 1e6},
+                                {"busbw_GBps", busbw(row, ranks_, peer.time)},
+                                {"ratio", peer.time / m.time},
+                                {"wrong", peer.wrong}};
+      doc["results"].push_back(std::move(r));
+    }
+  }
+  std::ofstream out(path);
+  out << doc.dump(1) << "\n";
+  if (!out) throw std::runtime_error("--json: cannot write " + path);
+}
+
+Progress::Progress(bool enabled, double total_work)
+    : enabled_(enabled && ::isatty(STDERR_FILENO)), total_(total_work), start_(now_seconds()) {}
+
+void Progress::update(const std::string& what, double work_done) {
+  if (!enabled_) return;
+  const double elapsed = now_seconds() - start_;
+  if (elapsed < 3 || work_done <= 0) return;  // short sweeps stay quiet
+  const double eta = elapsed * (total_ - work_done) / work_done;
+  std::fprintf(stderr, "\r\033[K%s  %3.0f%%  ETA %.0f s", what.c_str(), 100 * work_done / total_, eta);
+  std::fflush(stderr);
+  shown_ = true;
+}
+
+void Progress::finish() {
+  if (shown_) std::fprintf(stderr, "\r\033[K");
+  shown_ = false;
+}
+
+}  // namespace tutti::bench

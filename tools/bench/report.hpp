@@ -1,0 +1,84 @@
+// tutti-bench's output: nccl-tests' table on stdout (rank 0), the progress line on stderr, and
+// the JSON file that tools/plot_bench.py reads.
+#pragma once
+
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/cases.hpp"
+#include "bench/ceiling.hpp"
+
+namespace tutti::bench {
+
+struct Measure {
+  double time = 0;  // seconds per iteration (max over ranks of the mean); 0 = not measured
+  std::size_t wrong = 0;
+  bool measured() const { return time > 0; }
+};
+
+struct Row {
+  Case c;
+  std::string algorithm;  // as asked (automatic or forced)
+  std::string chosen;     // what automatic resolved to ("" when forced)
+  Measure out_of_place, in_place;
+  std::map<std::string, Measure> peers;  // primary form only
+  double bound = 0;                      // t_bound (seconds), 0 without --ceiling
+};
+
+/// algbw and busbw in GB/s of `row` at `seconds` per iteration.
+double algbw(const Row& row, int ranks, double seconds);
+double busbw(const Row& row, int ranks, double seconds);
+/// The form peers are compared with: out of place, except broadcast (in place only).
+const Measure& primary(const Row& row);
+
+class Report {
+ public:
+  /// `print`: this rank prints the table (rank 0); every rank keeps the rows.
+  Report(int ranks, std::string transport, std::vector<std::string> peers, bool ceiling, bool print)
+      : ranks_(ranks), transport_(std::move(transport)), peers_(std::move(peers)), ceiling_(ceiling), print_(print) {}
+  /// A group's header: the collective and algorithm, then the column names.
+  void header(Kind kind, const std::string& algorithm) const;
+  void row(const Row& row);
+  void print_row(const Row& row) const;
+  /// `Avg bus bandwidth`, and the out-of-bounds and wrong totals.
+  void footer(const std::optional<Ceiling>& ceiling) const;
+  std::size_t wrong() const { return wrong_; }
+  const std::vector<Row>& rows() const { return rows_; }
+  /// Writes every row as JSON (the schema tools/plot_bench.py reads). Throws std::runtime_error.
+  void write_json(const std::string& path, const std::string& command, const std::string& launcher,
+                  const std::optional<Ceiling>& ceiling) const;
+
+ private:
+  int ranks_;
+  std::string transport_;
+  std::vector<std::string> peers_;
+  bool ceiling_;
+  bool print_;
+  std::vector<Row> rows_;
+  std::size_t wrong_ = 0;
+  double busbw_sum_ = 0;
+  int busbw_cells_ = 0;
+};
+
+/// The progress line on stderr ("allreduce 4 MiB  12/30  ETA 14 s"), shown only on a terminal
+/// and once the sweep has run for a few seconds.
+class Progress {
+ public:
+  Progress(bool enabled, double total_work);
+  void update(const std::string& what, double work_done);
+  void finish();
+
+ private:
+  bool enabled_;
+  double total_;
+  double start_;
+  bool shown_ = false;
+};
+
+/// "4 B", "64 KiB", "256 MiB".
+std::string human_bytes(std::size_t bytes);
+
+}  // namespace tutti::bench

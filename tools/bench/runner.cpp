@@ -1,0 +1,85 @@
+#include "bench/runner.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+namespace tutti::bench {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+double seconds_since(clock::time_point start) { return std::chrono::duration<double>(clock::now() - start).count(); }
+
+}  // namespace
+
+double max_over_ranks(Communicator& world, double value) {
+  world.allreduce(std::span<double>(&value, 1), ReduceOp::max);
+  return value;
+}
+
+void run_tutti(Communicator& world, const Case& c, Buffers& buffers, Algorithm algorithm) {
+  const Options options{.algorithm = algorithm};
+  const void* send = buffers.send();
+  void* recv = buffers.recv();
+  switch (c.kind) {
+    case Kind::allreduce:
+      return world.allreduce(send, recv, c.count, c.type, c.op, options);
+    case Kind::reduce_scatter:
+      return world.reduce_scatter(send, recv, c.count, c.type, c.op, options);
+    case Kind::allgather:
+      return world.allgather(send, recv, c.count, c.type, options);
+    case Kind::broadcast:
+      return world.broadcast(recv, c.count, c.type, c.root, options);
+    case Kind::reduce:
+      return world.reduce(send, recv, c.count, c.type, c.op, c.root, options);
+    case Kind::alltoall:
+      return world.alltoall(send, recv, c.count, c.type, options);
+    case Kind::sendrecv: {
+      const int next = (world.rank() + 1) % world.size(), prev = (world.rank() + world.size() - 1) % world.size();
+      Request r = world.irecv(recv, c.count, c.type, prev);
+      Request s = world.isend(send, c.count, c.type, next);
+      s.wait();
+      r.wait();
+      return;
+    }
+  }
+}
+
+double time_op(Communicator& world, const std::function<void()>& op, int warmup, int iterations) {
+  for (int i = 0; i < warmup; ++i) op();
+  world.barrier();
+  const auto start = clock::now();
+  for (int i = 0; i < iterations; ++i) op();
+  return max_over_ranks(world, seconds_since(start) / iterations);
+}
+
+int choose_iterations(Communicator& world, const std::function<void()>& op, std::optional<int> fixed) {
+  if (fixed) return *fixed;
+  constexpr double target_seconds = 0.05;
+  // Every rank makes the same number of calls: the counts derive from maxima over ranks.
+  int calls = 2;
+  double per_call = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    world.barrier();
+    const auto start = clock::now();
+    for (int i = 0; i < calls; ++i) op();
+    per_call = max_over_ranks(world, seconds_since(start) / calls);
+    if (per_call * calls >= 0.002) break;  // long enough to judge
+    calls = static_cast<int>(std::clamp(0.002 / std::max(per_call, 1e-9), 2.0, 2000.0));
+  }
+  return static_cast<int>(std::clamp(std::ceil(target_seconds / std::max(per_call, 1e-9)), 5.0, 100000.0));
+}
+
+std::size_t check_op(Communicator& world, Buffers& buffers, const std::function<void()>& op, bool corrupt) {
+  buffers.prepare();
+  world.barrier();  // nobody reads a peer's input before the peer has written it
+  op();
+  if (corrupt && world.rank() == 0) buffers.corrupt();
+  auto wrong = static_cast<std::uint64_t>(buffers.count_wrong());
+  world.allreduce(std::span<std::uint64_t>(&wrong, 1), ReduceOp::sum);
+  return static_cast<std::size_t>(wrong);
+}
+
+}  // namespace tutti::bench

@@ -1,0 +1,130 @@
+#include "bench/sweep.hpp"
+
+#include "comm/comm_impl.hpp"
+#include "schedule/schedule.hpp"
+
+namespace tutti::bench {
+
+schedule::Collective collective_of(Kind kind) {
+  switch (kind) {
+    case Kind::reduce_scatter:
+      return schedule::Collective::reduce_scatter;
+    case Kind::allgather:
+      return schedule::Collective::allgather;
+    case Kind::broadcast:
+      return schedule::Collective::broadcast;
+    case Kind::reduce:
+      return schedule::Collective::reduce;
+    case Kind::alltoall:
+      return schedule::Collective::alltoall;
+    default:
+      return schedule::Collective::allreduce;
+  }
+}
+
+namespace {
+
+struct Timed {
+  Measure measure;
+  int iterations = 0;
+};
+
+// Times and checks `op` on `buffers`; `iterations` 0 = choose.
+Timed time_and_check(Communicator& world, const BenchOptions& options, Buffers& buffers,
+                     const std::function<void()>& op, int iterations) {
+  Timed t;
+  t.iterations = iterations > 0 ? iterations : choose_iterations(world, op, options.iterations);
+  t.measure.time = time_op(world, op, options.warmup, t.iterations);
+  if (options.check) t.measure.wrong = check_op(world, buffers, op, options.corrupt_for_testing);
+  return t;
+}
+
+}  // namespace
+
+std::vector<Algorithm> algorithms_to_sweep(Communicator& world, Kind kind) {
+  std::vector<Algorithm> out{Algorithm::automatic};
+  if (kind == Kind::sendrecv) return out;
+  for (Algorithm a : schedule::algorithms_for(collective_of(kind))) out.push_back(a);
+  if (world.impl()->direct_serves(collective_of(kind))) out.push_back(Algorithm::direct);
+  if (world.impl()->transport_name() == "mpi") out.push_back(Algorithm::mpi);
+  return out;
+}
+
+Row measure_row(Communicator& world, const BenchOptions& options, const Case& base, Algorithm algorithm,
+                const std::vector<std::unique_ptr<Peer>>& peers, const std::optional<Ceiling>& ceiling) {
+  Row row;
+  row.c = base;
+  row.algorithm = to_string(algorithm);
+  if (algorithm == Algorithm::automatic && base.kind != Kind::sendrecv)
+    row.chosen =
+        to_string(world.impl()->chosen_algorithm(collective_of(base.kind), algorithm, case_bytes(base, world.size())));
+  if (ceiling) row.bound = time_bound(base, world.size(), *ceiling);
+  const bool primary_in_place = base.kind == Kind::broadcast;
+  int primary_iterations = 0;
+  for (const bool in_place : {false, true}) {
+    if (!has_form(base.kind, in_place)) continue;
+    Case c = base;
+    c.in_place = in_place;
+    Buffers buffers(c, world.rank(), world.size());
+    const Timed t = time_and_check(
+        world, options, buffers, [&] { run_tutti(world, c, buffers, algorithm); }, 0);
+    (in_place ? row.in_place : row.out_of_place) = t.measure;
+    if (in_place != primary_in_place) continue;
+    primary_iterations = t.iterations;
+    for (const auto& peer : peers) {
+      if (!peer->supports(c)) continue;
+      row.peers[peer->name()] = time_and_check(
+                                    world, options, buffers, [&] { peer->run(c, buffers); }, primary_iterations)
+                                    .measure;
+    }
+  }
+  return row;
+}
+
+Report run_sweep(Communicator& world, const BenchOptions& options, const std::vector<std::unique_ptr<Peer>>& peers,
+                 const std::optional<Ceiling>& ceiling) {
+  std::vector<std::string> peer_names;
+  for (const auto& peer : peers) peer_names.push_back(peer->name());
+  Report report(world.size(), std::string(world.impl()->transport_name()), peer_names, ceiling.has_value(),
+                world.rank() == 0);
+  const bool printer = world.rank() == 0;
+  const std::vector<std::size_t> sizes = sweep_sizes(options);
+  // Work ~ bytes moved, with a floor for the latency-bound sizes; for the ETA only.
+  double total = 0;
+  std::vector<std::pair<Kind, std::vector<Algorithm>>> groups;
+  for (Kind kind : options.kinds) {
+    std::vector<Algorithm> algorithms{options.algorithm};
+    if (options.all_algorithms) algorithms = algorithms_to_sweep(world, kind);
+    groups.emplace_back(kind, algorithms);
+  }
+  for (const auto& [kind, algorithms] : groups)
+    for (std::size_t bytes : sizes)
+      total += static_cast<double>(algorithms.size() * options.types.size() * options.ops.size()) *
+               static_cast<double>(std::max<std::size_t>(bytes, 1 << 16));
+  Progress progress(printer && !options.quiet_progress, total);
+  double done = 0;
+  for (const auto& [kind, algorithms] : groups) {
+    for (Algorithm algorithm : algorithms) {
+      if (printer) report.header(kind, std::string(to_string(algorithm)));
+      for (DataType type : options.types) {
+        for (ReduceOp op : reduces(kind) ? options.ops : std::vector<ReduceOp>{ReduceOp::sum}) {
+          std::size_t last = ~std::size_t{0};
+          for (std::size_t bytes : sizes) {
+            const Case base = make_case(kind, type, op, options.root, bytes, world.size());
+            if (case_bytes(base, world.size()) == last) continue;  // rounded to the same size as before
+            last = case_bytes(base, world.size());
+            Row row = measure_row(world, options, base, algorithm, peers, ceiling);
+            done += static_cast<double>(std::max<std::size_t>(bytes, 1 << 16));
+            progress.finish();
+            report.row(row);
+            progress.update(std::string(to_string(kind)) + " " + human_bytes(bytes), done);
+          }
+        }
+      }
+    }
+  }
+  progress.finish();
+  return report;
+}
+
+}  // namespace tutti::bench

@@ -1,0 +1,201 @@
+#include "bench/tune.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <vector>
+
+#include "bench/sweep.hpp"
+#include "comm/comm_impl.hpp"
+#include "comm/tuning.hpp"
+#include "reduce/reduce.hpp"
+#include "schedule/schedule.hpp"
+
+namespace tutti::bench {
+
+namespace {
+
+namespace tuning = tutti::detail::tuning;
+using clock = std::chrono::steady_clock;
+
+// One-way time of a `bytes` message between ranks 0 and 1 (ping-pong), the same on every rank.
+double one_way(Communicator& world, std::size_t bytes, int rounds) {
+  std::vector<std::byte> buffer(std::max<std::size_t>(bytes, 1));
+  world.barrier();
+  const auto start = clock::now();
+  for (int i = 0; i < rounds && world.rank() <= 1; ++i) {
+    if (world.rank() == 0) {
+      world.send(buffer.data(), bytes, DataType::u8, 1);
+      world.recv(buffer.data(), bytes, DataType::u8, 1);
+    } else {
+      world.recv(buffer.data(), bytes, DataType::u8, 0);
+      world.send(buffer.data(), bytes, DataType::u8, 0);
+    }
+  }
+  const double seconds = world.rank() <= 1 ? std::chrono::duration<double>(clock::now() - start).count() : 0;
+  return max_over_ranks(world, seconds / (2.0 * rounds));
+}
+
+// Seconds per f32 element of the sum kernel on one core (the slowest rank's).
+double reduce_time(Communicator& world) {
+  constexpr std::size_t n = std::size_t{1} << 22;
+  std::vector<float> a(n, 1.0f), b(n, 2.0f);
+  reduce::apply(ReduceOp::sum, DataType::f32, a.data(), a.data(), b.data(), n);  // warm
+  const auto start = clock::now();
+  constexpr int repeats = 5;
+  for (int i = 0; i < repeats; ++i) reduce::apply(ReduceOp::sum, DataType::f32, a.data(), a.data(), b.data(), n);
+  return max_over_ranks(world, std::chrono::duration<double>(clock::now() - start).count() / (repeats * n));
+}
+
+tuning::CostParams measure_cost(Communicator& world) {
+  tuning::CostParams cost;
+  cost.gamma = reduce_time(world);
+  if (world.size() < 2) return cost;
+  cost.alpha = one_way(world, 8, 2000);
+  constexpr std::size_t large = std::size_t{4} << 20;
+  cost.beta = std::max(0.0, one_way(world, large, 20) - cost.alpha) / static_cast<double>(large);
+  return cost;
+}
+
+std::string output_path(const BenchOptions& options) {
+  return options.output_path.empty() ? tuning::default_path() : options.output_path;
+}
+
+tuning::Table read_table(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return tuning::Table{};
+  std::stringstream text;
+  text << in.rdbuf();
+  return tuning::Table::parse(text.str(), path);
+}
+
+void write_table(const tuning::Table& table, const std::string& path) {
+  const std::filesystem::path file(path);
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  std::ofstream out(path);
+  out << table.to_json();
+  if (!out) throw std::runtime_error("cannot write the tuning file " + path);
+}
+
+void print_cost(const tuning::CostParams& cost, std::string_view transport) {
+  std::printf("# cost model for %s: alpha %.3f us, beta %.4f ns/B (%.2f GB/s), gamma %.4f ns/element\n",
+              std::string(transport).c_str(), cost.alpha * 1e6, cost.beta * 1e9, cost.beta > 0 ? 1e-9 / cost.beta : 0.0,
+              cost.gamma * 1e9);
+}
+
+struct Winner {
+  std::size_t bytes;
+  Algorithm algorithm;
+};
+
+// The fastest algorithm per size for `kind`; prints each size's times on rank 0.
+std::vector<Winner> tune_kind(Communicator& world, const BenchOptions& options, Kind kind) {
+  std::vector<Winner> winners;
+  const std::vector<Algorithm> algorithms = algorithms_to_sweep(world, kind);
+  const bool printer = world.rank() == 0;
+  if (printer) std::printf("#\n# %s: fastest per size (automatic before tuning / fastest)\n", to_string(kind));
+  for (std::size_t bytes : sweep_sizes(options)) {
+    const Case base = make_case(kind, DataType::f32, ReduceOp::sum, 0, bytes, world.size());
+    if (case_bytes(base, world.size()) == 0 && bytes > 0) continue;
+    double best = std::numeric_limits<double>::infinity(), automatic = 0;
+    Algorithm fastest = Algorithm::automatic;
+    std::string line;
+    for (Algorithm a : algorithms) {
+      if (a == Algorithm::mpi) continue;
+      const Row row = measure_row(world, options, base, a, {}, std::nullopt);
+      const Measure& m = primary(row);
+      if (m.wrong != 0)
+        throw std::runtime_error(std::string(to_string(kind)) + " with " + std::string(to_string(a)) +
+                                 ": wrong results while tuning");
+      char cell[64];
+      std::snprintf(cell, sizeof(cell), " %s=%.1fus", std::string(to_string(a)).c_str(), m.time * 1e6);
+      line += cell;
+      if (a == Algorithm::automatic) {
+        automatic = m.time;
+      } else if (m.time < best) {
+        best = m.time;
+        fastest = a;
+      }
+    }
+    if (fastest == Algorithm::automatic) continue;
+    winners.push_back({case_bytes(base, world.size()), fastest});
+    if (printer)
+      std::printf("  %10zu %-18s %5.2fx %s\n", case_bytes(base, world.size()), std::string(to_string(fastest)).c_str(),
+                  automatic / best, line.c_str());
+  }
+  return winners;
+}
+
+// Ranges between the geometric means of neighbouring sizes, merged where the winner repeats.
+std::vector<tuning::Entry> entries_for(Kind kind, std::string_view transport, int ranks,
+                                       const std::vector<Winner>& winners, schedule::Collective collective) {
+  std::vector<tuning::Entry> entries;
+  for (std::size_t k = 0; k < winners.size(); ++k) {
+    const std::size_t lo =
+        k == 0 ? 0
+               : static_cast<std::size_t>(std::sqrt(static_cast<double>(winners[k - 1].bytes) * winners[k].bytes)) + 1;
+    const std::size_t hi =
+        k + 1 == winners.size()
+            ? std::numeric_limits<std::size_t>::max()
+            : static_cast<std::size_t>(std::sqrt(static_cast<double>(winners[k].bytes) * winners[k + 1].bytes));
+    if (!entries.empty() && entries.back().algorithm == winners[k].algorithm) {
+      entries.back().max_bytes = hi;
+      continue;
+    }
+    entries.push_back({collective, std::string(transport), ranks, lo, hi, winners[k].algorithm});
+  }
+  (void)kind;
+  return entries;
+}
+
+}  // namespace
+
+int calibrate(Communicator& world, const BenchOptions& options) {
+  const std::string_view transport = world.impl()->transport_name();
+  const tuning::CostParams cost = measure_cost(world);
+  if (world.rank() != 0) return 0;
+  print_cost(cost, transport);
+  const std::string path = output_path(options);
+  tuning::Table table = read_table(path);
+  table.cost_models[std::string(transport)] = cost;
+  write_table(table, path);
+  std::printf("# wrote %s\n", path.c_str());
+  return 0;
+}
+
+int tune(Communicator& world, const BenchOptions& options) {
+  const std::string transport(world.impl()->transport_name());
+  const tuning::CostParams cost = measure_cost(world);
+  if (world.rank() == 0) print_cost(cost, transport);
+  std::vector<Kind> kinds = options.kinds;
+  if (!options.kinds_given)
+    kinds = {Kind::allreduce, Kind::reduce_scatter, Kind::allgather, Kind::broadcast, Kind::reduce, Kind::alltoall};
+  std::vector<tuning::Entry> entries;
+  std::vector<schedule::Collective> tuned;
+  for (Kind kind : kinds) {
+    if (kind == Kind::sendrecv) continue;
+    const schedule::Collective collective = collective_of(kind);
+    const auto winners = tune_kind(world, options, kind);
+    for (auto& e : entries_for(kind, transport, world.size(), winners, collective)) entries.push_back(std::move(e));
+    tuned.push_back(collective);
+  }
+  if (world.rank() != 0) return 0;
+  const std::string path = output_path(options);
+  tuning::Table table = read_table(path);
+  std::erase_if(table.entries, [&](const tuning::Entry& e) {
+    return e.transport == transport && e.ranks == world.size() &&
+           std::find(tuned.begin(), tuned.end(), e.collective) != tuned.end();
+  });
+  table.entries.insert(table.entries.end(), entries.begin(), entries.end());
+  table.cost_models[transport] = cost;
+  write_table(table, path);
+  std::printf("#\n# wrote %zu entries for %s, %d ranks to %s (TUTTI_TUNING_FILE selects another file)\n",
+              entries.size(), transport.c_str(), world.size(), path.c_str());
+  return 0;
+}
+
+}  // namespace tutti::bench
