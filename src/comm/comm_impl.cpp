@@ -62,19 +62,29 @@ bool has_result(const Call& call, int rank) {
 
 }  // namespace
 
+bool CommImpl::direct_serves(Collective collective) const {
+  const bool served = collective == Collective::allreduce || collective == Collective::reduce_scatter ||
+                      collective == Collective::allgather || collective == Collective::broadcast;
+  return served && transport::shm::is_shm(queue_->transport());
+}
+
+Algorithm CommImpl::chosen_algorithm(Collective collective, Algorithm requested, std::size_t bytes) const {
+  const ChoiceContext context{transport_name(), size_, direct_serves(collective)};
+  return choose_algorithm(collective, requested, context, bytes);
+}
+
 Request CommImpl::start(const Call& call, bool blocking) {
   queue_->check_usable(true);
   const Extents extents = validate(call, rank_, size_);
   const Algorithm requested = requested_algorithm(call.collective, call.options.algorithm);
   if (requested == Algorithm::mpi) return start_mpi(call);
-  if (requested == Algorithm::direct) return start_direct(call);
   // Hierarchical runs on the caller's thread (blocking), so automatic does not pick it yet: that
   // would make a multi-host iallreduce blocking. `prefers_hierarchical` is the rule it will use.
   if (call.collective == Collective::allreduce && requested == Algorithm::hierarchical) return start_hierarchical(call);
+  if (requested == Algorithm::direct) return start_direct(call, blocking);
   const std::size_t elem = size_of(call.type);
-  const ChoiceContext context{queue_->transport().name(), size_, false};
-  const Algorithm algorithm =
-      choose_algorithm(call.collective, call.options.algorithm, context, choice_bytes(call, size_));
+  const Algorithm algorithm = chosen_algorithm(call.collective, call.options.algorithm, choice_bytes(call, size_));
+  if (algorithm == Algorithm::direct) return start_direct(call, blocking);
 
   schedule::Params params;
   params.collective = call.collective;
@@ -180,17 +190,30 @@ Request CommImpl::start_mpi(const Call& call) {
 }
 
 // Algorithm::direct: the shared-memory algorithms, where ranks read each other's data in the
-// segment instead of exchanging messages. Like Algorithm::mpi it runs on the caller's thread once
-// every earlier operation completed (so an `i…` call with it is blocking).
-Request CommImpl::start_direct(const Call& call) {
+// segment instead of exchanging messages. A native operation of the queue: it starts once every
+// earlier collective finished and is progressed like any other (by the caller or the engine).
+Request CommImpl::start_direct(const Call& call, bool blocking) {
   const std::string what = std::string(schedule::to_string(call.collective)) + ": Algorithm::direct ";
-  const bool served = call.collective == Collective::allreduce || call.collective == Collective::reduce_scatter ||
-                      call.collective == Collective::allgather || call.collective == Collective::broadcast;
-  if (!served)
+  if (!direct_serves(call.collective)) {
+    if (!transport::shm::is_shm(queue_->transport()))
+      throw Error(ErrorCode::unsupported, what + "needs the shared-memory transport (processes on one host)");
     throw Error(ErrorCode::unsupported, what + "serves allreduce, reduce_scatter, allgather and broadcast only");
-  if (!transport::shm::is_shm(queue_->transport()))
-    throw Error(ErrorCode::unsupported, what + "needs the shared-memory transport (processes on one host)");
-  queue_->wait_all();
+  }
+  const auto timeout = call.options.timeout.count() > 0 ? call.options.timeout : default_timeout_;
+  const std::size_t elem = size_of(call.type), block = static_cast<std::size_t>(rank_) * call.count * elem;
+  const auto* send = static_cast<const std::byte*>(call.send);
+  auto* recv = static_cast<std::byte*>(call.recv);
+  // The MPI in-place forms, mapped onto the forms the direct algorithms take.
+  std::unique_ptr<std::byte[]> staging;
+  std::byte* result = recv;
+  if (call.collective == Collective::allgather && send == recv) send = recv + block;
+  if (call.collective == Collective::reduce_scatter && send == recv && block != 0 && call.count > 0) {
+    staging = std::make_unique_for_overwrite<std::byte[]>(call.count * elem);
+    result = staging.get();
+  }
+  std::shared_ptr<transport::shm::DirectCollective> run =
+      transport::shm::start_direct(queue_->transport(), schedule::to_string(call.collective), send, result, call.count,
+                                   call.type, call.op, call.root, std::chrono::steady_clock::now() + timeout);
   transport::Signature signature;
   signature.seq = queue_->next_seq();
   signature.kind = schedule::to_string(call.collective);
@@ -199,29 +222,16 @@ Request CommImpl::start_direct(const Call& call) {
   signature.op = call.op;
   signature.root = call.root;
   signature.algorithm = to_string(Algorithm::direct);
-  const auto timeout = call.options.timeout.count() > 0 ? call.options.timeout : default_timeout_;
-  const std::size_t elem = size_of(call.type), block = static_cast<std::size_t>(rank_) * call.count * elem;
-  const auto* send = static_cast<const std::byte*>(call.send);
-  auto* recv = static_cast<std::byte*>(call.recv);
-  // The MPI in-place forms, mapped onto the forms the direct algorithms take.
-  std::unique_ptr<std::byte[]> staging;
-  void* result = recv;
-  if (call.collective == Collective::allgather && send == recv) send = recv + block;
-  if (call.collective == Collective::reduce_scatter && send == recv && block != 0 && call.count > 0) {
-    staging = std::make_unique_for_overwrite<std::byte[]>(call.count * elem);
-    result = staging.get();
+  auto op = exec::Operation::native(
+      queue_->transport(), signature, [run] { return run->progress(); }, [run] { return run->waiting_for(); });
+  op->timeout = timeout;
+  if (staging) {
+    const std::size_t bytes = call.count * elem;
+    op->on_success([recv, result, bytes] { std::memcpy(recv, result, bytes); });
+    op->own(std::move(staging));
   }
-  try {
-    queue_->transport().announce(signature);  // ranks that disagree abort here, before any data moves
-    queue_->check_usable(false);
-    transport::shm::direct_collective(queue_->transport(), signature.kind, send, result, call.count, call.type, call.op,
-                                      call.root, std::chrono::steady_clock::now() + timeout);
-  } catch (const Error&) {
-    queue_->mark_reported();
-    throw;
-  }
-  if (staging) std::memcpy(recv, staging.get(), call.count * elem);
-  return Request();
+  auto shared = queue_->submit(std::move(op), blocking);
+  return Request(std::make_shared<detail::Operation>(queue_, std::move(shared)));
 }
 
 Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer,

@@ -46,6 +46,14 @@ class CommImpl {
 
   std::chrono::milliseconds default_timeout() const { return default_timeout_; }
 
+  /// The transport's name ("inproc", "shm", "tcp", "mpi").
+  std::string_view transport_name() const { return queue_->transport().name(); }
+  /// Whether the shared-memory direct algorithms serve `collective` on this communicator.
+  bool direct_serves(schedule::Collective collective) const;
+  /// What `requested` resolves to for a call of `collective` of `bytes` (the total over ranks for
+  /// allgather, reduce_scatter and alltoall), exactly as `start` resolves it.
+  Algorithm chosen_algorithm(schedule::Collective collective, Algorithm requested, std::size_t bytes) const;
+
   /// Makes the topology known without a collective (init() learned every rank's host already).
   void set_topology(Topology topology) { topology_ = std::move(topology); }
   /// Test-only: this rank's host, instead of TUTTI_HOST or gethostname() (ranks as threads share
@@ -54,7 +62,7 @@ class CommImpl {
 
  private:
   Request start_mpi(const Call& call);
-  Request start_direct(const Call& call);
+  Request start_direct(const Call& call, bool blocking);
   Request start_hierarchical(const Call& call);  // hierarchical.cpp
   /// The topology, learned at the first call that needs it (a collective: an allgather).
   const Topology& topology();

@@ -86,6 +86,15 @@ std::unique_ptr<Operation> Operation::point_to_point(transport::Transport& trans
   return op;
 }
 
+std::unique_ptr<Operation> Operation::native(transport::Transport& transport, transport::Signature signature,
+                                             std::function<bool()> advance, std::function<std::vector<int>()> waiting) {
+  std::unique_ptr<Operation> op(new Operation(transport, signature.type, signature.op.value_or(ReduceOp::sum)));
+  op->signature_ = signature;
+  op->advance_ = std::move(advance);
+  op->waiting_ = std::move(waiting);
+  return op;
+}
+
 void Operation::build_graph() {
   const std::size_t n = schedule_.steps.size();
   remaining_deps_.assign(n, 0);
@@ -160,6 +169,7 @@ void Operation::complete_step(std::uint32_t index) {
 }
 
 void Operation::start() {
+  if (advance_) return;  // the queue progresses it once it may run
   if (schedule_.steps.empty()) {
     if (finalize_) finalize_();
     finished_ = true;
@@ -170,6 +180,7 @@ void Operation::start() {
 
 bool Operation::progress() {
   if (finished_) return true;
+  if (advance_) return progress_native();
   for (bool changed = true; changed && !finished_;) {
     changed = false;
     while (!ready_.empty()) {
@@ -214,6 +225,19 @@ bool Operation::progress() {
   return finished_;
 }
 
+bool Operation::progress_native() {
+  try {
+    if (!advance_()) return false;
+  } catch (const Error& error) {
+    error_ = error;
+    finished_ = true;
+    return true;
+  }
+  if (finalize_) finalize_();
+  finished_ = true;
+  return true;
+}
+
 void Operation::fail(const Error& error) {
   if (finished_) return;
   for (std::uint32_t index : in_flight_) transport_.cancel(&completions_[index]);
@@ -226,6 +250,7 @@ void Operation::fail(const Error& error) {
 std::string Operation::describe() const { return description_.empty() ? signature_.describe() : description_; }
 
 std::vector<int> Operation::waiting_for() const {
+  if (waiting_) return finished_ ? std::vector<int>{} : waiting_();
   std::vector<int> peers;
   for (std::uint32_t index : in_flight_) peers.push_back(schedule_.steps[index].peer);
   std::sort(peers.begin(), peers.end());

@@ -33,6 +33,15 @@ class Operation {
                                                    std::size_t count, DataType type, int peer,
                                                    transport::MessageKey key, std::string description);
 
+  /// A collective the transport runs itself (the shared-memory direct algorithms): `advance` makes
+  /// what progress it can without blocking, returns true once done and throws Error on failure;
+  /// `waiting` names the ranks it waits for. It starts only once every earlier collective of the
+  /// queue has finished (see exclusive()).
+  static std::unique_ptr<Operation> native(transport::Transport& transport, transport::Signature signature,
+                                           std::function<bool()> advance, std::function<std::vector<int>()> waiting);
+  /// Whether the operation may progress only after every earlier collective finished.
+  bool exclusive() const { return static_cast<bool>(advance_); }
+
   /// Keeps `memory` alive as long as the operation (e.g. a snapshot of an in-place input).
   void own(std::unique_ptr<std::byte[]> memory) { owned_.push_back(std::move(memory)); }
   /// Runs after every step succeeded (e.g. the division of avg), before the operation completes.
@@ -63,6 +72,7 @@ class Operation {
   std::byte* address(const schedule::Region& region) const;
   void start_step(std::uint32_t index);
   void complete_step(std::uint32_t index);
+  bool progress_native();
 
   transport::Transport& transport_;
   schedule::Schedule schedule_;
@@ -77,6 +87,8 @@ class Operation {
   std::unique_ptr<std::byte[]> scratch_;
   std::vector<std::unique_ptr<std::byte[]>> owned_;
   std::function<void()> finalize_;
+  std::function<bool()> advance_;              // native operations
+  std::function<std::vector<int>()> waiting_;  // native operations
 
   std::vector<std::uint32_t> remaining_deps_;
   std::vector<std::uint32_t> dependents_begin_, dependents_;  // CSR

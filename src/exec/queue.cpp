@@ -83,8 +83,12 @@ void OperationQueue::progress_locked() {
   const std::optional<transport::Failure> failure = aborted_ ? std::nullopt : transport_->aborted();
   transport_->progress();
   const std::size_t before = active_.size() + unordered_.size();
-  for (auto& op : active_)
+  bool earlier_finished = true;  // every collective before `op`
+  for (auto& op : active_) {
+    if (op->exclusive() && !earlier_finished) continue;
     if (op->progress() && op->error() && !aborted_) abort_locked(*op->error(), op->signature().seq);
+    earlier_finished = earlier_finished && op->finished();
+  }
   for (auto& op : unordered_)
     if (op->progress() && op->error() && !aborted_) abort_locked(*op->error(), transport::no_seq);
   if (failure && !aborted_) fail_all_locked(*failure);

@@ -1,29 +1,51 @@
 // Shared-memory ("direct") collectives: the ranks of a communicator exchange data through the
-// segment's data area and meet at a futex barrier, instead of sending messages.
+// segment's data area and meet at barriers, instead of sending messages. They are resumable, so
+// that the progress engine runs them like any other operation, without blocking.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "transport/transport.hpp"
 
 namespace tutti::transport::shm {
 
-/// Runs collective `kind` over the shared-memory segment of `transport`, on the caller's thread,
-/// to completion. Returns false (and does nothing) if `transport` is not a shared-memory transport.
+/// One direct collective in progress on this rank. Not thread-safe (the operation queue
+/// serializes calls); at most one runs per communicator at a time, in issue order.
+class DirectCollective {
+ public:
+  virtual ~DirectCollective() = default;
+  /// Runs every step whose barrier all ranks have reached; never blocks. True once finished.
+  /// Throws Error(timeout) naming the ranks still awaited at the deadline, Error(peer_failure) if
+  /// one of them died, or the communicator's error if it was aborted; every error aborts the
+  /// communicator first, so that the other ranks wake and fail too.
+  virtual bool progress() = 0;
+  /// The ranks that have not reached the barrier this rank waits at.
+  virtual std::vector<int> waiting_for() const = 0;
+};
+
+/// Prepares collective `kind` over the shared-memory segment of `transport` (nothing moves until
+/// the first `progress`). Returns null if `transport` is not a shared-memory transport.
 /// Kinds, with counts in elements of `type` (send == recv-style in-place forms as in the public API):
 ///   "allreduce"       send, recv: count elements; op required (avg = sum / size)
 ///   "reduce_scatter"  send: size * count, recv: count (block `rank`); op required
 ///   "allgather"       send: count, recv: size * count
 ///   "broadcast"       recv (== send) of `root`, count elements, to every rank
-/// The caller guarantees that no other operation of this communicator is in flight and that
-/// every rank calls the same collectives in the same order with the same arguments.
-/// Errors: Error(unsupported) for another kind; Error(invalid_argument) for a missing op or a bad
-/// root; Error(timeout) naming the ranks still awaited at `deadline`; Error(peer_failure) if a
-/// rank it waits for died; the communicator's error if it was aborted. Every error but
-/// `unsupported` aborts the communicator, so that the other ranks wake and fail too.
+/// Every rank must start the same collectives in the same order with the same arguments.
+/// Errors: Error(unsupported) for another kind or too many ranks for the data area;
+/// Error(invalid_argument) for a missing op or a bad root.
+std::unique_ptr<DirectCollective> start_direct(Transport& transport, std::string_view kind, const void* send,
+                                               void* recv, std::size_t count, DataType type, std::optional<ReduceOp> op,
+                                               int root, std::chrono::steady_clock::time_point deadline);
+
+/// Runs a direct collective to completion on the caller's thread (start_direct, then progress and
+/// the transport's wait in turn). Returns false (and does nothing) if `transport` is not a
+/// shared-memory transport. The caller guarantees that no other operation of this communicator
+/// is in flight. Errors as for start_direct and DirectCollective::progress.
 bool direct_collective(Transport& transport, std::string_view kind, const void* send, void* recv, std::size_t count,
                        DataType type, std::optional<ReduceOp> op, int root,
                        std::chrono::steady_clock::time_point deadline);

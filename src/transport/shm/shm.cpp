@@ -3,6 +3,7 @@
 #include "transport/shm/shm.hpp"
 
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "transport/shm/shm_transport.hpp"
 
@@ -75,6 +77,22 @@ std::unique_ptr<Transport> open(const std::string& name, int rank, int size, std
   return std::make_unique<ShmTransport>(std::move(segment), rank, timeout);
 }
 
+namespace {
+
+// How long a wait spins before it sleeps. A futex sleep and wake-up costs several microseconds,
+// more than a whole small collective, so with a core per rank we spin about as long as a small
+// collective takes. With more ranks than cores the spinning would steal the very core the peer
+// needs, so we barely spin.
+clock::duration spin_budget(int ranks) {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) cores = CPU_COUNT(&cpus);
+  return ranks <= cores ? std::chrono::microseconds(50) : std::chrono::microseconds(0);
+}
+
+}  // namespace
+
 ShmTransport::ShmTransport(std::unique_ptr<Segment> segment, int rank, std::chrono::milliseconds attach_timeout)
     : segment_(std::move(segment)),
       rank_(rank),
@@ -85,7 +103,8 @@ ShmTransport::ShmTransport(std::unique_ptr<Segment> segment, int rank, std::chro
       outbox_(static_cast<std::size_t>(size_)),
       pending_acks_(static_cast<std::size_t>(size_)),
       wake_peer_(static_cast<std::size_t>(size_), false),
-      pidfds_(static_cast<std::size_t>(size_), -1) {
+      pidfds_(static_cast<std::size_t>(size_), -1),
+      spin_budget_(spin_budget(size_)) {
   // Every pid is registered once attach returns. A pidfd (opened now, before the pid could be
   // reused) also reports a dead child its parent has not reaped yet, which kill(pid, 0) does not.
   const auto me = static_cast<std::int32_t>(getpid());
@@ -140,6 +159,12 @@ void ShmTransport::wait(std::uint64_t seen, clock::time_point deadline) {
   for (int i = 0; i < 64; ++i) {
     if (self_.generation.load(std::memory_order_acquire) != expected) return;
     cpu_relax();
+  }
+  for (const auto until = std::min(deadline, clock::now() + spin_budget_); clock::now() < until;) {
+    for (int i = 0; i < 32; ++i) {
+      if (self_.generation.load(std::memory_order_acquire) != expected) return;
+      cpu_relax();
+    }
   }
   const auto now = clock::now();
   if (now >= deadline) return;

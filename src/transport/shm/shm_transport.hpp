@@ -63,8 +63,13 @@ class ShmTransport final : public Transport {
   Segment& segment() const { return *segment_; }
   /// Whether `peer`'s process has terminated (always false for a peer that is this process).
   bool peer_has_died(int peer) const;
-  /// Which data set (modulo 2) the next step of a direct algorithm uses; every rank counts alike.
-  std::uint64_t next_direct_use() { return direct_uses_++; }
+  /// Reserves the data-set uses (taken modulo 2) of the next `n` chunks of direct algorithms and
+  /// returns the first; every rank counts alike.
+  std::uint64_t reserve_direct_uses(std::uint64_t n) {
+    const std::uint64_t first = direct_uses_;
+    direct_uses_ += n;
+    return first;
+  }
 
   /// A message as the receiver files it: sender and key.
   struct Key {
@@ -141,6 +146,7 @@ class ShmTransport final : public Transport {
   std::chrono::steady_clock::time_point next_liveness_check_{};
   std::vector<int> pidfds_;  // per peer process, -1 where unavailable (or a thread of ours)
   std::uint64_t direct_uses_ = 0;
+  std::chrono::steady_clock::duration spin_budget_;  // how long wait() spins before sleeping
 };
 
 }  // namespace tutti::transport::shm
