@@ -57,6 +57,18 @@ std::shared_ptr<Operation> OperationQueue::submit(std::unique_ptr<Operation> op,
   return shared;
 }
 
+bool OperationQueue::announce_when_idle(const transport::Signature& signature) {
+  std::lock_guard lock(mutex_);
+  if (!active_.empty()) return false;
+  transport_->announce(signature);
+  if (auto failure = transport_->aborted()) {
+    fail_all_locked(*failure);
+    reported_ = true;
+    throw failure->error;
+  }
+  return true;
+}
+
 void OperationQueue::fail_all_locked(const transport::Failure& failure) {
   if (!aborted_) aborted_ = failure;
   if (core::log_enabled(core::LogLevel::info))

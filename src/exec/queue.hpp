@@ -46,6 +46,11 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   /// naming the ranks it still waits for. Returns false only when `limit` came first.
   bool wait(const Operation& op, std::optional<std::chrono::milliseconds> limit);
 
+  /// For a collective the caller runs itself (a blocking direct collective): announces it and
+  /// returns true when no other collective is in flight; returns false, announcing nothing,
+  /// otherwise. Throws the communicator's failure if the announcement reveals one (a mismatch).
+  bool announce_when_idle(const transport::Signature& signature);
+
   /// Records that the user was given the communicator's failure (later calls raise `aborted`).
   void mark_reported() {
     std::lock_guard lock(mutex_);

@@ -135,8 +135,7 @@ std::unique_ptr<Transport> ShmTransport::split(std::uint64_t id, const std::vect
 
 void ShmTransport::announce(const Signature& signature) {
   const WireSignature mine = to_wire(signature);
-  announced_[signature.seq] = mine;
-  while (announced_.size() > 1024) announced_.erase(announced_.begin());
+  announced_[signature.seq % announced_.size()] = {signature.seq, mine};
   write_slot(segment_->signature_slot(rank_, signature.seq), signature.seq, mine);
   // Two ranks announcing the same seq at once: each writes, then reads; the fences make sure at
   // least one of them sees the other's slot.

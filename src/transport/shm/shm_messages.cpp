@@ -51,9 +51,9 @@ void ShmTransport::post_send(int peer, const MessageKey& key, const void* data, 
   op->bytes = bytes;
   op->done = done;
   if (key.channel == Channel::collective) {
-    if (auto it = announced_.find(key.seq); it != announced_.end()) {
+    if (const WireSignature* mine = announced(key.seq)) {
       op->has_signature = true;
-      op->signature = it->second;
+      op->signature = *mine;
     }
   }
   SendOp* raw = op.get();
@@ -117,9 +117,9 @@ void ShmTransport::post_recv_op(int peer, const MessageKey& key, RecvOp op) {
 bool ShmTransport::accept(const Key& key, RecvOp& op, std::size_t total, bool has_signature,
                           const WireSignature& theirs) {
   if (key.channel == Channel::collective && has_signature) {
-    const auto mine = announced_.find(key.seq);
-    if (mine != announced_.end() && !same_signature(mine->second, theirs)) {
-      const Error error = mismatched_collective(key.peer, from_wire(theirs), rank_, from_wire(mine->second));
+    const WireSignature* mine = announced(key.seq);
+    if (mine != nullptr && !same_signature(*mine, theirs)) {
+      const Error error = mismatched_collective(key.peer, from_wire(theirs), rank_, from_wire(*mine));
       abort(error, key.seq);  // the sender learns of it through the abort, not an ack
       finish(op.done, Completion::failed, error.what());
       return false;

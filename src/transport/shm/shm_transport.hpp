@@ -16,6 +16,7 @@
 //     ringing the producer's, so that a rank may sleep on its futex until something happens.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -135,7 +136,17 @@ class ShmTransport final : public Transport {
   std::chrono::milliseconds attach_timeout_;
   RankBlock& self_;
 
-  std::map<std::uint64_t, WireSignature> announced_;                 // recent collectives of this rank, by seq
+  // The recent collectives of this rank, by seq modulo the size (a fixed ring: no allocation).
+  struct Announced {
+    std::uint64_t seq = no_seq;
+    WireSignature signature;
+  };
+  std::array<Announced, 1024> announced_{};
+  /// This rank's signature of collective `seq`, if still remembered.
+  const WireSignature* announced(std::uint64_t seq) const {
+    const Announced& a = announced_[seq % announced_.size()];
+    return a.seq == seq ? &a.signature : nullptr;
+  }
   std::unordered_map<Key, std::unique_ptr<SendOp>, KeyHash> sends_;  // peer = destination
   std::vector<std::deque<SendOp*>> outbox_;                          // per destination, posting order
   std::unordered_map<Key, RecvOp, KeyHash> recvs_;                   // peer = source
