@@ -193,8 +193,8 @@ Request CommImpl::start_mpi(const Call& call) {
 // segment instead of exchanging messages. A native operation of the queue: it starts once every
 // earlier collective finished and is progressed like any other (by the caller or the engine).
 Request CommImpl::start_direct(const Call& call, bool blocking) {
-  const std::string what = std::string(schedule::to_string(call.collective)) + ": Algorithm::direct ";
   if (!direct_serves(call.collective)) {
+    const std::string what = std::string(schedule::to_string(call.collective)) + ": Algorithm::direct ";
     if (!transport::shm::is_shm(queue_->transport()))
       throw Error(ErrorCode::unsupported, what + "needs the shared-memory transport (processes on one host)");
     throw Error(ErrorCode::unsupported, what + "serves allreduce, reduce_scatter, allgather and broadcast only");
@@ -211,9 +211,10 @@ Request CommImpl::start_direct(const Call& call, bool blocking) {
     staging = std::make_unique_for_overwrite<std::byte[]>(call.count * elem);
     result = staging.get();
   }
-  std::shared_ptr<transport::shm::DirectCollective> run =
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::unique_ptr<transport::shm::DirectCollective> run =
       transport::shm::start_direct(queue_->transport(), schedule::to_string(call.collective), send, result, call.count,
-                                   call.type, call.op, call.root, std::chrono::steady_clock::now() + timeout);
+                                   call.type, call.op, call.root, deadline);
   transport::Signature signature;
   signature.seq = queue_->next_seq();
   signature.kind = schedule::to_string(call.collective);
@@ -222,12 +223,29 @@ Request CommImpl::start_direct(const Call& call, bool blocking) {
   signature.op = call.op;
   signature.root = call.root;
   signature.algorithm = to_string(Algorithm::direct);
+  const std::size_t result_bytes = call.count * elem;
+  // A blocking call with nothing else in flight runs right here: no operation object, no handle.
+  if (blocking && queue_->announce_when_idle(signature)) {
+    try {
+      for (transport::Transport& transport = queue_->transport();;) {
+        const std::uint64_t seen = transport.generation();  // read first: no ring is lost
+        if (run->progress()) break;
+        transport.wait(seen, deadline);
+      }
+    } catch (const Error&) {
+      queue_->mark_reported();
+      throw;
+    }
+    if (staging) std::memcpy(recv, result, result_bytes);
+    return Request();
+  }
+  std::shared_ptr<transport::shm::DirectCollective> shared_run(std::move(run));
   auto op = exec::Operation::native(
-      queue_->transport(), signature, [run] { return run->progress(); }, [run] { return run->waiting_for(); });
+      queue_->transport(), signature, [shared_run] { return shared_run->progress(); },
+      [shared_run] { return shared_run->waiting_for(); });
   op->timeout = timeout;
   if (staging) {
-    const std::size_t bytes = call.count * elem;
-    op->on_success([recv, result, bytes] { std::memcpy(recv, result, bytes); });
+    op->on_success([recv, result, result_bytes] { std::memcpy(recv, result, result_bytes); });
     op->own(std::move(staging));
   }
   auto shared = queue_->submit(std::move(op), blocking);
