@@ -1,10 +1,16 @@
-// Algorithm choice. For now a size rule (a latency algorithm for small messages, a bandwidth
-// algorithm for large ones); TUTTI_ALGO forces an algorithm per collective, as NCCL_ALGO does.
+// Algorithm choice: TUTTI_ALGO forces an algorithm per collective (as NCCL_ALGO does); else the
+// tuning table's entry; else the cost model's cheapest candidate (comm/tuning.hpp). The old size
+// rule (a latency algorithm small, a bandwidth one large) remains where the model has no candidate.
+#include <algorithm>
+#include <cstdio>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
+#include <tuple>
 
 #include "comm/comm_impl.hpp"
+#include "comm/tuning.hpp"
 #include "core/env.hpp"
 #include "core/log.hpp"
 
@@ -18,14 +24,12 @@ constexpr std::size_t small_bytes = 64 * 1024;
 constexpr std::size_t medium_bytes = 512 * 1024;
 
 Algorithm parse_algorithm(const std::string& name) {
-  for (int a = static_cast<int>(Algorithm::automatic); a <= static_cast<int>(Algorithm::mpi); ++a)
-    if (to_string(static_cast<Algorithm>(a)) == name) return static_cast<Algorithm>(a);
+  if (const auto a = tuning::algorithm_from_name(name)) return *a;
   throw Error(ErrorCode::invalid_argument, "TUTTI_ALGO: unknown algorithm '" + name + "'");
 }
 
 Collective parse_collective(const std::string& name) {
-  for (int c = static_cast<int>(Collective::allreduce); c <= static_cast<int>(Collective::barrier); ++c)
-    if (schedule::to_string(static_cast<Collective>(c)) == name) return static_cast<Collective>(c);
+  if (const auto c = tuning::collective_from_name(name)) return *c;
   throw Error(ErrorCode::invalid_argument, "TUTTI_ALGO: unknown collective '" + name + "'");
 }
 
@@ -78,6 +82,35 @@ Algorithm size_rule(Collective collective, int p, std::size_t bytes) {
   return Algorithm::ring;
 }
 
+// Where a choice came from, for the TUTTI_DEBUG=info line.
+std::string source_of(Algorithm requested, bool forced, const tuning::Choice& choice, std::string_view transport) {
+  if (requested != Algorithm::automatic) return "the call's options";
+  if (forced) return "TUTTI_ALGO";
+  if (choice.from_table) return "tuning file " + std::string(choice.origin);
+  if (choice.algorithm == Algorithm::automatic) return "size rule";
+  char costs[128];
+  std::snprintf(costs, sizeof(costs), " α=%.3g β=%.3g γ=%.3g)", choice.cost.alpha, choice.cost.beta, choice.cost.gamma);
+  return "cost model (" + std::string(transport) + costs;
+}
+
+// Once per (collective, transport, ranks, size class, algorithm, source): a line per decision.
+void log_choice(Collective collective, const ChoiceContext& context, std::size_t bytes, Algorithm algorithm,
+                const std::string& source) {
+  static std::mutex mutex;
+  static std::set<std::tuple<Collective, std::string, int, int, Algorithm, std::string>> logged;
+  const int size_class = tuning::size_class(bytes);
+  {
+    std::lock_guard lock(mutex);
+    if (!logged.emplace(collective, std::string(context.transport), context.ranks, size_class, algorithm, source)
+             .second)
+      return;
+  }
+  core::log(core::LogLevel::info, -1,
+            std::string(schedule::to_string(collective)) +
+                (bytes == 0 ? std::string(" 0") : " ~2^" + std::to_string(size_class - 1)) + " B on " +
+                std::to_string(context.ranks) + " ranks: " + std::string(to_string(algorithm)) + " from " + source);
+}
+
 }  // namespace
 
 Algorithm requested_algorithm(Collective collective, Algorithm requested) {
@@ -89,15 +122,27 @@ Algorithm requested_algorithm(Collective collective, Algorithm requested) {
 
 Algorithm step_algorithm(Collective collective, int p, std::size_t bytes) {
   const Algorithm forced = requested_algorithm(collective, Algorithm::automatic);
-  return schedule::applies(forced, collective) ? forced : size_rule(collective, p, bytes);
+  if (schedule::applies(forced, collective)) return forced;
+  // The step's communicator and transport are not known here: the cost model's generic
+  // parameters (an unnamed transport's) decide among the schedules.
+  const Algorithm model = tuning::automatic_choice(collective, "", p, false, bytes).algorithm;
+  return schedule::applies(model, collective) ? model : size_rule(collective, p, bytes);
 }
 
 Algorithm choose_algorithm(Collective collective, Algorithm requested, const ChoiceContext& context,
                            std::size_t bytes) {
   const int p = context.ranks;
   Algorithm algorithm = requested_algorithm(collective, requested);
-  if (algorithm == Algorithm::automatic) algorithm = size_rule(collective, p, bytes);
-  if (!schedule::applies(algorithm, collective)) {
+  const bool forced = algorithm != Algorithm::automatic;
+  tuning::Choice choice;
+  if (!forced) {
+    tuning::load_from_environment();
+    choice = tuning::automatic_choice(collective, context.transport, p, context.direct_available, bytes);
+    algorithm = choice.algorithm != Algorithm::automatic ? choice.algorithm : size_rule(collective, p, bytes);
+  }
+  const bool direct_serves = algorithm == Algorithm::direct && context.direct_available &&
+                             tuning::candidates(collective, true).back() == Algorithm::direct;
+  if (!direct_serves && !schedule::applies(algorithm, collective)) {
     // CommImpl::start runs hierarchical allreduce and mpi itself; anything else that reaches
     // here has no schedule.
     std::string serves;
@@ -112,17 +157,8 @@ Algorithm choose_algorithm(Collective collective, Algorithm requested, const Cho
     throw Error(ErrorCode::unsupported, std::string(schedule::to_string(collective)) + ": algorithm " +
                                             std::string(to_string(algorithm)) + why + "; available: " + serves);
   }
-  if (core::log_enabled(core::LogLevel::info)) {
-    static std::mutex mutex;
-    static std::map<std::pair<Collective, int>, Algorithm> logged;  // once per (collective, size class)
-    int size_class = 0;
-    for (std::size_t b = bytes; b > 1; b >>= 1) ++size_class;
-    std::lock_guard lock(mutex);
-    if (logged.try_emplace({collective, size_class}, algorithm).second)
-      core::log(core::LogLevel::info, -1,
-                std::string(schedule::to_string(collective)) + " ~2^" + std::to_string(size_class) + " B on " +
-                    std::to_string(p) + " ranks: " + std::string(to_string(algorithm)));
-  }
+  if (core::log_enabled(core::LogLevel::info))
+    log_choice(collective, context, bytes, algorithm, source_of(requested, forced, choice, context.transport));
   return algorithm;
 }
 

@@ -14,6 +14,7 @@
 #include "bootstrap/job.hpp"
 #include "bootstrap/store.hpp"
 #include "comm/comm_impl.hpp"
+#include "comm/tuning.hpp"
 #include "core/env.hpp"
 #include "core/log.hpp"
 #include "transport/shm/shm.hpp"
@@ -79,6 +80,7 @@ Communicator init_with_mpi() {
 }  // namespace
 
 Communicator init() {
+  detail::tuning::load_from_environment();  // a bad TUTTI_TUNING_FILE fails here, before any connection
   const bootstrap::JobInfo job = bootstrap::detect_job();
   if (job.size == 1 && job.launcher == "none" && job.transport.empty()) return local_group(1).front();
 #ifdef TUTTI_WITH_MPI
