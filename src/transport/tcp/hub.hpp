@@ -112,8 +112,8 @@ struct CommState {
   std::unordered_map<MatchKey, PostedRecv, MatchKeyHash> posted;
   std::unordered_map<MatchKey, Bytes, MatchKeyHash> unexpected;
   std::unordered_map<MatchKey, SelfSend, MatchKeyHash> self_sends;
-  std::map<std::uint64_t, WireSignature> announced;                  // this rank's, by seq
-  std::map<std::uint64_t, std::pair<int, WireSignature>> unchecked;  // a sender's, before announce
+  std::map<std::uint64_t, WireSignature> announced;                       // this rank's, by seq
+  std::multimap<std::uint64_t, std::pair<int, WireSignature>> unchecked;  // senders', before announce (one per sender)
   std::optional<Failure> failure;
   std::atomic<bool> has_failure{false};
 };

@@ -1,6 +1,8 @@
 // The matching side of the hub: posting, frames as they arrive, signatures, size errors, aborts.
 // Every function here runs with the hub's mutex held.
+#include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "core/log.hpp"
 #include "reduce/reduce.hpp"
@@ -86,11 +88,12 @@ void Hub::announce(std::uint64_t id, const Signature& signature) {
   const WireSignature mine = to_wire(signature);
   c.announced[signature.seq] = mine;
   while (c.announced.size() > max_signatures) c.announced.erase(c.announced.begin());
-  auto it = c.unchecked.find(signature.seq);
-  if (it == c.unchecked.end()) return;
-  const auto [g, theirs] = it->second;
-  c.unchecked.erase(it);
-  if (!same_signature(theirs, mine)) report_mismatch_locked(c, id, g, theirs, mine);
+  const auto [first, last] = c.unchecked.equal_range(signature.seq);
+  std::optional<std::pair<int, WireSignature>> disagreeing;
+  for (auto it = first; it != last && !disagreeing; ++it)
+    if (!same_signature(it->second.second, mine)) disagreeing = it->second;
+  c.unchecked.erase(first, last);
+  if (disagreeing) report_mismatch_locked(c, id, disagreeing->first, disagreeing->second, mine);
 }
 
 void Hub::post_send(std::uint64_t id, int peer, const MessageKey& key, const void* data, std::size_t bytes,
@@ -377,8 +380,10 @@ void Hub::finish_frame_locked(int g) {
 bool Hub::check_signature_locked(CommState& c, std::uint64_t id, int g, std::uint64_t seq,
                                  const WireSignature& theirs) {
   auto it = c.announced.find(seq);
-  if (it == c.announced.end()) {  // checked when this rank announces it
-    c.unchecked.try_emplace(seq, g, theirs);
+  if (it == c.announced.end()) {  // checked when this rank announces it, every sender's
+    const auto [first, last] = c.unchecked.equal_range(seq);
+    if (std::none_of(first, last, [g](const auto& entry) { return entry.second.first == g; }))
+      c.unchecked.emplace(seq, std::pair{g, theirs});
     return true;
   }
   if (same_signature(it->second, theirs)) return true;
