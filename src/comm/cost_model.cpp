@@ -21,6 +21,9 @@ constexpr std::size_t direct_small_allreduce = 16 * 1024;
 // A direct copy is one memcpy into or out of the shared data area; a shared-memory message, which
 // β prices, is two (into the ring slot, out of it). So a direct byte costs half a message byte.
 constexpr double direct_copy_share = 0.5;
+// A direct barrier is one store and a poll of p flags; a message round (which α prices) also
+// fills a ring slot, rings a doorbell and returns an acknowledgement.
+constexpr double direct_barrier_share = 0.5;
 // Predictions closer than this (relative) are a tie, which the earlier candidate wins: where two
 // algorithms are alike (p = 2, where ring and tree broadcast are the same message), rounding
 // must not flip the choice from one size class to the next.
@@ -64,28 +67,28 @@ double predict_schedule(Algorithm algorithm, Collective c, int p, std::size_t by
   return full + per_byte * static_cast<double>(bytes - simulated_bytes);
 }
 
-// Barriers (each ≈ α), copied bytes and reduced elements on one rank's path; ranks run alike.
+// Barriers (each ≈ α/2), copied bytes and reduced elements on one rank's path; ranks run alike.
 double predict_direct(Collective c, int p, std::size_t bytes, const CostParams& cost) {
   const double n = static_cast<double>(per_rank_count(c, p, bytes)) * elem_size;  // bytes per rank
   const double up = static_cast<double>(p), elements = n / elem_size;
-  const double copy = cost.beta * direct_copy_share;
+  const double copy = cost.beta * direct_copy_share, barrier = cost.alpha * direct_barrier_share;
   const auto steps = [](double data, double per_step) { return std::max(1.0, std::ceil(data / per_step)); };
   switch (c) {
     case Collective::allreduce:
       // Small: copy in, barrier, every rank reduces all p parts into its output.
       if (bytes <= direct_small_allreduce)
-        return cost.alpha + copy * n * (p == 1 ? 2 : 1) + cost.gamma * (up - 1) * elements;
+        return barrier + copy * n * (p == 1 ? 2 : 1) + cost.gamma * (up - 1) * elements;
       // Per chunk: copy in, barrier, reduce my 1/p slice of the p parts, barrier, copy all out.
-      return 2 * steps(n, direct_chunk) * cost.alpha + 2 * copy * n + cost.gamma * (up - 1) / up * elements;
+      return 2 * steps(n, direct_chunk) * barrier + 2 * copy * n + cost.gamma * (up - 1) / up * elements;
     case Collective::reduce_scatter:
       // Per chunk: copy my chunk of all p blocks in, barrier, reduce my block from the p parts.
-      return steps(n, direct_chunk / up) * cost.alpha + copy * n * up + cost.gamma * (up - 1) * elements;
+      return steps(n, direct_chunk / up) * barrier + copy * n * up + cost.gamma * (up - 1) * elements;
     case Collective::allgather:
       // Per chunk: copy my block in, barrier, copy the p blocks out.
-      return steps(n, direct_chunk) * cost.alpha + copy * n * (1 + up);
+      return steps(n, direct_chunk) * barrier + copy * n * (1 + up);
     case Collective::broadcast:
       // Per chunk of p slots: the root copies in, barrier, the others copy out.
-      return steps(n, direct_chunk * up) * cost.alpha + 2 * copy * n;
+      return steps(n, direct_chunk * up) * barrier + 2 * copy * n;
     default:
       throw Error(ErrorCode::unsupported, "cost model: direct does not serve " + std::string(schedule::to_string(c)));
   }

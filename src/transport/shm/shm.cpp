@@ -3,7 +3,6 @@
 #include "transport/shm/shm.hpp"
 
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -84,10 +83,10 @@ namespace {
 // collective takes. With more ranks than cores the spinning would steal the very core the peer
 // needs, so we barely spin.
 clock::duration spin_budget(int ranks) {
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  int cores = static_cast<int>(std::thread::hardware_concurrency());
-  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) cores = CPU_COUNT(&cpus);
+  // The machine's cores, not this process's affinity: a launcher that binds each rank to one core
+  // (mpirun does) still gives every rank a core of its own.
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  const int cores = online > 0 ? static_cast<int>(online) : static_cast<int>(std::thread::hardware_concurrency());
   return ranks <= cores ? std::chrono::microseconds(50) : std::chrono::microseconds(0);
 }
 
