@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Reproduces README's Performance section on this machine, into DIR (default bench-results/):
+#   1. tutti-bench --tune for 2 ranks (the tuning file the later runs use);
+#   2. p = 2 under mpirun: allreduce, reduce_scatter, allgather, broadcast from 4 B to 256 MiB with
+#      the MPI and Gloo peers and the ceiling, in one job (peers.json);
+#   3. p = 2, allreduce with every algorithm, with the tuning file and with an empty one (the
+#      cost model): automatic beside the fastest forced algorithm (automatic*.json);
+#   4. p = 4 and 8 on the same cores, allreduce beside MPI (p4.json, p8.json);
+#   5. the tables (bench_table.py) and the plot (plot_bench.py).
+#   scripts/bench.sh [DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-bench-results}
+mkdir -p "$out"
+bash scripts/build.sh >/dev/null
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+bench=build/tools/bench/tutti-bench
+tuning="$out/tuning.json"
+empty="$out/empty-tuning.json"
+echo '{"version": 1, "entries": []}' >"$empty"
+
+mpi() {  # mpi RANKS TUNING_FILE ARGS...
+  local ranks=$1 file=$2
+  shift 2
+  TUTTI_TUNING_FILE=$file mpirun --oversubscribe -np "$ranks" -x TUTTI_TUNING_FILE "$bench" --no-progress "$@"
+}
+
+build/tools/tutti-run -n 2 "$bench" --no-progress --tune -b 4 -e 64M -f 4 -o "$tuning" | tee "$out/tune.log"
+mpi 2 "$tuning" -t allreduce,reduce_scatter,allgather,broadcast -b 4 -e 256M -f 4 --peers mpi,gloo --ceiling \
+  --json "$out/peers.json" | tee "$out/peers.log"
+mpi 2 "$tuning" -t allreduce -b 4 -e 256M -f 4 --all-algorithms --json "$out/automatic.json" >"$out/automatic.log"
+mpi 2 "$empty" -t allreduce -b 4 -e 256M -f 4 --all-algorithms --json "$out/automatic-model.json" \
+  >"$out/automatic-model.log"
+for p in 4 8; do
+  mpi "$p" "$empty" -t allreduce -b 4 -e 64M -f 4 --peers mpi --json "$out/p$p.json" | tee "$out/p$p.log"
+done
+for f in peers p4 p8; do python3 tools/bench_table.py peers "$out/$f.json" >"$out/$f.md"; done
+for f in automatic automatic-model; do python3 tools/bench_table.py automatic "$out/$f.json" >"$out/$f.md"; done
+python3 tools/plot_bench.py --ratio --out "$out/peers.png" "$out/peers.json"
+echo "results in $out/"

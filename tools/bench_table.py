@@ -1,0 +1,84 @@
+#!/usr/bin/python3
+"""Markdown tables from `tutti-bench --json` files, for README and notes.
+
+    bench_table.py peers FILE.json       per collective and size: Tutti's busbw, each peer's busbw
+                                         and Tutti/peer, and t_bound/t when the file has a ceiling
+    bench_table.py automatic FILE.json   (a run with --all-algorithms) per collective and size:
+                                         the fastest forced algorithm and automatic's time over it
+
+Reads the primary form (out of place; in place for broadcast). Exits 1 with a one-line message
+on a malformed file.
+"""
+import json
+import sys
+
+
+def human(size):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:g} {unit}"
+        size /= 1024
+    return str(size)
+
+
+def primary_rows(doc):
+    for row in doc["results"]:
+        if row["in_place"] == (row["collective"] == "broadcast"):
+            yield row
+
+
+def peers_table(doc):
+    peers = sorted({name for row in doc["results"] for name in (row.get("peers") or {})})
+    head = ["collective", "size", "Tutti busbw (GB/s)", "algorithm"]
+    for peer in peers:
+        head += [f"{peer} busbw", f"Tutti/{peer}"]
+    if "ceiling" in doc:
+        head.append("t_bound/t")
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in primary_rows(doc):
+        if row["algorithm"] != "automatic":
+            continue
+        cells = [row["collective"], human(row["bytes"]), f"{row['busbw_GBps']:.3g}", row.get("chosen", "")]
+        for peer in peers:
+            p = (row.get("peers") or {}).get(peer)
+            cells += [f"{p['busbw_GBps']:.3g}", f"**{p['ratio']:.2f}**"] if p else ["-", "-"]
+        if "ceiling" in doc:
+            cells.append(f"{row.get('bound_fraction', 0):.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def automatic_table(doc):
+    groups = {}
+    for row in primary_rows(doc):
+        groups.setdefault((row["collective"], row["bytes"]), {})[row["algorithm"]] = row
+    lines = ["| collective | size | fastest forced | its time (us) | automatic chose | automatic / fastest |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for (collective, size), rows in sorted(groups.items()):
+        forced = {a: r for a, r in rows.items() if a != "automatic"}
+        if "automatic" not in rows or not forced:
+            continue
+        best = min(forced.values(), key=lambda r: r["time_us"])
+        auto = rows["automatic"]
+        lines.append(f"| {collective} | {human(size)} | {best['algorithm']} | {best['time_us']:.1f} | "
+                     f"{auto.get('chosen', '')} | {auto['time_us'] / best['time_us']:.2f} |")
+    return lines
+
+
+def main(argv):
+    if len(argv) != 3 or argv[1] not in ("peers", "automatic"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    try:
+        with open(argv[2]) as f:
+            doc = json.load(f)
+        lines = peers_table(doc) if argv[1] == "peers" else automatic_table(doc)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"bench_table.py: {argv[2]}: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
