@@ -42,7 +42,9 @@ struct BenchOptions {
   bool tune = false;
   std::string output_path;  // --calibrate/--tune: the tuning file ("" = the per-user default)
   bool quiet_progress = false;
-  bool corrupt_for_testing = false;  // --corrupt-for-testing: rank 0 flips a result byte in checks
+  bool corrupt_for_testing = false;
+  bool primary_only = false;  // time only the form peers compare (the tuner's sweeps)  // --corrupt-for-testing: rank 0
+                              // flips a result byte in checks
   std::string command_line;
 };
 

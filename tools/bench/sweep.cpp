@@ -62,7 +62,7 @@ Row measure_row(Communicator& world, const BenchOptions& options, const Case& ba
   const bool primary_in_place = base.kind == Kind::broadcast;
   int primary_iterations = 0;
   for (const bool in_place : {false, true}) {
-    if (!has_form(base.kind, in_place)) continue;
+    if (!has_form(base.kind, in_place) || (options.primary_only && in_place != primary_in_place)) continue;
     Case c = base;
     c.in_place = in_place;
     Buffers buffers(c, world.rank(), world.size());
