@@ -3,6 +3,7 @@
 #include "transport/shm/shm.hpp"
 
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -78,16 +79,17 @@ std::unique_ptr<Transport> open(const std::string& name, int rank, int size, std
 
 namespace {
 
-// How long a wait spins before it sleeps. A futex sleep and wake-up costs several microseconds,
-// more than a whole small collective, so with a core per rank we spin about as long as a small
-// collective takes. With more ranks than cores the spinning would steal the very core the peer
-// needs, so we barely spin.
-clock::duration spin_budget(int ranks) {
+// How a wait passes the time before it sleeps. A futex sleep and wake-up costs several
+// microseconds, more than a whole small collective. With a core per rank we spin about as long as
+// a small collective takes. With more ranks than cores, spinning would steal the very core the
+// peer needs, so we yield it instead (the peer runs, and we need no wake-up when it answers soon).
+ShmTransport::WaitPolicy wait_policy(int ranks) {
   // The machine's cores, not this process's affinity: a launcher that binds each rank to one core
   // (mpirun does) still gives every rank a core of its own.
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
   const int cores = online > 0 ? static_cast<int>(online) : static_cast<int>(std::thread::hardware_concurrency());
-  return ranks <= cores ? std::chrono::microseconds(50) : std::chrono::microseconds(0);
+  if (ranks <= cores) return {std::chrono::microseconds(50), false};
+  return {std::chrono::microseconds(200), true};
 }
 
 }  // namespace
@@ -103,7 +105,7 @@ ShmTransport::ShmTransport(std::unique_ptr<Segment> segment, int rank, std::chro
       pending_acks_(static_cast<std::size_t>(size_)),
       wake_peer_(static_cast<std::size_t>(size_), false),
       pidfds_(static_cast<std::size_t>(size_), -1),
-      spin_budget_(spin_budget(size_)) {
+      wait_policy_(wait_policy(size_)) {
   // Every pid is registered once attach returns. A pidfd (opened now, before the pid could be
   // reused) also reports a dead child its parent has not reaped yet, which kill(pid, 0) does not.
   const auto me = static_cast<std::int32_t>(getpid());
@@ -158,10 +160,13 @@ void ShmTransport::wait(std::uint64_t seen, clock::time_point deadline) {
     if (self_.generation.load(std::memory_order_acquire) != expected) return;
     cpu_relax();
   }
-  for (const auto until = std::min(deadline, clock::now() + spin_budget_); clock::now() < until;) {
+  for (const auto until = std::min(deadline, clock::now() + wait_policy_.budget); clock::now() < until;) {
     for (int i = 0; i < 32; ++i) {
       if (self_.generation.load(std::memory_order_acquire) != expected) return;
-      cpu_relax();
+      if (wait_policy_.yield)
+        sched_yield();
+      else
+        cpu_relax();
     }
   }
   const auto now = clock::now();

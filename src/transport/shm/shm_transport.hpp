@@ -84,6 +84,13 @@ class ShmTransport final : public Transport {
     std::size_t operator()(const Key& k) const;
   };
 
+ public:
+  /// How long wait() polls before it sleeps on the futex, and whether it yields the core between polls.
+  struct WaitPolicy {
+    std::chrono::steady_clock::duration budget;
+    bool yield;
+  };
+
  private:
   struct SendOp {
     MessageKey key;
@@ -157,7 +164,7 @@ class ShmTransport final : public Transport {
   std::chrono::steady_clock::time_point next_liveness_check_{};
   std::vector<int> pidfds_;  // per peer process, -1 where unavailable (or a thread of ours)
   std::uint64_t direct_uses_ = 0;
-  std::chrono::steady_clock::duration spin_budget_;  // how long wait() spins before sleeping
+  WaitPolicy wait_policy_;  // how wait() passes the time before it sleeps
 };
 
 }  // namespace tutti::transport::shm
