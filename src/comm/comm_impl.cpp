@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "comm/tuning.hpp"
 #include "core/env.hpp"
 #include "exec/request.hpp"
 #include "reduce/reduce.hpp"
@@ -19,6 +20,7 @@ using schedule::Collective;
 
 CommImpl::CommImpl(std::unique_ptr<transport::Transport> transport)
     : rank_(transport->rank()), size_(transport->size()), default_timeout_(core::default_timeout()) {
+  shm_ = transport::shm::is_shm(*transport);
   queue_ = std::make_shared<exec::OperationQueue>(std::move(transport));
 }
 
@@ -65,12 +67,18 @@ bool has_result(const Call& call, int rank) {
 bool CommImpl::direct_serves(Collective collective) const {
   const bool served = collective == Collective::allreduce || collective == Collective::reduce_scatter ||
                       collective == Collective::allgather || collective == Collective::broadcast;
-  return served && transport::shm::is_shm(queue_->transport());
+  return served && shm_;
 }
 
 Algorithm CommImpl::chosen_algorithm(Collective collective, Algorithm requested, std::size_t bytes) const {
+  const ChoiceMemo& m = memo_;
+  if (m.valid && m.collective == collective && m.requested == requested && m.bytes == bytes &&
+      m.version == tuning::active_version())
+    return m.algorithm;
   const ChoiceContext context{transport_name(), size_, direct_serves(collective)};
-  return choose_algorithm(collective, requested, context, bytes);
+  const Algorithm algorithm = choose_algorithm(collective, requested, context, bytes);
+  memo_ = {collective, requested, bytes, tuning::active_version(), algorithm, true};
+  return algorithm;
 }
 
 Request CommImpl::start(const Call& call, bool blocking) {

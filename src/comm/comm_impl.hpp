@@ -73,6 +73,18 @@ class CommImpl {
   };
   Hierarchy& hierarchy();
 
+  // The last choice of `automatic` (calls of one size repeat, as in training): skips the lookup.
+  struct ChoiceMemo {
+    schedule::Collective collective{};
+    Algorithm requested{};
+    std::size_t bytes = 0;
+    const void* version = nullptr;  // tuning::active_version() when it was made
+    Algorithm algorithm{};
+    bool valid = false;
+  };
+  mutable ChoiceMemo memo_;
+  bool shm_ = false;  // the transport is shared memory (the direct algorithms serve)
+
   std::shared_ptr<exec::OperationQueue> queue_;
   int rank_;
   int size_;

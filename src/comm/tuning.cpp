@@ -260,6 +260,8 @@ void set_active(Table table) {
 
 const Table& active() { return state().table; }
 
+const void* active_version() { return current.load(std::memory_order_acquire); }
+
 CostParams cost_for(std::string_view transport) { return cost_in(active(), transport); }
 
 int size_class(std::size_t bytes) { return static_cast<int>(std::bit_width(bytes)); }

@@ -74,6 +74,10 @@ void set_active(Table table);
 /// set_active replaces are kept, as choices in flight may still read them).
 const Table& active();
 
+/// Changes whenever the active table does (set_active, reset_for_testing, the first load): callers
+/// that memoize choices compare it.
+const void* active_version();
+
 /// The active table's cost_model entry for `transport`, else default_cost(transport).
 CostParams cost_for(std::string_view transport);
 
