@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces README's Performance section on this machine, into DIR (default bench-results/):
-#   1. tutti-bench --tune for 2 ranks (the tuning file the later runs use);
+#   1. tutti-bench --tune for 2 ranks (the tuning file the later runs use; kept if DIR has one);
 #   2. p = 2 under mpirun: allreduce, reduce_scatter, allgather, broadcast from 4 B to 256 MiB with
 #      the MPI and Gloo peers and the ceiling, in one job (peers.json);
 #   3. p = 2, allreduce with every algorithm, with the tuning file and with an empty one (the
@@ -25,7 +25,7 @@ mpi() {  # mpi RANKS TUNING_FILE ARGS...
   TUTTI_TUNING_FILE=$file mpirun --oversubscribe -np "$ranks" -x TUTTI_TUNING_FILE "$bench" --no-progress "$@"
 }
 
-build/tools/tutti-run -n 2 "$bench" --no-progress --tune -b 4 -e 64M -f 4 -o "$tuning" | tee "$out/tune.log"
+[[ -s $tuning ]] || build/tools/tutti-run -n 2 "$bench" --no-progress --tune -b 4 -e 64M -f 4 -o "$tuning" | tee "$out/tune.log"
 mpi 2 "$tuning" -t allreduce,reduce_scatter,allgather,broadcast -b 4 -e 256M -f 4 --peers mpi,gloo --ceiling \
   --json "$out/peers.json" | tee "$out/peers.log"
 mpi 2 "$tuning" -t allreduce -b 4 -e 256M -f 4 --all-algorithms --json "$out/automatic.json" >"$out/automatic.log"

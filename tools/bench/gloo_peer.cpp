@@ -142,25 +142,7 @@ ReduceFunction reduce_function(DataType type, ReduceOp op) {
 }
 
 // Element size for the types Gloo moves; 0 for bf16, which Gloo has no type for.
-std::size_t element_size(DataType type) {
-  switch (type) {
-    case DataType::i8:
-    case DataType::u8:
-      return 1;
-    case DataType::f16:
-      return 2;
-    case DataType::i32:
-    case DataType::u32:
-    case DataType::f32:
-      return 4;
-    case DataType::i64:
-    case DataType::u64:
-    case DataType::f64:
-      return 8;
-    default:
-      return 0;
-  }
-}
+std::size_t element_size(DataType type) { return type == DataType::bf16 ? 0 : size_of(type); }
 
 // Gloo sizes buffers in elements of a C++ type; a byte type of the right width carries any of ours.
 template <std::size_t Bytes>

@@ -9,6 +9,8 @@
 
 #ifdef TUTTI_WITH_MPI
 #include <mpi.h>
+
+#include "transport/mpi/mpi_support.hpp"
 #endif
 
 namespace tutti::bench {
@@ -21,21 +23,23 @@ class MpiPeer final : public Peer {
   std::string name() const override { return "mpi"; }
 
   bool supports(const Case& c) const override {
-    if (c.type == DataType::f16 || c.type == DataType::bf16) return false;  // no MPI datatype
+    // No MPI datatype (Tutti's own f16/bf16 types would time Tutti's kernels, not MPI's).
+    if (c.type == DataType::f16 || c.type == DataType::bf16) return false;
     return !reduces(c.kind) || c.op != ReduceOp::avg;
   }
 
   void run(const Case& c, Buffers& b) override {
-    const MPI_Datatype type = mpi_type(c.type);
+    const MPI_Datatype type = transport::mpi::datatype(c.type);
+    const MPI_Op op = transport::mpi::reduction(c.op, c.type);
     const int n = static_cast<int>(c.count);
     const void* send = b.send();
     void* recv = b.recv();
     switch (c.kind) {
       case Kind::allreduce:
-        MPI_Allreduce(send, recv, n, type, mpi_op(c.op), MPI_COMM_WORLD);
+        MPI_Allreduce(send, recv, n, type, op, MPI_COMM_WORLD);
         break;
       case Kind::reduce_scatter:
-        MPI_Reduce_scatter_block(send, recv, n, type, mpi_op(c.op), MPI_COMM_WORLD);
+        MPI_Reduce_scatter_block(send, recv, n, type, op, MPI_COMM_WORLD);
         break;
       case Kind::allgather:
         MPI_Allgather(send, n, type, recv, n, type, MPI_COMM_WORLD);
@@ -44,7 +48,7 @@ class MpiPeer final : public Peer {
         MPI_Bcast(recv, n, type, c.root, MPI_COMM_WORLD);
         break;
       case Kind::reduce:
-        MPI_Reduce(send, recv, n, type, mpi_op(c.op), c.root, MPI_COMM_WORLD);
+        MPI_Reduce(send, recv, n, type, op, c.root, MPI_COMM_WORLD);
         break;
       case Kind::alltoall:
         MPI_Alltoall(send, n, type, recv, n, type, MPI_COMM_WORLD);
@@ -57,40 +61,6 @@ class MpiPeer final : public Peer {
                      MPI_STATUS_IGNORE);
         break;
       }
-    }
-  }
-
- private:
-  static MPI_Datatype mpi_type(DataType type) {
-    switch (type) {
-      case DataType::i8:
-        return MPI_INT8_T;
-      case DataType::u8:
-        return MPI_UINT8_T;
-      case DataType::i32:
-        return MPI_INT32_T;
-      case DataType::u32:
-        return MPI_UINT32_T;
-      case DataType::i64:
-        return MPI_INT64_T;
-      case DataType::u64:
-        return MPI_UINT64_T;
-      case DataType::f64:
-        return MPI_DOUBLE;
-      default:
-        return MPI_FLOAT;
-    }
-  }
-  static MPI_Op mpi_op(ReduceOp op) {
-    switch (op) {
-      case ReduceOp::prod:
-        return MPI_PROD;
-      case ReduceOp::min:
-        return MPI_MIN;
-      case ReduceOp::max:
-        return MPI_MAX;
-      default:
-        return MPI_SUM;
     }
   }
 };
