@@ -34,7 +34,7 @@ mpi 2 "$empty" -t allreduce -b 4 -e 256M -f 4 --all-algorithms --json "$out/auto
 for p in 4 8; do
   mpi "$p" "$empty" -t allreduce -b 4 -e 64M -f 4 --peers mpi --json "$out/p$p.json" | tee "$out/p$p.log"
 done
-for f in peers p4 p8; do python3 tools/bench_table.py peers "$out/$f.json" >"$out/$f.md"; done
-for f in automatic automatic-model; do python3 tools/bench_table.py automatic "$out/$f.json" >"$out/$f.md"; done
-python3 tools/plot_bench.py --ratio --out "$out/peers.png" "$out/peers.json"
+for f in peers p4 p8; do /usr/bin/python3 tools/bench_table.py peers "$out/$f.json" >"$out/$f.md"; done
+for f in automatic automatic-model; do /usr/bin/python3 tools/bench_table.py automatic "$out/$f.json" >"$out/$f.md"; done
+/usr/bin/python3 tools/plot_bench.py --ratio --out "$out/peers.png" "$out/peers.json"
 echo "results in $out/"
