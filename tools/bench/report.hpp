@@ -68,11 +68,15 @@ class Report {
 class Progress {
  public:
   Progress(bool enabled, double total_work);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
   void update(const std::string& what, double work_done);
   void finish();
 
  private:
-  bool enabled_;
+  std::FILE* out_ = nullptr;  // the terminal, or null (no progress line)
+  bool owned_ = false;        // out_ is /dev/tty, opened here
   double total_;
   double start_;
   bool shown_ = false;
