@@ -13,6 +13,7 @@
 #include "comm/tuning.hpp"
 #include "core/env.hpp"
 #include "core/log.hpp"
+#include "transport/shm/direct.hpp"
 
 namespace tutti::detail {
 
@@ -141,7 +142,7 @@ Algorithm choose_algorithm(Collective collective, Algorithm requested, const Cho
     algorithm = choice.algorithm != Algorithm::automatic ? choice.algorithm : size_rule(collective, p, bytes);
   }
   const bool direct_serves = algorithm == Algorithm::direct && context.direct_available &&
-                             tuning::candidates(collective, true).back() == Algorithm::direct;
+                             transport::shm::serves(schedule::to_string(collective));
   if (!direct_serves && !schedule::applies(algorithm, collective)) {
     // CommImpl::start runs hierarchical allreduce and mpi itself; anything else that reaches
     // here has no schedule.

@@ -65,9 +65,7 @@ bool has_result(const Call& call, int rank) {
 }  // namespace
 
 bool CommImpl::direct_serves(Collective collective) const {
-  const bool served = collective == Collective::allreduce || collective == Collective::reduce_scatter ||
-                      collective == Collective::allgather || collective == Collective::broadcast;
-  return served && shm_;
+  return shm_ && transport::shm::serves(schedule::to_string(collective));
 }
 
 Algorithm CommImpl::chosen_algorithm(Collective collective, Algorithm requested, std::size_t bytes) const {
@@ -235,11 +233,7 @@ Request CommImpl::start_direct(const Call& call, bool blocking) {
   // A blocking call with nothing else in flight runs right here: no operation object, no handle.
   if (blocking && queue_->announce_when_idle(signature)) {
     try {
-      for (transport::Transport& transport = queue_->transport();;) {
-        const std::uint64_t seen = transport.generation();  // read first: no ring is lost
-        if (run->progress()) break;
-        transport.wait(seen, deadline);
-      }
+      transport::shm::finish(*run, queue_->transport(), deadline);
     } catch (const Error&) {
       queue_->mark_reported();
       throw;

@@ -116,7 +116,8 @@ Algorithm choose_algorithm(schedule::Collective collective, Algorithm requested,
                            std::size_t bytes);
 
 /// The schedule algorithm for one step of a composite algorithm (hierarchical): what TUTTI_ALGO
-/// forces for the step's collective when that is a schedule serving it, else the size rule.
+/// forces for the step's collective when that is a schedule serving it, else the cost model's
+/// choice among the schedules (the size rule where it has none).
 Algorithm step_algorithm(schedule::Collective collective, int p, std::size_t bytes);
 
 /// Element counts of a call on this rank: what `send` and `recv` must hold.

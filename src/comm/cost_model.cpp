@@ -7,6 +7,8 @@
 #include <cmath>
 #include <string>
 
+#include "transport/shm/direct.hpp"
+
 namespace tutti::detail::tuning {
 
 using schedule::Collective;
@@ -94,10 +96,7 @@ double predict_direct(Collective c, int p, std::size_t bytes, const CostParams& 
   }
 }
 
-bool direct_serves(Collective c) {
-  return c == Collective::allreduce || c == Collective::reduce_scatter || c == Collective::allgather ||
-         c == Collective::broadcast;
-}
+bool direct_serves(Collective c) { return transport::shm::serves(schedule::to_string(c)); }
 
 }  // namespace
 

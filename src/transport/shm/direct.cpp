@@ -246,8 +246,7 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, std::string
                                                int root, clock::time_point deadline) {
   if (!is_shm(transport)) return nullptr;
   auto* shm = static_cast<ShmTransport*>(&transport);
-  if (kind != "allreduce" && kind != "reduce_scatter" && kind != "allgather" && kind != "broadcast")
-    throw Error(ErrorCode::unsupported, "shm direct: no direct algorithm for " + std::string(kind));
+  if (!serves(kind)) throw Error(ErrorCode::unsupported, "shm direct: no direct algorithm for " + std::string(kind));
   // A rank's part of a data set must hold one element of each of the p blocks.
   if (kind == "reduce_scatter" && shm->segment().layout().direct_chunk / size_of(type) < std::size_t(shm->size()))
     throw Error(ErrorCode::unsupported, "shm direct reduce_scatter: too many ranks for the data area");
@@ -260,15 +259,24 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, std::string
                                      count, type, reduce_op, root, deadline);
 }
 
+bool serves(std::string_view kind) {
+  return kind == "allreduce" || kind == "reduce_scatter" || kind == "allgather" || kind == "broadcast";
+}
+
+void finish(DirectCollective& run, Transport& transport, clock::time_point deadline) {
+  for (;;) {
+    const std::uint64_t seen = transport.generation();  // read first: no ring is lost
+    if (run.progress()) return;
+    transport.wait(seen, std::min(deadline, clock::now() + liveness_period));
+  }
+}
+
 bool direct_collective(Transport& transport, std::string_view kind, const void* send, void* recv, std::size_t count,
                        DataType type, std::optional<ReduceOp> op, int root, clock::time_point deadline) {
   auto run = start_direct(transport, kind, send, recv, count, type, op, root, deadline);
   if (!run) return false;
-  for (;;) {
-    const std::uint64_t seen = transport.generation();  // read first: no ring is lost
-    if (run->progress()) return true;
-    transport.wait(seen, std::min(deadline, clock::now() + liveness_period));
-  }
+  finish(*run, transport, deadline);
+  return true;
 }
 
 // By name, not dynamic_cast: this is on every direct call's path.

@@ -50,6 +50,14 @@ bool direct_collective(Transport& transport, std::string_view kind, const void* 
                        DataType type, std::optional<ReduceOp> op, int root,
                        std::chrono::steady_clock::time_point deadline);
 
+/// Whether the direct algorithms serve collective `kind` (allreduce, reduce_scatter, allgather,
+/// broadcast).
+bool serves(std::string_view kind);
+
+/// Runs `run` to completion on the caller's thread: progress, then the transport's wait, in turn.
+/// Errors as for DirectCollective::progress.
+void finish(DirectCollective& run, Transport& transport, std::chrono::steady_clock::time_point deadline);
+
 /// Whether `transport` is a shared-memory transport (the direct algorithms serve only those).
 bool is_shm(const Transport& transport);
 

@@ -84,7 +84,6 @@ class ShmTransport final : public Transport {
     std::size_t operator()(const Key& k) const;
   };
 
- public:
   /// How long wait() polls before it sleeps on the futex, and whether it yields the core between polls.
   struct WaitPolicy {
     std::chrono::steady_clock::duration budget;
