@@ -16,6 +16,7 @@
 
 #include "bench/sweep.hpp"
 #include "bench/tune.hpp"
+#include "bootstrap/job.hpp"
 #include "comm/comm_impl.hpp"
 
 #ifdef TUTTI_WITH_MPI
@@ -26,16 +27,14 @@ namespace {
 
 using namespace tutti::bench;
 
-bool launched_by_mpi() {
-  return std::getenv("TUTTI_RANK") == nullptr &&
-         (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK"));
-}
+// The launcher as init() sees it ("tutti-run", "mpirun", "srun" or "none").
+std::string launcher() { return tutti::bootstrap::detect_job().launcher; }
 
 // MPI up (under mpirun) and TUTTI_STORE pointing at a directory rank 0 made; returns that
 // directory ("" when none was made) for removal at the end.
 std::string start_mpi(int& argc, char**& argv) {
 #ifdef TUTTI_WITH_MPI
-  if (!launched_by_mpi()) return "";
+  if (launcher() != "mpirun") return "";
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   if (std::getenv("TUTTI_STORE") != nullptr) return "";
@@ -96,8 +95,7 @@ int run(tutti::Communicator& world, const BenchOptions& options) {
   Report report = run_sweep(world, options, peers, ceiling);
   if (world.rank() == 0) {
     report.footer(ceiling);
-    if (!options.json_path.empty())
-      report.write_json(options.json_path, options.command_line, launched_by_mpi() ? "mpirun" : "tutti-run", ceiling);
+    if (!options.json_path.empty()) report.write_json(options.json_path, options.command_line, launcher(), ceiling);
   }
   return report.wrong() == 0 ? 0 : 1;
 }

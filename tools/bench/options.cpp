@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "comm/tuning.hpp"
+
 namespace tutti::bench {
 
 namespace {
@@ -96,8 +98,7 @@ std::vector<ReduceOp> parse_ops(const std::string& text) {
 }
 
 Algorithm parse_algorithm(const std::string& name) {
-  for (int a = 0; a <= static_cast<int>(Algorithm::mpi); ++a)
-    if (name == to_string(static_cast<Algorithm>(a))) return static_cast<Algorithm>(a);
+  if (const auto a = detail::tuning::algorithm_from_name(name)) return *a;
   throw std::invalid_argument("-a: unknown algorithm '" + name + "'");
 }
 

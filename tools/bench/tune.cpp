@@ -92,6 +92,28 @@ struct Winner {
   Algorithm algorithm;
 };
 
+// Each algorithm's best of `passes` alternating measurements of the primary form (checked in the
+// first): this machine's noise is larger than the differences the table must capture.
+std::vector<double> best_times(Communicator& world, const BenchOptions& options, const Case& base,
+                               const std::vector<Algorithm>& algorithms) {
+  constexpr int passes = 2;
+  std::vector<double> times(algorithms.size(), std::numeric_limits<double>::infinity());
+  for (int pass = 0; pass < passes; ++pass) {
+    for (std::size_t i = 0; i < algorithms.size(); ++i) {
+      if (algorithms[i] == Algorithm::mpi) continue;
+      BenchOptions once = options;
+      once.check = options.check && pass == 0;
+      once.primary_only = true;
+      const Measure m = primary(measure_row(world, once, base, algorithms[i], {}, std::nullopt));
+      if (m.wrong != 0)
+        throw std::runtime_error(std::string(to_string(base.kind)) + " with " + std::string(to_string(algorithms[i])) +
+                                 ": wrong results while tuning");
+      times[i] = std::min(times[i], m.time);
+    }
+  }
+  return times;
+}
+
 // The fastest algorithm per size for `kind`; prints each size's times on rank 0.
 std::vector<Winner> tune_kind(Communicator& world, const BenchOptions& options, Kind kind) {
   std::vector<Winner> winners;
@@ -101,24 +123,7 @@ std::vector<Winner> tune_kind(Communicator& world, const BenchOptions& options, 
   for (std::size_t bytes : sweep_sizes(options)) {
     const Case base = make_case(kind, DataType::f32, ReduceOp::sum, 0, bytes, world.size());
     if (case_bytes(base, world.size()) == 0 && bytes > 0) continue;
-    // Each algorithm's best of `passes` alternating measurements: this machine's noise is
-    // larger than the differences the table must capture.
-    constexpr int passes = 2;
-    std::vector<double> times(algorithms.size(), std::numeric_limits<double>::infinity());
-    for (int pass = 0; pass < passes; ++pass) {
-      for (std::size_t i = 0; i < algorithms.size(); ++i) {
-        if (algorithms[i] == Algorithm::mpi) continue;
-        BenchOptions once = options;
-        once.check = options.check && pass == 0;
-        once.primary_only = true;
-        const Row row = measure_row(world, once, base, algorithms[i], {}, std::nullopt);
-        const Measure& m = primary(row);
-        if (m.wrong != 0)
-          throw std::runtime_error(std::string(to_string(kind)) + " with " + std::string(to_string(algorithms[i])) +
-                                   ": wrong results while tuning");
-        times[i] = std::min(times[i], m.time);
-      }
-    }
+    const std::vector<double> times = best_times(world, options, base, algorithms);
     double best = std::numeric_limits<double>::infinity(), automatic = 0;
     Algorithm fastest = Algorithm::automatic;
     std::string line;
@@ -145,8 +150,8 @@ std::vector<Winner> tune_kind(Communicator& world, const BenchOptions& options, 
 }
 
 // Ranges between the geometric means of neighbouring sizes, merged where the winner repeats.
-std::vector<tuning::Entry> entries_for(Kind kind, std::string_view transport, int ranks,
-                                       const std::vector<Winner>& winners, schedule::Collective collective) {
+std::vector<tuning::Entry> entries_for(std::string_view transport, int ranks, const std::vector<Winner>& winners,
+                                       schedule::Collective collective) {
   std::vector<tuning::Entry> entries;
   for (std::size_t k = 0; k < winners.size(); ++k) {
     const std::size_t lo =
@@ -162,7 +167,6 @@ std::vector<tuning::Entry> entries_for(Kind kind, std::string_view transport, in
     }
     entries.push_back({collective, std::string(transport), ranks, lo, hi, winners[k].algorithm});
   }
-  (void)kind;
   return entries;
 }
 
@@ -194,7 +198,7 @@ int tune(Communicator& world, const BenchOptions& options) {
     if (kind == Kind::sendrecv) continue;
     const schedule::Collective collective = collective_of(kind);
     const auto winners = tune_kind(world, options, kind);
-    for (auto& e : entries_for(kind, transport, world.size(), winners, collective)) entries.push_back(std::move(e));
+    for (auto& e : entries_for(transport, world.size(), winners, collective)) entries.push_back(std::move(e));
     tuned.push_back(collective);
   }
   if (world.rank() != 0) return 0;
