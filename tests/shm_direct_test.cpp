@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/comm_impl.hpp"
+#include "shm_names.hpp"
 #include "transport/inproc/inproc.hpp"
 #include "transport/shm/shm.hpp"
 #include "tutti/tutti.hpp"
@@ -32,23 +33,6 @@ using clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds timeout{60000};
 const int bounded_default_timeout = setenv("TUTTI_TIMEOUT_MS", "60000", 0);
 
-std::string prefix() { return "tutti-test-" + std::to_string(getpid()) + "-"; }
-
-std::string unique_name() {
-  static std::atomic<int> counter{0};
-  return prefix() + std::to_string(counter++);
-}
-
-std::vector<std::string> leftovers() {
-  std::vector<std::string> found;
-  if (DIR* dir = opendir("/dev/shm")) {
-    while (dirent* entry = readdir(dir))
-      if (std::string(entry->d_name).rfind(prefix(), 0) == 0) found.push_back(entry->d_name);
-    closedir(dir);
-  }
-  return found;
-}
-
 // One rank: its transport (for direct calls) and a communicator over it (for message-based ones).
 struct Rank {
   transport::Transport* transport;
@@ -57,7 +41,7 @@ struct Rank {
 
 // Runs fn on p threads, each rank attached to a fresh segment; returns the failures.
 std::string run_ranks(int p, const std::function<void(Rank&)>& fn) {
-  const std::string name = unique_name();
+  const std::string name = unique_shm_name();
   std::mutex mutex;
   std::string failures;
   std::vector<std::thread> threads;
@@ -103,7 +87,7 @@ std::vector<std::size_t> counts_for(int p, std::size_t large) {
 
 class ShmDirect : public ::testing::Test {
  protected:
-  void TearDown() override { EXPECT_EQ(leftovers(), std::vector<std::string>{}); }
+  void TearDown() override { EXPECT_EQ(shm_leftovers(), std::vector<std::string>{}); }
 };
 
 TEST_F(ShmDirect, AllreduceCountsSizesAndPlaces) {
@@ -441,7 +425,7 @@ int reap(pid_t pid, clock::time_point deadline) {
 }
 
 TEST_F(ShmDirect, ExitedProcessIsReportedToTheOthers) {
-  const std::string name = unique_name();
+  const std::string name = unique_shm_name();
   std::vector<pid_t> pids;
   for (int r = 0; r < 3; ++r) {
     const pid_t pid = fork();

@@ -16,6 +16,7 @@
 
 #include "collective_cases.hpp"
 #include "comm/comm_impl.hpp"
+#include "shm_names.hpp"
 #include "transport/shm/segment.hpp"
 #include "transport/shm/shm.hpp"
 
@@ -32,30 +33,13 @@ constexpr std::chrono::milliseconds attach_timeout{20000};
 // Point-to-point calls take the communicator's default deadline: keep it bounded too.
 const int bounded_default_timeout = setenv("TUTTI_TIMEOUT_MS", "30000", 0);
 
-std::string prefix() { return "tutti-test-" + std::to_string(getpid()) + "-"; }
-
-std::string unique_name() {
-  static std::atomic<int> counter{0};
-  return prefix() + std::to_string(counter++);
-}
-
-std::vector<std::string> leftovers() {
-  std::vector<std::string> found;
-  if (DIR* dir = opendir("/dev/shm")) {
-    while (dirent* entry = readdir(dir))
-      if (std::string(entry->d_name).rfind(prefix(), 0) == 0) found.push_back(entry->d_name);
-    closedir(dir);
-  }
-  return found;
-}
-
 Communicator communicator(std::unique_ptr<transport::Transport> transport) {
   return Communicator(std::make_shared<detail::CommImpl>(std::move(transport)));
 }
 
 // Runs fn(comm) on p threads, rank r attaching to a fresh segment as rank r; returns the failures.
 std::string run_shm(int p, const std::function<void(Communicator&)>& fn) {
-  const std::string name = unique_name();
+  const std::string name = unique_shm_name();
   std::mutex mutex;
   std::string failures;
   std::vector<std::thread> threads;
@@ -75,11 +59,11 @@ std::string run_shm(int p, const std::function<void(Communicator&)>& fn) {
 
 class Shm : public ::testing::Test {
  protected:
-  void TearDown() override { EXPECT_EQ(leftovers(), std::vector<std::string>{}); }
+  void TearDown() override { EXPECT_EQ(shm_leftovers(), std::vector<std::string>{}); }
 };
 
 TEST_F(Shm, AttachUnlinksTheName) {
-  const std::string name = unique_name();
+  const std::string name = unique_shm_name();
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r)
@@ -93,7 +77,7 @@ TEST_F(Shm, AttachUnlinksTheName) {
 }
 
 TEST_F(Shm, AttachTimesOutWhenARankIsMissing) {
-  const std::string name = unique_name();
+  const std::string name = unique_shm_name();
   try {
     transport::shm::open(name, 0, 2, 1, 200ms);
     FAIL() << "open returned without rank 1";
@@ -101,7 +85,7 @@ TEST_F(Shm, AttachTimesOutWhenARankIsMissing) {
     EXPECT_EQ(e.code(), ErrorCode::timeout) << e.what();
   }
   try {
-    transport::shm::open(unique_name(), 1, 2, 1, 200ms);
+    transport::shm::open(unique_shm_name(), 1, 2, 1, 200ms);
     FAIL() << "open returned without rank 0";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::timeout) << e.what();
@@ -324,7 +308,7 @@ TEST_F(Shm, SplitCommunicators) {
 
 // Transport level: a receive cancelled while its message is half received gets no more bytes.
 TEST_F(Shm, CancelStopsAPartialReceive) {
-  const std::string name = unique_name();
+  const std::string name = unique_shm_name();
   std::unique_ptr<transport::Transport> t[2];
   std::thread other([&] { t[1] = transport::shm::open(name, 1, 2, 3, attach_timeout); });
   t[0] = transport::shm::open(name, 0, 2, 3, attach_timeout);
@@ -396,7 +380,7 @@ int reap(pid_t pid, std::chrono::steady_clock::time_point deadline) {
 
 TEST_F(Shm, KilledProcessIsReportedToTheOthers) {
   constexpr int p = 4, victim = 2;
-  const std::string name = unique_name();
+  const std::string name = unique_shm_name();
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
   std::vector<pid_t> pids;
@@ -443,7 +427,7 @@ TEST_F(Shm, KilledProcessIsReportedToTheOthers) {
 // Real processes run a few collectives and point-to-point messages and exit cleanly.
 TEST_F(Shm, ForkedRanksRunCollectives) {
   constexpr int p = 3;
-  const std::string name = unique_name();
+  const std::string name = unique_shm_name();
   std::vector<pid_t> pids;
   for (int r = 0; r < p; ++r) {
     const pid_t pid = fork();
