@@ -1,0 +1,145 @@
+// The training engine: named tensors, agreement across ranks, fusion, a timeline, stall checks.
+//
+// Framework-agnostic (libtorch glue is in <tutti/torch.hpp>). A training step enqueues each
+// gradient the moment it is ready, under a name that is the same on every rank:
+//
+//   tutti::Engine engine(comm);                        // collective: every rank constructs one
+//   auto h = engine.enqueue_allreduce("fc1.weight", grad, n, tutti::DataType::f32, tutti::ReduceOp::avg);
+//   ...                                                // backward goes on; the allreduce runs meanwhile
+//   h.wait();                                          // grad now holds the average over ranks
+//
+// Every `cycle_time`, a background thread exchanges with the other ranks which names each rank
+// has enqueued (one allgather; names seen before travel as one bit each). A tensor is ready
+// when every rank has enqueued it; every rank then sees the same list of ready tensors and runs
+// them in the same order, whatever order the ranks enqueued them in. Ready allreduces of the same
+// type and op are packed into a fusion buffer and reduced in one call.
+//
+// The engine uses its own communicator (split from the one it is given), so the caller may go
+// on using `comm`. Destroy the engine on every rank: destruction is collective too.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tutti/tutti.hpp"
+
+namespace tutti {
+
+namespace engine_detail {
+struct TensorState;
+class EngineCore;
+}  // namespace engine_detail
+
+struct EngineOptions {
+  /// How often the background thread negotiates (TUTTI_CYCLE_TIME_MS, may be fractional).
+  std::chrono::microseconds cycle_time{1000};
+  /// Largest fused message in bytes (TUTTI_FUSION_THRESHOLD). 0 disables fusion.
+  std::size_t fusion_threshold = 64u << 20;
+  /// Cap of the first fused message of a step (TUTTI_FIRST_BUCKET_BYTES), so that
+  /// communication starts early; a step begins when the engine had nothing ready.
+  std::size_t first_bucket_bytes = 1u << 20;
+  /// A tensor enqueued by some ranks but not others for this long is reported, with the
+  /// ranks that are missing (TUTTI_STALL_WARNING_S). 0 disables the warning.
+  std::chrono::milliseconds stall_warning{60'000};
+  /// After this long the tensor fails on every rank that enqueued it with ErrorCode::timeout
+  /// (TUTTI_STALL_SHUTDOWN_S). 0 (the default) waits for ever, warning every `stall_warning`.
+  std::chrono::milliseconds stall_error{0};
+  /// Chrome-trace file (TUTTI_TIMELINE). Empty: no timeline. Rank 0 writes it; a path containing
+  /// "{rank}" is written by every rank with its rank substituted.
+  std::string timeline_path;
+  /// Called with each stall report (besides the log line); for tests and frameworks.
+  std::function<void(const std::string&)> on_stall;
+
+  /// The defaults above, overridden by the TUTTI_* variables that are set. A malformed value
+  /// is an Error(invalid_argument) naming the variable.
+  static EngineOptions from_environment();
+};
+
+/// The handle of an enqueued tensor. Copies share the same tensor.
+class Handle {
+ public:
+  Handle() = default;  // an empty handle: already complete
+  /// Blocks until the tensor's collective has completed and its result is in place; throws
+  /// the tensor's Error (mismatch, timeout, peer_failure, aborted).
+  void wait();
+  /// True when complete; throws the tensor's Error. Never blocks.
+  bool test();
+  /// Like wait, but gives up after `duration` and returns false.
+  bool wait_for(std::chrono::milliseconds duration);
+
+  explicit Handle(std::shared_ptr<engine_detail::TensorState> state) : state_(std::move(state)) {}
+
+ private:
+  std::shared_ptr<engine_detail::TensorState> state_;
+};
+
+/// Cumulative counters of an engine's work (since construction).
+struct EngineStats {
+  std::uint64_t tensors = 0;       ///< tensors completed
+  std::uint64_t collectives = 0;   ///< collective calls made for them (fused messages count once)
+  std::uint64_t bytes = 0;         ///< bytes of tensor data those calls reduced, gathered or broadcast
+  std::uint64_t cycles = 0;        ///< negotiation rounds
+  double collective_seconds = 0;   ///< time spent inside those calls
+  double negotiation_seconds = 0;  ///< time spent negotiating
+};
+
+/// One collective call the engine made (for overlap accounting).
+struct CollectiveRecord {
+  std::chrono::steady_clock::time_point start, end;
+  std::size_t bytes = 0;
+  std::size_t tensors = 0;
+};
+
+class Engine {
+ public:
+  /// Collective over `comm`: every rank must construct its engine.
+  explicit Engine(Communicator& comm, EngineOptions options = EngineOptions::from_environment());
+  /// Collective: waits for every rank's engine to stop. Tensors still pending fail with
+  /// ErrorCode::aborted.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  int rank() const;
+  int size() const;
+
+  /// recv = op over ranks of send (count elements). In place: send == recv. Returns at once;
+  /// the buffers must stay valid, and unchanged, until the handle completes. `name` must be
+  /// unique among this rank's pending tensors and mean the same tensor on every rank; the
+  /// same name with another count, type or op on another rank is an ErrorCode::mismatch on
+  /// every rank, naming the ranks and both shapes.
+  Handle enqueue_allreduce(std::string_view name, const void* send, void* recv, std::size_t count, DataType type,
+                           ReduceOp op);
+  Handle enqueue_allreduce(std::string_view name, void* buffer, std::size_t count, DataType type, ReduceOp op) {
+    return enqueue_allreduce(name, buffer, buffer, count, type, op);
+  }
+  /// recv (size() * count elements) gets every rank's `count` elements, in rank order.
+  Handle enqueue_allgather(std::string_view name, const void* send, void* recv, std::size_t count, DataType type);
+  /// Copies root's buffer to every rank's.
+  Handle enqueue_broadcast(std::string_view name, void* buffer, std::size_t count, DataType type, int root);
+
+  /// Wakes the background thread for a negotiation round now rather than at the next cycle
+  /// (used when the caller is about to wait).
+  void flush();
+
+  /// Records a phase of the training step (e.g. "BACKWARD", "OPTIMIZER") on the timeline.
+  void record_phase(std::string_view name, std::chrono::steady_clock::time_point start,
+                    std::chrono::steady_clock::time_point end);
+
+  EngineStats stats() const;
+  /// The collective calls completed since the previous call (allreduces only).
+  std::vector<CollectiveRecord> take_allreduce_records();
+
+  const EngineOptions& options() const;
+
+ private:
+  std::unique_ptr<engine_detail::EngineCore> core_;
+};
+
+}  // namespace tutti

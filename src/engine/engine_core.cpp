@@ -1,0 +1,404 @@
+#include "engine/engine_core.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/log.hpp"
+
+namespace tutti::engine_detail {
+
+namespace {
+
+// The first allgather of a cycle carries up to this many bytes per rank (a 4-byte length, then
+// the message); a longer message sends its rest in a second, allgatherv, call.
+constexpr std::size_t kSlot = 512;
+constexpr std::size_t kSlotPayload = kSlot - sizeof(std::uint32_t);
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string text;
+  for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  return (ranks.size() == 1 ? "rank " : "ranks ") + text;
+}
+
+std::string phase_name(Kind kind) {
+  switch (kind) {
+    case Kind::allreduce:
+      return "ALLREDUCE";
+    case Kind::allgather:
+      return "ALLGATHER";
+    case Kind::broadcast:
+      return "BROADCAST";
+  }
+  return "?";
+}
+
+}  // namespace
+
+EngineCore::EngineCore(Communicator& comm, EngineOptions options)
+    : comm_(comm.split(0, comm.rank())),
+      options_(std::move(options)),
+      rank_(comm_.rank()),
+      size_(comm_.size()),
+      table_(size_) {
+  const auto& path = options_.timeline_path;
+  if (!path.empty()) {
+    const auto at = path.find("{rank}");
+    if (at != std::string::npos) {
+      std::string mine = path;
+      mine.replace(at, 6, std::to_string(rank_));
+      timeline_ = std::make_unique<Timeline>(mine, rank_);
+    } else if (rank_ == 0) {
+      timeline_ = std::make_unique<Timeline>(path, rank_);
+    }
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+EngineCore::~EngineCore() {
+  {
+    std::lock_guard lock(mutex_);
+    shutting_down_ = true;
+    aborting_ = std::uncaught_exceptions() > 0;
+  }
+  flush();
+  thread_.join();
+  // Anything enqueued after the thread's last cycle.
+  std::vector<std::shared_ptr<TensorState>> left;
+  {
+    std::lock_guard lock(mutex_);
+    left.swap(inbox_);
+  }
+  for (auto& t : left)
+    complete(t, std::make_exception_ptr(Error(ErrorCode::aborted, "engine: tensor '" + t->descriptor.name +
+                                                                      "' was pending when the engine was destroyed")));
+}
+
+Handle EngineCore::enqueue(Descriptor d, const void* send, void* recv) {
+  if (d.name.empty()) throw Error(ErrorCode::invalid_argument, "engine: enqueue: the tensor name is empty");
+  if (d.count > 0 && (recv == nullptr || (d.kind != Kind::broadcast && send == nullptr)))
+    throw Error(ErrorCode::invalid_argument,
+                "engine: enqueue '" + d.name + "': null buffer with count " + std::to_string(d.count));
+  if (d.kind == Kind::broadcast && (d.root < 0 || d.root >= size_))
+    throw Error(ErrorCode::invalid_argument, "engine: enqueue_broadcast '" + d.name + "': root " +
+                                                 std::to_string(d.root) + " is not a rank of " + std::to_string(size_));
+  if (d.kind == Kind::allgather && d.count > 0 && send != recv) {
+    const auto bytes = d.count * size_of(d.type);
+    const auto* s = static_cast<const std::byte*>(send);
+    const auto* r = static_cast<const std::byte*>(recv);
+    if (s < r + bytes * static_cast<std::size_t>(size_) && r < s + bytes && s != r + bytes * rank_)
+      throw Error(ErrorCode::invalid_argument, "engine: enqueue_allgather '" + d.name +
+                                                   "': send overlaps recv other than at block " +
+                                                   std::to_string(rank_));
+  }
+  auto t = std::make_shared<TensorState>();
+  t->send = send;
+  t->recv = recv;
+  t->enqueued = Clock::now();
+  t->doorbell = doorbell_;
+  {
+    std::lock_guard lock(mutex_);
+    if (failure_) std::rethrow_exception(failure_);
+    if (shutting_down_)
+      throw Error(ErrorCode::aborted, "engine: enqueue '" + d.name + "': the engine is shutting down");
+    if (!names_.insert(d.name).second)
+      throw Error(ErrorCode::invalid_argument, "engine: tensor '" + d.name + "' is already enqueued on rank " +
+                                                   std::to_string(rank_) + " and has not completed");
+    t->descriptor = std::move(d);
+    inbox_.push_back(t);
+  }
+  return Handle(t);
+}
+
+void EngineCore::run() {
+  auto next = Clock::now() + options_.cycle_time;
+  try {
+    for (;;) {
+      {
+        std::unique_lock lock(doorbell_->mutex);
+        doorbell_->cv.wait_until(lock, next, [&] { return doorbell_->rung; });
+        doorbell_->rung = false;
+      }
+      next = Clock::now() + options_.cycle_time;
+      if (!cycle()) return;
+    }
+  } catch (...) {
+    fail_everything(std::current_exception());
+  }
+}
+
+bool EngineCore::cycle() {
+  Message mine;
+  std::vector<std::shared_ptr<TensorState>> fresh;
+  {
+    std::lock_guard lock(mutex_);
+    fresh.swap(inbox_);
+    mine.shutting_down = shutting_down_;
+    mine.aborting = aborting_;
+  }
+  for (auto& t : fresh) {
+    if (const auto slot = table_.cached_slot(t->descriptor))
+      mine.cached.push_back(*slot);
+    else
+      mine.described.push_back(t->descriptor);
+    announced_[t->descriptor.name] = t;
+  }
+  if (rank_ == 0 && options_.stall_error.count() > 0) {
+    const auto now = Clock::now();
+    for (const auto& w : table_.waiting())
+      if (now - w.since >= options_.stall_error && expired_.insert(w.name).second) mine.expired.push_back(w.name);
+  }
+
+  const auto start = Clock::now();
+  const auto messages = exchange(mine);
+  const Decision decision = table_.apply(messages, start);
+  const auto decided = Clock::now();
+  {
+    std::lock_guard lock(stats_mutex_);
+    ++stats_.cycles;
+    stats_.negotiation_seconds += seconds(decided - start);
+  }
+  for (const auto& name : mine.expired) expired_.erase(name);
+  if (!decision.aborted_by.empty()) {
+    fail_everything(std::make_exception_ptr(
+        Error(ErrorCode::aborted, "engine: " + rank_list(decision.aborted_by) +
+                                      " destroyed the engine while handling an error; every rank's engine stopped")));
+    return false;
+  }
+  check_stalls(decided, mine);
+  execute(decision, decided);
+  if (decision.shutdown) {
+    fail_everything(std::make_exception_ptr(Error(ErrorCode::aborted, "engine: the engine was destroyed")));
+    return false;
+  }
+  return true;
+}
+
+std::vector<Message> EngineCore::exchange(const Message& mine) {
+  const auto bytes = mine.encode(table_.cache_size());
+  std::vector<std::byte> slot(kSlot);
+  const auto length = static_cast<std::uint32_t>(bytes.size());
+  std::memcpy(slot.data(), &length, sizeof length);
+  std::memcpy(slot.data() + sizeof length, bytes.data(), std::min(bytes.size(), kSlotPayload));
+  std::vector<std::byte> all(kSlot * static_cast<std::size_t>(size_));
+  comm_.allgather(slot.data(), all.data(), kSlot, DataType::u8);
+
+  std::vector<std::size_t> lengths(static_cast<std::size_t>(size_)), rest(static_cast<std::size_t>(size_));
+  std::size_t total_rest = 0;
+  for (int r = 0; r < size_; ++r) {
+    std::uint32_t n = 0;
+    std::memcpy(&n, all.data() + kSlot * static_cast<std::size_t>(r), sizeof n);
+    lengths[static_cast<std::size_t>(r)] = n;
+    rest[static_cast<std::size_t>(r)] = n > kSlotPayload ? n - kSlotPayload : 0;
+    total_rest += rest[static_cast<std::size_t>(r)];
+  }
+  std::vector<std::byte> tails(total_rest);
+  if (total_rest > 0) {
+    const std::size_t my_rest = rest[static_cast<std::size_t>(rank_)];
+    comm_.allgatherv(bytes.data() + (my_rest ? kSlotPayload : 0), my_rest, tails.data(), rest, DataType::u8);
+  }
+  std::vector<Message> messages;
+  messages.reserve(static_cast<std::size_t>(size_));
+  std::size_t tail_at = 0;
+  for (int r = 0; r < size_; ++r) {
+    const auto n = lengths[static_cast<std::size_t>(r)];
+    std::vector<std::byte> whole(n);
+    std::memcpy(whole.data(), all.data() + kSlot * static_cast<std::size_t>(r) + sizeof(std::uint32_t),
+                std::min(n, kSlotPayload));
+    if (n > kSlotPayload) {
+      std::memcpy(whole.data() + kSlotPayload, tails.data() + tail_at, n - kSlotPayload);
+      tail_at += n - kSlotPayload;
+    }
+    messages.push_back(Message::decode(whole, table_.cache_size()));
+  }
+  return messages;
+}
+
+void EngineCore::check_stalls(Clock::time_point now, Message& /*next*/) {
+  if (options_.stall_warning.count() <= 0) return;
+  std::map<std::string, Clock::time_point> still;
+  for (const auto& w : table_.waiting()) {
+    if (!announced_.count(w.name)) continue;  // the ranks that enqueued it warn
+    auto last = warned_.find(w.name);
+    const auto since = last != warned_.end() ? last->second : w.since;
+    if (now - since < options_.stall_warning) {
+      if (last != warned_.end()) still.emplace(w.name, last->second);
+      continue;
+    }
+    char waited[32];
+    std::snprintf(waited, sizeof waited, "%.1f", seconds(now - w.since));
+    const std::string message = "engine: stall: tensor '" + w.name + "' has waited " + waited + " s: enqueued by " +
+                                rank_list(w.enqueued) + ", still missing on " + rank_list(w.missing) +
+                                " (TUTTI_STALL_WARNING_S)";
+    core::log(core::LogLevel::warn, rank_, message);
+    if (options_.on_stall) options_.on_stall(message);
+    still.emplace(w.name, now);
+  }
+  warned_.swap(still);
+}
+
+void EngineCore::execute(const Decision& decision, Clock::time_point decided) {
+  for (const auto& failure : decision.failed) {
+    auto it = announced_.find(failure.name);
+    if (it == announced_.end()) continue;
+    auto t = it->second;
+    announced_.erase(it);
+    complete(t, std::make_exception_ptr(Error(failure.code, failure.message)));
+  }
+  std::vector<std::shared_ptr<TensorState>> ready;
+  ready.reserve(decision.ready.size());
+  for (const auto& d : decision.ready) {
+    auto it = announced_.find(d.name);
+    if (it == announced_.end())  // every rank announced it, this one included
+      throw Error(ErrorCode::system, "engine: tensor '" + d.name + "' is ready but unknown on this rank");
+    auto t = it->second;
+    announced_.erase(it);
+    t->ready = decided;
+    if (timeline_) timeline_->event(d.name, "NEGOTIATE", t->enqueued, decided);
+    ready.push_back(std::move(t));
+  }
+  if (ready.empty()) {
+    if (table_.idle()) step_start_ = true;
+    return;
+  }
+  auto jobs = plan(ready);
+  step_start_ = false;
+  for (auto& job : jobs) run_job(job);
+}
+
+std::vector<EngineCore::Job> EngineCore::plan(const std::vector<std::shared_ptr<TensorState>>& ready) {
+  std::vector<Job> jobs;
+  std::map<std::pair<DataType, ReduceOp>, std::size_t> open;  // (type, op) -> its open bucket in jobs
+  bool first = step_start_;
+  for (const auto& t : ready) {
+    const auto& d = t->descriptor;
+    const std::size_t bytes = d.count * size_of(d.type);
+    if (d.kind != Kind::allreduce) {
+      jobs.push_back(Job{{t}, bytes});
+      continue;
+    }
+    const std::size_t cap =
+        first ? std::min(options_.first_bucket_bytes, options_.fusion_threshold) : options_.fusion_threshold;
+    const auto key = std::make_pair(d.type, d.op);
+    auto it = open.find(key);
+    if (it != open.end() && jobs[it->second].bytes + bytes <= cap) {
+      jobs[it->second].tensors.push_back(t);
+      jobs[it->second].bytes += bytes;
+      continue;
+    }
+    if (it != open.end()) first = false;  // the first bucket is full: later ones take the full threshold
+    jobs.push_back(Job{{t}, bytes});
+    open[key] = jobs.size() - 1;
+  }
+  return jobs;
+}
+
+void EngineCore::run_job(Job& job) {
+  const auto start = Clock::now();
+  const auto& d0 = job.tensors.front()->descriptor;
+  const std::string phase = phase_name(d0.kind);
+  std::string args = "\"bytes\": " + std::to_string(job.bytes) + ", \"tensors\": " + std::to_string(job.tensors.size());
+  if (timeline_)
+    for (const auto& t : job.tensors) timeline_->event(t->descriptor.name, "QUEUE", t->ready, start);
+
+  if (job.tensors.size() == 1) {
+    auto& t = job.tensors.front();
+    if (d0.count > 0) {
+      switch (d0.kind) {
+        case Kind::allreduce:
+          comm_.allreduce(t->send, t->recv, d0.count, d0.type, d0.op);
+          break;
+        case Kind::allgather:
+          comm_.allgather(t->send, t->recv, d0.count, d0.type);
+          break;
+        case Kind::broadcast:
+          comm_.broadcast(t->recv, d0.count, d0.type, d0.root);
+          break;
+      }
+    }
+    const auto end = Clock::now();
+    if (timeline_) timeline_->event(d0.name, phase, start, end, args);
+    count(1, job.bytes, start, end, d0.kind == Kind::allreduce);
+    complete(t, nullptr);
+    return;
+  }
+
+  // A fused bucket of allreduces of one type and op.
+  if (fusion_.size() < job.bytes) fusion_.resize(job.bytes);
+  std::size_t at = 0;
+  for (const auto& t : job.tensors) {
+    const auto t0 = Clock::now();
+    const std::size_t n = t->descriptor.count * size_of(t->descriptor.type);
+    if (n) std::memcpy(fusion_.data() + at, t->send, n);
+    at += n;
+    if (timeline_) timeline_->event(t->descriptor.name, "MEMCPY_IN_FUSION_BUFFER", t0, Clock::now());
+  }
+  const auto reduce_start = Clock::now();
+  const std::size_t elements = job.bytes / size_of(d0.type);
+  if (elements) comm_.allreduce(fusion_.data(), fusion_.data(), elements, d0.type, d0.op);
+  const auto reduce_end = Clock::now();
+  if (timeline_)
+    for (const auto& t : job.tensors) timeline_->event(t->descriptor.name, phase, reduce_start, reduce_end, args);
+  count(job.tensors.size(), job.bytes, reduce_start, reduce_end, true);
+  at = 0;
+  for (const auto& t : job.tensors) {
+    const auto t0 = Clock::now();
+    const std::size_t n = t->descriptor.count * size_of(t->descriptor.type);
+    if (n) std::memcpy(t->recv, fusion_.data() + at, n);
+    at += n;
+    if (timeline_) timeline_->event(t->descriptor.name, "MEMCPY_OUT_FUSION_BUFFER", t0, Clock::now());
+    complete(t, nullptr);
+  }
+}
+
+void EngineCore::count(std::size_t tensors, std::size_t bytes, Clock::time_point start, Clock::time_point end,
+                       bool allreduce) {
+  std::lock_guard lock(stats_mutex_);
+  stats_.tensors += tensors;
+  stats_.collectives += 1;
+  stats_.bytes += bytes;
+  stats_.collective_seconds += seconds(end - start);
+  if (!allreduce) return;
+  if (records_.size() >= (1u << 16))
+    records_.erase(records_.begin(), records_.begin() + (1u << 15));  // nobody takes them
+  records_.push_back(CollectiveRecord{start, end, bytes, tensors});
+}
+
+void EngineCore::complete(const std::shared_ptr<TensorState>& t, std::exception_ptr error) {
+  {
+    std::lock_guard lock(mutex_);
+    names_.erase(t->descriptor.name);
+  }
+  t->finish(std::move(error));
+}
+
+void EngineCore::fail_everything(std::exception_ptr error) {
+  std::vector<std::shared_ptr<TensorState>> left;
+  {
+    std::lock_guard lock(mutex_);
+    if (!failure_) failure_ = error;
+    left.swap(inbox_);
+  }
+  for (auto& [name, t] : announced_) left.push_back(t);
+  announced_.clear();
+  for (auto& t : left) complete(t, error);
+}
+
+void EngineCore::record_phase(std::string_view name, Clock::time_point start, Clock::time_point end) {
+  if (timeline_) timeline_->event("step", name, start, end);
+}
+
+EngineStats EngineCore::stats() const {
+  std::lock_guard lock(stats_mutex_);
+  return stats_;
+}
+
+std::vector<CollectiveRecord> EngineCore::take_allreduce_records() {
+  std::lock_guard lock(stats_mutex_);
+  std::vector<CollectiveRecord> out;
+  out.swap(records_);
+  return out;
+}
+
+}  // namespace tutti::engine_detail

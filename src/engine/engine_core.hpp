@@ -1,0 +1,123 @@
+// The engine's inside: the tensors' shared state, and the background thread that negotiates,
+// fuses and runs the collectives.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/negotiation.hpp"
+#include "engine/timeline.hpp"
+#include "tutti/engine.hpp"
+
+namespace tutti::engine_detail {
+
+using Clock = std::chrono::steady_clock;
+
+/// Wakes the background thread early (a flush, or a waiting caller).
+struct Doorbell {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool rung = false;
+  void ring() {
+    {
+      std::lock_guard lock(mutex);
+      rung = true;
+    }
+    cv.notify_one();
+  }
+};
+
+struct TensorState {
+  Descriptor descriptor;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  Clock::time_point enqueued, ready;
+  std::weak_ptr<Doorbell> doorbell;
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+
+  void finish(std::exception_ptr e) {
+    {
+      std::lock_guard lock(mutex);
+      done = true;
+      error = std::move(e);
+    }
+    cv.notify_all();
+  }
+};
+
+class EngineCore {
+ public:
+  EngineCore(Communicator& comm, EngineOptions options);
+  ~EngineCore();
+
+  Handle enqueue(Descriptor d, const void* send, void* recv);
+  void flush() { doorbell_->ring(); }
+  void record_phase(std::string_view name, Clock::time_point start, Clock::time_point end);
+  EngineStats stats() const;
+  std::vector<CollectiveRecord> take_allreduce_records();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  struct Job {  // one collective call: a fused bucket of allreduces, or one tensor
+    std::vector<std::shared_ptr<TensorState>> tensors;
+    std::size_t bytes = 0;
+  };
+
+  void run();
+  bool cycle();
+  std::vector<Message> exchange(const Message& mine);
+  void check_stalls(Clock::time_point now, Message& next);
+  void execute(const Decision& decision, Clock::time_point decided);
+  std::vector<Job> plan(const std::vector<std::shared_ptr<TensorState>>& ready);
+  void run_job(Job& job);
+  void complete(const std::shared_ptr<TensorState>& t, std::exception_ptr error);
+  void fail_everything(std::exception_ptr error);
+  void count(std::size_t tensors, std::size_t bytes, Clock::time_point start, Clock::time_point end, bool allreduce);
+
+  Communicator comm_;  // the engine's own, split from the caller's
+  EngineOptions options_;
+  int rank_ = 0, size_ = 1;
+  Table table_;
+  std::unique_ptr<Timeline> timeline_;
+  std::shared_ptr<Doorbell> doorbell_ = std::make_shared<Doorbell>();
+
+  // Shared with the callers' threads, under mutex_.
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<TensorState>> inbox_;  // enqueued, not yet announced
+  std::unordered_set<std::string> names_;            // this rank's tensors not yet complete
+  bool shutting_down_ = false;
+  bool aborting_ = false;
+  std::exception_ptr failure_;  // set when the engine stopped on an error
+
+  // The background thread's own.
+  std::unordered_map<std::string, std::shared_ptr<TensorState>> announced_;
+  std::map<std::string, Clock::time_point> warned_;  // stall warnings given, by name
+  std::set<std::string> expired_;                    // rank 0: names declared expired
+  std::vector<std::byte> fusion_;
+  bool step_start_ = true;
+
+  mutable std::mutex stats_mutex_;
+  EngineStats stats_;
+  std::vector<CollectiveRecord> records_;
+
+  std::thread thread_;
+};
+
+}  // namespace tutti::engine_detail

@@ -1,0 +1,261 @@
+#include "engine/negotiation.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace tutti::engine_detail {
+
+std::string_view to_string(Kind kind) {
+  switch (kind) {
+    case Kind::allreduce:
+      return "allreduce";
+    case Kind::allgather:
+      return "allgather";
+    case Kind::broadcast:
+      return "broadcast";
+  }
+  return "?";
+}
+
+std::string Descriptor::shape() const {
+  std::string text =
+      std::string(to_string(kind)) + " of " + std::to_string(count) + " " + std::string(tutti::to_string(type));
+  if (kind == Kind::allreduce) text += " (" + std::string(tutti::to_string(op)) + ")";
+  if (kind == Kind::broadcast) text += " from root " + std::to_string(root);
+  return text;
+}
+
+namespace {
+
+class Writer {
+ public:
+  template <class T>
+  void put(T value) {
+    const auto* p = reinterpret_cast<const std::byte*>(&value);
+    bytes_.insert(bytes_.end(), p, p + sizeof(T));
+  }
+  void put_string(const std::string& s) {
+    put(static_cast<std::uint32_t>(s.size()));
+    const auto* p = reinterpret_cast<const std::byte*>(s.data());
+    bytes_.insert(bytes_.end(), p, p + s.size());
+  }
+  std::vector<std::byte>& bytes() { return bytes_; }
+
+ private:
+  std::vector<std::byte> bytes_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> bytes) : bytes_(bytes) {}
+  template <class T>
+  T get() {
+    need(sizeof(T));
+    T value;
+    std::memcpy(&value, bytes_.data() + at_, sizeof(T));
+    at_ += sizeof(T);
+    return value;
+  }
+  std::string get_string() {
+    const auto n = get<std::uint32_t>();
+    need(n);
+    std::string s(reinterpret_cast<const char*>(bytes_.data() + at_), n);
+    at_ += n;
+    return s;
+  }
+  std::span<const std::byte> take(std::size_t n) {
+    need(n);
+    auto s = bytes_.subspan(at_, n);
+    at_ += n;
+    return s;
+  }
+  bool done() const { return at_ == bytes_.size(); }
+
+ private:
+  void need(std::size_t n) const {
+    if (bytes_.size() - at_ < n) throw Error(ErrorCode::system, "engine: a negotiation message is truncated");
+  }
+  std::span<const std::byte> bytes_;
+  std::size_t at_ = 0;
+};
+
+constexpr std::uint8_t kShuttingDown = 1;
+constexpr std::uint8_t kAborting = 2;
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string text;
+  for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  return (ranks.size() == 1 ? "rank " : "ranks ") + text;
+}
+
+}  // namespace
+
+std::vector<std::byte> Message::encode(std::size_t cache_size) const {
+  Writer w;
+  w.put(static_cast<std::uint8_t>((shutting_down ? kShuttingDown : 0) | (aborting ? kAborting : 0)));
+  w.put(static_cast<std::uint32_t>(cache_size));
+  std::vector<std::byte> bits((cache_size + 7) / 8);
+  for (auto slot : cached) bits.at(slot / 8) |= static_cast<std::byte>(1u << (slot % 8));
+  w.bytes().insert(w.bytes().end(), bits.begin(), bits.end());
+  w.put(static_cast<std::uint32_t>(described.size()));
+  for (const auto& d : described) {
+    w.put(static_cast<std::uint8_t>(d.kind));
+    w.put(static_cast<std::uint8_t>(d.type));
+    w.put(static_cast<std::uint8_t>(d.op));
+    w.put(d.root);
+    w.put(d.count);
+    w.put_string(d.name);
+  }
+  w.put(static_cast<std::uint32_t>(expired.size()));
+  for (const auto& name : expired) w.put_string(name);
+  return std::move(w.bytes());
+}
+
+Message Message::decode(std::span<const std::byte> bytes, std::size_t cache_size) {
+  Reader r(bytes);
+  Message m;
+  const auto flags = r.get<std::uint8_t>();
+  m.shutting_down = (flags & kShuttingDown) != 0;
+  m.aborting = (flags & kAborting) != 0;
+  if (r.get<std::uint32_t>() != cache_size)
+    throw Error(ErrorCode::system, "engine: the ranks' response caches disagree (a negotiation message is damaged)");
+  const auto bits = r.take((cache_size + 7) / 8);
+  for (std::size_t slot = 0; slot < cache_size; ++slot)
+    if ((static_cast<unsigned>(bits[slot / 8]) >> (slot % 8)) & 1u)
+      m.cached.push_back(static_cast<std::uint32_t>(slot));
+  const auto described = r.get<std::uint32_t>();
+  for (std::uint32_t i = 0; i < described; ++i) {
+    Descriptor d;
+    d.kind = static_cast<Kind>(r.get<std::uint8_t>());
+    d.type = static_cast<DataType>(r.get<std::uint8_t>());
+    d.op = static_cast<ReduceOp>(r.get<std::uint8_t>());
+    d.root = r.get<std::int32_t>();
+    d.count = r.get<std::uint64_t>();
+    d.name = r.get_string();
+    if (d.kind > Kind::broadcast || d.type > DataType::f64 || d.op > ReduceOp::avg)
+      throw Error(ErrorCode::system, "engine: a negotiation message is damaged");
+    m.described.push_back(std::move(d));
+  }
+  const auto expired = r.get<std::uint32_t>();
+  for (std::uint32_t i = 0; i < expired; ++i) m.expired.push_back(r.get_string());
+  if (!r.done()) throw Error(ErrorCode::system, "engine: a negotiation message has trailing bytes");
+  return m;
+}
+
+std::optional<std::uint32_t> Table::cached_slot(const Descriptor& d) const {
+  const auto it = cache_slot_.find(d.name);
+  if (it == cache_slot_.end() || !cache_[it->second].same_shape(d)) return std::nullopt;
+  return it->second;
+}
+
+void Table::announce(int rank, const Descriptor& d, std::chrono::steady_clock::time_point now, Decision& decision) {
+  auto [it, fresh] = pending_.try_emplace(d.name);
+  Entry& e = it->second;
+  if (fresh) {
+    e.order = next_order_++;
+    e.ranks.resize(static_cast<std::size_t>(size_));
+    e.since = now;
+  }
+  auto& slot = e.ranks[static_cast<std::size_t>(rank)];
+  if (slot) {
+    // Only a tensor that already failed can be announced twice by one rank (it was enqueued again
+    // after its failure); it fails again.
+    if (!e.failure)
+      throw Error(ErrorCode::system, "engine: rank " + std::to_string(rank) + " announced '" + d.name + "' twice");
+    decision.failed.push_back(*e.failure);
+    return;
+  }
+  slot = d;
+  ++e.announced;
+  // A rank that announces a tensor that already failed (it expired) learns of it in this cycle.
+  if (e.failure) decision.failed.push_back(*e.failure);
+}
+
+std::optional<Decision::Failure> Table::disagreement(const std::string& name, const Entry& e) const {
+  // Ranks grouped by what they enqueued, in rank order; one group when they agree.
+  std::vector<std::pair<const Descriptor*, std::vector<int>>> shapes;
+  for (int r = 0; r < size_; ++r) {
+    const Descriptor& d = *e.ranks[static_cast<std::size_t>(r)];
+    auto s = std::find_if(shapes.begin(), shapes.end(), [&](const auto& g) { return g.first->same_shape(d); });
+    if (s == shapes.end())
+      shapes.push_back({&d, {r}});
+    else
+      s->second.push_back(r);
+  }
+  if (shapes.size() == 1) return std::nullopt;
+  std::string message = "engine: mismatched tensor '" + name + "': ";
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    message += (i ? "; " : "") + rank_list(shapes[i].second) + " enqueued " + shapes[i].first->shape();
+  return Decision::Failure{name, ErrorCode::mismatch, message};
+}
+
+Decision Table::apply(const std::vector<Message>& messages, std::chrono::steady_clock::time_point now) {
+  if (messages.size() != static_cast<std::size_t>(size_))
+    throw Error(ErrorCode::system, "engine: expected one negotiation message per rank");
+  Decision decision;
+  bool all_shutting = true;
+  for (int r = 0; r < size_; ++r) {
+    const Message& m = messages[static_cast<std::size_t>(r)];
+    all_shutting = all_shutting && m.shutting_down;
+    if (m.aborting) decision.aborted_by.push_back(r);
+    for (auto slot : m.cached) {
+      if (slot >= cache_.size()) throw Error(ErrorCode::system, "engine: a negotiation message names an unknown slot");
+      announce(r, cache_[slot], now, decision);
+    }
+    for (const auto& d : m.described) announce(r, d, now, decision);
+  }
+  // Rank 0's verdicts on stalled tensors: the tensor fails on every rank that enqueued it.
+  for (const auto& name : messages[0].expired) {
+    auto it = pending_.find(name);
+    if (it == pending_.end() || it->second.failure) continue;
+    std::vector<int> enqueued, missing;
+    for (int r = 0; r < size_; ++r) (it->second.ranks[static_cast<std::size_t>(r)] ? enqueued : missing).push_back(r);
+    it->second.failure =
+        Decision::Failure{name, ErrorCode::timeout,
+                          "engine: tensor '" + name + "' was enqueued by " + rank_list(enqueued) + " but never by " +
+                              rank_list(missing) + " within the stall limit (TUTTI_STALL_SHUTDOWN_S)"};
+    decision.failed.push_back(*it->second.failure);
+  }
+  // Tensors every rank has announced: ready (in order of first announcement) or done failing.
+  std::vector<std::pair<std::uint64_t, Descriptor>> ready;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    Entry& e = it->second;
+    if (e.announced < size_) {
+      ++it;
+      continue;
+    }
+    if (!e.failure) {
+      if (auto mismatch = disagreement(it->first, e))
+        decision.failed.push_back(std::move(*mismatch));
+      else
+        ready.emplace_back(e.order, *e.ranks[0]);
+    }
+    it = pending_.erase(it);
+  }
+  std::sort(ready.begin(), ready.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [order, d] : ready) {
+    const auto slot = cache_slot_.find(d.name);
+    if (slot != cache_slot_.end()) {
+      cache_[slot->second] = d;  // the same name, reshaped on every rank alike
+    } else if (cache_.size() < cache_capacity_) {
+      cache_slot_.emplace(d.name, static_cast<std::uint32_t>(cache_.size()));
+      cache_.push_back(d);
+    }
+    decision.ready.push_back(std::move(d));
+  }
+  decision.shutdown = all_shutting;
+  return decision;
+}
+
+std::vector<Waiting> Table::waiting() const {
+  std::vector<Waiting> out;
+  for (const auto& [name, e] : pending_) {
+    if (e.announced == size_ || e.failure) continue;
+    Waiting w{name, {}, {}, e.since};
+    for (int r = 0; r < size_; ++r) (e.ranks[static_cast<std::size_t>(r)] ? w.enqueued : w.missing).push_back(r);
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+}  // namespace tutti::engine_detail

@@ -1,0 +1,49 @@
+// The engine's timeline: a Chrome-trace file (JSON array of trace events) that Perfetto and
+// chrome://tracing open. One process per rank; one lane per tensor name with its phases
+// (NEGOTIATE, QUEUE, MEMCPY_IN_FUSION_BUFFER, ALLREDUCE, MEMCPY_OUT_FUSION_BUFFER), and a lane
+// "step" with the phases the framework reports (FORWARD, BACKWARD, OPTIMIZER). Events are
+// appended as they happen and flushed as they accumulate, so a run that dies leaves a file
+// the viewers still read (they accept an array without its closing bracket).
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+namespace tutti::engine_detail {
+
+class Timeline {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// Opens `path` for writing; throws Error(invalid_argument) naming the path when it cannot.
+  Timeline(const std::string& path, int rank);
+  ~Timeline();
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+
+  /// A complete event on the lane of `lane` (a tensor name, or "step"). `args` is a JSON object
+  /// body without braces (e.g. "\"bytes\": 64"), or empty.
+  void event(std::string_view lane, std::string_view name, Clock::time_point start, Clock::time_point end,
+             std::string_view args = {});
+  const std::string& path() const { return path_; }
+
+ private:
+  int lane_id(std::string_view lane);   // under mutex_
+  void write(const std::string& text);  // under mutex_
+
+  std::string path_;
+  int rank_;
+  std::FILE* file_ = nullptr;
+  std::mutex mutex_;
+  std::unordered_map<std::string, int> lanes_;
+  bool first_ = true;
+};
+
+/// `text` as a JSON string literal (with quotes).
+std::string json_string(std::string_view text);
+
+}  // namespace tutti::engine_detail
