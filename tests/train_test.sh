@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# tutti-train end to end on 2 processes: a short run converges and ends with identical parameters
+# on both ranks and a valid timeline; the same without overlap; a bad flag (exit 2); a missing
+# and a damaged data set (exit 1, naming the path). Every run is bounded by `timeout`.
+#
+#   train_test.sh PATH/TO/tutti-run PATH/TO/tutti-train [DATA_DIR]
+# Exits 77 (skipped) when the Fashion-MNIST files are not installed.
+set -u
+run=$1
+train=$2
+data=${3:-/usr/share/datasets/fashion-mnist}
+passed=0
+failed=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+if [[ ! -f $data/train-images-idx3-ubyte.gz ]]; then
+  echo "skipped: no Fashion-MNIST in $data (install dataset-fashion-mnist)"
+  exit 77
+fi
+
+ok() { echo "ok   $1"; passed=$((passed + 1)); }
+fail() {
+  echo "FAIL $1: $2"
+  for f in "$tmp/out" "$tmp/err"; do [[ -s $f ]] && sed 's/^/    | /' "$f"; done
+  failed=$((failed + 1))
+}
+# Runs tutti-train under tutti-run; output in $tmp/out and $tmp/err, status in $status.
+train_run() {
+  local ranks=$1
+  shift
+  timeout -s KILL 300 "$run" -n "$ranks" "$train" "$@" >"$tmp/out" 2>"$tmp/err"
+  status=$?
+}
+quick=(--epochs 2 --train-samples 512 --test-samples 256 --batch-size 32 --lr 0.05 --data "$data")
+# The value after `word` on rank 0's epoch-N line.
+epoch_field() { awk -v n="$1" -v w="$2" '$1 == "[0]" && $2 == "epoch" && $3 ~ "^" n "/" {
+  for (i = 1; i < NF; i++) if ($i == w) { v = $(i + 1); sub(/%$/, "", v); print v } }' "$tmp/out"; }
+
+# Status 0, one epoch line per epoch, the loss falls, parameters identical, summary line.
+check_training() {
+  local name=$1
+  [[ $status -eq 0 ]] || { fail "$name" "exit status $status"; return 1; }
+  grep -q '^\[0\] tutti-train: parameters identical on all 2 ranks (checksum 0x[0-9a-f]\{16\})$' "$tmp/out" ||
+    { fail "$name" "no 'parameters identical' line"; return 1; }
+  local loss1 loss2
+  loss1=$(epoch_field 1 loss)
+  loss2=$(epoch_field 2 loss)
+  [[ -n $loss1 && -n $loss2 ]] || { fail "$name" "no epoch lines with a loss"; return 1; }
+  awk -v a="$loss1" -v b="$loss2" 'BEGIN { exit !(b < a) }' ||
+    { fail "$name" "the loss did not fall: epoch 1 $loss1, epoch 2 $loss2"; return 1; }
+  grep -q '^\[0\] tutti-train: summary step_ms=[0-9.]* samples_per_s=[0-9]* hidden=[0-9.]* test_acc=[0-9.]* loss=[0-9.]*$' \
+    "$tmp/out" || { fail "$name" "no summary line"; return 1; }
+  [[ $(grep -c 'tutti-train: summary' "$tmp/out") -eq 1 ]] || { fail "$name" "the summary is not printed once"; return 1; }
+  return 0
+}
+
+case_overlap() {
+  train_run 2 "${quick[@]}" --timeline "$tmp/tl.json"
+  check_training overlap || return
+  [[ -s $tmp/tl.json ]] || { fail overlap "no timeline file"; return; }
+  local missing
+  missing=$(/usr/bin/python3 -c '
+import json, sys
+events = json.load(open(sys.argv[1]))
+events = events["traceEvents"] if isinstance(events, dict) else events
+names = {e.get("name") for e in events}
+print(" ".join(n for n in ("BACKWARD", "ALLREDUCE", "NEGOTIATE") if n not in names))' "$tmp/tl.json" 2>&1) ||
+    { fail overlap "the timeline is not valid JSON: $missing"; return; }
+  [[ -z $missing ]] || { fail overlap "the timeline has no $missing events"; return; }
+  ok overlap
+}
+
+case_no_overlap() {
+  train_run 2 "${quick[@]}" --no-overlap
+  check_training no-overlap || return
+  grep -q '^\[0\] tutti-train: p=2 .* overlap=off ' "$tmp/out" || { fail no-overlap "header does not say overlap=off"; return; }
+  # Gradients are enqueued only after backward: nothing can be hidden behind it.
+  local hidden
+  hidden=$(epoch_field 2 hidden)
+  awk -v h="$hidden" 'BEGIN { exit !(h != "" && h <= 5) }' || { fail no-overlap "hidden $hidden%, expected about 0"; return; }
+  ok no-overlap
+}
+
+case_bad_flag() {
+  train_run 2 --no-such-flag
+  [[ $status -eq 2 ]] || { fail bad-flag "exit status $status, expected 2"; return; }
+  grep -q 'unknown argument --no-such-flag' "$tmp/err" || { fail bad-flag "no message naming the flag"; return; }
+  train_run 1 --epochs zero
+  [[ $status -eq 2 ]] || { fail bad-flag "--epochs zero: exit status $status, expected 2"; return; }
+  ok bad-flag
+}
+
+case_missing_data() {
+  train_run 2 --data /nonexistent
+  [[ $status -eq 1 ]] || { fail missing-data "exit status $status, expected 1"; return; }
+  grep -q 'tutti-train: error: /nonexistent' "$tmp/err" || { fail missing-data "no error naming /nonexistent"; return; }
+  ok missing-data
+}
+
+case_damaged_data() {
+  local bad=$tmp/damaged
+  mkdir -p "$bad"
+  cp "$data"/t10k-* "$bad"/
+  # A training image file cut in the middle of its compressed stream.
+  head -c 100000 "$data/train-images-idx3-ubyte.gz" >"$bad/train-images-idx3-ubyte.gz"
+  cp "$data/train-labels-idx1-ubyte.gz" "$bad"/
+  train_run 2 --data "$bad"
+  [[ $status -eq 1 ]] || { fail damaged-data "exit status $status, expected 1"; return; }
+  grep -q "tutti-train: error: $bad/train-images-idx3-ubyte.gz: " "$tmp/err" ||
+    { fail damaged-data "no error naming the damaged file"; return; }
+  # Labels that do not match the images.
+  cp "$data/train-images-idx3-ubyte.gz" "$bad"/
+  cp "$data/t10k-labels-idx1-ubyte.gz" "$bad/train-labels-idx1-ubyte.gz"
+  train_run 1 --data "$bad"
+  if [[ $status -ne 1 ]] || ! grep -q "train-labels-idx1-ubyte.gz: 10000 labels for 60000 images" "$tmp/err"; then
+    fail damaged-data "labels of the wrong count: status $status"
+    return
+  fi
+  ok damaged-data
+}
+
+case_overlap
+case_no_overlap
+case_bad_flag
+case_missing_data
+case_damaged_data
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]

@@ -1,0 +1,122 @@
+// tutti-train: data-parallel training of a small CNN on Fashion-MNIST over Tutti's engine.
+//
+//   tutti-run -n 2 tutti-train [--epochs N] [--batch-size B] [--no-overlap] [--timeline FILE] …
+//
+// Rank 0 prints a header, one line per epoch (loss, test accuracy, throughput, allreduce volume
+// and how much of it backward hid) and a summary line; at the end every rank checks that the
+// parameters are bit-identical on all ranks. Exit status: 0, 1 on error (or differing parameters,
+// or a NaN loss), 2 for a bad command line.
+#include <torch/torch.h>
+
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "settings.hpp"
+#include "trainer.hpp"
+#include "tutti/tutti.hpp"
+
+namespace {
+
+using tutti::train::EpochResult;
+using tutti::train::Settings;
+
+// c10::Error's what() carries a C++ backtrace; the message alone is enough here.
+const char* message_of(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
+  return e.what();
+}
+
+void print_epoch(int epoch, const Settings& s, const EpochResult& r) {
+  const double hidden = r.overlap.allreduce_seconds > 0 ? r.overlap.hidden_seconds / r.overlap.allreduce_seconds : 0;
+  std::printf(
+      "epoch %d/%d  loss %.4f  test-acc %.2f%%  samples/s %.0f  step %.2f ms  allreduce %.1f MB in %.3f s  "
+      "hidden %.1f%%\n",
+      epoch, s.epochs, r.train_loss, 100 * r.test_accuracy, r.samples_per_second, 1e3 * r.step_seconds,
+      static_cast<double>(r.overlap.bytes) / 1e6, r.overlap.allreduce_seconds, 100 * hidden);
+  std::fflush(stdout);
+}
+
+// Every rank hashes its parameters; all ranks compare the hashes with rank 0's. True if equal.
+bool parameters_identical(tutti::Communicator& comm, const tutti::train::Trainer& trainer) {
+  const std::uint64_t mine = trainer.parameter_checksum();
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.size()));
+  comm.allgather(&mine, all.data(), 1, tutti::DataType::u64);
+  std::string differing;
+  for (std::size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
+  if (!differing.empty()) {
+    std::fprintf(stderr, "tutti-train: error: the parameters of rank(s) %s differ from rank 0's after training\n",
+                 differing.c_str());
+    return false;
+  }
+  if (comm.rank() == 0)
+    std::printf("tutti-train: parameters identical on all %d ranks (checksum 0x%016llx)\n", comm.size(),
+                static_cast<unsigned long long>(all[0]));
+  return true;
+}
+
+int train(tutti::Communicator& comm, const Settings& s) {
+  ::torch::set_num_threads(s.threads);
+  const tutti::train::Data data = tutti::train::load_data(s);
+  tutti::train::Trainer trainer(comm, s, data);
+  const bool root = comm.rank() == 0;
+  if (root) {
+    std::printf("tutti-train: p=%d batch=%lld/rank lr=%g threads=%d overlap=%s fusion=%zu params=%lld data=%s\n",
+                comm.size(), static_cast<long long>(s.batch_size), s.lr, s.threads, s.overlap ? "on" : "off",
+                trainer.fusion_threshold(), static_cast<long long>(trainer.parameter_count()), s.data.c_str());
+    std::fflush(stdout);
+  }
+  EpochResult last;
+  try {
+    for (int epoch = 1; epoch <= s.epochs; ++epoch) {
+      last = trainer.run_epoch(epoch);
+      if (std::isnan(last.train_loss)) {
+        std::fprintf(stderr, "tutti-train: error: the training loss is NaN in epoch %d (try a smaller --lr)\n", epoch);
+        return 1;
+      }
+      if (root) print_epoch(epoch, s, last);
+    }
+  } catch (const std::exception& e) {
+    // Leave at once: the engine's shutdown is collective, and the other ranks may never join it.
+    std::fprintf(stderr, "tutti-train: error: %s\n", message_of(e));
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
+  if (!parameters_identical(comm, trainer)) return 1;
+  if (root) {
+    const double hidden =
+        last.overlap.allreduce_seconds > 0 ? last.overlap.hidden_seconds / last.overlap.allreduce_seconds : 0;
+    std::printf("tutti-train: summary step_ms=%.2f samples_per_s=%.0f hidden=%.3f test_acc=%.4f loss=%.4f\n",
+                1e3 * last.step_seconds, last.samples_per_second, hidden, last.test_accuracy, last.train_loss);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings settings;
+  try {
+    settings = tutti::train::parse_settings(argc, argv);
+  } catch (const tutti::train::UsageError& e) {
+    std::fprintf(stderr, "tutti-train: %s (see --help)\n", e.what());
+    return 2;
+  }
+  if (settings.help) {
+    std::fputs(tutti::train::usage().c_str(), stdout);
+    return 0;
+  }
+  try {
+    tutti::Communicator comm = tutti::init();
+    return train(comm, settings);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tutti-train: error: %s\n", message_of(e));
+  }
+  return 1;
+}

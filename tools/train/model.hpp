@@ -1,0 +1,54 @@
+// tutti-train's network and input normalization.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace tutti::train {
+
+/// Conv(1→16, 3x3, pad 1) → ReLU → MaxPool 2 → Conv(16→32, 3x3, pad 1) → ReLU → MaxPool 2 →
+/// flatten (32·7·7 = 1568) → Linear(1568→128) → ReLU → Linear(128→10). Returns logits.
+struct NetImpl : ::torch::nn::Module {
+  NetImpl()
+      : conv1(register_module("conv1", ::torch::nn::Conv2d(::torch::nn::Conv2dOptions(1, 16, 3).padding(1)))),
+        conv2(register_module("conv2", ::torch::nn::Conv2d(::torch::nn::Conv2dOptions(16, 32, 3).padding(1)))),
+        fc1(register_module("fc1", ::torch::nn::Linear(32 * 7 * 7, 128))),
+        fc2(register_module("fc2", ::torch::nn::Linear(128, 10))) {}
+
+  /// x: [N, 1, 28, 28], normalized (see normalize_images).
+  ::torch::Tensor forward(::torch::Tensor x) {
+    x = ::torch::max_pool2d(::torch::relu(conv1->forward(x)), 2);
+    x = ::torch::max_pool2d(::torch::relu(conv2->forward(x)), 2);
+    x = x.flatten(1);
+    return fc2->forward(::torch::relu(fc1->forward(x)));
+  }
+
+  ::torch::nn::Conv2d conv1;
+  ::torch::nn::Conv2d conv2;
+  ::torch::nn::Linear fc1;
+  ::torch::nn::Linear fc2;
+};
+// What TORCH_MODULE(Net) declares, spelled out: the macro names `torch::nn`, which inside
+// namespace tutti means tutti::torch once <tutti/torch.hpp> is included.
+class Net : public ::torch::nn::ModuleHolder<NetImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<NetImpl>::ModuleHolder;
+};
+
+/// Fashion-MNIST's pixel statistics (of x/255 over the training set).
+inline constexpr double pixel_mean = 0.2860;
+inline constexpr double pixel_std = 0.3530;
+
+/// Bytes [N, 28, 28] (0..255) → float [N, 1, 28, 28], (x/255 − mean) / std.
+inline ::torch::Tensor normalize_images(const ::torch::Tensor& bytes) {
+  return ((bytes.to(::torch::kFloat32) / 255.0 - pixel_mean) / pixel_std).unsqueeze(1).contiguous();
+}
+
+/// The training loss: cross entropy of the logits (mean over the batch, or `reduction`).
+inline ::torch::Tensor loss_of(
+    const ::torch::Tensor& logits, const ::torch::Tensor& labels,
+    ::torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction = ::torch::kMean) {
+  return ::torch::nn::functional::cross_entropy(
+      logits, labels, ::torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
+}
+
+}  // namespace tutti::train
