@@ -347,7 +347,7 @@ struct DistributedOptions {
 struct OverlapStats {
   double allreduce_seconds = 0;  ///< inside the engine's allreduce calls
   double hidden_seconds = 0;     ///< of those, before backward ended (overlapped with compute)
-  double wait_seconds = 0;       ///< step() blocked waiting for the allreduces
+  double wait_seconds = 0;       ///< step(), from the end of backward until the gradients were reduced
   std::uint64_t bytes = 0;       ///< bytes the allreduces reduced
   std::uint64_t steps = 0;       ///< optimizer steps taken
 };
@@ -521,7 +521,6 @@ class DistributedOptimizer {
         if (!p.enqueued) enqueue(p);
     }
     engine_.flush();
-    const auto wait_start = std::chrono::steady_clock::now();
     std::exception_ptr failure;
     {
       std::lock_guard lock(mutex_);
@@ -540,7 +539,8 @@ class DistributedOptimizer {
       }
     }
     const auto wait_end = std::chrono::steady_clock::now();
-    account(backward_end, std::chrono::duration<double>(wait_end - wait_start).count());
+    // From the end of backward: the enqueues above may already have started allreduces.
+    account(backward_end, std::chrono::duration<double>(wait_end - backward_end).count());
     if (failure) std::rethrow_exception(failure);
   }
 

@@ -56,9 +56,14 @@ void Handle::wait() {
     std::unique_lock lock(state_->mutex);
     if (!state_->done) {
       lock.unlock();
-      if (auto bell = state_->doorbell.lock()) bell->ring();  // negotiate now rather than at the next cycle
+      auto bell = state_->doorbell.lock();
+      if (bell) {
+        ++bell->waiters;
+        bell->ring();  // negotiate now rather than at the next cycle
+      }
       lock.lock();
       state_->cv.wait(lock, [&] { return state_->done; });
+      if (bell) --bell->waiters;
     }
   }
   if (state_->error) std::rethrow_exception(state_->error);
@@ -73,9 +78,15 @@ bool Handle::test() {
 
 bool Handle::wait_for(std::chrono::milliseconds duration) {
   if (!state_) return true;
-  if (auto bell = state_->doorbell.lock()) bell->ring();
+  auto bell = state_->doorbell.lock();
+  if (bell) {
+    ++bell->waiters;
+    bell->ring();
+  }
   std::unique_lock lock(state_->mutex);
-  if (!state_->cv.wait_for(lock, duration, [&] { return state_->done; })) return false;
+  const bool done = state_->cv.wait_for(lock, duration, [&] { return state_->done; });
+  if (bell) --bell->waiters;
+  if (!done) return false;
   if (state_->error) std::rethrow_exception(state_->error);
   return true;
 }

@@ -115,9 +115,17 @@ void EngineCore::run() {
   auto next = Clock::now() + options_.cycle_time;
   try {
     for (;;) {
-      {
+      // While a caller here waits, negotiate again at once: this rank then sits in the next
+      // negotiation when the ranks still computing arrive, rather than in its sleep, which they
+      // would have to wait out. The negotiation's own wait sleeps, so this costs no core. When
+      // every rank waits and nothing moves (a stall), only an enqueue or the clock can help.
+      const bool eager = doorbell_->waiters.load() > 0 && !idle_wait_;
+      if (!eager) {
         std::unique_lock lock(doorbell_->mutex);
         doorbell_->cv.wait_until(lock, next, [&] { return doorbell_->rung; });
+      }
+      {
+        std::lock_guard lock(doorbell_->mutex);
         doorbell_->rung = false;
       }
       next = Clock::now() + options_.cycle_time;
@@ -137,6 +145,7 @@ bool EngineCore::cycle() {
     mine.shutting_down = shutting_down_;
     mine.aborting = aborting_;
   }
+  mine.waiting = doorbell_->waiters.load() > 0;
   for (auto& t : fresh) {
     if (const auto slot = table_.cached_slot(t->descriptor))
       mine.cached.push_back(*slot);
@@ -153,6 +162,7 @@ bool EngineCore::cycle() {
   const auto start = Clock::now();
   const auto messages = exchange(mine);
   const Decision decision = table_.apply(messages, start);
+  idle_wait_ = decision.all_waiting && !decision.progress;
   const auto decided = Clock::now();
   {
     std::lock_guard lock(stats_mutex_);

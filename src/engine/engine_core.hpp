@@ -2,6 +2,7 @@
 // fuses and runs the collectives.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -28,6 +29,7 @@ struct Doorbell {
   std::mutex mutex;
   std::condition_variable cv;
   bool rung = false;
+  std::atomic<int> waiters{0};  // callers blocked in Handle::wait
   void ring() {
     {
       std::lock_guard lock(mutex);
@@ -112,6 +114,7 @@ class EngineCore {
   std::set<std::string> expired_;                    // rank 0: names declared expired
   std::vector<std::byte> fusion_;
   bool step_start_ = true;
+  bool idle_wait_ = false;  // the last cycle: every rank waiting, and nothing moved
 
   mutable std::mutex stats_mutex_;
   EngineStats stats_;

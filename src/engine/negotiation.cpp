@@ -81,6 +81,7 @@ class Reader {
 
 constexpr std::uint8_t kShuttingDown = 1;
 constexpr std::uint8_t kAborting = 2;
+constexpr std::uint8_t kWaiting = 4;
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string text;
@@ -92,7 +93,8 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 std::vector<std::byte> Message::encode(std::size_t cache_size) const {
   Writer w;
-  w.put(static_cast<std::uint8_t>((shutting_down ? kShuttingDown : 0) | (aborting ? kAborting : 0)));
+  w.put(static_cast<std::uint8_t>((shutting_down ? kShuttingDown : 0) | (aborting ? kAborting : 0) |
+                                  (waiting ? kWaiting : 0)));
   w.put(static_cast<std::uint32_t>(cache_size));
   std::vector<std::byte> bits((cache_size + 7) / 8);
   for (auto slot : cached) bits.at(slot / 8) |= static_cast<std::byte>(1u << (slot % 8));
@@ -117,6 +119,7 @@ Message Message::decode(std::span<const std::byte> bytes, std::size_t cache_size
   const auto flags = r.get<std::uint8_t>();
   m.shutting_down = (flags & kShuttingDown) != 0;
   m.aborting = (flags & kAborting) != 0;
+  m.waiting = (flags & kWaiting) != 0;
   if (r.get<std::uint32_t>() != cache_size)
     throw Error(ErrorCode::system, "engine: the ranks' response caches disagree (a negotiation message is damaged)");
   const auto bits = r.take((cache_size + 7) / 8);
@@ -194,10 +197,13 @@ Decision Table::apply(const std::vector<Message>& messages, std::chrono::steady_
     throw Error(ErrorCode::system, "engine: expected one negotiation message per rank");
   Decision decision;
   bool all_shutting = true;
+  decision.all_waiting = true;
   for (int r = 0; r < size_; ++r) {
     const Message& m = messages[static_cast<std::size_t>(r)];
     all_shutting = all_shutting && m.shutting_down;
     if (m.aborting) decision.aborted_by.push_back(r);
+    decision.all_waiting = decision.all_waiting && m.waiting;
+    decision.progress = decision.progress || !m.cached.empty() || !m.described.empty() || !m.expired.empty();
     for (auto slot : m.cached) {
       if (slot >= cache_.size()) throw Error(ErrorCode::system, "engine: a negotiation message names an unknown slot");
       announce(r, cache_[slot], now, decision);
@@ -244,6 +250,7 @@ Decision Table::apply(const std::vector<Message>& messages, std::chrono::steady_
     decision.ready.push_back(std::move(d));
   }
   decision.shutdown = all_shutting;
+  decision.progress = decision.progress || !decision.ready.empty() || !decision.failed.empty();
   return decision;
 }
 

@@ -47,6 +47,7 @@ struct Descriptor {
 struct Message {
   bool shutting_down = false;
   bool aborting = false;              // the rank's engine is being destroyed by an error: every rank stops
+  bool waiting = false;               // a caller on this rank is blocked waiting for a tensor
   std::vector<std::uint32_t> cached;  // cache slots of names enqueued with the cached description
   std::vector<Descriptor> described;  // names enqueued that the cache does not describe
   std::vector<std::string> expired;   // rank 0 only: names that stalled past the stall limit
@@ -67,6 +68,8 @@ struct Decision {
   std::vector<Failure> failed;  // names that fail (on the ranks that enqueued them)
   bool shutdown = false;        // every rank is shutting down
   std::vector<int> aborted_by;  // ranks whose engine left on an error: every rank stops
+  bool all_waiting = false;     // a caller on every rank is blocked waiting
+  bool progress = false;        // some rank announced something, or something completed
 };
 
 /// A tensor some ranks have enqueued and some not yet, for the stall check.

@@ -1,5 +1,6 @@
 #include "trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <numeric>
 #include <random>
@@ -101,6 +102,10 @@ EpochResult Trainer::run_epoch(int epoch) {
   optimizer_->reset_overlap_stats();
   double loss_sum = 0, timed_seconds = 0, all_seconds = 0;
   std::int64_t timed_steps = 0;
+  // Per step: the time step() waited for the allreduces, and the time in allreduce calls.
+  std::vector<double> waits, reduces;
+  waits.reserve(static_cast<std::size_t>(steps_per_epoch_));
+  reduces.reserve(static_cast<std::size_t>(steps_per_epoch_));
   for (std::int64_t step = 0; step < steps_per_epoch_; ++step, ++steps_run_) {
     const auto index = ::torch::from_blob(const_cast<std::int64_t*>(shard.data()) + step * s_.batch_size,
                                           {s_.batch_size}, ::torch::kInt64);
@@ -114,8 +119,12 @@ EpochResult Trainer::run_epoch(int epoch) {
     // Gradients are summed over the passes of a window: scale for their mean.
     (s_.backward_passes > 1 ? loss / s_.backward_passes : loss).backward();
     const auto t2 = Clock::now();
+    const auto before = optimizer_->overlap_stats();
     optimizer_->step();
     const auto t3 = Clock::now();
+    const auto after = optimizer_->overlap_stats();
+    waits.push_back(after.wait_seconds - before.wait_seconds);
+    reduces.push_back(after.allreduce_seconds - before.allreduce_seconds);
     engine.record_phase("FORWARD", forward_start, t1);
     engine.record_phase("BACKWARD", t1, t2);
     loss_sum += loss.item<double>();
@@ -139,6 +148,23 @@ EpochResult Trainer::run_epoch(int epoch) {
   r.step_seconds = step_seconds;
   r.samples_per_second = static_cast<double>(comm_.size() * s_.batch_size) / step_seconds;
   r.overlap = optimizer_->overlap_stats();
+  // The job's exposed communication: in each step, the wait of the rank that waited least (it
+  // finished backward last; the others' extra wait is for it), against that rank's time in
+  // allreduce calls in the step (the others' calls also include waiting for it). See EpochResult.
+  const std::size_t n = waits.size();
+  waits.insert(waits.end(), reduces.begin(), reduces.end());
+  std::vector<double> all(waits.size() * static_cast<std::size_t>(comm_.size()));
+  comm_.allgather(waits.data(), all.data(), waits.size(), DataType::f64);
+  double exposed = 0, allreduce = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    std::size_t least = 0;  // the rank that waited least in step k
+    for (std::size_t q = 1; q < static_cast<std::size_t>(comm_.size()); ++q)
+      if (all[q * 2 * n + k] < all[least * 2 * n + k]) least = q;
+    exposed += all[least * 2 * n + k];
+    allreduce += all[least * 2 * n + n + k];
+  }
+  r.exposed_seconds = n ? exposed / static_cast<double>(n) : 0;
+  r.hidden_fraction = allreduce > 0 ? std::clamp(1.0 - exposed / allreduce, 0.0, 1.0) : 0.0;
   return r;
 }
 

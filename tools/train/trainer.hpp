@@ -31,6 +31,12 @@ struct EpochResult {
   double step_seconds = 0;             ///< this rank's mean step (forward+backward+step), warm-up excluded
   double samples_per_second = 0;       ///< global: size() * batch / step_seconds
   tutti::torch::OverlapStats overlap;  ///< this rank's, for the epoch
+  /// The job's communication that backward did not hide, per step: in each step, the wait in
+  /// step() of the rank that waited least. That rank finished backward last; the others'
+  /// longer waits are for it (skew between ranks), not for communication.
+  double exposed_seconds = 0;
+  /// 1 - exposed / the same ranks' time in allreduce calls, over the epoch, in [0, 1].
+  double hidden_fraction = 0;
 };
 
 class Trainer {
