@@ -122,6 +122,33 @@ TEST(EngineNegotiation, ExpiredNamesFailWithTheMissingRanks) {
       << d.failed[0].message;
 }
 
+TEST(EngineNegotiation, WaitingAndLeavingRanksAreCounted) {
+  // What an engine reads to ring for a round at once when it enqueues: how many ranks wait (a
+  // rank shutting down sends waiting too). A tensor a leaving rank never announced fails at once.
+  Table table(3);
+  std::vector<Message> m(3);
+  m[0].waiting = true;
+  m[0].described = {allreduce("w", 1)};
+  m[2].waiting = m[2].shutting_down = true;
+  const auto d = table.apply(m, Clock::now());
+  EXPECT_EQ(d.waiting_ranks, 2);
+  EXPECT_FALSE(d.all_waiting);
+  EXPECT_FALSE(d.shutdown);
+  ASSERT_EQ(d.failed.size(), 1u);
+  EXPECT_EQ(d.failed[0].code, ErrorCode::aborted);
+  EXPECT_EQ(d.failed[0].message,
+            "engine: tensor 'w' can never complete: rank 2 destroyed the engine without enqueuing it");
+  // Rank 1, announcing it later, learns the failure too; nothing is ready.
+  std::vector<Message> later(3);
+  later[1].described = {allreduce("w", 1)};
+  later[2].shutting_down = true;
+  const auto d2 = table.apply(later, Clock::now());
+  EXPECT_TRUE(d2.ready.empty());
+  ASSERT_EQ(d2.failed.size(), 1u);
+  EXPECT_EQ(d2.failed[0].name, "w");
+  EXPECT_EQ(d2.waiting_ranks, 0);
+}
+
 // ---- the engine, ranks as threads ----------------------------------------------------------------
 
 EngineOptions quiet(std::chrono::microseconds cycle = std::chrono::microseconds(1000)) {
@@ -377,6 +404,28 @@ TEST(Engine, PendingTensorsFailWhenTheEngineIsDestroyed) {
     }
   });
   EXPECT_EQ(failures, "");
+}
+
+TEST(Engine, ATensorARankLeftWithoutFailsAtOnceAndNoDestructorWaitsForTheCycle) {
+  // Rank 1 destroys its engine without enqueuing "left-behind": rank 0's tensor can never
+  // complete and fails with the rank named. With a 600 s cycle, both this and the collective
+  // destruction must come from the doorbells alone.
+  const auto start = Clock::now();
+  const auto failures = run_ranks(2, [&](Communicator& comm) {
+    std::vector<float> x(2, 1.f);  // outlives the engine
+    Engine engine(comm, quiet(std::chrono::seconds(600)));
+    if (comm.rank() == 1) return;
+    try {
+      engine.enqueue_allreduce("left-behind", x.data(), 2, DataType::f32, ReduceOp::sum).wait();
+      ADD_FAILURE() << "completed without rank 1";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::aborted);
+      EXPECT_EQ(std::string(e.what()),
+                "engine: tensor 'left-behind' can never complete: rank 1 destroyed the engine without enqueuing it");
+    }
+  });
+  EXPECT_EQ(failures, "");
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(300)) << "waited for the cycle";
 }
 
 TEST(Engine, AnEngineDestroyedByAnErrorStopsEveryRank) {

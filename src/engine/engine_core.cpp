@@ -108,6 +108,7 @@ Handle EngineCore::enqueue(Descriptor d, const void* send, void* recv) {
     t->descriptor = std::move(d);
     inbox_.push_back(t);
   }
+  if (peer_waiting_.load(std::memory_order_relaxed)) doorbell_->ring();
   return Handle(t);
 }
 
@@ -119,7 +120,14 @@ void EngineCore::run() {
       // negotiation when the ranks still computing arrive, rather than in its sleep, which they
       // would have to wait out. The negotiation's own wait sleeps, so this costs no core. When
       // every rank waits and nothing moves (a stall), only an enqueue or the clock can help.
-      const bool eager = doorbell_->waiters.load() > 0 && !idle_wait_;
+      // A rank shutting down always negotiates at once: the others' destructors, which ring only
+      // their own engines, must find it there rather than wait out its cycle.
+      bool leaving = false;
+      {
+        std::lock_guard lock(mutex_);
+        leaving = shutting_down_;
+      }
+      const bool eager = (doorbell_->waiters.load() > 0 && !idle_wait_) || leaving;
       if (!eager) {
         std::unique_lock lock(doorbell_->mutex);
         doorbell_->cv.wait_until(lock, next, [&] { return doorbell_->rung; });
@@ -145,7 +153,8 @@ bool EngineCore::cycle() {
     mine.shutting_down = shutting_down_;
     mine.aborting = aborting_;
   }
-  mine.waiting = doorbell_->waiters.load() > 0;
+  // A rank shutting down waits too: for the others to shut down.
+  mine.waiting = doorbell_->waiters.load() > 0 || mine.shutting_down;
   for (auto& t : fresh) {
     if (const auto slot = table_.cached_slot(t->descriptor))
       mine.cached.push_back(*slot);
@@ -163,6 +172,7 @@ bool EngineCore::cycle() {
   const auto messages = exchange(mine);
   const Decision decision = table_.apply(messages, start);
   idle_wait_ = decision.all_waiting && !decision.progress;
+  peer_waiting_.store(decision.waiting_ranks > (mine.waiting ? 1 : 0), std::memory_order_relaxed);
   const auto decided = Clock::now();
   {
     std::lock_guard lock(stats_mutex_);
@@ -176,7 +186,7 @@ bool EngineCore::cycle() {
                                       " destroyed the engine while handling an error; every rank's engine stopped")));
     return false;
   }
-  check_stalls(decided, mine);
+  check_stalls(decided);
   execute(decision, decided);
   if (decision.shutdown) {
     fail_everything(std::make_exception_ptr(Error(ErrorCode::aborted, "engine: the engine was destroyed")));
@@ -225,7 +235,7 @@ std::vector<Message> EngineCore::exchange(const Message& mine) {
   return messages;
 }
 
-void EngineCore::check_stalls(Clock::time_point now, Message& /*next*/) {
+void EngineCore::check_stalls(Clock::time_point now) {
   if (options_.stall_warning.count() <= 0) return;
   std::map<std::string, Clock::time_point> still;
   for (const auto& w : table_.waiting()) {

@@ -85,7 +85,7 @@ class EngineCore {
   void run();
   bool cycle();
   std::vector<Message> exchange(const Message& mine);
-  void check_stalls(Clock::time_point now, Message& next);
+  void check_stalls(Clock::time_point now);
   void execute(const Decision& decision, Clock::time_point decided);
   std::vector<Job> plan(const std::vector<std::shared_ptr<TensorState>>& ready);
   void run_job(Job& job);
@@ -115,6 +115,9 @@ class EngineCore {
   std::vector<std::byte> fusion_;
   bool step_start_ = true;
   bool idle_wait_ = false;  // the last cycle: every rank waiting, and nothing moved
+  // The last cycle: a caller on another rank was blocked waiting. That rank negotiates again at
+  // once (see run()), so an enqueue here rings for a round now rather than at the next cycle.
+  std::atomic<bool> peer_waiting_{false};
 
   mutable std::mutex stats_mutex_;
   EngineStats stats_;

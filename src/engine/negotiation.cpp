@@ -203,6 +203,7 @@ Decision Table::apply(const std::vector<Message>& messages, std::chrono::steady_
     all_shutting = all_shutting && m.shutting_down;
     if (m.aborting) decision.aborted_by.push_back(r);
     decision.all_waiting = decision.all_waiting && m.waiting;
+    decision.waiting_ranks += m.waiting ? 1 : 0;
     decision.progress = decision.progress || !m.cached.empty() || !m.described.empty() || !m.expired.empty();
     for (auto slot : m.cached) {
       if (slot >= cache_.size()) throw Error(ErrorCode::system, "engine: a negotiation message names an unknown slot");
@@ -221,6 +222,23 @@ Decision Table::apply(const std::vector<Message>& messages, std::chrono::steady_
                           "engine: tensor '" + name + "' was enqueued by " + rank_list(enqueued) + " but never by " +
                               rank_list(missing) + " within the stall limit (TUTTI_STALL_SHUTDOWN_S)"};
     decision.failed.push_back(*it->second.failure);
+  }
+  // A rank shutting down will never announce again: what it has not announced can never run.
+  std::vector<int> leaving;
+  for (int r = 0; r < size_; ++r)
+    if (messages[static_cast<std::size_t>(r)].shutting_down) leaving.push_back(r);
+  if (!leaving.empty() && !all_shutting) {
+    for (auto& [name, e] : pending_) {
+      if (e.announced == size_ || e.failure) continue;
+      std::vector<int> gone;
+      for (int r : leaving)
+        if (!e.ranks[static_cast<std::size_t>(r)]) gone.push_back(r);
+      if (gone.empty()) continue;
+      e.failure = Decision::Failure{name, ErrorCode::aborted,
+                                    "engine: tensor '" + name + "' can never complete: " + rank_list(gone) +
+                                        " destroyed the engine without enqueuing it"};
+      decision.failed.push_back(*e.failure);
+    }
   }
   // Tensors every rank has announced: ready (in order of first announcement) or done failing.
   std::vector<std::pair<std::uint64_t, Descriptor>> ready;

@@ -69,6 +69,7 @@ struct Decision {
   bool shutdown = false;        // every rank is shutting down
   std::vector<int> aborted_by;  // ranks whose engine left on an error: every rank stops
   bool all_waiting = false;     // a caller on every rank is blocked waiting
+  int waiting_ranks = 0;        // ranks on which a caller is blocked waiting
   bool progress = false;        // some rank announced something, or something completed
 };
 
