@@ -2,7 +2,7 @@
 # tutti-train beside PyTorch DDP over Gloo (tools/ddp_peer.py) on this machine, the same model and
 # flags, alternating: for each round, tutti-train under tutti-run, then ddp_peer.py. Prints a table
 # of the step times (tools/compare_ddp.py) and a last line
-#   compare: tutti step X ms, ddp step Y ms, ratio Z (median of R rounds; target <= 0.8), tutti hidden H%
+#   compare: tutti step X ms, ddp step Y ms, ratio Z (median of R rounds; target <= 0.8), tutti hidden H%, overlapped O%
 #   scripts/compare_ddp.sh [-n P] [--rounds R] [-- FLAGS...]
 # P ranks (default 2), R rounds (default 3). Common flags, passed to both: --epochs 1
 # --train-samples 12800 --test-samples 1000 --batch-size 64 --threads 1; FLAGS after -- go to both

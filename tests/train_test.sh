@@ -49,7 +49,7 @@ check_training() {
   [[ -n $loss1 && -n $loss2 ]] || { fail "$name" "no epoch lines with a loss"; return 1; }
   awk -v a="$loss1" -v b="$loss2" 'BEGIN { exit !(b < a) }' ||
     { fail "$name" "the loss did not fall: epoch 1 $loss1, epoch 2 $loss2"; return 1; }
-  grep -q '^\[0\] tutti-train: summary step_ms=[0-9.]* samples_per_s=[0-9]* hidden=[0-9.]* test_acc=[0-9.]* loss=[0-9.]*$' \
+  grep -q '^\[0\] tutti-train: summary step_ms=[0-9.]* samples_per_s=[0-9]* hidden=[0-9.]* overlapped=[0-9.]* test_acc=[0-9.]* loss=[0-9.]*$' \
     "$tmp/out" || { fail "$name" "no summary line"; return 1; }
   [[ $(grep -c 'tutti-train: summary' "$tmp/out") -eq 1 ]] || { fail "$name" "the summary is not printed once"; return 1; }
   return 0
@@ -79,6 +79,10 @@ case_no_overlap() {
   local hidden
   hidden=$(epoch_field 2 hidden)
   awk -v h="$hidden" 'BEGIN { exit !(h != "" && h <= 5) }' || { fail no-overlap "hidden $hidden%, expected about 0"; return; }
+  # Every allreduce call starts after backward ended.
+  local overlapped
+  overlapped=$(epoch_field 2 overlapped)
+  [[ $overlapped == 0.0 ]] || { fail no-overlap "overlapped $overlapped%, expected 0.0"; return; }
   ok no-overlap
 }
 

@@ -3,12 +3,12 @@
 
 Reads DIR/tutti-R.log and DIR/ddp-R.log for rounds R = 1, 2, ... (the whole output of each run)
 and takes the last summary line of each:
-  tutti-train: summary step_ms=12.34 samples_per_s=1234 hidden=0.871 test_acc=0.8531 loss=0.5123
+  tutti-train: summary step_ms=12.34 samples_per_s=1234 hidden=0.871 overlapped=0.93 test_acc=0.8531 loss=0.5123
   ddp_peer: summary step_ms=12.34 samples_per_s=1234 test_acc=0.8531 loss=0.5123
 (anywhere in a line, so a launcher's rank prefix does no harm). Prints per round the step time and
 samples/s of each, the accuracy of each and the ratio tutti/ddp of the step times, then the
 medians, then one line:
-  compare: tutti step X ms, ddp step Y ms, ratio Z (median of R rounds; target <= 0.8), tutti hidden H%
+  compare: tutti step X ms, ddp step Y ms, ratio Z (median of R rounds; target <= 0.8), tutti hidden H%, overlapped O%
 
 Usage: compare_ddp.py [--rounds R] DIR   (default: every round with a tutti log in DIR)
 """
@@ -112,7 +112,7 @@ def main(argv):
         values = [row[side][key] for row in results if key in row[side]]
         return statistics.median(values) if values else float("nan")
 
-    med_t = {k: median(1, k) for k in ("step_ms", "samples_per_s", "test_acc", "hidden")}
+    med_t = {k: median(1, k) for k in ("step_ms", "samples_per_s", "test_acc", "hidden", "overlapped")}
     med_d = {k: median(2, k) for k in ("step_ms", "samples_per_s", "test_acc")}
     for m in (med_t, med_d):
         if math.isnan(m["test_acc"]):
@@ -123,7 +123,7 @@ def main(argv):
     n = len(results)
     print(f"compare: tutti step {med_t['step_ms']:.2f} ms, ddp step {med_d['step_ms']:.2f} ms, "
           f"ratio {ratio:.3f} (median of {n} round{'s' if n != 1 else ''}; target <= {TARGET:g}), "
-          f"tutti hidden {100 * med_t['hidden']:.1f}%")
+          f"tutti hidden {100 * med_t['hidden']:.1f}%, overlapped {100 * med_t['overlapped']:.1f}%")
     return 0
 
 

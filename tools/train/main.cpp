@@ -34,10 +34,10 @@ const char* message_of(const std::exception& e) {
 void print_epoch(int epoch, const Settings& s, const EpochResult& r) {
   std::printf(
       "epoch %d/%d  loss %.4f  test-acc %.2f%%  samples/s %.0f  step %.2f ms  allreduce %.1f MB in %.3f s  "
-      "exposed %.3f ms/step  hidden %.1f%%\n",
+      "overlapped %.1f%%  exposed %.3f ms/step  hidden %.1f%%\n",
       epoch, s.epochs, r.train_loss, 100 * r.test_accuracy, r.samples_per_second, 1e3 * r.step_seconds,
-      static_cast<double>(r.overlap.bytes) / 1e6, r.overlap.allreduce_seconds, 1e3 * r.exposed_seconds,
-      100 * r.hidden_fraction);
+      static_cast<double>(r.overlap.bytes) / 1e6, r.overlap.allreduce_seconds, 100 * r.overlapped_fraction,
+      1e3 * r.exposed_seconds, 100 * r.hidden_fraction);
   std::fflush(stdout);
 }
 
@@ -90,8 +90,10 @@ int train(tutti::Communicator& comm, const Settings& s) {
   if (!parameters_identical(comm, trainer)) return 1;
   if (root) {
     const double hidden = last.hidden_fraction;
-    std::printf("tutti-train: summary step_ms=%.2f samples_per_s=%.0f hidden=%.3f test_acc=%.4f loss=%.4f\n",
-                1e3 * last.step_seconds, last.samples_per_second, hidden, last.test_accuracy, last.train_loss);
+    std::printf(
+        "tutti-train: summary step_ms=%.2f samples_per_s=%.0f hidden=%.3f overlapped=%.3f test_acc=%.4f loss=%.4f\n",
+        1e3 * last.step_seconds, last.samples_per_second, hidden, last.overlapped_fraction, last.test_accuracy,
+        last.train_loss);
     std::fflush(stdout);
   }
   return 0;

@@ -138,7 +138,8 @@ EpochResult Trainer::run_epoch(int epoch) {
   const double step_seconds = timed_steps ? timed_seconds / timed_steps : all_seconds / steps_per_epoch_;
 
   std::vector<double> sums = evaluate_shard();  // correct, total, test loss sum
-  sums.push_back(loss_sum);
+  const auto overlap = optimizer_->overlap_stats();
+  sums.insert(sums.end(), {loss_sum, overlap.hidden_seconds, overlap.allreduce_seconds});
   comm_.allreduce(std::span<double>(sums), ReduceOp::sum);
 
   EpochResult r;
@@ -147,7 +148,8 @@ EpochResult Trainer::run_epoch(int epoch) {
   r.test_loss = sums[1] > 0 ? sums[2] / sums[1] : 0;
   r.step_seconds = step_seconds;
   r.samples_per_second = static_cast<double>(comm_.size() * s_.batch_size) / step_seconds;
-  r.overlap = optimizer_->overlap_stats();
+  r.overlap = overlap;
+  r.overlapped_fraction = sums[5] > 0 ? sums[4] / sums[5] : 0;
   // The job's exposed communication: in each step, the wait of the rank that waited least (it
   // finished backward last; the others' extra wait is for it), against that rank's time in
   // allreduce calls in the step (the others' calls also include waiting for it). See EpochResult.

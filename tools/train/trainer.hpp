@@ -35,8 +35,12 @@ struct EpochResult {
   /// step() of the rank that waited least. That rank finished backward last; the others'
   /// longer waits are for it (skew between ranks), not for communication.
   double exposed_seconds = 0;
-  /// 1 - exposed / the same ranks' time in allreduce calls, over the epoch, in [0, 1].
+  /// 1 - exposed / the same ranks' time in allreduce calls, over the epoch, in [0, 1]. Strict:
+  /// the exposed wait also holds what is not allreduce (the last negotiation, the wake-ups).
   double hidden_fraction = 0;
+  /// Of all ranks' time in allreduce calls, the share spent before the calling rank's backward
+  /// ended (overlapped with its compute), in [0, 1].
+  double overlapped_fraction = 0;
 };
 
 class Trainer {
