@@ -13,6 +13,8 @@ namespace {
 // the message); a longer message sends its rest in a second, allgatherv, call.
 constexpr std::size_t kSlot = 512;
 constexpr std::size_t kSlotPayload = kSlot - sizeof(std::uint32_t);
+// An engine with nothing pending on any rank negotiates every kIdleCycles cycles.
+constexpr int kIdleCycles = 10;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -97,6 +99,7 @@ Handle EngineCore::enqueue(Descriptor d, const void* send, void* recv) {
   t->recv = recv;
   t->enqueued = Clock::now();
   t->doorbell = doorbell_;
+  bool ring = false;
   {
     std::lock_guard lock(mutex_);
     if (failure_) std::rethrow_exception(failure_);
@@ -107,8 +110,10 @@ Handle EngineCore::enqueue(Descriptor d, const void* send, void* recv) {
                                                    std::to_string(rank_) + " and has not completed");
     t->descriptor = std::move(d);
     inbox_.push_back(t);
+    ring = idle_;
+    idle_ = false;
   }
-  if (peer_waiting_.load(std::memory_order_relaxed)) doorbell_->ring();
+  if (ring || peer_waiting_.load(std::memory_order_relaxed)) doorbell_->ring();
   return Handle(t);
 }
 
@@ -129,8 +134,17 @@ void EngineCore::run() {
       }
       const bool eager = (doorbell_->waiters.load() > 0 && !idle_wait_) || leaving;
       if (!eager) {
+        // With nothing pending on any rank (a forward pass, say), sleep kIdleCycles cycles: an
+        // enqueue rings for a round at once, and a peer's round waits for this rank's first
+        // enqueue anyway, or for this longer period when this rank has nothing to enqueue.
+        bool idle = false;
+        {
+          std::lock_guard lock(mutex_);
+          idle = idle_;
+        }
+        const auto until = idle ? next + options_.cycle_time * (kIdleCycles - 1) : next;
         std::unique_lock lock(doorbell_->mutex);
-        doorbell_->cv.wait_until(lock, next, [&] { return doorbell_->rung; });
+        doorbell_->cv.wait_until(lock, until, [&] { return doorbell_->rung; });
       }
       {
         std::lock_guard lock(doorbell_->mutex);
@@ -188,6 +202,10 @@ bool EngineCore::cycle() {
   }
   check_stalls(decided);
   execute(decision, decided);
+  {
+    std::lock_guard lock(mutex_);
+    idle_ = table_.idle() && inbox_.empty();
+  }
   if (decision.shutdown) {
     fail_everything(std::make_exception_ptr(Error(ErrorCode::aborted, "engine: the engine was destroyed")));
     return false;

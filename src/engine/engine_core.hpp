@@ -106,6 +106,7 @@ class EngineCore {
   std::unordered_set<std::string> names_;            // this rank's tensors not yet complete
   bool shutting_down_ = false;
   bool aborting_ = false;
+  bool idle_ = false;           // the last cycle left nothing pending on any rank, nor in inbox_
   std::exception_ptr failure_;  // set when the engine stopped on an error
 
   // The background thread's own.
