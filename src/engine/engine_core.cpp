@@ -127,21 +127,17 @@ void EngineCore::run() {
       // every rank waits and nothing moves (a stall), only an enqueue or the clock can help.
       // A rank shutting down always negotiates at once: the others' destructors, which ring only
       // their own engines, must find it there rather than wait out its cycle.
-      bool leaving = false;
+      bool leaving = false, idle = false;
       {
         std::lock_guard lock(mutex_);
         leaving = shutting_down_;
+        idle = idle_;
       }
       const bool eager = (doorbell_->waiters.load() > 0 && !idle_wait_) || leaving;
       if (!eager) {
         // With nothing pending on any rank (a forward pass, say), sleep kIdleCycles cycles: an
         // enqueue rings for a round at once, and a peer's round waits for this rank's first
         // enqueue anyway, or for this longer period when this rank has nothing to enqueue.
-        bool idle = false;
-        {
-          std::lock_guard lock(mutex_);
-          idle = idle_;
-        }
         const auto until = idle ? next + options_.cycle_time * (kIdleCycles - 1) : next;
         std::unique_lock lock(doorbell_->mutex);
         doorbell_->cv.wait_until(lock, until, [&] { return doorbell_->rung; });
