@@ -196,11 +196,11 @@ Decision Table::apply(const std::vector<Message>& messages, std::chrono::steady_
   if (messages.size() != static_cast<std::size_t>(size_))
     throw Error(ErrorCode::system, "engine: expected one negotiation message per rank");
   Decision decision;
-  bool all_shutting = true;
+  std::vector<int> leaving;  // ranks shutting down: they will never announce again
   decision.all_waiting = true;
   for (int r = 0; r < size_; ++r) {
     const Message& m = messages[static_cast<std::size_t>(r)];
-    all_shutting = all_shutting && m.shutting_down;
+    if (m.shutting_down) leaving.push_back(r);
     if (m.aborting) decision.aborted_by.push_back(r);
     decision.all_waiting = decision.all_waiting && m.waiting;
     decision.waiting_ranks += m.waiting ? 1 : 0;
@@ -223,10 +223,8 @@ Decision Table::apply(const std::vector<Message>& messages, std::chrono::steady_
                               rank_list(missing) + " within the stall limit (TUTTI_STALL_SHUTDOWN_S)"};
     decision.failed.push_back(*it->second.failure);
   }
-  // A rank shutting down will never announce again: what it has not announced can never run.
-  std::vector<int> leaving;
-  for (int r = 0; r < size_; ++r)
-    if (messages[static_cast<std::size_t>(r)].shutting_down) leaving.push_back(r);
+  // What a rank shutting down has not announced can never run.
+  const bool all_shutting = leaving.size() == static_cast<std::size_t>(size_);
   if (!leaving.empty() && !all_shutting) {
     for (auto& [name, e] : pending_) {
       if (e.announced == size_ || e.failure) continue;
