@@ -8,10 +8,13 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 
 #include "bootstrap/auth.hpp"
 #include "bootstrap/socket_io.hpp"
+#include "core/env.hpp"
+#include "core/log.hpp"
 #include "tutti/types.hpp"
 
 namespace tutti::bootstrap {
@@ -54,8 +57,16 @@ bool fail(std::string* why, const std::string& reason) {
 
 }  // namespace
 
+SessionKey derive_session_key(std::string_view token, std::string_view initiator_nonce,
+                              std::string_view acceptor_nonce) {
+  std::string message = "tutti-session-1";
+  message.append(initiator_nonce);
+  message.append(acceptor_nonce);
+  return hmac_sha256(token, message);
+}
+
 bool handshake(int fd, const std::string& token, bool initiator, std::chrono::steady_clock::time_point deadline,
-               std::string* why) {
+               std::string* why, SessionKey* session) {
   std::string reason;
   Nonce mine{};
   fill_random(mine.data(), mine.size());
@@ -84,7 +95,33 @@ bool handshake(int fd, const std::string& token, bool initiator, std::chrono::st
     return fail(why, "receiving answer: " + reason);
   if (!same_digest(peer_answer, answer_for(token, mine, peer_role)))
     return fail(why, "wrong token (the peer's answer does not match)");
+  if (session != nullptr) {
+    const std::string_view my_nonce(reinterpret_cast<const char*>(mine.data()), mine.size());
+    const std::string_view peer_nonce(reinterpret_cast<const char*>(theirs.data()), theirs.size());
+    *session =
+        initiator ? derive_session_key(token, my_nonce, peer_nonce) : derive_session_key(token, peer_nonce, my_nonce);
+  }
   return true;
+}
+
+void require_token(const std::string& token, std::string_view what, int rank) {
+  if (!token.empty()) return;
+  const auto insecure = core::env("TUTTI_INSECURE");
+  if (insecure && *insecure == "1") {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      core::log(core::LogLevel::warn, rank,
+                "TUTTI_INSECURE=1: " + std::string(what) +
+                    " runs WITHOUT authentication; anyone who can reach its ports can read and write the "
+                    "job's data and join it as a rank");
+    });
+    return;
+  }
+  throw Error(ErrorCode::invalid_argument,
+              std::string(what) +
+                  " needs a shared secret and TUTTI_TOKEN is not set: give every rank the same "
+                  "TUTTI_TOKEN (make one with `openssl rand -hex 32` or `head -c 32 /dev/urandom | xxd -p -c 64`), "
+                  "or set TUTTI_INSECURE=1 to run without authentication (tutti-run sets a token itself)");
 }
 
 std::string random_hex(std::size_t bytes) {
