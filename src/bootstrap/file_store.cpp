@@ -10,12 +10,16 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "bootstrap/auth.hpp"
 #include "bootstrap/socket_io.hpp"
 #include "bootstrap/store_backends.hpp"
+#include "core/log.hpp"
 #include "tutti/types.hpp"
 
 namespace tutti::bootstrap::detail {
@@ -108,7 +112,8 @@ class FileStore final : public Store {
     std::int64_t value = 0;
     if (const auto text = read_value(key); text && !parse_store_int(*text, &value))
       throw Error(ErrorCode::invalid_argument, "store: add: key '" + key + "' holds '" + *text + "', not an integer");
-    value += delta;
+    if (__builtin_add_overflow(value, delta, &value))
+      throw Error(ErrorCode::invalid_argument, "store: add: key '" + key + "' would overflow");
     set(key, std::to_string(value));
     return value;  // the lock is released when `lock` closes
   }
@@ -142,12 +147,43 @@ class FileStore final : public Store {
   std::string dir_;
 };
 
+// Nothing authenticates a file store's keys but the directory's permissions: whoever can write
+// there can plant or replace a key (a rank's address, a segment name) and so join or disrupt
+// the job. Said once per directory and process.
+void check_private(const std::string& dir, const struct stat& info) {
+  std::string problem;
+  if ((info.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(info.st_mode & 07777));
+    problem = std::string("has mode ") + mode + " (writable by " +
+              ((info.st_mode & S_IWOTH) != 0 ? ((info.st_mode & S_IWGRP) != 0 ? "its group and others" : "others")
+                                             : "its group") +
+              ")";
+  }
+  if (info.st_uid != ::geteuid()) {
+    if (!problem.empty()) problem += " and ";
+    problem += "is owned by uid " + std::to_string(info.st_uid) + ", not by this user (uid " +
+               std::to_string(::geteuid()) + ")";
+  }
+  if (problem.empty()) return;
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  std::lock_guard lock(mutex);
+  if (!warned.insert(dir).second) return;
+  core::log(core::LogLevel::warn, -1,
+            "TUTTI_STORE: the file store directory '" + dir + "' " + problem +
+                ": the directory's permissions are all that guards a file store, and whoever else can write "
+                "there can forge or replace the job's keys (addresses, segment names) and so join or disrupt the "
+                "job; use a directory of your own with mode 0700 (chmod go-w), as tutti-run makes");
+}
+
 }  // namespace
 
 std::unique_ptr<Store> open_file_store(const std::string& url, const std::string& dir) {
   struct stat info {};
   if (::stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode))
     throw Error(ErrorCode::invalid_argument, "TUTTI_STORE: " + url + ": '" + dir + "' is not an existing directory");
+  check_private(dir, info);
   return std::make_unique<FileStore>(url, dir);
 }
 

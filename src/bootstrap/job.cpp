@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "bootstrap/job.hpp"
+#include "bootstrap/store.hpp"
 #include "core/env.hpp"
+#include "core/log.hpp"
 #include "tutti/types.hpp"
 
 namespace tutti::bootstrap {
@@ -120,6 +122,25 @@ JobInfo detect_job() {
   if (!job.transport.empty() && job.transport != "shm" && job.transport != "tcp" && job.transport != "mpi")
     bad("TUTTI_TRANSPORT: expected shm, tcp or mpi, got '" + job.transport + "'");
   return job;
+}
+
+std::shared_ptr<StoreServer> host_store(const JobInfo& job) {
+  if (job.rank != 0 || !job.store.starts_with("tcp://")) return nullptr;
+  const auto [host, port] = tcp_store_address(job.store);
+  std::shared_ptr<StoreServer> server;
+  try {
+    server = std::make_shared<StoreServer>(host, port, job.token);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::system) throw;  // no token: the user must hear of it
+    if (core::log_enabled(core::LogLevel::info))
+      core::log(core::LogLevel::info, job.rank, std::string("not hosting the store (") + e.what() + ")");
+    return nullptr;
+  }
+  if (job.local_size < job.size && (host == "localhost" || host.starts_with("127.") || host == "::1"))
+    core::log(core::LogLevel::warn, job.rank,
+              "the store listens on " + host + " only (TUTTI_STORE=" + job.store +
+                  "), which ranks on other hosts cannot reach: name an address they can reach");
+  return server;
 }
 
 }  // namespace tutti::bootstrap

@@ -2,6 +2,7 @@
 // PMI_*) or srun's (SLURM_*).
 #pragma once
 
+#include <memory>
 #include <string>
 
 namespace tutti::bootstrap {
@@ -21,5 +22,13 @@ struct JobInfo {
 /// Reads the environment. Throws Error(invalid_argument) naming the variable when a value is
 /// malformed or inconsistent (rank ≥ size, …).
 JobInfo detect_job();
+
+class StoreServer;
+
+/// Rank 0's part of a tcp:// rendezvous: a StoreServer listening on the URL's host and port
+/// (that host only: tcp://127.0.0.1:port is reachable from this host alone), or nullptr on other
+/// ranks, for other stores, and when the port is served already (someone else hosts the store).
+/// Throws Error(invalid_argument) for a malformed URL or a missing token (see require_token).
+std::shared_ptr<StoreServer> host_store(const JobInfo& job);
 
 }  // namespace tutti::bootstrap

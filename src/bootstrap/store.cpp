@@ -1,6 +1,7 @@
 // connect_store(): picks the store implementation from the URL's scheme.
 #include <charconv>
 
+#include "bootstrap/auth.hpp"
 #include "bootstrap/store.hpp"
 #include "bootstrap/store_backends.hpp"
 #include "tutti/types.hpp"
@@ -51,6 +52,14 @@ std::pair<std::string, int> split_host_port(const std::string& url, const std::s
 
 }  // namespace
 
+std::pair<std::string, int> tcp_store_address(const std::string& url) {
+  const std::string tcp_scheme = "tcp://";
+  if (!url.starts_with(tcp_scheme)) malformed(url, "not a tcp:// URL");
+  std::string rest = url.substr(tcp_scheme.size());
+  if (!rest.empty() && rest.back() == '/') rest.pop_back();
+  return split_host_port(url, rest);
+}
+
 std::unique_ptr<Store> connect_store(const std::string& url, const std::string& token,
                                      std::chrono::milliseconds timeout) {
   const std::string file_scheme = "file://", tcp_scheme = "tcp://";
@@ -60,9 +69,8 @@ std::unique_ptr<Store> connect_store(const std::string& url, const std::string& 
     return detail::open_file_store(url, dir);
   }
   if (url.starts_with(tcp_scheme)) {
-    std::string rest = url.substr(tcp_scheme.size());
-    if (!rest.empty() && rest.back() == '/') rest.pop_back();
-    const auto [host, port] = split_host_port(url, rest);
+    const auto [host, port] = tcp_store_address(url);
+    require_token(token, "the tcp:// store (TUTTI_STORE=" + url + ")");
     return detail::connect_tcp_store(url, host, port, token, timeout);
   }
   malformed(url, "unknown scheme");

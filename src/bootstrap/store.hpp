@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace tutti::bootstrap {
 
@@ -22,13 +23,22 @@ class Store {
 };
 
 /// Connects to the store at `url` (file:// or tcp://), presenting `token` (tcp). Throws
-/// Error(invalid_argument) for a malformed URL, Error(timeout) if it cannot connect in time,
-/// Error(system) if the token is refused.
+/// Error(invalid_argument) for a malformed URL or a tcp:// store without a token (see
+/// require_token), Error(timeout) if it cannot connect and pass the handshake in time (the server
+/// is not up, or busy), Error(system) if the server proved that `token` is wrong. A file:// store
+/// needs no token; it warns when its directory is writable by others.
 std::unique_ptr<Store> connect_store(const std::string& url, const std::string& token,
                                      std::chrono::milliseconds timeout);
 
-/// A TCP store server on `host` (port 0 = any free port), serving until destroyed. Connections
-/// that fail the token handshake are refused and logged.
+/// The host (without [brackets]) and port a tcp://host:port URL names; Error(invalid_argument)
+/// naming TUTTI_STORE when it is malformed.
+std::pair<std::string, int> tcp_store_address(const std::string& url);
+
+/// A TCP store server listening on `host` only (port 0 = any free port), serving until
+/// destroyed. Throws Error(invalid_argument) without a token (see require_token), Error(system)
+/// when it cannot listen. Connections that fail the token handshake, do not finish it within 2 s
+/// or are evicted by a flood (at most 8 in handshake per source address, 256 in all) are closed,
+/// counted and logged.
 class StoreServer {
  public:
   StoreServer(const std::string& host, int port, const std::string& token);
@@ -37,7 +47,8 @@ class StoreServer {
   StoreServer& operator=(const StoreServer&) = delete;
   int port() const;
   std::string url() const;  ///< tcp://host:port
-  /// Number of connections refused for a bad token so far (for tests and logs).
+  /// Connections closed before they passed the handshake so far: a wrong token, not a Tutti
+  /// peer, too slow, or evicted by the caps (for tests and logs).
   int refused() const;
 
  private:

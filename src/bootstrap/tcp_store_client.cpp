@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "bootstrap/auth.hpp"
@@ -171,31 +172,53 @@ class TcpStore final : public Store {
 
 }  // namespace
 
+// Connects and runs the handshake, again and again until `timeout`: the server may start after
+// its clients, and a busy or flooded server closes connections before their handshake is done.
+// Only two answers end the attempts early: the server proved the token wrong (its answer to our
+// challenge does not match), or it is no Tutti store at all.
 std::unique_ptr<Store> connect_tcp_store(const std::string& url, const std::string& host, int port,
                                          const std::string& token, std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   auto pause = std::chrono::milliseconds(10);
+  std::minstd_rand jitter(static_cast<std::uint32_t>(Clock::now().time_since_epoch().count()));
   std::string why;
-  int fd = -1;
-  // The server may start a little after its clients: keep trying until the deadline.
-  while ((fd = try_connect(host, port, deadline, &why)) < 0) {
+  bool connected_once = false;
+  for (;;) {
+    const int fd = try_connect(host, port, deadline, &why);
+    if (fd >= 0) {
+      connected_once = true;
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      // At least a second for the handshake, so a connect that used up the budget is not
+      // reported as a failed handshake.
+      const HandshakeResult result =
+          run_handshake(fd, token, true, std::max(deadline, Clock::now() + std::chrono::seconds(1)));
+      if (result.passed()) return std::make_unique<TcpStore>(url, fd);
+      ::close(fd);
+      if (result.failure == HandshakeFailure::wrong_token)
+        throw Error(ErrorCode::system,
+                    "store: " + url +
+                        ": authentication failed: wrong token (the server's answer "
+                        "to our challenge does not match); every rank must use the same TUTTI_TOKEN");
+      if (result.failure == HandshakeFailure::not_a_peer)
+        throw Error(ErrorCode::system, "store: " + url +
+                                           ": authentication failed: the server is not a Tutti store "
+                                           "of this version (" +
+                                           result.why + ")");
+      why = result.failure == HandshakeFailure::deadline
+                ? "the handshake did not finish in time (" + result.why + ")"
+                : "the server closed the connection during the handshake (busy or flooded?): " + result.why;
+    }
     const auto now = Clock::now();
     if (now >= deadline)
-      throw Error(ErrorCode::timeout, "store: " + url + ": could not connect within " +
-                                          std::to_string(timeout.count()) + " ms (" + why + ")");
-    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
+      throw Error(ErrorCode::timeout, "store: " + url + ": " +
+                                          (connected_once ? "no handshake completed" : "could not connect") +
+                                          " within " + std::to_string(timeout.count()) + " ms (" + why + ")");
+    // Randomised back-off, so clients turned away together do not come back together.
+    const auto wait = pause / 2 + std::chrono::milliseconds(jitter() % (pause.count() + 1));
+    std::this_thread::sleep_for(std::min<Clock::duration>(wait, deadline - now));
     pause = std::min(pause * 2, std::chrono::milliseconds(250));
   }
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  // At least a second for the handshake, so a connect that used up the budget is not reported
-  // as a refused token.
-  if (!handshake(fd, token, true, std::max(deadline, Clock::now() + std::chrono::seconds(1)), &why)) {
-    ::close(fd);
-    throw Error(ErrorCode::system,
-                "store: " + url + ": authentication failed (" + why + "); every rank must use the same TUTTI_TOKEN");
-  }
-  return std::make_unique<TcpStore>(url, fd);
 }
 
 }  // namespace tutti::bootstrap::detail

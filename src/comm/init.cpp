@@ -36,30 +36,6 @@ std::string host_name() {
   return name;
 }
 
-// tcp://host:port → port, or -1.
-int store_port(const std::string& url) {
-  if (url.rfind("tcp://", 0) != 0) return -1;
-  const auto colon = url.rfind(':');
-  if (colon == std::string::npos || colon < 6) return -1;
-  try {
-    return std::stoi(url.substr(colon + 1));
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
-
-// Rank 0 hosts a tcp:// store when the URL names a port nobody serves yet.
-std::shared_ptr<bootstrap::StoreServer> maybe_host_store(const bootstrap::JobInfo& job) {
-  const int port = store_port(job.store);
-  if (job.rank != 0 || port <= 0) return nullptr;
-  try {
-    return std::make_shared<bootstrap::StoreServer>("0.0.0.0", port, job.token);
-  } catch (const Error& e) {
-    core::log(core::LogLevel::info, job.rank, std::string("not hosting the store (") + e.what() + ")");
-    return nullptr;
-  }
-}
-
 #ifdef TUTTI_WITH_MPI
 Communicator init_with_mpi() {
   int initialized = 0;
@@ -95,7 +71,7 @@ Communicator init() {
                     " without TUTTI_STORE; set TUTTI_STORE=file:///shared/dir or "
                     "tcp://host:port (or use tutti-run, or mpirun with an MPI-enabled build)");
   const auto timeout = core::default_timeout();
-  auto server = maybe_host_store(job);
+  auto server = bootstrap::host_store(job);  // rank 0, tcp://: listens on the URL's host only
   auto store = bootstrap::connect_store(job.store, job.token, timeout);
   const std::string prefix = "tutti/" + job.job_id + "/";
   // The real host decides the transport (shared memory works within it); the topology host
