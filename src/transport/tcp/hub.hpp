@@ -98,6 +98,9 @@ struct Peer {
   bool closed = false;    // the connection is gone (fd closed)
   bool departed = false;  // said goodbye: its end of the connection is orderly
   bool write_armed = false;
+  bool reading = false;       // the I/O thread is parsing its frames (no nested reads)
+  bool write_failed = false;  // its socket refused a write: read what it sent before it went
+  std::string write_error;
   std::deque<OutFrame> out;
   Inbound in;
   std::unique_ptr<FrameMac> send_mac, receive_mac;  // null in insecure mode
@@ -176,6 +179,7 @@ class Hub {
   // I/O thread and socket work (hub_io.cpp).
   void run();
   void read_peer_locked(int g);
+  void read_frames_locked(int g);
   bool fill_locked(int g);
   void flush_locked(int g);
   void after_write_locked(int g, std::size_t written);

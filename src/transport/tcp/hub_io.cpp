@@ -243,6 +243,20 @@ void Hub::payload_done_locked(int g) {
 
 void Hub::read_peer_locked(int g) {
   Peer& peer = peers_[static_cast<std::size_t>(g)];
+  if (peer.reading) return;
+  peer.reading = true;
+  try {
+    read_frames_locked(g);
+  } catch (...) {
+    peer.reading = false;
+    throw;
+  }
+  peer.reading = false;
+  if (peer.write_failed && !peer.closed) peer_lost_locked(g, peer.write_error);
+}
+
+void Hub::read_frames_locked(int g) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
   Inbound& in = peer.in;
   FrameMac* const mac = peer.receive_mac.get();
   std::size_t budget = read_budget;
@@ -325,6 +339,7 @@ void Hub::flush_locked(int g) {
   Peer& peer = peers_[static_cast<std::size_t>(g)];
   constexpr std::size_t max_iov = 64;
   const bool tagged = peer.send_mac != nullptr;
+  if (peer.write_failed) return;
   while (!peer.out.empty()) {
     iovec iov[max_iov];
     std::size_t count = 0;
@@ -358,7 +373,11 @@ void Hub::flush_locked(int g) {
         set_write_armed_locked(g, true);
         return;
       }
-      peer_lost_locked(g, bootstrap::detail::errno_text(errno));
+      // The peer may have gone after telling why (an abort, a goodbye): read that first, so
+      // that its own words, not the broken pipe, decide what this rank reports.
+      peer.write_failed = true;
+      peer.write_error = bootstrap::detail::errno_text(errno);
+      if (!peer.reading) read_peer_locked(g);  // else the read under way finishes the job
       return;
     }
     after_write_locked(g, static_cast<std::size_t>(sent));
