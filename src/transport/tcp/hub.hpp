@@ -99,6 +99,7 @@ struct Peer {
   bool departed = false;  // said goodbye: its end of the connection is orderly
   bool write_armed = false;
   bool reading = false;       // the I/O thread is parsing its frames (no nested reads)
+  bool more = false;          // its read budget ran out: read on without waiting for epoll
   bool write_failed = false;  // its socket refused a write: read what it sent before it went
   std::string write_error;
   std::deque<OutFrame> out;
@@ -180,6 +181,7 @@ class Hub {
   void run();
   void read_peer_locked(int g);
   void read_frames_locked(int g);
+  void handle_peer_locked(int g, bool write = false);
   bool fill_locked(int g);
   void flush_locked(int g);
   void after_write_locked(int g, std::size_t written);

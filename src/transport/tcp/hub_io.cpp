@@ -157,7 +157,19 @@ void Hub::run() {
         if (flushed || std::chrono::steady_clock::now() >= stop_deadline_) return;
       }
     }
-    const int n = ::epoll_wait(epoll_fd_, events, 64, 50);
+    bool more = false;
+    {
+      std::lock_guard lock(mutex_);
+      more = std::any_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.more && !p.closed; });
+    }
+    const int n = ::epoll_wait(epoll_fd_, events, 64, more ? 0 : 50);
+    if (more) {
+      for (int g = 0; g < size(); ++g) {
+        std::lock_guard lock(mutex_);
+        if (!peers_[static_cast<std::size_t>(g)].more || peers_[static_cast<std::size_t>(g)].closed) continue;
+        handle_peer_locked(g);
+      }
+    }
     for (int i = 0; i < n; ++i) {
       if (events[i].data.u32 == wake_tag) {
         std::uint64_t count = 0;
@@ -168,19 +180,26 @@ void Hub::run() {
       std::lock_guard lock(mutex_);
       if (crashed_) return;
       if (peers_[static_cast<std::size_t>(g)].closed) continue;
-      // Nothing a peer sends may end this thread: whatever goes wrong with its frames (an
-      // allocation, a bug) fails that peer, by name, and the I/O of the others goes on.
-      try {
-        if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) read_peer_locked(g);
-        if (!peers_[static_cast<std::size_t>(g)].closed && (events[i].events & EPOLLOUT)) flush_locked(g);
-      } catch (const std::exception& e) {
-        try {
-          drop_peer_locked(g, std::string("error while handling its frames: ") + e.what(), "handling frames from rank ",
-                           std::string(" failed: ") + e.what());
-        } catch (...) {
-          close_peer_locked(g);
-        }
-      }
+      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) handle_peer_locked(g);
+      if (!peers_[static_cast<std::size_t>(g)].closed && (events[i].events & EPOLLOUT)) handle_peer_locked(g, true);
+    }
+  }
+}
+
+// Nothing a peer sends may end the I/O thread: whatever goes wrong with its frames (an
+// allocation, a bug) fails that peer, by name, and the I/O of the others goes on.
+void Hub::handle_peer_locked(int g, bool write) {
+  try {
+    if (write)
+      flush_locked(g);
+    else
+      read_peer_locked(g);
+  } catch (const std::exception& e) {
+    try {
+      drop_peer_locked(g, std::string("error while handling its frames: ") + e.what(), "handling frames from rank ",
+                       std::string(" failed: ") + e.what());
+    } catch (...) {
+      close_peer_locked(g);
     }
   }
 }
@@ -260,7 +279,14 @@ void Hub::read_frames_locked(int g) {
   Inbound& in = peer.in;
   FrameMac* const mac = peer.receive_mac.get();
   std::size_t budget = read_budget;
-  while (!peer.closed && budget > 0) {
+  // Bytes already read ahead raise no epoll event: a peer whose budget runs out is read again
+  // on the next round of the I/O loop, whether or not its socket has more.
+  peer.more = false;
+  while (!peer.closed) {
+    if (budget == 0) {
+      peer.more = true;
+      return;
+    }
     if (in.stage == Inbound::Stage::header) {
       if (header_ready_locked(g)) {
         if (!start_frame_locked(g)) return;
