@@ -76,7 +76,8 @@ using Transports = std::vector<std::unique_ptr<transport::Transport>>;
 
 // Connects ranks `ranks` of a p-rank mesh, each on its own thread; errors by rank.
 Transports connect_ranks(MemoryStore& store, int p, std::vector<std::string>* errors,
-                         std::chrono::milliseconds timeout = connect_timeout, std::vector<int> ranks = {}) {
+                         std::chrono::milliseconds timeout = connect_timeout, std::vector<int> ranks = {},
+                         const std::string& secret = token) {
   if (ranks.empty())
     for (int r = 0; r < p; ++r) ranks.push_back(r);
   Transports transports(static_cast<std::size_t>(p));
@@ -85,7 +86,7 @@ Transports connect_ranks(MemoryStore& store, int p, std::vector<std::string>* er
   for (int r : ranks) {
     threads.emplace_back([&, r] {
       try {
-        transports[static_cast<std::size_t>(r)] = transport::tcp::connect(store, token, r, p, 7, "127.0.0.1", timeout);
+        transports[static_cast<std::size_t>(r)] = transport::tcp::connect(store, secret, r, p, 7, "127.0.0.1", timeout);
       } catch (const std::exception& e) {
         (*errors)[static_cast<std::size_t>(r)] = e.what();
       }
@@ -459,6 +460,134 @@ TEST(TcpShutdown, OrderlyDestructionIsNotAPeerFailure) {
     std::this_thread::sleep_for(300ms);
     EXPECT_FALSE(survivor->aborted().has_value()) << survivor->aborted()->error.what();
   }
+}
+
+TEST(TcpConnect, RefusesToStartWithoutAToken) {
+  ::unsetenv("TUTTI_INSECURE");
+  MemoryStore store;
+  try {
+    transport::tcp::connect(store, "", 0, 2, 7, "127.0.0.1", 1000ms);
+    ADD_FAILURE() << "connected without a token";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("TUTTI_TOKEN"), std::string::npos) << e.what();
+  }
+}
+
+// TUTTI_INSECURE=1 with no token: no authentication and no tags, and the transport still works.
+TEST(TcpConnect, InsecureModeRunsWithoutAToken) {
+  ::setenv("TUTTI_INSECURE", "1", 1);
+  MemoryStore store;
+  std::vector<std::string> errors;
+  Transports transports = connect_ranks(store, 3, &errors, connect_timeout, {}, "");
+  ::unsetenv("TUTTI_INSECURE");
+  for (const std::string& error : errors) EXPECT_EQ(error, "");
+  if (!transports[0] || !transports[1] || !transports[2]) return;
+  auto comms = to_communicators(transports);
+  EXPECT_EQ(run_ranks(comms,
+                      [](Communicator& comm) {
+                        std::vector<float> v(100'003, 1.0f);
+                        comm.allreduce(v.data(), v.data(), v.size(), DataType::f32, ReduceOp::sum, {{}, op_timeout});
+                        for (float x : v) ASSERT_EQ(x, 3.0f);
+                      }),
+            "");
+}
+
+// A rank that leaves in good order (its transport destroyed: goodbye) while a peer waits for it:
+// the peer fails at once, naming it, instead of at its deadline; and so does any later call on it.
+TEST(TcpShutdown, WaitingForARankThatLeftFailsAtOnceNamingIt) {
+  MemoryStore store;
+  std::vector<std::string> errors;
+  Transports transports = connect_ranks(store, 2, &errors);
+  ASSERT_TRUE(transports[0] && transports[1]);
+  auto comms = to_communicators(transports);
+  std::thread leaver([&] {
+    std::this_thread::sleep_for(300ms);
+    comms[0] = Communicator();  // rank 0 returns without sending what rank 1 waits for
+  });
+  std::vector<int> buffer(10, -1);
+  const auto start = Clock::now();
+  try {
+    comms[1].recv(buffer.data(), buffer.size(), DataType::i32, 0, 3);  // deadline: 60 s
+    ADD_FAILURE() << "the receive succeeded";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.code(), ErrorCode::peer_failure) << what;
+    EXPECT_NE(what.find("rank 0 left (closed its communicator/exited) while rank 1 was waiting for it in recv from "
+                        "rank 0 (tag 3)"),
+              std::string::npos)
+        << what;
+  }
+  leaver.join();
+  EXPECT_LT(Clock::now() - start, 5s);
+  for (int x : buffer) EXPECT_EQ(x, -1);
+  // Later calls that need rank 0 fail at once too.
+  const auto later = Clock::now();
+  EXPECT_THROW(comms[1].send(buffer.data(), buffer.size(), DataType::i32, 0, 4), Error);
+  EXPECT_LT(Clock::now() - later, 5s);
+}
+
+// A rank that leaves a collective early: the others fail with peer_failure naming it, at once.
+TEST(TcpShutdown, RankLeavingDuringACollectiveIsNamedByTheOthers) {
+  MemoryStore store;
+  std::vector<std::string> errors;
+  Transports transports = connect_ranks(store, 3, &errors);
+  ASSERT_TRUE(transports[0] && transports[1] && transports[2]);
+  auto comms = to_communicators(transports);
+  std::atomic<int> named{0};
+  const auto start = Clock::now();
+  const std::string failures = run_ranks(comms, [&](Communicator& comm) {
+    if (comm.rank() == 2) {
+      std::this_thread::sleep_for(300ms);
+      comm = Communicator();  // leaves without joining the allreduce
+      return;
+    }
+    std::vector<float> v(1000, 1.0f);
+    try {
+      comm.allreduce(v.data(), v.data(), v.size(), DataType::f32, ReduceOp::sum, {Algorithm::ring, op_timeout});
+      ADD_FAILURE() << "the allreduce succeeded without rank 2";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.code(), ErrorCode::peer_failure) << what;
+      if (what.find("rank 2 left (closed its communicator/exited)") != std::string::npos)
+        named.fetch_add(1);
+      else
+        ADD_FAILURE() << what;
+    }
+  });
+  EXPECT_EQ(failures, "");
+  EXPECT_EQ(named.load(), 2);
+  EXPECT_LT(Clock::now() - start, 5s);
+}
+
+// Every rank finishes its work and then leaves, in any order: nobody sees an error.
+TEST(TcpShutdown, WholeJobLeavingInAnyOrderIsNotAFailure) {
+  MemoryStore store;
+  std::vector<std::string> errors;
+  Transports transports = connect_ranks(store, 4, &errors);
+  ASSERT_TRUE(transports[0] && transports[1] && transports[2] && transports[3]);
+  std::vector<transport::Transport*> raw;
+  for (auto& t : transports) raw.push_back(t.get());
+  auto comms = to_communicators(transports);
+  std::mutex mutex;
+  std::string aborted;
+  const std::string failures = run_ranks(comms, [&](Communicator& comm) {
+    const int me = comm.rank();
+    for (int round = 0; round < 20; ++round) {
+      std::vector<float> v(round % 2 ? 100'003 : 7, 1.0f);
+      comm.allreduce(v.data(), v.data(), v.size(), DataType::f32, ReduceOp::sum, {{}, op_timeout});
+      for (float x : v) ASSERT_EQ(x, 4.0f);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 * ((me * 3) % 4)));
+    {
+      std::lock_guard lock(mutex);
+      if (auto failure = raw[static_cast<std::size_t>(me)]->aborted())
+        aborted += "rank " + std::to_string(me) + ": " + failure->error.what() + "\n";
+    }
+    comm = Communicator();
+  });
+  EXPECT_EQ(failures, "");
+  EXPECT_EQ(aborted, "");
 }
 
 }  // namespace

@@ -21,6 +21,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bootstrap/auth.hpp"
+#include "transport/tcp/frame_mac.hpp"
 #include "transport/tcp/wire.hpp"
 #include "transport/transport.hpp"
 
@@ -57,16 +59,22 @@ struct OutFrame {
   Bytes owned;                 // the payload when the frame owns it (control frames, detached sends)
   std::size_t written = 0;     // of header + payload
   Completion* done = nullptr;  // a data send whose buffer the executor still owns
+  bool sealed = false;         // its frame number and tags are fixed: it must be written, in order
+  Tag header_tag{}, payload_tag{};
 };
 
 /// Where the payload of the frame being read goes.
 struct Inbound {
   // user: copy into the receive's buffer; reduce: combine into it as whole elements arrive.
   enum class Sink { user, reduce, heap, drain };
+  // header: waiting for a header (and its tag); payload: streaming the payload into its sink;
+  // trailer: waiting for the payload's tag, without which the frame does not complete.
+  enum class Stage { header, payload, trailer };
   std::unique_ptr<std::byte[]> buffer;  // bytes read ahead of the current frame
   std::size_t begin = 0, end = 0;
-  bool in_payload = false;
+  Stage stage = Stage::header;
   FrameHeader header;
+  std::uint64_t number = 0;  // of the current frame, in this direction
   std::size_t remaining = 0;
   Sink sink = Sink::drain;
   std::byte* target = nullptr;         // next byte of the user's buffer or of `heap`
@@ -74,7 +82,15 @@ struct Inbound {
   DataType type = DataType::u8;
   ReduceOp op = ReduceOp::sum;
   Bytes heap;
+  std::size_t charged = 0;     // sink heap, data: what `heap` counts in the peer's `held`
   Completion* done = nullptr;  // sink user or reduce: the receive being filled
+};
+
+/// A connection as tcp::connect hands it over: without a key (insecure mode) frames carry no tags.
+struct Link {
+  int fd = -1;
+  bool initiator = false;  // this rank dialed it
+  std::optional<bootstrap::SessionKey> key;
 };
 
 struct Peer {
@@ -82,8 +98,15 @@ struct Peer {
   bool closed = false;    // the connection is gone (fd closed)
   bool departed = false;  // said goodbye: its end of the connection is orderly
   bool write_armed = false;
+  bool reading = false;       // the I/O thread is parsing its frames (no nested reads)
+  bool more = false;          // its read budget ran out: read on without waiting for epoll
+  bool write_failed = false;  // its socket refused a write: read what it sent before it went
+  std::string write_error;
   std::deque<OutFrame> out;
   Inbound in;
+  std::unique_ptr<FrameMac> send_mac, receive_mac;  // null in insecure mode
+  std::uint64_t frames_sent = 0, frames_received = 0;
+  std::size_t held = 0;  // bytes its frames make this rank keep: unexpected messages, early signatures
 };
 
 /// A posted receive; with `operand`, a receive-and-reduce: data = operand op incoming.
@@ -114,14 +137,16 @@ struct CommState {
   std::unordered_map<MatchKey, SelfSend, MatchKeyHash> self_sends;
   std::map<std::uint64_t, WireSignature> announced;                       // this rank's, by seq
   std::multimap<std::uint64_t, std::pair<int, WireSignature>> unchecked;  // senders', before announce (one per sender)
+  std::set<int> left;  // global ranks that left this communicator (leave frame or goodbye)
   std::optional<Failure> failure;
   std::atomic<bool> has_failure{false};
+  bool joined() const { return rank >= 0; }
 };
 
 class Hub {
  public:
-  /// Takes the connected sockets `fds` (indexed by global rank; -1 for this rank) and starts the I/O thread.
-  Hub(int rank, int size, std::vector<int> fds);
+  /// Takes the connections `links` (indexed by global rank; fd -1 for this rank) and starts the I/O thread.
+  Hub(int rank, int size, std::vector<Link> links);
   /// Orderly shutdown: goodbye to every peer, flush (bounded), stop the thread, close.
   ~Hub();
   Hub(const Hub&) = delete;
@@ -155,18 +180,33 @@ class Hub {
   // I/O thread and socket work (hub_io.cpp).
   void run();
   void read_peer_locked(int g);
+  void read_frames_locked(int g);
+  void handle_peer_locked(int g, bool write = false);
   bool fill_locked(int g);
   void flush_locked(int g);
   void after_write_locked(int g, std::size_t written);
   void set_write_armed_locked(int g, bool armed);
   void peer_lost_locked(int g, const std::string& why);
+  void drop_peer_locked(int g, const std::string& log_text, const std::string& before, const std::string& after);
+  void close_peer_locked(int g);
   void enqueue_locked(int g, OutFrame frame);
+  void seal_locked(Peer& peer, OutFrame& frame);
+  std::size_t wire_bytes(const Peer& peer, const OutFrame& frame) const;
+  bool header_ready_locked(int g);
+  void payload_done_locked(int g);
   void stop_thread();
 
   // Frames and matching (hub_match.cpp).
   CommState& comm_locked(std::uint64_t id);
+  CommState* frame_comm_locked(int g, std::uint64_t id);
+  bool charge_locked(int g, std::size_t bytes, const std::string& what);
+  void release_locked(int g, std::size_t bytes);
+  std::string check_header(const FrameHeader& h) const;
   bool start_frame_locked(int g);
-  void start_data_locked(int g);
+  bool start_data_locked(int g);
+  void peer_left_locked(CommState& c, std::uint64_t id, int g);
+  bool fail_if_left_locked(CommState& c, std::uint64_t id, int g, const MatchKey& key, bool is_send);
+  std::string operation_name(const CommState& c, const MatchKey& key, bool is_send) const;
   void finish_frame_locked(int g);
   bool check_signature_locked(CommState& c, std::uint64_t id, int g, std::uint64_t seq, const WireSignature& theirs);
   void report_mismatch_locked(CommState& c, std::uint64_t id, int g, const WireSignature& theirs,
@@ -187,7 +227,12 @@ class Hub {
   std::unordered_map<std::uint64_t, std::unique_ptr<CommState>> comms_;
   // Point-to-point sends written but not yet matched by the receiver: (comm, peer, channel, seq, index).
   std::map<std::tuple<std::uint64_t, int, std::uint8_t, std::uint64_t, std::uint32_t>, Completion*> awaiting_ack_;
-  std::set<int> dead_;  // global ranks whose connection failed
+  // Global ranks whose connection failed, with the failure's text around the rank's number.
+  std::map<int, std::pair<std::string, std::string>> dead_;
+  // Communicators this rank left, so that a late frame for one does not bring it back (bounded).
+  std::set<std::uint64_t> left_ids_;
+  std::deque<std::uint64_t> left_order_;
+  const std::size_t max_unexpected_;  // TUTTI_TCP_MAX_UNEXPECTED: bytes held per peer
   bool stopping_ = false;
   bool crashed_ = false;
   std::chrono::steady_clock::time_point stop_deadline_;

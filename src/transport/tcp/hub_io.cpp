@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "bootstrap/socket_io.hpp"
+#include "core/env.hpp"
 #include "core/log.hpp"
 #include "reduce/reduce.hpp"
 #include "transport/tcp/hub.hpp"
@@ -25,19 +26,24 @@ constexpr std::size_t direct_read = 64 * 1024;  // payload left at least this: r
 constexpr std::size_t read_budget = 8 << 20;    // per wake-up and peer, so that one peer cannot starve the others
 constexpr auto flush_limit = std::chrono::seconds(5);  // how long shutdown waits for queued frames to leave
 
-// Moves read-ahead bytes of the current payload into its sink. False when none could move: a
-// receive-and-reduce combines whole elements only, and the rest of a split one is not here yet.
-bool consume_buffered(Inbound& in, std::size_t& budget) {
+// Moves read-ahead bytes of the current payload into its sink, feeding them to the payload's tag
+// first. False when none could move: a receive-and-reduce combines whole elements only, and the
+// rest of a split one is not here yet.
+bool consume_buffered(Inbound& in, FrameMac* mac, std::size_t& budget) {
   std::size_t take = std::min(in.end - in.begin, in.remaining);
   if (in.sink == Inbound::Sink::reduce) {
     const std::size_t elem = size_of(in.type);
     take -= take % elem;
     if (take == 0) return false;
-    reduce::apply(in.op, in.type, in.target, in.operand, in.buffer.get() + in.begin, take / elem);
+  }
+  const std::byte* incoming = in.buffer.get() + in.begin;
+  if (mac != nullptr) mac->update(incoming, take);
+  if (in.sink == Inbound::Sink::reduce) {
+    reduce::apply(in.op, in.type, in.target, in.operand, incoming, take / size_of(in.type));
     in.operand += take;
     in.target += take;
   } else if (in.sink != Inbound::Sink::drain) {
-    std::memcpy(in.target, in.buffer.get() + in.begin, take);
+    std::memcpy(in.target, incoming, take);
     in.target += take;
   }
   in.begin += take;
@@ -46,14 +52,21 @@ bool consume_buffered(Inbound& in, std::size_t& budget) {
   return true;
 }
 
+std::size_t max_unexpected_from_env() {
+  const auto text = core::env("TUTTI_TCP_MAX_UNEXPECTED");
+  if (!text) return std::size_t{1} << 30;
+  return static_cast<std::size_t>(core::parse_count(*text, "TUTTI_TCP_MAX_UNEXPECTED"));
+}
+
 }  // namespace
 
-Hub::Hub(int rank, int size, std::vector<int> fds) : rank_(rank), peers_(static_cast<std::size_t>(size)) {
+Hub::Hub(int rank, int size, std::vector<Link> links)
+    : rank_(rank), peers_(static_cast<std::size_t>(size)), max_unexpected_(max_unexpected_from_env()) {
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (epoll_fd_ < 0 || wake_fd_ < 0) {
-    for (int fd : fds)
-      if (fd >= 0) ::close(fd);
+    for (const Link& link : links)
+      if (link.fd >= 0) ::close(link.fd);
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
     if (wake_fd_ >= 0) ::close(wake_fd_);
     throw Error(ErrorCode::system, "tcp: epoll/eventfd: " + bootstrap::detail::errno_text(errno));
@@ -64,10 +77,15 @@ Hub::Hub(int rank, int size, std::vector<int> fds) : rank_(rank), peers_(static_
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &event);
   for (int g = 0; g < size; ++g) {
     Peer& peer = peers_[static_cast<std::size_t>(g)];
-    peer.fd = fds[static_cast<std::size_t>(g)];
+    const Link& link = links[static_cast<std::size_t>(g)];
+    peer.fd = link.fd;
     if (peer.fd < 0) {
       peer.closed = true;  // this rank (or no connection): never read
       continue;
+    }
+    if (link.key) {
+      peer.send_mac = std::make_unique<FrameMac>(*link.key, link.initiator);
+      peer.receive_mac = std::make_unique<FrameMac>(*link.key, !link.initiator);
     }
     peer.in.buffer = std::make_unique_for_overwrite<std::byte[]>(read_ahead);
     event.events = EPOLLIN;
@@ -139,7 +157,19 @@ void Hub::run() {
         if (flushed || std::chrono::steady_clock::now() >= stop_deadline_) return;
       }
     }
-    const int n = ::epoll_wait(epoll_fd_, events, 64, 50);
+    bool more = false;
+    {
+      std::lock_guard lock(mutex_);
+      more = std::any_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.more && !p.closed; });
+    }
+    const int n = ::epoll_wait(epoll_fd_, events, 64, more ? 0 : 50);
+    if (more) {
+      for (int g = 0; g < size(); ++g) {
+        std::lock_guard lock(mutex_);
+        if (!peers_[static_cast<std::size_t>(g)].more || peers_[static_cast<std::size_t>(g)].closed) continue;
+        handle_peer_locked(g);
+      }
+    }
     for (int i = 0; i < n; ++i) {
       if (events[i].data.u32 == wake_tag) {
         std::uint64_t count = 0;
@@ -150,8 +180,26 @@ void Hub::run() {
       std::lock_guard lock(mutex_);
       if (crashed_) return;
       if (peers_[static_cast<std::size_t>(g)].closed) continue;
-      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) read_peer_locked(g);
-      if (!peers_[static_cast<std::size_t>(g)].closed && (events[i].events & EPOLLOUT)) flush_locked(g);
+      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) handle_peer_locked(g);
+      if (!peers_[static_cast<std::size_t>(g)].closed && (events[i].events & EPOLLOUT)) handle_peer_locked(g, true);
+    }
+  }
+}
+
+// Nothing a peer sends may end the I/O thread: whatever goes wrong with its frames (an
+// allocation, a bug) fails that peer, by name, and the I/O of the others goes on.
+void Hub::handle_peer_locked(int g, bool write) {
+  try {
+    if (write)
+      flush_locked(g);
+    else
+      read_peer_locked(g);
+  } catch (const std::exception& e) {
+    try {
+      drop_peer_locked(g, std::string("error while handling its frames: ") + e.what(), "handling frames from rank ",
+                       std::string(" failed: ") + e.what());
+    } catch (...) {
+      close_peer_locked(g);
     }
   }
 }
@@ -179,23 +227,92 @@ bool Hub::fill_locked(int g) {
   }
 }
 
-void Hub::read_peer_locked(int g) {
+// Takes the next header (and its tag) out of the read-ahead buffer when it is all there. False
+// when more bytes must arrive first, or the connection was dropped.
+bool Hub::header_ready_locked(int g) {
   Peer& peer = peers_[static_cast<std::size_t>(g)];
   Inbound& in = peer.in;
+  const std::size_t wire = sizeof(FrameHeader) + (peer.receive_mac ? tag_size : 0);
+  if (in.end - in.begin < wire) return false;
+  std::memcpy(&in.header, in.buffer.get() + in.begin, sizeof(FrameHeader));
+  in.number = peer.frames_received++;
+  if (peer.receive_mac) {
+    Tag tag;
+    std::memcpy(tag.data(), in.buffer.get() + in.begin + sizeof(FrameHeader), tag_size);
+    if (!FrameMac::same(tag,
+                        peer.receive_mac->tag(in.number, FrameMac::Part::header, &in.header, sizeof(FrameHeader)))) {
+      drop_peer_locked(g, "a frame header failed authentication", "frame from rank ",
+                       " failed authentication (forged, replayed or altered on the way); its connection is closed");
+      return false;
+    }
+  }
+  in.begin += wire;
+  return true;
+}
+
+// The payload is all here: with tags, its own tag must verify before the frame completes.
+void Hub::payload_done_locked(int g) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  if (peer.receive_mac) {
+    peer.in.stage = Inbound::Stage::trailer;
+    return;
+  }
+  finish_frame_locked(g);
+}
+
+void Hub::read_peer_locked(int g) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  if (peer.reading) return;
+  peer.reading = true;
+  try {
+    read_frames_locked(g);
+  } catch (...) {
+    peer.reading = false;
+    throw;
+  }
+  peer.reading = false;
+  if (peer.write_failed && !peer.closed) peer_lost_locked(g, peer.write_error);
+}
+
+void Hub::read_frames_locked(int g) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  Inbound& in = peer.in;
+  FrameMac* const mac = peer.receive_mac.get();
   std::size_t budget = read_budget;
-  while (!peer.closed && budget > 0) {
-    if (!in.in_payload) {
-      if (in.end - in.begin >= sizeof(FrameHeader)) {
-        std::memcpy(&in.header, in.buffer.get() + in.begin, sizeof(FrameHeader));
-        in.begin += sizeof(FrameHeader);
+  // Bytes already read ahead raise no epoll event: a peer whose budget runs out is read again
+  // on the next round of the I/O loop, whether or not its socket has more.
+  peer.more = false;
+  while (!peer.closed) {
+    if (budget == 0) {
+      peer.more = true;
+      return;
+    }
+    if (in.stage == Inbound::Stage::header) {
+      if (header_ready_locked(g)) {
         if (!start_frame_locked(g)) return;
+      } else if (peer.closed || !fill_locked(g)) {
+        return;
+      }
+      continue;
+    }
+    if (in.stage == Inbound::Stage::trailer) {
+      if (in.end - in.begin < tag_size) {
+        if (!fill_locked(g)) return;
         continue;
       }
-      if (!fill_locked(g)) return;
+      Tag tag;
+      std::memcpy(tag.data(), in.buffer.get() + in.begin, tag_size);
+      in.begin += tag_size;
+      if (!FrameMac::same(tag, mac->finish())) {
+        drop_peer_locked(g, "a frame's payload failed authentication", "frame from rank ",
+                         " failed authentication (forged, replayed or altered on the way); its connection is closed");
+        return;
+      }
+      finish_frame_locked(g);
       continue;
     }
     const std::size_t buffered = in.end - in.begin;
-    if (buffered > 0 && consume_buffered(in, budget)) {
+    if (buffered > 0 && consume_buffered(in, mac, budget)) {
       // moved what was read ahead
     } else if (buffered == 0 && in.remaining >= direct_read &&
                (in.sink == Inbound::Sink::user || in.sink == Inbound::Sink::heap)) {
@@ -206,16 +323,14 @@ void Hub::read_peer_locked(int g) {
         peer_lost_locked(g, got == 0 ? "end of stream" : bootstrap::detail::errno_text(errno));
         return;
       }
+      if (mac != nullptr) mac->update(in.target, static_cast<std::size_t>(got));
       in.target += got;
       in.remaining -= static_cast<std::size_t>(got);
       budget -= std::min(budget, static_cast<std::size_t>(got));
     } else if (!fill_locked(g)) {
       return;
     }
-    if (in.remaining == 0) {
-      in.in_payload = false;
-      finish_frame_locked(g);
-    }
+    if (in.remaining == 0) payload_done_locked(g);
   }
 }
 
@@ -230,19 +345,49 @@ void Hub::enqueue_locked(int g, OutFrame frame) {
   if (idle) flush_locked(g);
 }
 
+std::size_t Hub::wire_bytes(const Peer& peer, const OutFrame& frame) const {
+  const std::size_t tags = peer.send_mac ? (frame.bytes > 0 ? 2 * tag_size : tag_size) : 0;
+  return sizeof(FrameHeader) + frame.bytes + tags;
+}
+
+// Fixes the frame's number in this direction and computes its tags. Done when the frame is first
+// handed to the socket, so a frame withdrawn before that never leaves a gap in the numbering.
+void Hub::seal_locked(Peer& peer, OutFrame& frame) {
+  frame.sealed = true;
+  if (!peer.send_mac) return;
+  const std::uint64_t number = peer.frames_sent++;
+  frame.header_tag = peer.send_mac->tag(number, FrameMac::Part::header, &frame.header, sizeof(FrameHeader));
+  if (frame.bytes > 0)
+    frame.payload_tag = peer.send_mac->tag(number, FrameMac::Part::payload, frame.payload, frame.bytes);
+}
+
 void Hub::flush_locked(int g) {
   Peer& peer = peers_[static_cast<std::size_t>(g)];
   constexpr std::size_t max_iov = 64;
+  const bool tagged = peer.send_mac != nullptr;
+  if (peer.write_failed) return;
   while (!peer.out.empty()) {
     iovec iov[max_iov];
     std::size_t count = 0;
-    for (auto it = peer.out.begin(); it != peer.out.end() && count + 2 <= max_iov; ++it) {
-      const std::size_t skip = it == peer.out.begin() ? it->written : 0;
-      if (skip < sizeof(FrameHeader))
-        iov[count++] = {reinterpret_cast<std::byte*>(&it->header) + skip, sizeof(FrameHeader) - skip};
-      const std::size_t payload_skip = skip > sizeof(FrameHeader) ? skip - sizeof(FrameHeader) : 0;
-      if (it->bytes > payload_skip)
-        iov[count++] = {const_cast<std::byte*>(it->payload) + payload_skip, it->bytes - payload_skip};
+    for (auto it = peer.out.begin(); it != peer.out.end() && count + 4 <= max_iov; ++it) {
+      if (!it->sealed) seal_locked(peer, *it);
+      // The frame on the wire: header, its tag, payload, its tag (tags only when tagged, the
+      // payload's only when there is a payload).
+      const iovec pieces[4] = {
+          {&it->header, sizeof(FrameHeader)},
+          {it->header_tag.data(), tagged ? tag_size : 0},
+          {const_cast<std::byte*>(it->payload), it->bytes},
+          {it->payload_tag.data(), tagged && it->bytes > 0 ? tag_size : 0},
+      };
+      std::size_t skip = it == peer.out.begin() ? it->written : 0;
+      for (const iovec& piece : pieces) {
+        if (skip >= piece.iov_len) {
+          skip -= piece.iov_len;
+          continue;
+        }
+        iov[count++] = {static_cast<std::byte*>(piece.iov_base) + skip, piece.iov_len - skip};
+        skip = 0;
+      }
     }
     msghdr message{};
     message.msg_iov = iov;
@@ -254,7 +399,11 @@ void Hub::flush_locked(int g) {
         set_write_armed_locked(g, true);
         return;
       }
-      peer_lost_locked(g, bootstrap::detail::errno_text(errno));
+      // The peer may have gone after telling why (an abort, a goodbye): read that first, so
+      // that its own words, not the broken pipe, decide what this rank reports.
+      peer.write_failed = true;
+      peer.write_error = bootstrap::detail::errno_text(errno);
+      if (!peer.reading) read_peer_locked(g);  // else the read under way finishes the job
       return;
     }
     after_write_locked(g, static_cast<std::size_t>(sent));
@@ -267,7 +416,7 @@ void Hub::after_write_locked(int g, std::size_t written) {
   bool completed = false;
   while (!peer.out.empty()) {
     OutFrame& frame = peer.out.front();
-    const std::size_t total = sizeof(FrameHeader) + frame.bytes;
+    const std::size_t total = wire_bytes(peer, frame);
     const std::size_t take = std::min(written, total - frame.written);
     frame.written += take;
     written -= take;
@@ -297,24 +446,48 @@ void Hub::set_write_armed_locked(int g, bool armed) {
   peer.write_armed = armed;
 }
 
-void Hub::peer_lost_locked(int g, const std::string& why) {
+// Closes the connection; no buffer of a queued send or of a receive is touched again.
+void Hub::close_peer_locked(int g) {
   Peer& peer = peers_[static_cast<std::size_t>(g)];
   if (peer.closed) return;
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer.fd, nullptr);
   ::close(peer.fd);
   peer.closed = true;
-  peer.out.clear();  // no buffer of a queued send is touched again
-  peer.in.in_payload = false;
+  peer.out.clear();
+  peer.in.stage = Inbound::Stage::header;
   peer.in.sink = Inbound::Sink::drain;
   peer.in.done = nullptr;
   peer.in.heap = Bytes{};
-  if (stopping_ || peer.departed) return;  // orderly: the peer said goodbye first
-  dead_.insert(g);
-  core::log(core::LogLevel::warn, rank_, "tcp: connection to rank " + std::to_string(g) + " lost (" + why + ")");
+  release_locked(g, peer.in.charged);
+  peer.in.charged = 0;
+}
+
+void Hub::peer_lost_locked(int g, const std::string& why) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  if (peer.closed) return;
+  if (stopping_) {
+    close_peer_locked(g);
+    return;
+  }
+  if (peer.departed) {  // orderly: the peer said goodbye first
+    close_peer_locked(g);
+    for (auto& [id, state] : comms_)
+      if (state->rank_of.count(g)) peer_left_locked(*state, id, g);
+    return;
+  }
+  drop_peer_locked(g, "connection lost (" + why + ")", "rank ", " closed its connection (died?)");
+}
+
+void Hub::drop_peer_locked(int g, const std::string& log_text, const std::string& before, const std::string& after) {
+  if (peers_[static_cast<std::size_t>(g)].closed) return;
+  close_peer_locked(g);
+  if (stopping_) return;
+  dead_[g] = {before, after};
+  core::log(core::LogLevel::warn, rank_, "tcp: rank " + std::to_string(g) + ": " + log_text);
   for (auto& [id, state] : comms_) {
     auto it = state->rank_of.find(g);
     if (it == state->rank_of.end()) continue;
-    std::string text = "rank " + std::to_string(it->second) + " closed its connection (died?)";
+    std::string text = before + std::to_string(it->second) + after;
     if (it->second != g) text += " [rank " + std::to_string(g) + " of the root communicator]";
     const std::uint64_t seq = state->announced.empty() ? no_seq : state->announced.rbegin()->first;
     fail_comm_locked(*state, id, Failure{Error(ErrorCode::peer_failure, text), seq}, true);

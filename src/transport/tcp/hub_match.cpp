@@ -14,6 +14,14 @@ namespace {
 
 constexpr std::size_t max_signatures = 1024;  // announced signatures kept per communicator
 constexpr auto p2p = static_cast<std::uint8_t>(Channel::point_to_point);
+// What a peer's frames may make this rank keep, counted against TUTTI_TCP_MAX_UNEXPECTED: an
+// unexpected message costs its bytes plus its bookkeeping, an early signature its bookkeeping.
+constexpr std::size_t message_overhead = 256;
+constexpr std::size_t signature_overhead = 128;
+constexpr std::size_t max_unjoined = 64;    // communicators created by frames before this rank joined them
+constexpr std::size_t max_left_ids = 4096;  // communicators remembered as left, to drop their late frames
+
+std::size_t charge_of(const Bytes& message) { return message.size + message_overhead; }
 
 void prepare(Completion* done, int peer, const MessageKey& key, bool is_send) {
   done->peer = peer;
@@ -58,12 +66,14 @@ CommState* Hub::join(std::uint64_t id, const std::vector<int>& members, int rank
   c.rank = rank;
   for (std::size_t r = 0; r < members.size(); ++r) c.rank_of[members[r]] = static_cast<int>(r);
   for (std::size_t r = 0; r < members.size(); ++r) {
-    if (!dead_.count(members[r])) continue;
+    const int g = members[r];
+    if (g != rank_ && peers_[static_cast<std::size_t>(g)].departed) c.left.insert(g);
+    auto dead = dead_.find(g);
+    if (dead == dead_.end() || c.failure) continue;
     fail_comm_locked(
         c, id,
-        Failure{Error(ErrorCode::peer_failure, "rank " + std::to_string(r) + " closed its connection (died?)"), no_seq},
+        Failure{Error(ErrorCode::peer_failure, dead->second.first + std::to_string(r) + dead->second.second), no_seq},
         false);
-    break;
   }
   return &c;
 }
@@ -71,7 +81,7 @@ CommState* Hub::join(std::uint64_t id, const std::vector<int>& members, int rank
 void Hub::leave(std::uint64_t id) {
   std::lock_guard lock(mutex_);
   for (Peer& peer : peers_) {
-    if (peer.in.in_payload && peer.in.header.comm_id == id && peer.in.done != nullptr) {
+    if (peer.in.stage != Inbound::Stage::header && peer.in.header.comm_id == id && peer.in.done != nullptr) {
       peer.in.sink = Inbound::Sink::drain;
       peer.in.done = nullptr;
     }
@@ -79,7 +89,22 @@ void Hub::leave(std::uint64_t id) {
       if (frame.header.comm_id == id) detach(frame);
   }
   std::erase_if(awaiting_ack_, [id](const auto& entry) { return std::get<0>(entry.first) == id; });
-  comms_.erase(id);
+  auto found = comms_.find(id);
+  if (found == comms_.end()) return;
+  CommState& c = *found->second;
+  for (const auto& [key, message] : c.unexpected) release_locked(key.src, charge_of(message));
+  for (const auto& [seq, entry] : c.unchecked) release_locked(entry.first, signature_overhead);
+  // Peers still waiting for this rank in this communicator fail now rather than at their deadline.
+  if (!stopping_)
+    for (int g : c.members)
+      if (g != rank_) send_control_locked(g, FrameKind::leave, id, {}, {});
+  comms_.erase(found);
+  left_ids_.insert(id);
+  left_order_.push_back(id);
+  if (left_order_.size() > max_left_ids) {
+    left_ids_.erase(left_order_.front());
+    left_order_.pop_front();
+  }
 }
 
 void Hub::announce(std::uint64_t id, const Signature& signature) {
@@ -90,8 +115,10 @@ void Hub::announce(std::uint64_t id, const Signature& signature) {
   while (c.announced.size() > max_signatures) c.announced.erase(c.announced.begin());
   const auto [first, last] = c.unchecked.equal_range(signature.seq);
   std::optional<std::pair<int, WireSignature>> disagreeing;
-  for (auto it = first; it != last && !disagreeing; ++it)
-    if (!same_signature(it->second.second, mine)) disagreeing = it->second;
+  for (auto it = first; it != last; ++it) {
+    if (!disagreeing && !same_signature(it->second.second, mine)) disagreeing = it->second;
+    release_locked(it->second.first, signature_overhead);
+  }
   c.unchecked.erase(first, last);
   if (disagreeing) report_mismatch_locked(c, id, disagreeing->first, disagreeing->second, mine);
 }
@@ -106,6 +133,7 @@ void Hub::post_send(std::uint64_t id, int peer, const MessageKey& key, const voi
     self_send_locked(c, match_key(g, key), data, bytes, done);
     return;
   }
+  if (fail_if_left_locked(c, id, g, match_key(g, key), true)) return;
   OutFrame frame;
   frame.header.kind = FrameKind::data;
   frame.header.channel = static_cast<std::uint8_t>(key.channel);
@@ -149,11 +177,13 @@ void Hub::post_recv(std::uint64_t id, int peer, const MessageKey& key, const Pos
   }
   auto it = c.unexpected.find(k);
   if (it == c.unexpected.end()) {
+    if (fail_if_left_locked(c, id, g, k, false)) return;  // what it sent before leaving is matched above
     c.posted[k] = recv;
     return;
   }
   Bytes message = std::move(it->second);
   c.unexpected.erase(it);
+  release_locked(g, charge_of(message));
   match_buffered_locked(c, id, g, k, message, recv);
 }
 
@@ -202,7 +232,7 @@ void Hub::cancel(std::uint64_t id, Completion* done) {
       auto it = c.posted.find(k);
       if (it != c.posted.end() && it->second.done == done) c.posted.erase(it);
       Inbound& in = peers_[static_cast<std::size_t>(g)].in;
-      if (in.in_payload && in.done == done) {  // mid-read into its buffer: divert the rest
+      if (in.stage != Inbound::Stage::header && in.done == done) {  // mid-read into its buffer: divert the rest
         in.sink = Inbound::Sink::drain;
         in.done = nullptr;
       }
@@ -213,7 +243,7 @@ void Hub::cancel(std::uint64_t id, Completion* done) {
       auto& out = peers_[static_cast<std::size_t>(g)].out;
       for (auto it = out.begin(); it != out.end(); ++it) {
         if (it->done != done) continue;
-        if (it->written == 0)
+        if (!it->sealed)
           out.erase(it);
         else
           detach(*it);  // the peer is reading it: finish the frame from a copy
@@ -267,74 +297,136 @@ void Hub::send_control_locked(int g, FrameKind kind, std::uint64_t id, const Mat
   enqueue_locked(g, std::move(frame));
 }
 
+// Every field of a header, checked before any is used: "" when it is well formed.
+std::string Hub::check_header(const FrameHeader& h) const {
+  if (h.magic != frame_magic) return "bad frame magic";
+  if (h.reserved != 0) return "reserved field set";
+  if (h.channel > p2p) return "unknown channel " + std::to_string(h.channel);
+  switch (h.kind) {
+    case FrameKind::data:
+      if (h.bytes > max_data_payload) return "data frame of " + std::to_string(h.bytes) + " bytes";
+      return {};
+    case FrameKind::abort:
+      if (h.code > static_cast<std::uint32_t>(ErrorCode::system)) return "unknown error code " + std::to_string(h.code);
+      [[fallthrough]];
+    case FrameKind::size_error:
+      if (h.bytes > max_control_payload) return "control frame of " + std::to_string(h.bytes) + " bytes";
+      return {};
+    case FrameKind::ack:
+    case FrameKind::goodbye:
+    case FrameKind::leave:
+      if (h.bytes != 0) return "payload on a frame that has none";
+      return {};
+  }
+  return "unknown frame kind " + std::to_string(static_cast<int>(h.kind));
+}
+
 bool Hub::start_frame_locked(int g) {
-  Inbound& in = peers_[static_cast<std::size_t>(g)].in;
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  Inbound& in = peer.in;
   const FrameHeader& h = in.header;
-  if (h.magic != frame_magic) {
-    peer_lost_locked(g, "corrupt stream: bad frame magic");
+  if (const std::string bad = check_header(h); !bad.empty()) {
+    drop_peer_locked(g, "malformed frame (" + bad + ")", "rank ",
+                     " sent a malformed frame (" + bad + "); its connection is closed");
+    return false;
+  }
+  if (peer.departed) {  // nothing follows a goodbye
+    drop_peer_locked(g, "frame after its goodbye", "rank ", " sent a frame after leaving; its connection is closed");
     return false;
   }
   in.remaining = h.bytes;
   in.sink = Inbound::Sink::drain;
   in.done = nullptr;
   in.target = nullptr;
+  in.charged = 0;
   switch (h.kind) {
     case FrameKind::data:
-      start_data_locked(g);
+      if (!start_data_locked(g)) return false;
       break;
     case FrameKind::abort:
     case FrameKind::size_error:
-      if (h.bytes > max_control_payload) {
-        peer_lost_locked(g, "corrupt stream: oversized control frame");
-        return false;
-      }
       in.heap = Bytes::make(h.bytes);
       in.sink = Inbound::Sink::heap;
       in.target = in.heap.data.get();
       break;
-    case FrameKind::ack: {
-      auto it = awaiting_ack_.find({h.comm_id, g, h.channel, h.seq, h.index});
-      if (it != awaiting_ack_.end()) {
-        it->second->set(Completion::done);
-        awaiting_ack_.erase(it);
-        ring();
-      }
-      break;
-    }
+    case FrameKind::ack:
     case FrameKind::goodbye:
-      peers_[static_cast<std::size_t>(g)].departed = true;
-      break;
-    default:
-      peer_lost_locked(g, "corrupt stream: unknown frame kind");
-      return false;
+    case FrameKind::leave:
+      break;  // acted on when the frame is complete (authenticated)
   }
-  if (in.remaining == 0)
+  if (in.remaining == 0) {
     finish_frame_locked(g);
-  else
-    in.in_payload = true;
-  return true;
+  } else {
+    in.stage = Inbound::Stage::payload;
+    if (peer.receive_mac) peer.receive_mac->begin(in.number, FrameMac::Part::payload);
+  }
+  return !peer.closed;
 }
 
-void Hub::start_data_locked(int g) {
-  Inbound& in = peers_[static_cast<std::size_t>(g)].in;
+CommState* Hub::frame_comm_locked(int g, std::uint64_t id) {
+  auto found = comms_.find(id);
+  if (found != comms_.end()) return found->second.get();
+  if (left_ids_.count(id)) return nullptr;  // a late frame for a communicator this rank left
+  const auto unjoined =
+      std::count_if(comms_.begin(), comms_.end(), [](const auto& entry) { return !entry.second->joined(); });
+  if (static_cast<std::size_t>(unjoined) >= max_unjoined) {
+    drop_peer_locked(g, "frames for too many unknown communicators", "rank ",
+                     " sent frames for more than " + std::to_string(max_unjoined) +
+                         " communicators this rank has not joined (the last " + std::to_string(id) +
+                         "); its connection is closed");
+    return nullptr;
+  }
+  return &comm_locked(id);
+}
+
+bool Hub::charge_locked(int g, std::size_t bytes, const std::string& what) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  if (bytes <= max_unexpected_ && peer.held <= max_unexpected_ - bytes) {
+    peer.held += bytes;
+    return true;
+  }
+  drop_peer_locked(g, "over TUTTI_TCP_MAX_UNEXPECTED", "rank ",
+                   " sent more than this rank may hold before its receives are posted: " + what + " on top of " +
+                       std::to_string(peer.held) + " bytes held, over TUTTI_TCP_MAX_UNEXPECTED=" +
+                       std::to_string(max_unexpected_) + " (post receives earlier or raise it)");
+  return false;
+}
+
+void Hub::release_locked(int g, std::size_t bytes) {
+  if (g < 0 || g >= size()) return;
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  peer.held -= std::min(peer.held, bytes);
+}
+
+bool Hub::start_data_locked(int g) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  Inbound& in = peer.in;
   const FrameHeader& h = in.header;
-  if (stopping_) return;  // nobody will receive it
-  CommState& c = comm_locked(h.comm_id);
-  if (c.failure) return;  // an aborted communicator takes no more data
-  if (h.channel != p2p && !check_signature_locked(c, h.comm_id, g, h.seq, h.signature)) return;
+  if (stopping_) return true;  // nobody will receive it
+  CommState* found = frame_comm_locked(g, h.comm_id);
+  if (found == nullptr) return !peer.closed;
+  CommState& c = *found;
+  if (c.failure) return true;  // an aborted communicator takes no more data
+  if (h.channel != p2p && !check_signature_locked(c, h.comm_id, g, h.seq, h.signature)) return !peer.closed;
   const MatchKey k{g, h.channel, h.seq, h.index};
   auto it = c.posted.find(k);
   if (it == c.posted.end()) {  // unexpected: keep it until the receive is posted
+    const std::size_t charge = h.bytes + message_overhead;
+    if (!charge_locked(g, charge,
+                       "a message of " + std::to_string(h.bytes) + " bytes for communicator " +
+                           std::to_string(h.comm_id) + " with no receive posted"))
+      return false;
+    in.charged = charge;
     in.heap = Bytes::make(h.bytes);
     in.sink = Inbound::Sink::heap;
     in.target = in.heap.data.get();
-    return;
+    return true;
   }
   const PostedRecv recv = it->second;
   c.posted.erase(it);
   if (recv.bytes != h.bytes) {
     size_mismatch_locked(c, h.comm_id, g, k, h.bytes, recv);
-    return;
+    return true;
   }
   in.sink = recv.operand ? Inbound::Sink::reduce : Inbound::Sink::user;  // straight into the user's buffer
   in.target = static_cast<std::byte*>(recv.data);
@@ -342,10 +434,13 @@ void Hub::start_data_locked(int g) {
   in.type = recv.type;
   in.op = recv.op;
   in.done = recv.done;
+  return true;
 }
 
 void Hub::finish_frame_locked(int g) {
-  Inbound& in = peers_[static_cast<std::size_t>(g)].in;
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  Inbound& in = peer.in;
+  in.stage = Inbound::Stage::header;
   const FrameHeader h = in.header;
   const std::string text = in.sink == Inbound::Sink::heap && h.kind != FrameKind::data
                                ? std::string(reinterpret_cast<const char*>(in.heap.data.get()), in.heap.size)
@@ -355,26 +450,88 @@ void Hub::finish_frame_locked(int g) {
     if (h.channel == p2p) send_control_locked(g, FrameKind::ack, h.comm_id, {g, h.channel, h.seq, h.index}, {});
     ring();
   } else if (h.kind == FrameKind::data && in.sink == Inbound::Sink::heap) {
-    CommState& c = comm_locked(h.comm_id);
+    CommState* c = frame_comm_locked(g, h.comm_id);
     const MatchKey k{g, h.channel, h.seq, h.index};
-    auto it = c.posted.find(k);  // posted while the payload was arriving?
-    if (it == c.posted.end()) {
-      c.unexpected[k] = std::move(in.heap);
-    } else {
+    if (c == nullptr) {
+      release_locked(g, in.charged);  // the communicator was left meanwhile
+    } else if (auto it = c->posted.find(k); it == c->posted.end()) {
+      Bytes& slot = c->unexpected[k];
+      if (slot.data) release_locked(g, charge_of(slot));  // a peer that repeats a message key
+      slot = std::move(in.heap);
+    } else {  // posted while the payload was arriving
       const PostedRecv recv = it->second;
-      c.posted.erase(it);
-      match_buffered_locked(c, h.comm_id, g, k, in.heap, recv);
+      c->posted.erase(it);
+      release_locked(g, in.charged);
+      match_buffered_locked(*c, h.comm_id, g, k, in.heap, recv);
     }
   } else if (h.kind == FrameKind::abort) {
-    const auto code =
-        h.code <= static_cast<std::uint32_t>(ErrorCode::system) ? static_cast<ErrorCode>(h.code) : ErrorCode::system;
-    fail_comm_locked(comm_locked(h.comm_id), h.comm_id, Failure{Error(code, text), h.seq}, false);
+    if (CommState* c = frame_comm_locked(g, h.comm_id))
+      fail_comm_locked(*c, h.comm_id, Failure{Error(static_cast<ErrorCode>(h.code), text), h.seq}, false);
   } else if (h.kind == FrameKind::size_error) {
     fail_send_locked(h.comm_id, g, h, text);
+  } else if (h.kind == FrameKind::ack) {
+    auto it = awaiting_ack_.find({h.comm_id, g, h.channel, h.seq, h.index});
+    if (it != awaiting_ack_.end()) {
+      it->second->set(Completion::done);
+      awaiting_ack_.erase(it);
+      ring();
+    }
+  } else if (h.kind == FrameKind::leave) {
+    if (CommState* c = frame_comm_locked(g, h.comm_id)) peer_left_locked(*c, h.comm_id, g);
+  } else if (h.kind == FrameKind::goodbye) {
+    peer.departed = true;
+    for (auto& [id, state] : comms_)
+      if (state->rank_of.count(g)) peer_left_locked(*state, id, g);
   }
   in.done = nullptr;
   in.heap = Bytes{};
+  in.charged = 0;
   in.sink = Inbound::Sink::drain;
+}
+
+std::string Hub::operation_name(const CommState& c, const MatchKey& key, bool is_send) const {
+  if (key.channel != p2p) {
+    auto it = c.announced.find(key.seq);
+    return it != c.announced.end() ? from_wire(it->second).describe() : "collective #" + std::to_string(key.seq);
+  }
+  auto found = c.rank_of.find(key.src);
+  const int peer = found == c.rank_of.end() ? key.src : found->second;
+  return (is_send ? "send to rank " : "recv from rank ") + std::to_string(peer) + " (tag " + std::to_string(key.seq) +
+         ")";
+}
+
+// An operation of this rank on `c` that involves `g`, which left: it can never complete.
+bool Hub::fail_if_left_locked(CommState& c, std::uint64_t id, int g, const MatchKey& key, bool is_send) {
+  if (!c.left.count(g) || c.failure) return c.failure.has_value() && c.left.count(g);
+  auto found = c.rank_of.find(g);
+  const std::string them = std::to_string(found == c.rank_of.end() ? g : found->second);
+  const std::string text = "rank " + them + " left (closed its communicator/exited) while rank " +
+                           std::to_string(c.rank) + " was waiting for it in " + operation_name(c, key, is_send);
+  fail_comm_locked(c, id, Failure{Error(ErrorCode::peer_failure, text), key.channel == p2p ? no_seq : key.seq}, true);
+  return true;
+}
+
+// `g` left communicator `c` (or the job): whatever this rank still waits for from it fails now.
+void Hub::peer_left_locked(CommState& c, std::uint64_t id, int g) {
+  c.left.insert(g);
+  if (c.failure || !c.joined()) return;
+  for (const auto& [key, recv] : c.posted)
+    if (key.src == g) {
+      fail_if_left_locked(c, id, g, key, false);
+      return;
+    }
+  for (const auto& [key, done] : awaiting_ack_)
+    if (std::get<0>(key) == id && std::get<1>(key) == g) {
+      fail_if_left_locked(c, id, g, MatchKey{g, std::get<2>(key), std::get<3>(key), std::get<4>(key)}, true);
+      return;
+    }
+  for (const OutFrame& frame : peers_[static_cast<std::size_t>(g)].out)
+    if (frame.done != nullptr && frame.header.comm_id == id) {
+      fail_if_left_locked(c, id, g, MatchKey{g, frame.header.channel, frame.header.seq, frame.header.index}, true);
+      return;
+    }
+  // The receive being filled from g right now cannot be pending: g's frames before its goodbye
+  // are all read.
 }
 
 bool Hub::check_signature_locked(CommState& c, std::uint64_t id, int g, std::uint64_t seq,
@@ -382,8 +539,10 @@ bool Hub::check_signature_locked(CommState& c, std::uint64_t id, int g, std::uin
   auto it = c.announced.find(seq);
   if (it == c.announced.end()) {  // checked when this rank announces it, every sender's
     const auto [first, last] = c.unchecked.equal_range(seq);
-    if (std::none_of(first, last, [g](const auto& entry) { return entry.second.first == g; }))
+    if (std::none_of(first, last, [g](const auto& entry) { return entry.second.first == g; })) {
+      if (!charge_locked(g, signature_overhead, "a signature for collective #" + std::to_string(seq))) return false;
       c.unchecked.emplace(seq, std::pair{g, theirs});
+    }
     return true;
   }
   if (same_signature(it->second, theirs)) return true;

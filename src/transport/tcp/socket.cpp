@@ -65,7 +65,7 @@ Fd listen_on(const std::string& host, int* port) {
   if (fd.get() < 0) throw Error(ErrorCode::system, "tcp: socket: " + errno_text(errno));
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0)
     throw Error(ErrorCode::system, "tcp: cannot listen on '" + host + "': bind: " + errno_text(errno));
-  if (::listen(fd.get(), 128) != 0) throw Error(ErrorCode::system, "tcp: listen: " + errno_text(errno));
+  if (::listen(fd.get(), 1024) != 0) throw Error(ErrorCode::system, "tcp: listen: " + errno_text(errno));
   socklen_t length = sizeof(address);
   if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&address), &length) != 0)
     throw Error(ErrorCode::system, "tcp: getsockname: " + errno_text(errno));

@@ -3,6 +3,12 @@
 // `bytes` bytes of payload. All fields are in the host's byte order (the ranks of a job share an
 // architecture; the magic numbers catch a peer that does not).
 //
+// With a token (the default), every piece carries a 16-byte tag (frame_mac.hpp) under the
+// connection's session key: Ident || tag, then per frame header || tag [|| payload || tag]
+// (the payload's tag only when bytes > 0). A header is acted on only after its tag verified, and
+// a frame's payload completes its receive only after the payload's tag verified. In insecure
+// mode (TUTTI_INSECURE=1, no token) there are no tags.
+//
 // Kinds:
 //   data        a message; (comm_id, channel, seq, index) and the connection's peer identify it;
 //               `signature` is the sender's WireSignature for collectives (zero for point to point)
@@ -12,6 +18,8 @@
 //   ack         point to point: the receiver matched message (comm_id, channel, seq, index) with a
 //               receive of the same size (the send completes then, as a synchronous send)
 //   goodbye     orderly shutdown: the connection's end that follows is not a failure
+//   leave       this rank left communicator comm_id (destroyed its transport): operations that
+//               wait for it there fail at once
 #pragma once
 
 #include <cstdint>
@@ -26,7 +34,10 @@ inline constexpr std::uint32_t ident_magic = 0x49545554;  // "TUTI"
 /// Largest payload of a control frame (abort and size_error texts); more is a corrupt stream.
 inline constexpr std::uint64_t max_control_payload = 64 * 1024;
 
-enum class FrameKind : std::uint8_t { data = 1, abort = 2, size_error = 3, ack = 4, goodbye = 5 };
+/// Largest payload of a data frame: no allocation or buffer comes near it; more is a corrupt stream.
+inline constexpr std::uint64_t max_data_payload = std::uint64_t{1} << 48;
+
+enum class FrameKind : std::uint8_t { data = 1, abort = 2, size_error = 3, ack = 4, goodbye = 5, leave = 6 };
 
 struct FrameHeader {
   std::uint32_t magic = frame_magic;
