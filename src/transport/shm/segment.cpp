@@ -73,10 +73,10 @@ std::string octal_mode(mode_t mode) {
 bool private_to_us(const struct stat& st) { return st.st_uid == geteuid() && (st.st_mode & 07777 & ~0600u) == 0; }
 
 [[noreturn]] void refuse(const std::string& path, const struct stat& st, const std::string& why) {
-  throw Error(ErrorCode::system, "shm: refusing segment " + path + ": " + why + ", owned by uid " +
+  throw Error(ErrorCode::system, "shm: refusing segment " + path + ": " + why + " (owned by uid " +
                                      std::to_string(st.st_uid) + " with mode " + octal_mode(st.st_mode) +
-                                     " (this process runs as uid " + std::to_string(geteuid()) +
-                                     " and uses only its own segments, mode 0600)");
+                                     "); this process, uid " + std::to_string(geteuid()) +
+                                     ", uses only segments of its own user with mode 0600");
 }
 
 // The owner and mode of a name we could not use, read from /dev/shm (where Linux keeps them).
@@ -261,11 +261,12 @@ Ack read_ack(const Segment& segment, int from, int to, std::uint64_t n) {
 }
 
 std::uint64_t ring_fill(const Segment& segment, std::uint64_t head, std::uint64_t tail, std::uint64_t capacity,
-                        int writer, std::string_view ring) {
+                        int writer, std::string_view kind, int from, int to) {
   const std::uint64_t fill = head - tail;  // unsigned: a tail past the head wraps to a huge fill
   if (fill > capacity)
     throw corrupt_segment(segment, writer,
-                          "invalid indices of " + std::string(ring) + " (head " + std::to_string(head) + ", tail " +
+                          "invalid indices of the " + std::string(kind) + " ring from rank " + std::to_string(from) +
+                              " to rank " + std::to_string(to) + " (head " + std::to_string(head) + ", tail " +
                               std::to_string(tail) + ", capacity " + std::to_string(capacity) + ")");
   return fill;
 }

@@ -187,9 +187,10 @@ class Segment {
 ChunkHeader read_chunk(const Segment& segment, int from, int to, std::uint64_t n);
 /// Entry `n` of the ack ring of ring from->to (written by `to`).
 Ack read_ack(const Segment& segment, int from, int to, std::uint64_t n);
-/// head - tail of a ring with `capacity` entries, one index written by rank `writer`: at most `capacity`.
+/// head - tail of the `kind` ("data" or "ack") ring from rank `from` to rank `to`, which holds
+/// `capacity` entries; one of the indices was written by rank `writer`. At most `capacity`.
 std::uint64_t ring_fill(const Segment& segment, std::uint64_t head, std::uint64_t tail, std::uint64_t capacity,
-                        int writer, std::string_view ring);
+                        int writer, std::string_view kind, int from, int to);
 /// The communicator's first error, once recorded; a corrupt record gives Error(peer_failure) naming it.
 std::optional<Failure> read_abort(const Segment& segment);
 /// Error(peer_failure): rank `writer` wrote `what` into the segment.

@@ -242,14 +242,14 @@ void ShmTransport::drain(int src) {
   std::uint64_t tail = ring.tail.load(std::memory_order_relaxed);
   std::uint64_t head = ring.head.load(std::memory_order_acquire);
   if (tail == head) return;
-  ring_fill(*segment_, head, tail, slots, src, "its data ring to rank " + std::to_string(rank_));
+  ring_fill(*segment_, head, tail, slots, src, "data", src, rank_);
   const std::uint64_t limit = tail + 4 * slots;  // bounds one round
   while (tail != head && tail != limit) {
     handle_chunk(src, read_chunk(*segment_, src, rank_, tail), segment_->payload(src, rank_, tail));
     ring.tail.store(++tail, std::memory_order_release);  // frees the slot at once: the sender refills it
     if (tail == head) {
       head = ring.head.load(std::memory_order_acquire);
-      ring_fill(*segment_, head, tail, slots, src, "its data ring to rank " + std::to_string(rank_));
+      ring_fill(*segment_, head, tail, slots, src, "data", src, rank_);
     }
   }
   wake_peer_[static_cast<std::size_t>(src)] = true;
@@ -264,12 +264,11 @@ void ShmTransport::push_sends(int dst) {
   const std::size_t payload = segment_->layout().payload;
   std::uint64_t head = ring.head.load(std::memory_order_relaxed);
   std::uint64_t tail = ring.tail.load(std::memory_order_acquire);
-  const std::string ring_name = "the tail of rank " + std::to_string(rank_) + "'s data ring to it";
-  ring_fill(*segment_, head, tail, slots, dst, ring_name);
+  ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst);
   while (!queue.empty()) {
     if (head - tail >= slots) {
       tail = ring.tail.load(std::memory_order_acquire);
-      if (ring_fill(*segment_, head, tail, slots, dst, ring_name) >= slots) break;
+      if (ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst) >= slots) break;
     }
     SendOp& op = *queue.front();
     const std::size_t n = std::min(payload, op.bytes - op.offset);
@@ -301,8 +300,7 @@ void ShmTransport::drain_acks(int dst) {
   std::uint64_t tail = ring.ack_tail.load(std::memory_order_relaxed);
   const std::uint64_t head = ring.ack_head.load(std::memory_order_acquire);
   if (tail == head) return;
-  const bool was_full = ring_fill(*segment_, head, tail, ack_entries, dst,
-                                  "its ack ring to rank " + std::to_string(rank_)) >= ack_entries;
+  const bool was_full = ring_fill(*segment_, head, tail, ack_entries, dst, "ack", dst, rank_) >= ack_entries;
   for (; tail != head; ++tail) handle_ack(dst, read_ack(*segment_, rank_, dst, tail));
   ring.ack_tail.store(tail, std::memory_order_release);
   if (was_full) wake_peer_[static_cast<std::size_t>(dst)] = true;  // it may hold acks waiting for room
@@ -329,8 +327,7 @@ void ShmTransport::flush_acks(int src) {
   RingHeader& ring = segment_->ring(src, rank_);
   std::uint64_t head = ring.ack_head.load(std::memory_order_relaxed);
   const std::uint64_t tail = ring.ack_tail.load(std::memory_order_acquire);
-  const std::string ring_name = "the tail of rank " + std::to_string(rank_) + "'s ack ring to it";
-  if (ring_fill(*segment_, head, tail, ack_entries, src, ring_name) >= ack_entries) return;
+  if (ring_fill(*segment_, head, tail, ack_entries, src, "ack", rank_, src) >= ack_entries) return;
   for (; !queue.empty() && head - tail < ack_entries; ++head) {
     ring.acks[head % ack_entries] = queue.front();
     queue.pop_front();
