@@ -105,9 +105,13 @@ TEST_F(HostileShm, NameTakenWithGroupReadIsRefused) {
 
 // The world segment's name of a job with id `job_id`, p = 2, through a fresh file store; and the
 // name of the segment of split id 99 of it.
-std::pair<std::string, std::string> job_names(const std::string& job_id) {
+// With `stale`, the store holds an earlier job's nonce and rank 0 starts 200 ms after rank 1.
+std::pair<std::string, std::string> job_names(const std::string& job_id, bool stale = false) {
   char dir[] = "/tmp/tutti-hostile-store-XXXXXX";
   if (mkdtemp(dir) == nullptr) throw std::runtime_error("mkdtemp failed");
+  if (stale)
+    bootstrap::connect_store(std::string("file://") + dir, "", attach_timeout)
+        ->set("tutti/" + job_id + "/shm-nonce", std::string(24, 'a'));
   std::string names[2], splits[2];
   std::vector<std::thread> ranks;
   std::mutex mutex;
@@ -115,6 +119,7 @@ std::pair<std::string, std::string> job_names(const std::string& job_id) {
   for (int r = 0; r < 2; ++r)
     ranks.emplace_back([&, r] {
       try {
+        if (stale && r == 0) std::this_thread::sleep_for(200ms);
         auto store = bootstrap::connect_store(std::string("file://") + dir, "", attach_timeout);
         auto t = transport::shm::open_world(*store, "tutti/" + job_id + "/shm-nonce", job_id, r, 2, 1, attach_timeout);
         names[r] = static_cast<ShmTransport&>(*t).segment().name();
@@ -149,6 +154,14 @@ TEST_F(HostileShm, SegmentNamesCarryANonce) {
   EXPECT_EQ(split2.rfind(world2 + "-", 0), 0u) << split2;
   EXPECT_EQ(split1.find("0000000000000063"), std::string::npos) << split1;
   EXPECT_NE(split1.substr(world1.size()), split2.substr(world2.size()));
+}
+
+// A store reused by a job with the same id: the ranks that read the earlier nonce before rank 0
+// replaced it still find the new segment.
+TEST_F(HostileShm, StaleNonceInAReusedStore) {
+  const std::string job = "test-" + std::to_string(getpid()) + "-stale";
+  const auto [world, split] = job_names(job, true);
+  EXPECT_EQ(world.find(std::string(24, 'a')), std::string::npos) << world;
 }
 
 // ---- a peer that writes garbage ----

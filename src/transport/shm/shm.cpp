@@ -2,9 +2,11 @@
 // liveness of peers. Moving messages is in shm_messages.cpp.
 #include "transport/shm/shm.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -85,16 +87,29 @@ std::string world_segment_name(const std::string& job_id, const std::string& non
 
 std::unique_ptr<Transport> open_world(bootstrap::Store& store, const std::string& key, const std::string& job_id,
                                       int rank, int size, std::uint64_t comm_id, std::chrono::milliseconds timeout) {
+  const auto deadline = clock::now() + timeout;
+  const auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()));
+  };
   std::string nonce;
   if (rank == 0) {
     nonce = bootstrap::random_hex(12);
     store.set(key, nonce);
   } else {
-    nonce = store.get(key, timeout);
-    if (nonce.size() != 24 || nonce.find_first_not_of("0123456789abcdef") != std::string::npos)
-      throw Error(ErrorCode::invalid_argument, "shm: the segment nonce under store key '" + key + "' is malformed");
+    // A store used before by a job with the same id may still hold that job's nonce: until a
+    // segment of that name exists, read the key again (rank 0 overwrites it when it starts).
+    for (;;) {
+      nonce = store.get(key, left());
+      if (nonce.size() != 24 || nonce.find_first_not_of("0123456789abcdef") != std::string::npos)
+        throw Error(ErrorCode::invalid_argument, "shm: the segment nonce under store key '" + key + "' is malformed");
+      const int fd = shm_open(("/" + world_segment_name(job_id, nonce)).c_str(), O_RDONLY, 0);
+      if (fd >= 0) close(fd);
+      if (fd >= 0 || errno != ENOENT || clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
-  return open(world_segment_name(job_id, nonce), rank, size, comm_id, timeout);
+  return open(world_segment_name(job_id, nonce), rank, size, comm_id, left());
 }
 
 namespace {
