@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -384,6 +385,140 @@ TEST_F(ShmDirect, UnsupportedKindAndOtherTransports) {
   float x = 1.0f;
   EXPECT_FALSE(transport::shm::direct_collective(*group[0], "allreduce", &x, &x, 1, DataType::f32, ReduceOp::sum, -1,
                                                  clock::now() + timeout));
+}
+
+// ---- a mismatch among many outstanding collectives ----
+
+// What one rank saw of one call: ok (with exact results or not) or the error's code and text,
+// raised by the call itself (a rank that finds the mismatch, or learns of it, when it starts a
+// call) or by the wait.
+struct CallOutcome {
+  bool ok = false;
+  bool wrong = false;  // ok, but some element differs from the exact sum
+  ErrorCode code = ErrorCode::system;
+  std::string what;
+};
+
+// p ranks each start `calls` nonblocking allreduces (algorithm `algorithm`) before waiting for
+// any; rank 1 passes one element more to call `bad`. Rank 0 starts all of its calls before any
+// other rank starts one, so that its signatures run far ahead of theirs (past the table's slots
+// when calls > signature_slots). Returns outcomes[rank][call]; `later` gets what a later call
+// raised on each rank.
+std::vector<std::vector<CallOutcome>> run_outstanding(int p, int calls, int bad, Algorithm algorithm,
+                                                      std::vector<std::string>& later) {
+  std::vector<std::vector<CallOutcome>> outcomes(static_cast<std::size_t>(p),
+                                                 std::vector<CallOutcome>(static_cast<std::size_t>(calls)));
+  later.assign(static_cast<std::size_t>(p), "");
+  std::atomic<bool> first_started{false};
+  const std::string failures = run_ranks(p, [&](Rank& rank) {
+    const int r = rank.comm.rank();
+    if (r != 0)
+      for (const auto until = clock::now() + 20s; !first_started.load() && clock::now() < until;)
+        std::this_thread::sleep_for(1ms);
+    const std::size_t base = 64;
+    const auto uc_calls = static_cast<std::size_t>(calls);
+    std::vector<std::vector<float>> send(uc_calls), recv(uc_calls);
+    std::vector<std::optional<Request>> requests(uc_calls);
+    auto& mine = outcomes[static_cast<std::size_t>(r)];
+    for (std::size_t c = 0; c < uc_calls; ++c) {
+      const std::size_t n = base + (r == 1 && c == static_cast<std::size_t>(bad) ? 1 : 0);
+      send[c].resize(base + 1);
+      recv[c].assign(base + 1, std::nanf(""));
+      for (std::size_t i = 0; i <= base; ++i) send[c][i] = value(r, i + c);
+      try {
+        requests[c] =
+            rank.comm.iallreduce(send[c].data(), recv[c].data(), n, DataType::f32, ReduceOp::sum, {algorithm, 20000ms});
+      } catch (const Error& e) {
+        mine[c].code = e.code();
+        mine[c].what = e.what();
+      }
+    }
+    if (r == 0) first_started = true;
+    for (std::size_t c = 0; c < uc_calls; ++c) {
+      if (!requests[c]) continue;
+      try {
+        requests[c]->wait();
+        mine[c].ok = true;
+        for (std::size_t i = 0; i < base; ++i) mine[c].wrong = mine[c].wrong || recv[c][i] != sum_value(p, i + c);
+      } catch (const Error& e) {
+        mine[c].code = e.code();
+        mine[c].what = e.what();
+      }
+    }
+    try {
+      rank.comm.barrier({Algorithm::automatic, 20000ms});
+      later[static_cast<std::size_t>(r)] = "no error";
+    } catch (const Error& e) {
+      later[static_cast<std::size_t>(r)] = to_string(e.code());
+    }
+  });
+  EXPECT_EQ(failures, "");
+  return outcomes;
+}
+
+// On every rank: no call returns a wrong result and none from `bad` on succeeds; the first error
+// is the mismatch of call `bad`, naming rank 1 and its count; the calls that fail after it fail
+// with that error or as aborted, and so do later calls.
+void expect_mismatch_caught(int p, int calls, int bad, Algorithm algorithm) {
+  std::vector<std::string> later;
+  const auto outcomes = run_outstanding(p, calls, bad, algorithm, later);
+  const std::string where = "p=" + std::to_string(p) + " calls=" + std::to_string(calls) +
+                            " bad=" + std::to_string(bad) + " " + std::string(to_string(algorithm));
+  for (int r = 0; r < p; ++r) {
+    bool first_error = true;
+    for (int c = 0; c < calls; ++c) {
+      const CallOutcome& out = outcomes[static_cast<std::size_t>(r)][static_cast<std::size_t>(c)];
+      const std::string call = where + ": rank " + std::to_string(r) + " call " + std::to_string(c);
+      EXPECT_FALSE(out.ok && out.wrong) << call << " returned a wrong result";
+      if (c >= bad) {
+        EXPECT_FALSE(out.ok) << call << " succeeded";
+      }
+      if (out.ok) continue;
+      if (first_error || out.code == ErrorCode::mismatch) {
+        EXPECT_EQ(out.code, ErrorCode::mismatch) << call << ": " << out.what;
+        EXPECT_NE(out.what.find("mismatched collective"), std::string::npos) << call << ": " << out.what;
+        EXPECT_NE(out.what.find("#" + std::to_string(bad) + ", count=65"), std::string::npos)
+            << call << ": " << out.what;
+        EXPECT_NE(out.what.find("rank 1 called"), std::string::npos) << call << ": " << out.what;
+      } else {
+        EXPECT_EQ(out.code, ErrorCode::aborted) << call << ": " << out.what;
+      }
+      first_error = false;
+    }
+    EXPECT_FALSE(first_error) << where << ": rank " << r << " saw no error";
+    EXPECT_EQ(later[static_cast<std::size_t>(r)], "aborted") << where << ": rank " << r;
+  }
+}
+
+TEST_F(ShmDirect, MismatchAmongManyOutstandingCallsIsCaught) {
+  for (int p : {2, 3}) {
+    expect_mismatch_caught(p, 24, 3, Algorithm::direct);
+    expect_mismatch_caught(p, 100, 3, Algorithm::direct);
+    expect_mismatch_caught(p, 100, 80, Algorithm::direct);
+  }
+}
+
+TEST_F(ShmDirect, MismatchAmongManyOutstandingMessageCollectivesIsCaught) {
+  for (int p : {2, 3}) {
+    expect_mismatch_caught(p, 24, 3, Algorithm::ring);
+    expect_mismatch_caught(p, 100, 80, Algorithm::ring);
+  }
+}
+
+// Many outstanding calls that agree: all succeed with exact results (the table's slots are reused
+// many times over while ranks run far apart).
+TEST_F(ShmDirect, ManyOutstandingCallsThatAgreeSucceed) {
+  for (int p : {2, 3}) {
+    std::vector<std::string> later;
+    const auto outcomes = run_outstanding(p, 300, 300, Algorithm::direct, later);
+    for (int r = 0; r < p; ++r) {
+      for (int c = 0; c < 300; ++c) {
+        const CallOutcome& out = outcomes[static_cast<std::size_t>(r)][static_cast<std::size_t>(c)];
+        EXPECT_TRUE(out.ok && !out.wrong) << "p=" << p << " rank " << r << " call " << c << ": " << out.what;
+      }
+      EXPECT_EQ(later[static_cast<std::size_t>(r)], "no error");
+    }
+  }
 }
 
 // Waits for `pid` until `deadline`; kills it if still running. Returns its wait status, or -1.

@@ -95,7 +95,8 @@ Communicator init() {
     if (!one_host)
       throw Error(ErrorCode::invalid_argument,
                   "init: TUTTI_TRANSPORT=shm, but the ranks run on " + std::to_string(hosts.size()) + " hosts");
-    transport = transport::shm::open("tutti-" + job.job_id + "-world", job.rank, job.size, world_id, timeout);
+    transport =
+        transport::shm::open_world(*store, prefix + "shm-nonce", job.job_id, job.rank, job.size, world_id, timeout);
   } else if (kind == "tcp") {
     // TUTTI_TCP_HOST picks the address to listen on and advertise (a host with several networks).
     const std::string bind_host = core::env("TUTTI_TCP_HOST").value_or(one_host ? "127.0.0.1" : "0.0.0.0");

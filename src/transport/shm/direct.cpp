@@ -8,6 +8,11 @@
 // in its DirectRound; the last to arrive rings every other rank's doorbell, which is what their
 // waits (the queue's, the progress engine's) sleep on. Ranks run the same collectives in the same
 // order, so their rounds advance together.
+//
+// Ranks that disagree about a collective would still meet at barriers (rounds are counters), so
+// a direct collective writes nothing into the caller's buffer, and does not finish, before the
+// signature table has compared every rank's signature of it (ShmTransport::signature_checked;
+// see announce in shm.cpp).
 #include "transport/shm/direct.hpp"
 
 #include <algorithm>
@@ -57,6 +62,7 @@ class DirectRun final : public DirectCollective {
   void arrive();
   bool all_arrived() const;
   void check_deadline_and_liveness();
+  bool signatures_compared();
   [[noreturn]] void fail(const Error& error);
 
   ShmTransport& transport_;
@@ -77,6 +83,10 @@ class DirectRun final : public DirectCollective {
   std::size_t phases_ = 0, phase_ = 0;
   std::uint64_t first_use_ = 0;  // the data-set use of chunk 0
   std::uint64_t round_ = 0;      // the barrier round this rank waits for (0: none)
+  // This collective's seq, set when it is announced (never for one run without an announcement).
+  std::shared_ptr<std::atomic<std::uint64_t>> seq_;
+  bool compared_ = false;           // every rank's signature was compared with ours
+  bool awaits_signatures_ = false;  // waiting for that rather than for a barrier
 };
 
 DirectRun::DirectRun(ShmTransport& transport, std::string_view kind, const std::byte* send, std::byte* recv,
@@ -107,6 +117,17 @@ DirectRun::DirectRun(ShmTransport& transport, std::string_view kind, const std::
   chunks_ = count == 0 ? 0 : (count + per_chunk_ - 1) / per_chunk_;
   phases_ = chunks_ == 0 ? 0 : (three_parts_ ? 2 * chunks_ + 1 : chunks_ + 1);
   first_use_ = transport_.reserve_direct_uses(chunks_);
+  seq_ = transport_.expect_direct_announcement();
+}
+
+bool DirectRun::signatures_compared() {
+  if (compared_) return true;
+  const std::uint64_t seq = seq_->load(std::memory_order_acquire);
+  awaits_signatures_ = seq != no_seq && !transport_.signature_checked(seq);
+  if (awaits_signatures_) return false;
+  if (const auto failure = transport_.aborted()) throw failure->error;  // a mismatch found meanwhile
+  compared_ = true;
+  return true;
 }
 
 void DirectRun::fail(const Error& error) {
@@ -115,6 +136,7 @@ void DirectRun::fail(const Error& error) {
 }
 
 std::vector<int> DirectRun::waiting_for() const {
+  if (awaits_signatures_) return transport_.unpublished_ranks(seq_->load(std::memory_order_acquire));
   std::vector<int> ranks;
   if (round_ == 0) return ranks;
   for (int q = 0; q < size(); ++q)
@@ -146,7 +168,8 @@ void DirectRun::check_deadline_and_liveness() {
     std::string ranks;
     for (int q : waiting_for()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
     fail(Error(ErrorCode::timeout, "shm direct " + std::string(kind_) + " on rank " + std::to_string(rank()) +
-                                       ": timed out waiting for rank(s) " + ranks));
+                                       ": timed out waiting for rank(s) " + ranks +
+                                       (awaits_signatures_ ? " to start it" : "")));
   }
   if (now < next_liveness_check_) return;
   next_liveness_check_ = now + liveness_period;
@@ -160,12 +183,17 @@ bool DirectRun::progress() {
   try {
     if (const auto failure = transport_.aborted()) throw failure->error;
     while (phase_ < phases_) {
-      if (round_ != 0 && !all_arrived()) {
+      // Phase 0 writes only into the segment; the later ones write the caller's buffer.
+      if ((round_ != 0 && !all_arrived()) || (phase_ > 0 && !signatures_compared())) {
         check_deadline_and_liveness();
         return false;
       }
       run_phase(phase_++);
       if (phase_ < phases_) arrive();
+    }
+    if (!signatures_compared()) {
+      check_deadline_and_liveness();
+      return false;
     }
     return true;
   } catch (const Error& error) {

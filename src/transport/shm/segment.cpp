@@ -3,17 +3,20 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <thread>
 
-#include "core/log.hpp"
+#include "bootstrap/auth.hpp"
 
 namespace tutti::transport::shm {
 
@@ -27,6 +30,16 @@ std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to *
   throw Error(ErrorCode::system, "shm: " + what + ": " + std::strerror(errno));
 }
 
+void fill_random(std::uint8_t* out, std::size_t size) {
+  while (size > 0) {
+    const ssize_t got = getrandom(out, size, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) fail_system("getrandom");
+    out += got;
+    size -= static_cast<std::size_t>(got);
+  }
+}
+
 // Zeroed memory from ftruncate already holds zero-valued atomics; constructing them makes that official.
 void construct(std::byte* base, const Layout& layout, std::uint64_t comm_id) {
   auto* header = new (base) Header{};
@@ -35,6 +48,7 @@ void construct(std::byte* base, const Layout& layout, std::uint64_t comm_id) {
   header->size = layout.size;
   header->slots = layout.slots;
   header->payload = layout.payload;
+  fill_random(header->secret, sizeof header->secret);
   const auto p = static_cast<std::size_t>(layout.size);
   for (std::size_t r = 0; r < p; ++r) new (base + layout.rank_blocks + r * sizeof(RankBlock)) RankBlock{};
   for (std::size_t s = 0; s < p * signature_slots; ++s)
@@ -49,15 +63,63 @@ std::byte* map(int fd, const Layout& layout) {
   return base == MAP_FAILED ? nullptr : static_cast<std::byte*>(base);
 }
 
-// Rank 0: a fresh segment. A name left over by a crashed job of the same id is replaced.
-std::byte* create(const std::string& path, const Layout& layout, std::uint64_t comm_id) {
-  int fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0 && errno == EEXIST) {
-    core::log(core::LogLevel::warn, 0, "shm: replacing leftover segment " + path);
-    shm_unlink(path.c_str());
-    fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+std::string octal_mode(mode_t mode) {
+  char text[8];
+  std::snprintf(text, sizeof text, "%04o", static_cast<unsigned>(mode & 07777));
+  return text;
+}
+
+// A segment is ours to use only if this user owns it and nobody else may open it.
+bool private_to_us(const struct stat& st) { return st.st_uid == geteuid() && (st.st_mode & 07777 & ~0600u) == 0; }
+
+[[noreturn]] void refuse(const std::string& path, const struct stat& st, const std::string& why) {
+  throw Error(ErrorCode::system, "shm: refusing segment " + path + ": " + why + " (owned by uid " +
+                                     std::to_string(st.st_uid) + " with mode " + octal_mode(st.st_mode) +
+                                     "); this process, uid " + std::to_string(geteuid()) +
+                                     ", uses only segments of its own user with mode 0600");
+}
+
+// The owner and mode of a name we could not use, read from /dev/shm (where Linux keeps them).
+[[noreturn]] void refuse_name(const std::string& path, const std::string& why) {
+  struct stat st {};
+  if (stat(("/dev/shm" + path).c_str(), &st) == 0) refuse(path, st, why);
+  throw Error(ErrorCode::system, "shm: refusing segment " + path + ": " + why);
+}
+
+// After every shm_open: the segment must be this user's, mode 0600 at most. Closes `fd` on refusal.
+void check_private(int fd, const std::string& path) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int saved = errno;
+    close(fd);
+    errno = saved;
+    fail_system("fstat(" + path + ")");
   }
+  if (private_to_us(st)) return;
+  close(fd);
+  refuse(path, st, st.st_uid != geteuid() ? "it belongs to another user" : "its mode lets other users open it");
+}
+
+// Rank 0: a fresh segment, created exclusively. The name carries a random nonce, so a name that
+// exists already was taken by someone else (or is a leftover of a crashed job reusing the name):
+// we refuse it rather than remove or share it.
+std::byte* create(const std::string& path, const Layout& layout, std::uint64_t comm_id) {
+  const int fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0 && errno == EEXIST) refuse_name(path, "the name exists already");
   if (fd < 0) fail_system("shm_open(" + path + ")");
+  if (fchmod(fd, 0600) != 0) {  // the umask may have narrowed it; peers of this user need rw
+    const int saved = errno;
+    close(fd);
+    shm_unlink(path.c_str());
+    errno = saved;
+    fail_system("fchmod(" + path + ")");
+  }
+  try {
+    check_private(fd, path);
+  } catch (...) {
+    shm_unlink(path.c_str());
+    throw;
+  }
   std::byte* base = nullptr;
   if (ftruncate(fd, static_cast<off_t>(layout.total)) == 0) base = map(fd, layout);
   const int saved = errno;
@@ -71,13 +133,20 @@ std::byte* create(const std::string& path, const Layout& layout, std::uint64_t c
   return base;
 }
 
+bool same_geometry(const Header& header, const Layout& layout, std::uint64_t comm_id) {
+  return header.comm_id == comm_id && header.size == layout.size && header.slots == layout.slots &&
+         header.payload == layout.payload && header.total_bytes == layout.total;
+}
+
 // Other ranks: the segment once rank 0 created and initialized it, or nullptr to retry later.
 std::byte* try_open(const std::string& path, const Layout& layout, std::uint64_t comm_id, clock::time_point deadline) {
   const int fd = shm_open(path.c_str(), O_RDWR, 0);
   if (fd < 0) {
     if (errno == ENOENT) return nullptr;
+    if (errno == EACCES) refuse_name(path, "it cannot be opened for writing");
     fail_system("shm_open(" + path + ")");
   }
+  check_private(fd, path);
   struct stat st {};
   std::byte* base = nullptr;
   if (fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) == layout.total) base = map(fd, layout);
@@ -86,8 +155,7 @@ std::byte* try_open(const std::string& path, const Layout& layout, std::uint64_t
   auto& header = *reinterpret_cast<Header*>(base);
   while (header.magic.load(std::memory_order_acquire) != ready_magic && clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::microseconds(100));
-  if (header.magic.load(std::memory_order_acquire) == ready_magic && header.comm_id == comm_id &&
-      header.size == layout.size)
+  if (header.magic.load(std::memory_order_acquire) == ready_magic && same_geometry(header, layout, comm_id))
     return base;
   munmap(base, layout.total);  // a stale segment of another communicator: wait for ours
   return nullptr;
@@ -160,6 +228,83 @@ std::unique_ptr<Segment> Segment::attach(const std::string& name, int rank, int 
 }
 
 Segment::~Segment() { munmap(base_, layout_.total); }
+
+Error corrupt_segment(const Segment& segment, int writer, const std::string& what) {
+  const std::string who = writer >= 0 ? "rank " + std::to_string(writer) : std::string("a rank");
+  return Error(ErrorCode::peer_failure, "shm: " + who + " wrote " + what + " into segment /" + segment.name() +
+                                            " (a bug, or another process writing into it)");
+}
+
+ChunkHeader read_chunk(const Segment& segment, int from, int to, std::uint64_t n) {
+  ChunkHeader h;
+  std::memcpy(&h, &segment.chunk(from, to, n), sizeof h);  // once: the peer may change it meanwhile
+  const std::uint64_t payload = segment.layout().payload;
+  // The sender cuts a message of `total` bytes into chunks of `payload` bytes, the last one shorter.
+  const bool cut_right =
+      h.offset <= h.total && h.offset % payload == 0 && h.bytes == std::min<std::uint64_t>(payload, h.total - h.offset);
+  if (!cut_right || h.channel > static_cast<std::uint8_t>(Channel::point_to_point) || h.has_signature > 1)
+    throw corrupt_segment(segment, from,
+                          "an invalid chunk header (total " + std::to_string(h.total) + ", offset " +
+                              std::to_string(h.offset) + ", bytes " + std::to_string(h.bytes) + ", channel " +
+                              std::to_string(h.channel) + ", chunk payload " + std::to_string(payload) + ")");
+  return h;
+}
+
+Ack read_ack(const Segment& segment, int from, int to, std::uint64_t n) {
+  Ack ack;
+  std::memcpy(&ack, &segment.ring(from, to).acks[n % ack_entries], sizeof ack);
+  if (ack.channel > static_cast<std::uint8_t>(Channel::point_to_point) || ack.ok > 1)
+    throw corrupt_segment(
+        segment, to,
+        "an invalid acknowledgement (channel " + std::to_string(ack.channel) + ", ok " + std::to_string(ack.ok) + ")");
+  return ack;
+}
+
+std::uint64_t ring_fill(const Segment& segment, std::uint64_t head, std::uint64_t tail, std::uint64_t capacity,
+                        int writer, std::string_view kind, int from, int to) {
+  const std::uint64_t fill = head - tail;  // unsigned: a tail past the head wraps to a huge fill
+  if (fill > capacity)
+    throw corrupt_segment(segment, writer,
+                          "invalid indices of the " + std::string(kind) + " ring from rank " + std::to_string(from) +
+                              " to rank " + std::to_string(to) + " (head " + std::to_string(head) + ", tail " +
+                              std::to_string(tail) + ", capacity " + std::to_string(capacity) + ")");
+  return fill;
+}
+
+std::optional<Failure> read_abort(const Segment& segment) {
+  const AbortRecord& record = segment.header().abort;
+  if (record.state.load(std::memory_order_acquire) != 2) return std::nullopt;
+  const std::int32_t code = record.code, rank = record.rank;
+  const std::uint64_t seq = record.seq;
+  const std::uint32_t length = record.length;
+  if (rank < 0 || rank >= segment.layout().size || code < 0 || code > static_cast<std::int32_t>(ErrorCode::system) ||
+      length > abort_text_bytes) {
+    const int writer = rank >= 0 && rank < segment.layout().size ? rank : -1;
+    return Failure{corrupt_segment(segment, writer,
+                                   "an invalid abort record (rank " + std::to_string(rank) + ", code " +
+                                       std::to_string(code) + ", text length " + std::to_string(length) + ")"),
+                   no_seq};
+  }
+  std::string text(length, '\0');
+  std::memcpy(text.data(), record.text, length);
+  return Failure{Error(static_cast<ErrorCode>(code), text), seq};
+}
+
+std::string split_segment_name(const Segment& parent, std::uint64_t id) {
+  const Header& header = parent.header();
+  const std::string key(reinterpret_cast<const char*>(header.secret), sizeof header.secret);
+  char message[32];
+  std::snprintf(message, sizeof message, "split %016llx", static_cast<unsigned long long>(id));
+  const auto mac = bootstrap::hmac_sha256(key, message);
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string hex;
+  for (std::size_t i = 0; i < 12; ++i) {  // 96 bits: nobody guesses them
+    hex.push_back(digits[mac[i] >> 4]);
+    hex.push_back(digits[mac[i] & 0xf]);
+  }
+  // Nested splits lengthen the name; the hash alone tells communicators apart, so cut the prefix.
+  return parent.name().substr(0, 150) + "-" + hex;
+}
 
 namespace {
 

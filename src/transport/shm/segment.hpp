@@ -4,8 +4,8 @@
 // published through them with release/acquire ordering.
 //
 // Layout (offsets computed by Layout, the same in every process):
-//   Header        magic, geometry, comm id, attached count, abort record
-//   RankBlock[p]  pid, futex doorbell (generation), sleeper count
+//   Header        magic, geometry, comm id, secret, attached count, abort record
+//   RankBlock[p]  pid, futex doorbell (generation), sleeper count, signatures published
 //   SignatureSlot[p][signature_slots]   the collectives each rank announced, by seq
 //   Ring[p][p]    ring i->j: RingHeader (data head/tail, acks j->i), then `slots` chunk slots
 //   DirectRound[p]                     barrier round each rank has reached (direct algorithms)
@@ -17,7 +17,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "transport/transport.hpp"
 
@@ -27,16 +29,18 @@ namespace tutti::transport::shm {
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free &&
               std::atomic<std::int32_t>::is_always_lock_free);
 
-inline constexpr std::uint64_t ready_magic = 0x31736974747574ull;  // "tuttis1", set once initialized
-inline constexpr std::size_t signature_slots = 16;                 // announced signatures kept per rank
+inline constexpr std::uint64_t ready_magic = 0x32736974747574ull;  // "tuttis2", set once initialized
+inline constexpr std::size_t signature_slots = 64;                 // announced signatures kept per rank
 inline constexpr std::size_t ack_entries = 1024;                   // acknowledgements in flight per pair
 inline constexpr std::size_t chunk_header_bytes = 128;
 inline constexpr std::size_t abort_text_bytes = 1024;
+inline constexpr std::size_t secret_bytes = 32;
 
 /// First error of the communicator; the first writer wins (state 0 -> 1 by CAS, then 2 once written).
 struct AbortRecord {
   std::atomic<std::uint32_t> state;
   std::int32_t code;
+  std::int32_t rank;  // who wrote it
   std::uint64_t seq;
   std::uint32_t length;
   char text[abort_text_bytes];
@@ -49,6 +53,7 @@ struct Header {
   std::int32_t size;
   std::uint32_t slots;
   std::uint32_t payload;
+  std::uint8_t secret[secret_bytes];  // random, from the creator: names of split communicators derive from it
   alignas(64) std::atomic<std::uint32_t> attached;
   alignas(64) AbortRecord abort;
 };
@@ -57,6 +62,9 @@ struct alignas(64) RankBlock {
   std::atomic<std::int32_t> pid;
   alignas(64) std::atomic<std::uint32_t> generation;  // the futex word
   std::atomic<std::uint32_t> sleepers;                // ranks' threads in FUTEX_WAIT on it
+  // One past the highest seq whose signature this rank published and compared (see shm.cpp).
+  alignas(64) std::atomic<std::uint64_t> published;
+  std::atomic<std::uint32_t> awaits_publication;  // nonzero: ring this rank's doorbell on publishing
 };
 
 /// One announced signature, written under a seqlock: tag = seq + 1 when valid, busy while written.
@@ -121,8 +129,12 @@ class Segment {
  public:
   /// Creates (rank 0) or opens (others) the segment "/<name>", registers this rank's pid and
   /// waits until all `size` ranks have attached; the last one to attach unlinks the name.
+  /// Rank 0 creates it exclusively (O_EXCL), mode 0600; every rank checks, after opening, that
+  /// it belongs to this user and grants nothing beyond 0600.
   /// Throws Error(timeout) if not all attached before `deadline` (the name is unlinked then),
-  /// Error(system) if a system call fails, Error(invalid_argument) for a bad rank or size.
+  /// Error(system) if a system call fails or the segment (or a name taken before rank 0 could
+  /// create it) belongs to another user or has a wider mode, naming its owner and mode;
+  /// Error(invalid_argument) for a bad rank or size.
   static std::unique_ptr<Segment> attach(const std::string& name, int rank, int size, std::uint64_t comm_id,
                                          std::chrono::steady_clock::time_point deadline);
   ~Segment();
@@ -164,6 +176,30 @@ class Segment {
   Layout layout_;
   std::byte* base_;
 };
+
+// Reading what peers wrote. A peer, buggy or hostile, may write anything into the segment at any
+// time. Every record that we then use as a length, an offset or an index is read through one of
+// these: it is copied out of shared memory once, checked, and only the copy is used. A bad field
+// throws Error(peer_failure) naming the segment, the rank that wrote it and the field.
+
+/// The header of chunk slot `n` of ring from->to (written by `from`): its bytes must be what the
+/// sender's chunking gives for its offset and total, its channel and flags valid.
+ChunkHeader read_chunk(const Segment& segment, int from, int to, std::uint64_t n);
+/// Entry `n` of the ack ring of ring from->to (written by `to`).
+Ack read_ack(const Segment& segment, int from, int to, std::uint64_t n);
+/// head - tail of the `kind` ("data" or "ack") ring from rank `from` to rank `to`, which holds
+/// `capacity` entries; one of the indices was written by rank `writer`. At most `capacity`.
+std::uint64_t ring_fill(const Segment& segment, std::uint64_t head, std::uint64_t tail, std::uint64_t capacity,
+                        int writer, std::string_view kind, int from, int to);
+/// The communicator's first error, once recorded; a corrupt record gives Error(peer_failure) naming it.
+std::optional<Failure> read_abort(const Segment& segment);
+/// Error(peer_failure): rank `writer` wrote `what` into the segment.
+Error corrupt_segment(const Segment& segment, int writer, const std::string& what);
+
+/// The name of the segment of split communicator `id` of `parent`: the parent's name (which
+/// starts with "tutti-<job id>-") and a keyed hash of `id` under the parent's secret, which only
+/// the parent's ranks can read, so that no other user can predict it and take it first.
+std::string split_segment_name(const Segment& parent, std::uint64_t id);
 
 /// Bumps `rank`'s generation and wakes its sleepers (a FUTEX_WAKE only when some sleep).
 void ring_doorbell(RankBlock& block);

@@ -2,9 +2,11 @@
 // liveness of peers. Moving messages is in shm_messages.cpp.
 #include "transport/shm/shm.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -14,6 +16,8 @@
 #include <cstring>
 #include <thread>
 
+#include "bootstrap/auth.hpp"
+#include "bootstrap/store.hpp"
 #include "transport/shm/shm_transport.hpp"
 
 namespace tutti::transport::shm {
@@ -77,6 +81,37 @@ std::unique_ptr<Transport> open(const std::string& name, int rank, int size, std
   return std::make_unique<ShmTransport>(std::move(segment), rank, timeout);
 }
 
+std::string world_segment_name(const std::string& job_id, const std::string& nonce) {
+  return "tutti-" + job_id + "-world-" + nonce;
+}
+
+std::unique_ptr<Transport> open_world(bootstrap::Store& store, const std::string& key, const std::string& job_id,
+                                      int rank, int size, std::uint64_t comm_id, std::chrono::milliseconds timeout) {
+  const auto deadline = clock::now() + timeout;
+  const auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()));
+  };
+  std::string nonce;
+  if (rank == 0) {
+    nonce = bootstrap::random_hex(12);
+    store.set(key, nonce);
+  } else {
+    // A store used before by a job with the same id may still hold that job's nonce: until a
+    // segment of that name exists, read the key again (rank 0 overwrites it when it starts).
+    for (;;) {
+      nonce = store.get(key, left());
+      if (nonce.size() != 24 || nonce.find_first_not_of("0123456789abcdef") != std::string::npos)
+        throw Error(ErrorCode::invalid_argument, "shm: the segment nonce under store key '" + key + "' is malformed");
+      const int fd = shm_open(("/" + world_segment_name(job_id, nonce)).c_str(), O_RDONLY, 0);
+      if (fd >= 0) close(fd);
+      if (fd >= 0 || errno != ENOENT || clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  return open(world_segment_name(job_id, nonce), rank, size, comm_id, left());
+}
+
 namespace {
 
 // How a wait passes the time before it sleeps. A futex sleep and wake-up costs several
@@ -126,29 +161,120 @@ ShmTransport::~ShmTransport() {
 }
 
 std::unique_ptr<Transport> ShmTransport::split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) {
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(id));
-  // Nested splits lengthen the name; the id alone tells communicators apart, so cut the prefix.
-  const std::string name = segment_->name().substr(0, 150) + "-" + hex;
-  auto segment = Segment::attach(name, new_rank, static_cast<int>(ranks.size()), id, clock::now() + attach_timeout_);
+  auto segment = Segment::attach(split_segment_name(*segment_, id), new_rank, static_cast<int>(ranks.size()), id,
+                                 clock::now() + attach_timeout_);
   return std::make_unique<ShmTransport>(std::move(segment), new_rank, attach_timeout_);
 }
 
+// Catching a mismatch however many collectives are outstanding.
+//
+// Each rank publishes the signature of every collective it starts in its row of the signature
+// table (signature_slots slots per rank, seq modulo the slots, each tagged with its seq) and then
+// compares it with the slot of that seq of every other rank. Of two ranks publishing the same
+// seq, the later one sees the earlier one's slot (each writes, fences, then reads), so every
+// pair of ranks is compared once both published, if the earlier one's slot still holds that seq.
+// Two rules make that so, and make every collective wait for the comparison before it counts:
+//
+//  1. No slot is overwritten before every rank has compared it. A rank publishes seq s only when
+//     every rank's `published` (one past the highest seq it published, stored after comparing)
+//     is past s - signature_slots, the seq the slot held. Until then the signature waits in
+//     `unpublished_`, in order, and is published by a later progress or check; a rank that
+//     waits sets `awaits_publication`, and every publication rings the doorbells of such ranks.
+//     Submission never blocks: a rank may run any number of collectives ahead of the others.
+//  2. No collective completes before its comparison. A direct collective (which exchanges no
+//     messages) waits for signature_checked(seq) before it first writes the caller's buffer and
+//     before it finishes: every rank has published seq, so a mismatch has aborted the
+//     communicator by then. Collectives made of messages carry the sender's signature in their
+//     first chunk, which the receiver compares before it takes a byte (accept in
+//     shm_messages.cpp); a receive that could not compare it (a signature no longer remembered,
+//     with more than announced_.size() collectives outstanding) completes only once
+//     signature_checked(seq).
+// Neither rule can deadlock: the rank with the lowest `published` can always publish its next
+// seq, and every collective below it has been published by all ranks.
 void ShmTransport::announce(const Signature& signature) {
   const WireSignature mine = to_wire(signature);
   announced_[signature.seq % announced_.size()] = {signature.seq, mine};
-  write_slot(segment_->signature_slot(rank_, signature.seq), signature.seq, mine);
-  // Two ranks announcing the same seq at once: each writes, then reads; the fences make sure at
+  std::lock_guard lock(publication_mutex_);
+  if (direct_binding_ && signature.algorithm == "direct") {
+    direct_binding_->store(signature.seq, std::memory_order_release);
+    direct_binding_.reset();
+  }
+  unpublished_.emplace_back(signature.seq, mine);
+  publish_ready_locked();
+}
+
+std::uint64_t ShmTransport::lowest_published() const {
+  std::uint64_t lowest = no_seq;
+  for (int r = 0; r < size_; ++r)
+    lowest = std::min(lowest, segment_->rank_block(r).published.load(std::memory_order_seq_cst));
+  return lowest;
+}
+
+void ShmTransport::await_publication_locked(bool awaiting) {
+  if (awaiting == awaiting_publication_) return;
+  awaiting_publication_ = awaiting;
+  self_.awaits_publication.store(awaiting ? 1 : 0, std::memory_order_seq_cst);
+}
+
+void ShmTransport::publish_ready_locked() {
+  while (!unpublished_.empty()) {
+    const auto& [seq, mine] = unpublished_.front();
+    // The slot held seq - signature_slots (or less): every rank must be past it. Checked again
+    // after raising our flag, so that a publication between the two is not missed.
+    const auto slot_free = [&] { return seq < signature_slots || lowest_published() > seq - signature_slots; };
+    if (!slot_free()) {
+      await_publication_locked(true);
+      if (!slot_free()) return;
+    }
+    publish_locked(seq, mine);
+    unpublished_.pop_front();
+  }
+  await_publication_locked(false);
+}
+
+void ShmTransport::publish_locked(std::uint64_t seq, const WireSignature& mine) {
+  write_slot(segment_->signature_slot(rank_, seq), seq, mine);
+  // Two ranks publishing the same seq at once: each writes, then reads; the fences make sure at
   // least one of them sees the other's slot.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (int r = 0; r < size_; ++r) {
     WireSignature theirs;
-    if (r == rank_ || !read_slot(segment_->signature_slot(r, signature.seq), signature.seq, theirs)) continue;
+    if (r == rank_ || !read_slot(segment_->signature_slot(r, seq), seq, theirs)) continue;
     if (!same(theirs, mine)) {
-      abort(mismatched_collective(r, from_wire(theirs), rank_, signature), signature.seq);
-      return;
+      abort(mismatched_collective(r, from_wire(theirs), rank_, from_wire(mine)), seq);
+      break;
     }
   }
+  // After the abort (if any): a rank that sees every rank past seq then sees the abort too.
+  self_.published.store(seq + 1, std::memory_order_seq_cst);
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && segment_->rank_block(r).awaits_publication.load(std::memory_order_seq_cst) != 0)
+      ring_doorbell(segment_->rank_block(r));
+}
+
+bool ShmTransport::signature_checked(std::uint64_t seq) {
+  std::lock_guard lock(publication_mutex_);
+  publish_ready_locked();
+  if (seq < verified_below_) return true;
+  verified_below_ = lowest_published();
+  if (seq < verified_below_) return true;
+  await_publication_locked(true);  // then look again: a publication in between rings us
+  verified_below_ = lowest_published();
+  return seq < verified_below_;
+}
+
+std::vector<int> ShmTransport::unpublished_ranks(std::uint64_t seq) const {
+  std::vector<int> ranks;
+  for (int r = 0; r < size_; ++r)
+    if (segment_->rank_block(r).published.load(std::memory_order_acquire) <= seq) ranks.push_back(r);
+  return ranks;
+}
+
+std::shared_ptr<std::atomic<std::uint64_t>> ShmTransport::expect_direct_announcement() {
+  auto binding = std::make_shared<std::atomic<std::uint64_t>>(no_seq);
+  std::lock_guard lock(publication_mutex_);
+  direct_binding_ = binding;
+  return binding;
 }
 
 std::uint64_t ShmTransport::generation() const { return self_.generation.load(std::memory_order_acquire); }
@@ -176,11 +302,7 @@ void ShmTransport::wait(std::uint64_t seen, clock::time_point deadline) {
 
 void ShmTransport::wake() { ring_doorbell(self_); }
 
-std::optional<Failure> ShmTransport::aborted() const {
-  const AbortRecord& record = segment_->header().abort;
-  if (record.state.load(std::memory_order_acquire) != 2) return std::nullopt;
-  return Failure{Error(static_cast<ErrorCode>(record.code), std::string(record.text, record.length)), record.seq};
-}
+std::optional<Failure> ShmTransport::aborted() const { return read_abort(*segment_); }
 
 void ShmTransport::abort(const Error& error, std::uint64_t seq) {
   AbortRecord& record = segment_->header().abort;
@@ -188,12 +310,20 @@ void ShmTransport::abort(const Error& error, std::uint64_t seq) {
   if (record.state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
     const std::size_t length = std::min(std::strlen(error.what()), abort_text_bytes);
     record.code = static_cast<std::int32_t>(error.code());
+    record.rank = rank_;
     record.seq = seq;
     std::memcpy(record.text, error.what(), length);
     record.length = static_cast<std::uint32_t>(length);
     record.state.store(2, std::memory_order_release);
   }
   for (int r = 0; r < size_; ++r) ring_doorbell(segment_->rank_block(r));
+}
+
+// A peer wrote garbage into the rings: every rank fails with the error naming it, and this rank
+// reads the rings no more (their indices can no longer be trusted).
+void ShmTransport::corrupted(const Error& error) {
+  corrupt_ = true;
+  abort(error, no_seq);
 }
 
 bool ShmTransport::waits_on(int peer) const {

@@ -23,6 +23,21 @@ std::string size_mismatch(int sender, std::size_t sent, int receiver, std::size_
          " bytes but rank " + std::to_string(receiver) + " expected " + std::to_string(expected);
 }
 
+// Heap memory for a message that arrived before its receive, grown as its chunks arrive: the
+// total its first chunk announces is a peer's word, not to be allocated blindly.
+constexpr std::size_t unexpected_first_allocation = 64u << 20;
+
+void reserve(std::unique_ptr<std::byte[]>& data, std::size_t& capacity, std::size_t kept, std::size_t needed,
+             std::size_t total) {
+  if (needed <= capacity && data) return;
+  std::size_t grown = std::max({needed, std::min(total, unexpected_first_allocation), std::min(total, 2 * capacity)});
+  grown = std::max<std::size_t>(grown, 1);
+  auto bigger = std::make_unique_for_overwrite<std::byte[]>(grown);
+  if (kept > 0) std::memcpy(bigger.get(), data.get(), kept);
+  data = std::move(bigger);
+  capacity = grown;
+}
+
 }  // namespace
 
 void ShmTransport::finish(Completion* done, Completion::State state, std::string error) {
@@ -65,8 +80,12 @@ void ShmTransport::post_send(int peer, const MessageKey& key, const void* data, 
   }
   auto& queue = outbox_[static_cast<std::size_t>(peer)];
   queue.push_back(raw);
-  if (queue.size() == 1) push_sends(peer);
-  end_round();
+  try {
+    if (queue.size() == 1 && !corrupt_) push_sends(peer);
+    end_round();
+  } catch (const Error& error) {
+    corrupted(error);
+  }
 }
 
 void ShmTransport::post_recv(int peer, const MessageKey& key, void* data, std::size_t bytes, Completion* done) {
@@ -100,7 +119,7 @@ void ShmTransport::post_recv_op(int peer, const MessageKey& key, RecvOp op) {
     if (accept(k, op, message.total, message.has_signature, message.signature)) {
       deliver(op, 0, message.data.get(), message.received);
       if (op.received == op.bytes)
-        finish(op.done, Completion::done);
+        complete_recv(k, op);
       else
         recvs_.emplace(k, op);  // the rest goes straight into the buffer
     }
@@ -109,16 +128,21 @@ void ShmTransport::post_recv_op(int peer, const MessageKey& key, RecvOp op) {
            "receive posted twice: seq " + std::to_string(key.seq) + " index " + std::to_string(key.index) +
                " from rank " + std::to_string(peer));
   }
-  end_round();
+  try {
+    end_round();
+  } catch (const Error& error) {
+    corrupted(error);
+  }
 }
 
 // Called once per message, when its first chunk meets its receive: checks that both ranks run
 // the same collective and that the sizes agree, and answers the sender. False: `op` failed.
 bool ShmTransport::accept(const Key& key, RecvOp& op, std::size_t total, bool has_signature,
                           const WireSignature& theirs) {
-  if (key.channel == Channel::collective && has_signature) {
+  if (key.channel == Channel::collective) {
     const WireSignature* mine = announced(key.seq);
-    if (mine != nullptr && !same_signature(*mine, theirs)) {
+    op.unchecked = !has_signature || mine == nullptr;  // then the signature table decides (announce)
+    if (!op.unchecked && !same_signature(*mine, theirs)) {
       const Error error = mismatched_collective(key.peer, from_wire(theirs), rank_, from_wire(*mine));
       abort(error, key.seq);  // the sender learns of it through the abort, not an ack
       finish(op.done, Completion::failed, error.what());
@@ -146,17 +170,46 @@ void ShmTransport::deliver(RecvOp& op, std::size_t offset, const std::byte* data
   op.received += bytes;
 }
 
+// A received message is complete: a collective's receive that could not compare signatures waits
+// until the signature table has (see announce in shm.cpp).
+void ShmTransport::complete_recv(const Key& key, RecvOp& op) {
+  if (op.unchecked && !signature_checked(key.seq)) {
+    held_.emplace_back(key.seq, op.done);
+    return;
+  }
+  finish(op.done, Completion::done);
+}
+
+void ShmTransport::release_held() {
+  if (held_.empty()) return;
+  std::erase_if(held_, [&](const std::pair<std::uint64_t, Completion*>& held) {
+    if (!signature_checked(held.first)) return false;
+    finish(held.second, Completion::done);
+    return true;
+  });
+}
+
+// `header` was checked by read_chunk (its bytes fit its offset and total and the chunk slot);
+// what depends on the message so far is checked here: chunks come in order, with the same total.
 void ShmTransport::handle_chunk(int src, const ChunkHeader& header, const std::byte* payload) {
   const Key key{src, static_cast<Channel>(header.channel), header.seq, header.index};
+  const auto out_of_order = [&](std::size_t received, std::size_t total) {
+    return corrupt_segment(*segment_, src,
+                           "a chunk out of order (offset " + std::to_string(header.offset) + " of " +
+                               std::to_string(header.total) + " bytes where " + std::to_string(received) + " of " +
+                               std::to_string(total) + " had arrived)");
+  };
   if (auto it = recvs_.find(key); it != recvs_.end()) {
     RecvOp& op = it->second;
+    if (header.offset != op.received || (header.offset != 0 && header.total != op.bytes))
+      throw out_of_order(op.received, op.bytes);
     if (header.offset == 0 && !accept(key, op, header.total, header.has_signature != 0, header.signature)) {
       recvs_.erase(it);
       return;
     }
     deliver(op, header.offset, payload, header.bytes);
     if (op.received == op.bytes) {
-      finish(op.done, Completion::done);
+      complete_recv(key, op);
       recvs_.erase(it);
     }
     return;
@@ -164,7 +217,7 @@ void ShmTransport::handle_chunk(int src, const ChunkHeader& header, const std::b
   if (header.offset == 0) {  // unexpected: keep it until its receive is posted
     Unexpected message;
     message.total = header.total;
-    message.data = std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(header.total, 1));
+    reserve(message.data, message.capacity, 0, header.bytes, header.total);
     if (header.bytes > 0) std::memcpy(message.data.get(), payload, header.bytes);
     message.received = header.bytes;
     message.has_signature = header.has_signature != 0;
@@ -173,22 +226,31 @@ void ShmTransport::handle_chunk(int src, const ChunkHeader& header, const std::b
     return;
   }
   if (auto it = unexpected_.find(key); it != unexpected_.end()) {
-    std::memcpy(it->second.data.get() + header.offset, payload, header.bytes);
-    it->second.received += header.bytes;
+    Unexpected& message = it->second;
+    if (header.offset != message.received || header.total != message.total)
+      throw out_of_order(message.received, message.total);
+    reserve(message.data, message.capacity, message.received, message.received + header.bytes, message.total);
+    std::memcpy(message.data.get() + header.offset, payload, header.bytes);
+    message.received += header.bytes;
   }
   // Otherwise the rest of a message whose receive failed or was cancelled: dropped.
 }
 
 void ShmTransport::drain(int src) {
   RingHeader& ring = segment_->ring(src, rank_);
+  const std::uint64_t slots = segment_->layout().slots;
   std::uint64_t tail = ring.tail.load(std::memory_order_relaxed);
   std::uint64_t head = ring.head.load(std::memory_order_acquire);
   if (tail == head) return;
-  const std::uint64_t limit = tail + 4 * segment_->layout().slots;  // bounds one round
+  ring_fill(*segment_, head, tail, slots, src, "data", src, rank_);
+  const std::uint64_t limit = tail + 4 * slots;  // bounds one round
   while (tail != head && tail != limit) {
-    handle_chunk(src, segment_->chunk(src, rank_, tail), segment_->payload(src, rank_, tail));
+    handle_chunk(src, read_chunk(*segment_, src, rank_, tail), segment_->payload(src, rank_, tail));
     ring.tail.store(++tail, std::memory_order_release);  // frees the slot at once: the sender refills it
-    if (tail == head) head = ring.head.load(std::memory_order_acquire);
+    if (tail == head) {
+      head = ring.head.load(std::memory_order_acquire);
+      ring_fill(*segment_, head, tail, slots, src, "data", src, rank_);
+    }
   }
   wake_peer_[static_cast<std::size_t>(src)] = true;
   if (tail != head) completed_ = true;  // more to drain: keep our caller from sleeping
@@ -202,8 +264,12 @@ void ShmTransport::push_sends(int dst) {
   const std::size_t payload = segment_->layout().payload;
   std::uint64_t head = ring.head.load(std::memory_order_relaxed);
   std::uint64_t tail = ring.tail.load(std::memory_order_acquire);
+  ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst);
   while (!queue.empty()) {
-    if (head - tail >= slots && head - (tail = ring.tail.load(std::memory_order_acquire)) >= slots) break;
+    if (head - tail >= slots) {
+      tail = ring.tail.load(std::memory_order_acquire);
+      if (ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst) >= slots) break;
+    }
     SendOp& op = *queue.front();
     const std::size_t n = std::min(payload, op.bytes - op.offset);
     ChunkHeader& chunk = segment_->chunk(rank_, dst, head);
@@ -234,8 +300,8 @@ void ShmTransport::drain_acks(int dst) {
   std::uint64_t tail = ring.ack_tail.load(std::memory_order_relaxed);
   const std::uint64_t head = ring.ack_head.load(std::memory_order_acquire);
   if (tail == head) return;
-  const bool was_full = head - tail >= ack_entries;
-  for (; tail != head; ++tail) handle_ack(dst, ring.acks[tail % ack_entries]);
+  const bool was_full = ring_fill(*segment_, head, tail, ack_entries, dst, "ack", dst, rank_) >= ack_entries;
+  for (; tail != head; ++tail) handle_ack(dst, read_ack(*segment_, rank_, dst, tail));
   ring.ack_tail.store(tail, std::memory_order_release);
   if (was_full) wake_peer_[static_cast<std::size_t>(dst)] = true;  // it may hold acks waiting for room
 }
@@ -261,7 +327,7 @@ void ShmTransport::flush_acks(int src) {
   RingHeader& ring = segment_->ring(src, rank_);
   std::uint64_t head = ring.ack_head.load(std::memory_order_relaxed);
   const std::uint64_t tail = ring.ack_tail.load(std::memory_order_acquire);
-  if (head - tail >= ack_entries) return;
+  if (ring_fill(*segment_, head, tail, ack_entries, src, "ack", rank_, src) >= ack_entries) return;
   for (; !queue.empty() && head - tail < ack_entries; ++head) {
     ring.acks[head % ack_entries] = queue.front();
     queue.pop_front();
@@ -271,11 +337,21 @@ void ShmTransport::flush_acks(int src) {
 }
 
 void ShmTransport::progress() {
-  for (int r = 0; r < size_; ++r) drain(r);
-  for (int r = 0; r < size_; ++r) drain_acks(r);
-  for (int r = 0; r < size_; ++r) push_sends(r);
-  check_peers();
-  end_round();
+  if (corrupt_) return;
+  try {
+    {
+      std::lock_guard lock(publication_mutex_);
+      publish_ready_locked();
+    }
+    for (int r = 0; r < size_; ++r) drain(r);
+    for (int r = 0; r < size_; ++r) drain_acks(r);
+    for (int r = 0; r < size_; ++r) push_sends(r);
+    release_held();
+    check_peers();
+    end_round();
+  } catch (const Error& error) {
+    corrupted(error);
+  }
 }
 
 void ShmTransport::cancel(Completion* done) {
@@ -290,6 +366,7 @@ void ShmTransport::cancel(Completion* done) {
   } else {
     const auto it = recvs_.find(key);
     if (it != recvs_.end() && it->second.done == done) recvs_.erase(it);  // later chunks are dropped
+    std::erase_if(held_, [done](const std::pair<std::uint64_t, Completion*>& held) { return held.second == done; });
   }
   done->set(Completion::cancelled);
 }

@@ -22,6 +22,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -71,6 +72,16 @@ class ShmTransport final : public Transport {
     direct_uses_ += n;
     return first;
   }
+  /// For a direct collective being prepared: where the seq of the next "direct" announcement
+  /// will be stored (no_seq until then; a direct collective run without one stays unchecked).
+  std::shared_ptr<std::atomic<std::uint64_t>> expect_direct_announcement();
+  /// Whether every rank has published its signature of collective `seq` (and so every pair of
+  /// ranks compared theirs, a mismatch having aborted the communicator first). Publishes this
+  /// rank's deferred signatures first. Thread-safe. While false, a peer's publication rings
+  /// this rank's doorbell.
+  bool signature_checked(std::uint64_t seq);
+  /// The ranks that have not yet published their signature of collective `seq`.
+  std::vector<int> unpublished_ranks(std::uint64_t seq) const;
 
   /// A message as the receiver files it: sender and key.
   struct Key {
@@ -111,9 +122,11 @@ class ShmTransport final : public Transport {
     DataType type = DataType::u8;
     ReduceOp op = ReduceOp::sum;
     Completion* done = nullptr;
+    bool unchecked = false;  // a collective's message whose signature could not be compared
   };
   struct Unexpected {
     std::unique_ptr<std::byte[]> data;
+    std::size_t capacity = 0;  // grows with what arrives, up to total (a peer's total is not trusted)
     std::size_t total = 0;
     std::size_t received = 0;
     bool has_signature = false;
@@ -124,6 +137,8 @@ class ShmTransport final : public Transport {
   bool accept(const Key& key, RecvOp& op, std::size_t total, bool has_signature, const WireSignature& theirs);
   void deliver(RecvOp& op, std::size_t offset, const std::byte* data, std::size_t bytes);
   void finish(Completion* done, Completion::State state, std::string error = {});
+  void complete_recv(const Key& key, RecvOp& op);
+  void release_held();
   void end_round();
   void handle_chunk(int src, const ChunkHeader& header, const std::byte* payload);
   void drain(int src);
@@ -133,6 +148,12 @@ class ShmTransport final : public Transport {
   void push_sends(int dst);
   void check_peers();
   bool waits_on(int peer) const;
+  void corrupted(const Error& error);
+  // Signature publication (shm.cpp); all under publication_mutex_.
+  void publish_ready_locked();
+  void publish_locked(std::uint64_t seq, const WireSignature& mine);
+  std::uint64_t lowest_published() const;
+  void await_publication_locked(bool awaiting);
   bool peer_dead(int peer, std::int32_t pid) const;
 
   std::unique_ptr<Segment> segment_;
@@ -157,13 +178,23 @@ class ShmTransport final : public Transport {
   std::vector<std::deque<SendOp*>> outbox_;                          // per destination, posting order
   std::unordered_map<Key, RecvOp, KeyHash> recvs_;                   // peer = source
   std::unordered_map<Key, Unexpected, KeyHash> unexpected_;
-  std::vector<std::deque<Ack>> pending_acks_;  // per source, when its ack ring is full
-  std::vector<bool> wake_peer_;                // doorbells to ring at the end of this progress
-  bool completed_ = false;                     // a completion changed: ring our own doorbell
+  std::vector<std::deque<Ack>> pending_acks_;                // per source, when its ack ring is full
+  std::vector<std::pair<std::uint64_t, Completion*>> held_;  // unchecked receives, by seq (see announce)
+  std::vector<bool> wake_peer_;                              // doorbells to ring at the end of this progress
+  bool completed_ = false;                                   // a completion changed: ring our own doorbell
   std::chrono::steady_clock::time_point next_liveness_check_{};
   std::vector<int> pidfds_;  // per peer process, -1 where unavailable (or a thread of ours)
   std::uint64_t direct_uses_ = 0;
   WaitPolicy wait_policy_;  // how wait() passes the time before it sleeps
+  bool corrupt_ = false;    // a peer wrote garbage into the rings: they are no longer read
+
+  // Signatures announced but not yet published (their table slot still holds one that some rank
+  // has not compared yet), in seq order; and what is known published by every rank.
+  mutable std::mutex publication_mutex_;
+  std::deque<std::pair<std::uint64_t, WireSignature>> unpublished_;
+  std::uint64_t verified_below_ = 0;  // every rank has published every seq below this
+  bool awaiting_publication_ = false;
+  std::shared_ptr<std::atomic<std::uint64_t>> direct_binding_;  // see expect_direct_announcement
 };
 
 }  // namespace tutti::transport::shm

@@ -1,0 +1,404 @@
+// The shared-memory transport against another local user and against a peer that writes garbage
+// into the segment. Ranks are threads of this process attached like processes would be; the
+// "attacker" creates names in /dev/shm or writes into the mapping directly. Every call has a
+// deadline, every test checks the named error and that the victim went on (no crash, no
+// out-of-bounds access: the suite runs under ASan too), and nothing is left in /dev/shm.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "bootstrap/store.hpp"
+#include "comm/comm_impl.hpp"
+#include "shm_names.hpp"
+#include "transport/shm/segment.hpp"
+#include "transport/shm/shm.hpp"
+#include "transport/shm/shm_transport.hpp"
+#include "tutti/tutti.hpp"
+
+namespace tutti::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using transport::Channel;
+using transport::Completion;
+using transport::MessageKey;
+using transport::shm::ShmTransport;
+
+constexpr std::chrono::milliseconds attach_timeout{20000};
+const int bounded_default_timeout = setenv("TUTTI_TIMEOUT_MS", "20000", 0);
+
+class HostileShm : public ::testing::Test {
+ protected:
+  void TearDown() override { EXPECT_EQ(shm_leftovers(), std::vector<std::string>{}); }
+};
+
+// ---- a name taken before rank 0 creates it ----
+
+// Another user's segment under `name`, simulated: this user's with `mode`, handed to `owner`
+// when that is not this user (possible only as root). Removed when the object goes.
+struct Squat {
+  std::string path;
+  Squat(const std::string& name, mode_t mode, uid_t owner) : path("/" + name) {
+    const int fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) throw std::runtime_error("squat: shm_open failed");
+    const bool ok = fchmod(fd, mode) == 0 && ftruncate(fd, 1 << 20) == 0 &&
+                    (owner == geteuid() || fchown(fd, owner, static_cast<gid_t>(owner)) == 0);
+    close(fd);
+    if (!ok) {
+      shm_unlink(path.c_str());
+      throw std::runtime_error("squat: could not set mode or owner");
+    }
+  }
+  ~Squat() { shm_unlink(path.c_str()); }
+};
+
+// What shm::open(name) as `rank` of 2 raised, as "code: message" ("" when it returned).
+std::string open_error(const std::string& name, int rank) {
+  try {
+    transport::shm::open(name, rank, 2, 1, 300ms);
+    return "";
+  } catch (const Error& e) {
+    return std::string(to_string(e.code())) + ": " + e.what();
+  }
+}
+
+void expect_refused(const std::string& error, const std::string& name, uid_t owner, const std::string& mode) {
+  EXPECT_EQ(error.rfind("system: shm: refusing segment /" + name + ":", 0), 0u) << error;
+  EXPECT_NE(error.find("owned by uid " + std::to_string(owner) + " with mode " + mode), std::string::npos) << error;
+}
+
+TEST_F(HostileShm, NameTakenWithAWideModeIsRefused) {
+  const std::string name = unique_shm_name();
+  Squat squat(name, 0666, geteuid());
+  // Rank 0 does not take over the name; the others do not attach to what they find under it.
+  expect_refused(open_error(name, 0), name, geteuid(), "0666");
+  expect_refused(open_error(name, 1), name, geteuid(), "0666");
+}
+
+TEST_F(HostileShm, NameTakenByAnotherUserIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to make a segment of another user (uid 65534)";
+  const std::string name = unique_shm_name();
+  Squat squat(name, 0600, 65534);
+  expect_refused(open_error(name, 0), name, 65534, "0600");
+  expect_refused(open_error(name, 1), name, 65534, "0600");
+}
+
+// A segment open to the group is refused too (any bit beyond 0600).
+TEST_F(HostileShm, NameTakenWithGroupReadIsRefused) {
+  const std::string name = unique_shm_name();
+  Squat squat(name, 0640, geteuid());
+  expect_refused(open_error(name, 1), name, geteuid(), "0640");
+}
+
+// ---- names nobody can predict ----
+
+// The world segment's name of a job with id `job_id`, p = 2, through a fresh file store; and the
+// name of the segment of split id 99 of it.
+// With `stale`, the store holds an earlier job's nonce and rank 0 starts 200 ms after rank 1.
+std::pair<std::string, std::string> job_names(const std::string& job_id, bool stale = false) {
+  char dir[] = "/tmp/tutti-hostile-store-XXXXXX";
+  if (mkdtemp(dir) == nullptr) throw std::runtime_error("mkdtemp failed");
+  if (stale)
+    bootstrap::connect_store(std::string("file://") + dir, "", attach_timeout)
+        ->set("tutti/" + job_id + "/shm-nonce", std::string(24, 'a'));
+  std::string names[2], splits[2];
+  std::vector<std::thread> ranks;
+  std::mutex mutex;
+  std::string failures;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        if (stale && r == 0) std::this_thread::sleep_for(200ms);
+        auto store = bootstrap::connect_store(std::string("file://") + dir, "", attach_timeout);
+        auto t = transport::shm::open_world(*store, "tutti/" + job_id + "/shm-nonce", job_id, r, 2, 1, attach_timeout);
+        names[r] = static_cast<ShmTransport&>(*t).segment().name();
+        auto child = t->split(99, {0, 1}, r);
+        splits[r] = static_cast<ShmTransport&>(*child).segment().name();
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        failures += e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  std::filesystem::remove_all(dir);
+  if (!failures.empty()) throw std::runtime_error(failures);
+  EXPECT_EQ(names[0], names[1]);
+  EXPECT_EQ(splits[0], splits[1]);
+  return {names[0], splits[0]};
+}
+
+TEST_F(HostileShm, SegmentNamesCarryANonce) {
+  const std::string job = "test-" + std::to_string(getpid()) + "-job";
+  const auto [world1, split1] = job_names(job);
+  const auto [world2, split2] = job_names(job);  // the same job id again
+  const std::string prefix = "tutti-" + job + "-world-";
+  for (const std::string& name : {world1, world2}) {
+    ASSERT_EQ(name.rfind(prefix, 0), 0u) << name;  // tutti-run's cleanup finds it by "tutti-<job id>-"
+    EXPECT_EQ(name.size(), prefix.size() + 24) << name;
+    EXPECT_EQ(name.find_first_not_of("0123456789abcdef", prefix.size()), std::string::npos) << name;
+  }
+  EXPECT_NE(world1, world2);
+  // A split's name is the parent's and a keyed hash of its id, not the id itself.
+  EXPECT_EQ(split1.rfind(world1 + "-", 0), 0u) << split1;
+  EXPECT_EQ(split2.rfind(world2 + "-", 0), 0u) << split2;
+  EXPECT_EQ(split1.find("0000000000000063"), std::string::npos) << split1;
+  EXPECT_NE(split1.substr(world1.size()), split2.substr(world2.size()));
+}
+
+// A store reused by a job with the same id: the ranks that read the earlier nonce before rank 0
+// replaced it still find the new segment.
+TEST_F(HostileShm, StaleNonceInAReusedStore) {
+  const std::string job = "test-" + std::to_string(getpid()) + "-stale";
+  const auto [world, split] = job_names(job, true);
+  EXPECT_EQ(world.find(std::string(24, 'a')), std::string::npos) << world;
+}
+
+// ---- a peer that writes garbage ----
+
+// Two ranks of one segment, both driven by this thread (transport level).
+struct Pair {
+  std::unique_ptr<transport::Transport> t[2];
+  Pair() {
+    const std::string name = unique_shm_name();
+    std::thread other([&] { t[1] = transport::shm::open(name, 1, 2, 3, attach_timeout); });
+    t[0] = transport::shm::open(name, 0, 2, 3, attach_timeout);
+    other.join();
+  }
+  transport::shm::Segment& segment() const { return static_cast<ShmTransport&>(*t[0]).segment(); }
+  // Writes `header` into the next slot of ring 0->1 as rank 0 would, and publishes it.
+  void write_chunk(const transport::shm::ChunkHeader& header) const {
+    auto& ring = segment().ring(0, 1);
+    const std::uint64_t head = ring.head.load();
+    std::memcpy(&segment().chunk(0, 1, head), &header, sizeof header);
+    ring.head.store(head + 1);
+  }
+};
+
+transport::shm::ChunkHeader chunk(std::uint64_t total, std::uint64_t offset, std::uint32_t bytes) {
+  transport::shm::ChunkHeader h{};
+  h.seq = 5;
+  h.total = total;
+  h.offset = offset;
+  h.bytes = bytes;
+  h.channel = static_cast<std::uint8_t>(Channel::point_to_point);
+  return h;
+}
+
+// Rank 1 has a receive of 400 bytes posted (tag 5) when rank 0's `scribble` lands; after a
+// progress it must be aborted with peer_failure naming rank 0 and `what`, its buffer untouched
+// beyond the 400 bytes.
+void expect_victim_fails(const std::function<void(const Pair&)>& scribble, const std::string& what) {
+  Pair pair;
+  std::vector<std::byte> buffer(400 + 4096, std::byte{0x5a});
+  Completion received;
+  pair.t[1]->post_recv(0, MessageKey{Channel::point_to_point, 5, 0}, buffer.data(), 400, &received);
+  scribble(pair);
+  for (int i = 0; i < 10; ++i) pair.t[1]->progress();
+  const auto failure = pair.t[1]->aborted();
+  ASSERT_TRUE(failure.has_value()) << what << ": rank 1 went on";
+  EXPECT_EQ(failure->error.code(), ErrorCode::peer_failure) << failure->error.what();
+  const std::string text = failure->error.what();
+  EXPECT_NE(text.find("shm: rank 0 wrote "), std::string::npos) << text;
+  EXPECT_NE(text.find(what), std::string::npos) << text;
+  for (std::size_t i = 400; i < buffer.size(); ++i)
+    ASSERT_EQ(buffer[i], std::byte{0x5a}) << "written past the receive at byte " << i;
+  pair.t[1]->cancel(&received);
+}
+
+TEST_F(HostileShm, ChunkBytesBeyondTheSlot) {
+  expect_victim_fails([](const Pair& p) { p.write_chunk(chunk(400, 0, 0xffffffffu)); }, "invalid chunk header");
+}
+
+TEST_F(HostileShm, ChunkOffsetBeyondTheTotal) {
+  expect_victim_fails([](const Pair& p) { p.write_chunk(chunk(400, std::uint64_t{1} << 40, 0)); },
+                      "invalid chunk header");
+}
+
+TEST_F(HostileShm, ChunkWithAnInvalidChannel) {
+  expect_victim_fails(
+      [](const Pair& p) {
+        auto h = chunk(400, 0, 400);
+        h.channel = 7;
+        p.write_chunk(h);
+      },
+      "invalid chunk header");
+}
+
+// A chunk claiming to continue the message where nothing arrived yet (an offset the receive has
+// not reached), and one claiming another total than the first chunk did.
+TEST_F(HostileShm, ChunksOutOfOrder) {
+  const std::uint32_t payload = transport::shm::Layout::for_size(2).payload;
+  const std::uint64_t big = 3 * std::uint64_t{payload};
+  expect_victim_fails([&](const Pair& p) { p.write_chunk(chunk(big, payload, payload)); }, "chunk out of order");
+  expect_victim_fails(
+      [&](const Pair& p) {
+        auto first = chunk(400, 0, 400);
+        first.seq = 6;  // unexpected: kept on the heap
+        p.write_chunk(first);
+        auto next = chunk(big, payload, payload);
+        next.seq = 6;
+        p.write_chunk(next);
+      },
+      "chunk out of order");
+}
+
+// A huge total in a well-formed first chunk: an unexpected message is not allocated blindly,
+// and a posted receive fails with the size mismatch (the message is what rank 0 claims).
+TEST_F(HostileShm, HugeTotal) {
+  Pair pair;
+  const std::uint32_t payload = transport::shm::Layout::for_size(2).payload;
+  auto unexpected = chunk(std::uint64_t{1} << 62, 0, payload);
+  unexpected.seq = 9;
+  pair.write_chunk(unexpected);
+  for (int i = 0; i < 10; ++i) pair.t[1]->progress();
+  EXPECT_FALSE(pair.t[1]->aborted().has_value());
+  std::vector<std::byte> buffer(400);
+  Completion received;
+  pair.t[1]->post_recv(0, MessageKey{Channel::point_to_point, 5, 0}, buffer.data(), 400, &received);
+  pair.write_chunk(chunk(std::uint64_t{1} << 62, 0, payload));
+  for (int i = 0; i < 10; ++i) pair.t[1]->progress();
+  ASSERT_EQ(received.state(), Completion::failed);
+  EXPECT_NE(received.error.find("message size mismatch: rank 0 sent 4611686018427387904 bytes but rank 1 expected 400"),
+            std::string::npos)
+      << received.error;
+}
+
+TEST_F(HostileShm, RingHeadFarBeyondTheTail) {
+  expect_victim_fails(
+      [](const Pair& p) {
+        auto& ring = p.segment().ring(0, 1);
+        ring.head.store(ring.tail.load() + 1000);
+      },
+      "invalid indices of the data ring from rank 0 to rank 1");
+}
+
+TEST_F(HostileShm, AckRingHeadFarBeyondTheTail) {
+  Pair pair;
+  std::vector<std::byte> data(64);
+  Completion sent;
+  pair.t[1]->post_send(0, MessageKey{Channel::point_to_point, 5, 0}, data.data(), data.size(), &sent);
+  auto& ring = pair.segment().ring(1, 0);  // its acks are written by rank 0, read by rank 1
+  ring.ack_head.store(ring.ack_tail.load() + 5 * transport::shm::ack_entries);
+  for (int i = 0; i < 10; ++i) pair.t[1]->progress();
+  const auto failure = pair.t[1]->aborted();
+  ASSERT_TRUE(failure.has_value());
+  EXPECT_EQ(failure->error.code(), ErrorCode::peer_failure);
+  EXPECT_NE(std::string(failure->error.what())
+                .find("shm: rank 0 wrote invalid indices of the ack ring from rank 0 to rank 1"),
+            std::string::npos)
+      << failure->error.what();
+  pair.t[1]->cancel(&sent);
+}
+
+// The tail rank 0 keeps of ring 1->0 (its consumer index) moved past rank 1's head.
+TEST_F(HostileShm, RingTailPastTheHead) {
+  Pair pair;
+  auto& ring = pair.segment().ring(1, 0);
+  ring.tail.store(ring.head.load() + 3);
+  std::vector<std::byte> data(64);
+  Completion sent;
+  pair.t[1]->post_send(0, MessageKey{Channel::point_to_point, 5, 0}, data.data(), data.size(), &sent);
+  const auto failure = pair.t[1]->aborted();
+  ASSERT_TRUE(failure.has_value());
+  EXPECT_EQ(failure->error.code(), ErrorCode::peer_failure);
+  EXPECT_NE(std::string(failure->error.what())
+                .find("shm: rank 0 wrote invalid indices of the data ring from rank 1 to rank 0"),
+            std::string::npos)
+      << failure->error.what();
+  pair.t[1]->cancel(&sent);
+}
+
+// An abort record whose text length is far beyond its buffer, and one with an invalid code.
+TEST_F(HostileShm, AbortRecordWithAHugeLength) {
+  for (int variant = 0; variant < 2; ++variant) {
+    Pair pair;
+    auto& record = pair.segment().header().abort;
+    record.code = variant == 0 ? static_cast<std::int32_t>(ErrorCode::mismatch) : 1000;
+    record.rank = 0;
+    record.seq = 0;
+    record.length = variant == 0 ? 0xffffffffu : 10;
+    record.state.store(2);
+    const auto failure = pair.t[1]->aborted();
+    ASSERT_TRUE(failure.has_value());
+    EXPECT_EQ(failure->error.code(), ErrorCode::peer_failure);
+    EXPECT_NE(std::string(failure->error.what()).find("shm: rank 0 wrote an invalid abort record"), std::string::npos)
+        << failure->error.what();
+  }
+}
+
+// A signature slot full of garbage (names and enums out of range) under the seq rank 1 announces:
+// a named mismatch, not a crash while describing it.
+TEST_F(HostileShm, GarbageSignatureSlot) {
+  Pair pair;
+  auto& slot = pair.segment().signature_slot(0, 0);
+  for (auto& word : slot.words) word.store(~std::uint64_t{0});
+  slot.words[0].store(0);  // the seq
+  slot.tag.store(1);
+  transport::Signature mine;
+  mine.seq = 0;
+  mine.kind = "allreduce";
+  mine.count = 4;
+  mine.type = DataType::f32;
+  mine.op = ReduceOp::sum;
+  pair.t[1]->announce(mine);
+  const auto failure = pair.t[1]->aborted();
+  ASSERT_TRUE(failure.has_value());
+  EXPECT_EQ(failure->error.code(), ErrorCode::mismatch);
+  EXPECT_NE(std::string(failure->error.what()).find("mismatched collective: rank 0 called"), std::string::npos)
+      << failure->error.what();
+}
+
+// Through the public API: a receive in progress when rank 0 writes a corrupt chunk fails with
+// peer_failure naming rank 0, and the communicator is aborted (later calls too), well before the
+// deadline.
+TEST_F(HostileShm, VictimCommunicatorFailsWithANamedError) {
+  const std::string name = unique_shm_name();
+  std::unique_ptr<transport::Transport> attacker;
+  std::thread other([&] { attacker = transport::shm::open(name, 0, 2, 3, attach_timeout); });
+  auto victim_transport = transport::shm::open(name, 1, 2, 3, attach_timeout);
+  other.join();
+  auto& segment = static_cast<ShmTransport&>(*attacker).segment();
+  Communicator victim(std::make_shared<detail::CommImpl>(std::move(victim_transport)));
+  std::thread scribbler([&] {
+    std::this_thread::sleep_for(50ms);
+    auto& ring = segment.ring(0, 1);
+    const std::uint64_t head = ring.head.load();
+    auto h = chunk(400, 0, 400);
+    h.seq = 0;  // the receive's tag
+    h.bytes = 1u << 31;
+    std::memcpy(&segment.chunk(0, 1, head), &h, sizeof h);
+    ring.head.store(head + 1);
+    transport::shm::ring_doorbell(segment.rank_block(1));
+  });
+  std::vector<float> data(100, 0.0f);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    victim.recv(data.data(), data.size(), DataType::f32, 0, 0);
+    ADD_FAILURE() << "the receive succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::peer_failure) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shm: rank 0 wrote an invalid chunk header"), std::string::npos) << e.what();
+  }
+  scribbler.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  try {
+    victim.barrier();
+    ADD_FAILURE() << "a barrier after the corruption succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::aborted) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tutti::testing
