@@ -15,6 +15,7 @@
 #   SOAK_KILL_TIMEOUT_MS=5000         --timeout-ms of the kill runs; the bound on detection is
 #                                     this plus SOAK_KILL_SLACK_MS=2000
 #   SOAK_RUN_LIMIT_S=600              wall-clock limit of one clean run
+#   SOAK_REPORTS=5                    progress lines per rank in a clean run
 set -u
 run=$1 program=$2
 small=${SOAK_SMALL:-10000} large=${SOAK_LARGE:-100} kills=${SOAK_KILLS:-1}
@@ -22,7 +23,7 @@ transports=${SOAK_TRANSPORTS:-shm tcp} n=${SOAK_RANKS:-4}
 seed=${SOAK_SEED:-$(((RANDOM << 15) | RANDOM))}
 rss_bound=${SOAK_RSS_BOUND_MIB:-16}
 kill_timeout_ms=${SOAK_KILL_TIMEOUT_MS:-5000} kill_slack_ms=${SOAK_KILL_SLACK_MS:-2000}
-run_limit=${SOAK_RUN_LIMIT_S:-600}
+run_limit=${SOAK_RUN_LIMIT_S:-600} reports=${SOAK_REPORTS:-5}
 RANDOM=$seed
 passed=0 failed=0
 work=$(mktemp -d "${TMPDIR:-/tmp}/tutti-soak.XXXXXX")
@@ -63,7 +64,7 @@ clean_run() {  # TRANSPORT
   mkdir -p "$tmp"
   start=$(now_ns)
   TMPDIR=$tmp timeout -s KILL "$run_limit" "$run" -n "$n" --transport "$t" --timeout-ms 60000 \
-    "$program" --small "$small" --large "$large" --seed "$seed" --rss-bound-mib "$rss_bound" >"$out" 2>&1 &
+    "$program" --small "$small" --large "$large" --seed "$seed" --reports "$reports" --rss-bound-mib "$rss_bound" >"$out" 2>&1 &
   local runner=$! job=""
   while [[ -z $job ]] && kill -0 $runner 2>/dev/null; do  # the job id, while the ranks run
     local first
@@ -80,7 +81,20 @@ $(tail -20 "$out")" $(ok_if test $status -eq 0)
   local done_ok
   done_ok=$(grep -cE "rank [0-9]+: done small=$small large=[0-9]+ errors=0 .*growth_mib=[0-9.]+$" "$out")
   check "$name: $n ranks right, memory flat (+$rss_bound MiB)" "$done_ok of $n" $(ok_if test "$done_ok" -eq "$n")
-  echo "    $t: $(((end - start) / 1000000)) ms wall for the run"
+  awk -v t="$t" -v wall=$(((end - start) / 1000000)) '
+    / done small=/ {
+      for (i = 1; i <= NF; ++i) { split($i, kv, "="); v[kv[1]] = kv[2] }
+      calls = v["small"] + v["large"]; errors += v["errors"]; if (v["seconds"] > s) s = v["seconds"]
+      if (v["rss_start_mib"] > a) a = v["rss_start_mib"]; if (v["rss_base_mib"] > b) b = v["rss_base_mib"]
+      if (v["rss_end_mib"] > e) e = v["rss_end_mib"]; if (v["growth_mib"] > g) g = v["growth_mib"]
+      small = v["small"]; large = v["large"]; ranks++
+    }
+    END {
+      if (ranks == 0) exit
+      printf "figure soak %s: %d ranks, %d small + %d large calls in %.1f s (%.0f calls/s, %.1f s wall), " \
+             "errors %d; RSS per rank (MiB, largest of the ranks): start %.1f, after warm-up %.1f, end %.1f, " \
+             "growth after warm-up %.1f\n", t, ranks, small, large, s, calls / s, wall / 1000, errors, a, b, e, g
+    }' "$out"
   # shellcheck disable=SC2046
   check_clean "$name" "$job" "$tmp" $(pids_of "$out")
 }
@@ -135,7 +149,11 @@ kill_run() {  # TRANSPORT INDEX
   check "$name: each names rank $victim (peer_failure) or was aborted" "$named of $reports" \
     $(ok_if test $named -eq $survivors)
   check "$name: all detected within ${bound} ms (slowest ${worst_ms} ms)" "too slow" $(ok_if test $worst_ms -le $bound)
-  echo "    detection: slowest survivor ${worst_ms} ms after the kill; tutti-run done $(((done_at - killed_at) / 1000000)) ms after"
+  local codes
+  codes=$(grep -oE "failed code=[a-z_]+" "$out" | sed 's/failed code=//' | sort | uniq -c | awk '{printf "%s%s x%d", sep, $2, $1; sep=", "}')
+  echo "figure kill $t #$i: rank $victim of $n killed (SIGKILL) ${delay_ms} ms into the run; survivors reported" \
+    "[$codes] within ${worst_ms} ms (timeout ${kill_timeout_ms} ms); tutti-run exited $status" \
+    "$(((done_at - killed_at) / 1000000)) ms after the kill"
   check "$name: tutti-run exits non-zero" "status $status" $(ok_if test $status -ne 0)
   check "$name: tutti-run names the killed rank" "$(grep -v 'rank [0-9]*: ' "$out")" \
     $(ok_if grep -q "rank $victim (pid $victim_pid) killed by signal 9" "$out")
