@@ -138,7 +138,7 @@ kill_run() {  # TRANSPORT INDEX
     reports=$((reports + 1))
     code=$(sed -nE 's/.*failed code=([a-z_]+) .*/\1/p' <<<"$line")
     at=$(sed -nE 's/.* at_ns=([0-9]+):.*/\1/p' <<<"$line")
-    if [[ $code == peer_failure && $line =~ rank\ $victim[^0-9] ]] || [[ $code == aborted ]]; then
+    if [[ $code == peer_failure && $line =~ rank\ $victim[^0-9:] ]] || [[ $code == aborted ]]; then
       named=$((named + 1))
     fi
     ms=$(((at - killed_at) / 1000000))
@@ -151,7 +151,7 @@ kill_run() {  # TRANSPORT INDEX
   check "$name: all detected within ${bound} ms (slowest ${worst_ms} ms)" "too slow" $(ok_if test $worst_ms -le $bound)
   local codes
   codes=$(grep -oE "failed code=[a-z_]+" "$out" | sed 's/failed code=//' | sort | uniq -c | awk '{printf "%s%s x%d", sep, $2, $1; sep=", "}')
-  echo "figure kill $t #$i: rank $victim of $n killed (SIGKILL) ${delay_ms} ms into the run; survivors reported" \
+  echo "figure kill $t #$i: rank $victim of $n killed (SIGKILL) ${delay_ms} ms after all started; survivors reported" \
     "[$codes] within ${worst_ms} ms (timeout ${kill_timeout_ms} ms); tutti-run exited $status" \
     "$(((done_at - killed_at) / 1000000)) ms after the kill"
   check "$name: tutti-run exits non-zero" "status $status" $(ok_if test $status -ne 0)
