@@ -259,16 +259,7 @@ Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size
   const char* name = is_send ? "send" : "recv";
   if (size_ <= 0) throw Error(ErrorCode::invalid_argument, std::string(name) + ": the communicator is empty");
   queue_->check_usable(false);
-  const auto t = static_cast<int>(type);
-  if (t < static_cast<int>(DataType::i8) || t > static_cast<int>(DataType::f64))
-    throw Error(ErrorCode::invalid_argument, std::string(name) + ": type is not a valid DataType");
-  if (peer < 0 || peer >= size_)
-    throw Error(ErrorCode::invalid_argument, std::string(name) + ": peer " + std::to_string(peer) +
-                                                 " is out of range [0, " + std::to_string(size_) + ")");
-  if (tag < 0) throw Error(ErrorCode::invalid_argument, std::string(name) + ": tag must be non-negative");
-  if (data == nullptr && count > 0)
-    throw Error(ErrorCode::invalid_argument,
-                std::string(name) + ": data is null but count is " + std::to_string(count));
+  validate_point_to_point(is_send, data, count, type, peer, tag, size_);
   const auto key = queue_->next_p2p_key(is_send, peer, tag);
   std::string description = std::string(name) + "(count=" + std::to_string(count) + ", " +
                             std::string(to_string(type)) + (is_send ? ", to rank " : ", from rank ") +

@@ -130,4 +130,15 @@ struct Extents {
 /// the extents of its buffers on this rank.
 Extents validate(const Call& call, int rank, int size);
 
+/// a * b, or Error(invalid_argument) "<operation>: <what> overflows (a * b exceeds SIZE_MAX)".
+/// The one overflow-checked product of every path that turns a caller's counts into sizes.
+std::size_t checked_product(std::string_view operation, std::size_t a, std::size_t b, std::string_view what);
+/// count * size_of(type) in bytes, checked as checked_product (`type` must be valid).
+std::size_t checked_bytes(std::string_view operation, std::size_t count, DataType type);
+
+/// Checks a send's or recv's arguments (type, peer in [0, size), tag >= 0, data for count > 0,
+/// count * element size within size_t); throws Error(invalid_argument) naming the argument.
+void validate_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer, int tag,
+                             int size);
+
 }  // namespace tutti::detail
