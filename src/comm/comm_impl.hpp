@@ -61,7 +61,7 @@ class CommImpl {
   void set_host_override(std::string host) { host_override_ = std::move(host); }
 
  private:
-  Request start_mpi(const Call& call);
+  Request start_mpi(const Call& call, bool blocking);
   Request start_direct(const Call& call, bool blocking);
   Request start_hierarchical(const Call& call);  // hierarchical.cpp
   /// The topology, learned at the first call that needs it (a collective: an allgather).
