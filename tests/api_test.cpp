@@ -254,6 +254,32 @@ TEST(PointToPoint, SizeMismatchIsAnErrorOnBothSides) {
   EXPECT_EQ(mismatches.load(), 2);
 }
 
+// count * element size past SIZE_MAX is refused by send, recv, isend and irecv, naming the count,
+// before anything is sent (it used to wrap around to a 4-byte message that was sent and matched).
+TEST(PointToPoint, ByteCountOverflowIsRefusedBeforeSending) {
+  const std::string failures = run_ranks(2, [](Communicator& comm) {
+    const std::size_t huge = SIZE_MAX / 2 + 1;  // * 4 bytes of f32 wraps around to 4
+    const std::string count = std::to_string(huge);
+    const int peer = 1 - comm.rank();
+    std::vector<float> out(4, static_cast<float>(comm.rank() + 1)), in(4, 0);
+    const std::function<void()> send = [&] { comm.send(out.data(), huge, DataType::f32, peer, 3); };
+    const std::function<void()> recv = [&] { comm.recv(in.data(), huge, DataType::f32, peer, 3); };
+    // Rank 0 sends first and rank 1 receives first, so that the calls, were they accepted, would
+    // complete (and fail the test) instead of waiting for each other.
+    expect_error(comm.rank() == 0 ? send : recv, ErrorCode::invalid_argument, count);
+    expect_error(comm.rank() == 0 ? recv : send, ErrorCode::invalid_argument, count);
+    expect_error([&] { comm.isend(out.data(), huge, DataType::f32, peer, 3); }, ErrorCode::invalid_argument, count);
+    expect_error([&] { comm.irecv(in.data(), huge, DataType::f32, peer, 3); }, ErrorCode::invalid_argument, count);
+    // Nothing was sent and no message of tag 3 was numbered: the next exchange matches as usual.
+    Request r = comm.irecv(in.data(), 1, DataType::f32, peer, 3);
+    comm.send(out.data(), 1, DataType::f32, peer, 3);
+    r.wait();
+    EXPECT_EQ(in[0], static_cast<float>(peer + 1));
+    EXPECT_EQ(in[1], 0.0f);
+  });
+  EXPECT_EQ(failures, "");
+}
+
 TEST(Typed, SpanConveniences) {
   const std::string failures = run_ranks(3, [](Communicator& comm) {
     const int r = comm.rank();

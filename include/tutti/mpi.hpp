@@ -17,12 +17,15 @@ namespace tutti {
 /// works, with every MPI call of the process serialized): Tutti calls MPI from its progress
 /// thread. `comm` itself may be freed afterwards, but MPI must outlive the communicator: destroy
 /// it (every copy) before MPI_Finalize.
+/// Set-up is bounded by TUTTI_TIMEOUT_MS (as split is): a rank of `comm` that does not call
+/// from_mpi in time makes the others raise Error(timeout) by then.
 /// Throws Error(invalid_argument) for MPI_COMM_NULL or MPI not initialized, Error(unsupported)
-/// for a thread level below MPI_THREAD_SERIALIZED, Error(system) when MPI fails.
+/// for a thread level below MPI_THREAD_SERIALIZED, Error(timeout), Error(system) when MPI fails.
 ///
-/// Limitations of MPI: ranks that issue different collectives are not detected as `mismatch`
-/// (they fail by size mismatch or by timeout), and a rank's failure reaches the other ranks only
-/// through their deadlines.
+/// Failures reach every rank: the first error (a mismatch, a timeout) is sent to every rank on a
+/// communicator of Tutti's own, and each raises it. MPI cannot cancel a collective: after an
+/// `Algorithm::mpi` collective failed or timed out once every rank had joined it, MPI may still
+/// use its buffers, which must stay valid until MPI_Finalize.
 Communicator from_mpi(MPI_Comm comm);
 
 }  // namespace tutti

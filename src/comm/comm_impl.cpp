@@ -11,7 +11,6 @@
 #include "transport/shm/direct.hpp"
 #ifdef TUTTI_WITH_MPI
 #include "transport/mpi/mpi_collective.hpp"
-#include "transport/mpi/mpi_transport.hpp"
 #endif
 
 namespace tutti::detail {
@@ -83,7 +82,7 @@ Request CommImpl::start(const Call& call, bool blocking) {
   queue_->check_usable(true);
   const Extents extents = validate(call, rank_, size_);
   const Algorithm requested = requested_algorithm(call.collective, call.options.algorithm);
-  if (requested == Algorithm::mpi) return start_mpi(call);
+  if (requested == Algorithm::mpi) return start_mpi(call, blocking);
   // Hierarchical runs on the caller's thread (blocking), so automatic does not pick it yet: that
   // would make a multi-host iallreduce blocking. `prefers_hierarchical` is the rule it will use.
   if (call.collective == Collective::allreduce && requested == Algorithm::hierarchical) return start_hierarchical(call);
@@ -176,21 +175,36 @@ Request CommImpl::start(const Call& call, bool blocking) {
   return Request(std::make_shared<detail::Operation>(queue_, std::move(shared)));
 }
 
-// Algorithm::mpi: MPI's own (blocking) collective on the communicator MPI gave us, after every
-// earlier operation completed, so that issue order holds.
-Request CommImpl::start_mpi(const Call& call) {
+// Algorithm::mpi: MPI's own collective, nonblocking (MPI_Iallreduce, ...), as a native operation
+// of the queue: it starts once every earlier collective finished (MPI needs every rank to issue
+// its collectives in one order) and is progressed, timed and aborted like any other.
+Request CommImpl::start_mpi(const Call& call, bool blocking) {
   const std::string what = std::string(schedule::to_string(call.collective)) + ": Algorithm::mpi ";
 #ifdef TUTTI_WITH_MPI
-  if (dynamic_cast<transport::mpi::MpiTransport*>(&queue_->transport()) == nullptr)
+  auto run =
+      transport::prepare_mpi_collective(queue_->transport(), schedule::to_string(call.collective), call.send, call.recv,
+                                        call.count, call.type, call.op, call.root, call.counts, call.recv_counts);
+  if (!run)
     throw Error(ErrorCode::unsupported,
                 what + "needs a communicator over MPI (tutti::from_mpi, or init() under mpirun)");
-  queue_->wait_all();
-  queue_->next_seq();  // keeps the sequence numbers of all ranks in step
-  if (transport::mpi_collective(queue_->transport(), schedule::to_string(call.collective), call.send, call.recv,
-                                call.count, call.type, call.op, call.root, call.counts, call.recv_counts))
-    return Request();
-  throw Error(ErrorCode::unsupported, what + "needs a communicator over MPI (tutti::from_mpi, or init() under mpirun)");
+  transport::Signature signature;
+  signature.seq = queue_->next_seq();
+  signature.kind = schedule::to_string(call.collective);
+  const bool per_rank_counts = call.collective == Collective::alltoallv || call.collective == Collective::allgatherv;
+  signature.count = per_rank_counts ? 0 : call.count;  // v-collectives: counts_hash instead
+  signature.type = call.type;
+  signature.op = call.op;
+  signature.root = call.root;
+  signature.algorithm = to_string(Algorithm::mpi);
+  signature.counts_hash = call.collective == Collective::allgatherv ? hash_counts(call.counts) : 0;
+  run->set_signature(signature);
+  auto op = exec::Operation::native(
+      queue_->transport(), signature, [run] { return run->progress(); }, [run] { return run->waiting_for(); });
+  op->timeout = call.options.timeout.count() > 0 ? call.options.timeout : default_timeout_;
+  auto shared = queue_->submit(std::move(op), blocking);
+  return Request(std::make_shared<detail::Operation>(queue_, std::move(shared)));
 #else
+  (void)blocking;
   throw Error(ErrorCode::unsupported, what + "needs Tutti built with MPI (this build has none)");
 #endif
 }
@@ -259,16 +273,7 @@ Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size
   const char* name = is_send ? "send" : "recv";
   if (size_ <= 0) throw Error(ErrorCode::invalid_argument, std::string(name) + ": the communicator is empty");
   queue_->check_usable(false);
-  const auto t = static_cast<int>(type);
-  if (t < static_cast<int>(DataType::i8) || t > static_cast<int>(DataType::f64))
-    throw Error(ErrorCode::invalid_argument, std::string(name) + ": type is not a valid DataType");
-  if (peer < 0 || peer >= size_)
-    throw Error(ErrorCode::invalid_argument, std::string(name) + ": peer " + std::to_string(peer) +
-                                                 " is out of range [0, " + std::to_string(size_) + ")");
-  if (tag < 0) throw Error(ErrorCode::invalid_argument, std::string(name) + ": tag must be non-negative");
-  if (data == nullptr && count > 0)
-    throw Error(ErrorCode::invalid_argument,
-                std::string(name) + ": data is null but count is " + std::to_string(count));
+  validate_point_to_point(is_send, data, count, type, peer, tag, size_);
   const auto key = queue_->next_p2p_key(is_send, peer, tag);
   std::string description = std::string(name) + "(count=" + std::to_string(count) + ", " +
                             std::string(to_string(type)) + (is_send ? ", to rank " : ", from rank ") +

@@ -61,7 +61,7 @@ class CommImpl {
   void set_host_override(std::string host) { host_override_ = std::move(host); }
 
  private:
-  Request start_mpi(const Call& call);
+  Request start_mpi(const Call& call, bool blocking);
   Request start_direct(const Call& call, bool blocking);
   Request start_hierarchical(const Call& call);  // hierarchical.cpp
   /// The topology, learned at the first call that needs it (a collective: an allgather).
@@ -129,5 +129,16 @@ struct Extents {
 /// Checks the call's arguments (throws Error(invalid_argument) naming the argument) and returns
 /// the extents of its buffers on this rank.
 Extents validate(const Call& call, int rank, int size);
+
+/// a * b, or Error(invalid_argument) "<operation>: <what> overflows (a * b exceeds SIZE_MAX)".
+/// The one overflow-checked product of every path that turns a caller's counts into sizes.
+std::size_t checked_product(std::string_view operation, std::size_t a, std::size_t b, std::string_view what);
+/// count * size_of(type) in bytes, checked as checked_product (`type` must be valid).
+std::size_t checked_bytes(std::string_view operation, std::size_t count, DataType type);
+
+/// Checks a send's or recv's arguments (type, peer in [0, size), tag >= 0, data for count > 0,
+/// count * element size within size_t); throws Error(invalid_argument) naming the argument.
+void validate_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer, int tag,
+                             int size);
 
 }  // namespace tutti::detail

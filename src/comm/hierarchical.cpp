@@ -38,7 +38,10 @@ struct Step {
 // equal-block collective.
 void allreduce_by_blocks(Communicator& intra, Communicator& inter, const Call& call, const Step& step) {
   const std::size_t elem = size_of(call.type), local = static_cast<std::size_t>(intra.size()), n = call.count;
-  const std::size_t block = (n + local - 1) / local;
+  const std::size_t block = n / local + (n % local != 0 ? 1 : 0);
+  // The padded size may exceed a count that validate() accepted: checked like any other size.
+  checked_bytes("allreduce (hierarchical)", checked_product("allreduce (hierarchical)", block, local, "padded count"),
+                call.type);
   const auto* send = static_cast<const std::byte*>(call.send);
   auto* work = static_cast<std::byte*>(call.recv);
   std::unique_ptr<std::byte[]> staging;

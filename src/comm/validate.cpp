@@ -15,8 +15,7 @@ namespace {
 }
 
 std::size_t checked_mul(const Call& call, std::size_t a, std::size_t b, const char* what) {
-  if (b != 0 && a > std::numeric_limits<std::size_t>::max() / b) invalid(call, std::string(what) + " overflows");
-  return a * b;
+  return checked_product(schedule::to_string(call.collective), a, b, what);
 }
 
 std::size_t checked_sum(const Call& call, std::span<const std::size_t> counts, const char* what) {
@@ -66,10 +65,14 @@ Extents extents_of(const Call& call, int rank, int size) {
     }
     case Collective::alltoallv:
       return {checked_sum(call, call.counts, "send_counts"), checked_sum(call, call.recv_counts, "recv_counts")};
-    case Collective::gather:
-      return {c, is_root ? checked_mul(call, p, c, "size() * send_count") : 0};
-    case Collective::scatter:
-      return {is_root ? checked_mul(call, p, c, "size() * recv_count") : 0, c};
+    case Collective::gather: {  // checked on every rank, not only where the buffer is: all must refuse alike
+      const std::size_t total = checked_mul(call, p, c, "size() * send_count");
+      return {c, is_root ? total : 0};
+    }
+    case Collective::scatter: {
+      const std::size_t total = checked_mul(call, p, c, "size() * recv_count");
+      return {is_root ? total : 0, c};
+    }
     case Collective::barrier:
       return {0, 0};
   }
@@ -132,6 +135,34 @@ bool is_in_place_form(const Call& call, int rank, std::size_t elem) {
 
 }  // namespace
 
+std::size_t checked_product(std::string_view operation, std::size_t a, std::size_t b, std::string_view what) {
+  constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+  if (b != 0 && a > max / b)
+    throw Error(ErrorCode::invalid_argument, std::string(operation) + ": " + std::string(what) + " overflows (" +
+                                                 std::to_string(a) + " * " + std::to_string(b) + " exceeds " +
+                                                 std::to_string(max) + ")");
+  return a * b;
+}
+
+std::size_t checked_bytes(std::string_view operation, std::size_t count, DataType type) {
+  return checked_product(operation, count, size_of(type), "count * element size");
+}
+
+void validate_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer, int tag,
+                             int size) {
+  const std::string name = is_send ? "send" : "recv";
+  const auto t = static_cast<int>(type);
+  if (t < static_cast<int>(DataType::i8) || t > static_cast<int>(DataType::f64))
+    throw Error(ErrorCode::invalid_argument, name + ": type is not a valid DataType");
+  if (peer < 0 || peer >= size)
+    throw Error(ErrorCode::invalid_argument,
+                name + ": peer " + std::to_string(peer) + " is out of range [0, " + std::to_string(size) + ")");
+  if (tag < 0) throw Error(ErrorCode::invalid_argument, name + ": tag must be non-negative");
+  if (data == nullptr && count > 0)
+    throw Error(ErrorCode::invalid_argument, name + ": data is null but count is " + std::to_string(count));
+  checked_bytes(name, count, type);
+}
+
 Extents validate(const Call& call, int rank, int size) {
   if (size <= 0) invalid(call, "the communicator is empty (split with a negative color)");
   check_enums(call);
@@ -141,6 +172,8 @@ Extents validate(const Call& call, int rank, int size) {
   const Extents e = extents_of(call, rank, size);
   const std::size_t elem = size_of(call.type);
   checked_mul(call, std::max(e.send, e.recv), elem, "count * element size");
+  if (call.collective == Collective::gather || call.collective == Collective::scatter)
+    checked_mul(call, static_cast<std::size_t>(size) * call.count, elem, "size() * count * element size");
   const bool has_send_buffer = call.collective != Collective::broadcast;
   if (has_send_buffer && e.send > 0 && call.send == nullptr)
     invalid(call, "send is null but " + std::to_string(e.send) + " elements are to be sent");

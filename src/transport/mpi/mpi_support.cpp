@@ -1,6 +1,8 @@
 #include "transport/mpi/mpi_support.hpp"
 
 #include <atomic>
+#include <thread>
+#include <vector>
 
 #include "reduce/reduce.hpp"
 
@@ -109,6 +111,49 @@ std::unique_lock<std::mutex> serialize() {
   static std::mutex process_wide;
   if (provided_level() >= MPI_THREAD_MULTIPLE) return {};
   return std::unique_lock(process_wide);
+}
+
+bool poll(std::span<MPI_Request> requests, std::chrono::steady_clock::time_point deadline, const char* what,
+          const std::function<bool()>& stop) {
+  using clock = std::chrono::steady_clock;
+  const auto spin_until = clock::now() + std::chrono::microseconds(50);
+  auto nap = std::chrono::microseconds(50);
+  for (;;) {
+    int flag = 0;
+    {
+      auto lock = serialize();
+      check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE), what);
+    }
+    if (flag) return true;
+    const auto now = clock::now();
+    if (now >= deadline || (stop && stop())) return false;
+    if (now < spin_until) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(std::min<clock::duration>(nap, deadline - now));
+    nap = std::min(nap * 2, std::chrono::microseconds(1000));
+  }
+}
+
+namespace {
+
+struct Abandoned {
+  std::mutex mutex;
+  std::vector<std::pair<MPI_Request, std::shared_ptr<void>>> requests;
+};
+
+Abandoned& abandoned() {
+  static Abandoned list;  // destroyed at exit, after MPI_Finalize
+  return list;
+}
+
+}  // namespace
+
+void abandon(MPI_Request request, std::shared_ptr<void> keep) {
+  Abandoned& list = abandoned();
+  std::lock_guard lock(list.mutex);
+  list.requests.emplace_back(request, std::move(keep));
 }
 
 MPI_Datatype datatype(DataType type) {

@@ -5,8 +5,12 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 
 #include "tutti/types.hpp"
@@ -33,6 +37,18 @@ bool mpi_active();
 
 /// MPI datatype of `type`. f16 and bf16 are Tutti's own 2-byte MPI types (created on first use).
 MPI_Datatype datatype(DataType type);
+
+/// Tests `requests` (each test under serialize()) until all have completed, `deadline` passes or
+/// `stop` (when given) returns true, napping between tests (a brief spin, then 50 µs doubling to
+/// 1 ms). Returns true once all completed. Throws Error(system) naming `what` when MPI fails one.
+bool poll(std::span<MPI_Request> requests, std::chrono::steady_clock::time_point deadline, const char* what,
+          const std::function<bool()>& stop = {});
+
+/// Gives up on `request` without freeing what it uses: an MPI collective (which MPI cannot cancel)
+/// or an MPI_Comm_idup that a peer never joined. MPI may still read or write `keep` until it
+/// completes the request, which may be never: both are kept for the life of the process (MPI_Finalize
+/// reclaims the request).
+void abandon(MPI_Request request, std::shared_ptr<void> keep);
 
 /// MPI reduction of `op` on `type` (avg reduces as sum; the caller divides). f16 and bf16 use
 /// user-defined MPI_Ops that compute with reduce::apply (created on first use).

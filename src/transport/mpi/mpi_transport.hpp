@@ -1,6 +1,6 @@
-// The MPI transport: Tutti's schedules over MPI point-to-point (MPI_Isend / MPI_Irecv), on two
-// duplicates of the user's communicator, one for collectives and one for point to point, so
-// that neither can match the other's messages (nor the user's own).
+// The MPI transport: Tutti's schedules over MPI point-to-point (MPI_Isend / MPI_Irecv), on
+// duplicates of the user's communicator, one for collectives, one for point to point and one for
+// control messages (mpi_control.hpp), so that none can match another's messages (nor the user's).
 //
 // Message keys live in the MPI tag. Collectives: tag = (seq mod 2^s) << i | (index mod 2^i),
 // with i = 16 and s = 15 when MPI_TAG_UB is 2^31 - 1 (fewer bits on MPIs with a smaller tag
@@ -9,22 +9,35 @@
 // non-overtaking order keeps even those apart in practice. Point to point: tag = the user's tag,
 // and the index (k-th message with that tag) is MPI's non-overtaking order itself.
 //
+// Deadlines: nothing here blocks in MPI without one. Set-up duplicates with MPI_Comm_idup and
+// shares the id with MPI_Ibcast, polled against the transport's timeout; split first waits, polled,
+// for every member to arrive (a barrier of point-to-point messages on the control communicator),
+// so that MPI_Comm_create_group, which has no nonblocking form, does not wait for a missing rank.
+// Algorithm::mpi's collectives are nonblocking (post_collective) and progressed with the rest.
+//
+// Aborts reach every rank: `abort` sends the first error to every other rank on the control
+// communicator, and every rank polls for one with each progress, wait and aborted().
+//
 // Limitations, by design of MPI rather than of this file:
-// - `announce` keeps no record: ranks that call different collectives are not told apart
-//   (MPI would hang or fail on a size mismatch; the operation's deadline catches the hang).
-// - `abort` is local: the other ranks learn of it by their own deadline, not at once.
+// - `announce` keeps no record: the executor's ring of signatures catches disagreements.
 // - A size disagreement fails the receiver ("message size mismatch"); the sender's MPI_Isend
-//   completes normally.
+//   completes normally (the receiver's abort then reaches it).
 // - A send MPI cannot cancel (OpenMPI ignores MPI_Cancel on sends) is detached after a short
 //   grace period when its operation fails: MPI may still read its buffer until a peer receives it.
+// - MPI cannot cancel a collective: one given up on (timeout, abort) stays with MPI, and with it
+//   the memory it reads and writes (see post_collective).
 #pragma once
 
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
+#include "transport/mpi/mpi_control.hpp"
 #include "transport/transport.hpp"
 
 namespace tutti::transport::mpi {
@@ -32,10 +45,14 @@ namespace tutti::transport::mpi {
 class MpiTransport final : public Transport {
  public:
   /// This rank's transport over `comm` (which MpiTransport duplicates, and which need not outlive
-  /// it). Collective over `comm`. Throws Error(invalid_argument) for MPI_COMM_NULL or MPI not
-  /// initialized, Error(unsupported) below MPI_THREAD_SERIALIZED or with too small an MPI_TAG_UB,
-  /// Error(system) when MPI fails.
+  /// it). Collective over `comm`, within `timeout` (TUTTI_TIMEOUT_MS's default without one), which
+  /// also bounds split. Throws Error(invalid_argument) for MPI_COMM_NULL or MPI not initialized,
+  /// Error(unsupported) below MPI_THREAD_SERIALIZED or with too small an MPI_TAG_UB,
+  /// Error(timeout) when some rank of `comm` did not join within `timeout` (MPI keeps the
+  /// abandoned duplicate request; a rank that comes later fails by its own timeout), Error(system)
+  /// when MPI fails.
   explicit MpiTransport(MPI_Comm comm);
+  MpiTransport(MPI_Comm comm, std::chrono::milliseconds timeout);
   /// Frees the duplicates. Must run before MPI_Finalize (afterwards it frees nothing).
   ~MpiTransport() override;
   MpiTransport(const MpiTransport&) = delete;
@@ -45,6 +62,8 @@ class MpiTransport final : public Transport {
   int size() const override { return size_; }
   std::uint64_t id() const override { return id_; }
   std::string_view name() const override { return "mpi"; }
+  /// Throws the communicator's first error when it was aborted, Error(timeout) (after aborting
+  /// this communicator) when a member has not arrived within the timeout, Error(system) when MPI fails.
   std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) override;
   void announce(const Signature&) override {}
   void post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) override;
@@ -64,15 +83,31 @@ class MpiTransport final : public Transport {
   /// The duplicate on which collectives run: Tutti's schedules, and MPI's own collectives
   /// (mpi_collective). Valid as long as the transport.
   MPI_Comm collective_comm() const { return collective_; }
+  /// The deadline of set-up and split, and of mpi_collective called without a queue.
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  /// Starts a nonblocking MPI collective on collective_comm(): `start` makes the call (e.g.
+  /// MPI_Iallreduce(..., comm, request)) and returns MPI's code. The transport tests the request
+  /// with every progress() and wait() and sets `done` (failed with `what` and MPI's message).
+  /// MPI cannot cancel a collective: an operation that gives up on one (timeout, abort) leaves it
+  /// here, and `keep` (what MPI reads and writes besides the caller's buffers, `done` included) is
+  /// kept alive until MPI completes it, or for the life of the process once the transport is gone.
+  void post_collective(const std::function<int(MPI_Comm, MPI_Request*)>& start, const char* what, Completion* done,
+                       std::shared_ptr<void> keep);
 
  private:
-  MpiTransport(MPI_Comm comm, std::uint64_t id);  // split: the id is given
-  void set_up(MPI_Comm comm);
+  // split: the id is given, the set-up bounded by the split's deadline
+  MpiTransport(MPI_Comm comm, std::uint64_t id, std::chrono::milliseconds timeout,
+               std::chrono::steady_clock::time_point deadline);
+  void set_up(MPI_Comm comm, std::chrono::steady_clock::time_point deadline, const char* who);
+  void arrive(const std::vector<int>& ranks, int index, std::chrono::steady_clock::time_point deadline);
   struct Pending {
     Completion* done = nullptr;
     MPI_Datatype type = MPI_BYTE;  // MPI_BYTE, or a derived type for messages over INT_MAX bytes
     std::size_t bytes = 0;
     int peer = 0;
+    const char* collective = nullptr;  // post_collective: the MPI function's name
+    std::shared_ptr<void> keep;        // post_collective: what MPI uses until it completes
   };
   void post(bool is_send, int peer, const MessageKey& key, void* data, std::size_t bytes, Completion* done);
   int tag_of(const MessageKey& key, std::string& error) const;
@@ -80,9 +115,11 @@ class MpiTransport final : public Transport {
   void test_locked();
   void finish_locked(const Pending& pending, MPI_Status& status, int error);
   void release_locked(Pending& pending);
+  void poll_control_locked() const;
 
   MPI_Comm collective_ = MPI_COMM_NULL;
   MPI_Comm point_to_point_ = MPI_COMM_NULL;
+  std::chrono::milliseconds timeout_;
   int rank_ = 0;
   int size_ = 0;
   std::uint64_t id_ = 0;
@@ -98,9 +135,11 @@ class MpiTransport final : public Transport {
   std::vector<MPI_Request> detached_;  // cancelled sends MPI has not let go of yet
   std::vector<int> indices_;
   std::vector<MPI_Status> statuses_;
-  std::optional<Failure> failure_;
-  std::atomic<bool> has_failure_{false};
-  std::atomic<std::uint64_t> generation_{0};
+  // aborted() polls for a peer's abort, hence mutable.
+  mutable ControlChannel control_;
+  mutable std::optional<Failure> failure_;
+  mutable std::atomic<bool> has_failure_{false};
+  mutable std::atomic<std::uint64_t> generation_{0};
 };
 
 }  // namespace tutti::transport::mpi
