@@ -250,11 +250,12 @@ TEST(HostileStore, GarbageAndWrongTokensAreRefusedCountedAndNamed) {
   EXPECT_EQ(server.refused(), expected);
 }
 
-// An authenticated raw connection, for sending frames by hand.
-int authenticated(int port, const std::string& token) {
+// An authenticated raw connection, for sending frames by hand; *session gets its key.
+int authenticated(int port, const std::string& token, SessionKey* session = nullptr) {
   const int fd = dial(port);
   const HandshakeResult result = run_handshake(fd, token, true, Clock::now() + 5s);
   EXPECT_TRUE(result.passed()) << result.why;
+  if (session != nullptr) *session = result.session;
   return fd;
 }
 
@@ -276,8 +277,11 @@ TEST(HostileStore, MalformedFramesCloseTheConnectionNotTheServer) {
       {"key longer than the frame", u32(13) + u32(1) + "G" + u32(0xfffffff0u) + "abcd"},
       {"key length cut off", u32(7) + u32(1) + "G" + "ab"},
   };
-  for (const auto& [what, bytes] : frames) {
-    const int fd = authenticated(server.port(), "t");
+  for (auto [what, bytes] : frames) {
+    SessionKey session{};
+    const int fd = authenticated(server.port(), "t", &session);
+    detail::StoreSeal seal(session, true);
+    detail::seal_frame(bytes, seal);  // a valid tag: the frame is refused for what it says
     ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
     EXPECT_TRUE(closed_by_server(fd, 5s)) << what;
     ::close(fd);
@@ -293,14 +297,18 @@ TEST(HostileStore, MalformedFramesCloseTheConnectionNotTheServer) {
     ::close(fd);
   }
   {
-    // An unknown request is answered with an error, and the connection stays usable.
-    const int fd = authenticated(server.port(), "t");
-    const std::string request = detail::encode_message({7, 'Z', "k", ""}, true);
+    // An unknown request (tagged like an honest one) is answered with an error, and the
+    // connection stays usable.
+    SessionKey session{};
+    const int fd = authenticated(server.port(), "t", &session);
+    detail::StoreSeal send_seal(session, true), receive_seal(session, false);
+    std::string request = detail::encode_message({7, 'Z', "k", ""}, true);
+    detail::seal_frame(request, send_seal);
     ASSERT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
     std::string inbox;
     detail::StoreMessage reply;
     char chunk[256];
-    while (detail::take_message(inbox, false, &reply) == detail::FrameStatus::incomplete) {
+    while (detail::take_message(inbox, false, &reply, &receive_seal) == detail::FrameStatus::incomplete) {
       const ssize_t got = ::recv(fd, chunk, sizeof(chunk), 0);
       ASSERT_GT(got, 0);
       inbox.append(chunk, static_cast<std::size_t>(got));
@@ -312,6 +320,147 @@ TEST(HostileStore, MalformedFramesCloseTheConnectionNotTheServer) {
   }
   EXPECT_EQ(honest->add("n", 3), 3);
   EXPECT_EQ(server.refused(), 0);  // they all had the token: closed, not refused
+}
+
+// A relay between a client and the server that passes the handshake through untouched, then
+// tampers with the client's frames: `inject` puts a request of its own (without a valid tag)
+// ahead of the client's first; otherwise the relay delivers the client's first frame twice.
+class Relay {
+ public:
+  Relay(int server_port, bool inject) : inject_(inject) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    EXPECT_EQ(::listen(listener_, 4), 0);
+    socklen_t size = sizeof(address);
+    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &size);
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this, server_port] { run(server_port); });
+  }
+  ~Relay() {
+    stop_ = true;
+    thread_.join();
+    ::close(listener_);
+  }
+  int port() const { return port_; }
+
+ private:
+  static constexpr std::size_t handshake_bytes = 4 + 32 + 32 + 1;  // hello, answer, confirmation
+
+  void run(int server_port) {
+    pollfd entry{listener_, POLLIN, 0};
+    if (::poll(&entry, 1, 5000) != 1) return;
+    const int client = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    const int server = dial(server_port);
+    std::string upstream;  // client bytes not yet passed on
+    std::size_t passed = 0;
+    bool tampered = false;
+    const auto give_up = Clock::now() + 10s;
+    while (!stop_ && Clock::now() < give_up) {
+      pollfd fds[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
+      if (::poll(fds, 2, 20) <= 0) continue;
+      char chunk[4096];
+      if (fds[1].revents != 0) {
+        const ssize_t got = ::recv(server, chunk, sizeof(chunk), 0);
+        if (got <= 0) break;
+        ::send(client, chunk, static_cast<std::size_t>(got), MSG_NOSIGNAL);
+      }
+      if (fds[0].revents != 0) {
+        const ssize_t got = ::recv(client, chunk, sizeof(chunk), 0);
+        if (got <= 0) break;
+        upstream.append(chunk, static_cast<std::size_t>(got));
+      }
+      std::string out;
+      if (passed < handshake_bytes) {
+        const std::size_t take = std::min(handshake_bytes - passed, upstream.size());
+        out = upstream.substr(0, take);
+        upstream.erase(0, take);
+        passed += take;
+      }
+      if (passed == handshake_bytes && !tampered) {
+        if (inject_) {
+          std::string forged = detail::encode_message({99, 'S', "evil", "planted"}, true);
+          forged.append(tag_size, '\0');
+          out += forged;
+          tampered = true;
+        } else if (upstream.size() >= 4) {
+          const std::size_t frame = 4 + std::size_t{detail::get_u32(upstream.data())} + tag_size;
+          if (upstream.size() >= frame) {
+            out += upstream.substr(0, frame) + upstream.substr(0, frame);
+            upstream.erase(0, frame);
+            tampered = true;
+          }
+        }
+      }
+      if (tampered) {
+        out += upstream;
+        upstream.clear();
+      }
+      if (!out.empty()) ::send(server, out.data(), out.size(), MSG_NOSIGNAL);
+    }
+    ::close(client);
+    ::close(server);
+  }
+
+  const bool inject_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Item 2 for the store: after a relayed handshake, a frame the relay made up, or a frame of the
+// client's delivered twice, fails its tag; the server closes that connection without acting on
+// it, and the client's next call fails instead of carrying on over a tampered connection.
+TEST(HostileStore, FramesInjectedOrReplayedAfterARelayedHandshakeAreRejected) {
+  StoreServer server("127.0.0.1", 0, "t");
+  auto honest = connect_store(server.url(), "t", 5s);
+  for (const bool inject : {true, false}) {
+    SCOPED_TRACE(inject ? "injected" : "replayed");
+    Relay relay(server.port(), inject);
+    auto victim = connect_store("tcp://127.0.0.1:" + std::to_string(relay.port()), "t", 5s);
+    std::string message;
+    const auto code = error_code_of(
+        [&] {
+          victim->add("counter", 1);
+          victim->add("counter", 1);
+        },
+        &message);
+    EXPECT_EQ(code, ErrorCode::system) << message;
+    EXPECT_TRUE(message.find("closed") != std::string::npos || message.find("reset") != std::string::npos) << message;
+    // The planted key was never set, and the replayed add counted once at most.
+    EXPECT_EQ(error_code_of([&] { honest->get("evil", 300ms); }, nullptr), ErrorCode::timeout);
+    EXPECT_EQ(honest->add("counter", 0), inject ? 0 : 1);
+    honest->add("counter", -honest->add("counter", 0));
+  }
+}
+
+// The tags themselves: a frame altered by one bit, or replayed, does not verify, and a frame
+// sealed for one direction does not verify in the other.
+TEST(StoreFrameTags, AlteredReplayedAndReflectedFramesAreForged) {
+  SessionKey key{};
+  key[0] = 1;
+  detail::StoreSeal client_send(key, true), server_receive(key, true), server_send(key, false);
+  const std::string first = detail::encode_message({1, 'S', "k", "v"}, true);
+  std::string sealed = first;
+  detail::seal_frame(sealed, client_send);
+  detail::StoreMessage message;
+  std::string altered = sealed;
+  altered[10] = static_cast<char>(altered[10] ^ 1);
+  EXPECT_EQ(detail::take_message(altered, true, &message, &server_receive), detail::FrameStatus::forged);
+  std::string inbox = sealed;
+  ASSERT_EQ(detail::take_message(inbox, true, &message, &server_receive), detail::FrameStatus::complete);
+  EXPECT_EQ(message.key, "k");
+  EXPECT_EQ(message.payload, "v");
+  EXPECT_TRUE(inbox.empty());
+  inbox = sealed;  // the same frame again
+  EXPECT_EQ(detail::take_message(inbox, true, &message, &server_receive), detail::FrameStatus::forged);
+  std::string reflected = first;
+  detail::seal_frame(reflected, server_send);
+  detail::StoreSeal client_receive(key, true);  // expects the initiator's direction: wrong
+  EXPECT_EQ(detail::take_message(reflected, true, &message, &client_receive), detail::FrameStatus::forged);
 }
 
 }  // namespace

@@ -33,10 +33,10 @@
 #include <vector>
 
 #include "bootstrap/auth.hpp"
+#include "bootstrap/frame_mac.hpp"
 #include "bootstrap/socket_io.hpp"
 #include "bootstrap/store.hpp"
 #include "comm/comm_impl.hpp"
-#include "transport/tcp/frame_mac.hpp"
 #include "transport/tcp/tcp.hpp"
 #include "transport/tcp/wire.hpp"
 #include "tutti/tutti.hpp"
@@ -48,9 +48,9 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using transport::tcp::FrameHeader;
 using transport::tcp::FrameKind;
-using transport::tcp::FrameMac;
+using bootstrap::FrameMac;
 using transport::tcp::Ident;
-using transport::tcp::Tag;
+using bootstrap::Tag;
 
 const std::string token = "hostile-tcp-test-secret";
 constexpr std::uint64_t world_id = 7;

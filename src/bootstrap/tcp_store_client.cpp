@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -68,7 +69,13 @@ int try_connect(const std::string& host, int port, Clock::time_point deadline, s
 
 class TcpStore final : public Store {
  public:
-  TcpStore(std::string url, int fd) : url_(std::move(url)), fd_(fd) {}
+  /// With a token, frames are tagged under `session` (this side is the initiator).
+  TcpStore(std::string url, int fd, const std::optional<SessionKey>& session) : url_(std::move(url)), fd_(fd) {
+    if (session) {
+      send_seal_ = StoreSeal(*session, true);
+      receive_seal_ = StoreSeal(*session, false);
+    }
+  }
   ~TcpStore() override { ::close(fd_); }
   TcpStore(const TcpStore&) = delete;
   TcpStore& operator=(const TcpStore&) = delete;
@@ -98,7 +105,8 @@ class TcpStore final : public Store {
     if (broken_) throw Error(ErrorCode::system, "store: " + url_ + ": " + broken_why_);
     const std::uint32_t id = next_id_++;
     replies_[id] = std::nullopt;
-    const std::string frame = encode_message({id, op, key, payload}, true);
+    std::string frame = encode_message({id, op, key, payload}, true);
+    seal_frame(frame, send_seal_);
     std::string why;
     // Under the lock so frames of different threads never interleave on the socket.
     if (!send_all(fd_, frame.data(), frame.size(), deadline, &why)) mark_broken("sending a request: " + why);
@@ -146,9 +154,13 @@ class TcpStore final : public Store {
     inbox_.append(chunk, static_cast<std::size_t>(got));
     StoreMessage reply;
     for (;;) {
-      const FrameStatus status = take_message(inbox_, false, &reply);
+      const FrameStatus status = take_message(inbox_, false, &reply, &receive_seal_);
       if (status == FrameStatus::incomplete) break;
       if (status == FrameStatus::malformed) return mark_broken("malformed reply from the store server");
+      if (status == FrameStatus::forged)
+        return mark_broken(
+            "a reply failed authentication (forged, replayed or altered on the way); "
+            "the connection is no longer trusted");
       if (auto slot = replies_.find(reply.id); slot != replies_.end()) slot->second = std::move(reply);
     }
   }
@@ -167,7 +179,9 @@ class TcpStore final : public Store {
   bool reading_ = false;
   bool broken_ = false;
   std::string broken_why_;
-  std::string inbox_;  // received bytes not yet a whole reply (touched by the reader only)
+  std::string inbox_;       // received bytes not yet a whole reply (touched by the reader only)
+  StoreSeal send_seal_;     // under mutex_
+  StoreSeal receive_seal_;  // the reader's
 };
 
 }  // namespace
@@ -193,7 +207,9 @@ std::unique_ptr<Store> connect_tcp_store(const std::string& url, const std::stri
       // reported as a failed handshake.
       const HandshakeResult result =
           run_handshake(fd, token, true, std::max(deadline, Clock::now() + std::chrono::seconds(1)));
-      if (result.passed()) return std::make_unique<TcpStore>(url, fd);
+      if (result.passed())
+        return std::make_unique<TcpStore>(url, fd,
+                                          token.empty() ? std::nullopt : std::optional<SessionKey>(result.session));
       ::close(fd);
       if (result.failure == HandshakeFailure::wrong_token)
         throw Error(ErrorCode::system,

@@ -7,11 +7,18 @@
 //   status 'E': payload = error message
 // A get whose key is absent is answered when some client sets it, so replies may come out of
 // request order; the id pairs them up (one connection may carry requests of several threads).
+// With a token (the default), every frame is followed by a 16-byte tag (frame_mac.hpp, part
+// `store`) over the whole frame under the connection's session key, numbered per direction, so
+// that nobody on the path can inject, alter, replay or drop a request or a reply unnoticed.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
+
+#include "bootstrap/frame_mac.hpp"
 
 namespace tutti::bootstrap::detail {
 
@@ -64,15 +71,42 @@ inline std::string encode_message(const StoreMessage& message, bool with_key) {
   return frame + body;
 }
 
-enum class FrameStatus { complete, incomplete, malformed };
+/// The tags of one direction of a store connection: `mac` is null without a token (insecure mode),
+/// then frames carry no tag.
+struct StoreSeal {
+  std::unique_ptr<FrameMac> mac;
+  std::uint64_t count = 0;  // frames tagged (or checked) so far in this direction
 
-/// Takes the first whole frame off the front of `buffer` into *message. `incomplete` leaves the
-/// buffer as it is; `malformed` means the connection cannot be trusted any more.
-inline FrameStatus take_message(std::string& buffer, bool with_key, StoreMessage* message) {
+  StoreSeal() = default;
+  StoreSeal(const SessionKey& key, bool from_initiator) : mac(std::make_unique<FrameMac>(key, from_initiator)) {}
+  std::size_t tag_bytes() const { return mac ? tag_size : 0; }
+};
+
+/// Appends the next tag of `seal`'s direction to `frame` (one whole frame).
+inline void seal_frame(std::string& frame, StoreSeal& seal) {
+  if (!seal.mac) return;
+  const Tag tag = seal.mac->tag(seal.count++, FrameMac::Part::store, frame.data(), frame.size());
+  frame.append(reinterpret_cast<const char*>(tag.data()), tag.size());
+}
+
+enum class FrameStatus { complete, incomplete, malformed, forged };
+
+/// Takes the first whole frame off the front of `buffer` into *message, checking its tag when
+/// `seal` has a MAC. `incomplete` leaves the buffer as it is; `malformed` and `forged` (the tag
+/// does not verify) mean the connection cannot be trusted any more.
+inline FrameStatus take_message(std::string& buffer, bool with_key, StoreMessage* message, StoreSeal* seal = nullptr) {
   if (buffer.size() < 4) return FrameStatus::incomplete;
   const std::uint32_t size = get_u32(buffer.data());
   if (size > max_store_frame || size < 5) return FrameStatus::malformed;
-  if (buffer.size() < 4 + std::size_t{size}) return FrameStatus::incomplete;
+  const std::size_t tag_bytes = seal != nullptr ? seal->tag_bytes() : 0;
+  if (buffer.size() < 4 + std::size_t{size} + tag_bytes) return FrameStatus::incomplete;
+  if (tag_bytes > 0) {
+    Tag tag{};
+    std::memcpy(tag.data(), buffer.data() + 4 + size, tag.size());
+    if (!FrameMac::same(tag, seal->mac->tag(seal->count, FrameMac::Part::store, buffer.data(), 4 + std::size_t{size})))
+      return FrameStatus::forged;
+    ++seal->count;
+  }
   const char* body = buffer.data() + 4;
   message->id = get_u32(body);
   message->kind = body[4];
@@ -87,7 +121,7 @@ inline FrameStatus take_message(std::string& buffer, bool with_key, StoreMessage
     used += key_size;
   }
   message->payload.assign(body + used, size - used);
-  buffer.erase(0, 4 + std::size_t{size});
+  buffer.erase(0, 4 + std::size_t{size} + tag_bytes);
   return FrameStatus::complete;
 }
 

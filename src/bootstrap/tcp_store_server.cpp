@@ -112,8 +112,9 @@ struct StoreServer::Impl {
     std::unique_ptr<Handshaker> handshake;  // until it passes; then the connection is served
     Clock::time_point handshake_deadline;
     std::string inbox, outbox;
-    std::size_t parked = 0;   // its gets waiting for a key
-    bool overflowed = false;  // it stopped reading its replies: closed at the end of the round
+    detail::StoreSeal receive_seal, send_seal;  // tags of requests and replies, once the handshake passed
+    std::size_t parked = 0;                     // its gets waiting for a key
+    bool overflowed = false;                    // it stopped reading its replies: closed at the end of the round
   };
   struct Waiter {
     std::uint64_t connection;
@@ -296,6 +297,10 @@ void StoreServer::Impl::step_handshake(std::uint64_t id) {
       auto count = handshaking_from.find(connection.peer.source);
       if (--count->second == 0) handshaking_from.erase(count);
       --handshaking;
+      if (!token.empty()) {
+        connection.receive_seal = detail::StoreSeal(machine.session_key(), true);
+        connection.send_seal = detail::StoreSeal(machine.session_key(), false);
+      }
       connection.handshake.reset();
       const int one = 1;
       ::setsockopt(connection.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -374,8 +379,14 @@ bool StoreServer::Impl::receive_requests(std::uint64_t id) {
     connection.inbox.append(chunk, static_cast<std::size_t>(got));
     detail::StoreMessage request;
     for (;;) {
-      const auto status = detail::take_message(connection.inbox, true, &request);
+      const auto status = detail::take_message(connection.inbox, true, &request, &connection.receive_seal);
       if (status == detail::FrameStatus::incomplete) break;
+      if (status == detail::FrameStatus::forged) {
+        core::log(core::LogLevel::warn, -1,
+                  "store: a request from " + connection.peer.address +
+                      " failed authentication (forged, replayed or altered on the way); closing");
+        return false;
+      }
       if (status == detail::FrameStatus::malformed) {
         core::log(core::LogLevel::warn, -1, "store: malformed request from " + connection.peer.address + "; closing");
         return false;
@@ -448,7 +459,9 @@ void StoreServer::Impl::reply(std::uint64_t connection_id, std::uint32_t id, cha
   const auto at = connections.find(connection_id);
   if (at == connections.end() || at->second.overflowed) return;
   Connection& connection = at->second;
-  connection.outbox += detail::encode_message({id, status, "", payload}, false);
+  std::string frame = detail::encode_message({id, status, "", payload}, false);
+  detail::seal_frame(frame, connection.send_seal);
+  connection.outbox += frame;
   flush(connection);  // a failure shows up as POLLERR/POLLHUP on the next poll
   if (connection.outbox.size() > max_outbox) {
     connection.overflowed = true;

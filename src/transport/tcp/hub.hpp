@@ -22,11 +22,15 @@
 #include <vector>
 
 #include "bootstrap/auth.hpp"
-#include "transport/tcp/frame_mac.hpp"
+#include "bootstrap/frame_mac.hpp"
 #include "transport/tcp/wire.hpp"
 #include "transport/transport.hpp"
 
 namespace tutti::transport::tcp {
+
+using bootstrap::FrameMac;
+using bootstrap::Tag;
+using bootstrap::tag_size;
 
 /// Heap bytes without zero-initialization (unexpected messages can be large).
 struct Bytes {

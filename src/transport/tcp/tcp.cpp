@@ -24,9 +24,9 @@
 #include <thread>
 
 #include "bootstrap/auth.hpp"
+#include "bootstrap/frame_mac.hpp"
 #include "bootstrap/socket_io.hpp"
 #include "core/log.hpp"
-#include "transport/tcp/frame_mac.hpp"
 #include "transport/tcp/socket.hpp"
 #include "transport/tcp/tcp.hpp"
 #include "transport/tcp/tcp_transport.hpp"

@@ -1,8 +1,8 @@
-// Per-frame authentication of a TCP connection: AES-256-GCM used as a MAC (GMAC; the bytes are
-// authenticated, not encrypted) under the connection's session key from bootstrap::handshake.
-// The 96-bit nonce is (direction, part, frame counter): each direction of a connection counts its
-// frames from 0, so a frame that is replayed, reordered, dropped or reflected back to its sender
-// fails its tag, and no nonce is ever used twice under one key.
+// Per-frame authentication of a connection (the TCP transport, the tcp:// store): AES-256-GCM used as a MAC (GMAC; the
+// bytes are authenticated, not encrypted) under the connection's session key from bootstrap::handshake. The 96-bit
+// nonce is (direction, part, frame counter): each direction of a connection counts its frames from 0, so a frame that
+// is replayed, reordered, dropped or reflected back to its sender fails its tag, and no nonce is ever used twice under
+// one key.
 #pragma once
 
 #include <array>
@@ -13,19 +13,20 @@
 
 struct evp_cipher_ctx_st;
 
-namespace tutti::transport::tcp {
+namespace tutti::bootstrap {
 
 inline constexpr std::size_t tag_size = 16;
 using Tag = std::array<std::uint8_t, tag_size>;
 
 class FrameMac {
  public:
-  /// What a tag covers: a frame's header, its payload, or the Ident sent after the handshake.
-  enum class Part : std::uint8_t { header = 0, payload = 1, ident = 2 };
+  /// What a tag covers: a TCP frame's header, its payload, the Ident sent after the handshake,
+  /// or a whole store frame.
+  enum class Part : std::uint8_t { header = 0, payload = 1, ident = 2, store = 3 };
 
   /// Tags of the direction whose sender was the connection's initiator (`from_initiator`) or its
   /// acceptor. Throws Error(system) if libcrypto cannot set up the cipher.
-  FrameMac(const bootstrap::SessionKey& key, bool from_initiator);
+  FrameMac(const SessionKey& key, bool from_initiator);
   ~FrameMac();
   FrameMac(const FrameMac&) = delete;
   FrameMac& operator=(const FrameMac&) = delete;
@@ -49,4 +50,4 @@ class FrameMac {
   std::uint8_t direction_;
 };
 
-}  // namespace tutti::transport::tcp
+}  // namespace tutti::bootstrap

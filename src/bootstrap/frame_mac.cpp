@@ -1,4 +1,4 @@
-#include "transport/tcp/frame_mac.hpp"
+#include "bootstrap/frame_mac.hpp"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -9,19 +9,19 @@
 
 #include "tutti/types.hpp"
 
-namespace tutti::transport::tcp {
+namespace tutti::bootstrap {
 
 namespace {
 
 [[noreturn]] void crypto_failure(const char* what) {
-  throw Error(ErrorCode::system, std::string("tcp: libcrypto failed in ") + what);
+  throw Error(ErrorCode::system, std::string("libcrypto failed in ") + what);
 }
 
 }  // namespace
 
-FrameMac::FrameMac(const bootstrap::SessionKey& key, bool from_initiator)
+FrameMac::FrameMac(const SessionKey& key, bool from_initiator)
     : ctx_(EVP_CIPHER_CTX_new()), direction_(from_initiator ? 'I' : 'A') {
-  static_assert(std::tuple_size_v<bootstrap::SessionKey> == 32, "AES-256 takes a 32-byte key");
+  static_assert(std::tuple_size_v<SessionKey> == 32, "AES-256 takes a 32-byte key");
   if (ctx_ == nullptr) crypto_failure("EVP_CIPHER_CTX_new");
   if (EVP_EncryptInit_ex(ctx_, EVP_aes_256_gcm(), nullptr, key.data(), nullptr) != 1) {
     EVP_CIPHER_CTX_free(ctx_);
@@ -61,4 +61,4 @@ Tag FrameMac::finish() {
 
 bool FrameMac::same(const Tag& a, const Tag& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
 
-}  // namespace tutti::transport::tcp
+}  // namespace tutti::bootstrap
