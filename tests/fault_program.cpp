@@ -2,6 +2,8 @@
 //
 //   fault_program kill             rank 1 kills itself (SIGKILL) during a large allreduce loop
 //   fault_program stop             rank 1 stops itself (SIGSTOP) during the loop
+//   fault_program exit             rank 1 leaves the loop early and exits normally (status 0),
+//                                  closing its communicator, while the others wait for it
 //   fault_program mismatch-count   rank 1 passes another count (also -type, -op, -root)
 //   fault_program bad-token        rank 0 connects to rank 1's TCP port with a wrong token, then
 //                                  the job runs collectives as usual
@@ -44,6 +46,25 @@ int loop_until_failure(Communicator& world, int victim, int sig, ErrorCode expec
     }
   } catch (const Error& e) {
     return report(world.rank(), std::string(to_string(e.code())) + ": " + e.what(), e.code() == expected);
+  }
+  return report(world.rank(), "ok", false);
+}
+
+// Rank 1 stops after 3 allreduces and returns (its caller destroys the communicator and exits 0);
+// the others go on and must fail at once, naming it, instead of waiting out the timeout.
+int leave_early(Communicator& world) {
+  std::vector<float> data(std::size_t{1} << 16, 1.0f);
+  try {
+    for (int i = 0; i < 1000; ++i) {
+      if (i == 3 && world.rank() == 1) {
+        report(world.rank(), "leaving", false);
+        return 0;
+      }
+      world.allreduce(data.data(), data.data(), data.size(), DataType::f32, ReduceOp::sum);
+    }
+  } catch (const Error& e) {
+    return report(world.rank(), std::string(to_string(e.code())) + ": " + e.what(),
+                  e.code() == ErrorCode::peer_failure);
   }
   return report(world.rank(), "ok", false);
 }
@@ -122,6 +143,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "kill") return loop_until_failure(world, 1, SIGKILL, ErrorCode::peer_failure);
   if (mode == "stop") return loop_until_failure(world, 1, SIGSTOP, ErrorCode::timeout);
+  if (mode == "exit") return leave_early(world);
   if (mode.rfind("mismatch-", 0) == 0) return mismatch(world, mode.substr(9));
   if (mode == "bad-token") return bad_token(world);
   std::fprintf(stderr, "fault_program: unknown mode '%s'\n", mode.c_str());
