@@ -245,13 +245,19 @@ void Supervisor::on_signal(int signo, bool from_terminal) {
 }
 
 void Supervisor::reap() {
+  // Collect every rank that has ended, then report those a signal ended first: a killed rank dies
+  // before the others notice and exit, but waitpid returns ended children in no particular order,
+  // and the first failure reported decides tutti-run's exit status.
+  std::vector<std::pair<int, int>> ended;  // rank, wait status
   int status;
   pid_t pid;
   while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
     const auto it = rank_of_pid_.find(pid);
-    if (it != rank_of_pid_.end()) on_rank_exit(it->second, status);
+    if (it != rank_of_pid_.end()) ended.emplace_back(it->second, status);
     // Any other pid is an orphan of a rank, reparented to us: reaped, nothing to say.
   }
+  std::stable_partition(ended.begin(), ended.end(), [](const auto& rank) { return WIFSIGNALED(rank.second); });
+  for (const auto& [r, wait_status] : ended) on_rank_exit(r, wait_status);
 }
 
 void Supervisor::on_rank_exit(int r, int wait_status) {
