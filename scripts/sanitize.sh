@@ -35,10 +35,10 @@ case $preset in
   tsan)
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=$supp/tsan.supp"
     # The threaded layers, ranks as threads: the engine (its background thread), the executor and
-    # its progress engine (api_test, hierarchical_test, shm_direct_test run collectives through
-    # it), the transports and the store. Each binary runs whole (not one process per test case):
-    # only these are built.
-    binaries=(engine_test api_test hierarchical_test shm_direct_test shm_test tcp_test bootstrap_test)
+    # its progress engine (collectives_test's sweep over inproc, api_test, hierarchical_test and
+    # shm_direct_test run collectives through it), the transports and the store. Each binary runs
+    # whole (not one process per test case): only these are built.
+    binaries=(engine_test api_test collectives_test hierarchical_test shm_direct_test shm_test tcp_test bootstrap_test)
     ;;
   *)
     echo "usage: sanitize.sh asan|tsan" >&2
