@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The tests: installs what it needs, builds with warnings as errors, checks formatting, checks
-# that an installed Tutti is usable through find_package, then runs every ctest.
+# that an installed Tutti is usable through find_package, runs every ctest, then the sanitizer
+# builds (scripts/sanitize.sh asan, tsan) and the fuzz targets (scripts/fuzz.sh). Each of the
+# last three can be skipped for a quick local run: TUTTI_CI_ASAN=0, TUTTI_CI_TSAN=0,
+# TUTTI_CI_FUZZ=0 (TUTTI_CI_SANITIZE=0 skips both sanitizers). Arguments go to the first ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+begin=$(date +%s)
 bash scripts/build.sh
 
 echo "== clang-format"
@@ -18,5 +22,33 @@ cmake --build "$consumer" >/dev/null
 "$consumer/consumer"
 
 echo "== ctest"
-cd build
-ctest --output-on-failure -j "$(nproc)" --timeout 600 "$@"
+ctest_start=$(date +%s)
+(cd build && ctest --output-on-failure -j "$(nproc)" --timeout 600 "$@") | tee build/ctest.log
+ctest_summary=$(grep -E 'tests passed|tests failed' build/ctest.log | tail -n 1)
+summary=("ctest: $ctest_summary (build and ctest $((ctest_start - begin)) + $(($(date +%s) - ctest_start)) s)")
+passed=1 failed=0
+
+# stage NAME SKIP-VARIABLE COMMAND...: runs one stage unless SKIP-VARIABLE=0, keeps its last line.
+stage() {
+  local name=$1 variable=$2 start status=0
+  shift 2
+  if [[ ${!variable:-1} == 0 || ($variable == TUTTI_CI_ASAN || $variable == TUTTI_CI_TSAN) && ${TUTTI_CI_SANITIZE:-1} == 0 ]]; then
+    summary+=("$name: skipped ($variable=0)")
+    return
+  fi
+  echo "== $name"
+  start=$(date +%s)
+  "$@" 2>&1 | tee "build/$name.log" || status=$?
+  local last
+  last=$(grep -E '^(sanitize|fuzz)' "build/$name.log" | tail -n 1)
+  if ((status == 0)); then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+  summary+=("$name: $([[ $status -eq 0 ]] && echo ok || echo FAILED) ($(($(date +%s) - start)) s) ${last}")
+}
+stage asan TUTTI_CI_ASAN bash scripts/sanitize.sh asan
+stage tsan TUTTI_CI_TSAN bash scripts/sanitize.sh tsan
+stage fuzz TUTTI_CI_FUZZ bash scripts/fuzz.sh
+
+echo "== summary ($(($(date +%s) - begin)) s in all)"
+printf '%s\n' "${summary[@]}"
+echo "$passed passed, $failed failed (stages: ctest, asan, tsan, fuzz)"
+((failed == 0))

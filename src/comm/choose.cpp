@@ -34,23 +34,11 @@ Collective parse_collective(const std::string& name) {
   throw Error(ErrorCode::invalid_argument, "TUTTI_ALGO: unknown collective '" + name + "'");
 }
 
-// TUTTI_ALGO="allreduce:ring,allgather:bruck", parsed once.
+// TUTTI_ALGO, parsed once.
 const std::map<Collective, Algorithm>& forced_by_environment() {
   static const std::map<Collective, Algorithm> forced = [] {
-    std::map<Collective, Algorithm> out;
     const auto text = core::env("TUTTI_ALGO");
-    if (!text) return out;
-    std::size_t start = 0;
-    while (start <= text->size()) {
-      const std::size_t end = std::min(text->find(',', start), text->size());
-      const std::string item = text->substr(start, end - start);
-      const std::size_t colon = item.find(':');
-      if (colon == std::string::npos)
-        throw Error(ErrorCode::invalid_argument, "TUTTI_ALGO: expected collective:algorithm, got '" + item + "'");
-      out[parse_collective(item.substr(0, colon))] = parse_algorithm(item.substr(colon + 1));
-      start = end + 1;
-    }
-    return out;
+    return text ? parse_forced_algorithms(*text) : std::map<Collective, Algorithm>{};
   }();
   return forced;
 }
@@ -113,6 +101,21 @@ void log_choice(Collective collective, const ChoiceContext& context, std::size_t
 }
 
 }  // namespace
+
+std::map<Collective, Algorithm> parse_forced_algorithms(std::string_view text) {
+  std::map<Collective, Algorithm> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t end = std::min(text.find(',', start), text.size());
+    const std::string item(text.substr(start, end - start));
+    const std::size_t colon = item.find(':');
+    if (colon == std::string::npos)
+      throw Error(ErrorCode::invalid_argument, "TUTTI_ALGO: expected collective:algorithm, got '" + item + "'");
+    out[parse_collective(item.substr(0, colon))] = parse_algorithm(item.substr(colon + 1));
+    start = end + 1;
+  }
+  return out;
+}
 
 Algorithm requested_algorithm(Collective collective, Algorithm requested) {
   if (requested != Algorithm::automatic) return requested;

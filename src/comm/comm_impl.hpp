@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -96,6 +97,10 @@ class CommImpl {
 
 /// Test-only: gives this in-process rank its own host (see CommImpl::set_host_override).
 void set_host_for_testing(Communicator& comm, std::string host);
+
+/// Parses TUTTI_ALGO's syntax, "allreduce:ring,allgather:bruck" (a later item for the same
+/// collective wins). Throws Error(invalid_argument) naming TUTTI_ALGO and the item that is wrong.
+std::map<schedule::Collective, Algorithm> parse_forced_algorithms(std::string_view text);
 
 /// The algorithm asked for: `requested`, or for `automatic` what TUTTI_ALGO forces (else automatic).
 Algorithm requested_algorithm(schedule::Collective collective, Algorithm requested);

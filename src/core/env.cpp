@@ -29,7 +29,14 @@ long long parse_count(const std::string& text, const char* what) {
 std::chrono::milliseconds default_timeout() {
   const auto text = env("TUTTI_TIMEOUT_MS");
   if (!text) return std::chrono::milliseconds(300000);
-  return std::chrono::milliseconds(parse_count(*text, "TUTTI_TIMEOUT_MS"));
+  // Deadlines are steady_clock::now() + timeout, in 64-bit nanoseconds: a larger value would
+  // overflow them (about 31 years is more than any job needs).
+  constexpr long long max_ms = 1'000'000'000'000;
+  const long long ms = parse_count(*text, "TUTTI_TIMEOUT_MS");
+  if (ms > max_ms)
+    throw Error(ErrorCode::invalid_argument,
+                "TUTTI_TIMEOUT_MS: at most " + std::to_string(max_ms) + " (about 31 years), got '" + *text + "'");
+  return std::chrono::milliseconds(ms);
 }
 
 }  // namespace tutti::core

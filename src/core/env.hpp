@@ -11,7 +11,7 @@ namespace tutti::core {
 /// The variable's value, or nullopt when unset or empty.
 std::optional<std::string> env(const char* name);
 
-/// TUTTI_TIMEOUT_MS, default 300 000 ms.
+/// TUTTI_TIMEOUT_MS, default 300 000 ms, at most 10^12 ms (so that now() + timeout cannot overflow).
 std::chrono::milliseconds default_timeout();
 
 /// Parses a non-negative integer; throws Error(invalid_argument) naming `what` otherwise.

@@ -21,9 +21,12 @@ double parse_seconds(const std::string& text, const char* what) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != text.size() || !std::isfinite(value) || value < 0)
+  // The bound keeps value × 1000 (or × 10^6) inside the 64-bit durations it becomes: beyond it,
+  // llround's result is unspecified (a negative cycle or stall time).
+  constexpr double max_value = 1e9;
+  if (used != text.size() || !std::isfinite(value) || value < 0 || value > max_value)
     throw Error(ErrorCode::invalid_argument,
-                std::string(what) + ": expected a non-negative number, got '" + text + "'");
+                std::string(what) + ": expected a non-negative number up to 1e9, got '" + text + "'");
   return value;
 }
 

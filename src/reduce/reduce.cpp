@@ -1,7 +1,10 @@
 // Argument checks, and the choice of kernel table (see dispatch.hpp).
 #include "reduce/reduce.hpp"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <iterator>
 #include <string>
 
@@ -107,6 +110,38 @@ void check_overlap(const void* dst, const void* src, const char* what, DataType 
                 describe("apply", type, count) + ": dst and " + what + " overlap without being equal");
 }
 
+// The kernels read and write elements through typed pointers, which must be aligned for the
+// type. Buffers are not always: a TCP payload lies at whatever offset of the receive buffer the
+// stream put it, and a caller's array may sit at an odd address in a byte buffer. Such calls go
+// through aligned copies, a block at a time, into the same kernels (so the same bits).
+constexpr std::size_t bounce_bytes = 4096;
+
+bool misaligned(const void* p, DataType type) { return reinterpret_cast<std::uintptr_t>(p) % size_of(type) != 0; }
+
+void apply_misaligned(BinaryKernel kernel, DataType type, void* dst, const void* a, const void* b, std::size_t count) {
+  alignas(64) std::byte x[bounce_bytes];
+  alignas(64) std::byte y[bounce_bytes];
+  const std::size_t element = size_of(type), block = bounce_bytes / element;
+  for (std::size_t done = 0; done < count; done += block) {
+    const std::size_t n = std::min(block, count - done), offset = done * element, bytes = n * element;
+    std::memcpy(x, static_cast<const std::byte*>(a) + offset, bytes);
+    std::memcpy(y, static_cast<const std::byte*>(b) + offset, bytes);
+    kernel(x, x, y, n);
+    std::memcpy(static_cast<std::byte*>(dst) + offset, x, bytes);
+  }
+}
+
+void divide_misaligned(DivideKernel kernel, DataType type, void* data, std::size_t count, int divisor) {
+  alignas(64) std::byte x[bounce_bytes];
+  const std::size_t element = size_of(type), block = bounce_bytes / element;
+  for (std::size_t done = 0; done < count; done += block) {
+    const std::size_t n = std::min(block, count - done), offset = done * element, bytes = n * element;
+    std::memcpy(x, static_cast<const std::byte*>(data) + offset, bytes);
+    kernel(x, n, divisor);
+    std::memcpy(static_cast<std::byte*>(data) + offset, x, bytes);
+  }
+}
+
 void run_apply(const KernelTable& table, ReduceOp op, DataType type, void* dst, const void* a, const void* b,
                std::size_t count) {
   check_type(type, "apply");
@@ -119,7 +154,11 @@ void run_apply(const KernelTable& table, ReduceOp op, DataType type, void* dst, 
   check_buffer(b, "b", "apply", type, count);
   check_overlap(dst, a, "a", type, count);
   check_overlap(dst, b, "b", type, count);
-  table.apply[static_cast<std::size_t>(op)][static_cast<std::size_t>(type)](dst, a, b, count);
+  const BinaryKernel kernel = table.apply[static_cast<std::size_t>(op)][static_cast<std::size_t>(type)];
+  if (misaligned(dst, type) || misaligned(a, type) || misaligned(b, type))
+    apply_misaligned(kernel, type, dst, a, b, count);
+  else
+    kernel(dst, a, b, count);
 }
 
 void run_divide(const KernelTable& table, DataType type, void* data, std::size_t count, int divisor) {
@@ -129,7 +168,11 @@ void run_divide(const KernelTable& table, DataType type, void* data, std::size_t
                 describe("divide", type, count) + ": divisor must be at least 1, got " + std::to_string(divisor));
   if (count == 0) return;
   check_buffer(data, "data", "divide", type, count);
-  table.divide[static_cast<std::size_t>(type)](data, count, divisor);
+  const DivideKernel kernel = table.divide[static_cast<std::size_t>(type)];
+  if (misaligned(data, type))
+    divide_misaligned(kernel, type, data, count, divisor);
+  else
+    kernel(data, count, divisor);
 }
 
 const KernelTable& active_kernels() {

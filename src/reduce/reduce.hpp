@@ -13,6 +13,7 @@ namespace tutti::reduce {
 /// f16 and bf16 are computed in f32 and rounded to nearest even. Integer sum and prod wrap. Float
 /// min/max are IEEE 754-2019 minimum/maximum (NaN wins, -0 < +0); a NaN result is `a`'s NaN if
 /// `a` is NaN, else `b`'s, quieted (element_ops.hpp). Every instruction set gives the same bits.
+/// The buffers may have any alignment (misaligned ones are copied through aligned blocks).
 /// Errors: Error(invalid_argument) for an unknown op or type, a null pointer with count > 0, or
 /// a partial overlap.
 void apply(ReduceOp op, DataType type, void* dst, const void* a, const void* b, std::size_t count);
