@@ -49,12 +49,22 @@ class Engine {
       std::vector<std::weak_ptr<OperationQueue>> queues = queues_;
       lock.unlock();
       const bool busy = sweep(queues);
+      // A queue whose communicator is gone dies with the last of these references: they are
+      // dropped only after the lock is, as its destructor fails its operations, takes its own
+      // mutex (submit holds that one while it takes ours) and closes its transport, which can take
+      // seconds (TCP's goodbye flush) that no other communicator's submit should wait out.
+      std::vector<std::shared_ptr<OperationQueue>> held;
       lock.lock();
-      std::erase_if(queues_, [](const auto& weak) {
+      std::erase_if(queues_, [&held](const auto& weak) {
         auto queue = weak.lock();
-        return !queue || !queue->has_work();
+        const bool idle = !queue || !queue->has_work();
+        if (queue) held.push_back(std::move(queue));
+        return idle;
       });
       if (busy) pending_ = true;
+      lock.unlock();
+      held.clear();
+      lock.lock();
     }
   }
 
