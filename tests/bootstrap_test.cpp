@@ -906,6 +906,15 @@ TEST(DetectJob, Slurm) {
     EXPECT_EQ(job.local_size, 2);
     EXPECT_EQ(job.job_id, "123.0");
   }
+  {
+    // Runs are walked, not expanded: a repeat of two billion costs nothing (it was an 8 GiB vector).
+    Environment env({{"SLURM_PROCID", "0"},
+                     {"SLURM_NTASKS", "4"},
+                     {"SLURM_LOCALID", "0"},
+                     {"SLURM_TASKS_PER_NODE", "1(x2000000000),3"},
+                     {"SLURM_NODEID", "2000000000"}});
+    EXPECT_EQ(detect_job().local_size, 3);
+  }
   Environment env({{"SLURM_PROCID", "3"},
                    {"SLURM_NTASKS", "8"},
                    {"SLURM_LOCALID", "3"},

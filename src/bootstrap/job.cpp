@@ -57,10 +57,11 @@ void read_ranks(JobInfo& job, const char* rank_name, const char* size_name, cons
         " is not below the local size " + std::to_string(job.local_size));
 }
 
-// SLURM_TASKS_PER_NODE lists tasks per node, runs compressed: "2(x3),1" = 2,2,2,1.
+// SLURM_TASKS_PER_NODE lists tasks per node, runs compressed: "2(x3),1" = 2,2,2,1. Walks the runs
+// without expanding them: a repeat count comes from outside and may be huge.
 int slurm_tasks_on_node(const std::string& text, int node) {
   const char* name = "SLURM_TASKS_PER_NODE";
-  std::vector<int> counts;
+  std::int64_t first = 0;  // the node index where the current run starts
   std::size_t start = 0;
   while (start <= text.size()) {
     const std::size_t comma = std::min(text.find(',', start), text.size());
@@ -72,12 +73,11 @@ int slurm_tasks_on_node(const std::string& text, int node) {
       repeat = parse_int(item.substr(paren + 2, item.size() - paren - 3), name);
     }
     const int count = parse_int(item.substr(0, paren), name);
-    for (int i = 0; i < repeat && counts.size() <= static_cast<std::size_t>(node); ++i) counts.push_back(count);
+    if (node >= first && node < first + repeat) return count;
+    first += repeat;  // at most INT_MAX per run and text.size() runs: no overflow in 64 bits
     start = comma + 1;
   }
-  if (static_cast<std::size_t>(node) >= counts.size())
-    bad(std::string(name) + "='" + text + "' has no entry for SLURM_NODEID=" + std::to_string(node));
-  return counts[static_cast<std::size_t>(node)];
+  bad(std::string(name) + "='" + text + "' has no entry for SLURM_NODEID=" + std::to_string(node));
 }
 
 void read_slurm(JobInfo& job) {
