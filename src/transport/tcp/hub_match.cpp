@@ -465,8 +465,12 @@ void Hub::finish_frame_locked(int g) {
       match_buffered_locked(*c, h.comm_id, g, k, in.heap, recv);
     }
   } else if (h.kind == FrameKind::abort) {
+    // Passed on to every other member before anything else this rank sends them: connections are
+    // not ordered among themselves, so a rank that learned the error, then left, could otherwise
+    // reach a third rank with its leave frame before the error does, and that rank would report
+    // the departure instead of the first error. Each rank passes an abort on once at most.
     if (CommState* c = frame_comm_locked(g, h.comm_id))
-      fail_comm_locked(*c, h.comm_id, Failure{Error(static_cast<ErrorCode>(h.code), text), h.seq}, false);
+      fail_comm_locked(*c, h.comm_id, Failure{Error(static_cast<ErrorCode>(h.code), text), h.seq}, true);
   } else if (h.kind == FrameKind::size_error) {
     fail_send_locked(h.comm_id, g, h, text);
   } else if (h.kind == FrameKind::ack) {
