@@ -79,7 +79,7 @@ clean_run() {  # TRANSPORT
   check "$name: exit 0" "status $status; last lines:
 $(tail -20 "$out")" $(ok_if test $status -eq 0)
   local done_ok
-  done_ok=$(grep -cE "rank [0-9]+: done small=$small large=[0-9]+ errors=0 .*growth_mib=[0-9.]+$" "$out")
+  done_ok=$(grep -cE "rank [0-9]+: done small=$small large=[0-9]+ errors=0 .*growth_mib=[0-9.]+( RSS-UNCHECKED-UNDER-ASAN)?$" "$out")
   check "$name: $n ranks right, memory flat (+$rss_bound MiB)" "$done_ok of $n" $(ok_if test "$done_ok" -eq "$n")
   awk -v t="$t" -v wall=$(((end - start) / 1000000)) '
     / done small=/ {
