@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-60}
-read -r -a targets <<<"${FUZZ_TARGETS:-store_frame handshake tuning_json env tcp_frame}"
+read -r -a targets <<<"${FUZZ_TARGETS:-store_frame handshake tuning_json env tcp_frame shm_header}"
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
 
