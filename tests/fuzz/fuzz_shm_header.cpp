@@ -69,7 +69,7 @@ class Reader {
   void bytes(void* out, std::size_t n) {
     const std::size_t take = std::min(n, size_ - used_);
     std::memset(out, 0, n);
-    std::memcpy(out, data_ + used_, take);
+    if (take > 0) std::memcpy(out, data_ + used_, take);
     used_ += take;
   }
   template <typename T>

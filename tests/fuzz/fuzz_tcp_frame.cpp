@@ -141,7 +141,7 @@ void check_outcome(const tcp::Hub& hub, const tcp::CommState& state, const trans
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   require(configured, "setup");
   Setup setup;
-  std::memcpy(&setup, data, std::min(size, sizeof setup));
+  if (size > 0) std::memcpy(&setup, data, std::min(size, sizeof setup));
   const std::uint8_t* stream = data + std::min(size, sizeof setup);
   const std::size_t stream_size = size - std::min(size, sizeof setup);
   if (stream_size >= sizeof(tcp::FrameHeader)) {  // the signature of the first header, decoded on its own
