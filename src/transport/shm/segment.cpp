@@ -285,8 +285,9 @@ std::optional<Failure> read_abort(const Segment& segment) {
                                        std::to_string(code) + ", text length " + std::to_string(length) + ")"),
                    no_seq};
   }
-  std::string text(length, '\0');
-  std::memcpy(text.data(), record.text, length);
+  // Up to the first NUL (where what() would stop); a record with no reason still names its writer.
+  std::string text(record.text, ::strnlen(record.text, length));
+  if (text.empty()) text = "shm: rank " + std::to_string(rank) + " aborted the communicator without giving a reason";
   return Failure{Error(static_cast<ErrorCode>(code), text), seq};
 }
 

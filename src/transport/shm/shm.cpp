@@ -218,7 +218,9 @@ void ShmTransport::await_publication_locked(bool awaiting) {
 
 void ShmTransport::publish_ready_locked() {
   while (!unpublished_.empty()) {
-    const auto& [seq, mine] = unpublished_.front();
+    // Named, not a structured binding: clang before 16 cannot capture those in a lambda.
+    const std::uint64_t seq = unpublished_.front().first;
+    const WireSignature& mine = unpublished_.front().second;
     // The slot held seq - signature_slots (or less): every rank must be past it. Checked again
     // after raising our flag, so that a publication between the two is not missed.
     const auto slot_free = [&] { return seq < signature_slots || lowest_published() > seq - signature_slots; };

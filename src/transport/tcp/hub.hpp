@@ -179,6 +179,8 @@ class Hub {
 
   /// Tests only: drops every connection at once, without goodbye, as a killed process would.
   void crash_for_testing();
+  /// Tests only: whether the connection to global rank `g` is closed (its end was handled).
+  bool closed_for_testing(int g) const;
 
  private:
   // I/O thread and socket work (hub_io.cpp).

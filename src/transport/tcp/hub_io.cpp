@@ -146,6 +146,11 @@ void Hub::crash_for_testing() {
                      false);
 }
 
+bool Hub::closed_for_testing(int g) const {
+  std::lock_guard lock(mutex_);
+  return peers_.at(static_cast<std::size_t>(g)).closed;
+}
+
 void Hub::run() {
   epoll_event events[64];
   for (;;) {

@@ -442,9 +442,22 @@ void Hub::finish_frame_locked(int g) {
   Inbound& in = peer.in;
   in.stage = Inbound::Stage::header;
   const FrameHeader h = in.header;
-  const std::string text = in.sink == Inbound::Sink::heap && h.kind != FrameKind::data
-                               ? std::string(reinterpret_cast<const char*>(in.heap.data.get()), in.heap.size)
-                               : std::string();
+  std::string text = in.sink == Inbound::Sink::heap && h.kind != FrameKind::data
+                         ? std::string(reinterpret_cast<const char*>(in.heap.data.get()), in.heap.size)
+                         : std::string();
+  if (h.kind == FrameKind::abort || h.kind == FrameKind::size_error) {
+    // The peer's reason, up to its first NUL (where what() would stop); a peer that gives none
+    // is named instead, so that the failure still says who failed it and how.
+    text.resize(std::min(text.find('\0'), text.size()));
+    if (text.empty()) {
+      int who = g;
+      if (auto c = comms_.find(h.comm_id); c != comms_.end())
+        if (auto r = c->second->rank_of.find(g); r != c->second->rank_of.end()) who = r->second;
+      text = "rank " + std::to_string(who) +
+             (h.kind == FrameKind::abort ? " aborted the communicator" : " refused a message (size mismatch)") +
+             " without giving a reason";
+    }
+  }
   if (h.kind == FrameKind::data && (in.sink == Inbound::Sink::user || in.sink == Inbound::Sink::reduce)) {
     in.done->set(Completion::done);
     if (h.channel == p2p) send_control_locked(g, FrameKind::ack, h.comm_id, {g, h.channel, h.seq, h.index}, {});

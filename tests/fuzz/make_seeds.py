@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of fuzz_tcp_frame and fuzz_shm_header (tests/fuzz/corpus/tcp_frame/,
+shm_header/): valid records and the edge cases named after them. Their input layouts are described
+at the top of fuzz_tcp_frame.cpp and fuzz_shm_header.cpp; the structs are those of
+src/transport/tcp/wire.hpp and src/transport/shm/segment.hpp on x86-64 (little-endian).
+Run from anywhere: python3 tests/fuzz/make_seeds.py"""
+
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# ---- TCP ----
+
+FRAME_MAGIC = 0x46545554
+DATA, ABORT, SIZE_ERROR, ACK, GOODBYE, LEAVE = 1, 2, 3, 4, 5, 6
+COLLECTIVE, P2P = 0, 1
+U8, F32 = 1, 8  # DataType indices
+SUM = 0
+
+POST_A, REDUCE, ON_P2P, POST_LATE, ANNOUNCE, POST_SEND, POST_B, BIG = 1, 2, 4, 8, 16, 32, 64, 128
+
+
+def setup(flags=0, type_op=0, recv_bytes=0, send_bytes=0):
+    return struct.pack("<BBHH", flags, type_op, recv_bytes, send_bytes)
+
+
+def signature(seq=0, count=0, counts_hash=0, root=-1, kind=0xFF, algorithm=0xFF, type_=0, op=-1):
+    return struct.pack("<QQQiBBBbQ", seq, count, counts_hash, root, kind, algorithm, type_, op, 0)
+
+
+def mine(count, type_):
+    """Rank 0's signature for collective #0 when Setup has ANNOUNCE: allreduce, ring, sum."""
+    return signature(seq=0, count=count, kind=0, algorithm=1, type_=type_, op=SUM)
+
+
+def frame(kind, payload=b"", comm=1, channel=COLLECTIVE, seq=0, index=0, code=0, length=None, sig=None,
+          magic=FRAME_MAGIC, reserved=0):
+    header = struct.pack("<IBBHIIQQQ", magic, kind, channel, reserved, index, code, comm, seq,
+                         len(payload) if length is None else length)
+    return header + (sig if sig is not None else signature()) + payload
+
+
+def goodbye():
+    return frame(GOODBYE)
+
+
+def tcp_seeds():
+    text = b"rank 1 failed: out of memory"
+    return {
+        "empty_stream": setup(),
+        "goodbye_only": setup(POST_A, 0, 8) + goodbye(),
+        "data_into_posted_receive": setup(POST_A | ANNOUNCE, 0, 16)
+        + frame(DATA, bytes(range(16)), sig=mine(16, U8)) + goodbye(),
+        "data_into_receive_and_reduce": setup(POST_A | REDUCE | ANNOUNCE, F32, 32)
+        + frame(DATA, struct.pack("<8f", *range(8)), sig=mine(8, F32)) + goodbye(),
+        "data_reduce_split_element": setup(POST_A | REDUCE, F32, 8) + frame(DATA, b"\x00\x00\x80\x3f\x00\x00", length=8),
+        "data_two_receives": setup(POST_A | POST_B | ANNOUNCE, 0, 4)
+        + frame(DATA, b"abcd", sig=mine(4, U8)) + frame(DATA, b"efgh", seq=1) + goodbye(),
+        "data_p2p_acked": setup(POST_A | ON_P2P, 0, 10) + frame(DATA, b"0123456789", channel=P2P) + goodbye(),
+        "data_unexpected_then_posted": setup(POST_A | ON_P2P | POST_LATE, 0, 10)
+        + frame(DATA, b"0123456789", channel=P2P) + goodbye(),
+        "data_big_receive_cut_short": setup(POST_A | BIG, 0, 0) + frame(DATA, b"\x42" * 3000, length=65536),
+        "data_size_mismatch": setup(POST_A | ON_P2P, 0, 16) + frame(DATA, b"12345678", channel=P2P) + goodbye(),
+        "data_signature_mismatch": setup(POST_A | ANNOUNCE, 0, 16)
+        + frame(DATA, bytes(16), sig=signature(seq=0, count=99, kind=200, algorithm=77, type_=250, op=99)),
+        "data_unknown_communicators": setup()
+        + b"".join(frame(DATA, comm=1000 + i) for i in range(70)),
+        "data_over_unexpected_cap": setup() + frame(DATA, b"z" * 100, length=2 << 20),
+        "data_huge_length": setup(POST_A, 0, 8) + frame(DATA, length=1 << 62),
+        "data_huge_length_unknown_comm": setup() + frame(DATA, comm=12345, length=1 << 62),
+        "data_repeated_key": setup() + frame(DATA, b"aa", channel=P2P) + frame(DATA, b"bbbb", channel=P2P) + goodbye(),
+        "ack_for_send": setup(POST_SEND, 0, 0, 8) + frame(ACK, channel=P2P) + goodbye(),
+        "ack_unknown": setup() + frame(ACK, channel=P2P, seq=77, index=3) + goodbye(),
+        "size_error_for_send": setup(POST_SEND, 0, 0, 8)
+        + frame(SIZE_ERROR, b"message size mismatch: rank 1 expected 4", channel=P2P),
+        "abort_with_text": setup(POST_A, 0, 8) + frame(ABORT, text, seq=5, code=3),
+        "abort_without_text": setup(POST_A, 0, 8) + frame(ABORT, code=3),
+        "abort_text_starting_with_nul": setup(POST_A, 0, 8) + frame(ABORT, b"\x00hidden", code=3),
+        "size_error_without_text": setup(POST_SEND, 0, 0, 8) + frame(SIZE_ERROR, channel=P2P),
+        "abort_unknown_code": setup(POST_A, 0, 8) + frame(ABORT, text, code=999),
+        "abort_text_too_long": setup() + frame(ABORT, b"t" * 64, code=3, length=70000),
+        "leave": setup(POST_A, 0, 8) + frame(LEAVE),
+        "leave_with_payload": setup(POST_A, 0, 8) + frame(LEAVE, b"x"),
+        "frame_after_goodbye": setup(POST_A, 0, 8) + goodbye() + frame(ACK),
+        "unknown_kind": setup(POST_A, 0, 8) + frame(9),
+        "unknown_channel": setup(POST_A, 0, 8) + frame(DATA, b"x", channel=7),
+        "reserved_set": setup(POST_A, 0, 8) + frame(DATA, b"x", reserved=1),
+        "bad_magic": setup(POST_A, 0, 8) + frame(DATA, b"x", magic=0x12345678),
+        "header_cut_short": setup(POST_A, 0, 8) + frame(DATA, b"12345678")[:40],
+        "payload_cut_short": setup(POST_A | ON_P2P, 0, 8) + frame(DATA, b"1234", channel=P2P, length=8),
+    }
+
+
+# ---- shm ----
+
+ACK_ENTRIES = 1024
+SLOTS = 8
+PAYLOAD = 64 * 1024
+
+
+def chunk(seq=5, total=0, offset=0, index=0, bytes_=0, channel=P2P, has_signature=0, sig=None):
+    return struct.pack("<QQQIIBB6x", seq, total, offset, index, bytes_, channel, has_signature) + (
+        sig if sig is not None else signature())
+
+
+def ack(seq=5, expected=0, index=0, channel=P2P, ok=1):
+    return struct.pack("<QQIBB2x", seq, expected, index, channel, ok)
+
+
+def shm_input(routes=0b000110, slot=3, ack_index=7, chunk_=None, ack_=None, head=5, tail=3, ack_head=10,
+              ack_tail=10, abort=(0, 0, 0, 0, 0), sig_seq=3, sig_tag=0, words=None, text=b""):
+    words = words if words is not None else signature(seq=sig_seq, count=4, kind=0, algorithm=1, type_=F32, op=SUM)
+    return (struct.pack("<BQQ", routes, slot, ack_index) + (chunk_ if chunk_ is not None else chunk(total=400,
+                                                                                                   bytes_=400))
+            + (ack_ if ack_ is not None else ack()) + struct.pack("<QQQQ", head, tail, ack_head, ack_tail)
+            + struct.pack("<IiiQI", *abort) + struct.pack("<QQ", sig_seq, sig_tag) + words + text)
+
+
+def shm_seeds():
+    text = b"rank 1: allreduce timed out"
+    return {
+        "valid": shm_input(chunk_=chunk(total=100000, offset=PAYLOAD, bytes_=100000 - PAYLOAD),
+                           abort=(2, 2, 1, 7, len(text)), sig_tag=4, text=text),
+        "valid_with_signature": shm_input(chunk_=chunk(channel=COLLECTIVE, total=8, bytes_=8, has_signature=1,
+                                                       sig=signature(seq=5, count=2, kind=0, algorithm=8, type_=F32,
+                                                                     op=SUM))),
+        "short": b"\x01",
+        "chunk_empty_message": shm_input(chunk_=chunk(total=0, bytes_=0)),
+        "chunk_bytes_beyond_slot": shm_input(chunk_=chunk(total=400, bytes_=0xFFFFFFFF)),
+        "chunk_offset_beyond_total": shm_input(chunk_=chunk(total=400, offset=1 << 40)),
+        "chunk_offset_not_a_chunk": shm_input(chunk_=chunk(total=200000, offset=100, bytes_=PAYLOAD)),
+        "chunk_total_max": shm_input(chunk_=chunk(total=(1 << 64) - 1, offset=(1 << 64) - PAYLOAD, bytes_=PAYLOAD - 1)),
+        "chunk_bad_channel": shm_input(chunk_=chunk(total=400, bytes_=400, channel=7)),
+        "chunk_bad_signature_flag": shm_input(chunk_=chunk(total=400, bytes_=400, has_signature=2)),
+        "ack_bad_ok": shm_input(ack_=ack(ok=2)),
+        "ack_bad_channel": shm_input(ack_=ack(channel=9)),
+        "slot_indices_max": shm_input(slot=(1 << 64) - 1, ack_index=(1 << 64) - 1),
+        "ring_tail_past_head": shm_input(head=3, tail=5),
+        "ring_full": shm_input(head=SLOTS + 2, tail=2, ack_head=ACK_ENTRIES, ack_tail=0),
+        "ring_over_full": shm_input(head=SLOTS + 3, tail=2, ack_head=ACK_ENTRIES + 1, ack_tail=0),
+        "abort_being_written": shm_input(abort=(1, 2, 1, 7, len(text)), text=text),
+        "abort_length_huge": shm_input(abort=(2, 2, 1, 7, 0xFFFFFFFF), text=text),
+        "abort_length_max": shm_input(abort=(2, 4, 0, 9, 1024), text=b"x" * 1024),
+        "abort_bad_rank": shm_input(abort=(2, 2, -1, 7, 4), text=b"oops"),
+        "abort_bad_code": shm_input(abort=(2, 99, 1, 7, 4), text=b"oops"),
+        "abort_without_text": shm_input(abort=(2, 3, 1, 7, 0)),
+        "abort_text_starting_with_nul": shm_input(abort=(2, 3, 1, 7, 6), text=b"\x00hidden"),
+        "abort_text_with_nul": shm_input(abort=(2, 3, 1, 7, 9), text=b"abc\x00defgh"),
+        "signature_garbage": shm_input(sig_seq=0, sig_tag=1, words=b"\xff" * 40),
+        "signature_busy": shm_input(sig_seq=2, sig_tag=(1 << 64) - 1),
+        "signature_seq_max": shm_input(sig_seq=(1 << 64) - 1, sig_tag=0, words=b"\x01" * 40),
+    }
+
+
+def write(name, seeds):
+    folder = os.path.join(HERE, "corpus", name)
+    os.makedirs(folder, exist_ok=True)
+    for seed, data in seeds.items():
+        with open(os.path.join(folder, seed), "wb") as out:
+            out.write(data)
+
+
+if __name__ == "__main__":
+    write("tcp_frame", tcp_seeds())
+    write("shm_header", shm_seeds())
