@@ -46,11 +46,11 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using bootstrap::FrameMac;
+using bootstrap::Tag;
 using transport::tcp::FrameHeader;
 using transport::tcp::FrameKind;
-using bootstrap::FrameMac;
 using transport::tcp::Ident;
-using bootstrap::Tag;
 
 const std::string token = "hostile-tcp-test-secret";
 constexpr std::uint64_t world_id = 7;
