@@ -145,16 +145,7 @@ Request CommImpl::start(const Call& call, bool blocking) {
       break;
   }
 
-  transport::Signature signature;
-  signature.seq = queue_->next_seq();
-  signature.kind = schedule::to_string(call.collective);
-  const bool per_rank_counts = call.collective == Collective::alltoallv || call.collective == Collective::allgatherv;
-  signature.count = per_rank_counts ? 0 : call.count;  // v-collectives: counts_hash instead
-  signature.type = call.type;
-  signature.op = call.op;
-  signature.root = call.root;
-  signature.algorithm = to_string(algorithm);
-  signature.counts_hash = call.collective == Collective::allgatherv ? hash_counts(call.counts) : 0;
+  const transport::Signature signature = next_signature(call, algorithm);
 
   auto op = std::make_unique<exec::Operation>(queue_->transport(), std::move(plan), buffers, call.type,
                                               call.op.value_or(ReduceOp::sum), signature);
@@ -175,6 +166,21 @@ Request CommImpl::start(const Call& call, bool blocking) {
   return Request(std::make_shared<detail::Operation>(queue_, std::move(shared)));
 }
 
+// The signature of the call about to be submitted: takes the communicator's next sequence number.
+transport::Signature CommImpl::next_signature(const Call& call, Algorithm algorithm) {
+  transport::Signature signature;
+  signature.seq = queue_->next_seq();
+  signature.kind = schedule::to_string(call.collective);
+  const bool per_rank_counts = call.collective == Collective::alltoallv || call.collective == Collective::allgatherv;
+  signature.count = per_rank_counts ? 0 : call.count;  // v-collectives: counts_hash instead
+  signature.type = call.type;
+  signature.op = call.op;
+  signature.root = call.root;
+  signature.algorithm = to_string(algorithm);
+  signature.counts_hash = call.collective == Collective::allgatherv ? hash_counts(call.counts) : 0;
+  return signature;
+}
+
 // Algorithm::mpi: MPI's own collective, nonblocking (MPI_Iallreduce, ...), as a native operation
 // of the queue: it starts once every earlier collective finished (MPI needs every rank to issue
 // its collectives in one order) and is progressed, timed and aborted like any other.
@@ -187,16 +193,7 @@ Request CommImpl::start_mpi(const Call& call, bool blocking) {
   if (!run)
     throw Error(ErrorCode::unsupported,
                 what + "needs a communicator over MPI (tutti::from_mpi, or init() under mpirun)");
-  transport::Signature signature;
-  signature.seq = queue_->next_seq();
-  signature.kind = schedule::to_string(call.collective);
-  const bool per_rank_counts = call.collective == Collective::alltoallv || call.collective == Collective::allgatherv;
-  signature.count = per_rank_counts ? 0 : call.count;  // v-collectives: counts_hash instead
-  signature.type = call.type;
-  signature.op = call.op;
-  signature.root = call.root;
-  signature.algorithm = to_string(Algorithm::mpi);
-  signature.counts_hash = call.collective == Collective::allgatherv ? hash_counts(call.counts) : 0;
+  const transport::Signature signature = next_signature(call, Algorithm::mpi);
   run->set_signature(signature);
   auto op = exec::Operation::native(
       queue_->transport(), signature, [run] { return run->progress(); }, [run] { return run->waiting_for(); });
@@ -235,14 +232,7 @@ Request CommImpl::start_direct(const Call& call, bool blocking) {
   std::unique_ptr<transport::shm::DirectCollective> run =
       transport::shm::start_direct(queue_->transport(), schedule::to_string(call.collective), send, result, call.count,
                                    call.type, call.op, call.root, deadline);
-  transport::Signature signature;
-  signature.seq = queue_->next_seq();
-  signature.kind = schedule::to_string(call.collective);
-  signature.count = call.count;
-  signature.type = call.type;
-  signature.op = call.op;
-  signature.root = call.root;
-  signature.algorithm = to_string(Algorithm::direct);
+  const transport::Signature signature = next_signature(call, Algorithm::direct);
   const std::size_t result_bytes = call.count * elem;
   // A blocking call with nothing else in flight runs right here: no operation object, no handle.
   if (blocking && queue_->announce_when_idle(signature)) {

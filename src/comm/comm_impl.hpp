@@ -62,6 +62,8 @@ class CommImpl {
   void set_host_override(std::string host) { host_override_ = std::move(host); }
 
  private:
+  /// The signature of `call` run with `algorithm`, with the communicator's next sequence number.
+  transport::Signature next_signature(const Call& call, Algorithm algorithm);
   Request start_mpi(const Call& call, bool blocking);
   Request start_direct(const Call& call, bool blocking);
   Request start_hierarchical(const Call& call);  // hierarchical.cpp
