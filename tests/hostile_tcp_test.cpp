@@ -37,6 +37,7 @@
 #include "bootstrap/socket_io.hpp"
 #include "bootstrap/store.hpp"
 #include "comm/comm_impl.hpp"
+#include "memory_store.hpp"
 #include "transport/tcp/tcp.hpp"
 #include "transport/tcp/wire.hpp"
 #include "tutti/tutti.hpp"
@@ -59,34 +60,6 @@ constexpr Options bounded{Algorithm::automatic, std::chrono::milliseconds(20000)
 
 // Point-to-point calls take the communicator's default deadline: keep it well below ctest's.
 const bool timeout_set = [] { return ::setenv("TUTTI_TIMEOUT_MS", "20000", 0) == 0; }();
-
-class MemoryStore : public bootstrap::Store {
- public:
-  void set(const std::string& key, const std::string& value) override {
-    {
-      std::lock_guard lock(mutex_);
-      values_[key] = value;
-    }
-    cv_.notify_all();
-  }
-  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
-    std::unique_lock lock(mutex_);
-    if (!cv_.wait_for(lock, timeout, [&] { return values_.count(key) > 0; }))
-      throw Error(ErrorCode::timeout, "store: key '" + key + "' was not set");
-    return values_[key];
-  }
-  std::int64_t add(const std::string& key, std::int64_t delta) override {
-    std::lock_guard lock(mutex_);
-    const std::int64_t value = (values_.count(key) ? std::stoll(values_[key]) : 0) + delta;
-    values_[key] = std::to_string(value);
-    return value;
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> values_;
-};
 
 int dial_raw(const std::string& address) {
   const std::size_t colon = address.rfind(':');

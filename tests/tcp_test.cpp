@@ -26,6 +26,7 @@
 #include "bootstrap/auth.hpp"
 #include "bootstrap/store.hpp"
 #include "comm/comm_impl.hpp"
+#include "memory_store.hpp"
 #include "transport/tcp/tcp.hpp"
 #include "transport/tcp/testing.hpp"
 #include "tutti/tutti.hpp"
@@ -42,35 +43,6 @@ const std::string token = "tcp-test-secret";
 
 // Point-to-point calls take the communicator's default deadline: keep it well below ctest's.
 const bool timeout_set = [] { return ::setenv("TUTTI_TIMEOUT_MS", "60000", 0) == 0; }();
-
-class MemoryStore final : public bootstrap::Store {
- public:
-  void set(const std::string& key, const std::string& value) override {
-    {
-      std::lock_guard lock(mutex_);
-      values_[key] = value;
-    }
-    cv_.notify_all();
-  }
-  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
-    std::unique_lock lock(mutex_);
-    if (!cv_.wait_for(lock, timeout, [&] { return values_.count(key) > 0; }))
-      throw Error(ErrorCode::timeout,
-                  "store: key '" + key + "' was not set within " + std::to_string(timeout.count()) + " ms");
-    return values_[key];
-  }
-  std::int64_t add(const std::string& key, std::int64_t delta) override {
-    std::lock_guard lock(mutex_);
-    const std::int64_t value = (values_.count(key) ? std::stoll(values_[key]) : 0) + delta;
-    values_[key] = std::to_string(value);
-    return value;
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> values_;
-};
 
 using Transports = std::vector<std::unique_ptr<transport::Transport>>;
 
