@@ -26,6 +26,7 @@
 #include "bootstrap/auth.hpp"
 #include "bootstrap/job.hpp"
 #include "bootstrap/store.hpp"
+#include "test_waits.hpp"
 #include "tutti/tutti.hpp"
 #include "tutti/types.hpp"
 
@@ -302,28 +303,8 @@ struct TempDir {
   std::string url() const { return "file://" + path; }
 };
 
-// Polls `done` until it holds or `limit` passes; the result of the last check.
-template <class F>
-bool eventually(F done, std::chrono::milliseconds limit = 5s) {
-  const auto deadline = Clock::now() + limit;
-  while (!done()) {
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
-template <class F>
-ErrorCode error_code_of(F f, std::string* message = nullptr) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (message != nullptr) *message = e.what();
-    return e.code();
-  }
-  ADD_FAILURE() << "no tutti::Error thrown";
-  return ErrorCode::aborted;
-}
+using testing::error_code_of;
+using testing::eventually;
 
 // Several threads, each with its own store: they publish keys, bump a shared counter, and read
 // every other thread's keys (some of which are set after the reader asks).
@@ -734,12 +715,12 @@ TEST(FileStore, WarnsWhenOthersCanWriteTheDirectory) {
   TempDir open_dir, group_dir, private_dir;
   ASSERT_EQ(::chmod(open_dir.path.c_str(), 0777), 0);
   ASSERT_EQ(::chmod(group_dir.path.c_str(), 0770), 0);
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   connect_store(open_dir.url(), "", 1s)->set("k", "v");
   connect_store(open_dir.url(), "", 1s)->set("k", "w");  // said once per directory
   connect_store(group_dir.url(), "", 1s)->set("k", "v");
   connect_store(private_dir.url(), "", 1s)->set("k", "v");
-  const std::string said = testing::internal::GetCapturedStderr();
+  const std::string said = ::testing::internal::GetCapturedStderr();
   const std::string open_warning =
       "the file store directory '" + open_dir.path + "' has mode 0777 (writable by its group and others)";
   const auto first = said.find(open_warning);
@@ -755,9 +736,9 @@ TEST(FileStore, WarnsWhenAnotherUserOwnsTheDirectory) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a directory away";
   TempDir dir;
   ASSERT_EQ(::chown(dir.path.c_str(), 65534, 65534), 0);
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   connect_store(dir.url(), "", 1s);
-  const std::string said = testing::internal::GetCapturedStderr();
+  const std::string said = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(said.find("'" + dir.path + "' is owned by uid 65534, not by this user (uid 0)"), std::string::npos) << said;
 }
 
@@ -1002,14 +983,14 @@ TEST(TokenPolicy, InitReportsAMissingTokenOnEveryRank) {
 
 TEST(TokenPolicy, InsecureOptOutWorksAndWarns) {
   Environment env(std::map<std::string, std::string>{{"TUTTI_INSECURE", "1"}});
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   {
     StoreServer server("127.0.0.1", 0, "");
     auto store = connect_store(server.url(), "", 5s);
     store->set("k", "v");
     EXPECT_EQ(store->get("k", 1s), "v");
   }
-  const std::string said = testing::internal::GetCapturedStderr();
+  const std::string said = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(said.find("WARN: TUTTI_INSECURE=1: the tcp:// store"), std::string::npos) << said;
   EXPECT_NE(said.find("WITHOUT authentication"), std::string::npos) << said;
 }

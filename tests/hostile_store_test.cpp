@@ -24,6 +24,7 @@
 #include "bootstrap/auth.hpp"
 #include "bootstrap/store.hpp"
 #include "bootstrap/tcp_store_protocol.hpp"
+#include "test_waits.hpp"
 #include "tutti/types.hpp"
 
 namespace tutti::bootstrap {
@@ -116,27 +117,8 @@ bool closed_by_server(int fd, std::chrono::milliseconds limit) {
   return false;
 }
 
-template <class F>
-bool eventually(F done, std::chrono::milliseconds limit = 5s) {
-  const auto deadline = Clock::now() + limit;
-  while (!done()) {
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
-template <class F>
-ErrorCode error_code_of(F f, std::string* message = nullptr) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (message != nullptr) *message = e.what();
-    return e.code();
-  }
-  ADD_FAILURE() << "no tutti::Error thrown";
-  return ErrorCode::aborted;
-}
+using testing::error_code_of;
+using testing::eventually;
 
 void close_all(std::vector<int>& fds) {
   for (const int fd : fds) ::close(fd);
