@@ -14,8 +14,6 @@
 
 namespace tutti::testing {
 
-using schedule::Collective;
-
 struct Case {
   Collective collective;
   Algorithm algorithm;
@@ -30,9 +28,8 @@ struct Case {
 
 inline std::string name_of(const Case& c) {
   std::ostringstream s;
-  s << schedule::to_string(c.collective) << "_" << to_string(c.algorithm) << "_" << to_string(c.type) << "_"
-    << to_string(c.op) << "_p" << c.p << "_n" << c.count << "_place" << c.place << "_root" << c.root
-    << (c.nonblocking ? "_nb" : "_b");
+  s << to_string(c.collective) << "_" << to_string(c.algorithm) << "_" << to_string(c.type) << "_" << to_string(c.op)
+    << "_p" << c.p << "_n" << c.count << "_place" << c.place << "_root" << c.root << (c.nonblocking ? "_nb" : "_b");
   return s.str();
 }
 

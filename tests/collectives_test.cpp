@@ -12,8 +12,6 @@
 namespace tutti::testing {
 namespace {
 
-using schedule::Collective;
-
 class Collectives : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Collectives, MatchesReference) {

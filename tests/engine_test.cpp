@@ -23,7 +23,6 @@ namespace tutti {
 namespace {
 
 using engine_detail::Descriptor;
-using engine_detail::Kind;
 using engine_detail::Message;
 using engine_detail::Table;
 using testing::run_ranks;
@@ -31,7 +30,7 @@ using Clock = std::chrono::steady_clock;
 
 Descriptor allreduce(std::string name, std::uint64_t count, DataType type = DataType::f32,
                      ReduceOp op = ReduceOp::sum) {
-  return Descriptor{std::move(name), Kind::allreduce, type, op, 0, count};
+  return Descriptor{std::move(name), Collective::allreduce, type, op, 0, count};
 }
 
 // ---- negotiation: messages and the table --------------------------------------------------------
@@ -41,7 +40,7 @@ TEST(EngineNegotiation, MessageRoundTrip) {
   m.shutting_down = true;
   m.cached = {0, 3, 9};
   m.described = {allreduce("a", 7, DataType::f64, ReduceOp::max),
-                 Descriptor{"b\"q", Kind::broadcast, DataType::i32, ReduceOp::sum, 2, 5}};
+                 Descriptor{"b\"q", Collective::broadcast, DataType::i32, ReduceOp::sum, 2, 5}};
   m.expired = {"x"};
   const auto bytes = m.encode(10);
   const auto back = Message::decode(bytes, 10);

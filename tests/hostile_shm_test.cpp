@@ -347,7 +347,7 @@ TEST_F(HostileShm, GarbageSignatureSlot) {
   slot.tag.store(1);
   transport::Signature mine;
   mine.seq = 0;
-  mine.kind = "allreduce";
+  mine.collective = Collective::allreduce;
   mine.count = 4;
   mine.type = DataType::f32;
   mine.op = ReduceOp::sum;

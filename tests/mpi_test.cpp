@@ -26,7 +26,6 @@ namespace tutti::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using schedule::Collective;
 using transport::mpi::MpiTransport;
 
 int comm_rank(MPI_Comm comm) {
@@ -54,7 +53,7 @@ struct Case {
 };
 
 std::string name_of(const Case& c) {
-  return std::string(schedule::to_string(c.collective)) + "/" + std::string(to_string(c.algorithm)) + "/" +
+  return std::string(to_string(c.collective)) + "/" + std::string(to_string(c.algorithm)) + "/" +
          std::string(to_string(c.type)) + "/" + std::string(to_string(c.op)) + "/n=" + std::to_string(c.count) +
          "/root=" + std::to_string(c.root) + "/place=" + std::to_string(c.place);
 }
@@ -535,7 +534,7 @@ Subject mpi_subject(MpiTransport& transport) {
     const std::span<const std::size_t> counts =
         c.collective == Collective::alltoallv ? std::span<const std::size_t>(l.send_counts) : l.counts;
     const bool ran =
-        transport::mpi_collective(transport, schedule::to_string(c.collective), send, recv, count, c.type,
+        transport::mpi_collective(transport, c.collective, send, recv, count, c.type,
                                   reduction ? std::optional(c.op) : std::nullopt, c.root, counts, l.recv_counts);
     if (!ran) throw std::runtime_error("mpi_collective refused an MpiTransport");
   };
@@ -657,14 +656,14 @@ TEST(MpiCollective, EveryTypeAndOpMatchesMpi) {
 
 TEST(MpiCollective, RefusesOtherTransportsAndBadArguments) {
   auto group = transport::inproc::make_group(1);
-  EXPECT_FALSE(
-      transport::mpi_collective(*group[0], "barrier", nullptr, nullptr, 0, DataType::u8, std::nullopt, -1, {}, {}));
+  EXPECT_FALSE(transport::mpi_collective(*group[0], Collective::barrier, nullptr, nullptr, 0, DataType::u8,
+                                         std::nullopt, -1, {}, {}));
   MpiTransport transport(MPI_COMM_WORLD);
-  EXPECT_THROW(
-      transport::mpi_collective(transport, "allsum", nullptr, nullptr, 0, DataType::u8, std::nullopt, -1, {}, {}),
-      Error);
+  EXPECT_THROW(transport::mpi_collective(transport, static_cast<Collective>(99), nullptr, nullptr, 0, DataType::u8,
+                                         std::nullopt, -1, {}, {}),
+               Error);
   try {
-    transport::mpi_collective(transport, "allreduce", nullptr, nullptr, std::size_t{1} << 31, DataType::f32,
+    transport::mpi_collective(transport, Collective::allreduce, nullptr, nullptr, std::size_t{1} << 31, DataType::f32,
                               ReduceOp::sum, -1, {}, {});
     ADD_FAILURE() << "a count over INT_MAX was accepted";
   } catch (const Error& e) {

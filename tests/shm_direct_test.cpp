@@ -62,7 +62,7 @@ std::string run_ranks(int p, const std::function<void(Rank&)>& fn) {
   return failures;
 }
 
-void direct(Rank& rank, std::string_view kind, const void* send, void* recv, std::size_t count, DataType type,
+void direct(Rank& rank, Collective kind, const void* send, void* recv, std::size_t count, DataType type,
             std::optional<ReduceOp> op = std::nullopt, int root = -1, std::chrono::milliseconds limit = timeout) {
   if (!transport::shm::direct_collective(*rank.transport, kind, send, recv, count, type, op, root,
                                          clock::now() + limit))
@@ -101,7 +101,7 @@ TEST_F(ShmDirect, AllreduceCountsSizesAndPlaces) {
                               std::vector<float> send(n), recv(n, std::nanf(""));
                               for (std::size_t i = 0; i < n; ++i) send[i] = value(r, i);
                               float* out = in_place ? send.data() : recv.data();
-                              direct(rank, "allreduce", send.data(), out, n, DataType::f32, ReduceOp::sum);
+                              direct(rank, Collective::allreduce, send.data(), out, n, DataType::f32, ReduceOp::sum);
                               expect_equal(
                                   in_place ? send : recv, [&](std::size_t i) { return sum_value(p, i); },
                                   "allreduce n=" + std::to_string(n) + (in_place ? " in place" : ""));
@@ -122,7 +122,8 @@ TEST_F(ShmDirect, ReduceScatterCountsSizesAndPlaces) {
                               std::vector<float> send(up * n), recv(n, std::nanf(""));
                               for (std::size_t i = 0; i < up * n; ++i) send[i] = value(r, i);
                               float* out = in_place ? send.data() + ur * n : recv.data();
-                              direct(rank, "reduce_scatter", send.data(), out, n, DataType::f32, ReduceOp::sum);
+                              direct(rank, Collective::reduce_scatter, send.data(), out, n, DataType::f32,
+                                     ReduceOp::sum);
                               if (in_place) recv.assign(out, out + n);
                               expect_equal(
                                   recv, [&](std::size_t i) { return sum_value(p, ur * n + i); },
@@ -148,7 +149,7 @@ TEST_F(ShmDirect, AllgatherCountsSizesAndPlaces) {
                                 std::copy(send.begin(), send.end(), recv.begin() + static_cast<long>(ur * n));
                                 in = recv.data() + ur * n;
                               }
-                              direct(rank, "allgather", in, recv.data(), n, DataType::f32);
+                              direct(rank, Collective::allgather, in, recv.data(), n, DataType::f32);
                               expect_equal(
                                   recv, [&](std::size_t i) { return value(static_cast<int>(i / n), i % n); },
                                   "allgather n=" + std::to_string(n) + (in_place ? " in place" : ""));
@@ -168,8 +169,8 @@ TEST_F(ShmDirect, BroadcastCountsSizesAndRoots) {
                               std::vector<float> buffer(n, std::nanf(""));
                               if (r == root)
                                 for (std::size_t i = 0; i < n; ++i) buffer[i] = value(root, i);
-                              direct(rank, "broadcast", buffer.data(), buffer.data(), n, DataType::f32, std::nullopt,
-                                     root);
+                              direct(rank, Collective::broadcast, buffer.data(), buffer.data(), n, DataType::f32,
+                                     std::nullopt, root);
                               expect_equal(
                                   buffer, [&](std::size_t i) { return value(root, i); },
                                   "broadcast n=" + std::to_string(n) + " root " + std::to_string(root));
@@ -272,11 +273,11 @@ TEST_F(ShmDirect, EveryTypeAndOp) {
                                 auto send = encode(type, up * n, [&](std::size_t i) { return input(op, p, r, i); });
                                 auto want = encode(type, up * n, [&](std::size_t i) { return expected(op, p, i); });
                                 std::vector<std::byte> recv(up * n * size_of(type), std::byte{0xa5});
-                                direct(rank, "allreduce", send.data(), recv.data(), up * n, type, op);
+                                direct(rank, Collective::allreduce, send.data(), recv.data(), up * n, type, op);
                                 if (const auto d = difference(recv.data(), want, type); !d.empty())
                                   throw std::runtime_error("allreduce " + what + ": " + d);
                                 std::byte* mine = send.data() + ur * n * size_of(type);  // in place
-                                direct(rank, "reduce_scatter", send.data(), mine, n, type, op);
+                                direct(rank, Collective::reduce_scatter, send.data(), mine, n, type, op);
                                 const std::vector<std::byte> block(
                                     want.begin() + static_cast<long>(ur * n * size_of(type)),
                                     want.begin() + static_cast<long>((ur + 1) * n * size_of(type)));
@@ -303,7 +304,7 @@ TEST_F(ShmDirect, ManyCallsInterleavedWithMessages) {
                       std::vector<float> send(n), recv(n, std::nanf(""));
                       for (std::size_t i = 0; i < n; ++i) send[i] = value(r, i + static_cast<std::size_t>(call));
                       const auto want = [&](std::size_t i) { return sum_value(p, i + static_cast<std::size_t>(call)); };
-                      direct(rank, "allreduce", send.data(), recv.data(), n, DataType::f32, ReduceOp::sum);
+                      direct(rank, Collective::allreduce, send.data(), recv.data(), n, DataType::f32, ReduceOp::sum);
                       expect_equal(recv, want, "direct call " + std::to_string(call));
                       if (call % 10 == 0) {
                         recv.assign(n, std::nanf(""));
@@ -320,7 +321,7 @@ TEST_F(ShmDirect, ManyCallsInterleavedWithMessages) {
                             "message allgather " + std::to_string(call));
                       }
                       std::vector<float> gathered(up * n, std::nanf(""));
-                      direct(rank, "allgather", send.data(), gathered.data(), n, DataType::f32);
+                      direct(rank, Collective::allgather, send.data(), gathered.data(), n, DataType::f32);
                       expect_equal(
                           gathered,
                           [&](std::size_t i) {
@@ -344,7 +345,8 @@ TEST_F(ShmDirect, DeadlineWhenARankNeverCalls) {
       while (finished.load() < 2) std::this_thread::sleep_for(1ms);
     } else {
       try {
-        direct(rank, "allreduce", data.data(), data.data(), data.size(), DataType::f32, ReduceOp::sum, -1, 300ms);
+        direct(rank, Collective::allreduce, data.data(), data.data(), data.size(), DataType::f32, ReduceOp::sum, -1,
+               300ms);
       } catch (const Error& e) {
         if (e.code() == ErrorCode::timeout && std::string(e.what()).find("rank(s) 2") != std::string::npos)
           ++timed_out;
@@ -355,7 +357,8 @@ TEST_F(ShmDirect, DeadlineWhenARankNeverCalls) {
       return;
     }
     try {
-      direct(rank, "allreduce", data.data(), data.data(), data.size(), DataType::f32, ReduceOp::sum, -1, 300ms);
+      direct(rank, Collective::allreduce, data.data(), data.data(), data.size(), DataType::f32, ReduceOp::sum, -1,
+             300ms);
     } catch (const Error&) {
       ++late_failed;
     }
@@ -370,21 +373,21 @@ TEST_F(ShmDirect, UnsupportedKindAndOtherTransports) {
                       [&](Rank& rank) {
                         float x = 1.0f;
                         try {
-                          direct(rank, "alltoall", &x, &x, 1, DataType::f32);
+                          direct(rank, Collective::alltoall, &x, &x, 1, DataType::f32);
                           throw std::runtime_error("alltoall did not throw");
                         } catch (const Error& e) {
                           if (e.code() != ErrorCode::unsupported) throw;
                         }
                         // Declining a kind leaves the communicator usable.
-                        direct(rank, "allreduce", &x, &x, 1, DataType::f32, ReduceOp::sum);
+                        direct(rank, Collective::allreduce, &x, &x, 1, DataType::f32, ReduceOp::sum);
                         if (x != 2.0f)
                           throw std::runtime_error("allreduce after unsupported gave " + std::to_string(x));
                       }),
             "");
   auto group = transport::inproc::make_group(1);
   float x = 1.0f;
-  EXPECT_FALSE(transport::shm::direct_collective(*group[0], "allreduce", &x, &x, 1, DataType::f32, ReduceOp::sum, -1,
-                                                 clock::now() + timeout));
+  EXPECT_FALSE(transport::shm::direct_collective(*group[0], Collective::allreduce, &x, &x, 1, DataType::f32,
+                                                 ReduceOp::sum, -1, clock::now() + timeout));
 }
 
 // ---- a mismatch among many outstanding collectives ----
@@ -545,8 +548,8 @@ int reap(pid_t pid, clock::time_point deadline) {
     auto t = transport::shm::open(name, r, 3, 13, 20000ms);
     std::vector<float> data(100000, 1.0f);
     for (int i = 0; i < (r == 2 ? 1 : 1000000); ++i)
-      if (!transport::shm::direct_collective(*t, "allreduce", data.data(), data.data(), data.size(), DataType::f32,
-                                             ReduceOp::max, -1, clock::now() + 20s))
+      if (!transport::shm::direct_collective(*t, Collective::allreduce, data.data(), data.data(), data.size(),
+                                             DataType::f32, ReduceOp::max, -1, clock::now() + 20s))
         _exit(2);
     if (r == 2) _exit(0);
   } catch (const Error& e) {

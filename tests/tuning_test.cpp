@@ -21,8 +21,6 @@
 namespace tutti::detail::tuning {
 namespace {
 
-using schedule::Collective;
-
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
 // Every test starts from the empty table (the cost model's defaults) and fresh caches.
@@ -237,7 +235,7 @@ TEST_F(Tuning, ChoicesDoNotDependOnCallHistory) {
     const auto& [c, p, direct, bytes] = calls[i];
     const auto& [c2, p2, direct2, bytes2] = calls[i + 1];
     if (c == c2 && p == p2 && direct == direct2 && size_class(bytes) == size_class(bytes2)) {
-      EXPECT_EQ(forward[i], forward[i + 1]) << schedule::to_string(c) << " p=" << p << " " << bytes;
+      EXPECT_EQ(forward[i], forward[i + 1]) << to_string(c) << " p=" << p << " " << bytes;
     }
   }
 }

@@ -37,6 +37,21 @@ enum class Algorithm {
   mpi,           // MPI's own collective (multi-process runtime)
 };
 
+/// The collectives. One name each, as `to_string` spells it (TUTTI_ALGO, tuning files, errors).
+enum class Collective {
+  allreduce,
+  reduce,
+  reduce_scatter,
+  allgather,
+  allgatherv,
+  broadcast,
+  alltoall,
+  alltoallv,
+  gather,
+  scatter,
+  barrier,
+};
+
 /// Per-call options.
 struct Options {
   Algorithm algorithm = Algorithm::automatic;
@@ -63,6 +78,7 @@ std::size_t size_of(DataType type);
 std::string_view to_string(DataType type);
 std::string_view to_string(ReduceOp op);
 std::string_view to_string(Algorithm algorithm);
+std::string_view to_string(Collective collective);
 std::string_view to_string(ErrorCode code);
 
 /// IEEE 754 half precision, storage only (arithmetic happens in float).

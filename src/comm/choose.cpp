@@ -13,11 +13,10 @@
 #include "comm/tuning.hpp"
 #include "core/env.hpp"
 #include "core/log.hpp"
+#include "core/names.hpp"
 #include "transport/shm/direct.hpp"
 
 namespace tutti::detail {
-
-using schedule::Collective;
 
 namespace {
 
@@ -25,12 +24,12 @@ constexpr std::size_t small_bytes = 64 * 1024;
 constexpr std::size_t medium_bytes = 512 * 1024;
 
 Algorithm parse_algorithm(const std::string& name) {
-  if (const auto a = tuning::algorithm_from_name(name)) return *a;
+  if (const auto a = core::algorithm_from_name(name)) return *a;
   throw Error(ErrorCode::invalid_argument, "TUTTI_ALGO: unknown algorithm '" + name + "'");
 }
 
 Collective parse_collective(const std::string& name) {
-  if (const auto c = tuning::collective_from_name(name)) return *c;
+  if (const auto c = core::collective_from_name(name)) return *c;
   throw Error(ErrorCode::invalid_argument, "TUTTI_ALGO: unknown collective '" + name + "'");
 }
 
@@ -95,7 +94,7 @@ void log_choice(Collective collective, const ChoiceContext& context, std::size_t
       return;
   }
   core::log(core::LogLevel::info, -1,
-            std::string(schedule::to_string(collective)) +
+            std::string(to_string(collective)) +
                 (bytes == 0 ? std::string(" 0") : " ~2^" + std::to_string(size_class - 1)) + " B on " +
                 std::to_string(context.ranks) + " ranks: " + std::string(to_string(algorithm)) + " from " + source);
 }
@@ -144,8 +143,8 @@ Algorithm choose_algorithm(Collective collective, Algorithm requested, const Cho
     choice = tuning::automatic_choice(collective, context.transport, p, context.direct_available, bytes);
     algorithm = choice.algorithm != Algorithm::automatic ? choice.algorithm : size_rule(collective, p, bytes);
   }
-  const bool direct_serves = algorithm == Algorithm::direct && context.direct_available &&
-                             transport::shm::serves(schedule::to_string(collective));
+  const bool direct_serves =
+      algorithm == Algorithm::direct && context.direct_available && transport::shm::serves(collective);
   if (!direct_serves && !schedule::applies(algorithm, collective)) {
     // CommImpl::start runs hierarchical allreduce and mpi itself; anything else that reaches
     // here has no schedule.
@@ -158,7 +157,7 @@ Algorithm choose_algorithm(Collective collective, Algorithm requested, const Cho
       why = " needs the multi-process runtime (shared memory or MPI), which this communicator does not have";
     else if (algorithm == Algorithm::hierarchical)
       why = " serves allreduce only";
-    throw Error(ErrorCode::unsupported, std::string(schedule::to_string(collective)) + ": algorithm " +
+    throw Error(ErrorCode::unsupported, std::string(to_string(collective)) + ": algorithm " +
                                             std::string(to_string(algorithm)) + why + "; available: " + serves);
   }
   if (core::log_enabled(core::LogLevel::info))

@@ -15,8 +15,6 @@
 
 namespace tutti::detail {
 
-using schedule::Collective;
-
 CommImpl::CommImpl(std::unique_ptr<transport::Transport> transport)
     : rank_(transport->rank()), size_(transport->size()), default_timeout_(core::default_timeout()) {
   shm_ = transport::shm::is_shm(*transport);
@@ -63,9 +61,7 @@ bool has_result(const Call& call, int rank) {
 
 }  // namespace
 
-bool CommImpl::direct_serves(Collective collective) const {
-  return shm_ && transport::shm::serves(schedule::to_string(collective));
-}
+bool CommImpl::direct_serves(Collective collective) const { return shm_ && transport::shm::serves(collective); }
 
 Algorithm CommImpl::chosen_algorithm(Collective collective, Algorithm requested, std::size_t bytes) const {
   const ChoiceMemo& m = memo_;
@@ -170,13 +166,13 @@ Request CommImpl::start(const Call& call, bool blocking) {
 transport::Signature CommImpl::next_signature(const Call& call, Algorithm algorithm) {
   transport::Signature signature;
   signature.seq = queue_->next_seq();
-  signature.kind = schedule::to_string(call.collective);
+  signature.collective = call.collective;
   const bool per_rank_counts = call.collective == Collective::alltoallv || call.collective == Collective::allgatherv;
   signature.count = per_rank_counts ? 0 : call.count;  // v-collectives: counts_hash instead
   signature.type = call.type;
   signature.op = call.op;
   signature.root = call.root;
-  signature.algorithm = to_string(algorithm);
+  signature.algorithm = algorithm;
   signature.counts_hash = call.collective == Collective::allgatherv ? hash_counts(call.counts) : 0;
   return signature;
 }
@@ -185,11 +181,10 @@ transport::Signature CommImpl::next_signature(const Call& call, Algorithm algori
 // of the queue: it starts once every earlier collective finished (MPI needs every rank to issue
 // its collectives in one order) and is progressed, timed and aborted like any other.
 Request CommImpl::start_mpi(const Call& call, bool blocking) {
-  const std::string what = std::string(schedule::to_string(call.collective)) + ": Algorithm::mpi ";
+  const std::string what = std::string(to_string(call.collective)) + ": Algorithm::mpi ";
 #ifdef TUTTI_WITH_MPI
-  auto run =
-      transport::prepare_mpi_collective(queue_->transport(), schedule::to_string(call.collective), call.send, call.recv,
-                                        call.count, call.type, call.op, call.root, call.counts, call.recv_counts);
+  auto run = transport::prepare_mpi_collective(queue_->transport(), call.collective, call.send, call.recv, call.count,
+                                               call.type, call.op, call.root, call.counts, call.recv_counts);
   if (!run)
     throw Error(ErrorCode::unsupported,
                 what + "needs a communicator over MPI (tutti::from_mpi, or init() under mpirun)");
@@ -211,7 +206,7 @@ Request CommImpl::start_mpi(const Call& call, bool blocking) {
 // earlier collective finished and is progressed like any other (by the caller or the engine).
 Request CommImpl::start_direct(const Call& call, bool blocking) {
   if (!direct_serves(call.collective)) {
-    const std::string what = std::string(schedule::to_string(call.collective)) + ": Algorithm::direct ";
+    const std::string what = std::string(to_string(call.collective)) + ": Algorithm::direct ";
     if (!transport::shm::is_shm(queue_->transport()))
       throw Error(ErrorCode::unsupported, what + "needs the shared-memory transport (processes on one host)");
     throw Error(ErrorCode::unsupported, what + "serves allreduce, reduce_scatter, allgather and broadcast only");
@@ -229,9 +224,8 @@ Request CommImpl::start_direct(const Call& call, bool blocking) {
     result = staging.get();
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_ptr<transport::shm::DirectCollective> run =
-      transport::shm::start_direct(queue_->transport(), schedule::to_string(call.collective), send, result, call.count,
-                                   call.type, call.op, call.root, deadline);
+  std::unique_ptr<transport::shm::DirectCollective> run = transport::shm::start_direct(
+      queue_->transport(), call.collective, send, result, call.count, call.type, call.op, call.root, deadline);
   const transport::Signature signature = next_signature(call, Algorithm::direct);
   const std::size_t result_bytes = call.count * elem;
   // A blocking call with nothing else in flight runs right here: no operation object, no handle.

@@ -19,7 +19,7 @@ namespace tutti::detail {
 
 /// One collective call as the user made it.
 struct Call {
-  schedule::Collective collective = schedule::Collective::allreduce;
+  Collective collective = Collective::allreduce;
   const void* send = nullptr;
   void* recv = nullptr;
   std::size_t count = 0;
@@ -50,10 +50,10 @@ class CommImpl {
   /// The transport's name ("inproc", "shm", "tcp", "mpi").
   std::string_view transport_name() const { return queue_->transport().name(); }
   /// Whether the shared-memory direct algorithms serve `collective` on this communicator.
-  bool direct_serves(schedule::Collective collective) const;
+  bool direct_serves(Collective collective) const;
   /// What `requested` resolves to for a call of `collective` of `bytes` (the total over ranks for
   /// allgather, reduce_scatter and alltoall), exactly as `start` resolves it.
-  Algorithm chosen_algorithm(schedule::Collective collective, Algorithm requested, std::size_t bytes) const;
+  Algorithm chosen_algorithm(Collective collective, Algorithm requested, std::size_t bytes) const;
 
   /// Makes the topology known without a collective (init() learned every rank's host already).
   void set_topology(Topology topology) { topology_ = std::move(topology); }
@@ -78,7 +78,7 @@ class CommImpl {
 
   // The last choice of `automatic` (calls of one size repeat, as in training): skips the lookup.
   struct ChoiceMemo {
-    schedule::Collective collective{};
+    Collective collective{};
     Algorithm requested{};
     std::size_t bytes = 0;
     const void* version = nullptr;  // tuning::active_version() when it was made
@@ -102,10 +102,10 @@ void set_host_for_testing(Communicator& comm, std::string host);
 
 /// Parses TUTTI_ALGO's syntax, "allreduce:ring,allgather:bruck" (a later item for the same
 /// collective wins). Throws Error(invalid_argument) naming TUTTI_ALGO and the item that is wrong.
-std::map<schedule::Collective, Algorithm> parse_forced_algorithms(std::string_view text);
+std::map<Collective, Algorithm> parse_forced_algorithms(std::string_view text);
 
 /// The algorithm asked for: `requested`, or for `automatic` what TUTTI_ALGO forces (else automatic).
-Algorithm requested_algorithm(schedule::Collective collective, Algorithm requested);
+Algorithm requested_algorithm(Collective collective, Algorithm requested);
 
 /// What the algorithm choice may depend on besides the collective and its size: the same on
 /// every rank of a communicator, so that every rank chooses alike.
@@ -119,13 +119,12 @@ struct ChoiceContext {
 /// model); a forced one is checked. `bytes` is the call's size as tutti-bench reports it (the
 /// total over ranks for allgather, reduce_scatter and alltoall). Throws Error(unsupported) for an
 /// algorithm that does not serve the collective.
-Algorithm choose_algorithm(schedule::Collective collective, Algorithm requested, const ChoiceContext& context,
-                           std::size_t bytes);
+Algorithm choose_algorithm(Collective collective, Algorithm requested, const ChoiceContext& context, std::size_t bytes);
 
 /// The schedule algorithm for one step of a composite algorithm (hierarchical): what TUTTI_ALGO
 /// forces for the step's collective when that is a schedule serving it, else the cost model's
 /// choice among the schedules (the size rule where it has none).
-Algorithm step_algorithm(schedule::Collective collective, int p, std::size_t bytes);
+Algorithm step_algorithm(Collective collective, int p, std::size_t bytes);
 
 /// Element counts of a call on this rank: what `send` and `recv` must hold.
 struct Extents {

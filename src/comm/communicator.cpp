@@ -5,8 +5,6 @@
 namespace tutti {
 
 using detail::Call;
-using schedule::Collective;
-
 namespace {
 
 Call make_call(Collective collective, const void* send, void* recv, std::size_t count, DataType type,

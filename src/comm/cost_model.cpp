@@ -11,8 +11,6 @@
 
 namespace tutti::detail::tuning {
 
-using schedule::Collective;
-
 namespace {
 
 // The model's element: f32. The choice depends on bytes, not on the type.
@@ -92,11 +90,11 @@ double predict_direct(Collective c, int p, std::size_t bytes, const CostParams& 
       // Per chunk of p slots: the root copies in, barrier, the others copy out.
       return steps(n, direct_chunk * up) * barrier + 2 * copy * n;
     default:
-      throw Error(ErrorCode::unsupported, "cost model: direct does not serve " + std::string(schedule::to_string(c)));
+      throw Error(ErrorCode::unsupported, "cost model: direct does not serve " + std::string(to_string(c)));
   }
 }
 
-bool direct_serves(Collective c) { return transport::shm::serves(schedule::to_string(c)); }
+bool direct_serves(Collective c) { return transport::shm::serves(c); }
 
 }  // namespace
 
@@ -119,7 +117,7 @@ double predict(Algorithm algorithm, Collective collective, int ranks, std::size_
     return predict_direct(collective, ranks, bytes, cost);
   if (!schedule::applies(algorithm, collective))
     throw Error(ErrorCode::unsupported, "cost model: " + std::string(to_string(algorithm)) + " does not serve " +
-                                            std::string(schedule::to_string(collective)));
+                                            std::string(to_string(collective)));
   return predict_schedule(algorithm, collective, ranks, bytes, cost);
 }
 

@@ -26,19 +26,17 @@ CostParams default_cost(std::string_view transport);
 /// The algorithms `automatic` may choose for `collective`: its schedule algorithms, plus `direct`
 /// for allreduce, reduce_scatter, allgather and broadcast when `direct_available`. Never mpi or
 /// hierarchical.
-std::vector<Algorithm> candidates(schedule::Collective collective, bool direct_available);
+std::vector<Algorithm> candidates(Collective collective, bool direct_available);
 
 /// Predicted seconds of `algorithm` for a call of `bytes` on `ranks` ranks (`bytes` as
 /// choose_algorithm takes it: the total over ranks for allgather(v), reduce_scatter, alltoall,
 /// gather and scatter; the per-rank buffer otherwise), in f32 elements. `direct` included.
 /// Throws Error(unsupported) if the algorithm does not serve the collective, Error(invalid_argument)
 /// for ranks < 1.
-double predict(Algorithm algorithm, schedule::Collective collective, int ranks, std::size_t bytes,
-               const CostParams& cost);
+double predict(Algorithm algorithm, Collective collective, int ranks, std::size_t bytes, const CostParams& cost);
 
 /// The candidate with the least predicted time (the earlier candidate on a tie), or nullopt-like
 /// Algorithm::automatic when the collective has no candidate.
-Algorithm cheapest(schedule::Collective collective, int ranks, std::size_t bytes, bool direct_available,
-                   const CostParams& cost);
+Algorithm cheapest(Collective collective, int ranks, std::size_t bytes, bool direct_available, const CostParams& cost);
 
 }  // namespace tutti::detail::tuning

@@ -20,8 +20,6 @@
 
 namespace tutti::detail {
 
-using schedule::Collective;
-
 namespace {
 
 struct Step {

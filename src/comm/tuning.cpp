@@ -19,23 +19,11 @@
 
 #include "core/env.hpp"
 #include "core/log.hpp"
+#include "core/names.hpp"
 
 namespace tutti::detail::tuning {
 
-using schedule::Collective;
 using Json = nlohmann::json;
-
-std::optional<Algorithm> algorithm_from_name(std::string_view name) {
-  for (int a = static_cast<int>(Algorithm::automatic); a <= static_cast<int>(Algorithm::mpi); ++a)
-    if (to_string(static_cast<Algorithm>(a)) == name) return static_cast<Algorithm>(a);
-  return std::nullopt;
-}
-
-std::optional<Collective> collective_from_name(std::string_view name) {
-  for (int c = static_cast<int>(Collective::allreduce); c <= static_cast<int>(Collective::barrier); ++c)
-    if (schedule::to_string(static_cast<Collective>(c)) == name) return static_cast<Collective>(c);
-  return std::nullopt;
-}
 
 namespace {
 
@@ -74,9 +62,9 @@ class Reader {
     if (!e.is_object()) fail(where, "an entry must be an object");
     Entry out;
     const std::string collective = text(e, "collective", where), algorithm = text(e, "algorithm", where);
-    const auto c = collective_from_name(collective);
+    const auto c = core::collective_from_name(collective);
     if (!c) fail(where, "unknown collective '" + collective + "'");
-    const auto a = algorithm_from_name(algorithm);
+    const auto a = core::algorithm_from_name(algorithm);
     if (!a || *a == Algorithm::automatic) fail(where, "unknown algorithm '" + algorithm + "'");
     out.collective = *c;
     out.algorithm = *a;
@@ -134,7 +122,7 @@ std::string Table::to_json() const {
         {"alpha_s", c.alpha}, {"beta_s_per_byte", c.beta}, {"gamma_s_per_element", c.gamma}};
   doc["entries"] = nlohmann::ordered_json::array();
   for (const Entry& e : entries)
-    doc["entries"].push_back({{"collective", std::string(schedule::to_string(e.collective))},
+    doc["entries"].push_back({{"collective", std::string(to_string(e.collective))},
                               {"transport", e.transport},
                               {"ranks", e.ranks},
                               {"min_bytes", e.min_bytes},

@@ -9,7 +9,7 @@
 //
 // Byte ranges are inclusive at both ends and count bytes as choose_algorithm does (the total over
 // ranks for allgather, reduce_scatter and alltoall). Where entries overlap, the first one wins.
-// Names are schedule::to_string(Collective) and to_string(Algorithm).
+// Names are to_string(Collective) and to_string(Algorithm).
 //
 // Every rank of a communicator must choose alike, so the choice reads only the call, the active
 // table and the cost parameters; ranks of one job must therefore see the same file.
@@ -29,7 +29,7 @@
 namespace tutti::detail::tuning {
 
 struct Entry {
-  schedule::Collective collective = schedule::Collective::allreduce;
+  Collective collective = Collective::allreduce;
   std::string transport;
   int ranks = 1;
   std::size_t min_bytes = 0, max_bytes = 0;  // inclusive
@@ -42,7 +42,7 @@ struct Table {
   std::string origin;                             // the file it came from ("" if none)
 
   /// The algorithm of the first entry for (collective, transport, ranks) whose range holds `bytes`.
-  std::optional<Algorithm> lookup(schedule::Collective collective, std::string_view transport, int ranks,
+  std::optional<Algorithm> lookup(Collective collective, std::string_view transport, int ranks,
                                   std::size_t bytes) const;
   /// The file format above, pretty-printed (origin is not written).
   std::string to_json() const;
@@ -50,10 +50,6 @@ struct Table {
   /// (bad JSON, unknown version, collective or algorithm, a missing or negative field, min > max).
   static Table parse(const std::string& text, const std::string& origin);
 };
-
-/// The algorithm or collective a name (to_string's spelling) stands for; nullopt if none.
-std::optional<Algorithm> algorithm_from_name(std::string_view name);
-std::optional<schedule::Collective> collective_from_name(std::string_view name);
 
 /// The per-user table: $XDG_CACHE_HOME/tutti/tuning.json, else $HOME/.cache/tutti/tuning.json
 /// ("" when neither variable is set).
@@ -95,7 +91,7 @@ struct Choice {
 /// powers of two: a class [2^k, 2^(k+1)) is decided at 2^k, whatever size came first). Cached
 /// per (collective, transport, ranks, direct_available, class); thread-safe; below a microsecond
 /// once cached.
-Choice automatic_choice(schedule::Collective collective, std::string_view transport, int ranks, bool direct_available,
+Choice automatic_choice(Collective collective, std::string_view transport, int ranks, bool direct_available,
                         std::size_t bytes);
 
 /// The size class of `bytes` (0 for 0, else 1 + floor(log2 bytes)) and the size it is decided at.

@@ -6,16 +6,14 @@
 
 namespace tutti::detail {
 
-using schedule::Collective;
-
 namespace {
 
 [[noreturn]] void invalid(const Call& call, const std::string& message) {
-  throw Error(ErrorCode::invalid_argument, std::string(schedule::to_string(call.collective)) + ": " + message);
+  throw Error(ErrorCode::invalid_argument, std::string(to_string(call.collective)) + ": " + message);
 }
 
 std::size_t checked_mul(const Call& call, std::size_t a, std::size_t b, const char* what) {
-  return checked_product(schedule::to_string(call.collective), a, b, what);
+  return checked_product(to_string(call.collective), a, b, what);
 }
 
 std::size_t checked_sum(const Call& call, std::span<const std::size_t> counts, const char* what) {

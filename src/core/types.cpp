@@ -1,5 +1,10 @@
 #include "tutti/types.hpp"
 
+#include <iterator>
+#include <optional>
+
+#include "core/names.hpp"
+
 namespace tutti {
 
 std::size_t size_of(DataType type) {
@@ -64,33 +69,46 @@ std::string_view to_string(ReduceOp op) {
   return "invalid";
 }
 
-std::string_view to_string(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::automatic:
-      return "automatic";
-    case Algorithm::ring:
-      return "ring";
-    case Algorithm::recursive_doubling:
-      return "recursive_doubling";
-    case Algorithm::rabenseifner:
-      return "rabenseifner";
-    case Algorithm::binomial_tree:
-      return "binomial_tree";
-    case Algorithm::bruck:
-      return "bruck";
-    case Algorithm::pairwise:
-      return "pairwise";
-    case Algorithm::linear:
-      return "linear";
-    case Algorithm::direct:
-      return "direct";
-    case Algorithm::hierarchical:
-      return "hierarchical";
-    case Algorithm::mpi:
-      return "mpi";
-  }
-  return "invalid";
+namespace {
+
+// The one name table of each vocabulary enum, in enumerator order.
+constexpr std::string_view algorithm_names[] = {
+    "automatic", "ring",   "recursive_doubling", "rabenseifner", "binomial_tree", "bruck", "pairwise",
+    "linear",    "direct", "hierarchical",       "mpi"};
+static_assert(std::size(algorithm_names) == static_cast<std::size_t>(Algorithm::mpi) + 1);
+constexpr std::string_view collective_names[] = {"allreduce",  "reduce",    "reduce_scatter", "allgather",
+                                                 "allgatherv", "broadcast", "alltoall",       "alltoallv",
+                                                 "gather",     "scatter",   "barrier"};
+static_assert(std::size(collective_names) == static_cast<std::size_t>(Collective::barrier) + 1);
+
+template <typename Enum, std::size_t N>
+std::string_view name_in(const std::string_view (&names)[N], Enum value) {
+  const auto i = static_cast<std::size_t>(value);
+  return i < N ? names[i] : "invalid";
 }
+
+template <typename Enum, std::size_t N>
+std::optional<Enum> value_in(const std::string_view (&names)[N], std::string_view name) {
+  for (std::size_t i = 0; i < N; ++i)
+    if (names[i] == name) return static_cast<Enum>(i);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string_view to_string(Algorithm algorithm) { return name_in(algorithm_names, algorithm); }
+std::string_view to_string(Collective collective) { return name_in(collective_names, collective); }
+
+namespace core {
+
+std::optional<Algorithm> algorithm_from_name(std::string_view name) {
+  return value_in<Algorithm>(algorithm_names, name);
+}
+std::optional<Collective> collective_from_name(std::string_view name) {
+  return value_in<Collective>(collective_names, name);
+}
+
+}  // namespace core
 
 std::string_view to_string(ErrorCode code) {
   switch (code) {

@@ -9,7 +9,6 @@
 namespace tutti {
 
 using engine_detail::Descriptor;
-using engine_detail::Kind;
 
 namespace {
 
@@ -107,16 +106,17 @@ const EngineOptions& Engine::options() const { return core_->options(); }
 
 Handle Engine::enqueue_allreduce(std::string_view name, const void* send, void* recv, std::size_t count, DataType type,
                                  ReduceOp op) {
-  return core_->enqueue(Descriptor{std::string(name), Kind::allreduce, type, op, 0, count}, send, recv);
+  return core_->enqueue(Descriptor{std::string(name), Collective::allreduce, type, op, 0, count}, send, recv);
 }
 
 Handle Engine::enqueue_allgather(std::string_view name, const void* send, void* recv, std::size_t count,
                                  DataType type) {
-  return core_->enqueue(Descriptor{std::string(name), Kind::allgather, type, ReduceOp::sum, 0, count}, send, recv);
+  return core_->enqueue(Descriptor{std::string(name), Collective::allgather, type, ReduceOp::sum, 0, count}, send,
+                        recv);
 }
 
 Handle Engine::enqueue_broadcast(std::string_view name, void* buffer, std::size_t count, DataType type, int root) {
-  return core_->enqueue(Descriptor{std::string(name), Kind::broadcast, type, ReduceOp::sum, root, count}, buffer,
+  return core_->enqueue(Descriptor{std::string(name), Collective::broadcast, type, ReduceOp::sum, root, count}, buffer,
                         buffer);
 }
 

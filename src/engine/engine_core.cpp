@@ -24,16 +24,17 @@ std::string rank_list(const std::vector<int>& ranks) {
   return (ranks.size() == 1 ? "rank " : "ranks ") + text;
 }
 
-std::string phase_name(Kind kind) {
+std::string phase_name(Collective kind) {
   switch (kind) {
-    case Kind::allreduce:
+    case Collective::allreduce:
       return "ALLREDUCE";
-    case Kind::allgather:
+    case Collective::allgather:
       return "ALLGATHER";
-    case Kind::broadcast:
+    case Collective::broadcast:
       return "BROADCAST";
+    default:
+      return "?";
   }
-  return "?";
 }
 
 }  // namespace
@@ -79,13 +80,13 @@ EngineCore::~EngineCore() {
 
 Handle EngineCore::enqueue(Descriptor d, const void* send, void* recv) {
   if (d.name.empty()) throw Error(ErrorCode::invalid_argument, "engine: enqueue: the tensor name is empty");
-  if (d.count > 0 && (recv == nullptr || (d.kind != Kind::broadcast && send == nullptr)))
+  if (d.count > 0 && (recv == nullptr || (d.kind != Collective::broadcast && send == nullptr)))
     throw Error(ErrorCode::invalid_argument,
                 "engine: enqueue '" + d.name + "': null buffer with count " + std::to_string(d.count));
-  if (d.kind == Kind::broadcast && (d.root < 0 || d.root >= size_))
+  if (d.kind == Collective::broadcast && (d.root < 0 || d.root >= size_))
     throw Error(ErrorCode::invalid_argument, "engine: enqueue_broadcast '" + d.name + "': root " +
                                                  std::to_string(d.root) + " is not a rank of " + std::to_string(size_));
-  if (d.kind == Kind::allgather && d.count > 0 && send != recv) {
+  if (d.kind == Collective::allgather && d.count > 0 && send != recv) {
     const auto bytes = d.count * size_of(d.type);
     const auto* s = static_cast<const std::byte*>(send);
     const auto* r = static_cast<const std::byte*>(recv);
@@ -308,7 +309,7 @@ std::vector<EngineCore::Job> EngineCore::plan(const std::vector<std::shared_ptr<
   for (const auto& t : ready) {
     const auto& d = t->descriptor;
     const std::size_t bytes = d.count * size_of(d.type);
-    if (d.kind != Kind::allreduce) {
+    if (d.kind != Collective::allreduce) {
       jobs.push_back(Job{{t}, bytes});
       continue;
     }
@@ -340,20 +341,22 @@ void EngineCore::run_job(Job& job) {
     auto& t = job.tensors.front();
     if (d0.count > 0) {
       switch (d0.kind) {
-        case Kind::allreduce:
+        case Collective::allreduce:
           comm_.allreduce(t->send, t->recv, d0.count, d0.type, d0.op);
           break;
-        case Kind::allgather:
+        case Collective::allgather:
           comm_.allgather(t->send, t->recv, d0.count, d0.type);
           break;
-        case Kind::broadcast:
+        case Collective::broadcast:
           comm_.broadcast(t->recv, d0.count, d0.type, d0.root);
+          break;
+        default:  // Descriptor::kind is one of the three (checked where it is made or decoded)
           break;
       }
     }
     const auto end = Clock::now();
     if (timeline_) timeline_->event(d0.name, phase, start, end, args);
-    count(1, job.bytes, start, end, d0.kind == Kind::allreduce);
+    count(1, job.bytes, start, end, d0.kind == Collective::allreduce);
     complete(t, nullptr);
     return;
   }

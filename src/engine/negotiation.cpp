@@ -5,23 +5,11 @@
 
 namespace tutti::engine_detail {
 
-std::string_view to_string(Kind kind) {
-  switch (kind) {
-    case Kind::allreduce:
-      return "allreduce";
-    case Kind::allgather:
-      return "allgather";
-    case Kind::broadcast:
-      return "broadcast";
-  }
-  return "?";
-}
-
 std::string Descriptor::shape() const {
   std::string text =
       std::string(to_string(kind)) + " of " + std::to_string(count) + " " + std::string(tutti::to_string(type));
-  if (kind == Kind::allreduce) text += " (" + std::string(tutti::to_string(op)) + ")";
-  if (kind == Kind::broadcast) text += " from root " + std::to_string(root);
+  if (kind == Collective::allreduce) text += " (" + std::string(tutti::to_string(op)) + ")";
+  if (kind == Collective::broadcast) text += " from root " + std::to_string(root);
   return text;
 }
 
@@ -129,13 +117,13 @@ Message Message::decode(std::span<const std::byte> bytes, std::size_t cache_size
   const auto described = r.get<std::uint32_t>();
   for (std::uint32_t i = 0; i < described; ++i) {
     Descriptor d;
-    d.kind = static_cast<Kind>(r.get<std::uint8_t>());
+    d.kind = static_cast<Collective>(r.get<std::uint8_t>());
     d.type = static_cast<DataType>(r.get<std::uint8_t>());
     d.op = static_cast<ReduceOp>(r.get<std::uint8_t>());
     d.root = r.get<std::int32_t>();
     d.count = r.get<std::uint64_t>();
     d.name = r.get_string();
-    if (d.kind > Kind::broadcast || d.type > DataType::f64 || d.op > ReduceOp::avg)
+    if (!engine_collective(d.kind) || d.type > DataType::f64 || d.op > ReduceOp::avg)
       throw Error(ErrorCode::system, "engine: a negotiation message is damaged");
     m.described.push_back(std::move(d));
   }

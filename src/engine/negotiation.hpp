@@ -24,13 +24,15 @@
 
 namespace tutti::engine_detail {
 
-enum class Kind : std::uint8_t { allreduce, allgather, broadcast };
-std::string_view to_string(Kind kind);
+/// The collectives the engine runs on named tensors.
+inline bool engine_collective(Collective c) {
+  return c == Collective::allreduce || c == Collective::allgather || c == Collective::broadcast;
+}
 
 /// What a rank enqueued under a name; ranks must agree on all of it.
 struct Descriptor {
   std::string name;
-  Kind kind = Kind::allreduce;
+  Collective kind = Collective::allreduce;  // allreduce, allgather or broadcast
   DataType type = DataType::f32;
   ReduceOp op = ReduceOp::sum;  // allreduce only
   std::int32_t root = 0;        // broadcast only

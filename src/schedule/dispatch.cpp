@@ -75,34 +75,6 @@ void validate(Algorithm algorithm, const Params& params) {
 
 }  // namespace
 
-std::string_view to_string(Collective collective) {
-  switch (collective) {
-    case Collective::allreduce:
-      return "allreduce";
-    case Collective::reduce:
-      return "reduce";
-    case Collective::reduce_scatter:
-      return "reduce_scatter";
-    case Collective::allgather:
-      return "allgather";
-    case Collective::allgatherv:
-      return "allgatherv";
-    case Collective::broadcast:
-      return "broadcast";
-    case Collective::alltoall:
-      return "alltoall";
-    case Collective::alltoallv:
-      return "alltoallv";
-    case Collective::gather:
-      return "gather";
-    case Collective::scatter:
-      return "scatter";
-    case Collective::barrier:
-      return "barrier";
-  }
-  return "unknown collective";
-}
-
 bool applies(Algorithm algorithm, Collective collective) { return find(algorithm, collective) != nullptr; }
 
 std::vector<Algorithm> algorithms_for(Collective collective) {

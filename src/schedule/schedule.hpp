@@ -48,20 +48,7 @@
 
 namespace tutti::schedule {
 
-enum class Collective {
-  allreduce,
-  reduce,
-  reduce_scatter,
-  allgather,
-  allgatherv,
-  broadcast,
-  alltoall,
-  alltoallv,
-  gather,
-  scatter,
-  barrier,
-};
-std::string_view to_string(Collective collective);
+// The collectives are tutti::Collective (<tutti/types.hpp>), named by tutti::to_string.
 
 enum class Buffer : std::uint8_t { input, output, scratch };
 

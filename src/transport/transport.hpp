@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,11 +22,11 @@ namespace tutti::transport {
 /// before any byte is written.
 struct Signature {
   std::uint64_t seq = 0;
-  std::string_view kind;  // collective's name (static storage)
+  Collective collective = Collective::allreduce;
   std::size_t count = 0;
   DataType type = DataType::u8;
-  std::optional<ReduceOp> op;  // reductions only
-  std::string_view algorithm;  // the algorithm this rank runs (ranks must agree)
+  std::optional<ReduceOp> op;                  // reductions only
+  Algorithm algorithm = Algorithm::automatic;  // the algorithm this rank runs (ranks must agree)
   int root = -1;
   std::uint64_t counts_hash = 0;  // v-collectives: hash of the counts every rank must agree on
   bool operator==(const Signature&) const = default;
@@ -38,8 +39,8 @@ struct WireSignature {
   std::uint64_t count = 0;
   std::uint64_t counts_hash = 0;
   std::int32_t root = -1;
-  std::uint8_t kind = 0xff;       // index into the collective names, 0xff = none
-  std::uint8_t algorithm = 0xff;  // index into the algorithm names, 0xff = none
+  std::uint8_t collective = 0;  // Collective's value (a peer's byte may be out of range)
+  std::uint8_t algorithm = 0;   // Algorithm's value (likewise)
   std::uint8_t type = 0;
   std::int8_t op = -1;         // -1 = none
   std::uint64_t reserved = 0;  // keeps the struct free of padding, so that it compares as bytes
@@ -80,6 +81,40 @@ struct Failure {
   std::uint64_t seq;
 };
 inline constexpr std::uint64_t no_seq = ~std::uint64_t{0};
+
+/// One collective call in the public API's terms, for the collectives a transport runs itself:
+/// counts in elements of `type`; broadcast's buffer is `recv`; in place is send == recv, in the
+/// MPI forms (allgather: this rank's block already in its slot of recv; reduce_scatter: the
+/// result at the start of recv). `counts` is allgatherv's recv_counts or alltoallv's send_counts,
+/// `recv_counts` alltoallv's. The caller has validated the arguments.
+struct NativeCall {
+  Collective collective = Collective::allreduce;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;
+  DataType type = DataType::u8;
+  std::optional<ReduceOp> op;
+  int root = -1;
+  std::span<const std::size_t> counts;
+  std::span<const std::size_t> recv_counts;
+};
+
+/// A collective a transport runs itself instead of through a schedule (shared memory's direct
+/// algorithms, MPI's own collectives). The operation queue starts it once every earlier
+/// collective finished and progresses it like any other operation. Not thread-safe.
+class NativeCollective {
+ public:
+  virtual ~NativeCollective() = default;
+  /// The caller's signature, given before the first `progress` (transports that compare
+  /// signatures themselves keep it).
+  virtual void bind(const Signature& /*signature*/) {}
+  /// Advances without blocking; true once the result is in place. Throws Error on failure
+  /// (timeout, peer_failure, mismatch, or the communicator's error), after aborting the
+  /// communicator so that every rank fails alike.
+  virtual bool progress() = 0;
+  /// The ranks it waits for (empty when the transport cannot tell).
+  virtual std::vector<int> waiting_for() const { return {}; }
+};
 
 class Transport {
  public:
@@ -123,6 +158,15 @@ class Transport {
   /// Drives the transport's own I/O without blocking (copying through rings, sockets). Called by
   /// whichever thread progresses the executor; transports whose peers move the data do nothing.
   virtual void progress() {}
+
+  /// Whether this transport runs `collective` itself with `algorithm` (shm: Algorithm::direct;
+  /// mpi: Algorithm::mpi). Every rank of a communicator answers alike.
+  virtual bool serves_natively(Algorithm /*algorithm*/, Collective /*collective*/) const { return false; }
+  /// Prepares a collective the transport runs itself (nothing moves before its first `progress`,
+  /// which fails at `deadline`). Throws Error(unsupported) unless serves_natively(algorithm,
+  /// call.collective), or when the transport cannot take these arguments (the same on every rank).
+  virtual std::unique_ptr<NativeCollective> start_native(Algorithm algorithm, const NativeCall& call,
+                                                         std::chrono::steady_clock::time_point deadline);
 
   /// Set once the communicator is aborted (by any rank): the first error, to be raised by every rank.
   virtual std::optional<Failure> aborted() const = 0;

@@ -228,11 +228,11 @@ void check_signature_slot(const shm::Segment& segment, std::uint64_t seq, std::u
   tutti::fuzz::check_signature(theirs);
   transport::Signature mine;
   mine.seq = seq;
-  mine.kind = "allreduce";
+  mine.collective = tutti::Collective::allreduce;
   mine.count = 4;
   mine.type = tutti::DataType::f32;
   mine.op = tutti::ReduceOp::sum;
-  mine.algorithm = "ring";
+  mine.algorithm = tutti::Algorithm::ring;
   if (shm::same_signature(theirs, transport::to_wire(mine))) return;
   const tutti::Error e = shm::mismatched_collective(0, transport::from_wire(theirs), 1, mine);
   require(e.code() == tutti::ErrorCode::mismatch && contains(e.what(), "mismatched collective: rank 0 called "),

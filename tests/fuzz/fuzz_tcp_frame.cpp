@@ -175,11 +175,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (setup.flags & announce) {
       transport::Signature mine;
       mine.seq = 0;
-      mine.kind = "allreduce";
+      mine.collective = tutti::Collective::allreduce;
       mine.count = recv_bytes / tutti::size_of(type);
       mine.type = type;
       mine.op = op;
-      mine.algorithm = "ring";
+      mine.algorithm = tutti::Algorithm::ring;
       hub.announce(comm, mine);
     }
     const auto post_receives = [&] {

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "comm/tuning.hpp"
+#include "core/names.hpp"
 
 namespace tutti::bench {
 
@@ -98,7 +99,7 @@ std::vector<ReduceOp> parse_ops(const std::string& text) {
 }
 
 Algorithm parse_algorithm(const std::string& name) {
-  if (const auto a = detail::tuning::algorithm_from_name(name)) return *a;
+  if (const auto a = core::algorithm_from_name(name)) return *a;
   throw std::invalid_argument("-a: unknown algorithm '" + name + "'");
 }
 

@@ -5,20 +5,20 @@
 
 namespace tutti::bench {
 
-schedule::Collective collective_of(Kind kind) {
+Collective collective_of(Kind kind) {
   switch (kind) {
     case Kind::reduce_scatter:
-      return schedule::Collective::reduce_scatter;
+      return Collective::reduce_scatter;
     case Kind::allgather:
-      return schedule::Collective::allgather;
+      return Collective::allgather;
     case Kind::broadcast:
-      return schedule::Collective::broadcast;
+      return Collective::broadcast;
     case Kind::reduce:
-      return schedule::Collective::reduce;
+      return Collective::reduce;
     case Kind::alltoall:
-      return schedule::Collective::alltoall;
+      return Collective::alltoall;
     default:
-      return schedule::Collective::allreduce;
+      return Collective::allreduce;
   }
 }
 

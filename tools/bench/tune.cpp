@@ -151,7 +151,7 @@ std::vector<Winner> tune_kind(Communicator& world, const BenchOptions& options, 
 
 // Ranges between the geometric means of neighbouring sizes, merged where the winner repeats.
 std::vector<tuning::Entry> entries_for(std::string_view transport, int ranks, const std::vector<Winner>& winners,
-                                       schedule::Collective collective) {
+                                       Collective collective) {
   std::vector<tuning::Entry> entries;
   for (std::size_t k = 0; k < winners.size(); ++k) {
     const std::size_t lo =
@@ -193,10 +193,10 @@ int tune(Communicator& world, const BenchOptions& options) {
   if (!options.kinds_given)
     kinds = {Kind::allreduce, Kind::reduce_scatter, Kind::allgather, Kind::broadcast, Kind::reduce, Kind::alltoall};
   std::vector<tuning::Entry> entries;
-  std::vector<schedule::Collective> tuned;
+  std::vector<Collective> tuned;
   for (Kind kind : kinds) {
     if (kind == Kind::sendrecv) continue;
-    const schedule::Collective collective = collective_of(kind);
+    const Collective collective = collective_of(kind);
     const auto winners = tune_kind(world, options, kind);
     for (auto& e : entries_for(transport, world.size(), winners, collective)) entries.push_back(std::move(e));
     tuned.push_back(collective);

@@ -159,24 +159,24 @@ int start_scatter(const Args& a, State& s, MPI_Comm comm, MPI_Request* r) {
 int start_barrier(const Args&, State&, MPI_Comm comm, MPI_Request* r) { return MPI_Ibarrier(comm, r); }
 
 struct Entry {
-  std::string_view kind;
+  Collective kind;
   Prepare prepare;  // nullptr: the v-collectives, prepared with their counts
   Start start;
   const char* function;
 };
 
 constexpr Entry kCollectives[] = {
-    {"allreduce", prepare_count, start_allreduce, "MPI_Iallreduce"},
-    {"reduce", prepare_count, start_reduce, "MPI_Ireduce"},
-    {"reduce_scatter", prepare_blocks, start_reduce_scatter, "MPI_Ireduce_scatter_block"},
-    {"allgather", prepare_blocks, start_allgather, "MPI_Iallgather"},
-    {"allgatherv", nullptr, start_allgatherv, "MPI_Iallgatherv"},
-    {"broadcast", prepare_count, start_broadcast, "MPI_Ibcast"},
-    {"alltoall", prepare_blocks, start_alltoall, "MPI_Ialltoall"},
-    {"alltoallv", nullptr, start_alltoallv, "MPI_Ialltoallv"},
-    {"gather", prepare_blocks, start_gather, "MPI_Igather"},
-    {"scatter", prepare_blocks, start_scatter, "MPI_Iscatter"},
-    {"barrier", prepare_count, start_barrier, "MPI_Ibarrier"},
+    {Collective::allreduce, prepare_count, start_allreduce, "MPI_Iallreduce"},
+    {Collective::reduce, prepare_count, start_reduce, "MPI_Ireduce"},
+    {Collective::reduce_scatter, prepare_blocks, start_reduce_scatter, "MPI_Ireduce_scatter_block"},
+    {Collective::allgather, prepare_blocks, start_allgather, "MPI_Iallgather"},
+    {Collective::allgatherv, nullptr, start_allgatherv, "MPI_Iallgatherv"},
+    {Collective::broadcast, prepare_count, start_broadcast, "MPI_Ibcast"},
+    {Collective::alltoall, prepare_blocks, start_alltoall, "MPI_Ialltoall"},
+    {Collective::alltoallv, nullptr, start_alltoallv, "MPI_Ialltoallv"},
+    {Collective::gather, prepare_blocks, start_gather, "MPI_Igather"},
+    {Collective::scatter, prepare_blocks, start_scatter, "MPI_Iscatter"},
+    {Collective::barrier, prepare_count, start_barrier, "MPI_Ibarrier"},
 };
 
 class Run final : public MpiCollective {
@@ -253,9 +253,10 @@ class Run final : public MpiCollective {
   void finish_result() {
     const Args& a = args_;
     State& s = *state_;
-    if (!s.staging.empty() && entry_.kind == "reduce_scatter") std::memcpy(a.recv, s.staging.data(), s.staging.size());
-    const bool has_result =
-        entry_.kind == "allreduce" || entry_.kind == "reduce_scatter" || (entry_.kind == "reduce" && a.is_root());
+    if (!s.staging.empty() && entry_.kind == Collective::reduce_scatter)
+      std::memcpy(a.recv, s.staging.data(), s.staging.size());
+    const bool has_result = entry_.kind == Collective::allreduce || entry_.kind == Collective::reduce_scatter ||
+                            (entry_.kind == Collective::reduce && a.is_root());
     if (has_result && a.op == ReduceOp::avg && a.count > 0) reduce::divide(a.type, a.recv, a.count, a.size);
   }
 
@@ -269,7 +270,7 @@ class Run final : public MpiCollective {
 
 }  // namespace
 
-std::shared_ptr<MpiCollective> prepare_mpi_collective(Transport& t, std::string_view kind, const void* send, void* recv,
+std::shared_ptr<MpiCollective> prepare_mpi_collective(Transport& t, Collective kind, const void* send, void* recv,
                                                       std::size_t count, DataType type, std::optional<ReduceOp> op,
                                                       int root, std::span<const std::size_t> counts,
                                                       std::span<const std::size_t> recv_counts) {
@@ -289,30 +290,31 @@ std::shared_ptr<MpiCollective> prepare_mpi_collective(Transport& t, std::string_
     a.op = op;
     a.root = root;
     auto run = std::make_shared<Run>(*transport, entry, a);
-    if (entry.kind == "allgatherv")
+    if (entry.kind == Collective::allgatherv)
       prepare_allgatherv(a, run->state(), counts);
-    else if (entry.kind == "alltoallv")
+    else if (entry.kind == Collective::alltoallv)
       prepare_alltoallv(run->state(), counts, recv_counts);
     else
       entry.prepare(a, run->state());
     return run;
   }
-  throw Error(ErrorCode::invalid_argument, "Algorithm::mpi: unknown collective '" + std::string(kind) + "'");
+  throw Error(ErrorCode::invalid_argument,
+              "Algorithm::mpi: unknown collective " + std::to_string(static_cast<int>(kind)));
 }
 
-bool mpi_collective(Transport& t, std::string_view kind, const void* send, void* recv, std::size_t count, DataType type,
+bool mpi_collective(Transport& t, Collective kind, const void* send, void* recv, std::size_t count, DataType type,
                     std::optional<ReduceOp> op, int root, std::span<const std::size_t> counts,
                     std::span<const std::size_t> recv_counts) {
   auto run = prepare_mpi_collective(t, kind, send, recv, count, type, op, root, counts, recv_counts);
   if (!run) return false;
   Signature signature;
-  signature.kind = kind;
-  const bool per_rank_counts = kind == "allgatherv" || kind == "alltoallv";
+  signature.collective = kind;
+  const bool per_rank_counts = kind == Collective::allgatherv || kind == Collective::alltoallv;
   signature.count = per_rank_counts ? 0 : count;
   signature.type = type;
   signature.op = op;
   signature.root = root;
-  signature.algorithm = "mpi";
+  signature.algorithm = Algorithm::mpi;
   run->set_signature(signature);
   const auto timeout = static_cast<mpi::MpiTransport&>(t).timeout();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -325,7 +327,7 @@ bool mpi_collective(Transport& t, std::string_view kind, const void* send, void*
       throw;
     }
     if (std::chrono::steady_clock::now() >= deadline) {
-      Error error(ErrorCode::timeout, "rank " + std::to_string(t.rank()) + ": " + std::string(kind) +
+      Error error(ErrorCode::timeout, "rank " + std::to_string(t.rank()) + ": " + std::string(to_string(kind)) +
                                           " (Algorithm::mpi) timed out after " + std::to_string(timeout.count()) +
                                           " ms");
       t.abort(error, no_seq);

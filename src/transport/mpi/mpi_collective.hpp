@@ -38,9 +38,7 @@ class MpiCollective {
   virtual std::vector<int> waiting_for() const { return {}; }
 };
 
-/// Prepares collective `kind` (schedule::to_string's names: "allreduce", "reduce",
-/// "reduce_scatter", "allgather", "allgatherv", "broadcast", "alltoall", "alltoallv", "gather",
-/// "scatter", "barrier") with the arguments of a Tutti call (detail::Call: counts in elements;
+/// Prepares collective `kind` (any) with the arguments of a Tutti call (detail::Call: counts in elements;
 /// broadcast's buffer is `recv`; `counts` = allgatherv's recv_counts or alltoallv's send_counts,
 /// `recv_counts` = alltoallv's; the spans are copied). Tutti's in-place forms map onto
 /// MPI_IN_PLACE; avg is MPI_SUM then reduce::divide; f16 and bf16 reduce through user-defined MPI
@@ -48,7 +46,7 @@ class MpiCollective {
 ///
 /// Returns nullptr when `t` is not an MPI transport. Throws Error(unsupported) for a count over
 /// INT_MAX elements (or displacements over INT_MAX), Error(invalid_argument) for an unknown `kind`.
-std::shared_ptr<MpiCollective> prepare_mpi_collective(Transport& t, std::string_view kind, const void* send, void* recv,
+std::shared_ptr<MpiCollective> prepare_mpi_collective(Transport& t, Collective kind, const void* send, void* recv,
                                                       std::size_t count, DataType type, std::optional<ReduceOp> op,
                                                       int root, std::span<const std::size_t> counts,
                                                       std::span<const std::size_t> recv_counts);
@@ -57,7 +55,7 @@ std::shared_ptr<MpiCollective> prepare_mpi_collective(Transport& t, std::string_
 /// without an operation queue): returns false, doing nothing, when `t` is not an MPI transport.
 /// Throws as prepare_mpi_collective and progress do, and Error(timeout) (after aborting the
 /// transport) when the collective did not complete in time.
-bool mpi_collective(Transport& t, std::string_view kind, const void* send, void* recv, std::size_t count, DataType type,
+bool mpi_collective(Transport& t, Collective kind, const void* send, void* recv, std::size_t count, DataType type,
                     std::optional<ReduceOp> op, int root, std::span<const std::size_t> counts,
                     std::span<const std::size_t> recv_counts);
 

@@ -45,10 +45,16 @@ std::pair<std::size_t, std::size_t> slice(std::size_t n, int p, int r) {
 // chunk k-1 and begins chunk k, so a chunk's reads overlap the next chunk's writes.
 class DirectRun final : public DirectCollective {
  public:
-  DirectRun(ShmTransport& transport, std::string_view kind, const std::byte* send, std::byte* recv, std::size_t count,
+  DirectRun(ShmTransport& transport, Collective kind, const std::byte* send, std::byte* recv, std::size_t count,
             DataType type, ReduceOp op, int root, clock::time_point deadline);
   bool progress() override;
   std::vector<int> waiting_for() const override;
+  /// The result goes to `staging` and is copied to `recv` at the end (reduce_scatter in place,
+  /// whose result is the start of the buffer that holds the input).
+  void deliver_to(std::byte* recv, std::unique_ptr<std::byte[]> staging) {
+    deliver_ = recv;
+    staging_ = std::move(staging);
+  }
 
  private:
   int rank() const { return transport_.rank(); }
@@ -67,7 +73,7 @@ class DirectRun final : public DirectCollective {
 
   ShmTransport& transport_;
   Segment& segment_;
-  std::string_view kind_;
+  Collective kind_;
   const std::byte* send_;
   std::byte* recv_;
   std::size_t count_, esize_;
@@ -87,9 +93,11 @@ class DirectRun final : public DirectCollective {
   std::shared_ptr<std::atomic<std::uint64_t>> seq_;
   bool compared_ = false;           // every rank's signature was compared with ours
   bool awaits_signatures_ = false;  // waiting for that rather than for a barrier
+  std::byte* deliver_ = nullptr;    // see deliver_to
+  std::unique_ptr<std::byte[]> staging_;
 };
 
-DirectRun::DirectRun(ShmTransport& transport, std::string_view kind, const std::byte* send, std::byte* recv,
+DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* send, std::byte* recv,
                      std::size_t count, DataType type, ReduceOp op, int root, clock::time_point deadline)
     : transport_(transport),
       segment_(transport.segment()),
@@ -103,13 +111,13 @@ DirectRun::DirectRun(ShmTransport& transport, std::string_view kind, const std::
       root_(root),
       deadline_(deadline) {
   const std::size_t chunk_bytes = segment_.layout().direct_chunk, p = static_cast<std::size_t>(size());
-  if (kind_ == "allreduce" && count * esize_ <= small_allreduce_bytes) {
+  if (kind_ == Collective::allreduce && count * esize_ <= small_allreduce_bytes) {
     small_ = true, per_chunk_ = std::max<std::size_t>(count, 1);
-  } else if (kind_ == "allreduce") {
+  } else if (kind_ == Collective::allreduce) {
     three_parts_ = true, per_chunk_ = chunk_bytes / esize_;
-  } else if (kind_ == "reduce_scatter") {
+  } else if (kind_ == Collective::reduce_scatter) {
     per_chunk_ = chunk_bytes / esize_ / p;
-  } else if (kind_ == "allgather") {
+  } else if (kind_ == Collective::allgather) {
     per_chunk_ = chunk_bytes / esize_;
   } else {  // broadcast: the root writes a whole data set (the p parts are contiguous)
     per_chunk_ = chunk_bytes * p / esize_;
@@ -167,16 +175,16 @@ void DirectRun::check_deadline_and_liveness() {
   if (now >= deadline_) {
     std::string ranks;
     for (int q : waiting_for()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
-    fail(Error(ErrorCode::timeout, "shm direct " + std::string(kind_) + " on rank " + std::to_string(rank()) +
-                                       ": timed out waiting for rank(s) " + ranks +
+    fail(Error(ErrorCode::timeout, "shm direct " + std::string(to_string(kind_)) + " on rank " +
+                                       std::to_string(rank()) + ": timed out waiting for rank(s) " + ranks +
                                        (awaits_signatures_ ? " to start it" : "")));
   }
   if (now < next_liveness_check_) return;
   next_liveness_check_ = now + liveness_period;
   for (int q : waiting_for())
     if (transport_.peer_has_died(q))
-      fail(Error(ErrorCode::peer_failure, "shm direct " + std::string(kind_) + " on rank " + std::to_string(rank()) +
-                                              ": rank " + std::to_string(q) + " died"));
+      fail(Error(ErrorCode::peer_failure, "shm direct " + std::string(to_string(kind_)) + " on rank " +
+                                              std::to_string(rank()) + ": rank " + std::to_string(q) + " died"));
 }
 
 bool DirectRun::progress() {
@@ -195,6 +203,10 @@ bool DirectRun::progress() {
       check_deadline_and_liveness();
       return false;
     }
+    if (staging_) {
+      std::memcpy(deliver_, recv_, count_ * esize_);
+      staging_.reset();
+    }
     return true;
   } catch (const Error& error) {
     fail(error);  // peers may be waiting at a barrier this rank will not reach
@@ -211,11 +223,11 @@ void DirectRun::run_phase(std::size_t phase) {
 void DirectRun::begin(std::size_t chunk) {
   const std::size_t done = chunk * per_chunk_, n = chunk_elems(chunk);
   const int r = rank();
-  if (kind_ == "reduce_scatter") {
+  if (kind_ == Collective::reduce_scatter) {
     for (int q = 0; q < size(); ++q)
       std::memcpy(slot(chunk, r) + static_cast<std::size_t>(q) * n * esize_,
                   send_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, n * esize_);
-  } else if (kind_ == "broadcast") {
+  } else if (kind_ == Collective::broadcast) {
     if (r == root_) std::memcpy(slot(chunk, 0), recv_ + done * esize_, n * esize_);
   } else {
     std::memcpy(slot(chunk, r), send_ + done * esize_, n * esize_);
@@ -235,7 +247,7 @@ void DirectRun::reduce_slice(std::size_t chunk) {
 void DirectRun::finish(std::size_t chunk) {
   const std::size_t done = chunk * per_chunk_, n = chunk_elems(chunk);
   const int p = size(), r = rank();
-  if (small_ || kind_ == "reduce_scatter") {
+  if (small_ || kind_ == Collective::reduce_scatter) {
     const std::size_t offset = small_ ? 0 : static_cast<std::size_t>(r) * n * esize_;
     // part 0 op part 1 op ... in the same order on every rank, so that ranks that each reduce
     // everything get the same bits.
@@ -252,7 +264,7 @@ void DirectRun::finish(std::size_t chunk) {
       const auto [lo, hi] = slice(n, p, q);
       std::memcpy(recv_ + (done + lo) * esize_, slot(chunk, q) + lo * esize_, (hi - lo) * esize_);
     }
-  } else if (kind_ == "allgather") {
+  } else if (kind_ == Collective::allgather) {
     const bool in_place = send_ == recv_ + static_cast<std::size_t>(r) * count_ * esize_;
     for (int q = 0; q < p; ++q)
       if (q != r || !in_place)
@@ -262,33 +274,49 @@ void DirectRun::finish(std::size_t chunk) {
   }
 }
 
-ReduceOp required_op(std::string_view kind, std::optional<ReduceOp> op) {
-  if (!op) throw Error(ErrorCode::invalid_argument, "shm direct " + std::string(kind) + ": a reduction needs an op");
+ReduceOp required_op(Collective kind, std::optional<ReduceOp> op) {
+  if (!op)
+    throw Error(ErrorCode::invalid_argument,
+                "shm direct " + std::string(to_string(kind)) + ": a reduction needs an op");
   return *op;
 }
 
 }  // namespace
 
-std::unique_ptr<DirectCollective> start_direct(Transport& transport, std::string_view kind, const void* send,
-                                               void* recv, std::size_t count, DataType type, std::optional<ReduceOp> op,
-                                               int root, clock::time_point deadline) {
+std::unique_ptr<DirectCollective> start_direct(Transport& transport, Collective kind, const void* send, void* recv,
+                                               std::size_t count, DataType type, std::optional<ReduceOp> op, int root,
+                                               clock::time_point deadline) {
   if (!is_shm(transport)) return nullptr;
   auto* shm = static_cast<ShmTransport*>(&transport);
-  if (!serves(kind)) throw Error(ErrorCode::unsupported, "shm direct: no direct algorithm for " + std::string(kind));
+  if (!serves(kind))
+    throw Error(ErrorCode::unsupported, "shm direct: no direct algorithm for " + std::string(to_string(kind)));
   // A rank's part of a data set must hold one element of each of the p blocks.
-  if (kind == "reduce_scatter" && shm->segment().layout().direct_chunk / size_of(type) < std::size_t(shm->size()))
+  if (kind == Collective::reduce_scatter &&
+      shm->segment().layout().direct_chunk / size_of(type) < std::size_t(shm->size()))
     throw Error(ErrorCode::unsupported, "shm direct reduce_scatter: too many ranks for the data area");
-  if (kind == "broadcast" && (root < 0 || root >= shm->size()))
+  if (kind == Collective::broadcast && (root < 0 || root >= shm->size()))
     throw Error(ErrorCode::invalid_argument, "shm direct broadcast: root " + std::to_string(root) +
                                                  " is out of range for size " + std::to_string(shm->size()));
-  const bool reduces = kind == "allreduce" || kind == "reduce_scatter";
+  const bool reduces = kind == Collective::allreduce || kind == Collective::reduce_scatter;
   const ReduceOp reduce_op = reduces ? required_op(kind, op) : ReduceOp::sum;
-  return std::make_unique<DirectRun>(*shm, kind, static_cast<const std::byte*>(send), static_cast<std::byte*>(recv),
-                                     count, type, reduce_op, root, deadline);
+  // The in-place forms, mapped onto the forms DirectRun takes.
+  const auto* in = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  const std::size_t block = static_cast<std::size_t>(shm->rank()) * count * size_of(type);
+  std::unique_ptr<std::byte[]> staging;
+  if (kind == Collective::allgather && send == recv) in = out + block;
+  if (kind == Collective::reduce_scatter && send == recv && block != 0 && count > 0) {
+    staging = std::make_unique_for_overwrite<std::byte[]>(count * size_of(type));
+    out = staging.get();
+  }
+  auto run = std::make_unique<DirectRun>(*shm, kind, in, out, count, type, reduce_op, root, deadline);
+  if (staging) run->deliver_to(static_cast<std::byte*>(recv), std::move(staging));
+  return run;
 }
 
-bool serves(std::string_view kind) {
-  return kind == "allreduce" || kind == "reduce_scatter" || kind == "allgather" || kind == "broadcast";
+bool serves(Collective kind) {
+  return kind == Collective::allreduce || kind == Collective::reduce_scatter || kind == Collective::allgather ||
+         kind == Collective::broadcast;
 }
 
 void finish(DirectCollective& run, Transport& transport, clock::time_point deadline) {
@@ -299,12 +327,23 @@ void finish(DirectCollective& run, Transport& transport, clock::time_point deadl
   }
 }
 
-bool direct_collective(Transport& transport, std::string_view kind, const void* send, void* recv, std::size_t count,
+bool direct_collective(Transport& transport, Collective kind, const void* send, void* recv, std::size_t count,
                        DataType type, std::optional<ReduceOp> op, int root, clock::time_point deadline) {
   auto run = start_direct(transport, kind, send, recv, count, type, op, root, deadline);
   if (!run) return false;
   finish(*run, transport, deadline);
   return true;
+}
+
+bool ShmTransport::serves_natively(Algorithm algorithm, Collective collective) const {
+  return algorithm == Algorithm::direct && serves(collective);
+}
+
+std::unique_ptr<NativeCollective> ShmTransport::start_native(Algorithm algorithm, const NativeCall& call,
+                                                             clock::time_point deadline) {
+  if (!serves_natively(algorithm, call.collective)) return Transport::start_native(algorithm, call, deadline);
+  return start_direct(*this, call.collective, call.send, call.recv, call.count, call.type, call.op, call.root,
+                      deadline);
 }
 
 // By name, not dynamic_cast: this is on every direct call's path.

@@ -14,45 +14,38 @@
 
 namespace tutti::transport::shm {
 
-/// One direct collective in progress on this rank. Not thread-safe (the operation queue
-/// serializes calls); at most one runs per communicator at a time, in issue order.
-class DirectCollective {
- public:
-  virtual ~DirectCollective() = default;
-  /// Runs every step whose barrier all ranks have reached; never blocks. True once finished.
-  /// Throws Error(timeout) naming the ranks still awaited at the deadline, Error(peer_failure) if
-  /// one of them died, or the communicator's error if it was aborted; every error aborts the
-  /// communicator first, so that the other ranks wake and fail too.
-  virtual bool progress() = 0;
-  /// The ranks that have not reached the barrier this rank waits at.
-  virtual std::vector<int> waiting_for() const = 0;
-};
+/// One direct collective in progress on this rank. `progress` runs every step whose barrier all
+/// ranks have reached, without blocking; it throws Error(timeout) naming the ranks still awaited
+/// at the deadline, Error(peer_failure) if one of them died, or the communicator's error if it was
+/// aborted; every error aborts the communicator first, so that the other ranks wake and fail too.
+/// At most one runs per communicator at a time, in issue order.
+using DirectCollective = NativeCollective;
 
 /// Prepares collective `kind` over the shared-memory segment of `transport` (nothing moves until
 /// the first `progress`). Returns null if `transport` is not a shared-memory transport.
-/// Kinds, with counts in elements of `type` (send == recv-style in-place forms as in the public API):
-///   "allreduce"       send, recv: count elements; op required (avg = sum / size)
-///   "reduce_scatter"  send: size * count, recv: count (block `rank`); op required
-///   "allgather"       send: count, recv: size * count
-///   "broadcast"       recv (== send) of `root`, count elements, to every rank
+/// Kinds, with counts in elements of `type` (in place: send == recv, the forms of NativeCall):
+///   allreduce       send, recv: count elements; op required (avg = sum / size)
+///   reduce_scatter  send: size * count, recv: count (block `rank`); op required
+///   allgather       send: count, recv: size * count
+///   broadcast       recv (== send) of `root`, count elements, to every rank
 /// Every rank must start the same collectives in the same order with the same arguments.
 /// Errors: Error(unsupported) for another kind or too many ranks for the data area;
 /// Error(invalid_argument) for a missing op or a bad root.
-std::unique_ptr<DirectCollective> start_direct(Transport& transport, std::string_view kind, const void* send,
-                                               void* recv, std::size_t count, DataType type, std::optional<ReduceOp> op,
-                                               int root, std::chrono::steady_clock::time_point deadline);
+std::unique_ptr<DirectCollective> start_direct(Transport& transport, Collective kind, const void* send, void* recv,
+                                               std::size_t count, DataType type, std::optional<ReduceOp> op, int root,
+                                               std::chrono::steady_clock::time_point deadline);
 
 /// Runs a direct collective to completion on the caller's thread (start_direct, then progress and
 /// the transport's wait in turn). Returns false (and does nothing) if `transport` is not a
 /// shared-memory transport. The caller guarantees that no other operation of this communicator
 /// is in flight. Errors as for start_direct and DirectCollective::progress.
-bool direct_collective(Transport& transport, std::string_view kind, const void* send, void* recv, std::size_t count,
+bool direct_collective(Transport& transport, Collective kind, const void* send, void* recv, std::size_t count,
                        DataType type, std::optional<ReduceOp> op, int root,
                        std::chrono::steady_clock::time_point deadline);
 
 /// Whether the direct algorithms serve collective `kind` (allreduce, reduce_scatter, allgather,
 /// broadcast).
-bool serves(std::string_view kind);
+bool serves(Collective kind);
 
 /// Runs `run` to completion on the caller's thread: progress, then the transport's wait, in turn.
 /// Errors as for DirectCollective::progress.

@@ -41,7 +41,7 @@ inline void cpu_relax() {
 
 bool same(const WireSignature& a, const WireSignature& b) {
   return a.seq == b.seq && a.count == b.count && a.counts_hash == b.counts_hash && a.root == b.root &&
-         a.kind == b.kind && a.algorithm == b.algorithm && a.type == b.type && a.op == b.op;
+         a.collective == b.collective && a.algorithm == b.algorithm && a.type == b.type && a.op == b.op;
 }
 
 // Seqlock write: readers that overlap it see the busy tag (or a changed one) and ignore the slot.
@@ -195,7 +195,7 @@ void ShmTransport::announce(const Signature& signature) {
   const WireSignature mine = to_wire(signature);
   announced_[signature.seq % announced_.size()] = {signature.seq, mine};
   std::lock_guard lock(publication_mutex_);
-  if (direct_binding_ && signature.algorithm == "direct") {
+  if (direct_binding_ && signature.algorithm == Algorithm::direct) {
     direct_binding_->store(signature.seq, std::memory_order_release);
     direct_binding_.reset();
   }

@@ -60,6 +60,10 @@ class ShmTransport final : public Transport {
   void progress() override;
   std::optional<Failure> aborted() const override;
   void abort(const Error& error, std::uint64_t seq) override;
+  /// Algorithm::direct (direct.cpp).
+  bool serves_natively(Algorithm algorithm, Collective collective) const override;
+  std::unique_ptr<NativeCollective> start_native(Algorithm algorithm, const NativeCall& call,
+                                                 std::chrono::steady_clock::time_point deadline) override;
 
   // For the direct algorithms (direct.cpp), which work on the segment itself.
   Segment& segment() const { return *segment_; }
