@@ -99,10 +99,11 @@ TEST(Hierarchical, InterleavesWithOtherOperations) {
     std::vector<std::int32_t> a(1000, comm.rank() + 1), b(1000, 2 * comm.rank()), c(10, 1);
     Request first = comm.iallreduce(a.data(), a.data(), a.size(), DataType::i32, ReduceOp::sum, ring);
     Request second = comm.iallreduce(b.data(), b.data(), b.size(), DataType::i32, ReduceOp::sum, hierarchical);
-    EXPECT_TRUE(second.test());  // blocking: complete on return
+    // Nonblocking: its steps run on the intra- and inter-host communicators while this one goes on.
     Request third = comm.iallreduce(c.data(), c.data(), c.size(), DataType::i32, ReduceOp::max, ring);
-    first.wait();
-    third.wait();
+    third.wait();  // issue order: first and second are complete too
+    EXPECT_TRUE(first.test());
+    EXPECT_TRUE(second.test());
     for (auto v : a) ASSERT_EQ(v, 15);
     for (auto v : b) ASSERT_EQ(v, 20);
     for (auto v : c) ASSERT_EQ(v, 1);

@@ -8,16 +8,11 @@
 #include "core/env.hpp"
 #include "exec/request.hpp"
 #include "reduce/reduce.hpp"
-#include "transport/shm/direct.hpp"
-#ifdef TUTTI_WITH_MPI
-#include "transport/mpi/mpi_collective.hpp"
-#endif
 
 namespace tutti::detail {
 
 CommImpl::CommImpl(std::unique_ptr<transport::Transport> transport)
     : rank_(transport->rank()), size_(transport->size()), default_timeout_(core::default_timeout()) {
-  shm_ = transport::shm::is_shm(*transport);
   queue_ = std::make_shared<exec::OperationQueue>(std::move(transport));
 }
 
@@ -61,7 +56,9 @@ bool has_result(const Call& call, int rank) {
 
 }  // namespace
 
-bool CommImpl::direct_serves(Collective collective) const { return shm_ && transport::shm::serves(collective); }
+bool CommImpl::direct_serves(Collective collective) const {
+  return queue_->transport().serves_natively(Algorithm::direct, collective);
+}
 
 Algorithm CommImpl::chosen_algorithm(Collective collective, Algorithm requested, std::size_t bytes) const {
   const ChoiceMemo& m = memo_;
@@ -78,32 +75,28 @@ Request CommImpl::start(const Call& call, bool blocking) {
   queue_->check_usable(true);
   const Extents extents = validate(call, rank_, size_);
   const Algorithm requested = requested_algorithm(call.collective, call.options.algorithm);
-  if (requested == Algorithm::mpi) return start_mpi(call, blocking);
-  // Hierarchical runs on the caller's thread (blocking), so automatic does not pick it yet: that
-  // would make a multi-host iallreduce blocking. `prefers_hierarchical` is the rule it will use.
-  if (call.collective == Collective::allreduce && requested == Algorithm::hierarchical) return start_hierarchical(call);
-  if (requested == Algorithm::direct) return start_direct(call, blocking);
+  // Hierarchical: forced, or chosen by automatic for an allreduce when the topology is known (init()
+  // learned it) and the ranks span hosts with several on one (the same decision on every rank).
+  if (call.collective == Collective::allreduce &&
+      (requested == Algorithm::hierarchical || (requested == Algorithm::automatic && topology_ &&
+                                                prefers_hierarchical(*topology_, call.count * size_of(call.type)))))
+    return start_hierarchical(call, blocking);
+  const Algorithm algorithm =
+      requested == Algorithm::direct || requested == Algorithm::mpi
+          ? requested
+          : chosen_algorithm(call.collective, call.options.algorithm, choice_bytes(call, size_));
+  if (algorithm == Algorithm::direct || algorithm == Algorithm::mpi) return start_native(call, algorithm, blocking);
+  return start_schedule(call, algorithm, extents, blocking);
+}
+
+// Maps the user's buffers onto the schedule's input and output, handling the in-place forms the
+// schedules do not run natively (see schedule.hpp) with a snapshot of the input or a staging
+// output, which `op` then owns.
+exec::Operation::Buffers CommImpl::map_buffers(const Call& call, const Extents& extents, Staging& staging) const {
   const std::size_t elem = size_of(call.type);
-  const Algorithm algorithm = chosen_algorithm(call.collective, call.options.algorithm, choice_bytes(call, size_));
-  if (algorithm == Algorithm::direct) return start_direct(call, blocking);
-
-  schedule::Params params;
-  params.collective = call.collective;
-  params.rank = rank_;
-  params.size = size_;
-  params.count = call.count;
-  params.elem_size = elem;
-  params.root = call.root;
-  params.counts = call.counts;
-  params.recv_counts = call.recv_counts;
-  schedule::Schedule plan = schedule::make(algorithm, params);
-
-  // Map the user's buffers onto the schedule's input/output, handling the in-place forms the
-  // schedules do not run natively (see schedule.hpp) with a snapshot or a staging output.
   const auto* send = static_cast<const std::byte*>(call.send);
   auto* recv = static_cast<std::byte*>(call.recv);
   exec::Operation::Buffers buffers{send, recv};
-  std::unique_ptr<std::byte[]> snapshot, staging_output;
   const std::size_t rank_block = static_cast<std::size_t>(rank_) * call.count * elem;
   switch (call.collective) {
     case Collective::broadcast:
@@ -119,15 +112,15 @@ Request CommImpl::start(const Call& call, bool blocking) {
     case Collective::alltoall:
     case Collective::alltoallv:
       if (send == recv && extents.send > 0) {
-        snapshot = std::make_unique_for_overwrite<std::byte[]>(extents.send * elem);
-        std::memcpy(snapshot.get(), send, extents.send * elem);
-        buffers.input = snapshot.get();
+        staging.input = std::make_unique_for_overwrite<std::byte[]>(extents.send * elem);
+        std::memcpy(staging.input.get(), send, extents.send * elem);
+        buffers.input = staging.input.get();
       }
       break;
     case Collective::reduce_scatter:
       if (send == recv && rank_block != 0 && extents.recv > 0) {  // MPI form: result at the start
-        staging_output = std::make_unique_for_overwrite<std::byte[]>(extents.recv * elem);
-        buffers.output = staging_output.get();
+        staging.output = std::make_unique_for_overwrite<std::byte[]>(extents.recv * elem);
+        buffers.output = staging.output.get();
       }
       break;
     case Collective::allgather:
@@ -140,26 +133,50 @@ Request CommImpl::start(const Call& call, bool blocking) {
     default:
       break;
   }
+  return buffers;
+}
 
+Request CommImpl::start_schedule(const Call& call, Algorithm algorithm, const Extents& extents, bool blocking) {
+  schedule::Params params;
+  params.collective = call.collective;
+  params.rank = rank_;
+  params.size = size_;
+  params.count = call.count;
+  params.elem_size = size_of(call.type);
+  params.root = call.root;
+  params.counts = call.counts;
+  params.recv_counts = call.recv_counts;
+  schedule::Schedule plan = schedule::make(algorithm, params);
+  Staging staging;
+  const exec::Operation::Buffers buffers = map_buffers(call, extents, staging);
   const transport::Signature signature = next_signature(call, algorithm);
-
-  auto op = std::make_unique<exec::Operation>(queue_->transport(), std::move(plan), buffers, call.type,
-                                              call.op.value_or(ReduceOp::sum), signature);
-  op->timeout = call.options.timeout.count() > 0 ? call.options.timeout : default_timeout_;
+  auto op = exec::Operation::collective(queue_->transport(), std::move(plan), buffers, call.type,
+                                        call.op.value_or(ReduceOp::sum), signature);
+  op->timeout = timeout_of(call);
   const bool average = call.op == ReduceOp::avg && has_result(call, rank_);
-  if (average || staging_output) {
-    std::byte* result = static_cast<std::byte*>(buffers.output);
-    const std::size_t count = extents.recv, p = static_cast<std::size_t>(size_);
+  if (average || staging.output) {
+    auto* result = static_cast<std::byte*>(buffers.output);
+    auto* recv = static_cast<std::byte*>(call.recv);
+    const std::size_t count = extents.recv;
     const DataType type = call.type;
+    const int p = size_;
     op->on_success([=] {
-      if (average) reduce::divide(type, result, count, static_cast<int>(p));
+      if (average) reduce::divide(type, result, count, p);
       if (result != recv && count > 0) std::memcpy(recv, result, count * size_of(type));
     });
   }
-  if (snapshot) op->own(std::move(snapshot));
-  if (staging_output) op->own(std::move(staging_output));
+  if (staging.input) op->own(std::move(staging.input));
+  if (staging.output) op->own(std::move(staging.output));
+  return submit(std::move(op), blocking);
+}
+
+Request CommImpl::submit(std::unique_ptr<exec::Operation> op, bool blocking) {
   auto shared = queue_->submit(std::move(op), blocking);
   return Request(std::make_shared<detail::Operation>(queue_, std::move(shared)));
+}
+
+std::chrono::milliseconds CommImpl::timeout_of(const Call& call) const {
+  return call.options.timeout.count() > 0 ? call.options.timeout : default_timeout_;
 }
 
 // The signature of the call about to be submitted: takes the communicator's next sequence number.
@@ -177,79 +194,42 @@ transport::Signature CommImpl::next_signature(const Call& call, Algorithm algori
   return signature;
 }
 
-// Algorithm::mpi: MPI's own collective, nonblocking (MPI_Iallreduce, ...), as a native operation
-// of the queue: it starts once every earlier collective finished (MPI needs every rank to issue
-// its collectives in one order) and is progressed, timed and aborted like any other.
-Request CommImpl::start_mpi(const Call& call, bool blocking) {
-  const std::string what = std::string(to_string(call.collective)) + ": Algorithm::mpi ";
-#ifdef TUTTI_WITH_MPI
-  auto run = transport::prepare_mpi_collective(queue_->transport(), call.collective, call.send, call.recv, call.count,
-                                               call.type, call.op, call.root, call.counts, call.recv_counts);
-  if (!run)
-    throw Error(ErrorCode::unsupported,
-                what + "needs a communicator over MPI (tutti::from_mpi, or init() under mpirun)");
-  const transport::Signature signature = next_signature(call, Algorithm::mpi);
-  run->set_signature(signature);
-  auto op = exec::Operation::native(
-      queue_->transport(), signature, [run] { return run->progress(); }, [run] { return run->waiting_for(); });
-  op->timeout = call.options.timeout.count() > 0 ? call.options.timeout : default_timeout_;
-  auto shared = queue_->submit(std::move(op), blocking);
-  return Request(std::make_shared<detail::Operation>(queue_, std::move(shared)));
-#else
-  (void)blocking;
-  throw Error(ErrorCode::unsupported, what + "needs Tutti built with MPI (this build has none)");
-#endif
-}
-
-// Algorithm::direct: the shared-memory algorithms, where ranks read each other's data in the
-// segment instead of exchanging messages. A native operation of the queue: it starts once every
-// earlier collective finished and is progressed like any other (by the caller or the engine).
-Request CommImpl::start_direct(const Call& call, bool blocking) {
-  if (!direct_serves(call.collective)) {
-    const std::string what = std::string(to_string(call.collective)) + ": Algorithm::direct ";
-    if (!transport::shm::is_shm(queue_->transport()))
+// Algorithm::direct (shared memory) and Algorithm::mpi (MPI's own collectives): collectives the
+// transport runs itself, as native operations of the queue: one starts once every earlier
+// collective finished and is progressed, timed and aborted like any other (by the caller or the
+// engine). A blocking call with nothing else in flight runs right here: no operation object.
+Request CommImpl::start_native(const Call& call, Algorithm algorithm, bool blocking) {
+  transport::Transport& transport = queue_->transport();
+  if (!transport.serves_natively(algorithm, call.collective)) {
+    const std::string what =
+        std::string(to_string(call.collective)) + ": Algorithm::" + std::string(to_string(algorithm)) + " ";
+    if (algorithm == Algorithm::mpi)
+      throw Error(ErrorCode::unsupported, what +
+                                              "needs a communicator over MPI (tutti::from_mpi, or init() under "
+                                              "mpirun, with Tutti built with MPI)");
+    if (transport.name() != "shm")
       throw Error(ErrorCode::unsupported, what + "needs the shared-memory transport (processes on one host)");
     throw Error(ErrorCode::unsupported, what + "serves allreduce, reduce_scatter, allgather and broadcast only");
   }
-  const auto timeout = call.options.timeout.count() > 0 ? call.options.timeout : default_timeout_;
-  const std::size_t elem = size_of(call.type), block = static_cast<std::size_t>(rank_) * call.count * elem;
-  const auto* send = static_cast<const std::byte*>(call.send);
-  auto* recv = static_cast<std::byte*>(call.recv);
-  // The MPI in-place forms, mapped onto the forms the direct algorithms take.
-  std::unique_ptr<std::byte[]> staging;
-  std::byte* result = recv;
-  if (call.collective == Collective::allgather && send == recv) send = recv + block;
-  if (call.collective == Collective::reduce_scatter && send == recv && block != 0 && call.count > 0) {
-    staging = std::make_unique_for_overwrite<std::byte[]>(call.count * elem);
-    result = staging.get();
-  }
+  const auto timeout = timeout_of(call);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_ptr<transport::shm::DirectCollective> run = transport::shm::start_direct(
-      queue_->transport(), call.collective, send, result, call.count, call.type, call.op, call.root, deadline);
-  const transport::Signature signature = next_signature(call, Algorithm::direct);
-  const std::size_t result_bytes = call.count * elem;
-  // A blocking call with nothing else in flight runs right here: no operation object, no handle.
+  const transport::NativeCall native{call.collective, call.send, call.recv,   call.count,      call.type,
+                                     call.op,         call.root, call.counts, call.recv_counts};
+  std::shared_ptr<transport::NativeCollective> run = transport.start_native(algorithm, native, deadline);
+  const transport::Signature signature = next_signature(call, algorithm);
+  run->bind(signature);
   if (blocking && queue_->announce_when_idle(signature)) {
     try {
-      transport::shm::finish(*run, queue_->transport(), deadline);
+      transport::finish(*run, transport, signature, deadline);
     } catch (const Error&) {
       queue_->mark_reported();
       throw;
     }
-    if (staging) std::memcpy(recv, result, result_bytes);
     return Request();
   }
-  std::shared_ptr<transport::shm::DirectCollective> shared_run(std::move(run));
-  auto op = exec::Operation::native(
-      queue_->transport(), signature, [shared_run] { return shared_run->progress(); },
-      [shared_run] { return shared_run->waiting_for(); });
+  auto op = exec::Operation::native(transport, signature, std::move(run));
   op->timeout = timeout;
-  if (staging) {
-    op->on_success([recv, result, result_bytes] { std::memcpy(recv, result, result_bytes); });
-    op->own(std::move(staging));
-  }
-  auto shared = queue_->submit(std::move(op), blocking);
-  return Request(std::make_shared<detail::Operation>(queue_, std::move(shared)));
+  return submit(std::move(op), blocking);
 }
 
 Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer,

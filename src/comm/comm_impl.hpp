@@ -31,6 +31,12 @@ struct Call {
   Options options;
 };
 
+/// Element counts of a call on this rank: what `send` and `recv` must hold.
+struct Extents {
+  std::size_t send = 0;
+  std::size_t recv = 0;
+};
+
 class CommImpl {
  public:
   explicit CommImpl(std::unique_ptr<transport::Transport> transport);
@@ -64,9 +70,19 @@ class CommImpl {
  private:
   /// The signature of `call` run with `algorithm`, with the communicator's next sequence number.
   transport::Signature next_signature(const Call& call, Algorithm algorithm);
-  Request start_mpi(const Call& call, bool blocking);
-  Request start_direct(const Call& call, bool blocking);
-  Request start_hierarchical(const Call& call);  // hierarchical.cpp
+  /// Memory an in-place call needs besides the caller's buffers.
+  struct Staging {
+    std::unique_ptr<std::byte[]> input;   // a snapshot of the input (alltoall(v) in place)
+    std::unique_ptr<std::byte[]> output;  // the result before it moves to recv (reduce_scatter in place)
+  };
+  exec::Operation::Buffers map_buffers(const Call& call, const Extents& extents, Staging& staging) const;
+  std::chrono::milliseconds timeout_of(const Call& call) const;
+  Request submit(std::unique_ptr<exec::Operation> op, bool blocking);
+  /// The three ways a call runs: a schedule over the transport, a collective the transport runs
+  /// itself (direct, mpi), or hierarchical's steps on the intra- and inter-host communicators.
+  Request start_schedule(const Call& call, Algorithm algorithm, const Extents& extents, bool blocking);
+  Request start_native(const Call& call, Algorithm algorithm, bool blocking);
+  Request start_hierarchical(const Call& call, bool blocking);  // hierarchical.cpp
   /// The topology, learned at the first call that needs it (a collective: an allgather).
   const Topology& topology();
   /// The intra-host and inter-host communicators, split at the first call that needs them.
@@ -86,7 +102,6 @@ class CommImpl {
     bool valid = false;
   };
   mutable ChoiceMemo memo_;
-  bool shm_ = false;  // the transport is shared memory (the direct algorithms serve)
 
   std::shared_ptr<exec::OperationQueue> queue_;
   int rank_;
@@ -125,12 +140,6 @@ Algorithm choose_algorithm(Collective collective, Algorithm requested, const Cho
 /// forces for the step's collective when that is a schedule serving it, else the cost model's
 /// choice among the schedules (the size rule where it has none).
 Algorithm step_algorithm(Collective collective, int p, std::size_t bytes);
-
-/// Element counts of a call on this rank: what `send` and `recv` must hold.
-struct Extents {
-  std::size_t send = 0;
-  std::size_t recv = 0;
-};
 
 /// Checks the call's arguments (throws Error(invalid_argument) naming the argument) and returns
 /// the extents of its buffers on this rank.

@@ -8,8 +8,11 @@ using detail::Call;
 namespace {
 
 Call make_call(Collective collective, const void* send, void* recv, std::size_t count, DataType type,
-               std::optional<ReduceOp> op, int root, const Options& options) {
+               std::optional<ReduceOp> op, int root, const Options& options, std::span<const std::size_t> counts = {},
+               std::span<const std::size_t> recv_counts = {}) {
   Call call;
+  call.counts = counts;
+  call.recv_counts = recv_counts;
   call.collective = collective;
   call.send = send;
   call.recv = recv;
@@ -21,14 +24,9 @@ Call make_call(Collective collective, const void* send, void* recv, std::size_t 
   return call;
 }
 
-// Set while a blocking call runs on this thread: its operation is progressed by the caller, who
-// waits at once, so the progress engine is not woken for it.
-thread_local bool blocking_call = false;
-
-struct BlockingCall {
-  BlockingCall() { blocking_call = true; }
-  ~BlockingCall() { blocking_call = false; }
-};
+// The blocking forms pass blocking = true: the caller waits at once and progresses the operation
+// itself, so the progress engine is not woken for it.
+constexpr bool blocking = true, nonblocking = false;
 
 }  // namespace
 
@@ -46,125 +44,131 @@ int Communicator::size() const { return impl_ ? impl_->size() : 0; }
 
 Request Communicator::iallreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
                                  const Options& options) {
-  return checked().start(make_call(Collective::allreduce, send, recv, count, type, op, -1, options), blocking_call);
+  return checked().start(make_call(Collective::allreduce, send, recv, count, type, op, -1, options), nonblocking);
 }
 Request Communicator::ireduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
                               const Options& options) {
-  return checked().start(make_call(Collective::reduce, send, recv, count, type, op, root, options), blocking_call);
+  return checked().start(make_call(Collective::reduce, send, recv, count, type, op, root, options), nonblocking);
 }
 Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type, ReduceOp op,
                                       const Options& options) {
   return checked().start(make_call(Collective::reduce_scatter, send, recv, recv_count, type, op, -1, options),
-                         blocking_call);
+                         nonblocking);
 }
 Request Communicator::iallgather(const void* send, void* recv, std::size_t send_count, DataType type,
                                  const Options& options) {
   return checked().start(make_call(Collective::allgather, send, recv, send_count, type, std::nullopt, -1, options),
-                         blocking_call);
+                         nonblocking);
 }
 Request Communicator::iallgatherv(const void* send, std::size_t send_count, void* recv,
                                   std::span<const std::size_t> recv_counts, DataType type, const Options& options) {
-  Call call = make_call(Collective::allgatherv, send, recv, send_count, type, std::nullopt, -1, options);
-  call.counts = recv_counts;
-  return checked().start(call, blocking_call);
+  return checked().start(
+      make_call(Collective::allgatherv, send, recv, send_count, type, std::nullopt, -1, options, recv_counts),
+      nonblocking);
 }
 Request Communicator::ibroadcast(void* buffer, std::size_t count, DataType type, int root, const Options& options) {
   return checked().start(make_call(Collective::broadcast, buffer, buffer, count, type, std::nullopt, root, options),
-                         blocking_call);
+                         nonblocking);
 }
 Request Communicator::ialltoall(const void* send, void* recv, std::size_t count_per_rank, DataType type,
                                 const Options& options) {
   return checked().start(make_call(Collective::alltoall, send, recv, count_per_rank, type, std::nullopt, -1, options),
-                         blocking_call);
+                         nonblocking);
 }
 Request Communicator::ialltoallv(const void* send, std::span<const std::size_t> send_counts, void* recv,
                                  std::span<const std::size_t> recv_counts, DataType type, const Options& options) {
-  Call call = make_call(Collective::alltoallv, send, recv, 0, type, std::nullopt, -1, options);
-  call.counts = send_counts;
-  call.recv_counts = recv_counts;
-  return checked().start(call, blocking_call);
+  return checked().start(
+      make_call(Collective::alltoallv, send, recv, 0, type, std::nullopt, -1, options, send_counts, recv_counts),
+      nonblocking);
 }
 Request Communicator::igather(const void* send, void* recv, std::size_t send_count, DataType type, int root,
                               const Options& options) {
   return checked().start(make_call(Collective::gather, send, recv, send_count, type, std::nullopt, root, options),
-                         blocking_call);
+                         nonblocking);
 }
 Request Communicator::iscatter(const void* send, void* recv, std::size_t recv_count, DataType type, int root,
                                const Options& options) {
   return checked().start(make_call(Collective::scatter, send, recv, recv_count, type, std::nullopt, root, options),
-                         blocking_call);
+                         nonblocking);
 }
 Request Communicator::ibarrier(const Options& options) {
   return checked().start(make_call(Collective::barrier, nullptr, nullptr, 0, DataType::u8, std::nullopt, -1, options),
-                         blocking_call);
+                         nonblocking);
 }
 Request Communicator::isend(const void* data, std::size_t count, DataType type, int peer, int tag) {
-  return checked().start_point_to_point(true, data, count, type, peer, tag, blocking_call);
+  return checked().start_point_to_point(true, data, count, type, peer, tag, nonblocking);
 }
 Request Communicator::irecv(void* data, std::size_t count, DataType type, int peer, int tag) {
-  return checked().start_point_to_point(false, data, count, type, peer, tag, blocking_call);
+  return checked().start_point_to_point(false, data, count, type, peer, tag, nonblocking);
 }
 
 void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
                              const Options& options) {
-  BlockingCall scope;
-  iallreduce(send, recv, count, type, op, options).wait();
+  checked().start(make_call(Collective::allreduce, send, recv, count, type, op, -1, options), blocking).wait();
 }
 void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
                           const Options& options) {
-  BlockingCall scope;
-  ireduce(send, recv, count, type, op, root, options).wait();
+  checked().start(make_call(Collective::reduce, send, recv, count, type, op, root, options), blocking).wait();
 }
 void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type, ReduceOp op,
                                   const Options& options) {
-  BlockingCall scope;
-  ireduce_scatter(send, recv, recv_count, type, op, options).wait();
+  checked()
+      .start(make_call(Collective::reduce_scatter, send, recv, recv_count, type, op, -1, options), blocking)
+      .wait();
 }
 void Communicator::allgather(const void* send, void* recv, std::size_t send_count, DataType type,
                              const Options& options) {
-  BlockingCall scope;
-  iallgather(send, recv, send_count, type, options).wait();
+  checked()
+      .start(make_call(Collective::allgather, send, recv, send_count, type, std::nullopt, -1, options), blocking)
+      .wait();
 }
 void Communicator::allgatherv(const void* send, std::size_t send_count, void* recv,
                               std::span<const std::size_t> recv_counts, DataType type, const Options& options) {
-  BlockingCall scope;
-  iallgatherv(send, send_count, recv, recv_counts, type, options).wait();
+  checked()
+      .start(make_call(Collective::allgatherv, send, recv, send_count, type, std::nullopt, -1, options, recv_counts),
+             blocking)
+      .wait();
 }
 void Communicator::broadcast(void* buffer, std::size_t count, DataType type, int root, const Options& options) {
-  BlockingCall scope;
-  ibroadcast(buffer, count, type, root, options).wait();
+  checked()
+      .start(make_call(Collective::broadcast, buffer, buffer, count, type, std::nullopt, root, options), blocking)
+      .wait();
 }
 void Communicator::alltoall(const void* send, void* recv, std::size_t count_per_rank, DataType type,
                             const Options& options) {
-  BlockingCall scope;
-  ialltoall(send, recv, count_per_rank, type, options).wait();
+  checked()
+      .start(make_call(Collective::alltoall, send, recv, count_per_rank, type, std::nullopt, -1, options), blocking)
+      .wait();
 }
 void Communicator::alltoallv(const void* send, std::span<const std::size_t> send_counts, void* recv,
                              std::span<const std::size_t> recv_counts, DataType type, const Options& options) {
-  BlockingCall scope;
-  ialltoallv(send, send_counts, recv, recv_counts, type, options).wait();
+  checked()
+      .start(make_call(Collective::alltoallv, send, recv, 0, type, std::nullopt, -1, options, send_counts, recv_counts),
+             blocking)
+      .wait();
 }
 void Communicator::gather(const void* send, void* recv, std::size_t send_count, DataType type, int root,
                           const Options& options) {
-  BlockingCall scope;
-  igather(send, recv, send_count, type, root, options).wait();
+  checked()
+      .start(make_call(Collective::gather, send, recv, send_count, type, std::nullopt, root, options), blocking)
+      .wait();
 }
 void Communicator::scatter(const void* send, void* recv, std::size_t recv_count, DataType type, int root,
                            const Options& options) {
-  BlockingCall scope;
-  iscatter(send, recv, recv_count, type, root, options).wait();
+  checked()
+      .start(make_call(Collective::scatter, send, recv, recv_count, type, std::nullopt, root, options), blocking)
+      .wait();
 }
 void Communicator::barrier(const Options& options) {
-  BlockingCall scope;
-  ibarrier(options).wait();
+  checked()
+      .start(make_call(Collective::barrier, nullptr, nullptr, 0, DataType::u8, std::nullopt, -1, options), blocking)
+      .wait();
 }
 void Communicator::send(const void* data, std::size_t count, DataType type, int peer, int tag) {
-  BlockingCall scope;
-  isend(data, count, type, peer, tag).wait();
+  checked().start_point_to_point(true, data, count, type, peer, tag, blocking).wait();
 }
 void Communicator::recv(void* data, std::size_t count, DataType type, int peer, int tag) {
-  BlockingCall scope;
-  irecv(data, count, type, peer, tag).wait();
+  checked().start_point_to_point(false, data, count, type, peer, tag, blocking).wait();
 }
 
 Communicator Communicator::split(int color, int key) const { return checked().split(color, key); }

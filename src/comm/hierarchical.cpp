@@ -12,29 +12,59 @@
 // The steps are ordinary collectives on the intra-host and inter-host communicators, split from
 // this one at the first hierarchical call (learning the topology first if nobody gave it).
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include "comm/comm_impl.hpp"
 #include "core/log.hpp"
+#include "exec/request.hpp"
 #include "reduce/reduce.hpp"
 
 namespace tutti::detail {
 
 namespace {
 
-struct Step {
-  DataType type;
-  ReduceOp op;  // avg reduces as sum; the division is done once, at the end
-  std::chrono::milliseconds timeout;
-  Options options(Collective collective, const Communicator& comm, std::size_t bytes) const {
-    return {step_algorithm(collective, comm.size(), bytes), timeout};
+using StepOptions = std::function<Options(Collective, const Communicator&, std::size_t)>;
+
+// A composite collective: its steps are nonblocking collectives on other communicators, started
+// one after the other as each completes, then `done` runs. A native operation of this
+// communicator's queue, so it keeps issue order and is progressed (and timed, and aborted) like
+// any other; its steps are progressed by their own queues and by its `progress`.
+class Composite final : public transport::NativeCollective {
+ public:
+  using Step = std::function<Request()>;
+  Composite(std::vector<Step> steps, std::function<void()> done) : steps_(std::move(steps)), done_(std::move(done)) {}
+  bool progress() override {
+    for (;;) {
+      if (current_) {
+        if (!current_->test()) return false;
+        current_.reset();
+      }
+      if (next_ == steps_.size()) {
+        if (done_) std::exchange(done_, nullptr)();
+        return true;
+      }
+      current_ = steps_[next_++]();
+    }
   }
+  // Its steps complete on other communicators, whose completions do not wake this one's waiters.
+  std::optional<std::chrono::microseconds> poll_period() const override { return std::chrono::microseconds(100); }
+
+ private:
+  std::vector<Step> steps_;
+  std::function<void()> done_;
+  std::size_t next_ = 0;
+  std::optional<Request> current_;
 };
 
 // Equal ranks per host. A count the local size does not divide is padded to equal blocks in a
 // staging buffer: the padding is reduced like data and dropped, which keeps every step a plain
 // equal-block collective.
-void allreduce_by_blocks(Communicator& intra, Communicator& inter, const Call& call, const Step& step) {
+std::vector<Composite::Step> by_blocks(Communicator& intra, Communicator& inter, const Call& call, ReduceOp op,
+                                       const StepOptions& options, std::shared_ptr<std::byte[]>& staging) {
   const std::size_t elem = size_of(call.type), local = static_cast<std::size_t>(intra.size()), n = call.count;
   const std::size_t block = n / local + (n % local != 0 ? 1 : 0);
   // The padded size may exceed a count that validate() accepted: checked like any other size.
@@ -42,30 +72,47 @@ void allreduce_by_blocks(Communicator& intra, Communicator& inter, const Call& c
                 call.type);
   const auto* send = static_cast<const std::byte*>(call.send);
   auto* work = static_cast<std::byte*>(call.recv);
-  std::unique_ptr<std::byte[]> staging;
   if (block * local != n) {
-    staging = std::make_unique<std::byte[]>(block * local * elem);  // zeroed padding
+    staging = std::make_shared<std::byte[]>(block * local * elem);  // zeroed padding
     std::memcpy(staging.get(), send, n * elem);
     send = work = staging.get();
   }
   // Out of place, send → recv's block; in place, the NCCL form (send == recv + rank * block).
   std::byte* mine = work + static_cast<std::size_t>(intra.rank()) * block * elem;
-  intra.reduce_scatter(send, mine, block, call.type, step.op,
-                       step.options(Collective::reduce_scatter, intra, block * local * elem));
-  inter.allreduce(mine, mine, block, call.type, step.op, step.options(Collective::allreduce, inter, block * elem));
-  intra.allgather(mine, work, block, call.type, step.options(Collective::allgather, intra, block * local * elem));
-  if (staging && n > 0) std::memcpy(call.recv, staging.get(), n * elem);
+  const DataType type = call.type;
+  return {
+      [=]() mutable {
+        return intra.ireduce_scatter(send, mine, block, type, op,
+                                     options(Collective::reduce_scatter, intra, block * local * elem));
+      },
+      [=]() mutable {
+        return inter.iallreduce(mine, mine, block, type, op, options(Collective::allreduce, inter, block * elem));
+      },
+      [=]() mutable {
+        return intra.iallgather(mine, work, block, type, options(Collective::allgather, intra, block * local * elem));
+      },
+  };
 }
 
 // Unequal ranks per host: the inter-host communicator of local index 0 holds one rank per host
 // (every host has a local index 0), so the hosts' leaders stand for them.
-void allreduce_by_leaders(Communicator& intra, Communicator& inter, const Call& call, const Step& step) {
-  const std::size_t bytes = call.count * size_of(call.type);
-  intra.reduce(call.send, call.recv, call.count, call.type, step.op, 0, step.options(Collective::reduce, intra, bytes));
-  if (intra.rank() == 0)
-    inter.allreduce(call.recv, call.recv, call.count, call.type, step.op,
-                    step.options(Collective::allreduce, inter, bytes));
-  intra.broadcast(call.recv, call.count, call.type, 0, step.options(Collective::broadcast, intra, bytes));
+std::vector<Composite::Step> by_leaders(Communicator& intra, Communicator& inter, const Call& call, ReduceOp op,
+                                        const StepOptions& options) {
+  const std::size_t bytes = call.count * size_of(call.type), count = call.count;
+  const DataType type = call.type;
+  const void* send = call.send;
+  void* recv = call.recv;
+  return {
+      [=]() mutable {
+        return intra.ireduce(send, recv, count, type, op, 0, options(Collective::reduce, intra, bytes));
+      },
+      [=]() mutable {
+        return intra.rank() == 0
+                   ? inter.iallreduce(recv, recv, count, type, op, options(Collective::allreduce, inter, bytes))
+                   : Request();
+      },
+      [=]() mutable { return intra.ibroadcast(recv, count, type, 0, options(Collective::broadcast, intra, bytes)); },
+  };
 }
 
 }  // namespace
@@ -107,22 +154,32 @@ CommImpl::Hierarchy& CommImpl::hierarchy() {
   return *hierarchy_;
 }
 
-// Runs on the caller's thread and returns a completed Request, like start_mpi: the steps are
-// blocking collectives on other communicators, which this communicator's queue cannot progress.
-// So iallreduce with hierarchical (forced or chosen) is blocking: it does not overlap compute.
-Request CommImpl::start_hierarchical(const Call& call) {
-  queue_->wait_all();  // issue order: every earlier operation completes first
-  queue_->next_seq();  // keeps the sequence numbers of all ranks in step
+// A native operation of this communicator's queue whose steps are nonblocking collectives on the
+// intra- and inter-host communicators (made, with the topology, at the first hierarchical call).
+Request CommImpl::start_hierarchical(const Call& call, bool blocking) {
   Hierarchy& h = hierarchy();
   const ReduceOp op = call.op.value_or(ReduceOp::sum);
-  const Step step{call.type, op == ReduceOp::avg ? ReduceOp::sum : op,
-                  call.options.timeout.count() > 0 ? call.options.timeout : default_timeout_};
-  if (topology().uniform())
-    allreduce_by_blocks(h.intra, h.inter, call, step);
-  else
-    allreduce_by_leaders(h.intra, h.inter, call, step);
-  if (op == ReduceOp::avg && call.count > 0) reduce::divide(call.type, call.recv, call.count, size_);
-  return Request();
+  const auto timeout = timeout_of(call);
+  const StepOptions options = [timeout](Collective collective, const Communicator& comm, std::size_t bytes) {
+    return Options{step_algorithm(collective, comm.size(), bytes), timeout};
+  };
+  const ReduceOp step_op = op == ReduceOp::avg ? ReduceOp::sum : op;  // avg: one division, at the end
+  std::shared_ptr<std::byte[]> staging;
+  std::vector<Composite::Step> steps = topology().uniform()
+                                           ? by_blocks(h.intra, h.inter, call, step_op, options, staging)
+                                           : by_leaders(h.intra, h.inter, call, step_op, options);
+  const std::size_t count = call.count;
+  const DataType type = call.type;
+  void* recv = call.recv;
+  const int p = size_;
+  auto finish = [=] {
+    if (staging && count > 0) std::memcpy(recv, staging.get(), count * size_of(type));
+    if (op == ReduceOp::avg && count > 0) reduce::divide(type, recv, count, p);
+  };
+  auto run = std::make_shared<Composite>(std::move(steps), std::move(finish));
+  auto operation = exec::Operation::native(queue_->transport(), next_signature(call, Algorithm::hierarchical), run);
+  operation->timeout = timeout;
+  return submit(std::move(operation), blocking);
 }
 
 }  // namespace tutti::detail

@@ -12,14 +12,41 @@ using schedule::Buffer;
 using schedule::StepKind;
 using transport::Completion;
 
-Operation::Operation(transport::Transport& transport, DataType type, ReduceOp op)
-    : transport_(transport), type_(type), op_(op), elem_size_(size_of(type)) {}
+void Operation::succeed() {
+  if (finalize_) finalize_();
+  finished_ = true;
+}
 
-Operation::Operation(transport::Transport& transport, schedule::Schedule schedule, Buffers buffers, DataType type,
-                     ReduceOp op, transport::Signature signature)
-    : Operation(transport, type, op) {
-  schedule_ = std::move(schedule);
-  signature_ = signature;
+void Operation::finish_with(const Error& error) {
+  error_ = error;
+  finished_ = true;
+}
+
+std::unique_ptr<Operation> Operation::collective(transport::Transport& transport, schedule::Schedule schedule,
+                                                 Buffers buffers, DataType type, ReduceOp op,
+                                                 transport::Signature signature) {
+  return std::make_unique<ScheduleOperation>(transport, std::move(schedule), buffers, type, op, signature);
+}
+
+std::unique_ptr<Operation> Operation::point_to_point(transport::Transport& transport, bool is_send, void* data,
+                                                     std::size_t count, DataType type, int peer,
+                                                     transport::MessageKey key, std::string description) {
+  return std::make_unique<ScheduleOperation>(transport, is_send, data, count, type, peer, key, std::move(description));
+}
+
+std::unique_ptr<Operation> Operation::native(transport::Transport& /*transport*/, transport::Signature signature,
+                                             std::shared_ptr<transport::NativeCollective> run) {
+  return std::make_unique<NativeOperation>(signature, std::move(run));
+}
+
+ScheduleOperation::ScheduleOperation(transport::Transport& transport, schedule::Schedule schedule, Buffers buffers,
+                                     DataType type, ReduceOp op, transport::Signature signature)
+    : Operation(Kind::collective, signature),
+      transport_(transport),
+      schedule_(std::move(schedule)),
+      type_(type),
+      op_(op),
+      elem_size_(size_of(type)) {
   input_ = static_cast<const std::byte*>(buffers.input);
   output_ = static_cast<std::byte*>(buffers.output);
   // The k-th message between two ranks in list order is matched by index k on both sides.
@@ -45,7 +72,7 @@ constexpr std::uint32_t signature_index = ~std::uint32_t{0};  // reserved messag
 
 // Sends this rank's signature to the next rank and receives the previous one's: if all ranks do
 // not agree, some neighbours disagree, and the one that sees it aborts the communicator.
-void Operation::add_signature_exchange() {
+void ScheduleOperation::add_signature_exchange() {
   static_assert(sizeof(transport::WireSignature) % 8 == 0);
   const std::size_t elems = sizeof(transport::WireSignature) / elem_size_;
   const std::size_t base = schedule_.scratch_count;
@@ -58,7 +85,7 @@ void Operation::add_signature_exchange() {
   keys_.push_back(key);
 }
 
-std::optional<Error> Operation::check_signature() const {
+std::optional<Error> ScheduleOperation::check_signature() const {
   transport::WireSignature theirs;
   std::memcpy(&theirs, address(schedule_.steps[signature_recv_].region), sizeof(theirs));
   const transport::WireSignature mine = transport::to_wire(signature_);
@@ -69,33 +96,25 @@ std::optional<Error> Operation::check_signature() const {
                                         " called " + signature_.describe());
 }
 
-std::unique_ptr<Operation> Operation::point_to_point(transport::Transport& transport, bool is_send, void* data,
-                                                     std::size_t count, DataType type, int peer,
-                                                     transport::MessageKey key, std::string description) {
-  std::unique_ptr<Operation> op(new Operation(transport, type, ReduceOp::sum));
+ScheduleOperation::ScheduleOperation(transport::Transport& transport, bool is_send, void* data, std::size_t count,
+                                     DataType type, int peer, transport::MessageKey key, std::string description)
+    : Operation(Kind::point_to_point, transport::Signature{}),
+      transport_(transport),
+      type_(type),
+      op_(ReduceOp::sum),
+      elem_size_(size_of(type)),
+      description_(std::move(description)) {
   const schedule::Region region{Buffer::output, 0, count};
   if (is_send)
-    op->schedule_.send(peer, region);
+    schedule_.send(peer, region);
   else
-    op->schedule_.recv(peer, region);
-  op->output_ = static_cast<std::byte*>(data);
-  op->keys_ = {key};
-  op->ordered_ = false;
-  op->description_ = std::move(description);
-  op->build_graph();
-  return op;
+    schedule_.recv(peer, region);
+  output_ = static_cast<std::byte*>(data);
+  keys_ = {key};
+  build_graph();
 }
 
-std::unique_ptr<Operation> Operation::native(transport::Transport& transport, transport::Signature signature,
-                                             std::function<bool()> advance, std::function<std::vector<int>()> waiting) {
-  std::unique_ptr<Operation> op(new Operation(transport, signature.type, signature.op.value_or(ReduceOp::sum)));
-  op->signature_ = signature;
-  op->advance_ = std::move(advance);
-  op->waiting_ = std::move(waiting);
-  return op;
-}
-
-void Operation::build_graph() {
+void ScheduleOperation::build_graph() {
   const std::size_t n = schedule_.steps.size();
   remaining_deps_.assign(n, 0);
   dependents_begin_.assign(n + 1, 0);
@@ -116,7 +135,7 @@ void Operation::build_graph() {
     scratch_ = std::make_unique_for_overwrite<std::byte[]>(schedule_.scratch_count * elem_size_);
 }
 
-std::byte* Operation::address(const schedule::Region& region) const {
+std::byte* ScheduleOperation::address(const schedule::Region& region) const {
   std::byte* base = nullptr;
   switch (region.buffer) {
     case Buffer::input:
@@ -132,7 +151,7 @@ std::byte* Operation::address(const schedule::Region& region) const {
   return base == nullptr ? nullptr : base + region.offset * elem_size_;
 }
 
-void Operation::start_step(std::uint32_t index) {
+void ScheduleOperation::start_step(std::uint32_t index) {
   const auto& step = schedule_.steps[index];
   const std::size_t bytes = step.region.count * elem_size_;
   Completion* done = &completions_[index];
@@ -162,26 +181,20 @@ void Operation::start_step(std::uint32_t index) {
   in_flight_.push_back(index);
 }
 
-void Operation::complete_step(std::uint32_t index) {
+void ScheduleOperation::complete_step(std::uint32_t index) {
   ++completed_;
   for (std::uint32_t k = dependents_begin_[index]; k < dependents_begin_[index + 1]; ++k)
     if (--remaining_deps_[dependents_[k]] == 0) ready_.push_back(dependents_[k]);
 }
 
-void Operation::start() {
-  if (advance_) return;  // the queue progresses it once it may run
-  if (schedule_.steps.empty()) {
-    if (finalize_) finalize_();
-    finished_ = true;
-    return;
-  }
+void ScheduleOperation::start() {
+  if (schedule_.steps.empty()) return succeed();
   progress();
 }
 
-bool Operation::progress() {
-  if (finished_) return true;
-  if (advance_) return progress_native();
-  for (bool changed = true; changed && !finished_;) {
+bool ScheduleOperation::progress() {
+  if (finished()) return true;
+  for (bool changed = true; changed && !finished();) {
     changed = false;
     while (!ready_.empty()) {
       const std::uint32_t index = ready_.back();
@@ -217,45 +230,43 @@ bool Operation::progress() {
       complete_step(index);
       changed = true;
     }
-    if (completed_ == schedule_.steps.size()) {
-      if (finalize_) finalize_();
-      finished_ = true;
-    }
+    if (completed_ == schedule_.steps.size()) succeed();
   }
-  return finished_;
+  return finished();
 }
 
-bool Operation::progress_native() {
-  try {
-    if (!advance_()) return false;
-  } catch (const Error& error) {
-    error_ = error;
-    finished_ = true;
-    return true;
-  }
-  if (finalize_) finalize_();
-  finished_ = true;
-  return true;
-}
-
-void Operation::fail(const Error& error) {
-  if (finished_) return;
+void ScheduleOperation::fail(const Error& error) {
+  if (finished()) return;
   for (std::uint32_t index : in_flight_) transport_.cancel(&completions_[index]);
   in_flight_.clear();
   ready_.clear();
-  error_ = error;
-  finished_ = true;
+  finish_with(error);
 }
 
-std::string Operation::describe() const { return description_.empty() ? signature_.describe() : description_; }
-
-std::vector<int> Operation::waiting_for() const {
-  if (waiting_) return finished_ ? std::vector<int>{} : waiting_();
+std::vector<int> ScheduleOperation::waiting_for() const {
   std::vector<int> peers;
   for (std::uint32_t index : in_flight_) peers.push_back(schedule_.steps[index].peer);
   std::sort(peers.begin(), peers.end());
   peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
   return peers;
 }
+
+bool NativeOperation::progress() {
+  if (finished()) return true;
+  try {
+    if (!run_->progress()) return false;
+  } catch (const Error& error) {
+    finish_with(error);
+    return true;
+  }
+  succeed();
+  return true;
+}
+
+void NativeOperation::fail(const Error& error) {
+  if (!finished()) finish_with(error);
+}
+
+std::vector<int> NativeOperation::waiting_for() const { return finished() ? std::vector<int>{} : run_->waiting_for(); }
 
 }  // namespace tutti::exec

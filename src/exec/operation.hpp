@@ -1,4 +1,7 @@
-// One nonblocking operation: a schedule being run over a transport. Steps start as soon as their
+// The operations of a queue, of three kinds: a collective that runs a schedule over the
+// transport, a point-to-point send or receive (a one-step schedule with an explicit key, which
+// completes on its own), and a native collective (one the transport runs itself, or a composite
+// of collectives on other communicators). Steps of a schedule start as soon as their
 // dependencies complete, so independent steps (and the chunks of a pipelined schedule) overlap.
 // Not thread-safe: the owning OperationQueue serializes calls under its lock.
 #pragma once
@@ -16,79 +19,104 @@
 
 namespace tutti::exec {
 
-class OperationQueue;
-
 class Operation {
  public:
+  enum class Kind { collective, point_to_point, native };
   struct Buffers {
     const void* input = nullptr;
     void* output = nullptr;
   };
 
   /// A collective: runs `schedule` with message indices numbered per peer in list order.
-  Operation(transport::Transport& transport, schedule::Schedule schedule, Buffers buffers, DataType type, ReduceOp op,
-            transport::Signature signature);
+  static std::unique_ptr<Operation> collective(transport::Transport& transport, schedule::Schedule schedule,
+                                               Buffers buffers, DataType type, ReduceOp op,
+                                               transport::Signature signature);
   /// Point to point: one send or receive with an explicit key.
   static std::unique_ptr<Operation> point_to_point(transport::Transport& transport, bool is_send, void* data,
                                                    std::size_t count, DataType type, int peer,
                                                    transport::MessageKey key, std::string description);
-
-  /// A collective the transport runs itself (the shared-memory direct algorithms): `advance` makes
-  /// what progress it can without blocking, returns true once done and throws Error on failure;
-  /// `waiting` names the ranks it waits for. It starts only once every earlier collective of the
-  /// queue has finished (see exclusive()).
+  /// A collective the transport runs itself (Transport::start_native) or a composite of
+  /// collectives on other communicators.
   static std::unique_ptr<Operation> native(transport::Transport& transport, transport::Signature signature,
-                                           std::function<bool()> advance, std::function<std::vector<int>()> waiting);
-  /// Whether the operation may progress only after every earlier collective finished.
-  bool exclusive() const { return static_cast<bool>(advance_); }
+                                           std::shared_ptr<transport::NativeCollective> run);
+
+  virtual ~Operation() = default;
+  Kind kind() const { return kind_; }
+  /// Collectives (schedule-driven and native) complete in issue order; point to point on its own.
+  bool ordered() const { return kind_ != Kind::point_to_point; }
+  /// A native collective progresses only after every earlier collective finished.
+  bool exclusive() const { return kind_ == Kind::native; }
 
   /// Keeps `memory` alive as long as the operation (e.g. a snapshot of an in-place input).
   void own(std::unique_ptr<std::byte[]> memory) { owned_.push_back(std::move(memory)); }
-  /// Runs after every step succeeded (e.g. the division of avg), before the operation completes.
+  /// Runs after the operation succeeded (e.g. the division of avg), before it completes.
   void on_success(std::function<void()> finalize) { finalize_ = std::move(finalize); }
 
   /// Posts the first steps; call once, in issue order.
-  void start();
+  virtual void start() = 0;
   /// Advances whatever can advance without blocking. Returns true once finished (or failed).
-  bool progress();
-  /// Fails the operation (withdrawing every posted step) unless it already finished.
-  void fail(const Error& error);
+  virtual bool progress() = 0;
+  /// Fails the operation (withdrawing whatever is posted) unless it already finished.
+  virtual void fail(const Error& error) = 0;
+  /// Ranks this operation is still waiting for.
+  virtual std::vector<int> waiting_for() const = 0;
+  virtual std::string describe() const { return signature_.describe(); }
+  /// How often a waiter must progress it (NativeCollective::poll_period); nullopt: wake-ups suffice.
+  virtual std::optional<std::chrono::microseconds> poll_period() const { return std::nullopt; }
 
   bool finished() const { return finished_; }
   const std::optional<Error>& error() const { return error_; }
-  bool ordered() const { return ordered_; }
   std::uint64_t ordinal = 0;             // issue order within the queue
   std::chrono::milliseconds timeout{0};  // how long a wait may take
   const transport::Signature& signature() const { return signature_; }
-  std::string describe() const;
-  /// Ranks this operation is still waiting for (posted, uncompleted receives and sends).
-  std::vector<int> waiting_for() const;
+
+ protected:
+  Operation(Kind kind, transport::Signature signature) : signature_(signature), kind_(kind) {}
+  /// Finishes successfully: the on_success action, then finished.
+  void succeed();
+  /// Finishes with `error`.
+  void finish_with(const Error& error);
+
+  transport::Signature signature_;
 
  private:
-  Operation(transport::Transport& transport, DataType type, ReduceOp op);
+  Kind kind_;
+  bool finished_ = false;
+  std::optional<Error> error_;
+  std::function<void()> finalize_;
+  std::vector<std::unique_ptr<std::byte[]>> owned_;
+};
+
+/// A schedule run over a transport: a collective (with its signature check) or point to point.
+class ScheduleOperation final : public Operation {
+ public:
+  ScheduleOperation(transport::Transport& transport, schedule::Schedule schedule, Buffers buffers, DataType type,
+                    ReduceOp op, transport::Signature signature);
+  ScheduleOperation(transport::Transport& transport, bool is_send, void* data, std::size_t count, DataType type,
+                    int peer, transport::MessageKey key, std::string description);
+  void start() override;
+  bool progress() override;
+  void fail(const Error& error) override;
+  std::vector<int> waiting_for() const override;
+  std::string describe() const override { return description_.empty() ? signature_.describe() : description_; }
+
+ private:
   void build_graph();
   void add_signature_exchange();
   std::optional<Error> check_signature() const;
   std::byte* address(const schedule::Region& region) const;
   void start_step(std::uint32_t index);
   void complete_step(std::uint32_t index);
-  bool progress_native();
 
   transport::Transport& transport_;
   schedule::Schedule schedule_;
   DataType type_;
   ReduceOp op_;
   std::size_t elem_size_;
-  transport::Signature signature_;
   std::string description_;  // point to point
-  bool ordered_ = true;
   const std::byte* input_ = nullptr;
   std::byte* output_ = nullptr;
   std::unique_ptr<std::byte[]> scratch_;
-  std::vector<std::unique_ptr<std::byte[]>> owned_;
-  std::function<void()> finalize_;
-  std::function<bool()> advance_;              // native operations
-  std::function<std::vector<int>()> waiting_;  // native operations
 
   std::vector<std::uint32_t> remaining_deps_;
   std::vector<std::uint32_t> dependents_begin_, dependents_;  // CSR
@@ -98,8 +126,21 @@ class Operation {
   std::vector<std::uint32_t> ready_, in_flight_;
   std::size_t completed_ = 0;
   std::uint32_t signature_recv_ = ~std::uint32_t{0};  // the step receiving the ring neighbour's signature
-  bool finished_ = false;
-  std::optional<Error> error_;
+};
+
+/// A native collective, progressed by its own `progress`.
+class NativeOperation final : public Operation {
+ public:
+  NativeOperation(transport::Signature signature, std::shared_ptr<transport::NativeCollective> run)
+      : Operation(Kind::native, signature), run_(std::move(run)) {}
+  void start() override {}  // the queue progresses it once every earlier collective finished
+  bool progress() override;
+  void fail(const Error& error) override;
+  std::vector<int> waiting_for() const override;
+  std::optional<std::chrono::microseconds> poll_period() const override { return run_->poll_period(); }
+
+ private:
+  std::shared_ptr<transport::NativeCollective> run_;
 };
 
 }  // namespace tutti::exec

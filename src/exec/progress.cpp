@@ -1,5 +1,6 @@
 #include "exec/progress.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -74,6 +75,7 @@ class Engine {
     std::shared_ptr<OperationQueue> busy;
     int busy_count = 0;
     std::uint64_t seen = 0;
+    auto polled = std::chrono::microseconds::max();  // the shortest poll period a queue asks for
     for (const auto& weak : queues) {
       auto queue = weak.lock();
       if (!queue) continue;
@@ -84,10 +86,12 @@ class Engine {
           seen = generation;
         }
         ++busy_count;
+        if (const auto period = queue->poll_period()) polled = std::min(polled, *period);
       }
     }
     if (!busy) return false;
-    const auto nap = busy_count > 1 ? std::chrono::microseconds(200) : std::chrono::microseconds(50000);
+    const auto nap =
+        std::min(polled, busy_count > 1 ? std::chrono::microseconds(200) : std::chrono::microseconds(50000));
     busy->transport().wait(seen, std::chrono::steady_clock::now() + nap);
     return true;
   }

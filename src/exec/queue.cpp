@@ -122,6 +122,11 @@ void OperationQueue::wait_all() {
   wait(*last, std::nullopt);
 }
 
+std::optional<std::chrono::microseconds> OperationQueue::poll_period() {
+  std::lock_guard lock(mutex_);
+  return active_.empty() ? std::nullopt : active_.front()->poll_period();
+}
+
 bool OperationQueue::progress_in_background() {
   std::lock_guard lock(mutex_);
   progress_locked();
@@ -166,6 +171,7 @@ bool OperationQueue::wait(const Operation& op, std::optional<std::chrono::millis
   const auto give_up = limit ? std::min(deadline, start + *limit) : deadline;
   for (;;) {
     const std::uint64_t seen = transport_->generation();  // read first: no wake-up is lost
+    auto wake_by = give_up;
     {
       std::lock_guard lock(mutex_);
       progress_locked();
@@ -173,8 +179,11 @@ bool OperationQueue::wait(const Operation& op, std::optional<std::chrono::millis
       const auto now = clock::now();
       if (now >= deadline) raise_timeout_locked(op);
       if (now >= give_up) return false;
+      // A composite at the front progresses on other communicators: poll it.
+      if (!active_.empty())
+        if (const auto period = active_.front()->poll_period()) wake_by = std::min(give_up, now + *period);
     }
-    transport_->wait(seen, give_up);
+    transport_->wait(seen, wake_by);
   }
 }
 

@@ -63,6 +63,9 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   /// For the progress engine: progresses everything; true while operations remain outstanding.
   bool progress_in_background();
   bool has_work() const { return outstanding_.load(std::memory_order_acquire) > 0; }
+  /// How often the engine must progress this queue when nothing wakes its transport (a composite
+  /// collective in front); nullopt: the transport's wake-ups suffice.
+  std::optional<std::chrono::microseconds> poll_period();
 
  private:
   void progress_locked();

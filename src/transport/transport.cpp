@@ -1,5 +1,6 @@
 #include "transport/transport.hpp"
 
+#include <algorithm>
 #include <string>
 
 namespace tutti::transport {
@@ -8,6 +9,36 @@ std::unique_ptr<NativeCollective> Transport::start_native(Algorithm algorithm, c
                                                           std::chrono::steady_clock::time_point /*deadline*/) {
   throw Error(ErrorCode::unsupported, std::string(to_string(call.collective)) + ": the " + std::string(name()) +
                                           " transport does not run Algorithm::" + std::string(to_string(algorithm)));
+}
+
+void finish(NativeCollective& run, Transport& transport, const Signature& signature,
+            std::chrono::steady_clock::time_point deadline) {
+  using clock = std::chrono::steady_clock;
+  // Native collectives check their peers' liveness when progressed: never sleep longer than this.
+  constexpr auto longest_nap = std::chrono::milliseconds(100);
+  const auto start = clock::now();
+  for (;;) {
+    const std::uint64_t seen = transport.generation();  // read first: no wake-up is lost
+    try {
+      if (run.progress()) return;
+    } catch (const Error& error) {
+      transport.abort(error, signature.seq);  // the first error wins, on every rank
+      throw;
+    }
+    const auto now = clock::now();
+    if (now >= deadline) {
+      std::string peers;
+      for (int peer : run.waiting_for()) peers += (peers.empty() ? "" : ", ") + std::to_string(peer);
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - start);
+      Error error(ErrorCode::timeout, "rank " + std::to_string(transport.rank()) + ": " + signature.describe() +
+                                          " timed out after " + std::to_string(waited.count()) + " ms" +
+                                          (peers.empty() ? "" : "; still waiting for rank(s) " + peers));
+      transport.abort(error, signature.seq);
+      throw error;
+    }
+    const auto nap = run.poll_period() ? std::min<clock::duration>(*run.poll_period(), longest_nap) : longest_nap;
+    transport.wait(seen, std::min(deadline, now + nap));
+  }
 }
 
 }  // namespace tutti::transport

@@ -114,7 +114,19 @@ class NativeCollective {
   virtual bool progress() = 0;
   /// The ranks it waits for (empty when the transport cannot tell).
   virtual std::vector<int> waiting_for() const { return {}; }
+  /// How often a waiter must progress it when completions elsewhere do not wake this transport's
+  /// waiters (a composite whose steps run on other communicators); nullopt: the wake-ups suffice.
+  virtual std::optional<std::chrono::microseconds> poll_period() const { return std::nullopt; }
 };
+
+class Transport;
+
+/// Runs `run` to completion on the caller's thread (progress, then the transport's wait, in
+/// turn), for a caller with nothing else in flight on the communicator. Errors: what `progress`
+/// throws, after aborting the communicator with it under `signature`'s seq; Error(timeout) at
+/// `deadline`, naming the call and the ranks it waits for.
+void finish(NativeCollective& run, Transport& transport, const Signature& signature,
+            std::chrono::steady_clock::time_point deadline);
 
 class Transport {
  public:

@@ -185,7 +185,7 @@ class Run final : public MpiCollective {
       : transport_(transport), entry_(entry), args_(args), state_(std::make_shared<State>()) {}
   State& state() { return *state_; }
 
-  void set_signature(const Signature& signature) override { signature_ = signature; }
+  void bind(const Signature& signature) override { signature_ = signature; }
 
   bool progress() override {
     switch (phase_) {
@@ -270,7 +270,7 @@ class Run final : public MpiCollective {
 
 }  // namespace
 
-std::shared_ptr<MpiCollective> prepare_mpi_collective(Transport& t, Collective kind, const void* send, void* recv,
+std::unique_ptr<MpiCollective> prepare_mpi_collective(Transport& t, Collective kind, const void* send, void* recv,
                                                       std::size_t count, DataType type, std::optional<ReduceOp> op,
                                                       int root, std::span<const std::size_t> counts,
                                                       std::span<const std::size_t> recv_counts) {
@@ -289,7 +289,7 @@ std::shared_ptr<MpiCollective> prepare_mpi_collective(Transport& t, Collective k
     a.mpi_type = mpi::datatype(type);
     a.op = op;
     a.root = root;
-    auto run = std::make_shared<Run>(*transport, entry, a);
+    auto run = std::make_unique<Run>(*transport, entry, a);
     if (entry.kind == Collective::allgatherv)
       prepare_allgatherv(a, run->state(), counts);
     else if (entry.kind == Collective::alltoallv)
@@ -315,7 +315,7 @@ bool mpi_collective(Transport& t, Collective kind, const void* send, void* recv,
   signature.op = op;
   signature.root = root;
   signature.algorithm = Algorithm::mpi;
-  run->set_signature(signature);
+  run->bind(signature);
   const auto timeout = static_cast<mpi::MpiTransport&>(t).timeout();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
@@ -335,6 +335,14 @@ bool mpi_collective(Transport& t, Collective kind, const void* send, void* recv,
     }
     t.wait(seen, deadline);
   }
+}
+
+std::unique_ptr<NativeCollective> mpi::MpiTransport::start_native(Algorithm algorithm, const NativeCall& call,
+                                                                  std::chrono::steady_clock::time_point deadline) {
+  if (!serves_natively(algorithm, call.collective)) return Transport::start_native(algorithm, call, deadline);
+  // The queue's deadline covers it (the operation's timeout); MPI's requests carry none.
+  return prepare_mpi_collective(*this, call.collective, call.send, call.recv, call.count, call.type, call.op, call.root,
+                                call.counts, call.recv_counts);
 }
 
 }  // namespace tutti::transport

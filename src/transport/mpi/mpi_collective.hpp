@@ -23,20 +23,12 @@
 
 namespace tutti::transport {
 
-/// One MPI collective, started by progress() once it may run.
-class MpiCollective {
- public:
-  virtual ~MpiCollective() = default;
-  /// The caller's signature, shared with every rank before the collective runs (set before progress).
-  virtual void set_signature(const Signature& signature) = 0;
-  /// Starts what can start and tests what runs, without blocking; true once the result is in place.
-  /// Throws Error(mismatch) naming the first rank whose signature differs from rank 0's (the same
-  /// on every rank), the communicator's first error when it was aborted meanwhile, Error(system)
-  /// when MPI fails.
-  virtual bool progress() = 0;
-  /// The ranks it waits for: MPI does not say, so none are named.
-  virtual std::vector<int> waiting_for() const { return {}; }
-};
+/// One MPI collective, started by progress() once it may run. `bind` takes the caller's signature,
+/// shared with every rank before the collective runs; `progress` throws Error(mismatch) naming the
+/// first rank whose signature differs from rank 0's (the same on every rank), the communicator's
+/// first error when it was aborted meanwhile, Error(system) when MPI fails. MPI does not say which
+/// ranks it waits for, so none are named.
+using MpiCollective = NativeCollective;
 
 /// Prepares collective `kind` (any) with the arguments of a Tutti call (detail::Call: counts in elements;
 /// broadcast's buffer is `recv`; `counts` = allgatherv's recv_counts or alltoallv's send_counts,
@@ -46,7 +38,7 @@ class MpiCollective {
 ///
 /// Returns nullptr when `t` is not an MPI transport. Throws Error(unsupported) for a count over
 /// INT_MAX elements (or displacements over INT_MAX), Error(invalid_argument) for an unknown `kind`.
-std::shared_ptr<MpiCollective> prepare_mpi_collective(Transport& t, Collective kind, const void* send, void* recv,
+std::unique_ptr<MpiCollective> prepare_mpi_collective(Transport& t, Collective kind, const void* send, void* recv,
                                                       std::size_t count, DataType type, std::optional<ReduceOp> op,
                                                       int root, std::span<const std::size_t> counts,
                                                       std::span<const std::size_t> recv_counts);

@@ -79,6 +79,10 @@ class MpiTransport final : public Transport {
   void progress() override;
   std::optional<Failure> aborted() const override;
   void abort(const Error& error, std::uint64_t seq) override;
+  /// Algorithm::mpi: MPI's own nonblocking collectives (mpi_collective.cpp).
+  bool serves_natively(Algorithm algorithm, Collective) const override { return algorithm == Algorithm::mpi; }
+  std::unique_ptr<NativeCollective> start_native(Algorithm algorithm, const NativeCall& call,
+                                                 std::chrono::steady_clock::time_point deadline) override;
 
   /// The duplicate on which collectives run: Tutti's schedules, and MPI's own collectives
   /// (mpi_collective). Valid as long as the transport.

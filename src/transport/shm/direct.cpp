@@ -319,19 +319,19 @@ bool serves(Collective kind) {
          kind == Collective::broadcast;
 }
 
-void finish(DirectCollective& run, Transport& transport, clock::time_point deadline) {
-  for (;;) {
-    const std::uint64_t seen = transport.generation();  // read first: no ring is lost
-    if (run.progress()) return;
-    transport.wait(seen, std::min(deadline, clock::now() + liveness_period));
-  }
-}
-
 bool direct_collective(Transport& transport, Collective kind, const void* send, void* recv, std::size_t count,
                        DataType type, std::optional<ReduceOp> op, int root, clock::time_point deadline) {
   auto run = start_direct(transport, kind, send, recv, count, type, op, root, deadline);
   if (!run) return false;
-  finish(*run, transport, deadline);
+  Signature signature;  // for the errors only: nothing was announced
+  signature.seq = no_seq;
+  signature.collective = kind;
+  signature.count = count;
+  signature.type = type;
+  signature.op = op;
+  signature.root = root;
+  signature.algorithm = Algorithm::direct;
+  transport::finish(*run, transport, signature, deadline);
   return true;
 }
 

@@ -47,10 +47,6 @@ bool direct_collective(Transport& transport, Collective kind, const void* send, 
 /// broadcast).
 bool serves(Collective kind);
 
-/// Runs `run` to completion on the caller's thread: progress, then the transport's wait, in turn.
-/// Errors as for DirectCollective::progress.
-void finish(DirectCollective& run, Transport& transport, std::chrono::steady_clock::time_point deadline);
-
 /// Whether `transport` is a shared-memory transport (the direct algorithms serve only those).
 bool is_shm(const Transport& transport);
 
