@@ -18,7 +18,7 @@
 #include "core/env.hpp"
 #include "harness.hpp"
 
-namespace tutti::detail::tuning {
+namespace tutti::detail::choice {
 namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
@@ -332,4 +332,4 @@ TEST_F(Tuning, TableChoicesRunExactlyThroughCollectives) {
 }
 
 }  // namespace
-}  // namespace tutti::detail::tuning
+}  // namespace tutti::detail::choice

@@ -1,6 +1,4 @@
-// Algorithm choice: TUTTI_ALGO forces an algorithm per collective (as NCCL_ALGO does); else the
-// tuning table's entry; else the cost model's cheapest candidate (comm/tuning.hpp). The old size
-// rule (a latency algorithm small, a bandwidth one large) remains where the model has no candidate.
+// Algorithm choice (choice.hpp): TUTTI_ALGO, then the tuning table, then the cost model.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -9,19 +7,17 @@
 #include <string>
 #include <tuple>
 
-#include "comm/comm_impl.hpp"
+#include "comm/choice.hpp"
 #include "comm/tuning.hpp"
 #include "core/env.hpp"
 #include "core/log.hpp"
 #include "core/names.hpp"
+#include "schedule/schedule.hpp"
 #include "transport/shm/direct.hpp"
 
-namespace tutti::detail {
+namespace tutti::detail::choice {
 
 namespace {
-
-constexpr std::size_t small_bytes = 64 * 1024;
-constexpr std::size_t medium_bytes = 512 * 1024;
 
 Algorithm parse_algorithm(const std::string& name) {
   if (const auto a = core::algorithm_from_name(name)) return *a;
@@ -42,40 +38,11 @@ const std::map<Collective, Algorithm>& forced_by_environment() {
   return forced;
 }
 
-Algorithm size_rule(Collective collective, int p, std::size_t bytes) {
-  const bool power_of_two = (p & (p - 1)) == 0;
-  switch (collective) {
-    case Collective::allreduce:
-      if (bytes <= small_bytes) return Algorithm::recursive_doubling;
-      return bytes <= medium_bytes ? Algorithm::rabenseifner : Algorithm::ring;
-    case Collective::reduce_scatter:
-      return bytes <= medium_bytes ? Algorithm::rabenseifner : Algorithm::ring;
-    case Collective::allgather:
-    case Collective::allgatherv:
-      if (bytes > small_bytes) return Algorithm::ring;
-      return power_of_two ? Algorithm::recursive_doubling : Algorithm::bruck;
-    case Collective::broadcast:
-    case Collective::reduce:
-      return bytes <= medium_bytes ? Algorithm::binomial_tree : Algorithm::ring;
-    case Collective::alltoall:
-      return bytes <= 256 * static_cast<std::size_t>(p) ? Algorithm::bruck : Algorithm::pairwise;
-    case Collective::alltoallv:
-      return Algorithm::pairwise;
-    case Collective::gather:
-    case Collective::scatter:
-      return bytes <= medium_bytes ? Algorithm::binomial_tree : Algorithm::linear;
-    case Collective::barrier:
-      return Algorithm::bruck;
-  }
-  return Algorithm::ring;
-}
-
 // Where a choice came from, for the TUTTI_DEBUG=info line.
-std::string source_of(Algorithm requested, bool forced, const tuning::Choice& choice, std::string_view transport) {
+std::string source_of(Algorithm requested, bool forced, const Choice& choice, std::string_view transport) {
   if (requested != Algorithm::automatic) return "the call's options";
   if (forced) return "TUTTI_ALGO";
   if (choice.from_table) return "tuning file " + std::string(choice.origin);
-  if (choice.algorithm == Algorithm::automatic) return "size rule";
   char costs[128];
   std::snprintf(costs, sizeof(costs), " α=%.3g β=%.3g γ=%.3g)", choice.cost.alpha, choice.cost.beta, choice.cost.gamma);
   return "cost model (" + std::string(transport) + costs;
@@ -86,16 +53,16 @@ void log_choice(Collective collective, const ChoiceContext& context, std::size_t
                 const std::string& source) {
   static std::mutex mutex;
   static std::set<std::tuple<Collective, std::string, int, int, Algorithm, std::string>> logged;
-  const int size_class = tuning::size_class(bytes);
+  const int bytes_class = size_class(bytes);
   {
     std::lock_guard lock(mutex);
-    if (!logged.emplace(collective, std::string(context.transport), context.ranks, size_class, algorithm, source)
+    if (!logged.emplace(collective, std::string(context.transport), context.ranks, bytes_class, algorithm, source)
              .second)
       return;
   }
   core::log(core::LogLevel::info, -1,
             std::string(to_string(collective)) +
-                (bytes == 0 ? std::string(" 0") : " ~2^" + std::to_string(size_class - 1)) + " B on " +
+                (bytes == 0 ? std::string(" 0") : " ~2^" + std::to_string(bytes_class - 1)) + " B on " +
                 std::to_string(context.ranks) + " ranks: " + std::string(to_string(algorithm)) + " from " + source);
 }
 
@@ -128,8 +95,7 @@ Algorithm step_algorithm(Collective collective, int p, std::size_t bytes) {
   if (schedule::applies(forced, collective)) return forced;
   // The step's communicator and transport are not known here: the cost model's generic
   // parameters (an unnamed transport's) decide among the schedules.
-  const Algorithm model = tuning::automatic_choice(collective, "", p, false, bytes).algorithm;
-  return schedule::applies(model, collective) ? model : size_rule(collective, p, bytes);
+  return automatic_choice(collective, "", p, false, bytes).algorithm;
 }
 
 Algorithm choose_algorithm(Collective collective, Algorithm requested, const ChoiceContext& context,
@@ -137,11 +103,12 @@ Algorithm choose_algorithm(Collective collective, Algorithm requested, const Cho
   const int p = context.ranks;
   Algorithm algorithm = requested_algorithm(collective, requested);
   const bool forced = algorithm != Algorithm::automatic;
-  tuning::Choice choice;
+  Choice choice;
   if (!forced) {
-    tuning::load_from_environment();
-    choice = tuning::automatic_choice(collective, context.transport, p, context.direct_available, bytes);
-    algorithm = choice.algorithm != Algorithm::automatic ? choice.algorithm : size_rule(collective, p, bytes);
+    load_from_environment();
+    // Every collective has schedule candidates, so the model always names one.
+    choice = automatic_choice(collective, context.transport, p, context.direct_available, bytes);
+    algorithm = choice.algorithm;
   }
   const bool direct_serves =
       algorithm == Algorithm::direct && context.direct_available && transport::shm::serves(collective);
@@ -165,4 +132,4 @@ Algorithm choose_algorithm(Collective collective, Algorithm requested, const Cho
   return algorithm;
 }
 
-}  // namespace tutti::detail
+}  // namespace tutti::detail::choice

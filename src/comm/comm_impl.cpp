@@ -63,18 +63,18 @@ bool CommImpl::direct_serves(Collective collective) const {
 Algorithm CommImpl::chosen_algorithm(Collective collective, Algorithm requested, std::size_t bytes) const {
   const ChoiceMemo& m = memo_;
   if (m.valid && m.collective == collective && m.requested == requested && m.bytes == bytes &&
-      m.version == tuning::active_version())
+      m.version == choice::active_version())
     return m.algorithm;
-  const ChoiceContext context{transport_name(), size_, direct_serves(collective)};
-  const Algorithm algorithm = choose_algorithm(collective, requested, context, bytes);
-  memo_ = {collective, requested, bytes, tuning::active_version(), algorithm, true};
+  const choice::ChoiceContext context{transport_name(), size_, direct_serves(collective)};
+  const Algorithm algorithm = choice::choose_algorithm(collective, requested, context, bytes);
+  memo_ = {collective, requested, bytes, choice::active_version(), algorithm, true};
   return algorithm;
 }
 
 Request CommImpl::start(const Call& call, bool blocking) {
   queue_->check_usable(true);
   const Extents extents = validate(call, rank_, size_);
-  const Algorithm requested = requested_algorithm(call.collective, call.options.algorithm);
+  const Algorithm requested = choice::requested_algorithm(call.collective, call.options.algorithm);
   // Hierarchical: forced, or chosen by automatic for an allreduce when the topology is known (init()
   // learned it) and the ranks span hosts with several on one (the same decision on every rank).
   if (call.collective == Collective::allreduce &&

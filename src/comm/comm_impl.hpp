@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "comm/choice.hpp"
 #include "comm/topology.hpp"
 #include "exec/queue.hpp"
 #include "schedule/schedule.hpp"
@@ -97,7 +98,7 @@ class CommImpl {
     Collective collective{};
     Algorithm requested{};
     std::size_t bytes = 0;
-    const void* version = nullptr;  // tuning::active_version() when it was made
+    const void* version = nullptr;  // choice::active_version() when it was made
     Algorithm algorithm{};
     bool valid = false;
   };
@@ -114,32 +115,6 @@ class CommImpl {
 
 /// Test-only: gives this in-process rank its own host (see CommImpl::set_host_override).
 void set_host_for_testing(Communicator& comm, std::string host);
-
-/// Parses TUTTI_ALGO's syntax, "allreduce:ring,allgather:bruck" (a later item for the same
-/// collective wins). Throws Error(invalid_argument) naming TUTTI_ALGO and the item that is wrong.
-std::map<Collective, Algorithm> parse_forced_algorithms(std::string_view text);
-
-/// The algorithm asked for: `requested`, or for `automatic` what TUTTI_ALGO forces (else automatic).
-Algorithm requested_algorithm(Collective collective, Algorithm requested);
-
-/// What the algorithm choice may depend on besides the collective and its size: the same on
-/// every rank of a communicator, so that every rank chooses alike.
-struct ChoiceContext {
-  std::string_view transport;     // Transport::name(): "inproc", "shm", "tcp", "mpi"
-  int ranks = 1;                  // communicator size
-  bool direct_available = false;  // the shared-memory direct algorithms can serve this call
-};
-
-/// The algorithm `automatic` resolves to (TUTTI_ALGO first, then the tuning table, then the cost
-/// model); a forced one is checked. `bytes` is the call's size as tutti-bench reports it (the
-/// total over ranks for allgather, reduce_scatter and alltoall). Throws Error(unsupported) for an
-/// algorithm that does not serve the collective.
-Algorithm choose_algorithm(Collective collective, Algorithm requested, const ChoiceContext& context, std::size_t bytes);
-
-/// The schedule algorithm for one step of a composite algorithm (hierarchical): what TUTTI_ALGO
-/// forces for the step's collective when that is a schedule serving it, else the cost model's
-/// choice among the schedules (the size rule where it has none).
-Algorithm step_algorithm(Collective collective, int p, std::size_t bytes);
 
 /// Checks the call's arguments (throws Error(invalid_argument) naming the argument) and returns
 /// the extents of its buffers on this rank.

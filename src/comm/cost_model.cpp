@@ -9,7 +9,7 @@
 
 #include "transport/shm/direct.hpp"
 
-namespace tutti::detail::tuning {
+namespace tutti::detail::choice {
 
 namespace {
 
@@ -134,4 +134,4 @@ Algorithm cheapest(Collective collective, int ranks, std::size_t bytes, bool dir
   return best;
 }
 
-}  // namespace tutti::detail::tuning
+}  // namespace tutti::detail::choice

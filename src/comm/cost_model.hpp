@@ -10,7 +10,7 @@
 #include "schedule/schedule.hpp"
 #include "tutti/types.hpp"
 
-namespace tutti::detail::tuning {
+namespace tutti::detail::choice {
 
 /// One transport's costs: α per message (or barrier), β per byte on the wire, γ per reduced element.
 struct CostParams {
@@ -39,4 +39,4 @@ double predict(Algorithm algorithm, Collective collective, int ranks, std::size_
 /// Algorithm::automatic when the collective has no candidate.
 Algorithm cheapest(Collective collective, int ranks, std::size_t bytes, bool direct_available, const CostParams& cost);
 
-}  // namespace tutti::detail::tuning
+}  // namespace tutti::detail::choice

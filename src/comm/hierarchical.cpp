@@ -161,7 +161,7 @@ Request CommImpl::start_hierarchical(const Call& call, bool blocking) {
   const ReduceOp op = call.op.value_or(ReduceOp::sum);
   const auto timeout = timeout_of(call);
   const StepOptions options = [timeout](Collective collective, const Communicator& comm, std::size_t bytes) {
-    return Options{step_algorithm(collective, comm.size(), bytes), timeout};
+    return Options{choice::step_algorithm(collective, comm.size(), bytes), timeout};
   };
   const ReduceOp step_op = op == ReduceOp::avg ? ReduceOp::sum : op;  // avg: one division, at the end
   std::shared_ptr<std::byte[]> staging;

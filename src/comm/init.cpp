@@ -56,7 +56,7 @@ Communicator init_with_mpi() {
 }  // namespace
 
 Communicator init() {
-  detail::tuning::load_from_environment();  // a bad TUTTI_TUNING_FILE fails here, before any connection
+  detail::choice::load_from_environment();  // a bad TUTTI_TUNING_FILE fails here, before any connection
   const bootstrap::JobInfo job = bootstrap::detect_job();
   if (job.size == 1 && job.launcher == "none" && job.transport.empty()) return local_group(1).front();
 #ifdef TUTTI_WITH_MPI

@@ -21,7 +21,7 @@
 #include "core/log.hpp"
 #include "core/names.hpp"
 
-namespace tutti::detail::tuning {
+namespace tutti::detail::choice {
 
 using Json = nlohmann::json;
 
@@ -284,4 +284,4 @@ void reset_for_testing(bool reload) {
   if (reload) loaded.store(false, std::memory_order_release);
 }
 
-}  // namespace tutti::detail::tuning
+}  // namespace tutti::detail::choice

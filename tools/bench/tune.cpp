@@ -19,7 +19,7 @@ namespace tutti::bench {
 
 namespace {
 
-namespace tuning = tutti::detail::tuning;
+namespace choice = tutti::detail::choice;
 using clock = std::chrono::steady_clock;
 
 // One-way time of a `bytes` message between ranks 0 and 1 (ping-pong), the same on every rank.
@@ -51,8 +51,8 @@ double reduce_time(Communicator& world) {
   return max_over_ranks(world, std::chrono::duration<double>(clock::now() - start).count() / (repeats * n));
 }
 
-tuning::CostParams measure_cost(Communicator& world) {
-  tuning::CostParams cost;
+choice::CostParams measure_cost(Communicator& world) {
+  choice::CostParams cost;
   cost.gamma = reduce_time(world);
   if (world.size() < 2) return cost;
   cost.alpha = one_way(world, 8, 2000);
@@ -62,18 +62,18 @@ tuning::CostParams measure_cost(Communicator& world) {
 }
 
 std::string output_path(const BenchOptions& options) {
-  return options.output_path.empty() ? tuning::default_path() : options.output_path;
+  return options.output_path.empty() ? choice::default_path() : options.output_path;
 }
 
-tuning::Table read_table(const std::string& path) {
+choice::Table read_table(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return tuning::Table{};
+  if (!in) return choice::Table{};
   std::stringstream text;
   text << in.rdbuf();
-  return tuning::Table::parse(text.str(), path);
+  return choice::Table::parse(text.str(), path);
 }
 
-void write_table(const tuning::Table& table, const std::string& path) {
+void write_table(const choice::Table& table, const std::string& path) {
   const std::filesystem::path file(path);
   if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
   std::ofstream out(path);
@@ -81,7 +81,7 @@ void write_table(const tuning::Table& table, const std::string& path) {
   if (!out) throw std::runtime_error("cannot write the tuning file " + path);
 }
 
-void print_cost(const tuning::CostParams& cost, std::string_view transport) {
+void print_cost(const choice::CostParams& cost, std::string_view transport) {
   std::printf("# cost model for %s: alpha %.3f us, beta %.4f ns/B (%.2f GB/s), gamma %.4f ns/element\n",
               std::string(transport).c_str(), cost.alpha * 1e6, cost.beta * 1e9, cost.beta > 0 ? 1e-9 / cost.beta : 0.0,
               cost.gamma * 1e9);
@@ -150,9 +150,9 @@ std::vector<Winner> tune_kind(Communicator& world, const BenchOptions& options, 
 }
 
 // Ranges between the geometric means of neighbouring sizes, merged where the winner repeats.
-std::vector<tuning::Entry> entries_for(std::string_view transport, int ranks, const std::vector<Winner>& winners,
+std::vector<choice::Entry> entries_for(std::string_view transport, int ranks, const std::vector<Winner>& winners,
                                        Collective collective) {
-  std::vector<tuning::Entry> entries;
+  std::vector<choice::Entry> entries;
   for (std::size_t k = 0; k < winners.size(); ++k) {
     const std::size_t lo =
         k == 0 ? 0
@@ -174,11 +174,11 @@ std::vector<tuning::Entry> entries_for(std::string_view transport, int ranks, co
 
 int calibrate(Communicator& world, const BenchOptions& options) {
   const std::string_view transport = world.impl()->transport_name();
-  const tuning::CostParams cost = measure_cost(world);
+  const choice::CostParams cost = measure_cost(world);
   if (world.rank() != 0) return 0;
   print_cost(cost, transport);
   const std::string path = output_path(options);
-  tuning::Table table = read_table(path);
+  choice::Table table = read_table(path);
   table.cost_models[std::string(transport)] = cost;
   write_table(table, path);
   std::printf("# wrote %s\n", path.c_str());
@@ -187,12 +187,12 @@ int calibrate(Communicator& world, const BenchOptions& options) {
 
 int tune(Communicator& world, const BenchOptions& options) {
   const std::string transport(world.impl()->transport_name());
-  const tuning::CostParams cost = measure_cost(world);
+  const choice::CostParams cost = measure_cost(world);
   if (world.rank() == 0) print_cost(cost, transport);
   std::vector<Kind> kinds = options.kinds;
   if (!options.kinds_given)
     kinds = {Kind::allreduce, Kind::reduce_scatter, Kind::allgather, Kind::broadcast, Kind::reduce, Kind::alltoall};
-  std::vector<tuning::Entry> entries;
+  std::vector<choice::Entry> entries;
   std::vector<Collective> tuned;
   for (Kind kind : kinds) {
     if (kind == Kind::sendrecv) continue;
@@ -203,8 +203,8 @@ int tune(Communicator& world, const BenchOptions& options) {
   }
   if (world.rank() != 0) return 0;
   const std::string path = output_path(options);
-  tuning::Table table = read_table(path);
-  std::erase_if(table.entries, [&](const tuning::Entry& e) {
+  choice::Table table = read_table(path);
+  std::erase_if(table.entries, [&](const choice::Entry& e) {
     return e.transport == transport && e.ranks == world.size() &&
            std::find(tuned.begin(), tuned.end(), e.collective) != tuned.end();
   });
