@@ -91,8 +91,8 @@ void store(DataType type, void* at, double v) {
 }  // namespace
 
 bool has_form(Kind kind, bool in_place) {
-  if (kind == Kind::broadcast) return in_place;
-  if (kind == Kind::sendrecv) return !in_place;
+  if (kind == Collective::broadcast) return in_place;
+  if (kind == sendrecv) return !in_place;
   return true;
 }
 
@@ -111,21 +111,21 @@ std::size_t case_bytes(const Case& c, int ranks) { return case_elements(c, ranks
 
 Buffers::Buffers(const Case& c, int rank, int ranks) : case_(c), rank_(rank), ranks_(ranks), elem_(size_of(c.type)) {
   const std::size_t p = static_cast<std::size_t>(ranks);
-  switch (c.kind) {
-    case Kind::reduce_scatter:
+  switch (c.kind.value_or(Collective::allreduce)) {  // sendrecv: one buffer each way, like allreduce
+    case Collective::reduce_scatter:
       send_elems_ = p * c.count, recv_elems_ = c.count;
       break;
-    case Kind::allgather:
+    case Collective::allgather:
       send_elems_ = c.count, recv_elems_ = p * c.count;
       break;
-    case Kind::alltoall:
+    case Collective::alltoall:
       send_elems_ = recv_elems_ = p * c.count;
       break;
     default:
       send_elems_ = recv_elems_ = c.count;
       break;
   }
-  if (c.in_place && c.kind == Kind::reduce_scatter) recv_elems_ = send_elems_;  // the result is block `rank`
+  if (c.in_place && c.kind == Collective::reduce_scatter) recv_elems_ = send_elems_;  // the result is block `rank`
   if (!c.in_place) send_ = std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(1, send_elems_ * elem_));
   recv_ = std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(1, recv_elems_ * elem_));
   prepare();  // also faults every page in before anything is timed
@@ -133,21 +133,21 @@ Buffers::Buffers(const Case& c, int rank, int ranks) : case_(c), rank_(rank), ra
 
 std::byte* Buffers::input() {
   if (!case_.in_place) return send_.get();
-  if (case_.kind == Kind::allgather) return recv_.get() + static_cast<std::size_t>(rank_) * case_.count * elem_;
+  if (case_.kind == Collective::allgather) return recv_.get() + static_cast<std::size_t>(rank_) * case_.count * elem_;
   return recv_.get();
 }
 
 const void* Buffers::send() const { return const_cast<Buffers*>(this)->input(); }
 
 void* Buffers::recv() {
-  if (case_.in_place && case_.kind == Kind::reduce_scatter)
+  if (case_.in_place && case_.kind == Collective::reduce_scatter)
     return recv_.get() + static_cast<std::size_t>(rank_) * case_.count * elem_;
   return recv_.get();
 }
 
 void Buffers::prepare() {
   std::memset(recv_.get(), 0xa5, std::max<std::size_t>(1, recv_elems_ * elem_));  // poison
-  if (case_.kind == Kind::broadcast && rank_ != case_.root) return;
+  if (case_.kind == Collective::broadcast && rank_ != case_.root) return;
   std::byte* in = input();
   for (std::size_t j = 0; j < send_elems_; ++j) store(case_.type, in + j * elem_, value(case_, rank_, j, ranks_));
 }
@@ -159,34 +159,34 @@ void Buffers::corrupt() {
 std::size_t Buffers::count_wrong() const {
   const Case& c = case_;
   const std::size_t n = c.count, p = static_cast<std::size_t>(ranks_), r = static_cast<std::size_t>(rank_);
-  if (c.kind == Kind::reduce && rank_ != c.root) return 0;
+  if (c.kind == Collective::reduce && rank_ != c.root) return 0;
   auto* out = const_cast<Buffers*>(this)->recv();
   std::size_t elements = n;
-  if (c.kind == Kind::allgather || c.kind == Kind::alltoall) elements = p * n;
+  if (c.kind == Collective::allgather || c.kind == Collective::alltoall) elements = p * n;
   std::size_t wrong = 0;
   std::byte expected[8];
   for (std::size_t i = 0; i < elements; ++i) {
     const std::size_t block = i / std::max<std::size_t>(n, 1), within = i % std::max<std::size_t>(n, 1);
     double v = 0;
-    switch (c.kind) {
-      case Kind::allreduce:
-      case Kind::reduce:
+    if (c.kind == sendrecv) v = value(c, (rank_ + ranks_ - 1) % ranks_, i, ranks_);
+    switch (c.kind.value_or(Collective::barrier)) {
+      case Collective::allreduce:
+      case Collective::reduce:
         v = reduced(c, i, ranks_);
         break;
-      case Kind::reduce_scatter:
+      case Collective::reduce_scatter:
         v = reduced(c, r * n + i, ranks_);
         break;
-      case Kind::allgather:
+      case Collective::allgather:
         v = value(c, static_cast<int>(block), within, ranks_);
         break;
-      case Kind::alltoall:
+      case Collective::alltoall:
         v = value(c, static_cast<int>(block), r * n + within, ranks_);
         break;
-      case Kind::broadcast:
+      case Collective::broadcast:
         v = value(c, c.root, i, ranks_);
         break;
-      case Kind::sendrecv:
-        v = value(c, (rank_ + ranks_ - 1) % ranks_, i, ranks_);
+      default:  // sendrecv, above
         break;
     }
     store(c.type, expected, v);

@@ -10,7 +10,7 @@
 namespace tutti::bench {
 
 struct Case {
-  Kind kind = Kind::allreduce;
+  Kind kind = Collective::allreduce;
   DataType type = DataType::f32;
   ReduceOp op = ReduceOp::sum;
   int root = 0;

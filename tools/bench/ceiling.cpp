@@ -84,19 +84,20 @@ double flag_latency(Communicator& world) {
 // Bytes every rank's inputs and outputs move through memory, at least (BENCHMARKS.md).
 double memory_bytes(const Case& c, int ranks) {
   const double p = ranks, size = static_cast<double>(case_bytes(c, ranks));
-  switch (c.kind) {
-    case Kind::allreduce:
-    case Kind::alltoall:
-    case Kind::sendrecv:
+  if (c.kind == sendrecv) return 2 * p * size;
+  switch (*c.kind) {
+    case Collective::allreduce:
+    case Collective::alltoall:
       return 2 * p * size;
-    case Kind::reduce_scatter:
-    case Kind::allgather:
-    case Kind::reduce:
+    case Collective::reduce_scatter:
+    case Collective::allgather:
+    case Collective::reduce:
       return (p + 1) * size;
-    case Kind::broadcast:
+    case Collective::broadcast:
       return p * size;
+    default:
+      return 0;
   }
-  return 0;
 }
 
 }  // namespace

@@ -63,8 +63,13 @@ long parse_int(const std::string& text, const char* flag) {
 }
 
 std::vector<Kind> parse_kinds(const std::string& text) {
-  constexpr Kind all[] = {Kind::allreduce, Kind::reduce_scatter, Kind::allgather, Kind::broadcast,
-                          Kind::reduce,    Kind::alltoall,       Kind::sendrecv};
+  constexpr Kind all[] = {Collective::allreduce,
+                          Collective::reduce_scatter,
+                          Collective::allgather,
+                          Collective::broadcast,
+                          Collective::reduce,
+                          Collective::alltoall,
+                          sendrecv};
   if (text == "all") return {std::begin(all), std::end(all)};
   std::vector<Kind> out;
   for (const std::string& name : split_list(text)) {
@@ -116,34 +121,16 @@ void validate(const BenchOptions& o) {
 
 }  // namespace
 
-const char* to_string(Kind kind) {
-  switch (kind) {
-    case Kind::allreduce:
-      return "allreduce";
-    case Kind::reduce_scatter:
-      return "reduce_scatter";
-    case Kind::allgather:
-      return "allgather";
-    case Kind::broadcast:
-      return "broadcast";
-    case Kind::reduce:
-      return "reduce";
-    case Kind::alltoall:
-      return "alltoall";
-    case Kind::sendrecv:
-      return "sendrecv";
-  }
-  return "?";
-}
+std::string_view to_string(Kind kind) { return kind ? tutti::to_string(*kind) : "sendrecv"; }
 
 double bus_factor(Kind kind, int ranks) {
   const double p = ranks;
-  switch (kind) {
-    case Kind::allreduce:
+  switch (kind.value_or(Collective::barrier)) {  // sendrecv: 1
+    case Collective::allreduce:
       return ranks > 1 ? 2 * (p - 1) / p : 0;
-    case Kind::reduce_scatter:
-    case Kind::allgather:
-    case Kind::alltoall:
+    case Collective::reduce_scatter:
+    case Collective::allgather:
+    case Collective::alltoall:
       return (p - 1) / p;
     default:
       return 1;
@@ -151,10 +138,12 @@ double bus_factor(Kind kind, int ranks) {
 }
 
 bool size_is_total(Kind kind) {
-  return kind == Kind::reduce_scatter || kind == Kind::allgather || kind == Kind::alltoall;
+  return kind == Collective::reduce_scatter || kind == Collective::allgather || kind == Collective::alltoall;
 }
 
-bool reduces(Kind kind) { return kind == Kind::allreduce || kind == Kind::reduce_scatter || kind == Kind::reduce; }
+bool reduces(Kind kind) {
+  return kind == Collective::allreduce || kind == Collective::reduce_scatter || kind == Collective::reduce;
+}
 
 std::optional<DataType> parse_type(const std::string& name) {
   static const std::pair<const char*, DataType> aliases[] = {

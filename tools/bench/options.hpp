@@ -10,11 +10,12 @@
 
 namespace tutti::bench {
 
-/// What tutti-bench can time. `sendrecv` is point to point: rank r sends to r+1 and receives
-/// from r-1, as nccl-tests' sendrecv does.
-enum class Kind { allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, sendrecv };
+/// What tutti-bench can time: a collective (the library's own Collective), or point to point,
+/// `sendrecv`, which is none: rank r sends to r+1 and receives from r-1, as nccl-tests' sendrecv.
+using Kind = std::optional<Collective>;
+inline constexpr Kind sendrecv = std::nullopt;
 
-const char* to_string(Kind kind);
+std::string_view to_string(Kind kind);
 /// busbw = algbw × this factor (BENCHMARKS.md).
 double bus_factor(Kind kind, int ranks);
 /// Whether `size(B)` counts all ranks' blocks (allgather, reduce_scatter, alltoall) rather than one buffer.
@@ -22,7 +23,7 @@ bool size_is_total(Kind kind);
 bool reduces(Kind kind);
 
 struct BenchOptions {
-  std::vector<Kind> kinds{Kind::allreduce};
+  std::vector<Kind> kinds{Collective::allreduce};
   bool kinds_given = false;  // -t was on the command line
   std::size_t min_bytes = 8;
   std::size_t max_bytes = 64 << 20;

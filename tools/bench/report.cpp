@@ -33,7 +33,7 @@ double busbw(const Row& row, int ranks, double seconds) {
   return algbw(row, ranks, seconds) * bus_factor(row.c.kind, ranks);
 }
 
-const Measure& primary(const Row& row) { return row.c.kind == Kind::broadcast ? row.in_place : row.out_of_place; }
+const Measure& primary(const Row& row) { return row.c.kind == Collective::broadcast ? row.in_place : row.out_of_place; }
 
 std::string human_bytes(std::size_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB"};
@@ -47,8 +47,8 @@ std::string human_bytes(std::size_t bytes) {
 }
 
 void Report::header(Kind kind, const std::string& algorithm) const {
-  std::printf("#\n# Collective %s, algorithm %s, %d ranks over %s\n#\n", to_string(kind), algorithm.c_str(), ranks_,
-              transport_.c_str());
+  std::printf("#\n# Collective %s, algorithm %s, %d ranks over %s\n#\n", std::string(to_string(kind)).c_str(),
+              algorithm.c_str(), ranks_, transport_.c_str());
   std::printf("# %10s %12s %6s %6s %6s %36s %36s", "", "", "", "", "", "out-of-place", "in-place");
   for (const std::string& peer : peers_) std::printf(" %17s", (peer + " (same run)").c_str());
   std::printf("\n# %10s %12s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s", "size", "count", "type", "redop", "root",
@@ -71,7 +71,7 @@ void Report::row(const Row& row) {
 }
 
 void Report::print_row(const Row& row) const {
-  const bool rooted = row.c.kind == Kind::broadcast || row.c.kind == Kind::reduce;
+  const bool rooted = row.c.kind == Collective::broadcast || row.c.kind == Collective::reduce;
   std::printf("  %10zu %12zu %6s %6s %6d", case_bytes(row.c, ranks_), case_elements(row.c, ranks_),
               std::string(to_string(row.c.type)).c_str(),
               reduces(row.c.kind) ? std::string(to_string(row.c.op)).c_str() : "none", rooted ? row.c.root : -1);

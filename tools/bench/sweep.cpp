@@ -5,23 +5,6 @@
 
 namespace tutti::bench {
 
-Collective collective_of(Kind kind) {
-  switch (kind) {
-    case Kind::reduce_scatter:
-      return Collective::reduce_scatter;
-    case Kind::allgather:
-      return Collective::allgather;
-    case Kind::broadcast:
-      return Collective::broadcast;
-    case Kind::reduce:
-      return Collective::reduce;
-    case Kind::alltoall:
-      return Collective::alltoall;
-    default:
-      return Collective::allreduce;
-  }
-}
-
 namespace {
 
 struct Timed {
@@ -43,9 +26,9 @@ Timed time_and_check(Communicator& world, const BenchOptions& options, Buffers& 
 
 std::vector<Algorithm> algorithms_to_sweep(Communicator& world, Kind kind) {
   std::vector<Algorithm> out{Algorithm::automatic};
-  if (kind == Kind::sendrecv) return out;
-  for (Algorithm a : schedule::algorithms_for(collective_of(kind))) out.push_back(a);
-  if (world.impl()->direct_serves(collective_of(kind))) out.push_back(Algorithm::direct);
+  if (kind == sendrecv) return out;
+  for (Algorithm a : schedule::algorithms_for(*kind)) out.push_back(a);
+  if (world.impl()->direct_serves(*kind)) out.push_back(Algorithm::direct);
   if (world.impl()->transport_name() == "mpi") out.push_back(Algorithm::mpi);
   return out;
 }
@@ -55,11 +38,10 @@ Row measure_row(Communicator& world, const BenchOptions& options, const Case& ba
   Row row;
   row.c = base;
   row.algorithm = to_string(algorithm);
-  if (algorithm == Algorithm::automatic && base.kind != Kind::sendrecv)
-    row.chosen =
-        to_string(world.impl()->chosen_algorithm(collective_of(base.kind), algorithm, case_bytes(base, world.size())));
+  if (algorithm == Algorithm::automatic && base.kind != sendrecv)
+    row.chosen = to_string(world.impl()->chosen_algorithm(*base.kind, algorithm, case_bytes(base, world.size())));
   if (ceiling) row.bound = time_bound(base, world.size(), *ceiling);
-  const bool primary_in_place = base.kind == Kind::broadcast;
+  const bool primary_in_place = base.kind == Collective::broadcast;
   for (const bool in_place : {false, true}) {
     if (!has_form(base.kind, in_place) || (options.primary_only && in_place != primary_in_place)) continue;
     Case c = base;

@@ -15,9 +15,6 @@
 
 namespace tutti::bench {
 
-/// The library's name for the collective (sendrecv: allreduce, unused).
-Collective collective_of(Kind kind);
-
 /// The algorithms `--all-algorithms` sweeps for `kind` on this communicator (automatic first).
 std::vector<Algorithm> algorithms_to_sweep(Communicator& world, Kind kind);
 

@@ -119,7 +119,9 @@ std::vector<Winner> tune_kind(Communicator& world, const BenchOptions& options, 
   std::vector<Winner> winners;
   const std::vector<Algorithm> algorithms = algorithms_to_sweep(world, kind);
   const bool printer = world.rank() == 0;
-  if (printer) std::printf("#\n# %s: fastest per size (automatic before tuning / fastest)\n", to_string(kind));
+  if (printer)
+    std::printf("#\n# %s: fastest per size (automatic before tuning / fastest)\n",
+                std::string(to_string(kind)).c_str());
   for (std::size_t bytes : sweep_sizes(options)) {
     const Case base = make_case(kind, DataType::f32, ReduceOp::sum, 0, bytes, world.size());
     if (case_bytes(base, world.size()) == 0 && bytes > 0) continue;
@@ -191,12 +193,13 @@ int tune(Communicator& world, const BenchOptions& options) {
   if (world.rank() == 0) print_cost(cost, transport);
   std::vector<Kind> kinds = options.kinds;
   if (!options.kinds_given)
-    kinds = {Kind::allreduce, Kind::reduce_scatter, Kind::allgather, Kind::broadcast, Kind::reduce, Kind::alltoall};
+    kinds = {Collective::allreduce, Collective::reduce_scatter, Collective::allgather,
+             Collective::broadcast, Collective::reduce,         Collective::alltoall};
   std::vector<choice::Entry> entries;
   std::vector<Collective> tuned;
   for (Kind kind : kinds) {
-    if (kind == Kind::sendrecv) continue;
-    const Collective collective = collective_of(kind);
+    if (kind == sendrecv) continue;
+    const Collective collective = *kind;
     const auto winners = tune_kind(world, options, kind);
     for (auto& e : entries_for(transport, world.size(), winners, collective)) entries.push_back(std::move(e));
     tuned.push_back(collective);
