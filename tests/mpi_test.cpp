@@ -15,11 +15,13 @@
 #include <thread>
 #include <vector>
 
+#include "comm/comm_impl.hpp"
 #include "reduce/reduce.hpp"
 #include "schedule/schedule.hpp"
 #include "transport/inproc/inproc.hpp"
 #include "transport/mpi/mpi_collective.hpp"
 #include "transport/mpi/mpi_transport.hpp"
+#include "tutti/engine.hpp"
 #include "tutti/mpi.hpp"
 
 namespace tutti::testing {
@@ -547,6 +549,33 @@ TEST(FromMpi, RankAndSizeAreMpis) {
   EXPECT_THROW(from_mpi(MPI_COMM_NULL), Error);
 }
 
+// Below MPI_THREAD_SERIALIZED (plain MPI_Init) Tutti calls MPI only on the caller's thread: the
+// progress engine leaves the communicator alone, nonblocking calls complete in wait(), and the
+// training engine (whose thread would call MPI) is refused on every rank.
+TEST(FromMpi, ThreadLevelDecidesWhoProgresses) {
+  int level = 0;
+  MPI_Query_thread(&level);
+  Communicator world = from_mpi(MPI_COMM_WORLD);
+  const bool caller_only = level < MPI_THREAD_SERIALIZED;
+  EXPECT_EQ(world.impl()->progressed_by_caller_only(), caller_only);
+  std::vector<std::int64_t> a(1000, world.rank() + 1), b(7, 2 * world.rank());
+  Request first = world.iallreduce(a.data(), a.data(), a.size(), DataType::i64, ReduceOp::sum);
+  Request second = world.iallreduce(b.data(), b.data(), b.size(), DataType::i64, ReduceOp::max);
+  second.wait();
+  EXPECT_TRUE(first.test());
+  const std::int64_t p = world.size();
+  for (auto v : a) ASSERT_EQ(v, p * (p + 1) / 2);
+  for (auto v : b) ASSERT_EQ(v, 2 * (p - 1));
+  if (caller_only) {
+    try {
+      Engine engine(world);
+      ADD_FAILURE() << "the engine accepted a communicator MPI may not be called on from its thread";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
+    }
+  }
+}
+
 TEST(TuttiOverMpi, EveryCollectiveAndAlgorithmMatchesMpi) {
   Communicator world = from_mpi(MPI_COMM_WORLD);
   run_all(MPI_COMM_WORLD, tutti_cases(world.size()), tutti_subject(world));
@@ -920,11 +949,14 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace tutti::testing
 
 int main(int argc, char** argv) {
-  // MPI_TEST_THREAD_LEVEL=serialized covers the path where Tutti serializes every MPI call itself.
-  const char* level = std::getenv("MPI_TEST_THREAD_LEVEL");
-  const bool serialized = level != nullptr && std::string(level) == "serialized";
+  // MPI_TEST_THREAD_LEVEL=serialized covers the path where Tutti serializes every MPI call itself;
+  // =single, a program that called plain MPI_Init (Tutti then calls MPI only on the caller's thread).
+  const std::string level = std::getenv("MPI_TEST_THREAD_LEVEL") ? std::getenv("MPI_TEST_THREAD_LEVEL") : "";
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, serialized ? MPI_THREAD_SERIALIZED : MPI_THREAD_MULTIPLE, &provided);
+  if (level == "single")
+    MPI_Init(&argc, &argv);
+  else
+    MPI_Init_thread(&argc, &argv, level == "serialized" ? MPI_THREAD_SERIALIZED : MPI_THREAD_MULTIPLE, &provided);
   ::testing::InitGoogleTest(&argc, argv);
   // MPI_TEST_MODE=fault runs the fault tests alone (they leave requests MPI cannot cancel).
   const char* mode = std::getenv("MPI_TEST_MODE");

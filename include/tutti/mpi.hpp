@@ -13,14 +13,19 @@ namespace tutti {
 /// program's own messages), and `Algorithm::mpi` runs MPI's own collective instead.
 /// Collective over `comm`.
 ///
-/// MPI must be initialized with MPI_Init_thread at MPI_THREAD_MULTIPLE (MPI_THREAD_SERIALIZED
-/// works, with every MPI call of the process serialized): Tutti calls MPI from its progress
-/// thread. `comm` itself may be freed afterwards, but MPI must outlive the communicator: destroy
+/// MPI must be initialized. At MPI_THREAD_MULTIPLE Tutti calls MPI from its progress thread too,
+/// so nonblocking collectives advance while the caller computes; at MPI_THREAD_SERIALIZED it
+/// serializes every MPI call of the process itself. Below that (plain MPI_Init: SINGLE or
+/// FUNNELED) it calls MPI only on the thread that calls it, so what is lost is background
+/// progress: a nonblocking operation advances only inside test(), wait() and later calls on the
+/// communicator, and the training engine (which calls from its own thread) refuses such a
+/// communicator with Error(unsupported). Call Tutti from the thread that initialized MPI then.
+/// `comm` itself may be freed afterwards, but MPI must outlive the communicator: destroy
 /// it (every copy) before MPI_Finalize.
 /// Set-up is bounded by TUTTI_TIMEOUT_MS (as split is): a rank of `comm` that does not call
 /// from_mpi in time makes the others raise Error(timeout) by then.
-/// Throws Error(invalid_argument) for MPI_COMM_NULL or MPI not initialized, Error(unsupported)
-/// for a thread level below MPI_THREAD_SERIALIZED, Error(timeout), Error(system) when MPI fails.
+/// Throws Error(invalid_argument) for MPI_COMM_NULL or MPI not initialized, Error(timeout),
+/// Error(system) when MPI fails.
 ///
 /// Failures reach every rank: the first error (a mismatch, a timeout) is sent to every rank on a
 /// communicator of Tutti's own, and each raises it. MPI cannot cancel a collective: after an

@@ -54,6 +54,9 @@ class CommImpl {
 
   std::chrono::milliseconds default_timeout() const { return default_timeout_; }
 
+  /// Whether only the caller's threads may progress this communicator (MPI below
+  /// MPI_THREAD_SERIALIZED): nonblocking calls then advance only in test, wait and later calls.
+  bool progressed_by_caller_only() { return queue_->transport().progressed_by_caller_only(); }
   /// The transport's name ("inproc", "shm", "tcp", "mpi").
   std::string_view transport_name() const { return queue_->transport().name(); }
   /// Whether the shared-memory direct algorithms serve `collective` on this communicator.

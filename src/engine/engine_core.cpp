@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/comm_impl.hpp"
 #include "core/log.hpp"
 
 namespace tutti::engine_detail {
@@ -45,6 +46,10 @@ EngineCore::EngineCore(Communicator& comm, EngineOptions options)
       rank_(comm_.rank()),
       size_(comm_.size()),
       table_(size_) {
+  if (comm_.impl()->progressed_by_caller_only())
+    throw Error(ErrorCode::unsupported,
+                "engine: its thread calls the communicator, but MPI was initialized below MPI_THREAD_SERIALIZED "
+                "(plain MPI_Init); use MPI_Init_thread with MPI_THREAD_MULTIPLE");
   const auto& path = options_.timeline_path;
   if (!path.empty()) {
     const auto at = path.find("{rank}");

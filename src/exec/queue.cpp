@@ -53,7 +53,8 @@ std::shared_ptr<Operation> OperationQueue::submit(std::unique_ptr<Operation> op,
   }
   shared->start();
   progress_locked();
-  if (!blocking && outstanding_.load() > 0) engine_notify(shared_from_this());
+  if (!blocking && outstanding_.load() > 0 && !transport_->progressed_by_caller_only())
+    engine_notify(shared_from_this());
   return shared;
 }
 

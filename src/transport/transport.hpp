@@ -167,6 +167,10 @@ class Transport {
   virtual void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) = 0;
   /// Bumps the generation and wakes this rank's waiters (an operation finished on another thread).
   virtual void wake() = 0;
+  /// True when only the threads that call the communicator may progress it (MPI below
+  /// MPI_THREAD_SERIALIZED): the progress engine then leaves it alone, and nonblocking operations
+  /// advance only inside the caller's test, wait and later calls.
+  virtual bool progressed_by_caller_only() const { return false; }
   /// Drives the transport's own I/O without blocking (copying through rings, sockets). Called by
   /// whichever thread progresses the executor; transports whose peers move the data do nothing.
   virtual void progress() {}

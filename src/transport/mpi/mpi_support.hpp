@@ -23,10 +23,12 @@ std::string error_string(int code);
 /// Throws Error(system) "<function> failed: <MPI's message>" unless `code` is MPI_SUCCESS.
 void check(int code, const char* function);
 
-/// Throws unless MPI is initialized, not finalized, and at MPI_THREAD_SERIALIZED or above: Tutti
-/// calls MPI from its progress-engine thread as well as from the caller's. `who` names the caller
-/// in the message (Error(invalid_argument) or Error(unsupported)).
+/// Throws Error(invalid_argument) naming `who` unless MPI is initialized and not finalized.
 void require_usable_mpi(const char* who);
+
+/// True when MPI provides less than MPI_THREAD_SERIALIZED (a program that called plain MPI_Init):
+/// only the thread that calls Tutti may call MPI, so the progress engine must leave it alone.
+bool caller_threads_only();
 
 /// Held around every MPI call: the process-wide lock when MPI provides less than
 /// MPI_THREAD_MULTIPLE (so that no two threads are in MPI at once), else an empty lock.

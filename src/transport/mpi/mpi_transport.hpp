@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "transport/mpi/mpi_control.hpp"
+#include "transport/mpi/mpi_support.hpp"
 #include "transport/transport.hpp"
 
 namespace tutti::transport::mpi {
@@ -81,6 +82,8 @@ class MpiTransport final : public Transport {
   void abort(const Error& error, std::uint64_t seq) override;
   /// Algorithm::mpi: MPI's own nonblocking collectives (mpi_collective.cpp).
   bool serves_natively(Algorithm algorithm, Collective) const override { return algorithm == Algorithm::mpi; }
+  /// Below MPI_THREAD_SERIALIZED only the caller's thread may call MPI.
+  bool progressed_by_caller_only() const override { return caller_threads_only(); }
   std::unique_ptr<NativeCollective> start_native(Algorithm algorithm, const NativeCall& call,
                                                  std::chrono::steady_clock::time_point deadline) override;
 
