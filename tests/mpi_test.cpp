@@ -576,6 +576,25 @@ TEST(FromMpi, ThreadLevelDecidesWhoProgresses) {
   }
 }
 
+// Under plain mpirun (no TUTTI_STORE) init() bootstraps through MPI and connects the ranks of one
+// host through shared memory; TUTTI_TRANSPORT=mpi keeps them on MPI.
+TEST(Init, UnderMpirunOneHostRunsOverSharedMemory) {
+  ASSERT_EQ(std::getenv("TUTTI_STORE"), nullptr);
+  Communicator world = init();
+  EXPECT_EQ(world.impl()->transport_name(), "shm");
+  EXPECT_EQ(world.rank(), comm_rank(MPI_COMM_WORLD));
+  std::vector<std::int32_t> v(100, world.rank() + 1);
+  world.allreduce(std::span<std::int32_t>(v), ReduceOp::sum);
+  const int p = world.size();
+  for (auto x : v) ASSERT_EQ(x, p * (p + 1) / 2);
+  ::setenv("TUTTI_TRANSPORT", "mpi", 1);
+  Communicator over_mpi = init();
+  ::unsetenv("TUTTI_TRANSPORT");
+  EXPECT_EQ(over_mpi.impl()->transport_name(), "mpi");
+  over_mpi.allreduce(std::span<std::int32_t>(v), ReduceOp::sum);
+  for (auto x : v) ASSERT_EQ(x, p * p * (p + 1) / 2);
+}
+
 TEST(TuttiOverMpi, EveryCollectiveAndAlgorithmMatchesMpi) {
   Communicator world = from_mpi(MPI_COMM_WORLD);
   run_all(MPI_COMM_WORLD, tutti_cases(world.size()), tutti_subject(world));

@@ -1,14 +1,18 @@
 // tutti::init(): joining the job the environment describes.
 //
 // 1. bootstrap::detect_job() reads tutti-run's, mpirun's or srun's variables.
-// 2. Under mpirun without TUTTI_STORE (built with MPI), MPI itself bootstraps: MPI_Init_thread if
-//    the program has not, then the world communicator over the mpi transport.
+// 2. Under mpirun without TUTTI_STORE (built with MPI), MPI itself bootstraps (MPI_Init_thread if
+//    the program has not): ranks all on one host connect through shared memory, over a private
+//    store directory rank 0 makes and names to the others through MPI; ranks across hosts (or
+//    TUTTI_TRANSPORT=mpi) get the world communicator over the mpi transport.
 // 3. Otherwise the store (TUTTI_STORE; rank 0 hosts a tcp:// store itself when nobody else does)
 //    exchanges host names; ranks all on one host use shared memory, else TCP (TUTTI_TRANSPORT
 //    forces one).
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
+#include <filesystem>
 #include <set>
 
 #include "bootstrap/job.hpp"
@@ -37,34 +41,92 @@ std::string host_name() {
 }
 
 #ifdef TUTTI_WITH_MPI
-Communicator init_with_mpi() {
+void start_mpi() {
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) {
-    int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-    std::atexit([] {
-      int finalized = 0;
-      MPI_Finalized(&finalized);
-      if (!finalized) MPI_Finalize();
-    });
-  }
-  return from_mpi(MPI_COMM_WORLD);
+  if (initialized) return;
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  std::atexit([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  });
 }
+
+// Whether every rank of the job shares this one's host (MPI's shared-memory split says so).
+bool mpi_one_host() {
+  MPI_Comm local = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int local_size = 0, world_size = 0;
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  MPI_Comm_free(&local);
+  return local_size == world_size;
+}
+
+// A store directory of the job's own: rank 0 makes it (mode 0700, in $TMPDIR or /tmp) and names
+// it to the others through MPI. Rank 0 removes it once the world communicator is up.
+class MpiStoreDirectory {
+ public:
+  MpiStoreDirectory() {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    char path[512] = {};
+    if (rank == 0) {
+      std::string pattern = (std::filesystem::temp_directory_path() / "tutti-XXXXXX").string();
+      if (pattern.size() < sizeof(path) && ::mkdtemp(pattern.data()) != nullptr)
+        std::memcpy(path, pattern.c_str(), pattern.size());
+      owned_ = path;
+    }
+    MPI_Bcast(path, sizeof(path), MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (path[0] == '\0')
+      throw Error(ErrorCode::system, "init: rank 0 could not make a store directory under " +
+                                         std::filesystem::temp_directory_path().string());
+    url_ = "file://" + std::string(path);
+  }
+  ~MpiStoreDirectory() {
+    std::error_code ignored;
+    if (!owned_.empty()) std::filesystem::remove_all(owned_, ignored);
+  }
+  MpiStoreDirectory(const MpiStoreDirectory&) = delete;
+  MpiStoreDirectory& operator=(const MpiStoreDirectory&) = delete;
+  const std::string& url() const { return url_; }
+
+ private:
+  std::string owned_;
+  std::string url_;
+};
 #endif
+
+Communicator init_over_store(const bootstrap::JobInfo& job);
 
 }  // namespace
 
 Communicator init() {
   detail::choice::load_from_environment();  // a bad TUTTI_TUNING_FILE fails here, before any connection
-  const bootstrap::JobInfo job = bootstrap::detect_job();
+  bootstrap::JobInfo job = bootstrap::detect_job();
   if (job.size == 1 && job.launcher == "none" && job.transport.empty()) return local_group(1).front();
 #ifdef TUTTI_WITH_MPI
-  if (job.transport == "mpi" || (job.launcher == "mpirun" && job.store.empty())) return init_with_mpi();
+  const bool mpi_bootstraps = job.launcher == "mpirun" && job.store.empty();
+  if (job.transport == "mpi" || mpi_bootstraps) {
+    start_mpi();
+    if (job.transport == "mpi" || !mpi_one_host()) return from_mpi(MPI_COMM_WORLD);
+    const MpiStoreDirectory directory;  // removed once the world is up (every rank left the store)
+    job.store = directory.url();
+    return init_over_store(job);
+  }
 #else
   if (job.transport == "mpi")
     throw Error(ErrorCode::unsupported, "init: TUTTI_TRANSPORT=mpi, but this Tutti was built without MPI");
 #endif
+  return init_over_store(job);
+}
+
+namespace {
+
+// Through the store: rank 0 may host it (tcp://); ranks on one host use shared memory, else TCP.
+Communicator init_over_store(const bootstrap::JobInfo& job) {
   if (job.store.empty())
     throw Error(ErrorCode::invalid_argument,
                 "init: started by " + job.launcher +
@@ -113,5 +175,7 @@ Communicator init() {
   (void)server;
   return world;
 }
+
+}  // namespace
 
 }  // namespace tutti

@@ -4,12 +4,10 @@
 //   tutti-run -n 2 tutti-bench -b 8 -e 64M -f 2 --peers gloo --ceiling
 //   mpirun -np 2 tutti-bench -b 8 -e 64M --peers mpi,gloo --ceiling --json out.json
 //
-// Under mpirun, MPI is initialized here and Tutti bootstraps through a store directory of its own,
-// so that Tutti runs over shared memory (or TUTTI_TRANSPORT) beside MPI's own collectives.
+// Under mpirun, MPI is initialized here (for the MPI peer) and init() bootstraps through MPI, so
+// that Tutti runs over shared memory (or TUTTI_TRANSPORT) beside MPI's own collectives.
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -30,42 +28,25 @@ using namespace tutti::bench;
 // The launcher as init() sees it ("tutti-run", "mpirun", "srun" or "none").
 std::string launcher() { return tutti::bootstrap::detect_job().launcher; }
 
-// MPI up (under mpirun) and TUTTI_STORE pointing at a directory rank 0 made; returns that
-// directory ("" when none was made) for removal at the end.
-std::string start_mpi(int& argc, char**& argv) {
+// MPI up under mpirun (the MPI peer needs it whoever bootstraps Tutti).
+void start_mpi(int& argc, char**& argv) {
 #ifdef TUTTI_WITH_MPI
-  if (launcher() != "mpirun") return "";
+  if (launcher() != "mpirun") return;
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  if (std::getenv("TUTTI_STORE") != nullptr) return "";
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  char path[256] = {};
-  if (rank == 0) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "tutti-bench-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) != nullptr) std::strncpy(path, tmpl.c_str(), sizeof(path) - 1);
-  }
-  MPI_Bcast(path, sizeof(path), MPI_CHAR, 0, MPI_COMM_WORLD);
-  if (path[0] == '\0') throw std::runtime_error("cannot create a store directory");
-  ::setenv("TUTTI_STORE", ("file://" + std::string(path)).c_str(), 1);
-  return rank == 0 ? std::string(path) : "";
 #else
   (void)argc, (void)argv;
-  return "";
 #endif
 }
 
-void finish_mpi(const std::string& store_dir) {
+void finish_mpi() {
 #ifdef TUTTI_WITH_MPI
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (!initialized || finalized) return;
   MPI_Barrier(MPI_COMM_WORLD);
-  if (!store_dir.empty()) std::filesystem::remove_all(store_dir);
   MPI_Finalize();
-#else
-  (void)store_dir;
 #endif
 }
 
@@ -111,19 +92,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!options) return 0;
-  std::string store_dir;
   int status = 0;
   try {
-    store_dir = start_mpi(argc, argv);
+    start_mpi(argc, argv);
     tutti::Communicator world = tutti::init();
     status = run(world, *options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tutti-bench: %s\n", e.what());
     status = 1;
   }
-  if (status == 0)
-    finish_mpi(store_dir);  // after a failure, peers may never reach the barrier
-  else if (!store_dir.empty())
-    std::filesystem::remove_all(store_dir);
+  if (status == 0) finish_mpi();  // after a failure, peers may never reach the barrier
   return status;
 }
