@@ -47,6 +47,9 @@ class DirectRun final : public DirectCollective {
  public:
   DirectRun(ShmTransport& transport, Collective kind, const std::byte* send, std::byte* recv, std::size_t count,
             DataType type, ReduceOp op, int root, clock::time_point deadline);
+  /// The signature this rank announces for it: its seq is the one whose comparison the collective
+  /// waits for (a collective run without one, by direct_collective, stays unchecked).
+  void bind(const Signature& signature) override { seq_ = signature.seq; }
   bool progress() override;
   std::vector<int> waiting_for() const override;
   /// The result goes to `staging` and is copied to `recv` at the end (reduce_scatter in place,
@@ -87,10 +90,9 @@ class DirectRun final : public DirectCollective {
   std::size_t per_chunk_ = 0;  // elements per chunk (per block for reduce_scatter)
   std::size_t chunks_ = 0;
   std::size_t phases_ = 0, phase_ = 0;
-  std::uint64_t first_use_ = 0;  // the data-set use of chunk 0
-  std::uint64_t round_ = 0;      // the barrier round this rank waits for (0: none)
-  // This collective's seq, set when it is announced (never for one run without an announcement).
-  std::shared_ptr<std::atomic<std::uint64_t>> seq_;
+  std::uint64_t first_use_ = 0;     // the data-set use of chunk 0
+  std::uint64_t round_ = 0;         // the barrier round this rank waits for (0: none)
+  std::uint64_t seq_ = no_seq;      // see bind
   bool compared_ = false;           // every rank's signature was compared with ours
   bool awaits_signatures_ = false;  // waiting for that rather than for a barrier
   std::byte* deliver_ = nullptr;    // see deliver_to
@@ -125,13 +127,11 @@ DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* 
   chunks_ = count == 0 ? 0 : (count + per_chunk_ - 1) / per_chunk_;
   phases_ = chunks_ == 0 ? 0 : (three_parts_ ? 2 * chunks_ + 1 : chunks_ + 1);
   first_use_ = transport_.reserve_direct_uses(chunks_);
-  seq_ = transport_.expect_direct_announcement();
 }
 
 bool DirectRun::signatures_compared() {
   if (compared_) return true;
-  const std::uint64_t seq = seq_->load(std::memory_order_acquire);
-  awaits_signatures_ = seq != no_seq && !transport_.signature_checked(seq);
+  awaits_signatures_ = seq_ != no_seq && !transport_.signature_checked(seq_);
   if (awaits_signatures_) return false;
   if (const auto failure = transport_.aborted()) throw failure->error;  // a mismatch found meanwhile
   compared_ = true;
@@ -144,7 +144,7 @@ void DirectRun::fail(const Error& error) {
 }
 
 std::vector<int> DirectRun::waiting_for() const {
-  if (awaits_signatures_) return transport_.unpublished_ranks(seq_->load(std::memory_order_acquire));
+  if (awaits_signatures_) return transport_.unpublished_ranks(seq_);
   std::vector<int> ranks;
   if (round_ == 0) return ranks;
   for (int q = 0; q < size(); ++q)

@@ -195,10 +195,6 @@ void ShmTransport::announce(const Signature& signature) {
   const WireSignature mine = to_wire(signature);
   announced_[signature.seq % announced_.size()] = {signature.seq, mine};
   std::lock_guard lock(publication_mutex_);
-  if (direct_binding_ && signature.algorithm == Algorithm::direct) {
-    direct_binding_->store(signature.seq, std::memory_order_release);
-    direct_binding_.reset();
-  }
   unpublished_.emplace_back(signature.seq, mine);
   publish_ready_locked();
 }
@@ -270,13 +266,6 @@ std::vector<int> ShmTransport::unpublished_ranks(std::uint64_t seq) const {
   for (int r = 0; r < size_; ++r)
     if (segment_->rank_block(r).published.load(std::memory_order_acquire) <= seq) ranks.push_back(r);
   return ranks;
-}
-
-std::shared_ptr<std::atomic<std::uint64_t>> ShmTransport::expect_direct_announcement() {
-  auto binding = std::make_shared<std::atomic<std::uint64_t>>(no_seq);
-  std::lock_guard lock(publication_mutex_);
-  direct_binding_ = binding;
-  return binding;
 }
 
 std::uint64_t ShmTransport::generation() const { return self_.generation.load(std::memory_order_acquire); }

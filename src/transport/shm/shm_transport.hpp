@@ -76,9 +76,6 @@ class ShmTransport final : public Transport {
     direct_uses_ += n;
     return first;
   }
-  /// For a direct collective being prepared: where the seq of the next "direct" announcement
-  /// will be stored (no_seq until then; a direct collective run without one stays unchecked).
-  std::shared_ptr<std::atomic<std::uint64_t>> expect_direct_announcement();
   /// Whether every rank has published its signature of collective `seq` (and so every pair of
   /// ranks compared theirs, a mismatch having aborted the communicator first). Publishes this
   /// rank's deferred signatures first. Thread-safe. While false, a peer's publication rings
@@ -198,7 +195,6 @@ class ShmTransport final : public Transport {
   std::deque<std::pair<std::uint64_t, WireSignature>> unpublished_;
   std::uint64_t verified_below_ = 0;  // every rank has published every seq below this
   bool awaiting_publication_ = false;
-  std::shared_ptr<std::atomic<std::uint64_t>> direct_binding_;  // see expect_direct_announcement
 };
 
 }  // namespace tutti::transport::shm
