@@ -213,9 +213,7 @@ Request CommImpl::start_native(const Call& call, Algorithm algorithm, bool block
   }
   const auto timeout = timeout_of(call);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const transport::NativeCall native{call.collective, call.send, call.recv,   call.count,      call.type,
-                                     call.op,         call.root, call.counts, call.recv_counts};
-  std::unique_ptr<transport::NativeCollective> run = transport.start_native(algorithm, native, deadline);
+  std::unique_ptr<transport::NativeCollective> run = transport.start_native(algorithm, call, deadline);
   const transport::Signature signature = next_signature(call, algorithm);
   run->bind(signature);
   if (blocking && queue_->announce_when_idle(signature)) {

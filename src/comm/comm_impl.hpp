@@ -18,17 +18,9 @@
 
 namespace tutti::detail {
 
-/// One collective call as the user made it.
-struct Call {
-  Collective collective = Collective::allreduce;
-  const void* send = nullptr;
-  void* recv = nullptr;
-  std::size_t count = 0;
-  DataType type = DataType::u8;
-  std::optional<ReduceOp> op;
-  int root = -1;
-  std::span<const std::size_t> counts;       // allgatherv: recv_counts; alltoallv: send_counts
-  std::span<const std::size_t> recv_counts;  // alltoallv
+/// One collective call as the user made it: the arguments (as transports that run collectives
+/// themselves take them too) and the call's options.
+struct Call : transport::NativeCall {
   Options options;
 };
 
