@@ -112,6 +112,32 @@ TEST(Hierarchical, InterleavesWithOtherOperations) {
   EXPECT_EQ(failures, "");
 }
 
+// Once the topology is known and the ranks span hosts with several on one, automatic runs a large
+// allreduce hierarchically (nonblocking, like any other choice) and a small one as before.
+TEST(Hierarchical, AutomaticChoosesItForLargeCallsAcrossHosts) {
+  const std::string failures = run_ranks(4, [](Communicator& comm) {
+    auto* impl = comm.impl();
+    std::vector<std::string> hosts{"a", "a", "b", "b"};
+    std::vector<std::uint64_t> hashed;
+    for (const auto& h : hosts) hashed.push_back(detail::hash_host(h));
+    detail::set_host_for_testing(comm, hosts[static_cast<std::size_t>(comm.rank())]);
+    EXPECT_NE(impl->chosen_algorithm(Collective::allreduce, Algorithm::automatic, 1 << 20), Algorithm::hierarchical);
+    impl->set_topology(Topology(hashed));  // what init() does when it learned every rank's host
+    EXPECT_EQ(impl->chosen_algorithm(Collective::allreduce, Algorithm::automatic, 1 << 20), Algorithm::hierarchical);
+    EXPECT_NE(impl->chosen_algorithm(Collective::allreduce, Algorithm::automatic, 8), Algorithm::hierarchical);
+    EXPECT_NE(impl->chosen_algorithm(Collective::allgather, Algorithm::automatic, 1 << 20), Algorithm::hierarchical);
+    std::vector<std::int32_t> big((1 << 20) / 4, comm.rank() + 1), small(2, comm.rank());
+    Request r = comm.iallreduce(big.data(), big.data(), big.size(), DataType::i32, ReduceOp::sum,
+                                {Algorithm::automatic, test_timeout});
+    comm.allreduce(small.data(), small.data(), small.size(), DataType::i32, ReduceOp::max,
+                   {Algorithm::automatic, test_timeout});
+    EXPECT_TRUE(r.test());  // issue order: complete once the later call is
+    for (auto v : big) ASSERT_EQ(v, 10);
+    for (auto v : small) ASSERT_EQ(v, 3);
+  });
+  EXPECT_EQ(failures, "");
+}
+
 // A communicator split from one with known hosts inherits them: hierarchical works on it.
 TEST(Hierarchical, OnASplitCommunicator) {
   const std::string failures = run_ranks(7, [](Communicator& comm) {

@@ -61,6 +61,13 @@ bool CommImpl::direct_serves(Collective collective) const {
 }
 
 Algorithm CommImpl::chosen_algorithm(Collective collective, Algorithm requested, std::size_t bytes) const {
+  // Hierarchical allreduce: forced, or automatic's choice when the topology is known (init()
+  // learned it) and the ranks span hosts with several on one (the same decision on every rank).
+  const Algorithm asked = choice::requested_algorithm(collective, requested);
+  if (collective == Collective::allreduce &&
+      (asked == Algorithm::hierarchical ||
+       (asked == Algorithm::automatic && topology_ && prefers_hierarchical(*topology_, bytes))))
+    return Algorithm::hierarchical;
   const ChoiceMemo& m = memo_;
   if (m.valid && m.collective == collective && m.requested == requested && m.bytes == bytes &&
       m.version == choice::active_version())
@@ -75,16 +82,11 @@ Request CommImpl::start(const Call& call, bool blocking) {
   queue_->check_usable(true);
   const Extents extents = validate(call, rank_, size_);
   const Algorithm requested = choice::requested_algorithm(call.collective, call.options.algorithm);
-  // Hierarchical: forced, or chosen by automatic for an allreduce when the topology is known (init()
-  // learned it) and the ranks span hosts with several on one (the same decision on every rank).
-  if (call.collective == Collective::allreduce &&
-      (requested == Algorithm::hierarchical || (requested == Algorithm::automatic && topology_ &&
-                                                prefers_hierarchical(*topology_, call.count * size_of(call.type)))))
-    return start_hierarchical(call, blocking);
   const Algorithm algorithm =
       requested == Algorithm::direct || requested == Algorithm::mpi
           ? requested
           : chosen_algorithm(call.collective, call.options.algorithm, choice_bytes(call, size_));
+  if (algorithm == Algorithm::hierarchical) return start_hierarchical(call, blocking);
   if (algorithm == Algorithm::direct || algorithm == Algorithm::mpi) return start_native(call, algorithm, blocking);
   return start_schedule(call, algorithm, extents, blocking);
 }
@@ -225,7 +227,7 @@ Request CommImpl::start_native(const Call& call, Algorithm algorithm, bool block
     }
     return Request();
   }
-  auto op = exec::Operation::native(transport, signature, std::move(run));
+  auto op = exec::Operation::native(signature, std::move(run));
   op->timeout = timeout;
   return submit(std::move(op), blocking);
 }

@@ -177,7 +177,7 @@ Request CommImpl::start_hierarchical(const Call& call, bool blocking) {
     if (op == ReduceOp::avg && count > 0) reduce::divide(type, recv, count, p);
   };
   auto run = std::make_shared<Composite>(std::move(steps), std::move(finish));
-  auto operation = exec::Operation::native(queue_->transport(), next_signature(call, Algorithm::hierarchical), run);
+  auto operation = exec::Operation::native(next_signature(call, Algorithm::hierarchical), run);
   operation->timeout = timeout;
   return submit(std::move(operation), blocking);
 }

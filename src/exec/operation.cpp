@@ -34,7 +34,7 @@ std::unique_ptr<Operation> Operation::point_to_point(transport::Transport& trans
   return std::make_unique<ScheduleOperation>(transport, is_send, data, count, type, peer, key, std::move(description));
 }
 
-std::unique_ptr<Operation> Operation::native(transport::Transport& /*transport*/, transport::Signature signature,
+std::unique_ptr<Operation> Operation::native(transport::Signature signature,
                                              std::shared_ptr<transport::NativeCollective> run) {
   return std::make_unique<NativeOperation>(signature, std::move(run));
 }

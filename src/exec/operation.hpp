@@ -37,7 +37,7 @@ class Operation {
                                                    transport::MessageKey key, std::string description);
   /// A collective the transport runs itself (Transport::start_native) or a composite of
   /// collectives on other communicators.
-  static std::unique_ptr<Operation> native(transport::Transport& transport, transport::Signature signature,
+  static std::unique_ptr<Operation> native(transport::Signature signature,
                                            std::shared_ptr<transport::NativeCollective> run);
 
   virtual ~Operation() = default;
