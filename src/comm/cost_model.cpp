@@ -17,10 +17,12 @@ namespace {
 constexpr std::size_t elem_size = 4;
 // transport/shm/direct.cpp: bytes per rank per step, and the one-step allreduce limit.
 constexpr double direct_chunk = 256.0 * 1024;
-constexpr std::size_t direct_small_allreduce = 16 * 1024;
 // A direct copy is one memcpy into or out of the shared data area; a shared-memory message, which
-// β prices, is two (into the ring slot, out of it). So a direct byte costs half a message byte.
+// β prices, is two (into the ring slot, out of it). So a direct byte costs half a message byte,
+// and a byte copied out with streaming stores (transport::shm::streaming_bytes), which skip
+// reading the destination line first, a quarter.
 constexpr double direct_copy_share = 0.5;
+constexpr double direct_streamed_share = 0.25;
 // A direct barrier is one store and a poll of p flags; a message round (which α prices) also
 // fills a ring slot, rings a doorbell and returns an acknowledgement.
 constexpr double direct_barrier_share = 0.5;
@@ -76,10 +78,12 @@ double predict_direct(Collective c, int p, std::size_t bytes, const CostParams& 
   switch (c) {
     case Collective::allreduce:
       // Small: copy in, barrier, every rank reduces all p parts into its output.
-      if (bytes <= direct_small_allreduce)
+      if (bytes <= transport::shm::small_allreduce_bytes)
         return barrier + copy * n * (p == 1 ? 2 : 1) + cost.gamma * (up - 1) * elements;
       // Per chunk: copy in, barrier, reduce my 1/p slice of the p parts, barrier, copy all out.
-      return 2 * steps(n, direct_chunk) * barrier + 2 * copy * n + cost.gamma * (up - 1) / up * elements;
+      return 2 * steps(n, direct_chunk) * barrier + copy * n +
+             cost.beta * (bytes >= transport::shm::streaming_bytes ? direct_streamed_share : direct_copy_share) * n +
+             cost.gamma * (up - 1) / up * elements;
     case Collective::reduce_scatter:
       // Per chunk: copy my chunk of all p blocks in, barrier, reduce my block from the p parts.
       return steps(n, direct_chunk / up) * barrier + copy * n * up + cost.gamma * (up - 1) * elements;
