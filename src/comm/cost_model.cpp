@@ -74,6 +74,9 @@ double predict_direct(Collective c, int p, std::size_t bytes, const CostParams& 
   const double n = static_cast<double>(per_rank_count(c, p, bytes)) * elem_size;  // bytes per rank
   const double up = static_cast<double>(p), elements = n / elem_size;
   const double copy = cost.beta * direct_copy_share, barrier = cost.alpha * direct_barrier_share;
+  // Copying results out: streamed from streaming_bytes of them (`bytes` is their size here).
+  const double copy_out =
+      cost.beta * (bytes >= transport::shm::streaming_bytes ? direct_streamed_share : direct_copy_share);
   const auto steps = [](double data, double per_step) { return std::max(1.0, std::ceil(data / per_step)); };
   switch (c) {
     case Collective::allreduce:
@@ -81,18 +84,16 @@ double predict_direct(Collective c, int p, std::size_t bytes, const CostParams& 
       if (bytes <= transport::shm::small_allreduce_bytes)
         return barrier + copy * n * (p == 1 ? 2 : 1) + cost.gamma * (up - 1) * elements;
       // Per chunk: copy in, barrier, reduce my 1/p slice of the p parts, barrier, copy all out.
-      return 2 * steps(n, direct_chunk) * barrier + copy * n +
-             cost.beta * (bytes >= transport::shm::streaming_bytes ? direct_streamed_share : direct_copy_share) * n +
-             cost.gamma * (up - 1) / up * elements;
+      return 2 * steps(n, direct_chunk) * barrier + copy * n + copy_out * n + cost.gamma * (up - 1) / up * elements;
     case Collective::reduce_scatter:
       // Per chunk: copy my chunk of all p blocks in, barrier, reduce my block from the p parts.
       return steps(n, direct_chunk / up) * barrier + copy * n * up + cost.gamma * (up - 1) * elements;
     case Collective::allgather:
       // Per chunk: copy my block in, barrier, copy the p blocks out.
-      return steps(n, direct_chunk) * barrier + copy * n * (1 + up);
+      return steps(n, direct_chunk) * barrier + copy * n + copy_out * n * up;
     case Collective::broadcast:
       // Per chunk of p slots: the root copies in, barrier, the others copy out.
-      return steps(n, direct_chunk * up) * barrier + 2 * copy * n;
+      return steps(n, direct_chunk * up) * barrier + copy * n + copy_out * n;
     default:
       throw Error(ErrorCode::unsupported, "cost model: direct does not serve " + std::string(to_string(c)));
   }

@@ -127,7 +127,10 @@ class DirectRun final : public DirectCollective {
   std::uint64_t seq_ = no_seq;      // see bind
   bool compared_ = false;           // every rank's signature was compared with ours
   bool awaits_signatures_ = false;  // waiting for that rather than for a barrier
-  std::byte* deliver_ = nullptr;    // see deliver_to
+  // How results leave the data sets: with streaming stores when this rank writes at least
+  // streaming_bytes of recv that it has not read (in place, begin() read it into the cache).
+  void (*copy_out_)(std::byte*, const std::byte*, std::size_t) = copy_cached;
+  std::byte* deliver_ = nullptr;  // see deliver_to
   std::unique_ptr<std::byte[]> staging_;
 };
 
@@ -159,6 +162,11 @@ DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* 
   chunks_ = count == 0 ? 0 : (count + per_chunk_ - 1) / per_chunk_;
   phases_ = chunks_ == 0 ? 0 : (three_parts_ ? 2 * chunks_ + 1 : chunks_ + 1);
   first_use_ = transport_.reserve_direct_uses(chunks_);
+  const std::size_t written = (kind_ == Collective::allgather ? p : 1) * count * esize_;
+  const bool cold = kind_ == Collective::allreduce   ? send != recv && !small_
+                    : kind_ == Collective::allgather ? send != recv + static_cast<std::size_t>(rank()) * count * esize_
+                                                     : kind_ == Collective::broadcast && rank() != root;
+  if (cold && written >= streaming_bytes) copy_out_ = copy_streaming;
 }
 
 bool DirectRun::signatures_compared() {
@@ -292,20 +300,17 @@ void DirectRun::finish(std::size_t chunk) {
     }
     if (op_ == ReduceOp::avg) reduce::divide(type_, recv_ + done * esize_, n, p);
   } else if (three_parts_) {
-    // In place, the destination was read into the cache by begin(); out of place it was not.
-    const bool stream = send_ != recv_ && count_ * esize_ >= streaming_bytes;
     for (int q = 0; q < p; ++q) {
       const auto [lo, hi] = slice(n, p, q);
-      (stream ? copy_streaming : copy_cached)(recv_ + (done + lo) * esize_, slot(chunk, q) + lo * esize_,
-                                              (hi - lo) * esize_);
+      copy_out_(recv_ + (done + lo) * esize_, slot(chunk, q) + lo * esize_, (hi - lo) * esize_);
     }
   } else if (kind_ == Collective::allgather) {
     const bool in_place = send_ == recv_ + static_cast<std::size_t>(r) * count_ * esize_;
     for (int q = 0; q < p; ++q)
       if (q != r || !in_place)
-        std::memcpy(recv_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, slot(chunk, q), n * esize_);
+        copy_out_(recv_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, slot(chunk, q), n * esize_);
   } else if (r != root_) {  // broadcast
-    std::memcpy(recv_ + done * esize_, slot(chunk, 0), n * esize_);
+    copy_out_(recv_ + done * esize_, slot(chunk, 0), n * esize_);
   }
 }
 

@@ -16,8 +16,9 @@ namespace tutti::transport::shm {
 
 /// The shape of the direct algorithms, which the cost model (comm/cost_model.cpp) prices: an
 /// allreduce of at most `small_allreduce_bytes` runs in one step (every rank reduces all parts);
-/// from `streaming_bytes` per call, an out-of-place allreduce writes its results with stores that
-/// bypass the cache (sparing a read of every destination line before it is written).
+/// from `streaming_bytes` of results, an out-of-place allreduce or allgather and a broadcast's
+/// receivers write them with stores that bypass the cache (sparing a read of every destination
+/// line before it is written).
 inline constexpr std::size_t small_allreduce_bytes = 16 * 1024;
 inline constexpr std::size_t streaming_bytes = std::size_t{4} << 20;
 
