@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "collective_cases.hpp"
 #include "reduce/reduce.hpp"
-#include "schedule/schedule.hpp"
 #include "transport/inproc/inproc.hpp"
 #include "transport/mpi/mpi_collective.hpp"
 #include "transport/mpi/mpi_transport.hpp"
@@ -41,31 +41,8 @@ int comm_size(MPI_Comm comm) {
   return size;
 }
 
-// ---- cases: one collective call, its buffers on this rank, and MPI's reference result ----
-
-struct Case {
-  Collective collective = Collective::allreduce;
-  Algorithm algorithm = Algorithm::automatic;  // Tutti's schedules only
-  DataType type = DataType::i32;
-  ReduceOp op = ReduceOp::sum;
-  std::size_t count = 0;
-  int root = 0;
-  int place = 0;  // 0: out of place; 1: in place, MPI's form; 2: in place, NCCL's form
-};
-
-std::string name_of(const Case& c) {
-  return std::string(schedule::to_string(c.collective)) + "/" + std::string(to_string(c.algorithm)) + "/" +
-         std::string(to_string(c.type)) + "/" + std::string(to_string(c.op)) + "/n=" + std::to_string(c.count) +
-         "/root=" + std::to_string(c.root) + "/place=" + std::to_string(c.place);
-}
-
-bool is_reduction(Collective c) {
-  return c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
-}
-
-bool is_rooted(Collective c) {
-  return c == Collective::reduce || c == Collective::broadcast || c == Collective::gather || c == Collective::scatter;
-}
+// ---- cases (collective_cases.hpp's Case, p = the communicator's size): one collective call, its
+// buffers on this rank, and MPI's reference result ----
 
 // Element extents on this rank (as validate() computes them) and the per-rank counts.
 struct Layout {
@@ -74,18 +51,16 @@ struct Layout {
   std::size_t displacement = 0;                               // allgatherv: of this rank's block
 };
 
-std::size_t v_count(std::size_t n, std::size_t from, std::size_t to) { return (n + 2 * from + to) % (n + 3); }
-
 Layout layout_of(const Case& c, int rank, int size) {
   Layout l;
   l.rank = static_cast<std::size_t>(rank);
   l.p = static_cast<std::size_t>(size);
   const std::size_t n = c.count, p = l.p;
   const bool root = rank == c.root;
-  for (std::size_t j = 0; j < p; ++j) {
-    l.counts.push_back(n + j % 3);
-    l.send_counts.push_back(v_count(n, l.rank, j));
-    l.recv_counts.push_back(v_count(n, j, l.rank));
+  for (int j = 0; j < size; ++j) {
+    l.counts.push_back(v_count(n, j, 0));
+    l.send_counts.push_back(v_count(n, rank, j));
+    l.recv_counts.push_back(v_count(n, j, rank));
   }
   l.displacement = std::accumulate(l.counts.begin(), l.counts.begin() + rank, std::size_t{0});
   const std::size_t v_total = std::accumulate(l.counts.begin(), l.counts.end(), std::size_t{0});
@@ -127,81 +102,11 @@ Layout layout_of(const Case& c, int rank, int size) {
   return l;
 }
 
-// Inputs: small integers for reductions (exact in every type, products too), a rank-and-index
-// pattern for data movement.
+// Inputs: harness.hpp's small integers for reductions (exact in every type, products too), a
+// rank-and-index pattern for data movement (so that a misplaced element shows).
 double value(const Case& c, std::size_t rank, std::size_t i) {
-  const bool is_unsigned = c.type == DataType::u8 || c.type == DataType::u32 || c.type == DataType::u64;
-  const std::size_t h = (i * 2654435761u + rank * 40503u + 7) % 1000003;
-  if (!is_reduction(c.collective)) return static_cast<double>((rank * 100003 + i * 7 + 1) % 2000);
-  if (c.op == ReduceOp::prod) {
-    static constexpr double choices[] = {-1, 1, 2};
-    return is_unsigned ? static_cast<double>(1 + h % 2) : choices[h % 3];
-  }
-  return is_unsigned ? static_cast<double>(h % 6) : static_cast<double>(static_cast<int>(h % 7) - 3);
-}
-
-template <class T>
-void put(void* out, T v) {
-  std::memcpy(out, &v, sizeof v);
-}
-
-void store(DataType type, void* out, double v) {
-  const auto wide = static_cast<std::int64_t>(v);
-  switch (type) {
-    case DataType::i8:
-      return put(out, static_cast<std::int8_t>(wide));
-    case DataType::u8:
-      return put(out, static_cast<std::uint8_t>(wide));
-    case DataType::i32:
-      return put(out, static_cast<std::int32_t>(wide));
-    case DataType::u32:
-      return put(out, static_cast<std::uint32_t>(wide));
-    case DataType::i64:
-      return put(out, static_cast<std::int64_t>(wide));
-    case DataType::u64:
-      return put(out, static_cast<std::uint64_t>(wide));
-    case DataType::f16:
-      return put(out, f16(static_cast<float>(v)));
-    case DataType::bf16:
-      return put(out, bf16(static_cast<float>(v)));
-    case DataType::f32:
-      return put(out, static_cast<float>(v));
-    case DataType::f64:
-      return put(out, v);
-  }
-}
-
-template <class T>
-double get(const void* in) {
-  T v;
-  std::memcpy(&v, in, sizeof v);
-  return static_cast<double>(static_cast<float>(v));
-}
-
-double load(DataType type, const void* in) {
-  switch (type) {
-    case DataType::i8:
-      return get<std::int8_t>(in);
-    case DataType::u8:
-      return get<std::uint8_t>(in);
-    case DataType::i32:
-      return get<std::int32_t>(in);
-    case DataType::u32:
-      return get<std::uint32_t>(in);
-    case DataType::i64:
-      return get<std::int64_t>(in);
-    case DataType::u64:
-      return get<std::uint64_t>(in);
-    case DataType::f16:
-      return get<f16>(in);
-    case DataType::bf16:
-      return get<bf16>(in);
-    case DataType::f32:
-      return get<float>(in);
-    case DataType::f64:
-      return get<double>(in);
-  }
-  return 0;
+  if (is_reduction(c.collective)) return input_value(c.type, c.op, static_cast<int>(rank), i);
+  return static_cast<double>((rank * 100003 + i * 7 + 1) % 2000);
 }
 
 // The reference's own MPI mapping (independent of the library's); f16/bf16 go through f64.
@@ -342,13 +247,13 @@ Placement placement_of(const Case& c, const Layout& l) {
   const std::size_t mine = l.rank * c.count;
   switch (c.collective) {
     case Collective::reduce_scatter:
-      pl.recv_at = c.place == 2 ? mine : 0;
+      pl.recv_at = c.place == 1 ? mine : 0;
       break;
     case Collective::allgather:
-      pl.input_at = mine, pl.send_at = c.place == 2 ? mine : 0;
+      pl.input_at = mine, pl.send_at = c.place == 1 ? mine : 0;
       break;
     case Collective::allgatherv:
-      pl.input_at = l.displacement, pl.send_at = c.place == 2 ? l.displacement : 0;
+      pl.input_at = l.displacement, pl.send_at = c.place == 1 ? l.displacement : 0;
       break;
     case Collective::gather:
       pl.input_at = pl.send_at = mine;
@@ -370,7 +275,7 @@ std::string run_case(const Case& c, MPI_Comm comm, const Subject& subject) {
   for (std::size_t i = 0; i < l.send; ++i) store(c.type, &input[i * elem], value(c, l.rank, i));
   const Bytes expected = reference(c, l, input, comm);
   const Placement pl = placement_of(c, l);
-  Bytes a = input, b(std::max(l.send, l.recv) * elem + elem, std::byte{0xa5});
+  Bytes a = input, b(std::max(l.send, l.recv) * elem + elem, std::byte{poison});
   if (c.collective == Collective::broadcast && l.rank == static_cast<std::size_t>(c.root))
     std::copy(input.begin(), input.end(), b.begin());
   if (pl.in_place) std::copy(input.begin(), input.end(), b.begin() + static_cast<std::ptrdiff_t>(pl.input_at * elem));
@@ -417,34 +322,14 @@ void call_tutti(Communicator& comm, const Case& c, const void* send, void* recv,
 
 // ---- the sweeps ----
 
-constexpr Collective kCollectives[] = {Collective::allreduce, Collective::reduce,     Collective::reduce_scatter,
-                                       Collective::allgather, Collective::allgatherv, Collective::broadcast,
-                                       Collective::alltoall,  Collective::alltoallv,  Collective::gather,
-                                       Collective::scatter,   Collective::barrier};
-constexpr DataType kTypes[] = {DataType::i8,  DataType::u8,  DataType::i32,  DataType::u32, DataType::i64,
-                               DataType::u64, DataType::f16, DataType::bf16, DataType::f32, DataType::f64};
-constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
-
-std::vector<int> places_of(Collective c) {
-  switch (c) {
-    case Collective::reduce_scatter:
-    case Collective::allgather:
-    case Collective::allgatherv:
-      return {0, 1, 2};
-    case Collective::broadcast:
-    case Collective::barrier:
-      return {0};
-    default:
-      return {0, 1};
-  }
-}
-
 // Every collective x algorithm x count x in-place form x root; movement cycles through element
 // sizes 1, 2, 4, 8; reductions use i32 sum and f32 max (types x ops have their own sweep).
 std::vector<Case> sweep(int p, const std::vector<std::size_t>& counts, bool with_algorithms) {
   constexpr DataType movement_types[] = {DataType::u8, DataType::bf16, DataType::f32, DataType::i64};
   std::vector<Case> out;
-  for (Collective coll : kCollectives) {
+  std::vector<Collective> collectives = data_collectives;
+  collectives.push_back(Collective::barrier);
+  for (Collective coll : collectives) {
     auto algorithms = with_algorithms ? schedule::algorithms_for(coll) : std::vector<Algorithm>{Algorithm::mpi};
     if (with_algorithms) algorithms.push_back(Algorithm::automatic);
     for (Algorithm a : algorithms)
@@ -452,8 +337,9 @@ std::vector<Case> sweep(int p, const std::vector<std::size_t>& counts, bool with
         for (int place : places_of(coll))
           for (int root : is_rooted(coll) ? std::vector<int>{0, p - 1} : std::vector<int>{-1}) {
             if (coll == Collective::barrier && k > 0) continue;
-            Case c{coll, a,    movement_types[(k + static_cast<std::size_t>(place)) % 4], ReduceOp::sum, counts[k],
-                   root, place};
+            Case c{coll,          a,    movement_types[(k + static_cast<std::size_t>(place)) % 4],
+                   ReduceOp::sum, p,    counts[k],
+                   place,         root, false};
             if (is_reduction(coll)) c.type = k % 2 ? DataType::f32 : DataType::i32, c.op = k % 2 ? ReduceOp::max : c.op;
             out.push_back(c);
           }
@@ -479,10 +365,10 @@ std::vector<Case> type_cases(int p, bool tutti) {
   for (Collective coll : {Collective::allreduce, Collective::reduce, Collective::reduce_scatter}) {
     const auto algorithms = tutti ? schedule::algorithms_for(coll) : std::vector<Algorithm>{Algorithm::mpi};
     for (Algorithm a : algorithms)
-      for (DataType t : kTypes)
-        for (ReduceOp op : kOps)
+      for (DataType t : all_types)
+        for (ReduceOp op : all_ops)
           for (int place : tutti ? std::vector<int>{0} : places_of(coll))
-            out.push_back(Case{coll, a, t, op, 67, p - 1, place});
+            out.push_back(Case{coll, a, t, op, p, 67, place, p - 1, false});
   }
   return out;
 }
