@@ -37,6 +37,10 @@ inline bool is_reduction(Collective c) {
   return c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
 }
 
+inline bool is_rooted(Collective c) {
+  return c == Collective::reduce || c == Collective::broadcast || c == Collective::gather || c == Collective::scatter;
+}
+
 // Per-rank counts of the v-collectives: irregular, with zeros, the same rule on every rank.
 inline std::size_t v_count(std::size_t count, int from, int to) {
   const std::size_t k = static_cast<std::size_t>(from * 3 + to * 5) % 4;
@@ -245,6 +249,7 @@ inline std::vector<Algorithm> algorithms_with_automatic(Collective c) {
 inline std::vector<int> places_of(Collective c) {
   switch (c) {
     case Collective::broadcast:
+    case Collective::barrier:
       return {0};
     case Collective::reduce_scatter:
     case Collective::allgather:
@@ -254,6 +259,10 @@ inline std::vector<int> places_of(Collective c) {
       return {0, 1};
   }
 }
+
+inline constexpr DataType all_types[] = {DataType::i8,  DataType::u8,  DataType::i32,  DataType::u32, DataType::i64,
+                                         DataType::u64, DataType::f16, DataType::bf16, DataType::f32, DataType::f64};
+inline constexpr ReduceOp all_ops[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
 
 inline const std::vector<Collective> data_collectives = {
     Collective::allreduce,  Collective::reduce,    Collective::reduce_scatter, Collective::allgather,
@@ -278,14 +287,11 @@ inline std::vector<Case> sweep_cases(std::initializer_list<int> sizes = {1, 2, 3
 // Every type × op for the reductions (every algorithm), and every type for the others.
 inline std::vector<Case> type_cases() {
   std::vector<Case> cases;
-  const DataType types[] = {DataType::i8,  DataType::u8,  DataType::i32,  DataType::u32, DataType::i64,
-                            DataType::u64, DataType::f16, DataType::bf16, DataType::f32, DataType::f64};
-  const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
-  for (DataType t : types) {
+  for (DataType t : all_types) {
     for (Collective coll : data_collectives) {
       if (is_reduction(coll)) {
         for (Algorithm a : schedule::algorithms_for(coll))
-          for (ReduceOp op : ops)
+          for (ReduceOp op : all_ops)
             for (int p : {3, 8}) cases.push_back({coll, a, t, op, p, 37, p == 8 ? 1 : 0, 1, p == 8});
       } else {
         cases.push_back({coll, Algorithm::automatic, t, ReduceOp::sum, 5, 13, 0, 2, false});

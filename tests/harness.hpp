@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "tutti/tutti.hpp"
@@ -106,6 +107,40 @@ inline void store(DataType type, void* out, double value) {
       std::memcpy(out, &value, 8);
       break;
   }
+}
+
+/// Reads one element of `type` at `in` (f16 and bf16 through float; 64-bit integers beyond 2^53 round).
+inline double load(DataType type, const void* in) {
+  auto get = [in](auto v) {
+    std::memcpy(&v, in, sizeof v);
+    if constexpr (std::is_same_v<decltype(v), f16> || std::is_same_v<decltype(v), bf16>)
+      return static_cast<double>(static_cast<float>(v));
+    else
+      return static_cast<double>(v);
+  };
+  switch (type) {
+    case DataType::i8:
+      return get(std::int8_t{});
+    case DataType::u8:
+      return get(std::uint8_t{});
+    case DataType::i32:
+      return get(std::int32_t{});
+    case DataType::u32:
+      return get(std::uint32_t{});
+    case DataType::i64:
+      return get(std::int64_t{});
+    case DataType::u64:
+      return get(std::uint64_t{});
+    case DataType::f16:
+      return get(f16{});
+    case DataType::bf16:
+      return get(bf16{});
+    case DataType::f32:
+      return get(float{});
+    case DataType::f64:
+      return get(double{});
+  }
+  return 0;
 }
 
 inline bool is_integer(DataType type) {

@@ -3,21 +3,18 @@
 // separate buffer): Tutti's schedules over the MPI transport with every algorithm, and
 // mpi_collective (Algorithm::mpi) in every in-place form, type and op. A failure on any rank fails
 // the test on every rank (and mpirun's exit status); rank 0 prints every rank's messages.
+//
+// The case machinery and MPI's reference are in mpi_cases.hpp, the fault tests in mpi_fault_test.cpp.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstdlib>
-#include <cstring>
-#include <functional>
-#include <numeric>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "comm/comm_impl.hpp"
-#include "reduce/reduce.hpp"
-#include "schedule/schedule.hpp"
+#include "mpi_cases.hpp"
 #include "transport/inproc/inproc.hpp"
 #include "transport/mpi/mpi_collective.hpp"
 #include "transport/mpi/mpi_transport.hpp"
@@ -29,363 +26,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using transport::mpi::MpiTransport;
-
-int comm_rank(MPI_Comm comm) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  return rank;
-}
-
-int comm_size(MPI_Comm comm) {
-  int size = 0;
-  MPI_Comm_size(comm, &size);
-  return size;
-}
-
-// ---- cases: one collective call, its buffers on this rank, and MPI's reference result ----
-
-struct Case {
-  Collective collective = Collective::allreduce;
-  Algorithm algorithm = Algorithm::automatic;  // Tutti's schedules only
-  DataType type = DataType::i32;
-  ReduceOp op = ReduceOp::sum;
-  std::size_t count = 0;
-  int root = 0;
-  int place = 0;  // 0: out of place; 1: in place, MPI's form; 2: in place, NCCL's form
-};
-
-std::string name_of(const Case& c) {
-  return std::string(to_string(c.collective)) + "/" + std::string(to_string(c.algorithm)) + "/" +
-         std::string(to_string(c.type)) + "/" + std::string(to_string(c.op)) + "/n=" + std::to_string(c.count) +
-         "/root=" + std::to_string(c.root) + "/place=" + std::to_string(c.place);
-}
-
-bool is_reduction(Collective c) {
-  return c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
-}
-
-bool is_rooted(Collective c) {
-  return c == Collective::reduce || c == Collective::broadcast || c == Collective::gather || c == Collective::scatter;
-}
-
-// Element extents on this rank (as validate() computes them) and the per-rank counts.
-struct Layout {
-  std::size_t rank = 0, p = 1, send = 0, recv = 0;
-  std::vector<std::size_t> counts, send_counts, recv_counts;  // allgatherv; alltoallv
-  std::size_t displacement = 0;                               // allgatherv: of this rank's block
-};
-
-std::size_t v_count(std::size_t n, std::size_t from, std::size_t to) { return (n + 2 * from + to) % (n + 3); }
-
-Layout layout_of(const Case& c, int rank, int size) {
-  Layout l;
-  l.rank = static_cast<std::size_t>(rank);
-  l.p = static_cast<std::size_t>(size);
-  const std::size_t n = c.count, p = l.p;
-  const bool root = rank == c.root;
-  for (std::size_t j = 0; j < p; ++j) {
-    l.counts.push_back(n + j % 3);
-    l.send_counts.push_back(v_count(n, l.rank, j));
-    l.recv_counts.push_back(v_count(n, j, l.rank));
-  }
-  l.displacement = std::accumulate(l.counts.begin(), l.counts.begin() + rank, std::size_t{0});
-  const std::size_t v_total = std::accumulate(l.counts.begin(), l.counts.end(), std::size_t{0});
-  switch (c.collective) {
-    case Collective::allreduce:
-      l.send = l.recv = n;
-      break;
-    case Collective::reduce:
-      l.send = n, l.recv = root ? n : 0;
-      break;
-    case Collective::reduce_scatter:
-      l.send = p * n, l.recv = n;
-      break;
-    case Collective::allgather:
-      l.send = n, l.recv = p * n;
-      break;
-    case Collective::allgatherv:
-      l.send = l.counts[l.rank], l.recv = v_total;
-      break;
-    case Collective::broadcast:
-      l.send = l.recv = n;
-      break;
-    case Collective::alltoall:
-      l.send = l.recv = p * n;
-      break;
-    case Collective::alltoallv:
-      l.send = std::accumulate(l.send_counts.begin(), l.send_counts.end(), std::size_t{0});
-      l.recv = std::accumulate(l.recv_counts.begin(), l.recv_counts.end(), std::size_t{0});
-      break;
-    case Collective::gather:
-      l.send = n, l.recv = root ? p * n : 0;
-      break;
-    case Collective::scatter:
-      l.send = root ? p * n : 0, l.recv = n;
-      break;
-    case Collective::barrier:
-      break;
-  }
-  return l;
-}
-
-// Inputs: small integers for reductions (exact in every type, products too), a rank-and-index
-// pattern for data movement.
-double value(const Case& c, std::size_t rank, std::size_t i) {
-  const bool is_unsigned = c.type == DataType::u8 || c.type == DataType::u32 || c.type == DataType::u64;
-  const std::size_t h = (i * 2654435761u + rank * 40503u + 7) % 1000003;
-  if (!is_reduction(c.collective)) return static_cast<double>((rank * 100003 + i * 7 + 1) % 2000);
-  if (c.op == ReduceOp::prod) {
-    static constexpr double choices[] = {-1, 1, 2};
-    return is_unsigned ? static_cast<double>(1 + h % 2) : choices[h % 3];
-  }
-  return is_unsigned ? static_cast<double>(h % 6) : static_cast<double>(static_cast<int>(h % 7) - 3);
-}
-
-template <class T>
-void put(void* out, T v) {
-  std::memcpy(out, &v, sizeof v);
-}
-
-void store(DataType type, void* out, double v) {
-  const auto wide = static_cast<std::int64_t>(v);
-  switch (type) {
-    case DataType::i8:
-      return put(out, static_cast<std::int8_t>(wide));
-    case DataType::u8:
-      return put(out, static_cast<std::uint8_t>(wide));
-    case DataType::i32:
-      return put(out, static_cast<std::int32_t>(wide));
-    case DataType::u32:
-      return put(out, static_cast<std::uint32_t>(wide));
-    case DataType::i64:
-      return put(out, static_cast<std::int64_t>(wide));
-    case DataType::u64:
-      return put(out, static_cast<std::uint64_t>(wide));
-    case DataType::f16:
-      return put(out, f16(static_cast<float>(v)));
-    case DataType::bf16:
-      return put(out, bf16(static_cast<float>(v)));
-    case DataType::f32:
-      return put(out, static_cast<float>(v));
-    case DataType::f64:
-      return put(out, v);
-  }
-}
-
-template <class T>
-double get(const void* in) {
-  T v;
-  std::memcpy(&v, in, sizeof v);
-  return static_cast<double>(static_cast<float>(v));
-}
-
-double load(DataType type, const void* in) {
-  switch (type) {
-    case DataType::i8:
-      return get<std::int8_t>(in);
-    case DataType::u8:
-      return get<std::uint8_t>(in);
-    case DataType::i32:
-      return get<std::int32_t>(in);
-    case DataType::u32:
-      return get<std::uint32_t>(in);
-    case DataType::i64:
-      return get<std::int64_t>(in);
-    case DataType::u64:
-      return get<std::uint64_t>(in);
-    case DataType::f16:
-      return get<f16>(in);
-    case DataType::bf16:
-      return get<bf16>(in);
-    case DataType::f32:
-      return get<float>(in);
-    case DataType::f64:
-      return get<double>(in);
-  }
-  return 0;
-}
-
-// The reference's own MPI mapping (independent of the library's); f16/bf16 go through f64.
-MPI_Datatype mpi_type_of(DataType type) {
-  switch (type) {
-    case DataType::i8:
-      return MPI_INT8_T;
-    case DataType::u8:
-      return MPI_UINT8_T;
-    case DataType::i32:
-      return MPI_INT32_T;
-    case DataType::u32:
-      return MPI_UINT32_T;
-    case DataType::i64:
-      return MPI_INT64_T;
-    case DataType::u64:
-      return MPI_UINT64_T;
-    case DataType::f32:
-      return MPI_FLOAT;
-    default:
-      return MPI_DOUBLE;
-  }
-}
-
-MPI_Op mpi_op_of(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::prod:
-      return MPI_PROD;
-    case ReduceOp::min:
-      return MPI_MIN;
-    case ReduceOp::max:
-      return MPI_MAX;
-    default:
-      return MPI_SUM;
-  }
-}
-
-using Bytes = std::vector<std::byte>;
-
-// MPI's own reduction, out of place; f16/bf16 through f64 (exact for these inputs).
-Bytes reduce_reference(const Case& c, const Layout& l, const Bytes& input, MPI_Comm comm) {
-  const bool half = c.type == DataType::f16 || c.type == DataType::bf16;
-  const std::size_t elem = size_of(c.type), width = half ? sizeof(double) : elem;
-  Bytes in(std::max<std::size_t>(l.send, 1) * width), out(std::max(l.send, l.recv) * width + width);
-  if (half)
-    for (std::size_t i = 0; i < l.send; ++i) store(DataType::f64, &in[i * width], load(c.type, &input[i * elem]));
-  else
-    std::copy(input.begin(), input.end(), in.begin());
-  const MPI_Datatype t = half ? MPI_DOUBLE : mpi_type_of(c.type);
-  const int n = static_cast<int>(c.count);
-  if (c.collective == Collective::allreduce) MPI_Allreduce(in.data(), out.data(), n, t, mpi_op_of(c.op), comm);
-  if (c.collective == Collective::reduce) MPI_Reduce(in.data(), out.data(), n, t, mpi_op_of(c.op), c.root, comm);
-  if (c.collective == Collective::reduce_scatter)
-    MPI_Reduce_scatter_block(in.data(), out.data(), n, t, mpi_op_of(c.op), comm);
-  Bytes result(l.recv * elem);
-  for (std::size_t i = 0; i < l.recv; ++i) {
-    if (half)
-      store(c.type, &result[i * elem], load(DataType::f64, &out[i * width]));
-    else
-      std::memcpy(&result[i * elem], &out[i * width], elem);
-  }
-  if (c.op == ReduceOp::avg && l.recv > 0) reduce::divide(c.type, result.data(), l.recv, static_cast<int>(l.p));
-  return result;
-}
-
-std::vector<int> ints(const std::vector<std::size_t>& counts, std::size_t elem) {
-  std::vector<int> out;
-  for (std::size_t c : counts) out.push_back(static_cast<int>(c * elem));
-  return out;
-}
-
-std::vector<int> displacements(const std::vector<int>& counts) {
-  std::vector<int> out(counts.size());
-  std::exclusive_scan(counts.begin(), counts.end(), out.begin(), 0);
-  return out;
-}
-
-// MPI's own collective on a copy of this rank's input: the output this rank must see.
-Bytes reference(const Case& c, const Layout& l, const Bytes& input, MPI_Comm comm) {
-  if (is_reduction(c.collective)) return reduce_reference(c, l, input, comm);
-  const std::size_t elem = size_of(c.type);
-  const int block = static_cast<int>(c.count * elem);
-  Bytes out(l.recv * elem + 1), in = input;
-  in.resize(in.size() + 1);
-  switch (c.collective) {
-    case Collective::allgather:
-      MPI_Allgather(in.data(), block, MPI_BYTE, out.data(), block, MPI_BYTE, comm);
-      break;
-    case Collective::allgatherv: {
-      const auto counts = ints(l.counts, elem);
-      MPI_Allgatherv(in.data(), counts[l.rank], MPI_BYTE, out.data(), counts.data(), displacements(counts).data(),
-                     MPI_BYTE, comm);
-      break;
-    }
-    case Collective::broadcast:
-      std::copy(input.begin(), input.end(), out.begin());
-      MPI_Bcast(out.data(), block, MPI_BYTE, c.root, comm);
-      break;
-    case Collective::alltoall:
-      MPI_Alltoall(in.data(), block, MPI_BYTE, out.data(), block, MPI_BYTE, comm);
-      break;
-    case Collective::alltoallv: {
-      const auto s = ints(l.send_counts, elem), r = ints(l.recv_counts, elem);
-      MPI_Alltoallv(in.data(), s.data(), displacements(s).data(), MPI_BYTE, out.data(), r.data(),
-                    displacements(r).data(), MPI_BYTE, comm);
-      break;
-    }
-    case Collective::gather:
-      MPI_Gather(in.data(), block, MPI_BYTE, out.data(), block, MPI_BYTE, c.root, comm);
-      break;
-    case Collective::scatter:
-      MPI_Scatter(in.data(), block, MPI_BYTE, out.data(), block, MPI_BYTE, c.root, comm);
-      break;
-    default:
-      MPI_Barrier(comm);
-      break;
-  }
-  out.resize(l.recv * elem);
-  return out;
-}
-
-using Subject = std::function<void(const Case&, const void* send, void* recv, const Layout&)>;
-
-// Where the input goes and where send/recv point, in elements of one buffer (in place) or two.
-struct Placement {
-  bool in_place = false;
-  std::size_t input_at = 0, send_at = 0, recv_at = 0;
-  bool null_send = false, null_recv = false;
-};
-
-Placement placement_of(const Case& c, const Layout& l) {
-  Placement pl;
-  const bool root = l.rank == static_cast<std::size_t>(c.root);
-  pl.null_recv = (c.collective == Collective::reduce || c.collective == Collective::gather) && !root;
-  pl.null_send = c.collective == Collective::scatter && !root;
-  if (c.place == 0 || (is_rooted(c.collective) && !root)) return pl;
-  pl.in_place = true;
-  const std::size_t mine = l.rank * c.count;
-  switch (c.collective) {
-    case Collective::reduce_scatter:
-      pl.recv_at = c.place == 2 ? mine : 0;
-      break;
-    case Collective::allgather:
-      pl.input_at = mine, pl.send_at = c.place == 2 ? mine : 0;
-      break;
-    case Collective::allgatherv:
-      pl.input_at = l.displacement, pl.send_at = c.place == 2 ? l.displacement : 0;
-      break;
-    case Collective::gather:
-      pl.input_at = pl.send_at = mine;
-      break;
-    case Collective::scatter:
-      pl.recv_at = mine;
-      break;
-    default:
-      break;
-  }
-  return pl;
-}
-
-// Runs one case on this rank: "" or what differs from MPI's result.
-std::string run_case(const Case& c, MPI_Comm comm, const Subject& subject) {
-  const Layout l = layout_of(c, comm_rank(comm), comm_size(comm));
-  const std::size_t elem = size_of(c.type);
-  Bytes input(l.send * elem);
-  for (std::size_t i = 0; i < l.send; ++i) store(c.type, &input[i * elem], value(c, l.rank, i));
-  const Bytes expected = reference(c, l, input, comm);
-  const Placement pl = placement_of(c, l);
-  Bytes a = input, b(std::max(l.send, l.recv) * elem + elem, std::byte{0xa5});
-  if (c.collective == Collective::broadcast && l.rank == static_cast<std::size_t>(c.root))
-    std::copy(input.begin(), input.end(), b.begin());
-  if (pl.in_place) std::copy(input.begin(), input.end(), b.begin() + static_cast<std::ptrdiff_t>(pl.input_at * elem));
-  std::byte* recv = pl.null_recv ? nullptr : b.data() + pl.recv_at * elem;
-  const std::byte* send = pl.in_place ? b.data() + pl.send_at * elem : a.data();
-  if (c.collective == Collective::broadcast) send = recv;
-  subject(c, pl.null_send ? nullptr : send, recv, l);
-  if (pl.null_recv) return "";
-  for (std::size_t i = 0; i < l.recv; ++i)
-    if (std::memcmp(recv + i * elem, &expected[i * elem], elem) != 0)
-      return name_of(c) + ": element " + std::to_string(i) + " is " + std::to_string(load(c.type, recv + i * elem)) +
-             ", MPI says " + std::to_string(load(c.type, &expected[i * elem]));
-  return "";
-}
 
 void call_tutti(Communicator& comm, const Case& c, const void* send, void* recv, const Layout& l) {
   const Options o{c.algorithm, std::chrono::milliseconds(60000)};
@@ -418,34 +58,14 @@ void call_tutti(Communicator& comm, const Case& c, const void* send, void* recv,
 
 // ---- the sweeps ----
 
-constexpr Collective kCollectives[] = {Collective::allreduce, Collective::reduce,     Collective::reduce_scatter,
-                                       Collective::allgather, Collective::allgatherv, Collective::broadcast,
-                                       Collective::alltoall,  Collective::alltoallv,  Collective::gather,
-                                       Collective::scatter,   Collective::barrier};
-constexpr DataType kTypes[] = {DataType::i8,  DataType::u8,  DataType::i32,  DataType::u32, DataType::i64,
-                               DataType::u64, DataType::f16, DataType::bf16, DataType::f32, DataType::f64};
-constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
-
-std::vector<int> places_of(Collective c) {
-  switch (c) {
-    case Collective::reduce_scatter:
-    case Collective::allgather:
-    case Collective::allgatherv:
-      return {0, 1, 2};
-    case Collective::broadcast:
-    case Collective::barrier:
-      return {0};
-    default:
-      return {0, 1};
-  }
-}
-
 // Every collective x algorithm x count x in-place form x root; movement cycles through element
 // sizes 1, 2, 4, 8; reductions use i32 sum and f32 max (types x ops have their own sweep).
 std::vector<Case> sweep(int p, const std::vector<std::size_t>& counts, bool with_algorithms) {
   constexpr DataType movement_types[] = {DataType::u8, DataType::bf16, DataType::f32, DataType::i64};
   std::vector<Case> out;
-  for (Collective coll : kCollectives) {
+  std::vector<Collective> collectives = data_collectives;
+  collectives.push_back(Collective::barrier);
+  for (Collective coll : collectives) {
     auto algorithms = with_algorithms ? schedule::algorithms_for(coll) : std::vector<Algorithm>{Algorithm::mpi};
     if (with_algorithms) algorithms.push_back(Algorithm::automatic);
     for (Algorithm a : algorithms)
@@ -453,8 +73,9 @@ std::vector<Case> sweep(int p, const std::vector<std::size_t>& counts, bool with
         for (int place : places_of(coll))
           for (int root : is_rooted(coll) ? std::vector<int>{0, p - 1} : std::vector<int>{-1}) {
             if (coll == Collective::barrier && k > 0) continue;
-            Case c{coll, a,    movement_types[(k + static_cast<std::size_t>(place)) % 4], ReduceOp::sum, counts[k],
-                   root, place};
+            Case c{coll,          a,    movement_types[(k + static_cast<std::size_t>(place)) % 4],
+                   ReduceOp::sum, p,    counts[k],
+                   place,         root, false};
             if (is_reduction(coll)) c.type = k % 2 ? DataType::f32 : DataType::i32, c.op = k % 2 ? ReduceOp::max : c.op;
             out.push_back(c);
           }
@@ -480,33 +101,14 @@ std::vector<Case> type_cases(int p, bool tutti) {
   for (Collective coll : {Collective::allreduce, Collective::reduce, Collective::reduce_scatter}) {
     const auto algorithms = tutti ? schedule::algorithms_for(coll) : std::vector<Algorithm>{Algorithm::mpi};
     for (Algorithm a : algorithms)
-      for (DataType t : kTypes)
-        for (ReduceOp op : kOps)
+      for (DataType t : all_types)
+        for (ReduceOp op : all_ops)
           for (int place : tutti ? std::vector<int>{0} : places_of(coll))
-            out.push_back(Case{coll, a, t, op, 67, p - 1, place});
+            out.push_back(Case{coll, a, t, op, p, 67, place, p - 1, false});
   }
   return out;
 }
 
-// Every rank's failures, gathered to rank 0 and reported there; every rank fails when any did.
-void expect_all_ranks_ok(MPI_Comm comm, const std::string& mine) {
-  const int bad = mine.empty() ? 0 : 1;
-  int any = 0;
-  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, comm);
-  if (!any) return;
-  const int p = comm_size(comm), length = static_cast<int>(mine.size());
-  std::vector<int> lengths(static_cast<std::size_t>(p)), displacements(static_cast<std::size_t>(p));
-  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm);
-  std::exclusive_scan(lengths.begin(), lengths.end(), displacements.begin(), 0);
-  std::string all(static_cast<std::size_t>(displacements.back() + lengths.back()), '\0');
-  MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displacements.data(), MPI_CHAR, 0, comm);
-  if (comm_rank(comm) == 0)
-    ADD_FAILURE() << all;
-  else
-    ADD_FAILURE() << "failed on some rank (see rank 0's output)";
-}
-
-// Runs every case (stopping at the first rank's failure, so that ranks stay in step) and reports.
 void run_all(MPI_Comm comm, const std::vector<Case>& cases, const Subject& subject) {
   std::string errors;
   for (const Case& c : cases) {
@@ -789,168 +391,6 @@ TEST(Split, MatchesMpiCommSplit) {
   MPI_Comm_free(&reference);
 }
 
-// ---- faults (MPI_TEST_MODE=fault: ctest's mpi_fault_* entries, apart from the rest because
-// they leave behind requests MPI cannot cancel; MPI_Finalize still completes) ----
-
-using steady = std::chrono::steady_clock;
-
-// Every rank's text, in rank order, on every rank.
-std::vector<std::string> all_texts(MPI_Comm comm, const std::string& mine) {
-  const int p = comm_size(comm), length = static_cast<int>(mine.size());
-  std::vector<int> lengths(static_cast<std::size_t>(p)), displacements(static_cast<std::size_t>(p));
-  MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm);
-  std::exclusive_scan(lengths.begin(), lengths.end(), displacements.begin(), 0);
-  std::string all(static_cast<std::size_t>(displacements.back() + lengths.back()), '\0');
-  MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displacements.data(), MPI_CHAR, comm);
-  std::vector<std::string> out;
-  for (std::size_t r = 0; r < lengths.size(); ++r)
-    out.push_back(all.substr(static_cast<std::size_t>(displacements[r]), static_cast<std::size_t>(lengths[r])));
-  return out;
-}
-
-// What one rank's call gave, and how long it took.
-struct Outcome {
-  std::optional<ErrorCode> code;
-  std::string message;
-  double seconds = 0;
-  std::string describe() const {
-    return (code ? std::string(to_string(*code)) : std::string("no error")) + " after " + std::to_string(seconds) +
-           " s: " + message;
-  }
-};
-
-Outcome outcome_of(const std::function<void()>& fn) {
-  const auto start = steady::now();
-  Outcome out;
-  try {
-    fn();
-  } catch (const Error& e) {
-    out.code = e.code();
-    out.message = e.what();
-  }
-  out.seconds = std::chrono::duration<double>(steady::now() - start).count();
-  return out;
-}
-
-constexpr auto fault_timeout = 1000ms;  // the operation's deadline in the timeout tests
-constexpr auto lateness = 2500ms;       // how late the late rank comes
-constexpr double bound_s = 4.0;         // timeout + 3 s: what "by the deadline" allows on a loaded machine
-
-// One rank (the last) passes another count to an allreduce: every rank raises Error(mismatch)
-// naming it, at once (the deadline is 20 s), and the communicator is failed for the next call.
-void expect_mismatch_on_every_rank(Algorithm algorithm) {
-  Communicator world = from_mpi(MPI_COMM_WORLD);
-  const int me = world.rank(), odd = world.size() - 1;
-  const std::size_t n = me == odd ? 37 : 36;
-  std::vector<std::int32_t> in(37, 1), out(37, 0);
-  const Outcome o = outcome_of([&] {
-    world.allreduce(in.data(), out.data(), n, DataType::i32, ReduceOp::sum, {algorithm, 20s});
-  });
-  std::string errors;
-  if (o.code != ErrorCode::mismatch || o.message.find("rank " + std::to_string(odd)) == std::string::npos ||
-      o.seconds > 10)
-    errors += "rank " + std::to_string(me) + ": expected Error(mismatch) naming rank " + std::to_string(odd) +
-              " at once, got " + o.describe() + "\n";
-  const Outcome next = outcome_of([&] { world.barrier({algorithm, 20s}); });
-  if (next.code != ErrorCode::aborted)
-    errors += "rank " + std::to_string(me) + ": the next call gave " + next.describe() + "\n";
-  if (algorithm == Algorithm::mpi) {  // every rank compared the same signatures
-    const auto texts = all_texts(MPI_COMM_WORLD, o.message);
-    for (const std::string& text : texts)
-      if (text != texts[0]) {
-        errors +=
-            "rank " + std::to_string(me) + ": ranks report different errors: '" + texts[0] + "' and '" + text + "'\n";
-        break;
-      }
-  }
-  expect_all_ranks_ok(MPI_COMM_WORLD, errors);
-}
-
-TEST(MpiFault, MismatchedCountRaisesOnEveryRankOverMpiCollectives) {
-  if (comm_size(MPI_COMM_WORLD) < 2) GTEST_SKIP() << "needs 2 ranks";
-  expect_mismatch_on_every_rank(Algorithm::mpi);
-}
-
-TEST(MpiFault, MismatchedCountRaisesOnEveryRankOverSchedules) {
-  if (comm_size(MPI_COMM_WORLD) < 2) GTEST_SKIP() << "needs 2 ranks";
-  expect_mismatch_on_every_rank(Algorithm::ring);
-}
-
-// The last rank comes `lateness` late to `call`: the others raise Error(timeout) by their deadline
-// (not when it comes). The late rank raises it too: at once when the others' abort reaches it
-// (`told`), else (set-up, before there is a communicator to tell) by its own deadline.
-void expect_timeout_for_late_rank(const std::function<void()>& call, bool told = true) {
-  const int me = comm_rank(MPI_COMM_WORLD), late = comm_size(MPI_COMM_WORLD) - 1;
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (me == late) std::this_thread::sleep_for(lateness);
-  const Outcome o = outcome_of(call);
-  const double deadline_s = std::chrono::duration<double>(fault_timeout).count();
-  const double least = me == late ? 0 : deadline_s - 0.05, most = me == late && told ? deadline_s / 2 : bound_s;
-  std::string errors;
-  if (o.code != ErrorCode::timeout || o.seconds < least || o.seconds > most)
-    errors = "rank " + std::to_string(me) + (me == late ? " (late)" : "") + ": expected Error(timeout) within [" +
-             std::to_string(least) + ", " + std::to_string(most) + "] s, got " + o.describe() + "\n";
-  expect_all_ranks_ok(MPI_COMM_WORLD, errors);
-}
-
-TEST(MpiFault, LateRankTimesOutByTheDeadlineOverMpiCollectives) {
-  if (comm_size(MPI_COMM_WORLD) < 2) GTEST_SKIP() << "needs 2 ranks";
-  Communicator world = from_mpi(MPI_COMM_WORLD);
-  std::vector<std::int32_t> in(64, 1), out(64, 0);
-  expect_timeout_for_late_rank([&] {
-    world.allreduce(in.data(), out.data(), in.size(), DataType::i32, ReduceOp::sum, {Algorithm::mpi, fault_timeout});
-  });
-}
-
-TEST(MpiFault, LateRankTimesOutByTheDeadlineOverSchedules) {
-  if (comm_size(MPI_COMM_WORLD) < 2) GTEST_SKIP() << "needs 2 ranks";
-  Communicator world = from_mpi(MPI_COMM_WORLD);
-  std::vector<std::int32_t> in(64, 1), out(64, 0);
-  expect_timeout_for_late_rank([&] {
-    world.allreduce(in.data(), out.data(), in.size(), DataType::i32, ReduceOp::sum, {Algorithm::ring, fault_timeout});
-  });
-}
-
-// Sets TUTTI_TIMEOUT_MS (the deadline of set-up and split) for one scope.
-struct DefaultTimeout {
-  explicit DefaultTimeout(std::chrono::milliseconds ms) {
-    setenv("TUTTI_TIMEOUT_MS", std::to_string(ms.count()).c_str(), 1);
-  }
-  ~DefaultTimeout() { unsetenv("TUTTI_TIMEOUT_MS"); }
-};
-
-TEST(MpiFault, FromMpiWithLateRankTimesOut) {
-  if (comm_size(MPI_COMM_WORLD) < 2) GTEST_SKIP() << "needs 2 ranks";
-  DefaultTimeout scope(fault_timeout);
-  expect_timeout_for_late_rank([] { Communicator world = from_mpi(MPI_COMM_WORLD); }, false);
-}
-
-TEST(MpiFault, SplitWithLateMemberTimesOut) {
-  if (comm_size(MPI_COMM_WORLD) < 2) GTEST_SKIP() << "needs 2 ranks";
-  MpiTransport parent(MPI_COMM_WORLD, fault_timeout);
-  const int p = parent.size(), me = parent.rank();
-  std::vector<int> ranks(static_cast<std::size_t>(p));
-  std::iota(ranks.rbegin(), ranks.rend(), 0);  // every rank, in reverse order
-  // Straight to the transport: Communicator::split's allgather would catch the late rank first.
-  expect_timeout_for_late_rank([&] { parent.split(77, ranks, p - 1 - me); });
-  // The parent is aborted on every rank: the first error reached all.
-  const auto deadline = steady::now() + 5s;
-  while (!parent.aborted() && steady::now() < deadline) parent.wait(parent.generation(), steady::now() + 10ms);
-  const auto failure = parent.aborted();
-  expect_all_ranks_ok(MPI_COMM_WORLD,
-                      failure && failure->error.code() == ErrorCode::timeout
-                          ? ""
-                          : "rank " + std::to_string(me) + ": the parent is not aborted by a timeout\n");
-}
-
-TEST(MpiFault, CommunicatorSplitWithLateRankTimesOut) {
-  if (comm_size(MPI_COMM_WORLD) < 2) GTEST_SKIP() << "needs 2 ranks";
-  DefaultTimeout scope(fault_timeout);
-  Communicator world = from_mpi(MPI_COMM_WORLD);
-  expect_timeout_for_late_rank([&] { world.split(0, world.rank()); });
-}
-
-// Only rank 0 prints gtest's report; the others print their failed assertions, prefixed.
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit RankFailurePrinter(int rank) : rank_(rank) {}

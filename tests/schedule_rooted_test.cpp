@@ -218,6 +218,32 @@ TEST(RootedStructure, NonRootsOfReduceAndGatherNeverTouchOutput) {
   }
 }
 
+bool same_region(const Region& a, const Region& b) {
+  return a.buffer == b.buffer && a.offset == b.offset && a.count == b.count;
+}
+
+// Scatter is generated as gather's mirror: mirroring twice must give back every step as it was.
+TEST(Mirror, TwiceGivesBackTheSchedule) {
+  for (int p : kSizes)
+    for (int rank = 0; rank < p; ++rank)
+      for (const Schedule& s : {gather_binomial_tree(rooted_params(Collective::gather, p, rank, p / 2, 3)),
+                                gather_linear(rooted_params(Collective::gather, p, rank, p / 2, 3))}) {
+        const Schedule back = mirror(mirror(s));
+        ASSERT_EQ(back.steps.size(), s.steps.size()) << "p=" << p << " rank=" << rank;
+        EXPECT_EQ(back.scratch_count, s.scratch_count);
+        for (std::size_t i = 0; i < s.steps.size(); ++i) {
+          const Step &a = s.steps[i], &b = back.steps[i];
+          EXPECT_TRUE(a.kind == b.kind && a.peer == b.peer && same_region(a.region, b.region) &&
+                      same_region(a.operand, b.operand) && a.deps == b.deps)
+              << "p=" << p << " rank=" << rank << " step " << i;
+        }
+      }
+}
+
+TEST(Mirror, ARecvReduceHasNone) {
+  EXPECT_THROW(mirror(reduce_binomial_tree(rooted_params(Collective::reduce, 4, 0, 0, 5))), Error);
+}
+
 TEST(RootedStructure, BruckAndDisseminationTakeCeilLog2PRounds) {
   for (int p : kSizes) {
     Params params = rooted_params(Collective::alltoall, p, p - 1, 0, 3);

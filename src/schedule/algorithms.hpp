@@ -1,4 +1,5 @@
-// The schedule generators, one per file (the file is named after the function).
+// The schedule generators, one per file (the file is named after the function; a scatter is the
+// mirror image of its gather and lives in the gather's file).
 // Each returns Params::rank's schedule; see schedule.hpp for buffers, steps and in-place rules.
 #pragma once
 
@@ -56,6 +57,13 @@ std::uint32_t append(Schedule& head, const Schedule& tail, const std::vector<std
 
 /// Steps of `schedule` that no later step depends on (the "last" steps, for sequencing).
 std::vector<std::uint32_t> sinks(const Schedule& schedule);
+
+/// The same exchange in the opposite direction: the steps in reverse order, sends and receives
+/// swapped, each copy's source and destination swapped, input and output swapped (scratch stays),
+/// and every dependency turned around. A valid schedule's mirror is valid (the k-th message
+/// between two ranks becomes the k-th from the end on both sides); a gather's is the scatter
+/// with the same root and count. Throws Error(invalid_argument) for a recv_reduce, which has none.
+Schedule mirror(const Schedule& schedule);
 
 /// Number of chunks to pipeline `count` elements in, given Params::chunk_bytes (≥ 1).
 std::size_t chunks_for(const Params& params, std::size_t count);

@@ -32,11 +32,9 @@ std::uint32_t send_if(Schedule& s, int peer, Region r, std::vector<std::uint32_t
   return r.count == 0 ? no_step : s.send(peer, r, std::move(deps));
 }
 
-// Recursive halving then recursive doubling among the pof2 active ranks; `from` holds this
-// rank's contribution after step `ready`. Returns the steps after which output is complete.
-std::vector<std::uint32_t> halve_then_double(Schedule& s, const Fold& f, Buffer from, std::uint32_t ready,
-                                             std::size_t count) {
-  const Halving h{f, count};
+// Recursive halving then recursive doubling among the pof2 active ranks (a PowerOfTwoPhase).
+std::vector<std::uint32_t> halve_then_double(Schedule& s, const Fold& f, Region from, std::uint32_t ready) {
+  const Halving h{f, from.count};
   const int v = f.vrank;
   std::vector<std::uint32_t> rs_sent(static_cast<std::size_t>(f.steps), no_step);
   std::vector<std::pair<int, int>> given(static_cast<std::size_t>(f.steps));  // virtual ranges sent away
@@ -47,7 +45,7 @@ std::vector<std::uint32_t> halve_then_double(Schedule& s, const Fold& f, Buffer 
     const bool upper = (v & m) != 0;
     const auto keep = upper ? std::pair{mid, hi} : std::pair{lo, mid};
     given[static_cast<std::size_t>(k)] = upper ? std::pair{lo, mid} : std::pair{mid, hi};
-    const Buffer source = k == 0 ? from : Buffer::output;
+    const Buffer source = k == 0 ? from.buffer : Buffer::output;
     const auto [glo, ghi] = given[static_cast<std::size_t>(k)];
     rs_sent[static_cast<std::size_t>(k)] = send_if(s, peer, h.range(source, glo, ghi), deps_of({reduced}));
     const Region to = h.range(Buffer::output, keep.first, keep.second);
@@ -73,25 +71,6 @@ std::vector<std::uint32_t> halve_then_double(Schedule& s, const Fold& f, Buffer 
 
 }  // namespace
 
-Schedule allreduce_rabenseifner(const Params& params) {
-  Schedule s;
-  const std::size_t c = params.count;
-  const Region input{Buffer::input, 0, c}, output{Buffer::output, 0, c};
-  if (params.size == 1 || c == 0) {
-    if (c > 0) s.copy(output, input);
-    return s;
-  }
-  const Fold f = fold(params.rank, params.size);
-  if (f.sits_out()) {
-    const std::uint32_t sent = s.send(f.partner, input);
-    s.recv(f.partner, output, {sent});  // in place, output is the input just sent
-    return s;
-  }
-  const std::uint32_t ready = f.receives_fold() ? s.recv_reduce(f.partner, output, input) : no_step;
-  auto complete = halve_then_double(s, f, f.receives_fold() ? Buffer::output : Buffer::input, ready, c);
-  std::erase(complete, no_step);
-  if (f.receives_fold()) s.send(f.partner, output, complete);
-  return s;
-}
+Schedule allreduce_rabenseifner(const Params& params) { return folded_allreduce(params, halve_then_double); }
 
 }  // namespace tutti::schedule

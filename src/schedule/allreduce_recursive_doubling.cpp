@@ -25,9 +25,10 @@ Region round_target(int k, int rounds, std::size_t count) {
 
 std::size_t scratch_for(int rounds, std::size_t count) { return (rounds % 2 == 1 && rounds > 1 ? 2 : 1) * count; }
 
-// The power-of-two phase for a rank with virtual rank f.vrank whose partial sum is in `from`
-// (ready after step `ready`). Returns the step after which output holds the full sum.
-std::uint32_t exchange(Schedule& s, const Fold& f, Region from, std::uint32_t ready, std::size_t count) {
+// The log2(pof2) exchanges (a PowerOfTwoPhase).
+std::vector<std::uint32_t> exchange(Schedule& s, const Fold& f, Region from, std::uint32_t ready) {
+  const std::size_t count = from.count;
+  s.scratch_count = scratch_for(f.steps, count);
   std::uint32_t sent = no_step, reduced = ready;
   for (int k = 0; k < f.steps; ++k) {
     const int peer = f.real(f.vrank ^ (1 << k));
@@ -38,36 +39,12 @@ std::uint32_t exchange(Schedule& s, const Fold& f, Region from, std::uint32_t re
     sent = send;
     from = to;
   }
-  if (from.buffer == Buffer::output) return reduced;
-  return s.copy(Region{Buffer::output, 0, count}, from, deps_of({reduced, sent}));  // one round: p = 2 or 3
+  if (from.buffer == Buffer::output) return {reduced};
+  return {s.copy(Region{Buffer::output, 0, count}, from, deps_of({reduced, sent}))};  // one round: p = 2 or 3
 }
 
 }  // namespace
 
-Schedule allreduce_recursive_doubling(const Params& params) {
-  Schedule s;
-  const std::size_t c = params.count;
-  const Region input{Buffer::input, 0, c}, output{Buffer::output, 0, c};
-  if (params.size == 1 || c == 0) {
-    if (c > 0) s.copy(output, input);
-    return s;
-  }
-  const Fold f = fold(params.rank, params.size);
-  if (f.sits_out()) {
-    const std::uint32_t sent = s.send(f.partner, input);
-    s.recv(f.partner, output, {sent});  // in place, output is the input just sent
-    return s;
-  }
-  s.scratch_count = scratch_for(f.steps, c);
-  Region from = input;
-  std::uint32_t ready = no_step;
-  if (f.receives_fold()) {
-    ready = s.recv_reduce(f.partner, output, input);
-    from = output;
-  }
-  const std::uint32_t done = exchange(s, f, from, ready, c);
-  if (f.receives_fold()) s.send(f.partner, output, {done});
-  return s;
-}
+Schedule allreduce_recursive_doubling(const Params& params) { return folded_allreduce(params, exchange); }
 
 }  // namespace tutti::schedule

@@ -6,6 +6,9 @@
 
 #include <bit>
 #include <cstdint>
+#include <vector>
+
+#include "schedule/schedule.hpp"
 
 namespace tutti::schedule {
 
@@ -42,5 +45,16 @@ inline Fold fold(int rank, int size) {
   }
   return f;
 }
+
+/// The power-of-two phase of an allreduce, run by every rank that does not sit out: `from`
+/// (input, or output on a rank that received a fold) holds this rank's contribution after step
+/// `ready` (no_step: at once). Returns the steps after which output holds the full sum (no_step
+/// entries are dropped).
+using PowerOfTwoPhase = std::vector<std::uint32_t> (*)(Schedule& s, const Fold& f, Region from, std::uint32_t ready);
+
+/// An allreduce for any p from a phase that needs a power of two: a rank that sits out hands its
+/// input to its partner and gets the result back; its partner reduces it in first and sends the
+/// result back after `phase`. p = 1 or count = 0 is a local copy.
+Schedule folded_allreduce(const Params& params, PowerOfTwoPhase phase);
 
 }  // namespace tutti::schedule

@@ -5,6 +5,11 @@
 // contiguous in relative order, and sends the whole range to its parent v - lowbit(v).
 // Only the root has an output (absolute rank order), so a child's relative range that wraps past
 // rank p-1 lands in scratch first and is split into the output's end and start.
+//
+// Binomial-tree scatter is its mirror (schedule::mirror): v receives its subtree's blocks from
+// its parent into scratch, keeps its own and forwards each child's range, largest subtree (the
+// one with the most rounds ahead) first; the root packs a wrapping range from its input's end
+// and start into scratch before sending it.
 #include <algorithm>
 
 #include "schedule/algorithms.hpp"
@@ -58,5 +63,7 @@ Schedule gather_binomial_tree(const Params& params) {
   s.send(absolute(v - mask), {Buffer::scratch, 0, subtree * c}, gathered);
   return s;
 }
+
+Schedule scatter_binomial_tree(const Params& params) { return mirror(gather_binomial_tree(params)); }
 
 }  // namespace tutti::schedule

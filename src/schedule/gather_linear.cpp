@@ -1,6 +1,7 @@
 // Linear gather: every rank sends its block straight to the root, which receives p-1 messages
 // into their slots. One round of latency but p-1 messages into one rank: for small p or for
 // large blocks where the root's link is the bottleneck anyway. Any p, any root.
+// Linear scatter is its mirror: the root sends every other rank its block directly.
 #include "schedule/algorithms.hpp"
 
 namespace tutti::schedule {
@@ -23,5 +24,7 @@ Schedule gather_linear(const Params& params) {
   }
   return s;
 }
+
+Schedule scatter_linear(const Params& params) { return mirror(gather_linear(params)); }
 
 }  // namespace tutti::schedule

@@ -63,6 +63,30 @@ std::vector<std::uint32_t> sinks(const Schedule& schedule) {
   return out;
 }
 
+Schedule mirror(const Schedule& schedule) {
+  auto swap_buffers = [](Region r) {
+    if (r.buffer != Buffer::scratch) r.buffer = r.buffer == Buffer::input ? Buffer::output : Buffer::input;
+    return r;
+  };
+  const auto n = static_cast<std::uint32_t>(schedule.steps.size());
+  Schedule out;
+  out.scratch_count = schedule.scratch_count;
+  out.steps.resize(n);
+  for (std::uint32_t i = n; i-- > 0;) {
+    const Step& s = schedule.steps[i];
+    if (s.kind == StepKind::recv_reduce)
+      throw Error(ErrorCode::invalid_argument, "schedule::mirror: a recv_reduce has no mirror image");
+    Step& m = out.steps[n - 1 - i];
+    m.kind = s.kind == StepKind::send ? StepKind::recv : s.kind == StepKind::recv ? StepKind::send : StepKind::copy;
+    m.peer = s.peer;
+    m.region = swap_buffers(s.kind == StepKind::copy ? s.operand : s.region);
+    if (s.kind == StepKind::copy) m.operand = swap_buffers(s.region);
+    // What waited for step d now comes before it: in ascending order, as i descends.
+    for (auto d : s.deps) out.steps[n - 1 - d].deps.push_back(n - 1 - i);
+  }
+  return out;
+}
+
 std::size_t chunks_for(const Params& params, std::size_t count) {
   const std::size_t chunk_elems =
       std::max<std::size_t>(1, params.chunk_bytes / std::max<std::size_t>(1, params.elem_size));

@@ -1,0 +1,279 @@
+// libtorch glue: DistributedOptimizer, which averages gradients over the ranks through the
+// training engine, overlapping the allreduces with backward.
+// Part of <tutti/torch.hpp>, which users include: header-only, CPU tensors only. Inside namespace
+// tutti, `torch::` means tutti::torch: write `::torch::` there.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/optim/optimizer.h>
+
+#include "tutti/engine.hpp"
+#include "tutti/torch_dtype.hpp"
+#include "tutti/tutti.hpp"
+
+namespace tutti::torch {
+
+namespace detail {
+
+/// Calls `on_ready` after AccumulateGrad has added a backward pass's gradient to `param.grad()`.
+class GradReadyHook final : public ::torch::autograd::FunctionPostHook {
+ public:
+  explicit GradReadyHook(std::function<void()> on_ready) : on_ready_(std::move(on_ready)) {}
+  ::torch::autograd::variable_list operator()(const ::torch::autograd::variable_list& outputs,
+                                              const ::torch::autograd::variable_list& /*inputs*/) override {
+    on_ready_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> on_ready_;
+};
+
+}  // namespace detail
+
+struct DistributedOptions {
+  /// Reduce each gradient as soon as backward has produced it (true), or all of them in step().
+  bool overlap = true;
+  /// Backward passes accumulated locally per optimizer step (gradient accumulation).
+  int backward_passes_per_step = 1;
+  /// The engine's settings; `engine.fusion_threshold` bounds a fused allreduce.
+  EngineOptions engine = EngineOptions::from_environment();
+};
+
+/// Where the communication time of the steps went (seconds summed over steps).
+struct OverlapStats {
+  double allreduce_seconds = 0;  ///< inside the engine's allreduce calls
+  double hidden_seconds = 0;     ///< of those, before backward ended (overlapped with compute)
+  double wait_seconds = 0;       ///< step(), from the end of backward until the gradients were reduced
+  std::uint64_t bytes = 0;       ///< bytes the allreduces reduced
+  std::uint64_t steps = 0;       ///< optimizer steps taken
+};
+
+/// Wraps a libtorch optimizer so that step() applies gradients averaged over the ranks.
+///
+/// Gradients are AVERAGED over ranks and SUMMED over the `backward_passes_per_step` backward
+/// passes of an accumulation window (scale the loss by 1/backward_passes_per_step for a mean).
+/// Every rank must call zero_grad/backward/step in the same pattern; construction and
+/// destruction are collective (they build and stop an Engine). Parameters that do not require
+/// grad are ignored; the others must be CPU leaf tensors with unique names that mean the same
+/// tensor on every rank, and must include every parameter the optimizer updates.
+class DistributedOptimizer {
+ public:
+  /// Errors: Error(invalid_argument) for a duplicate or empty name, an undefined, non-leaf or
+  /// non-CPU tensor, an unsupported type, backward_passes_per_step < 1, or an optimizer
+  /// parameter missing from `named_parameters`.
+  DistributedOptimizer(Communicator& comm, ::torch::optim::Optimizer& optimizer,
+                       std::vector<std::pair<std::string, ::torch::Tensor>> named_parameters,
+                       DistributedOptions options = {})
+      : optimizer_(optimizer),
+        options_(std::move(options)),
+        params_(make_params(std::move(named_parameters), optimizer, options_)),
+        engine_(comm, options_.engine) {
+    if (options_.overlap) install_hooks();
+  }
+
+  /// Collective (destroys the engine); gradients still in flight are abandoned.
+  ~DistributedOptimizer() {
+    for (auto& p : params_)
+      if (p.accumulator && p.hook_key) p.accumulator->del_post_hook(p.hook_key);
+  }
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  /// Counts a backward pass; on the last pass of an accumulation window, completes the
+  /// allreduce of every gradient (enqueueing those backward did not, with zeros for gradients
+  /// that are undefined) and steps the wrapped optimizer. On the other passes it only counts.
+  /// Throws the engine's Error for a failed allreduce (after waiting for all of them).
+  void step() {
+    if (++step_calls_ < options_.backward_passes_per_step) return;
+    step_calls_ = 0;
+    if (!synchronized_) reduce_gradients();
+    synchronized_ = false;
+    const auto start = std::chrono::steady_clock::now();
+    optimizer_.step();
+    engine_.record_phase("OPTIMIZER", start, std::chrono::steady_clock::now());
+  }
+
+  /// Completes the gradients' allreduce without stepping (e.g. to clip them before step());
+  /// the next step() then does not reduce again. Call it after the window's last backward pass.
+  void synchronize() {
+    reduce_gradients();
+    synchronized_ = true;
+  }
+
+  /// The wrapped optimizer's zero_grad, at the start of an accumulation window only: within a
+  /// window it does nothing, so a loop calling zero_grad/backward/step every pass accumulates.
+  /// Error(invalid_argument) while gradients are being reduced (backward without step()).
+  void zero_grad() {
+    if (step_calls_ != 0) return;
+    {
+      std::lock_guard lock(mutex_);
+      for (const auto& p : params_)
+        if (p.enqueued)
+          throw Error(ErrorCode::invalid_argument, "tutti::torch::DistributedOptimizer::zero_grad: the gradient of " +
+                                                       p.name + " is being reduced; call step() after backward");
+    }
+    optimizer_.zero_grad();
+  }
+
+  Engine& engine() { return engine_; }
+  ::torch::optim::Optimizer& optimizer() { return optimizer_; }
+  const DistributedOptions& options() const { return options_; }
+
+  OverlapStats overlap_stats() const { return stats_; }
+  void reset_overlap_stats() { stats_ = {}; }
+
+ private:
+  struct Param {
+    std::string name;
+    ::torch::Tensor tensor;
+    std::shared_ptr<::torch::autograd::Node> accumulator;  // kept alive: the hook lives on it
+    std::uintptr_t hook_key = 0;
+    int passes = 0;          // backward passes that produced this gradient in the window
+    bool enqueued = false;   // handed to the engine in this window
+    ::torch::Tensor grad;    // the gradient being reduced
+    ::torch::Tensor buffer;  // what the engine reduces: grad, or a contiguous copy of it
+    Handle handle;
+  };
+
+  static std::vector<Param> make_params(std::vector<std::pair<std::string, ::torch::Tensor>> named,
+                                        ::torch::optim::Optimizer& optimizer, const DistributedOptions& options) {
+    const std::string where = "tutti::torch::DistributedOptimizer: ";
+    if (options.backward_passes_per_step < 1)
+      throw Error(ErrorCode::invalid_argument, where + "backward_passes_per_step must be at least 1, not " +
+                                                   std::to_string(options.backward_passes_per_step));
+    std::vector<Param> params;
+    std::unordered_set<std::string> names;
+    std::unordered_set<const void*> impls;
+    for (auto& [name, tensor] : named) {
+      if (name.empty()) throw Error(ErrorCode::invalid_argument, where + "a parameter has an empty name");
+      if (!names.insert(name).second)
+        throw Error(ErrorCode::invalid_argument, where + "duplicate parameter name " + name);
+      if (!tensor.defined()) throw Error(ErrorCode::invalid_argument, where + "parameter " + name + " is undefined");
+      if (!tensor.requires_grad()) continue;
+      if (!tensor.is_leaf())
+        throw Error(ErrorCode::invalid_argument, where + "parameter " + name + " is not a leaf tensor");
+      if (!tensor.device().is_cpu())
+        throw Error(ErrorCode::invalid_argument,
+                    where + "parameter " + name + " is on " + tensor.device().str() + " (CPU tensors only)");
+      dtype_of(tensor);  // throws for an unsupported type
+      impls.insert(tensor.unsafeGetTensorImpl());
+      if (tensor.numel() == 0) continue;  // nothing to reduce
+      Param p;
+      p.name = name;
+      p.tensor = tensor;
+      params.push_back(std::move(p));
+    }
+    for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+      const auto& group_params = optimizer.param_groups()[g].params();
+      for (std::size_t i = 0; i < group_params.size(); ++i)
+        if (group_params[i].requires_grad() && !impls.count(group_params[i].unsafeGetTensorImpl()))
+          throw Error(ErrorCode::invalid_argument, where + "parameter " + std::to_string(i) + " of param group " +
+                                                       std::to_string(g) +
+                                                       " is not among the named parameters: its gradient "
+                                                       "would not be averaged");
+    }
+    return params;
+  }
+
+  void install_hooks() {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      Param& p = params_[i];
+      p.accumulator = ::torch::autograd::impl::grad_accumulator(p.tensor);
+      if (!p.accumulator) continue;  // cannot happen for a leaf that requires grad
+      p.hook_key =
+          p.accumulator->add_post_hook(std::make_unique<detail::GradReadyHook>([this, i] { on_grad_ready(i); }));
+    }
+  }
+
+  // Runs in the thread that runs backward, after AccumulateGrad.
+  void on_grad_ready(std::size_t i) {
+    std::lock_guard lock(mutex_);
+    Param& p = params_[i];
+    if (p.enqueued)
+      throw Error(ErrorCode::invalid_argument, "tutti::torch::DistributedOptimizer: the gradient of " + p.name +
+                                                   " was computed more than backward_passes_per_step (" +
+                                                   std::to_string(options_.backward_passes_per_step) +
+                                                   ") times before step()");
+    if (++p.passes < options_.backward_passes_per_step) return;
+    enqueue(p);
+  }
+
+  // Caller holds mutex_.
+  void enqueue(Param& p) {
+    ::torch::NoGradGuard no_grad;
+    if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = ::torch::zeros_like(p.tensor);
+    p.grad = p.tensor.grad();
+    p.buffer = p.grad.is_contiguous() ? p.grad : p.grad.contiguous();
+    p.handle = engine_.enqueue_allreduce(p.name, p.buffer.data_ptr(), static_cast<std::size_t>(p.buffer.numel()),
+                                         dtype_of(p.buffer), ReduceOp::avg);
+    p.enqueued = true;
+  }
+
+  void reduce_gradients() {
+    const auto backward_end = std::chrono::steady_clock::now();
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& p : params_)
+        if (!p.enqueued) enqueue(p);
+    }
+    engine_.flush();
+    std::exception_ptr failure;
+    {
+      std::lock_guard lock(mutex_);
+      ::torch::NoGradGuard no_grad;
+      for (auto& p : params_) {
+        try {
+          p.handle.wait();
+          if (!p.buffer.is_same(p.grad)) p.grad.copy_(p.buffer);
+        } catch (...) {
+          if (!failure) failure = std::current_exception();
+        }
+        p.passes = 0;
+        p.enqueued = false;
+        p.grad = p.buffer = ::torch::Tensor();
+        p.handle = Handle();
+      }
+    }
+    const auto wait_end = std::chrono::steady_clock::now();
+    // From the end of backward: the enqueues above may already have started allreduces.
+    account(backward_end, std::chrono::duration<double>(wait_end - backward_end).count());
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  void account(std::chrono::steady_clock::time_point backward_end, double wait_seconds) {
+    for (const auto& r : engine_.take_allreduce_records()) {
+      stats_.allreduce_seconds += std::chrono::duration<double>(r.end - r.start).count();
+      const auto hidden_end = std::min(r.end, backward_end);
+      if (hidden_end > r.start) stats_.hidden_seconds += std::chrono::duration<double>(hidden_end - r.start).count();
+      stats_.bytes += r.bytes;
+    }
+    stats_.wait_seconds += wait_seconds;
+    stats_.steps += 1;
+  }
+
+  ::torch::optim::Optimizer& optimizer_;
+  DistributedOptions options_;
+  std::vector<Param> params_;  // before engine_: the buffers outlive the engine that writes them
+  std::mutex mutex_;
+  int step_calls_ = 0;
+  bool synchronized_ = false;
+  OverlapStats stats_;
+  Engine engine_;
+};
+
+}  // namespace tutti::torch
