@@ -193,71 +193,6 @@ TEST_F(Shm, SendRecvLargeEmptyAndUnexpected) {
   EXPECT_EQ(failures, "");
 }
 
-TEST_F(Shm, MismatchedAllreduceFailsEveryRank) {
-  for (int p : {2, 3, 5}) {
-    std::atomic<int> mismatches{0};
-    const std::string failures = run_shm(p, [&](Communicator& comm) {
-      std::vector<float> data(100, 1.0f);
-      const std::size_t n = comm.rank() == 1 ? 99 : 100;
-      try {
-        comm.allreduce(data.data(), data.data(), n, DataType::f32, ReduceOp::sum, {Algorithm::ring, timeout});
-      } catch (const Error& e) {
-        if (e.code() == ErrorCode::mismatch && std::string(e.what()).find("mismatched collective") != std::string::npos)
-          ++mismatches;
-        else
-          throw;
-      }
-      try {  // the communicator is aborted for good
-        comm.barrier({Algorithm::automatic, timeout});
-        throw std::runtime_error("barrier after a mismatch succeeded");
-      } catch (const Error& e) {
-        if (e.code() != ErrorCode::aborted) throw;
-      }
-    });
-    EXPECT_EQ(failures, "") << "p=" << p;
-    EXPECT_EQ(mismatches.load(), p) << "p=" << p;
-  }
-}
-
-TEST_F(Shm, MismatchedCollectivesFailEveryRank) {
-  std::atomic<int> mismatches{0};
-  const std::string failures = run_shm(3, [&](Communicator& comm) {
-    std::vector<float> data(64, 1.0f);
-    try {
-      if (comm.rank() == 2)
-        comm.broadcast(data.data(), 64, DataType::f32, 0, {Algorithm::automatic, timeout});
-      else
-        comm.allreduce(data.data(), data.data(), 64, DataType::f32, ReduceOp::sum, {Algorithm::automatic, timeout});
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::mismatch) throw;
-      ++mismatches;
-    }
-  });
-  EXPECT_EQ(failures, "");
-  EXPECT_EQ(mismatches.load(), 3);
-}
-
-TEST_F(Shm, SizeMismatchedSendRecvFailsBothSides) {
-  std::vector<std::string> errors(2);
-  const std::string failures = run_shm(2, [&](Communicator& comm) {
-    std::vector<float> data(12, 1.0f);
-    try {
-      if (comm.rank() == 0)
-        comm.send(data.data(), 10, DataType::f32, 1, 3);
-      else
-        comm.recv(data.data(), 12, DataType::f32, 0, 3);
-      errors[static_cast<std::size_t>(comm.rank())] = "no error";
-    } catch (const Error& e) {
-      errors[static_cast<std::size_t>(comm.rank())] = std::string(to_string(e.code())) + ": " + e.what();
-    }
-  });
-  EXPECT_EQ(failures, "");
-  for (const std::string& e : errors) {
-    EXPECT_NE(e.find("mismatch"), std::string::npos) << e;
-    EXPECT_NE(e.find("message size mismatch: rank 0 sent 40 bytes but rank 1 expected 48"), std::string::npos) << e;
-  }
-}
-
 TEST_F(Shm, TimeoutAbortsForEveryRank) {
   std::atomic<int> timeouts{0};
   const std::string failures = run_shm(2, [&](Communicator& comm) {
@@ -273,37 +208,6 @@ TEST_F(Shm, TimeoutAbortsForEveryRank) {
   });
   EXPECT_EQ(failures, "");
   EXPECT_EQ(timeouts.load(), 2);
-}
-
-TEST_F(Shm, SplitCommunicators) {
-  std::atomic<int> wrong{0};
-  const std::string failures = run_shm(5, [&](Communicator& comm) {
-    const int r = comm.rank();
-    Communicator half = comm.split(r % 2, -r);  // reversed order within each color
-    const int members = r % 2 == 0 ? 3 : 2;
-    if (half.size() != members) ++wrong;
-    std::vector<std::int32_t> all(static_cast<std::size_t>(members), -1);
-    half.allgather(&r, all.data(), 1, DataType::i32, {Algorithm::automatic, timeout});
-    for (int i = 0; i < members; ++i)  // highest old rank first
-      if (all[static_cast<std::size_t>(i)] != all[0] - 2 * i) ++wrong;
-    std::vector<float> big(300001, static_cast<float>(r));
-    half.allreduce(std::span<float>(big), ReduceOp::sum, {Algorithm::ring, timeout});
-    float expected = 0;
-    for (int x : all) expected += static_cast<float>(x);
-    for (float v : big)
-      if (v != expected) {
-        ++wrong;
-        break;
-      }
-    Communicator nested = half.split(0, 0);
-    int sum = 0;
-    nested.allreduce(&r, &sum, 1, DataType::i32, ReduceOp::sum, {Algorithm::automatic, timeout});
-    if (static_cast<float>(sum) != expected) ++wrong;
-    Communicator none = comm.split(r == 0 ? -1 : 0, 0);
-    if ((r == 0) != (none.size() == 0)) ++wrong;
-  });
-  EXPECT_EQ(failures, "");
-  EXPECT_EQ(wrong.load(), 0);
 }
 
 // Transport level: a receive cancelled while its message is half received gets no more bytes.

@@ -27,6 +27,7 @@
 #include "bootstrap/store.hpp"
 #include "comm/comm_impl.hpp"
 #include "memory_store.hpp"
+#include "tcp_mesh.hpp"
 #include "transport/tcp/tcp.hpp"
 #include "transport/tcp/testing.hpp"
 #include "tutti/tutti.hpp"
@@ -38,35 +39,9 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::chrono::milliseconds op_timeout{60000};
-constexpr std::chrono::milliseconds connect_timeout{30000};
-const std::string token = "tcp-test-secret";
 
 // Point-to-point calls take the communicator's default deadline: keep it well below ctest's.
 const bool timeout_set = [] { return ::setenv("TUTTI_TIMEOUT_MS", "60000", 0) == 0; }();
-
-using Transports = std::vector<std::unique_ptr<transport::Transport>>;
-
-// Connects ranks `ranks` of a p-rank mesh, each on its own thread; errors by rank.
-Transports connect_ranks(MemoryStore& store, int p, std::vector<std::string>* errors,
-                         std::chrono::milliseconds timeout = connect_timeout, std::vector<int> ranks = {},
-                         const std::string& secret = token) {
-  if (ranks.empty())
-    for (int r = 0; r < p; ++r) ranks.push_back(r);
-  Transports transports(static_cast<std::size_t>(p));
-  errors->assign(static_cast<std::size_t>(p), "");
-  std::vector<std::thread> threads;
-  for (int r : ranks) {
-    threads.emplace_back([&, r] {
-      try {
-        transports[static_cast<std::size_t>(r)] = transport::tcp::connect(store, secret, r, p, 7, "127.0.0.1", timeout);
-      } catch (const std::exception& e) {
-        (*errors)[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return transports;
-}
 
 std::vector<Communicator> to_communicators(Transports& transports) {
   std::vector<Communicator> comms;
@@ -227,81 +202,6 @@ TEST(TcpCollectives, AllgatherBroadcastAlltoallSendRecv) {
     });
     EXPECT_EQ(failures, "") << "p=" << p;
   }
-}
-
-TEST(TcpSplit, SubcommunicatorsRunConcurrentlyOverTheSameConnections) {
-  constexpr int p = 6;
-  auto comms = make_group(p);
-  const std::string failures = run_ranks(comms, [](Communicator& world) {
-    const int me = world.rank();
-    Communicator half = world.split(me % 2, -me);  // reversed order inside each half
-    Communicator pair = half.split(half.rank() / 2, 0);
-    ASSERT_EQ(half.size(), 3);
-    ASSERT_EQ(half.rank(), 2 - me / 2);
-    for (int round = 0; round < 10; ++round) {
-      const std::size_t n = round % 2 ? 100'003 : 17;
-      std::vector<float> a(n, static_cast<float>(me)), b(n, 1.0f), c(n, 1.0f), d(n, static_cast<float>(me));
-      Request r1 = half.iallreduce(a.data(), a.data(), n, DataType::f32, ReduceOp::sum, {Algorithm::ring, op_timeout});
-      Request r2 = world.iallreduce(b.data(), b.data(), n, DataType::f32, ReduceOp::sum, {{}, op_timeout});
-      Request r3 = pair.iallreduce(c.data(), c.data(), n, DataType::f32, ReduceOp::sum, {{}, op_timeout});
-      Request r4 = half.ibroadcast(d.data(), n, DataType::f32, 0, {{}, op_timeout});
-      r3.wait();
-      r2.wait();
-      r1.wait();
-      r4.wait();
-      const float half_sum = me % 2 ? 1 + 3 + 5 : 0 + 2 + 4;
-      const float half_root = me % 2 ? 5 : 4;  // rank 0 of a half is its largest world rank
-      for (std::size_t i = 0; i < n; ++i) {
-        ASSERT_EQ(a[i], half_sum);
-        ASSERT_EQ(b[i], 6.0f);
-        ASSERT_EQ(c[i], static_cast<float>(pair.size()));
-        ASSERT_EQ(d[i], half_root);
-      }
-    }
-  });
-  EXPECT_EQ(failures, "");
-}
-
-TEST(TcpErrors, MismatchedAllreduceCountsRaiseOnEveryRank) {
-  auto comms = make_group(4);
-  std::atomic<int> mismatches{0};
-  const std::string failures = run_ranks(comms, [&](Communicator& comm) {
-    std::vector<float> v(1000, 1.0f);
-    const std::size_t n = comm.rank() == 2 ? 999 : 1000;
-    try {
-      comm.allreduce(v.data(), v.data(), n, DataType::f32, ReduceOp::sum, {Algorithm::ring, op_timeout});
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_EQ(e.code(), ErrorCode::mismatch) << what;
-      if (e.code() == ErrorCode::mismatch && what.find("count=999") != std::string::npos &&
-          what.find("count=1000") != std::string::npos && what.find("rank 2") != std::string::npos)
-        mismatches.fetch_add(1);
-    }
-  });
-  EXPECT_EQ(failures, "");
-  EXPECT_EQ(mismatches.load(), 4);
-}
-
-TEST(TcpErrors, SizeMismatchedSendRecvFailsBothSides) {
-  auto comms = make_group(2);
-  std::atomic<int> mismatches{0};
-  const std::string failures = run_ranks(comms, [&](Communicator& comm) {
-    std::vector<int> buffer(10, 0);
-    try {
-      if (comm.rank() == 0)
-        comm.send(buffer.data(), 10, DataType::i32, 1);
-      else
-        comm.recv(buffer.data(), 9, DataType::i32, 0);
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      if (e.code() == ErrorCode::mismatch && what.find("sent 40 bytes but rank 1 expected 36") != std::string::npos)
-        mismatches.fetch_add(1);
-      else
-        ADD_FAILURE() << what;
-    }
-  });
-  EXPECT_EQ(failures, "");
-  EXPECT_EQ(mismatches.load(), 2);
 }
 
 // A raw client of a rank's listening port, for the refusal tests.

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "reduce/reduce.hpp"
+#include "transport/matching.hpp"
 
 namespace tutti::exec {
 
@@ -88,12 +89,9 @@ void ScheduleOperation::add_signature_exchange() {
 std::optional<Error> ScheduleOperation::check_signature() const {
   transport::WireSignature theirs;
   std::memcpy(&theirs, address(schedule_.steps[signature_recv_].region), sizeof(theirs));
-  const transport::WireSignature mine = transport::to_wire(signature_);
-  if (std::memcmp(&theirs, &mine, sizeof(mine)) == 0) return std::nullopt;
+  if (theirs == transport::to_wire(signature_)) return std::nullopt;
   const int p = transport_.size(), r = transport_.rank();
-  return Error(ErrorCode::mismatch, "mismatched collective: rank " + std::to_string((r + p - 1) % p) + " called " +
-                                        transport::from_wire(theirs).describe() + " but rank " + std::to_string(r) +
-                                        " called " + signature_.describe());
+  return transport::collective_mismatch((r + p - 1) % p, transport::from_wire(theirs), r, signature_);
 }
 
 ScheduleOperation::ScheduleOperation(transport::Transport& transport, bool is_send, void* data, std::size_t count,

@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "tutti/types.hpp"
@@ -44,8 +45,11 @@ struct WireSignature {
   std::uint8_t type = 0;
   std::int8_t op = -1;         // -1 = none
   std::uint64_t reserved = 0;  // keeps the struct free of padding, so that it compares as bytes
+  /// Every field, `reserved` included: a peer's signature agrees with ours only byte for byte.
+  bool operator==(const WireSignature&) const = default;
 };
 static_assert(sizeof(WireSignature) == 40);
+static_assert(std::has_unique_object_representations_v<WireSignature>, "WireSignature has padding");
 WireSignature to_wire(const Signature& signature);
 Signature from_wire(const WireSignature& wire);
 

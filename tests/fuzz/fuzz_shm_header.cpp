@@ -19,7 +19,7 @@
 //
 // The signature slot's own reader (read_slot) is private to shm.cpp: it returns the five words
 // when the tag is the slot's seq + 1. What a peer controls there is what they decode to, checked
-// here as the transport uses them: compared with this rank's signature (same_signature) and, when
+// here as the transport uses them: compared with this rank's signature (operator==) and, when
 // they differ, described in a mismatch report.
 #include <unistd.h>
 
@@ -117,7 +117,7 @@ void check_chunk(const shm::Segment& segment, int from, int to, std::uint64_t sl
   require(valid, "read_chunk accepted an invalid chunk header");
   require(h.seq == written.seq && h.total == written.total && h.offset == written.offset && h.index == written.index &&
               h.bytes == written.bytes && h.channel == written.channel && h.has_signature == written.has_signature &&
-              transport::tcp::same_signature(h.signature, written.signature),
+              h.signature == written.signature,
           "read_chunk returned other fields than were written");
   // What the receiver then relies on: the chunk fits the slot's payload and the message.
   require(h.bytes <= payload && h.offset <= h.total && h.bytes <= h.total - h.offset,
@@ -233,8 +233,8 @@ void check_signature_slot(const shm::Segment& segment, std::uint64_t seq, std::u
   mine.type = tutti::DataType::f32;
   mine.op = tutti::ReduceOp::sum;
   mine.algorithm = tutti::Algorithm::ring;
-  if (shm::same_signature(theirs, transport::to_wire(mine))) return;
-  const tutti::Error e = shm::mismatched_collective(0, transport::from_wire(theirs), 1, mine);
+  if (theirs == transport::to_wire(mine)) return;
+  const tutti::Error e = transport::collective_mismatch(0, transport::from_wire(theirs), 1, mine);
   require(e.code() == tutti::ErrorCode::mismatch && contains(e.what(), "mismatched collective: rank 0 called "),
           "a mismatch report is not named");
 }

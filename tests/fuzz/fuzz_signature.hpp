@@ -6,19 +6,18 @@
 #include <string>
 
 #include "fuzz_support.hpp"
-#include "transport/tcp/wire.hpp"
 #include "transport/transport.hpp"
 
 namespace tutti::fuzz {
 
 inline void check_signature(const transport::WireSignature& wire) {
-  require(transport::tcp::same_signature(wire, wire), "same_signature is not reflexive");
+  require(wire == wire, "WireSignature's == is not reflexive");
   const transport::Signature decoded = transport::from_wire(wire);
   const std::string text = decoded.describe();  // what a mismatch report prints
   require(!text.empty(), "a signature described as nothing");
   // Decoding is stable: what it makes of any bytes, the wire form carries back unchanged.
   const transport::WireSignature again = transport::to_wire(decoded);
-  require(transport::tcp::same_signature(transport::to_wire(transport::from_wire(again)), again),
+  require(transport::to_wire(transport::from_wire(again)) == again,
           "a signature does not survive to_wire(from_wire(...))");
   require(transport::from_wire(again) == decoded, "re-decoding a signature changed it");
 }

@@ -4,30 +4,11 @@
 #include <thread>
 
 #include "reduce/reduce.hpp"
+#include "transport/matching.hpp"
 
 namespace tutti::transport::inproc {
 
 namespace {
-
-// Unmatched posts live in the receiver's mailbox under this key.
-struct Key {
-  std::uint64_t comm_id;
-  std::uint64_t seq;
-  std::uint32_t index;
-  int src;  // global rank of the sender
-  Channel channel;
-  bool operator==(const Key&) const = default;
-};
-
-struct KeyHash {
-  std::size_t operator()(const Key& k) const {
-    std::uint64_t h = k.comm_id * 0x9e3779b97f4a7c15ull;
-    h ^= k.seq + 0x517cc1b727220a95ull + (h << 6) + (h >> 2);
-    h ^= (static_cast<std::uint64_t>(k.index) << 20) ^ static_cast<std::uint64_t>(k.src) ^
-         (static_cast<std::uint64_t>(k.channel) << 60);
-    return static_cast<std::size_t>(h * 0xff51afd7ed558ccdull);
-  }
-};
 
 // A sleeping place per rank: completions bump the generation and wake the waiter.
 struct Doorbell {
@@ -75,7 +56,8 @@ class Fabric {
  public:
   struct Endpoint {
     std::mutex mutex;
-    std::unordered_map<Key, InprocTransport::Posted*, KeyHash> pending;  // owned here
+    // Unmatched posts, under (global rank of the sender, key, communicator); owned here.
+    MatchTable<InprocTransport::Posted*> pending;
     Doorbell bell;
   };
   explicit Fabric(int p) {
@@ -105,9 +87,7 @@ void InprocTransport::announce(const Signature& signature) {
     auto [it, inserted] = state.signatures.try_emplace(signature.seq, SignatureSlot{signature, rank_, 0});
     SignatureSlot& slot = it->second;
     if (!inserted && !(slot.signature == signature) && !state.error) {
-      mismatch = Error(ErrorCode::mismatch, "mismatched collective: rank " + std::to_string(slot.first_rank) +
-                                                " called " + slot.signature.describe() + " but rank " +
-                                                std::to_string(rank_) + " called " + signature.describe());
+      mismatch = collective_mismatch(slot.first_rank, slot.signature, rank_, signature);
     }
     if (++slot.arrived == size()) state.signatures.erase(it);
   }
@@ -121,9 +101,8 @@ void deliver(InprocTransport::Posted* send_side, InprocTransport::Posted* recv_s
   const std::size_t expected = recv_side->bytes;
   failed = send_side->bytes != expected;
   if (failed) {
-    const std::string message = "message size mismatch: rank " + std::to_string(send_side->owner_rank) + " sent " +
-                                std::to_string(send_side->bytes) + " bytes but rank " +
-                                std::to_string(recv_side->owner_rank) + " expected " + std::to_string(expected);
+    const std::string message =
+        size_mismatch(send_side->owner_rank, send_side->bytes, recv_side->owner_rank, expected, recv_side->done->key);
     send_side->done->error = message;
     recv_side->done->error = message;
     send_side->done->set(Completion::failed);
@@ -151,13 +130,9 @@ void InprocTransport::post(int peer, const MessageKey& key, Posted entry, bool i
   const int other = members_[static_cast<std::size_t>(peer)];
   entry.owner = me;
   entry.owner_rank = rank_;
-  entry.done->peer = peer;
-  entry.done->is_send = is_send;
-  entry.done->key = key;
-  entry.done->error.clear();
-  entry.done->set(Completion::posted);
+  prepare(entry.done, peer, key, is_send);
   // Sends are filed with the receiver, receives with themselves; both under the receiver's key.
-  const Key k{comm_id_, key.seq, key.index, is_send ? me : other, key.channel};
+  const MatchKey k = match_key(is_send ? me : other, key, comm_id_);
   Fabric::Endpoint& box = *fabric_->endpoints[static_cast<std::size_t>(is_send ? other : me)];
   Posted* mine = new Posted(entry);
   Posted* match = nullptr;
@@ -217,7 +192,7 @@ void InprocTransport::cancel(Completion* done) {
   if (done->state() != Completion::posted) return;
   const int me = members_[static_cast<std::size_t>(rank_)];
   const int other = members_[static_cast<std::size_t>(done->peer)];
-  const Key k{comm_id_, done->key.seq, done->key.index, done->is_send ? me : other, done->key.channel};
+  const MatchKey k = match_key(done->is_send ? me : other, done->key, comm_id_);
   Fabric::Endpoint& box = *fabric_->endpoints[static_cast<std::size_t>(done->is_send ? other : me)];
   {
     std::lock_guard lock(box.mutex);

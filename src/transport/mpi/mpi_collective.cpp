@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "reduce/reduce.hpp"
+#include "transport/matching.hpp"
 #include "transport/mpi/mpi_support.hpp"
 #include "transport/mpi/mpi_transport.hpp"
 
@@ -233,10 +234,8 @@ class Run final : public MpiCollective {
   void check_signatures() const {
     const auto& all = state_->signatures;
     for (std::size_t r = 1; r < all.size(); ++r) {
-      if (std::memcmp(&all[r], &all[0], sizeof(WireSignature)) == 0) continue;
-      throw Error(ErrorCode::mismatch, "mismatched collective: rank 0 called " + from_wire(all[0]).describe() +
-                                           " but rank " + std::to_string(r) + " called " +
-                                           from_wire(all[r]).describe() + " (Algorithm::mpi)");
+      if (all[r] == all[0]) continue;
+      throw collective_mismatch(0, from_wire(all[0]), static_cast<int>(r), from_wire(all[r]));
     }
   }
 

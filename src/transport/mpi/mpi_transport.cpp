@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/env.hpp"
+#include "transport/matching.hpp"
 #include "transport/mpi/mpi_support.hpp"
 
 namespace tutti::transport::mpi {
@@ -273,11 +274,7 @@ void MpiTransport::fail(Completion* done, const std::string& error) {
 
 void MpiTransport::post(bool is_send, int peer, const MessageKey& key, void* data, std::size_t bytes,
                         Completion* done) {
-  done->peer = peer;
-  done->is_send = is_send;
-  done->key = key;
-  done->error.clear();
-  done->set(Completion::posted);
+  prepare(done, peer, key, is_send);
   std::string error;
   const int tag = tag_of(key, error);
   if (peer < 0 || peer >= size_) error = "peer " + std::to_string(peer) + " is not a rank of the communicator";
@@ -336,7 +333,7 @@ void MpiTransport::finish_locked(const Pending& pending, MPI_Status& status, int
     if (error != MPI_SUCCESS) return fail(done, std::string(pending.collective) + " failed: " + error_string(error));
     return done->set(Completion::done);
   }
-  const std::string me = std::to_string(rank_), peer = std::to_string(pending.peer);
+  const std::string peer = std::to_string(pending.peer);
   if (done->is_send) {
     if (error != MPI_SUCCESS) return fail(done, "MPI_Isend to rank " + peer + " failed: " + error_string(error));
     return done->set(Completion::done);
@@ -345,15 +342,13 @@ void MpiTransport::finish_locked(const Pending& pending, MPI_Status& status, int
     int error_class = 0;
     MPI_Error_class(error, &error_class);
     if (error_class == MPI_ERR_TRUNCATE)
-      return fail(done, "message size mismatch: rank " + peer + " sent more than the " + std::to_string(pending.bytes) +
-                            " bytes rank " + me + " expected");
+      return fail(done, size_mismatch(pending.peer, std::nullopt, rank_, pending.bytes, done->key));
     return fail(done, "MPI_Irecv from rank " + peer + " failed: " + error_string(error));
   }
   MPI_Count received = 0;
   MPI_Get_elements_x(&status, pending.type, &received);
   if (received != static_cast<MPI_Count>(pending.bytes))
-    return fail(done, "message size mismatch: rank " + peer + " sent " + std::to_string(received) + " bytes but rank " +
-                          me + " expected " + std::to_string(pending.bytes));
+    return fail(done, size_mismatch(pending.peer, static_cast<std::size_t>(received), rank_, pending.bytes, done->key));
   done->set(Completion::done);
 }
 

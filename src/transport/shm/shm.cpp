@@ -39,11 +39,6 @@ inline void cpu_relax() {
 #endif
 }
 
-bool same(const WireSignature& a, const WireSignature& b) {
-  return a.seq == b.seq && a.count == b.count && a.counts_hash == b.counts_hash && a.root == b.root &&
-         a.collective == b.collective && a.algorithm == b.algorithm && a.type == b.type && a.op == b.op;
-}
-
 // Seqlock write: readers that overlap it see the busy tag (or a changed one) and ignore the slot.
 void write_slot(SignatureSlot& slot, std::uint64_t seq, const WireSignature& signature) {
   std::uint64_t words[5];
@@ -66,14 +61,6 @@ bool read_slot(const SignatureSlot& slot, std::uint64_t seq, WireSignature& out)
 }
 
 }  // namespace
-
-Error mismatched_collective(int first_rank, const Signature& first, int second_rank, const Signature& second) {
-  return Error(ErrorCode::mismatch, "mismatched collective: rank " + std::to_string(first_rank) + " called " +
-                                        first.describe() + " but rank " + std::to_string(second_rank) + " called " +
-                                        second.describe());
-}
-
-bool same_signature(const WireSignature& a, const WireSignature& b) { return same(a, b); }
 
 std::unique_ptr<Transport> open(const std::string& name, int rank, int size, std::uint64_t comm_id,
                                 std::chrono::milliseconds timeout) {
@@ -238,8 +225,8 @@ void ShmTransport::publish_locked(std::uint64_t seq, const WireSignature& mine) 
   for (int r = 0; r < size_; ++r) {
     WireSignature theirs;
     if (r == rank_ || !read_slot(segment_->signature_slot(r, seq), seq, theirs)) continue;
-    if (!same(theirs, mine)) {
-      abort(mismatched_collective(r, from_wire(theirs), rank_, from_wire(mine)), seq);
+    if (theirs != mine) {
+      abort(collective_mismatch(r, from_wire(theirs), rank_, from_wire(mine)), seq);
       break;
     }
   }
@@ -357,13 +344,6 @@ void ShmTransport::check_peers() {
           no_seq);
     return;
   }
-}
-
-std::size_t ShmTransport::KeyHash::operator()(const Key& k) const {
-  std::uint64_t h = k.seq * 0x9e3779b97f4a7c15ull;
-  h ^= (static_cast<std::uint64_t>(k.index) << 24) ^ static_cast<std::uint64_t>(k.peer) ^
-       (static_cast<std::uint64_t>(k.channel) << 62);
-  return static_cast<std::size_t>(h * 0xff51afd7ed558ccdull);
 }
 
 }  // namespace tutti::transport::shm

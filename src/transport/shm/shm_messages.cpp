@@ -10,19 +10,6 @@ namespace tutti::transport::shm {
 
 namespace {
 
-void prepare(Completion* done, int peer, const MessageKey& key, bool is_send) {
-  done->peer = peer;
-  done->is_send = is_send;
-  done->key = key;
-  done->error.clear();
-  done->set(Completion::posted);
-}
-
-std::string size_mismatch(int sender, std::size_t sent, int receiver, std::size_t expected) {
-  return "message size mismatch: rank " + std::to_string(sender) + " sent " + std::to_string(sent) +
-         " bytes but rank " + std::to_string(receiver) + " expected " + std::to_string(expected);
-}
-
 // Heap memory for a message that arrived before its receive, grown as its chunks arrive: the
 // total its first chunk announces is a peer's word, not to be allocated blindly.
 constexpr std::size_t unexpected_first_allocation = 64u << 20;
@@ -142,8 +129,8 @@ bool ShmTransport::accept(const Key& key, RecvOp& op, std::size_t total, bool ha
   if (key.channel == Channel::collective) {
     const WireSignature* mine = announced(key.seq);
     op.unchecked = !has_signature || mine == nullptr;  // then the signature table decides (announce)
-    if (!op.unchecked && !same_signature(*mine, theirs)) {
-      const Error error = mismatched_collective(key.peer, from_wire(theirs), rank_, from_wire(*mine));
+    if (!op.unchecked && *mine != theirs) {
+      const Error error = collective_mismatch(key.peer, from_wire(theirs), rank_, from_wire(*mine));
       abort(error, key.seq);  // the sender learns of it through the abort, not an ack
       finish(op.done, Completion::failed, error.what());
       return false;
@@ -157,7 +144,7 @@ bool ShmTransport::accept(const Key& key, RecvOp& op, std::size_t total, bool ha
   ack.ok = ok ? 1 : 0;
   ack.expected = op.bytes;
   pending_acks_[static_cast<std::size_t>(key.peer)].push_back(ack);
-  if (!ok) finish(op.done, Completion::failed, size_mismatch(key.peer, total, rank_, op.bytes));
+  if (!ok) finish(op.done, Completion::failed, size_mismatch(key.peer, total, rank_, op.bytes, message_key(key)));
   return ok;
 }
 
@@ -316,7 +303,7 @@ void ShmTransport::handle_ack(int dst, const Ack& ack) {
     finish(op.done, Completion::done);
   } else {
     std::erase(outbox_[static_cast<std::size_t>(dst)], &op);  // the receiver drops what is left of it
-    finish(op.done, Completion::failed, size_mismatch(rank_, op.bytes, dst, ack.expected));
+    finish(op.done, Completion::failed, size_mismatch(rank_, op.bytes, dst, ack.expected, op.key));
   }
   sends_.erase(it);
 }

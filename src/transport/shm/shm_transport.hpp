@@ -26,15 +26,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "transport/matching.hpp"
 #include "transport/shm/segment.hpp"
 #include "transport/transport.hpp"
 
 namespace tutti::transport::shm {
-
-/// Error(mismatch) naming both ranks and what each called.
-Error mismatched_collective(int first_rank, const Signature& first, int second_rank, const Signature& second);
-/// Whether two ranks' signatures of a collective agree (every field but the padding).
-bool same_signature(const WireSignature& a, const WireSignature& b);
 
 class ShmTransport final : public Transport {
  public:
@@ -84,17 +80,8 @@ class ShmTransport final : public Transport {
   /// The ranks that have not yet published their signature of collective `seq`.
   std::vector<int> unpublished_ranks(std::uint64_t seq) const;
 
-  /// A message as the receiver files it: sender and key.
-  struct Key {
-    int peer;
-    Channel channel;
-    std::uint64_t seq;
-    std::uint32_t index;
-    bool operator==(const Key&) const = default;
-  };
-  struct KeyHash {
-    std::size_t operator()(const Key& k) const;
-  };
+  /// A message as the receiver files it: sender (or destination, for sends) and key.
+  using Key = MatchKey;
 
   /// How long wait() polls before it sleeps on the futex, and whether it yields the core between polls.
   struct WaitPolicy {
@@ -175,10 +162,10 @@ class ShmTransport final : public Transport {
     const Announced& a = announced_[seq % announced_.size()];
     return a.seq == seq ? &a.signature : nullptr;
   }
-  std::unordered_map<Key, std::unique_ptr<SendOp>, KeyHash> sends_;  // peer = destination
-  std::vector<std::deque<SendOp*>> outbox_;                          // per destination, posting order
-  std::unordered_map<Key, RecvOp, KeyHash> recvs_;                   // peer = source
-  std::unordered_map<Key, Unexpected, KeyHash> unexpected_;
+  MatchTable<std::unique_ptr<SendOp>> sends_;  // peer = destination
+  std::vector<std::deque<SendOp*>> outbox_;    // per destination, posting order
+  MatchTable<RecvOp> recvs_;                   // peer = source
+  MatchTable<Unexpected> unexpected_;
   std::vector<std::deque<Ack>> pending_acks_;                // per source, when its ack ring is full
   std::vector<std::pair<std::uint64_t, Completion*>> held_;  // unchecked receives, by seq (see announce)
   std::vector<bool> wake_peer_;                              // doorbells to ring at the end of this progress

@@ -23,6 +23,7 @@
 
 #include "bootstrap/auth.hpp"
 #include "bootstrap/frame_mac.hpp"
+#include "transport/matching.hpp"
 #include "transport/tcp/wire.hpp"
 #include "transport/transport.hpp"
 
@@ -37,22 +38,6 @@ struct Bytes {
   std::unique_ptr<std::byte[]> data;
   std::size_t size = 0;
   static Bytes make(std::size_t size) { return {std::make_unique_for_overwrite<std::byte[]>(size ? size : 1), size}; }
-};
-
-/// Identifies a message within one communicator: sender (global rank), channel, seq, index.
-struct MatchKey {
-  int src = 0;
-  std::uint8_t channel = 0;
-  std::uint64_t seq = 0;
-  std::uint32_t index = 0;
-  bool operator==(const MatchKey&) const = default;
-};
-struct MatchKeyHash {
-  std::size_t operator()(const MatchKey& k) const {
-    std::uint64_t h = k.seq * 0x9e3779b97f4a7c15ull;
-    h ^= (static_cast<std::uint64_t>(k.index) << 24) ^ (static_cast<std::uint64_t>(k.src) << 4) ^ k.channel;
-    return static_cast<std::size_t>(h * 0xff51afd7ed558ccdull);
-  }
 };
 
 /// One frame waiting to be written to a peer.
@@ -136,9 +121,10 @@ struct CommState {
   std::vector<int> members;              // global rank of each rank
   std::unordered_map<int, int> rank_of;  // global rank -> rank in this communicator
   int rank = -1;
-  std::unordered_map<MatchKey, PostedRecv, MatchKeyHash> posted;
-  std::unordered_map<MatchKey, Bytes, MatchKeyHash> unexpected;
-  std::unordered_map<MatchKey, SelfSend, MatchKeyHash> self_sends;
+  // By sender's global rank and key (MatchKey::comm stays 0: one table per communicator).
+  MatchTable<PostedRecv> posted;
+  MatchTable<Bytes> unexpected;
+  MatchTable<SelfSend> self_sends;
   std::map<std::uint64_t, WireSignature> announced;                       // this rank's, by seq
   std::multimap<std::uint64_t, std::pair<int, WireSignature>> unchecked;  // senders', before announce (one per sender)
   std::set<int> left;  // global ranks that left this communicator (leave frame or goodbye)

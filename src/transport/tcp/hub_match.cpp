@@ -23,17 +23,10 @@ constexpr std::size_t max_left_ids = 4096;  // communicators remembered as left,
 
 std::size_t charge_of(const Bytes& message) { return message.size + message_overhead; }
 
-void prepare(Completion* done, int peer, const MessageKey& key, bool is_send) {
-  done->peer = peer;
-  done->is_send = is_send;
-  done->key = key;
-  done->error.clear();
-  done->set(Completion::posted);
-}
+// The message a frame from global rank `g` carries (its channel was checked by check_header).
+MatchKey frame_key(int g, const FrameHeader& h) { return MatchKey{g, static_cast<Channel>(h.channel), h.seq, h.index}; }
 
-MatchKey match_key(int src, const MessageKey& key) {
-  return MatchKey{src, static_cast<std::uint8_t>(key.channel), key.seq, key.index};
-}
+std::uint8_t wire_channel(Channel channel) { return static_cast<std::uint8_t>(channel); }
 
 // The frame keeps sending from its own copy: the executor may reuse the buffer from now on.
 void detach(OutFrame& frame) {
@@ -44,11 +37,6 @@ void detach(OutFrame& frame) {
     frame.payload = frame.owned.data.get();
   }
   frame.done = nullptr;
-}
-
-std::string size_error_text(int sender, std::size_t sent, int receiver, std::size_t expected) {
-  return "message size mismatch: rank " + std::to_string(sender) + " sent " + std::to_string(sent) +
-         " bytes but rank " + std::to_string(receiver) + " expected " + std::to_string(expected);
 }
 
 }  // namespace
@@ -92,7 +80,7 @@ void Hub::leave(std::uint64_t id) {
   auto found = comms_.find(id);
   if (found == comms_.end()) return;
   CommState& c = *found->second;
-  for (const auto& [key, message] : c.unexpected) release_locked(key.src, charge_of(message));
+  for (const auto& [key, message] : c.unexpected) release_locked(key.peer, charge_of(message));
   for (const auto& [seq, entry] : c.unchecked) release_locked(entry.first, signature_overhead);
   // Peers still waiting for this rank in this communicator fail now rather than at their deadline.
   if (!stopping_)
@@ -116,7 +104,7 @@ void Hub::announce(std::uint64_t id, const Signature& signature) {
   const auto [first, last] = c.unchecked.equal_range(signature.seq);
   std::optional<std::pair<int, WireSignature>> disagreeing;
   for (auto it = first; it != last; ++it) {
-    if (!disagreeing && !same_signature(it->second.second, mine)) disagreeing = it->second;
+    if (!disagreeing && it->second.second != mine) disagreeing = it->second;
     release_locked(it->second.first, signature_overhead);
   }
   c.unchecked.erase(first, last);
@@ -196,7 +184,7 @@ void Hub::self_send_locked(CommState& c, const MatchKey& key, const void* data, 
   const PostedRecv recv = it->second;
   c.posted.erase(it);
   if (recv.bytes != bytes) {
-    const std::string text = size_error_text(c.rank, bytes, c.rank, recv.bytes);
+    const std::string text = size_mismatch(c.rank, bytes, c.rank, recv.bytes, message_key(key));
     done->error = recv.done->error = text;
     done->set(Completion::failed);
     recv.done->set(Completion::failed);
@@ -216,7 +204,7 @@ void Hub::match_buffered_locked(CommState& c, std::uint64_t id, int g, const Mat
   }
   recv.land(message.data.get());
   recv.done->set(Completion::done);
-  if (key.channel == p2p) send_control_locked(g, FrameKind::ack, id, key, {});
+  if (key.channel == Channel::point_to_point) send_control_locked(g, FrameKind::ack, id, key, {});
   ring();
 }
 
@@ -249,7 +237,7 @@ void Hub::cancel(std::uint64_t id, Completion* done) {
           detach(*it);  // the peer is reading it: finish the frame from a copy
         break;
       }
-      awaiting_ack_.erase({id, g, k.channel, k.seq, k.index});
+      awaiting_ack_.erase({id, g, wire_channel(k.channel), k.seq, k.index});
     }
   }
   done->set(Completion::cancelled);
@@ -273,8 +261,8 @@ void Hub::fail_comm_locked(CommState& c, std::uint64_t id, const Failure& failur
   if (broadcast) {
     for (int g : c.members) {
       if (g == rank_) continue;
-      send_control_locked(g, FrameKind::abort, id, MatchKey{0, 0, failure.seq, 0}, failure.error.what(),
-                          static_cast<std::uint32_t>(failure.error.code()));
+      send_control_locked(g, FrameKind::abort, id, MatchKey{0, Channel::collective, failure.seq, 0},
+                          failure.error.what(), static_cast<std::uint32_t>(failure.error.code()));
     }
   }
   ring();
@@ -286,7 +274,7 @@ void Hub::send_control_locked(int g, FrameKind kind, std::uint64_t id, const Mat
   OutFrame frame;
   frame.header.kind = kind;
   frame.header.comm_id = id;
-  frame.header.channel = about.channel;
+  frame.header.channel = wire_channel(about.channel);
   frame.header.seq = about.seq;
   frame.header.index = about.index;
   frame.header.code = code;
@@ -408,7 +396,7 @@ bool Hub::start_data_locked(int g) {
   CommState& c = *found;
   if (c.failure) return true;  // an aborted communicator takes no more data
   if (h.channel != p2p && !check_signature_locked(c, h.comm_id, g, h.seq, h.signature)) return !peer.closed;
-  const MatchKey k{g, h.channel, h.seq, h.index};
+  const MatchKey k = frame_key(g, h);
   auto it = c.posted.find(k);
   if (it == c.posted.end()) {  // unexpected: keep it until the receive is posted
     const std::size_t charge = h.bytes + message_overhead;
@@ -460,11 +448,11 @@ void Hub::finish_frame_locked(int g) {
   }
   if (h.kind == FrameKind::data && (in.sink == Inbound::Sink::user || in.sink == Inbound::Sink::reduce)) {
     in.done->set(Completion::done);
-    if (h.channel == p2p) send_control_locked(g, FrameKind::ack, h.comm_id, {g, h.channel, h.seq, h.index}, {});
+    if (h.channel == p2p) send_control_locked(g, FrameKind::ack, h.comm_id, frame_key(g, h), {});
     ring();
   } else if (h.kind == FrameKind::data && in.sink == Inbound::Sink::heap) {
     CommState* c = frame_comm_locked(g, h.comm_id);
-    const MatchKey k{g, h.channel, h.seq, h.index};
+    const MatchKey k = frame_key(g, h);
     if (c == nullptr) {
       release_locked(g, in.charged);  // the communicator was left meanwhile
     } else if (auto it = c->posted.find(k); it == c->posted.end()) {
@@ -507,12 +495,12 @@ void Hub::finish_frame_locked(int g) {
 }
 
 std::string Hub::operation_name(const CommState& c, const MatchKey& key, bool is_send) const {
-  if (key.channel != p2p) {
+  if (key.channel != Channel::point_to_point) {
     auto it = c.announced.find(key.seq);
     return it != c.announced.end() ? from_wire(it->second).describe() : "collective #" + std::to_string(key.seq);
   }
-  auto found = c.rank_of.find(key.src);
-  const int peer = found == c.rank_of.end() ? key.src : found->second;
+  auto found = c.rank_of.find(key.peer);
+  const int peer = found == c.rank_of.end() ? key.peer : found->second;
   return (is_send ? "send to rank " : "recv from rank ") + std::to_string(peer) + " (tag " + std::to_string(key.seq) +
          ")";
 }
@@ -524,7 +512,9 @@ bool Hub::fail_if_left_locked(CommState& c, std::uint64_t id, int g, const Match
   const std::string them = std::to_string(found == c.rank_of.end() ? g : found->second);
   const std::string text = "rank " + them + " left (closed its communicator/exited) while rank " +
                            std::to_string(c.rank) + " was waiting for it in " + operation_name(c, key, is_send);
-  fail_comm_locked(c, id, Failure{Error(ErrorCode::peer_failure, text), key.channel == p2p ? no_seq : key.seq}, true);
+  fail_comm_locked(
+      c, id, Failure{Error(ErrorCode::peer_failure, text), key.channel == Channel::point_to_point ? no_seq : key.seq},
+      true);
   return true;
 }
 
@@ -533,18 +523,19 @@ void Hub::peer_left_locked(CommState& c, std::uint64_t id, int g) {
   c.left.insert(g);
   if (c.failure || !c.joined()) return;
   for (const auto& [key, recv] : c.posted)
-    if (key.src == g) {
+    if (key.peer == g) {
       fail_if_left_locked(c, id, g, key, false);
       return;
     }
   for (const auto& [key, done] : awaiting_ack_)
     if (std::get<0>(key) == id && std::get<1>(key) == g) {
-      fail_if_left_locked(c, id, g, MatchKey{g, std::get<2>(key), std::get<3>(key), std::get<4>(key)}, true);
+      fail_if_left_locked(
+          c, id, g, MatchKey{g, static_cast<Channel>(std::get<2>(key)), std::get<3>(key), std::get<4>(key)}, true);
       return;
     }
   for (const OutFrame& frame : peers_[static_cast<std::size_t>(g)].out)
     if (frame.done != nullptr && frame.header.comm_id == id) {
-      fail_if_left_locked(c, id, g, MatchKey{g, frame.header.channel, frame.header.seq, frame.header.index}, true);
+      fail_if_left_locked(c, id, g, frame_key(g, frame.header), true);
       return;
     }
   // The receive being filled from g right now cannot be pending: g's frames before its goodbye
@@ -562,7 +553,7 @@ bool Hub::check_signature_locked(CommState& c, std::uint64_t id, int g, std::uin
     }
     return true;
   }
-  if (same_signature(it->second, theirs)) return true;
+  if (it->second == theirs) return true;
   report_mismatch_locked(c, id, g, theirs, it->second);
   return false;
 }
@@ -571,20 +562,16 @@ void Hub::report_mismatch_locked(CommState& c, std::uint64_t id, int g, const Wi
                                  const WireSignature& mine) {
   auto found = c.rank_of.find(g);
   const int them = found == c.rank_of.end() ? g : found->second;
-  const std::string theirs_text = from_wire(theirs).describe(), mine_text = from_wire(mine).describe();
-  const std::string text = them < c.rank
-                               ? "mismatched collective: rank " + std::to_string(them) + " called " + theirs_text +
-                                     " but rank " + std::to_string(c.rank) + " called " + mine_text
-                               : "mismatched collective: rank " + std::to_string(c.rank) + " called " + mine_text +
-                                     " but rank " + std::to_string(them) + " called " + theirs_text;
-  if (core::log_enabled(core::LogLevel::info)) core::log(core::LogLevel::info, rank_, text);
-  fail_comm_locked(c, id, Failure{Error(ErrorCode::mismatch, text), mine.seq}, true);
+  const Error error = collective_mismatch(them, from_wire(theirs), c.rank, from_wire(mine));
+  if (core::log_enabled(core::LogLevel::info)) core::log(core::LogLevel::info, rank_, error.what());
+  fail_comm_locked(c, id, Failure{error, mine.seq}, true);
 }
 
 void Hub::size_mismatch_locked(CommState& c, std::uint64_t id, int g, const MatchKey& key, std::size_t sent,
                                const PostedRecv& recv) {
   auto found = c.rank_of.find(g);
-  const std::string text = size_error_text(found == c.rank_of.end() ? g : found->second, sent, c.rank, recv.bytes);
+  const std::string text =
+      size_mismatch(found == c.rank_of.end() ? g : found->second, sent, c.rank, recv.bytes, message_key(key));
   recv.done->error = text;
   recv.done->set(Completion::failed);
   send_control_locked(g, FrameKind::size_error, id, key, text);

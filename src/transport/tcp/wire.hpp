@@ -65,10 +65,4 @@ struct Ident {
 };
 static_assert(sizeof(Ident) == 24);
 
-/// Field-wise equality (the struct has padding, so no memcmp).
-inline bool same_signature(const WireSignature& a, const WireSignature& b) {
-  return a.seq == b.seq && a.count == b.count && a.counts_hash == b.counts_hash && a.root == b.root &&
-         a.collective == b.collective && a.algorithm == b.algorithm && a.type == b.type && a.op == b.op;
-}
-
 }  // namespace tutti::transport::tcp
