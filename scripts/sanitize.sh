@@ -38,7 +38,8 @@ case $preset in
     # its progress engine (collectives_test's sweep over inproc, api_test, hierarchical_test and
     # shm_direct_test run collectives through it), the transports and the store. Each binary runs
     # whole (not one process per test case): only these are built.
-    binaries=(engine_test api_test collectives_test hierarchical_test shm_direct_test shm_test tcp_test bootstrap_test)
+    binaries=(engine_test exec_test api_test collectives_test hierarchical_test shm_direct_test shm_test tcp_test
+              transport_conformance_test bootstrap_test)
     ;;
   *)
     echo "usage: sanitize.sh asan|tsan" >&2
