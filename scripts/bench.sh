@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces README's Performance section on this machine, into DIR (default bench-results/):
+# Reproduces docs/performance.md's measurements on this machine, into DIR (default bench-results/):
 #   1. tutti-bench --tune for 2 ranks (the tuning file the later runs use; kept if DIR has one);
 #   2. p = 2 under mpirun: allreduce, reduce_scatter, allgather, broadcast from 4 B to 256 MiB with
 #      the MPI and Gloo peers and the ceiling, in one job (peers.json);
