@@ -1,5 +1,4 @@
-// tutti::from_mpi lives with the MPI transport (the comm layer need not know MPI); it is the one
-// place that assembles a communicator over it.
+// tutti::from_mpi: a communicator over the mpi transport (built only with MPI).
 #include "comm/comm_impl.hpp"
 #include "transport/mpi/mpi_transport.hpp"
 #include "tutti/mpi.hpp"
