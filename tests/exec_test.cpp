@@ -16,6 +16,7 @@
 #include "exec/operation.hpp"
 #include "exec/queue.hpp"
 #include "schedule/schedule.hpp"
+#include "threads.hpp"
 #include "transport/inproc/inproc.hpp"
 #include "transport/matching.hpp"
 
@@ -35,21 +36,10 @@ constexpr std::int32_t poison = -7777777;
 // Runs fn(queue) on one thread per rank of a fresh inproc group; "" or every rank's failure.
 std::string run_ranks(int p, bool native_reduce, const std::function<void(OperationQueue&)>& fn) {
   auto transports = transport::inproc::make_group(p, native_reduce);
-  std::mutex mutex;
-  std::string failures;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < p; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        auto queue = std::make_shared<OperationQueue>(std::move(transports[static_cast<std::size_t>(r)]));
-        fn(*queue);
-      } catch (const std::exception& e) {
-        std::lock_guard lock(mutex);
-        failures += "rank " + std::to_string(r) + ": " + e.what() + "\n";
-      }
-    });
-  for (auto& t : threads) t.join();
-  return failures;
+  return on_threads(p, [&](int r) {
+    auto queue = std::make_shared<OperationQueue>(std::move(transports[static_cast<std::size_t>(r)]));
+    fn(*queue);
+  });
 }
 
 // Runs `schedule` as this rank's part of one collective (same seq on every rank) and waits for it.

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "threads.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::testing {
@@ -25,21 +26,7 @@ inline constexpr std::chrono::milliseconds test_timeout{60000};
 /// Runs fn(comm) on p threads, one per rank of local_group(p); returns "" or the failures.
 inline std::string run_ranks(int p, const std::function<void(Communicator&)>& fn) {
   auto comms = local_group(p);
-  std::mutex mutex;
-  std::string failures;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < p; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(comms[static_cast<std::size_t>(r)]);
-      } catch (const std::exception& e) {
-        std::lock_guard lock(mutex);
-        failures += "rank " + std::to_string(r) + ": " + e.what() + "\n";
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return failures;
+  return on_threads(p, [&](int r) { fn(comms[static_cast<std::size_t>(r)]); });
 }
 
 /// The value rank `rank` contributes at element `i`: small integers, so that sums, products,

@@ -21,6 +21,7 @@
 
 #include "comm/comm_impl.hpp"
 #include "shm_names.hpp"
+#include "threads.hpp"
 #include "transport/inproc/inproc.hpp"
 #include "transport/shm/shm.hpp"
 #include "tutti/tutti.hpp"
@@ -43,23 +44,12 @@ struct Rank {
 // Runs fn on p threads, each rank attached to a fresh segment; returns the failures.
 std::string run_ranks(int p, const std::function<void(Rank&)>& fn) {
   const std::string name = unique_shm_name();
-  std::mutex mutex;
-  std::string failures;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < p; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        auto t = transport::shm::open(name, r, p, 11, 20000ms);
-        transport::Transport* raw = t.get();
-        Rank rank{raw, Communicator(std::make_shared<detail::CommImpl>(std::move(t)))};
-        fn(rank);
-      } catch (const std::exception& e) {
-        std::lock_guard lock(mutex);
-        failures += "rank " + std::to_string(r) + ": " + e.what() + "\n";
-      }
-    });
-  for (auto& t : threads) t.join();
-  return failures;
+  return on_threads(p, [&](int r) {
+    auto t = transport::shm::open(name, r, p, 11, 20000ms);
+    transport::Transport* raw = t.get();
+    Rank rank{raw, Communicator(std::make_shared<detail::CommImpl>(std::move(t)))};
+    fn(rank);
+  });
 }
 
 void direct(Rank& rank, Collective kind, const void* send, void* recv, std::size_t count, DataType type,

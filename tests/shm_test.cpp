@@ -17,6 +17,7 @@
 #include "collective_cases.hpp"
 #include "comm/comm_impl.hpp"
 #include "shm_names.hpp"
+#include "threads.hpp"
 #include "transport/shm/segment.hpp"
 #include "transport/shm/shm.hpp"
 
@@ -40,21 +41,10 @@ Communicator communicator(std::unique_ptr<transport::Transport> transport) {
 // Runs fn(comm) on p threads, rank r attaching to a fresh segment as rank r; returns the failures.
 std::string run_shm(int p, const std::function<void(Communicator&)>& fn) {
   const std::string name = unique_shm_name();
-  std::mutex mutex;
-  std::string failures;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < p; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        Communicator comm = communicator(transport::shm::open(name, r, p, 7, attach_timeout));
-        fn(comm);
-      } catch (const std::exception& e) {
-        std::lock_guard lock(mutex);
-        failures += "rank " + std::to_string(r) + ": " + e.what() + "\n";
-      }
-    });
-  for (auto& t : threads) t.join();
-  return failures;
+  return on_threads(p, [&](int r) {
+    Communicator comm = communicator(transport::shm::open(name, r, p, 7, attach_timeout));
+    fn(comm);
+  });
 }
 
 class Shm : public ::testing::Test {

@@ -15,6 +15,7 @@
 #include "comm/comm_impl.hpp"
 #include "shm_names.hpp"
 #include "tcp_mesh.hpp"
+#include "threads.hpp"
 #include "transport/inproc/inproc.hpp"
 #include "transport/shm/shm.hpp"
 #include "transport_cases.hpp"
@@ -152,19 +153,7 @@ std::string run_communicators(int p, const std::function<void(Communicator&)>& f
   Transports transports = Group::make(p);
   std::vector<Communicator> comms;
   for (auto& t : transports) comms.emplace_back(std::make_shared<detail::CommImpl>(std::move(t)));
-  std::mutex mutex;
-  std::string failures;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < p; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(comms[static_cast<std::size_t>(r)]);
-      } catch (const std::exception& e) {
-        std::lock_guard lock(mutex);
-        failures += "rank " + std::to_string(r) + ": " + e.what() + "\n";
-      }
-    });
-  for (auto& t : threads) t.join();
+  const std::string failures = on_threads(p, [&](int r) { fn(comms[static_cast<std::size_t>(r)]); });
   comms.clear();
   EXPECT_EQ(Group::leftovers(), "");
   return failures;
