@@ -2,8 +2,9 @@
 # The layers of src/ (docs/architecture.md): each may include only its own headers and those of
 # the layers before it in this list, and only exec (which implements Request) and the layers
 # after it the public Communicator API. Fails naming every include that breaks the order (the
-# build does not enforce this by itself yet). `--self-test SRC_DIR` checks that a copy of the
-# tree with one wrong include fails.
+# build refuses includes of higher layers too, src/CMakeLists.txt; this check also names them and
+# covers the Communicator API). `--self-test SRC_DIR` checks that a copy of the tree with one wrong
+# include fails.
 set -euo pipefail
 if [[ ${1:-} == --self-test ]]; then
   copy=$(mktemp -d)
