@@ -16,6 +16,18 @@ void finish(NativeCollective& run, Transport& transport, const Signature& signat
   using clock = std::chrono::steady_clock;
   // Native collectives check their peers' liveness when progressed: never sleep longer than this.
   constexpr auto longest_nap = std::chrono::milliseconds(100);
+  // A small collective's peers answer within a microsecond or so: catch that spinning on `poll`,
+  // before reading the clock or arranging a wake-up.
+  constexpr int spins = 128;
+  try {
+    for (int i = 0; i < spins; ++i) {
+      if (run.poll()) return;
+      transport.relax();
+    }
+  } catch (const Error& error) {
+    transport.abort(error, signature.seq);
+    throw;
+  }
   const auto start = clock::now();
   for (;;) {
     const std::uint64_t seen = transport.generation();  // read first: no wake-up is lost

@@ -117,6 +117,9 @@ class NativeCollective {
   /// (timeout, peer_failure, mismatch, or the communicator's error), after aborting the
   /// communicator so that every rank fails alike.
   virtual bool progress() = 0;
+  /// As `progress`, for a caller that spins on it: a false answer need not arrange for anything
+  /// to wake this rank (which `progress` must, for a caller that then waits on the transport).
+  virtual bool poll() { return progress(); }
   /// The ranks it waits for (empty when the transport cannot tell).
   virtual std::vector<int> waiting_for() const { return {}; }
   /// How often a waiter must progress it when completions elsewhere do not wake this transport's
@@ -172,6 +175,13 @@ class Transport {
   virtual void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) = 0;
   /// Bumps the generation and wakes this rank's waiters (an operation finished on another thread).
   virtual void wake() = 0;
+  /// Passes a moment between two polls of a spinning caller: a pause of the core, or giving it up
+  /// where ranks outnumber cores (the peer being waited for may need it).
+  virtual void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
   /// True when only the threads that call the communicator may progress it (MPI below
   /// MPI_THREAD_SERIALIZED): the progress engine then leaves it alone, and nonblocking operations
   /// advance only inside the caller's test, wait and later calls.

@@ -9,6 +9,10 @@
 // waits (the queue's, the progress engine's) sleep on. Ranks run the same collectives in the same
 // order, so their rounds advance together.
 //
+// A collective whose input fits in a signature slot (inline_bytes) runs inline instead: the input
+// is published with the signature, and each rank computes its result from the slots of its peers
+// once they are published (ShmTransport::carry_inline); no barrier, no data set.
+//
 // Ranks that disagree about a collective would still meet at barriers (rounds are counters), so
 // a direct collective writes nothing into the caller's buffer, and does not finish, before the
 // signature table has compared every rank's signature of it (ShmTransport::signature_checked;
@@ -81,9 +85,13 @@ class DirectRun final : public DirectCollective {
             DataType type, ReduceOp op, int root, clock::time_point deadline);
   /// The signature this rank announces for it: its seq is the one whose comparison the collective
   /// waits for (a collective run without one, by direct_collective, stays unchecked).
-  void bind(const Signature& signature) override { seq_ = signature.seq; }
-  bool progress() override;
+  void bind(const Signature& signature) override;
+  bool progress() override { return inline_ ? progress_inline(true) : progress_barriers(); }
+  bool poll() override { return inline_ ? progress_inline(false) : progress_barriers(); }
   std::vector<int> waiting_for() const override;
+  ~DirectRun() override {
+    if (inline_ && !consumed_) transport_.consumed_inline(seq_);
+  }
   /// The result goes to `staging` and is copied to `recv` at the end (reduce_scatter in place,
   /// whose result is the start of the buffer that holds the input).
   void deliver_to(std::byte* recv, std::unique_ptr<std::byte[]> staging) {
@@ -96,6 +104,10 @@ class DirectRun final : public DirectCollective {
   int size() const { return transport_.size(); }
   std::byte* slot(std::size_t chunk, int q) const { return segment_.direct_slot(first_use_ + chunk, q); }
   std::size_t chunk_elems(std::size_t chunk) const { return std::min(per_chunk_, count_ - chunk * per_chunk_); }
+  bool progress_barriers();
+  bool progress_inline(bool arrange_wake);
+  void deliver_inline();
+  const std::byte* input_of(int q) const { return segment_.signature_slot(q, seq_).data; }
   void run_phase(std::size_t phase);
   void begin(std::size_t chunk);
   void reduce_slice(std::size_t chunk);
@@ -122,11 +134,16 @@ class DirectRun final : public DirectCollective {
   std::size_t per_chunk_ = 0;  // elements per chunk (per block for reduce_scatter)
   std::size_t chunks_ = 0;
   std::size_t phases_ = 0, phase_ = 0;
-  std::uint64_t first_use_ = 0;     // the data-set use of chunk 0
+  std::uint64_t first_use_ = 0;     // the data-set use of chunk 0 (once reserved_)
+  bool reserved_ = false;
   std::uint64_t round_ = 0;         // the barrier round this rank waits for (0: none)
   std::uint64_t seq_ = no_seq;      // see bind
   bool compared_ = false;           // every rank's signature was compared with ours
   bool awaits_signatures_ = false;  // waiting for that rather than for a barrier
+  bool inline_ = false;             // runs inline (see the top of this file)
+  bool consumed_ = false;           // inline: every peer's input read
+  int next_peer_ = 0;               // inline: ranks below this have published
+  WireSignature wire_{};            // inline: this rank's signature, which the peers' must equal
   // How results leave the data sets: with streaming stores when this rank writes at least
   // streaming_bytes of recv that it has not read (in place, begin() read it into the cache).
   void (*copy_out_)(std::byte*, const std::byte*, std::size_t) = copy_cached;
@@ -161,12 +178,68 @@ DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* 
   }
   chunks_ = count == 0 ? 0 : (count + per_chunk_ - 1) / per_chunk_;
   phases_ = chunks_ == 0 ? 0 : (three_parts_ ? 2 * chunks_ + 1 : chunks_ + 1);
-  first_use_ = transport_.reserve_direct_uses(chunks_);
   const std::size_t written = (kind_ == Collective::allgather ? p : 1) * count * esize_;
   const bool cold = kind_ == Collective::allreduce   ? send != recv && !small_
                     : kind_ == Collective::allgather ? send != recv + static_cast<std::size_t>(rank()) * count * esize_
                                                      : kind_ == Collective::broadcast && rank() != root;
   if (cold && written >= streaming_bytes) copy_out_ = copy_streaming;
+}
+
+// The input a rank publishes: all of it (reduce_scatter: every block), the root's for broadcast.
+void DirectRun::bind(const Signature& signature) {
+  seq_ = signature.seq;
+  const std::size_t p = static_cast<std::size_t>(size());
+  const std::size_t input = (kind_ == Collective::reduce_scatter ? p : 1) * count_ * esize_;
+  if (seq_ == no_seq || input > inline_bytes || count_ == 0) return;
+  inline_ = true;
+  wire_ = to_wire(signature);
+  const bool publishes = kind_ != Collective::broadcast || rank() == root_;
+  transport_.carry_inline(seq_, publishes ? (kind_ == Collective::broadcast ? recv_ : send_) : nullptr,
+                          publishes ? input : 0);
+}
+
+bool DirectRun::progress_inline(bool arrange_wake) {
+  try {
+    if (const auto failure = transport_.aborted()) throw failure->error;
+    for (; next_peer_ < size(); ++next_peer_)
+      if (!transport_.inline_input(next_peer_, seq_, wire_, arrange_wake)) {
+        if (arrange_wake) check_deadline_and_liveness();
+        return false;
+      }
+    deliver_inline();
+    consumed_ = true;
+    transport_.consumed_inline(seq_);
+    return true;
+  } catch (const Error& error) {
+    fail(error);
+  }
+}
+
+// Every rank reduces the same inputs in the same order (rank 0's first), so all get the same bits.
+void DirectRun::deliver_inline() {
+  const int p = size(), r = rank();
+  const std::size_t bytes = count_ * esize_;
+  if (kind_ == Collective::allreduce || kind_ == Collective::reduce_scatter) {
+    const std::size_t offset = kind_ == Collective::reduce_scatter ? static_cast<std::size_t>(r) * bytes : 0;
+    std::byte* dst = recv_;
+    if (p == 1) {
+      std::memcpy(dst, input_of(0) + offset, bytes);
+    } else {
+      reduce::apply(op_, type_, dst, input_of(0) + offset, input_of(1) + offset, count_);
+      for (int q = 2; q < p; ++q) reduce::apply(op_, type_, dst, dst, input_of(q) + offset, count_);
+    }
+    if (op_ == ReduceOp::avg) reduce::divide(type_, dst, count_, p);
+  } else if (kind_ == Collective::allgather) {
+    const bool in_place = send_ == recv_ + static_cast<std::size_t>(r) * bytes;
+    for (int q = 0; q < p; ++q)
+      if (q != r || !in_place) std::memcpy(recv_ + static_cast<std::size_t>(q) * bytes, input_of(q), bytes);
+  } else if (r != root_) {  // broadcast
+    std::memcpy(recv_, input_of(root_), bytes);
+  }
+  if (staging_) {
+    std::memcpy(deliver_, recv_, bytes);
+    staging_.reset();
+  }
 }
 
 bool DirectRun::signatures_compared() {
@@ -184,7 +257,7 @@ void DirectRun::fail(const Error& error) {
 }
 
 std::vector<int> DirectRun::waiting_for() const {
-  if (awaits_signatures_) return transport_.unpublished_ranks(seq_);
+  if (awaits_signatures_ || inline_) return transport_.unpublished_ranks(seq_);
   std::vector<int> ranks;
   if (round_ == 0) return ranks;
   for (int q = 0; q < size(); ++q)
@@ -219,6 +292,8 @@ void DirectRun::check_deadline_and_liveness() {
                                        std::to_string(rank()) + ": timed out waiting for rank(s) " + ranks +
                                        (awaits_signatures_ ? " to start it" : "")));
   }
+  // Not at once: most waits end within microseconds, and looking costs system calls.
+  if (next_liveness_check_ == clock::time_point{}) next_liveness_check_ = now + liveness_period;
   if (now < next_liveness_check_) return;
   next_liveness_check_ = now + liveness_period;
   for (int q : waiting_for())
@@ -227,9 +302,16 @@ void DirectRun::check_deadline_and_liveness() {
                                               std::to_string(rank()) + ": rank " + std::to_string(q) + " died"));
 }
 
-bool DirectRun::progress() {
+bool DirectRun::progress_barriers() {
   try {
     if (const auto failure = transport_.aborted()) throw failure->error;
+    // Data-set uses are taken when a collective first runs (in issue order), not when it is made:
+    // an inline one takes none, and a set may be written again only after a barrier that
+    // follows its last reads (see the top of this file).
+    if (!reserved_) {
+      first_use_ = transport_.reserve_direct_uses(chunks_);
+      reserved_ = true;
+    }
     while (phase_ < phases_) {
       // Phase 0 writes only into the segment; the later ones write the caller's buffer.
       if ((round_ != 0 && !all_arrived()) || (phase_ > 0 && !signatures_compared())) {

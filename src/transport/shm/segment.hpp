@@ -6,7 +6,8 @@
 // Layout (offsets computed by Layout, the same in every process):
 //   Header        magic, geometry, comm id, secret, attached count, abort record
 //   RankBlock[p]  pid, futex doorbell (generation), sleeper count, signatures published
-//   SignatureSlot[p][signature_slots]   the collectives each rank announced, by seq
+//   SignatureSlot[p][signature_slots]   the collectives each rank announced, by seq, each with
+//                                       room for a small collective's input (inline_bytes)
 //   Ring[p][p]    ring i->j: RingHeader (data head/tail, acks j->i), then `slots` chunk slots
 //   DirectRound[p]                     barrier round each rank has reached (direct algorithms)
 //   direct data[2][p]                  `direct_chunk` bytes per rank, two sets (double buffering)
@@ -29,12 +30,15 @@ namespace tutti::transport::shm {
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free &&
               std::atomic<std::int32_t>::is_always_lock_free);
 
-inline constexpr std::uint64_t ready_magic = 0x32736974747574ull;  // "tuttis2", set once initialized
+inline constexpr std::uint64_t ready_magic = 0x33736974747574ull;  // "tuttis3", set once initialized
 inline constexpr std::size_t signature_slots = 64;                 // announced signatures kept per rank
 inline constexpr std::size_t ack_entries = 1024;                   // acknowledgements in flight per pair
 inline constexpr std::size_t chunk_header_bytes = 128;
 inline constexpr std::size_t abort_text_bytes = 1024;
 inline constexpr std::size_t secret_bytes = 32;
+/// Bytes of input a signature slot carries for a small direct collective (the first 16 share the
+/// signature's cache line): such a collective is one publication and one read per peer.
+inline constexpr std::size_t inline_bytes = 1040;
 
 /// First error of the communicator; the first writer wins (state 0 -> 1 by CAS, then 2 once written).
 struct AbortRecord {
@@ -62,18 +66,26 @@ struct alignas(64) RankBlock {
   std::atomic<std::int32_t> pid;
   alignas(64) std::atomic<std::uint32_t> generation;  // the futex word
   std::atomic<std::uint32_t> sleepers;                // ranks' threads in FUTEX_WAIT on it
-  // One past the highest seq whose signature this rank published and compared (see shm.cpp).
+  // One past the highest seq whose signature this rank published and compared, and one past the
+  // highest below which it reads no peer's inline input any more (see shm.cpp). Written by this
+  // rank at every collective; read by the others rarely.
   alignas(64) std::atomic<std::uint64_t> published;
-  std::atomic<std::uint32_t> awaits_publication;  // nonzero: ring this rank's doorbell on publishing
+  std::atomic<std::uint64_t> consumed;
+  // Nonzero: ring this rank's doorbell on publishing or consuming. Written rarely, read by every
+  // publication, so on a line of its own.
+  alignas(64) std::atomic<std::uint32_t> awaits_publication;
 };
 
 /// One announced signature, written under a seqlock: tag = seq + 1 when valid, busy while written.
+/// `data` holds the input of a small direct collective (written before the tag, see shm.cpp).
 struct alignas(64) SignatureSlot {
   static constexpr std::uint64_t busy = ~std::uint64_t{0};
   std::atomic<std::uint64_t> tag;
   std::atomic<std::uint64_t> words[5];
+  std::byte data[inline_bytes];
 };
 static_assert(sizeof(WireSignature) == 5 * sizeof(std::uint64_t));
+static_assert(sizeof(SignatureSlot) % 64 == 0);
 
 /// Precedes the payload of each chunk slot. Written by the producer before it publishes `head`.
 struct ChunkHeader {

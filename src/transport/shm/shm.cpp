@@ -40,12 +40,15 @@ inline void cpu_relax() {
 }
 
 // Seqlock write: readers that overlap it see the busy tag (or a changed one) and ignore the slot.
-void write_slot(SignatureSlot& slot, std::uint64_t seq, const WireSignature& signature) {
+// The inline input goes in before the tag that publishes it.
+void write_slot(SignatureSlot& slot, std::uint64_t seq, const WireSignature& signature, const std::byte* input,
+                std::size_t bytes) {
   std::uint64_t words[5];
   std::memcpy(words, &signature, sizeof words);
   slot.tag.store(SignatureSlot::busy, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   for (int i = 0; i < 5; ++i) slot.words[i].store(words[i], std::memory_order_relaxed);
+  if (bytes > 0) std::memcpy(slot.data, input, bytes);
   slot.tag.store(seq + 1, std::memory_order_release);
 }
 
@@ -178,6 +181,72 @@ std::unique_ptr<Transport> ShmTransport::split(std::uint64_t id, const std::vect
 //     signature_checked(seq).
 // Neither rule can deadlock: the rank with the lowest `published` can always publish its next
 // seq, and every collective below it has been published by all ranks.
+//
+// A small direct collective's input travels in its signature slot (carry_inline): it is published
+// with the signature, and every peer reads it from there, compares the signature and is done; one
+// cache line each way for a few bytes, no barrier. So that no slot is overwritten before every
+// peer has read its input too, rule 1 waits for every rank's `consumed` rather than `published`:
+// one past the highest seq below which the rank reads no input any more (its `published` when it
+// reads none, else its oldest collective still reading). A rank that advances it rings the ranks
+// awaiting publication, as a publication does.
+void ShmTransport::carry_inline(std::uint64_t seq, const std::byte* input, std::size_t bytes) {
+  std::lock_guard lock(publication_mutex_);
+  carried_.push_back({seq, input, bytes});
+  reading_.push_back(seq);
+}
+
+const std::byte* ShmTransport::inline_input(int rank, std::uint64_t seq, const WireSignature& mine,
+                                            bool arrange_wake) {
+  SignatureSlot& slot = segment_->signature_slot(rank, seq);
+  if (rank == rank_) {
+    if (slot.tag.load(std::memory_order_acquire) != seq + 1) {  // still deferred by rule 1
+      std::lock_guard lock(publication_mutex_);
+      publish_ready_locked();
+      if (slot.tag.load(std::memory_order_acquire) != seq + 1) return nullptr;
+    }
+    return slot.data;
+  }
+  WireSignature theirs;
+  if (!read_slot(slot, seq, theirs)) {
+    if (!arrange_wake) return nullptr;
+    std::lock_guard lock(publication_mutex_);
+    publish_ready_locked();  // this rank's deferred signatures may be what the peer waits for
+    awaiting_inline_ = true;
+    update_await_flag_locked();
+    if (!read_slot(slot, seq, theirs)) return nullptr;  // else published in between
+  }
+  if (theirs != mine) {
+    const Error error = collective_mismatch(rank, from_wire(theirs), rank_, from_wire(mine));
+    abort(error, seq);
+    throw error;
+  }
+  return slot.data;
+}
+
+void ShmTransport::consumed_inline(std::uint64_t seq) {
+  std::lock_guard lock(publication_mutex_);
+  if (const auto it = std::find(reading_.begin(), reading_.end(), seq); it != reading_.end()) reading_.erase(it);
+  if (const auto it = std::find_if(carried_.begin(), carried_.end(), [&](const Carried& c) { return c.seq == seq; });
+      it != carried_.end())
+    carried_.erase(it);  // never published (the collective failed first)
+  awaiting_inline_ = false;
+  update_await_flag_locked();
+  store_consumed_locked();
+}
+
+void ShmTransport::store_consumed_locked() {
+  const std::uint64_t consumed = reading_.empty() ? published_ : std::min(published_, reading_.front());
+  if (consumed == self_.consumed.load(std::memory_order_relaxed)) return;
+  self_.consumed.store(consumed, std::memory_order_seq_cst);
+  ring_awaiting_ranks();
+}
+
+void ShmTransport::ring_awaiting_ranks() {
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && segment_->rank_block(r).awaits_publication.load(std::memory_order_seq_cst) != 0)
+      ring_doorbell(segment_->rank_block(r));
+}
+
 void ShmTransport::announce(const Signature& signature) {
   const WireSignature mine = to_wire(signature);
   announced_[signature.seq % announced_.size()] = {signature.seq, mine};
@@ -193,9 +262,22 @@ std::uint64_t ShmTransport::lowest_published() const {
   return lowest;
 }
 
+std::uint64_t ShmTransport::lowest_consumed() const {
+  std::uint64_t lowest = no_seq;
+  for (int r = 0; r < size_; ++r)
+    lowest = std::min(lowest, segment_->rank_block(r).consumed.load(std::memory_order_seq_cst));
+  return lowest;
+}
+
 void ShmTransport::await_publication_locked(bool awaiting) {
-  if (awaiting == awaiting_publication_) return;
   awaiting_publication_ = awaiting;
+  update_await_flag_locked();
+}
+
+void ShmTransport::update_await_flag_locked() {
+  const bool awaiting = awaiting_publication_ || awaiting_inline_;
+  if (awaiting == await_flag_) return;
+  await_flag_ = awaiting;
   self_.awaits_publication.store(awaiting ? 1 : 0, std::memory_order_seq_cst);
 }
 
@@ -204,9 +286,14 @@ void ShmTransport::publish_ready_locked() {
     // Named, not a structured binding: clang before 16 cannot capture those in a lambda.
     const std::uint64_t seq = unpublished_.front().first;
     const WireSignature& mine = unpublished_.front().second;
-    // The slot held seq - signature_slots (or less): every rank must be past it. Checked again
-    // after raising our flag, so that a publication between the two is not missed.
-    const auto slot_free = [&] { return seq < signature_slots || lowest_published() > seq - signature_slots; };
+    // The slot held seq - signature_slots (or less): every rank must be past it (and have read
+    // its input). Checked again after raising our flag, so that a publication between the two is
+    // not missed. What was seen consumed stays so: most publications need not look.
+    const auto slot_free = [&] {
+      if (seq < signature_slots || consumed_below_ > seq - signature_slots) return true;
+      consumed_below_ = lowest_consumed();
+      return consumed_below_ > seq - signature_slots;
+    };
     if (!slot_free()) {
       await_publication_locked(true);
       if (!slot_free()) return;
@@ -218,7 +305,11 @@ void ShmTransport::publish_ready_locked() {
 }
 
 void ShmTransport::publish_locked(std::uint64_t seq, const WireSignature& mine) {
-  write_slot(segment_->signature_slot(rank_, seq), seq, mine);
+  while (!carried_.empty() && carried_.front().seq < seq) carried_.pop_front();  // (none: announced in order)
+  const bool carries = !carried_.empty() && carried_.front().seq == seq;
+  write_slot(segment_->signature_slot(rank_, seq), seq, mine, carries ? carried_.front().input : nullptr,
+             carries ? carried_.front().bytes : 0);
+  if (carries) carried_.pop_front();
   // Two ranks publishing the same seq at once: each writes, then reads; the fences make sure at
   // least one of them sees the other's slot.
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -231,10 +322,12 @@ void ShmTransport::publish_locked(std::uint64_t seq, const WireSignature& mine) 
     }
   }
   // After the abort (if any): a rank that sees every rank past seq then sees the abort too.
-  self_.published.store(seq + 1, std::memory_order_seq_cst);
-  for (int r = 0; r < size_; ++r)
-    if (r != rank_ && segment_->rank_block(r).awaits_publication.load(std::memory_order_seq_cst) != 0)
-      ring_doorbell(segment_->rank_block(r));
+  published_ = seq + 1;
+  self_.published.store(published_, std::memory_order_seq_cst);
+  const std::uint64_t consumed = reading_.empty() ? published_ : std::min(published_, reading_.front());
+  if (consumed != self_.consumed.load(std::memory_order_relaxed))
+    self_.consumed.store(consumed, std::memory_order_seq_cst);
+  ring_awaiting_ranks();
 }
 
 bool ShmTransport::signature_checked(std::uint64_t seq) {
@@ -279,6 +372,13 @@ void ShmTransport::wait(std::uint64_t seen, clock::time_point deadline) {
 }
 
 void ShmTransport::wake() { ring_doorbell(self_); }
+
+void ShmTransport::relax() {
+  if (wait_policy_.yield)
+    sched_yield();
+  else
+    cpu_relax();
+}
 
 std::optional<Failure> ShmTransport::aborted() const { return read_abort(*segment_); }
 

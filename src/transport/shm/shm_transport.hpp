@@ -53,6 +53,7 @@ class ShmTransport final : public Transport {
   std::uint64_t generation() const override;
   void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) override;
   void wake() override;
+  void relax() override;
   void progress() override;
   std::optional<Failure> aborted() const override;
   void abort(const Error& error, std::uint64_t seq) override;
@@ -79,6 +80,18 @@ class ShmTransport final : public Transport {
   bool signature_checked(std::uint64_t seq);
   /// The ranks that have not yet published their signature of collective `seq`.
   std::vector<int> unpublished_ranks(std::uint64_t seq) const;
+  /// The input (`bytes` <= inline_bytes) that collective `seq`, a small direct collective, carries
+  /// in its signature slot: copied there when its signature is published, and read from there by
+  /// every rank (see shm.cpp). Call before announcing `seq`; `input` stays valid and unchanged
+  /// until then. consumed_inline(seq) must follow, whatever happens to the collective.
+  void carry_inline(std::uint64_t seq, const std::byte* input, std::size_t bytes);
+  /// `rank`'s inline input of collective `seq` (this rank's too), or null while not published.
+  /// Throws (and aborts) with the mismatch if that rank's signature differs from `mine`. With
+  /// `arrange_wake`, a null answer also makes that rank's publication ring this rank's doorbell
+  /// (until consumed_inline); without it the caller must poll.
+  const std::byte* inline_input(int rank, std::uint64_t seq, const WireSignature& mine, bool arrange_wake);
+  /// This rank reads no more inline input of collective `seq` (done, or failed).
+  void consumed_inline(std::uint64_t seq);
 
   /// A message as the receiver files it: sender (or destination, for sends) and key.
   using Key = MatchKey;
@@ -141,7 +154,11 @@ class ShmTransport final : public Transport {
   void publish_ready_locked();
   void publish_locked(std::uint64_t seq, const WireSignature& mine);
   std::uint64_t lowest_published() const;
+  std::uint64_t lowest_consumed() const;
   void await_publication_locked(bool awaiting);
+  void update_await_flag_locked();
+  void store_consumed_locked();
+  void ring_awaiting_ranks();
   bool peer_dead(int peer, std::int32_t pid) const;
 
   std::unique_ptr<Segment> segment_;
@@ -181,7 +198,19 @@ class ShmTransport final : public Transport {
   mutable std::mutex publication_mutex_;
   std::deque<std::pair<std::uint64_t, WireSignature>> unpublished_;
   std::uint64_t verified_below_ = 0;  // every rank has published every seq below this
-  bool awaiting_publication_ = false;
+  std::uint64_t consumed_below_ = 0;  // every rank has consumed every seq below this
+  std::uint64_t published_ = 0;       // this rank's `published`
+  bool awaiting_publication_ = false;  // a signature waits for its slot (rule 1)
+  bool awaiting_inline_ = false;       // an inline collective waits for a peer's publication
+  bool await_flag_ = false;            // self_.awaits_publication
+  // Inline inputs to publish, and the collectives still reading their peers' (carry_inline), by seq.
+  struct Carried {
+    std::uint64_t seq;
+    const std::byte* input;
+    std::size_t bytes;
+  };
+  std::deque<Carried> carried_;
+  std::deque<std::uint64_t> reading_;
 };
 
 }  // namespace tutti::transport::shm
