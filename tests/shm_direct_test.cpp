@@ -648,6 +648,41 @@ TEST_F(ShmDirect, InlineAndBarrierCollectivesMixed) {
         << "p=" << p;
 }
 
+// An inline broadcast waits for the root only, so a rank may return from a broadcast that another
+// rank mismatched; the communicator is aborted all the same, and that rank's next call raises it.
+// The rank that disagrees with the root fails in the broadcast itself, its buffer untouched.
+TEST_F(ShmDirect, InlineBroadcastMismatchReachesEveryRank) {
+  const int p = 3;
+  std::vector<std::string> first(p), second(p);
+  std::vector<float> untouched(p, 0);
+  EXPECT_EQ(run_ranks(p,
+                      [&](Rank& rank) {
+                        const int r = rank.comm.rank();
+                        std::vector<float> b(5, r == 0 ? 7.0f : -1.0f);
+                        try {
+                          rank.comm.broadcast(b.data(), r == 2 ? 5 : 4, DataType::f32, 0, {Algorithm::direct, 20000ms});
+                          first[static_cast<std::size_t>(r)] = "ok";
+                        } catch (const Error& e) {
+                          first[static_cast<std::size_t>(r)] = to_string(e.code());
+                        }
+                        untouched[static_cast<std::size_t>(r)] = b[0];
+                        try {
+                          rank.comm.barrier({Algorithm::automatic, 20000ms});
+                          second[static_cast<std::size_t>(r)] = "ok";
+                        } catch (const Error& e) {
+                          second[static_cast<std::size_t>(r)] = to_string(e.code());
+                        }
+                      }),
+            "");
+  EXPECT_EQ(first[2], "mismatch");
+  EXPECT_EQ(untouched[2], -1.0f);
+  for (int r = 0; r < p; ++r) {
+    const auto u = static_cast<std::size_t>(r);
+    EXPECT_TRUE(first[u] == "ok" || first[u] == "mismatch" || first[u] == "aborted") << r << ": " << first[u];
+    EXPECT_TRUE(second[u] == "mismatch" || second[u] == "aborted") << r << ": " << second[u];
+  }
+}
+
 // Ranks far apart: collectives that exchange no data let some ranks run hundreds of signatures
 // ahead (their publication deferred until the table's slots are free), then an inline allreduce
 // needs every rank's publications to move on: it must finish, with the right sum.

@@ -186,6 +186,11 @@ DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* 
 }
 
 // The input a rank publishes: all of it (reduce_scatter: every block), the root's for broadcast.
+// A broadcast waits for no rank but the root: the root is done once its input is published, a
+// receiver once it has the root's. Their signatures are compared all the same, by whichever of
+// each pair publishes later; a mismatch found after a rank's broadcast returned aborts the
+// communicator, and that rank's next call raises it (nothing was written into its buffer from a
+// mismatched call: a receiver compared the root's signature before it copied).
 void DirectRun::bind(const Signature& signature) {
   seq_ = signature.seq;
   const std::size_t p = static_cast<std::size_t>(size());
@@ -201,11 +206,14 @@ void DirectRun::bind(const Signature& signature) {
 bool DirectRun::progress_inline(bool arrange_wake) {
   try {
     if (const auto failure = transport_.aborted()) throw failure->error;
-    for (; next_peer_ < size(); ++next_peer_)
+    for (; next_peer_ < size(); ++next_peer_) {
+      // A broadcast needs its own publication and the root's input only (see bind).
+      if (kind_ == Collective::broadcast && next_peer_ != rank() && next_peer_ != root_) continue;
       if (!transport_.inline_input(next_peer_, seq_, wire_, arrange_wake)) {
         if (arrange_wake) check_deadline_and_liveness();
         return false;
       }
+    }
     deliver_inline();
     consumed_ = true;
     transport_.consumed_inline(seq_);
@@ -257,6 +265,11 @@ void DirectRun::fail(const Error& error) {
 }
 
 std::vector<int> DirectRun::waiting_for() const {
+  if (inline_ && kind_ == Collective::broadcast) {
+    std::vector<int> ranks = transport_.unpublished_ranks(seq_);
+    std::erase_if(ranks, [&](int q) { return q != rank() && q != root_; });
+    return ranks;
+  }
   if (awaits_signatures_ || inline_) return transport_.unpublished_ranks(seq_);
   std::vector<int> ranks;
   if (round_ == 0) return ranks;
