@@ -5,6 +5,8 @@
                                          and Tutti/peer, and t_bound/t when the file has a ceiling
     bench_table.py automatic FILE.json   (a run with --all-algorithms) per collective and size:
                                          the fastest forced algorithm and automatic's time over it
+    bench_table.py spread PEER FILE.json...   several runs of one command: per size, each
+                                         collective's median Tutti/PEER with the min-max over runs
 
 Reads the primary form (out of place; in place for broadcast). Exits 1 with a one-line message
 on a malformed file.
@@ -65,16 +67,42 @@ def automatic_table(doc):
     return lines
 
 
+def spread_table(peer, docs):
+    ratios = {}
+    for doc in docs:
+        for row in primary_rows(doc):
+            p = (row.get("peers") or {}).get(peer)
+            if row["algorithm"] == "automatic" and p:
+                ratios.setdefault(row["bytes"], {}).setdefault(row["collective"], []).append(p["ratio"])
+    collectives = sorted({c for by in ratios.values() for c in by})
+    lines = ["| size | " + " | ".join(f"{c} Tutti/{peer}" for c in collectives) + " |",
+             "|" + " --- |" * (len(collectives) + 1)]
+    for size, by in sorted(ratios.items()):
+        cells = []
+        for c in collectives:
+            r = sorted(by.get(c, []))
+            cells.append(f"{r[len(r) // 2]:.2f} ({r[0]:.2f}–{r[-1]:.2f})" if r else "-")
+        lines.append(f"| {human(size)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv):
-    if len(argv) != 3 or argv[1] not in ("peers", "automatic"):
+    spread = len(argv) >= 4 and argv[1] == "spread"
+    if not spread and (len(argv) != 3 or argv[1] not in ("peers", "automatic")):
         print(__doc__, file=sys.stderr)
         return 2
+    files = argv[3:] if spread else argv[2:]
     try:
-        with open(argv[2]) as f:
-            doc = json.load(f)
-        lines = peers_table(doc) if argv[1] == "peers" else automatic_table(doc)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        print(f"bench_table.py: {argv[2]}: {e}", file=sys.stderr)
+        docs = []
+        for name in files:
+            with open(name) as f:
+                docs.append(json.load(f))
+        if spread:
+            lines = spread_table(argv[2], docs)
+        else:
+            lines = peers_table(docs[0]) if argv[1] == "peers" else automatic_table(docs[0])
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        print(f"bench_table.py: {' '.join(files)}: {e}", file=sys.stderr)
         return 1
     print("\n".join(lines))
     return 0

@@ -134,7 +134,7 @@ class DirectRun final : public DirectCollective {
   std::size_t per_chunk_ = 0;  // elements per chunk (per block for reduce_scatter)
   std::size_t chunks_ = 0;
   std::size_t phases_ = 0, phase_ = 0;
-  std::uint64_t first_use_ = 0;     // the data-set use of chunk 0 (once reserved_)
+  std::uint64_t first_use_ = 0;  // the data-set use of chunk 0 (once reserved_)
   bool reserved_ = false;
   std::uint64_t round_ = 0;         // the barrier round this rank waits for (0: none)
   std::uint64_t seq_ = no_seq;      // see bind

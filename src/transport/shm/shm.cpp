@@ -195,8 +195,7 @@ void ShmTransport::carry_inline(std::uint64_t seq, const std::byte* input, std::
   reading_.push_back(seq);
 }
 
-const std::byte* ShmTransport::inline_input(int rank, std::uint64_t seq, const WireSignature& mine,
-                                            bool arrange_wake) {
+const std::byte* ShmTransport::inline_input(int rank, std::uint64_t seq, const WireSignature& mine, bool arrange_wake) {
   SignatureSlot& slot = segment_->signature_slot(rank, seq);
   if (rank == rank_) {
     if (slot.tag.load(std::memory_order_acquire) != seq + 1) {  // still deferred by rule 1
@@ -225,7 +224,11 @@ const std::byte* ShmTransport::inline_input(int rank, std::uint64_t seq, const W
 
 void ShmTransport::consumed_inline(std::uint64_t seq) {
   std::lock_guard lock(publication_mutex_);
-  if (const auto it = std::find(reading_.begin(), reading_.end(), seq); it != reading_.end()) reading_.erase(it);
+  // In order, so almost always the oldest.
+  if (!reading_.empty() && reading_.front() == seq)
+    reading_.pop_front();
+  else if (const auto it = std::find(reading_.begin(), reading_.end(), seq); it != reading_.end())
+    reading_.erase(it);
   if (const auto it = std::find_if(carried_.begin(), carried_.end(), [&](const Carried& c) { return c.seq == seq; });
       it != carried_.end())
     carried_.erase(it);  // never published (the collective failed first)

@@ -197,9 +197,9 @@ class ShmTransport final : public Transport {
   // has not compared yet), in seq order; and what is known published by every rank.
   mutable std::mutex publication_mutex_;
   std::deque<std::pair<std::uint64_t, WireSignature>> unpublished_;
-  std::uint64_t verified_below_ = 0;  // every rank has published every seq below this
-  std::uint64_t consumed_below_ = 0;  // every rank has consumed every seq below this
-  std::uint64_t published_ = 0;       // this rank's `published`
+  std::uint64_t verified_below_ = 0;   // every rank has published every seq below this
+  std::uint64_t consumed_below_ = 0;   // every rank has consumed every seq below this
+  std::uint64_t published_ = 0;        // this rank's `published`
   bool awaiting_publication_ = false;  // a signature waits for its slot (rule 1)
   bool awaiting_inline_ = false;       // an inline collective waits for a peer's publication
   bool await_flag_ = false;            // self_.awaits_publication
