@@ -135,10 +135,14 @@ TEST_F(Tuning, PredictCoversDirectAndRejectsWhatDoesNotServe) {
   for (Collective c : {Collective::allreduce, Collective::reduce_scatter, Collective::allgather, Collective::broadcast})
     for (std::size_t bytes : {std::size_t{8}, 64 * MiB}) EXPECT_GT(predict(Algorithm::direct, c, 4, bytes, shm), 0);
   // Direct allreduce: one step up to 16 KiB, two barriers per 256 KiB chunk above; a barrier is
-  // priced at half a message round.
+  // priced at a tenth of a message round.
   const CostParams alpha_only{1, 0, 0};
-  EXPECT_EQ(predict(Algorithm::direct, Collective::allreduce, 4, 16384, alpha_only), 0.5);
-  EXPECT_EQ(predict(Algorithm::direct, Collective::allreduce, 4, MiB, alpha_only), 4);
+  EXPECT_DOUBLE_EQ(predict(Algorithm::direct, Collective::allreduce, 4, 16384, alpha_only), 0.1);
+  EXPECT_DOUBLE_EQ(predict(Algorithm::direct, Collective::allreduce, 4, MiB, alpha_only), 0.8);
+  // A copied byte at a fifth of a message byte, a streamed one (results of 4 MiB or more) at an eighth.
+  const CostParams beta_only{0, 1, 0};
+  EXPECT_DOUBLE_EQ(predict(Algorithm::direct, Collective::allreduce, 4, MiB, beta_only), 0.4 * MiB);
+  EXPECT_DOUBLE_EQ(predict(Algorithm::direct, Collective::allreduce, 4, 4 * MiB, beta_only), (0.2 + 0.125) * 4 * MiB);
   EXPECT_GT(predict(Algorithm::ring, Collective::allreduce, 4, 256 * MiB, shm),
             predict(Algorithm::ring, Collective::allreduce, 4, 16 * MiB, shm));
   EXPECT_THROW(predict(Algorithm::direct, Collective::alltoall, 4, 8, shm), Error);

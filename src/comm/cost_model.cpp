@@ -18,14 +18,20 @@ constexpr std::size_t elem_size = 4;
 // transport/shm/direct.cpp: bytes per rank per step, and the one-step allreduce limit.
 constexpr double direct_chunk = 256.0 * 1024;
 // A direct copy is one memcpy into or out of the shared data area; a shared-memory message, which
-// β prices, is two (into the ring slot, out of it). So a direct byte costs half a message byte,
-// and a byte copied out with streaming stores (transport::shm::streaming_bytes), which skip
-// reading the destination line first, a quarter.
-constexpr double direct_copy_share = 0.5;
-constexpr double direct_streamed_share = 0.25;
-// A direct barrier is one store and a poll of p flags; a message round (which α prices) also
-// fills a ring slot, rings a doorbell and returns an acknowledgement.
-constexpr double direct_barrier_share = 0.5;
+// β prices, is two (into the ring slot, out of it) plus its chunking, acknowledgements and
+// doorbells. Measured side by side (p = 2, 2026-11-25, tutti-bench --all-algorithms, no tuning
+// file): a 2 MiB direct allreduce took 233-250 µs where ring took 620 µs and the model, with a
+// direct byte at half a message byte and a barrier at half a round, said 706 and 632 µs, so that
+// `automatic` chose ring. A direct byte costs a fifth of a message byte, and a byte copied out
+// with streaming stores (transport::shm::streaming_bytes), which skip reading the destination
+// line first, an eighth (2 MiB: 390 µs predicted; 16 MiB: 2,100 µs predicted, 3,000-3,560 µs
+// measured, ring 5,040 µs predicted).
+constexpr double direct_copy_share = 0.2;
+constexpr double direct_streamed_share = 0.125;
+// A direct barrier is one store and a poll of p flags, about 0.3 µs here (an 8-byte inline
+// allreduce is one such exchange); a message round, which α prices at 3 µs for shm, also fills a
+// ring slot, rings a doorbell and returns an acknowledgement.
+constexpr double direct_barrier_share = 0.1;
 // Predictions closer than this (relative) are a tie, which the earlier candidate wins: where two
 // algorithms are alike (p = 2, where ring and tree broadcast are the same message), rounding
 // must not flip the choice from one size class to the next.

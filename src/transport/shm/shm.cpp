@@ -200,7 +200,7 @@ const std::byte* ShmTransport::inline_input(int rank, std::uint64_t seq, const W
   if (rank == rank_) {
     if (slot.tag.load(std::memory_order_acquire) != seq + 1) {  // still deferred by rule 1
       std::lock_guard lock(publication_mutex_);
-      publish_ready_locked();
+      publish_ready_locked(arrange_wake);
       if (slot.tag.load(std::memory_order_acquire) != seq + 1) return nullptr;
     }
     return slot.data;
@@ -284,7 +284,7 @@ void ShmTransport::update_await_flag_locked() {
   self_.awaits_publication.store(awaiting ? 1 : 0, std::memory_order_seq_cst);
 }
 
-void ShmTransport::publish_ready_locked() {
+void ShmTransport::publish_ready_locked(bool arrange_wake) {
   while (!unpublished_.empty()) {
     // Named, not a structured binding: clang before 16 cannot capture those in a lambda.
     const std::uint64_t seq = unpublished_.front().first;
@@ -298,6 +298,7 @@ void ShmTransport::publish_ready_locked() {
       return consumed_below_ > seq - signature_slots;
     };
     if (!slot_free()) {
+      if (!arrange_wake) return;  // a caller that polls: raising the flag would only make peers ring
       await_publication_locked(true);
       if (!slot_free()) return;
     }

@@ -151,7 +151,9 @@ class ShmTransport final : public Transport {
   bool waits_on(int peer) const;
   void corrupted(const Error& error);
   // Signature publication (shm.cpp); all under publication_mutex_.
-  void publish_ready_locked();
+  /// Publishes the deferred signatures whose slots are free; with `arrange_wake`, a rank that
+  /// must wait raises its flag, so that the publications it waits for ring it.
+  void publish_ready_locked(bool arrange_wake = true);
   void publish_locked(std::uint64_t seq, const WireSignature& mine);
   std::uint64_t lowest_published() const;
   std::uint64_t lowest_consumed() const;
