@@ -16,27 +16,26 @@ void finish(NativeCollective& run, Transport& transport, const Signature& signat
   using clock = std::chrono::steady_clock;
   // Native collectives check their peers' liveness when progressed: never sleep longer than this.
   constexpr auto longest_nap = std::chrono::milliseconds(100);
+  // One step of `run`; an error aborts the communicator first (the first error wins, on every rank).
+  const auto step = [&](bool spinning) {
+    try {
+      return spinning ? run.poll() : run.progress();
+    } catch (const Error& error) {
+      transport.abort(error, signature.seq);
+      throw;
+    }
+  };
   // A small collective's peers answer within a microsecond or so: catch that spinning on `poll`,
   // before reading the clock or arranging a wake-up.
   constexpr int spins = 128;
-  try {
-    for (int i = 0; i < spins; ++i) {
-      if (run.poll()) return;
-      transport.relax();
-    }
-  } catch (const Error& error) {
-    transport.abort(error, signature.seq);
-    throw;
+  for (int i = 0; i < spins; ++i) {
+    if (step(true)) return;
+    transport.relax();
   }
   const auto start = clock::now();
   for (;;) {
     const std::uint64_t seen = transport.generation();  // read first: no wake-up is lost
-    try {
-      if (run.progress()) return;
-    } catch (const Error& error) {
-      transport.abort(error, signature.seq);  // the first error wins, on every rank
-      throw;
-    }
+    if (step(false)) return;
     const auto now = clock::now();
     if (now >= deadline) {
       std::string peers;

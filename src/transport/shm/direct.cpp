@@ -108,6 +108,15 @@ class DirectRun final : public DirectCollective {
   bool progress_inline(bool arrange_wake);
   void deliver_inline();
   const std::byte* input_of(int q) const { return segment_.signature_slot(q, seq_).data; }
+  /// Whether an inline collective needs rank q's publication: a broadcast only its own and the
+  /// root's (see bind), the others every rank's.
+  bool needs(int q) const { return kind_ != Collective::broadcast || q == rank() || q == root_; }
+  /// dst = part(0) op part(1) op ... (n elements; avg divides), in the same order on every rank,
+  /// so that ranks that each reduce everything get the same bits.
+  template <typename Part>
+  void reduce_parts(std::byte* dst, std::size_t n, const Part& part) const;
+  /// The result of a staged call (deliver_to) into the caller's buffer.
+  void deliver_staged();
   void run_phase(std::size_t phase);
   void begin(std::size_t chunk);
   void reduce_slice(std::size_t chunk);
@@ -207,8 +216,7 @@ bool DirectRun::progress_inline(bool arrange_wake) {
   try {
     if (const auto failure = transport_.aborted()) throw failure->error;
     for (; next_peer_ < size(); ++next_peer_) {
-      // A broadcast needs its own publication and the root's input only (see bind).
-      if (kind_ == Collective::broadcast && next_peer_ != rank() && next_peer_ != root_) continue;
+      if (!needs(next_peer_)) continue;
       if (!transport_.inline_input(next_peer_, seq_, wire_, arrange_wake)) {
         if (arrange_wake) check_deadline_and_liveness();
         return false;
@@ -223,20 +231,30 @@ bool DirectRun::progress_inline(bool arrange_wake) {
   }
 }
 
-// Every rank reduces the same inputs in the same order (rank 0's first), so all get the same bits.
+template <typename Part>
+void DirectRun::reduce_parts(std::byte* dst, std::size_t n, const Part& part) const {
+  const int p = size();
+  if (p == 1) {
+    std::memcpy(dst, part(0), n * esize_);
+  } else {
+    reduce::apply(op_, type_, dst, part(0), part(1), n);
+    for (int q = 2; q < p; ++q) reduce::apply(op_, type_, dst, dst, part(q), n);
+  }
+  if (op_ == ReduceOp::avg) reduce::divide(type_, dst, n, p);
+}
+
+void DirectRun::deliver_staged() {
+  if (!staging_) return;
+  std::memcpy(deliver_, recv_, count_ * esize_);
+  staging_.reset();
+}
+
 void DirectRun::deliver_inline() {
   const int p = size(), r = rank();
   const std::size_t bytes = count_ * esize_;
   if (kind_ == Collective::allreduce || kind_ == Collective::reduce_scatter) {
     const std::size_t offset = kind_ == Collective::reduce_scatter ? static_cast<std::size_t>(r) * bytes : 0;
-    std::byte* dst = recv_;
-    if (p == 1) {
-      std::memcpy(dst, input_of(0) + offset, bytes);
-    } else {
-      reduce::apply(op_, type_, dst, input_of(0) + offset, input_of(1) + offset, count_);
-      for (int q = 2; q < p; ++q) reduce::apply(op_, type_, dst, dst, input_of(q) + offset, count_);
-    }
-    if (op_ == ReduceOp::avg) reduce::divide(type_, dst, count_, p);
+    reduce_parts(recv_, count_, [&](int q) { return input_of(q) + offset; });
   } else if (kind_ == Collective::allgather) {
     const bool in_place = send_ == recv_ + static_cast<std::size_t>(r) * bytes;
     for (int q = 0; q < p; ++q)
@@ -244,10 +262,7 @@ void DirectRun::deliver_inline() {
   } else if (r != root_) {  // broadcast
     std::memcpy(recv_, input_of(root_), bytes);
   }
-  if (staging_) {
-    std::memcpy(deliver_, recv_, bytes);
-    staging_.reset();
-  }
+  deliver_staged();
 }
 
 bool DirectRun::signatures_compared() {
@@ -265,12 +280,12 @@ void DirectRun::fail(const Error& error) {
 }
 
 std::vector<int> DirectRun::waiting_for() const {
-  if (inline_ && kind_ == Collective::broadcast) {
+  if (inline_) {
     std::vector<int> ranks = transport_.unpublished_ranks(seq_);
-    std::erase_if(ranks, [&](int q) { return q != rank() && q != root_; });
+    std::erase_if(ranks, [&](int q) { return !needs(q); });
     return ranks;
   }
-  if (awaits_signatures_ || inline_) return transport_.unpublished_ranks(seq_);
+  if (awaits_signatures_) return transport_.unpublished_ranks(seq_);
   std::vector<int> ranks;
   if (round_ == 0) return ranks;
   for (int q = 0; q < size(); ++q)
@@ -338,10 +353,7 @@ bool DirectRun::progress_barriers() {
       check_deadline_and_liveness();
       return false;
     }
-    if (staging_) {
-      std::memcpy(deliver_, recv_, count_ * esize_);
-      staging_.reset();
-    }
+    deliver_staged();
     return true;
   } catch (const Error& error) {
     fail(error);  // peers may be waiting at a barrier this rank will not reach
@@ -384,16 +396,7 @@ void DirectRun::finish(std::size_t chunk) {
   const int p = size(), r = rank();
   if (small_ || kind_ == Collective::reduce_scatter) {
     const std::size_t offset = small_ ? 0 : static_cast<std::size_t>(r) * n * esize_;
-    // part 0 op part 1 op ... in the same order on every rank, so that ranks that each reduce
-    // everything get the same bits.
-    std::byte* dst = recv_ + done * esize_;
-    if (p == 1) {
-      std::memcpy(dst, slot(chunk, 0) + offset, n * esize_);
-    } else {
-      reduce::apply(op_, type_, dst, slot(chunk, 0) + offset, slot(chunk, 1) + offset, n);
-      for (int q = 2; q < p; ++q) reduce::apply(op_, type_, dst, dst, slot(chunk, q) + offset, n);
-    }
-    if (op_ == ReduceOp::avg) reduce::divide(type_, recv_ + done * esize_, n, p);
+    reduce_parts(recv_ + done * esize_, n, [&](int q) { return slot(chunk, q) + offset; });
   } else if (three_parts_) {
     for (int q = 0; q < p; ++q) {
       const auto [lo, hi] = slice(n, p, q);

@@ -234,14 +234,14 @@ void ShmTransport::consumed_inline(std::uint64_t seq) {
     carried_.erase(it);  // never published (the collective failed first)
   awaiting_inline_ = false;
   update_await_flag_locked();
-  store_consumed_locked();
+  if (store_consumed_locked()) ring_awaiting_ranks();
 }
 
-void ShmTransport::store_consumed_locked() {
+bool ShmTransport::store_consumed_locked() {
   const std::uint64_t consumed = reading_.empty() ? published_ : std::min(published_, reading_.front());
-  if (consumed == self_.consumed.load(std::memory_order_relaxed)) return;
+  if (consumed == self_.consumed.load(std::memory_order_relaxed)) return false;
   self_.consumed.store(consumed, std::memory_order_seq_cst);
-  ring_awaiting_ranks();
+  return true;
 }
 
 void ShmTransport::ring_awaiting_ranks() {
@@ -328,9 +328,7 @@ void ShmTransport::publish_locked(std::uint64_t seq, const WireSignature& mine) 
   // After the abort (if any): a rank that sees every rank past seq then sees the abort too.
   published_ = seq + 1;
   self_.published.store(published_, std::memory_order_seq_cst);
-  const std::uint64_t consumed = reading_.empty() ? published_ : std::min(published_, reading_.front());
-  if (consumed != self_.consumed.load(std::memory_order_relaxed))
-    self_.consumed.store(consumed, std::memory_order_seq_cst);
+  store_consumed_locked();
   ring_awaiting_ranks();
 }
 

@@ -159,7 +159,8 @@ class ShmTransport final : public Transport {
   std::uint64_t lowest_consumed() const;
   void await_publication_locked(bool awaiting);
   void update_await_flag_locked();
-  void store_consumed_locked();
+  /// Stores this rank's `consumed` (see shm.cpp); true if it advanced.
+  bool store_consumed_locked();
   void ring_awaiting_ranks();
   bool peer_dead(int peer, std::int32_t pid) const;
 
