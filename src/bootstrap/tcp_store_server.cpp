@@ -11,6 +11,9 @@
 // than refusing the newcomer: an idle flood then only ever pushes out itself, while an honest
 // client, which sends its hello at once and finishes in one round trip, gets in. Its client
 // retries when it was evicted anyway (see connect_tcp_store).
+//
+// This file holds that lifecycle (listening, the poll loop, admission, handshakes, eviction,
+// closing) and the public StoreServer; tcp_store_requests.cpp serves the requests.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -21,25 +24,27 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <map>
+#include <cerrno>
+#include <chrono>
+#include <iterator>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "bootstrap/auth.hpp"
 #include "bootstrap/socket_io.hpp"
 #include "bootstrap/store.hpp"
-#include "bootstrap/store_backends.hpp"
 #include "bootstrap/tcp_store_protocol.hpp"
+#include "bootstrap/tcp_store_server_impl.hpp"
 #include "core/log.hpp"
 #include "tutti/types.hpp"
 
 namespace tutti::bootstrap {
 
 using detail::Clock;
+using detail::Peer;
 
 namespace {
 
@@ -47,17 +52,7 @@ constexpr auto handshake_limit = std::chrono::seconds(2);
 constexpr std::size_t max_handshakes_per_source = 8;
 constexpr std::size_t max_handshakes = 256;
 constexpr int accepts_per_round = 64;  // then the connections already accepted get their turn
-constexpr int reads_per_round = 16;    // chunks read from one connection before the others' turn
-// An authenticated client that asks and never reads its replies is closed past this much queued
-// output; one that parks this many gets at once is told no.
-constexpr std::size_t max_outbox = 4 * std::size_t{detail::max_store_frame};
-constexpr std::size_t max_parked_gets = 1u << 16;
-constexpr int logged_refusals = 16;  // then a summary at each power of two
-
-struct Peer {
-  std::string source;   // the address alone (the per-source cap counts by it)
-  std::string address;  // address:port, for messages
-};
+constexpr int logged_refusals = 16;    // then a summary at each power of two
 
 Peer peer_of(const sockaddr_storage& address) {
   char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
@@ -104,62 +99,6 @@ int bound_port(int fd) {
 }
 
 }  // namespace
-
-struct StoreServer::Impl {
-  struct Connection {
-    int fd = -1;
-    Peer peer;
-    std::unique_ptr<Handshaker> handshake;  // until it passes; then the connection is served
-    Clock::time_point handshake_deadline;
-    std::string inbox, outbox;
-    detail::StoreSeal receive_seal, send_seal;  // tags of requests and replies, once the handshake passed
-    std::size_t parked = 0;                     // its gets waiting for a key
-    bool overflowed = false;                    // it stopped reading its replies: closed at the end of the round
-  };
-  struct Waiter {
-    std::uint64_t connection;
-    std::uint32_t id;
-  };
-
-  std::string host;
-  std::string token;
-  int listen_fd = -1;
-  int wake_fd = -1;
-  int port = 0;
-  std::atomic<int> refused{0};
-  std::atomic<bool> stopping{false};
-  std::thread thread;
-
-  // Touched by the poll thread only. Connection ids grow, so a lower id is an older connection.
-  std::uint64_t next_connection = 1;
-  std::map<std::uint64_t, Connection> connections;
-  std::size_t handshaking = 0;
-  std::unordered_map<std::string, std::size_t> handshaking_from;
-  Clock::time_point accept_paused_until{};
-  std::unordered_map<std::string, std::string> values;
-  std::unordered_map<std::string, std::vector<Waiter>> waiting_gets;
-
-  void wake() {
-    const std::uint64_t one = 1;
-    [[maybe_unused]] const ssize_t wrote = ::write(wake_fd, &one, sizeof(one));
-  }
-
-  void run();
-  int poll_timeout() const;
-  void accept_all();
-  void admit(int fd, Peer peer);
-  void evict(const std::string* source);
-  void step_handshake(std::uint64_t id);
-  void expire_handshakes();
-  void refuse(const Peer& peer, const std::string& why);
-  void close_connection(std::uint64_t id, const std::string* refusal);
-  bool receive_requests(std::uint64_t id);
-  bool flush(Connection& connection);
-  void serve(std::uint64_t connection_id, const detail::StoreMessage& request);
-  void reply(std::uint64_t connection_id, std::uint32_t id, char status, const std::string& payload);
-  void store_value(const std::string& key, const std::string& value);
-  void close_all();
-};
 
 void StoreServer::Impl::run() {
   std::vector<pollfd> entries;
@@ -361,112 +300,6 @@ void StoreServer::Impl::close_connection(std::uint64_t id, const std::string* re
   }
   ::close(connection.fd);
   connections.erase(at);
-}
-
-// Reads what connection `id` sent and serves every whole request in it. Parses after each chunk,
-// so the inbox never holds more than one frame (take_message refuses a frame over
-// max_store_frame from its header alone). False when the connection must be closed.
-bool StoreServer::Impl::receive_requests(std::uint64_t id) {
-  Connection& connection = connections.at(id);
-  char chunk[65536];
-  for (int round = 0; round < reads_per_round; ++round) {
-    const ssize_t got = ::recv(connection.fd, chunk, sizeof(chunk), MSG_DONTWAIT);
-    if (got == 0) return false;  // the client left
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return errno == EAGAIN || errno == EWOULDBLOCK;
-    }
-    connection.inbox.append(chunk, static_cast<std::size_t>(got));
-    detail::StoreMessage request;
-    for (;;) {
-      const auto status = detail::take_message(connection.inbox, true, &request, &connection.receive_seal);
-      if (status == detail::FrameStatus::incomplete) break;
-      if (status == detail::FrameStatus::forged) {
-        core::log(core::LogLevel::warn, -1,
-                  "store: a request from " + connection.peer.address +
-                      " failed authentication (forged, replayed or altered on the way); closing");
-        return false;
-      }
-      if (status == detail::FrameStatus::malformed) {
-        core::log(core::LogLevel::warn, -1, "store: malformed request from " + connection.peer.address + "; closing");
-        return false;
-      }
-      serve(id, request);
-    }
-  }
-  return true;  // more may be waiting: the next poll says so
-}
-
-bool StoreServer::Impl::flush(Connection& connection) {
-  while (!connection.outbox.empty()) {
-    const ssize_t sent =
-        ::send(connection.fd, connection.outbox.data(), connection.outbox.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (sent < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-    connection.outbox.erase(0, static_cast<std::size_t>(sent));
-  }
-  return true;
-}
-
-void StoreServer::Impl::serve(std::uint64_t connection_id, const detail::StoreMessage& request) {
-  const std::string& key = request.key;
-  switch (request.kind) {
-    case 'S':
-      store_value(key, request.payload);
-      return reply(connection_id, request.id, 'O', "");
-    case 'G': {
-      const auto found = values.find(key);
-      if (found != values.end()) return reply(connection_id, request.id, 'O', found->second);
-      Connection& connection = connections.at(connection_id);
-      if (connection.parked >= max_parked_gets)
-        return reply(connection_id, request.id, 'E',
-                     "store: get '" + key + "': more than " + std::to_string(max_parked_gets) +
-                         " gets of this connection wait already");
-      ++connection.parked;
-      waiting_gets[key].push_back({connection_id, request.id});
-      return;
-    }
-    case 'A': {
-      const auto delta = detail::decode_i64(request.payload);
-      std::int64_t value = 0;
-      const auto found = values.find(key);
-      if (!delta || (found != values.end() && !detail::parse_store_int(found->second, &value)))
-        return reply(connection_id, request.id, 'E', "store: add: key '" + key + "' does not hold an integer");
-      if (__builtin_add_overflow(value, *delta, &value))
-        return reply(connection_id, request.id, 'E', "store: add: key '" + key + "' would overflow");
-      store_value(key, std::to_string(value));
-      return reply(connection_id, request.id, 'O', detail::encode_i64(value));
-    }
-    default:
-      return reply(connection_id, request.id, 'E', std::string("store: unknown request '") + request.kind + "'");
-  }
-}
-
-void StoreServer::Impl::store_value(const std::string& key, const std::string& value) {
-  values[key] = value;
-  const auto parked = waiting_gets.find(key);
-  if (parked == waiting_gets.end()) return;
-  const std::vector<Waiter> waiters = std::move(parked->second);
-  waiting_gets.erase(parked);
-  for (const Waiter& waiter : waiters) {
-    if (const auto at = connections.find(waiter.connection); at != connections.end()) --at->second.parked;
-    reply(waiter.connection, waiter.id, 'O', value);
-  }
-}
-
-// Queues a reply; it leaves in flush() (now or when the socket has room). Replies to
-// connections that have closed are dropped; a connection whose replies pile up is closed.
-void StoreServer::Impl::reply(std::uint64_t connection_id, std::uint32_t id, char status, const std::string& payload) {
-  const auto at = connections.find(connection_id);
-  if (at == connections.end() || at->second.overflowed) return;
-  Connection& connection = at->second;
-  std::string frame = detail::encode_message({id, status, "", payload}, false);
-  detail::seal_frame(frame, connection.send_seal);
-  connection.outbox += frame;
-  flush(connection);  // a failure shows up as POLLERR/POLLHUP on the next poll
-  if (connection.outbox.size() > max_outbox) {
-    connection.overflowed = true;
-    connection.outbox.clear();
-  }
 }
 
 void StoreServer::Impl::close_all() {

@@ -59,7 +59,8 @@ struct Inbound {
   // header: waiting for a header (and its tag); payload: streaming the payload into its sink;
   // trailer: waiting for the payload's tag, without which the frame does not complete.
   enum class Stage { header, payload, trailer };
-  std::unique_ptr<std::byte[]> buffer;  // bytes read ahead of the current frame
+  static constexpr std::size_t read_ahead = 256 * 1024;  // bytes of one peer's stream read at a time
+  std::unique_ptr<std::byte[]> buffer;                   // bytes read ahead of the current frame (read_ahead of them)
   std::size_t begin = 0, end = 0;
   Stage stage = Stage::header;
   FrameHeader header;
@@ -133,6 +134,18 @@ struct CommState {
   bool joined() const { return rank >= 0; }
 };
 
+// What a peer's frames may make this rank keep, counted against TUTTI_TCP_MAX_UNEXPECTED: an
+// unexpected message costs its bytes plus its bookkeeping, an early signature its bookkeeping.
+constexpr std::size_t message_overhead = 256;
+constexpr std::size_t signature_overhead = 128;
+
+inline std::size_t charge_of(const Bytes& message) { return message.size + message_overhead; }
+
+// The message a frame from global rank `g` carries (its channel was checked by check_header).
+inline MatchKey frame_key(int g, const FrameHeader& h) {
+  return MatchKey{g, static_cast<Channel>(h.channel), h.seq, h.index};
+}
+
 class Hub {
  public:
   /// Takes the connections `links` (indexed by global rank; fd -1 for this rank) and starts the I/O thread.
@@ -169,12 +182,9 @@ class Hub {
   bool closed_for_testing(int g) const;
 
  private:
-  // I/O thread and socket work (hub_io.cpp).
+  // I/O thread, writes and connection loss (hub_io.cpp).
   void run();
-  void read_peer_locked(int g);
-  void read_frames_locked(int g);
   void handle_peer_locked(int g, bool write = false);
-  bool fill_locked(int g);
   void flush_locked(int g);
   void after_write_locked(int g, std::size_t written);
   void set_write_armed_locked(int g, bool armed);
@@ -184,23 +194,30 @@ class Hub {
   void enqueue_locked(int g, OutFrame frame);
   void seal_locked(Peer& peer, OutFrame& frame);
   std::size_t wire_bytes(const Peer& peer, const OutFrame& frame) const;
-  bool header_ready_locked(int g);
-  void payload_done_locked(int g);
   void stop_thread();
 
-  // Frames and matching (hub_match.cpp).
-  CommState& comm_locked(std::uint64_t id);
+  // Reading a peer's stream (hub_read.cpp).
+  void read_peer_locked(int g);
+  void read_frames_locked(int g);
+  bool fill_locked(int g);
+  bool header_ready_locked(int g);
+  void payload_done_locked(int g);
+
+  // Frames as they arrive, and what they make this rank hold (hub_frames.cpp).
   CommState* frame_comm_locked(int g, std::uint64_t id);
   bool charge_locked(int g, std::size_t bytes, const std::string& what);
   void release_locked(int g, std::size_t bytes);
   std::string check_header(const FrameHeader& h) const;
   bool start_frame_locked(int g);
   bool start_data_locked(int g);
+  void finish_frame_locked(int g);
+  bool check_signature_locked(CommState& c, std::uint64_t id, int g, std::uint64_t seq, const WireSignature& theirs);
+
+  // Posting, matching and failures (hub_match.cpp).
+  CommState& comm_locked(std::uint64_t id);
   void peer_left_locked(CommState& c, std::uint64_t id, int g);
   bool fail_if_left_locked(CommState& c, std::uint64_t id, int g, const MatchKey& key, bool is_send);
   std::string operation_name(const CommState& c, const MatchKey& key, bool is_send) const;
-  void finish_frame_locked(int g);
-  bool check_signature_locked(CommState& c, std::uint64_t id, int g, std::uint64_t seq, const WireSignature& theirs);
   void report_mismatch_locked(CommState& c, std::uint64_t id, int g, const WireSignature& theirs,
                               const WireSignature& mine);
   void match_buffered_locked(CommState& c, std::uint64_t id, int g, const MatchKey& key, Bytes& message,

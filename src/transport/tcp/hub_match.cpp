@@ -1,4 +1,5 @@
-// The matching side of the hub: posting, frames as they arrive, signatures, size errors, aborts.
+// The matching side of the hub: posting, cancelling, signatures, size errors, aborts and peers
+// that left. Frames as they arrive are taken apart in hub_frames.cpp.
 // Every function here runs with the hub's mutex held.
 #include <algorithm>
 #include <cstring>
@@ -13,18 +14,7 @@ namespace tutti::transport::tcp {
 namespace {
 
 constexpr std::size_t max_signatures = 1024;  // announced signatures kept per communicator
-constexpr auto p2p = static_cast<std::uint8_t>(Channel::point_to_point);
-// What a peer's frames may make this rank keep, counted against TUTTI_TCP_MAX_UNEXPECTED: an
-// unexpected message costs its bytes plus its bookkeeping, an early signature its bookkeeping.
-constexpr std::size_t message_overhead = 256;
-constexpr std::size_t signature_overhead = 128;
-constexpr std::size_t max_unjoined = 64;    // communicators created by frames before this rank joined them
-constexpr std::size_t max_left_ids = 4096;  // communicators remembered as left, to drop their late frames
-
-std::size_t charge_of(const Bytes& message) { return message.size + message_overhead; }
-
-// The message a frame from global rank `g` carries (its channel was checked by check_header).
-MatchKey frame_key(int g, const FrameHeader& h) { return MatchKey{g, static_cast<Channel>(h.channel), h.seq, h.index}; }
+constexpr std::size_t max_left_ids = 4096;    // communicators remembered as left, to drop their late frames
 
 std::uint8_t wire_channel(Channel channel) { return static_cast<std::uint8_t>(channel); }
 
@@ -285,215 +275,6 @@ void Hub::send_control_locked(int g, FrameKind kind, std::uint64_t id, const Mat
   enqueue_locked(g, std::move(frame));
 }
 
-// Every field of a header, checked before any is used: "" when it is well formed.
-std::string Hub::check_header(const FrameHeader& h) const {
-  if (h.magic != frame_magic) return "bad frame magic";
-  if (h.reserved != 0) return "reserved field set";
-  if (h.channel > p2p) return "unknown channel " + std::to_string(h.channel);
-  switch (h.kind) {
-    case FrameKind::data:
-      if (h.bytes > max_data_payload) return "data frame of " + std::to_string(h.bytes) + " bytes";
-      return {};
-    case FrameKind::abort:
-      if (h.code > static_cast<std::uint32_t>(ErrorCode::system)) return "unknown error code " + std::to_string(h.code);
-      [[fallthrough]];
-    case FrameKind::size_error:
-      if (h.bytes > max_control_payload) return "control frame of " + std::to_string(h.bytes) + " bytes";
-      return {};
-    case FrameKind::ack:
-    case FrameKind::goodbye:
-    case FrameKind::leave:
-      if (h.bytes != 0) return "payload on a frame that has none";
-      return {};
-  }
-  return "unknown frame kind " + std::to_string(static_cast<int>(h.kind));
-}
-
-bool Hub::start_frame_locked(int g) {
-  Peer& peer = peers_[static_cast<std::size_t>(g)];
-  Inbound& in = peer.in;
-  const FrameHeader& h = in.header;
-  if (const std::string bad = check_header(h); !bad.empty()) {
-    drop_peer_locked(g, "malformed frame (" + bad + ")", "rank ",
-                     " sent a malformed frame (" + bad + "); its connection is closed");
-    return false;
-  }
-  if (peer.departed) {  // nothing follows a goodbye
-    drop_peer_locked(g, "frame after its goodbye", "rank ", " sent a frame after leaving; its connection is closed");
-    return false;
-  }
-  in.remaining = h.bytes;
-  in.sink = Inbound::Sink::drain;
-  in.done = nullptr;
-  in.target = nullptr;
-  in.charged = 0;
-  switch (h.kind) {
-    case FrameKind::data:
-      if (!start_data_locked(g)) return false;
-      break;
-    case FrameKind::abort:
-    case FrameKind::size_error:
-      in.heap = Bytes::make(h.bytes);
-      in.sink = Inbound::Sink::heap;
-      in.target = in.heap.data.get();
-      break;
-    case FrameKind::ack:
-    case FrameKind::goodbye:
-    case FrameKind::leave:
-      break;  // acted on when the frame is complete (authenticated)
-  }
-  if (in.remaining == 0) {
-    finish_frame_locked(g);
-  } else {
-    in.stage = Inbound::Stage::payload;
-    if (peer.receive_mac) peer.receive_mac->begin(in.number, FrameMac::Part::payload);
-  }
-  return !peer.closed;
-}
-
-CommState* Hub::frame_comm_locked(int g, std::uint64_t id) {
-  auto found = comms_.find(id);
-  if (found != comms_.end()) return found->second.get();
-  if (left_ids_.count(id)) return nullptr;  // a late frame for a communicator this rank left
-  const auto unjoined =
-      std::count_if(comms_.begin(), comms_.end(), [](const auto& entry) { return !entry.second->joined(); });
-  if (static_cast<std::size_t>(unjoined) >= max_unjoined) {
-    drop_peer_locked(g, "frames for too many unknown communicators", "rank ",
-                     " sent frames for more than " + std::to_string(max_unjoined) +
-                         " communicators this rank has not joined (the last " + std::to_string(id) +
-                         "); its connection is closed");
-    return nullptr;
-  }
-  return &comm_locked(id);
-}
-
-bool Hub::charge_locked(int g, std::size_t bytes, const std::string& what) {
-  Peer& peer = peers_[static_cast<std::size_t>(g)];
-  if (bytes <= max_unexpected_ && peer.held <= max_unexpected_ - bytes) {
-    peer.held += bytes;
-    return true;
-  }
-  drop_peer_locked(g, "over TUTTI_TCP_MAX_UNEXPECTED", "rank ",
-                   " sent more than this rank may hold before its receives are posted: " + what + " on top of " +
-                       std::to_string(peer.held) + " bytes held, over TUTTI_TCP_MAX_UNEXPECTED=" +
-                       std::to_string(max_unexpected_) + " (post receives earlier or raise it)");
-  return false;
-}
-
-void Hub::release_locked(int g, std::size_t bytes) {
-  if (g < 0 || g >= size()) return;
-  Peer& peer = peers_[static_cast<std::size_t>(g)];
-  peer.held -= std::min(peer.held, bytes);
-}
-
-bool Hub::start_data_locked(int g) {
-  Peer& peer = peers_[static_cast<std::size_t>(g)];
-  Inbound& in = peer.in;
-  const FrameHeader& h = in.header;
-  if (stopping_) return true;  // nobody will receive it
-  CommState* found = frame_comm_locked(g, h.comm_id);
-  if (found == nullptr) return !peer.closed;
-  CommState& c = *found;
-  if (c.failure) return true;  // an aborted communicator takes no more data
-  if (h.channel != p2p && !check_signature_locked(c, h.comm_id, g, h.seq, h.signature)) return !peer.closed;
-  const MatchKey k = frame_key(g, h);
-  auto it = c.posted.find(k);
-  if (it == c.posted.end()) {  // unexpected: keep it until the receive is posted
-    const std::size_t charge = h.bytes + message_overhead;
-    if (!charge_locked(g, charge,
-                       "a message of " + std::to_string(h.bytes) + " bytes for communicator " +
-                           std::to_string(h.comm_id) + " with no receive posted"))
-      return false;
-    in.charged = charge;
-    in.heap = Bytes::make(h.bytes);
-    in.sink = Inbound::Sink::heap;
-    in.target = in.heap.data.get();
-    return true;
-  }
-  const PostedRecv recv = it->second;
-  c.posted.erase(it);
-  if (recv.bytes != h.bytes) {
-    size_mismatch_locked(c, h.comm_id, g, k, h.bytes, recv);
-    return true;
-  }
-  in.sink = recv.operand ? Inbound::Sink::reduce : Inbound::Sink::user;  // straight into the user's buffer
-  in.target = static_cast<std::byte*>(recv.data);
-  in.operand = static_cast<const std::byte*>(recv.operand);
-  in.type = recv.type;
-  in.op = recv.op;
-  in.done = recv.done;
-  return true;
-}
-
-void Hub::finish_frame_locked(int g) {
-  Peer& peer = peers_[static_cast<std::size_t>(g)];
-  Inbound& in = peer.in;
-  in.stage = Inbound::Stage::header;
-  const FrameHeader h = in.header;
-  std::string text = in.sink == Inbound::Sink::heap && h.kind != FrameKind::data
-                         ? std::string(reinterpret_cast<const char*>(in.heap.data.get()), in.heap.size)
-                         : std::string();
-  if (h.kind == FrameKind::abort || h.kind == FrameKind::size_error) {
-    // The peer's reason, up to its first NUL (where what() would stop); a peer that gives none
-    // is named instead, so that the failure still says who failed it and how.
-    text.resize(std::min(text.find('\0'), text.size()));
-    if (text.empty()) {
-      int who = g;
-      if (auto c = comms_.find(h.comm_id); c != comms_.end())
-        if (auto r = c->second->rank_of.find(g); r != c->second->rank_of.end()) who = r->second;
-      text = "rank " + std::to_string(who) +
-             (h.kind == FrameKind::abort ? " aborted the communicator" : " refused a message (size mismatch)") +
-             " without giving a reason";
-    }
-  }
-  if (h.kind == FrameKind::data && (in.sink == Inbound::Sink::user || in.sink == Inbound::Sink::reduce)) {
-    in.done->set(Completion::done);
-    if (h.channel == p2p) send_control_locked(g, FrameKind::ack, h.comm_id, frame_key(g, h), {});
-    ring();
-  } else if (h.kind == FrameKind::data && in.sink == Inbound::Sink::heap) {
-    CommState* c = frame_comm_locked(g, h.comm_id);
-    const MatchKey k = frame_key(g, h);
-    if (c == nullptr) {
-      release_locked(g, in.charged);  // the communicator was left meanwhile
-    } else if (auto it = c->posted.find(k); it == c->posted.end()) {
-      Bytes& slot = c->unexpected[k];
-      if (slot.data) release_locked(g, charge_of(slot));  // a peer that repeats a message key
-      slot = std::move(in.heap);
-    } else {  // posted while the payload was arriving
-      const PostedRecv recv = it->second;
-      c->posted.erase(it);
-      release_locked(g, in.charged);
-      match_buffered_locked(*c, h.comm_id, g, k, in.heap, recv);
-    }
-  } else if (h.kind == FrameKind::abort) {
-    // Passed on to every other member before anything else this rank sends them: connections are
-    // not ordered among themselves, so a rank that learned the error, then left, could otherwise
-    // reach a third rank with its leave frame before the error does, and that rank would report
-    // the departure instead of the first error. Each rank passes an abort on once at most.
-    if (CommState* c = frame_comm_locked(g, h.comm_id))
-      fail_comm_locked(*c, h.comm_id, Failure{Error(static_cast<ErrorCode>(h.code), text), h.seq}, true);
-  } else if (h.kind == FrameKind::size_error) {
-    fail_send_locked(h.comm_id, g, h, text);
-  } else if (h.kind == FrameKind::ack) {
-    auto it = awaiting_ack_.find({h.comm_id, g, h.channel, h.seq, h.index});
-    if (it != awaiting_ack_.end()) {
-      it->second->set(Completion::done);
-      awaiting_ack_.erase(it);
-      ring();
-    }
-  } else if (h.kind == FrameKind::leave) {
-    if (CommState* c = frame_comm_locked(g, h.comm_id)) peer_left_locked(*c, h.comm_id, g);
-  } else if (h.kind == FrameKind::goodbye) {
-    peer.departed = true;
-    for (auto& [id, state] : comms_)
-      if (state->rank_of.count(g)) peer_left_locked(*state, id, g);
-  }
-  in.done = nullptr;
-  in.heap = Bytes{};
-  in.charged = 0;
-  in.sink = Inbound::Sink::drain;
-}
-
 std::string Hub::operation_name(const CommState& c, const MatchKey& key, bool is_send) const {
   if (key.channel != Channel::point_to_point) {
     auto it = c.announced.find(key.seq);
@@ -540,22 +321,6 @@ void Hub::peer_left_locked(CommState& c, std::uint64_t id, int g) {
     }
   // The receive being filled from g right now cannot be pending: g's frames before its goodbye
   // are all read.
-}
-
-bool Hub::check_signature_locked(CommState& c, std::uint64_t id, int g, std::uint64_t seq,
-                                 const WireSignature& theirs) {
-  auto it = c.announced.find(seq);
-  if (it == c.announced.end()) {  // checked when this rank announces it, every sender's
-    const auto [first, last] = c.unchecked.equal_range(seq);
-    if (std::none_of(first, last, [g](const auto& entry) { return entry.second.first == g; })) {
-      if (!charge_locked(g, signature_overhead, "a signature for collective #" + std::to_string(seq))) return false;
-      c.unchecked.emplace(seq, std::pair{g, theirs});
-    }
-    return true;
-  }
-  if (it->second == theirs) return true;
-  report_mismatch_locked(c, id, g, theirs, it->second);
-  return false;
 }
 
 void Hub::report_mismatch_locked(CommState& c, std::uint64_t id, int g, const WireSignature& theirs,
