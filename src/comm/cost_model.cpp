@@ -89,11 +89,14 @@ double predict_direct(Collective c, int p, std::size_t bytes, const CostParams& 
       // Small: copy in, barrier, every rank reduces all p parts into its output.
       if (bytes <= transport::shm::small_allreduce_bytes)
         return barrier + copy * n * (p == 1 ? 2 : 1) + cost.gamma * (up - 1) * elements;
-      // Per chunk: copy in, barrier, reduce my 1/p slice of the p parts, barrier, copy all out.
-      return 2 * steps(n, direct_chunk) * barrier + copy * n + copy_out * n + cost.gamma * (up - 1) / up * elements;
+      // Per chunk: copy in the others' slices, barrier, reduce my 1/p slice into my output and
+      // publish it, barrier, copy the others' slices out.
+      return 2 * steps(n, direct_chunk) * barrier + copy * n + copy_out * n * (up - 1) / up +
+             cost.gamma * (up - 1) / up * elements;
     case Collective::reduce_scatter:
-      // Per chunk: copy my chunk of all p blocks in, barrier, reduce my block from the p parts.
-      return steps(n, direct_chunk / up) * barrier + copy * n * up + cost.gamma * (up - 1) * elements;
+      // Per chunk: copy my chunk of the others' p - 1 blocks in, barrier, reduce my block from
+      // my input and the others' parts.
+      return steps(n, direct_chunk / up) * barrier + copy * n * (up - 1) + cost.gamma * (up - 1) * elements;
     case Collective::allgather:
       // Per chunk: copy my block in, barrier, copy the p blocks out.
       return steps(n, direct_chunk) * barrier + copy * n + copy_out * n * up;

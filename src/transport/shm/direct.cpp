@@ -235,7 +235,7 @@ template <typename Part>
 void DirectRun::reduce_parts(std::byte* dst, std::size_t n, const Part& part) const {
   const int p = size();
   if (p == 1) {
-    std::memcpy(dst, part(0), n * esize_);
+    if (dst != part(0)) std::memcpy(dst, part(0), n * esize_);
   } else {
     reduce::apply(op_, type_, dst, part(0), part(1), n);
     for (int q = 2; q < p; ++q) reduce::apply(op_, type_, dst, dst, part(q), n);
@@ -371,36 +371,58 @@ void DirectRun::begin(std::size_t chunk) {
   const std::size_t done = chunk * per_chunk_, n = chunk_elems(chunk);
   const int r = rank();
   if (kind_ == Collective::reduce_scatter) {
-    for (int q = 0; q < size(); ++q)
-      std::memcpy(slot(chunk, r) + static_cast<std::size_t>(q) * n * esize_,
-                  send_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, n * esize_);
+    for (int q = 0; q < size(); ++q)  // the blocks the peers reduce (this rank's own: from send)
+      if (q != r)
+        std::memcpy(slot(chunk, r) + static_cast<std::size_t>(q) * n * esize_,
+                    send_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, n * esize_);
   } else if (kind_ == Collective::broadcast) {
     if (r == root_) std::memcpy(slot(chunk, 0), recv_ + done * esize_, n * esize_);
+  } else if (three_parts_) {  // the slices the peers reduce; this rank reduces its own from send
+    const auto [first, last] = slice(n, size(), r);
+    std::memcpy(slot(chunk, r), send_ + done * esize_, first * esize_);
+    std::memcpy(slot(chunk, r) + last * esize_, send_ + (done + last) * esize_, (n - last) * esize_);
   } else {
     std::memcpy(slot(chunk, r), send_ + done * esize_, n * esize_);
   }
 }
 
-// Allreduce in chunks: each rank reduces its slice of the chunk into its own part of the set.
+// Allreduce in chunks: each rank reduces its slice of the chunk, from its own input and the
+// peers' parts of the set, into its result, and publishes it in its own part of the set (where
+// its input's copy of that slice would have been) for the peers to read.
 void DirectRun::reduce_slice(std::size_t chunk) {
   const int p = size(), r = rank();
+  const std::size_t done = chunk * per_chunk_;
   const auto [first, last] = slice(chunk_elems(chunk), p, r);
-  std::byte* mine = slot(chunk, r) + first * esize_;
+  const std::size_t n = last - first, offset = first * esize_;
+  std::byte* out = recv_ + done * esize_ + offset;
+  const std::byte* in = send_ + done * esize_ + offset;
+  bool reduced = false;
   for (int q = 0; q < p; ++q)
-    if (q != r) reduce::apply(op_, type_, mine, mine, slot(chunk, q) + first * esize_, last - first);
-  if (op_ == ReduceOp::avg) reduce::divide(type_, mine, last - first, p);
+    if (q != r) reduce::apply(op_, type_, out, reduced ? out : in, slot(chunk, q) + offset, n), reduced = true;
+  if (!reduced && out != in) std::memcpy(out, in, n * esize_);
+  if (op_ == ReduceOp::avg) reduce::divide(type_, out, n, p);
+  std::memcpy(slot(chunk, r) + offset, out, n * esize_);
 }
 
 void DirectRun::finish(std::size_t chunk) {
   const std::size_t done = chunk * per_chunk_, n = chunk_elems(chunk);
   const int p = size(), r = rank();
-  if (small_ || kind_ == Collective::reduce_scatter) {
-    const std::size_t offset = small_ ? 0 : static_cast<std::size_t>(r) * n * esize_;
-    reduce_parts(recv_ + done * esize_, n, [&](int q) { return slot(chunk, q) + offset; });
+  if (small_) {
+    reduce_parts(recv_ + done * esize_, n, [&](int q) { return slot(chunk, q); });
+  } else if (kind_ == Collective::reduce_scatter) {
+    const std::size_t offset = static_cast<std::size_t>(r) * n * esize_;
+    const std::byte* own = send_ + (static_cast<std::size_t>(r) * count_ + done) * esize_;
+    std::byte* dst = recv_ + done * esize_;
+    // In place the result overwrites this rank's own block, which must then be read first.
+    const int first = dst == own ? r : 0;
+    reduce_parts(dst, n, [&](int i) {
+      const int q = (first + i) % p;
+      return q == r ? own : slot(chunk, q) + offset;
+    });
   } else if (three_parts_) {
     for (int q = 0; q < p; ++q) {
       const auto [lo, hi] = slice(n, p, q);
-      copy_out_(recv_ + (done + lo) * esize_, slot(chunk, q) + lo * esize_, (hi - lo) * esize_);
+      if (q != r) copy_out_(recv_ + (done + lo) * esize_, slot(chunk, q) + lo * esize_, (hi - lo) * esize_);
     }
   } else if (kind_ == Collective::allgather) {
     const bool in_place = send_ == recv_ + static_cast<std::size_t>(r) * count_ * esize_;
