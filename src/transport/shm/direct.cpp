@@ -353,6 +353,12 @@ bool DirectRun::progress_barriers() {
       check_deadline_and_liveness();
       return false;
     }
+    // An allgather's own block, out of place, in one copy once the peers' blocks are in: copied
+    // chunk by chunk between the barriers it made every call at 1 MiB up to twice as long.
+    if (kind_ == Collective::allgather && count_ > 0) {
+      std::byte* own = recv_ + static_cast<std::size_t>(rank()) * count_ * esize_;
+      if (own != send_) copy_out_(own, send_, count_ * esize_);
+    }
     deliver_staged();
     return true;
   } catch (const Error& error) {
@@ -425,9 +431,8 @@ void DirectRun::finish(std::size_t chunk) {
       if (q != r) copy_out_(recv_ + (done + lo) * esize_, slot(chunk, q) + lo * esize_, (hi - lo) * esize_);
     }
   } else if (kind_ == Collective::allgather) {
-    const bool in_place = send_ == recv_ + static_cast<std::size_t>(r) * count_ * esize_;
     for (int q = 0; q < p; ++q)
-      if (q != r || !in_place)
+      if (q != r)  // this rank's own block: from its input, at the end (see progress_barriers)
         copy_out_(recv_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, slot(chunk, q), n * esize_);
   } else if (r != root_) {  // broadcast
     copy_out_(recv_ + done * esize_, slot(chunk, 0), n * esize_);
