@@ -139,13 +139,15 @@ TEST_F(Tuning, PredictCoversDirectAndRejectsWhatDoesNotServe) {
   const CostParams alpha_only{1, 0, 0};
   EXPECT_DOUBLE_EQ(predict(Algorithm::direct, Collective::allreduce, 4, 16384, alpha_only), 0.1);
   EXPECT_DOUBLE_EQ(predict(Algorithm::direct, Collective::allreduce, 4, MiB, alpha_only), 0.8);
-  // A copied byte at a fifth of a message byte, a streamed one (results of 4 MiB or more) at an
-  // eighth; in: the 3/4 of the input the peers reduce and the 1/4 slice published; out: the 3/4
+  // A copied byte at a fifth of a message byte, a streamed one (results of 32 MiB or more on all
+  // ranks) at an eighth; in: the 3/4 of the input the peers reduce and the 1/4 slice published; out: the 3/4
   // the peers reduced.
   const CostParams beta_only{0, 1, 0};
   EXPECT_DOUBLE_EQ(predict(Algorithm::direct, Collective::allreduce, 4, MiB, beta_only), (0.2 + 0.2 * 0.75) * MiB);
   EXPECT_DOUBLE_EQ(predict(Algorithm::direct, Collective::allreduce, 4, 4 * MiB, beta_only),
-                   (0.2 + 0.125 * 0.75) * 4 * MiB);
+                   (0.2 + 0.2 * 0.75) * 4 * MiB);
+  EXPECT_DOUBLE_EQ(predict(Algorithm::direct, Collective::allreduce, 4, 8 * MiB, beta_only),
+                   (0.2 + 0.125 * 0.75) * 8 * MiB);
   EXPECT_GT(predict(Algorithm::ring, Collective::allreduce, 4, 256 * MiB, shm),
             predict(Algorithm::ring, Collective::allreduce, 4, 16 * MiB, shm));
   EXPECT_THROW(predict(Algorithm::direct, Collective::alltoall, 4, 8, shm), Error);

@@ -80,9 +80,11 @@ double predict_direct(Collective c, int p, std::size_t bytes, const CostParams& 
   const double n = static_cast<double>(per_rank_count(c, p, bytes)) * elem_size;  // bytes per rank
   const double up = static_cast<double>(p), elements = n / elem_size;
   const double copy = cost.beta * direct_copy_share, barrier = cost.alpha * direct_barrier_share;
-  // Copying results out: streamed from streaming_bytes of them (`bytes` is their size here).
+  // Copying results out: streamed from streaming_bytes of them on all ranks (`bytes` is one
+  // rank's here).
   const double copy_out =
-      cost.beta * (bytes >= transport::shm::streaming_bytes ? direct_streamed_share : direct_copy_share);
+      cost.beta * (bytes * static_cast<std::size_t>(p) >= transport::shm::streaming_bytes ? direct_streamed_share
+                                                                                          : direct_copy_share);
   const auto steps = [](double data, double per_step) { return std::max(1.0, std::ceil(data / per_step)); };
   switch (c) {
     case Collective::allreduce:

@@ -153,8 +153,8 @@ class DirectRun final : public DirectCollective {
   bool consumed_ = false;           // inline: every peer's input read
   int next_peer_ = 0;               // inline: ranks below this have published
   WireSignature wire_{};            // inline: this rank's signature, which the peers' must equal
-  // How results leave the data sets: with streaming stores when this rank writes at least
-  // streaming_bytes of recv that it has not read (in place, begin() read it into the cache).
+  // How results leave the data sets: with streaming stores when the ranks together write at least
+  // streaming_bytes of results that they have not read (in place, begin() read them into the cache).
   void (*copy_out_)(std::byte*, const std::byte*, std::size_t) = copy_cached;
   std::byte* deliver_ = nullptr;  // see deliver_to
   std::unique_ptr<std::byte[]> staging_;
@@ -191,7 +191,7 @@ DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* 
   const bool cold = kind_ == Collective::allreduce   ? send != recv && !small_
                     : kind_ == Collective::allgather ? send != recv + static_cast<std::size_t>(rank()) * count * esize_
                                                      : kind_ == Collective::broadcast && rank() != root;
-  if (cold && written >= streaming_bytes) copy_out_ = copy_streaming;
+  if (cold && written * p >= streaming_bytes) copy_out_ = copy_streaming;
 }
 
 // The input a rank publishes: all of it (reduce_scatter: every block), the root's for broadcast.
