@@ -17,6 +17,7 @@ OperationQueue::~OperationQueue() {
 }
 
 void OperationQueue::check_usable(bool collective) {
+  if (!failed_.load(std::memory_order_acquire) && !transport_->aborted()) return;  // every call: no lock
   std::lock_guard lock(mutex_);
   if (!aborted_) {
     if (auto failure = transport_->aborted()) fail_all_locked(*failure);
@@ -72,6 +73,7 @@ bool OperationQueue::announce_when_idle(const transport::Signature& signature) {
 
 void OperationQueue::fail_all_locked(const transport::Failure& failure) {
   if (!aborted_) aborted_ = failure;
+  failed_.store(true, std::memory_order_release);
   if (core::log_enabled(core::LogLevel::info))
     for (auto& op : active_)
       if (!op->finished()) {

@@ -82,7 +82,8 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   std::uint64_t next_ordinal_ = 1;
   std::map<std::tuple<bool, int, int>, std::uint32_t> p2p_counters_;
   std::optional<transport::Failure> aborted_;
-  bool reported_ = false;  // the failure reached the user (through a call or a wait)
+  std::atomic<bool> failed_{false};  // aborted_ is set (read without the lock)
+  bool reported_ = false;            // the failure reached the user (through a call or a wait)
   std::atomic<std::size_t> outstanding_{0};
 };
 

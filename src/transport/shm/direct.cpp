@@ -92,6 +92,9 @@ class DirectRun final : public DirectCollective {
   ~DirectRun() override {
     if (inline_ && !consumed_) transport_.consumed_inline(seq_);
   }
+  // One is made and destroyed on every direct call: each thread keeps a freed one for its next.
+  static void* operator new(std::size_t bytes);
+  static void operator delete(void* block, std::size_t bytes);
   /// The result goes to `staging` and is copied to `recv` at the end (reduce_scatter in place,
   /// whose result is the start of the buffer that holds the input).
   void deliver_to(std::byte* recv, std::unique_ptr<std::byte[]> staging) {
@@ -159,6 +162,28 @@ class DirectRun final : public DirectCollective {
   std::byte* deliver_ = nullptr;  // see deliver_to
   std::unique_ptr<std::byte[]> staging_;
 };
+
+struct SpareRun {
+  void* block = nullptr;
+  bool closed = false;  // the thread is exiting: runs destroyed after this free their memory
+  ~SpareRun() {
+    ::operator delete(block, sizeof(DirectRun));
+    block = nullptr, closed = true;
+  }
+};
+thread_local SpareRun spare_run;
+
+void* DirectRun::operator new(std::size_t bytes) {
+  if (bytes != sizeof(DirectRun) || spare_run.block == nullptr) return ::operator new(bytes);
+  return std::exchange(spare_run.block, nullptr);
+}
+
+void DirectRun::operator delete(void* block, std::size_t bytes) {
+  if (bytes == sizeof(DirectRun) && spare_run.block == nullptr && !spare_run.closed)
+    spare_run.block = block;
+  else
+    ::operator delete(block, bytes);
+}
 
 DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* send, std::byte* recv,
                      std::size_t count, DataType type, ReduceOp op, int root, clock::time_point deadline)

@@ -382,7 +382,10 @@ void ShmTransport::relax() {
     cpu_relax();
 }
 
-std::optional<Failure> ShmTransport::aborted() const { return read_abort(*segment_); }
+std::optional<Failure> ShmTransport::aborted() const {
+  if (segment_->header().abort.state.load(std::memory_order_acquire) != 2) return std::nullopt;  // on every call
+  return read_abort(*segment_);
+}
 
 void ShmTransport::abort(const Error& error, std::uint64_t seq) {
   AbortRecord& record = segment_->header().abort;
