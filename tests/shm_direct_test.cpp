@@ -683,6 +683,66 @@ TEST_F(ShmDirect, InlineBroadcastMismatchReachesEveryRank) {
   }
 }
 
+// A collective of no elements waits for no rank (it is done once its signature is published):
+// every count-0 call of a run of them returns, with nothing written, and one whose count disagrees
+// with another rank's still fails on every rank, at that call or at the next.
+TEST_F(ShmDirect, ZeroCountCollectivesWaitForNoRankYetMismatchesReachEveryRank) {
+  const int p = 3;
+  std::vector<std::string> first(p), second(p);
+  std::vector<float> untouched(p, 0);
+  std::atomic<bool> rank0_returned{false};
+  EXPECT_EQ(
+      run_ranks(
+          p,
+          [&](Rank& rank) {
+            const int r = rank.comm.rank();
+            // Rank 0's first calls return before any other rank has made one.
+            if (r == 0) {
+              float none = 0;
+              rank.comm.allreduce(&none, &none, 0, DataType::f32, ReduceOp::sum, {Algorithm::direct, 20000ms});
+              rank.comm.broadcast(&none, 0, DataType::f32, 1, {Algorithm::direct, 20000ms});
+              rank0_returned = true;
+            } else {
+              const auto until = std::chrono::steady_clock::now() + 20s;
+              while (!rank0_returned && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+              if (!rank0_returned) throw std::runtime_error("rank 0's count-0 calls waited for the other ranks");
+              float none = 0;
+              rank.comm.allreduce(&none, &none, 0, DataType::f32, ReduceOp::sum, {Algorithm::direct, 20000ms});
+              rank.comm.broadcast(&none, 0, DataType::f32, 1, {Algorithm::direct, 20000ms});
+            }
+            std::vector<float> in(p, 1.0f), out(p, -1.0f);
+            for (int i = 0; i < 200; ++i) {  // more than the table's slots
+              rank.comm.allreduce(in.data(), out.data(), 0, DataType::f32, ReduceOp::sum, {Algorithm::direct, 20000ms});
+              rank.comm.allgather(in.data(), out.data(), 0, DataType::f32, {Algorithm::direct, 20000ms});
+              rank.comm.broadcast(out.data(), 0, DataType::f32, i % p, {Algorithm::direct, 20000ms});
+            }
+            if (out != std::vector<float>(p, -1.0f)) throw std::runtime_error("a count-0 call wrote");
+            rank.comm.barrier({Algorithm::automatic, 20000ms});  // none is still in the loop
+            try {
+              rank.comm.allreduce(in.data(), out.data(), r == 1 ? 1 : 0, DataType::f32, ReduceOp::sum,
+                                  {Algorithm::direct, 20000ms});
+              first[static_cast<std::size_t>(r)] = "ok";
+            } catch (const Error& e) {
+              first[static_cast<std::size_t>(r)] = to_string(e.code());
+            }
+            untouched[static_cast<std::size_t>(r)] = out[0];
+            try {
+              rank.comm.barrier({Algorithm::automatic, 20000ms});
+              second[static_cast<std::size_t>(r)] = "ok";
+            } catch (const Error& e) {
+              second[static_cast<std::size_t>(r)] = to_string(e.code());
+            }
+          }),
+      "");
+  EXPECT_EQ(first[1], "mismatch");  // it waits for every rank's input, so it sees the others' signatures
+  EXPECT_EQ(untouched[1], -1.0f);
+  for (int r = 0; r < p; ++r) {
+    const auto u = static_cast<std::size_t>(r);
+    EXPECT_TRUE(first[u] == "ok" || first[u] == "mismatch" || first[u] == "aborted") << r << ": " << first[u];
+    EXPECT_TRUE(second[u] == "mismatch" || second[u] == "aborted") << r << ": " << second[u];
+  }
+}
+
 // Ranks far apart: collectives that exchange no data let some ranks run hundreds of signatures
 // ahead (their publication deferred until the table's slots are free), then an inline allreduce
 // needs every rank's publications to move on: it must finish, with the right sum.

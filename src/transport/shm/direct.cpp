@@ -112,8 +112,8 @@ class DirectRun final : public DirectCollective {
   void deliver_inline();
   const std::byte* input_of(int q) const { return segment_.signature_slot(q, seq_).data; }
   /// Whether an inline collective needs rank q's publication: a broadcast only its own and the
-  /// root's (see bind), the others every rank's.
-  bool needs(int q) const { return kind_ != Collective::broadcast || q == rank() || q == root_; }
+  /// root's, one of no elements only its own (see bind), the others every rank's.
+  bool needs(int q) const { return q == rank() || (count_ > 0 && (kind_ != Collective::broadcast || q == root_)); }
   /// dst = part(0) op part(1) op ... (n elements; avg divides), in the same order on every rank,
   /// so that ranks that each reduce everything get the same bits.
   template <typename Part>
@@ -221,15 +221,16 @@ DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* 
 
 // The input a rank publishes: all of it (reduce_scatter: every block), the root's for broadcast.
 // A broadcast waits for no rank but the root: the root is done once its input is published, a
-// receiver once it has the root's. Their signatures are compared all the same, by whichever of
-// each pair publishes later; a mismatch found after a rank's broadcast returned aborts the
-// communicator, and that rank's next call raises it (nothing was written into its buffer from a
-// mismatched call: a receiver compared the root's signature before it copied).
+// receiver once it has the root's. A collective of no elements waits for no rank: it is done once
+// its signature is published (as MPI returns from one at once, but compared all the same). Their signatures are
+// compared all the same, by whichever of each pair publishes later; a mismatch found after a rank's broadcast returned
+// aborts the communicator, and that rank's next call raises it (nothing was written into its buffer from a mismatched
+// call: a receiver compared the root's signature before it copied).
 void DirectRun::bind(const Signature& signature) {
   seq_ = signature.seq;
   const std::size_t p = static_cast<std::size_t>(size());
   const std::size_t input = (kind_ == Collective::reduce_scatter ? p : 1) * count_ * esize_;
-  if (seq_ == no_seq || input > inline_bytes || count_ == 0) return;
+  if (seq_ == no_seq || input > inline_bytes) return;
   inline_ = true;
   wire_ = to_wire(signature);
   const bool publishes = kind_ != Collective::broadcast || rank() == root_;
@@ -277,6 +278,7 @@ void DirectRun::deliver_staged() {
 void DirectRun::deliver_inline() {
   const int p = size(), r = rank();
   const std::size_t bytes = count_ * esize_;
+  if (bytes == 0) return;
   if (kind_ == Collective::allreduce || kind_ == Collective::reduce_scatter) {
     const std::size_t offset = kind_ == Collective::reduce_scatter ? static_cast<std::size_t>(r) * bytes : 0;
     reduce_parts(recv_, count_, [&](int q) { return input_of(q) + offset; });
