@@ -214,13 +214,12 @@ Request CommImpl::start_native(const Call& call, Algorithm algorithm, bool block
     throw Error(ErrorCode::unsupported, what + "serves allreduce, reduce_scatter, allgather and broadcast only");
   }
   const auto timeout = timeout_of(call);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_ptr<transport::NativeCollective> run = transport.start_native(algorithm, call, deadline);
+  std::unique_ptr<transport::NativeCollective> run = transport.start_native(algorithm, call, timeout);
   const transport::Signature signature = next_signature(call, algorithm);
   run->bind(signature);
   if (blocking && queue_->announce_when_idle(signature)) {
     try {
-      transport::finish(*run, transport, signature, deadline);
+      transport::finish(*run, transport, signature, timeout);
     } catch (const Error&) {
       queue_->mark_reported();
       throw;

@@ -6,13 +6,13 @@
 namespace tutti::transport {
 
 std::unique_ptr<NativeCollective> Transport::start_native(Algorithm algorithm, const NativeCall& call,
-                                                          std::chrono::steady_clock::time_point /*deadline*/) {
+                                                          std::chrono::milliseconds /*timeout*/) {
   throw Error(ErrorCode::unsupported, std::string(to_string(call.collective)) + ": the " + std::string(name()) +
                                           " transport does not run Algorithm::" + std::string(to_string(algorithm)));
 }
 
 void finish(NativeCollective& run, Transport& transport, const Signature& signature,
-            std::chrono::steady_clock::time_point deadline) {
+            std::chrono::milliseconds timeout) {
   using clock = std::chrono::steady_clock;
   // Native collectives check their peers' liveness when progressed: never sleep longer than this.
   constexpr auto longest_nap = std::chrono::milliseconds(100);
@@ -32,7 +32,7 @@ void finish(NativeCollective& run, Transport& transport, const Signature& signat
     if (step(true)) return;
     transport.relax();
   }
-  const auto start = clock::now();
+  const auto start = clock::now(), deadline = start + timeout;
   for (;;) {
     const std::uint64_t seen = transport.generation();  // read first: no wake-up is lost
     if (step(false)) return;

@@ -131,10 +131,9 @@ class Transport;
 
 /// Runs `run` to completion on the caller's thread (progress, then the transport's wait, in
 /// turn), for a caller with nothing else in flight on the communicator. Errors: what `progress`
-/// throws, after aborting the communicator with it under `signature`'s seq; Error(timeout) at
-/// `deadline`, naming the call and the ranks it waits for.
-void finish(NativeCollective& run, Transport& transport, const Signature& signature,
-            std::chrono::steady_clock::time_point deadline);
+/// throws, after aborting the communicator with it under `signature`'s seq; Error(timeout) once it
+/// has waited `timeout`, naming the call and the ranks it waits for.
+void finish(NativeCollective& run, Transport& transport, const Signature& signature, std::chrono::milliseconds timeout);
 
 class Transport {
  public:
@@ -193,11 +192,12 @@ class Transport {
   /// Whether this transport runs `collective` itself with `algorithm` (shm: Algorithm::direct;
   /// mpi: Algorithm::mpi). Every rank of a communicator answers alike.
   virtual bool serves_natively(Algorithm /*algorithm*/, Collective /*collective*/) const { return false; }
-  /// Prepares a collective the transport runs itself (nothing moves before its first `progress`,
-  /// which fails at `deadline`). Throws Error(unsupported) unless serves_natively(algorithm,
+  /// Prepares a collective the transport runs itself (nothing moves before its first `progress`;
+  /// it fails once it has waited `timeout`, counted from its first wait: a call that never waits
+  /// never reads the clock). Throws Error(unsupported) unless serves_natively(algorithm,
   /// call.collective), or when the transport cannot take these arguments (the same on every rank).
   virtual std::unique_ptr<NativeCollective> start_native(Algorithm algorithm, const NativeCall& call,
-                                                         std::chrono::steady_clock::time_point deadline);
+                                                         std::chrono::milliseconds timeout);
 
   /// Set once the communicator is aborted (by any rank): the first error, to be raised by every rank.
   virtual std::optional<Failure> aborted() const = 0;

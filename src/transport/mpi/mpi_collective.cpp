@@ -337,8 +337,8 @@ bool mpi_collective(Transport& t, Collective kind, const void* send, void* recv,
 }
 
 std::unique_ptr<NativeCollective> mpi::MpiTransport::start_native(Algorithm algorithm, const NativeCall& call,
-                                                                  std::chrono::steady_clock::time_point deadline) {
-  if (!serves_natively(algorithm, call.collective)) return Transport::start_native(algorithm, call, deadline);
+                                                                  std::chrono::milliseconds timeout) {
+  if (!serves_natively(algorithm, call.collective)) return Transport::start_native(algorithm, call, timeout);
   // The queue's deadline covers it (the operation's timeout); MPI's requests carry none.
   return prepare_mpi_collective(*this, call.collective, call.send, call.recv, call.count, call.type, call.op, call.root,
                                 call.counts, call.recv_counts);

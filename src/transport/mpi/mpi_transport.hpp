@@ -85,7 +85,7 @@ class MpiTransport final : public Transport {
   /// Below MPI_THREAD_SERIALIZED only the caller's thread may call MPI.
   bool progressed_by_caller_only() const override { return caller_threads_only(); }
   std::unique_ptr<NativeCollective> start_native(Algorithm algorithm, const NativeCall& call,
-                                                 std::chrono::steady_clock::time_point deadline) override;
+                                                 std::chrono::milliseconds timeout) override;
 
   /// The duplicate on which collectives run: Tutti's schedules, and MPI's own collectives
   /// (mpi_collective). Valid as long as the transport.

@@ -82,7 +82,7 @@ std::pair<std::size_t, std::size_t> slice(std::size_t n, int p, int r) {
 class DirectRun final : public DirectCollective {
  public:
   DirectRun(ShmTransport& transport, Collective kind, const std::byte* send, std::byte* recv, std::size_t count,
-            DataType type, ReduceOp op, int root, clock::time_point deadline);
+            DataType type, ReduceOp op, int root, std::chrono::milliseconds timeout);
   /// The signature this rank announces for it: its seq is the one whose comparison the collective
   /// waits for (a collective run without one, by direct_collective, stays unchecked).
   void bind(const Signature& signature) override;
@@ -139,7 +139,8 @@ class DirectRun final : public DirectCollective {
   DataType type_;
   ReduceOp op_;
   int root_;
-  clock::time_point deadline_;
+  std::chrono::milliseconds timeout_;
+  clock::time_point deadline_{};  // timeout_ after the first wait (a call that never waits reads no clock)
   clock::time_point next_liveness_check_{};
   bool small_ = false;         // allreduce in one step: every rank reduces everything
   bool three_parts_ = false;   // allreduce in chunks: begin, reduce_slice, finish
@@ -186,7 +187,7 @@ void DirectRun::operator delete(void* block, std::size_t bytes) {
 }
 
 DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* send, std::byte* recv,
-                     std::size_t count, DataType type, ReduceOp op, int root, clock::time_point deadline)
+                     std::size_t count, DataType type, ReduceOp op, int root, std::chrono::milliseconds timeout)
     : transport_(transport),
       segment_(transport.segment()),
       kind_(kind),
@@ -197,7 +198,7 @@ DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* 
       type_(type),
       op_(op),
       root_(root),
-      deadline_(deadline) {
+      timeout_(timeout) {
   const std::size_t chunk_bytes = segment_.layout().direct_chunk, p = static_cast<std::size_t>(size());
   if (kind_ == Collective::allreduce && count * esize_ <= small_allreduce_bytes) {
     small_ = true, per_chunk_ = std::max<std::size_t>(count, 1);
@@ -340,6 +341,7 @@ void DirectRun::arrive() {
 
 void DirectRun::check_deadline_and_liveness() {
   const auto now = clock::now();
+  if (deadline_ == clock::time_point{}) deadline_ = now + timeout_;
   if (now >= deadline_) {
     std::string ranks;
     for (int q : waiting_for()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
@@ -477,7 +479,7 @@ ReduceOp required_op(Collective kind, std::optional<ReduceOp> op) {
 
 std::unique_ptr<DirectCollective> start_direct(Transport& transport, Collective kind, const void* send, void* recv,
                                                std::size_t count, DataType type, std::optional<ReduceOp> op, int root,
-                                               clock::time_point deadline) {
+                                               std::chrono::milliseconds timeout) {
   if (!is_shm(transport)) return nullptr;
   auto* shm = static_cast<ShmTransport*>(&transport);
   if (!serves(kind))
@@ -501,7 +503,7 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, Collective 
     staging = std::make_unique_for_overwrite<std::byte[]>(count * size_of(type));
     out = staging.get();
   }
-  auto run = std::make_unique<DirectRun>(*shm, kind, in, out, count, type, reduce_op, root, deadline);
+  auto run = std::make_unique<DirectRun>(*shm, kind, in, out, count, type, reduce_op, root, timeout);
   if (staging) run->deliver_to(static_cast<std::byte*>(recv), std::move(staging));
   return run;
 }
@@ -512,8 +514,8 @@ bool serves(Collective kind) {
 }
 
 bool direct_collective(Transport& transport, Collective kind, const void* send, void* recv, std::size_t count,
-                       DataType type, std::optional<ReduceOp> op, int root, clock::time_point deadline) {
-  auto run = start_direct(transport, kind, send, recv, count, type, op, root, deadline);
+                       DataType type, std::optional<ReduceOp> op, int root, std::chrono::milliseconds timeout) {
+  auto run = start_direct(transport, kind, send, recv, count, type, op, root, timeout);
   if (!run) return false;
   Signature signature;  // for the errors only: nothing was announced
   signature.seq = no_seq;
@@ -523,7 +525,7 @@ bool direct_collective(Transport& transport, Collective kind, const void* send, 
   signature.op = op;
   signature.root = root;
   signature.algorithm = Algorithm::direct;
-  transport::finish(*run, transport, signature, deadline);
+  transport::finish(*run, transport, signature, timeout);
   return true;
 }
 
@@ -532,10 +534,9 @@ bool ShmTransport::serves_natively(Algorithm algorithm, Collective collective) c
 }
 
 std::unique_ptr<NativeCollective> ShmTransport::start_native(Algorithm algorithm, const NativeCall& call,
-                                                             clock::time_point deadline) {
-  if (!serves_natively(algorithm, call.collective)) return Transport::start_native(algorithm, call, deadline);
-  return start_direct(*this, call.collective, call.send, call.recv, call.count, call.type, call.op, call.root,
-                      deadline);
+                                                             std::chrono::milliseconds timeout) {
+  if (!serves_natively(algorithm, call.collective)) return Transport::start_native(algorithm, call, timeout);
+  return start_direct(*this, call.collective, call.send, call.recv, call.count, call.type, call.op, call.root, timeout);
 }
 
 // By name, not dynamic_cast: this is on every direct call's path.

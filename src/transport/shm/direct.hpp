@@ -27,9 +27,9 @@ inline constexpr std::size_t streaming_bytes = std::size_t{32} << 20;
 
 /// One direct collective in progress on this rank. `progress` runs every step whose barrier all
 /// ranks have reached, without blocking; it throws Error(timeout) naming the ranks still awaited
-/// at the deadline, Error(peer_failure) if one of them died, or the communicator's error if it was
-/// aborted; every error aborts the communicator first, so that the other ranks wake and fail too.
-/// At most one runs per communicator at a time, in issue order.
+/// once it has waited its timeout (counted from its first wait), Error(peer_failure) if one of them died, or the
+/// communicator's error if it was aborted; every error aborts the communicator first, so that the other ranks wake and
+/// fail too. At most one runs per communicator at a time, in issue order.
 using DirectCollective = NativeCollective;
 
 /// Prepares collective `kind` over the shared-memory segment of `transport` (nothing moves until
@@ -44,15 +44,14 @@ using DirectCollective = NativeCollective;
 /// Error(invalid_argument) for a missing op or a bad root.
 std::unique_ptr<DirectCollective> start_direct(Transport& transport, Collective kind, const void* send, void* recv,
                                                std::size_t count, DataType type, std::optional<ReduceOp> op, int root,
-                                               std::chrono::steady_clock::time_point deadline);
+                                               std::chrono::milliseconds timeout);
 
 /// Runs a direct collective to completion on the caller's thread (start_direct, then progress and
 /// the transport's wait in turn). Returns false (and does nothing) if `transport` is not a
 /// shared-memory transport. The caller guarantees that no other operation of this communicator
 /// is in flight. Errors as for start_direct and DirectCollective::progress.
 bool direct_collective(Transport& transport, Collective kind, const void* send, void* recv, std::size_t count,
-                       DataType type, std::optional<ReduceOp> op, int root,
-                       std::chrono::steady_clock::time_point deadline);
+                       DataType type, std::optional<ReduceOp> op, int root, std::chrono::milliseconds timeout);
 
 /// Whether the direct algorithms serve collective `kind` (allreduce, reduce_scatter, allgather,
 /// broadcast).

@@ -60,7 +60,7 @@ class ShmTransport final : public Transport {
   /// Algorithm::direct (direct.cpp).
   bool serves_natively(Algorithm algorithm, Collective collective) const override;
   std::unique_ptr<NativeCollective> start_native(Algorithm algorithm, const NativeCall& call,
-                                                 std::chrono::steady_clock::time_point deadline) override;
+                                                 std::chrono::milliseconds timeout) override;
 
   // For the direct algorithms (direct.cpp), which work on the segment itself.
   Segment& segment() const { return *segment_; }
