@@ -1,0 +1,262 @@
+#include "device/emulated.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "device/checks.hpp"
+#include "reduce/reduce.hpp"
+
+namespace tutti::device {
+namespace {
+
+constexpr std::size_t alignment = 256;  // as cudaMalloc
+
+[[noreturn]] void invalid(const char* function, const std::string& what) {
+  throw Error(ErrorCode::invalid_argument, std::string("tutti::device::") + function + " (emulated): " + what);
+}
+
+std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+}  // namespace
+
+EmulatedDevice::~EmulatedDevice() {
+  std::map<void*, std::shared_ptr<detail::StreamWorker>> streams;
+  {
+    std::lock_guard lock(mutex_);
+    streams.swap(streams_);
+  }
+  for (auto& [handle, worker] : streams) worker->close();
+  for (auto& [first, allocation] : allocations_)
+    if (allocation.memory != Memory::adopted) std::free(reinterpret_cast<void*>(first));
+}
+
+// ---- memory ----
+
+void* EmulatedDevice::allocate_as(std::size_t bytes, Memory memory, const char* function) {
+  if (bytes == 0) invalid(function, "0 bytes requested");
+  if (bytes > SIZE_MAX - alignment)
+    throw Error(ErrorCode::system, std::string("tutti::device::") + function + ": out of memory");
+  void* p = std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
+  if (p == nullptr)
+    throw Error(ErrorCode::system, std::string("tutti::device::") + function + " (emulated): out of memory (" +
+                                       std::to_string(bytes) + " bytes)");
+  if (memory == Memory::pinned) std::memset(p, 0, bytes);
+  std::lock_guard lock(mutex_);
+  allocations_.emplace(address(p), Allocation{bytes, memory});
+  return p;
+}
+
+void EmulatedDevice::free_as(void* pointer, Memory memory, const char* function) {
+  if (pointer == nullptr) return;
+  {
+    std::lock_guard lock(mutex_);
+    const auto it = allocations_.find(address(pointer));
+    if (it == allocations_.end() || it->second.memory != memory)
+      invalid(function, "the pointer is not one this device's " +
+                            std::string(memory == Memory::device ? "allocate" : "allocate_pinned") + " returned");
+    allocations_.erase(it);
+  }
+  std::free(pointer);
+}
+
+void* EmulatedDevice::allocate(std::size_t bytes) { return allocate_as(bytes, Memory::device, "allocate"); }
+void EmulatedDevice::free(void* pointer) { free_as(pointer, Memory::device, "free"); }
+void* EmulatedDevice::allocate_pinned(std::size_t bytes) {
+  return allocate_as(bytes, Memory::pinned, "allocate_pinned");
+}
+void EmulatedDevice::free_pinned(void* pointer) { free_as(pointer, Memory::pinned, "free_pinned"); }
+
+void EmulatedDevice::adopt(void* pointer, std::size_t bytes) {
+  if (pointer == nullptr || bytes == 0) invalid("adopt", "a null pointer or 0 bytes");
+  std::lock_guard lock(mutex_);
+  auto next = allocations_.lower_bound(address(pointer));
+  const bool overlaps_next = next != allocations_.end() && next->first < address(pointer) + bytes;
+  const bool overlaps_previous = next != allocations_.begin() && [&] {
+    const auto previous = std::prev(next);
+    return previous->first + previous->second.bytes > address(pointer);
+  }();
+  if (overlaps_next || overlaps_previous) invalid("adopt", "the range overlaps memory this device knows");
+  allocations_.emplace(address(pointer), Allocation{bytes, Memory::adopted});
+}
+
+void EmulatedDevice::forget(void* pointer) {
+  std::lock_guard lock(mutex_);
+  const auto it = allocations_.find(address(pointer));
+  if (it == allocations_.end() || it->second.memory != Memory::adopted)
+    invalid("forget", "the pointer is not one adopt was given");
+  allocations_.erase(it);
+}
+
+bool EmulatedDevice::is_device_pointer(const void* pointer) const {
+  std::lock_guard lock(mutex_);
+  auto it = allocations_.upper_bound(address(pointer));
+  if (it == allocations_.begin()) return false;
+  --it;
+  return it->second.memory != Memory::pinned && address(pointer) < it->first + it->second.bytes;
+}
+
+void EmulatedDevice::check_device_range(const void* p, std::size_t bytes, const char* what,
+                                        const char* function) const {
+  std::lock_guard lock(mutex_);
+  auto it = allocations_.upper_bound(address(p));
+  if (it != allocations_.begin()) {
+    --it;
+    const std::size_t offset = address(p) - it->first;
+    if (it->second.memory != Memory::pinned && offset < it->second.bytes && bytes <= it->second.bytes - offset) return;
+  }
+  invalid(function, std::string(what) + " is not device memory (or the " + std::to_string(bytes) +
+                        " bytes from it run past its allocation)");
+}
+
+// ---- streams ----
+
+std::shared_ptr<detail::StreamWorker> EmulatedDevice::worker(Stream stream, const char* function) const {
+  std::lock_guard lock(mutex_);
+  const auto it = streams_.find(stream.handle);
+  if (it == streams_.end()) invalid(function, "not a stream of this device");
+  return it->second;
+}
+
+Stream EmulatedDevice::create_stream() {
+  auto worker = std::make_shared<detail::StreamWorker>();
+  Stream stream{worker.get()};
+  std::lock_guard lock(mutex_);
+  streams_.emplace(stream.handle, std::move(worker));
+  return stream;
+}
+
+void EmulatedDevice::destroy_stream(Stream stream) {
+  std::shared_ptr<detail::StreamWorker> worker;
+  {
+    std::lock_guard lock(mutex_);
+    const auto it = streams_.find(stream.handle);
+    if (it == streams_.end()) invalid("destroy_stream", "not a stream of this device");
+    worker = std::move(it->second);
+    streams_.erase(it);
+  }
+  worker->close();
+}
+
+void EmulatedDevice::synchronize(Stream stream, std::chrono::milliseconds timeout) {
+  if (!worker(stream, "synchronize")->synchronize(timeout))
+    throw Error(ErrorCode::timeout, "tutti::device::synchronize (emulated): the stream's work was not done after " +
+                                        std::to_string(timeout.count()) + " ms");
+}
+
+// ---- work on a stream ----
+
+void EmulatedDevice::copy(void* dst, const void* src, std::size_t bytes, Stream stream) {
+  detail::check_copy(dst, src, bytes);
+  auto w = worker(stream, "copy");
+  if (bytes == 0 || dst == src) return;
+  w->enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+}
+
+void EmulatedDevice::reduce(void* dst, const void* a, const void* b, std::size_t count, DataType type, ReduceOp op,
+                            Stream stream) {
+  const std::size_t bytes = detail::checked_bytes(type, &op, count, "reduce");
+  auto w = worker(stream, "reduce");
+  if (count == 0) return;
+  const std::pair<const void*, const char*> buffers[] = {{dst, "dst"}, {a, "a"}, {b, "b"}};
+  for (const auto& [p, what] : buffers) {
+    detail::check_element_pointer(p, type, what, "reduce");
+    check_device_range(p, bytes, what, "reduce");
+  }
+  detail::check_overlap(dst, a, bytes, "a", "reduce");
+  detail::check_overlap(dst, b, bytes, "b", "reduce");
+  w->enqueue([=] { reduce::apply(op, type, dst, a, b, count); });
+}
+
+void EmulatedDevice::divide(void* data, std::size_t count, DataType type, int divisor, Stream stream) {
+  const std::size_t bytes = detail::checked_bytes(type, nullptr, count, "divide");
+  if (divisor < 1) invalid("divide", "divisor must be at least 1, got " + std::to_string(divisor));
+  auto w = worker(stream, "divide");
+  if (count == 0) return;
+  detail::check_element_pointer(data, type, "data", "divide");
+  check_device_range(data, bytes, "data", "divide");
+  w->enqueue([=] { reduce::divide(type, data, count, divisor); });
+}
+
+void EmulatedDevice::write_value(std::uint32_t* flag, std::uint32_t value, Stream stream) {
+  detail::check_flag(flag, "write_value");
+  worker(stream, "write_value")->enqueue([flag, value] {
+    std::atomic_ref<std::uint32_t>(*flag).store(value, std::memory_order_release);
+    detail::wake_flag(flag);
+  });
+}
+
+void EmulatedDevice::wait_value(const std::uint32_t* flag, std::uint32_t value, Stream stream) {
+  detail::check_flag(flag, "wait_value");
+  auto w = worker(stream, "wait_value");
+  w->enqueue([w = w.get(), flag, value] { w->wait_flag(flag, value); });
+}
+
+void EmulatedDevice::set_flag(std::uint32_t* flag, std::uint32_t value) {
+  detail::check_flag(flag, "set_flag");
+  std::atomic_ref<std::uint32_t>(*flag).store(value, std::memory_order_release);
+  detail::wake_flag(flag);
+}
+
+// ---- events ----
+
+std::shared_ptr<detail::EventState> EmulatedDevice::event_state(Event event, const char* function) const {
+  std::lock_guard lock(mutex_);
+  const auto it = events_.find(event.handle);
+  if (it == events_.end()) invalid(function, "not an event of this device");
+  return it->second;
+}
+
+Event EmulatedDevice::create_event() {
+  auto state = std::make_shared<detail::EventState>();
+  Event event{state.get()};
+  std::lock_guard lock(mutex_);
+  events_.emplace(event.handle, std::move(state));
+  return event;
+}
+
+void EmulatedDevice::destroy_event(Event event) {
+  std::lock_guard lock(mutex_);
+  if (events_.erase(event.handle) == 0) invalid("destroy_event", "not an event of this device");
+}
+
+void EmulatedDevice::record(Event event, Stream stream) {
+  auto state = event_state(event, "record");
+  auto w = worker(stream, "record");
+  std::uint64_t number = 0;
+  {
+    std::lock_guard lock(state->mutex);
+    number = ++state->recorded;
+  }
+  w->enqueue([state, number] {
+    {
+      std::lock_guard lock(state->mutex);
+      state->completed = std::max(state->completed, number);
+    }
+    state->changed.notify_all();
+  });
+}
+
+bool EmulatedDevice::query(Event event) {
+  auto state = event_state(event, "query");
+  std::lock_guard lock(state->mutex);
+  return state->completed >= state->recorded;
+}
+
+void EmulatedDevice::wait_event(Stream stream, Event event) {
+  auto state = event_state(event, "wait_event");
+  auto w = worker(stream, "wait_event");
+  std::uint64_t target = 0;
+  {
+    std::lock_guard lock(state->mutex);
+    if (state->completed >= state->recorded) return;
+    target = state->recorded;
+  }
+  w->enqueue([w = w.get(), state, target] { w->wait_event(*state, target); });
+}
+
+}  // namespace tutti::device

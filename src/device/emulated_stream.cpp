@@ -1,0 +1,115 @@
+#include "device/emulated_stream.hpp"
+
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <ctime>
+#include <utility>
+
+#include "tutti/types.hpp"
+
+namespace tutti::device::detail {
+namespace {
+
+// A waiting task sleeps at most this long between checks: a write that comes without a wake-up
+// (another process's store without a futex wake) or a close that raced with going to sleep is
+// seen within it. Slices start short (an answer usually comes soon) and double up to the limit.
+constexpr std::chrono::microseconds first_slice{50};
+constexpr std::chrono::microseconds last_slice{1000};
+
+std::chrono::microseconds next_slice(std::chrono::microseconds slice) { return std::min(2 * slice, last_slice); }
+
+std::uint32_t load(const std::uint32_t* flag) {
+  return std::atomic_ref<std::uint32_t>(*const_cast<std::uint32_t*>(flag)).load(std::memory_order_acquire);
+}
+
+// Not FUTEX_PRIVATE: a flag may be in memory shared with other processes.
+void futex_wait(const std::uint32_t* flag, std::uint32_t seen, std::chrono::microseconds slice) {
+  timespec timeout{};
+  timeout.tv_sec = static_cast<time_t>(slice.count() / 1000000);
+  timeout.tv_nsec = static_cast<long>(slice.count() % 1000000) * 1000;
+  syscall(SYS_futex, flag, FUTEX_WAIT, seen, &timeout, nullptr, 0);
+}
+
+}  // namespace
+
+void wake_flag(const std::uint32_t* flag) { syscall(SYS_futex, flag, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+
+StreamWorker::StreamWorker() : thread_([this] { run(); }) {}
+
+StreamWorker::~StreamWorker() { close(); }
+
+void StreamWorker::enqueue(std::function<void()> task) {
+  {
+    std::lock_guard lock(mutex_);
+    if (closing_) throw Error(ErrorCode::invalid_argument, "tutti::device: the stream was destroyed");
+    queue_.push_back(std::move(task));
+    ++enqueued_;
+  }
+  work_.notify_one();
+}
+
+bool StreamWorker::synchronize(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  const std::uint64_t target = enqueued_;
+  if (!idle_.wait_for(lock, timeout, [&] { return finished_ >= target; })) return false;
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  return true;
+}
+
+void StreamWorker::close() {
+  {
+    std::lock_guard lock(mutex_);
+    if (closing_ && !thread_.joinable()) return;
+    closing_ = true;
+  }
+  releasing_.store(true, std::memory_order_release);
+  work_.notify_one();
+  if (const std::uint32_t* flag = waiting_on_.load(std::memory_order_acquire)) wake_flag(flag);
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+void StreamWorker::run() {
+  pthread_setname_np(pthread_self(), "tutti-stream");
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    work_.wait(lock, [&] { return !queue_.empty() || closing_; });
+    if (queue_.empty()) return;  // closing, and drained
+    std::function<void()> task = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      task();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    task = nullptr;  // what it holds is released before the stream counts it done
+    lock.lock();
+    if (error && !error_) error_ = error;
+    ++finished_;
+    idle_.notify_all();
+  }
+}
+
+void StreamWorker::wait_flag(const std::uint32_t* flag, std::uint32_t value) {
+  waiting_on_.store(flag, std::memory_order_release);
+  for (auto slice = first_slice;; slice = next_slice(slice)) {
+    const std::uint32_t seen = load(flag);
+    if (static_cast<std::int32_t>(seen - value) >= 0 || releasing()) break;
+    futex_wait(flag, seen, slice);
+  }
+  waiting_on_.store(nullptr, std::memory_order_release);
+}
+
+void StreamWorker::wait_event(EventState& event, std::uint64_t target) {
+  std::unique_lock lock(event.mutex);
+  for (auto slice = first_slice; event.completed < target && !releasing(); slice = next_slice(slice))
+    event.changed.wait_for(lock, slice);
+}
+
+}  // namespace tutti::device::detail
