@@ -236,7 +236,7 @@ void DirectRun::bind(const Signature& signature) {
   wire_ = to_wire(signature);
   const bool publishes = kind_ != Collective::broadcast || rank() == root_;
   transport_.carry_inline(seq_, publishes ? (kind_ == Collective::broadcast ? recv_ : send_) : nullptr,
-                          publishes ? input : 0);
+                          publishes ? input : 0, wire_);
 }
 
 bool DirectRun::progress_inline(bool arrange_wake) {

@@ -189,10 +189,9 @@ std::unique_ptr<Transport> ShmTransport::split(std::uint64_t id, const std::vect
 // one past the highest seq below which the rank reads no input any more (its `published` when it
 // reads none, else its oldest collective still reading). A rank that advances it rings the ranks
 // awaiting publication, as a publication does.
-void ShmTransport::carry_inline(std::uint64_t seq, const std::byte* input, std::size_t bytes) {
-  std::lock_guard lock(publication_mutex_);
-  carried_.push_back({seq, input, bytes});
-  reading_.push_back(seq);
+void ShmTransport::carry_inline(std::uint64_t seq, const std::byte* input, std::size_t bytes,
+                                const WireSignature& wire) {
+  pending_carry_ = PendingCarry{{seq, input, bytes}, wire};
 }
 
 const std::byte* ShmTransport::inline_input(int rank, std::uint64_t seq, const WireSignature& mine, bool arrange_wake) {
@@ -251,9 +250,15 @@ void ShmTransport::ring_awaiting_ranks() {
 }
 
 void ShmTransport::announce(const Signature& signature) {
-  const WireSignature mine = to_wire(signature);
+  const bool carries = pending_carry_ && pending_carry_->carried.seq == signature.seq;
+  const WireSignature mine = carries ? pending_carry_->wire : to_wire(signature);
   announced_[signature.seq % announced_.size()] = {signature.seq, mine};
   std::lock_guard lock(publication_mutex_);
+  if (carries) {
+    carried_.push_back(pending_carry_->carried);
+    reading_.push_back(signature.seq);
+  }
+  pending_carry_.reset();
   unpublished_.emplace_back(signature.seq, mine);
   publish_ready_locked();
 }

@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -82,9 +83,10 @@ class ShmTransport final : public Transport {
   std::vector<int> unpublished_ranks(std::uint64_t seq) const;
   /// The input (`bytes` <= inline_bytes) that collective `seq`, a small direct collective, carries
   /// in its signature slot: copied there when its signature is published, and read from there by
-  /// every rank (see shm.cpp). Call before announcing `seq`; `input` stays valid and unchanged
-  /// until then. consumed_inline(seq) must follow, whatever happens to the collective.
-  void carry_inline(std::uint64_t seq, const std::byte* input, std::size_t bytes);
+  /// every rank (see shm.cpp). Call on the thread that announces `seq`, just before; `input` stays
+  /// valid and unchanged until then. consumed_inline(seq) must follow, whatever happens to the
+  /// collective. `wire` is seq's signature, which announce then need not encode again.
+  void carry_inline(std::uint64_t seq, const std::byte* input, std::size_t bytes, const WireSignature& wire);
   /// `rank`'s inline input of collective `seq` (this rank's too), or null while not published.
   /// Throws (and aborts) with the mismatch if that rank's signature differs from `mine`. With
   /// `arrange_wake`, a null answer also makes that rank's publication ring this rank's doorbell
@@ -214,6 +216,13 @@ class ShmTransport final : public Transport {
   };
   std::deque<Carried> carried_;
   std::deque<std::uint64_t> reading_;
+  // What carry_inline handed over for the next announce, which files it under its own lock (both
+  // run on the issuing thread, one right after the other: no lock of their own).
+  struct PendingCarry {
+    Carried carried;
+    WireSignature wire;
+  };
+  std::optional<PendingCarry> pending_carry_;
 };
 
 }  // namespace tutti::transport::shm
