@@ -1,0 +1,274 @@
+#include "device/cuda/cuda_device.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <utility>
+
+#include "device/checks.hpp"
+#include "device/cuda/kernels.hpp"
+#include "reduce/reduce.hpp"
+
+namespace tutti::device::cuda {
+namespace {
+
+[[noreturn]] void invalid(const char* function, const std::string& what) {
+  throw Error(ErrorCode::invalid_argument, std::string("tutti::device::") + function + " (cuda): " + what);
+}
+
+void check(cudaError_t status, const char* function) {
+  if (status == cudaSuccess) return;
+  cudaGetLastError();  // clears a non-sticky error
+  throw Error(ErrorCode::system, std::string("tutti::device::") + function + " (cuda): " + cudaGetErrorName(status) +
+                                     ": " + cudaGetErrorString(status));
+}
+
+void check(CUresult status, const char* function) {
+  if (status != CUDA_SUCCESS)
+    throw Error(ErrorCode::system,
+                std::string("tutti::device::") + function + " (cuda): driver error " + std::to_string(status));
+}
+
+cudaStream_t native(Stream stream) { return static_cast<cudaStream_t>(stream.handle); }
+cudaEvent_t native(Event event) { return static_cast<cudaEvent_t>(event.handle); }
+
+// The host's default NaN, from the host kernels themselves.
+kernels::DefaultNan host_default_nan() {
+  const float f[2] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  const double d[2] = {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
+  float fr = 0;
+  double dr = 0;
+  reduce::apply(ReduceOp::sum, DataType::f32, &fr, &f[0], &f[1], 1);
+  reduce::apply(ReduceOp::sum, DataType::f64, &dr, &d[0], &d[1], 1);
+  return {kernels::bits_as<std::uint32_t>(fr), kernels::bits_as<std::uint64_t>(dr)};
+}
+
+using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+template <class F>
+F driver_entry(const char* symbol) {
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t status = cudaGetDriverEntryPointByVersion(symbol, &entry, 12000, cudaEnableDefault, &found);
+  if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || entry == nullptr)
+    throw Error(ErrorCode::unsupported, std::string("tutti::device (cuda): the driver has no ") + symbol);
+  return reinterpret_cast<F>(entry);
+}
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess || count == 0) {
+      cudaGetLastError();
+      throw Error(ErrorCode::unsupported, std::string("tutti::device: no CUDA device (") +
+                                              (status == cudaSuccess ? "none found" : cudaGetErrorString(status)) +
+                                              ")");
+    }
+    if (ordinal >= count)
+      invalid("make_device", "device " + std::to_string(ordinal) + " asked, " + std::to_string(count) + " present");
+    select();
+    cudaDeviceProp properties{};
+    check(cudaGetDeviceProperties(&properties, ordinal), "make_device");
+    name_ = "cuda:" + std::to_string(ordinal) + " (" + properties.name + ")";
+    max_blocks_ = properties.multiProcessorCount * 8;
+    write_value32_ = driver_entry<WriteValue32>("cuStreamWriteValue32");
+    wait_value32_ = driver_entry<WaitValue32>("cuStreamWaitValue32");
+  }
+
+  ~CudaDevice() override {
+    select();
+    for (void* s : streams_) cudaStreamDestroy(static_cast<cudaStream_t>(s));
+    for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+    for (void* p : device_memory_) cudaFree(p);
+    for (void* p : pinned_memory_) cudaFreeHost(p);
+  }
+
+  Kind kind() const override { return Kind::cuda; }
+  std::string name() const override { return name_; }
+
+  void* allocate(std::size_t bytes) override {
+    if (bytes == 0) invalid("allocate", "0 bytes requested");
+    select();
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes), "allocate");
+    remember(device_memory_, p);
+    return p;
+  }
+  void free(void* pointer) override {
+    if (pointer == nullptr) return;
+    forget(device_memory_, pointer, "free", "allocate");
+    select();
+    check(cudaFree(pointer), "free");
+  }
+  void* allocate_pinned(std::size_t bytes) override {
+    if (bytes == 0) invalid("allocate_pinned", "0 bytes requested");
+    select();
+    void* p = nullptr;
+    check(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable), "allocate_pinned");
+    std::memset(p, 0, bytes);
+    remember(pinned_memory_, p);
+    return p;
+  }
+  void free_pinned(void* pointer) override {
+    if (pointer == nullptr) return;
+    forget(pinned_memory_, pointer, "free_pinned", "allocate_pinned");
+    check(cudaFreeHost(pointer), "free_pinned");
+  }
+  bool is_device_pointer(const void* pointer) const override {
+    if (pointer == nullptr) return false;
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  }
+
+  Stream create_stream() override {
+    select();
+    cudaStream_t stream = nullptr;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "create_stream");
+    remember(streams_, stream);
+    return Stream{stream};
+  }
+  void destroy_stream(Stream stream) override {
+    forget(streams_, stream.handle, "destroy_stream", "create_stream");
+    check(cudaStreamDestroy(native(stream)), "destroy_stream");
+  }
+  void synchronize(Stream stream, std::chrono::milliseconds timeout) override {
+    // Polls rather than cudaStreamSynchronize, which has no deadline.
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (auto pause = std::chrono::microseconds(20);; pause = std::min(2 * pause, std::chrono::microseconds(1000))) {
+      const cudaError_t status = cudaStreamQuery(native(stream));
+      if (status == cudaSuccess) return;
+      if (status != cudaErrorNotReady) check(status, "synchronize");
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw Error(ErrorCode::timeout, "tutti::device::synchronize (cuda): the stream's work was not done after " +
+                                            std::to_string(timeout.count()) + " ms");
+      std::this_thread::sleep_for(pause);
+    }
+  }
+
+  void copy(void* dst, const void* src, std::size_t bytes, Stream stream) override {
+    detail::check_copy(dst, src, bytes);
+    if (bytes == 0 || dst == src) return;
+    select();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, native(stream)), "copy");
+  }
+  void reduce(void* dst, const void* a, const void* b, std::size_t count, DataType type, ReduceOp op,
+              Stream stream) override {
+    const std::size_t bytes = detail::checked_bytes(type, &op, count, "reduce");
+    if (count == 0) return;
+    const std::pair<const void*, const char*> buffers[] = {{dst, "dst"}, {a, "a"}, {b, "b"}};
+    for (const auto& [p, what] : buffers) {
+      detail::check_element_pointer(p, type, what, "reduce");
+      if (!is_device_pointer(p)) invalid("reduce", std::string(what) + " is not device memory");
+    }
+    detail::check_overlap(dst, a, bytes, "a", "reduce");
+    detail::check_overlap(dst, b, bytes, "b", "reduce");
+    select();
+    check(launch_reduce(dst, a, b, count, type, op, nan_, max_blocks_, native(stream)), "reduce");
+  }
+  void divide(void* data, std::size_t count, DataType type, int divisor, Stream stream) override {
+    detail::checked_bytes(type, nullptr, count, "divide");
+    if (divisor < 1) invalid("divide", "divisor must be at least 1, got " + std::to_string(divisor));
+    if (count == 0) return;
+    detail::check_element_pointer(data, type, "data", "divide");
+    if (!is_device_pointer(data)) invalid("divide", "data is not device memory");
+    select();
+    check(launch_divide(data, count, type, divisor, max_blocks_, native(stream)), "divide");
+  }
+  void write_value(std::uint32_t* flag, std::uint32_t value, Stream stream) override {
+    detail::check_flag(flag, "write_value");
+    const CUdeviceptr address = device_address(flag, "write_value");
+    select();
+    check(write_value32_(static_cast<CUstream>(stream.handle), address, value, CU_STREAM_WRITE_VALUE_DEFAULT),
+          "write_value");
+  }
+  void wait_value(const std::uint32_t* flag, std::uint32_t value, Stream stream) override {
+    detail::check_flag(flag, "wait_value");
+    const CUdeviceptr address = device_address(flag, "wait_value");
+    select();
+    check(wait_value32_(static_cast<CUstream>(stream.handle), address, value, CU_STREAM_WAIT_VALUE_GEQ), "wait_value");
+  }
+  void set_flag(std::uint32_t* flag, std::uint32_t value) override {
+    detail::check_flag(flag, "set_flag");
+    std::atomic_ref<std::uint32_t>(*flag).store(value, std::memory_order_release);
+  }
+
+  Event create_event() override {
+    select();
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "create_event");
+    remember(events_, event);
+    return Event{event};
+  }
+  void destroy_event(Event event) override {
+    forget(events_, event.handle, "destroy_event", "create_event");
+    check(cudaEventDestroy(native(event)), "destroy_event");
+  }
+  void record(Event event, Stream stream) override {
+    select();
+    check(cudaEventRecord(native(event), native(stream)), "record");
+  }
+  bool query(Event event) override {
+    const cudaError_t status = cudaEventQuery(native(event));
+    if (status == cudaErrorNotReady) return false;
+    check(status, "query");
+    return true;
+  }
+  void wait_event(Stream stream, Event event) override {
+    select();
+    check(cudaStreamWaitEvent(native(stream), native(event), 0), "wait_event");
+  }
+
+ private:
+  // The calling thread's current device becomes this one (cheap when it already is).
+  void select() const { check(cudaSetDevice(ordinal_), "cudaSetDevice"); }
+
+  void remember(std::unordered_set<void*>& set, void* p) {
+    std::lock_guard lock(mutex_);
+    set.insert(p);
+  }
+  void forget(std::unordered_set<void*>& set, void* p, const char* function, const char* maker) {
+    std::lock_guard lock(mutex_);
+    if (set.erase(p) == 0) invalid(function, std::string("not something this device's ") + maker + " returned");
+  }
+
+  // What a stream memory operation addresses: pinned host memory through its device mapping,
+  // device memory as it is. Ordinary host memory is out of the device's reach.
+  CUdeviceptr device_address(const void* flag, const char* function) const {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, flag) != cudaSuccess) cudaGetLastError();
+    if (attributes.type == cudaMemoryTypeHost && attributes.devicePointer != nullptr)
+      return reinterpret_cast<CUdeviceptr>(attributes.devicePointer);
+    if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged)
+      return reinterpret_cast<CUdeviceptr>(flag);
+    invalid(function, "the flag is neither pinned nor device memory");
+  }
+
+  int ordinal_;
+  std::string name_;
+  int max_blocks_ = 1;
+  kernels::DefaultNan nan_ = host_default_nan();
+  WriteValue32 write_value32_ = nullptr;
+  WaitValue32 wait_value32_ = nullptr;
+  std::mutex mutex_;
+  std::unordered_set<void*> streams_, events_, device_memory_, pinned_memory_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cuda_device(int ordinal) { return std::make_unique<CudaDevice>(ordinal); }
+
+}  // namespace tutti::device::cuda
