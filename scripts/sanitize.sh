@@ -29,17 +29,18 @@ case $preset in
     #   mp_tcp_two_hosts needs network namespaces (root), skipped on CI anyway
     #   mp_shm_direct_p5/p8 the code of mp_shm_direct_p2/p3 (which run) with more ranks than
     #                   cores: 2 and 4 minutes of spinning ranks under ASan on 2 cores
-    labels='unit|mp|fault|hostile'
+    labels='unit|mp|fault|hostile|emulated'
     exclude='^(mpi_|tutti_bench$|plot_|mp_tcp_two_hosts$|mp_shm_direct_p[58]$)'
     ;;
   tsan)
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=$supp/tsan.supp"
     # The threaded layers, ranks as threads: the engine (its background thread), the executor and
     # its progress engine (collectives_test's sweep over inproc, api_test, hierarchical_test and
-    # shm_direct_test run collectives through it), the transports and the store. Each binary runs
-    # whole (not one process per test case): only these are built.
+    # shm_direct_test run collectives through it), the transports, the store and the emulated
+    # device (a worker thread per stream). Each binary runs whole (not one process per test
+    # case): only these are built.
     binaries=(engine_test exec_test api_test collectives_test hierarchical_test shm_direct_test shm_test tcp_test
-              transport_conformance_test bootstrap_test)
+              transport_conformance_test bootstrap_test device_test)
     ;;
   *)
     echo "usage: sanitize.sh asan|tsan" >&2
