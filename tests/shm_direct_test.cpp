@@ -647,6 +647,28 @@ TEST_F(ShmDirect, InlineAndBarrierCollectivesMixed) {
         << "p=" << p;
 }
 
+// "ok", or the code of the Error `call` raised.
+std::string outcome(const std::function<void()>& call) {
+  try {
+    call();
+    return "ok";
+  } catch (const Error& e) {
+    return std::string(to_string(e.code()));
+  }
+}
+
+// A mismatched call: `culprit` raised mismatch from it with its buffer untouched (-1); every rank
+// raised the mismatch (or the abort that carries it) from that call or the barrier after it.
+void expect_mismatch_everywhere(const std::vector<std::string>& first, const std::vector<std::string>& second,
+                                const std::vector<float>& untouched, int culprit) {
+  EXPECT_EQ(first[static_cast<std::size_t>(culprit)], "mismatch");
+  EXPECT_EQ(untouched[static_cast<std::size_t>(culprit)], -1.0f);
+  for (std::size_t u = 0; u < first.size(); ++u) {
+    EXPECT_TRUE(first[u] == "ok" || first[u] == "mismatch" || first[u] == "aborted") << u << ": " << first[u];
+    EXPECT_TRUE(second[u] == "mismatch" || second[u] == "aborted") << u << ": " << second[u];
+  }
+}
+
 // An inline broadcast waits for the root only, so a rank may return from a broadcast that another
 // rank mismatched; the communicator is aborted all the same, and that rank's next call raises it.
 // The rank that disagrees with the root fails in the broadcast itself, its buffer untouched.
@@ -658,28 +680,15 @@ TEST_F(ShmDirect, InlineBroadcastMismatchReachesEveryRank) {
                       [&](Rank& rank) {
                         const int r = rank.comm.rank();
                         std::vector<float> b(5, r == 0 ? 7.0f : -1.0f);
-                        try {
+                        const auto u = static_cast<std::size_t>(r);
+                        first[u] = outcome([&] {
                           rank.comm.broadcast(b.data(), r == 2 ? 5 : 4, DataType::f32, 0, {Algorithm::direct, 20000ms});
-                          first[static_cast<std::size_t>(r)] = "ok";
-                        } catch (const Error& e) {
-                          first[static_cast<std::size_t>(r)] = to_string(e.code());
-                        }
-                        untouched[static_cast<std::size_t>(r)] = b[0];
-                        try {
-                          rank.comm.barrier({Algorithm::automatic, 20000ms});
-                          second[static_cast<std::size_t>(r)] = "ok";
-                        } catch (const Error& e) {
-                          second[static_cast<std::size_t>(r)] = to_string(e.code());
-                        }
+                        });
+                        untouched[u] = b[0];
+                        second[u] = outcome([&] { rank.comm.barrier({Algorithm::automatic, 20000ms}); });
                       }),
             "");
-  EXPECT_EQ(first[2], "mismatch");
-  EXPECT_EQ(untouched[2], -1.0f);
-  for (int r = 0; r < p; ++r) {
-    const auto u = static_cast<std::size_t>(r);
-    EXPECT_TRUE(first[u] == "ok" || first[u] == "mismatch" || first[u] == "aborted") << r << ": " << first[u];
-    EXPECT_TRUE(second[u] == "mismatch" || second[u] == "aborted") << r << ": " << second[u];
-  }
+  expect_mismatch_everywhere(first, second, untouched, 2);
 }
 
 // A collective of no elements waits for no rank (it is done once its signature is published):
@@ -717,29 +726,17 @@ TEST_F(ShmDirect, ZeroCountCollectivesWaitForNoRankYetMismatchesReachEveryRank) 
             }
             if (out != std::vector<float>(p, -1.0f)) throw std::runtime_error("a count-0 call wrote");
             rank.comm.barrier({Algorithm::automatic, 20000ms});  // none is still in the loop
-            try {
+            const auto u = static_cast<std::size_t>(r);
+            first[u] = outcome([&] {
               rank.comm.allreduce(in.data(), out.data(), r == 1 ? 1 : 0, DataType::f32, ReduceOp::sum,
                                   {Algorithm::direct, 20000ms});
-              first[static_cast<std::size_t>(r)] = "ok";
-            } catch (const Error& e) {
-              first[static_cast<std::size_t>(r)] = to_string(e.code());
-            }
-            untouched[static_cast<std::size_t>(r)] = out[0];
-            try {
-              rank.comm.barrier({Algorithm::automatic, 20000ms});
-              second[static_cast<std::size_t>(r)] = "ok";
-            } catch (const Error& e) {
-              second[static_cast<std::size_t>(r)] = to_string(e.code());
-            }
+            });
+            untouched[u] = out[0];
+            second[u] = outcome([&] { rank.comm.barrier({Algorithm::automatic, 20000ms}); });
           }),
       "");
-  EXPECT_EQ(first[1], "mismatch");  // it waits for every rank's input, so it sees the others' signatures
-  EXPECT_EQ(untouched[1], -1.0f);
-  for (int r = 0; r < p; ++r) {
-    const auto u = static_cast<std::size_t>(r);
-    EXPECT_TRUE(first[u] == "ok" || first[u] == "mismatch" || first[u] == "aborted") << r << ": " << first[u];
-    EXPECT_TRUE(second[u] == "mismatch" || second[u] == "aborted") << r << ": " << second[u];
-  }
+  // Rank 1 waits for every rank's input, so it sees the others' signatures.
+  expect_mismatch_everywhere(first, second, untouched, 1);
 }
 
 // Ranks far apart: collectives that exchange no data let some ranks run hundreds of signatures
