@@ -1,0 +1,134 @@
+// One direct collective in progress on this rank, as DirectRun: internal to the shared-memory
+// direct algorithms. direct.cpp holds the barrier path (chunks through the data sets) and the
+// run's life, direct_inline.cpp the inline path (inputs in the signature slots), direct_start.cpp
+// the entry points (start_direct, direct_collective, ShmTransport::start_native).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "reduce/reduce.hpp"
+#include "transport/shm/direct.hpp"
+#include "transport/shm/shm_transport.hpp"
+
+namespace tutti::transport::shm {
+
+/// memcpy; and memcpy with stores that bypass the cache (see DirectRun::copy_out_).
+void copy_cached(std::byte* dst, const std::byte* src, std::size_t bytes);
+void copy_streaming(std::byte* dst, const std::byte* src, std::size_t bytes);
+
+// Elements [first, last) of `n` that rank `r` of `p` owns (balanced, contiguous).
+inline std::pair<std::size_t, std::size_t> slice(std::size_t n, int p, int r) {
+  const auto up = static_cast<std::size_t>(p);
+  return {n * static_cast<std::size_t>(r) / up, n * static_cast<std::size_t>(r + 1) / up};
+}
+
+// The phases of one collective: a chunk is begun (inputs copied into the data set), then, for
+// allreduce, reduced (each rank its slice), then finished (results read out). Phase k finishes
+// chunk k-1 and begins chunk k, so a chunk's reads overlap the next chunk's writes.
+class DirectRun final : public DirectCollective {
+ public:
+  using clock = std::chrono::steady_clock;
+  DirectRun(ShmTransport& transport, Collective kind, const std::byte* send, std::byte* recv, std::size_t count,
+            DataType type, ReduceOp op, int root, std::chrono::milliseconds timeout);
+  /// The signature this rank announces for it: its seq is the one whose comparison the collective
+  /// waits for (a collective run without one, by direct_collective, stays unchecked).
+  void bind(const Signature& signature) override;
+  bool progress() override { return inline_ ? progress_inline(true) : progress_barriers(); }
+  bool poll() override { return inline_ ? progress_inline(false) : progress_barriers(); }
+  std::vector<int> waiting_for() const override;
+  ~DirectRun() override {
+    if (inline_ && !consumed_) transport_.consumed_inline(seq_);
+  }
+  // One is made and destroyed on every direct call: each thread keeps a freed one for its next.
+  static void* operator new(std::size_t bytes);
+  static void operator delete(void* block, std::size_t bytes);
+  /// The result goes to `staging` and is copied to `recv` at the end (reduce_scatter in place,
+  /// whose result is the start of the buffer that holds the input).
+  void deliver_to(std::byte* recv, std::unique_ptr<std::byte[]> staging) {
+    deliver_ = recv;
+    staging_ = std::move(staging);
+  }
+
+ private:
+  int rank() const { return transport_.rank(); }
+  int size() const { return transport_.size(); }
+  std::byte* slot(std::size_t chunk, int q) const { return segment_.direct_slot(first_use_ + chunk, q); }
+  std::size_t chunk_elems(std::size_t chunk) const { return std::min(per_chunk_, count_ - chunk * per_chunk_); }
+  bool progress_barriers();
+  bool progress_inline(bool arrange_wake);
+  void deliver_inline();
+  const std::byte* input_of(int q) const { return segment_.signature_slot(q, seq_).data; }
+  /// Whether an inline collective needs rank q's publication: a broadcast only its own and the
+  /// root's, one of no elements only its own (see bind), the others every rank's.
+  bool needs(int q) const { return q == rank() || (count_ > 0 && (kind_ != Collective::broadcast || q == root_)); }
+  /// dst = part(0) op part(1) op ... (n elements; avg divides), in the same order on every rank,
+  /// so that ranks that each reduce everything get the same bits.
+  template <typename Part>
+  void reduce_parts(std::byte* dst, std::size_t n, const Part& part) const;
+  /// The result of a staged call (deliver_to) into the caller's buffer.
+  void deliver_staged();
+  void plan();
+  void run_phase(std::size_t phase);
+  void begin(std::size_t chunk);
+  void reduce_slice(std::size_t chunk);
+  void finish(std::size_t chunk);
+  void arrive();
+  bool all_arrived() const;
+  void check_deadline_and_liveness();
+  bool signatures_compared();
+  [[noreturn]] void fail(const Error& error);
+
+  ShmTransport& transport_;
+  Segment& segment_;
+  Collective kind_;
+  const std::byte* send_;
+  std::byte* recv_;
+  std::size_t count_, esize_;
+  DataType type_;
+  ReduceOp op_;
+  int root_;
+  std::chrono::milliseconds timeout_;
+  clock::time_point deadline_{};  // timeout_ after the first wait (a call that never waits reads no clock)
+  clock::time_point next_liveness_check_{};
+  bool small_ = false;         // allreduce in one step: every rank reduces everything
+  bool three_parts_ = false;   // allreduce in chunks: begin, reduce_slice, finish
+  std::size_t per_chunk_ = 0;  // elements per chunk (per block for reduce_scatter)
+  std::size_t chunks_ = 0;
+  std::size_t phases_ = 0, phase_ = 0;
+  std::uint64_t first_use_ = 0;  // the data-set use of chunk 0 (once reserved_)
+  bool reserved_ = false;
+  std::uint64_t round_ = 0;         // the barrier round this rank waits for (0: none)
+  std::uint64_t seq_ = no_seq;      // see bind
+  bool compared_ = false;           // every rank's signature was compared with ours
+  bool awaits_signatures_ = false;  // waiting for that rather than for a barrier
+  bool inline_ = false;             // runs inline (see the top of this file)
+  bool consumed_ = false;           // inline: every peer's input read
+  int next_peer_ = 0;               // inline: ranks below this have published
+  WireSignature wire_{};            // inline: this rank's signature, which the peers' must equal
+  // How results leave the data sets: with streaming stores when the ranks together write at least
+  // streaming_bytes of results that they have not read (in place, begin() read them into the cache).
+  void (*copy_out_)(std::byte*, const std::byte*, std::size_t) = copy_cached;
+  std::byte* deliver_ = nullptr;  // see deliver_to
+  std::unique_ptr<std::byte[]> staging_;
+};
+
+template <typename Part>
+void DirectRun::reduce_parts(std::byte* dst, std::size_t n, const Part& part) const {
+  const int p = size();
+  if (p == 1) {
+    if (dst != part(0)) std::memcpy(dst, part(0), n * esize_);
+  } else {
+    reduce::apply(op_, type_, dst, part(0), part(1), n);
+    for (int q = 2; q < p; ++q) reduce::apply(op_, type_, dst, dst, part(q), n);
+  }
+  if (op_ == ReduceOp::avg) reduce::divide(type_, dst, n, p);
+}
+
+}  // namespace tutti::transport::shm
