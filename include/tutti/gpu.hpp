@@ -1,0 +1,106 @@
+// Stream-aware collectives (issue 13): a collective on device buffers is enqueued on a GPU stream
+// like a kernel, so that the host never waits for the device to communicate. No CUDA header here:
+// a cudaStream_t converts to gpu::Stream implicitly, so users without CUDA can include this too.
+//
+// Contract of every collective below:
+// - The call checks its arguments exactly as the host API does (count overflow, null pointers
+//   with count > 0, root range, invalid enums, overlapping buffers that are not in place), and
+//   also that every buffer is device memory; a bad argument raises Error(invalid_argument) from
+//   the call and nothing is enqueued.
+// - Then it enqueues the collective on `stream` and returns at once: it never waits for the
+//   stream or the device. The collective runs after everything enqueued on `stream` before it;
+//   everything enqueued after it sees the result. Buffers must stay valid until then.
+// - Operations are numbered in host-call order and run in that order, one after the other, on
+//   every rank (as on the host: issue them in the same order everywhere). A later operation on
+//   another stream therefore waits for the earlier ones, whatever stream they are on.
+// - A failure after the call returned (a peer died, a timeout, a mismatch between ranks) is
+//   recorded (the first one wins) and raised, with its ErrorCode, by check() and by every later
+//   collective call, which then enqueues nothing. The stream is always released: the failed
+//   operation and every operation still queued behind it complete on their streams, with
+//   undefined contents in their output buffers.
+// - Options go to the host collective that moves the data (its algorithm and its timeout).
+//
+// Backend: host_transfer (docs/gpu.md): the stream copies the input to pinned host staging and
+// raises a flag; a progress thread of this communicator runs the host collective on the staging
+// and raises the flag the stream waits on before it copies the result back.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+
+#include "tutti/tutti.hpp"
+
+namespace tutti::gpu {
+
+/// A device stream: a cudaStream_t on CUDA, or a stream create_stream made.
+using Stream = void*;
+
+enum class DeviceKind { emulated, cuda };
+
+namespace detail {
+class Impl;
+}
+
+/// The GPU twin of a host communicator: the same ranks, collectives on device buffers enqueued on
+/// streams. Owns its device (CUDA device `device`, or an emulated one), pinned staging and one
+/// progress thread. Calls on one gpu::Communicator must come from one thread at a time.
+class Communicator {
+ public:
+  /// Collective over `host` (it splits a private duplicate that only the progress thread uses,
+  /// so `host` stays free for its own calls). The device kind comes from TUTTI_DEVICE
+  /// (`emulated` or `cuda`), else CUDA. Error(unsupported) if CUDA is asked for and this build
+  /// has no CUDA or no device is present; Error(invalid_argument) for another TUTTI_DEVICE.
+  explicit Communicator(tutti::Communicator& host, int device = 0);
+  Communicator(tutti::Communicator& host, DeviceKind kind, int device = 0);
+  /// Releases every stream still waiting on this communicator's operations, stops the progress
+  /// thread and frees the device (so streams create_stream made are destroyed: an emulated
+  /// stream runs its queued work first). Never waits for a held stream. On CUDA the caller's
+  /// streams must not still be waiting on the communicator's buffers' contents.
+  ~Communicator();
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+
+  int rank() const;
+  int size() const;
+
+  // ---- collectives (counts in elements; the contract at the top of this file) ----
+
+  /// recv[i] = op over ranks of send[i], on every rank. In place: send == recv.
+  void allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, Stream stream,
+                 const Options& options = {});
+  /// Copies root's buffer to every rank's buffer.
+  void broadcast(void* buffer, std::size_t count, DataType type, int root, Stream stream, const Options& options = {});
+  /// recv (size()*send_count elements) gets every rank's block in rank order.
+  /// In place: send == recv + rank*send_count or send == recv.
+  void allgather(const void* send, void* recv, std::size_t send_count, DataType type, Stream stream,
+                 const Options& options = {});
+  /// send holds size()*recv_count elements; rank r receives block r of the reduction.
+  /// In place: recv == send + rank*recv_count or send == recv.
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type, ReduceOp op, Stream stream,
+                      const Options& options = {});
+
+  /// Raises the recorded failure of an earlier operation, if any (never blocks).
+  void check();
+
+  // ---- the device, for users of the emulated device and for tests (thin forwards) ----
+
+  /// `bytes` of device memory (256-byte aligned). Error(invalid_argument) for 0 bytes.
+  void* allocate(std::size_t bytes);
+  /// Frees what allocate returned (nullptr: no-op); no stream may still use it.
+  void free(void* pointer);
+  Stream create_stream();
+  void destroy_stream(Stream stream);
+  /// Enqueues a copy of `bytes` on `stream`, in any direction (device, pinned or host memory).
+  void copy(void* dst, const void* src, std::size_t bytes, Stream stream);
+  /// Waits until everything enqueued on `stream` is done; Error(timeout) after `timeout`.
+  void synchronize(Stream stream, std::chrono::milliseconds timeout);
+
+  detail::Impl* impl() const { return impl_.get(); }
+
+ private:
+  detail::Impl& checked() const;
+  std::unique_ptr<detail::Impl> impl_;
+};
+
+}  // namespace tutti::gpu

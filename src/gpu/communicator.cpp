@@ -1,0 +1,111 @@
+// The public gpu::Communicator: argument checks as the host API's, then a hand-over to the
+// backend; the device functions forward to the communicator's device.
+#include <string>
+
+#include "comm/comm_impl.hpp"
+#include "gpu/gpu_impl.hpp"
+
+namespace tutti::gpu {
+
+namespace detail {
+
+Impl::Impl(tutti::Communicator& host, device::Kind kind, int ordinal) : rank_(host.rank()), size_(host.size()) {
+  if (size_ <= 0) throw Error(ErrorCode::invalid_argument, "gpu::Communicator: the host communicator is empty");
+  device_ = device::make_device(kind, ordinal);
+  // A private duplicate: only the progress thread calls it, so `host` stays the caller's.
+  backend_ = std::make_unique<HostTransfer>(device_, host.split(0, host.rank()));
+}
+
+Impl::~Impl() {
+  backend_.reset();  // releases the streams and stops the progress thread
+  device_.reset();
+}
+
+void Impl::validate(const DeviceCall& call) const {
+  tutti::detail::Call host;
+  host.collective = call.collective;
+  host.send = call.collective == Collective::broadcast ? nullptr : call.send;
+  host.recv = call.recv;
+  host.count = call.count;
+  host.type = call.type;
+  if (call.collective == Collective::allreduce || call.collective == Collective::reduce_scatter) host.op = call.op;
+  host.root = call.root;
+  host.options = call.options;
+  const tutti::detail::Extents extents = tutti::detail::validate(host, rank_, size_);
+  const std::size_t elem = size_of(call.type);
+  auto device_memory = [&](const void* p, std::size_t count, const char* name) {
+    if (count == 0) return;
+    const auto* first = static_cast<const std::byte*>(p);
+    if (!device_->is_device_pointer(first) || !device_->is_device_pointer(first + count * elem - 1))
+      throw Error(ErrorCode::invalid_argument, std::string(to_string(call.collective)) + ": " + name +
+                                                   " is not device memory (" + std::to_string(count) +
+                                                   " elements from " +
+                                                   std::to_string(reinterpret_cast<std::uintptr_t>(p)) + ")");
+  };
+  if (call.collective != Collective::broadcast) device_memory(call.send, extents.send, "send");
+  device_memory(call.recv, extents.recv, call.collective == Collective::broadcast ? "buffer" : "recv");
+}
+
+}  // namespace detail
+
+namespace {
+
+device::Kind kind_of(DeviceKind kind) {
+  return kind == DeviceKind::emulated ? device::Kind::emulated : device::Kind::cuda;
+}
+
+void run(detail::Impl& impl, const detail::DeviceCall& call, Stream stream) {
+  impl.backend().check();
+  impl.validate(call);
+  impl.backend().enqueue(call, device::Stream{stream});
+}
+
+}  // namespace
+
+Communicator::Communicator(tutti::Communicator& host, int device)
+    : impl_(std::make_unique<detail::Impl>(host, device::kind_from_env(device::Kind::cuda), device)) {}
+Communicator::Communicator(tutti::Communicator& host, DeviceKind kind, int device)
+    : impl_(std::make_unique<detail::Impl>(host, kind_of(kind), device)) {}
+Communicator::~Communicator() = default;
+Communicator::Communicator(Communicator&&) noexcept = default;
+Communicator& Communicator::operator=(Communicator&&) noexcept = default;
+
+detail::Impl& Communicator::checked() const {
+  if (!impl_) throw Error(ErrorCode::invalid_argument, "gpu::Communicator: moved from");
+  return *impl_;
+}
+
+int Communicator::rank() const { return impl_ ? impl_->rank() : -1; }
+int Communicator::size() const { return impl_ ? impl_->size() : 0; }
+
+void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, Stream stream,
+                             const Options& options) {
+  run(checked(), {Collective::allreduce, send, recv, count, type, op, -1, options}, stream);
+}
+void Communicator::broadcast(void* buffer, std::size_t count, DataType type, int root, Stream stream,
+                             const Options& options) {
+  run(checked(), {Collective::broadcast, nullptr, buffer, count, type, ReduceOp::sum, root, options}, stream);
+}
+void Communicator::allgather(const void* send, void* recv, std::size_t send_count, DataType type, Stream stream,
+                             const Options& options) {
+  run(checked(), {Collective::allgather, send, recv, send_count, type, ReduceOp::sum, -1, options}, stream);
+}
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type, ReduceOp op,
+                                  Stream stream, const Options& options) {
+  run(checked(), {Collective::reduce_scatter, send, recv, recv_count, type, op, -1, options}, stream);
+}
+
+void Communicator::check() { checked().backend().check(); }
+
+void* Communicator::allocate(std::size_t bytes) { return checked().device().allocate(bytes); }
+void Communicator::free(void* pointer) { checked().device().free(pointer); }
+Stream Communicator::create_stream() { return checked().device().create_stream().handle; }
+void Communicator::destroy_stream(Stream stream) { checked().device().destroy_stream(device::Stream{stream}); }
+void Communicator::copy(void* dst, const void* src, std::size_t bytes, Stream stream) {
+  checked().device().copy(dst, src, bytes, device::Stream{stream});
+}
+void Communicator::synchronize(Stream stream, std::chrono::milliseconds timeout) {
+  checked().device().synchronize(device::Stream{stream}, timeout);
+}
+
+}  // namespace tutti::gpu

@@ -1,0 +1,33 @@
+// What is behind a gpu::Communicator: its device and its backend (host_transfer for now). Kept
+// apart from the public header so that no device type leaks into <tutti/gpu.hpp>.
+#pragma once
+
+#include <memory>
+
+#include "device/device.hpp"
+#include "gpu/host_transfer.hpp"
+#include "tutti/gpu.hpp"
+
+namespace tutti::gpu::detail {
+
+class Impl {
+ public:
+  Impl(tutti::Communicator& host, device::Kind kind, int ordinal);
+  ~Impl();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  device::Device& device() { return *device_; }
+  HostTransfer& backend() { return *backend_; }
+
+  /// Checks `call` as the host API does, plus: every buffer it touches is device memory.
+  void validate(const DeviceCall& call) const;
+
+ private:
+  int rank_;
+  int size_;
+  std::shared_ptr<device::Device> device_;
+  std::unique_ptr<HostTransfer> backend_;
+};
+
+}  // namespace tutti::gpu::detail

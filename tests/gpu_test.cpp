@@ -1,0 +1,424 @@
+// gpu::Communicator's host_transfer backend on the emulated device (label emulated): ranks are
+// threads over the in-process transport, each with its own emulated device and streams. Results
+// are checked exactly on every element of every rank; stream rules are checked with flags (a
+// stream held by wait_value on a flag the test controls), never with a timing; every wait has a
+// deadline, so no case can hang.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "device/device.hpp"
+#include "gpu/gpu_impl.hpp"
+#include "harness.hpp"
+#include "test_waits.hpp"
+#include "tutti/gpu.hpp"
+
+namespace {
+
+using tutti::DataType;
+using tutti::ErrorCode;
+using tutti::ReduceOp;
+using tutti::gpu::DeviceKind;
+using tutti::gpu::Stream;
+using tutti::testing::error_code_of;
+using tutti::testing::input_value;
+using tutti::testing::reference_reduction;
+using namespace std::chrono_literals;
+
+constexpr auto deadline = 60s;  // only a hang reaches it
+const tutti::Options options{.timeout = std::chrono::milliseconds(30000)};
+
+constexpr DataType all_types[] = {DataType::i8,  DataType::u8,  DataType::i32,  DataType::u32, DataType::i64,
+                                  DataType::u64, DataType::f16, DataType::bf16, DataType::f32, DataType::f64};
+constexpr ReduceOp all_ops[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
+
+using Bytes = std::vector<std::byte>;
+
+// Runs fn(gpu communicator, rank) on p threads, one per rank, each with an emulated device.
+void run_gpu_ranks(int p, const std::function<void(tutti::gpu::Communicator&, int)>& fn) {
+  auto hosts = tutti::local_group(p);
+  const std::string failures = tutti::testing::on_threads(p, [&](int r) {
+    tutti::gpu::Communicator gpu(hosts[static_cast<std::size_t>(r)], DeviceKind::emulated);
+    fn(gpu, r);
+  });
+  EXPECT_EQ(failures, "");
+}
+
+tutti::device::Device& device_of(tutti::gpu::Communicator& gpu) { return gpu.impl()->device(); }
+
+Bytes values(DataType type, std::size_t count, const std::function<double(std::size_t)>& value) {
+  const std::size_t es = tutti::size_of(type);
+  Bytes out(count * es);
+  for (std::size_t i = 0; i < count; ++i) tutti::testing::store(type, out.data() + i * es, value(i));
+  return out;
+}
+
+// A device buffer holding `bytes` bytes (nullptr for 0), freed with the communicator's device.
+struct DeviceBuffer {
+  tutti::gpu::Communicator& gpu;
+  void* data;
+  DeviceBuffer(tutti::gpu::Communicator& g, std::size_t bytes) : gpu(g), data(bytes ? g.allocate(bytes) : nullptr) {}
+  ~DeviceBuffer() { gpu.free(data); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  std::byte* bytes() const { return static_cast<std::byte*>(data); }
+};
+
+// "" or where `got` first differs from `want`.
+std::string compare(const Bytes& got, const Bytes& want, DataType type, const std::string& what) {
+  const std::size_t es = tutti::size_of(type);
+  for (std::size_t i = 0; i < want.size(); i += es)
+    if (std::memcmp(got.data() + i, want.data() + i, es) != 0)
+      return what + ": element " + std::to_string(i / es) + " is " +
+             std::to_string(tutti::testing::load(type, got.data() + i)) + ", expected " +
+             std::to_string(tutti::testing::load(type, want.data() + i));
+  return "";
+}
+
+// Throws (through the harness, naming the rank) at the first element that differs.
+void expect_equal(const Bytes& output, const Bytes& expected, DataType type, const std::string& what) {
+  const std::string diff = compare(output, expected, type, what);
+  if (!diff.empty()) throw std::runtime_error(diff);
+}
+
+void allreduce_case(tutti::gpu::Communicator& gpu, Stream stream, DataType type, ReduceOp op, std::size_t count,
+                    bool in_place) {
+  const int p = gpu.size(), r = gpu.rank();
+  const Bytes input = values(type, count, [&](std::size_t i) { return input_value(type, op, r, i); });
+  const Bytes expected = values(type, count, [&](std::size_t i) { return reference_reduction(type, op, p, i); });
+  DeviceBuffer send(gpu, input.size()), recv(gpu, in_place ? 0 : input.size());
+  void* out = in_place ? send.data : recv.data;
+  const Bytes poison(input.size(), std::byte{tutti::testing::poison});
+  Bytes result(input.size(), std::byte{0x5A});
+  gpu.copy(send.data, input.data(), input.size(), stream);
+  if (!in_place) gpu.copy(out, poison.data(), poison.size(), stream);
+  gpu.allreduce(send.data, out, count, type, op, stream, options);
+  gpu.copy(result.data(), out, result.size(), stream);
+  gpu.synchronize(stream, deadline);
+  gpu.check();
+  expect_equal(result, expected, type,
+               "allreduce " + std::string(tutti::to_string(type)) + " " + std::string(tutti::to_string(op)) +
+                   " count " + std::to_string(count));
+}
+
+TEST(GpuHostTransfer, AllreduceCountsAndSizes) {
+  for (int p : {1, 2, 3, 4, 8}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int) {
+      const Stream stream = gpu.create_stream();
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(p + 1), std::size_t{1000003}})
+        for (bool in_place : {false, true}) allreduce_case(gpu, stream, DataType::f32, ReduceOp::sum, count, in_place);
+      gpu.destroy_stream(stream);
+    });
+  }
+}
+
+TEST(GpuHostTransfer, AllreduceEveryTypeAndOp) {
+  for (int p : {1, 2, 3, 4}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int) {
+      const Stream stream = gpu.create_stream();
+      for (DataType type : all_types)
+        for (ReduceOp op : all_ops) allreduce_case(gpu, stream, type, op, static_cast<std::size_t>(p + 2), false);
+      gpu.destroy_stream(stream);
+    });
+  }
+}
+
+TEST(GpuHostTransfer, Broadcast) {
+  for (int p : {1, 2, 3, 4}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int r) {
+      const Stream stream = gpu.create_stream();
+      const DataType type = DataType::i32;
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(p + 1), std::size_t{100003}})
+        for (int root = 0; root < p; ++root) {
+          auto root_value = [&](std::size_t i) { return input_value(type, ReduceOp::sum, root, i); };
+          const Bytes expected = values(type, count, root_value);
+          const Bytes mine = r == root ? expected : Bytes(expected.size(), std::byte{tutti::testing::poison});
+          DeviceBuffer buffer(gpu, expected.size());
+          Bytes result(expected.size());
+          gpu.copy(buffer.data, mine.data(), mine.size(), stream);
+          gpu.broadcast(buffer.data, count, type, root, stream, options);
+          gpu.copy(result.data(), buffer.data, result.size(), stream);
+          gpu.synchronize(stream, deadline);
+          expect_equal(result, expected, type,
+                       "broadcast root " + std::to_string(root) + " count " + std::to_string(count));
+        }
+      gpu.destroy_stream(stream);
+    });
+  }
+}
+
+TEST(GpuHostTransfer, Allgather) {
+  for (int p : {1, 2, 3, 4}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int r) {
+      const Stream stream = gpu.create_stream();
+      const DataType type = DataType::f64;
+      const std::size_t es = tutti::size_of(type);
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(p + 1), std::size_t{100003}})
+        for (bool in_place : {false, true}) {
+          const auto total = count * static_cast<std::size_t>(p);
+          const Bytes input =
+              values(type, count, [&](std::size_t i) { return input_value(type, ReduceOp::sum, r, i); });
+          const Bytes expected = values(type, total, [&](std::size_t i) {
+            return input_value(type, ReduceOp::sum, static_cast<int>(i / count), i % count);
+          });
+          DeviceBuffer send(gpu, in_place ? 0 : input.size()), recv(gpu, expected.size());
+          const Bytes poison(expected.size(), std::byte{tutti::testing::poison});
+          std::byte* in = in_place ? recv.bytes() + static_cast<std::size_t>(r) * count * es : send.bytes();
+          Bytes result(expected.size());
+          gpu.copy(recv.data, poison.data(), poison.size(), stream);
+          gpu.copy(in, input.data(), input.size(), stream);
+          gpu.allgather(in, recv.data, count, type, stream, options);
+          gpu.copy(result.data(), recv.data, result.size(), stream);
+          gpu.synchronize(stream, deadline);
+          expect_equal(result, expected, type, "allgather count " + std::to_string(count));
+        }
+      gpu.destroy_stream(stream);
+    });
+  }
+}
+
+TEST(GpuHostTransfer, ReduceScatter) {
+  for (int p : {1, 2, 3, 4}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int r) {
+      const Stream stream = gpu.create_stream();
+      const DataType type = DataType::i64;
+      const std::size_t es = tutti::size_of(type);
+      for (ReduceOp op : all_ops)
+        for (std::size_t count :
+             {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(p + 1), std::size_t{100003}}) {
+          const auto total = count * static_cast<std::size_t>(p);
+          const std::size_t first = static_cast<std::size_t>(r) * count;
+          const Bytes input = values(type, total, [&](std::size_t i) { return input_value(type, op, r, i); });
+          const Bytes expected =
+              values(type, count, [&](std::size_t i) { return reference_reduction(type, op, p, first + i); });
+          DeviceBuffer send(gpu, input.size()), recv(gpu, expected.size());
+          const Bytes poison(expected.size(), std::byte{tutti::testing::poison});
+          Bytes result(expected.size());
+          gpu.copy(send.data, input.data(), input.size(), stream);
+          gpu.copy(recv.data, poison.data(), poison.size(), stream);
+          gpu.reduce_scatter(send.data, recv.data, count, type, op, stream, options);
+          gpu.copy(result.data(), recv.data, result.size(), stream);
+          // In place (NCCL's form): the result lands in this rank's block of send.
+          Bytes in_place_result(expected.size());
+          gpu.copy(send.data, input.data(), input.size(), stream);
+          gpu.reduce_scatter(send.data, send.bytes() + first * es, count, type, op, stream, options);
+          gpu.copy(in_place_result.data(), send.bytes() + first * es, in_place_result.size(), stream);
+          gpu.synchronize(stream, deadline);
+          const std::string what =
+              "reduce_scatter " + std::string(tutti::to_string(op)) + " count " + std::to_string(count);
+          expect_equal(result, expected, type, what);
+          expect_equal(in_place_result, expected, type, what + " in place");
+        }
+      gpu.destroy_stream(stream);
+    });
+  }
+}
+
+// (a) The host never waits for the stream, and (b) the collective is ordered with the stream's
+// other work: the stream is held (wait_value on a flag only the test raises) before the input is
+// even copied in, the call returns while it is held, and a marker written after the collective
+// is still unwritten; once released, the result is right and the marker written.
+TEST(GpuHostTransfer, HostNeverWaitsForTheStream) {
+  for (int p : {1, 2, 3}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int r) {
+      auto& device = device_of(gpu);
+      const Stream stream = gpu.create_stream();
+      auto* flags = static_cast<std::uint32_t*>(device.allocate_pinned(2 * sizeof(std::uint32_t)));
+      std::uint32_t* hold = flags;
+      std::uint32_t* marker = flags + 1;
+      const std::size_t count = 1000;
+      const DataType type = DataType::i32;
+      const Bytes input = values(type, count, [&](std::size_t i) { return input_value(type, ReduceOp::sum, r, i); });
+      const Bytes expected =
+          values(type, count, [&](std::size_t i) { return reference_reduction(type, ReduceOp::sum, p, i); });
+      DeviceBuffer data(gpu, input.size());
+      const Bytes poison(input.size(), std::byte{tutti::testing::poison});
+      Bytes result(input.size());
+      gpu.copy(data.data, poison.data(), poison.size(), stream);
+      device.wait_value(hold, 1, {stream});
+      gpu.copy(data.data, input.data(), input.size(), stream);
+      gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, options);
+      device.write_value(marker, 1, {stream});
+      gpu.copy(result.data(), data.data, result.size(), stream);
+      // Returned while the stream is held: nothing after the hold has run.
+      if (tutti::device::Device::load_flag(marker) != 0) throw std::runtime_error("the marker ran before the release");
+      device.set_flag(hold, 1);
+      gpu.synchronize(stream, deadline);
+      if (tutti::device::Device::load_flag(marker) != 1) throw std::runtime_error("the marker did not run");
+      expect_equal(result, expected, type, "held allreduce");
+      gpu.destroy_stream(stream);
+      device.free_pinned(flags);
+    });
+  }
+}
+
+// (c) Collectives back to back on one stream (each one's output is the next one's input), and
+// alternating between two streams of one communicator.
+TEST(GpuHostTransfer, BackToBackOnOneAndTwoStreams) {
+  for (int p : {1, 2, 4}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int) {
+      const DataType type = DataType::i64;
+      const std::size_t count = 4099;
+      const Stream a = gpu.create_stream(), b = gpu.create_stream();
+      const int rounds = 6;
+      // One stream: x -> p x -> p^2 x ...
+      DeviceBuffer x(gpu, count * 8);
+      const Bytes ones = values(type, count, [](std::size_t i) { return static_cast<double>(i % 5 + 1); });
+      gpu.copy(x.data, ones.data(), ones.size(), a);
+      for (int k = 0; k < rounds; ++k) gpu.allreduce(x.data, x.data, count, type, ReduceOp::sum, a, options);
+      Bytes got(ones.size());
+      gpu.copy(got.data(), x.data, got.size(), a);
+      // Two streams, alternating: each keeps its own chain; the numbering orders them.
+      DeviceBuffer y(gpu, count * 8), z(gpu, count * 8);
+      gpu.copy(y.data, ones.data(), ones.size(), a);
+      gpu.copy(z.data, ones.data(), ones.size(), b);
+      for (int k = 0; k < rounds; ++k) {
+        gpu.allreduce(y.data, y.data, count, type, ReduceOp::sum, a, options);
+        gpu.allreduce(z.data, z.data, count, type, ReduceOp::max, b, options);
+      }
+      Bytes got_y(ones.size()), got_z(ones.size());
+      gpu.copy(got_y.data(), y.data, got_y.size(), a);
+      gpu.copy(got_z.data(), z.data, got_z.size(), b);
+      gpu.synchronize(a, deadline);
+      gpu.synchronize(b, deadline);
+      double factor = 1;
+      for (int k = 0; k < rounds; ++k) factor *= p;
+      const Bytes want = values(type, count, [&](std::size_t i) { return static_cast<double>(i % 5 + 1) * factor; });
+      expect_equal(got, want, type, "one stream");
+      expect_equal(got_y, want, type, "two streams (sum)");
+      expect_equal(got_z, ones, type, "two streams (max)");
+      gpu.destroy_stream(a);
+      gpu.destroy_stream(b);
+    });
+  }
+}
+
+// (d) A mismatch (different counts on two ranks) found after the calls returned: the streams are
+// released, and check() and the next call raise `mismatch` on every rank.
+TEST(GpuHostTransfer, MismatchReleasesTheStreamsAndIsRaisedLater) {
+  run_gpu_ranks(2, [&](tutti::gpu::Communicator& gpu, int r) {
+    const Stream stream = gpu.create_stream();
+    DeviceBuffer data(gpu, 64 * 4);
+    gpu.allreduce(data.data, data.data, r == 0 ? 10 : 11, DataType::f32, ReduceOp::sum, stream, options);
+    gpu.allreduce(data.data, data.data, 8, DataType::f32, ReduceOp::sum, stream, options);  // queued behind it
+    gpu.synchronize(stream, deadline);  // released: Error(timeout) here if not
+    std::string message;
+    if (error_code_of([&] { gpu.check(); }, &message) != ErrorCode::mismatch)
+      throw std::runtime_error("check() raised " + message);
+    if (error_code_of([&] { gpu.allreduce(data.data, data.data, 8, DataType::f32, ReduceOp::sum, stream); }) !=
+        ErrorCode::mismatch)
+      throw std::runtime_error("the next call did not raise mismatch");
+    if (error_code_of([&] { gpu.check(); }) != ErrorCode::mismatch) throw std::runtime_error("not sticky");
+    gpu.destroy_stream(stream);
+  });
+}
+
+// (d) Invalid arguments raise invalid_argument from the call itself and enqueue nothing: the
+// collective after them still matches on every rank and is right.
+TEST(GpuHostTransfer, InvalidArgumentsEnqueueNothing) {
+  run_gpu_ranks(3, [&](tutti::gpu::Communicator& gpu, int r) {
+    auto& device = device_of(gpu);
+    const Stream stream = gpu.create_stream();
+    DeviceBuffer data(gpu, 64 * 4);
+    std::vector<float> host(64);
+    void* pinned = device.allocate_pinned(64 * 4);
+    auto expect_invalid = [](const char* what, auto call) {
+      if (error_code_of(call) != ErrorCode::invalid_argument) throw std::runtime_error(std::string(what) + " passed");
+    };
+    const auto f32 = DataType::f32;
+    const auto sum = ReduceOp::sum;
+    expect_invalid("host send", [&] { gpu.allreduce(host.data(), data.data, 64, f32, sum, stream); });
+    expect_invalid("host recv", [&] { gpu.allreduce(data.data, host.data(), 64, f32, sum, stream); });
+    expect_invalid("pinned send", [&] { gpu.allreduce(pinned, data.data, 64, f32, sum, stream); });
+    expect_invalid("past the end", [&] { gpu.allreduce(data.data, data.data, 65, f32, sum, stream); });
+    expect_invalid("null send", [&] { gpu.allreduce(nullptr, data.data, 1, f32, sum, stream); });
+    expect_invalid("null buffer", [&] { gpu.broadcast(nullptr, 1, f32, 0, stream); });
+    expect_invalid("root 3", [&] { gpu.broadcast(data.data, 1, f32, 3, stream); });
+    expect_invalid("root -1", [&] { gpu.broadcast(data.data, 1, f32, -1, stream); });
+    expect_invalid("type", [&] { gpu.allreduce(data.data, data.data, 1, static_cast<DataType>(99), sum, stream); });
+    expect_invalid("op", [&] { gpu.allreduce(data.data, data.data, 1, f32, static_cast<ReduceOp>(99), stream); });
+    expect_invalid("overflow", [&] { gpu.allreduce(data.data, data.data, SIZE_MAX / 2, f32, sum, stream); });
+    expect_invalid("allgather recv", [&] { gpu.allgather(data.data, host.data(), 4, f32, stream); });
+    expect_invalid("reduce_scatter send too short",
+                   [&] { gpu.reduce_scatter(data.data, data.data, 32, f32, sum, stream); });
+    expect_invalid("unknown stream", [&] {
+      gpu.allreduce(data.data, data.data, 1, f32, sum, reinterpret_cast<Stream>(std::uintptr_t{0x1234}));
+    });
+    gpu.check();  // argument errors are not the communicator's failures
+    allreduce_case(gpu, stream, f32, sum, 64, true);
+    (void)r;
+    device.free_pinned(pinned);
+    gpu.destroy_stream(stream);
+  });
+}
+
+// Runs fn on a thread of its own and fails the test if it has not returned within `limit` (a
+// hang would otherwise hold the whole suite; the process is stopped then).
+void bounded(const std::function<void()>& fn, std::chrono::seconds limit, const char* what) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto future = done->get_future();
+  std::thread([fn, done] {
+    try {
+      fn();
+      done->set_value();
+    } catch (...) {
+      done->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (future.wait_for(limit) != std::future_status::ready) {
+    std::fprintf(stderr, "%s did not return within %lld s\n", what, static_cast<long long>(limit.count()));
+    std::abort();
+  }
+  future.get();
+}
+
+// (e) Destroying a communicator whose operation waits behind a held stream does not hang: the
+// streams are released (the emulated device then runs their queued work) and the thread stops.
+TEST(GpuHostTransfer, DestroyWithAHeldStreamDoesNotHang) {
+  auto hosts = tutti::local_group(2);
+  const std::string failures = tutti::testing::on_threads(2, [&](int r) {
+    std::optional<tutti::gpu::Communicator> gpu;
+    gpu.emplace(hosts[static_cast<std::size_t>(r)], DeviceKind::emulated);
+    auto& device = device_of(*gpu);
+    const Stream stream = gpu->create_stream();
+    auto* hold = static_cast<std::uint32_t*>(device.allocate_pinned(sizeof(std::uint32_t)));
+    void* data = gpu->allocate(1024);
+    device.wait_value(hold, 1, {stream});
+    gpu->allreduce(data, data, 256, DataType::f32, ReduceOp::sum, stream, options);
+    gpu->allreduce(data, data, 256, DataType::f32, ReduceOp::sum, stream, options);
+    bounded([&] { gpu.reset(); }, 30s, "~gpu::Communicator");
+  });
+  EXPECT_EQ(failures, "");
+}
+
+TEST(GpuHostTransfer, DeviceKindFromTheEnvironment) {
+  auto hosts = tutti::local_group(1);
+  ::setenv("TUTTI_DEVICE", "emulated", 1);
+  tutti::gpu::Communicator gpu(hosts[0]);
+  EXPECT_EQ(gpu.rank(), 0);
+  EXPECT_EQ(gpu.size(), 1);
+  ::setenv("TUTTI_DEVICE", "tpu", 1);
+  EXPECT_EQ(error_code_of([&] { tutti::gpu::Communicator other(hosts[0]); }), ErrorCode::invalid_argument);
+  ::unsetenv("TUTTI_DEVICE");
+}
+
+}  // namespace
