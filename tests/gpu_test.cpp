@@ -5,6 +5,7 @@
 // deadline, so no case can hang.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -328,6 +329,28 @@ TEST(GpuHostTransfer, MismatchReleasesTheStreamsAndIsRaisedLater) {
         ErrorCode::mismatch)
       throw std::runtime_error("the next call did not raise mismatch");
     if (error_code_of([&] { gpu.check(); }) != ErrorCode::mismatch) throw std::runtime_error("not sticky");
+    gpu.destroy_stream(stream);
+  });
+}
+
+// (d) A peer that never calls: the operation times out on the host (its Options::timeout), the
+// stream moves on, and check() raises `timeout` with the code preserved.
+TEST(GpuHostTransfer, SilentPeerTimesOutAndReleasesTheStream) {
+  std::atomic<bool> finished{false};
+  run_gpu_ranks(2, [&](tutti::gpu::Communicator& gpu, int r) {
+    if (r == 1) {  // stays silent until rank 0 is done
+      if (!tutti::testing::eventually([&] { return finished.load(); }, deadline))
+        throw std::runtime_error("rank 0 did not finish");
+      return;
+    }
+    const Stream stream = gpu.create_stream();
+    DeviceBuffer data(gpu, 64 * 4);
+    const tutti::Options short_timeout{.timeout = std::chrono::milliseconds(300)};
+    gpu.allreduce(data.data, data.data, 64, DataType::f32, ReduceOp::sum, stream, short_timeout);
+    gpu.synchronize(stream, deadline);  // released: Error(timeout) from synchronize itself if not
+    const ErrorCode code = error_code_of([&] { gpu.check(); });
+    finished = true;
+    if (code != ErrorCode::timeout) throw std::runtime_error("check() raised " + std::string(tutti::to_string(code)));
     gpu.destroy_stream(stream);
   });
 }

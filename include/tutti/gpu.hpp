@@ -55,8 +55,9 @@ class Communicator {
   Communicator(tutti::Communicator& host, DeviceKind kind, int device = 0);
   /// Releases every stream still waiting on this communicator's operations, stops the progress
   /// thread and frees the device (so streams create_stream made are destroyed: an emulated
-  /// stream runs its queued work first). Never waits for a held stream. On CUDA the caller's
-  /// streams must not still be waiting on the communicator's buffers' contents.
+  /// stream runs its queued work first). Never waits for a held stream; waits for a host
+  /// collective in flight (its peers are late) at most until that operation's timeout. On CUDA
+  /// the caller's streams must not still be waiting on the communicator's buffers' contents.
   ~Communicator();
   Communicator(Communicator&&) noexcept;
   Communicator& operator=(Communicator&&) noexcept;

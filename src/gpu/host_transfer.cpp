@@ -12,14 +12,6 @@ namespace {
 // Whether flag value `value` has reached `n`, with 32-bit wrap-around (as wait_value compares).
 bool reached(std::uint32_t value, std::uint32_t n) { return static_cast<std::int32_t>(value - n) >= 0; }
 
-// What a collective abandoned by the destructor still uses (its host operation may touch the
-// staging until the transport lets go of it): kept alive for ever rather than freed under it.
-struct Abandoned {
-  tutti::Request request;
-  tutti::Communicator host;
-  std::shared_ptr<device::Device> device;
-};
-
 }  // namespace
 
 HostTransfer::HostTransfer(std::shared_ptr<device::Device> device, tutti::Communicator host)
@@ -35,8 +27,12 @@ HostTransfer::~HostTransfer() {
   }
   stop_.store(true, std::memory_order_release);
   wake_.notify_all();
-  thread_.join();
   // Every operation issued so far counts as done for the streams: none may wait on it for ever.
+  // Released before the join, which waits at most for a host collective in flight to finish or
+  // reach its own timeout (its staging stays allocated meanwhile), and again after it, in case
+  // the thread lowered the flag in between.
+  device_->set_flag(done_, issued_);
+  thread_.join();
   device_->set_flag(done_, issued_);
   // The staging and the flag stay allocated: a held stream may still copy through them. The
   // device frees them when it goes (the emulated device runs its streams' queued work first).
@@ -140,13 +136,14 @@ void HostTransfer::run() {
     if (!failed_.load(std::memory_order_acquire)) {
       if (!wait_ready(op)) return;
       try {
-        if (!run_host(op)) return;
+        run_host(op);
       } catch (const Error& error) {
         record(error, op);
       } catch (const std::exception& error) {
         record(Error(ErrorCode::system, error.what()), op);
       }
     }
+    if (stop_.load(std::memory_order_acquire)) return;  // the destructor released every stream
     device_->set_flag(done_, op.n);
   }
 }
@@ -162,7 +159,7 @@ bool HostTransfer::wait_ready(const Operation& op) const {
   return true;
 }
 
-bool HostTransfer::run_host(const Operation& op) {
+void HostTransfer::run_host(const Operation& op) {
   const DeviceCall& c = op.call;
   const std::size_t block = c.count * size_of(c.type);
   tutti::Request request;
@@ -183,14 +180,9 @@ bool HostTransfer::run_host(const Operation& op) {
     default:
       throw Error(ErrorCode::unsupported, std::string(to_string(c.collective)) + " is not a gpu collective yet");
   }
-  // In slices, so that the destructor is never held up by a collective whose peers are late.
-  while (!request.wait_for(std::chrono::milliseconds(20))) {
-    if (stop_.load(std::memory_order_acquire)) {
-      static_cast<void>(new Abandoned{std::move(request), host_, device_});
-      return false;
-    }
-  }
-  return true;
+  // One wait, so that the operation's own deadline applies (Request::wait_for measures from each
+  // call) and the host's timeout handling (naming the late ranks, aborting for all) runs.
+  request.wait();
 }
 
 void HostTransfer::record(const Error& error, const Operation& op) {

@@ -14,7 +14,8 @@
 // step 2 out of order); `done` is one word per communicator, raised in order of n.
 // Failures: the first host collective that throws is recorded; `done` is still raised, and every
 // later queued operation is completed at once (done raised, no host collective), so no stream is
-// ever left waiting. The destructor raises `done` to the last number issued before it stops.
+// ever left waiting. The destructor raises `done` to the last number issued before it stops the
+// thread (which takes at most as long as a host collective in flight takes to end or time out).
 #pragma once
 
 #include <atomic>
@@ -80,8 +81,8 @@ class HostTransfer {
   void run();
   /// Waits until the operation's input is staged; false if stopped first.
   bool wait_ready(const Operation& op) const;
-  /// Runs the host collective; false if stopped first (the collective is then abandoned).
-  bool run_host(const Operation& op);
+  /// Runs the host collective to its end (done, failed or timed out).
+  void run_host(const Operation& op);
   void record(const Error& error, const Operation& op);
 
   std::shared_ptr<device::Device> device_;
