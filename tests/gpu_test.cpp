@@ -313,6 +313,45 @@ TEST(GpuHostTransfer, BackToBackOnOneAndTwoStreams) {
   }
 }
 
+// (c) Order across streams: operation 1 waits behind a held stream A, operation 2 is on a free
+// stream B. B reaches its collective first (and raises its own ready flag first), yet operation 2
+// runs only after operation 1, and operation 1 runs on its real input, copied in after the hold.
+TEST(GpuHostTransfer, LaterOperationOnAnotherStreamWaitsForTheEarlierOne) {
+  for (int p : {1, 2, 3}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int r) {
+      auto& device = device_of(gpu);
+      const Stream a = gpu.create_stream(), b = gpu.create_stream();
+      auto* hold = static_cast<std::uint32_t*>(device.allocate_pinned(sizeof(std::uint32_t)));
+      const DataType type = DataType::i32;
+      const std::size_t count = 777;
+      const Bytes input = values(type, count, [&](std::size_t i) { return input_value(type, ReduceOp::sum, r, i); });
+      const Bytes expected =
+          values(type, count, [&](std::size_t i) { return reference_reduction(type, ReduceOp::sum, p, i); });
+      DeviceBuffer x(gpu, input.size()), y(gpu, input.size());
+      Bytes got_x(input.size()), got_y(input.size());
+      device.wait_value(hold, 1, {a});
+      gpu.copy(x.data, input.data(), input.size(), a);
+      gpu.allreduce(x.data, x.data, count, type, ReduceOp::sum, a, options);
+      gpu.copy(got_x.data(), x.data, got_x.size(), a);
+      gpu.copy(y.data, input.data(), input.size(), b);
+      gpu.allreduce(y.data, y.data, count, type, ReduceOp::sum, b, options);
+      gpu.copy(got_y.data(), y.data, got_y.size(), b);
+      // B cannot finish while A holds operation 1: this wait must run out.
+      if (error_code_of([&] { gpu.synchronize(b, 100ms); }) != ErrorCode::timeout)
+        throw std::runtime_error("operation 2 finished before operation 1");
+      device.set_flag(hold, 1);
+      gpu.synchronize(a, deadline);
+      gpu.synchronize(b, deadline);
+      expect_equal(got_x, expected, type, "operation 1 (stream a)");
+      expect_equal(got_y, expected, type, "operation 2 (stream b)");
+      gpu.destroy_stream(a);
+      gpu.destroy_stream(b);
+      device.free_pinned(hold);
+    });
+  }
+}
+
 // (d) A mismatch (different counts on two ranks) found after the calls returned: the streams are
 // released, and check() and the next call raise `mismatch` on every rank.
 TEST(GpuHostTransfer, MismatchReleasesTheStreamsAndIsRaisedLater) {
