@@ -64,7 +64,7 @@ struct SpareRun {
   void* block = nullptr;
   bool closed = false;  // the thread is exiting: runs destroyed after this free their memory
   ~SpareRun() {
-    ::operator delete(block, sizeof(DirectRun));
+    ::operator delete(block);
     block = nullptr, closed = true;
   }
 };
@@ -81,7 +81,7 @@ void DirectRun::operator delete(void* block, std::size_t bytes) {
   if (bytes == sizeof(DirectRun) && spare_run.block == nullptr && !spare_run.closed)
     spare_run.block = block;
   else
-    ::operator delete(block, bytes);
+    ::operator delete(block);
 }
 
 DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* send, std::byte* recv,
