@@ -24,6 +24,11 @@ struct Call : transport::NativeCall {
   Options options;
 };
 
+/// A Call with these fields (`counts`, `recv_counts`: the v-collectives' spans).
+Call make_call(Collective collective, const void* send, void* recv, std::size_t count, DataType type,
+               std::optional<ReduceOp> op, int root, const Options& options, std::span<const std::size_t> counts = {},
+               std::span<const std::size_t> recv_counts = {});
+
 /// Element counts of a call on this rank: what `send` and `recv` must hold.
 struct Extents {
   std::size_t send = 0;

@@ -5,11 +5,11 @@
 namespace tutti {
 
 using detail::Call;
-namespace {
+using detail::make_call;
 
-Call make_call(Collective collective, const void* send, void* recv, std::size_t count, DataType type,
-               std::optional<ReduceOp> op, int root, const Options& options, std::span<const std::size_t> counts = {},
-               std::span<const std::size_t> recv_counts = {}) {
+Call detail::make_call(Collective collective, const void* send, void* recv, std::size_t count, DataType type,
+                       std::optional<ReduceOp> op, int root, const Options& options,
+                       std::span<const std::size_t> counts, std::span<const std::size_t> recv_counts) {
   Call call;
   call.counts = counts;
   call.recv_counts = recv_counts;
@@ -23,6 +23,8 @@ Call make_call(Collective collective, const void* send, void* recv, std::size_t 
   call.options = options;
   return call;
 }
+
+namespace {
 
 // The blocking forms pass blocking = true: the caller waits at once and progresses the operation
 // itself, so the progress engine is not woken for it.

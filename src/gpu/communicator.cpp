@@ -22,16 +22,7 @@ Impl::~Impl() {
 }
 
 void Impl::validate(const DeviceCall& call) const {
-  tutti::detail::Call host;
-  host.collective = call.collective;
-  host.send = call.collective == Collective::broadcast ? nullptr : call.send;
-  host.recv = call.recv;
-  host.count = call.count;
-  host.type = call.type;
-  if (call.collective == Collective::allreduce || call.collective == Collective::reduce_scatter) host.op = call.op;
-  host.root = call.root;
-  host.options = call.options;
-  const tutti::detail::Extents extents = tutti::detail::validate(host, rank_, size_);
+  const tutti::detail::Extents extents = tutti::detail::validate(call, rank_, size_);
   const std::size_t elem = size_of(call.type);
   auto device_memory = [&](const void* p, std::size_t count, const char* name) {
     if (count == 0) return;
@@ -49,6 +40,8 @@ void Impl::validate(const DeviceCall& call) const {
 }  // namespace detail
 
 namespace {
+
+using tutti::detail::make_call;
 
 device::Kind kind_of(DeviceKind kind) {
   return kind == DeviceKind::emulated ? device::Kind::emulated : device::Kind::cuda;
@@ -80,19 +73,19 @@ int Communicator::size() const { return impl_ ? impl_->size() : 0; }
 
 void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, Stream stream,
                              const Options& options) {
-  run(checked(), {Collective::allreduce, send, recv, count, type, op, -1, options}, stream);
+  run(checked(), make_call(Collective::allreduce, send, recv, count, type, op, -1, options), stream);
 }
 void Communicator::broadcast(void* buffer, std::size_t count, DataType type, int root, Stream stream,
                              const Options& options) {
-  run(checked(), {Collective::broadcast, nullptr, buffer, count, type, ReduceOp::sum, root, options}, stream);
+  run(checked(), make_call(Collective::broadcast, buffer, buffer, count, type, std::nullopt, root, options), stream);
 }
 void Communicator::allgather(const void* send, void* recv, std::size_t send_count, DataType type, Stream stream,
                              const Options& options) {
-  run(checked(), {Collective::allgather, send, recv, send_count, type, ReduceOp::sum, -1, options}, stream);
+  run(checked(), make_call(Collective::allgather, send, recv, send_count, type, std::nullopt, -1, options), stream);
 }
 void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type, ReduceOp op,
                                   Stream stream, const Options& options) {
-  run(checked(), {Collective::reduce_scatter, send, recv, recv_count, type, op, -1, options}, stream);
+  run(checked(), make_call(Collective::reduce_scatter, send, recv, recv_count, type, op, -1, options), stream);
 }
 
 void Communicator::check() { checked().backend().check(); }

@@ -165,7 +165,7 @@ void HostTransfer::run_host(const Operation& op) {
   tutti::Request request;
   switch (c.collective) {
     case Collective::allreduce:
-      request = host_.iallreduce(op.data, op.data, c.count, c.type, c.op, c.options);
+      request = host_.iallreduce(op.data, op.data, c.count, c.type, *c.op, c.options);
       break;
     case Collective::broadcast:
       request = host_.ibroadcast(op.data, c.count, c.type, c.root, c.options);
@@ -175,7 +175,7 @@ void HostTransfer::run_host(const Operation& op) {
                                  c.options);
       break;
     case Collective::reduce_scatter:
-      request = host_.ireduce_scatter(op.data, op.data, c.count, c.type, c.op, c.options);
+      request = host_.ireduce_scatter(op.data, op.data, c.count, c.type, *c.op, c.options);
       break;
     default:
       throw Error(ErrorCode::unsupported, std::string(to_string(c.collective)) + " is not a gpu collective yet");

@@ -29,22 +29,14 @@
 #include <thread>
 #include <vector>
 
+#include "comm/comm_impl.hpp"
 #include "device/device.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::gpu::detail {
 
-/// One collective as the host call described it, already validated.
-struct DeviceCall {
-  Collective collective = Collective::allreduce;
-  const void* send = nullptr;
-  void* recv = nullptr;
-  std::size_t count = 0;
-  DataType type = DataType::u8;
-  ReduceOp op = ReduceOp::sum;
-  int root = 0;
-  Options options;
-};
+/// One collective as the host call describes it (validated before it is enqueued).
+using DeviceCall = tutti::detail::Call;
 
 class HostTransfer {
  public:
