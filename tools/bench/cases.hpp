@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <span>
 
 #include "bench/options.hpp"
 
@@ -39,6 +40,10 @@ class Buffers {
   std::size_t count_wrong() const;
   /// Flips a bit of the first output element (tests of the check itself).
   void corrupt();
+  /// The memory behind send() and recv(), which device mode mirrors on the device: the inputs of
+  /// an out-of-place case (empty in place) and the outputs (where an in-place input lives too).
+  std::span<std::byte> send_storage() { return {send_.get(), send_ ? send_elems_ * elem_ : 0}; }
+  std::span<std::byte> recv_storage() { return {recv_.get(), recv_elems_ * elem_}; }
 
  private:
   std::byte* input();

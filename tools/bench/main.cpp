@@ -3,6 +3,7 @@
 //
 //   tutti-run -n 2 tutti-bench -b 8 -e 64M -f 2 --peers gloo --ceiling
 //   mpirun -np 2 tutti-bench -b 8 -e 64M --peers mpi,gloo --ceiling --json out.json
+//   tutti-run -n 2 tutti-bench --device cuda -b 8 -e 64M --peers sync   (gpu::Communicator)
 //
 // Under mpirun, MPI is initialized here (for the MPI peer) and init() bootstraps through MPI, so
 // that Tutti runs over shared memory (or TUTTI_TRANSPORT) beside MPI's own collectives.
@@ -12,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "bench/device_sweep.hpp"
 #include "bench/sweep.hpp"
 #include "bench/tune.hpp"
 #include "bootstrap/job.hpp"
@@ -64,6 +66,7 @@ std::vector<std::unique_ptr<Peer>> make_peers(tutti::Communicator& world, const 
 }
 
 int run(tutti::Communicator& world, const BenchOptions& options) {
+  if (device_mode(options)) return run_device(world, options, launcher());
   if (options.calibrate && !options.tune) return calibrate(world, options);
   if (options.tune) return tune(world, options);
   if (world.rank() == 0)

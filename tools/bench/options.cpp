@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "bench/device_collectives.hpp"
 #include "comm/tuning.hpp"
 #include "core/names.hpp"
 
@@ -29,7 +30,12 @@ constexpr const char* usage_text = R"(usage: tutti-bench [flags]   (run under tu
   -a, --algorithm NAME    force an algorithm (ring, recursive_doubling, rabenseifner, direct, ...)
       --all-algorithms    one row group per algorithm that serves the collective
       --json FILE         also write the results as JSON (for tools/plot_bench.py)
-      --peers LIST        time peers in the same run: mpi, gloo (comma-separated)
+      --peers LIST        time peers in the same run: mpi, gloo (comma-separated);
+                          with --device: sync (synchronize, copy to the host, host collective,
+                          copy back, synchronize: the MPI + CUDA way)
+      --device KIND       host (default), or emulated or cuda: the collectives of
+                          gpu::Communicator on device buffers, enqueued on a stream
+      --backend NAME      with --device: automatic (default), host_transfer, ipc, nccl
       --ceiling           measure memory bandwidth and flag latency; show t_bound / t
       --calibrate         measure the cost model's alpha, beta, gamma for this transport
       --tune              sweep every algorithm and write a tuning table (with --calibrate's model)
@@ -108,15 +114,37 @@ Algorithm parse_algorithm(const std::string& name) {
   throw std::invalid_argument("-a: unknown algorithm '" + name + "'");
 }
 
+// Device mode runs what gpu::Communicator has, on the backends it has, beside the sync peer.
+void validate_device(const BenchOptions& o) {
+  if (o.device != "emulated" && o.device != "cuda")
+    throw std::invalid_argument("--device: unknown device '" + o.device + "' (host, emulated, cuda)");
+  check_backend(o.backend);
+  if (o.algorithm != Algorithm::automatic || o.all_algorithms)
+    throw std::invalid_argument("-a/--all-algorithms: host mode only (with --device, choose a --backend)");
+  if (o.tune || o.calibrate) throw std::invalid_argument("--tune/--calibrate: host mode only");
+  if (o.ceiling)
+    throw std::invalid_argument("--ceiling: host mode only (with --device every row has the D2D copy ceiling)");
+  for (const std::string& peer : o.peers)
+    if (peer != "sync")
+      throw std::invalid_argument("--peers: '" + peer + "' is a host-mode peer (with --device: sync)");
+  if (o.all_kinds) return;
+  for (Kind kind : o.kinds)
+    if (!find_device_collective(kind))
+      throw std::invalid_argument("--collective: gpu::Communicator has no " + std::string(to_string(kind)) +
+                                  " (it has " + device_collective_names() + ")");
+}
+
 void validate(const BenchOptions& o) {
   if (o.min_bytes > o.max_bytes) throw std::invalid_argument("-b must not exceed -e");
   if (o.factor <= 1.0 && o.min_bytes != o.max_bytes) throw std::invalid_argument("-f must be greater than 1");
   if (o.iterations && *o.iterations < 1) throw std::invalid_argument("-n must be at least 1");
   if (o.warmup < 0) throw std::invalid_argument("-w must not be negative");
   if (o.root < 0) throw std::invalid_argument("-r must not be negative");
+  if (device_mode(o)) return validate_device(o);
+  if (o.backend != "automatic") throw std::invalid_argument("--backend: only with --device emulated or cuda");
   for (const std::string& peer : o.peers)
     if (peer != "mpi" && peer != "gloo")
-      throw std::invalid_argument("--peers: unknown peer '" + peer + "' (mpi, gloo)");
+      throw std::invalid_argument("--peers: unknown peer '" + peer + "' (mpi, gloo; sync with --device)");
 }
 
 }  // namespace
@@ -214,7 +242,9 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
       std::fputs(usage_text, stdout);
       return std::nullopt;
     } else if (flag == "-t" || flag == "--collective") {
-      o.kinds = parse_kinds(value());
+      const std::string& text = value();
+      o.all_kinds = text == "all";
+      o.kinds = parse_kinds(text);
       o.kinds_given = true;
     } else if (flag == "-b" || flag == "--minbytes") {
       o.min_bytes = parse_bytes(value(), "-b");
@@ -244,6 +274,10 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
       o.json_path = value();
     } else if (flag == "--peers") {
       o.peers = split_list(value());
+    } else if (flag == "--device") {
+      o.device = value();
+    } else if (flag == "--backend") {
+      o.backend = value();
     } else if (flag == "--ceiling") {
       o.ceiling = true;
     } else if (flag == "--tune" || flag == "--calibrate") {
@@ -256,6 +290,7 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
     }
   }
   validate(o);
+  if (device_mode(o) && o.all_kinds) o.kinds = device_kinds();
   return o;
 }
 

@@ -25,6 +25,7 @@ bool reduces(Kind kind);
 struct BenchOptions {
   std::vector<Kind> kinds{Collective::allreduce};
   bool kinds_given = false;  // -t was on the command line
+  bool all_kinds = false;    // -t all (device mode: every collective gpu::Communicator has)
   std::size_t min_bytes = 8;
   std::size_t max_bytes = 64 << 20;
   double factor = 2;
@@ -37,7 +38,9 @@ struct BenchOptions {
   Algorithm algorithm = Algorithm::automatic;
   bool all_algorithms = false;
   std::string json_path;
-  std::vector<std::string> peers;  // "mpi", "gloo"
+  std::vector<std::string> peers;     // "mpi", "gloo"; in device mode "sync"
+  std::string device = "host";        // --device: host, emulated or cuda (device mode: gpu::Communicator)
+  std::string backend = "automatic";  // --backend (device mode only)
   bool ceiling = false;
   bool calibrate = false;
   bool tune = false;
@@ -48,6 +51,9 @@ struct BenchOptions {
                               // flips a result byte in checks
   std::string command_line;
 };
+
+/// Whether the run goes through gpu::Communicator on device buffers (--device emulated|cuda).
+inline bool device_mode(const BenchOptions& options) { return options.device != "host"; }
 
 /// Parses argv; throws std::invalid_argument with a message naming the flag on bad input.
 /// Returns nullopt after printing the usage for -h/--help.

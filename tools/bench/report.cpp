@@ -15,6 +15,8 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+}  // namespace
+
 void print_measure(const Row& row, int ranks, const Measure& m) {
   if (!m.measured()) {
     std::printf(" %10s %7s %7s %6s", "N/A", "N/A", "N/A", "N/A");
@@ -22,8 +24,6 @@ void print_measure(const Row& row, int ranks, const Measure& m) {
   }
   std::printf(" %10.2f %7.2f %7.2f %6zu", m.time * 1e6, algbw(row, ranks, m.time), busbw(row, ranks, m.time), m.wrong);
 }
-
-}  // namespace
 
 double algbw(const Row& row, int ranks, double seconds) {
   return seconds > 0 ? static_cast<double>(case_bytes(row.c, ranks)) / seconds / 1e9 : 0;
@@ -47,6 +47,7 @@ std::string human_bytes(std::size_t bytes) {
 }
 
 void Report::header(Kind kind, const std::string& algorithm) const {
+  if (!device_.empty()) return device_header(kind);
   std::printf("#\n# Collective %s, algorithm %s, %d ranks over %s\n#\n", std::string(to_string(kind)).c_str(),
               algorithm.c_str(), ranks_, transport_.c_str());
   std::printf("# %10s %12s %6s %6s %6s %36s %36s", "", "", "", "", "", "out-of-place", "in-place");
@@ -71,6 +72,7 @@ void Report::row(const Row& row) {
 }
 
 void Report::print_row(const Row& row) const {
+  if (!device_.empty()) return print_device_row(row);
   const bool rooted = row.c.kind == Collective::broadcast || row.c.kind == Collective::reduce;
   std::printf("  %10zu %12zu %6s %6s %6d", case_bytes(row.c, ranks_), case_elements(row.c, ranks_),
               std::string(to_string(row.c.type)).c_str(),
@@ -94,6 +96,7 @@ void Report::print_row(const Row& row) const {
 void Report::footer(const std::optional<Ceiling>& ceiling) const {
   std::printf("# Out of bounds values : %zu %s\n", wrong_, wrong_ ? "ERROR" : "OK");
   std::printf("# Avg bus bandwidth    : %g\n", busbw_cells_ ? busbw_sum_ / busbw_cells_ : 0.0);
+  if (!device_.empty()) device_footer();
   if (ceiling)
     std::printf("# Ceiling              : memory bandwidth %.2f GB/s (all ranks, read + write), flag latency %.3f us\n",
                 ceiling->memory_bandwidth / 1e9, ceiling->latency * 1e6);
@@ -108,6 +111,7 @@ void Report::write_json(const std::string& path, const std::string& command, con
   ::gethostname(host, sizeof(host) - 1);
   json doc = {{"tool", "tutti-bench"},   {"version", 1},         {"host", host},       {"ranks", ranks_},
               {"transport", transport_}, {"launcher", launcher}, {"command", command}, {"results", json::array()}};
+  if (!device_.empty()) doc["device"] = device_, doc["backend"] = backend_;
   if (ceiling)
     doc["ceiling"] = {{"memory_bandwidth_GBps", ceiling->memory_bandwidth / 1e9},
                       {"latency_us", ceiling->latency * 1e6}};
@@ -128,6 +132,14 @@ void Report::write_json(const std::string& path, const std::string& command, con
                 {"algbw_GBps", algbw(row, ranks_, m.time)},
                 {"busbw_GBps", busbw(row, ranks_, m.time)},
                 {"wrong", m.wrong}};
+      if (m.idle >= 0)
+        r["enqueue_us"] = m.enqueue * 1e6, r["enqueue_max_us"] = m.enqueue_max * 1e6, r["idle_fraction"] = m.idle;
+      if (row.copy > 0) {
+        r["copy_us"] = row.copy * 1e6;
+        if (case_bytes(row.c, ranks_) > 0)
+          r["busbw_over_copy"] =
+              busbw(row, ranks_, m.time) * row.copy * 1e9 / static_cast<double>(case_bytes(row.c, ranks_));
+      }
       if (row.bound > 0) {
         r["bound_fraction"] = row.bound / m.time;
         r["ceiling_busbw_GBps"] = busbw(row, ranks_, row.bound);

@@ -16,6 +16,10 @@ namespace tutti::bench {
 struct Measure {
   double time = 0;  // seconds per iteration (max over ranks of the mean); 0 = not measured
   std::size_t wrong = 0;
+  // Device mode: host seconds per enqueueing call (max over ranks of the mean, and the longest
+  // call), and the fraction of the batch the host spent outside the calls (min over ranks; < 0
+  // when not measured).
+  double enqueue = 0, enqueue_max = 0, idle = -1;
   bool measured() const { return time > 0; }
 };
 
@@ -26,6 +30,7 @@ struct Row {
   Measure out_of_place, in_place;
   std::map<std::string, Measure> peers;  // primary form only
   double bound = 0;                      // t_bound (seconds), 0 without --ceiling
+  double copy = 0;                       // device mode: seconds per D2D copy of the row's bytes
 };
 
 /// algbw and busbw in GB/s of `row` at `seconds` per iteration.
@@ -33,6 +38,8 @@ double algbw(const Row& row, int ranks, double seconds);
 double busbw(const Row& row, int ranks, double seconds);
 /// The form peers are compared with: out of place, except broadcast (in place only).
 const Measure& primary(const Row& row);
+/// Prints one form's `time algbw busbw #wrong` columns (N/A when not measured).
+void print_measure(const Row& row, int ranks, const Measure& m);
 
 class Report {
  public:
@@ -45,6 +52,12 @@ class Report {
   void print_row(const Row& row) const;
   /// `Avg bus bandwidth`, and the out-of-bounds and wrong totals.
   void footer(const std::optional<Ceiling>& ceiling) const;
+  /// Device mode (device_report.cpp): the rows are gpu::Communicator's on `device` (as the
+  /// device names itself), with the enqueue, idle and D2D copy columns.
+  void set_device(std::string device, std::string backend) {
+    device_ = std::move(device);
+    backend_ = std::move(backend);
+  }
   std::size_t wrong() const { return wrong_; }
   const std::vector<Row>& rows() const { return rows_; }
   /// Writes every row as JSON (the schema tools/plot_bench.py reads). Throws std::runtime_error.
@@ -57,6 +70,11 @@ class Report {
   std::vector<std::string> peers_;
   bool ceiling_;
   bool print_;
+  void device_header(Kind kind) const;
+  void print_device_row(const Row& row) const;
+  void device_footer() const;
+
+  std::string device_, backend_;  // empty: host mode
   std::vector<Row> rows_;
   std::size_t wrong_ = 0;
   double busbw_sum_ = 0;
