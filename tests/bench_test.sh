@@ -2,8 +2,10 @@
 # tutti-bench end to end: small checked sweeps under tutti-run (every collective, several types
 # and ops, every algorithm, the Gloo peer, the ceiling, JSON), a deliberately corrupted result
 # that must be counted, bad flags, --calibrate and --tune writing a tuning file that a later run
-# loads, and (when given mpirun) the MPI peer. Every run is bounded by `timeout`; the temporary
-# directory is removed at the end.
+# loads, (when given mpirun) the MPI peer, and device mode: gpu::Communicator's collectives on the
+# emulated device with the sync peer and the D2D copy columns, and --device cuda, which must run
+# where there is a GPU and fail with one clear line where there is none. Every run is bounded by
+# `timeout`; the temporary directory is removed at the end.
 #
 #   bench_test.sh PATH/TO/tutti-run PATH/TO/tutti-bench [PATH/TO/mpirun]
 set -u
@@ -150,6 +152,112 @@ if [[ -n $mpirun ]]; then
     fail "mpirun" "Tutti did not run over shared memory"
   else
     ok "under mpirun with the MPI and Gloo peers"
+  fi
+fi
+
+# 7. Device mode: gpu::Communicator on the emulated device, with the sync peer and the D2D copy.
+# Device rows: the 13 host columns, then enq max idle, sync's busbw and tutti/x, copy time and bus/d2d.
+device_rows_clean() {
+  rows_parse_clean "$1" || return 1
+  rows | awk '{
+    if (NF != 20) { print "not 20 columns: " $0; bad = 1; next }
+    for (i = 14; i <= 20; i++) if ($i != "N/A" && $i != "-" && $i !~ /^[0-9.]+$/) { print "not a number: " $0; bad = 1 }
+    if ($16 != "N/A" && ($16 < 0 || $16 > 1)) { print "idle outside [0, 1]: " $0; bad = 1 }
+    if ($17 == "-" || $19 == "-") { print "no sync or copy measurement: " $0; bad = 1 }
+  } END { exit bad }'
+}
+device_json_clean() {
+  /usr/bin/python3 - "$1" "$2" <<'EOF'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+rows = doc["results"]
+assert doc["device"] == "emulated" and doc["ranks"] == int(sys.argv[2]), doc
+kinds = {r["collective"] for r in rows}
+assert {"allreduce", "reduce_scatter", "allgather", "broadcast"} <= kinds, kinds
+assert {r["op"] for r in rows if r["collective"] == "allreduce"} == {"sum", "prod", "min", "max", "avg"}
+assert {r["type"] for r in rows} == {"f32", "bf16"}
+assert all(r["wrong"] == 0 and r["time_us"] > 0 for r in rows)
+assert all(r["enqueue_us"] > 0 and r["enqueue_max_us"] >= r["enqueue_us"] and 0 <= r["idle_fraction"] <= 1 for r in rows)
+assert all(r["copy_us"] > 0 for r in rows)
+primary = [r for r in rows if r["in_place"] == (r["collective"] == "broadcast")]
+assert primary and all(r["peers"]["sync"]["wrong"] == 0 and r["peers"]["sync"]["time_us"] > 0 for r in primary)
+EOF
+}
+for p in 1 2; do
+  bench $p --device emulated -t all -b 8 -e 4K -f 8 -n 3 -w 1 -d f32,bf16 -o all --peers sync -c 1 \
+    --json "$tmp/device.json"
+  if [[ $status -ne 0 ]]; then
+    fail "device emulated p=$p" "exit status $status"
+  elif ! why=$(device_rows_clean 90); then
+    fail "device emulated p=$p" "$why"
+  elif [[ $(grep -c "# Collective .* on device emulated, backend automatic" "$tmp/out") -lt 4 ]]; then
+    fail "device emulated p=$p" "fewer than four collective groups"
+  elif ! grep -q "Out of bounds values : 0 OK" "$tmp/out" || ! grep -q "D2D copy ceiling" "$tmp/out" ||
+    ! grep -q "Device  *: emulated (functional only" "$tmp/out"; then
+    fail "device emulated p=$p" "no footer"
+  elif ! device_json_clean "$tmp/device.json" $p; then
+    fail "device emulated p=$p" "the JSON file does not hold the device rows"
+  else
+    ok "device mode on the emulated device at p=$p: every collective checked, sync peer, D2D copy"
+  fi
+done
+bench 3 --device emulated --backend host_transfer -t allreduce,allgather -b 1 -e 64K -f 16 -n 2 -w 1 -d bf16 \
+  --peers sync -c 1
+if [[ $status -ne 0 ]] || ! why=$(device_rows_clean 6); then
+  fail "device emulated p=3 host_transfer" "status $status ${why:-}"
+else
+  ok "device mode at p=3, --backend host_transfer, bf16, counts 0 and up"
+fi
+bench 2 --device emulated -b 64 -e 1K -f 4 -n 1 -w 0 -c 1 --corrupt-for-testing
+if [[ $status -eq 0 ]] || ! grep -q "Out of bounds values : [1-9][0-9]* ERROR" "$tmp/out"; then
+  fail "device corrupted result" "status $status; the damage was not counted"
+else
+  ok "device mode: a corrupted result copied back is counted as #wrong and fails the run"
+fi
+for args in "--device tpu" "--device emulated --backend nccl" "--device emulated --backend ipc" \
+  "--device emulated --backend carrier-pigeon" "--backend host_transfer" "--device emulated --peers mpi" \
+  "--device emulated -t sendrecv" "--device emulated -a ring" "--device emulated --ceiling" "--peers sync"; do
+  # shellcheck disable=SC2086
+  timeout 20 "$bench" $args >"$tmp/out" 2>"$tmp/err"
+  status=$?
+  if [[ $status -ne 2 ]] || [[ $(wc -l <"$tmp/err") -ne 1 ]] || ! grep -q "^tutti-bench: " "$tmp/err"; then
+    fail "bad device flags '$args'" "status $status"
+  elif [[ $args == *"--backend nccl"* ]] && ! grep -q "no nccl backend yet (it has automatic, host_transfer" "$tmp/err"; then
+    fail "bad device flags '$args'" "the message does not name the backends that exist: $(cat "$tmp/err")"
+  else
+    ok "refuses '$args': $(cat "$tmp/err")"
+  fi
+done
+# --device cuda: where nvidia-smi sees a GPU it runs and checks clean; elsewhere every rank stops,
+# and rank 0 says why in one line.
+if nvidia-smi -L >/dev/null 2>&1; then
+  bench 2 --device cuda -t all -b 8 -e 64K -f 8 -n 3 -w 1 --peers sync -c 1
+  if [[ $status -ne 0 ]] || ! why=$(device_rows_clean 12); then
+    fail "device cuda" "status $status ${why:-}"
+  else
+    ok "device mode on CUDA at p=2: every collective checked"
+  fi
+else
+  for p in 1 2; do
+    bench $p --device cuda -b 8 -e 64 --peers sync
+    lines=$(grep -c "tutti-bench: " "$tmp/err")
+    if [[ $status -ne 1 ]] || [[ $lines -ne 1 ]] ||
+      ! grep -q "tutti-bench: --device cuda: .*\(no CUDA device\|built without CUDA\)" "$tmp/err"; then
+      fail "device cuda without a GPU p=$p" "status $status, $lines error lines"
+    else
+      ok "--device cuda without a GPU fails at p=$p: $(grep "tutti-bench: " "$tmp/err")"
+    fi
+  done
+fi
+if [[ -n $mpirun ]]; then
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -s KILL 120 "$mpirun" --oversubscribe -np 2 \
+    "$bench" --no-progress --device emulated -t allreduce,broadcast -b 8 -e 64K -f 16 -n 2 -w 1 --peers sync -c 1 \
+    >"$tmp/out" 2>"$tmp/err"
+  status=$?
+  if [[ $status -ne 0 ]] || ! why=$(device_rows_clean 6); then
+    fail "device mode under mpirun" "status $status ${why:-}"
+  else
+    ok "device mode under mpirun"
   fi
 fi
 
