@@ -16,6 +16,12 @@
 //
 // The engine uses its own communicator (split from the one it is given), so the caller may go
 // on using `comm`. Destroy the engine on every rank: destruction is collective too.
+//
+// Device tensors: an engine constructed with a gpu::Communicator also takes device buffers
+// enqueued on a stream (enqueue_allreduce with a gpu::Stream). The call returns at once, the
+// allreduce runs after the work enqueued on the stream before the call, and the work enqueued
+// after it sees the result; the tensor is negotiated, fused (with host tensors too) and reduced
+// like any other, through pinned staging (docs/training.md, "Device tensors on a stream").
 #pragma once
 
 #include <chrono>
@@ -27,6 +33,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tutti/gpu.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti {
@@ -65,8 +72,10 @@ struct EngineOptions {
 class Handle {
  public:
   Handle() = default;  // an empty handle: already complete
-  /// Blocks until the tensor's collective has completed and its result is in place; throws
-  /// the tensor's Error (mismatch, timeout, peer_failure, aborted).
+  /// Blocks until the tensor's collective has completed and its result is in place (a device
+  /// tensor: its stream has copied the result into the device buffer, so the wait also covers the
+  /// stream's work enqueued before the tensor); throws the tensor's Error (mismatch, timeout,
+  /// peer_failure, aborted) at once, without waiting for a device tensor's stream.
   void wait();
   /// True when complete; throws the tensor's Error. Never blocks.
   bool test();
@@ -100,8 +109,14 @@ class Engine {
  public:
   /// Collective over `comm`: every rank must construct its engine.
   explicit Engine(Communicator& comm, EngineOptions options = EngineOptions::from_environment());
+  /// The same, and device tensors on streams of `gpu`'s device are accepted (its device only is
+  /// used: its staging memory and flags; not its progress thread). `gpu` must outlive the engine,
+  /// and handles of device tensors must not be waited on once `gpu` is gone.
+  /// Error(invalid_argument) if `gpu` was moved from.
+  Engine(Communicator& comm, gpu::Communicator& gpu, EngineOptions options = EngineOptions::from_environment());
   /// Collective: waits for every rank's engine to stop. Tensors still pending fail with
-  /// ErrorCode::aborted.
+  /// ErrorCode::aborted, and every stream waiting on a device tensor is released (never waits for
+  /// a stream; a device buffer whose allreduce did not run keeps undefined contents).
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -119,6 +134,28 @@ class Engine {
   Handle enqueue_allreduce(std::string_view name, void* buffer, std::size_t count, DataType type, ReduceOp op) {
     return enqueue_allreduce(name, buffer, buffer, count, type, op);
   }
+  /// A device tensor: as above, with `send` and `recv` in memory of the engine's device and the
+  /// allreduce enqueued on `stream` (a cudaStream_t, or a stream of the gpu::Communicator).
+  /// Returns at once, never waiting for the stream or the device: the allreduce starts after
+  /// everything enqueued on `stream` before the call, and everything enqueued on it after the
+  /// call sees the result. The tensor is announced to the other ranks once its stream has reached
+  /// it, and may be fused with host tensors. The buffers must stay valid until the stream has
+  /// copied the result back (Handle::wait returns then). Errors at once, enqueueing nothing:
+  /// invalid_argument for an engine without a device, a buffer outside device memory, or the host
+  /// overload's errors. A failure after the call returned (mismatch, stall limit, a peer's
+  /// failure, the engine's destruction) still releases the stream, leaves recv undefined, and is
+  /// raised by the handle, by check() and by every later call with a stream (which then enqueues
+  /// nothing).
+  Handle enqueue_allreduce(std::string_view name, const void* send, void* recv, std::size_t count, DataType type,
+                           ReduceOp op, gpu::Stream stream);
+  Handle enqueue_allreduce(std::string_view name, void* buffer, std::size_t count, DataType type, ReduceOp op,
+                           gpu::Stream stream) {
+    return enqueue_allreduce(name, buffer, buffer, count, type, op, stream);
+  }
+  /// Raises the engine's failure (it stopped on an error), or the first failure of a device
+  /// tensor, if any. Never blocks.
+  void check();
+
   /// recv (size() * count elements) gets every rank's `count` elements, in rank order.
   Handle enqueue_allgather(std::string_view name, const void* send, void* recv, std::size_t count, DataType type);
   /// Copies root's buffer to every rank's.

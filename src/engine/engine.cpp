@@ -1,10 +1,14 @@
 // The public face of the engine: options, handles, and Engine's calls onto EngineCore.
 #include "tutti/engine.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
+#include <thread>
 
 #include "core/env.hpp"
 #include "engine/engine_core.hpp"
+#include "gpu/gpu_impl.hpp"
 
 namespace tutti {
 
@@ -52,51 +56,78 @@ EngineOptions EngineOptions::from_environment() {
 
 // ---- Handle ----
 
-void Handle::wait() {
-  if (!state_) return;
-  {
-    std::unique_lock lock(state_->mutex);
-    if (!state_->done) {
-      lock.unlock();
-      auto bell = state_->doorbell.lock();
-      if (bell) {
-        ++bell->waiters;
-        bell->ring();  // negotiate now rather than at the next cycle
-      }
-      lock.lock();
-      state_->cv.wait(lock, [&] { return state_->done; });
-      if (bell) --bell->waiters;
+namespace {
+
+using engine_detail::TensorState;
+
+// Waits until the tensor completed and its result is in place (a device tensor: its stream
+// copied it back); false if `deadline` passed first. Throws the tensor's error.
+bool wait_until(TensorState& s, std::optional<engine_detail::Clock::time_point> deadline) {
+  std::unique_lock lock(s.mutex);
+  if (!s.done) {
+    lock.unlock();
+    auto bell = s.doorbell.lock();
+    if (bell) {
+      ++bell->waiters;
+      bell->ring();  // negotiate now rather than at the next cycle
     }
+    lock.lock();
+    bool done = true;
+    if (deadline)
+      done = s.cv.wait_until(lock, *deadline, [&] { return s.done; });
+    else
+      s.cv.wait(lock, [&] { return s.done; });
+    if (bell) --bell->waiters;
+    if (!done) return false;
   }
-  if (state_->error) std::rethrow_exception(state_->error);
+  if (s.error) std::rethrow_exception(s.error);
+  // A device tensor: its stream copies the result back once released, unless the stream is still
+  // busy with earlier work. Naps that grow to 200 µs: a busy stream costs the host almost nothing.
+  std::chrono::microseconds nap{1};
+  while (!s.copied_back()) {
+    if (deadline && engine_detail::Clock::now() >= *deadline) return false;
+    lock.unlock();
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds{200});
+    lock.lock();
+  }
+  return true;
+}
+
+}  // namespace
+
+void Handle::wait() {
+  if (state_) wait_until(*state_, std::nullopt);
 }
 
 bool Handle::test() {
   if (!state_) return true;
   std::lock_guard lock(state_->mutex);
   if (state_->done && state_->error) std::rethrow_exception(state_->error);
-  return state_->done;
+  return state_->done && state_->copied_back();
 }
 
 bool Handle::wait_for(std::chrono::milliseconds duration) {
   if (!state_) return true;
-  auto bell = state_->doorbell.lock();
-  if (bell) {
-    ++bell->waiters;
-    bell->ring();
-  }
-  std::unique_lock lock(state_->mutex);
-  const bool done = state_->cv.wait_for(lock, duration, [&] { return state_->done; });
-  if (bell) --bell->waiters;
-  if (!done) return false;
-  if (state_->error) std::rethrow_exception(state_->error);
-  return true;
+  return wait_until(*state_, engine_detail::Clock::now() + duration);
 }
 
 // ---- Engine ----
 
 Engine::Engine(Communicator& comm, EngineOptions options)
     : core_(std::make_unique<engine_detail::EngineCore>(comm, std::move(options))) {}
+
+namespace {
+
+device::Device& device_of(gpu::Communicator& gpu) {
+  if (gpu.impl() == nullptr) throw Error(ErrorCode::invalid_argument, "engine: the gpu::Communicator was moved from");
+  return gpu.impl()->device();
+}
+
+}  // namespace
+
+Engine::Engine(Communicator& comm, gpu::Communicator& gpu, EngineOptions options)
+    : core_(std::make_unique<engine_detail::EngineCore>(comm, std::move(options), &device_of(gpu))) {}
 
 Engine::~Engine() = default;
 
@@ -108,6 +139,14 @@ Handle Engine::enqueue_allreduce(std::string_view name, const void* send, void* 
                                  ReduceOp op) {
   return core_->enqueue(Descriptor{std::string(name), Collective::allreduce, type, op, 0, count}, send, recv);
 }
+
+Handle Engine::enqueue_allreduce(std::string_view name, const void* send, void* recv, std::size_t count, DataType type,
+                                 ReduceOp op, gpu::Stream stream) {
+  return core_->enqueue_on_stream(Descriptor{std::string(name), Collective::allreduce, type, op, 0, count}, send, recv,
+                                  device::Stream{stream});
+}
+
+void Engine::check() { core_->check(); }
 
 Handle Engine::enqueue_allgather(std::string_view name, const void* send, void* recv, std::size_t count,
                                  DataType type) {

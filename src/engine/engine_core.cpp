@@ -40,12 +40,13 @@ std::string phase_name(Collective kind) {
 
 }  // namespace
 
-EngineCore::EngineCore(Communicator& comm, EngineOptions options)
+EngineCore::EngineCore(Communicator& comm, EngineOptions options, device::Device* device)
     : comm_(comm.split(0, comm.rank())),
       options_(std::move(options)),
       rank_(comm_.rank()),
       size_(comm_.size()),
-      table_(size_) {
+      table_(size_),
+      staging_(device != nullptr ? std::make_unique<StreamStaging>(*device) : nullptr) {
   if (comm_.impl()->progressed_by_caller_only())
     throw Error(ErrorCode::unsupported,
                 "engine: its thread calls the communicator, but MPI was initialized below MPI_THREAD_SERIALIZED "
@@ -81,9 +82,11 @@ EngineCore::~EngineCore() {
   for (auto& t : left)
     complete(t, std::make_exception_ptr(Error(ErrorCode::aborted, "engine: tensor '" + t->descriptor.name +
                                                                       "' was pending when the engine was destroyed")));
+  // Every device tensor is complete, so every stream waiting on this engine is released.
+  staging_.reset();
 }
 
-Handle EngineCore::enqueue(Descriptor d, const void* send, void* recv) {
+void EngineCore::check_arguments(const Descriptor& d, const void* send, const void* recv) const {
   if (d.name.empty()) throw Error(ErrorCode::invalid_argument, "engine: enqueue: the tensor name is empty");
   if (d.count > 0 && (recv == nullptr || (d.kind != Collective::broadcast && send == nullptr)))
     throw Error(ErrorCode::invalid_argument,
@@ -100,6 +103,10 @@ Handle EngineCore::enqueue(Descriptor d, const void* send, void* recv) {
                                                    "': send overlaps recv other than at block " +
                                                    std::to_string(rank_));
   }
+}
+
+Handle EngineCore::enqueue(Descriptor d, const void* send, void* recv) {
+  check_arguments(d, send, recv);
   auto t = std::make_shared<TensorState>();
   t->send = send;
   t->recv = recv;
@@ -171,6 +178,17 @@ bool EngineCore::cycle() {
   }
   // A rank shutting down waits too: for the others to shut down.
   mine.waiting = doorbell_->waiters.load() > 0 || mine.shutting_down;
+  // A device tensor is announced only once its stream has staged its input, so that every rank
+  // agrees a name is ready only when every rank's input is in place. Until then it waits in
+  // held_, looked at once a cycle (a flag load); the other tensors go on meanwhile.
+  std::vector<std::shared_ptr<TensorState>> staged;
+  for (auto* list : {&held_, &fresh})
+    for (auto& t : *list)
+      if (StreamStaging::staged(*t)) staged.push_back(std::move(t));
+  std::erase(held_, nullptr);
+  for (auto& t : fresh)
+    if (t) held_.push_back(std::move(t));
+  fresh.swap(staged);
   for (auto& t : fresh) {
     if (const auto slot = table_.cached_slot(t->descriptor))
       mine.cached.push_back(*slot);
@@ -206,7 +224,7 @@ bool EngineCore::cycle() {
   execute(decision, decided);
   {
     std::lock_guard lock(mutex_);
-    idle_ = table_.idle() && inbox_.empty();
+    idle_ = table_.idle() && inbox_.empty() && held_.empty();
   }
   if (decision.shutdown) {
     fail_everything(std::make_exception_ptr(Error(ErrorCode::aborted, "engine: the engine was destroyed")));
@@ -304,7 +322,18 @@ void EngineCore::execute(const Decision& decision, Clock::time_point decided) {
   }
   auto jobs = plan(ready);
   step_start_ = false;
-  for (auto& job : jobs) run_job(job);
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    try {
+      run_job(jobs[i]);
+    } catch (...) {
+      // The engine stops (run() fails what it still holds); these are no longer held anywhere.
+      const auto error = std::current_exception();
+      for (std::size_t j = i; j < jobs.size(); ++j)
+        for (const auto& t : jobs[j].tensors)
+          if (!t->finished()) complete(t, error);
+      throw;
+    }
+  }
 }
 
 std::vector<EngineCore::Job> EngineCore::plan(const std::vector<std::shared_ptr<TensorState>>& ready) {
@@ -411,7 +440,11 @@ void EngineCore::complete(const std::shared_ptr<TensorState>& t, std::exception_
   {
     std::lock_guard lock(mutex_);
     names_.erase(t->descriptor.name);
+    if (t->on_stream && error && !stream_failure_) stream_failure_ = error;
   }
+  // A device tensor's stream copies the staging back once released: with the result, or after
+  // an error (the contents are then undefined). Nothing may leave it waiting.
+  if (t->on_stream) staging_->release(*t);
   t->finish(std::move(error));
 }
 
@@ -424,6 +457,8 @@ void EngineCore::fail_everything(std::exception_ptr error) {
   }
   for (auto& [name, t] : announced_) left.push_back(t);
   announced_.clear();
+  left.insert(left.end(), held_.begin(), held_.end());
+  held_.clear();
   for (auto& t : left) complete(t, error);
 }
 

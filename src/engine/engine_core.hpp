@@ -16,7 +16,9 @@
 #include <unordered_set>
 #include <vector>
 
+#include "device/device.hpp"
 #include "engine/negotiation.hpp"
+#include "engine/stream_staging.hpp"
 #include "engine/timeline.hpp"
 #include "tutti/engine.hpp"
 
@@ -46,10 +48,30 @@ struct TensorState {
   Clock::time_point enqueued, ready;
   std::weak_ptr<Doorbell> doorbell;
 
+  // A tensor enqueued on a stream (stream_staging.hpp): send and recv are its staging buffer.
+  bool on_stream = false;
+  std::uint32_t ticket = 0;
+  const std::uint32_t* ready_flag = nullptr;
+  std::uint32_t* done_flag = nullptr;
+
   std::mutex mutex;
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;
+  const std::uint32_t* copied_flag = nullptr;  // null for a host tensor, and once the copy back is seen
+
+  /// Whether the result is in recv: at once for a host tensor; for a device tensor once its
+  /// stream has copied it back. Call with `mutex` held.
+  bool copied_back() {
+    if (copied_flag == nullptr) return true;
+    if (!reached(device::Device::load_flag(copied_flag), ticket)) return false;
+    copied_flag = nullptr;
+    return true;
+  }
+  bool finished() {
+    std::lock_guard lock(mutex);
+    return done;
+  }
 
   void finish(std::exception_ptr e) {
     {
@@ -63,10 +85,15 @@ struct TensorState {
 
 class EngineCore {
  public:
-  EngineCore(Communicator& comm, EngineOptions options);
+  /// `device` (may be null) is the one device tensors are staged through.
+  EngineCore(Communicator& comm, EngineOptions options, device::Device* device = nullptr);
   ~EngineCore();
 
   Handle enqueue(Descriptor d, const void* send, void* recv);
+  /// A device tensor on `stream` (stream_staging.hpp): send and recv are device memory.
+  Handle enqueue_on_stream(Descriptor d, const void* send, void* recv, device::Stream stream);
+  /// Raises the engine's failure, or the first failure of a device tensor.
+  void check();
   void flush() { doorbell_->ring(); }
   void record_phase(std::string_view name, Clock::time_point start, Clock::time_point end);
   EngineStats stats() const;
@@ -93,6 +120,9 @@ class EngineCore {
   void fail_everything(std::exception_ptr error);
   void count(std::size_t tensors, std::size_t bytes, Clock::time_point start, Clock::time_point end, bool allreduce);
 
+  /// Checks that hold for every enqueue (name, buffers, root, overlap).
+  void check_arguments(const Descriptor& d, const void* send, const void* recv) const;
+
   Communicator comm_;  // the engine's own, split from the caller's
   EngineOptions options_;
   int rank_ = 0, size_ = 1;
@@ -106,10 +136,12 @@ class EngineCore {
   std::unordered_set<std::string> names_;            // this rank's tensors not yet complete
   bool shutting_down_ = false;
   bool aborting_ = false;
-  bool idle_ = false;           // the last cycle left nothing pending on any rank, nor in inbox_
-  std::exception_ptr failure_;  // set when the engine stopped on an error
+  bool idle_ = false;                  // the last cycle left nothing pending on any rank, nor in inbox_
+  std::exception_ptr failure_;         // set when the engine stopped on an error
+  std::exception_ptr stream_failure_;  // the first device tensor that failed: later stream enqueues raise it
 
   // The background thread's own.
+  std::vector<std::shared_ptr<TensorState>> held_;  // device tensors whose stream has not staged them yet
   std::unordered_map<std::string, std::shared_ptr<TensorState>> announced_;
   std::map<std::string, Clock::time_point> warned_;  // stall warnings given, by name
   std::set<std::string> expired_;                    // rank 0: names declared expired
@@ -123,6 +155,8 @@ class EngineCore {
   mutable std::mutex stats_mutex_;
   EngineStats stats_;
   std::vector<CollectiveRecord> records_;
+
+  std::unique_ptr<StreamStaging> staging_;  // with a device only
 
   std::thread thread_;
 };
