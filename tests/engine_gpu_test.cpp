@@ -408,6 +408,30 @@ TEST(EngineGpu, FailuresReleaseTheStreamAndAreRaisedLater) {
   }
 }
 
+// (e) Opposite orders on one stream (rank 0: a then b; rank 1: b then a) cannot complete: each
+// stream waits for a tensor whose peer has not staged it yet. The stall limit fails both on both
+// ranks and releases the streams.
+TEST(EngineGpu, OppositeOrdersOnOneStreamFailAtTheStallLimit) {
+  run_gpu_ranks(2, [&](tutti::Communicator& host, tutti::gpu::Communicator& gpu, int r) {
+    EngineOptions o = quiet();
+    o.stall_warning = 0ms;
+    o.stall_error = 200ms;
+    Engine engine(host, gpu, o);
+    const Stream stream = gpu.create_stream();
+    DeviceBuffer a(gpu, 8 * 4), b(gpu, 8 * 4);
+    Handle first =
+        engine.enqueue_allreduce(r == 0 ? "a" : "b", r == 0 ? a.data : b.data, 8, DataType::f32, ReduceOp::sum, stream);
+    Handle second =
+        engine.enqueue_allreduce(r == 0 ? "b" : "a", r == 0 ? b.data : a.data, 8, DataType::f32, ReduceOp::sum, stream);
+    gpu.synchronize(stream, deadline);  // released: Error(timeout) from synchronize itself if not
+    std::string message;
+    for (Handle* h : {&first, &second})
+      if (error_code_of([&] { h->wait(); }, &message) != ErrorCode::timeout)
+        throw std::runtime_error("not a timeout: " + message);
+    gpu.destroy_stream(stream);
+  });
+}
+
 // (f) Engines destroyed while a device tensor waits: rank 0's stream is still held before its
 // input, so the tensor never ran. The destructors return (they never wait for a stream), the
 // handle raises aborted, and rank 0's stream, once its hold is lifted, runs to its end.
