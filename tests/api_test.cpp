@@ -347,6 +347,12 @@ TEST(InvalidArguments, NamedAndNothingSent) {
                    ErrorCode::invalid_argument, "DataType");
       expect_error([&] { comm.allreduce(a.data(), b.data(), 4, DataType::f32, static_cast<ReduceOp>(42), o); },
                    ErrorCode::invalid_argument, "ReduceOp");
+      for (Algorithm backend : {Algorithm::host_transfer, Algorithm::ipc, Algorithm::nccl})
+        expect_error(
+            [&] {
+              comm.allreduce(a.data(), b.data(), 4, DataType::f32, ReduceOp::sum, {backend, test_timeout});
+            },
+            ErrorCode::invalid_argument, std::string(to_string(backend)) + " is a GPU backend");
       expect_error([&] { comm.allreduce(a.data(), b.data(), SIZE_MAX / 2, DataType::f32, ReduceOp::sum, o); },
                    ErrorCode::invalid_argument, "overflows");
       expect_error(
@@ -465,6 +471,31 @@ TEST(Errors, WaitForGivesUpWithoutFailing) {
     Request empty;
     EXPECT_TRUE(empty.test());
     empty.wait();
+  });
+  EXPECT_EQ(failures, "");
+}
+
+// Polling in slices with wait_for(slice, since) reaches the operation's deadline, counted from
+// `since`: rank 1 calls only after rank 0 has timed out (each slice alone would never time out).
+TEST(Errors, WaitForSinceCountsTheTimeoutFromSince) {
+  const std::string failures = run_ranks(2, [](Communicator& comm) {
+    int x = 1, y = -1;
+    if (comm.rank() == 1) {
+      std::this_thread::sleep_for(600ms);
+      expect_error([&] { comm.allreduce(&x, &y, 1, DataType::i32, ReduceOp::sum); }, ErrorCode::timeout,
+                   "waiting for rank(s) 1");
+      return;
+    }
+    const auto issued = std::chrono::steady_clock::now();
+    Request r = comm.iallreduce(&x, &y, 1, DataType::i32, ReduceOp::sum, {{}, 200ms});
+    int slices = 0;
+    expect_error(
+        [&] {
+          while (!r.wait_for(20ms, issued))
+            if (++slices > 250) throw std::runtime_error("no timeout after 250 slices of 20 ms");
+        },
+        ErrorCode::timeout, "timed out after 200 ms");
+    EXPECT_LT(std::chrono::steady_clock::now() - issued, 5s);
   });
   EXPECT_EQ(failures, "");
 }

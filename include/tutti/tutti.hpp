@@ -33,6 +33,9 @@ class Request {
   bool test();
   /// Like `wait`, but gives up after `duration` and returns false (the operation goes on).
   bool wait_for(std::chrono::milliseconds duration);
+  /// Like `wait_for`, but the operation's timeout counts from `since` (say, when it was issued)
+  /// rather than from this call, so that polling in short slices still reaches the deadline.
+  bool wait_for(std::chrono::milliseconds duration, std::chrono::steady_clock::time_point since);
 
   explicit Request(std::shared_ptr<detail::Operation> op) : op_(std::move(op)) {}
 

@@ -32,10 +32,18 @@ enum class Algorithm {
   bruck,
   pairwise,
   linear,
-  direct,        // shared-memory algorithms (multi-process runtime)
-  hierarchical,  // intra-host + inter-host (multi-process runtime)
-  mpi,           // MPI's own collective (multi-process runtime)
+  direct,         // shared-memory algorithms (multi-process runtime)
+  hierarchical,   // intra-host + inter-host (multi-process runtime)
+  mpi,            // MPI's own collective (multi-process runtime)
+  host_transfer,  // GPU backends: tutti::gpu::Communicator only (docs/gpu.md)
+  ipc,
+  nccl,
 };
+
+/// Whether `algorithm` names a backend of tutti::gpu::Communicator rather than a host algorithm.
+constexpr bool is_gpu_backend(Algorithm algorithm) {
+  return algorithm == Algorithm::host_transfer || algorithm == Algorithm::ipc || algorithm == Algorithm::nccl;
+}
 
 /// The collectives. One name each, as `to_string` spells it (TUTTI_ALGO, tuning files, errors).
 enum class Collective {

@@ -65,7 +65,7 @@ class Reader {
     const auto c = core::collective_from_name(collective);
     if (!c) fail(where, "unknown collective '" + collective + "'");
     const auto a = core::algorithm_from_name(algorithm);
-    if (!a || *a == Algorithm::automatic) fail(where, "unknown algorithm '" + algorithm + "'");
+    if (!a || *a == Algorithm::automatic || is_gpu_backend(*a)) fail(where, "unknown algorithm '" + algorithm + "'");
     out.collective = *c;
     out.algorithm = *a;
     out.transport = text(e, "transport", where);

@@ -74,8 +74,8 @@ namespace {
 // The one name table of each vocabulary enum, in enumerator order.
 constexpr std::string_view algorithm_names[] = {
     "automatic", "ring",   "recursive_doubling", "rabenseifner", "binomial_tree", "bruck", "pairwise",
-    "linear",    "direct", "hierarchical",       "mpi"};
-static_assert(std::size(algorithm_names) == static_cast<std::size_t>(Algorithm::mpi) + 1);
+    "linear",    "direct", "hierarchical",       "mpi",          "host_transfer", "ipc",   "nccl"};
+static_assert(std::size(algorithm_names) == static_cast<std::size_t>(Algorithm::nccl) + 1);
 constexpr std::string_view collective_names[] = {"allreduce",  "reduce",    "reduce_scatter", "allgather",
                                                  "allgatherv", "broadcast", "alltoall",       "alltoallv",
                                                  "gather",     "scatter",   "barrier"};

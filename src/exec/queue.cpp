@@ -167,10 +167,11 @@ void OperationQueue::raise_timeout_locked(const Operation& op) {
   throw error;
 }
 
-bool OperationQueue::wait(const Operation& op, std::optional<std::chrono::milliseconds> limit) {
+bool OperationQueue::wait(const Operation& op, std::optional<std::chrono::milliseconds> limit,
+                          std::optional<std::chrono::steady_clock::time_point> since) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
-  const auto deadline = start + op.timeout;
+  const auto deadline = since.value_or(start) + op.timeout;
   const auto give_up = limit ? std::min(deadline, start + *limit) : deadline;
   for (;;) {
     const std::uint64_t seen = transport_->generation();  // read first: no wake-up is lost

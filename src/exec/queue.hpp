@@ -43,8 +43,10 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   /// Throws the operation's error.
   bool test(const Operation& op);
   /// Blocks until test(op) or `limit`; on reaching op's own timeout, raises Error(timeout)
-  /// naming the ranks it still waits for. Returns false only when `limit` came first.
-  bool wait(const Operation& op, std::optional<std::chrono::milliseconds> limit);
+  /// naming the ranks it still waits for. Returns false only when `limit` came first. The timeout
+  /// counts from `since` when given, else from this call.
+  bool wait(const Operation& op, std::optional<std::chrono::milliseconds> limit,
+            std::optional<std::chrono::steady_clock::time_point> since = std::nullopt);
 
   /// For a collective the caller runs itself (a blocking direct collective): announces it and
   /// returns true when no other collective is in flight; returns false, announcing nothing,

@@ -12,4 +12,8 @@ bool Request::test() { return !op_ || op_->queue->test(*op_->op); }
 
 bool Request::wait_for(std::chrono::milliseconds duration) { return !op_ || op_->queue->wait(*op_->op, duration); }
 
+bool Request::wait_for(std::chrono::milliseconds duration, std::chrono::steady_clock::time_point since) {
+  return !op_ || op_->queue->wait(*op_->op, duration, since);
+}
+
 }  // namespace tutti
