@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# One command for a machine with an NVIDIA GPU: builds Tutti with CUDA (as scripts/build.sh does,
+# into its own build directory) and runs every GPU check, then tutti-bench's device mode:
+#   1. nvidia-smi -L (which GPUs this is);
+#   2. the build (RelWithDebInfo, warnings as errors, CUDA when CMake finds the toolkit);
+#   3. ctest -L gpu (the suites on the CUDA device; a skipped case counts as a failure here, since
+#      the GPU is there) and ctest -L emulated (the same protocols on the emulated device);
+#   4. tutti-bench --device cuda --peers sync for every backend at p = 1, 2, 4 (under tutti-run),
+#      every collective gpu::Communicator has, checked; a backend tutti-bench refuses as not built
+#      yet is listed as skipped.
+# The suites run ranks as threads with their own rank counts (gpu_test and device_test name their
+# device; the CUDA build of the device suite is device_gpu_test, label gpu), so only tutti-bench
+# takes a process count.
+# Without a GPU (no nvidia-smi, or it fails) it says so and runs the emulated-device versions
+# instead (ctest -L emulated, tutti-bench --device emulated, and --device cuda's one-line refusal),
+# so that the script itself is exercised. Ends with "gpu_check: N passed, M failed"; the exit status
+# is 1 if anything failed (no GPU alone is not a failure).
+#
+#   scripts/gpu_check.sh            (build directory: build-gpu, or TUTTI_GPU_CHECK_BUILD)
+#   TUTTI_GPU_CHECK_BENCH="-b 8 -e 1G -f 2" scripts/gpu_check.sh    (tutti-bench's sizes)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${TUTTI_GPU_CHECK_BUILD:-build-gpu}
+passed=0
+failed=0
+skipped=()
+
+pass() { echo "gpu_check: ok   $1"; passed=$((passed + 1)); }
+flunk() { echo "gpu_check: FAIL $1"; failed=$((failed + 1)); }
+finish() {
+  for s in "${skipped[@]}"; do echo "gpu_check: skipped $s"; done
+  echo "gpu_check: $passed passed, $failed failed"
+  [[ $failed -eq 0 ]]
+  exit
+}
+
+echo "== nvidia-smi -L"
+gpu=0
+if ! command -v nvidia-smi >/dev/null; then
+  echo "gpu_check: no NVIDIA GPU here (nvidia-smi is not installed): running the emulated-device versions only"
+elif ! gpus=$(nvidia-smi -L 2>&1) || [[ -z $gpus ]]; then
+  echo "gpu_check: no NVIDIA GPU here (nvidia-smi -L: ${gpus:-no output}): running the emulated-device versions only"
+else
+  echo "$gpus"
+  gpu=1
+fi
+
+echo "== build ($build)"
+bash scripts/deps.sh || echo "gpu_check: scripts/deps.sh failed; building with what is installed"
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTUTTI_WERROR=ON -DTUTTI_CUDA=ON >/dev/null; then
+  flunk "cmake configure"
+  finish
+fi
+targets=()
+((gpu)) || targets=(--target tutti-run tutti-bench device_test gpu_test)  # all of it with a GPU: every gpu suite
+if ! cmake --build "$build" -j "$(nproc)" "${targets[@]}"; then
+  flunk "build"
+  finish
+fi
+if grep -q "^TUTTI_WITH_CUDA:INTERNAL=ON" "$build/CMakeCache.txt"; then
+  pass "built with CUDA"
+elif ((gpu)); then
+  flunk "built without CUDA (CMake found no CUDA toolkit: is nvcc on the PATH?)"
+else
+  echo "gpu_check: built without CUDA (no toolkit found)"
+fi
+logs="$build/gpu_check"
+mkdir -p "$logs"
+
+# suite LABEL: one ctest label; with a GPU, a skipped case means the CUDA device did not open.
+suite() {
+  local label=$1 log="$logs/ctest-$1.log"
+  echo "== ctest -L $label"
+  if ! ctest --test-dir "$build" -L "$label" --no-tests=error --output-on-failure --timeout 600 -j "$(nproc)" |
+    tee "$log"; then
+    flunk "ctest -L $label ($(grep -E 'tests passed|tests failed' "$log" | tail -n 1))"
+  elif ((gpu)) && grep -q "\*\*\*Skipped\|SKIPPED" "$log"; then
+    flunk "ctest -L $label: cases were skipped on a machine with a GPU (see $log)"
+  else
+    pass "ctest -L $label ($(grep -E 'tests passed' "$log" | tail -n 1))"
+  fi
+}
+
+run=$build/tools/tutti-run
+bench=$build/tools/bench/tutti-bench
+# bench DEVICE BACKEND P: tutti-bench's device mode on P ranks, every collective, checked.
+bench_run() {
+  local device=$1 backend=$2 p=$3 name="tutti-bench --device $1 --backend $2 at p=$3"
+  local out="$logs/bench-$device-$backend-p$p" sizes
+  if [[ $device == cuda ]]; then
+    sizes=${TUTTI_GPU_CHECK_BENCH:--b 8 -e 64M -f 4}
+  else
+    sizes=${TUTTI_GPU_CHECK_BENCH:--b 8 -e 1M -f 8 -n 5 -w 2}
+  fi
+  echo "== $name"
+  # shellcheck disable=SC2086
+  timeout -s KILL 600 "$run" -n "$p" --timeout-ms 120000 "$bench" --no-progress --device "$device" --backend "$backend" \
+    -t all $sizes --peers sync -c 1 --json "$out.json" >"$out.log" 2>"$out.err"
+  local status=$?
+  cat "$out.log"
+  if [[ $status -eq 2 ]] && grep -q "has no $backend backend yet" "$out.err"; then
+    skipped+=("$name: $(sed -E 's/^\[[0-9]+\] //' "$out.err" | head -n 1)")
+  elif [[ $status -ne 0 ]]; then
+    sed 's/^/    | /' "$out.err" | tail -n 20
+    flunk "$name (exit status $status)"
+  elif ! grep -q "Out of bounds values : 0 OK" "$out.log"; then
+    flunk "$name (no clean footer)"
+  else
+    pass "$name"
+  fi
+}
+
+if ((gpu)); then
+  suite gpu
+  suite emulated
+  for p in 1 2 4; do
+    for backend in host_transfer ipc nccl automatic; do bench_run cuda "$backend" "$p"; done
+  done
+else
+  suite emulated
+  for p in 1 2 4; do
+    for backend in host_transfer ipc nccl automatic; do bench_run emulated "$backend" "$p"; done
+  done
+  echo "== tutti-bench --device cuda without a GPU"
+  timeout -s KILL 60 "$run" -n 2 "$bench" --no-progress --device cuda >"$logs/cuda-refused.log" 2>&1
+  status=$?
+  if [[ $status -eq 1 ]] && [[ $(grep -c "tutti-bench: --device cuda: " "$logs/cuda-refused.log") -eq 1 ]]; then
+    pass "tutti-bench --device cuda refuses in one line: $(grep "tutti-bench: " "$logs/cuda-refused.log")"
+  else
+    cat "$logs/cuda-refused.log"
+    flunk "tutti-bench --device cuda without a GPU (exit status $status)"
+  fi
+fi
+finish
