@@ -19,7 +19,7 @@
 #   scripts/gpu_check.sh            (build directory: build-gpu, or TUTTI_GPU_CHECK_BUILD)
 #   TUTTI_GPU_CHECK_BENCH="-b 8 -e 1G -f 2" scripts/gpu_check.sh    (tutti-bench's sizes)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 build=${TUTTI_GPU_CHECK_BUILD:-build-gpu}
 passed=0
 failed=0
