@@ -22,77 +22,14 @@
 
 #include "device/device.hpp"
 #include "gpu/gpu_impl.hpp"
+#include "gpu_harness.hpp"
 #include "harness.hpp"
 #include "test_waits.hpp"
 #include "tutti/gpu.hpp"
 
 namespace {
 
-using tutti::DataType;
-using tutti::ErrorCode;
-using tutti::ReduceOp;
-using tutti::gpu::DeviceKind;
-using tutti::gpu::Stream;
-using tutti::testing::error_code_of;
-using tutti::testing::input_value;
-using tutti::testing::reference_reduction;
-using namespace std::chrono_literals;
-
-constexpr auto deadline = 60s;  // only a hang reaches it
-const tutti::Options options{.timeout = std::chrono::milliseconds(30000)};
-
-constexpr DataType all_types[] = {DataType::i8,  DataType::u8,  DataType::i32,  DataType::u32, DataType::i64,
-                                  DataType::u64, DataType::f16, DataType::bf16, DataType::f32, DataType::f64};
-constexpr ReduceOp all_ops[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
-
-using Bytes = std::vector<std::byte>;
-
-// Runs fn(gpu communicator, rank) on p threads, one per rank, each with an emulated device.
-void run_gpu_ranks(int p, const std::function<void(tutti::gpu::Communicator&, int)>& fn) {
-  auto hosts = tutti::local_group(p);
-  const std::string failures = tutti::testing::on_threads(p, [&](int r) {
-    tutti::gpu::Communicator gpu(hosts[static_cast<std::size_t>(r)], DeviceKind::emulated);
-    fn(gpu, r);
-  });
-  EXPECT_EQ(failures, "");
-}
-
-tutti::device::Device& device_of(tutti::gpu::Communicator& gpu) { return gpu.impl()->device(); }
-
-Bytes values(DataType type, std::size_t count, const std::function<double(std::size_t)>& value) {
-  const std::size_t es = tutti::size_of(type);
-  Bytes out(count * es);
-  for (std::size_t i = 0; i < count; ++i) tutti::testing::store(type, out.data() + i * es, value(i));
-  return out;
-}
-
-// A device buffer holding `bytes` bytes (nullptr for 0), freed with the communicator's device.
-struct DeviceBuffer {
-  tutti::gpu::Communicator& gpu;
-  void* data;
-  DeviceBuffer(tutti::gpu::Communicator& g, std::size_t bytes) : gpu(g), data(bytes ? g.allocate(bytes) : nullptr) {}
-  ~DeviceBuffer() { gpu.free(data); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  std::byte* bytes() const { return static_cast<std::byte*>(data); }
-};
-
-// "" or where `got` first differs from `want`.
-std::string compare(const Bytes& got, const Bytes& want, DataType type, const std::string& what) {
-  const std::size_t es = tutti::size_of(type);
-  for (std::size_t i = 0; i < want.size(); i += es)
-    if (std::memcmp(got.data() + i, want.data() + i, es) != 0)
-      return what + ": element " + std::to_string(i / es) + " is " +
-             std::to_string(tutti::testing::load(type, got.data() + i)) + ", expected " +
-             std::to_string(tutti::testing::load(type, want.data() + i));
-  return "";
-}
-
-// Throws (through the harness, naming the rank) at the first element that differs.
-void expect_equal(const Bytes& output, const Bytes& expected, DataType type, const std::string& what) {
-  const std::string diff = compare(output, expected, type, what);
-  if (!diff.empty()) throw std::runtime_error(diff);
-}
+using namespace tutti::testing::gpu;
 
 void allreduce_case(tutti::gpu::Communicator& gpu, Stream stream, DataType type, ReduceOp op, std::size_t count,
                     bool in_place) {

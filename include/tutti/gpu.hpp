@@ -18,11 +18,16 @@
 //   collective call, which then enqueues nothing. The stream is always released: the failed
 //   operation and every operation still queued behind it complete on their streams, with
 //   undefined contents in their output buffers.
-// - Options go to the host collective that moves the data (its algorithm and its timeout).
+// - Options::algorithm picks the backend: Algorithm::host_transfer, ipc or nccl, or automatic
+//   (which chooses among those this build and placement have; today host_transfer). A host
+//   algorithm (ring, direct, ...) means host_transfer with that algorithm for the host collective.
+//   Options::timeout bounds the host collective, counted from when the stream reached it.
+//   A backend this build lacks is Error(unsupported) from the call, and nothing is enqueued.
 //
-// Backend: host_transfer (docs/gpu.md): the stream copies the input to pinned host staging and
+// Backend host_transfer (docs/gpu.md): the stream copies the input to pinned host staging and
 // raises a flag; a progress thread of this communicator runs the host collective on the staging
-// and raises the flag the stream waits on before it copies the result back.
+// and raises the flag the stream waits on before it copies the result back. Large allreduce,
+// reduce and broadcast are pipelined in chunks.
 #pragma once
 
 #include <chrono>
@@ -80,6 +85,22 @@ class Communicator {
   /// In place: recv == send + rank*recv_count or send == recv.
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type, ReduceOp op, Stream stream,
                       const Options& options = {});
+  /// Like allreduce, but only `root` receives the result (recv is ignored elsewhere and may be null).
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root, Stream stream,
+              const Options& options = {});
+  /// Block j of send (count_per_rank elements) goes to rank j, which stores it as its block `rank`.
+  /// In place: send == recv.
+  void alltoall(const void* send, void* recv, std::size_t count_per_rank, DataType type, Stream stream,
+                const Options& options = {});
+  /// Work enqueued on `stream` after the barrier runs once every rank's stream reached it.
+  void barrier(Stream stream, const Options& options = {});
+  /// Sends `count` elements to `peer` once `stream` reaches the call; the matching recv is the
+  /// peer's recv with this rank and `tag` (tag >= 0). Point-to-point operations are numbered with
+  /// the collectives and start in that order; a send and a receive need not complete in order, so
+  /// two ranks may each send and then receive. The host's default timeout (TUTTI_TIMEOUT) bounds each.
+  void send(const void* data, std::size_t count, DataType type, int peer, Stream stream, int tag = 0);
+  /// Receives `count` elements from `peer` into device memory; work after it on `stream` sees them.
+  void recv(void* data, std::size_t count, DataType type, int peer, Stream stream, int tag = 0);
 
   /// Raises the recorded failure of an earlier operation, if any (never blocks).
   void check();

@@ -21,20 +21,46 @@ Impl::~Impl() {
   device_.reset();
 }
 
-void Impl::validate(const DeviceCall& call) const {
-  const tutti::detail::Extents extents = tutti::detail::validate(call, rank_, size_);
+void Impl::validate(const DeviceCall& dc) const {
+  const tutti::detail::Call& call = dc.call;
   const std::size_t elem = size_of(call.type);
+  const std::string what = dc.kind == DeviceCall::Kind::send   ? "send"
+                           : dc.kind == DeviceCall::Kind::recv ? "recv"
+                                                               : std::string(to_string(call.collective));
   auto device_memory = [&](const void* p, std::size_t count, const char* name) {
     if (count == 0) return;
     const auto* first = static_cast<const std::byte*>(p);
     if (!device_->is_device_pointer(first) || !device_->is_device_pointer(first + count * elem - 1))
-      throw Error(ErrorCode::invalid_argument, std::string(to_string(call.collective)) + ": " + name +
-                                                   " is not device memory (" + std::to_string(count) +
+      throw Error(ErrorCode::invalid_argument, what + ": " + name + " is not device memory (" + std::to_string(count) +
                                                    " elements from " +
                                                    std::to_string(reinterpret_cast<std::uintptr_t>(p)) + ")");
   };
+  if (dc.kind != DeviceCall::Kind::collective) {
+    const bool is_send = dc.kind == DeviceCall::Kind::send;
+    const void* data = is_send ? call.send : call.recv;
+    tutti::detail::validate_point_to_point(is_send, data, call.count, call.type, dc.peer, dc.tag, size_);
+    if (call.options.timeout.count() < 0)
+      throw Error(ErrorCode::invalid_argument, what + ": options.timeout is negative");
+    device_memory(data, call.count, "data");
+    return;
+  }
+  const tutti::detail::Extents extents = tutti::detail::validate(call, rank_, size_);
   if (call.collective != Collective::broadcast) device_memory(call.send, extents.send, "send");
   device_memory(call.recv, extents.recv, call.collective == Collective::broadcast ? "buffer" : "recv");
+}
+
+void Impl::enqueue(DeviceCall call, device::Stream stream) {
+  backend_->check();
+  // The backend: what the options name, else (automatic or a host algorithm) host_transfer, the
+  // one this build has. A host algorithm stays in the options for the host collective.
+  const Algorithm asked = call.call.options.algorithm;
+  const auto backend = is_gpu_backend(asked) ? asked : Algorithm::host_transfer;
+  if (is_gpu_backend(asked)) call.call.options.algorithm = Algorithm::automatic;
+  validate(call);
+  if (backend != Algorithm::host_transfer)
+    throw Error(ErrorCode::unsupported, "tutti::gpu: the " + std::string(to_string(backend)) +
+                                            " backend is not available in this build (available: host_transfer)");
+  backend_->enqueue(call, stream);
 }
 
 }  // namespace detail
@@ -47,10 +73,8 @@ device::Kind kind_of(DeviceKind kind) {
   return kind == DeviceKind::emulated ? device::Kind::emulated : device::Kind::cuda;
 }
 
-void run(detail::Impl& impl, const detail::DeviceCall& call, Stream stream) {
-  impl.backend().check();
-  impl.validate(call);
-  impl.backend().enqueue(call, device::Stream{stream});
+void run(detail::Impl& impl, const tutti::detail::Call& call, Stream stream) {
+  impl.enqueue(detail::DeviceCall{.call = call}, device::Stream{stream});
 }
 
 }  // namespace
@@ -86,6 +110,32 @@ void Communicator::allgather(const void* send, void* recv, std::size_t send_coun
 void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type, ReduceOp op,
                                   Stream stream, const Options& options) {
   run(checked(), make_call(Collective::reduce_scatter, send, recv, recv_count, type, op, -1, options), stream);
+}
+
+void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
+                          Stream stream, const Options& options) {
+  run(checked(), make_call(Collective::reduce, send, recv, count, type, op, root, options), stream);
+}
+void Communicator::alltoall(const void* send, void* recv, std::size_t count_per_rank, DataType type, Stream stream,
+                            const Options& options) {
+  run(checked(), make_call(Collective::alltoall, send, recv, count_per_rank, type, std::nullopt, -1, options), stream);
+}
+void Communicator::barrier(Stream stream, const Options& options) {
+  run(checked(), make_call(Collective::barrier, nullptr, nullptr, 0, DataType::u8, std::nullopt, -1, options), stream);
+}
+void Communicator::send(const void* data, std::size_t count, DataType type, int peer, Stream stream, int tag) {
+  detail::DeviceCall call{.kind = detail::DeviceCall::Kind::send,
+                          .call = make_call(Collective::barrier, data, nullptr, count, type, std::nullopt, -1, {}),
+                          .peer = peer,
+                          .tag = tag};
+  checked().enqueue(call, device::Stream{stream});
+}
+void Communicator::recv(void* data, std::size_t count, DataType type, int peer, Stream stream, int tag) {
+  detail::DeviceCall call{.kind = detail::DeviceCall::Kind::recv,
+                          .call = make_call(Collective::barrier, nullptr, data, count, type, std::nullopt, -1, {}),
+                          .peer = peer,
+                          .tag = tag};
+  checked().enqueue(call, device::Stream{stream});
 }
 
 void Communicator::check() { checked().backend().check(); }

@@ -22,6 +22,9 @@ class Impl {
 
   /// Checks `call` as the host API does, plus: every buffer it touches is device memory.
   void validate(const DeviceCall& call) const;
+  /// Raises a recorded failure, validates `call`, picks its backend from call.options.algorithm
+  /// and enqueues it on `stream`.
+  void enqueue(DeviceCall call, device::Stream stream);
 
  private:
   int rank_;

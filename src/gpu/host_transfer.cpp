@@ -12,7 +12,78 @@ namespace {
 // Whether flag value `value` has reached `n`, with 32-bit wrap-around (as wait_value compares).
 bool reached(std::uint32_t value, std::uint32_t n) { return static_cast<std::int32_t>(value - n) >= 0; }
 
+// Operations from twice this size are pipelined in chunks of at least this size.
+constexpr std::size_t pipeline_chunk_bytes = std::size_t{4} << 20;
+
+// How long the thread blocks on the oldest host collective before it looks for newly staged
+// operations to start (a host collective that completes wakes it at once).
+constexpr std::chrono::milliseconds completion_slice{1};
+
+const char* name_of(const DeviceCall& call) {
+  switch (call.kind) {
+    case DeviceCall::Kind::send:
+      return "send";
+    case DeviceCall::Kind::recv:
+      return "recv";
+    case DeviceCall::Kind::collective:
+      break;
+  }
+  return to_string(call.call.collective).data();
+}
+
 }  // namespace
+
+Layout layout_of(const DeviceCall& dc, int rank, int size) {
+  const tutti::detail::Call& c = dc.call;
+  const auto p = static_cast<std::size_t>(size);
+  const std::size_t block = c.count * size_of(c.type);  // validated: no overflow
+  if (dc.kind == DeviceCall::Kind::send) return {.staged = block, .in = c.send, .in_bytes = block};
+  if (dc.kind == DeviceCall::Kind::recv) return {.staged = block, .out = c.recv, .out_bytes = block};
+  switch (c.collective) {
+    case Collective::allreduce:
+      return {.staged = block, .in = c.send, .in_bytes = block, .out = c.recv, .out_bytes = block, .elementwise = true};
+    case Collective::reduce:
+      return {.staged = block,
+              .in = c.send,
+              .in_bytes = block,
+              .out = rank == c.root ? c.recv : nullptr,
+              .out_bytes = block,
+              .elementwise = true};
+    case Collective::broadcast:
+      return {.staged = block,
+              .in = rank == c.root ? c.recv : nullptr,
+              .in_bytes = block,
+              .out = rank == c.root ? nullptr : c.recv,
+              .out_bytes = block,
+              .elementwise = true};
+    case Collective::allgather: {
+      // In place as MPI_IN_PLACE (send == recv): this rank's block is already at its place.
+      const std::size_t mine = static_cast<std::size_t>(rank) * block;
+      const void* in = c.send == c.recv ? static_cast<const std::byte*>(c.send) + mine : c.send;
+      return {
+          .staged = p * block, .in = in, .in_offset = mine, .in_bytes = block, .out = c.recv, .out_bytes = p * block};
+    }
+    case Collective::reduce_scatter:
+      return {.staged = p * block, .in = c.send, .in_bytes = p * block, .out = c.recv, .out_bytes = block};
+    case Collective::alltoall:
+      return {.staged = 2 * p * block,
+              .in = c.send,
+              .in_bytes = p * block,
+              .out = c.recv,
+              .out_offset = p * block,
+              .out_bytes = p * block};
+    default:  // barrier: no data
+      return {};
+  }
+}
+
+std::size_t chunks_of(std::size_t bytes, std::size_t element, std::size_t& chunk_bytes) {
+  chunk_bytes = bytes;
+  if (bytes < 2 * pipeline_chunk_bytes) return 1;
+  chunk_bytes = std::max(pipeline_chunk_bytes, (bytes + HostTransfer::max_chunks - 1) / HostTransfer::max_chunks);
+  chunk_bytes = (chunk_bytes + element - 1) / element * element;
+  return (bytes + chunk_bytes - 1) / chunk_bytes;
+}
 
 HostTransfer::HostTransfer(std::shared_ptr<device::Device> device, tutti::Communicator host)
     : device_(std::move(device)), host_(std::move(host)) {
@@ -28,9 +99,9 @@ HostTransfer::~HostTransfer() {
   stop_.store(true, std::memory_order_release);
   wake_.notify_all();
   // Every operation issued so far counts as done for the streams: none may wait on it for ever.
-  // Released before the join, which waits at most for a host collective in flight to finish or
-  // reach its own timeout (its staging stays allocated meanwhile), and again after it, in case
-  // the thread lowered the flag in between.
+  // Released before the join, which waits at most for the host collectives in flight to finish or
+  // reach their own timeouts (their staging stays allocated meanwhile), and again after it, in
+  // case the thread lowered the flag in between.
   device_->set_flag(done_, issued_);
   thread_.join();
   device_->set_flag(done_, issued_);
@@ -72,123 +143,164 @@ HostTransfer::Staging& HostTransfer::take_staging(std::size_t bytes) {
 
 void HostTransfer::enqueue(const DeviceCall& call, device::Stream stream) {
   check();
-  const std::size_t elem = size_of(call.type);
-  const auto p = static_cast<std::size_t>(host_.size());
-  const std::size_t block = call.count * elem;  // validated: no overflow
-  const bool gathers = call.collective == Collective::allgather || call.collective == Collective::reduce_scatter;
-  const std::size_t staged = gathers ? p * block : block;
-  Staging& staging = take_staging(staged);
-  const std::uint32_t n = issued_ + 1;
-  device_->set_flag(staging.ready(), n - 1);  // below n even after the counter wraps
+  const Layout l = layout_of(call, host_.rank(), host_.size());
+  const std::size_t element = size_of(call.call.type);
+  std::size_t chunk = l.staged;
+  const std::size_t chunks = l.elementwise ? chunks_of(l.staged, element, chunk) : 1;
+  Staging& staging = take_staging(l.staged);
+  const std::uint32_t first = issued_ + 1;
+  for (std::size_t i = 0; i < chunks; ++i)
+    device_->set_flag(staging.ready(i), first + static_cast<std::uint32_t>(i) - 1);  // below n, even wrapped
 
-  // What goes in and comes out of the staging for each collective (in place on the staging).
-  const void* in = call.send;
-  std::size_t in_offset = 0, in_bytes = block, out_bytes = block;
-  bool copy_in = true, copy_out = true;
-  switch (call.collective) {
-    case Collective::broadcast:
-      in = call.recv;
-      copy_in = host_.rank() == call.root;
-      copy_out = !copy_in;
-      break;
-    case Collective::allgather:
-      in_offset = static_cast<std::size_t>(host_.rank()) * block;
-      out_bytes = staged;
-      break;
-    case Collective::reduce_scatter:
-      in_bytes = staged;
-      break;
-    default:
-      break;
-  }
-  // The first call that enqueues checks the stream: if it throws, nothing was enqueued.
-  if (copy_in && in_bytes > 0) device_->copy(staging.data() + in_offset, in, in_bytes, stream);
-  device_->write_value(staging.ready(), n, stream);
-  bool half_enqueued = false;
+  // Chunk i covers [offset, offset + bytes) of what is copied in and out (all of it when whole).
+  const auto offset = [&](std::size_t i) { return i * chunk; };
+  const auto in_bytes = [&](std::size_t i) { return chunks == 1 ? l.in_bytes : std::min(chunk, l.staged - offset(i)); };
+  const auto out_bytes = [&](std::size_t i) {
+    return chunks == 1 ? l.out_bytes : std::min(chunk, l.staged - offset(i));
+  };
+  bool enqueued_any = false, half_enqueued = false;
   try {
-    device_->wait_value(done_, n, stream);
-    if (copy_out && out_bytes > 0) device_->copy(call.recv, staging.data(), out_bytes, stream);
+    for (std::size_t i = 0; i < chunks; ++i) {
+      if (l.in != nullptr && in_bytes(i) > 0)
+        device_->copy(staging.data() + l.in_offset + offset(i), static_cast<const std::byte*>(l.in) + offset(i),
+                      in_bytes(i), stream);
+      enqueued_any = true;
+      device_->write_value(staging.ready(i), first + static_cast<std::uint32_t>(i), stream);
+    }
+    for (std::size_t i = 0; i < chunks; ++i) {
+      device_->wait_value(done_, first + static_cast<std::uint32_t>(i), stream);
+      if (l.out != nullptr && out_bytes(i) > 0)
+        device_->copy(static_cast<std::byte*>(l.out) + offset(i), staging.data() + l.out_offset + offset(i),
+                      out_bytes(i), stream);
+    }
     device_->record(staging.event, stream);
   } catch (const Error& error) {
-    // Half enqueued: the stream may go on waiting for n, so n must run (and fails at once).
-    record(error, Operation{n, call, staging.ready(), staging.data()});
+    // The first enqueue checks the stream: if it threw, nothing was enqueued. Else the stream may
+    // wait for these numbers, so they must run (and fail at once).
+    if (!enqueued_any) throw;
+    record(error, Operation{first, call, 0, true, staging.ready(0), staging.data()});
     half_enqueued = true;
   }
-  issued_ = n;
   {
     std::lock_guard lock(mutex_);
-    queue_.push_back(Operation{n, call, staging.ready(), staging.data()});
+    const bool waits = (l.in != nullptr && l.in_bytes > 0) ||
+                       (call.kind == DeviceCall::Kind::collective && call.call.collective == Collective::barrier);
+    for (std::size_t i = 0; i < chunks; ++i) {
+      Operation op{first + static_cast<std::uint32_t>(i), call, offset(i), waits, staging.ready(i), staging.data()};
+      if (chunks > 1) op.call.call.count = in_bytes(i) / element;
+      queue_.push_back(op);
+    }
   }
+  issued_ = first + static_cast<std::uint32_t>(chunks) - 1;
   wake_.notify_one();
   if (half_enqueued) check();
 }
 
 void HostTransfer::run() {
+  std::deque<Operation> pending;  // issued, not started: waiting for their input to be staged
+  std::deque<InFlight> flight;    // started (or to be completed without a host collective)
+  std::chrono::microseconds nap{1};
   for (;;) {
-    Operation op;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (stopping_) return;
-      op = queue_.front();
-      queue_.pop_front();
-    }
-    if (!failed_.load(std::memory_order_acquire)) {
-      if (!wait_ready(op)) return;
-      try {
-        run_host(op);
-      } catch (const Error& error) {
-        record(error, op);
-      } catch (const std::exception& error) {
-        record(Error(ErrorCode::system, error.what()), op);
+      if (pending.empty() && flight.empty()) wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (stopping_) break;
+      while (!queue_.empty()) {
+        pending.push_back(queue_.front());
+        queue_.pop_front();
       }
     }
-    if (stop_.load(std::memory_order_acquire)) return;  // the destructor released every stream
-    device_->set_flag(done_, op.n);
+    // Start, in order, every operation whose input is staged (after a failure: complete at once).
+    bool moved = false;
+    while (!pending.empty()) {
+      const Operation& op = pending.front();
+      const bool failed = failed_.load(std::memory_order_acquire);
+      if (!failed && op.waits && !reached(device::Device::load_flag(op.ready), op.n)) break;
+      InFlight f{op, {}, std::chrono::steady_clock::now()};
+      if (!failed) {
+        try {
+          f.request = start_host(op);
+        } catch (const Error& error) {
+          record(error, op);
+        }
+      }
+      flight.push_back(std::move(f));
+      pending.pop_front();
+      moved = true;
+    }
+    // Complete the oldest, in order: done is raised in order of n.
+    if (!flight.empty()) {
+      InFlight& f = flight.front();
+      bool complete = true;
+      try {
+        // Blocks (woken by completion) only when nothing is left to start.
+        complete = f.request.wait_for(pending.empty() ? completion_slice : std::chrono::milliseconds(0), f.started);
+      } catch (const Error& error) {
+        record(error, f.op);
+      } catch (const std::exception& error) {
+        record(Error(ErrorCode::system, error.what()), f.op);
+      }
+      if (complete) {
+        if (stop_.load(std::memory_order_acquire)) break;  // the destructor released every stream
+        device_->set_flag(done_, f.op.n);
+        flight.pop_front();
+        moved = true;
+      }
+    }
+    if (moved) {
+      nap = std::chrono::microseconds{1};
+    } else if (!pending.empty()) {
+      // Naps that grow to 100 µs: a stream that is busy for long costs the host almost nothing.
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds{100});
+    }
+  }
+  drain(flight);
+}
+
+void HostTransfer::drain(std::deque<InFlight>& flight) {
+  for (InFlight& f : flight) {
+    try {
+      // The operation's own timeout (counted from its start) ends this wait, not the hour.
+      f.request.wait_for(std::chrono::hours(1), f.started);
+    } catch (const std::exception&) {
+      // Stopping: the streams are released already, and nobody is left to raise it to.
+    }
   }
 }
 
-bool HostTransfer::wait_ready(const Operation& op) const {
-  // Naps that grow to 100 µs: a stream that is busy for long costs the host almost nothing.
-  std::chrono::microseconds nap{1};
-  while (!reached(device::Device::load_flag(op.ready), op.n)) {
-    if (stop_.load(std::memory_order_acquire)) return false;
-    std::this_thread::sleep_for(nap);
-    nap = std::min(nap * 2, std::chrono::microseconds{100});
-  }
-  return true;
-}
-
-void HostTransfer::run_host(const Operation& op) {
-  const DeviceCall& c = op.call;
+tutti::Request HostTransfer::start_host(const Operation& op) {
+  const DeviceCall& dc = op.call;
+  const tutti::detail::Call& c = dc.call;
+  std::byte* data = op.data + op.offset;
+  if (dc.kind == DeviceCall::Kind::send) return host_.isend(data, c.count, c.type, dc.peer, dc.tag);
+  if (dc.kind == DeviceCall::Kind::recv) return host_.irecv(data, c.count, c.type, dc.peer, dc.tag);
   const std::size_t block = c.count * size_of(c.type);
-  tutti::Request request;
+  const auto p = static_cast<std::size_t>(host_.size());
   switch (c.collective) {
     case Collective::allreduce:
-      request = host_.iallreduce(op.data, op.data, c.count, c.type, *c.op, c.options);
-      break;
+      return host_.iallreduce(data, data, c.count, c.type, *c.op, c.options);
+    case Collective::reduce:
+      return host_.ireduce(data, data, c.count, c.type, *c.op, c.root, c.options);
     case Collective::broadcast:
-      request = host_.ibroadcast(op.data, c.count, c.type, c.root, c.options);
-      break;
+      return host_.ibroadcast(data, c.count, c.type, c.root, c.options);
     case Collective::allgather:
-      request = host_.iallgather(op.data + static_cast<std::size_t>(host_.rank()) * block, op.data, c.count, c.type,
-                                 c.options);
-      break;
+      return host_.iallgather(data + static_cast<std::size_t>(host_.rank()) * block, data, c.count, c.type, c.options);
     case Collective::reduce_scatter:
-      request = host_.ireduce_scatter(op.data, op.data, c.count, c.type, *c.op, c.options);
-      break;
+      return host_.ireduce_scatter(data, data, c.count, c.type, *c.op, c.options);
+    case Collective::alltoall:
+      return host_.ialltoall(data, data + p * block, c.count, c.type, c.options);
+    case Collective::barrier:
+      return host_.ibarrier(c.options);
     default:
-      throw Error(ErrorCode::unsupported, std::string(to_string(c.collective)) + " is not a gpu collective yet");
+      throw Error(ErrorCode::unsupported, std::string(to_string(c.collective)) + " is not a gpu collective");
   }
-  // One wait, so that the operation's own deadline applies (Request::wait_for measures from each
-  // call) and the host's timeout handling (naming the late ranks, aborting for all) runs.
-  request.wait();
 }
 
 void HostTransfer::record(const Error& error, const Operation& op) {
   std::lock_guard lock(mutex_);
   if (failure_) return;  // the first failure wins
-  failure_.emplace(error.code(), "tutti::gpu: " + std::string(to_string(op.call.collective)) + " (operation " +
+  failure_.emplace(error.code(), "tutti::gpu: " + std::string(name_of(op.call)) + " (operation " +
                                      std::to_string(op.n) + ") failed: " + error.what());
   failed_.store(true, std::memory_order_release);
 }

@@ -4,21 +4,32 @@
 //
 // Operation n (numbered from 1 in host-call order) on stream S:
 //   S (enqueued by `enqueue`, which returns at once)   progress thread (in order of n)
-//   1. copy device input -> pinned staging              waits (short naps, never spinning hot)
-//   2. write_value(staging.ready, n)                  ->   until load_flag(staging.ready) >= n
-//   3. wait_value(done, n)                                runs the host collective in place on the
-//                                                         staging, with the private host communicator
+//   1. copy device input -> pinned staging              watches (short naps, never spinning hot)
+//   2. write_value(staging.ready[i], n)               ->   until load_flag(ready[i]) >= n, then
+//   3. wait_value(done, n)                                starts the host collective (nonblocking)
+//                                                         on the staging, with the private host
+//                                                         communicator; once it completed:
 //   4. copy staging -> device output                  <-   set_flag(done, n)
 //   5. record(staging.event)  (the staging is reused once this event completed)
-// The ready flag lives in the staging buffer (each operation has its own: two streams may reach
-// step 2 out of order); `done` is one word per communicator, raised in order of n.
+// A large allreduce, reduce or broadcast is pipelined: it is cut into chunks, each its own
+// operation number with its own ready word, and the stream enqueues every chunk's steps 1-2 before
+// the first chunk's steps 3-4, so that copies in, host collectives and copies back overlap.
+// The thread starts every operation whose input is staged (in order) while earlier ones are still
+// in flight. An operation that takes no input on this rank (a receive, a broadcast's non-root)
+// does not wait for its ready word: its host side only fills the staging, which the stream copies
+// out after `done`, so starting it early is invisible, and a send followed by a receive on one
+// stream does not wait for the peer's send to complete first (which would deadlock a ring).
+// A barrier has no input but waits: it is what orders the streams.
+// The ready words live in the staging header (two streams may reach step 2 out of order); `done`
+// is one word per communicator, raised in order of n.
 // Failures: the first host collective that throws is recorded; `done` is still raised, and every
 // later queued operation is completed at once (done raised, no host collective), so no stream is
 // ever left waiting. The destructor raises `done` to the last number issued before it stops the
-// thread (which takes at most as long as a host collective in flight takes to end or time out).
+// thread (which waits for host collectives in flight at most until their own timeouts).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -35,8 +46,34 @@
 
 namespace tutti::gpu::detail {
 
-/// One collective as the host call describes it (validated before it is enqueued).
-using DeviceCall = tutti::detail::Call;
+/// One operation as the host call describes it (validated before it is enqueued): a collective
+/// (`call`), or a point-to-point send or receive of call.send / call.recv with `peer` and `tag`.
+struct DeviceCall {
+  enum class Kind { collective, send, recv };
+  Kind kind = Kind::collective;
+  tutti::detail::Call call;
+  int peer = -1;
+  int tag = 0;
+};
+
+/// What the stream copies in and out of the staging for one operation, and what is pipelined.
+struct Layout {
+  std::size_t staged = 0;    // staging data bytes
+  const void* in = nullptr;  // copied to data + in_offset (nullptr: nothing copied in)
+  std::size_t in_offset = 0;
+  std::size_t in_bytes = 0;
+  void* out = nullptr;  // receives data + out_offset (nullptr: nothing copied out)
+  std::size_t out_offset = 0;
+  std::size_t out_bytes = 0;
+  bool elementwise = false;  // element i of the result depends only on element i: may be chunked
+};
+
+/// The layout of `call` on rank `rank` of `size`.
+Layout layout_of(const DeviceCall& call, int rank, int size);
+
+/// How many chunks an operation of `bytes` is cut into (1: not pipelined); `chunk_bytes` gets the
+/// size of every chunk but the last, a multiple of `element`.
+std::size_t chunks_of(std::size_t bytes, std::size_t element, std::size_t& chunk_bytes);
 
 class HostTransfer {
  public:
@@ -52,29 +89,40 @@ class HostTransfer {
   /// Enqueues `call` on `stream` (the protocol above); returns at once.
   void enqueue(const DeviceCall& call, device::Stream stream);
 
+  /// At most this many chunks per operation (one ready word each in the staging header).
+  static constexpr std::size_t max_chunks = 64;
+
  private:
+  static constexpr std::size_t header_bytes = max_chunks * sizeof(std::uint32_t);  // 256: data stays aligned
   struct Staging {
-    std::byte* memory = nullptr;  // header (the ready flag) then data
+    std::byte* memory = nullptr;  // header (the ready words) then data
     std::size_t capacity = 0;     // data bytes
     device::Event event;          // recorded after the copy back: complete = free to reuse
-    std::uint32_t* ready() const { return reinterpret_cast<std::uint32_t*>(memory); }
+    std::uint32_t* ready(std::size_t chunk) const { return reinterpret_cast<std::uint32_t*>(memory) + chunk; }
     std::byte* data() const { return memory + header_bytes; }
   };
-  /// What the progress thread runs for operation n: the host collective on the staging.
+  /// What the progress thread runs for operation n: the host side of one chunk on the staging.
   struct Operation {
     std::uint32_t n = 0;
-    DeviceCall call;
+    DeviceCall call;         // count and offset are the chunk's
+    std::size_t offset = 0;  // of the chunk, in bytes, within the staged data
+    bool waits = true;       // for its ready word (false: nothing to stage on this rank)
     const std::uint32_t* ready = nullptr;
     std::byte* data = nullptr;
   };
-  static constexpr std::size_t header_bytes = 256;  // keeps the data 256-byte aligned
+  /// An operation whose host collective is in flight (or that completes without one).
+  struct InFlight {
+    Operation op;
+    tutti::Request request;
+    std::chrono::steady_clock::time_point started;
+  };
 
   Staging& take_staging(std::size_t bytes);
   void run();
-  /// Waits until the operation's input is staged; false if stopped first.
-  bool wait_ready(const Operation& op) const;
-  /// Runs the host collective to its end (done, failed or timed out).
-  void run_host(const Operation& op);
+  /// Starts operation `op`'s host side; an empty request when it has none.
+  tutti::Request start_host(const Operation& op);
+  /// Waits for the host collectives still in flight, each at most until its own timeout.
+  void drain(std::deque<InFlight>& flight);
   void record(const Error& error, const Operation& op);
 
   std::shared_ptr<device::Device> device_;

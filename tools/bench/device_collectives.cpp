@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "core/names.hpp"
+
 namespace tutti::bench {
 
 namespace {
@@ -19,12 +21,14 @@ constexpr DeviceCollective table[] = {
                                const Options& o) { g.allgather(send, recv, c.count, c.type, s, o); }},
     {Collective::broadcast, [](gpu::Communicator& g, const Case& c, const void*, void* recv, gpu::Stream s,
                                const Options& o) { g.broadcast(recv, c.count, c.type, c.root, s, o); }},
+    {Collective::reduce, [](gpu::Communicator& g, const Case& c, const void* send, void* recv, gpu::Stream s,
+                            const Options& o) { g.reduce(send, recv, c.count, c.type, c.op, c.root, s, o); }},
+    {Collective::alltoall, [](gpu::Communicator& g, const Case& c, const void* send, void* recv, gpu::Stream s,
+                              const Options& o) { g.alltoall(send, recv, c.count, c.type, s, o); }},
 };
 
-// The backends gpu::Communicator has. It has no backend choice yet (host_transfer is its only
-// backend, and the Options it gets go to the host collective that moves the data), so automatic
-// and host_transfer leave Options as they are. When it reads its backend from
-// Options::algorithm, add the new names here and set `options.algorithm` in device_options.
+// The backends gpu::Communicator has (Options::algorithm picks one); the others are refused here
+// with the list, before any rank enqueues.
 constexpr std::string_view available_backends[] = {"automatic", "host_transfer"};
 constexpr std::string_view known_backends[] = {"automatic", "host_transfer", "ipc", "nccl"};
 
@@ -67,7 +71,7 @@ void check_backend(const std::string& backend) {
 
 Options device_options(const std::string& backend) {
   check_backend(backend);
-  return Options{};  // no backend to choose yet: see available_backends
+  return Options{.algorithm = *core::algorithm_from_name(backend)};
 }
 
 }  // namespace tutti::bench

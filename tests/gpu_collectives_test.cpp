@@ -1,0 +1,317 @@
+// gpu::Communicator beyond the first four collectives, on the emulated device (label emulated):
+// reduce, alltoall, barrier, send/recv, the pipelined (chunked) path of large elementwise
+// collectives, and the backend choice through Options::algorithm. Results are checked exactly on
+// every element of every rank; stream order is checked with flags, never with timings.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpu/host_transfer.hpp"
+#include "gpu_harness.hpp"
+
+namespace {
+
+using namespace tutti::testing::gpu;
+using tutti::Algorithm;
+using tutti::testing::error_code_of;
+using tutti::testing::input_value;
+using tutti::testing::reference_reduction;
+
+const Bytes& poison_of(std::size_t bytes) {
+  static thread_local Bytes poison;
+  if (poison.size() < bytes) poison.assign(bytes, std::byte{tutti::testing::poison});
+  return poison;
+}
+
+// Every root and op; the result only on the root, and a non-root's recv left untouched.
+void reduce_case(tutti::gpu::Communicator& gpu, Stream stream, DataType type, ReduceOp op, std::size_t count) {
+  const int p = gpu.size(), r = gpu.rank();
+  const Bytes input = values(type, count, [&](std::size_t i) { return input_value(type, op, r, i); });
+  const Bytes expected = values(type, count, [&](std::size_t i) { return reference_reduction(type, op, p, i); });
+  DeviceBuffer send(gpu, input.size()), recv(gpu, input.size());
+  for (int root = 0; root < p; ++root) {
+    Bytes result(input.size());
+    gpu.copy(send.data, input.data(), input.size(), stream);
+    gpu.copy(recv.data, poison_of(input.size()).data(), input.size(), stream);
+    gpu.reduce(send.data, recv.data, count, type, op, root, stream, options);
+    gpu.copy(result.data(), recv.data, result.size(), stream);
+    gpu.synchronize(stream, deadline);
+    const std::string what = "reduce " + std::string(tutti::to_string(type)) + " " + std::string(tutti::to_string(op)) +
+                             " root " + std::to_string(root) + " count " + std::to_string(count);
+    if (r == root)
+      expect_equal(result, expected, type, what);
+    else if (result != Bytes(input.size(), std::byte{tutti::testing::poison}))
+      throw std::runtime_error(what + ": a non-root's recv was written");
+  }
+}
+
+TEST(GpuCollectives, ReduceEveryRootTypeAndOp) {
+  for (int p : {1, 2, 3, 4}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int) {
+      const Stream stream = gpu.create_stream();
+      for (DataType type : all_types)
+        for (ReduceOp op : all_ops) reduce_case(gpu, stream, type, op, static_cast<std::size_t>(p + 2));
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{100003}})
+        reduce_case(gpu, stream, DataType::f32, ReduceOp::sum, count);
+      gpu.destroy_stream(stream);
+    });
+  }
+}
+
+TEST(GpuCollectives, AlltoallInAndOutOfPlace) {
+  for (int p : {1, 2, 3, 4}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int r) {
+      const Stream stream = gpu.create_stream();
+      const DataType type = DataType::i32;
+      const auto ps = static_cast<std::size_t>(p);
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, ps + 1, std::size_t{30011}})
+        for (bool in_place : {false, true}) {
+          // Block j of rank r's input holds (r, j, i) in a form every rank can compute.
+          auto element = [&](int from, std::size_t to, std::size_t i) {
+            return static_cast<double>((from * 131 + static_cast<int>(to) * 17 + static_cast<int>(i % 1000)) % 100000);
+          };
+          const Bytes input = values(type, ps * count, [&](std::size_t k) { return element(r, k / count, k % count); });
+          const Bytes expected = values(type, ps * count, [&](std::size_t k) {
+            return element(static_cast<int>(k / count), static_cast<std::size_t>(r), k % count);
+          });
+          DeviceBuffer send(gpu, input.size()), recv(gpu, in_place ? 0 : input.size());
+          void* out = in_place ? send.data : recv.data;
+          Bytes result(input.size());
+          gpu.copy(send.data, input.data(), input.size(), stream);
+          if (!in_place) gpu.copy(out, poison_of(input.size()).data(), input.size(), stream);
+          gpu.alltoall(send.data, out, count, type, stream, options);
+          gpu.copy(result.data(), out, result.size(), stream);
+          gpu.synchronize(stream, deadline);
+          expect_equal(result, expected, type,
+                       "alltoall count " + std::to_string(count) + (in_place ? " in place" : ""));
+        }
+      gpu.destroy_stream(stream);
+    });
+  }
+}
+
+// Allgather in place as MPI_IN_PLACE (send == recv): this rank's block is already at its place.
+TEST(GpuCollectives, AllgatherInPlaceWithSendEqualToRecv) {
+  for (int p : {2, 3}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int r) {
+      const Stream stream = gpu.create_stream();
+      const DataType type = DataType::u32;
+      const std::size_t count = 1001, es = tutti::size_of(type);
+      const auto total = count * static_cast<std::size_t>(p);
+      const Bytes expected = values(type, total, [&](std::size_t i) {
+        return input_value(type, ReduceOp::sum, static_cast<int>(i / count), i % count);
+      });
+      DeviceBuffer recv(gpu, expected.size());
+      Bytes staged = poison_of(expected.size());
+      staged.resize(expected.size());
+      const std::size_t mine = static_cast<std::size_t>(r) * count * es;
+      std::copy(expected.begin() + static_cast<std::ptrdiff_t>(mine),
+                expected.begin() + static_cast<std::ptrdiff_t>(mine + count * es),
+                staged.begin() + static_cast<std::ptrdiff_t>(mine));
+      Bytes result(expected.size());
+      gpu.copy(recv.data, staged.data(), staged.size(), stream);
+      gpu.allgather(recv.data, recv.data, count, type, stream, options);
+      gpu.copy(result.data(), recv.data, result.size(), stream);
+      gpu.synchronize(stream, deadline);
+      expect_equal(result, expected, type, "allgather with send == recv");
+      gpu.destroy_stream(stream);
+    });
+  }
+}
+
+// Work after a barrier on a rank's stream waits until every rank's stream reached the barrier:
+// rank 0's stream is held before it, so every other rank's marker stays unwritten (a bounded wait
+// on their streams runs out) until rank 0 is released.
+TEST(GpuCollectives, BarrierHoldsEveryStreamUntilAllReachIt) {
+  for (int p : {2, 3, 4}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    std::atomic<int> checked{0};
+    std::atomic<std::uint32_t*> hold{nullptr};
+    run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int r) {
+      auto& device = device_of(gpu);
+      const Stream stream = gpu.create_stream();
+      auto* flags = static_cast<std::uint32_t*>(device.allocate_pinned(2 * sizeof(std::uint32_t)));
+      if (r == 0) {
+        device.wait_value(flags, 1, {stream});
+        hold = flags;
+      }
+      gpu.barrier(stream, options);
+      device.write_value(flags + 1, 1, {stream});
+      if (r != 0) {
+        if (error_code_of([&] { gpu.synchronize(stream, 100ms); }) != ErrorCode::timeout)
+          throw std::runtime_error("rank " + std::to_string(r) + " passed the barrier while rank 0 was held");
+        if (device.load_flag(flags + 1) != 0) throw std::runtime_error("the marker after the barrier was written");
+        checked.fetch_add(1);
+      } else {
+        if (!tutti::testing::eventually([&] { return checked.load() == p - 1; }, deadline))
+          throw std::runtime_error("the other ranks did not check");
+        device.set_flag(hold.load(), 1);
+      }
+      gpu.synchronize(stream, deadline);
+      if (device.load_flag(flags + 1) != 1) throw std::runtime_error("the marker after the barrier is unwritten");
+      gpu.check();
+      gpu.destroy_stream(stream);
+      device.free_pinned(flags);
+    });
+  }
+}
+
+// A ring: every rank sends to its right, then receives from its left, on one stream, with
+// messages above any eager limit. Both are posted before either completes, as on the host.
+TEST(GpuCollectives, SendThenRecvAroundARing) {
+  for (int p : {2, 3, 4}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int r) {
+      const Stream stream = gpu.create_stream();
+      const DataType type = DataType::f64;
+      const int right = (r + 1) % p, left = (r + p - 1) % p;
+      for (std::size_t count : {std::size_t{1}, std::size_t{1} << 20}) {
+        const Bytes mine = values(type, count, [&](std::size_t i) { return input_value(type, ReduceOp::sum, r, i); });
+        const Bytes expected =
+            values(type, count, [&](std::size_t i) { return input_value(type, ReduceOp::sum, left, i); });
+        DeviceBuffer out(gpu, mine.size()), in(gpu, mine.size());
+        Bytes result(mine.size());
+        gpu.copy(out.data, mine.data(), mine.size(), stream);
+        gpu.copy(in.data, poison_of(mine.size()).data(), mine.size(), stream);
+        gpu.send(out.data, count, type, right, stream, 7);
+        gpu.recv(in.data, count, type, left, stream, 7);
+        gpu.copy(result.data(), in.data, result.size(), stream);
+        gpu.synchronize(stream, deadline);
+        expect_equal(result, expected, type, "recv from rank " + std::to_string(left));
+      }
+      gpu.check();
+      gpu.destroy_stream(stream);
+    });
+  }
+}
+
+TEST(GpuCollectives, PointToPointArgumentsAreChecked) {
+  run_gpu_ranks(2, [&](tutti::gpu::Communicator& gpu, int) {
+    const Stream stream = gpu.create_stream();
+    DeviceBuffer data(gpu, 64);
+    std::vector<std::byte> host(64);
+    const auto expect_invalid = [&](const std::string& what, const std::function<void()>& call) {
+      std::string message;
+      if (error_code_of(call, &message) != ErrorCode::invalid_argument)
+        throw std::runtime_error(what + ": not invalid_argument: " + message);
+    };
+    expect_invalid("peer", [&] { gpu.send(data.data, 4, DataType::f32, 2, stream); });
+    expect_invalid("negative peer", [&] { gpu.recv(data.data, 4, DataType::f32, -1, stream); });
+    expect_invalid("tag", [&] { gpu.send(data.data, 4, DataType::f32, 0, stream, -3); });
+    expect_invalid("host memory", [&] { gpu.send(host.data(), 4, DataType::f32, 0, stream); });
+    expect_invalid("null", [&] { gpu.recv(nullptr, 4, DataType::f32, 0, stream); });
+    expect_invalid("too long", [&] { gpu.recv(data.data, 17, DataType::f32, 0, stream); });
+    gpu.check();  // nothing was enqueued, nothing failed
+    gpu.destroy_stream(stream);
+  });
+}
+
+TEST(GpuCollectives, ChunksOfAPipelinedOperation) {
+  using tutti::gpu::detail::chunks_of;
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  std::size_t chunk = 0;
+  EXPECT_EQ(chunks_of(8 * MiB - 4, 4, chunk), 1u);
+  EXPECT_EQ(chunk, 8 * MiB - 4);
+  EXPECT_EQ(chunks_of(8 * MiB, 4, chunk), 2u);
+  EXPECT_EQ(chunk, 4 * MiB);
+  EXPECT_EQ(chunks_of(12 * MiB + 8, 8, chunk), 4u);  // 3 of 4 MiB and one of 8 bytes
+  EXPECT_EQ(chunk, 4 * MiB);
+  EXPECT_EQ(chunks_of(1024 * MiB, 2, chunk), 64u);  // at most 64: 16 MiB each
+  EXPECT_EQ(chunk, 16 * MiB);
+  EXPECT_EQ(chunks_of(1024 * MiB + 6, 6, chunk), 64u);  // a multiple of the element size
+  EXPECT_EQ(chunk % 6, 0u);
+  EXPECT_GE(chunk * 64, 1024 * MiB + 6);
+}
+
+// 3 Mi elements of f32 (12 MiB, three chunks) and of f64 (24 MiB): allreduce in and out of
+// place, broadcast from the last rank, reduce to rank 0, on one stream back to back.
+TEST(GpuCollectives, PipelinedLargeElementwiseCollectives) {
+  for (int p : {2, 3}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int r) {
+      const Stream stream = gpu.create_stream();
+      for (DataType type : {DataType::f32, DataType::f64}) {
+        const std::size_t count = std::size_t{3} << 20;
+        const Bytes input = values(type, count, [&](std::size_t i) { return input_value(type, ReduceOp::sum, r, i); });
+        const Bytes sum =
+            values(type, count, [&](std::size_t i) { return reference_reduction(type, ReduceOp::sum, p, i); });
+        const Bytes root_input =
+            values(type, count, [&](std::size_t i) { return input_value(type, ReduceOp::sum, p - 1, i); });
+        DeviceBuffer a(gpu, input.size()), b(gpu, input.size()), c(gpu, input.size());
+        Bytes out_of_place(input.size()), in_place(input.size()), broadcast(input.size()), reduced(input.size());
+        gpu.copy(a.data, input.data(), input.size(), stream);
+        gpu.copy(b.data, poison_of(input.size()).data(), input.size(), stream);
+        gpu.allreduce(a.data, b.data, count, type, ReduceOp::sum, stream, options);
+        gpu.copy(out_of_place.data(), b.data, input.size(), stream);
+        gpu.allreduce(a.data, a.data, count, type, ReduceOp::sum, stream, options);
+        gpu.copy(in_place.data(), a.data, input.size(), stream);
+        gpu.copy(c.data, (r == p - 1 ? root_input : poison_of(input.size())).data(), input.size(), stream);
+        gpu.broadcast(c.data, count, type, p - 1, stream, options);
+        gpu.copy(broadcast.data(), c.data, input.size(), stream);
+        gpu.copy(a.data, input.data(), input.size(), stream);
+        gpu.reduce(a.data, b.data, count, type, ReduceOp::sum, 0, stream, options);
+        gpu.copy(reduced.data(), b.data, input.size(), stream);
+        gpu.synchronize(stream, deadline);
+        gpu.check();
+        const std::string what(tutti::to_string(type));
+        expect_equal(out_of_place, sum, type, what + " allreduce out of place");
+        expect_equal(in_place, sum, type, what + " allreduce in place");
+        expect_equal(broadcast, root_input, type, what + " broadcast");
+        if (r == 0) expect_equal(reduced, sum, type, what + " reduce");
+      }
+      gpu.destroy_stream(stream);
+    });
+  }
+}
+
+// Options::algorithm: host_transfer by name or a host algorithm for its host collective both
+// run; a backend this build lacks is Error(unsupported) from the call and enqueues nothing (the
+// next operation's numbering is intact on every rank). A host algorithm the host collective
+// refuses (bruck has no allreduce) fails there: the stream is released and check() raises it.
+TEST(GpuCollectives, BackendFromOptions) {
+  run_gpu_ranks(2, [&](tutti::gpu::Communicator& gpu, int r) {
+    const Stream stream = gpu.create_stream();
+    const DataType type = DataType::i32;
+    const std::size_t count = 300;
+    const Bytes input = values(type, count, [&](std::size_t i) { return input_value(type, ReduceOp::sum, r, i); });
+    const Bytes expected =
+        values(type, count, [&](std::size_t i) { return reference_reduction(type, ReduceOp::sum, 2, i); });
+    DeviceBuffer data(gpu, input.size());
+    for (Algorithm algorithm :
+         {Algorithm::automatic, Algorithm::host_transfer, Algorithm::ring, Algorithm::recursive_doubling}) {
+      for (Algorithm missing : {Algorithm::ipc, Algorithm::nccl}) {
+        std::string message;
+        if (error_code_of(
+                [&] {
+                  gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, {missing, options.timeout});
+                },
+                &message) != tutti::ErrorCode::unsupported ||
+            message.find(std::string(tutti::to_string(missing))) == std::string::npos)
+          throw std::runtime_error("backend " + std::string(tutti::to_string(missing)) + ": " + message);
+      }
+      Bytes result(input.size());
+      gpu.copy(data.data, input.data(), input.size(), stream);
+      gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, {algorithm, options.timeout});
+      gpu.copy(result.data(), data.data, result.size(), stream);
+      gpu.synchronize(stream, deadline);
+      expect_equal(result, expected, type, "algorithm " + std::string(tutti::to_string(algorithm)));
+    }
+    gpu.check();
+    gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, {Algorithm::bruck, options.timeout});
+    gpu.synchronize(stream, deadline);  // released
+    std::string message;
+    if (error_code_of([&] { gpu.check(); }, &message) != tutti::ErrorCode::unsupported ||
+        message.find("bruck") == std::string::npos)
+      throw std::runtime_error("bruck: " + message);
+    gpu.destroy_stream(stream);
+  });
+}
+
+}  // namespace
