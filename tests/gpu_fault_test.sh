@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# A rank killed with kill -9 releases the other ranks' GPU streams with peer_failure: real
+# processes under tutti-run, each with an emulated device.
+# Usage: gpu_fault_test.sh TUTTI_RUN GPU_FAULT_RANK
+# (shared memory at p = 2 and 4, a pipelined count, a forced ring; and a tcp case at p = 2 and 4)
+#
+# Each case runs GPU_FAULT_RANK (tests/gpu_fault_rank.cpp says what every rank does) at p ranks,
+# waits until the last rank (the victim) and every survivor are ready, kills the victim with
+# SIGKILL, and writes the kill's time where the survivors read it. tutti-run reports the victim
+# and gives the survivors its grace period (10 s) to finish; they need well under a second.
+# Checked: every survivor's stream released and peer_failure raised, naming the victim, at most
+# 5 s after the kill (hang detection, not a speed check: the host timeout is 30 s); tutti-run exits
+# 137; and afterwards no process, /dev/shm segment or store directory of the job is left.
+# Each run is bounded by `timeout` (60 s), the whole test by 9 runs of that.
+set -u
+run=$1 program=$2
+bound_ms=5000
+passed=0 failed=0
+check() { # NAME WHY-IF-NOT RESULT(0=ok)
+  if [[ $3 -eq 0 ]]; then
+    echo "ok   $1"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $1: $2"
+    failed=$((failed + 1))
+  fi
+}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# Waits for FILE to exist, until SECONDS reaches DEADLINE.
+await() {
+  while ((SECONDS < $2)); do
+    [[ -e $1 ]] && return 0
+    sleep 0.01
+  done
+  [[ -e $1 ]]
+}
+# Whether PID is gone or a zombie (dead, not yet reaped by tutti-run).
+dead() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  [[ ${stat##*) } == Z* ]]
+}
+
+# case_ TRANSPORT MODE RANKS COUNT [ALGORITHM]: ALGORITHM forces the host allreduce's (TUTTI_ALGO).
+case_() {
+  local transport=$1 mode=$2 n=$3 count=$4 algorithm=${5:-}
+  local name="$transport $mode p=$n count=$count${algorithm:+ $algorithm}" dir out job status r victim_pid killed i
+  local algo_env=()
+  [[ -n $algorithm ]] && algo_env=("TUTTI_ALGO=allreduce:$algorithm")
+  dir=$(mktemp -d "$work/run.XXXXXX")
+  out=$dir.out
+  mkdir "$dir/tmp"
+  env TMPDIR="$dir/tmp" "${algo_env[@]}" timeout -s KILL 60 "$run" -n "$n" --transport "$transport" \
+    --timeout-ms 30000 --grace-period 10 \
+    "$program" "$mode" "$dir" "$count" >"$out" 2>&1 &
+  job=$!
+  local ready=0 deadline=$((SECONDS + 30))
+  await "$dir/victim" $deadline || ready=1
+  for ((r = 0; r < n - 1; r++)); do await "$dir/ready.$r" $deadline || ready=1; done
+  check "$name: every rank ready" "$(cat "$out")" $ready
+  victim_pid=$(cat "$dir/rank.$((n - 1))" 2>/dev/null)
+  if [[ -n $victim_pid ]]; then
+    killed=$(date +%s%N)
+    kill -9 "$victim_pid"
+    for ((i = 0; i < 500; i++)); do
+      dead "$victim_pid" && break
+      sleep 0.01
+    done
+    echo "$killed" >"$dir/.killed.tmp" && mv "$dir/.killed.tmp" "$dir/killed"
+  fi
+  wait "$job"
+  status=$?
+  local text
+  text=$(cat "$out")
+  check "$name: tutti-run exits 137 (the victim's SIGKILL)" "status $status; output:
+$text" "$([[ $status -eq 137 ]] && echo 0 || echo 1)"
+  check "$name: tutti-run names the killed rank" "$text" \
+    "$(grep -qE "rank $((n - 1)) .*(killed by signal 9|SIGKILL)" <<<"$text" && echo 0 || echo 1)"
+  local pass ok=0 times=""
+  for ((r = 0; r < n - 1; r++)); do
+    pass=$(grep -E "rank $r: PASS released [0-9]+ ms after the kill.*: peer_failure: .*rank $((n - 1))" <<<"$text")
+    if [[ -z $pass ]]; then
+      ok=1
+      continue
+    fi
+    local ms
+    ms=$(sed -E 's/.*released ([0-9]+) ms after the kill.*/\1/' <<<"$pass")
+    times+=" ${ms}"
+    [[ $ms -le $bound_ms ]] || ok=1
+  done
+  grep -q "FAIL" <<<"$text" && ok=1
+  check "$name: every survivor released with peer_failure within $bound_ms ms (ms after the kill:$times)" \
+    "output:
+$text" $ok
+  sleep 0.2
+  local job_id left=""
+  job_id=$(cat "$dir/victim" 2>/dev/null)
+  for f in "$dir"/rank.*; do
+    [[ -e $f ]] || continue
+    local pid
+    pid=$(cat "$f")
+    if kill -0 "$pid" 2>/dev/null; then
+      left+=" process $pid"
+      kill -9 "$pid"
+    fi
+  done
+  if [[ -n $job_id ]] && compgen -G "/dev/shm/tutti-$job_id*" >/dev/null; then
+    left+=" $(echo /dev/shm/tutti-"$job_id"*)"
+    rm -f /dev/shm/tutti-"$job_id"*
+  fi
+  compgen -G "$dir/tmp/tutti-*" >/dev/null && left+=" $(echo "$dir"/tmp/tutti-*)"
+  [[ -n $job_id ]] || left+=" (job id unknown)"
+  check "$name: nothing left behind" "$left" "$([[ -z $left ]] && echo 0 || echo 1)"
+  grep -E "PASS|FAIL" <<<"$text" | sed 's/^/     /'
+}
+
+for n in 2 4; do
+  case_ shm waiting "$n" 1000
+  case_ shm held "$n" 1000
+done
+# A pipelined allreduce (3 chunks, each its own operation): the chunks behind the failed one are
+# released too.
+case_ shm waiting 4 3000017
+case_ shm held 2 3000017
+# The ring over shm's messages, where a survivor may wait for another survivor rather than for
+# the victim; and the tcp transport.
+case_ shm waiting 4 1000 ring
+case_ tcp waiting 4 1000
+case_ tcp held 2 1000
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
