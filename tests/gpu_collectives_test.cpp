@@ -271,9 +271,10 @@ TEST(GpuCollectives, PipelinedLargeElementwiseCollectives) {
   }
 }
 
-// Options::algorithm: host_transfer by name or a host algorithm for its host collective both
-// run; a backend this build lacks is Error(unsupported) from the call and enqueues nothing (the
-// next operation's numbering is intact on every rank). A host algorithm the host collective
+// Options::algorithm: host_transfer or ipc by name, or a host algorithm for host_transfer's host
+// collective, all run; a backend this build lacks (nccl), or ipc for a collective it does not
+// have, is Error(unsupported) from the call and enqueues nothing (the next operation's numbering
+// is intact on every rank). A host algorithm the host collective
 // refuses (bruck has no allreduce) fails there: the stream is released and check() raises it.
 TEST(GpuCollectives, BackendFromOptions) {
   run_gpu_ranks(2, [&](tutti::gpu::Communicator& gpu, int r) {
@@ -284,9 +285,9 @@ TEST(GpuCollectives, BackendFromOptions) {
     const Bytes expected =
         values(type, count, [&](std::size_t i) { return reference_reduction(type, ReduceOp::sum, 2, i); });
     DeviceBuffer data(gpu, input.size());
-    for (Algorithm algorithm :
-         {Algorithm::automatic, Algorithm::host_transfer, Algorithm::ring, Algorithm::recursive_doubling}) {
-      for (Algorithm missing : {Algorithm::ipc, Algorithm::nccl}) {
+    for (Algorithm algorithm : {Algorithm::automatic, Algorithm::host_transfer, Algorithm::ipc, Algorithm::ring,
+                                Algorithm::recursive_doubling}) {
+      for (Algorithm missing : {Algorithm::nccl}) {
         std::string message;
         if (error_code_of(
                 [&] {
@@ -296,6 +297,14 @@ TEST(GpuCollectives, BackendFromOptions) {
             message.find(std::string(tutti::to_string(missing))) == std::string::npos)
           throw std::runtime_error("backend " + std::string(tutti::to_string(missing)) + ": " + message);
       }
+      std::string message;
+      if (error_code_of(
+              [&] {
+                gpu.alltoall(data.data, data.data, 1, type, stream, {Algorithm::ipc, options.timeout});
+              },
+              &message) != tutti::ErrorCode::unsupported ||
+          message.find("ipc") == std::string::npos)
+        throw std::runtime_error("alltoall on ipc: " + message);
       Bytes result(input.size());
       gpu.copy(data.data, input.data(), input.size(), stream);
       gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, {algorithm, options.timeout});
@@ -311,6 +320,41 @@ TEST(GpuCollectives, BackendFromOptions) {
         message.find("bruck") == std::string::npos)
       throw std::runtime_error("bruck: " + message);
     gpu.destroy_stream(stream);
+  });
+}
+
+// ipc: every rank called the collective, but rank 1's stream never reaches it (held by a flag
+// the test raises only at the end). Rank 0's watchdog times out after the operation's timeout,
+// counted from when its own stream reached it, names rank 1, and releases every rank's stream;
+// rank 1 learns the failure from the shared failure word. Both raise timeout.
+TEST(GpuCollectives, IpcStreamThatNeverArrivesTimesOutOnEveryRank) {
+  std::atomic<bool> rank0_done{false};
+  run_gpu_ranks(2, [&](tutti::gpu::Communicator& gpu, int r) {
+    auto& device = device_of(gpu);
+    const Stream stream = gpu.create_stream();
+    auto* hold = static_cast<std::uint32_t*>(device.allocate_pinned(sizeof(std::uint32_t)));
+    DeviceBuffer data(gpu, 64 * 4);
+    if (r == 1) device.wait_value(hold, 1, {stream});
+    gpu.allreduce(data.data, data.data, 64, DataType::f32, ReduceOp::sum, stream,
+                  {Algorithm::ipc, std::chrono::milliseconds(300)});
+    std::string message;
+    if (r == 0) {
+      gpu.synchronize(stream, deadline);  // released: Error(timeout) from synchronize itself if not
+      const ErrorCode code = error_code_of([&] { gpu.check(); }, &message);
+      rank0_done = true;
+      if (code != ErrorCode::timeout || message.find("rank(s) 1") == std::string::npos)
+        throw std::runtime_error("rank 0: " + message);
+    } else {
+      if (!tutti::testing::eventually([&] { return rank0_done.load(); }, deadline))
+        throw std::runtime_error("rank 0 did not finish");
+      if (!tutti::testing::eventually([&] { return error_code_of([&] { gpu.check(); }) == ErrorCode::timeout; },
+                                      deadline))
+        throw std::runtime_error("rank 1 did not learn the failure");
+      device.set_flag(hold, 1);
+      gpu.synchronize(stream, deadline);
+    }
+    gpu.destroy_stream(stream);
+    device.free_pinned(hold);
   });
 }
 

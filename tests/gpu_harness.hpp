@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
@@ -31,7 +32,16 @@ using tutti::testing::reference_reduction;
 using namespace std::chrono_literals;
 
 inline constexpr auto deadline = 60s;  // only a hang reaches it
-inline const tutti::Options options{.timeout = std::chrono::milliseconds(30000)};
+// The backend the collective tests ask for: TUTTI_TEST_GPU_BACKEND (host_transfer or ipc; ctest
+// runs the binaries once per backend), else automatic (which takes ipc where it serves the call).
+inline tutti::Algorithm test_backend() {
+  const char* name = std::getenv("TUTTI_TEST_GPU_BACKEND");
+  if (name == nullptr || *name == '\0') return tutti::Algorithm::automatic;
+  if (std::string(name) == "host_transfer") return tutti::Algorithm::host_transfer;
+  if (std::string(name) == "ipc") return tutti::Algorithm::ipc;
+  throw std::invalid_argument(std::string("TUTTI_TEST_GPU_BACKEND: unknown backend ") + name);
+}
+inline const tutti::Options options{.algorithm = test_backend(), .timeout = std::chrono::milliseconds(30000)};
 
 inline constexpr DataType all_types[] = {DataType::i8,  DataType::u8,  DataType::i32,  DataType::u32, DataType::i64,
                                          DataType::u64, DataType::f16, DataType::bf16, DataType::f32, DataType::f64};

@@ -43,6 +43,12 @@ struct Event {
 
 enum class Kind { emulated, cuda };
 
+/// Names a shared device allocation to other processes on this host (allocate_shared): on CUDA a
+/// cudaIpcMemHandle_t, on the emulated device the owner's pid and memfd.
+struct IpcHandle {
+  std::byte bytes[64] = {};
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -72,6 +78,21 @@ class Device {
   /// Whether `pointer` lies in device memory (anywhere inside an allocation; on CUDA also managed
   /// memory and peers' memory opened through IPC). Pinned host memory is not device memory.
   virtual bool is_device_pointer(const void* pointer) const = 0;
+
+  // ---- sharing between processes of one host (the ipc backend) ----
+
+  /// Like allocate, and `handle` names the memory to other processes (open_shared). Freed with
+  /// free; processes that opened it must close it first.
+  virtual void* allocate_shared(std::size_t bytes, IpcHandle& handle) = 0;
+  /// Maps the `bytes` a peer's allocate_shared named (this process's own handle works too, at
+  /// another address): device memory here until close_shared. Error(system) if it cannot.
+  virtual void* open_shared(const IpcHandle& handle, std::size_t bytes) = 0;
+  /// Unmaps what open_shared returned; the owner's memory is untouched.
+  virtual void close_shared(void* pointer) = 0;
+  /// Makes `bytes` of ordinary host memory at `pointer` (say, a shared-memory mapping several
+  /// processes see) usable as pinned memory: stream copies and flags. Until unregister_pinned.
+  virtual void register_pinned(void* pointer, std::size_t bytes) = 0;
+  virtual void unregister_pinned(void* pointer) = 0;
 
   // ---- streams ----
 

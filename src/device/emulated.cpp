@@ -1,12 +1,17 @@
 #include "device/emulated.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "device/checks.hpp"
 #include "reduce/reduce.hpp"
@@ -31,8 +36,17 @@ EmulatedDevice::~EmulatedDevice() {
     streams.swap(streams_);
   }
   for (auto& [handle, worker] : streams) worker->close();
-  for (auto& [first, allocation] : allocations_)
-    if (allocation.memory != Memory::adopted) std::free(reinterpret_cast<void*>(first));
+  for (auto& [first, allocation] : allocations_) release(first, allocation);
+}
+
+void EmulatedDevice::release(std::uintptr_t first, const Allocation& allocation) {
+  if (allocation.memory == Memory::adopted) return;
+  if (allocation.mapped == 0) {
+    std::free(reinterpret_cast<void*>(first));
+    return;
+  }
+  munmap(reinterpret_cast<void*>(first), allocation.mapped);
+  if (allocation.fd >= 0) close(allocation.fd);
 }
 
 // ---- memory ----
@@ -53,15 +67,92 @@ void* EmulatedDevice::allocate_as(std::size_t bytes, Memory memory, const char* 
 
 void EmulatedDevice::free_as(void* pointer, Memory memory, const char* function) {
   if (pointer == nullptr) return;
+  Allocation allocation{};
   {
     std::lock_guard lock(mutex_);
     const auto it = allocations_.find(address(pointer));
     if (it == allocations_.end() || it->second.memory != memory)
       invalid(function, "the pointer is not one this device's " +
                             std::string(memory == Memory::device ? "allocate" : "allocate_pinned") + " returned");
+    allocation = it->second;
     allocations_.erase(it);
   }
-  std::free(pointer);
+  release(address(pointer), allocation);
+}
+
+namespace {
+
+struct SharedName {  // what an emulated IpcHandle holds
+  std::int64_t pid;
+  std::int64_t fd;
+  std::uint64_t bytes;
+};
+static_assert(sizeof(SharedName) <= sizeof(IpcHandle::bytes));
+
+std::size_t page_rounded(std::size_t bytes) {
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
+[[noreturn]] void system_error(const char* function, const std::string& what) {
+  throw Error(ErrorCode::system,
+              std::string("tutti::device::") + function + " (emulated): " + what + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+void* EmulatedDevice::allocate_shared(std::size_t bytes, IpcHandle& handle) {
+  if (bytes == 0) invalid("allocate_shared", "0 bytes requested");
+  if (bytes > SIZE_MAX / 2) throw Error(ErrorCode::system, "tutti::device::allocate_shared: out of memory");
+  const std::size_t mapped = page_rounded(bytes);
+  const int fd = memfd_create("tutti-device-shared", MFD_CLOEXEC);
+  if (fd < 0) system_error("allocate_shared", "memfd_create");
+  if (ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
+    close(fd);
+    system_error("allocate_shared", "ftruncate to " + std::to_string(mapped) + " bytes");
+  }
+  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    system_error("allocate_shared", "mmap");
+  }
+  const SharedName name{getpid(), fd, bytes};
+  handle = {};
+  std::memcpy(handle.bytes, &name, sizeof(name));
+  std::lock_guard lock(mutex_);
+  allocations_.emplace(address(p), Allocation{bytes, Memory::device, fd, mapped});
+  return p;
+}
+
+void* EmulatedDevice::open_shared(const IpcHandle& handle, std::size_t bytes) {
+  SharedName name{};
+  std::memcpy(&name, handle.bytes, sizeof(name));
+  if (bytes == 0 || bytes > name.bytes)
+    invalid("open_shared", std::to_string(bytes) + " bytes of a shared allocation of " + std::to_string(name.bytes));
+  const std::string path = "/proc/" + std::to_string(name.pid) + "/fd/" + std::to_string(name.fd);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) system_error("open_shared", "open " + path);
+  const std::size_t mapped = page_rounded(bytes);
+  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) system_error("open_shared", "mmap " + path);
+  std::lock_guard lock(mutex_);
+  allocations_.emplace(address(p), Allocation{bytes, Memory::opened, -1, mapped});
+  return p;
+}
+
+void EmulatedDevice::close_shared(void* pointer) {
+  if (pointer == nullptr) return;
+  Allocation allocation{};
+  {
+    std::lock_guard lock(mutex_);
+    const auto it = allocations_.find(address(pointer));
+    if (it == allocations_.end() || it->second.memory != Memory::opened)
+      invalid("close_shared", "the pointer is not one open_shared returned");
+    allocation = it->second;
+    allocations_.erase(it);
+  }
+  release(address(pointer), allocation);
 }
 
 void* EmulatedDevice::allocate(std::size_t bytes) { return allocate_as(bytes, Memory::device, "allocate"); }

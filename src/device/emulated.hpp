@@ -33,6 +33,15 @@ class EmulatedDevice final : public Device {
   void free_pinned(void* pointer) override;
   bool is_device_pointer(const void* pointer) const override;
 
+  /// Shared memory is a memfd mapping; the handle is the owner's pid and descriptor, which a peer
+  /// (of the same user) opens through /proc.
+  void* allocate_shared(std::size_t bytes, IpcHandle& handle) override;
+  void* open_shared(const IpcHandle& handle, std::size_t bytes) override;
+  void close_shared(void* pointer) override;
+  /// Host memory already serves as pinned memory here: nothing to do.
+  void register_pinned(void*, std::size_t) override {}
+  void unregister_pinned(void*) override {}
+
   Stream create_stream() override;
   void destroy_stream(Stream stream) override;
   void synchronize(Stream stream, std::chrono::milliseconds timeout) override;
@@ -59,11 +68,15 @@ class EmulatedDevice final : public Device {
   void forget(void* pointer);
 
  private:
-  enum class Memory { device, pinned, adopted };
+  enum class Memory { device, pinned, adopted, opened };
   struct Allocation {
     std::size_t bytes;
     Memory memory;
+    int fd = -1;             // a shared allocation's memfd (device memory from allocate_shared)
+    std::size_t mapped = 0;  // bytes mapped (shared and opened memory): munmap, not free
   };
+  /// Releases an allocation's memory (free, munmap and close as it was made).
+  static void release(std::uintptr_t first, const Allocation& allocation);
 
   void* allocate_as(std::size_t bytes, Memory memory, const char* function);
   void free_as(void* pointer, Memory memory, const char* function);

@@ -14,11 +14,24 @@ Impl::Impl(tutti::Communicator& host, device::Kind kind, int ordinal) : rank_(ho
   device_ = device::make_device(kind, ordinal);
   // A private duplicate: only the progress thread calls it, so `host` stays the caller's.
   backend_ = std::make_unique<HostTransfer>(device_, host.split(0, host.rank()));
+  // Another duplicate for ipc's watchdog; the backend refuses alike on every rank.
+  try {
+    ipc_ = std::make_unique<Ipc>(device_, host.split(0, host.rank()), Ipc::default_capacity());
+  } catch (const Error& error) {
+    if (error.code() != ErrorCode::unsupported) throw;
+    ipc_refusal_ = error.what();
+  }
 }
 
 Impl::~Impl() {
+  ipc_.reset();
   backend_.reset();  // releases the streams and stops the progress thread
   device_.reset();
+}
+
+void Impl::check() const {
+  backend_->check();
+  if (ipc_) ipc_->check();
 }
 
 void Impl::validate(const DeviceCall& dc) const {
@@ -50,16 +63,33 @@ void Impl::validate(const DeviceCall& dc) const {
 }
 
 void Impl::enqueue(DeviceCall call, device::Stream stream) {
-  backend_->check();
-  // The backend: what the options name, else (automatic or a host algorithm) host_transfer, the
-  // one this build has. A host algorithm stays in the options for the host collective.
+  check();
+  // The backend: what the options name; automatic takes ipc where it runs the call (all ranks on
+  // one host, a collective it has), else host_transfer; a host algorithm means host_transfer
+  // with that algorithm for its host collective.
   const Algorithm asked = call.call.options.algorithm;
-  const auto backend = is_gpu_backend(asked) ? asked : Algorithm::host_transfer;
   if (is_gpu_backend(asked)) call.call.options.algorithm = Algorithm::automatic;
   validate(call);
-  if (backend != Algorithm::host_transfer)
-    throw Error(ErrorCode::unsupported, "tutti::gpu: the " + std::string(to_string(backend)) +
-                                            " backend is not available in this build (available: host_transfer)");
+  std::string why;
+  const bool ipc_serves = ipc_ && ipc_->serves(call, &why);
+  switch (asked) {
+    case Algorithm::ipc:
+      if (!ipc_serves)
+        throw Error(ErrorCode::unsupported, "tutti::gpu: the ipc backend cannot run this " +
+                                                std::string(to_string(call.call.collective)) + ": " +
+                                                (ipc_ ? why : ipc_refusal_));
+      return ipc_->enqueue(call, stream);
+    case Algorithm::nccl:
+      throw Error(ErrorCode::unsupported,
+                  "tutti::gpu: the nccl backend is not available in this build "
+                  "(available: host_transfer" +
+                      std::string(ipc_ ? ", ipc)" : ")"));
+    case Algorithm::automatic:
+      if (ipc_serves) return ipc_->enqueue(call, stream);
+      break;
+    default:
+      break;
+  }
   backend_->enqueue(call, stream);
 }
 
@@ -138,7 +168,7 @@ void Communicator::recv(void* data, std::size_t count, DataType type, int peer, 
   checked().enqueue(call, device::Stream{stream});
 }
 
-void Communicator::check() { checked().backend().check(); }
+void Communicator::check() { checked().check(); }
 
 void* Communicator::allocate(std::size_t bytes) { return checked().device().allocate(bytes); }
 void Communicator::free(void* pointer) { checked().device().free(pointer); }

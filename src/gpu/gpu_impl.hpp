@@ -6,6 +6,7 @@
 
 #include "device/device.hpp"
 #include "gpu/host_transfer.hpp"
+#include "gpu/ipc.hpp"
 #include "tutti/gpu.hpp"
 
 namespace tutti::gpu::detail {
@@ -19,6 +20,11 @@ class Impl {
   int size() const { return size_; }
   device::Device& device() { return *device_; }
   HostTransfer& backend() { return *backend_; }
+  /// The ipc backend, or nullptr where it is not available (ipc_refusal() says why).
+  Ipc* ipc() { return ipc_.get(); }
+  const std::string& ipc_refusal() const { return ipc_refusal_; }
+  /// Raises the first recorded failure of either backend.
+  void check() const;
 
   /// Checks `call` as the host API does, plus: every buffer it touches is device memory.
   void validate(const DeviceCall& call) const;
@@ -31,6 +37,8 @@ class Impl {
   int size_;
   std::shared_ptr<device::Device> device_;
   std::unique_ptr<HostTransfer> backend_;
+  std::unique_ptr<Ipc> ipc_;
+  std::string ipc_refusal_;
 };
 
 }  // namespace tutti::gpu::detail

@@ -11,6 +11,7 @@
 #include <thread>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "device/checks.hpp"
 #include "device/cuda/kernels.hpp"
@@ -63,6 +64,27 @@ F driver_entry(const char* symbol) {
   return reinterpret_cast<F>(entry);
 }
 
+// This process's shared allocations by handle: CUDA cannot open a handle in the process that made
+// it, so ranks that are threads of one process use the owner's pointer instead.
+struct LocalShared {
+  std::mutex mutex;
+  std::vector<std::pair<IpcHandle, void*>> made;
+  void* find(const IpcHandle& handle) {
+    std::lock_guard lock(mutex);
+    for (auto& [h, p] : made)
+      if (std::memcmp(h.bytes, handle.bytes, sizeof(h.bytes)) == 0) return p;
+    return nullptr;
+  }
+  void erase(void* p) {
+    std::lock_guard lock(mutex);
+    std::erase_if(made, [&](const auto& entry) { return entry.second == p; });
+  }
+};
+LocalShared& local_shared() {
+  static LocalShared shared;
+  return shared;
+}
+
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
@@ -89,7 +111,12 @@ class CudaDevice final : public Device {
     select();
     for (void* s : streams_) cudaStreamDestroy(static_cast<cudaStream_t>(s));
     for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
-    for (void* p : device_memory_) cudaFree(p);
+    for (void* p : opened_) cudaIpcCloseMemHandle(p);
+    for (void* p : registered_) cudaHostUnregister(p);
+    for (void* p : device_memory_) {
+      local_shared().erase(p);
+      cudaFree(p);
+    }
     for (void* p : pinned_memory_) cudaFreeHost(p);
   }
 
@@ -107,8 +134,59 @@ class CudaDevice final : public Device {
   void free(void* pointer) override {
     if (pointer == nullptr) return;
     forget(device_memory_, pointer, "free", "allocate");
+    local_shared().erase(pointer);
     select();
     check(cudaFree(pointer), "free");
+  }
+  void* allocate_shared(std::size_t bytes, IpcHandle& handle) override {
+    void* p = allocate(bytes);
+    cudaIpcMemHandle_t ipc{};
+    static_assert(sizeof(ipc) <= sizeof(handle.bytes));
+    try {
+      check(cudaIpcGetMemHandle(&ipc, p), "allocate_shared");
+    } catch (...) {
+      free(p);
+      throw;
+    }
+    handle = {};
+    std::memcpy(handle.bytes, &ipc, sizeof(ipc));
+    std::lock_guard lock(local_shared().mutex);
+    local_shared().made.emplace_back(handle, p);
+    return p;
+  }
+  void* open_shared(const IpcHandle& handle, std::size_t bytes) override {
+    if (bytes == 0) invalid("open_shared", "0 bytes");
+    if (void* mine = local_shared().find(handle)) {
+      remember(opened_local_, mine);
+      return mine;
+    }
+    select();
+    cudaIpcMemHandle_t ipc{};
+    std::memcpy(&ipc, handle.bytes, sizeof(ipc));
+    void* p = nullptr;
+    check(cudaIpcOpenMemHandle(&p, ipc, cudaIpcMemLazyEnablePeerAccess), "open_shared");
+    remember(opened_, p);
+    return p;
+  }
+  void close_shared(void* pointer) override {
+    if (pointer == nullptr) return;
+    {
+      std::lock_guard lock(mutex_);
+      if (opened_local_.erase(pointer) > 0) return;
+    }
+    forget(opened_, pointer, "close_shared", "open_shared");
+    select();
+    check(cudaIpcCloseMemHandle(pointer), "close_shared");
+  }
+  void register_pinned(void* pointer, std::size_t bytes) override {
+    if (pointer == nullptr || bytes == 0) invalid("register_pinned", "a null pointer or 0 bytes");
+    select();
+    check(cudaHostRegister(pointer, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped), "register_pinned");
+    remember(registered_, pointer);
+  }
+  void unregister_pinned(void* pointer) override {
+    forget(registered_, pointer, "unregister_pinned", "register_pinned");
+    check(cudaHostUnregister(pointer), "unregister_pinned");
   }
   void* allocate_pinned(std::size_t bytes) override {
     if (bytes == 0) invalid("allocate_pinned", "0 bytes requested");
@@ -265,6 +343,7 @@ class CudaDevice final : public Device {
   WaitValue32 wait_value32_ = nullptr;
   std::mutex mutex_;
   std::unordered_set<void*> streams_, events_, device_memory_, pinned_memory_;
+  std::unordered_set<void*> opened_, opened_local_, registered_;  // open_shared, register_pinned
 };
 
 }  // namespace

@@ -1,0 +1,489 @@
+// The ipc backend (the protocol is in ipc.hpp): setup, the streams' side of each step, and the
+// watchdog.
+#include "gpu/ipc.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "core/env.hpp"
+
+namespace tutti::gpu::detail {
+
+namespace {
+
+constexpr std::size_t block_bytes = 256;        // one rank's flags (each on its own 64-byte line)
+constexpr std::size_t words_per_line = 64 / 4;  // uint32 words
+constexpr std::uint32_t release_lead = 1u << 30;
+constexpr auto liveness_period = std::chrono::milliseconds(100);
+
+bool at_least(std::uint32_t value, std::uint32_t n) { return static_cast<std::int32_t>(value - n) >= 0; }
+
+// What every rank tells the others at setup.
+struct Entry {
+  char host[192] = {};  // hostname and boot id: equal on one host only
+  std::int64_t pid = 0;
+  device::IpcHandle staging;
+  char control[64] = {};  // the flag segment's name (rank 0's)
+  std::uint32_t ok = 0;
+};
+
+// What every rank called, compared across ranks before its operation is watched.
+struct Descriptor {
+  std::int32_t kind = 0, collective = 0, type = 0, op = -1, root = -1, peer = -1;
+  std::uint64_t count = 0;
+  friend bool operator==(const Descriptor&, const Descriptor&) = default;
+};
+
+Descriptor describe(const DeviceCall& dc) {
+  const auto& c = dc.call;
+  return {static_cast<std::int32_t>(dc.kind),
+          static_cast<std::int32_t>(c.collective),
+          static_cast<std::int32_t>(c.type),
+          c.op ? static_cast<std::int32_t>(*c.op) : -1,
+          c.root,
+          dc.peer,
+          c.count};
+}
+
+std::string text_of(const Descriptor& d) {
+  std::string s = std::string(to_string(static_cast<Collective>(d.collective))) + "(count=" + std::to_string(d.count) +
+                  ", " + std::string(to_string(static_cast<DataType>(d.type)));
+  if (d.op >= 0) s += ", " + std::string(to_string(static_cast<ReduceOp>(d.op)));
+  if (d.root >= 0) s += ", root=" + std::to_string(d.root);
+  return s + ")";
+}
+
+std::string host_identity() {
+  char name[128] = {};
+  gethostname(name, sizeof(name) - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return std::string(name) + "/" + boot;
+}
+
+}  // namespace
+
+std::size_t Ipc::default_capacity() {
+  static const std::size_t capacity = [] {
+    const auto text = core::env("TUTTI_GPU_IPC_BYTES");
+    if (!text) return std::size_t{32} << 20;
+    const long long bytes = core::parse_count(*text, "TUTTI_GPU_IPC_BYTES");
+    if (bytes < 4096) throw Error(ErrorCode::invalid_argument, "TUTTI_GPU_IPC_BYTES: at least 4096 bytes");
+    return static_cast<std::size_t>(bytes);
+  }();
+  return capacity;
+}
+
+Ipc::Ipc(std::shared_ptr<device::Device> device, tutti::Communicator host, std::size_t capacity)
+    : device_(std::move(device)),
+      host_(std::move(host)),
+      rank_(host_.rank()),
+      size_(host_.size()),
+      capacity_(capacity) {
+  const auto p = static_cast<std::size_t>(size_);
+  control_bytes_ = p * block_bytes + 64;
+  Entry mine;
+  std::string why;
+  std::snprintf(mine.host, sizeof(mine.host), "%s", host_identity().c_str());
+  mine.pid = getpid();
+  try {
+    mine_ = device_->allocate_shared(capacity_, mine.staging);
+    mine.ok = 1;
+  } catch (const Error& error) {
+    why = error.what();
+  }
+  int control_fd = -1;
+  if (rank_ == 0 && mine.ok) {
+    std::random_device random;
+    std::snprintf(mine.control, sizeof(mine.control), "/tutti-gpu-ipc-%lld-%08x", static_cast<long long>(getpid()),
+                  random());
+    control_fd = shm_open(mine.control, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (control_fd < 0 || ftruncate(control_fd, static_cast<off_t>(control_bytes_)) != 0) {
+      why = std::string("shm_open ") + mine.control + ": " + std::strerror(errno);
+      mine.ok = 0;
+    }
+  }
+  std::vector<Entry> all(p);
+  host_.allgather(&mine, all.data(), sizeof(Entry), DataType::u8);
+  std::string refusal;
+  for (int r = 0; r < size_ && refusal.empty(); ++r) {
+    if (!all[static_cast<std::size_t>(r)].ok)
+      refusal = "rank " + std::to_string(r) + " could not share its memory" + (r == rank_ ? " (" + why + ")" : "");
+    else if (std::strncmp(all[static_cast<std::size_t>(r)].host, all[0].host, sizeof(Entry::host)) != 0)
+      refusal = "ranks 0 and " + std::to_string(r) + " are on different hosts";
+  }
+  // Map the flags and the peers' staging; then agree that every rank did.
+  std::uint8_t ok = refusal.empty() ? 1 : 0;
+  if (ok) {
+    try {
+      if (control_fd < 0) control_fd = shm_open(all[0].control, O_RDWR, 0600);
+      if (control_fd < 0) throw Error(ErrorCode::system, std::string("shm_open: ") + std::strerror(errno));
+      void* m = mmap(nullptr, control_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, control_fd, 0);
+      if (m == MAP_FAILED) throw Error(ErrorCode::system, std::string("mmap: ") + std::strerror(errno));
+      control_ = static_cast<std::byte*>(m);
+      device_->register_pinned(control_, control_bytes_);
+      staging_.assign(p, nullptr);
+      for (std::size_t r = 0; r < p; ++r)
+        staging_[r] = static_cast<int>(r) == rank_
+                          ? static_cast<std::byte*>(mine_)
+                          : static_cast<std::byte*>(device_->open_shared(all[r].staging, capacity_));
+    } catch (const Error& error) {
+      refusal = std::string("rank ") + std::to_string(rank_) + ": " + error.what();
+      ok = 0;
+    }
+  }
+  if (control_fd >= 0) close(control_fd);
+  std::uint8_t all_ok = 0;
+  host_.allreduce(&ok, &all_ok, 1, DataType::u8, ReduceOp::min);
+  if (rank_ == 0 && all[0].control[0] != '\0') shm_unlink(all[0].control);
+  if (!all_ok) {
+    for (std::size_t r = 0; r < staging_.size(); ++r)
+      if (staging_[r] != nullptr && static_cast<int>(r) != rank_) device_->close_shared(staging_[r]);
+    if (control_ != nullptr) {
+      if (ok) device_->unregister_pinned(control_);
+      munmap(control_, control_bytes_);
+    }
+    device_->free(mine_);
+    throw Error(ErrorCode::unsupported, "tutti::gpu: the ipc backend is not available: " +
+                                            (refusal.empty() ? "a peer could not map" : refusal));
+  }
+  for (const Entry& e : all) pids_.push_back(e.pid);
+  done_ = static_cast<std::uint32_t*>(device_->allocate_pinned(2 * sizeof(std::uint32_t)));
+  validated_ = done_ + 1;
+  thread_ = std::thread([this] { run(); });
+}
+
+Ipc::~Ipc() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  const std::uint32_t last = last_issued_.load();
+  const bool idle = at_least(device::Device::load_flag(done_), issued_);
+  if (!idle && !failed_.load())
+    fail(Error(ErrorCode::aborted,
+               "ipc: rank " + std::to_string(rank_) + " destroyed its gpu::Communicator with operations in flight"));
+  // The peers may still read this rank's staging: wait for them (bounded, and not for the dead).
+  bool peers_done = true;
+  if (idle && !failed_.load()) {
+    const auto deadline = std::chrono::steady_clock::now() + core::default_timeout();
+    for (int j = 0; j < size_; ++j)
+      while (!at_least(device::Device::load_flag(flag(j, consumed)), last)) {
+        if (published_failure() || std::chrono::steady_clock::now() > deadline ||
+            (kill(static_cast<pid_t>(pids_[static_cast<std::size_t>(j)]), 0) != 0 && errno == ESRCH)) {
+          peers_done = false;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+  }
+  // Memory a stream of this rank may still touch (operations in flight, or a failure) stays: the
+  // device frees its own allocations when it goes (after its streams' queued work).
+  if (!idle) return;
+  for (std::size_t r = 0; r < staging_.size(); ++r)
+    if (static_cast<int>(r) != rank_) device_->close_shared(staging_[r]);
+  if (peers_done) device_->free(mine_);
+  device_->unregister_pinned(control_);
+  munmap(control_, control_bytes_);
+}
+
+std::uint32_t* Ipc::flag(int rank, Flag f) const {
+  return reinterpret_cast<std::uint32_t*>(control_ + static_cast<std::size_t>(rank) * block_bytes) +
+         static_cast<std::size_t>(f) * words_per_line;
+}
+
+bool Ipc::serves(const DeviceCall& dc, std::string* why) const {
+  const auto refuse = [&](const std::string& reason) {
+    if (why != nullptr) *why = reason;
+    return false;
+  };
+  if (dc.kind != DeviceCall::Kind::collective) return refuse("point-to-point operations use host_transfer");
+  const auto& c = dc.call;
+  const std::size_t block = c.count * size_of(c.type);
+  switch (c.collective) {
+    case Collective::allreduce:
+    case Collective::reduce:
+    case Collective::broadcast:
+      return true;
+    case Collective::allgather:
+      return block <= capacity_ || refuse("a block larger than the ipc staging (TUTTI_GPU_IPC_BYTES)");
+    case Collective::reduce_scatter:
+      return block <= capacity_ / static_cast<std::size_t>(size_) ||
+             refuse("an input larger than the ipc staging (TUTTI_GPU_IPC_BYTES)");
+    default:
+      return refuse(std::string(to_string(c.collective)) + " is not an ipc collective");
+  }
+}
+
+void Ipc::check() const {
+  if (!failed_.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(mutex_);
+  throw *failure_;
+}
+
+void Ipc::wait_all(Flag f, std::uint32_t value, device::Stream stream, bool including_self) {
+  for (int j = 0; j < size_; ++j)
+    if (including_self || j != rank_) device_->wait_value(flag(j, f), value, stream);
+}
+
+void Ipc::enqueue(const DeviceCall& call, device::Stream stream) {
+  check();
+  const auto& c = call.call;
+  const std::size_t element = size_of(c.type);
+  const bool elementwise = c.collective == Collective::allreduce || c.collective == Collective::reduce ||
+                           c.collective == Collective::broadcast;
+  // Steps: an elementwise operation in pieces of at most capacity bytes; the others in one.
+  const std::size_t per_step = elementwise ? capacity_ / element : c.count;
+  const std::size_t steps = elementwise && c.count > 0 ? (c.count + per_step - 1) / per_step : 1;
+  const std::uint32_t first = step_ + 1, n = issued_ + 1;
+  // The first enqueue checks the stream: if it throws, nothing was enqueued. A later one leaves
+  // the protocol half enqueued: every rank fails (and is released).
+  device_->write_value(flag(rank_, reached), first, stream);
+  step_ = first + static_cast<std::uint32_t>(steps) - 1;
+  last_issued_.store(step_);
+  issued_ = n;
+  try {
+    for (std::size_t k = 0; k < steps; ++k) {
+      const std::size_t offset = k * per_step;
+      enqueue_step(call, first + static_cast<std::uint32_t>(k), offset, std::min(per_step, c.count - offset), stream);
+    }
+    // The verdict of the descriptor exchange comes before completion: once the stream is through,
+    // check() knows whether the operation was a mismatch.
+    device_->wait_value(validated_, n, stream);
+    device_->write_value(done_, n, stream);
+  } catch (const Error& error) {
+    fail(Error(error.code(), "ipc: operation " + std::to_string(n) + " half enqueued: " + error.what()));
+  }
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(Operation{n, call, first, step_});
+  }
+  wake_.notify_one();
+  check();
+}
+
+void Ipc::enqueue_step(const DeviceCall& dc, std::uint32_t s, std::size_t offset, std::size_t count,
+                       device::Stream stream) {
+  const auto& c = dc.call;
+  const std::size_t es = size_of(c.type);
+  const auto p = static_cast<std::size_t>(size_);
+  const auto r = static_cast<std::size_t>(rank_);
+  const std::size_t at = offset * es, bytes = count * es;
+  const auto* in = static_cast<const std::byte*>(c.send);
+  auto* out = static_cast<std::byte*>(c.recv);
+  std::byte* const own = staging_[r];
+  const ReduceOp op = c.op && *c.op == ReduceOp::avg ? ReduceOp::sum : c.op.value_or(ReduceOp::sum);
+  const bool average = c.op && *c.op == ReduceOp::avg;
+  if (offset != 0) device_->write_value(flag(rank_, reached), s, stream);  // the first: enqueue wrote it
+  auto slice = [&](std::size_t j) { return std::pair{count * j / p, count * (j + 1) / p}; };
+
+  switch (c.collective) {
+    case Collective::allreduce:
+    case Collective::reduce: {
+      wait_all(consumed, s - 1, stream, true);
+      device_->copy(own, in + at, bytes, stream);
+      device_->write_value(flag(rank_, ready), s, stream);
+      wait_all(ready, s, stream, false);
+      const auto [lo, hi] = slice(r);
+      for (std::size_t j = 0; j < p; ++j)
+        if (j != r) device_->reduce(own + lo * es, own + lo * es, staging_[j] + lo * es, hi - lo, c.type, op, stream);
+      if (average) device_->divide(own + lo * es, hi - lo, c.type, size_, stream);
+      device_->write_value(flag(rank_, reduced), s, stream);
+      if (c.collective == Collective::allreduce || rank_ == c.root)
+        for (std::size_t j = 0; j < p; ++j) {
+          device_->wait_value(flag(static_cast<int>(j), reduced), s, stream);
+          const auto [a, b] = slice(j);
+          device_->copy(out + at + a * es, staging_[j] + a * es, (b - a) * es, stream);
+        }
+      break;
+    }
+    case Collective::broadcast: {
+      std::byte* root = staging_[static_cast<std::size_t>(c.root)];
+      if (rank_ == c.root) {
+        wait_all(consumed, s - 1, stream, true);
+        device_->copy(own, out + at, bytes, stream);
+        device_->write_value(flag(rank_, ready), s, stream);
+      } else {
+        device_->wait_value(flag(c.root, ready), s, stream);
+        device_->copy(out + at, root, bytes, stream);
+      }
+      break;
+    }
+    case Collective::allgather: {
+      // In place as MPI_IN_PLACE (send == recv): this rank's block is already at its place.
+      const std::byte* input = in == out ? out + r * bytes : in;
+      wait_all(consumed, s - 1, stream, true);
+      device_->copy(own, input, bytes, stream);
+      device_->write_value(flag(rank_, ready), s, stream);
+      for (std::size_t j = 0; j < p; ++j) {
+        if (j == r) {
+          if (input != out + r * bytes) device_->copy(out + r * bytes, input, bytes, stream);
+          continue;
+        }
+        device_->wait_value(flag(static_cast<int>(j), ready), s, stream);
+        device_->copy(out + j * bytes, staging_[j], bytes, stream);
+      }
+      break;
+    }
+    case Collective::reduce_scatter: {
+      wait_all(consumed, s - 1, stream, true);
+      device_->copy(own, in, p * bytes, stream);
+      device_->write_value(flag(rank_, ready), s, stream);
+      wait_all(ready, s, stream, false);
+      device_->copy(out, own + r * bytes, bytes, stream);
+      for (std::size_t j = 0; j < p; ++j)
+        if (j != r) device_->reduce(out, out, staging_[j] + r * bytes, count, c.type, op, stream);
+      if (average) device_->divide(out, count, c.type, size_, stream);
+      break;
+    }
+    default:
+      throw Error(ErrorCode::unsupported, "ipc: " + std::string(to_string(c.collective)));
+  }
+  device_->write_value(flag(rank_, consumed), s, stream);
+}
+
+void Ipc::run() {
+  std::deque<Watch> watching;  // exchanged, not yet done on this rank's stream
+  std::chrono::microseconds nap{1};
+  for (;;) {
+    std::deque<Operation> fresh;
+    bool stopping = false;
+    {
+      std::unique_lock lock(mutex_);
+      if (watching.empty()) wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      fresh.swap(queue_);
+      stopping = stopping_;
+    }
+    // Exchanges first (the streams wait for their verdict at the end of each operation); when
+    // stopping, only those: they are owed to the peers, the destructor deals with the streams.
+    for (const Operation& op : fresh) {
+      exchange(op);
+      if (!stopping) watching.push_back(Watch{op, std::nullopt, std::chrono::steady_clock::now()});
+    }
+    if (stopping) return;
+    if (watching.empty()) continue;
+    if (poll(watching.front())) {
+      watching.pop_front();
+      nap = std::chrono::microseconds{1};
+      continue;
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds{1000});
+  }
+}
+
+void Ipc::exchange(const Operation& op) {
+  const std::string what = describe_operation(op);
+  // Every rank's watchdog exchanges every operation's descriptor, in order, failed or stopping or
+  // not: it is a collective of the private communicator, which peers wait for.
+  const Descriptor mine = describe(op.call);
+  std::vector<Descriptor> all(static_cast<std::size_t>(size_));
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    tutti::Request request = host_.iallgather(&mine, all.data(), sizeof(Descriptor), DataType::u8,
+                                              {Algorithm::automatic, op.call.call.options.timeout});
+    request.wait_for(std::chrono::hours(1), started);  // its own timeout, from `started`, ends it
+  } catch (const Error& error) {
+    if (!failed_.load()) fail(Error(error.code(), what + ": " + error.what()));
+    device_->set_flag(validated_, op.n);
+    return;
+  }
+  for (int j = 0; j < size_ && !failed_.load(); ++j)
+    if (all[static_cast<std::size_t>(j)] != mine) {
+      const int a = std::min(j, rank_), b = std::max(j, rank_);
+      fail(Error(ErrorCode::mismatch, what + ": mismatched collective: rank " + std::to_string(a) + " called " +
+                                          text_of(all[static_cast<std::size_t>(a)]) + " but rank " + std::to_string(b) +
+                                          " called " + text_of(all[static_cast<std::size_t>(b)])));
+    }
+  device_->set_flag(validated_, op.n);  // after a failure: so that the released stream can finish
+}
+
+std::string Ipc::describe_operation(const Operation& op) {
+  return "ipc " + std::string(to_string(op.call.call.collective)) + " (operation " + std::to_string(op.n) + ")";
+}
+
+bool Ipc::poll(Watch& w) {
+  using clock = std::chrono::steady_clock;
+  const Operation& op = w.op;
+  if (at_least(device::Device::load_flag(done_), op.n)) return true;
+  if (failed_.load()) {
+    release_all();  // until this rank's stream is through: a peer's stream may write a flag back
+    return false;
+  }
+  if (auto error = published_failure()) {
+    fail(*error);
+    return false;
+  }
+  const auto timeout =
+      op.call.call.options.timeout.count() > 0 ? op.call.call.options.timeout : core::default_timeout();
+  const auto now = clock::now();
+  const std::uint32_t at = device::Device::load_flag(flag(rank_, reached));
+  if (!w.reached_at && at_least(at, op.first)) w.reached_at = now;
+  if (w.reached_at && now - *w.reached_at > timeout) {
+    std::string late;
+    for (int j = 0; j < size_; ++j)
+      if (!at_least(device::Device::load_flag(flag(j, reached)), at))
+        late += (late.empty() ? "" : ", ") + std::to_string(j);
+    fail(Error(ErrorCode::timeout,
+               describe_operation(op) + " timed out after " + std::to_string(timeout.count()) +
+                   " ms on this rank's stream" +
+                   (late.empty() ? "" : "; the streams of rank(s) " + late + " had not reached it")));
+  } else if (now >= w.next_liveness) {
+    w.next_liveness = now + liveness_period;
+    for (int j = 0; j < size_; ++j)
+      if (j != rank_ && kill(static_cast<pid_t>(pids_[static_cast<std::size_t>(j)]), 0) != 0 && errno == ESRCH) {
+        fail(Error(ErrorCode::peer_failure, describe_operation(op) + ": rank " + std::to_string(j) + " (pid " +
+                                                std::to_string(pids_[static_cast<std::size_t>(j)]) + ") died"));
+        break;
+      }
+  }
+  return false;
+}
+
+std::optional<Error> Ipc::published_failure() const {
+  auto* word = reinterpret_cast<std::uint32_t*>(control_ + static_cast<std::size_t>(size_) * block_bytes);
+  const std::uint32_t packed = std::atomic_ref<std::uint32_t>(*word).load(std::memory_order_acquire);
+  if (packed == 0) return std::nullopt;
+  const std::uint32_t code = packed & 0xff;
+  const auto by = static_cast<int>(packed >> 8);
+  if (by == rank_) return std::nullopt;
+  return Error(static_cast<ErrorCode>(code - 1), "ipc: rank " + std::to_string(by) + " failed (" +
+                                                     std::string(to_string(static_cast<ErrorCode>(code - 1))) +
+                                                     "): see its error");
+}
+
+void Ipc::fail(const Error& error) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!failure_) {
+      failure_.emplace(error.code(), std::string("tutti::gpu: ") + error.what());
+      failed_.store(true, std::memory_order_release);
+    }
+  }
+  auto* word = reinterpret_cast<std::uint32_t*>(control_ + static_cast<std::size_t>(size_) * block_bytes);
+  // One word: (code + 1) | rank << 8, so that two ranks failing at once cannot mix their halves.
+  std::uint32_t expected = 0;
+  const auto packed = (static_cast<std::uint32_t>(error.code()) + 1) | static_cast<std::uint32_t>(rank_) << 8;
+  std::atomic_ref<std::uint32_t>(*word).compare_exchange_strong(expected, packed, std::memory_order_acq_rel);
+  release_all();
+}
+
+void Ipc::release_all() {
+  const std::uint32_t value = last_issued_.load() + release_lead;
+  for (int j = 0; j < size_; ++j)
+    for (int f = 0; f < flags; ++f) device_->set_flag(flag(j, static_cast<Flag>(f)), value);
+}
+
+}  // namespace tutti::gpu::detail

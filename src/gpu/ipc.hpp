@@ -1,0 +1,122 @@
+// The ipc backend: collectives among processes of one host that run entirely on the streams. Each
+// rank owns a staging buffer in device memory that every peer maps (allocate_shared/open_shared:
+// CUDA IPC, or a memfd on the emulated device), and the ranks' streams signal each other through
+// flags in one host shared-memory segment that every device registers as pinned memory. No host
+// thread moves data: the host call enqueues the whole protocol and returns.
+//
+// Step s (numbered from 1 on every rank alike; a large elementwise operation takes several steps
+// of at most `capacity` bytes) of an allreduce on rank r's stream:
+//   1. wait until consumed[j] >= s - 1 for every rank j  (nobody still reads staging from step s-1)
+//   2. copy input -> staging[r];  write ready[r] = s
+//   3. wait ready[j] >= s for every peer; reduce slice r of every staging[j] into staging[r]
+//   4. write reduced[r] = s; wait reduced[j] >= s, copy slice j of staging[j] -> output, for all j
+//   5. write consumed[r] = s
+// reduce is the same with only the root gathering; broadcast copies the root's staging; allgather
+// copies every staging[j] to block j; reduce_scatter reduces block r of every staging[j]. reached[r]
+// is written first, so that a watchdog knows when the stream got to the step.
+//
+// A watchdog thread per rank checks, for each operation in order, that every rank called the same
+// one (an allgather of a small descriptor over the private host communicator: mismatches are
+// named, silent ranks time out there), as soon as it is issued; each operation's stream waits for
+// that verdict before it completes, so check() after a synchronize knows of a mismatch. Then the
+// watchdog follows its own stream's progress (pinned flags of this rank alone): a peer process
+// that died (its pid is gone), a step that does not complete within the timeout after this rank's
+// stream reached it, or a failure another rank published ends the operation. Failing means
+// writing the failure word and raising every flag of every rank far ahead, so that no stream of
+// any rank waits for ever; the error is raised by the next call and by check() on every rank.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "device/device.hpp"
+#include "gpu/host_transfer.hpp"
+
+namespace tutti::gpu::detail {
+
+class Ipc {
+ public:
+  /// Collective over `host` (a private duplicate that only this backend calls). Error(unsupported)
+  /// on every rank alike when the ranks are not all on one host or the memory cannot be shared.
+  Ipc(std::shared_ptr<device::Device> device, tutti::Communicator host, std::size_t capacity);
+  /// Fails (and so releases) the operations still in flight, else waits (bounded) for the peers
+  /// to finish reading this rank's staging; never waits for a held stream.
+  ~Ipc();
+  Ipc(const Ipc&) = delete;
+  Ipc& operator=(const Ipc&) = delete;
+
+  /// Whether this backend runs `call`; else `why` says why not.
+  bool serves(const DeviceCall& call, std::string* why = nullptr) const;
+  void check() const;
+  void enqueue(const DeviceCall& call, device::Stream stream);
+
+  /// TUTTI_GPU_IPC_BYTES, else 32 MiB: the staging each rank shares.
+  static std::size_t default_capacity();
+
+ private:
+  struct Operation {
+    std::uint32_t n = 0;  // operation number (for messages)
+    DeviceCall call;
+    std::uint32_t first = 0, last = 0;  // its steps
+  };
+  enum Flag { reached, ready, reduced, consumed, flags };
+
+  std::uint32_t* flag(int rank, Flag f) const;
+  void wait_all(Flag f, std::uint32_t value, device::Stream stream, bool including_self);
+  void enqueue_step(const DeviceCall& call, std::uint32_t s, std::size_t offset, std::size_t count,
+                    device::Stream stream);
+  void run();
+  /// An operation the watchdog follows on this rank's stream.
+  struct Watch {
+    Operation op;
+    std::optional<std::chrono::steady_clock::time_point> reached_at;  // when the stream got to it
+    std::chrono::steady_clock::time_point next_liveness = std::chrono::steady_clock::now();
+  };
+  /// Checks that every rank called what this rank called for `op` (fails on a mismatch), then
+  /// raises the validated flag to op.n (whatever the verdict: a failure releases the streams).
+  void exchange(const Operation& op);
+  /// One look at `w`: true once this rank's stream finished it; fails on a dead peer, a timeout
+  /// or a failure another rank published.
+  bool poll(Watch& w);
+  static std::string describe_operation(const Operation& op);
+  /// Records `error` (first wins), publishes it and releases every stream of every rank.
+  void fail(const Error& error);
+  /// An error published by another rank, if any.
+  std::optional<Error> published_failure() const;
+  void release_all();
+
+  std::shared_ptr<device::Device> device_;
+  tutti::Communicator host_;
+  int rank_ = 0, size_ = 1;
+  std::size_t capacity_ = 0;
+  std::vector<std::int64_t> pids_;
+  std::byte* control_ = nullptr;  // the shared flag segment (mapped)
+  std::size_t control_bytes_ = 0;
+  void* mine_ = nullptr;                // this rank's staging (allocate_shared)
+  std::vector<std::byte*> staging_;     // every rank's staging, as mapped here
+  std::uint32_t* done_ = nullptr;       // pinned, this rank's only: the last operation its stream finished
+  std::uint32_t* validated_ = nullptr;  // pinned: the last operation whose descriptors were exchanged
+  std::uint32_t step_ = 0;              // the last step issued (host thread)
+  std::atomic<std::uint32_t> last_issued_{0};
+  std::uint32_t issued_ = 0;  // operations
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Operation> queue_;
+  bool stopping_ = false;
+  std::atomic<bool> failed_{false};
+  std::optional<Error> failure_;  // under mutex_
+  std::thread thread_;
+};
+
+}  // namespace tutti::gpu::detail
