@@ -6,12 +6,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "device/device.hpp"
 #include "gpu/host_transfer.hpp"
 #include "gpu_harness.hpp"
+#include "tutti/cuda.hpp"
 
 namespace {
 
@@ -356,6 +359,45 @@ TEST(GpuCollectives, IpcStreamThatNeverArrivesTimesOutOnEveryRank) {
     gpu.destroy_stream(stream);
     device.free_pinned(hold);
   });
+}
+
+// tutti::cuda::Communicator always asks for CUDA. Without a GPU (or a CUDA build) the constructor
+// raises unsupported on every rank; with one, an allreduce on it is exact.
+TEST(GpuCollectives, CudaCommunicator) {
+  bool have_gpu = true;
+  try {
+    tutti::device::make_device(tutti::device::Kind::cuda);
+  } catch (const tutti::Error& error) {
+    if (error.code() != ErrorCode::unsupported) throw;
+    have_gpu = false;
+  }
+  if (!have_gpu) std::printf("no CUDA device: checking that tutti::cuda::Communicator refuses\n");
+  auto hosts = tutti::local_group(2);
+  const std::string failures = tutti::testing::on_threads(2, [&](int r) {
+    if (!have_gpu) {
+      if (error_code_of([&] { tutti::cuda::Communicator gpu(hosts[static_cast<std::size_t>(r)]); }) !=
+          ErrorCode::unsupported)
+        throw std::runtime_error("not unsupported without a GPU");
+      return;
+    }
+    tutti::cuda::Communicator gpu(hosts[static_cast<std::size_t>(r)]);
+    const Stream stream = gpu.create_stream();
+    const std::size_t count = 4099;
+    const Bytes input =
+        values(DataType::f32, count, [&](std::size_t i) { return input_value(DataType::f32, ReduceOp::sum, r, i); });
+    const Bytes expected = values(
+        DataType::f32, count, [&](std::size_t i) { return reference_reduction(DataType::f32, ReduceOp::sum, 2, i); });
+    DeviceBuffer data(gpu, input.size());
+    Bytes result(input.size());
+    gpu.copy(data.data, input.data(), input.size(), stream);
+    gpu.allreduce(data.data, data.data, count, DataType::f32, ReduceOp::sum, stream, options);
+    gpu.copy(result.data(), data.data, result.size(), stream);
+    gpu.synchronize(stream, deadline);
+    gpu.check();
+    expect_equal(result, expected, DataType::f32, "cuda allreduce");
+    gpu.destroy_stream(stream);
+  });
+  EXPECT_EQ(failures, "");
 }
 
 }  // namespace
