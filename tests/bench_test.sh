@@ -208,13 +208,20 @@ if [[ $status -ne 0 ]] || ! why=$(device_rows_clean 6); then
 else
   ok "device mode at p=3, --backend host_transfer, bf16, counts 0 and up"
 fi
+bench 3 --device emulated --backend ipc -t allreduce,reduce_scatter,allgather,broadcast,reduce -b 1 -e 64K -f 16 \
+  -n 2 -w 1 -d f64 --peers sync -c 1
+if [[ $status -ne 0 ]] || ! why=$(device_rows_clean 10); then
+  fail "device emulated p=3 ipc" "status $status ${why:-}"
+else
+  ok "device mode at p=3, --backend ipc, every collective ipc has, f64"
+fi
 bench 2 --device emulated -b 64 -e 1K -f 4 -n 1 -w 0 -c 1 --corrupt-for-testing
 if [[ $status -eq 0 ]] || ! grep -q "Out of bounds values : [1-9][0-9]* ERROR" "$tmp/out"; then
   fail "device corrupted result" "status $status; the damage was not counted"
 else
   ok "device mode: a corrupted result copied back is counted as #wrong and fails the run"
 fi
-for args in "--device tpu" "--device emulated --backend nccl" "--device emulated --backend ipc" \
+for args in "--device tpu" "--device emulated --backend nccl" \
   "--device emulated --backend carrier-pigeon" "--backend host_transfer" "--device emulated --peers mpi" \
   "--device emulated -t sendrecv" "--device emulated -a ring" "--device emulated --ceiling" "--peers sync"; do
   # shellcheck disable=SC2086
@@ -222,7 +229,7 @@ for args in "--device tpu" "--device emulated --backend nccl" "--device emulated
   status=$?
   if [[ $status -ne 2 ]] || [[ $(wc -l <"$tmp/err") -ne 1 ]] || ! grep -q "^tutti-bench: " "$tmp/err"; then
     fail "bad device flags '$args'" "status $status"
-  elif [[ $args == *"--backend nccl"* ]] && ! grep -q "no nccl backend yet (it has automatic, host_transfer" "$tmp/err"; then
+  elif [[ $args == *"--backend nccl"* ]] && ! grep -q "no nccl backend yet (it has automatic, host_transfer, ipc)" "$tmp/err"; then
     fail "bad device flags '$args'" "the message does not name the backends that exist: $(cat "$tmp/err")"
   else
     ok "refuses '$args': $(cat "$tmp/err")"
