@@ -115,30 +115,44 @@ void HostTransfer::check() const {
   throw *failure_;
 }
 
-HostTransfer::Staging& HostTransfer::take_staging(std::size_t bytes) {
+HostTransfer::Staging& HostTransfer::take_staging(std::size_t bytes, std::uint32_t n, device::Stream stream,
+                                                  bool& chained) {
   // Free: its last copy back completed (a fresh event counts as complete). Take the smallest that
-  // fits; else replace a free one that is too small; else grow the pool.
+  // fits; else grow the pool; else chain onto the least recently used one that fits; else replace
+  // a free one that is too small; else (every buffer busy and too small) grow past the cap.
   Staging* best = nullptr;
   Staging* small = nullptr;
+  Staging* oldest = nullptr;
   for (auto& s : staging_) {
+    if (s->capacity >= bytes && (oldest == nullptr || s->last_use < oldest->last_use)) oldest = s.get();
     if (!device_->query(s->event)) continue;
     if (s->capacity >= bytes && (best == nullptr || s->capacity < best->capacity)) best = s.get();
     if (s->capacity < bytes) small = s.get();
   }
-  if (best != nullptr) return *best;
-  const std::size_t capacity = std::max<std::size_t>(bytes, 4096);
-  auto* memory = static_cast<std::byte*>(device_->allocate_pinned(header_bytes + capacity));
-  if (small != nullptr) {
-    device_->free_pinned(small->memory);
-  } else {
-    auto fresh = std::make_unique<Staging>();
-    fresh->event = device_->create_event();
-    staging_.push_back(std::move(fresh));
-    small = staging_.back().get();
+  chained = false;
+  Staging* chosen = best;
+  if (chosen == nullptr && staging_.size() >= max_staging && oldest != nullptr) {
+    device_->wait_event(stream, oldest->event);  // the stream, not the host, waits for it to be free
+    chained = true;
+    chosen = oldest;
   }
-  small->memory = memory;
-  small->capacity = capacity;
-  return *small;
+  if (chosen == nullptr) {
+    const std::size_t capacity = std::max<std::size_t>(bytes, 4096);
+    auto* memory = static_cast<std::byte*>(device_->allocate_pinned(header_bytes + capacity));
+    if (small != nullptr) {
+      device_->free_pinned(small->memory);
+    } else {
+      auto fresh = std::make_unique<Staging>();
+      fresh->event = device_->create_event();
+      staging_.push_back(std::move(fresh));
+      small = staging_.back().get();
+    }
+    small->memory = memory;
+    small->capacity = capacity;
+    chosen = small;
+  }
+  chosen->last_use = n;
+  return *chosen;
 }
 
 void HostTransfer::enqueue(const DeviceCall& call, device::Stream stream) {
@@ -147,10 +161,16 @@ void HostTransfer::enqueue(const DeviceCall& call, device::Stream stream) {
   const std::size_t element = size_of(call.call.type);
   std::size_t chunk = l.staged;
   const std::size_t chunks = l.elementwise ? chunks_of(l.staged, element, chunk) : 1;
-  Staging& staging = take_staging(l.staged);
   const std::uint32_t first = issued_ + 1;
-  for (std::size_t i = 0; i < chunks; ++i)
-    device_->set_flag(staging.ready(i), first + static_cast<std::uint32_t>(i) - 1);  // below n, even wrapped
+  bool chained = false;
+  Staging& staging = take_staging(l.staged, first, stream, chained);
+  // A free buffer's ready words are set just below this operation's numbers (so even after the
+  // counter wrapped). A chained one's still belong to the operation before, which the progress
+  // thread may not have started: they stay, below ours (numbers only grow), and are overwritten
+  // by the stream.
+  if (!chained)
+    for (std::size_t i = 0; i < chunks; ++i)
+      device_->set_flag(staging.ready(i), first + static_cast<std::uint32_t>(i) - 1);
 
   // Chunk i covers [offset, offset + bytes) of what is copied in and out (all of it when whole).
   const auto offset = [&](std::size_t i) { return i * chunk; };

@@ -98,6 +98,7 @@ class HostTransfer {
     std::byte* memory = nullptr;  // header (the ready words) then data
     std::size_t capacity = 0;     // data bytes
     device::Event event;          // recorded after the copy back: complete = free to reuse
+    std::uint32_t last_use = 0;   // the operation number that used it last
     std::uint32_t* ready(std::size_t chunk) const { return reinterpret_cast<std::uint32_t*>(memory) + chunk; }
     std::byte* data() const { return memory + header_bytes; }
   };
@@ -117,7 +118,12 @@ class HostTransfer {
     std::chrono::steady_clock::time_point started;
   };
 
-  Staging& take_staging(std::size_t bytes);
+  /// A staging buffer of at least `bytes` for operation `n`: a free one, else a new one while the
+  /// pool has fewer than max_staging, else the least recently used one that fits, which `stream`
+  /// then waits for (its event) before it copies in: the host never waits, and a burst of calls
+  /// does not allocate without bound. `chained` says which of the last two it was.
+  Staging& take_staging(std::size_t bytes, std::uint32_t n, device::Stream stream, bool& chained);
+  static constexpr std::size_t max_staging = 8;
   void run();
   /// Starts operation `op`'s host side; an empty request when it has none.
   tutti::Request start_host(const Operation& op);
