@@ -215,6 +215,26 @@ if [[ $status -ne 0 ]] || ! why=$(device_rows_clean 10); then
 else
   ok "device mode at p=3, --backend ipc, every collective ipc has, f64"
 fi
+# Ranks that name different hosts (TUTTI_HOST): ipc is refused on every rank, naming why, and
+# automatic runs on host_transfer instead.
+timeout -s KILL 120 "$run" -n 2 --timeout-ms 60000 bash -c \
+  'TUTTI_HOST=host$TUTTI_RANK exec "$0" --no-progress "$@"' "$bench" --device emulated --backend ipc \
+  -t allreduce -b 64 -e 1K -f 4 -n 1 -w 0 -c 1 >"$tmp/out" 2>"$tmp/err"
+status=$?
+if [[ $status -eq 0 ]] || ! grep -q "ipc backend is not available: ranks 0 and 1 are on different hosts" "$tmp/out" "$tmp/err"; then
+  fail "device ipc across hosts" "status $status: $(head -c 400 "$tmp/err")"
+else
+  ok "device mode: --backend ipc across (emulated) hosts is refused, naming the hosts"
+fi
+timeout -s KILL 120 "$run" -n 2 --timeout-ms 60000 bash -c \
+  'TUTTI_HOST=host$TUTTI_RANK exec "$0" --no-progress "$@"' "$bench" --device emulated -t allreduce,broadcast \
+  -b 64 -e 64K -f 8 -n 2 -w 1 -c 1 >"$tmp/out" 2>"$tmp/err"
+status=$?
+if [[ $status -ne 0 ]] || ! why=$(rows_parse_clean 4); then
+  fail "device automatic across hosts" "status $status ${why:-}"
+else
+  ok "device mode: automatic across (emulated) hosts runs on host_transfer, exact"
+fi
 bench 2 --device emulated -b 64 -e 1K -f 4 -n 1 -w 0 -c 1 --corrupt-for-testing
 if [[ $status -eq 0 ]] || ! grep -q "Out of bounds values : [1-9][0-9]* ERROR" "$tmp/out"; then
   fail "device corrupted result" "status $status; the damage was not counted"

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "comm/topology.hpp"
 #include "core/env.hpp"
 
 namespace tutti::gpu::detail {
@@ -63,12 +64,12 @@ std::string text_of(const Descriptor& d) {
   return s + ")";
 }
 
+// The host name as topology sees it (TUTTI_HOST emulates several hosts on one machine, and then
+// ipc is refused as it would be across hosts), and the boot id.
 std::string host_identity() {
-  char name[128] = {};
-  gethostname(name, sizeof(name) - 1);
   std::string boot;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  return std::string(name) + "/" + boot;
+  return tutti::detail::topology_host_name().substr(0, 120) + "/" + boot;
 }
 
 }  // namespace
