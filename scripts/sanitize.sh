@@ -41,7 +41,7 @@ case $preset in
     # progress thread per communicator). Each binary runs whole (not one process per test case):
     # only these are built.
     binaries=(engine_test exec_test api_test collectives_test hierarchical_test shm_direct_test shm_test tcp_test
-              transport_conformance_test bootstrap_test device_test gpu_test engine_gpu_test)
+              transport_conformance_test bootstrap_test device_test gpu_test gpu_collectives_test engine_gpu_test)
     ;;
   *)
     echo "usage: sanitize.sh asan|tsan" >&2
