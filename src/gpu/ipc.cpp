@@ -15,8 +15,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "comm/topology.hpp"
 #include "core/env.hpp"
+#include "gpu/verdict.hpp"
 
 namespace tutti::gpu::detail {
 
@@ -37,40 +37,6 @@ struct Entry {
   char control[64] = {};  // the flag segment's name (rank 0's)
   std::uint32_t ok = 0;
 };
-
-// What every rank called, compared across ranks before its operation is watched.
-struct Descriptor {
-  std::int32_t kind = 0, collective = 0, type = 0, op = -1, root = -1, peer = -1;
-  std::uint64_t count = 0;
-  friend bool operator==(const Descriptor&, const Descriptor&) = default;
-};
-
-Descriptor describe(const DeviceCall& dc) {
-  const auto& c = dc.call;
-  return {static_cast<std::int32_t>(dc.kind),
-          static_cast<std::int32_t>(c.collective),
-          static_cast<std::int32_t>(c.type),
-          c.op ? static_cast<std::int32_t>(*c.op) : -1,
-          c.root,
-          dc.peer,
-          c.count};
-}
-
-std::string text_of(const Descriptor& d) {
-  std::string s = std::string(to_string(static_cast<Collective>(d.collective))) + "(count=" + std::to_string(d.count) +
-                  ", " + std::string(to_string(static_cast<DataType>(d.type)));
-  if (d.op >= 0) s += ", " + std::string(to_string(static_cast<ReduceOp>(d.op)));
-  if (d.root >= 0) s += ", root=" + std::to_string(d.root);
-  return s + ")";
-}
-
-// The host name as topology sees it (TUTTI_HOST emulates several hosts on one machine, and then
-// ipc is refused as it would be across hosts), and the boot id.
-std::string host_identity() {
-  std::string boot;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  return tutti::detail::topology_host_name().substr(0, 120) + "/" + boot;
-}
 
 }  // namespace
 
@@ -386,29 +352,10 @@ void Ipc::run() {
 }
 
 void Ipc::exchange(const Operation& op) {
-  const std::string what = describe_operation(op);
   // Every rank's watchdog exchanges every operation's descriptor, in order, failed or stopping or
   // not: it is a collective of the private communicator, which peers wait for.
-  const Descriptor mine = describe(op.call);
-  std::vector<Descriptor> all(static_cast<std::size_t>(size_));
-  const auto started = std::chrono::steady_clock::now();
-  try {
-    tutti::Request request = host_.iallgather(&mine, all.data(), sizeof(Descriptor), DataType::u8,
-                                              {Algorithm::automatic, op.call.call.options.timeout});
-    request.wait_for(std::chrono::hours(1), started);  // its own timeout, from `started`, ends it
-  } catch (const Error& error) {
-    if (!failed_.load()) fail(Error(error.code(), what + ": " + error.what()));
-    device_->set_flag(validated_, op.n);
-    return;
-  }
-  for (int j = 0; j < size_ && !failed_.load(); ++j)
-    if (all[static_cast<std::size_t>(j)] != mine) {
-      const int a = std::min(j, rank_), b = std::max(j, rank_);
-      fail(Error(ErrorCode::mismatch, what + ": mismatched collective: rank " + std::to_string(a) + " called " +
-                                          text_of(all[static_cast<std::size_t>(a)]) + " but rank " + std::to_string(b) +
-                                          " called " + text_of(all[static_cast<std::size_t>(b)])));
-    }
-  device_->set_flag(validated_, op.n);  // after a failure: so that the released stream can finish
+  if (auto error = check_same_call(host_, op.call, describe_operation(op)); error && !failed_.load()) fail(*error);
+  device_->set_flag(validated_, op.n);  // after a failure too: so that the released stream can finish
 }
 
 std::string Ipc::describe_operation(const Operation& op) {
