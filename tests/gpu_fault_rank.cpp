@@ -2,16 +2,20 @@
 // memory, on the emulated device): a rank killed with kill -9 must release the other ranks'
 // streams, and their next check() must raise peer_failure naming it.
 //
-//   gpu_fault_rank MODE DIR [COUNT]
+//   gpu_fault_rank MODE DIR COUNT BACKEND
 //
 // Every rank writes DIR/rank.R (its pid) at start, then runs a few allreduces on a stream
 // (checked exactly). The last rank is the victim: it writes DIR/victim (the job id) and sleeps
-// until the driver kills it (at most 60 s, then it exits 1). The others, the survivors:
-//   MODE waiting  enqueue an allreduce of COUNT i32 (default 1000) that waits for the victim,
-//                 check that the stream is held by it, write DIR/ready.R and synchronize.
+// until the driver kills it (at most 30 s, then it exits 1). The others, the survivors:
+//   MODE waiting  enqueue an allreduce of COUNT i32 that waits for the victim (which never
+//                 calls it), check that the stream is held by it, write DIR/ready.R and
+//                 synchronize.
+//   MODE issued   the same, but the victim issues the allreduce too, on a stream it holds for
+//                 ever (so the operation is agreed on, and the victim's stream never reaches it).
 //   MODE held     hold the stream (wait_value on a flag of their own) before the allreduce,
 //                 write DIR/ready.R, wait for DIR/killed, and only then lift the hold: the
 //                 stream reaches the collective after the victim died.
+// Every allreduce asks for BACKEND (automatic, host_transfer or ipc) in Options::algorithm.
 // The driver kills the victim (SIGKILL), then writes DIR/killed holding the kill's time
 // (CLOCK_REALTIME, ns). A survivor passes when synchronize returns within its 10 s bound after the
 // kill, a marker enqueued after the collective ran, check() and the next call raise peer_failure
@@ -45,7 +49,9 @@ using tutti::ReduceOp;
 
 constexpr auto release_limit = 10s;     // synchronize's bound: only a stream never released reaches it
 constexpr auto release_bound = 5000ms;  // from the kill to the release: hang detection, not speed
-constexpr auto victim_limit = 60s;      // a victim nobody kills gives up
+constexpr auto victim_limit = 30s;      // a victim nobody kills gives up
+
+tutti::Options options;  // the backend (main sets it)
 
 std::int64_t wall_ns() {
   timespec t{};
@@ -76,6 +82,15 @@ std::int64_t kill_time(const std::string& dir, std::chrono::milliseconds limit) 
   }
 }
 
+// The victim in mode `issued`: issues the allreduce behind a hold that nobody lifts.
+void issue_held(tutti::gpu::Communicator& gpu, tutti::gpu::Stream stream, std::size_t count) {
+  auto& device = gpu.impl()->device();
+  auto* hold = static_cast<std::uint32_t*>(device.allocate_pinned(sizeof(std::uint32_t)));
+  void* data = gpu.allocate(count * 4);
+  device.wait_value(hold, 1, {stream});
+  gpu.allreduce(data, data, count, DataType::i32, ReduceOp::sum, stream, options);
+}
+
 std::int32_t input(int rank, std::size_t i) { return (rank + 1) * static_cast<std::int32_t>(i % 7 + 1); }
 
 // A few allreduces (one pipelined in chunks) that every rank joins, each result compared exactly.
@@ -86,9 +101,9 @@ std::string warm_up(tutti::gpu::Communicator& gpu, tutti::gpu::Stream stream) {
     for (std::size_t i = 0; i < count; ++i) host[i] = input(gpu.rank(), i);
     void* data = gpu.allocate(count * 4);
     gpu.copy(data, host.data(), count * 4, stream);
-    gpu.allreduce(data, data, count, DataType::i32, ReduceOp::sum, stream);
+    gpu.allreduce(data, data, count, DataType::i32, ReduceOp::sum, stream, options);
     gpu.copy(result.data(), data, count * 4, stream);
-    gpu.synchronize(stream, 60s);
+    gpu.synchronize(stream, 20s);
     gpu.free(data);
     for (std::size_t i = 0; i < count; ++i)
       if (result[i] != p * (p + 1) / 2 * static_cast<std::int32_t>(i % 7 + 1))
@@ -118,7 +133,7 @@ int survive(tutti::gpu::Communicator& gpu, tutti::gpu::Stream stream, const std:
   const bool held = mode == "held";
   if (held) device.wait_value(hold, 1, {stream});
   gpu.copy(data, host.data(), count * 4, stream);
-  gpu.allreduce(data, data, count, DataType::i32, ReduceOp::sum, stream);
+  gpu.allreduce(data, data, count, DataType::i32, ReduceOp::sum, stream, options);
   device.write_value(marker, 1, {stream});
   if (!held) {
     // The stream waits for the victim, which never calls: this bounded wait must run out.
@@ -133,8 +148,8 @@ int survive(tutti::gpu::Communicator& gpu, tutti::gpu::Stream stream, const std:
   std::int64_t killed = 0;
   std::int64_t lifted = 0;
   if (held) {
-    killed = kill_time(dir, 60s);
-    if (killed == 0) return fail(rank, "no kill within 60 s");
+    killed = kill_time(dir, 30s);
+    if (killed == 0) return fail(rank, "no kill within 30 s");
     if (tutti::device::Device::load_flag(marker) != 0) return fail(rank, "the marker ran while the stream was held");
     lifted = wall_ns();
     device.set_flag(hold, 1);
@@ -161,7 +176,7 @@ int survive(tutti::gpu::Communicator& gpu, tutti::gpu::Stream stream, const std:
       return fail(rank, "the error does not name rank " + std::to_string(victim) + ": " + what);
   }
   try {
-    gpu.allreduce(data, data, count, DataType::i32, ReduceOp::sum, stream);
+    gpu.allreduce(data, data, count, DataType::i32, ReduceOp::sum, stream, options);
     return fail(rank, "the next allreduce raised nothing");
   } catch (const tutti::Error& e) {
     if (e.code() != ErrorCode::peer_failure) return fail(rank, "the next allreduce raised " + std::string(e.what()));
@@ -181,12 +196,17 @@ int survive(tutti::gpu::Communicator& gpu, tutti::gpu::Stream stream, const std:
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3 || (std::string(argv[1]) != "waiting" && std::string(argv[1]) != "held")) {
-    std::fprintf(stderr, "usage: gpu_fault_rank waiting|held DIR [COUNT]\n");
+  const std::string backend = argc > 4 ? argv[4] : "";
+  if (backend == "host_transfer") options.algorithm = tutti::Algorithm::host_transfer;
+  if (backend == "ipc") options.algorithm = tutti::Algorithm::ipc;
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (argc != 5 || (mode != "waiting" && mode != "issued" && mode != "held") ||
+      (backend != "automatic" && backend != "host_transfer" && backend != "ipc")) {
+    std::fprintf(stderr, "usage: gpu_fault_rank waiting|issued|held DIR COUNT automatic|host_transfer|ipc\n");
     return 2;
   }
-  const std::string mode = argv[1], dir = argv[2];
-  const std::size_t count = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 1000;
+  const std::string dir = argv[2];
+  const std::size_t count = std::strtoull(argv[3], nullptr, 10);
   int rank = -1;
   try {
     tutti::Communicator world = tutti::init();
@@ -198,10 +218,11 @@ int main(int argc, char** argv) {
     std::printf("rank %d: warm-up OK\n", rank);
     std::fflush(stdout);
     if (rank == world.size() - 1) {
+      if (mode == "issued") issue_held(gpu, stream, count);
       const char* job = std::getenv("TUTTI_JOB_ID");
       publish(dir, "victim", job != nullptr ? job : "unknown");
       std::this_thread::sleep_for(victim_limit);
-      return fail(rank, "the victim was not killed within 60 s");
+      return fail(rank, "the victim was not killed within 30 s");
     }
     return survive(gpu, stream, mode, dir, count);
   } catch (const std::exception& e) {
