@@ -131,11 +131,7 @@ for backend in host_transfer ipc; do
     case_ $backend shm waiting "$n" 1000
     case_ $backend shm held "$n" 1000
   done
-  [[ $backend == ipc ]] && known_bug="ipc: a survivor whose watchdog did not see the death itself completes the \
-released operation as a success (check() raises nothing, the output is wrong) or names the rank that published \
-the failure instead of the dead one"
   case_ $backend shm issued 4 1000
-  known_bug=""
   case_ $backend tcp waiting 4 1000
 done
 # host_transfer: an allreduce pipelined in 3 chunks, each its own operation (the chunks behind the

@@ -9,7 +9,8 @@ namespace tutti::gpu {
 
 namespace detail {
 
-Impl::Impl(tutti::Communicator& host, device::Kind kind, int ordinal) : rank_(host.rank()), size_(host.size()) {
+Impl::Impl(tutti::Communicator& host, device::Kind kind, int ordinal)
+    : rank_(host.rank()), size_(host.size()), host_(host) {
   if (size_ <= 0) throw Error(ErrorCode::invalid_argument, "gpu::Communicator: the host communicator is empty");
   device_ = device::make_device(kind, ordinal);
   // A private duplicate: only the progress thread calls it, so `host` stays the caller's.
@@ -24,14 +25,35 @@ Impl::Impl(tutti::Communicator& host, device::Kind kind, int ordinal) : rank_(ho
 }
 
 Impl::~Impl() {
+  nccl_.reset();
   ipc_.reset();
   backend_.reset();  // releases the streams and stops the progress thread
   device_.reset();
 }
 
-void Impl::check() const {
+void Impl::check() {
   backend_->check();
   if (ipc_) ipc_->check();
+  if (nccl_) nccl_->check();
+}
+
+Nccl* Impl::nccl(std::string& refusal) {
+  if (!nccl_tried_) {
+    nccl_tried_ = true;
+    try {
+      if (device_->kind() != device::Kind::cuda)
+        throw Error(ErrorCode::unsupported,
+                    "tutti::gpu: the nccl backend is not available: it needs a CUDA device "
+                    "(this communicator's is " +
+                        std::string(device::to_string(device_->kind())) + ")");
+      nccl_ = Nccl::create(device_, host_.split(0, rank_));
+    } catch (const Error& error) {
+      if (error.code() != ErrorCode::unsupported) throw;
+      nccl_refusal_ = error.what();
+    }
+  }
+  refusal = nccl_refusal_;
+  return nccl_.get();
 }
 
 void Impl::validate(const DeviceCall& dc) const {
@@ -79,11 +101,15 @@ void Impl::enqueue(DeviceCall call, device::Stream stream) {
                                                 std::string(to_string(call.call.collective)) + ": " +
                                                 (ipc_ ? why : ipc_refusal_));
       return ipc_->enqueue(call, stream);
-    case Algorithm::nccl:
-      throw Error(ErrorCode::unsupported,
-                  "tutti::gpu: the nccl backend is not available in this build "
-                  "(available: host_transfer" +
-                      std::string(ipc_ ? ", ipc)" : ")"));
+    case Algorithm::nccl: {
+      std::string refusal;
+      Nccl* backend = nccl(refusal);
+      if (backend == nullptr) throw Error(ErrorCode::unsupported, refusal);
+      if (!backend->serves(call, &why))
+        throw Error(ErrorCode::unsupported, "tutti::gpu: the nccl backend cannot run this " +
+                                                std::string(to_string(call.call.collective)) + ": " + why);
+      return backend->enqueue(call, stream);
+    }
     case Algorithm::automatic:
       if (ipc_serves) return ipc_->enqueue(call, stream);
       break;

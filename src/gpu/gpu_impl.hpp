@@ -7,6 +7,7 @@
 #include "device/device.hpp"
 #include "gpu/host_transfer.hpp"
 #include "gpu/ipc.hpp"
+#include "gpu/nccl.hpp"
 #include "tutti/gpu.hpp"
 
 namespace tutti::gpu::detail {
@@ -24,7 +25,7 @@ class Impl {
   Ipc* ipc() { return ipc_.get(); }
   const std::string& ipc_refusal() const { return ipc_refusal_; }
   /// Raises the first recorded failure of either backend.
-  void check() const;
+  void check();
 
   /// Checks `call` as the host API does, plus: every buffer it touches is device memory.
   void validate(const DeviceCall& call) const;
@@ -39,6 +40,12 @@ class Impl {
   std::unique_ptr<HostTransfer> backend_;
   std::unique_ptr<Ipc> ipc_;
   std::string ipc_refusal_;
+  /// The nccl backend, made by the first call that asks for it (collective, as that call is).
+  Nccl* nccl(std::string& refusal);
+  tutti::Communicator host_;  // a handle: the nccl backend splits its duplicate at first use
+  std::unique_ptr<Nccl> nccl_;
+  bool nccl_tried_ = false;
+  std::string nccl_refusal_;
 };
 
 }  // namespace tutti::gpu::detail

@@ -26,6 +26,19 @@ constexpr std::size_t block_bytes = 256;        // one rank's flags (each on its
 constexpr std::size_t words_per_line = 64 / 4;  // uint32 words
 constexpr std::uint32_t release_lead = 1u << 30;
 constexpr auto liveness_period = std::chrono::milliseconds(100);
+constexpr std::size_t failure_text_bytes = 256;  // the published failure's text, after its word
+constexpr std::uint32_t being_written = 0xffffffffu;
+
+// Whether process `pid` is gone or a zombie (kill(pid, 0) still succeeds on a zombie, which the
+// launcher may not have reaped yet).
+bool process_dead(std::int64_t pid) {
+  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(stat, text);
+  const auto close = text.rfind(") ");
+  return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'Z' || text[close + 2] == 'X');
+}
 
 bool at_least(std::uint32_t value, std::uint32_t n) { return static_cast<std::int32_t>(value - n) >= 0; }
 
@@ -58,7 +71,7 @@ Ipc::Ipc(std::shared_ptr<device::Device> device, tutti::Communicator host, std::
       size_(host_.size()),
       capacity_(capacity) {
   const auto p = static_cast<std::size_t>(size_);
-  control_bytes_ = p * block_bytes + 64;
+  control_bytes_ = p * block_bytes + 64 + failure_text_bytes;
   Entry mine;
   std::string why;
   std::snprintf(mine.host, sizeof(mine.host), "%s", host_identity().c_str());
@@ -149,7 +162,7 @@ Ipc::~Ipc() {
     for (int j = 0; j < size_; ++j)
       while (!at_least(device::Device::load_flag(flag(j, consumed)), last)) {
         if (published_failure() || std::chrono::steady_clock::now() > deadline ||
-            (kill(static_cast<pid_t>(pids_[static_cast<std::size_t>(j)]), 0) != 0 && errno == ESRCH)) {
+            process_dead(pids_[static_cast<std::size_t>(j)])) {
           peers_done = false;
           break;
         }
@@ -194,7 +207,10 @@ bool Ipc::serves(const DeviceCall& dc, std::string* why) const {
   }
 }
 
-void Ipc::check() const {
+void Ipc::check() {
+  // Another rank's failure counts as soon as it is published, before this rank's watchdog looks.
+  if (!failed_.load(std::memory_order_acquire))
+    if (auto error = published_failure()) fail(*error);
   if (!failed_.load(std::memory_order_acquire)) return;
   std::lock_guard lock(mutex_);
   throw *failure_;
@@ -365,7 +381,12 @@ std::string Ipc::describe_operation(const Operation& op) {
 bool Ipc::poll(Watch& w) {
   using clock = std::chrono::steady_clock;
   const Operation& op = w.op;
-  if (at_least(device::Device::load_flag(done_), op.n)) return true;
+  if (at_least(device::Device::load_flag(done_), op.n)) {
+    // Done, perhaps because another rank failed and raised every flag: then its failure is ours.
+    if (!failed_.load())
+      if (auto error = published_failure()) fail(*error);
+    return true;
+  }
   if (failed_.load()) {
     release_all();  // until this rank's stream is through: a peer's stream may write a flag back
     return false;
@@ -391,7 +412,7 @@ bool Ipc::poll(Watch& w) {
   } else if (now >= w.next_liveness) {
     w.next_liveness = now + liveness_period;
     for (int j = 0; j < size_; ++j)
-      if (j != rank_ && kill(static_cast<pid_t>(pids_[static_cast<std::size_t>(j)]), 0) != 0 && errno == ESRCH) {
+      if (j != rank_ && process_dead(pids_[static_cast<std::size_t>(j)])) {
         fail(Error(ErrorCode::peer_failure, describe_operation(op) + ": rank " + std::to_string(j) + " (pid " +
                                                 std::to_string(pids_[static_cast<std::size_t>(j)]) + ") died"));
         break;
@@ -401,15 +422,16 @@ bool Ipc::poll(Watch& w) {
 }
 
 std::optional<Error> Ipc::published_failure() const {
-  auto* word = reinterpret_cast<std::uint32_t*>(control_ + static_cast<std::size_t>(size_) * block_bytes);
-  const std::uint32_t packed = std::atomic_ref<std::uint32_t>(*word).load(std::memory_order_acquire);
-  if (packed == 0) return std::nullopt;
-  const std::uint32_t code = packed & 0xff;
+  const auto* word = reinterpret_cast<std::uint32_t*>(control_ + static_cast<std::size_t>(size_) * block_bytes);
+  const std::uint32_t packed =
+      std::atomic_ref<std::uint32_t>(*const_cast<std::uint32_t*>(word)).load(std::memory_order_acquire);
+  if (packed == 0 || packed == being_written) return std::nullopt;  // being written: the next look sees it
+  const auto code = static_cast<ErrorCode>((packed & 0xff) - 1);
   const auto by = static_cast<int>(packed >> 8);
   if (by == rank_) return std::nullopt;
-  return Error(static_cast<ErrorCode>(code - 1), "ipc: rank " + std::to_string(by) + " failed (" +
-                                                     std::string(to_string(static_cast<ErrorCode>(code - 1))) +
-                                                     "): see its error");
+  const char* text = reinterpret_cast<const char*>(word) + 64;
+  return Error(code,
+               "ipc: rank " + std::to_string(by) + " failed: " + std::string(text, strnlen(text, failure_text_bytes)));
 }
 
 void Ipc::fail(const Error& error) {
@@ -420,11 +442,22 @@ void Ipc::fail(const Error& error) {
       failed_.store(true, std::memory_order_release);
     }
   }
+  // The first rank to fail publishes its code, its rank and its text (so that every rank names
+  // the dead peer or the late ones): it claims the word, writes the text, then the word's value
+  // (code + 1) | rank << 8. All before the release, so a rank whose stream was released by it
+  // finds the failure published.
   auto* word = reinterpret_cast<std::uint32_t*>(control_ + static_cast<std::size_t>(size_) * block_bytes);
-  // One word: (code + 1) | rank << 8, so that two ranks failing at once cannot mix their halves.
   std::uint32_t expected = 0;
-  const auto packed = (static_cast<std::uint32_t>(error.code()) + 1) | static_cast<std::uint32_t>(rank_) << 8;
-  std::atomic_ref<std::uint32_t>(*word).compare_exchange_strong(expected, packed, std::memory_order_acq_rel);
+  if (std::atomic_ref<std::uint32_t>(*word).compare_exchange_strong(expected, being_written,
+                                                                    std::memory_order_acq_rel)) {
+    char* text = reinterpret_cast<char*>(word) + 64;
+    const std::string what = error.what();
+    const std::size_t n = std::min(what.size(), failure_text_bytes - 1);
+    std::memcpy(text, what.data(), n);
+    text[n] = '\0';
+    const auto packed = (static_cast<std::uint32_t>(error.code()) + 1) | static_cast<std::uint32_t>(rank_) << 8;
+    std::atomic_ref<std::uint32_t>(*word).store(packed, std::memory_order_release);
+  }
   release_all();
 }
 

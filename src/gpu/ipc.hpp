@@ -57,7 +57,8 @@ class Ipc {
 
   /// Whether this backend runs `call`; else `why` says why not.
   bool serves(const DeviceCall& call, std::string* why = nullptr) const;
-  void check() const;
+  /// Raises this rank's failure, or one another rank published (which it then records).
+  void check();
   void enqueue(const DeviceCall& call, device::Stream stream);
 
   /// TUTTI_GPU_IPC_BYTES, else 32 MiB: the staging each rank shares.
