@@ -29,7 +29,7 @@ constexpr DeviceCollective table[] = {
 
 // The backends gpu::Communicator has (Options::algorithm picks one); the others are refused here
 // with the list, before any rank enqueues.
-constexpr std::string_view available_backends[] = {"automatic", "host_transfer", "ipc"};
+constexpr std::string_view available_backends[] = {"automatic", "host_transfer", "ipc", "nccl"};
 constexpr std::string_view known_backends[] = {"automatic", "host_transfer", "ipc", "nccl"};
 
 template <class Range>
