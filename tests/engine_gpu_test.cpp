@@ -20,6 +20,7 @@
 
 #include "device/device.hpp"
 #include "gpu/gpu_impl.hpp"
+#include "gpu_harness.hpp"
 #include "harness.hpp"
 #include "test_waits.hpp"
 #include "tutti/engine.hpp"
@@ -40,9 +41,10 @@ using tutti::testing::input_value;
 using tutti::testing::reference_reduction;
 using namespace std::chrono_literals;
 
-constexpr auto deadline = 60s;  // only a hang reaches it
-
-using Bytes = std::vector<std::byte>;
+using tutti::testing::gpu::Bytes;
+using tutti::testing::gpu::deadline;
+using tutti::testing::gpu::device_of;
+using tutti::testing::gpu::values;
 
 EngineOptions quiet(std::chrono::microseconds cycle = 1000us) {
   EngineOptions o;
@@ -59,15 +61,6 @@ void run_gpu_ranks(int p, const std::function<void(tutti::Communicator&, tutti::
     fn(hosts[static_cast<std::size_t>(r)], gpu, r);
   });
   EXPECT_EQ(failures, "");
-}
-
-tutti::device::Device& device_of(tutti::gpu::Communicator& gpu) { return gpu.impl()->device(); }
-
-Bytes values(DataType type, std::size_t count, const std::function<double(std::size_t)>& value) {
-  const std::size_t es = tutti::size_of(type);
-  Bytes out(count * es);
-  for (std::size_t i = 0; i < count; ++i) tutti::testing::store(type, out.data() + i * es, value(i));
-  return out;
 }
 
 // A device buffer of `bytes` bytes (at least 1, so that count 0 still has an address).
