@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/tuning.hpp"
 #include "device/device.hpp"
 #include "gpu/host_transfer.hpp"
 #include "gpu_harness.hpp"
@@ -437,6 +438,57 @@ TEST(GpuCollectives, HostTransferBurstLargerThanItsStagingPool) {
     gpu.destroy_stream(stream);
     device.free_pinned(hold);
   });
+}
+
+// automatic follows the tuning table's entries for the device "transports" (gpu:emulated here)
+// where the backend they name runs the call, else ipc where it serves, else host_transfer; GPU
+// backends are refused for host transports and host algorithms for device ones.
+TEST(GpuCollectives, AutomaticTakesTheTuningTablesBackend) {
+  namespace choice = tutti::detail::choice;
+  const std::string head = R"({"version": 1, "entries": [)";
+  const auto entry = [](const char* collective, const char* transport, const char* algorithm, int max) {
+    return std::string(R"({"collective": ")") + collective + R"(", "transport": ")" + transport +
+           R"(", "ranks": 2, "min_bytes": 0, "max_bytes": )" + std::to_string(max) + R"(, "algorithm": ")" + algorithm +
+           R"("})";
+  };
+  const auto refused = [&](const std::string& one) {
+    try {
+      choice::Table::parse(head + one + "]}", "test");
+    } catch (const tutti::Error& error) {
+      return error.code() == ErrorCode::invalid_argument;
+    }
+    return false;
+  };
+  EXPECT_TRUE(refused(entry("allreduce", "shm", "ipc", 100)));
+  EXPECT_TRUE(refused(entry("allreduce", "gpu:emulated", "ring", 100)));
+  choice::set_active(choice::Table::parse(head + entry("allreduce", "gpu:emulated", "host_transfer", 1000) + "," +
+                                              entry("broadcast", "gpu:emulated", "nccl", 1 << 20) + "," +
+                                              entry("alltoall", "gpu:emulated", "ipc", 1 << 20) + "]}",
+                                          "test"));
+  run_gpu_ranks(2, [&](tutti::gpu::Communicator& gpu, int) {
+    DeviceBuffer data(gpu, 4096 * 4);
+    auto call = [&](tutti::Collective collective, std::size_t count) {
+      return tutti::gpu::detail::DeviceCall{
+          .call = tutti::detail::make_call(
+              collective, data.data, data.data, count, DataType::f32,
+              collective == tutti::Collective::allreduce ? std::optional<ReduceOp>(ReduceOp::sum) : std::nullopt,
+              collective == tutti::Collective::broadcast ? 0 : -1, {})};
+    };
+    auto& impl = *gpu.impl();
+    const auto expect = [&](Algorithm got, Algorithm want, const std::string& what) {
+      if (got != want)
+        throw std::runtime_error(what + ": " + std::string(tutti::to_string(got)) + ", expected " +
+                                 std::string(tutti::to_string(want)));
+    };
+    expect(impl.automatic_backend(call(tutti::Collective::allreduce, 250)), Algorithm::host_transfer,
+           "1000 bytes, the table's host_transfer");
+    expect(impl.automatic_backend(call(tutti::Collective::allreduce, 251)), Algorithm::ipc, "past the entry: ipc");
+    expect(impl.automatic_backend(call(tutti::Collective::broadcast, 100)), Algorithm::ipc,
+           "nccl cannot run on the emulated device: ipc");
+    expect(impl.automatic_backend(call(tutti::Collective::alltoall, 10)), Algorithm::host_transfer,
+           "ipc has no alltoall: host_transfer");
+  });
+  choice::set_active(choice::Table{});
 }
 
 }  // namespace

@@ -65,10 +65,16 @@ class Reader {
     const auto c = core::collective_from_name(collective);
     if (!c) fail(where, "unknown collective '" + collective + "'");
     const auto a = core::algorithm_from_name(algorithm);
-    if (!a || *a == Algorithm::automatic || is_gpu_backend(*a)) fail(where, "unknown algorithm '" + algorithm + "'");
+    out.transport = text(e, "transport", where);
+    // GPU backends belong to the device "transports" (gpu:emulated, gpu:cuda), host algorithms to
+    // the others.
+    const bool device = out.transport.starts_with("gpu:");
+    if (!a || *a == Algorithm::automatic || is_gpu_backend(*a) != device)
+      fail(where, "unknown algorithm '" + algorithm + "'" +
+                      (a && is_gpu_backend(*a) != device ? std::string(" for transport '") + out.transport + "'"
+                                                         : std::string()));
     out.collective = *c;
     out.algorithm = *a;
-    out.transport = text(e, "transport", where);
     const std::size_t ranks = size(e, "ranks", where);
     if (ranks < 1 || ranks > 1u << 30) fail(where, "'ranks' must be at least 1");
     out.ranks = static_cast<int>(ranks);

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "comm/comm_impl.hpp"
+#include "comm/tuning.hpp"
 #include "gpu/gpu_impl.hpp"
 
 namespace tutti::gpu {
@@ -111,12 +112,37 @@ void Impl::enqueue(DeviceCall call, device::Stream stream) {
       return backend->enqueue(call, stream);
     }
     case Algorithm::automatic:
-      if (ipc_serves) return ipc_->enqueue(call, stream);
+      switch (automatic_backend(call)) {
+        case Algorithm::ipc:
+          return ipc_->enqueue(call, stream);
+        case Algorithm::nccl:
+          return nccl_->enqueue(call, stream);
+        default:
+          break;
+      }
       break;
     default:
       break;
   }
   backend_->enqueue(call, stream);
+}
+
+Algorithm Impl::automatic_backend(const DeviceCall& call) {
+  const bool ipc_serves = ipc_ && ipc_->serves(call, nullptr);
+  if (call.kind == DeviceCall::Kind::collective) {
+    namespace choice = tutti::detail::choice;
+    choice::load_from_environment();
+    const std::string transport = "gpu:" + std::string(device::to_string(device_->kind()));
+    const std::size_t bytes = call.call.count * size_of(call.call.type);
+    if (const auto tuned = choice::active().lookup(call.call.collective, transport, size_, bytes)) {
+      std::string refusal;
+      if (*tuned == Algorithm::host_transfer) return Algorithm::host_transfer;
+      if (*tuned == Algorithm::ipc && ipc_serves) return Algorithm::ipc;
+      if (*tuned == Algorithm::nccl)
+        if (Nccl* backend = nccl(refusal); backend != nullptr && backend->serves(call, nullptr)) return Algorithm::nccl;
+    }
+  }
+  return ipc_serves ? Algorithm::ipc : Algorithm::host_transfer;
 }
 
 }  // namespace detail

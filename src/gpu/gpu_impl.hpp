@@ -32,6 +32,10 @@ class Impl {
   /// Raises a recorded failure, validates `call`, picks its backend from call.options.algorithm
   /// and enqueues it on `stream`.
   void enqueue(DeviceCall call, device::Stream stream);
+  /// The backend `automatic` takes for `call`: the tuning table's entry for transport
+  /// "gpu:<device kind>" where it names a backend that runs the call here, else ipc where it
+  /// serves the call, else host_transfer. Collective where it makes the nccl backend.
+  Algorithm automatic_backend(const DeviceCall& call);
 
  private:
   int rank_;
