@@ -7,17 +7,20 @@
 #      the GPU is there) and ctest -L emulated (the same protocols on the emulated device);
 #   4. tutti-bench --device cuda --peers sync for every backend at p = 1, 2, 4 (under tutti-run),
 #      every collective gpu::Communicator has, checked; a backend tutti-bench refuses as not built
-#      yet is listed as skipped.
+#      yet is listed as skipped;
+#   5. tutti-bench --device cuda --kernels on one rank: the reduction kernels (f32 sum, bf16 sum)
+#      beside a device-to-device copy, checked.
 # The suites run ranks as threads with their own rank counts (gpu_test and device_test name their
 # device; the CUDA build of the device suite is device_gpu_test, label gpu), so only tutti-bench
 # takes a process count.
 # Without a GPU (no nvidia-smi, or it fails) it says so and runs the emulated-device versions
-# instead (ctest -L emulated, tutti-bench --device emulated, and --device cuda's one-line refusal),
-# so that the script itself is exercised. Ends with "gpu_check: N passed, M failed"; the exit status
-# is 1 if anything failed (no GPU alone is not a failure).
+# instead (ctest -L emulated, tutti-bench --device emulated, --kernels included, and --device cuda's
+# one-line refusal), so that the script itself is exercised. Ends with "gpu_check: N passed, M
+# failed"; the exit status is 1 if anything failed (no GPU alone is not a failure).
 #
 #   scripts/gpu_check.sh            (build directory: build-gpu, or TUTTI_GPU_CHECK_BUILD)
 #   TUTTI_GPU_CHECK_BENCH="-b 8 -e 1G -f 2" scripts/gpu_check.sh    (tutti-bench's sizes)
+#   TUTTI_GPU_CHECK_KERNELS="-b 1M -e 1G -f 4" scripts/gpu_check.sh  (--kernels' sizes)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 build=${TUTTI_GPU_CHECK_BUILD:-build-gpu}
@@ -114,17 +117,44 @@ bench_run() {
   fi
 }
 
+# kernels_run DEVICE: tutti-bench --kernels on one rank, the device's reduction kernel beside a
+# D2D copy for f32 sum and bf16 sum, every row checked bit for bit against the host's kernel.
+kernels_run() {
+  local device=$1 name="tutti-bench --device $1 --kernels" out="$logs/kernels-$1" sizes
+  if [[ $device == cuda ]]; then
+    sizes=${TUTTI_GPU_CHECK_KERNELS:--b 8 -e 256M -f 4}
+  else
+    sizes=${TUTTI_GPU_CHECK_KERNELS:--b 8 -e 1M -f 8 -n 5 -w 2}
+  fi
+  echo "== $name"
+  # shellcheck disable=SC2086
+  timeout -s KILL 600 "$run" -n 1 --timeout-ms 120000 "$bench" --no-progress --device "$device" --kernels \
+    -d f32,bf16 -o sum $sizes -c 1 --json "$out.json" >"$out.log" 2>"$out.err"
+  local status=$?
+  cat "$out.log"
+  if [[ $status -ne 0 ]]; then
+    sed 's/^/    | /' "$out.err" | tail -n 20
+    flunk "$name (exit status $status)"
+  elif ! grep -q "Out of bounds values : 0 OK" "$out.log"; then
+    flunk "$name (no clean footer)"
+  else
+    pass "$name"
+  fi
+}
+
 if ((gpu)); then
   suite gpu
   suite emulated
   for p in 1 2 4; do
     for backend in host_transfer ipc nccl automatic; do bench_run cuda "$backend" "$p"; done
   done
+  kernels_run cuda
 else
   suite emulated
   for p in 1 2 4; do
     for backend in host_transfer ipc nccl automatic; do bench_run emulated "$backend" "$p"; done
   done
+  kernels_run emulated
   echo "== tutti-bench --device cuda without a GPU"
   timeout -s KILL 60 "$run" -n 2 "$bench" --no-progress --device cuda >"$logs/cuda-refused.log" 2>&1
   status=$?

@@ -3,9 +3,10 @@
 # and ops, every algorithm, the Gloo peer, the ceiling, JSON), a deliberately corrupted result
 # that must be counted, bad flags, --calibrate and --tune writing a tuning file that a later run
 # loads, (when given mpirun) the MPI peer, and device mode: gpu::Communicator's collectives on the
-# emulated device with the sync peer and the D2D copy columns, and --device cuda, which must run
-# where there is a GPU and fail with one clear line where there is none. Every run is bounded by
-# `timeout`; the temporary directory is removed at the end.
+# emulated device with the sync peer and the D2D copy columns, --kernels (the device's reduction
+# kernel beside a D2D copy, on one rank), and --device cuda, which must run where there is a GPU
+# and fail with one clear line where there is none. Every run is bounded by `timeout`; the
+# temporary directory is removed at the end.
 #
 #   bench_test.sh PATH/TO/tutti-run PATH/TO/tutti-bench [PATH/TO/mpirun]
 set -u
@@ -250,9 +251,68 @@ if [[ $status -eq 0 ]] || ! grep -q "Out of bounds values : [1-9][0-9]* ERROR" "
 else
   ok "device mode: a corrupted result copied back is counted as #wrong and fails the run"
 fi
+# --kernels: the device's reduction kernel (dst = a op b) beside a D2D copy, on one rank, each row
+# checked bit for bit against the host's kernel. Rows: size count type redop, the reduce's time and
+# GB/s (3 x bytes), the copy's time and GB/s (2 x bytes), their ratio and #wrong.
+kernel_rows_clean() {
+  local n
+  n=$(rows | wc -l)
+  [[ $n -eq $3 ]] || { echo "$n rows, expected $3"; return 1; }
+  rows | awk -v type="$1" -v op="$2" '{
+    if (NF != 10) { print "not 10 columns: " $0; bad = 1; next }
+    if ($3 != type || $4 != op) { print "not " type " " op ": " $0; bad = 1 }
+    if ($1 != $2 * (type == "bf16" ? 2 : 4)) { print "size is not count x element size: " $0; bad = 1 }
+    for (i = 5; i <= 9; i++) if ($i !~ /^[0-9.]+$/) { print "not a number: " $0; bad = 1 }
+    if ($5 + 0 <= 0 || $7 + 0 <= 0) { print "no reduce or copy time: " $0; bad = 1 }
+    if ($10 != "0") { print "wrong: " $0; bad = 1 }
+  } END { exit bad }'
+}
+for kernel in "f32 sum" "bf16 max"; do
+  read -r type op <<<"$kernel"
+  bench 1 --device emulated --kernels -b 8 -e 256K -f 8 -n 3 -w 1 -d "$type" -o "$op" --json "$tmp/kernels.json"
+  if [[ $status -ne 0 ]]; then
+    fail "kernels $kernel" "exit status $status"
+  elif ! why=$(kernel_rows_clean "$type" "$op" 6); then
+    fail "kernels $kernel" "$why"
+  elif ! grep -Eq "# +size +count +type +redop +time +GB/s +time +GB/s +red/copy +#wrong" "$tmp/out" ||
+    ! grep -Eq "# +\(B\) +\(elements\) +\(us\) +\(3 x B\) +\(us\) +\(2 x B\)" "$tmp/out"; then
+    fail "kernels $kernel" "not the expected columns"
+  elif ! grep -q "Out of bounds values : 0 OK" "$tmp/out" || ! grep -q "D2D copy ceiling" "$tmp/out" ||
+    ! grep -q "Device  *: emulated (functional only" "$tmp/out"; then
+    fail "kernels $kernel" "no footer"
+  elif ! /usr/bin/python3 - "$tmp/kernels.json" "$type" "$op" <<'EOF'; then
+import json, sys
+doc = json.load(open(sys.argv[1]))
+rows = doc["results"]
+assert doc["mode"] == "kernels" and doc["device"] == "emulated" and doc["ranks"] == 1, doc
+assert len(rows) == 6 and all(r["type"] == sys.argv[2] and r["op"] == sys.argv[3] for r in rows), rows
+assert all(r["wrong"] == 0 and r["reduce_us"] > 0 and r["copy_us"] > 0 for r in rows)
+for r in rows:
+    assert abs(r["reduce_GBps"] - 3 * r["bytes"] / r["reduce_us"] / 1e3) < 1e-6 * r["reduce_GBps"], r
+    assert abs(r["copy_GBps"] - 2 * r["bytes"] / r["copy_us"] / 1e3) < 1e-6 * r["copy_GBps"], r
+    assert abs(r["reduce_over_copy"] - r["reduce_GBps"] / r["copy_GBps"]) < 1e-6 * r["reduce_over_copy"], r
+EOF
+    fail "kernels $kernel" "the JSON file does not hold the kernel rows"
+  else
+    ok "--kernels on the emulated device, $kernel: 6 sizes, 0 wrong, reduce and copy columns, JSON"
+  fi
+done
+bench 1 --device emulated --kernels -b 64 -e 1K -f 4 -n 1 -w 0 --corrupt-for-testing
+if [[ $status -ne 1 ]] || ! grep -q "Out of bounds values : [1-9][0-9]* ERROR" "$tmp/out"; then
+  fail "kernels corrupted result" "status $status; the damage was not counted"
+else
+  ok "--kernels: a corrupted result is counted as #wrong and fails the run"
+fi
+bench 2 --device emulated --kernels -b 64 -e 1K
+if [[ $status -eq 0 ]] || [[ $(grep -c "tutti-bench: --kernels runs on one rank" "$tmp/err") -ne 1 ]]; then
+  fail "kernels on two ranks" "status $status: $(head -c 400 "$tmp/err")"
+else
+  ok "--kernels on two ranks is refused in one line"
+fi
 for args in "--device tpu" \
   "--device emulated --backend carrier-pigeon" "--backend host_transfer" "--device emulated --peers mpi" \
-  "--device emulated -t sendrecv" "--device emulated -a ring" "--device emulated --ceiling" "--peers sync"; do
+  "--device emulated -t sendrecv" "--device emulated -a ring" "--device emulated --ceiling" "--peers sync" \
+  "--kernels" "--device emulated --kernels -t allreduce" "--device emulated --kernels --peers sync"; do
   # shellcheck disable=SC2086
   timeout 20 "$bench" $args >"$tmp/out" 2>"$tmp/err"
   status=$?

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "bench/device_collectives.hpp"
+#include "bench/device_kernels.hpp"
 #include "bench/device_runner.hpp"
 #include "comm/comm_impl.hpp"
 #include "device/device.hpp"
@@ -92,6 +93,14 @@ void sweep(DeviceContext& context, Report& report) {
 
 int run_device(Communicator& world, const BenchOptions& options, const std::string& launcher) {
   const bool printer = world.rank() == 0;
+  // --kernels times one device's kernels: one rank, so that no other rank shares the device or
+  // waits for it with a deadline.
+  if (options.kernels && world.size() != 1) {
+    if (printer)
+      std::fprintf(stderr, "tutti-bench: --kernels runs on one rank (this job has %d): launch it with -n 1\n",
+                   world.size());
+    return 2;
+  }
   if (options.root >= world.size()) throw std::invalid_argument("-r: root must be below the number of ranks");
   const device::Kind kind = options.device == "cuda" ? device::Kind::cuda : device::Kind::emulated;
   std::string why;
@@ -101,6 +110,15 @@ int run_device(Communicator& world, const BenchOptions& options, const std::stri
     return 1;
   }
   const std::string transport(world.impl()->transport_name());
+  if (options.kernels) {
+    std::printf("# tutti-bench: device kernels on %s; %s\n", device_name.c_str(), options.command_line.c_str());
+    gpu::Communicator gpu(world, kind == device::Kind::cuda ? gpu::DeviceKind::cuda : gpu::DeviceKind::emulated);
+    gpu::Stream stream = gpu.create_stream();
+    DeviceContext context{world, gpu, stream, options, device_options(options.backend)};
+    const int status = run_kernels(context, device_name, launcher);
+    gpu.destroy_stream(stream);
+    return status;
+  }
   if (printer)
     std::printf("# tutti-bench: %d ranks over %s, device %s, backend %s; %s\n", world.size(), transport.c_str(),
                 device_name.c_str(), options.backend.c_str(), options.command_line.c_str());

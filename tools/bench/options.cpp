@@ -36,6 +36,8 @@ constexpr const char* usage_text = R"(usage: tutti-bench [flags]   (run under tu
       --device KIND       host (default), or emulated or cuda: the collectives of
                           gpu::Communicator on device buffers, enqueued on a stream
       --backend NAME      with --device: automatic (default), host_transfer, ipc, nccl
+      --kernels           with --device, on one rank: the device's reduction kernel
+                          (dst = a op b) beside a device-to-device copy, per -d, -o and size
       --ceiling           measure memory bandwidth and flag latency; show t_bound / t
       --calibrate         measure the cost model's alpha, beta, gamma for this transport
       --tune              sweep every algorithm and write a tuning table (with --calibrate's model)
@@ -119,6 +121,12 @@ void validate_device(const BenchOptions& o) {
   if (o.device != "emulated" && o.device != "cuda")
     throw std::invalid_argument("--device: unknown device '" + o.device + "' (host, emulated, cuda)");
   check_backend(o.backend);
+  if (o.kernels) {
+    if (o.kinds_given) throw std::invalid_argument("--kernels: times the reduction kernels, not a collective (no -t)");
+    if (!o.peers.empty()) throw std::invalid_argument("--kernels: no peers (every row times the D2D copy beside it)");
+    if (o.backend != "automatic")
+      throw std::invalid_argument("--kernels: no --backend (the kernels run on the device, not through a backend)");
+  }
   if (o.algorithm != Algorithm::automatic || o.all_algorithms)
     throw std::invalid_argument("-a/--all-algorithms: host mode only (with --device, choose a --backend)");
   if (o.tune || o.calibrate) throw std::invalid_argument("--tune/--calibrate: host mode only");
@@ -140,6 +148,7 @@ void validate(const BenchOptions& o) {
   if (o.iterations && *o.iterations < 1) throw std::invalid_argument("-n must be at least 1");
   if (o.warmup < 0) throw std::invalid_argument("-w must not be negative");
   if (o.root < 0) throw std::invalid_argument("-r must not be negative");
+  if (o.kernels && !device_mode(o)) throw std::invalid_argument("--kernels: only with --device emulated or cuda");
   if (device_mode(o)) return validate_device(o);
   if (o.backend != "automatic") throw std::invalid_argument("--backend: only with --device emulated or cuda");
   for (const std::string& peer : o.peers)
@@ -278,6 +287,8 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
       o.device = value();
     } else if (flag == "--backend") {
       o.backend = value();
+    } else if (flag == "--kernels") {
+      o.kernels = true;
     } else if (flag == "--ceiling") {
       o.ceiling = true;
     } else if (flag == "--tune" || flag == "--calibrate") {

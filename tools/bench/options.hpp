@@ -41,6 +41,7 @@ struct BenchOptions {
   std::vector<std::string> peers;     // "mpi", "gloo"; in device mode "sync"
   std::string device = "host";        // --device: host, emulated or cuda (device mode: gpu::Communicator)
   std::string backend = "automatic";  // --backend (device mode only)
+  bool kernels = false;               // --kernels: the device's reduction kernels beside a D2D copy
   bool ceiling = false;
   bool calibrate = false;
   bool tune = false;
