@@ -37,44 +37,47 @@ __device__ __forceinline__ void store(void* p, std::size_t i, const Vector<T>& v
   static_cast<uint4*>(p)[i] = raw;
 }
 
-// Each thread reads all its inputs before it writes, so dst may alias a or b exactly.
-template <Op op, class T>
-__global__ void reduce_kernel(T* dst, const T* a, const T* b, std::size_t count, bool vectors, DefaultNan nan) {
+// The one grid-stride loop of every kernel: vector(i) for each 16-byte vector i when `vectors`,
+// then one(i) for each element past them (all of them otherwise).
+template <class T, class Vectors, class One>
+__device__ void grid_stride(std::size_t count, bool vectors, Vectors vector, One one) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   std::size_t done = 0;
   if (vectors) {
-    constexpr int lanes = Vector<T>::lanes;
-    const std::size_t n = count / lanes;
-    for (std::size_t i = first; i < n; i += stride) {
-      const Vector<T> x = load<T>(a, i), y = load<T>(b, i);
-      Vector<T> r;
-#pragma unroll
-      for (int k = 0; k < lanes; ++k) r.lane[k] = kernels::combine<op>(x.lane[k], y.lane[k], nan);
-      store<T>(dst, i, r);
-    }
-    done = n * lanes;
+    const std::size_t n = count / Vector<T>::lanes;
+    for (std::size_t i = first; i < n; i += stride) vector(i);
+    done = n * Vector<T>::lanes;
   }
-  for (std::size_t i = done + first; i < count; i += stride) dst[i] = kernels::combine<op>(a[i], b[i], nan);
+  for (std::size_t i = done + first; i < count; i += stride) one(i);
+}
+
+// Each thread reads all its inputs before it writes, so dst may alias a or b exactly.
+template <Op op, class T>
+__global__ void reduce_kernel(T* dst, const T* a, const T* b, std::size_t count, bool vectors, DefaultNan nan) {
+  grid_stride<T>(
+      count, vectors,
+      [&](std::size_t i) {
+        const Vector<T> x = load<T>(a, i), y = load<T>(b, i);
+        Vector<T> r;
+#pragma unroll
+        for (int k = 0; k < Vector<T>::lanes; ++k) r.lane[k] = kernels::combine<op>(x.lane[k], y.lane[k], nan);
+        store<T>(dst, i, r);
+      },
+      [&](std::size_t i) { dst[i] = kernels::combine<op>(a[i], b[i], nan); });
 }
 
 template <class T>
 __global__ void divide_kernel(T* data, std::size_t count, bool vectors, int divisor) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  std::size_t done = 0;
-  if (vectors) {
-    constexpr int lanes = Vector<T>::lanes;
-    const std::size_t n = count / lanes;
-    for (std::size_t i = first; i < n; i += stride) {
-      Vector<T> x = load<T>(data, i);
+  grid_stride<T>(
+      count, vectors,
+      [&](std::size_t i) {
+        Vector<T> x = load<T>(data, i);
 #pragma unroll
-      for (int k = 0; k < lanes; ++k) x.lane[k] = kernels::divide(x.lane[k], divisor);
-      store<T>(data, i, x);
-    }
-    done = n * lanes;
-  }
-  for (std::size_t i = done + first; i < count; i += stride) data[i] = kernels::divide(data[i], divisor);
+        for (int k = 0; k < Vector<T>::lanes; ++k) x.lane[k] = kernels::divide(x.lane[k], divisor);
+        store<T>(data, i, x);
+      },
+      [&](std::size_t i) { data[i] = kernels::divide(data[i], divisor); });
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
