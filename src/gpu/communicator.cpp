@@ -14,6 +14,7 @@ Impl::Impl(tutti::Communicator& host, device::Kind kind, int ordinal)
     : rank_(host.rank()), size_(host.size()), host_(host) {
   if (size_ <= 0) throw Error(ErrorCode::invalid_argument, "gpu::Communicator: the host communicator is empty");
   device_ = device::make_device(kind, ordinal);
+  tuning_transport_ = "gpu:" + std::string(device::to_string(device_->kind()));
   // A private duplicate: only the progress thread calls it, so `host` stays the caller's.
   backend_ = std::make_unique<HostTransfer>(device_, host.split(0, host.rank()));
   // Another duplicate for ipc's watchdog; the backend refuses alike on every rank.
@@ -94,10 +95,9 @@ void Impl::enqueue(DeviceCall call, device::Stream stream) {
   if (is_gpu_backend(asked)) call.call.options.algorithm = Algorithm::automatic;
   validate(call);
   std::string why;
-  const bool ipc_serves = ipc_ && ipc_->serves(call, &why);
   switch (asked) {
     case Algorithm::ipc:
-      if (!ipc_serves)
+      if (!ipc_ || !ipc_->serves(call, &why))
         throw Error(ErrorCode::unsupported, "tutti::gpu: the ipc backend cannot run this " +
                                                 std::string(to_string(call.call.collective)) + ": " +
                                                 (ipc_ ? why : ipc_refusal_));
@@ -132,9 +132,8 @@ Algorithm Impl::automatic_backend(const DeviceCall& call) {
   if (call.kind == DeviceCall::Kind::collective) {
     namespace choice = tutti::detail::choice;
     choice::load_from_environment();
-    const std::string transport = "gpu:" + std::string(device::to_string(device_->kind()));
     const std::size_t bytes = call.call.count * size_of(call.call.type);
-    if (const auto tuned = choice::active().lookup(call.call.collective, transport, size_, bytes)) {
+    if (const auto tuned = choice::active().lookup(call.call.collective, tuning_transport_, size_, bytes)) {
       std::string refusal;
       if (*tuned == Algorithm::host_transfer) return Algorithm::host_transfer;
       if (*tuned == Algorithm::ipc && ipc_serves) return Algorithm::ipc;

@@ -41,6 +41,7 @@ class Impl {
   int rank_;
   int size_;
   std::shared_ptr<device::Device> device_;
+  std::string tuning_transport_;  // "gpu:<device kind>": the tuning table's name for it
   std::unique_ptr<HostTransfer> backend_;
   std::unique_ptr<Ipc> ipc_;
   std::string ipc_refusal_;

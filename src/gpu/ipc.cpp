@@ -6,12 +6,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <string>
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -28,17 +26,6 @@ constexpr std::uint32_t release_lead = 1u << 30;
 constexpr auto liveness_period = std::chrono::milliseconds(100);
 constexpr std::size_t failure_text_bytes = 256;  // the published failure's text, after its word
 constexpr std::uint32_t being_written = 0xffffffffu;
-
-// Whether process `pid` is gone or a zombie (kill(pid, 0) still succeeds on a zombie, which the
-// launcher may not have reaped yet).
-bool process_dead(std::int64_t pid) {
-  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  std::getline(stat, text);
-  const auto close = text.rfind(") ");
-  return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'Z' || text[close + 2] == 'X');
-}
 
 bool at_least(std::uint32_t value, std::uint32_t n) { return static_cast<std::int32_t>(value - n) >= 0; }
 

@@ -4,11 +4,9 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -362,7 +360,7 @@ class NcclBackend final : public Nccl {
         next_liveness = now + liveness_period;
         for (int j = 0; j < size_; ++j) {
           const auto pid = static_cast<pid_t>(local_pids_[static_cast<std::size_t>(j)]);
-          if (j != rank_ && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
+          if (j != rank_ && pid > 0 && process_dead(pid)) {
             fail(Error(ErrorCode::peer_failure, describe_operation(op) + ": rank " + std::to_string(j) + " (pid " +
                                                     std::to_string(pid) + ") died"));
             return;

@@ -6,6 +6,10 @@
 #include <fstream>
 #include <vector>
 
+#include <signal.h>
+
+#include <cerrno>
+
 #include "comm/topology.hpp"
 
 namespace tutti::gpu::detail {
@@ -65,6 +69,15 @@ std::optional<Error> check_same_call(tutti::Communicator& host, const DeviceCall
                                             std::to_string(b) + " called " + text_of(all[static_cast<std::size_t>(b)]));
     }
   return std::nullopt;
+}
+
+bool process_dead(std::int64_t pid) {
+  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(stat, text);
+  const auto close = text.rfind(") ");
+  return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'Z' || text[close + 2] == 'X');
 }
 
 std::string host_identity() {

@@ -2,6 +2,7 @@
 // that every rank called the same operation, and where the ranks' processes live.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -15,6 +16,10 @@ namespace tutti::gpu::detail {
 /// compares: Error(mismatch) naming two ranks and what each called, the host's error (a timeout
 /// naming the silent ranks, a dead peer) prefixed with `what`, or nothing when all agree.
 std::optional<Error> check_same_call(tutti::Communicator& host, const DeviceCall& call, const std::string& what);
+
+/// Whether process `pid` (of this host) is gone or a zombie: kill(pid, 0) still succeeds on a
+/// zombie, which its launcher may not have reaped yet.
+bool process_dead(std::int64_t pid);
 
 /// This machine as topology names it (TUTTI_HOST, else the host name) with its boot id: two ranks
 /// whose identities are equal share memory.
