@@ -107,7 +107,15 @@ bench_run() {
   # A backend this machine cannot run (nccl without a CUDA device, or with two ranks on one GPU).
   if [[ $status -ne 0 ]] && grep -q "has no $backend backend yet\|the $backend backend is not available" "$out.err" "$out.log"; then
     skipped+=("$name: $(sed -E 's/^\[[0-9]+\] //' "$out.err" | head -n 1)")
-  elif [[ $status -ne 0 ]]; then
+  else
+    judge "$name" "$status" "$out"
+  fi
+}
+
+# judge NAME STATUS OUT: a tutti-bench run passes when it exited 0 with a clean footer.
+judge() {
+  local name=$1 status=$2 out=$3
+  if [[ $status -ne 0 ]]; then
     sed 's/^/    | /' "$out.err" | tail -n 20
     flunk "$name (exit status $status)"
   elif ! grep -q "Out of bounds values : 0 OK" "$out.log"; then
@@ -132,14 +140,7 @@ kernels_run() {
     -d f32,bf16 -o sum $sizes -c 1 --json "$out.json" >"$out.log" 2>"$out.err"
   local status=$?
   cat "$out.log"
-  if [[ $status -ne 0 ]]; then
-    sed 's/^/    | /' "$out.err" | tail -n 20
-    flunk "$name (exit status $status)"
-  elif ! grep -q "Out of bounds values : 0 OK" "$out.log"; then
-    flunk "$name (no clean footer)"
-  else
-    pass "$name"
-  fi
+  judge "$name" "$status" "$out"
 }
 
 if ((gpu)); then

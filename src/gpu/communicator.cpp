@@ -76,8 +76,6 @@ void Impl::validate(const DeviceCall& dc) const {
     const bool is_send = dc.kind == DeviceCall::Kind::send;
     const void* data = is_send ? call.send : call.recv;
     tutti::detail::validate_point_to_point(is_send, data, call.count, call.type, dc.peer, dc.tag, size_);
-    if (call.options.timeout.count() < 0)
-      throw Error(ErrorCode::invalid_argument, what + ": options.timeout is negative");
     device_memory(data, call.count, "data");
     return;
   }
