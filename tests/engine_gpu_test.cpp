@@ -402,8 +402,10 @@ TEST(EngineGpu, FailuresReleaseTheStreamAndAreRaisedLater) {
 }
 
 // (e) Opposite orders on one stream (rank 0: a then b; rank 1: b then a) cannot complete: each
-// stream waits for a tensor whose peer has not staged it yet. The stall limit fails both on both
-// ranks and releases the streams.
+// stream waits for a tensor whose peer has not staged it yet. The stall limit fails the first
+// tensor on each rank and releases the streams. Once a rank's first tensor failed, its stream
+// stages the second, which may then meet the other rank's first one and complete (then exact):
+// so each handle either raises timeout or holds the exact sum, and every rank has a timeout.
 TEST(EngineGpu, OppositeOrdersOnOneStreamFailAtTheStallLimit) {
   run_gpu_ranks(2, [&](tutti::Communicator& host, tutti::gpu::Communicator& gpu, int r) {
     EngineOptions o = quiet();
@@ -412,15 +414,32 @@ TEST(EngineGpu, OppositeOrdersOnOneStreamFailAtTheStallLimit) {
     Engine engine(host, gpu, o);
     const Stream stream = gpu.create_stream();
     DeviceBuffer a(gpu, 8 * 4), b(gpu, 8 * 4);
+    const std::vector<float> ones(8, 1.f), twos(8, 2.f);
+    gpu.copy(a.data, ones.data(), 8 * 4, stream);
+    gpu.copy(b.data, twos.data(), 8 * 4, stream);
     Handle first =
         engine.enqueue_allreduce(r == 0 ? "a" : "b", r == 0 ? a.data : b.data, 8, DataType::f32, ReduceOp::sum, stream);
     Handle second =
         engine.enqueue_allreduce(r == 0 ? "b" : "a", r == 0 ? b.data : a.data, 8, DataType::f32, ReduceOp::sum, stream);
+    std::vector<float> got_a(8), got_b(8);
+    gpu.copy(got_a.data(), a.data, 8 * 4, stream);
+    gpu.copy(got_b.data(), b.data, 8 * 4, stream);
     gpu.synchronize(stream, deadline);  // released: Error(timeout) from synchronize itself if not
-    std::string message;
-    for (Handle* h : {&first, &second})
-      if (error_code_of([&] { h->wait(); }, &message) != ErrorCode::timeout)
-        throw std::runtime_error("not a timeout: " + message);
+    int timeouts = 0;
+    const auto outcome = [&](Handle& h, bool is_a) {
+      try {
+        h.wait();
+      } catch (const tutti::Error& error) {
+        if (error.code() != ErrorCode::timeout) throw std::runtime_error(std::string("not a timeout: ") + error.what());
+        ++timeouts;
+        return;
+      }
+      if ((is_a ? got_a : got_b) != std::vector<float>(8, is_a ? 2.f : 4.f))
+        throw std::runtime_error(std::string("tensor ") + (is_a ? "a" : "b") + " completed with a wrong sum");
+    };
+    outcome(first, r == 0);
+    outcome(second, r != 0);
+    if (timeouts == 0) throw std::runtime_error("no tensor failed at the stall limit");
     gpu.destroy_stream(stream);
   });
 }
