@@ -146,6 +146,8 @@ class Device {
   static std::uint32_t load_flag(const std::uint32_t* flag) {
     return std::atomic_ref<std::uint32_t>(*const_cast<std::uint32_t*>(flag)).load(std::memory_order_acquire);
   }
+  /// Whether flag value `value` satisfies wait_value(flag, n): value >= n with 32-bit wrap-around.
+  static bool reached(std::uint32_t value, std::uint32_t n) { return static_cast<std::int32_t>(value - n) >= 0; }
 
   // ---- events ----
 

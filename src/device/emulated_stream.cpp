@@ -10,6 +10,7 @@
 #include <ctime>
 #include <utility>
 
+#include "device/device.hpp"
 #include "tutti/types.hpp"
 
 namespace tutti::device::detail {
@@ -100,7 +101,7 @@ void StreamWorker::wait_flag(const std::uint32_t* flag, std::uint32_t value) {
   waiting_on_.store(flag, std::memory_order_release);
   for (auto slice = first_slice;; slice = next_slice(slice)) {
     const std::uint32_t seen = load(flag);
-    if (static_cast<std::int32_t>(seen - value) >= 0 || releasing()) break;
+    if (Device::reached(seen, value) || releasing()) break;
     futex_wait(flag, seen, slice);
   }
   waiting_on_.store(nullptr, std::memory_order_release);

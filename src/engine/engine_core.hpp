@@ -64,7 +64,7 @@ struct TensorState {
   /// stream has copied it back. Call with `mutex` held.
   bool copied_back() {
     if (copied_flag == nullptr) return true;
-    if (!reached(device::Device::load_flag(copied_flag), ticket)) return false;
+    if (!device::Device::reached(device::Device::load_flag(copied_flag), ticket)) return false;
     copied_flag = nullptr;
     return true;
   }

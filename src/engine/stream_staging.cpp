@@ -24,7 +24,7 @@ StreamStaging::~StreamStaging() {
 }
 
 bool StreamStaging::is_free(const Buffer& b) const {
-  return !b.retired && (!b.last || reached(device::Device::load_flag(b.flag(copied_flag)), *b.last));
+  return !b.retired && (!b.last || device::Device::reached(device::Device::load_flag(b.flag(copied_flag)), *b.last));
 }
 
 void StreamStaging::forget_user(Buffer& b) {
@@ -99,7 +99,7 @@ void StreamStaging::enqueue(const std::shared_ptr<TensorState>& t, const void* s
 }
 
 bool StreamStaging::staged(const TensorState& t) {
-  return !t.on_stream || reached(device::Device::load_flag(t.ready_flag), t.ticket);
+  return !t.on_stream || device::Device::reached(device::Device::load_flag(t.ready_flag), t.ticket);
 }
 
 void StreamStaging::release(const TensorState& t) {

@@ -31,9 +31,6 @@ namespace tutti::engine_detail {
 
 struct TensorState;
 
-/// Whether flag value `value` has reached `n`, with 32-bit wrap-around (as wait_value compares).
-inline bool reached(std::uint32_t value, std::uint32_t n) { return static_cast<std::int32_t>(value - n) >= 0; }
-
 class StreamStaging {
  public:
   explicit StreamStaging(device::Device& device) : device_(device) {}

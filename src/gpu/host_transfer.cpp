@@ -9,9 +9,6 @@ namespace tutti::gpu::detail {
 
 namespace {
 
-// Whether flag value `value` has reached `n`, with 32-bit wrap-around (as wait_value compares).
-bool reached(std::uint32_t value, std::uint32_t n) { return static_cast<std::int32_t>(value - n) >= 0; }
-
 // Operations from twice this size are pipelined in chunks of at least this size.
 constexpr std::size_t pipeline_chunk_bytes = std::size_t{4} << 20;
 
@@ -235,7 +232,7 @@ void HostTransfer::run() {
     while (!pending.empty()) {
       const Operation& op = pending.front();
       const bool failed = failed_.load(std::memory_order_acquire);
-      if (!failed && op.waits && !reached(device::Device::load_flag(op.ready), op.n)) break;
+      if (!failed && op.waits && !device::Device::reached(device::Device::load_flag(op.ready), op.n)) break;
       InFlight f{op, {}, std::chrono::steady_clock::now()};
       if (!failed) {
         try {

@@ -27,8 +27,6 @@ constexpr auto liveness_period = std::chrono::milliseconds(100);
 constexpr std::size_t failure_text_bytes = 256;  // the published failure's text, after its word
 constexpr std::uint32_t being_written = 0xffffffffu;
 
-bool at_least(std::uint32_t value, std::uint32_t n) { return static_cast<std::int32_t>(value - n) >= 0; }
-
 // What every rank tells the others at setup.
 struct Entry {
   char host[192] = {};  // hostname and boot id: equal on one host only
@@ -138,7 +136,7 @@ Ipc::~Ipc() {
   wake_.notify_all();
   thread_.join();
   const std::uint32_t last = last_issued_.load();
-  const bool idle = at_least(device::Device::load_flag(done_), issued_);
+  const bool idle = device::Device::reached(device::Device::load_flag(done_), issued_);
   if (!idle && !failed_.load())
     fail(Error(ErrorCode::aborted,
                "ipc: rank " + std::to_string(rank_) + " destroyed its gpu::Communicator with operations in flight"));
@@ -147,7 +145,7 @@ Ipc::~Ipc() {
   if (idle && !failed_.load()) {
     const auto deadline = std::chrono::steady_clock::now() + core::default_timeout();
     for (int j = 0; j < size_; ++j)
-      while (!at_least(device::Device::load_flag(flag(j, consumed)), last)) {
+      while (!device::Device::reached(device::Device::load_flag(flag(j, consumed)), last)) {
         if (published_failure() || std::chrono::steady_clock::now() > deadline ||
             process_dead(pids_[static_cast<std::size_t>(j)])) {
           peers_done = false;
@@ -368,7 +366,7 @@ std::string Ipc::describe_operation(const Operation& op) {
 bool Ipc::poll(Watch& w) {
   using clock = std::chrono::steady_clock;
   const Operation& op = w.op;
-  if (at_least(device::Device::load_flag(done_), op.n)) {
+  if (device::Device::reached(device::Device::load_flag(done_), op.n)) {
     // Done, perhaps because another rank failed and raised every flag: then its failure is ours.
     if (!failed_.load())
       if (auto error = published_failure()) fail(*error);
@@ -386,11 +384,11 @@ bool Ipc::poll(Watch& w) {
       op.call.call.options.timeout.count() > 0 ? op.call.call.options.timeout : core::default_timeout();
   const auto now = clock::now();
   const std::uint32_t at = device::Device::load_flag(flag(rank_, reached));
-  if (!w.reached_at && at_least(at, op.first)) w.reached_at = now;
+  if (!w.reached_at && device::Device::reached(at, op.first)) w.reached_at = now;
   if (w.reached_at && now - *w.reached_at > timeout) {
     std::string late;
     for (int j = 0; j < size_; ++j)
-      if (!at_least(device::Device::load_flag(flag(j, reached)), at))
+      if (!device::Device::reached(device::Device::load_flag(flag(j, reached)), at))
         late += (late.empty() ? "" : ", ") + std::to_string(j);
     fail(Error(ErrorCode::timeout,
                describe_operation(op) + " timed out after " + std::to_string(timeout.count()) +

@@ -339,7 +339,7 @@ class NcclBackend final : public Nccl {
     auto next_liveness = clock::now() + liveness_period;
     std::chrono::microseconds nap{1};
     for (;;) {
-      if (static_cast<std::int32_t>(device::Device::load_flag(done()) - op.n) >= 0 || failed_.load()) return;
+      if (device::Device::reached(device::Device::load_flag(done()), op.n) || failed_.load()) return;
       {
         std::lock_guard lock(mutex_);
         if (stopping_) return;
@@ -350,7 +350,7 @@ class NcclBackend final : public Nccl {
         fail(Error(code_of(async), describe_operation(op) + ": " + api_.error_string(async)));
         return;
       }
-      if (!reached_at && static_cast<std::int32_t>(device::Device::load_flag(reached()) - op.n) >= 0) reached_at = now;
+      if (!reached_at && device::Device::reached(device::Device::load_flag(reached()), op.n)) reached_at = now;
       if (reached_at && now - *reached_at > timeout) {
         fail(Error(ErrorCode::timeout, describe_operation(op) + " timed out after " + std::to_string(timeout.count()) +
                                            " ms on this rank's stream"));
