@@ -14,12 +14,19 @@ are summed, so the accuracy covers the whole test set.
 --no-overlap runs forward and backward under ddp.no_sync() and then averages one flattened copy
 of all gradients with a single torch.distributed.all_reduce: communication after backward.
 
+--compression installs one of DDP's own communication hooks: fp16 (each bucket cast to 16 bits
+for the allreduce, averaged, cast back; bf16 is refused: Gloo has no bfloat16 allreduce, and
+PyTorch's bf16 hook needs NCCL) or powersgd:RANK (PyTorch's PowerSGD hook: rank-RANK
+P and Q factors allreduced, warm-started, with error feedback; the first step runs a plain
+allreduce, as the hook requires).
+
 Step time: mean wall time of forward + backward (+ the explicit allreduce with --no-overlap) +
 optimizer step on rank 0, leaving out the first 5 steps of the run; samples/s = p * batch / step.
 The printed loss is the mean training loss of the epoch over all ranks' steps.
 
 Usage: ddp_peer.py [-n N] [--epochs E] [--batch-size B] [--lr LR] [--threads T] [--seed S]
                    [--train-samples N] [--test-samples N] [--data DIR] [--no-overlap]
+                   [--compression none|fp16|powersgd:RANK]
 """
 import argparse
 import contextlib
@@ -38,6 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 PROG = "ddp_peer"
@@ -126,6 +134,37 @@ def evaluate(model, images, labels, rank, world):
     return correct / max(total, 1.0), loss_sum / max(total, 1.0)
 
 
+def register_compression(ddp, compression):
+    """Installs DDP's own communication hook for COMPRESSION (what PyTorch offers over Gloo: an
+    fp16 cast of each bucket, and PowerSGD with error feedback and warm start, as Vogels et al.)."""
+    if compression == "none":
+        return
+    if compression == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    else:  # powersgd:RANK, checked by parse_compression
+        rank = int(compression.split(":", 1)[1])
+        # start_powerSGD_iter must be > 1 in torch 1.13 when error feedback is on; the first
+        # iterations run a plain allreduce, as the hook's authors recommend.
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                            start_powerSGD_iter=2, use_error_feedback=True,
+                                            warm_start=True)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+
+def parse_compression(text):
+    """none, fp16 or powersgd:RANK (RANK >= 1). Not bf16: Gloo has no bfloat16 allreduce and
+    PyTorch's bf16 hook needs CUDA and NCCL."""
+    if text == "bf16":
+        raise argparse.ArgumentTypeError("bf16: Gloo has no bfloat16 allreduce, and PyTorch's bf16 hook "
+                                         "needs CUDA and NCCL")
+    if text in ("none", "fp16"):
+        return text
+    kind, _, rank = text.partition(":")
+    if kind == "powersgd" and rank.isdigit() and int(rank) >= 1:
+        return text
+    raise argparse.ArgumentTypeError(f"expected none, fp16 or powersgd:RANK, got '{text}'")
+
+
 def train(rank, args, port, train_x, train_y, test_x, test_y):
     world = args.n
     torch.set_num_threads(args.threads)
@@ -137,6 +176,7 @@ def train(rank, args, port, train_x, train_y, test_x, test_y):
     torch.manual_seed(args.seed)
     model = build_model()
     ddp = DDP(model)  # broadcasts rank 0's parameters
+    register_compression(ddp, args.compression)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -145,7 +185,7 @@ def train(rank, args, port, train_x, train_y, test_x, test_y):
     per_rank = steps * args.batch_size
     if rank == 0:
         print(f"{PROG}: p={world} batch={args.batch_size}/rank lr={args.lr:g} threads={args.threads} "
-              f"overlap={'off' if args.no_overlap else 'on'} backend=gloo torch={torch.__version__}",
+              f"overlap={'off' if args.no_overlap else 'on'} compression={args.compression} backend=gloo torch={torch.__version__}",
               flush=True)
 
     run_step = 0
@@ -286,6 +326,8 @@ def parse_args(argv):
                    help="folder with the gzipped Fashion-MNIST IDX files")
     p.add_argument("--no-overlap", action="store_true",
                    help="one allreduce of all gradients after backward instead of DDP's overlap")
+    p.add_argument("--compression", type=parse_compression, default="none",
+                   help="DDP communication hook: none, fp16 or powersgd:RANK")
     return p, p.parse_args(argv)
 
 
@@ -345,6 +387,8 @@ def launch(args, data):
 
 def main(argv):
     parser, args = parse_args(argv)
+    if args.no_overlap and args.compression != "none":
+        parser.error("--compression works through DDP's communication hook, which --no-overlap bypasses")
     try:
         train_x, train_y = load_split(args.data, "train")
         test_x, test_y = load_split(args.data, "t10k")
