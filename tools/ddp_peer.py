@@ -20,13 +20,17 @@ PyTorch's bf16 hook needs NCCL) or powersgd:RANK (PyTorch's PowerSGD hook: rank-
 P and Q factors allreduced, warm-started, with error feedback; the first step runs a plain
 allreduce, as the hook requires).
 
+--from-env runs one rank of a job another launcher started (scripts/cluster.sh's emulated hosts:
+each rank is its own process there): rank and size from TUTTI_RANK and TUTTI_SIZE, PyTorch's
+rendezvous at the port after the job's tcp:// store, Gloo on the interface of TUTTI_TCP_HOST.
+
 Step time: mean wall time of forward + backward (+ the explicit allreduce with --no-overlap) +
 optimizer step on rank 0, leaving out the first 5 steps of the run; samples/s = p * batch / step.
 The printed loss is the mean training loss of the epoch over all ranks' steps.
 
 Usage: ddp_peer.py [-n N] [--epochs E] [--batch-size B] [--lr LR] [--threads T] [--seed S]
                    [--train-samples N] [--test-samples N] [--data DIR] [--no-overlap]
-                   [--compression none|fp16|powersgd:RANK]
+                   [--compression none|fp16|powersgd:RANK] [--from-env]
 """
 import argparse
 import contextlib
@@ -165,10 +169,10 @@ def parse_compression(text):
     raise argparse.ArgumentTypeError(f"expected none, fp16 or powersgd:RANK, got '{text}'")
 
 
-def train(rank, args, port, train_x, train_y, test_x, test_y):
+def train(rank, args, port, train_x, train_y, test_x, test_y, master="127.0.0.1"):
     world = args.n
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank,
                             world_size=world)
     train_x, train_y = torch.from_numpy(train_x), torch.from_numpy(train_y)
     test_x, test_y = torch.from_numpy(test_x), torch.from_numpy(test_y)
@@ -328,7 +332,36 @@ def parse_args(argv):
                    help="one allreduce of all gradients after backward instead of DDP's overlap")
     p.add_argument("--compression", type=parse_compression, default="none",
                    help="DDP communication hook: none, fp16 or powersgd:RANK")
+    p.add_argument("--from-env", action="store_true",
+                   help="run one rank of a job started by a Tutti launcher (TUTTI_RANK, TUTTI_SIZE, "
+                        "TUTTI_STORE=tcp://...) instead of launching -n ranks")
     return p, p.parse_args(argv)
+
+
+def job_from_environment():
+    """(rank, size, master host, port) of a rank started by a Tutti launcher (scripts/cluster.sh,
+    tutti-run): TUTTI_RANK and TUTTI_SIZE, and PyTorch's rendezvous at the next port after the
+    job's tcp:// store, on the store's host. Sets GLOO_SOCKET_IFNAME to the interface that holds
+    TUTTI_TCP_HOST (an emulated host's link), unless it is set."""
+    try:
+        rank, size = int(os.environ["TUTTI_RANK"]), int(os.environ["TUTTI_SIZE"])
+    except (KeyError, ValueError):
+        raise DataError("--from-env: TUTTI_RANK and TUTTI_SIZE must be set (run under a Tutti launcher)") from None
+    store = os.environ.get("TUTTI_STORE", "")
+    host, _, port = store.removeprefix("tcp://").rpartition(":")
+    if not store.startswith("tcp://") or not host or not port.isdigit():
+        raise DataError(f"--from-env: TUTTI_STORE must be tcp://HOST:PORT, got '{store}'")
+    address = os.environ.get("TUTTI_TCP_HOST")
+    if address and "GLOO_SOCKET_IFNAME" not in os.environ:
+        for name in os.listdir("/sys/class/net"):
+            with contextlib.suppress(OSError):
+                probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, name.encode())
+                probe.bind((address, 0))  # succeeds only on the interface that holds it
+                probe.close()
+                os.environ["GLOO_SOCKET_IFNAME"] = name
+                break
+    return rank, size, host, int(port) + 1
 
 
 def launch(args, data):
@@ -387,6 +420,14 @@ def launch(args, data):
 
 def main(argv):
     parser, args = parse_args(argv)
+    job = None
+    if args.from_env:
+        try:
+            job = job_from_environment()
+        except DataError as e:
+            print(f"{PROG}: {e}", file=sys.stderr)
+            return 1
+        args.n = job[1]
     if args.no_overlap and args.compression != "none":
         parser.error("--compression works through DDP's communication hook, which --no-overlap bypasses")
     try:
@@ -407,6 +448,11 @@ def main(argv):
         parser.error(f"{train_x.shape[0]} training samples make no step of {args.n} x "
                      f"{args.batch_size}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # ends the ranks on the way out
+    if job:
+        rank, _, master, port = job
+        train(rank, args, port, np.ascontiguousarray(train_x), train_y, np.ascontiguousarray(test_x), test_y,
+              master=master)
+        return 0
     return launch(args, (np.ascontiguousarray(train_x), train_y, np.ascontiguousarray(test_x), test_y))
 
 
