@@ -1,4 +1,5 @@
-// One suite over every transport whose ranks can be threads of one process (inproc, shm, tcp):
+// One suite over every transport whose ranks can be threads of one process (inproc, shm, tcp,
+// routed: shm within emulated hosts, tcp between them):
 // the cases of transport_cases.hpp through the Transport interface, then the same errors and
 // splits through a Communicator over each transport. MPI runs the transport cases under mpirun
 // (mpi_conformance.cpp). Every call has a deadline, and shm leaves no segment behind.
@@ -17,6 +18,7 @@
 #include "tcp_mesh.hpp"
 #include "threads.hpp"
 #include "transport/inproc/inproc.hpp"
+#include "transport/routed/routed.hpp"
 #include "transport/shm/shm.hpp"
 #include "transport_cases.hpp"
 #include "tutti/tutti.hpp"
@@ -74,6 +76,43 @@ struct TcpGroup {
   static std::string leftovers() { return {}; }
 };
 
+// Shared memory among the ranks of a host, TCP between hosts: rank r on host ((r + 1) / 2) % 2
+// (0 | 1 2 | 3 4 | 5 ...), so that ranks of one host are not numbered alike on it (and a host
+// of one rank has no shared memory at all).
+struct RoutedGroup {
+  static constexpr Traits traits{.splits_alike = false};
+  static int host_of(int r) { return (r + 1) / 2 % 2; }
+  static Transports make(int p) {
+    MemoryStore store;
+    std::vector<std::string> errors;
+    Transports remote = connect_ranks(store, p, &errors);
+    std::vector<int> hosts, local_rank, local_size(2, 0);
+    for (int r = 0; r < p; ++r) {
+      hosts.push_back(host_of(r));
+      local_rank.push_back(local_size[static_cast<std::size_t>(host_of(r))]++);
+    }
+    const std::string names[2] = {unique_shm_name(), unique_shm_name()};
+    Transports out(static_cast<std::size_t>(p));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < p; ++r)
+      threads.emplace_back([&, r] {
+        const auto i = static_cast<std::size_t>(r);
+        const int size = local_size[static_cast<std::size_t>(hosts[i])];
+        try {
+          std::unique_ptr<Transport> local;
+          if (size > 1) local = transport::shm::open(names[hosts[i]], local_rank[i], size, 7, 20s);
+          out[i] = transport::routed::make(hosts, r, std::move(local), std::move(remote[i]));
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < p; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+    return out;
+  }
+  static std::string leftovers() { return ShmGroup::leftovers(); }
+};
+
 // Runs fn on one thread per rank of a fresh group of p; returns "" or every rank's failures.
 template <class Group>
 std::string run_case(int p, const std::function<std::string(Transport&)>& fn) {
@@ -107,11 +146,12 @@ struct GroupNames {
   static std::string GetName(int) {
     if constexpr (std::is_same_v<Group, InprocGroup>) return "inproc";
     if constexpr (std::is_same_v<Group, ShmGroup>) return "shm";
+    if constexpr (std::is_same_v<Group, RoutedGroup>) return "routed";
     return "tcp";
   }
 };
 
-using Groups = ::testing::Types<InprocGroup, ShmGroup, TcpGroup>;
+using Groups = ::testing::Types<InprocGroup, ShmGroup, TcpGroup, RoutedGroup>;
 TYPED_TEST_SUITE(TransportConformance, Groups, GroupNames);
 
 constexpr int group_sizes[] = {1, 2, 3, 4};
@@ -135,7 +175,8 @@ TYPED_TEST(TransportConformance, CollectiveMismatchAbortsEveryRankWithOneText) {
 }
 
 TYPED_TEST(TransportConformance, SplitGivesAnIsolatedSubTransport) {
-  for (int p : group_sizes) EXPECT_EQ(run_case<TypeParam>(p, conformance::split), "") << "p=" << p;
+  const auto fn = [](Transport& t) { return conformance::split_with(t, TypeParam::traits); };
+  for (int p : group_sizes) EXPECT_EQ(run_case<TypeParam>(p, fn), "") << "p=" << p;
 }
 
 TYPED_TEST(TransportConformance, CancelWithdrawsAPostedReceive) {

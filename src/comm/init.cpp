@@ -6,8 +6,9 @@
 //    store directory rank 0 makes and names to the others through MPI; ranks across hosts (or
 //    TUTTI_TRANSPORT=mpi) get the world communicator over the mpi transport.
 // 3. Otherwise the store (TUTTI_STORE; rank 0 hosts a tcp:// store itself when nobody else does)
-//    exchanges host names; ranks all on one host use shared memory, else TCP (TUTTI_TRANSPORT
-//    forces one).
+//    exchanges host names; ranks all on one host use shared memory, ranks each on a host of their
+//    own TCP, and otherwise ranks of one host talk through shared memory and ranks of different
+//    hosts through TCP (the routed transport). TUTTI_TRANSPORT forces shm or tcp for all pairs.
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "comm/tuning.hpp"
 #include "core/env.hpp"
 #include "core/log.hpp"
+#include "transport/routed/routed.hpp"
 #include "transport/shm/shm.hpp"
 #include "transport/tcp/tcp.hpp"
 
@@ -33,6 +35,9 @@ namespace tutti {
 namespace {
 
 constexpr std::uint64_t world_id = 1;
+
+// Where the job's keys live in the store.
+std::string prefix_of(const bootstrap::JobInfo& job) { return "tutti/" + job.job_id + "/"; }
 
 std::string host_name() {
   char name[256] = {};
@@ -125,7 +130,67 @@ Communicator init() {
 
 namespace {
 
-// Through the store: rank 0 may host it (tcp://); ranks on one host use shared memory, else TCP.
+// "ranks 0-3", "ranks 0,2,5": the ranks of a group, for the log.
+std::string rank_list(const std::vector<int>& ranks) {
+  const bool consecutive = !ranks.empty() && ranks.back() - ranks.front() + 1 == static_cast<int>(ranks.size());
+  if (ranks.size() > 2 && consecutive)
+    return "ranks " + std::to_string(ranks.front()) + "-" + std::to_string(ranks.back());
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? "," : "") + std::to_string(ranks[i]);
+  return text;
+}
+
+// The world's transport. `places[r]`: rank r's host as published ("real" or "real<TAB>topology");
+// ranks with equal places share a host. TUTTI_TRANSPORT forces shm or tcp for every pair; by
+// default one place gives shared memory, one rank per place TCP, anything else the routed
+// transport (shared memory inside a place, TCP between places).
+std::unique_ptr<transport::Transport> connect_world(const bootstrap::JobInfo& job, bootstrap::Store& store,
+                                                    const std::vector<std::string>& places, bool one_real_host,
+                                                    std::chrono::milliseconds timeout) {
+  std::vector<int> host_of;  // index of each rank's place, in order of first appearance
+  std::vector<std::string> distinct;
+  for (const std::string& place : places) {
+    const auto it = std::find(distinct.begin(), distinct.end(), place);
+    host_of.push_back(static_cast<int>(it - distinct.begin()));
+    if (it == distinct.end()) distinct.push_back(place);
+  }
+  const int mine = host_of[static_cast<std::size_t>(job.rank)];
+  std::vector<int> local;  // the ranks of my place
+  for (int r = 0; r < job.size; ++r)
+    if (host_of[static_cast<std::size_t>(r)] == mine) local.push_back(r);
+  const bool one_place = distinct.size() == 1, spread = distinct.size() == places.size();
+  const std::string kind = !job.transport.empty() ? job.transport : one_place ? "shm" : spread ? "tcp" : "shm+tcp";
+  const auto log = [&](const std::string& text) {
+    if (core::log_enabled(core::LogLevel::info)) core::log(core::LogLevel::info, job.rank, "init: " + text);
+  };
+  if (kind == "shm") {
+    if (!one_real_host)
+      throw Error(ErrorCode::invalid_argument, "init: TUTTI_TRANSPORT=shm, but the ranks run on several hosts");
+    log("transport shm: shared memory among all " + std::to_string(job.size) + " ranks");
+    return transport::shm::open_world(store, prefix_of(job) + "shm-nonce", job.job_id, job.rank, job.size, world_id,
+                                      timeout);
+  }
+  if (kind != "tcp" && kind != "shm+tcp")
+    throw Error(ErrorCode::invalid_argument, "TUTTI_TRANSPORT: expected shm, tcp or mpi, got '" + kind + "'");
+  // TUTTI_TCP_HOST picks the address to listen on and advertise (a host with several networks).
+  const std::string bind_host = core::env("TUTTI_TCP_HOST").value_or(one_real_host ? "127.0.0.1" : "0.0.0.0");
+  if (kind == "tcp") {
+    log("transport tcp: TCP among all " + std::to_string(job.size) + " ranks");
+    return transport::tcp::connect(store, job.token, job.rank, job.size, world_id, bind_host, timeout);
+  }
+  std::unique_ptr<transport::Transport> shared;  // with the ranks of my place (a world of their own)
+  const auto local_rank = static_cast<int>(std::find(local.begin(), local.end(), job.rank) - local.begin());
+  if (local.size() > 1)
+    shared = transport::shm::open_world(store, prefix_of(job) + "shm-nonce/" + std::to_string(mine), job.job_id,
+                                        local_rank, static_cast<int>(local.size()), world_id, timeout);
+  auto tcp = transport::tcp::connect(store, job.token, job.rank, job.size, world_id, bind_host, timeout);
+  log("transport shm+tcp: shared memory with " + rank_list(local) + " (this host), TCP to the other " +
+      std::to_string(job.size - static_cast<int>(local.size())) + " ranks on " + std::to_string(distinct.size() - 1) +
+      " other hosts");
+  return transport::routed::make(std::move(host_of), job.rank, std::move(shared), std::move(tcp));
+}
+
+// Through the store: rank 0 may host it (tcp://); the ranks learn each other's hosts, then connect.
 Communicator init_over_store(const bootstrap::JobInfo& job) {
   if (job.store.empty())
     throw Error(ErrorCode::invalid_argument,
@@ -135,37 +200,26 @@ Communicator init_over_store(const bootstrap::JobInfo& job) {
   const auto timeout = core::default_timeout();
   auto server = bootstrap::host_store(job);  // rank 0, tcp://: listens on the URL's host only
   auto store = bootstrap::connect_store(job.store, job.token, timeout);
-  const std::string prefix = "tutti/" + job.job_id + "/";
+  const std::string prefix = prefix_of(job);
   // The real host decides the transport (shared memory works within it); the topology host
   // (TUTTI_HOST, which may emulate several hosts on one) decides hierarchical algorithms.
   // Published together as "real" or "real<TAB>topology".
   const std::string real_host = host_name(), topology_host = detail::topology_host_name();
   store->set(prefix + "host/" + std::to_string(job.rank),
              topology_host == real_host ? real_host : real_host + "\t" + topology_host);
+  // Ranks that published the same value share a host for both purposes: shared memory among
+  // them, TCP to the others.
   std::set<std::string> hosts;
+  std::vector<std::string> places;
   std::vector<std::uint64_t> topology_hosts;
   for (int r = 0; r < job.size; ++r) {
     const std::string value = store->get(prefix + "host/" + std::to_string(r), timeout);
     const std::size_t tab = value.find('\t');
     hosts.insert(value.substr(0, tab));
+    places.push_back(value);
     topology_hosts.push_back(detail::hash_host(tab == std::string::npos ? value : value.substr(tab + 1)));
   }
-  const bool one_host = hosts.size() == 1;
-  const std::string kind = job.transport.empty() ? (one_host ? "shm" : "tcp") : job.transport;
-  std::unique_ptr<transport::Transport> transport;
-  if (kind == "shm") {
-    if (!one_host)
-      throw Error(ErrorCode::invalid_argument,
-                  "init: TUTTI_TRANSPORT=shm, but the ranks run on " + std::to_string(hosts.size()) + " hosts");
-    transport =
-        transport::shm::open_world(*store, prefix + "shm-nonce", job.job_id, job.rank, job.size, world_id, timeout);
-  } else if (kind == "tcp") {
-    // TUTTI_TCP_HOST picks the address to listen on and advertise (a host with several networks).
-    const std::string bind_host = core::env("TUTTI_TCP_HOST").value_or(one_host ? "127.0.0.1" : "0.0.0.0");
-    transport = transport::tcp::connect(*store, job.token, job.rank, job.size, world_id, bind_host, timeout);
-  } else {
-    throw Error(ErrorCode::invalid_argument, "TUTTI_TRANSPORT: expected shm, tcp or mpi, got '" + kind + "'");
-  }
+  auto transport = connect_world(job, *store, places, hosts.size() == 1, timeout);
   // Everyone is connected: nobody needs the store any more, but rank 0 keeps serving until all
   // ranks have read what they needed, which the first collective guarantees.
   auto impl = std::make_shared<detail::CommImpl>(std::move(transport));

@@ -75,6 +75,7 @@ struct Completion {
   int peer = -1;
   bool is_send = false;
   MessageKey key;
+  int route = -1;  // a transport that forwards operations to others (routed): which one holds it
 };
 
 /// Why a communicator was aborted: the first error, and the sequence number of the collective

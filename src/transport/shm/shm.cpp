@@ -214,7 +214,7 @@ const std::byte* ShmTransport::inline_input(int rank, std::uint64_t seq, const W
     if (!read_slot(slot, seq, theirs)) return nullptr;  // else published in between
   }
   if (theirs != mine) {
-    const Error error = collective_mismatch(rank, from_wire(theirs), rank_, from_wire(mine));
+    const Error error = collective_mismatch(named(rank), from_wire(theirs), named(rank_), from_wire(mine));
     abort(error, seq);
     throw error;
   }
@@ -326,7 +326,7 @@ void ShmTransport::publish_locked(std::uint64_t seq, const WireSignature& mine) 
     WireSignature theirs;
     if (r == rank_ || !read_slot(segment_->signature_slot(r, seq), seq, theirs)) continue;
     if (theirs != mine) {
-      abort(collective_mismatch(r, from_wire(theirs), rank_, from_wire(mine)), seq);
+      abort(collective_mismatch(named(r), from_wire(theirs), named(rank_), from_wire(mine)), seq);
       break;
     }
   }
@@ -450,8 +450,9 @@ void ShmTransport::check_peers() {
     if (r == rank_ || pid <= 0 || pid == me || !peer_dead(r, pid)) continue;
     drain(r);
     if (!waits_on(r)) continue;
-    abort(Error(ErrorCode::peer_failure, "rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") died"),
-          no_seq);
+    abort(
+        Error(ErrorCode::peer_failure, "rank " + std::to_string(named(r)) + " (pid " + std::to_string(pid) + ") died"),
+        no_seq);
     return;
   }
 }

@@ -62,7 +62,7 @@ void ShmTransport::post_send(int peer, const MessageKey& key, const void* data, 
   if (!sends_.try_emplace(Key{peer, key.channel, key.seq, key.index}, std::move(op)).second) {
     finish(done, Completion::failed,
            "message posted twice: seq " + std::to_string(key.seq) + " index " + std::to_string(key.index) +
-               " to rank " + std::to_string(peer));
+               " to rank " + std::to_string(named(peer)));
     return;
   }
   auto& queue = outbox_[static_cast<std::size_t>(peer)];
@@ -113,7 +113,7 @@ void ShmTransport::post_recv_op(int peer, const MessageKey& key, RecvOp op) {
   } else if (!recvs_.try_emplace(k, op).second) {
     finish(op.done, Completion::failed,
            "receive posted twice: seq " + std::to_string(key.seq) + " index " + std::to_string(key.index) +
-               " from rank " + std::to_string(peer));
+               " from rank " + std::to_string(named(peer)));
   }
   try {
     end_round();
@@ -130,7 +130,7 @@ bool ShmTransport::accept(const Key& key, RecvOp& op, std::size_t total, bool ha
     const WireSignature* mine = announced(key.seq);
     op.unchecked = !has_signature || mine == nullptr;  // then the signature table decides (announce)
     if (!op.unchecked && *mine != theirs) {
-      const Error error = collective_mismatch(key.peer, from_wire(theirs), rank_, from_wire(*mine));
+      const Error error = collective_mismatch(named(key.peer), from_wire(theirs), named(rank_), from_wire(*mine));
       abort(error, key.seq);  // the sender learns of it through the abort, not an ack
       finish(op.done, Completion::failed, error.what());
       return false;
@@ -144,7 +144,9 @@ bool ShmTransport::accept(const Key& key, RecvOp& op, std::size_t total, bool ha
   ack.ok = ok ? 1 : 0;
   ack.expected = op.bytes;
   pending_acks_[static_cast<std::size_t>(key.peer)].push_back(ack);
-  if (!ok) finish(op.done, Completion::failed, size_mismatch(key.peer, total, rank_, op.bytes, message_key(key)));
+  if (!ok)
+    finish(op.done, Completion::failed,
+           size_mismatch(named(key.peer), total, named(rank_), op.bytes, message_key(key)));
   return ok;
 }
 
@@ -303,7 +305,7 @@ void ShmTransport::handle_ack(int dst, const Ack& ack) {
     finish(op.done, Completion::done);
   } else {
     std::erase(outbox_[static_cast<std::size_t>(dst)], &op);  // the receiver drops what is left of it
-    finish(op.done, Completion::failed, size_mismatch(rank_, op.bytes, dst, ack.expected, op.key));
+    finish(op.done, Completion::failed, size_mismatch(named(rank_), op.bytes, named(dst), ack.expected, op.key));
   }
   sends_.erase(it);
 }

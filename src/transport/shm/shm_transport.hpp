@@ -67,6 +67,9 @@ class ShmTransport final : public Transport {
   Segment& segment() const { return *segment_; }
   /// Whether `peer`'s process has terminated (always false for a peer that is this process).
   bool peer_has_died(int peer) const;
+  /// Names the ranks in error texts as `names[r]` instead of r: the ranks of a larger
+  /// communicator whose messages to this host's ranks travel here (routed). Before the first post.
+  void set_rank_names(std::vector<int> names) { names_ = std::move(names); }
   /// Reserves the data-set uses (taken modulo 2) of the next `n` chunks of direct algorithms and
   /// returns the first; every rank counts alike.
   std::uint64_t reserve_direct_uses(std::uint64_t n) {
@@ -165,6 +168,8 @@ class ShmTransport final : public Transport {
   bool store_consumed_locked();
   void ring_awaiting_ranks();
   bool peer_dead(int peer, std::int32_t pid) const;
+  /// Rank r as error texts name it (set_rank_names).
+  int named(int r) const { return names_.empty() ? r : names_[static_cast<std::size_t>(r)]; }
 
   std::unique_ptr<Segment> segment_;
   int rank_;
@@ -197,6 +202,7 @@ class ShmTransport final : public Transport {
   std::uint64_t direct_uses_ = 0;
   WaitPolicy wait_policy_;  // how wait() passes the time before it sleeps
   bool corrupt_ = false;    // a peer wrote garbage into the rings: they are no longer read
+  std::vector<int> names_;  // set_rank_names; empty: ranks are named by their own numbers
 
   // Signatures announced but not yet published (their table slot still holds one that some rank
   // has not compared yet), in seq order; and what is known published by every rank.

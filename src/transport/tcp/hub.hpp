@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -175,6 +176,13 @@ class Hub {
   std::uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
   void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline);
   void ring();
+  /// Has `bell` called each time this hub rings (a completion, an abort, a wake) until
+  /// remove_bell(owner), so that a transport whose ranks sleep elsewhere (routed: on a shared-
+  /// memory doorbell) learns of this hub's completions. `bell` runs on any thread with the
+  /// doorbell's lock held: it must be quick and must not call the hub.
+  void add_bell(const void* owner, std::function<void()> bell);
+  /// Returns once `owner`'s bell is neither running nor will run again.
+  void remove_bell(const void* owner);
 
   /// Tests only: drops every connection at once, without goodbye, as a killed process would.
   void crash_for_testing();
@@ -253,6 +261,7 @@ class Hub {
   std::mutex bell_mutex_;
   std::condition_variable bell_cv_;
   std::atomic<std::uint64_t> generation_{0};
+  std::vector<std::pair<const void*, std::function<void()>>> bells_;  // under bell_mutex_
 };
 
 }  // namespace tutti::transport::tcp

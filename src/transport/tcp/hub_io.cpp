@@ -351,8 +351,19 @@ void Hub::ring() {
   {
     std::lock_guard lock(bell_mutex_);
     generation_.fetch_add(1, std::memory_order_acq_rel);
+    for (const auto& bell : bells_) bell.second();
   }
   bell_cv_.notify_all();
+}
+
+void Hub::add_bell(const void* owner, std::function<void()> bell) {
+  std::lock_guard lock(bell_mutex_);
+  bells_.emplace_back(owner, std::move(bell));
+}
+
+void Hub::remove_bell(const void* owner) {
+  std::lock_guard lock(bell_mutex_);
+  std::erase_if(bells_, [owner](const auto& bell) { return bell.first == owner; });
 }
 
 }  // namespace tutti::transport::tcp
