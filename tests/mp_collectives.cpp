@@ -5,6 +5,8 @@
 //   mp_collectives split     several split communicators used at once from two threads per rank
 //   mp_collectives overlap   a nonblocking allreduce proceeds while the rank is away
 //   mp_collectives direct    the shared-memory direct algorithms (shm only), every count and form
+//   mp_collectives cluster   the sweep, large automatic allreduces (hierarchical where the ranks
+//                            span hosts) and split: the emulated cluster's run (cluster_test.sh)
 //
 // Every rank checks its own results; rank 0 prints "N passed, M failed" over all ranks and the
 // exit status is non-zero if anything failed on any rank.
@@ -63,6 +65,17 @@ std::vector<Case> direct_cases(int p) {
       out.push_back(c);
     }
   }
+  return out;
+}
+
+// Allreduces large enough for automatic to choose hierarchical when the ranks span hosts with
+// several on one: in place and not, a count the ranks per host divide and a prime, sum and max.
+std::vector<Case> large_allreduce_cases(int p) {
+  std::vector<Case> out;
+  for (std::size_t n : {std::size_t{1} << 16, std::size_t{1000003}})
+    for (int place : {0, 1})
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::max})
+        out.push_back({Collective::allreduce, Algorithm::automatic, DataType::f32, op, p, n, place, 0, place == 1});
   return out;
 }
 
@@ -132,7 +145,14 @@ int main(int argc, char** argv) {
       result = run_cases(world, with_size(type_cases(), world.size()));
     else if (mode == "split")
       result = run_split(world);
-    else if (mode == "overlap")
+    else if (mode == "cluster") {
+      std::vector<Case> cases = sweep_cases({world.size()});
+      for (const Case& c : large_allreduce_cases(world.size())) cases.push_back(c);
+      result = run_cases(world, cases);
+      const auto [split_passed, split_failed] = run_split(world);
+      result.first += split_passed;
+      result.second += split_failed;
+    } else if (mode == "overlap")
       result = run_overlap(world);
     else {
       std::fprintf(stderr, "mp_collectives: unknown mode '%s'\n", mode.c_str());
