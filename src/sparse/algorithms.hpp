@@ -1,0 +1,42 @@
+// The sparse allreduce algorithms (SparCML). Each takes this rank's canonical piece and returns
+// the merged piece of every rank, identical on every rank: sparse, or dense where it switched.
+// They talk only through the public Communicator API of ctx.comm, exchanging sizes before data;
+// every size and every index a peer sends is checked against dim and its range before use.
+#pragma once
+
+#include <vector>
+
+#include "sparse/piece.hpp"
+#include "tutti/sparse.hpp"
+
+namespace tutti::sparse::detail {
+
+struct Context {
+  explicit Context(tutti::Communicator& c) : comm(c) {}
+  tutti::Communicator& comm;
+  int rank = 0;
+  int size = 1;
+  Layout layout;
+  ReduceOp op = ReduceOp::sum;        // avg arrives here as sum (the division comes last)
+  Form form = Form::automatic;        // forced sparse: never switch to dense
+  tutti::Options collective_options;  // the timeout, for the collective steps
+  std::vector<std::size_t> nnz;       // every rank's canonical nnz (checked ≤ dim)
+  const char* operation = "sparse_allreduce";
+
+  /// Whether a piece of `nnz` pairs should now travel dense (never under Form::sparse).
+  bool switch_to_dense(std::size_t n) const { return form != Form::sparse && layout.dense_is_smaller(n); }
+};
+
+/// The tag of the sparse layer's point-to-point messages.
+constexpr int sparse_tag = 0x5ba;
+
+Piece recursive_doubling(Context& ctx, Piece mine);
+/// dense_allgather: dsar (the reduced ranges travel dense once the result is dense) or ssar.
+Piece split_allgather(Context& ctx, Piece mine, bool dense_allgather);
+Piece allgather_merge(Context& ctx, Piece mine);
+
+/// Every rank's canonical piece, in rank order (sizes from ctx.nnz): the allgather baseline's
+/// exchange, shared with sparse_allgather.
+std::vector<Piece> allgather_pieces(Context& ctx, const Piece& mine);
+
+}  // namespace tutti::sparse::detail

@@ -1,0 +1,113 @@
+// Closed forms of the algorithms' critical paths in α (per message round), β (per byte) and γ (per
+// combined element). The dense collectives they call are priced with their usual closed forms
+// (allgather(v) in ⌈log2 p⌉ rounds, alltoall(v) in p − 1) rather than through schedule::estimate,
+// which simulates every chunk and would cost more than a small sparse call itself.
+#include "sparse/cost_model.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+namespace tutti::sparse::detail {
+
+namespace {
+
+using tutti::detail::choice::CostParams;
+
+struct Shape {
+  double p, dim, n, c, cv, threshold;  // threshold: pairs past which the dense form is smaller
+};
+
+Shape shape_of(const Workload& w) {
+  Shape s;
+  s.p = w.ranks;
+  s.dim = static_cast<double>(w.dim);
+  s.n = static_cast<double>(w.total_nnz) / w.ranks;
+  s.cv = static_cast<double>(w.value_bytes);
+  s.c = static_cast<double>(w.index_bytes + w.value_bytes);
+  s.threshold = w.form == Form::sparse ? HUGE_VAL : s.dim * s.cv / s.c;
+  return s;
+}
+
+// Bytes of a partial merge of `pairs` pairs as it travels (dense past the threshold).
+double wire_bytes(const Shape& s, double pairs) { return pairs >= s.threshold ? s.dim * s.cv : pairs * s.c; }
+double elements(const Shape& s, double pairs) { return pairs >= s.threshold ? s.dim : pairs; }
+double log2_rounds(int p) { return std::ceil(std::log2(static_cast<double>(p))); }
+
+double predict_allgather(const Workload& w, const Shape& s, const CostParams& k) {
+  double merge = 0;  // the rank-order merge grows one union after the other
+  for (int m = 2; m <= w.ranks; ++m) merge += elements(s, expected_union(w, m));
+  return k.alpha * log2_rounds(w.ranks) + k.beta * (s.p - 1) * s.n * s.c + k.gamma * merge;
+}
+
+double predict_recursive_doubling(const Workload& w, const Shape& s, const CostParams& k) {
+  const int pof2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(w.ranks)));
+  double t = 0;
+  if (pof2 != w.ranks) {  // the fold: in, and the result back out (two messages each)
+    t += 4 * k.alpha + k.beta * (wire_bytes(s, s.n) + wire_bytes(s, expected_union(w, w.ranks)));
+  }
+  const double per_v = s.p / pof2;  // ranks each virtual rank carries
+  for (int m = 1; m < pof2; m *= 2) {
+    const double mine = expected_union(w, static_cast<int>(std::lround(m * per_v)));
+    const double merged = expected_union(w, static_cast<int>(std::lround(2 * m * per_v)));
+    t += 2 * k.alpha + k.beta * wire_bytes(s, mine) + k.gamma * elements(s, merged);
+  }
+  return t;
+}
+
+double predict_split(const Workload& w, const Shape& s, const CostParams& k, bool dense) {
+  const double rounds = s.p - 1;
+  const double merged = expected_union(w, w.ranks);
+  // Counts, then pairs: each rank sends (p−1)/p of its pairs and merges p pieces of its range.
+  double t = 2 * k.alpha * rounds + k.beta * s.n * s.c * rounds / s.p + k.gamma * s.n;
+  t += k.alpha * 2 * log2_rounds(w.ranks);  // the allgather of the reduced counts, then the data
+  const bool travels_dense = dense && merged >= s.threshold;
+  t += k.beta * rounds / s.p * (travels_dense ? s.dim * s.cv : merged * s.c);
+  return t;
+}
+
+}  // namespace
+
+double expected_union(const Workload& w, int m) {
+  if (w.dim == 0 || w.total_nnz == 0) return 0;
+  const Shape s = shape_of(w);
+  const double density = std::min(1.0, s.n / s.dim);
+  double u = s.dim * (1 - std::pow(1 - density, m));
+  if (m >= w.ranks) u = std::max(u, static_cast<double>(w.max_nnz));
+  return std::clamp(u, std::min(s.n, s.dim), std::min(s.dim, m * s.n));
+}
+
+double predict(Algorithm algorithm, const Workload& w, const CostParams& cost) {
+  if (w.ranks < 1) throw Error(ErrorCode::invalid_argument, "sparse cost model: ranks must be at least 1");
+  if (w.ranks == 1) return 0;
+  const Shape s = shape_of(w);
+  switch (algorithm) {
+    case Algorithm::ssar_recursive_doubling:
+      return predict_recursive_doubling(w, s, cost);
+    case Algorithm::ssar_split_allgather:
+      return predict_split(w, s, cost, false);
+    case Algorithm::dsar_split_allgather:
+      return predict_split(w, s, cost, true);
+    case Algorithm::allgather:
+      return predict_allgather(w, s, cost);
+    default:
+      throw Error(ErrorCode::invalid_argument, "sparse cost model: no prediction for automatic");
+  }
+}
+
+Algorithm choose(const Workload& w, const CostParams& cost) {
+  if (w.ranks <= 1 || w.total_nnz == 0) return Algorithm::allgather;
+  Algorithm best = Algorithm::automatic;
+  double best_time = 0;
+  for (Algorithm a : {Algorithm::ssar_recursive_doubling, Algorithm::ssar_split_allgather,
+                      Algorithm::dsar_split_allgather, Algorithm::allgather}) {
+    const double t = predict(a, w, cost);
+    if (best == Algorithm::automatic || t < best_time * (1 - 1e-3)) {
+      best = a;
+      best_time = t;
+    }
+  }
+  return best;
+}
+
+}  // namespace tutti::sparse::detail

@@ -1,0 +1,36 @@
+// The cost model behind sparse::Algorithm::automatic: predicted seconds of each algorithm from
+// what every rank knows after the descriptor exchange (p, dim, every rank's nnz) and the
+// transport's α/β/γ from the comm layer's model (comm/cost_model.hpp), without new constants.
+// The overlap of the ranks' index sets is not known before merging; the model expects that of
+// independent uniformly random sets (SparCML's estimate), bounded below by the largest nnz.
+#pragma once
+
+#include <cstddef>
+
+#include "comm/cost_model.hpp"
+#include "tutti/sparse.hpp"
+
+namespace tutti::sparse::detail {
+
+struct Workload {
+  int ranks = 1;
+  std::size_t dim = 0;
+  std::size_t total_nnz = 0;  // summed over ranks (each rank's canonical nnz)
+  std::size_t max_nnz = 0;
+  std::size_t index_bytes = 4;
+  std::size_t value_bytes = 4;
+  Form form = Form::automatic;
+};
+
+/// Expected size of the union of m ranks' index sets: dim·(1 − (1 − n/dim)^m) with n the mean
+/// nnz, at least max_nnz when m covers every rank, at most min(dim, m·n).
+double expected_union(const Workload& w, int m);
+
+/// Predicted seconds of `algorithm` (not automatic). Error(invalid_argument) for automatic.
+double predict(Algorithm algorithm, const Workload& w, const tutti::detail::choice::CostParams& cost);
+
+/// The algorithm with the least predicted time; the earlier one in the enum on a tie. p = 1 or
+/// an empty workload: allgather (it sends nothing then).
+Algorithm choose(const Workload& w, const tutti::detail::choice::CostParams& cost);
+
+}  // namespace tutti::sparse::detail

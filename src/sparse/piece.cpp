@@ -1,0 +1,206 @@
+// Canonical form, merging and the wire format of sparse pieces.
+#include "sparse/piece.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include "reduce/reduce.hpp"
+
+namespace tutti::sparse::detail {
+
+namespace {
+
+std::uint64_t index_at(const Vector& input, std::size_t k) {
+  if (input.index_type == IndexType::u32) {
+    std::uint32_t i;
+    std::memcpy(&i, static_cast<const std::byte*>(input.indices) + k * 4, 4);
+    return i;
+  }
+  std::uint64_t i;
+  std::memcpy(&i, static_cast<const std::byte*>(input.indices) + k * 8, 8);
+  return i;
+}
+
+std::string where(std::string_view operation, int rank) {
+  return std::string(operation) + " (rank " + std::to_string(rank) + "): ";
+}
+
+}  // namespace
+
+bool Layout::dense_is_smaller(std::size_t nnz) const {
+  // In long double so that neither product overflows for any dim the checks let through.
+  return static_cast<long double>(nnz) * static_cast<long double>(pair_bytes()) >=
+         static_cast<long double>(dim) * static_cast<long double>(value_bytes);
+}
+
+Layout layout_of(std::size_t dim, IndexType index_type, DataType value_type) {
+  Layout l;
+  l.dim = dim;
+  l.index_type = index_type;
+  l.value_type = value_type;
+  l.index_bytes = index_type == IndexType::u32 ? 4 : 8;
+  l.value_bytes = size_of(value_type);
+  return l;
+}
+
+void check_input(const Vector& input, std::string_view operation, int rank) {
+  const auto fail = [&](const std::string& what) {
+    throw Error(ErrorCode::invalid_argument, where(operation, rank) + what);
+  };
+  if (input.index_type != IndexType::u32 && input.index_type != IndexType::u64) fail("invalid index type");
+  const int type = static_cast<int>(input.value_type);
+  if (type < static_cast<int>(DataType::i8) || type > static_cast<int>(DataType::f64)) fail("invalid value type");
+  if (input.nnz > 0 && input.indices == nullptr) fail("indices is null with nnz > 0");
+  if (input.nnz > 0 && input.values == nullptr) fail("values is null with nnz > 0");
+  const std::size_t pair = (input.index_type == IndexType::u32 ? 4 : 8) + size_of(input.value_type);
+  if (input.dim > std::numeric_limits<std::size_t>::max() / pair ||
+      input.nnz > std::numeric_limits<std::size_t>::max() / pair)
+    fail("dim " + std::to_string(input.dim) + " or nnz " + std::to_string(input.nnz) + " too large for size_t bytes");
+  if (input.index_type == IndexType::u32 && input.dim > (std::uint64_t{1} << 32))
+    fail("dim " + std::to_string(input.dim) + " exceeds what u32 indices address");
+  for (std::size_t k = 0; k < input.nnz; ++k) {
+    const std::uint64_t i = index_at(input, k);
+    if (i >= input.dim)
+      fail("indices[" + std::to_string(k) + "] = " + std::to_string(i) + " is not below dim " +
+           std::to_string(input.dim));
+  }
+}
+
+Piece canonical(const Vector& input, ReduceOp op, const Layout& layout) {
+  const std::size_t cv = layout.value_bytes;
+  const auto* values = static_cast<const std::byte*>(input.values);
+  std::vector<std::size_t> order(input.nnz);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  bool sorted = true;
+  for (std::size_t k = 1; k < input.nnz && sorted; ++k) sorted = index_at(input, k - 1) < index_at(input, k);
+  // Stable, so that duplicates combine in input order (the same bits on every run).
+  if (!sorted)
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return index_at(input, a) < index_at(input, b); });
+  Piece out;
+  out.indices.reserve(input.nnz);
+  out.values.resize(input.nnz * cv);
+  for (std::size_t k = 0; k < input.nnz; ++k) {
+    const std::uint64_t i = index_at(input, order[k]);
+    const std::byte* v = values + order[k] * cv;
+    if (!out.indices.empty() && out.indices.back() == i) {
+      std::byte* acc = out.values.data() + (out.indices.size() - 1) * cv;
+      reduce::apply(op, layout.value_type, acc, acc, v, 1);
+      continue;
+    }
+    std::memcpy(out.values.data() + out.indices.size() * cv, v, cv);
+    out.indices.push_back(i);
+  }
+  out.values.resize(out.indices.size() * cv);
+  return out;
+}
+
+Piece densify(const Piece& piece, const Layout& layout) {
+  if (piece.dense) return piece;
+  Piece out;
+  out.dense = true;
+  out.values.assign(layout.dim * layout.value_bytes, std::byte{0});
+  const std::size_t cv = layout.value_bytes;
+  for (std::size_t k = 0; k < piece.indices.size(); ++k)
+    std::memcpy(out.values.data() + piece.indices[k] * cv, piece.values.data() + k * cv, cv);
+  return out;
+}
+
+Piece merge(const Piece& a, const Piece& b, ReduceOp op, const Layout& layout) {
+  const std::size_t cv = layout.value_bytes;
+  if (a.dense || b.dense) {
+    Piece out = densify(a, layout);
+    const Piece right = densify(b, layout);
+    reduce::apply(op, layout.value_type, out.values.data(), out.values.data(), right.values.data(), layout.dim);
+    return out;
+  }
+  // The union of the indices, with both sides' values laid out along it (zero where a side lacks
+  // the index), then one call of the kernel over the whole union.
+  Piece out;
+  out.indices.reserve(a.nnz() + b.nnz());
+  std::set_union(a.indices.begin(), a.indices.end(), b.indices.begin(), b.indices.end(),
+                 std::back_inserter(out.indices));
+  const std::size_t n = out.indices.size();
+  std::vector<std::byte> left(n * cv, std::byte{0}), right(n * cv, std::byte{0});
+  const auto spread = [&](const Piece& from, std::vector<std::byte>& to) {
+    std::size_t at = 0;
+    for (std::size_t k = 0; k < from.nnz(); ++k) {
+      while (out.indices[at] != from.indices[k]) ++at;
+      std::memcpy(to.data() + at * cv, from.values.data() + k * cv, cv);
+    }
+  };
+  spread(a, left);
+  spread(b, right);
+  out.values.resize(n * cv);
+  reduce::apply(op, layout.value_type, out.values.data(), left.data(), right.data(), n);
+  return out;
+}
+
+std::pair<std::size_t, std::size_t> range_of(const Piece& piece, std::uint64_t lo, std::uint64_t hi) {
+  const auto first = std::lower_bound(piece.indices.begin(), piece.indices.end(), lo);
+  const auto last = std::lower_bound(first, piece.indices.end(), hi);
+  return {static_cast<std::size_t>(first - piece.indices.begin()),
+          static_cast<std::size_t>(last - piece.indices.begin())};
+}
+
+void append_indices(const Piece& piece, std::size_t first, std::size_t last, const Layout& layout,
+                    std::vector<std::byte>& out) {
+  const std::size_t at = out.size();
+  out.resize(at + (last - first) * layout.index_bytes);
+  std::byte* p = out.data() + at;
+  if (layout.index_type == IndexType::u64) {
+    if (last > first) std::memcpy(p, piece.indices.data() + first, (last - first) * 8);
+    return;
+  }
+  for (std::size_t k = first; k < last; ++k, p += 4) {
+    const auto i = static_cast<std::uint32_t>(piece.indices[k]);
+    std::memcpy(p, &i, 4);
+  }
+}
+
+void pack(const Piece& piece, std::size_t first, std::size_t last, const Layout& layout, std::vector<std::byte>& out) {
+  append_indices(piece, first, last, layout, out);
+  const std::size_t bytes = (last - first) * layout.value_bytes;
+  if (bytes == 0) return;
+  const std::size_t at = out.size();
+  out.resize(at + bytes);
+  std::memcpy(out.data() + at, piece.values.data() + first * layout.value_bytes, bytes);
+}
+
+Piece unpack(std::span<const std::byte> bytes, std::uint64_t lo, std::uint64_t hi, const Layout& layout,
+             std::string_view what) {
+  if (bytes.size() % layout.pair_bytes() != 0)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(what) + ": " + std::to_string(bytes.size()) + " bytes are not a whole number of pairs");
+  const std::size_t n = bytes.size() / layout.pair_bytes();
+  Piece out;
+  out.indices.resize(n);
+  const std::byte* p = bytes.data();
+  for (std::size_t k = 0; k < n; ++k) {
+    std::uint64_t i = 0;
+    if (layout.index_type == IndexType::u32) {
+      std::uint32_t small;
+      std::memcpy(&small, p + k * 4, 4);
+      i = small;
+    } else {
+      std::memcpy(&i, p + k * 8, 8);
+    }
+    if (i < lo || i >= hi || (k > 0 && i <= out.indices[k - 1]))
+      throw Error(ErrorCode::invalid_argument, std::string(what) + ": index " + std::to_string(i) + " at pair " +
+                                                   std::to_string(k) + " is out of order or outside [" +
+                                                   std::to_string(lo) + ", " + std::to_string(hi) + ")");
+    out.indices[k] = i;
+  }
+  out.values.assign(p + n * layout.index_bytes, p + bytes.size());
+  return out;
+}
+
+std::uint64_t range_begin(std::size_t dim, int r, int p) {
+  return static_cast<std::uint64_t>(static_cast<unsigned __int128>(dim) * static_cast<unsigned>(r) /
+                                    static_cast<unsigned>(p));
+}
+
+}  // namespace tutti::sparse::detail

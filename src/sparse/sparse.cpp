@@ -1,0 +1,233 @@
+// sparse_allreduce and sparse_allgather: the local checks, the descriptor exchange that makes
+// every rank agree (or raise the same error), the algorithm choice, and the result's form.
+#include <array>
+#include <string>
+
+#include "comm/comm_impl.hpp"
+#include "reduce/reduce.hpp"
+#include "sparse/algorithms.hpp"
+#include "sparse/cost_model.hpp"
+
+namespace tutti::sparse::detail {
+
+namespace {
+
+// What each rank announces before any data moves (u64 fields, exchanged by one allgather).
+enum Field { f_status, f_dim, f_index_type, f_value_type, f_op, f_algorithm, f_form, f_nnz, f_count };
+using Descriptor = std::array<std::uint64_t, f_count>;
+
+const char* field_name(int f) {
+  static constexpr const char* names[] = {"status", "dim",       "index type", "value type",
+                                          "op",     "algorithm", "form",       "nnz"};
+  return names[f];
+}
+
+std::string prefix(const char* operation, int rank) {
+  return std::string(operation) + " (rank " + std::to_string(rank) + "): ";
+}
+
+void check_options(const Options& options, ReduceOp op, bool gather, const char* operation, int rank) {
+  const auto bad = [&](const char* what) { throw Error(ErrorCode::invalid_argument, prefix(operation, rank) + what); };
+  if (static_cast<int>(op) < 0 || static_cast<int>(op) > static_cast<int>(ReduceOp::avg)) bad("invalid op");
+  if (static_cast<int>(options.algorithm) < 0 ||
+      static_cast<int>(options.algorithm) > static_cast<int>(Algorithm::allgather))
+    bad("invalid algorithm");
+  if (static_cast<int>(options.form) < 0 || static_cast<int>(options.form) > static_cast<int>(Form::dense))
+    bad("invalid form");
+  if (options.timeout.count() < 0) bad("negative timeout");
+  if (gather && (options.algorithm != Algorithm::automatic || options.form != Form::automatic))
+    bad("sparse_allgather takes neither an algorithm nor a form");
+}
+
+// Exchanges the descriptors; every rank raises the same error for a bad input (invalid_argument
+// naming the rank) or a disagreement (mismatch naming both ranks and the field).
+std::vector<Descriptor> agree(tutti::Communicator& comm, const Descriptor& mine, const std::string& local_error,
+                              const tutti::Options& options, const char* operation) {
+  const int p = comm.size(), rank = comm.rank();
+  std::vector<Descriptor> all(p);
+  comm.allgather(mine.data(), all.data(), f_count, DataType::u64, options);
+  for (int r = 0; r < p; ++r)
+    if (all[r][f_status] != 0) {
+      if (r == rank) throw Error(ErrorCode::invalid_argument, local_error);
+      throw Error(ErrorCode::invalid_argument, prefix(operation, rank) + "rank " + std::to_string(r) +
+                                                   " passed an invalid input; nothing was reduced");
+    }
+  for (int r = 1; r < p; ++r)
+    for (int f = f_dim; f < f_nnz; ++f)
+      if (all[r][f] != all[0][f])
+        throw Error(ErrorCode::mismatch, prefix(operation, rank) + "rank " + std::to_string(r) + " has " +
+                                             field_name(f) + " " + std::to_string(all[r][f]) + ", rank 0 " +
+                                             std::to_string(all[0][f]));
+  for (int r = 0; r < p; ++r)
+    if (all[r][f_nnz] > all[0][f_dim])
+      throw Error(ErrorCode::invalid_argument, prefix(operation, rank) + "rank " + std::to_string(r) + " announced " +
+                                                   std::to_string(all[r][f_nnz]) + " pairs, more than dim");
+  return all;
+}
+
+struct Prepared {
+  Piece mine;
+  std::vector<Descriptor> all;
+};
+
+tutti::Options collective_options(const Options& options) {
+  tutti::Options out;
+  out.timeout = options.timeout;
+  return out;
+}
+
+// Local checks, canonical form and the exchange, shared by both collectives.
+Prepared prepare(tutti::Communicator& comm, const Vector& input, ReduceOp op, const Options& options, bool gather,
+                 const char* operation) {
+  if (comm.size() < 1) throw Error(ErrorCode::invalid_argument, std::string(operation) + ": empty communicator");
+  const int rank = comm.rank();
+  Descriptor d{};
+  std::string local_error;
+  Prepared out;
+  try {
+    check_options(options, op, gather, operation, rank);
+    check_input(input, operation, rank);
+    out.mine = canonical(input, op, layout_of(input.dim, input.index_type, input.value_type));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::invalid_argument) throw;
+    local_error = e.what();
+    d[f_status] = 1;
+  }
+  d[f_dim] = input.dim;
+  d[f_index_type] = static_cast<std::uint64_t>(input.index_type);
+  d[f_value_type] = static_cast<std::uint64_t>(input.value_type);
+  d[f_op] = static_cast<std::uint64_t>(op);
+  d[f_algorithm] = static_cast<std::uint64_t>(options.algorithm);
+  d[f_form] = static_cast<std::uint64_t>(options.form);
+  d[f_nnz] = out.mine.nnz();
+  out.all = agree(comm, d, local_error, collective_options(options), operation);
+  return out;
+}
+
+Context context_of(tutti::Communicator& comm, const Vector& input, ReduceOp op, const Options& options,
+                   const std::vector<Descriptor>& all, const char* operation) {
+  Context ctx(comm);
+  ctx.rank = comm.rank();
+  ctx.size = comm.size();
+  ctx.layout = layout_of(input.dim, input.index_type, input.value_type);
+  ctx.op = op == ReduceOp::avg ? ReduceOp::sum : op;
+  ctx.form = options.form;
+  ctx.collective_options = collective_options(options);
+  ctx.operation = operation;
+  for (const Descriptor& d : all) ctx.nnz.push_back(static_cast<std::size_t>(d[f_nnz]));
+  return ctx;
+}
+
+Algorithm chosen(const Context& ctx, const Options& options) {
+  if (options.algorithm != Algorithm::automatic) return options.algorithm;
+  Workload w;
+  w.ranks = ctx.size;
+  w.dim = ctx.layout.dim;
+  w.index_bytes = ctx.layout.index_bytes;
+  w.value_bytes = ctx.layout.value_bytes;
+  w.form = ctx.form;
+  for (std::size_t n : ctx.nnz) {
+    w.total_nnz += n;
+    w.max_nnz = std::max(w.max_nnz, n);
+  }
+  const auto* impl = ctx.comm.impl();
+  const auto cost = tutti::detail::choice::default_cost(impl ? impl->transport_name() : "tcp");
+  return choose(w, cost);
+}
+
+}  // namespace
+
+}  // namespace tutti::sparse::detail
+
+namespace tutti {
+
+using namespace sparse::detail;
+
+sparse::Result sparse_allreduce(Communicator& comm, const sparse::Vector& input, ReduceOp op,
+                                const sparse::Options& options) {
+  const char* operation = "sparse_allreduce";
+  Prepared prepared = prepare(comm, input, op, options, false, operation);
+  Context ctx = context_of(comm, input, op, options, prepared.all, operation);
+  const sparse::Algorithm algorithm = chosen(ctx, options);
+  Piece merged;
+  switch (algorithm) {
+    case sparse::Algorithm::ssar_recursive_doubling:
+      merged = recursive_doubling(ctx, std::move(prepared.mine));
+      break;
+    case sparse::Algorithm::ssar_split_allgather:
+    case sparse::Algorithm::dsar_split_allgather:
+      merged = split_allgather(ctx, std::move(prepared.mine), algorithm == sparse::Algorithm::dsar_split_allgather);
+      break;
+    default:
+      merged = allgather_merge(ctx, std::move(prepared.mine));
+  }
+  // The union only grows, so a piece that went dense mid-way is dense by the rule at the end too.
+  const bool dense = merged.dense || options.form == sparse::Form::dense ||
+                     (options.form == sparse::Form::automatic && ctx.layout.dense_is_smaller(merged.nnz()));
+  if (dense) merged = densify(merged, ctx.layout);
+  sparse::Result result;
+  result.form = dense ? sparse::Form::dense : sparse::Form::sparse;
+  result.dim = input.dim;
+  result.index_type = input.index_type;
+  result.value_type = input.value_type;
+  result.algorithm = algorithm;
+  result.nnz = dense ? input.dim : merged.nnz();
+  if (!dense) append_indices(merged, 0, merged.nnz(), ctx.layout, result.indices);
+  result.values = std::move(merged.values);
+  if (op == ReduceOp::avg && result.nnz > 0)
+    reduce::divide(input.value_type, result.values.data(), result.nnz, ctx.size);
+  return result;
+}
+
+sparse::GatherResult sparse_allgather(Communicator& comm, const sparse::Vector& input, ReduceOp op,
+                                      const sparse::Options& options) {
+  const char* operation = "sparse_allgather";
+  Prepared prepared = prepare(comm, input, op, options, true, operation);
+  Context ctx = context_of(comm, input, op, options, prepared.all, operation);
+  std::vector<Piece> pieces;
+  if (ctx.size == 1)
+    pieces.push_back(std::move(prepared.mine));
+  else
+    pieces = allgather_pieces(ctx, prepared.mine);
+  sparse::GatherResult result;
+  result.dim = input.dim;
+  result.index_type = input.index_type;
+  result.value_type = input.value_type;
+  result.offsets.push_back(0);
+  for (const Piece& piece : pieces) {
+    append_indices(piece, 0, piece.nnz(), ctx.layout, result.indices);
+    result.values.insert(result.values.end(), piece.values.begin(), piece.values.end());
+    result.offsets.push_back(result.offsets.back() + piece.nnz());
+  }
+  return result;
+}
+
+std::string_view to_string(sparse::Algorithm algorithm) {
+  switch (algorithm) {
+    case sparse::Algorithm::automatic:
+      return "automatic";
+    case sparse::Algorithm::ssar_recursive_doubling:
+      return "ssar_recursive_doubling";
+    case sparse::Algorithm::ssar_split_allgather:
+      return "ssar_split_allgather";
+    case sparse::Algorithm::dsar_split_allgather:
+      return "dsar_split_allgather";
+    case sparse::Algorithm::allgather:
+      return "allgather";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(sparse::Form form) {
+  switch (form) {
+    case sparse::Form::automatic:
+      return "automatic";
+    case sparse::Form::sparse:
+      return "sparse";
+    case sparse::Form::dense:
+      return "dense";
+  }
+  return "unknown";
+}
+
+}  // namespace tutti

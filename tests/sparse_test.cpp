@@ -1,0 +1,328 @@
+// Sparse collectives (include/tutti/sparse.hpp), ranks as threads: exact results against a dense
+// reference for every algorithm, p = 1..8, nnz from 0 to dim, every index pattern, duplicates and
+// unsorted input, the dense switch on both sides of the threshold, forced forms, every value type,
+// both index types and every op; nonblocking calls; bad input and disagreeing ranks.
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "harness.hpp"
+#include "sparse_cases.hpp"
+
+namespace {
+
+using namespace tutti;
+using namespace tutti::testing;
+using namespace tutti::testing::sparse_cases;
+using tutti::sparse::Algorithm;
+using tutti::sparse::Form;
+using tutti::sparse::IndexType;
+
+// Runs `cases` (each made for p ranks) on one local group of p, every rank checking its result.
+std::string run_all(int p, const std::vector<Case>& cases) {
+  return run_ranks(p, [&](Communicator& comm) {
+    for (const Case& c : cases) {
+      const std::string error = run_case(comm, c);
+      if (!error.empty()) throw std::runtime_error(error);
+    }
+  });
+}
+
+TEST(SparseAllreduce, EveryAlgorithmEveryPatternAndNnz) {
+  for (int p = 1; p <= 8; ++p) {
+    std::vector<Case> cases;
+    for (Algorithm a : all_algorithms)
+      for (Pattern pattern : {Pattern::disjoint, Pattern::identical, Pattern::overlapping})
+        for (std::size_t nnz : {std::size_t{0}, std::size_t{1}, std::size_t{4}, std::size_t{13}, std::size_t{37}})
+          for (bool messy : {false, true})
+            cases.push_back(Case{.p = p,
+                                 .dim = 37,
+                                 .nnz = nnz,
+                                 .pattern = pattern,
+                                 .duplicates = messy,
+                                 .shuffled = messy,
+                                 .algorithm = a});
+    EXPECT_EQ(run_all(p, cases), "") << "p = " << p;
+  }
+}
+
+TEST(SparseAllreduce, EveryValueTypeIndexTypeAndOp) {
+  for (int p : {3, 4}) {
+    std::vector<Case> cases;
+    for (DataType t : {DataType::i8, DataType::u8, DataType::i32, DataType::u32, DataType::i64, DataType::u64,
+                       DataType::f16, DataType::bf16, DataType::f32, DataType::f64})
+      for (IndexType it : {IndexType::u32, IndexType::u64})
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max, ReduceOp::avg, ReduceOp::prod})
+          for (Algorithm a : all_algorithms)
+            cases.push_back(Case{.p = p,
+                                 .dim = 41,
+                                 .nnz = 9,
+                                 .pattern = Pattern::overlapping,
+                                 .duplicates = op != ReduceOp::prod,
+                                 .shuffled = true,
+                                 .value_type = t,
+                                 .index_type = it,
+                                 .op = op,
+                                 .algorithm = a});
+    EXPECT_EQ(run_all(p, cases), "") << "p = " << p;
+  }
+}
+
+// dim 100, f32 values, u32 indices: dense once the union holds 50 indices. Disjoint sets make the
+// union exactly p · nnz. Also u64 indices with i8 values (dense from 12 of 100: 9 bytes a pair).
+TEST(SparseAllreduce, DenseSwitchOnEitherSideOfTheThreshold) {
+  for (int p : {2, 5}) {
+    std::vector<Case> cases;
+    for (Algorithm a : all_algorithms) {
+      for (std::size_t union_size : {std::size_t{49}, std::size_t{50}}) {
+        if (union_size % p != 0) continue;
+        cases.push_back(Case{.p = p, .dim = 100, .nnz = union_size / p, .pattern = Pattern::disjoint, .algorithm = a});
+      }
+      if (p == 5) {  // 45 sparse and 55 dense, as 9 and 11 per rank
+        cases.push_back(Case{.p = p, .dim = 100, .nnz = 9, .pattern = Pattern::disjoint, .algorithm = a});
+        cases.push_back(Case{.p = p, .dim = 100, .nnz = 11, .pattern = Pattern::disjoint, .algorithm = a});
+      }
+      for (std::size_t nnz : {std::size_t{11}, std::size_t{12}})  // identical sets: the union is nnz
+        cases.push_back(Case{.p = p,
+                             .dim = 100,
+                             .nnz = nnz,
+                             .pattern = Pattern::identical,
+                             .value_type = DataType::i8,
+                             .index_type = IndexType::u64,
+                             .algorithm = a});
+    }
+    for (const Case& c : cases) {
+      // The cases themselves must straddle the rule, or this test checks nothing.
+      const std::size_t u = reference_of(c).union_indices.size();
+      ASSERT_TRUE(u == 45 || u == 49 || u == 50 || u == 55 || u == 11 || u == 12) << name_of(c) << " union " << u;
+    }
+    EXPECT_EQ(run_all(p, cases), "") << "p = " << p;
+  }
+}
+
+TEST(SparseAllreduce, ForcedForms) {
+  for (int p : {1, 3, 6}) {
+    std::vector<Case> cases;
+    for (Algorithm a : all_algorithms) {
+      // Every index on every rank, forced sparse: the union is all of dim, still as pairs.
+      cases.push_back(
+          Case{.p = p, .dim = 50, .nnz = 50, .pattern = Pattern::identical, .algorithm = a, .form = Form::sparse});
+      cases.push_back(Case{.p = p,
+                           .dim = 50,
+                           .nnz = 30,
+                           .pattern = Pattern::overlapping,
+                           .duplicates = true,
+                           .op = ReduceOp::max,
+                           .algorithm = a,
+                           .form = Form::sparse});
+      // One index per rank, forced dense.
+      cases.push_back(Case{.p = p,
+                           .dim = 1000,
+                           .nnz = 1,
+                           .pattern = Pattern::overlapping,
+                           .op = ReduceOp::min,
+                           .algorithm = a,
+                           .form = Form::dense});
+      cases.push_back(
+          Case{.p = p, .dim = 1000, .nnz = 0, .pattern = Pattern::overlapping, .algorithm = a, .form = Form::dense});
+    }
+    EXPECT_EQ(run_all(p, cases), "") << "p = " << p;
+  }
+}
+
+// A larger vector, so that the split algorithms' ranges and the recursive doubling's mid-way
+// switch see hundreds of pairs.
+TEST(SparseAllreduce, LargerVectors) {
+  for (int p : {4, 7}) {
+    std::vector<Case> cases;
+    for (Algorithm a : all_algorithms)
+      for (std::size_t nnz : {std::size_t{40}, std::size_t{700}, std::size_t{3000}})
+        cases.push_back(Case{.p = p,
+                             .dim = 5003,
+                             .nnz = nnz,
+                             .pattern = Pattern::overlapping,
+                             .duplicates = true,
+                             .shuffled = true,
+                             .value_type = DataType::i32,
+                             .algorithm = a});
+    EXPECT_EQ(run_all(p, cases), "") << "p = " << p;
+  }
+}
+
+TEST(SparseAllgather, EveryRanksCanonicalPairsInRankOrder) {
+  for (int p : {1, 2, 5, 8}) {
+    const std::string failures = run_ranks(p, [&](Communicator& comm) {
+      for (IndexType it : {IndexType::u32, IndexType::u64}) {
+        const Case c{.p = p,
+                     .dim = 29,
+                     .nnz = 7,
+                     .pattern = Pattern::overlapping,
+                     .duplicates = true,
+                     .shuffled = true,
+                     .value_type = DataType::i64,
+                     .index_type = it,
+                     .op = ReduceOp::max};
+        const sparse::GatherResult got = sparse_allgather(comm, input_of(c, comm.rank()).vector(), c.op);
+        const std::size_t ci = it == IndexType::u32 ? 4 : 8;
+        if (got.offsets.size() != static_cast<std::size_t>(p) + 1) throw std::runtime_error("offsets");
+        for (int r = 0; r < p; ++r) {
+          const Input in = input_of(c, r);  // its canonical pairs: the set, sorted, dense values
+          if (got.offsets[r + 1] - got.offsets[r] != in.set.size()) throw std::runtime_error("block size");
+          std::size_t k = got.offsets[r];
+          for (std::uint64_t i : in.set) {
+            std::uint64_t index = 0;
+            std::memcpy(&index, got.indices.data() + k * ci, ci);
+            if (index != i || load(c.value_type, got.values.data() + k * 8) != in.dense[i])
+              throw std::runtime_error("rank " + std::to_string(r) + "'s pair " + std::to_string(k) + " differs");
+            ++k;
+          }
+        }
+        if (got.indices.size() != got.offsets[p] * ci || got.values.size() != got.offsets[p] * 8)
+          throw std::runtime_error("buffer sizes");
+      }
+    });
+    EXPECT_EQ(failures, "") << "p = " << p;
+  }
+}
+
+// Nonblocking: requests complete in order while the caller uses the host communicator itself.
+TEST(SparseCommunicator, NonblockingCallsDeliverInOrder) {
+  const int p = 4;
+  const std::string failures = run_ranks(p, [&](Communicator& host) {
+    sparse::Communicator sparse_comm(host);
+    if (sparse_comm.size() != p || sparse_comm.rank() != host.rank()) throw std::runtime_error("shape");
+    std::vector<Case> cases;
+    std::vector<Input> inputs;
+    for (Algorithm a : all_algorithms) {
+      cases.push_back(Case{.p = p, .dim = 61, .nnz = 20, .duplicates = true, .shuffled = true, .algorithm = a});
+      inputs.push_back(input_of(cases.back(), host.rank()));
+    }
+    std::vector<sparse::Request<sparse::Result>> requests;
+    for (std::size_t k = 0; k < cases.size(); ++k)
+      requests.push_back(sparse_comm.iallreduce(inputs[k].vector(), cases[k].op, {.algorithm = cases[k].algorithm}));
+    const Case gather_case{.p = p, .dim = 61, .nnz = 5};
+    const Input gather_input = input_of(gather_case, host.rank());
+    auto gathered = sparse_comm.iallgather(gather_input.vector(), ReduceOp::sum);
+    // The host communicator stays free for the caller meanwhile.
+    std::vector<int> ones(8, 1), sums(8, 0);
+    host.allreduce(ones.data(), sums.data(), ones.size(), DataType::i32, ReduceOp::sum);
+    if (sums != std::vector<int>(8, p)) throw std::runtime_error("host allreduce");
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!requests[k].test())
+        if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("request never completed");
+      const std::string error = check(cases[k], requests[k].wait(), reference_of(cases[k]));
+      if (!error.empty()) throw std::runtime_error(name_of(cases[k]) + ": " + error);
+      try {
+        requests[k].wait();
+        throw std::runtime_error("a second wait delivered again");
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::invalid_argument) throw;
+      }
+    }
+    std::size_t pairs = 0;
+    for (int r = 0; r < p; ++r) pairs += input_of(gather_case, r).set.size();
+    if (gathered.wait().offsets.back() != pairs) throw std::runtime_error("allgather");
+    // Blocking twin, after the nonblocking ones.
+    const std::string error =
+        check(cases[0], sparse_comm.allreduce(inputs[0].vector(), ReduceOp::sum), reference_of(cases[0]));
+    if (!error.empty()) throw std::runtime_error("blocking: " + error);
+  });
+  EXPECT_EQ(failures, "");
+}
+
+// Every rank runs `call`; returns each rank's error code (-1: none) and message.
+std::vector<std::pair<int, std::string>> errors_of(int p, const std::function<void(Communicator&)>& call) {
+  std::vector<std::pair<int, std::string>> out(p, {-1, ""});
+  const std::string failures = run_ranks(p, [&](Communicator& comm) {
+    try {
+      call(comm);
+    } catch (const Error& e) {
+      out[comm.rank()] = {static_cast<int>(e.code()), e.what()};
+    }
+    // The communicator must still work: a valid call afterwards.
+    const Case c{.p = p, .dim = 23, .nnz = 6};
+    const std::string error = run_case(comm, c);
+    if (!error.empty()) throw std::runtime_error("after the error: " + error);
+  });
+  EXPECT_EQ(failures, "");
+  return out;
+}
+
+void expect_all(const std::vector<std::pair<int, std::string>>& got, ErrorCode code, const std::string& word) {
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    EXPECT_EQ(got[r].first, static_cast<int>(code)) << "rank " << r << ": " << got[r].second;
+    EXPECT_NE(got[r].second.find(word), std::string::npos) << "rank " << r << ": " << got[r].second;
+  }
+}
+
+TEST(SparseErrors, BadInputOnOneRankRaisesEverywhere) {
+  const int p = 3;
+  const Case c{.p = p, .dim = 23, .nnz = 6};
+  // An index >= dim on rank 1.
+  expect_all(errors_of(p,
+                       [&](Communicator& comm) {
+                         Input in = input_of(c, comm.rank());
+                         if (comm.rank() == 1) {
+                           const std::uint32_t bad = 23;
+                           std::memcpy(in.indices.data() + 4, &bad, 4);
+                         }
+                         const std::vector<std::byte> values_before = in.values, indices_before = in.indices;
+                         try {
+                           sparse_allreduce(comm, in.vector(), ReduceOp::sum);
+                         } catch (...) {
+                           if (in.values != values_before || in.indices != indices_before)
+                             throw std::runtime_error("input written");
+                           throw;
+                         }
+                       }),
+             ErrorCode::invalid_argument, "rank 1");
+  // A null pointer with nnz > 0 on rank 2, for either collective.
+  for (bool gather : {false, true})
+    expect_all(errors_of(p,
+                         [&](Communicator& comm) {
+                           Input in = input_of(c, comm.rank());
+                           sparse::Vector v = in.vector();
+                           if (comm.rank() == 2) v.values = nullptr;
+                           if (gather)
+                             sparse_allgather(comm, v, ReduceOp::sum);
+                           else
+                             sparse_allreduce(comm, v, ReduceOp::sum);
+                         }),
+               ErrorCode::invalid_argument, "rank 2");
+  // An invalid enum.
+  expect_all(errors_of(p,
+                       [&](Communicator& comm) {
+                         const Input in = input_of(c, comm.rank());
+                         sparse_allreduce(
+                             comm, in.vector(), ReduceOp::sum,
+                             {.algorithm = comm.rank() == 0 ? static_cast<Algorithm>(99) : Algorithm::automatic});
+                       }),
+             ErrorCode::invalid_argument, "rank 0");
+}
+
+TEST(SparseErrors, RanksThatDisagreeRaiseMismatchEverywhere) {
+  const int p = 4;
+  // Rank 3's case differs from the others' in one thing; each input is valid on its own.
+  using Tweak = std::function<void(Case&)>;
+  const std::vector<std::pair<Tweak, std::string>> tweaks = {
+      {[](Case& c) { c.dim = 24; }, "dim"},
+      {[](Case& c) { c.index_type = IndexType::u64; }, "index type"},
+      {[](Case& c) { c.value_type = DataType::i32; }, "value type"},
+      {[](Case& c) { c.op = ReduceOp::max; }, "op"},
+      {[](Case& c) { c.algorithm = Algorithm::allgather; }, "algorithm"},
+      {[](Case& c) { c.form = Form::dense; }, "form"},
+  };
+  for (const auto& [tweak, word] : tweaks) {
+    expect_all(errors_of(p,
+                         [&](Communicator& comm) {
+                           Case c{.p = p, .dim = 23, .nnz = 6, .pattern = Pattern::disjoint};
+                           if (comm.rank() == 3) tweak(c);
+                           const Input in = input_of(c, comm.rank());
+                           sparse_allreduce(comm, in.vector(), c.op, {.algorithm = c.algorithm, .form = c.form});
+                         }),
+               ErrorCode::mismatch, word);
+  }
+}
+
+}  // namespace
