@@ -20,8 +20,8 @@ if [[ ${1:-} == --self-test ]]; then
   exit 0
 fi
 src=${1:?usage: layers_test.sh SRC_DIR}
-layers=(core reduce bootstrap transport schedule exec comm device gpu sparse engine)
-communicator_api='tutti/(tutti|mpi|engine|torch|sparse)'
+layers=(core reduce bootstrap transport schedule exec comm device gpu sparse compress engine)
+communicator_api='tutti/(tutti|mpi|engine|torch|sparse|compress)'
 status=0
 for ((i = 0; i < ${#layers[@]}; i++)); do
   layer=${layers[i]}

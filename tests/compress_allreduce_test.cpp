@@ -1,0 +1,281 @@
+// The compressed collectives with ranks as threads (local_group): fp16/bf16 and QSGD allreduce,
+// PowerSGD, and the GradientCompressor. Every rank's result is compared bit for bit with every
+// other rank's and with a reference, and the lossy ones with the exact sum within their bound.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include "threads.hpp"
+#include "tutti/compress.hpp"
+
+namespace tc = tutti::compress;
+using tutti::testing::on_threads;
+
+namespace {
+
+const std::vector<std::size_t>& counts_for(int p) {
+  static std::vector<std::vector<std::size_t>> all(9);
+  auto& c = all[static_cast<std::size_t>(p)];
+  if (c.empty()) c = {0, 1, static_cast<std::size_t>(p) + 1, 10007};
+  return c;
+}
+
+std::vector<float> random_vector(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = normal(gen);
+  return v;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Runs fn(comm, rank) -> result on p ranks; returns every rank's result.
+template <class Fn>
+std::vector<std::vector<float>> run(int p, Fn fn) {
+  auto comms = tutti::local_group(p);
+  std::vector<std::vector<float>> results(static_cast<std::size_t>(p));
+  const auto failures = on_threads(p, [&](int r) { results[static_cast<std::size_t>(r)] = fn(comms[r], r); });
+  EXPECT_EQ(failures, "");
+  return results;
+}
+
+}  // namespace
+
+// Integer data whose sums are exact in 16 bits: the result is the exact sum, on every rank.
+TEST(HalfAllreduce, ExactOnIntegers) {
+  for (const auto wire : {tc::Wire::fp16, tc::Wire::bf16})
+    for (int p = 1; p <= 8; ++p)
+      for (const std::size_t n : counts_for(p)) {
+        auto input = [](int r, std::size_t i) {
+          return static_cast<float>(static_cast<int>((i * 7 + r * 3) % 17) - 8);
+        };
+        const auto results = run(p, [&](tutti::Communicator& comm, int r) {
+          std::vector<float> send(n), recv(n, NAN);
+          for (std::size_t i = 0; i < n; ++i) send[i] = input(r, i);
+          tc::allreduce(comm, send.data(), recv.data(), n, wire, tutti::ReduceOp::sum);
+          return recv;
+        });
+        for (int r = 0; r < p; ++r)
+          for (std::size_t i = 0; i < n; ++i) {
+            float exact = 0;
+            for (int q = 0; q < p; ++q) exact += input(q, i);
+            ASSERT_EQ(results[static_cast<std::size_t>(r)][i], exact) << "p " << p << " n " << n << " rank " << r;
+          }
+      }
+}
+
+// Random data, in place, avg: identical bits on every rank, within the rounding bound of the
+// exact average (each of the p roundings of a partial sum and of the inputs: (p+1)·u·Σ|x|).
+TEST(HalfAllreduce, RandomDataIdenticalAndWithinBound) {
+  for (const auto wire : {tc::Wire::fp16, tc::Wire::bf16})
+    for (int p = 1; p <= 8; ++p)
+      for (const std::size_t n : counts_for(p)) {
+        const double u = wire == tc::Wire::fp16 ? 0x1p-11 : 0x1p-8;
+        const auto results = run(p, [&](tutti::Communicator& comm, int r) {
+          auto data = random_vector(n, static_cast<unsigned>(r + 10));
+          tc::allreduce(comm, data.data(), data.data(), n, wire, tutti::ReduceOp::avg);
+          return data;
+        });
+        for (int r = 1; r < p; ++r) ASSERT_TRUE(same_bits(results[0], results[static_cast<std::size_t>(r)]));
+        std::vector<std::vector<float>> inputs;
+        for (int r = 0; r < p; ++r) inputs.push_back(random_vector(n, static_cast<unsigned>(r + 10)));
+        for (std::size_t i = 0; i < n; ++i) {
+          double exact = 0, abs = 0;
+          for (const auto& in : inputs) exact += in[i], abs += std::fabs(in[i]);
+          ASSERT_NEAR(results[0][i], exact / p, (p + 1) * u * abs / p + 1e-30) << "p " << p << " i " << i;
+        }
+      }
+}
+
+// QSGD allreduce: identical on every rank, equal bit for bit to encoding each rank's input with
+// its own key and summing the decoded vectors in rank order, and each element within Σ‖v_r‖/s
+// of the exact sum (a rounding moves an element by at most one level).
+TEST(QsgdAllreduce, IdenticalEqualToTheReferenceAndWithinBound) {
+  for (const int bits : {4, 8})
+    for (int p = 1; p <= 8; ++p)
+      for (const std::size_t n : counts_for(p)) {
+        const tc::QsgdOptions options{bits, 64};
+        const tc::RandomKey key{11, 0, 3, 5};
+        std::vector<std::vector<float>> sent(static_cast<std::size_t>(p));
+        const auto results = run(p, [&](tutti::Communicator& comm, int r) {
+          const auto in = random_vector(n, static_cast<unsigned>(100 + r));
+          std::vector<float> out(n, NAN), mine(n, NAN);
+          tc::qsgd_allreduce(comm, in.data(), out.data(), n, options, key, tutti::ReduceOp::sum, mine.data());
+          sent[static_cast<std::size_t>(r)] = mine;
+          return out;
+        });
+        std::vector<float> reference(n, 0.0f), exact(n, 0.0f), slack(n, 0.0f);
+        const double s = tc::qsgd_levels(bits);
+        for (int r = 0; r < p; ++r) {
+          const auto in = random_vector(n, static_cast<unsigned>(100 + r));
+          std::vector<std::byte> code(tc::qsgd_encoded_bytes(n, options));
+          tc::RandomKey k = key;
+          k.rank = static_cast<std::uint32_t>(r);
+          tc::qsgd_encode(in.data(), n, options, k, code.data());
+          std::vector<float> decoded(n);
+          tc::qsgd_decode(code.data(), n, options, decoded.data());
+          ASSERT_TRUE(same_bits(decoded, sent[static_cast<std::size_t>(r)])) << "sent, rank " << r;
+          for (std::size_t i = 0; i < n; ++i) reference[i] = r == 0 ? decoded[i] : reference[i] + decoded[i];
+          for (std::size_t b = 0; b * 64 < n; ++b) {
+            double norm = 0;
+            for (std::size_t i = b * 64; i < std::min(n, (b + 1) * 64); ++i) norm += static_cast<double>(in[i]) * in[i];
+            for (std::size_t i = b * 64; i < std::min(n, (b + 1) * 64); ++i) {
+              slack[i] += static_cast<float>(std::sqrt(norm) / s);
+              exact[i] += in[i];
+            }
+          }
+        }
+        for (int r = 0; r < p; ++r)
+          ASSERT_TRUE(same_bits(results[static_cast<std::size_t>(r)], reference))
+              << "p " << p << " n " << n << " rank " << r;
+        for (std::size_t i = 0; i < n; ++i)
+          ASSERT_NEAR(reference[i], exact[i], slack[i] * 1.001 + 1e-5) << "p " << p << " i " << i;
+      }
+}
+
+TEST(CompressedAllreduce, RefusesBadInputBeforeWriting) {
+  const auto failures = on_threads(1, [](int) {
+    auto comm = tutti::local_group(1)[0];
+    std::vector<float> v(4, 1.0f);
+    for (const auto op : {tutti::ReduceOp::max, tutti::ReduceOp::prod}) {
+      EXPECT_THROW(tc::allreduce(comm, v.data(), v.data(), 4, tc::Wire::fp16, op), tutti::Error);
+      EXPECT_THROW(tc::qsgd_allreduce(comm, v.data(), v.data(), 4, {8, 4}, {}, op), tutti::Error);
+    }
+    EXPECT_THROW(tc::allreduce(comm, nullptr, v.data(), 4, tc::Wire::bf16, tutti::ReduceOp::sum), tutti::Error);
+    EXPECT_THROW(tc::qsgd_allreduce(comm, v.data(), v.data(), 4, {5, 4}, {}, tutti::ReduceOp::sum), tutti::Error);
+    EXPECT_EQ(v, std::vector<float>(4, 1.0f));
+  });
+  EXPECT_EQ(failures, "");
+}
+
+TEST(PowerSgd, OrthogonalizeGivesOrthonormalColumns) {
+  auto m = random_vector(50 * 4, 7);
+  tc::orthogonalize(m.data(), 50, 4);
+  for (int a = 0; a < 4; ++a)
+    for (int b = 0; b < 4; ++b) {
+      double dot = 0;
+      for (int i = 0; i < 50; ++i) dot += static_cast<double>(m[i * 4 + a]) * m[i * 4 + b];
+      EXPECT_NEAR(dot, a == b ? 1.0 : 0.0, 1e-5);
+    }
+}
+
+// A matrix of rank r (the same on every rank, so the average is itself) comes back from one step
+// of rank-r PowerSGD within float tolerance, identical on every rank, with a residual near zero.
+TEST(PowerSgd, ReconstructsAMatrixOfItsRank) {
+  const std::size_t rows = 40, cols = 30;
+  for (const int r : {1, 2, 4})
+    for (const int p : {1, 3}) {
+      const auto a = random_vector(rows * r, 20), b = random_vector(cols * r, 21);
+      std::vector<float> m(rows * cols, 0.0f);
+      for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t k = 0; k < cols; ++k)
+          for (int j = 0; j < r; ++j) m[i * cols + k] += a[i * r + j] * b[k * r + j];
+      std::vector<float> residual_max(static_cast<std::size_t>(p));
+      const auto results = run(p, [&](tutti::Communicator& comm, int rank) {
+        tc::PowerSgd power(r, 5);
+        auto grad = m;
+        power.allreduce(comm, "w", grad.data(), rows, cols);
+        float worst = 0;
+        for (const float x : power.residual("w")) worst = std::max(worst, std::fabs(x));
+        residual_max[static_cast<std::size_t>(rank)] = worst;
+        return grad;
+      });
+      for (int q = 1; q < p; ++q) ASSERT_TRUE(same_bits(results[0], results[static_cast<std::size_t>(q)]));
+      for (std::size_t i = 0; i < m.size(); ++i) ASSERT_NEAR(results[0][i], m[i], 1e-4 * (1 + std::fabs(m[i]))) << i;
+      for (const float w : residual_max) EXPECT_LT(w, 1e-3);
+    }
+}
+
+// Error feedback: over T steps, what PowerSGD delivered plus the ranks' mean final residual is the
+// mean over ranks of every gradient (nothing is lost, only delayed). Vectors go uncompressed.
+TEST(PowerSgd, ErrorFeedbackAddsUpToTheTrueSum) {
+  const int p = 3, steps = 6;
+  const std::size_t rows = 24, cols = 16;
+  std::vector<std::vector<double>> delivered(p, std::vector<double>(rows * cols, 0.0));
+  std::vector<std::vector<float>> residual(p);
+  std::vector<float> bias_out;
+  std::mutex mutex;
+  run(p, [&](tutti::Communicator& comm, int rank) {
+    tc::PowerSgd power(2, 9);
+    for (int t = 0; t < steps; ++t) {
+      auto g = random_vector(rows * cols, static_cast<unsigned>(1000 + 10 * t + rank));
+      power.allreduce(comm, "w", g.data(), rows, cols);
+      for (std::size_t i = 0; i < g.size(); ++i) delivered[static_cast<std::size_t>(rank)][i] += g[i];
+      std::vector<float> bias = {static_cast<float>(rank), 1, 2};
+      power.allreduce(comm, "b", bias.data(), 1, 3);
+      if (rank == 0 && t == 0) {
+        std::lock_guard lock(mutex);
+        bias_out = bias;
+      }
+    }
+    auto res = power.residual("w");
+    residual[static_cast<std::size_t>(rank)].assign(res.begin(), res.end());
+    EXPECT_TRUE(power.residual("b").empty());
+    return std::vector<float>{};
+  });
+  EXPECT_EQ(bias_out, (std::vector<float>{1, 1, 2}));  // (0 + 1 + 2) / 3: exact, uncompressed
+  for (std::size_t i = 0; i < rows * cols; ++i) {
+    double truth = 0, left = 0;
+    for (int rank = 0; rank < p; ++rank) {
+      for (int t = 0; t < steps; ++t)
+        truth += random_vector(rows * cols, static_cast<unsigned>(1000 + 10 * t + rank))[i];
+      left += residual[static_cast<std::size_t>(rank)][i];
+    }
+    for (int rank = 1; rank < p; ++rank) ASSERT_EQ(delivered[rank][i], delivered[0][i]);
+    ASSERT_NEAR(delivered[0][i] + left / p, truth / p, 1e-4) << i;
+  }
+}
+
+TEST(Compression, ParsesAndPrints) {
+  for (const char* text : {"none", "fp16", "bf16", "qsgd:4", "qsgd:8", "powersgd:2", "topk:0.01", "topk:1"})
+    EXPECT_EQ(tc::Compression::parse(text).to_string(), text);
+  EXPECT_EQ(tc::Compression::parse("powersgd:4").rank, 4);
+  EXPECT_EQ(tc::Compression::parse("topk:0.25").ratio, 0.25);
+  for (const char* bad :
+       {"", "fp32", "fp16:1", "qsgd", "qsgd:3", "qsgd:x", "powersgd:0", "topk:0", "topk:1.5", "topk:", "none:1"}) {
+    try {
+      tc::Compression::parse(bad);
+      ADD_FAILURE() << "'" << bad << "' accepted";
+    } catch (const tutti::Error& e) {
+      EXPECT_EQ(e.code(), tutti::ErrorCode::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The training-side compressor: every kind gives identical bits on every rank over several steps
+// (QSGD with error feedback), and topk is refused as unsupported.
+TEST(GradientCompressor, IdenticalOnEveryRank) {
+  for (const char* text : {"fp16", "bf16", "qsgd:4", "qsgd:8", "powersgd:2"})
+    for (const int p : {2, 3}) {
+      const auto results = run(p, [&](tutti::Communicator& comm, int rank) {
+        tc::GradientCompressor compressor(tc::Compression::parse(text), 17);
+        std::vector<float> all;
+        for (int step = 0; step < 3; ++step) {
+          auto w = random_vector(20 * 12, static_cast<unsigned>(rank * 100 + step));
+          auto b = random_vector(20, static_cast<unsigned>(rank * 100 + step + 50));
+          const std::vector<std::int64_t> ws = {20, 3, 4}, bs = {20};
+          compressor.average(comm, "w", w.data(), ws);
+          compressor.average(comm, "b", b.data(), bs);
+          compressor.next_step();
+          all.insert(all.end(), w.begin(), w.end());
+          all.insert(all.end(), b.begin(), b.end());
+        }
+        return all;
+      });
+      for (int r = 1; r < p; ++r) EXPECT_TRUE(same_bits(results[0], results[static_cast<std::size_t>(r)])) << text;
+    }
+  try {
+    tc::GradientCompressor(tc::Compression::parse("topk:0.1"), 1);
+    ADD_FAILURE() << "topk accepted";
+  } catch (const tutti::Error& e) {
+    EXPECT_EQ(e.code(), tutti::ErrorCode::unsupported);
+  }
+}
