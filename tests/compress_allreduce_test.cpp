@@ -140,6 +140,38 @@ TEST(QsgdAllreduce, IdenticalEqualToTheReferenceAndWithinBound) {
       }
 }
 
+// Top-k allreduce: every rank gets the sum of every rank's top k (integer data with many ties,
+// so the sums are exact and the tie-breaks matter), for k from one element to all of them (the
+// sparse allreduce's result then turns dense), and `sent` is the rank's own top k.
+TEST(TopKAllreduce, SumOfEveryRanksTopK) {
+  auto input = [](int r, std::size_t i) { return static_cast<float>(static_cast<int>((i * 13 + r * 5) % 23) - 11); };
+  for (int p = 1; p <= 8; ++p)
+    for (const std::size_t n : counts_for(p))
+      for (const std::size_t k : {std::min<std::size_t>(n, 1), n / 3, n}) {
+        std::vector<std::vector<float>> sent(static_cast<std::size_t>(p));
+        const auto results = run(p, [&](tutti::Communicator& comm, int r) {
+          std::vector<float> data(n), mine(n, NAN);
+          for (std::size_t i = 0; i < n; ++i) data[i] = input(r, i);
+          tc::top_k_allreduce(comm, data.data(), data.data(), n, k, tutti::ReduceOp::sum, mine.data());
+          sent[static_cast<std::size_t>(r)] = mine;
+          return data;
+        });
+        std::vector<float> reference(n, 0.0f);
+        for (int r = 0; r < p; ++r) {
+          std::vector<float> in(n), expected(n, 0.0f);
+          for (std::size_t i = 0; i < n; ++i) in[i] = input(r, i);
+          std::vector<std::uint32_t> idx(k);
+          std::vector<float> val(k);
+          tc::top_k(in.data(), n, k, idx.data(), val.data());
+          for (std::size_t j = 0; j < k; ++j) expected[idx[j]] = val[j];
+          ASSERT_EQ(sent[static_cast<std::size_t>(r)], expected) << "p " << p << " n " << n << " k " << k;
+          for (std::size_t i = 0; i < n; ++i) reference[i] += expected[i];
+        }
+        for (int r = 0; r < p; ++r)
+          ASSERT_EQ(results[static_cast<std::size_t>(r)], reference) << "p " << p << " n " << n << " k " << k;
+      }
+}
+
 TEST(CompressedAllreduce, RefusesBadInputBeforeWriting) {
   const auto failures = on_threads(1, [](int) {
     auto comm = tutti::local_group(1)[0];
@@ -150,6 +182,8 @@ TEST(CompressedAllreduce, RefusesBadInputBeforeWriting) {
     }
     EXPECT_THROW(tc::allreduce(comm, nullptr, v.data(), 4, tc::Wire::bf16, tutti::ReduceOp::sum), tutti::Error);
     EXPECT_THROW(tc::qsgd_allreduce(comm, v.data(), v.data(), 4, {5, 4}, {}, tutti::ReduceOp::sum), tutti::Error);
+    EXPECT_THROW(tc::top_k_allreduce(comm, v.data(), v.data(), 4, 5, tutti::ReduceOp::sum), tutti::Error);
+    EXPECT_THROW(tc::top_k_allreduce(comm, v.data(), v.data(), 4, 2, tutti::ReduceOp::min), tutti::Error);
     EXPECT_EQ(v, std::vector<float>(4, 1.0f));
   });
   EXPECT_EQ(failures, "");
@@ -251,9 +285,9 @@ TEST(Compression, ParsesAndPrints) {
 }
 
 // The training-side compressor: every kind gives identical bits on every rank over several steps
-// (QSGD with error feedback), and topk is refused as unsupported.
+// (QSGD and top-k with error feedback); top-k's error feedback delivers, over steps, everything.
 TEST(GradientCompressor, IdenticalOnEveryRank) {
-  for (const char* text : {"fp16", "bf16", "qsgd:4", "qsgd:8", "powersgd:2"})
+  for (const char* text : {"fp16", "bf16", "qsgd:4", "qsgd:8", "powersgd:2", "topk:0.1"})
     for (const int p : {2, 3}) {
       const auto results = run(p, [&](tutti::Communicator& comm, int rank) {
         tc::GradientCompressor compressor(tc::Compression::parse(text), 17);
@@ -272,10 +306,34 @@ TEST(GradientCompressor, IdenticalOnEveryRank) {
       });
       for (int r = 1; r < p; ++r) EXPECT_TRUE(same_bits(results[0], results[static_cast<std::size_t>(r)])) << text;
     }
-  try {
-    tc::GradientCompressor(tc::Compression::parse("topk:0.1"), 1);
-    ADD_FAILURE() << "topk accepted";
-  } catch (const tutti::Error& e) {
-    EXPECT_EQ(e.code(), tutti::ErrorCode::unsupported);
-  }
+  EXPECT_THROW(tc::GradientCompressor(tc::Compression{}, 1), tutti::Error);
+}
+
+// One rank, a constant gradient g, topk:0.25 over four elements: each step sends the largest
+// corrected element; 8 steps of g and then steps of zeros deliver exactly 8·g.
+TEST(GradientCompressor, TopKErrorFeedbackSendsEverythingEventually) {
+  const auto failures = on_threads(1, [](int) {
+    auto comm = tutti::local_group(1)[0];
+    tc::GradientCompressor compressor(tc::Compression::parse("topk:0.25"), 1);
+    const std::vector<float> g = {4, 3, 2, 1};
+    std::vector<float> delivered(4, 0.0f);
+    for (int step = 0; step < 8; ++step) {
+      auto x = g;
+      const std::vector<std::int64_t> shape = {4};
+      compressor.average(comm, "v", x.data(), shape);
+      int nonzero = 0;
+      for (std::size_t i = 0; i < 4; ++i) delivered[i] += x[i], nonzero += x[i] != 0;
+      EXPECT_EQ(nonzero, 1) << "step " << step;
+    }
+    for (std::size_t i = 0; i < 4; ++i) EXPECT_GT(delivered[i], 0.0f) << i;  // every element got its turn
+    // Zero gradients then drain the residual, one element a step: everything arrives.
+    const std::vector<std::int64_t> shape = {4};
+    for (int extra = 0; extra < 4; ++extra) {
+      std::vector<float> x(4, 0.0f);
+      compressor.average(comm, "v", x.data(), shape);
+      for (std::size_t i = 0; i < 4; ++i) delivered[i] += x[i];
+    }
+    EXPECT_EQ(delivered, (std::vector<float>{32, 24, 16, 8}));
+  });
+  EXPECT_EQ(failures, "");
 }

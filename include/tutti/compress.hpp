@@ -114,10 +114,18 @@ void allreduce(Communicator& comm, const float* send, float* recv, std::size_t c
 /// recv = op over ranks of QSGD(send) (f32, op sum or avg): each rank encodes its input with
 /// `key` (its rank in key.rank), the encoded vectors are allgathered, and every rank decodes and
 /// sums them in rank order in f32 (then divides by size() for avg): bitwise identical on every
-/// rank. `sent`, if not null, receives this rank's input as decoded (for error feedback). In
-/// place: send == recv. Errors as allreduce above, and QSGD's for bad options.
+/// rank. key.rank is replaced by each rank's own. `sent`, if not null, receives this rank's input as decoded (for error
+/// feedback). In place: send == recv. Errors as allreduce above, and QSGD's for bad options.
 void qsgd_allreduce(Communicator& comm, const float* send, float* recv, std::size_t count, const QsgdOptions& options,
                     const RandomKey& key, ReduceOp op, float* sent = nullptr);
+
+/// recv = op over ranks of each rank's top k elements of send by magnitude (f32, op sum or avg),
+/// through sparse_allreduce of the (index, value) pairs (its result, sparse or dense, is written
+/// out densely; identical on every rank). `sent`, if not null, receives this rank's input with
+/// every element but its top k zeroed (for error feedback). In place: send == recv. Every rank
+/// passes the same count and k. Errors as allreduce above; invalid_argument if k > count.
+void top_k_allreduce(Communicator& comm, const float* send, float* recv, std::size_t count, std::size_t k, ReduceOp op,
+                     float* sent = nullptr);
 
 // ---- PowerSGD (Vogels et al., 2019; PyTorch DDP's powerSGD_hook) ----
 
@@ -175,11 +183,11 @@ struct Compression {
 
 /// Averages gradients over ranks with a Compression, keeping the state of each tensor (residuals,
 /// PowerSGD's Q) by name. qsgd and topk use error feedback; fp16 and bf16 send every element
-/// (rounded) and need none; powersgd keeps its own.
+/// (rounded) and need none; powersgd keeps its own. topk sends ⌈ratio·n⌉ elements of each tensor
+/// of n elements (at least one).
 class GradientCompressor {
  public:
-  /// Error(invalid_argument) for kind none; Error(unsupported) for topk, which needs a sparse
-  /// allreduce this build does not have.
+  /// Error(invalid_argument) for kind none or bad parameters.
   GradientCompressor(Compression compression, std::uint64_t seed);
 
   /// grad (f32, `shape` row-major) = the compressed average over comm's ranks, bitwise identical
@@ -191,6 +199,9 @@ class GradientCompressor {
   const Compression& compression() const { return compression_; }
 
  private:
+  template <class Reduce>
+  void with_feedback(std::string_view name, float* grad, std::size_t count, Reduce reduce);
+
   Compression compression_;
   std::uint64_t seed_;
   std::uint64_t step_ = 0;

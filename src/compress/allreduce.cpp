@@ -2,10 +2,12 @@
 // algorithm choice, pipelining and error handling are the library's), and both end with every
 // rank decoding the same encoded bytes in the same order, which is what makes the result
 // bitwise identical on every rank.
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "tutti/compress.hpp"
+#include "tutti/sparse.hpp"
 
 namespace tutti::compress {
 
@@ -64,6 +66,28 @@ void qsgd_allreduce(Communicator& comm, const float* send, float* recv, std::siz
   qsgd_decode(all.data(), count, options, recv);
   for (std::size_t r = 1; r < p; ++r) qsgd_decode_add(all.data() + bytes * r, count, options, recv);
   finish(recv, count, op, comm.size());
+}
+
+void top_k_allreduce(Communicator& comm, const float* send, float* recv, std::size_t count, std::size_t k, ReduceOp op,
+                     float* sent) {
+  check(comm, send, recv, count, op, "compress::top_k_allreduce");
+  std::vector<std::uint32_t> indices(k);
+  std::vector<float> values(k);
+  top_k(send, count, k, indices.data(), values.data());
+  if (sent != nullptr) {
+    std::fill(sent, sent + count, 0.0f);
+    for (std::size_t j = 0; j < k; ++j) sent[indices[j]] = values[j];
+  }
+  const sparse::Vector input{count, k, indices.data(), sparse::IndexType::u32, values.data(), DataType::f32};
+  const sparse::Result result = sparse_allreduce(comm, input, op);
+  const auto sum = result.values_as<float>();
+  if (result.form == sparse::Form::dense) {
+    std::copy(sum.begin(), sum.end(), recv);
+    return;
+  }
+  std::fill(recv, recv + count, 0.0f);
+  const auto at = result.indices_as<std::uint32_t>();
+  for (std::size_t j = 0; j < at.size(); ++j) recv[at[j]] = sum[j];
 }
 
 }  // namespace tutti::compress

@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "tutti/compress.hpp"
@@ -9,11 +11,22 @@ GradientCompressor::GradientCompressor(Compression compression, std::uint64_t se
   using Kind = Compression::Kind;
   if (compression_.kind == Kind::none)
     throw Error(ErrorCode::invalid_argument, "GradientCompressor: compression 'none' compresses nothing");
-  if (compression_.kind == Kind::topk)
-    throw Error(ErrorCode::unsupported, "GradientCompressor: " + compression_.to_string() +
-                                            " needs a sparse allreduce, which this build does not have");
+  if (compression_.kind == Kind::topk && !(compression_.ratio > 0 && compression_.ratio <= 1))
+    throw Error(ErrorCode::invalid_argument,
+                "GradientCompressor: topk ratio " + std::to_string(compression_.ratio) + " is not in (0, 1]");
   qsgd_levels(compression_.kind == Kind::qsgd ? compression_.bits : 8);
   if (compression_.kind == Kind::powersgd) power_ = std::make_unique<PowerSgd>(compression_.rank, seed_);
+}
+
+// Error feedback around a lossy allreduce: the gradient plus what earlier steps did not send is
+// compressed, and what this step's compression left out is kept for the next one.
+template <class Reduce>
+void GradientCompressor::with_feedback(std::string_view name, float* grad, std::size_t count, Reduce reduce) {
+  corrected_.assign(grad, grad + count);
+  feedback_.add_residual(name, corrected_.data(), count);
+  sent_.resize(count);
+  reduce(corrected_.data(), sent_.data());
+  feedback_.set_residual(name, corrected_.data(), sent_.data(), count);
 }
 
 void GradientCompressor::average(Communicator& comm, std::string_view name, float* grad,
@@ -32,15 +45,18 @@ void GradientCompressor::average(Communicator& comm, std::string_view name, floa
                 ReduceOp::avg);
       return;
     case Compression::Kind::qsgd: {
-      // Error feedback: the gradient plus what earlier steps did not send is quantized, and what
-      // this step's quantization lost is kept for the next one.
-      corrected_.assign(grad, grad + count);
-      feedback_.add_residual(name, corrected_.data(), count);
-      sent_.resize(count);
       const RandomKey key{seed_, 0, step_, stream_of(name)};
-      qsgd_allreduce(comm, corrected_.data(), grad, count, QsgdOptions{compression_.bits, 512}, key, ReduceOp::avg,
-                     sent_.data());
-      feedback_.set_residual(name, corrected_.data(), sent_.data(), count);
+      with_feedback(name, grad, count, [&](const float* corrected, float* sent) {
+        qsgd_allreduce(comm, corrected, grad, count, QsgdOptions{compression_.bits, 512}, key, ReduceOp::avg, sent);
+      });
+      return;
+    }
+    case Compression::Kind::topk: {
+      const auto k =
+          std::min(count, std::max<std::size_t>(1, static_cast<std::size_t>(std::ceil(compression_.ratio * count))));
+      with_feedback(name, grad, count, [&](const float* corrected, float* sent) {
+        top_k_allreduce(comm, corrected, grad, count, k, ReduceOp::avg, sent);
+      });
       return;
     }
     case Compression::Kind::powersgd: {
