@@ -116,7 +116,7 @@ done
 size=$((hosts * ranks))
 token=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 store=tcp://198.18.0.1:29500
-echo "cluster.sh: $hosts hosts x $ranks ranks, links at $rate (tc tbf, both directions), store $store" >&2
+echo "cluster.sh: $hosts hosts x $ranks ranks, links at $rate$([[ $rate == unlimited ]] || echo " (tc tbf, both directions)"), store $store" >&2
 
 start_rank() {  # host, local index, command...
   local h=$1 j=$2 r=$(($1 * ranks + $2))
