@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tutti-train end to end on 2 processes: a short run converges and ends with identical parameters
-# on both ranks and a valid timeline; the same without overlap; a bad flag (exit 2); a missing
-# and a damaged data set (exit 1, naming the path). Every run is bounded by `timeout`.
+# on both ranks and a valid timeline; the same without overlap and with every compressor; a bad
+# flag (exit 2); a missing and a damaged data set (exit 1, naming the path). Every run is bounded
+# by `timeout`.
 #
 #   train_test.sh PATH/TO/tutti-run PATH/TO/tutti-train [DATA_DIR]
 # Exits 77 (skipped) when the Fashion-MNIST files are not installed.
@@ -124,8 +125,27 @@ case_damaged_data() {
   ok damaged-data
 }
 
+# Every compressor: a short run that trains (the loss falls) and ends with identical parameters
+# on both ranks; the header names the compressor; a malformed one is a usage error (exit 2).
+case_compression() {
+  local c all_ok=1
+  for c in fp16 bf16 qsgd:8 qsgd:4 powersgd:2 topk:0.1; do
+    train_run 2 "${quick[@]}" --compression "$c"
+    check_training "compression $c" || { all_ok=0; continue; }
+    grep -q "^\[0\] tutti-train: p=2 .* overlap=off compression=$c " "$tmp/out" ||
+      { fail "compression $c" "header does not say overlap=off compression=$c"; all_ok=0; continue; }
+    echo "     compression $c: test accuracy $(epoch_field 2 test-acc)%"
+  done
+  train_run 2 "${quick[@]}" --compression qsgd:3
+  [[ $status -eq 2 ]] || { fail compression "--compression qsgd:3: exit status $status, expected 2"; return; }
+  grep -q "compression 'qsgd:3': BITS must be 4 or 8" "$tmp/err" ||
+    { fail compression "--compression qsgd:3: no message naming it"; return; }
+  ((all_ok)) && ok compression
+}
+
 case_overlap
 case_no_overlap
+case_compression
 case_bad_flag
 case_missing_data
 case_damaged_data

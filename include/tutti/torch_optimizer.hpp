@@ -21,6 +21,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
 
+#include "tutti/compress.hpp"
 #include "tutti/engine.hpp"
 #include "tutti/torch_dtype.hpp"
 #include "tutti/tutti.hpp"
@@ -52,6 +53,12 @@ struct DistributedOptions {
   int backward_passes_per_step = 1;
   /// The engine's settings; `engine.fusion_threshold` bounds a fused allreduce.
   EngineOptions engine = EngineOptions::from_environment();
+  /// How gradients travel (docs/training.md, "Compression"): none (the engine's allreduce), fp16,
+  /// bf16, qsgd:BITS, powersgd:RANK or topk:RATIO (compress::Compression). Every rank must pass
+  /// the same. A compressed gradient is reduced in step(), not during backward (see reduce_compressed).
+  compress::Compression compression;
+  /// Seeds QSGD's coins and PowerSGD's first Q: the same on every rank, so that runs reproduce.
+  std::uint64_t compression_seed = 0;
 };
 
 /// Where the communication time of the steps went (seconds summed over steps).
@@ -74,8 +81,8 @@ struct OverlapStats {
 class DistributedOptimizer {
  public:
   /// Errors: Error(invalid_argument) for a duplicate or empty name, an undefined, non-leaf or
-  /// non-CPU tensor, an unsupported type, backward_passes_per_step < 1, or an optimizer
-  /// parameter missing from `named_parameters`.
+  /// non-CPU tensor, an unsupported type (with compression: any type but f32),
+  /// backward_passes_per_step < 1, or an optimizer parameter missing from `named_parameters`.
   DistributedOptimizer(Communicator& comm, ::torch::optim::Optimizer& optimizer,
                        std::vector<std::pair<std::string, ::torch::Tensor>> named_parameters,
                        DistributedOptions options = {})
@@ -83,7 +90,12 @@ class DistributedOptimizer {
         options_(std::move(options)),
         params_(make_params(std::move(named_parameters), optimizer, options_)),
         engine_(comm, options_.engine) {
-    if (options_.overlap) install_hooks();
+    if (options_.compression.kind != compress::Compression::Kind::none) {
+      compressor_ = std::make_unique<compress::GradientCompressor>(options_.compression, options_.compression_seed);
+      compress_comm_ = comm.split(0, comm.rank());  // collective, like the engine's own split
+    } else if (options_.overlap) {
+      install_hooks();
+    }
   }
 
   /// Collective (destroys the engine); gradients still in flight are abandoned.
@@ -170,7 +182,9 @@ class DistributedOptimizer {
       if (!tensor.device().is_cpu())
         throw Error(ErrorCode::invalid_argument,
                     where + "parameter " + name + " is on " + tensor.device().str() + " (CPU tensors only)");
-      dtype_of(tensor);  // throws for an unsupported type
+      if (dtype_of(tensor) != DataType::f32 && options.compression.kind != compress::Compression::Kind::none)
+        throw Error(ErrorCode::invalid_argument, where + "parameter " + name + " is not f32: compression " +
+                                                     options.compression.to_string() + " takes f32 gradients only");
       impls.insert(tensor.unsafeGetTensorImpl());
       if (tensor.numel() == 0) continue;  // nothing to reduce
       Param p;
@@ -225,6 +239,7 @@ class DistributedOptimizer {
   }
 
   void reduce_gradients() {
+    if (compressor_) return reduce_compressed();
     const auto backward_end = std::chrono::steady_clock::now();
     {
       std::lock_guard lock(mutex_);
@@ -255,6 +270,37 @@ class DistributedOptimizer {
     if (failure) std::rethrow_exception(failure);
   }
 
+  // Compression hooks in here, between the framework and the wire, rather than in the engine's
+  // fusion buffer: a codec keeps state per tensor (error-feedback residuals, PowerSGD's warm-
+  // started Q) and PowerSGD needs each gradient's matrix shape, which only this layer knows; the
+  // engine moves flat named buffers, and its fused buckets are not the same from step to step
+  // (they hold whatever negotiation found ready in a cycle), so per-bucket state would not follow
+  // the same elements. Every rank reduces its gradients here in parameter order (the same on every
+  // rank), over a communicator of its own, after backward: the price is no overlap with backward.
+  void reduce_compressed() {
+    const auto start = std::chrono::steady_clock::now();
+    ::torch::NoGradGuard no_grad;
+    std::uint64_t bytes = 0;
+    for (auto& p : params_) {
+      if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = ::torch::zeros_like(p.tensor);
+      auto grad = p.tensor.grad();
+      auto buffer = grad.is_contiguous() ? grad : grad.contiguous();
+      const auto sizes = buffer.sizes();
+      compressor_->average(compress_comm_, p.name, buffer.data_ptr<float>(),
+                           std::span<const std::int64_t>(sizes.data(), sizes.size()));
+      if (!buffer.is_same(grad)) grad.copy_(buffer);
+      bytes += static_cast<std::uint64_t>(buffer.numel()) * sizeof(float);
+    }
+    compressor_->next_step();
+    const auto end = std::chrono::steady_clock::now();
+    engine_.record_phase("COMPRESSED_ALLREDUCE", start, end);
+    const double seconds = std::chrono::duration<double>(end - start).count();
+    stats_.allreduce_seconds += seconds;
+    stats_.wait_seconds += seconds;
+    stats_.bytes += bytes;
+    stats_.steps += 1;
+  }
+
   void account(std::chrono::steady_clock::time_point backward_end, double wait_seconds) {
     for (const auto& r : engine_.take_allreduce_records()) {
       stats_.allreduce_seconds += std::chrono::duration<double>(r.end - r.start).count();
@@ -273,6 +319,8 @@ class DistributedOptimizer {
   int step_calls_ = 0;
   bool synchronized_ = false;
   OverlapStats stats_;
+  std::unique_ptr<compress::GradientCompressor> compressor_;  // with compression only
+  Communicator compress_comm_;                                // with compression only
   Engine engine_;
 };
 

@@ -66,9 +66,14 @@ int train(tutti::Communicator& comm, const Settings& s) {
   tutti::train::Trainer trainer(comm, s, data);
   const bool root = comm.rank() == 0;
   if (root) {
-    std::printf("tutti-train: p=%d batch=%lld/rank lr=%g threads=%d overlap=%s fusion=%zu params=%lld data=%s\n",
-                comm.size(), static_cast<long long>(s.batch_size), s.lr, s.threads, s.overlap ? "on" : "off",
-                trainer.fusion_threshold(), static_cast<long long>(trainer.parameter_count()), s.data.c_str());
+    // Compressed gradients are reduced after backward (DistributedOptimizer::reduce_compressed).
+    const bool overlap = s.overlap && s.compression == "none";
+    std::printf(
+        "tutti-train: p=%d batch=%lld/rank lr=%g threads=%d overlap=%s compression=%s fusion=%zu params=%lld "
+        "data=%s\n",
+        comm.size(), static_cast<long long>(s.batch_size), s.lr, s.threads, overlap ? "on" : "off",
+        s.compression.c_str(), trainer.fusion_threshold(), static_cast<long long>(trainer.parameter_count()),
+        s.data.c_str());
     std::fflush(stdout);
   }
   EpochResult last;

@@ -4,6 +4,8 @@
 #include <string_view>
 #include <system_error>
 
+#include "tutti/compress.hpp"
+
 namespace tutti::train {
 
 namespace {
@@ -28,7 +30,7 @@ T at_least(std::string_view flag, T value, T minimum) {
 std::string usage() {
   return "usage: tutti-train [--epochs N] [--batch-size B] [--lr X] [--threads T] [--seed S] [--no-overlap]\n"
          "                   [--timeline FILE] [--fusion-threshold BYTES] [--backward-passes N]\n"
-         "                   [--train-samples N] [--test-samples N] [--data DIR]\n"
+         "                   [--train-samples N] [--test-samples N] [--data DIR] [--compression C]\n"
          "Trains a small CNN on Fashion-MNIST, data parallel over the ranks of the job (run it under\n"
          "tutti-run -n P, mpirun or srun; alone, it is one rank), and reports per epoch the loss, the\n"
          "test accuracy, the throughput and how much of the allreduce time backward hid.\n"
@@ -44,7 +46,11 @@ std::string usage() {
          "  --train-samples N       use the first N training samples (default 0: all 60000)\n"
          "  --test-samples N        evaluate on the first N test samples (default 0: all 10000)\n"
          "  --data DIR              the Fashion-MNIST files (default " +
-         std::string(default_fashion_mnist_dir) + ")\n";
+         std::string(default_fashion_mnist_dir) +
+         ")\n"
+         "  --compression C         how gradients travel: none (default), fp16, bf16, qsgd:BITS (4 or 8),\n"
+         "                          powersgd:RANK or topk:RATIO (0 < RATIO <= 1); qsgd and topk with error\n"
+         "                          feedback; compressed gradients are reduced after backward\n";
 }
 
 Settings parse_settings(int argc, char** argv) {
@@ -79,7 +85,14 @@ Settings parse_settings(int argc, char** argv) {
       s.test_samples = number<std::size_t>(flag, value());
     else if (flag == "--data")
       s.data = value();
-    else if (flag == "-h" || flag == "--help")
+    else if (flag == "--compression") {
+      s.compression = value();
+      try {
+        tutti::compress::Compression::parse(s.compression);
+      } catch (const tutti::Error& e) {
+        throw UsageError(std::string("--compression: ") + e.what());
+      }
+    } else if (flag == "-h" || flag == "--help")
       s.help = true;
     else
       throw UsageError("unknown argument " + std::string(flag));

@@ -25,6 +25,7 @@ struct Settings {
   std::size_t train_samples = 0;                // first N training samples; 0 = all
   std::size_t test_samples = 0;                 // first N test samples; 0 = all
   std::string data = default_fashion_mnist_dir;
+  std::string compression = "none";  // DistributedOptions::compression, as compress::Compression::parse reads it
   bool help = false;
 };
 

@@ -59,6 +59,8 @@ Trainer::Trainer(Communicator& comm, const Settings& s, const Data& data) : comm
   options.backward_passes_per_step = s_.backward_passes;
   if (!s_.timeline.empty()) options.engine.timeline_path = s_.timeline;
   if (s_.fusion_threshold) options.engine.fusion_threshold = *s_.fusion_threshold;
+  options.compression = tutti::compress::Compression::parse(s_.compression);
+  options.compression_seed = s_.seed;
   optimizer_ = std::make_unique<tutti::torch::DistributedOptimizer>(comm_, *sgd_, model_->named_parameters().pairs(),
                                                                     std::move(options));
   tutti::torch::broadcast_optimizer_state(comm_, *sgd_, 0);
