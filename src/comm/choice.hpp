@@ -32,9 +32,10 @@ struct ChoiceContext {
 /// algorithm that does not serve the collective.
 Algorithm choose_algorithm(Collective collective, Algorithm requested, const ChoiceContext& context, std::size_t bytes);
 
-/// The schedule algorithm for one step of a composite algorithm (hierarchical): what TUTTI_ALGO
-/// forces for the step's collective when that is a schedule serving it, else the cost model's
-/// choice among the schedules.
-Algorithm step_algorithm(Collective collective, int p, std::size_t bytes);
+/// The algorithm for one step of a composite algorithm (hierarchical) on the communicator
+/// `context` describes: what TUTTI_ALGO forces for the step's collective when that is a schedule
+/// serving it, else the tuning table's or the cost model's choice for that communicator's
+/// transport (so a step inside one host may run shared memory's `direct`).
+Algorithm step_algorithm(Collective collective, const ChoiceContext& context, std::size_t bytes);
 
 }  // namespace tutti::detail::choice

@@ -90,12 +90,11 @@ Algorithm requested_algorithm(Collective collective, Algorithm requested) {
   return it != forced.end() ? it->second : Algorithm::automatic;
 }
 
-Algorithm step_algorithm(Collective collective, int p, std::size_t bytes) {
+Algorithm step_algorithm(Collective collective, const ChoiceContext& context, std::size_t bytes) {
   const Algorithm forced = requested_algorithm(collective, Algorithm::automatic);
   if (schedule::applies(forced, collective)) return forced;
-  // The step's communicator and transport are not known here: the cost model's generic
-  // parameters (an unnamed transport's) decide among the schedules.
-  return automatic_choice(collective, "", p, false, bytes).algorithm;
+  load_from_environment();
+  return automatic_choice(collective, context.transport, context.ranks, context.direct_available, bytes).algorithm;
 }
 
 Algorithm choose_algorithm(Collective collective, Algorithm requested, const ChoiceContext& context,
