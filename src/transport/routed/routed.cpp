@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "transport/shm/shm_transport.hpp"
 #include "transport/tcp/tcp_transport.hpp"
@@ -58,31 +59,17 @@ class RoutedTransport final : public Transport {
     remote_->announce(signature);
   }
   void post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) override {
-    if (is_local(peer)) {
-      done->route = via_local;
-      local_->post_send(local_index(peer), key, data, bytes, done);
-    } else {
-      done->route = via_remote;
-      remote_->post_send(peer, key, data, bytes, done);
-    }
+    const auto [transport, there] = route(peer, done);
+    transport->post_send(there, key, data, bytes, done);
   }
   void post_recv(int peer, const MessageKey& key, void* data, std::size_t bytes, Completion* done) override {
-    if (is_local(peer)) {
-      done->route = via_local;
-      local_->post_recv(local_index(peer), key, data, bytes, done);
-    } else {
-      done->route = via_remote;
-      remote_->post_recv(peer, key, data, bytes, done);
-    }
+    const auto [transport, there] = route(peer, done);
+    transport->post_recv(there, key, data, bytes, done);
   }
   bool post_recv_reduce(int peer, const MessageKey& key, void* dst, const void* operand, std::size_t count,
                         DataType type, ReduceOp op, Completion* done) override {
-    if (is_local(peer)) {
-      done->route = via_local;
-      return local_->post_recv_reduce(local_index(peer), key, dst, operand, count, type, op, done);
-    }
-    done->route = via_remote;
-    return remote_->post_recv_reduce(peer, key, dst, operand, count, type, op, done);
+    const auto [transport, there] = route(peer, done);
+    return transport->post_recv_reduce(there, key, dst, operand, count, type, op, done);
   }
   void cancel(Completion* done) override {
     if (done->route == via_local && local_)
@@ -119,6 +106,15 @@ class RoutedTransport final : public Transport {
  private:
   bool is_local(int peer) const { return local_ && local_index_[static_cast<std::size_t>(peer)] >= 0; }
   int local_index(int peer) const { return local_index_[static_cast<std::size_t>(peer)]; }
+  /// The transport that carries messages with `peer` and the peer's rank in it; notes it on `done`.
+  std::pair<Transport*, int> route(int peer, Completion* done) {
+    if (is_local(peer)) {
+      done->route = via_local;
+      return {local_.get(), local_index(peer)};
+    }
+    done->route = via_remote;
+    return {remote_.get(), peer};
+  }
 
   std::vector<int> host_of_;
   std::vector<int> local_index_;  // among the ranks of this rank's host; -1 on other hosts
