@@ -355,5 +355,31 @@ if [[ -n $mpirun ]]; then
   fi
 fi
 
+# 8. The sparse table: every sparse algorithm beside the dense allreduce, checked, at 3 ranks,
+# on both sides of the dense switch; and its flags refused where they do not apply.
+bench 3 -t sparse_allreduce --density 0.01,0.6 --dim 20000 -n 2 -w 1 -d f32,i32 -o max
+sparse_rows=$(sed -E 's/^\[[0-9]+\] ?//' "$tmp/out" | grep -E '^ +[0-9.]+ +[0-9]+ +[0-9]+ ' || true)
+if [[ $status -ne 0 ]]; then
+  fail "sparse table" "exit status $status"
+elif [[ $(wc -l <<<"$sparse_rows") -ne 24 ]] || ! awk '$NF != "0" { exit 1 }' <<<"$sparse_rows"; then
+  fail "sparse table" "expected 24 rows, each with #wrong 0"
+elif ! grep -q "dense_allreduce  *dense" <<<"$sparse_rows" || ! grep -q "automatic(.*) *sparse" <<<"$sparse_rows" ||
+  ! grep -q "Out of bounds values : 0 OK" "$tmp/out"; then
+  fail "sparse table" "no dense row, no sparse automatic row or no footer"
+else
+  ok "sparse_allreduce: every algorithm and dense allreduce, checked, both forms, at p=3"
+fi
+for args in "-t sparse_allreduce --density 2" "-t sparse_allreduce --dim 0" "-t allreduce --density 0.1" \
+  "-t sparse_allreduce --peers gloo"; do
+  # shellcheck disable=SC2086
+  timeout 20 "$bench" $args >"$tmp/out" 2>"$tmp/err"
+  status=$?
+  if [[ $status -ne 2 ]] || ! grep -q "tutti-bench: " "$tmp/err"; then
+    fail "bad flags '$args'" "status $status"
+  else
+    ok "refuses '$args'"
+  fi
+done
+
 echo "bench_test: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

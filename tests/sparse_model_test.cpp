@@ -114,15 +114,23 @@ TEST(SparseCostModel, ChoicesAtClearExtremes) {
   const auto tcp = tutti::detail::choice::default_cost("tcp");
   // One pair per rank in a huge vector: latency only, and the allgather has the fewest rounds.
   EXPECT_EQ(choose(workload(8, 100000000, 1), tcp), Algorithm::allgather);
-  // Half of a large vector on every rank: the result is dense, and a dense allgather of the
-  // reduced ranges moves the least.
-  EXPECT_EQ(choose(workload(8, 10000000, 5000000), tcp), Algorithm::dsar_split_allgather);
-  // The same forced to a sparse result: a dense allgather is ruled out, and is never chosen.
-  EXPECT_NE(choose(workload(8, 10000000, 5000000, Form::sparse), tcp), Algorithm::dsar_split_allgather);
+  // Half of a large vector on every rank: every rank alone is past the threshold, the result is
+  // dense, and the dense allreduce moves the least.
+  EXPECT_EQ(choose(workload(8, 10000000, 5000000), tcp), Algorithm::dense_allreduce);
+  // The same forced to a sparse result: nothing may travel dense.
+  const Algorithm sparse_only = choose(workload(8, 10000000, 5000000, Form::sparse), tcp);
+  EXPECT_NE(sparse_only, Algorithm::dense_allreduce);
+  EXPECT_NE(sparse_only, Algorithm::dsar_split_allgather);
+  // Each rank below the threshold, but the union of 8 independent sets far past it (density 1/4
+  // of a large vector, f32 and u32: dense from 1/2): the dense allgather of the reduced ranges.
+  EXPECT_EQ(choose(workload(8, 10000000, 2500000), tcp), Algorithm::dsar_split_allgather);
+  // Sparse enough for a sparse result, but too many pairs for one round of latency to matter:
+  // never the dense allreduce (which would break the form's rule).
+  EXPECT_NE(choose(workload(8, 10000000, 10000), tcp), Algorithm::dense_allreduce);
   // Nothing to move, or one rank: the allgather (which sends nothing then).
   EXPECT_EQ(choose(workload(1, 1000, 500), tcp), Algorithm::allgather);
   EXPECT_EQ(choose(workload(8, 1000, 0), tcp), Algorithm::allgather);
-  // Predictions grow with the data.
+  // The sparse algorithms' predictions grow with the pairs.
   for (Algorithm a : {Algorithm::ssar_recursive_doubling, Algorithm::ssar_split_allgather,
                       Algorithm::dsar_split_allgather, Algorithm::allgather})
     EXPECT_LT(predict(a, workload(8, 1000000, 100), tcp), predict(a, workload(8, 1000000, 10000), tcp));

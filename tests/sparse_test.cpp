@@ -104,6 +104,10 @@ TEST(SparseAllreduce, ForcedForms) {
   for (int p : {1, 3, 6}) {
     std::vector<Case> cases;
     for (Algorithm a : all_algorithms) {
+      if (a == Algorithm::dense_allreduce) {  // dense only: Form::sparse is refused (SparseErrors)
+        cases.push_back(Case{.p = p, .dim = 50, .nnz = 3, .pattern = Pattern::overlapping, .algorithm = a});
+        continue;
+      }
       // Every index on every rank, forced sparse: the union is all of dim, still as pairs.
       cases.push_back(
           Case{.p = p, .dim = 50, .nnz = 50, .pattern = Pattern::identical, .algorithm = a, .form = Form::sparse});
@@ -290,6 +294,14 @@ TEST(SparseErrors, BadInputOnOneRankRaisesEverywhere) {
                              sparse_allreduce(comm, v, ReduceOp::sum);
                          }),
                ErrorCode::invalid_argument, "rank 2");
+  // dense_allreduce cannot give the sparse form asked for.
+  expect_all(errors_of(p,
+                       [&](Communicator& comm) {
+                         const Input in = input_of(c, comm.rank());
+                         sparse_allreduce(comm, in.vector(), ReduceOp::sum,
+                                          {.algorithm = Algorithm::dense_allreduce, .form = Form::sparse});
+                       }),
+             ErrorCode::invalid_argument, "dense_allreduce");
   // An invalid enum.
   expect_all(errors_of(p,
                        [&](Communicator& comm) {

@@ -33,8 +33,8 @@ Piece allgather_merge(Context& ctx, Piece mine) {
   Piece acc = std::move(pieces[0]);
   for (int r = 1; r < ctx.size; ++r) {
     // Once the union is dense, merging into the dense vector is cheaper than growing the union.
-    if (!acc.dense && ctx.switch_to_dense(acc.nnz())) acc = densify(acc, ctx.layout);
-    acc = merge(acc, pieces[r], ctx.op, ctx.layout);
+    if (!acc.dense && ctx.switch_to_dense(acc.nnz())) acc = densify(std::move(acc), ctx.layout);
+    acc = merge(std::move(acc), pieces[r], ctx.op, ctx.layout);
   }
   return acc;
 }

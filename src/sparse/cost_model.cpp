@@ -1,7 +1,8 @@
 // Closed forms of the algorithms' critical paths in α (per message round), β (per byte) and γ (per
 // combined element). The dense collectives they call are priced with their usual closed forms
-// (allgather(v) in ⌈log2 p⌉ rounds, alltoall(v) in p − 1) rather than through schedule::estimate,
-// which simulates every chunk and would cost more than a small sparse call itself.
+// (allgather(v) in ⌈log2 p⌉ rounds, alltoall(v) in p − 1, allreduce as reduce-scatter plus
+// allgather in 2⌈log2 p⌉) rather than through schedule::estimate, which simulates every chunk and
+// would cost more than a small sparse call itself.
 #include "sparse/cost_model.hpp"
 
 #include <algorithm>
@@ -14,11 +15,19 @@ namespace {
 
 using tutti::detail::choice::CostParams;
 
+// Handling one pair (checking and unpacking it, a merge step that branches on which side holds
+// the index, packing it again) costs far more than reducing one dense element, which γ prices:
+// about 10 ns against 0.2 ns (tutti-bench -t sparse_allreduce --density 0.5 --dim 1M at p = 1
+// and 2 over shm, 2026-11-26, with the dense allreduce's kernel in the same run). Without it the
+// model sends half-dense vectors through pair merges that lose to the dense allreduce.
+constexpr double pair_share = 50;
+
 struct Shape {
   double p, dim, n, c, cv, threshold;  // threshold: pairs past which the dense form is smaller
+  double pair;                         // seconds to handle one pair once
 };
 
-Shape shape_of(const Workload& w) {
+Shape shape_of(const Workload& w, const CostParams& k) {
   Shape s;
   s.p = w.ranks;
   s.dim = static_cast<double>(w.dim);
@@ -26,18 +35,22 @@ Shape shape_of(const Workload& w) {
   s.cv = static_cast<double>(w.value_bytes);
   s.c = static_cast<double>(w.index_bytes + w.value_bytes);
   s.threshold = w.form == Form::sparse ? HUGE_VAL : s.dim * s.cv / s.c;
+  s.pair = pair_share * k.gamma;
   return s;
 }
 
 // Bytes of a partial merge of `pairs` pairs as it travels (dense past the threshold).
 double wire_bytes(const Shape& s, double pairs) { return pairs >= s.threshold ? s.dim * s.cv : pairs * s.c; }
-double elements(const Shape& s, double pairs) { return pairs >= s.threshold ? s.dim : pairs; }
+// Seconds to merge into a partial of `pairs` pairs (a dense kernel pass past the threshold).
+double merge_time(const Shape& s, double pairs, const CostParams& k) {
+  return pairs >= s.threshold ? k.gamma * s.dim : s.pair * pairs;
+}
 double log2_rounds(int p) { return std::ceil(std::log2(static_cast<double>(p))); }
 
 double predict_allgather(const Workload& w, const Shape& s, const CostParams& k) {
   double merge = 0;  // the rank-order merge grows one union after the other
-  for (int m = 2; m <= w.ranks; ++m) merge += elements(s, expected_union(w, m));
-  return k.alpha * log2_rounds(w.ranks) + k.beta * (s.p - 1) * s.n * s.c + k.gamma * merge;
+  for (int m = 2; m <= w.ranks; ++m) merge += merge_time(s, expected_union(w, m), k);
+  return k.alpha * log2_rounds(w.ranks) + k.beta * (s.p - 1) * s.n * s.c + s.pair * s.p * s.n + merge;
 }
 
 double predict_recursive_doubling(const Workload& w, const Shape& s, const CostParams& k) {
@@ -50,7 +63,7 @@ double predict_recursive_doubling(const Workload& w, const Shape& s, const CostP
   for (int m = 1; m < pof2; m *= 2) {
     const double mine = expected_union(w, static_cast<int>(std::lround(m * per_v)));
     const double merged = expected_union(w, static_cast<int>(std::lround(2 * m * per_v)));
-    t += 2 * k.alpha + k.beta * wire_bytes(s, mine) + k.gamma * elements(s, merged);
+    t += 2 * k.alpha + k.beta * wire_bytes(s, mine) + merge_time(s, merged, k) + 2 * merge_time(s, mine, k);
   }
   return t;
 }
@@ -59,28 +72,43 @@ double predict_split(const Workload& w, const Shape& s, const CostParams& k, boo
   const double rounds = s.p - 1;
   const double merged = expected_union(w, w.ranks);
   // Counts, then pairs: each rank sends (p−1)/p of its pairs and merges p pieces of its range.
-  double t = 2 * k.alpha * rounds + k.beta * s.n * s.c * rounds / s.p + k.gamma * s.n;
+  double t = 2 * k.alpha * rounds + k.beta * s.n * s.c * rounds / s.p + 3 * s.pair * s.n;
   t += k.alpha * 2 * log2_rounds(w.ranks);  // the allgather of the reduced counts, then the data
-  const bool travels_dense = dense && merged >= s.threshold;
-  t += k.beta * rounds / s.p * (travels_dense ? s.dim * s.cv : merged * s.c);
+  if (dense && merged >= s.threshold)
+    t += k.beta * rounds / s.p * s.dim * s.cv + k.gamma * s.dim;
+  else
+    t += k.beta * rounds / s.p * merged * s.c + s.pair * merged;
   return t;
+}
+
+double predict_dense(const Workload& w, const Shape& s, const CostParams& k) {
+  const double bytes = s.dim * s.cv, rounds = s.p - 1;
+  return 2 * k.alpha * log2_rounds(w.ranks) + 2 * k.beta * bytes * rounds / s.p + k.gamma * s.dim * (1 + rounds / s.p);
+}
+
+// Whether the result is dense whatever the overlap: forced, or one rank alone passes the threshold.
+bool surely_dense(const Workload& w) {
+  return w.form == Form::dense ||
+         (w.form == Form::automatic &&
+          static_cast<double>(w.max_nnz) * static_cast<double>(w.index_bytes + w.value_bytes) >=
+              static_cast<double>(w.dim) * static_cast<double>(w.value_bytes));
 }
 
 }  // namespace
 
 double expected_union(const Workload& w, int m) {
   if (w.dim == 0 || w.total_nnz == 0) return 0;
-  const Shape s = shape_of(w);
-  const double density = std::min(1.0, s.n / s.dim);
-  double u = s.dim * (1 - std::pow(1 - density, m));
+  const double dim = static_cast<double>(w.dim), n = static_cast<double>(w.total_nnz) / w.ranks;
+  const double density = std::min(1.0, n / dim);
+  double u = dim * (1 - std::pow(1 - density, m));
   if (m >= w.ranks) u = std::max(u, static_cast<double>(w.max_nnz));
-  return std::clamp(u, std::min(s.n, s.dim), std::min(s.dim, m * s.n));
+  return std::clamp(u, std::min(n, dim), std::min(dim, m * n));
 }
 
 double predict(Algorithm algorithm, const Workload& w, const CostParams& cost) {
   if (w.ranks < 1) throw Error(ErrorCode::invalid_argument, "sparse cost model: ranks must be at least 1");
   if (w.ranks == 1) return 0;
-  const Shape s = shape_of(w);
+  const Shape s = shape_of(w, cost);
   switch (algorithm) {
     case Algorithm::ssar_recursive_doubling:
       return predict_recursive_doubling(w, s, cost);
@@ -90,6 +118,8 @@ double predict(Algorithm algorithm, const Workload& w, const CostParams& cost) {
       return predict_split(w, s, cost, true);
     case Algorithm::allgather:
       return predict_allgather(w, s, cost);
+    case Algorithm::dense_allreduce:
+      return predict_dense(w, s, cost);
     default:
       throw Error(ErrorCode::invalid_argument, "sparse cost model: no prediction for automatic");
   }
@@ -100,7 +130,8 @@ Algorithm choose(const Workload& w, const CostParams& cost) {
   Algorithm best = Algorithm::automatic;
   double best_time = 0;
   for (Algorithm a : {Algorithm::ssar_recursive_doubling, Algorithm::ssar_split_allgather,
-                      Algorithm::dsar_split_allgather, Algorithm::allgather}) {
+                      Algorithm::dsar_split_allgather, Algorithm::allgather, Algorithm::dense_allreduce}) {
+    if (a == Algorithm::dense_allreduce && !surely_dense(w)) continue;  // it would break the form's rule
     const double t = predict(a, w, cost);
     if (best == Algorithm::automatic || t < best_time * (1 - 1e-3)) {
       best = a;

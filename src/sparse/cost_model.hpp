@@ -1,6 +1,7 @@
 // The cost model behind sparse::Algorithm::automatic: predicted seconds of each algorithm from
 // what every rank knows after the descriptor exchange (p, dim, every rank's nnz) and the
-// transport's α/β/γ from the comm layer's model (comm/cost_model.hpp), without new constants.
+// transport's α/β/γ from the comm layer's model (comm/cost_model.hpp), plus one measured ratio
+// (the cost of handling a pair against γ, cost_model.cpp says why).
 // The overlap of the ranks' index sets is not known before merging; the model expects that of
 // independent uniformly random sets (SparCML's estimate), bounded below by the largest nnz.
 #pragma once
@@ -30,7 +31,8 @@ double expected_union(const Workload& w, int m);
 double predict(Algorithm algorithm, const Workload& w, const tutti::detail::choice::CostParams& cost);
 
 /// The algorithm with the least predicted time; the earlier one in the enum on a tie. p = 1 or
-/// an empty workload: allgather (it sends nothing then).
+/// an empty workload: allgather (it sends nothing then). dense_allreduce only where the result
+/// is dense whatever the overlap (Form::dense, or max_nnz alone passes the threshold).
 Algorithm choose(const Workload& w, const tutti::detail::choice::CostParams& cost);
 
 }  // namespace tutti::sparse::detail

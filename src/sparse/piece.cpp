@@ -13,15 +13,32 @@ namespace tutti::sparse::detail {
 
 namespace {
 
-std::uint64_t index_at(const Vector& input, std::size_t k) {
-  if (input.index_type == IndexType::u32) {
-    std::uint32_t i;
-    std::memcpy(&i, static_cast<const std::byte*>(input.indices) + k * 4, 4);
-    return i;
-  }
-  std::uint64_t i;
-  std::memcpy(&i, static_cast<const std::byte*>(input.indices) + k * 8, 8);
+template <class I>
+std::uint64_t load_index(const std::byte* at) {
+  I i;
+  std::memcpy(&i, at, sizeof(I));
   return i;
+}
+
+std::uint64_t index_at(const Vector& input, std::size_t k) {
+  const auto* base = static_cast<const std::byte*>(input.indices);
+  return input.index_type == IndexType::u32 ? load_index<std::uint32_t>(base + k * 4)
+                                            : load_index<std::uint64_t>(base + k * 8);
+}
+
+// Calls fn(std::integral_constant<std::size_t, c_v>) so that value copies have a constant size.
+template <class Fn>
+decltype(auto) with_value_size(std::size_t cv, Fn&& fn) {
+  switch (cv) {
+    case 1:
+      return fn(std::integral_constant<std::size_t, 1>{});
+    case 2:
+      return fn(std::integral_constant<std::size_t, 2>{});
+    case 4:
+      return fn(std::integral_constant<std::size_t, 4>{});
+    default:
+      return fn(std::integral_constant<std::size_t, 8>{});
+  }
 }
 
 std::string where(std::string_view operation, int rank) {
@@ -72,19 +89,27 @@ void check_input(const Vector& input, std::string_view operation, int rank) {
 Piece canonical(const Vector& input, ReduceOp op, const Layout& layout) {
   const std::size_t cv = layout.value_bytes;
   const auto* values = static_cast<const std::byte*>(input.values);
+  Piece out;
+  out.indices.resize(input.nnz);
+  for (std::size_t k = 0; k < input.nnz; ++k) out.indices[k] = index_at(input, k);
+  bool canonical_already = true;
+  for (std::size_t k = 1; k < input.nnz && canonical_already; ++k)
+    canonical_already = out.indices[k - 1] < out.indices[k];
+  if (canonical_already) {  // the common case (top-k output, embeddings' rows): one copy
+    if (input.nnz > 0) out.values.assign(values, values + input.nnz * cv);
+    return out;
+  }
+  // Stable, so that duplicates combine in input order (the same bits on every run).
   std::vector<std::size_t> order(input.nnz);
   std::iota(order.begin(), order.end(), std::size_t{0});
-  bool sorted = true;
-  for (std::size_t k = 1; k < input.nnz && sorted; ++k) sorted = index_at(input, k - 1) < index_at(input, k);
-  // Stable, so that duplicates combine in input order (the same bits on every run).
-  if (!sorted)
-    std::stable_sort(order.begin(), order.end(),
-                     [&](std::size_t a, std::size_t b) { return index_at(input, a) < index_at(input, b); });
-  Piece out;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return out.indices[a] < out.indices[b]; });
+  const std::vector<std::uint64_t> indices = std::move(out.indices);
+  out.indices.clear();
   out.indices.reserve(input.nnz);
   out.values.resize(input.nnz * cv);
   for (std::size_t k = 0; k < input.nnz; ++k) {
-    const std::uint64_t i = index_at(input, order[k]);
+    const std::uint64_t i = indices[order[k]];
     const std::byte* v = values + order[k] * cv;
     if (!out.indices.empty() && out.indices.back() == i) {
       std::byte* acc = out.values.data() + (out.indices.size() - 1) * cv;
@@ -98,44 +123,56 @@ Piece canonical(const Vector& input, ReduceOp op, const Layout& layout) {
   return out;
 }
 
-Piece densify(const Piece& piece, const Layout& layout) {
+Piece densify(Piece piece, const Layout& layout) {
   if (piece.dense) return piece;
   Piece out;
   out.dense = true;
   out.values.assign(layout.dim * layout.value_bytes, std::byte{0});
-  const std::size_t cv = layout.value_bytes;
-  for (std::size_t k = 0; k < piece.indices.size(); ++k)
-    std::memcpy(out.values.data() + piece.indices[k] * cv, piece.values.data() + k * cv, cv);
+  with_value_size(layout.value_bytes, [&](auto cv) {
+    for (std::size_t k = 0; k < piece.indices.size(); ++k)
+      std::memcpy(out.values.data() + piece.indices[k] * cv, piece.values.data() + k * cv, cv);
+  });
   return out;
 }
 
-Piece merge(const Piece& a, const Piece& b, ReduceOp op, const Layout& layout) {
-  const std::size_t cv = layout.value_bytes;
-  if (a.dense || b.dense) {
-    Piece out = densify(a, layout);
-    const Piece right = densify(b, layout);
-    reduce::apply(op, layout.value_type, out.values.data(), out.values.data(), right.values.data(), layout.dim);
-    return out;
-  }
-  // The union of the indices, with both sides' values laid out along it (zero where a side lacks
-  // the index), then one call of the kernel over the whole union.
+namespace {
+
+// Both sides' values laid out along the union of their indices (zero where a side lacks the
+// index), then one call of the kernel over the whole union, into the left side's buffer.
+template <std::size_t CV>
+Piece merge_sparse(const Piece& a, const Piece& b, ReduceOp op, DataType type) {
+  const std::size_t na = a.nnz(), nb = b.nnz();
   Piece out;
-  out.indices.reserve(a.nnz() + b.nnz());
-  std::set_union(a.indices.begin(), a.indices.end(), b.indices.begin(), b.indices.end(),
-                 std::back_inserter(out.indices));
-  const std::size_t n = out.indices.size();
-  std::vector<std::byte> left(n * cv, std::byte{0}), right(n * cv, std::byte{0});
-  const auto spread = [&](const Piece& from, std::vector<std::byte>& to) {
-    std::size_t at = 0;
-    for (std::size_t k = 0; k < from.nnz(); ++k) {
-      while (out.indices[at] != from.indices[k]) ++at;
-      std::memcpy(to.data() + at * cv, from.values.data() + k * cv, cv);
-    }
-  };
-  spread(a, left);
-  spread(b, right);
-  out.values.resize(n * cv);
-  reduce::apply(op, layout.value_type, out.values.data(), left.data(), right.data(), n);
+  out.indices.resize(na + nb);
+  std::vector<std::byte> left((na + nb) * CV, std::byte{0}), right((na + nb) * CV, std::byte{0});
+  std::size_t i = 0, j = 0, n = 0;
+  for (; i < na || j < nb; ++n) {
+    const bool take_a = j == nb || (i < na && a.indices[i] <= b.indices[j]);
+    const bool take_b = i == na || (j < nb && b.indices[j] <= a.indices[i]);
+    if (take_a) std::memcpy(left.data() + n * CV, a.values.data() + i * CV, CV);
+    if (take_b) std::memcpy(right.data() + n * CV, b.values.data() + j * CV, CV);
+    out.indices[n] = take_a ? a.indices[i++] : b.indices[j];
+    if (take_b) ++j;
+  }
+  out.indices.resize(n);
+  left.resize(n * CV);
+  reduce::apply(op, type, left.data(), left.data(), right.data(), n);
+  out.values = std::move(left);
+  return out;
+}
+
+}  // namespace
+
+Piece merge(Piece a, const Piece& b, ReduceOp op, const Layout& layout) {
+  if (!a.dense && !b.dense)
+    return with_value_size(layout.value_bytes, [&](auto cv) { return merge_sparse<cv>(a, b, op, layout.value_type); });
+  Piece out = densify(std::move(a), layout);
+  if (b.dense) {
+    reduce::apply(op, layout.value_type, out.values.data(), out.values.data(), b.values.data(), layout.dim);
+  } else {
+    const Piece right = densify(b, layout);  // every index, so that absent ones combine with 0
+    reduce::apply(op, layout.value_type, out.values.data(), out.values.data(), right.values.data(), layout.dim);
+  }
   return out;
 }
 
@@ -170,6 +207,24 @@ void pack(const Piece& piece, std::size_t first, std::size_t last, const Layout&
   std::memcpy(out.data() + at, piece.values.data() + first * layout.value_bytes, bytes);
 }
 
+namespace {
+
+template <class I>
+void read_indices(const std::byte* p, std::size_t n, std::uint64_t lo, std::uint64_t hi,
+                  std::vector<std::uint64_t>& out, std::string_view what) {
+  std::uint64_t previous = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::uint64_t i = load_index<I>(p + k * sizeof(I));
+    if (i < lo || i >= hi || (k > 0 && i <= previous))
+      throw Error(ErrorCode::invalid_argument, std::string(what) + ": index " + std::to_string(i) + " at pair " +
+                                                   std::to_string(k) + " is out of order or outside [" +
+                                                   std::to_string(lo) + ", " + std::to_string(hi) + ")");
+    out[k] = previous = i;
+  }
+}
+
+}  // namespace
+
 Piece unpack(std::span<const std::byte> bytes, std::uint64_t lo, std::uint64_t hi, const Layout& layout,
              std::string_view what) {
   if (bytes.size() % layout.pair_bytes() != 0)
@@ -178,23 +233,11 @@ Piece unpack(std::span<const std::byte> bytes, std::uint64_t lo, std::uint64_t h
   const std::size_t n = bytes.size() / layout.pair_bytes();
   Piece out;
   out.indices.resize(n);
-  const std::byte* p = bytes.data();
-  for (std::size_t k = 0; k < n; ++k) {
-    std::uint64_t i = 0;
-    if (layout.index_type == IndexType::u32) {
-      std::uint32_t small;
-      std::memcpy(&small, p + k * 4, 4);
-      i = small;
-    } else {
-      std::memcpy(&i, p + k * 8, 8);
-    }
-    if (i < lo || i >= hi || (k > 0 && i <= out.indices[k - 1]))
-      throw Error(ErrorCode::invalid_argument, std::string(what) + ": index " + std::to_string(i) + " at pair " +
-                                                   std::to_string(k) + " is out of order or outside [" +
-                                                   std::to_string(lo) + ", " + std::to_string(hi) + ")");
-    out.indices[k] = i;
-  }
-  out.values.assign(p + n * layout.index_bytes, p + bytes.size());
+  if (layout.index_type == IndexType::u32)
+    read_indices<std::uint32_t>(bytes.data(), n, lo, hi, out.indices, what);
+  else
+    read_indices<std::uint64_t>(bytes.data(), n, lo, hi, out.indices, what);
+  out.values.assign(bytes.data() + n * layout.index_bytes, bytes.data() + bytes.size());
   return out;
 }
 

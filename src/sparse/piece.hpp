@@ -46,10 +46,10 @@ void check_input(const Vector& input, std::string_view operation, int rank);
 /// The piece op-combined with `b`, `a` the left operand: an index one side lacks combines with 0
 /// there, so the result is what the dense vectors would give. Either may be dense (then so is
 /// the result). Uses the reduce layer's kernels (avg combines as sum).
-Piece merge(const Piece& a, const Piece& b, ReduceOp op, const Layout& layout);
+Piece merge(Piece a, const Piece& b, ReduceOp op, const Layout& layout);
 
 /// The same piece as a dense vector of dim values.
-Piece densify(const Piece& piece, const Layout& layout);
+Piece densify(Piece piece, const Layout& layout);
 
 /// Index positions [first, last) of a sparse piece whose indices lie in [lo, hi).
 std::pair<std::size_t, std::size_t> range_of(const Piece& piece, std::uint64_t lo, std::uint64_t hi);

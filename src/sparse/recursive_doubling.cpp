@@ -16,11 +16,11 @@ namespace {
 
 constexpr std::uint64_t dense_mark = std::numeric_limits<std::uint64_t>::max();
 
-std::vector<std::byte> wire_of(const Piece& piece, const Layout& layout) {
+// The bytes that carry `piece`: its own values when dense, else `packed`, filled here.
+std::span<const std::byte> wire_of(const Piece& piece, const Layout& layout, std::vector<std::byte>& packed) {
   if (piece.dense) return piece.values;
-  std::vector<std::byte> out;
-  pack(piece, 0, piece.nnz(), layout, out);
-  return out;
+  pack(piece, 0, piece.nnz(), layout, packed);
+  return packed;
 }
 
 // The header a peer sent: dense_mark, or a pair count that fits the vector.
@@ -51,7 +51,8 @@ Piece exchange(Context& ctx, const Piece& mine, int peer) {
   tutti::Request sent = ctx.comm.isend(&header, 1, DataType::u64, peer, sparse_tag);
   ctx.comm.recv(&theirs, 1, DataType::u64, peer, sparse_tag);
   sent.wait();
-  const std::vector<std::byte> out = wire_of(mine, ctx.layout);
+  std::vector<std::byte> packed;
+  const std::span<const std::byte> out = wire_of(mine, ctx.layout, packed);
   std::vector<std::byte> in(bytes_announced(ctx, theirs, peer));
   sent = ctx.comm.isend(out.data(), out.size(), DataType::u8, peer, sparse_tag);
   ctx.comm.recv(in.data(), in.size(), DataType::u8, peer, sparse_tag);
@@ -62,7 +63,8 @@ Piece exchange(Context& ctx, const Piece& mine, int peer) {
 void send_piece(Context& ctx, const Piece& piece, int peer) {
   const std::uint64_t header = piece.dense ? dense_mark : piece.nnz();
   ctx.comm.send(&header, 1, DataType::u64, peer, sparse_tag);
-  const std::vector<std::byte> out = wire_of(piece, ctx.layout);
+  std::vector<std::byte> packed;
+  const std::span<const std::byte> out = wire_of(piece, ctx.layout, packed);
   ctx.comm.send(out.data(), out.size(), DataType::u8, peer, sparse_tag);
 }
 
@@ -75,16 +77,16 @@ Piece recv_piece(Context& ctx, int peer) {
 }
 
 // merge(a, b), switched to dense when the union has grown past the threshold.
-Piece combine(const Context& ctx, const Piece& a, const Piece& b) {
-  Piece merged = merge(a, b, ctx.op, ctx.layout);
-  if (!merged.dense && ctx.switch_to_dense(merged.nnz())) return densify(merged, ctx.layout);
+Piece combine(const Context& ctx, Piece a, const Piece& b) {
+  Piece merged = merge(std::move(a), b, ctx.op, ctx.layout);
+  if (!merged.dense && ctx.switch_to_dense(merged.nnz())) return densify(std::move(merged), ctx.layout);
   return merged;
 }
 
 }  // namespace
 
 Piece recursive_doubling(Context& ctx, Piece mine) {
-  if (!mine.dense && ctx.switch_to_dense(mine.nnz())) mine = densify(mine, ctx.layout);
+  if (!mine.dense && ctx.switch_to_dense(mine.nnz())) mine = densify(std::move(mine), ctx.layout);
   if (ctx.size == 1) return mine;
   const schedule::Fold f = schedule::fold(ctx.rank, ctx.size);
   if (f.sits_out()) {
@@ -94,8 +96,8 @@ Piece recursive_doubling(Context& ctx, Piece mine) {
   if (f.receives_fold()) mine = combine(ctx, recv_piece(ctx, f.partner), mine);  // the even rank is lower
   for (int k = 0; k < f.steps; ++k) {
     const int partner_v = f.vrank ^ (1 << k);
-    const Piece theirs = exchange(ctx, mine, f.real(partner_v));
-    mine = partner_v < f.vrank ? combine(ctx, theirs, mine) : combine(ctx, mine, theirs);
+    Piece theirs = exchange(ctx, mine, f.real(partner_v));
+    mine = partner_v < f.vrank ? combine(ctx, std::move(theirs), mine) : combine(ctx, std::move(mine), theirs);
   }
   if (f.receives_fold()) send_piece(ctx, mine, f.partner);
   return mine;

@@ -30,11 +30,13 @@ void check_options(const Options& options, ReduceOp op, bool gather, const char*
   const auto bad = [&](const char* what) { throw Error(ErrorCode::invalid_argument, prefix(operation, rank) + what); };
   if (static_cast<int>(op) < 0 || static_cast<int>(op) > static_cast<int>(ReduceOp::avg)) bad("invalid op");
   if (static_cast<int>(options.algorithm) < 0 ||
-      static_cast<int>(options.algorithm) > static_cast<int>(Algorithm::allgather))
+      static_cast<int>(options.algorithm) > static_cast<int>(Algorithm::dense_allreduce))
     bad("invalid algorithm");
   if (static_cast<int>(options.form) < 0 || static_cast<int>(options.form) > static_cast<int>(Form::dense))
     bad("invalid form");
   if (options.timeout.count() < 0) bad("negative timeout");
+  if (options.algorithm == Algorithm::dense_allreduce && options.form == Form::sparse)
+    bad("dense_allreduce cannot give a sparse result");
   if (gather && (options.algorithm != Algorithm::automatic || options.form != Form::automatic))
     bad("sparse_allgather takes neither an algorithm nor a form");
 }
@@ -46,9 +48,10 @@ std::vector<Descriptor> agree(tutti::Communicator& comm, const Descriptor& mine,
   const int p = comm.size(), rank = comm.rank();
   std::vector<Descriptor> all(p);
   comm.allgather(mine.data(), all.data(), f_count, DataType::u64, options);
+  // A rank's own bad input first: its message says what is wrong with it.
+  if (all[rank][f_status] != 0) throw Error(ErrorCode::invalid_argument, local_error);
   for (int r = 0; r < p; ++r)
     if (all[r][f_status] != 0) {
-      if (r == rank) throw Error(ErrorCode::invalid_argument, local_error);
       throw Error(ErrorCode::invalid_argument, prefix(operation, rank) + "rank " + std::to_string(r) +
                                                    " passed an invalid input; nothing was reduced");
     }
@@ -158,13 +161,18 @@ sparse::Result sparse_allreduce(Communicator& comm, const sparse::Vector& input,
     case sparse::Algorithm::dsar_split_allgather:
       merged = split_allgather(ctx, std::move(prepared.mine), algorithm == sparse::Algorithm::dsar_split_allgather);
       break;
+    case sparse::Algorithm::dense_allreduce:
+      merged = densify(std::move(prepared.mine), ctx.layout);
+      comm.allreduce(merged.values.data(), merged.values.data(), input.dim, input.value_type, ctx.op,
+                     ctx.collective_options);
+      break;
     default:
       merged = allgather_merge(ctx, std::move(prepared.mine));
   }
   // The union only grows, so a piece that went dense mid-way is dense by the rule at the end too.
   const bool dense = merged.dense || options.form == sparse::Form::dense ||
                      (options.form == sparse::Form::automatic && ctx.layout.dense_is_smaller(merged.nnz()));
-  if (dense) merged = densify(merged, ctx.layout);
+  if (dense) merged = densify(std::move(merged), ctx.layout);
   sparse::Result result;
   result.form = dense ? sparse::Form::dense : sparse::Form::sparse;
   result.dim = input.dim;
@@ -214,6 +222,8 @@ std::string_view to_string(sparse::Algorithm algorithm) {
       return "dsar_split_allgather";
     case sparse::Algorithm::allgather:
       return "allgather";
+    case sparse::Algorithm::dense_allreduce:
+      return "dense_allreduce";
   }
   return "unknown";
 }

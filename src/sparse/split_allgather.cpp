@@ -53,7 +53,7 @@ Piece reduce_scatter(Context& ctx, const Piece& mine) {
     Piece piece =
         unpack(std::span(recv).subspan(at, recv_counts[r]), lo, hi, l, from_rank(ctx, "the reduce-scatter's pairs", r));
     at += recv_counts[r];
-    reduced = r == 0 ? std::move(piece) : merge(reduced, piece, ctx.op, l);
+    reduced = r == 0 ? std::move(piece) : merge(std::move(reduced), piece, ctx.op, l);
   }
   return reduced;
 }

@@ -62,7 +62,8 @@ void store_as(void* at, double v) {
   std::memcpy(at, &x, sizeof(T));
 }
 
-// Writes `v` as one element of `type` at `at`.
+}  // namespace
+
 void store(DataType type, void* at, double v) {
   switch (type) {
     case DataType::i8:
@@ -87,8 +88,6 @@ void store(DataType type, void* at, double v) {
       return store_as<double>(at, v);
   }
 }
-
-}  // namespace
 
 bool has_form(Kind kind, bool in_place) {
   if (kind == Collective::broadcast) return in_place;

@@ -24,6 +24,8 @@ Case make_case(Kind kind, DataType type, ReduceOp op, int root, std::size_t byte
 /// The bytes the row reports (size(B)) and the elements (count) it prints.
 std::size_t case_bytes(const Case& c, int ranks);
 std::size_t case_elements(const Case& c, int ranks);
+/// Writes `v` as one element of `type` at `at` (integers by conversion, f16/bf16 through float).
+void store(DataType type, void* at, double v);
 /// Whether the collective has this form: broadcast is in place only, sendrecv out of place only.
 bool has_form(Kind kind, bool in_place);
 

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "bench/device_sweep.hpp"
+#include "bench/sparse_bench.hpp"
 #include "bench/sweep.hpp"
 #include "bench/tune.hpp"
 #include "bootstrap/job.hpp"
@@ -67,6 +68,7 @@ std::vector<std::unique_ptr<Peer>> make_peers(tutti::Communicator& world, const 
 
 int run(tutti::Communicator& world, const BenchOptions& options) {
   if (device_mode(options)) return run_device(world, options, launcher());
+  if (options.sparse) return run_sparse(world, options);
   if (options.calibrate && !options.tune) return calibrate(world, options);
   if (options.tune) return tune(world, options);
   if (world.rank() == 0)

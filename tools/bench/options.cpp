@@ -16,7 +16,10 @@ namespace {
 constexpr const char* usage_text = R"(usage: tutti-bench [flags]   (run under tutti-run or mpirun)
 
   -t, --collective NAME   allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall,
-                          sendrecv, a comma-separated list, or all (default allreduce)
+                          sendrecv, a comma-separated list, or all (default allreduce);
+                          or sparse_allreduce: every sparse algorithm beside dense allreduce
+      --density D[,D...]  with sparse_allreduce: nnz / dim per rank, in (0, 1] (default 0.01)
+      --dim N             with sparse_allreduce: the vector's dimension, e.g. 1M (default 1M)
   -b, --minbytes SIZE     smallest size, e.g. 8, 64K, 1M (default 8)
   -e, --maxbytes SIZE     largest size (default 64M)
   -f, --stepfactor F      size multiplier between rows (default 2)
@@ -67,6 +70,19 @@ long parse_int(const std::string& text, const char* flag) {
   }
   if (used != text.size() || text.empty())
     throw std::invalid_argument(std::string(flag) + ": expected an integer, got '" + text + "'");
+  return value;
+}
+
+double parse_density(const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty())
+    throw std::invalid_argument("--density: expected a number, got '" + text + "'");
   return value;
 }
 
@@ -142,7 +158,22 @@ void validate_device(const BenchOptions& o) {
                                   " (it has " + device_collective_names() + ")");
 }
 
+// The sparse table takes -d, -o, -n, -w, -c, --density and --dim, and nothing of the sweep's.
+void validate_sparse(const BenchOptions& o) {
+  if (device_mode(o) || o.tune || o.calibrate || o.ceiling || !o.peers.empty() || o.all_algorithms ||
+      o.algorithm != Algorithm::automatic || !o.json_path.empty())
+    throw std::invalid_argument(
+        "-t sparse_allreduce: host mode only, without peers, --ceiling, --json, -a or --tune (every sparse "
+        "algorithm is timed)");
+  if (o.sparse_dim == 0 || o.sparse_dim > (std::size_t{1} << 32))
+    throw std::invalid_argument("--dim: must be in [1, 2^32] (u32 indices)");
+  for (double d : o.densities)
+    if (!(d > 0 && d <= 1)) throw std::invalid_argument("--density: each must be in (0, 1]");
+}
+
 void validate(const BenchOptions& o) {
+  if (o.sparse) return validate_sparse(o);
+  if (!o.densities.empty()) throw std::invalid_argument("--density: only with -t sparse_allreduce");
   if (o.min_bytes > o.max_bytes) throw std::invalid_argument("-b must not exceed -e");
   if (o.factor <= 1.0 && o.min_bytes != o.max_bytes) throw std::invalid_argument("-f must be greater than 1");
   if (o.iterations && *o.iterations < 1) throw std::invalid_argument("-n must be at least 1");
@@ -252,8 +283,9 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
       return std::nullopt;
     } else if (flag == "-t" || flag == "--collective") {
       const std::string& text = value();
+      o.sparse = text == "sparse_allreduce";
       o.all_kinds = text == "all";
-      o.kinds = parse_kinds(text);
+      if (!o.sparse) o.kinds = parse_kinds(text);
       o.kinds_given = true;
     } else if (flag == "-b" || flag == "--minbytes") {
       o.min_bytes = parse_bytes(value(), "-b");
@@ -277,6 +309,10 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
       o.check = parse_int(value(), "-c") != 0;
     } else if (flag == "-a" || flag == "--algorithm") {
       o.algorithm = parse_algorithm(value());
+    } else if (flag == "--density") {
+      for (const std::string& d : split_list(value())) o.densities.push_back(parse_density(d));
+    } else if (flag == "--dim") {
+      o.sparse_dim = parse_bytes(value(), "--dim");
     } else if (flag == "--all-algorithms") {
       o.all_algorithms = true;
     } else if (flag == "--json") {
@@ -300,6 +336,7 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
       throw std::invalid_argument("unknown flag '" + flag + "' (see --help)");
     }
   }
+  if (o.sparse && o.densities.empty()) o.densities = {0.01};
   validate(o);
   if (device_mode(o) && o.all_kinds) o.kinds = device_kinds();
   return o;

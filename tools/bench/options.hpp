@@ -50,6 +50,9 @@ struct BenchOptions {
   bool corrupt_for_testing = false;
   bool primary_only = false;  // time only the form peers compare (the tuner's sweeps)  // --corrupt-for-testing: rank 0
                               // flips a result byte in checks
+  bool sparse = false;        // -t sparse_allreduce: the sparse table (bench/sparse_bench.hpp)
+  std::vector<double> densities;                  // --density: nnz / dim per rank
+  std::size_t sparse_dim = std::size_t{1} << 20;  // --dim
   std::string command_line;
 };
 

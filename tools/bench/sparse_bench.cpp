@@ -1,0 +1,152 @@
+// Each rank draws its indices independently: index i is in rank r's set with probability D (a
+// hash of (i, r, D) decides), so the expected overlap between ranks is that of independent sets,
+// the overlap the sparse cost model assumes. Values are small integers (1 + (i + r) mod 3), so
+// every algorithm's result and the dense allreduce must agree bit for bit.
+#include "bench/sparse_bench.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench/cases.hpp"
+#include "bench/runner.hpp"
+#include "comm/comm_impl.hpp"
+#include "tutti/sparse.hpp"
+
+namespace tutti::bench {
+
+namespace {
+
+using sparse::Algorithm;
+
+constexpr Algorithm algorithms[] = {Algorithm::automatic,
+                                    Algorithm::ssar_recursive_doubling,
+                                    Algorithm::ssar_split_allgather,
+                                    Algorithm::dsar_split_allgather,
+                                    Algorithm::allgather,
+                                    Algorithm::dense_allreduce};
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+struct Input {
+  std::vector<std::uint32_t> indices;
+  std::vector<std::byte> values;  // nnz values
+  std::vector<std::byte> dense;   // the same as dim values
+};
+
+Input make_input(int rank, std::size_t dim, double density, DataType type) {
+  Input in;
+  const std::size_t cv = size_of(type);
+  in.dense.assign(dim * cv, std::byte{0});
+  const auto limit = static_cast<std::uint64_t>(density * 18446744073709551615.0);
+  const std::uint64_t seed =
+      mix(static_cast<std::uint64_t>(rank) * 0x9e3779b97f4a7c15ull + std::bit_cast<std::uint64_t>(density));
+  std::vector<std::byte> one(cv);
+  for (std::size_t i = 0; i < dim; ++i) {
+    if (density < 1 && mix(seed ^ i) >= limit) continue;
+    in.indices.push_back(static_cast<std::uint32_t>(i));
+    const double v = 1 + static_cast<double>((i + static_cast<std::size_t>(rank)) % 3);
+    store(type, one.data(), v);
+    in.values.insert(in.values.end(), one.begin(), one.end());
+    std::memcpy(in.dense.data() + i * cv, one.data(), cv);
+  }
+  return in;
+}
+
+// Elements of `got` (expanded to dense) that differ from `want`, summed over ranks.
+std::uint64_t wrong_of(Communicator& world, const sparse::Result& got, const std::vector<std::byte>& want) {
+  std::uint64_t wrong = 0;
+  const std::size_t cv = size_of(got.value_type);
+  if (got.form == sparse::Form::dense) {
+    for (std::size_t i = 0; i < got.dim; ++i)
+      wrong += std::memcmp(got.values.data() + i * cv, want.data() + i * cv, cv) != 0;
+  } else {
+    std::vector<std::byte> dense(want.size(), std::byte{0});
+    const auto indices = got.indices_as<std::uint32_t>();
+    for (std::size_t k = 0; k < got.nnz; ++k)
+      std::memcpy(dense.data() + indices[k] * cv, got.values.data() + k * cv, cv);
+    for (std::size_t i = 0; i < got.dim; ++i)
+      wrong += std::memcmp(dense.data() + i * cv, want.data() + i * cv, cv) != 0;
+  }
+  world.allreduce(std::span<std::uint64_t>(&wrong, 1), ReduceOp::sum);
+  return wrong;
+}
+
+struct Row {
+  double density;
+  std::size_t nnz, union_size;
+  DataType type;
+  ReduceOp op;
+};
+
+void run_density(Communicator& world, const BenchOptions& options, const Row& row_in, std::size_t& total_wrong) {
+  Row row = row_in;
+  const std::size_t dim = options.sparse_dim;
+  const Input in = make_input(world.rank(), dim, row.density, row.type);
+  const sparse::Vector vector{.dim = dim,
+                              .nnz = in.indices.size(),
+                              .indices = in.indices.data(),
+                              .index_type = sparse::IndexType::u32,
+                              .values = in.values.data(),
+                              .value_type = row.type};
+  std::vector<std::byte> dense_out(in.dense.size());
+  const auto dense_call = [&] { world.allreduce(in.dense.data(), dense_out.data(), dim, row.type, row.op); };
+  dense_call();
+  const std::vector<std::byte> want = dense_out;
+  const int dense_iterations = choose_iterations(world, dense_call, options.iterations);
+  const double dense_time = time_op(world, dense_call, options.warmup, dense_iterations);
+  auto nnz = static_cast<std::uint64_t>(in.indices.size());
+  world.allreduce(std::span<std::uint64_t>(&nnz, 1), ReduceOp::max);
+  for (Algorithm a : algorithms) {
+    const sparse::Options sparse_options{.algorithm = a};
+    sparse::Result result;
+    const auto call = [&] { result = sparse_allreduce(world, vector, row.op, sparse_options); };
+    call();
+    const std::uint64_t wrong = options.check ? wrong_of(world, result, want) : 0;
+    total_wrong += wrong;
+    const int iterations = choose_iterations(world, call, options.iterations);
+    const double t = time_op(world, call, options.warmup, iterations);
+    if (world.rank() != 0) continue;
+    const std::string name = a == Algorithm::automatic
+                                 ? "automatic(" + std::string(tutti::to_string(result.algorithm)) + ")"
+                                 : std::string(tutti::to_string(a));
+    std::printf("%9.4f %10llu %10zu %5s %4s  %-40s %6s %12.1f %12.1f %9.2f %7llu\n", row.density,
+                static_cast<unsigned long long>(nnz), result.form == sparse::Form::dense ? dim : result.nnz,
+                std::string(tutti::to_string(row.type)).c_str(), std::string(tutti::to_string(row.op)).c_str(),
+                name.c_str(), std::string(tutti::to_string(result.form)).c_str(), t * 1e6, dense_time * 1e6,
+                dense_time / t, static_cast<unsigned long long>(wrong));
+  }
+}
+
+}  // namespace
+
+int run_sparse(Communicator& world, const BenchOptions& options) {
+  if (world.rank() == 0) {
+    std::printf(
+        "# tutti-bench: sparse_allreduce, %d ranks over %s; dim %zu, u32 indices, each rank's index set drawn "
+        "independently (index in the set with probability = density); %s\n",
+        world.size(), std::string(world.impl()->transport_name()).c_str(), options.sparse_dim,
+        options.command_line.c_str());
+    std::printf(
+        "# time(us): max over ranks of the mean per call; dense(us): allreduce of the dim values; "
+        "speedup = dense / time; union: the result's nnz (dim when dense)\n");
+    std::printf("#  density   max nnz      union  type   op  %-40s %6s %12s %12s %9s %7s\n", "algorithm", "form",
+                "time(us)", "dense(us)", "speedup", "#wrong");
+  }
+  std::size_t wrong = 0;
+  for (DataType type : options.types)
+    for (ReduceOp op : options.ops)
+      for (double density : options.densities) run_density(world, options, {density, 0, 0, type, op}, wrong);
+  if (world.rank() == 0) std::printf("# Out of bounds values : %zu %s\n", wrong, wrong == 0 ? "OK" : "ERROR");
+  return wrong == 0 ? 0 : 1;
+}
+
+}  // namespace tutti::bench
