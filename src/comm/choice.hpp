@@ -21,7 +21,7 @@ Algorithm requested_algorithm(Collective collective, Algorithm requested);
 /// What the algorithm choice may depend on besides the collective and its size: the same on
 /// every rank of a communicator, so that every rank chooses alike.
 struct ChoiceContext {
-  std::string_view transport;     // Transport::name(): "inproc", "shm", "tcp", "mpi"
+  std::string_view transport;     // Transport::name(): "inproc", "shm", "tcp", "mpi", "shm+tcp"
   int ranks = 1;                  // communicator size
   bool direct_available = false;  // the shared-memory direct algorithms can serve this call
 };

@@ -143,7 +143,8 @@ class Transport {
   virtual int size() const = 0;
   /// Identifies the communicator among all communicators of the job.
   virtual std::uint64_t id() const = 0;
-  /// The transport's name as TUTTI_TRANSPORT spells it: "inproc", "shm", "tcp" or "mpi".
+  /// The transport's name as TUTTI_TRANSPORT spells it: "inproc", "shm", "tcp" or "mpi"; or
+  /// "shm+tcp" (routed: shared memory within a host, TCP between hosts; the default, not a setting).
   virtual std::string_view name() const = 0;
   /// This rank's transport of a sub-communicator `id` made of `ranks` (in this communicator's
   /// numbering, in the new order); this rank is ranks[new_rank]. Every member calls it alike.
