@@ -159,10 +159,21 @@ std::unique_ptr<transport::Transport> connect_world(const bootstrap::JobInfo& jo
   for (int r = 0; r < job.size; ++r)
     if (host_of[static_cast<std::size_t>(r)] == mine) local.push_back(r);
   const bool one_place = distinct.size() == 1, spread = distinct.size() == places.size();
-  const std::string kind = !job.transport.empty() ? job.transport : one_place ? "shm" : spread ? "tcp" : "shm+tcp";
+  std::string kind = !job.transport.empty() ? job.transport : one_place ? "shm" : spread ? "tcp" : "shm+tcp";
   const auto log = [&](const std::string& text) {
     if (core::log_enabled(core::LogLevel::info)) core::log(core::LogLevel::info, job.rank, "init: " + text);
   };
+  // Hosts emulated on one machine (TUTTI_HOST) by a launcher that gave no token: shared memory,
+  // as before TCP joined such hosts, rather than a refusal to start.
+  if (job.transport.empty() && one_real_host && kind != "shm" && job.token.empty() &&
+      core::env("TUTTI_INSECURE").value_or("") != "1") {
+    if (job.rank == 0)
+      core::log(core::LogLevel::warn, job.rank,
+                "init: the ranks name " + std::to_string(distinct.size()) +
+                    " hosts (TUTTI_HOST) on one machine, but TCP between them needs TUTTI_TOKEN: shared "
+                    "memory among all ranks");
+    kind = "shm";
+  }
   if (kind == "shm") {
     if (!one_real_host)
       throw Error(ErrorCode::invalid_argument, "init: TUTTI_TRANSPORT=shm, but the ranks run on several hosts");
