@@ -27,10 +27,12 @@ case $preset in
     #                   option parsing still runs in the unit suites
     #   plot_*          Python scripts
     #   mp_tcp_two_hosts needs network namespaces (root), skipped on CI anyway
+    #   cluster_2x2     likewise (scripts/cluster.sh); the routed transport it runs is in
+    #                   transport_conformance_test, which runs
     #   mp_shm_direct_p5/p8 the code of mp_shm_direct_p2/p3 (which run) with more ranks than
     #                   cores: 2 and 4 minutes of spinning ranks under ASan on 2 cores
     labels='unit|mp|fault|hostile|emulated'
-    exclude='^(mpi_|tutti_bench$|plot_|mp_tcp_two_hosts$|mp_shm_direct_p[58]$)'
+    exclude='^(mpi_|tutti_bench$|plot_|mp_tcp_two_hosts$|cluster_2x2$|mp_shm_direct_p[58]$)'
     ;;
   tsan)
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=$supp/tsan.supp"
