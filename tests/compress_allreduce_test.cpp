@@ -9,11 +9,13 @@
 #include <random>
 #include <vector>
 
+#include "compress_data.hpp"
 #include "threads.hpp"
 #include "tutti/compress.hpp"
 
 namespace tc = tutti::compress;
 using tutti::testing::on_threads;
+using tutti::testing::random_vector;
 
 namespace {
 
@@ -22,14 +24,6 @@ const std::vector<std::size_t>& counts_for(int p) {
   auto& c = all[static_cast<std::size_t>(p)];
   if (c.empty()) c = {0, 1, static_cast<std::size_t>(p) + 1, 10007};
   return c;
-}
-
-std::vector<float> random_vector(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = normal(gen);
-  return v;
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -307,6 +301,37 @@ TEST(GradientCompressor, IdenticalOnEveryRank) {
       for (int r = 1; r < p; ++r) EXPECT_TRUE(same_bits(results[0], results[static_cast<std::size_t>(r)])) << text;
     }
   EXPECT_THROW(tc::GradientCompressor(tc::Compression{}, 1), tutti::Error);
+}
+
+// QSGD with error feedback over many steps of one constant gradient: the residual stays bounded
+// (a codec whose error exceeds the input's norm, 4 bits in buckets of 512, grows it without end)
+// and the mean delivered update approaches the gradient.
+TEST(GradientCompressor, QsgdErrorFeedbackStaysBounded) {
+  for (const char* text : {"qsgd:4", "qsgd:8"}) {
+    const auto failures = on_threads(1, [&](int) {
+      auto comm = tutti::local_group(1)[0];
+      tc::GradientCompressor compressor(tc::Compression::parse(text), 2);
+      const auto g = random_vector(2000, 77);
+      const std::vector<std::int64_t> shape = {2000};
+      std::vector<double> delivered(g.size(), 0.0);
+      constexpr int kSteps = 200;
+      for (int step = 0; step < kSteps; ++step) {
+        auto x = g;
+        compressor.average(comm, "v", x.data(), shape);
+        compressor.next_step();
+        for (std::size_t i = 0; i < x.size(); ++i) delivered[i] += x[i];
+      }
+      // Everything delivered plus the last residual is kSteps·g; the residual stays below a few
+      // times ‖g‖, so the mean error over the steps is small.
+      double error = 0, norm = 0;
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        error += (delivered[i] / kSteps - g[i]) * (delivered[i] / kSteps - g[i]);
+        norm += static_cast<double>(g[i]) * g[i];
+      }
+      EXPECT_LT(std::sqrt(error), 0.05 * std::sqrt(norm)) << text;
+    });
+    EXPECT_EQ(failures, "");
+  }
 }
 
 // One rank, a constant gradient g, topk:0.25 over four elements: each step sends the largest

@@ -45,9 +45,15 @@ void GradientCompressor::average(Communicator& comm, std::string_view name, floa
                 ReduceOp::avg);
       return;
     case Compression::Kind::qsgd: {
+      // Error feedback converges only with a contractive codec, E‖Q(v) − v‖² < ‖v‖²: the residual
+      // is fed back whole, so a larger error grows it from step to step (seen as a NaN loss with
+      // 4 bits in buckets of 512). QSGD's bound min(n/s², √n/s) is 0.03 for 8 bits (s = 127) in
+      // buckets of 512, but for 4 bits (s = 7) it stays below 1 only for n < 49: buckets of 32
+      // (bound 0.65), at the cost of a 4-byte norm per 32 elements.
+      const QsgdOptions options{compression_.bits, compression_.bits == 4 ? 32u : 512u};
       const RandomKey key{seed_, 0, step_, stream_of(name)};
       with_feedback(name, grad, count, [&](const float* corrected, float* sent) {
-        qsgd_allreduce(comm, corrected, grad, count, QsgdOptions{compression_.bits, 512}, key, ReduceOp::avg, sent);
+        qsgd_allreduce(comm, corrected, grad, count, options, key, ReduceOp::avg, sent);
       });
       return;
     }
