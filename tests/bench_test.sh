@@ -101,16 +101,21 @@ else
 fi
 
 # 4. Bad flags are refused with a message naming the flag.
-for args in "-b 1M -e 1K" "-d float17" "-t allsum" "--peers nccl" "-n 0" "--frobnicate"; do
-  # shellcheck disable=SC2086
-  timeout 20 "$bench" $args >"$tmp/out" 2>"$tmp/err"
-  status=$?
-  if [[ $status -ne 2 ]] || ! grep -q "tutti-bench: " "$tmp/err"; then
-    fail "bad flags '$args'" "status $status"
-  else
-    ok "refuses '$args'"
-  fi
-done
+# refuse ARGS...: each argument (a command line) must exit 2 with a tutti-bench: message.
+refuse() {
+  local args
+  for args in "$@"; do
+    # shellcheck disable=SC2086
+    timeout 20 "$bench" $args >"$tmp/out" 2>"$tmp/err"
+    status=$?
+    if [[ $status -ne 2 ]] || ! grep -q "tutti-bench: " "$tmp/err"; then
+      fail "bad flags '$args'" "status $status"
+    else
+      ok "refuses '$args'"
+    fi
+  done
+}
+refuse "-b 1M -e 1K" "-d float17" "-t allsum" "--peers nccl" "-n 0" "--frobnicate"
 
 # 5. --calibrate and --tune write a tuning file; a run that loads it checks clean.
 bench 2 --calibrate -o "$tmp/tuning.json"
@@ -369,17 +374,8 @@ elif ! grep -q "dense_allreduce  *dense" <<<"$sparse_rows" || ! grep -q "automat
 else
   ok "sparse_allreduce: every algorithm and dense allreduce, checked, both forms, at p=3"
 fi
-for args in "-t sparse_allreduce --density 2" "-t sparse_allreduce --dim 0" "-t allreduce --density 0.1" \
-  "-t sparse_allreduce --peers gloo"; do
-  # shellcheck disable=SC2086
-  timeout 20 "$bench" $args >"$tmp/out" 2>"$tmp/err"
-  status=$?
-  if [[ $status -ne 2 ]] || ! grep -q "tutti-bench: " "$tmp/err"; then
-    fail "bad flags '$args'" "status $status"
-  else
-    ok "refuses '$args'"
-  fi
-done
+refuse "-t sparse_allreduce --density 2" "-t sparse_allreduce --density x" "-t sparse_allreduce --dim 0" \
+  "-t allreduce --density 0.1" "-t sparse_allreduce --peers gloo"
 
 echo "bench_test: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -60,30 +60,29 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
-long parse_int(const std::string& text, const char* flag) {
+// `convert` (std::stol, std::stod) over the whole of `text`, else invalid_argument naming the flag.
+template <class Convert>
+auto parse_number(const std::string& text, const char* flag, const char* what, Convert convert) {
   std::size_t used = 0;
-  long value = 0;
+  decltype(convert(text, &used)) value{};
   try {
-    value = std::stol(text, &used);
+    value = convert(text, &used);
   } catch (const std::exception&) {
     used = 0;
   }
   if (used != text.size() || text.empty())
-    throw std::invalid_argument(std::string(flag) + ": expected an integer, got '" + text + "'");
+    throw std::invalid_argument(std::string(flag) + ": expected " + what + ", got '" + text + "'");
   return value;
 }
 
+long parse_int(const std::string& text, const char* flag) {
+  return parse_number(text, flag, "an integer",
+                      [](const std::string& t, std::size_t* used) { return std::stol(t, used); });
+}
+
 double parse_density(const std::string& text) {
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty())
-    throw std::invalid_argument("--density: expected a number, got '" + text + "'");
-  return value;
+  return parse_number(text, "--density", "a number",
+                      [](const std::string& t, std::size_t* used) { return std::stod(t, used); });
 }
 
 std::vector<Kind> parse_kinds(const std::string& text) {
