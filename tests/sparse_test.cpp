@@ -31,6 +31,9 @@ std::string run_all(int p, const std::vector<Case>& cases) {
 TEST(SparseAllreduce, EveryAlgorithmEveryPatternAndNnz) {
   for (int p = 1; p <= 8; ++p) {
     std::vector<Case> cases;
+    for (Algorithm a : all_algorithms)  // an empty vector, and one of a single element
+      for (std::size_t dim : {std::size_t{0}, std::size_t{1}})
+        cases.push_back(Case{.p = p, .dim = dim, .nnz = dim, .pattern = Pattern::identical, .algorithm = a});
     for (Algorithm a : all_algorithms)
       for (Pattern pattern : {Pattern::disjoint, Pattern::identical, Pattern::overlapping})
         for (std::size_t nnz : {std::size_t{0}, std::size_t{1}, std::size_t{4}, std::size_t{13}, std::size_t{37}})

@@ -67,7 +67,8 @@ struct Vector {
 struct Options {
   Algorithm algorithm = Algorithm::automatic;
   Form form = Form::automatic;
-  /// Deadline of each collective step; 0 = the communicator's default (TUTTI_TIMEOUT_MS).
+  /// Deadline of each collective step; 0 = the communicator's default (TUTTI_TIMEOUT_MS). The
+  /// point-to-point steps of ssar_recursive_doubling always have the communicator's default.
   std::chrono::milliseconds timeout{0};
 };
 

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <string>
+#include <type_traits>
 
 #include "reduce/reduce.hpp"
 
@@ -91,7 +93,11 @@ Piece canonical(const Vector& input, ReduceOp op, const Layout& layout) {
   const auto* values = static_cast<const std::byte*>(input.values);
   Piece out;
   out.indices.resize(input.nnz);
-  for (std::size_t k = 0; k < input.nnz; ++k) out.indices[k] = index_at(input, k);
+  const auto* raw = static_cast<const std::byte*>(input.indices);
+  if (input.index_type == IndexType::u32)
+    for (std::size_t k = 0; k < input.nnz; ++k) out.indices[k] = load_index<std::uint32_t>(raw + 4 * k);
+  else if (input.nnz > 0)
+    std::memcpy(out.indices.data(), raw, input.nnz * 8);
   bool canonical_already = true;
   for (std::size_t k = 1; k < input.nnz && canonical_already; ++k)
     canonical_already = out.indices[k - 1] < out.indices[k];
@@ -137,27 +143,47 @@ Piece densify(Piece piece, const Layout& layout) {
 
 namespace {
 
+// An unsigned integer of `Bytes` bytes: values move as bits, never as numbers.
+template <std::size_t Bytes>
+using Bits = std::conditional_t<
+    Bytes == 1, std::uint8_t,
+    std::conditional_t<Bytes == 2, std::uint16_t, std::conditional_t<Bytes == 4, std::uint32_t, std::uint64_t>>>;
+
+template <class U>
+U load_bits(const std::byte* values, std::size_t k) {
+  U u;
+  std::memcpy(&u, values + k * sizeof(U), sizeof(U));
+  return u;
+}
+
 // Both sides' values laid out along the union of their indices (zero where a side lacks the
-// index), then one call of the kernel over the whole union, into the left side's buffer.
+// index), then one call of the kernel over the whole union. The loop over both sides has no
+// branch on the data (selects only): which side holds the next index is a coin toss that a
+// branch predictor would lose half the time.
 template <std::size_t CV>
 Piece merge_sparse(const Piece& a, const Piece& b, ReduceOp op, DataType type) {
+  using U = Bits<CV>;
   const std::size_t na = a.nnz(), nb = b.nnz();
   Piece out;
   out.indices.resize(na + nb);
-  std::vector<std::byte> left((na + nb) * CV, std::byte{0}), right((na + nb) * CV, std::byte{0});
+  auto left = std::make_unique_for_overwrite<U[]>(na + nb), right = std::make_unique_for_overwrite<U[]>(na + nb);
+  const std::uint64_t *ai = a.indices.data(), *bi = b.indices.data();
+  std::uint64_t* oi = out.indices.data();
   std::size_t i = 0, j = 0, n = 0;
-  for (; i < na || j < nb; ++n) {
-    const bool take_a = j == nb || (i < na && a.indices[i] <= b.indices[j]);
-    const bool take_b = i == na || (j < nb && b.indices[j] <= a.indices[i]);
-    if (take_a) std::memcpy(left.data() + n * CV, a.values.data() + i * CV, CV);
-    if (take_b) std::memcpy(right.data() + n * CV, b.values.data() + j * CV, CV);
-    out.indices[n] = take_a ? a.indices[i++] : b.indices[j];
-    if (take_b) ++j;
+  for (; i < na && j < nb; ++n) {
+    const std::uint64_t x = ai[i], y = bi[j];
+    const bool take_a = x <= y, take_b = y <= x;
+    left[n] = take_a ? load_bits<U>(a.values.data(), i) : U{0};
+    right[n] = take_b ? load_bits<U>(b.values.data(), j) : U{0};
+    oi[n] = take_a ? x : y;
+    i += take_a;
+    j += take_b;
   }
+  for (; i < na; ++i, ++n) oi[n] = ai[i], left[n] = load_bits<U>(a.values.data(), i), right[n] = 0;
+  for (; j < nb; ++j, ++n) oi[n] = bi[j], left[n] = 0, right[n] = load_bits<U>(b.values.data(), j);
   out.indices.resize(n);
-  left.resize(n * CV);
-  reduce::apply(op, type, left.data(), left.data(), right.data(), n);
-  out.values = std::move(left);
+  out.values.resize(n * CV);
+  reduce::apply(op, type, out.values.data(), left.get(), right.get(), n);
   return out;
 }
 
