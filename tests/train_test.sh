@@ -126,7 +126,8 @@ case_damaged_data() {
 }
 
 # Every compressor: a short run that trains (the loss falls) and ends with identical parameters
-# on both ranks; the header names the compressor; a malformed one is a usage error (exit 2).
+# on both ranks; the header names the compressor; two runs end with the same parameters; a
+# malformed one is a usage error (exit 2).
 case_compression() {
   local c all_ok=1
   for c in fp16 bf16 qsgd:8 qsgd:4 powersgd:2 topk:0.1; do
@@ -135,6 +136,15 @@ case_compression() {
     grep -q "^\[0\] tutti-train: p=2 .* overlap=off compression=$c " "$tmp/out" ||
       { fail "compression $c" "header does not say overlap=off compression=$c"; all_ok=0; continue; }
     echo "     compression $c: test accuracy $(epoch_field 2 test-acc)%"
+  done
+  # QSGD's coins come from (seed, rank, step, tensor): a second run ends with the same parameters.
+  local first
+  for c in qsgd:4 topk:0.1; do
+    train_run 2 "${quick[@]}" --compression "$c"
+    first=$(grep -o 'checksum 0x[0-9a-f]*' "$tmp/out")
+    train_run 2 "${quick[@]}" --compression "$c"
+    [[ -n $first && $(grep -o 'checksum 0x[0-9a-f]*' "$tmp/out") == "$first" ]] ||
+      { fail "compression $c" "a second run ended with other parameters than the first ($first)"; all_ok=0; }
   done
   train_run 2 "${quick[@]}" --compression qsgd:3
   [[ $status -eq 2 ]] || { fail compression "--compression qsgd:3: exit status $status, expected 2"; return; }
