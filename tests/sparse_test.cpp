@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "harness.hpp"
+#include "sparse/algorithms.hpp"
 #include "sparse_cases.hpp"
 
 namespace {
@@ -337,6 +338,54 @@ TEST(SparseErrors, RanksThatDisagreeRaiseMismatchEverywhere) {
                            sparse_allreduce(comm, in.vector(), c.op, {.algorithm = c.algorithm, .form = c.form});
                          }),
                ErrorCode::mismatch, word);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// A peer that lies: rank 0 plays by hand the part of a recursive-doubling exchange (the descriptor
+// allgather as src/sparse/sparse.cpp lays it out, then the size and the pairs), announcing more
+// pairs than dim, or sending an index outside the vector. Rank 1 must raise invalid_argument
+// naming rank 0 before it sizes a buffer from the count or writes at the index.
+TEST(SparseErrors, APeerThatLiesIsRefused) {
+  for (bool huge_count : {true, false}) {
+    std::string rank1_error;
+    const std::string failures = run_ranks(2, [&](Communicator& comm) {
+      const Case c{
+          .p = 2, .dim = 23, .nnz = 4, .pattern = Pattern::disjoint, .algorithm = Algorithm::ssar_recursive_doubling};
+      const Input in = input_of(c, comm.rank());
+      if (comm.rank() == 1) {
+        try {
+          sparse_allreduce(comm, in.vector(), ReduceOp::sum, {.algorithm = c.algorithm});
+        } catch (const Error& e) {
+          if (e.code() == ErrorCode::invalid_argument) rank1_error = e.what();
+        }
+        return;
+      }
+      // status, dim, index type, value type, op, algorithm, form, nnz
+      const std::uint64_t mine[8] = {0, 23,
+                                     0, static_cast<std::uint64_t>(DataType::f32),
+                                     0, static_cast<std::uint64_t>(Algorithm::ssar_recursive_doubling),
+                                     0, 1};
+      std::uint64_t all[16];
+      comm.allgather(mine, all, 8, DataType::u64);
+      const std::uint64_t header = huge_count ? std::uint64_t{1} << 60 : 1;
+      std::uint64_t theirs = 0;
+      Request sent = comm.isend(&header, 1, DataType::u64, 1, sparse::detail::sparse_tag);
+      comm.recv(&theirs, 1, DataType::u64, 1, sparse::detail::sparse_tag);
+      sent.wait();
+      if (huge_count) return;
+      const std::uint32_t pair[2] = {99, 0x3f800000};  // index 99 of a vector of 23, value 1.0f
+      std::vector<std::byte> their_pairs(theirs * 8);
+      sent = comm.isend(pair, 8, DataType::u8, 1, sparse::detail::sparse_tag);
+      comm.recv(their_pairs.data(), their_pairs.size(), DataType::u8, 1, sparse::detail::sparse_tag);
+      sent.wait();
+    });
+    EXPECT_EQ(failures, "");
+    EXPECT_NE(rank1_error.find(huge_count ? "announced" : "index 99"), std::string::npos) << rank1_error;
+    EXPECT_NE(rank1_error.find("rank 0"), std::string::npos) << rank1_error;
   }
 }
 
