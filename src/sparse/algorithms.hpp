@@ -4,6 +4,7 @@
 // every size and every index a peer sends is checked against dim and its range before use.
 #pragma once
 
+#include <limits>
 #include <vector>
 
 #include "sparse/piece.hpp"
@@ -25,6 +26,12 @@ struct Context {
 
   /// Whether a piece of `nnz` pairs should now travel dense (never under Form::sparse).
   bool switch_to_dense(std::size_t n) const { return form != Form::sparse && layout.dense_is_smaller(n); }
+  /// The least nnz for which switch_to_dense holds (SIZE_MAX under Form::sparse).
+  std::size_t dense_from() const {
+    if (form == Form::sparse) return std::numeric_limits<std::size_t>::max();
+    const std::size_t c = layout.pair_bytes();
+    return static_cast<std::size_t>((static_cast<unsigned __int128>(layout.dim) * layout.value_bytes + c - 1) / c);
+  }
 };
 
 /// The tag of the sparse layer's point-to-point messages.

@@ -1,5 +1,5 @@
 // The baseline (Horovod's way for sparse tensors): every rank's pairs to every rank, merged
-// locally in rank order. Also the exchange of sparse_allgather.
+// locally as a balanced tree in rank order. Also the exchange of sparse_allgather.
 #include <string>
 
 #include "sparse/algorithms.hpp"
@@ -29,14 +29,8 @@ std::vector<Piece> allgather_pieces(Context& ctx, const Piece& mine) {
 
 Piece allgather_merge(Context& ctx, Piece mine) {
   if (ctx.size == 1) return mine;
-  std::vector<Piece> pieces = allgather_pieces(ctx, mine);
-  Piece acc = std::move(pieces[0]);
-  for (int r = 1; r < ctx.size; ++r) {
-    // Once the union is dense, merging into the dense vector is cheaper than growing the union.
-    if (!acc.dense && ctx.switch_to_dense(acc.nnz())) acc = densify(std::move(acc), ctx.layout);
-    acc = merge(std::move(acc), pieces[r], ctx.op, ctx.layout);
-  }
-  return acc;
+  // Once a union is dense, merging into the dense vector is cheaper than growing the union.
+  return merge_tree(allgather_pieces(ctx, mine), ctx.op, ctx.layout, ctx.dense_from());
 }
 
 }  // namespace tutti::sparse::detail

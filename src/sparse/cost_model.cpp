@@ -48,8 +48,8 @@ double merge_time(const Shape& s, double pairs, const CostParams& k) {
 double log2_rounds(int p) { return std::ceil(std::log2(static_cast<double>(p))); }
 
 double predict_allgather(const Workload& w, const Shape& s, const CostParams& k) {
-  double merge = 0;  // the rank-order merge grows one union after the other
-  for (int m = 2; m <= w.ranks; ++m) merge += merge_time(s, expected_union(w, m), k);
+  double merge = 0;  // the tree merge: level by level, p / 2m merges into unions of 2m ranks
+  for (int m = 1; m < w.ranks; m *= 2) merge += std::ceil(s.p / (2 * m)) * merge_time(s, expected_union(w, 2 * m), k);
   return k.alpha * log2_rounds(w.ranks) + k.beta * (s.p - 1) * s.n * s.c + s.pair * s.p * s.n + merge;
 }
 

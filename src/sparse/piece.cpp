@@ -202,6 +202,22 @@ Piece merge(Piece a, const Piece& b, ReduceOp op, const Layout& layout) {
   return out;
 }
 
+Piece merge_tree(std::vector<Piece> pieces, ReduceOp op, const Layout& layout, std::size_t dense_from) {
+  if (pieces.empty()) return {};
+  while (pieces.size() > 1) {
+    std::vector<Piece> next;
+    next.reserve((pieces.size() + 1) / 2);
+    for (std::size_t k = 0; k + 1 < pieces.size(); k += 2) {
+      Piece merged = merge(std::move(pieces[k]), pieces[k + 1], op, layout);
+      if (!merged.dense && merged.nnz() >= dense_from) merged = densify(std::move(merged), layout);
+      next.push_back(std::move(merged));
+    }
+    if (pieces.size() % 2 == 1) next.push_back(std::move(pieces.back()));
+    pieces = std::move(next);
+  }
+  return std::move(pieces.front());
+}
+
 std::pair<std::size_t, std::size_t> range_of(const Piece& piece, std::uint64_t lo, std::uint64_t hi) {
   const auto first = std::lower_bound(piece.indices.begin(), piece.indices.end(), lo);
   const auto last = std::lower_bound(first, piece.indices.end(), hi);

@@ -48,6 +48,11 @@ void check_input(const Vector& input, std::string_view operation, int rank);
 /// the result). Uses the reduce layer's kernels (avg combines as sum).
 Piece merge(Piece a, const Piece& b, ReduceOp op, const Layout& layout);
 
+/// The pieces merged pairwise as a balanced tree in rank order (0 with 1, 2 with 3, … then the
+/// results likewise), so that p pieces cost log2 p passes and every rank that merges the same
+/// pieces gets the same bits. A merged piece of `dense_from` pairs or more continues dense.
+Piece merge_tree(std::vector<Piece> pieces, ReduceOp op, const Layout& layout, std::size_t dense_from);
+
 /// The same piece as a dense vector of dim values.
 Piece densify(Piece piece, const Layout& layout);
 

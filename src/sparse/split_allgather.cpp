@@ -1,9 +1,10 @@
 // SSAR / DSAR split-allgather: the index space is cut into p balanced ranges; a sparse
-// reduce-scatter (alltoallv of each range's pairs, merged by the range's owner in rank order)
-// leaves range r reduced on rank r; then the reduced ranges are allgathered, as pairs (SSAR) or,
-// when the result is dense, as dense blocks (DSAR). Pair counts travel before the pairs, and
-// each is checked against its range's length before a buffer is sized from it.
+// reduce-scatter (alltoallv of each range's pairs, merged by the range's owner as a balanced tree
+// in rank order) leaves range r reduced on rank r; then the reduced ranges are allgathered, as
+// pairs (SSAR) or, when the result is dense, as dense blocks (DSAR). Pair counts travel before
+// the pairs, and each is checked against its range's length before a buffer is sized from it.
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "sparse/algorithms.hpp"
@@ -47,15 +48,15 @@ Piece reduce_scatter(Context& ctx, const Piece& mine) {
   }
   std::vector<std::byte> recv(total);
   ctx.comm.alltoallv(send.data(), send_counts, recv.data(), recv_counts, DataType::u8, ctx.collective_options);
-  Piece reduced;
+  std::vector<Piece> pieces;
   std::size_t at = 0;
   for (int r = 0; r < p; ++r) {
-    Piece piece =
-        unpack(std::span(recv).subspan(at, recv_counts[r]), lo, hi, l, from_rank(ctx, "the reduce-scatter's pairs", r));
+    pieces.push_back(unpack(std::span(recv).subspan(at, recv_counts[r]), lo, hi, l,
+                            from_rank(ctx, "the reduce-scatter's pairs", r)));
     at += recv_counts[r];
-    reduced = r == 0 ? std::move(piece) : merge(std::move(reduced), piece, ctx.op, l);
   }
-  return reduced;
+  // Never dense here: a dense piece spans all of dim, and this is one range of it.
+  return merge_tree(std::move(pieces), ctx.op, l, std::numeric_limits<std::size_t>::max());
 }
 
 // Every reduced range as a dense block of its length, straight into the dense result.
