@@ -23,7 +23,7 @@
 set -u
 
 hosts=2 ranks=2 rate=1gbit limit=600 grace=10
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2; exit 2; }
 while (($#)); do
   case $1 in
     --hosts) hosts=${2:-}; shift 2 ;;
@@ -127,7 +127,7 @@ start_rank() {  # host, local index, command...
       TUTTI_HOST=host$h TUTTI_TCP_HOST=198.18.0.$((h + 1)) TUTTI_TIMEOUT_MS="${TUTTI_TIMEOUT_MS:-60000}" \
       timeout -s KILL "$limit" "$@" </dev/null 2>&1
     echo $? >"$work/rc$r"
-  } | sed -u "s/^/[$r] /" &
+  } 2>/dev/null | sed -u "s/^/[$r] /" &  # (the rank's stderr is in the pipe; not the shell's "Killed")
 }
 for ((i = 0; i < hosts; i++)); do
   for ((j = 0; j < ranks; j++)); do start_rank $i $j "$@"; done

@@ -8,6 +8,7 @@
 # cluster (not root, no iproute2 or tbf).
 set -u
 cluster=$1 program=$2
+unset TUTTI_TRANSPORT TUTTI_ALGO  # the defaults are what is checked
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 # TERM, not KILL: cluster.sh then removes what it made.
