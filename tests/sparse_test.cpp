@@ -235,6 +235,16 @@ TEST(SparseCommunicator, NonblockingCallsDeliverInOrder) {
     const std::string error =
         check(cases[0], sparse_comm.allreduce(inputs[0].vector(), ReduceOp::sum), reference_of(cases[0]));
     if (!error.empty()) throw std::runtime_error("blocking: " + error);
+    // Moved: the new object works, the old one refuses.
+    sparse::Communicator moved = std::move(sparse_comm);
+    const sparse::Result after = moved.allreduce(inputs[1].vector(), ReduceOp::sum, {.algorithm = cases[1].algorithm});
+    if (!check(cases[1], after, reference_of(cases[1])).empty()) throw std::runtime_error("after a move");
+    try {
+      (void)sparse_comm.rank();  // the refusal of a moved-from object is what is tested
+      throw std::runtime_error("a moved-from sparse::Communicator answered");
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::invalid_argument) throw;
+    }
   });
   EXPECT_EQ(failures, "");
 }

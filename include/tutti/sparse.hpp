@@ -161,8 +161,9 @@ class Communicator {
   explicit Communicator(tutti::Communicator& host);
   /// Runs every call already issued (each bounded by its timeout), then stops the thread.
   ~Communicator();
-  Communicator(const Communicator&) = delete;
-  Communicator& operator=(const Communicator&) = delete;
+  /// A moved-from object only accepts destruction and assignment (calls raise invalid_argument).
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
 
   int rank() const;
   int size() const;
@@ -176,6 +177,7 @@ class Communicator {
   GatherResult allgather(const Vector& input, ReduceOp op, const Options& options = {});
 
  private:
+  detail::Queue& checked() const;  // Error(invalid_argument) on a moved-from object
   std::unique_ptr<detail::Queue> queue_;
 };
 

@@ -74,17 +74,24 @@ class Queue {
 
 Communicator::Communicator(tutti::Communicator& host) : queue_(std::make_unique<detail::Queue>(host)) {}
 Communicator::~Communicator() = default;
+Communicator::Communicator(Communicator&&) noexcept = default;
+Communicator& Communicator::operator=(Communicator&&) noexcept = default;
 
-int Communicator::rank() const { return queue_->comm().rank(); }
-int Communicator::size() const { return queue_->comm().size(); }
+detail::Queue& Communicator::checked() const {
+  if (!queue_) throw Error(ErrorCode::invalid_argument, "sparse::Communicator: used after it was moved from");
+  return *queue_;
+}
+
+int Communicator::rank() const { return checked().comm().rank(); }
+int Communicator::size() const { return checked().comm().size(); }
 
 Request<Result> Communicator::iallreduce(const Vector& input, ReduceOp op, const Options& options) {
-  return queue_->submit<Result>(
+  return checked().submit<Result>(
       [input, op, options](tutti::Communicator& comm) { return sparse_allreduce(comm, input, op, options); });
 }
 
 Request<GatherResult> Communicator::iallgather(const Vector& input, ReduceOp op, const Options& options) {
-  return queue_->submit<GatherResult>(
+  return checked().submit<GatherResult>(
       [input, op, options](tutti::Communicator& comm) { return sparse_allgather(comm, input, op, options); });
 }
 
