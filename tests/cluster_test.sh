@@ -27,11 +27,11 @@ expect() {  # what, extended regular expression
 expect "every case passed" '^\[0\] [1-9][0-9]* passed, 0 failed$'
 for r in 0 1; do
   expect "rank $r: shared memory with rank 0 and 1, TCP to 2 and 3" \
-    "^\[$r\] tutti\[$r\] INFO: init: transport shm\+tcp: shared memory with ranks 0,1 \(this host\), TCP to the other 2 ranks on 1 other hosts$"
+    "^\[$r\] tutti\[$r\] INFO: init: transport shm\+tcp: shared memory with ranks 0,1 \(this host\), TCP to the other 2 ranks on 1 other host$"
 done
 for r in 2 3; do
   expect "rank $r: shared memory with rank 2 and 3, TCP to 0 and 1" \
-    "^\[$r\] tutti\[$r\] INFO: init: transport shm\+tcp: shared memory with ranks 2,3 \(this host\), TCP to the other 2 ranks on 1 other hosts$"
+    "^\[$r\] tutti\[$r\] INFO: init: transport shm\+tcp: shared memory with ranks 2,3 \(this host\), TCP to the other 2 ranks on 1 other host$"
 done
 expect "automatic chose hierarchical across the hosts" 'INFO: hierarchical: 2 hosts, 2 ranks on mine, equal on every host'
 # The large allreduces alone move megabytes between the hosts: at least 1 MB each way on each link.

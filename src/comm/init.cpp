@@ -197,7 +197,7 @@ std::unique_ptr<transport::Transport> connect_world(const bootstrap::JobInfo& jo
   auto tcp = transport::tcp::connect(store, job.token, job.rank, job.size, world_id, bind_host, timeout);
   log("transport shm+tcp: shared memory with " + rank_list(local) + " (this host), TCP to the other " +
       std::to_string(job.size - static_cast<int>(local.size())) + " ranks on " + std::to_string(distinct.size() - 1) +
-      " other hosts");
+      (distinct.size() == 2 ? " other host" : " other hosts"));
   return transport::routed::make(std::move(host_of), job.rank, std::move(shared), std::move(tcp));
 }
 
