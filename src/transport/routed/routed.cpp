@@ -152,7 +152,10 @@ RoutedTransport::RoutedTransport(std::vector<int> host_of, int rank, std::unique
                 "routed: rank " + std::to_string(rank_) + " is rank " + std::to_string(mine) + " of " +
                     std::to_string(names.size()) + " on its host, but the local transport is rank " +
                     std::to_string(local_->rank()) + " of " + std::to_string(local_->size()));
-  if (auto* shm = dynamic_cast<shm::ShmTransport*>(local_.get())) shm->set_rank_names(std::move(names));
+  if (auto* shm = dynamic_cast<shm::ShmTransport*>(local_.get())) {
+    shm->set_rank_names(std::move(names));
+    shm->yield_while_waiting();
+  }
   Transport* sleeper = local_.get();
   remote_->hub().add_bell(this, [sleeper] { sleeper->wake(); });
 }

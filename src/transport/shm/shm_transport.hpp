@@ -70,6 +70,10 @@ class ShmTransport final : public Transport {
   /// Names the ranks in error texts as `names[r]` instead of r: the ranks of a larger
   /// communicator whose messages to this host's ranks travel here (routed). Before the first post.
   void set_rank_names(std::vector<int> names) { names_ = std::move(names); }
+  /// Makes waits and relax() give the core up between polls rather than pause on it, for a rank
+  /// whose completions also come from a thread of its own process (routed: the TCP I/O thread),
+  /// which spinning would keep from running where cores are few.
+  void yield_while_waiting() { wait_policy_.yield = true; }
   /// Reserves the data-set uses (taken modulo 2) of the next `n` chunks of direct algorithms and
   /// returns the first; every rank counts alike.
   std::uint64_t reserve_direct_uses(std::uint64_t n) {
