@@ -12,8 +12,10 @@
 // rings its own (a completion, a peer's abort, a lost connection), through the bell it calls for
 // us; so one sleep wakes on the completions of either transport at once, without a polling
 // thread or a time slice, and the shared-memory wait keeps its deadline (it also wakes at least
-// every 100 ms by itself). The generation is the shared-memory one for the same reason. A rank
-// alone on its host has no shared-memory part and waits on TCP alone.
+// every 100 ms by itself). The generation is the shared-memory one for the same reason. Before it
+// sleeps, the wait polls for a moment yielding the core between polls, since the I/O thread that
+// completes the TCP half needs one. A rank alone on its host has no shared-memory part and waits
+// on TCP alone.
 //
 // Failures: an abort goes to both transports; one that reaches either (a peer's abort, a dead
 // peer) is passed on to the other by `progress`, so that every rank sees it whichever way it came.
