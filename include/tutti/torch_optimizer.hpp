@@ -55,10 +55,23 @@ struct DistributedOptions {
   EngineOptions engine = EngineOptions::from_environment();
   /// How gradients travel (docs/training.md, "Compression"): none (the engine's allreduce), fp16,
   /// bf16, qsgd:BITS, powersgd:RANK or topk:RATIO (compress::Compression). Every rank must pass
-  /// the same. A compressed gradient is reduced in step(), not during backward (see reduce_compressed).
+  /// the same. fp16 and bf16 go through the engine like none; the others are reduced in step(),
+  /// not during backward (see reduce_compressed).
   compress::Compression compression;
   /// Seeds QSGD's coins and PowerSGD's first Q: the same on every rank, so that runs reproduce.
   std::uint64_t compression_seed = 0;
+
+  /// The 16-bit wire type of fp16 and bf16; DataType::f32 for the other compressions.
+  DataType wire_type() const {
+    using Kind = compress::Compression::Kind;
+    return compression.kind == Kind::fp16   ? DataType::f16
+           : compression.kind == Kind::bf16 ? DataType::bf16
+                                            : DataType::f32;
+  }
+  /// Whether gradients are reduced in step() by a compress::GradientCompressor.
+  bool compression_in_step() const {
+    return compression.kind != compress::Compression::Kind::none && wire_type() == DataType::f32;
+  }
 };
 
 /// Where the communication time of the steps went (seconds summed over steps).
@@ -90,11 +103,11 @@ class DistributedOptimizer {
         options_(std::move(options)),
         params_(make_params(std::move(named_parameters), optimizer, options_)),
         engine_(comm, options_.engine) {
-    if (options_.compression.kind != compress::Compression::Kind::none) {
+    if (!options_.compression_in_step()) {
+      if (options_.overlap) install_hooks();
+    } else {
       compressor_ = std::make_unique<compress::GradientCompressor>(options_.compression, options_.compression_seed);
       compress_comm_ = comm.split(0, comm.rank());  // collective, like the engine's own split
-    } else if (options_.overlap) {
-      install_hooks();
     }
   }
 
@@ -155,10 +168,11 @@ class DistributedOptimizer {
     ::torch::Tensor tensor;
     std::shared_ptr<::torch::autograd::Node> accumulator;  // kept alive: the hook lives on it
     std::uintptr_t hook_key = 0;
-    int passes = 0;          // backward passes that produced this gradient in the window
-    bool enqueued = false;   // handed to the engine in this window
-    ::torch::Tensor grad;    // the gradient being reduced
-    ::torch::Tensor buffer;  // what the engine reduces: grad, or a contiguous copy of it
+    int passes = 0;                   // backward passes that produced this gradient in the window
+    bool enqueued = false;            // handed to the engine in this window
+    ::torch::Tensor grad;             // the gradient being reduced
+    ::torch::Tensor buffer;           // what the engine reduces: grad, or a contiguous copy of it
+    std::vector<std::uint16_t> wire;  // with fp16/bf16: buffer rounded to 16 bits, what the engine sums
     Handle handle;
   };
 
@@ -233,8 +247,19 @@ class DistributedOptimizer {
     if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = ::torch::zeros_like(p.tensor);
     p.grad = p.tensor.grad();
     p.buffer = p.grad.is_contiguous() ? p.grad : p.grad.contiguous();
-    p.handle = engine_.enqueue_allreduce(p.name, p.buffer.data_ptr(), static_cast<std::size_t>(p.buffer.numel()),
-                                         dtype_of(p.buffer), ReduceOp::avg);
+    const auto n = static_cast<std::size_t>(p.buffer.numel());
+    const DataType wire = options_.wire_type();
+    if (wire == DataType::f32) {
+      p.handle = engine_.enqueue_allreduce(p.name, p.buffer.data_ptr(), n, dtype_of(p.buffer), ReduceOp::avg);
+    } else {
+      // A 16-bit wire is stateless and element-wise, so it rides the engine (fused, overlapped with
+      // backward): the gradient is rounded here, the engine's 16-bit sum adds in f32 and rounds
+      // each partial sum, and every rank decodes the same bits in reduce_gradients.
+      p.wire.resize(n);
+      (wire == DataType::f16 ? compress::encode_fp16 : compress::encode_bf16)(p.buffer.data_ptr<float>(), p.wire.data(),
+                                                                              n);
+      p.handle = engine_.enqueue_allreduce(p.name, p.wire.data(), n, wire, ReduceOp::sum);
+    }
     p.enqueued = true;
   }
 
@@ -254,6 +279,7 @@ class DistributedOptimizer {
       for (auto& p : params_) {
         try {
           p.handle.wait();
+          if (options_.wire_type() != DataType::f32) decode_average(p);
           if (!p.buffer.is_same(p.grad)) p.grad.copy_(p.buffer);
         } catch (...) {
           if (!failure) failure = std::current_exception();
@@ -270,6 +296,15 @@ class DistributedOptimizer {
     if (failure) std::rethrow_exception(failure);
   }
 
+  // buffer = the decoded 16-bit sum / size(), in f32: the same bits on every rank.
+  void decode_average(Param& p) {
+    auto* out = p.buffer.data_ptr<float>();
+    const auto n = p.wire.size();
+    (options_.wire_type() == DataType::f16 ? compress::decode_fp16 : compress::decode_bf16)(p.wire.data(), out, n);
+    const auto size = static_cast<float>(engine_.size());
+    for (std::size_t i = 0; i < n; ++i) out[i] /= size;
+  }
+
   // Compression hooks in here, between the framework and the wire, rather than in the engine's
   // fusion buffer: a codec keeps state per tensor (error-feedback residuals, PowerSGD's warm-
   // started Q) and PowerSGD needs each gradient's matrix shape, which only this layer knows; the
@@ -277,6 +312,7 @@ class DistributedOptimizer {
   // (they hold whatever negotiation found ready in a cycle), so per-bucket state would not follow
   // the same elements. Every rank reduces its gradients here in parameter order (the same on every
   // rank), over a communicator of its own, after backward: the price is no overlap with backward.
+  // (fp16 and bf16 need neither state nor shapes: they go through the engine, see enqueue.)
   void reduce_compressed() {
     const auto start = std::chrono::steady_clock::now();
     ::torch::NoGradGuard no_grad;

@@ -18,6 +18,7 @@
 
 #include "settings.hpp"
 #include "trainer.hpp"
+#include "tutti/compress.hpp"
 #include "tutti/tutti.hpp"
 
 namespace {
@@ -66,8 +67,11 @@ int train(tutti::Communicator& comm, const Settings& s) {
   tutti::train::Trainer trainer(comm, s, data);
   const bool root = comm.rank() == 0;
   if (root) {
-    // Compressed gradients are reduced after backward (DistributedOptimizer::reduce_compressed).
-    const bool overlap = s.overlap && s.compression == "none";
+    // Gradients compressed other than to 16 bits are reduced after backward
+    // (DistributedOptimizer::reduce_compressed).
+    using Kind = tutti::compress::Compression::Kind;
+    const Kind kind = tutti::compress::Compression::parse(s.compression).kind;
+    const bool overlap = s.overlap && (kind == Kind::none || kind == Kind::fp16 || kind == Kind::bf16);
     std::printf(
         "tutti-train: p=%d batch=%lld/rank lr=%g threads=%d overlap=%s compression=%s fusion=%zu params=%lld "
         "data=%s\n",

@@ -50,7 +50,7 @@ std::string usage() {
          ")\n"
          "  --compression C         how gradients travel: none (default), fp16, bf16, qsgd:BITS (4 or 8),\n"
          "                          powersgd:RANK or topk:RATIO (0 < RATIO <= 1); qsgd and topk with error\n"
-         "                          feedback; compressed gradients are reduced after backward\n";
+         "                          feedback; all but fp16 and bf16 are reduced after backward\n";
 }
 
 Settings parse_settings(int argc, char** argv) {
