@@ -73,6 +73,7 @@ std::size_t qsgd_encoded_bytes(std::size_t count, const QsgdOptions& options) {
 
 void qsgd_encode(const float* in, std::size_t count, const QsgdOptions& options, const RandomKey& key, std::byte* out) {
   check(count, options, in, out, "qsgd_encode");
+  if (count == 0) return;  // out may be null then
   const int s = qsgd_levels(options.bits);
   const unsigned sign_bit = 1u << (options.bits - 1);
   const detail::CounterRandom random(key);
