@@ -355,8 +355,8 @@ class DistributedOptimizer {
   int step_calls_ = 0;
   bool synchronized_ = false;
   OverlapStats stats_;
-  std::unique_ptr<compress::GradientCompressor> compressor_;  // with compression only
-  Communicator compress_comm_;                                // with compression only
+  std::unique_ptr<compress::GradientCompressor> compressor_;  // with compression_in_step() only
+  Communicator compress_comm_;                                // with compression_in_step() only
   Engine engine_;
 };
 
