@@ -27,15 +27,8 @@ for v in "$ranks" "$rounds"; do
   [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "compare_ddp.sh: '$v' is not a positive integer" >&2; exit 2; }
 done
 
-# The defaults, less those FLAGS name (as --flag or --flag=value), then FLAGS.
-defaults=(--epochs 1 --train-samples 12800 --test-samples 1000 --batch-size 64 --threads 1)
-common=()
-for ((i = 0; i < ${#defaults[@]}; i += 2)); do
-  keep=1
-  for arg in "$@"; do [[ ${arg%%=*} == "${defaults[i]}" ]] && keep=0; done
-  ((keep)) && common+=("${defaults[i]}" "${defaults[i + 1]}")
-done
-common+=("$@")
+source scripts/train_flags.sh
+train_flags --epochs 1 --train-samples 12800 --test-samples 1000 --batch-size 64 --threads 1 -- "$@"
 
 build=${TUTTI_BUILD_DIR:-build}
 train=$build/tools/train/tutti-train

@@ -31,14 +31,8 @@ while (($#)); do
     *) echo "compression_study.sh: unknown argument '$1' (flags for both programs go after --)" >&2; exit 2 ;;
   esac
 done
-defaults=(--epochs 2 --train-samples 12800 --test-samples 2000 --batch-size 64 --threads 1)
-common=()
-for ((i = 0; i < ${#defaults[@]}; i += 2)); do
-  keep=1
-  for arg in "$@"; do [[ ${arg%%=*} == "${defaults[i]}" ]] && keep=0; done
-  ((keep)) && common+=("${defaults[i]}" "${defaults[i + 1]}")
-done
-common+=("$@")
+source scripts/train_flags.sh
+train_flags --epochs 2 --train-samples 12800 --test-samples 2000 --batch-size 64 --threads 1 -- "$@"
 build=${TUTTI_BUILD_DIR:-build}
 train=$build/tools/train/tutti-train
 [[ -x $train ]] || { echo "compression_study.sh: no $train (set TUTTI_BUILD_DIR)" >&2; exit 1; }
