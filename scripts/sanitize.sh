@@ -40,10 +40,12 @@ case $preset in
     # its progress engine (collectives_test's sweep over inproc, api_test, hierarchical_test and
     # shm_direct_test run collectives through it), the transports, the store and the emulated
     # device (a worker thread per stream) and the stream-aware collectives over it (gpu_test: a
-    # progress thread per communicator). Each binary runs whole (not one process per test case):
+    # progress thread per communicator), and the sparse collectives (sparse::Communicator's
+    # progress thread). Each binary runs whole (not one process per test case):
     # only these are built.
     binaries=(engine_test exec_test api_test collectives_test hierarchical_test shm_direct_test shm_test tcp_test
-              transport_conformance_test bootstrap_test device_test gpu_test gpu_collectives_test engine_gpu_test)
+              transport_conformance_test bootstrap_test device_test gpu_test gpu_collectives_test engine_gpu_test
+              sparse_test)
     ;;
   *)
     echo "usage: sanitize.sh asan|tsan" >&2
