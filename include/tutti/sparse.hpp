@@ -4,10 +4,11 @@
 //
 // Meaning. Rank r's input stands for the dense vector x_r of `dim` elements that is zero except
 // at its indices; a duplicate index within one rank's input is combined with the op (in input
-// order). sparse_allreduce computes y[i] = op over ranks (in rank order) of x_r[i], zeros
-// included: with min, max or prod an index that some rank does not hold combines with 0, exactly
-// as a dense allreduce of the x_r would. ReduceOp::avg is the sum divided by size() (integers
-// truncate toward zero), as the dense allreduce does.
+// order). sparse_allreduce computes y[i] = op over ranks of x_r[i], zeros included: with min, max
+// or prod an index that some rank does not hold combines with 0, exactly as a dense allreduce of
+// the x_r would. Each algorithm combines the ranks in an order of its own (the same on every
+// rank). ReduceOp::avg is the sum divided by size() (integers truncate toward zero), as the dense
+// allreduce does.
 //
 // Contract of every call below (collective over `comm`: every rank calls it, in the same order
 // as its other calls on `comm`):
