@@ -316,6 +316,13 @@ TEST(SparseErrors, BadInputOnOneRankRaisesEverywhere) {
                                           {.algorithm = Algorithm::dense_allreduce, .form = Form::sparse});
                        }),
              ErrorCode::invalid_argument, "dense_allreduce");
+  // sparse_allgather takes no algorithm.
+  expect_all(errors_of(p,
+                       [&](Communicator& comm) {
+                         const Input in = input_of(c, comm.rank());
+                         sparse_allgather(comm, in.vector(), ReduceOp::sum, {.algorithm = Algorithm::allgather});
+                       }),
+             ErrorCode::invalid_argument, "neither");
   // An invalid enum.
   expect_all(errors_of(p,
                        [&](Communicator& comm) {
