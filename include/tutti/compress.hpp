@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tutti/sparse.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::compress {
@@ -118,6 +119,27 @@ void allreduce(Communicator& comm, const float* send, float* recv, std::size_t c
 /// feedback). In place: send == recv. Errors as allreduce above, and QSGD's for bad options.
 void qsgd_allreduce(Communicator& comm, const float* send, float* recv, std::size_t count, const QsgdOptions& options,
                     const RandomKey& key, ReduceOp op, float* sent = nullptr);
+
+/// y = op over ranks (sum or avg) of the ranks' sparse f32 vectors with QSGD values on the wire
+/// (docs/sparse.md, "Low-precision values"). Each rank puts its input in canonical form (sorted,
+/// duplicates summed in input order), encodes its canonical values once with `key` (key.rank is
+/// replaced by its own rank; element k of the encoding is the k-th smallest index) and sends
+/// its exact indices and the encoding to every rank (one allgatherv); every rank decodes every
+/// rank's values and sums them as the sparse layer's allgather baseline does, a balanced tree in
+/// rank order, so the result is identical bit for bit on every rank and, each value quantized
+/// once, an unbiased estimate of the exact sum. The merging algorithms are not used: they would
+/// quantize partial sums again at every hop, compounding the variance and making a partial sum's
+/// error depend on the tree. The result's indices are exactly the union of the inputs' (a value
+/// quantized to 0 keeps its index); its form follows sparse_options.form and SparCML's rule as
+/// sparse_allreduce's does (c_v = 4). avg divides the sum by size() in f32. Result::algorithm is
+/// allgather. Collective; every rank passes the same options (bits, bucket_size, form).
+/// Errors: before any data moves, invalid_argument on every rank (naming the rank) for a value
+/// type other than f32, an op other than sum or avg, sparse_options.algorithm other than
+/// automatic or allgather, bad QSGD options, or what sparse_allreduce refuses; mismatch when the
+/// ranks disagree on bits, bucket_size, dim, index type or form; the communicator's otherwise.
+sparse::Result qsgd_sparse_allreduce(Communicator& comm, const sparse::Vector& input, const QsgdOptions& options,
+                                     const RandomKey& key, ReduceOp op = ReduceOp::sum,
+                                     const sparse::Options& sparse_options = {});
 
 /// recv = op over ranks of each rank's top k elements of send by magnitude (f32, op sum or avg),
 /// through sparse_allreduce of the (index, value) pairs (its result, sparse or dense, is written

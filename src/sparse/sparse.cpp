@@ -7,6 +7,7 @@
 #include "reduce/reduce.hpp"
 #include "sparse/algorithms.hpp"
 #include "sparse/cost_model.hpp"
+#include "sparse/stages.hpp"
 
 namespace tutti::sparse::detail {
 
@@ -140,6 +141,32 @@ Algorithm chosen(const Context& ctx, const Options& options) {
 
 }  // namespace
 
+Agreed agree_allreduce(tutti::Communicator& comm, const Vector& input, ReduceOp op, const Options& options,
+                       const char* operation) {
+  Prepared prepared = prepare(comm, input, op, options, false, operation);
+  Context ctx = context_of(comm, input, op, options, prepared.all, operation);
+  return {std::move(prepared.mine), std::move(ctx)};
+}
+
+Result result_of(Piece merged, const Context& ctx, ReduceOp op, Algorithm algorithm) {
+  // The union only grows, so a piece that went dense mid-way is dense by the rule at the end too.
+  const bool dense = merged.dense || ctx.form == Form::dense ||
+                     (ctx.form == Form::automatic && ctx.layout.dense_is_smaller(merged.nnz()));
+  if (dense) merged = densify(std::move(merged), ctx.layout);
+  Result result;
+  result.form = dense ? Form::dense : Form::sparse;
+  result.dim = ctx.layout.dim;
+  result.index_type = ctx.layout.index_type;
+  result.value_type = ctx.layout.value_type;
+  result.algorithm = algorithm;
+  result.nnz = dense ? ctx.layout.dim : merged.nnz();
+  if (!dense) append_indices(merged, 0, merged.nnz(), ctx.layout, result.indices);
+  result.values = std::move(merged.values);
+  if (op == ReduceOp::avg && result.nnz > 0)
+    reduce::divide(ctx.layout.value_type, result.values.data(), result.nnz, ctx.size);
+  return result;
+}
+
 }  // namespace tutti::sparse::detail
 
 namespace tutti {
@@ -149,8 +176,8 @@ using namespace sparse::detail;
 sparse::Result sparse_allreduce(Communicator& comm, const sparse::Vector& input, ReduceOp op,
                                 const sparse::Options& options) {
   const char* operation = "sparse_allreduce";
-  Prepared prepared = prepare(comm, input, op, options, false, operation);
-  Context ctx = context_of(comm, input, op, options, prepared.all, operation);
+  Agreed prepared = agree_allreduce(comm, input, op, options, operation);
+  Context& ctx = prepared.ctx;
   const sparse::Algorithm algorithm = chosen(ctx, options);
   Piece merged;
   switch (algorithm) {
@@ -169,22 +196,7 @@ sparse::Result sparse_allreduce(Communicator& comm, const sparse::Vector& input,
     default:
       merged = allgather_merge(ctx, std::move(prepared.mine));
   }
-  // The union only grows, so a piece that went dense mid-way is dense by the rule at the end too.
-  const bool dense = merged.dense || options.form == sparse::Form::dense ||
-                     (options.form == sparse::Form::automatic && ctx.layout.dense_is_smaller(merged.nnz()));
-  if (dense) merged = densify(std::move(merged), ctx.layout);
-  sparse::Result result;
-  result.form = dense ? sparse::Form::dense : sparse::Form::sparse;
-  result.dim = input.dim;
-  result.index_type = input.index_type;
-  result.value_type = input.value_type;
-  result.algorithm = algorithm;
-  result.nnz = dense ? input.dim : merged.nnz();
-  if (!dense) append_indices(merged, 0, merged.nnz(), ctx.layout, result.indices);
-  result.values = std::move(merged.values);
-  if (op == ReduceOp::avg && result.nnz > 0)
-    reduce::divide(input.value_type, result.values.data(), result.nnz, ctx.size);
-  return result;
+  return result_of(std::move(merged), ctx, op, algorithm);
 }
 
 sparse::GatherResult sparse_allgather(Communicator& comm, const sparse::Vector& input, ReduceOp op,
