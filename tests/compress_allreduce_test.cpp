@@ -320,6 +320,29 @@ TEST(GradientCompressor, IdenticalOnEveryRank) {
   EXPECT_THROW(tc::GradientCompressor(tc::Compression{}, 1), tutti::Error);
 }
 
+// What each compressor reports it sent for a 20x3x4 matrix (240 elements) and a 20-vector.
+TEST(GradientCompressor, ReportsTheBytesItSent) {
+  struct Case {
+    const char* text;
+    std::size_t matrix, vector;
+  };
+  for (const Case c : {Case{"fp16", 480, 40}, Case{"bf16", 480, 40},
+                       Case{"qsgd:8", 4 + 240, 4 + 20},               // one bucket of 512: its norm, a byte each
+                       Case{"qsgd:4", 8 * 4 + 120, 4 + 10},           // buckets of 32: 8 norms, a nibble each
+                       Case{"topk:0.1", 24 * 8, 2 * 8},               // ceil(0.1 n) pairs of u32 and f32
+                       Case{"powersgd:2", (20 + 12) * 2 * 4, 80}}) {  // P and Q; the vector whole
+    const auto failures = on_threads(1, [&](int) {
+      auto comm = tutti::local_group(1)[0];
+      tc::GradientCompressor compressor(tc::Compression::parse(c.text), 1);
+      auto w = random_vector(240, 1), b = random_vector(20, 2);
+      const std::vector<std::int64_t> ws = {20, 3, 4}, bs = {20};
+      EXPECT_EQ(compressor.average(comm, "w", w.data(), ws), c.matrix) << c.text;
+      EXPECT_EQ(compressor.average(comm, "b", b.data(), bs), c.vector) << c.text;
+    });
+    EXPECT_EQ(failures, "");
+  }
+}
+
 // QSGD with error feedback over many steps of one constant gradient: the residual stays bounded
 // (a codec whose error exceeds the input's norm, 4 bits in buckets of 512, grows it without end)
 // and the mean delivered update approaches the gradient.

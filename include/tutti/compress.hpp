@@ -163,9 +163,10 @@ class PowerSgd {
   PowerSgd(int rank, std::uint64_t seed);
 
   /// grad = the average over ranks of every rank's grad, approximated as above; bitwise identical
-  /// on every rank. Every rank calls it with the same names in the same order and shapes.
+  /// on every rank. Every rank calls it with the same names in the same order and shapes. Returns
+  /// the bytes this rank handed to the allreduces (P and Q, or the whole matrix uncompressed).
   /// Error(invalid_argument) for a null grad with elements, or a name seen with another shape.
-  void allreduce(Communicator& comm, std::string_view name, float* grad, std::size_t rows, std::size_t cols);
+  std::size_t allreduce(Communicator& comm, std::string_view name, float* grad, std::size_t rows, std::size_t cols);
 
   /// The residual of `name` (empty if none).
   std::span<const float> residual(std::string_view name) const;
@@ -214,7 +215,9 @@ class GradientCompressor {
 
   /// grad (f32, `shape` row-major) = the compressed average over comm's ranks, bitwise identical
   /// on every rank. Collective: every rank calls it with the same names, shapes and order.
-  void average(Communicator& comm, std::string_view name, float* grad, std::span<const std::int64_t> shape);
+  /// Returns the bytes this rank's compressed gradient took: what it handed to the collectives
+  /// (16-bit values, QSGD's encoding, top-k's pairs of u32 index and f32 value, PowerSGD's factors).
+  std::size_t average(Communicator& comm, std::string_view name, float* grad, std::span<const std::int64_t> shape);
   /// Starts the next step (a new QSGD key).
   void next_step() { ++step_; }
 

@@ -322,10 +322,9 @@ class DistributedOptimizer {
       auto grad = p.tensor.grad();
       auto buffer = grad.is_contiguous() ? grad : grad.contiguous();
       const auto sizes = buffer.sizes();
-      compressor_->average(compress_comm_, p.name, buffer.data_ptr<float>(),
-                           std::span<const std::int64_t>(sizes.data(), sizes.size()));
+      bytes += compressor_->average(compress_comm_, p.name, buffer.data_ptr<float>(),
+                                    std::span<const std::int64_t>(sizes.data(), sizes.size()));
       if (!buffer.is_same(grad)) grad.copy_(buffer);
-      bytes += static_cast<std::uint64_t>(buffer.numel()) * sizeof(float);
     }
     compressor_->next_step();
     const auto end = std::chrono::steady_clock::now();

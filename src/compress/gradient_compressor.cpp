@@ -29,8 +29,8 @@ void GradientCompressor::with_feedback(std::string_view name, float* grad, std::
   feedback_.set_residual(name, corrected_.data(), sent_.data(), count);
 }
 
-void GradientCompressor::average(Communicator& comm, std::string_view name, float* grad,
-                                 std::span<const std::int64_t> shape) {
+std::size_t GradientCompressor::average(Communicator& comm, std::string_view name, float* grad,
+                                        std::span<const std::int64_t> shape) {
   std::size_t count = 1;
   for (const auto d : shape) {
     if (d < 0)
@@ -43,7 +43,7 @@ void GradientCompressor::average(Communicator& comm, std::string_view name, floa
     case Compression::Kind::bf16:
       allreduce(comm, grad, grad, count, compression_.kind == Compression::Kind::fp16 ? Wire::fp16 : Wire::bf16,
                 ReduceOp::avg);
-      return;
+      return count * sizeof(std::uint16_t);
     case Compression::Kind::qsgd: {
       // Error feedback converges only with a contractive codec, E‖Q(v) − v‖² < ‖v‖²: the residual
       // is fed back whole, so a larger error grows it from step to step (seen as a NaN loss with
@@ -55,7 +55,7 @@ void GradientCompressor::average(Communicator& comm, std::string_view name, floa
       with_feedback(name, grad, count, [&](const float* corrected, float* sent) {
         qsgd_allreduce(comm, corrected, grad, count, options, key, ReduceOp::avg, sent);
       });
-      return;
+      return qsgd_encoded_bytes(count, options);
     }
     case Compression::Kind::topk: {
       const auto k =
@@ -63,13 +63,12 @@ void GradientCompressor::average(Communicator& comm, std::string_view name, floa
       with_feedback(name, grad, count, [&](const float* corrected, float* sent) {
         top_k_allreduce(comm, corrected, grad, count, k, ReduceOp::avg, sent);
       });
-      return;
+      return k * (sizeof(std::uint32_t) + sizeof(float));
     }
     case Compression::Kind::powersgd: {
       // A matrix is its first dimension by the rest, as the hook views a parameter.
       const std::size_t rows = shape.empty() ? 1 : static_cast<std::size_t>(shape[0]);
-      power_->allreduce(comm, name, grad, rows, rows == 0 ? 0 : count / rows);
-      return;
+      return power_->allreduce(comm, name, grad, rows, rows == 0 ? 0 : count / rows);
     }
     default:
       break;

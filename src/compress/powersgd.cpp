@@ -80,16 +80,17 @@ PowerSgd::PowerSgd(int rank, std::uint64_t seed) : rank_(rank), seed_(seed) {
     throw Error(ErrorCode::invalid_argument, "PowerSgd: rank must be at least 1, not " + std::to_string(rank));
 }
 
-void PowerSgd::allreduce(Communicator& comm, std::string_view name, float* grad, std::size_t rows, std::size_t cols) {
+std::size_t PowerSgd::allreduce(Communicator& comm, std::string_view name, float* grad, std::size_t rows,
+                                std::size_t cols) {
   const std::size_t n = rows * cols;
   if (n > 0 && grad == nullptr)
     throw Error(ErrorCode::invalid_argument,
                 "PowerSgd on rank " + std::to_string(comm.rank()) + ": null gradient '" + std::string(name) + "'");
   const std::size_t r = std::min({static_cast<std::size_t>(rank_), rows, cols});
-  if (n == 0) return;
+  if (n == 0) return 0;
   if (r * (rows + cols) >= n) {  // vectors, and matrices the factors would not shrink
     comm.allreduce(grad, grad, n, DataType::f32, ReduceOp::avg);
-    return;
+    return n * sizeof(float);
   }
   auto [it, fresh] = states_.try_emplace(std::string(name));
   State& s = it->second;
@@ -116,6 +117,7 @@ void PowerSgd::allreduce(Communicator& comm, std::string_view name, float* grad,
   comm.allreduce(s.q.data(), s.q.data(), s.q.size(), DataType::f32, ReduceOp::avg);
   multiply_outer(p.data(), s.q.data(), grad, rows, cols, r);
   for (std::size_t i = 0; i < n; ++i) m[i] -= grad[i];
+  return (p.size() + s.q.size()) * sizeof(float);
 }
 
 std::span<const float> PowerSgd::residual(std::string_view name) const {

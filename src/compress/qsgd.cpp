@@ -89,10 +89,10 @@ void qsgd_encode(const float* in, std::size_t count, const QsgdOptions& options,
     std::memcpy(out + b * sizeof(float), &norm, sizeof norm);
     if (!(norm > 0) || !std::isfinite(norm)) continue;  // zero codes: zeros, or NaN from the norm
     for (std::size_t i = begin; i < end; ++i) {
+      // r is in [0, s]: the conversion truncates, which is the floor here (and far cheaper).
       const double r = std::min(std::fabs(static_cast<double>(in[i])) / norm * s, static_cast<double>(s));
-      double level = std::floor(r);
-      if (random(i) < r - level) level += 1;
-      unsigned code = static_cast<unsigned>(level);
+      const auto whole = static_cast<unsigned>(r);
+      unsigned code = whole + (random(i) < r - whole ? 1u : 0u);
       if (std::signbit(in[i]) && code != 0) code |= sign_bit;
       put_code(codes, i, options.bits, code);
     }
