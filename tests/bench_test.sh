@@ -377,5 +377,19 @@ fi
 refuse "-t sparse_allreduce --density 2" "-t sparse_allreduce --density x" "-t sparse_allreduce --dim 0" \
   "-t allreduce --density 0.1" "-t sparse_allreduce --peers gloo"
 
+# 9. --values qsgd:4: one more row per f32 sum (6 + 1 rows), checked against every rank's encoding
+# decoded and summed the same way (not the exact sum, which QSGD does not give).
+bench 2 -t sparse_allreduce --density 0.05 --dim 20000 -n 2 -w 1 --values qsgd:4
+qsgd_rows=$(sed -E 's/^\[[0-9]+\] ?//' "$tmp/out" | grep -E '^ +[0-9.]+ +[0-9]+ +[0-9]+ ' || true)
+if [[ $status -ne 0 ]]; then
+  fail "sparse table with qsgd values" "exit status $status"
+elif [[ $(wc -l <<<"$qsgd_rows") -ne 7 ]] || ! awk '$NF != "0" { exit 1 }' <<<"$qsgd_rows" ||
+  ! grep -q "qsgd:4(allgather)  *sparse" <<<"$qsgd_rows"; then
+  fail "sparse table with qsgd values" "expected 7 rows, one of them qsgd:4, each with #wrong 0"
+else
+  ok "sparse_allreduce --values qsgd:4: the QSGD row checked against its reference, at p=2"
+fi
+refuse "-t sparse_allreduce --values qsgd:3" "-t sparse_allreduce --values fp16" "-t allreduce --values qsgd:8"
+
 echo "bench_test: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -8,6 +8,7 @@
 #include "bench/device_collectives.hpp"
 #include "comm/tuning.hpp"
 #include "core/names.hpp"
+#include "tutti/compress.hpp"
 
 namespace tutti::bench {
 
@@ -20,6 +21,8 @@ constexpr const char* usage_text = R"(usage: tutti-bench [flags]   (run under tu
                           or sparse_allreduce: every sparse algorithm beside dense allreduce
       --density D[,D...]  with sparse_allreduce: nnz / dim per rank, in (0, 1] (default 0.01)
       --dim N             with sparse_allreduce: the vector's dimension, e.g. 1M (default 1M)
+      --values qsgd:BITS  with sparse_allreduce: also a row of QSGD values (4 or 8 bits, f32, sum
+                          or avg), checked against every rank's encoding decoded and summed
   -b, --minbytes SIZE     smallest size, e.g. 8, 64K, 1M (default 8)
   -e, --maxbytes SIZE     largest size (default 64M)
   -f, --stepfactor F      size multiplier between rows (default 2)
@@ -78,6 +81,16 @@ auto parse_number(const std::string& text, const char* flag, const char* what, C
 long parse_int(const std::string& text, const char* flag) {
   return parse_number(text, flag, "an integer",
                       [](const std::string& t, std::size_t* used) { return std::stol(t, used); });
+}
+
+// "qsgd:BITS" as compress::Compression reads it; the bits.
+int parse_values(const std::string& text) {
+  try {
+    const compress::Compression c = compress::Compression::parse(text);
+    if (c.kind == compress::Compression::Kind::qsgd) return c.bits;
+  } catch (const Error&) {
+  }
+  throw std::invalid_argument("--values: expected qsgd:4 or qsgd:8, got '" + text + "'");
 }
 
 double parse_density(const std::string& text) {
@@ -173,6 +186,7 @@ void validate_sparse(const BenchOptions& o) {
 void validate(const BenchOptions& o) {
   if (o.sparse) return validate_sparse(o);
   if (!o.densities.empty()) throw std::invalid_argument("--density: only with -t sparse_allreduce");
+  if (o.sparse_qsgd_bits != 0) throw std::invalid_argument("--values: only with -t sparse_allreduce");
   if (o.min_bytes > o.max_bytes) throw std::invalid_argument("-b must not exceed -e");
   if (o.factor <= 1.0 && o.min_bytes != o.max_bytes) throw std::invalid_argument("-f must be greater than 1");
   if (o.iterations && *o.iterations < 1) throw std::invalid_argument("-n must be at least 1");
@@ -312,6 +326,8 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
       for (const std::string& d : split_list(value())) o.densities.push_back(parse_density(d));
     } else if (flag == "--dim") {
       o.sparse_dim = parse_bytes(value(), "--dim");
+    } else if (flag == "--values") {
+      o.sparse_qsgd_bits = parse_values(value());
     } else if (flag == "--all-algorithms") {
       o.all_algorithms = true;
     } else if (flag == "--json") {

@@ -53,6 +53,7 @@ struct BenchOptions {
   bool sparse = false;        // -t sparse_allreduce: the sparse table (bench/sparse_bench.hpp)
   std::vector<double> densities;                  // --density: nnz / dim per rank
   std::size_t sparse_dim = std::size_t{1} << 20;  // --dim
+  int sparse_qsgd_bits = 0;                       // --values qsgd:BITS (0: exact values only)
   std::string command_line;
 };
 

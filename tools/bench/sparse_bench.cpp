@@ -2,6 +2,9 @@
 // hash of (i, r, D) decides), so the expected overlap between ranks is that of independent sets,
 // the overlap the sparse cost model assumes. Values are small integers (1 + (i + r) mod 3), so
 // every algorithm's result and the dense allreduce must agree bit for bit.
+// With --values qsgd:BITS an f32 sum or avg gets one more row, compress::qsgd_sparse_allreduce,
+// which does not give the exact sum: it is checked against every rank's input (rebuilt from its
+// rank) encoded with that rank's key, decoded and summed as the call sums them.
 #include "bench/sparse_bench.hpp"
 
 #include <cmath>
@@ -13,6 +16,8 @@
 #include "bench/cases.hpp"
 #include "bench/runner.hpp"
 #include "comm/comm_impl.hpp"
+#include "reduce/reduce.hpp"
+#include "tutti/compress.hpp"
 #include "tutti/sparse.hpp"
 
 namespace tutti::bench {
@@ -87,6 +92,64 @@ struct Row {
   ReduceOp op;
 };
 
+void print_row(const Row& row, std::uint64_t nnz, const sparse::Result& result, const std::string& name, double t,
+               double dense_time, std::uint64_t wrong) {
+  std::printf("%9.4f %10llu %10zu %5s %4s  %-40s %6s %12.1f %12.1f %9.2f %7llu\n", row.density,
+              static_cast<unsigned long long>(nnz), result.form == sparse::Form::dense ? result.dim : result.nnz,
+              std::string(tutti::to_string(row.type)).c_str(), std::string(tutti::to_string(row.op)).c_str(),
+              name.c_str(), std::string(tutti::to_string(result.form)).c_str(), t * 1e6, dense_time * 1e6,
+              dense_time / t, static_cast<unsigned long long>(wrong));
+}
+
+// What qsgd_sparse_allreduce must return on every rank, densely: each rank's values encoded with
+// its key, decoded, summed as a balanced tree in rank order (as the call sums them), avg divided
+// by p with the reduce layer's kernel (as the call divides).
+std::vector<std::byte> qsgd_reference(int p, std::size_t dim, const Row& row, const compress::QsgdOptions& q,
+                                      compress::RandomKey key) {
+  std::vector<std::vector<float>> level;
+  for (int r = 0; r < p; ++r) {
+    const Input in = make_input(r, dim, row.density, DataType::f32);
+    std::vector<float> values(in.indices.size()), dense(dim, 0.0f);
+    if (!values.empty()) std::memcpy(values.data(), in.values.data(), in.values.size());
+    std::vector<std::byte> encoded(compress::qsgd_encoded_bytes(values.size(), q));
+    key.rank = static_cast<std::uint32_t>(r);
+    compress::qsgd_encode(values.data(), values.size(), q, key, encoded.data());
+    compress::qsgd_decode(encoded.data(), values.size(), q, values.data());
+    for (std::size_t k = 0; k < values.size(); ++k) dense[in.indices[k]] = values[k];
+    level.push_back(std::move(dense));
+  }
+  while (level.size() > 1) {
+    std::vector<std::vector<float>> next;
+    for (std::size_t k = 0; k + 1 < level.size(); k += 2) {
+      for (std::size_t i = 0; i < dim; ++i) level[k][i] += level[k + 1][i];
+      next.push_back(std::move(level[k]));
+    }
+    if (level.size() % 2 == 1) next.push_back(std::move(level.back()));
+    level = std::move(next);
+  }
+  if (row.op == ReduceOp::avg) reduce::divide(DataType::f32, level.front().data(), dim, p);
+  std::vector<std::byte> out(dim * sizeof(float));
+  std::memcpy(out.data(), level.front().data(), out.size());
+  return out;
+}
+
+// The QSGD row (buckets of 512, a fixed key); returns its #wrong.
+std::uint64_t run_qsgd(Communicator& world, const BenchOptions& options, const Row& row, const sparse::Vector& vector,
+                       std::uint64_t nnz, double dense_time) {
+  const compress::QsgdOptions q{options.sparse_qsgd_bits, 512};
+  const compress::RandomKey key{.seed = 1, .step = 0};
+  sparse::Result result;
+  const auto call = [&] { result = compress::qsgd_sparse_allreduce(world, vector, q, key, row.op); };
+  call();
+  const std::uint64_t wrong =
+      options.check ? wrong_of(world, result, qsgd_reference(world.size(), options.sparse_dim, row, q, key)) : 0;
+  const int iterations = choose_iterations(world, call, options.iterations);
+  const double t = time_op(world, call, options.warmup, iterations);
+  if (world.rank() == 0)
+    print_row(row, nnz, result, "qsgd:" + std::to_string(q.bits) + "(allgather)", t, dense_time, wrong);
+  return wrong;
+}
+
 void run_density(Communicator& world, const BenchOptions& options, const Row& row_in, std::size_t& total_wrong) {
   Row row = row_in;
   const std::size_t dim = options.sparse_dim;
@@ -118,12 +181,11 @@ void run_density(Communicator& world, const BenchOptions& options, const Row& ro
     const std::string name = a == Algorithm::automatic
                                  ? "automatic(" + std::string(tutti::to_string(result.algorithm)) + ")"
                                  : std::string(tutti::to_string(a));
-    std::printf("%9.4f %10llu %10zu %5s %4s  %-40s %6s %12.1f %12.1f %9.2f %7llu\n", row.density,
-                static_cast<unsigned long long>(nnz), result.form == sparse::Form::dense ? dim : result.nnz,
-                std::string(tutti::to_string(row.type)).c_str(), std::string(tutti::to_string(row.op)).c_str(),
-                name.c_str(), std::string(tutti::to_string(result.form)).c_str(), t * 1e6, dense_time * 1e6,
-                dense_time / t, static_cast<unsigned long long>(wrong));
+    print_row(row, nnz, result, name, t, dense_time, wrong);
   }
+  if (options.sparse_qsgd_bits != 0 && row.type == DataType::f32 &&
+      (row.op == ReduceOp::sum || row.op == ReduceOp::avg))
+    total_wrong += run_qsgd(world, options, row, vector, nnz, dense_time);
 }
 
 }  // namespace
