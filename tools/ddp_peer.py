@@ -34,12 +34,14 @@ Usage: ddp_peer.py [-n N] [--epochs E] [--batch-size B] [--lr LR] [--threads T] 
 """
 import argparse
 import contextlib
+import fcntl
 import gzip
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
 import socket
+import struct
 import sys
 import time
 import traceback
@@ -353,15 +355,22 @@ def job_from_environment():
         raise DataError(f"--from-env: TUTTI_STORE must be tcp://HOST:PORT, got '{store}'")
     address = os.environ.get("TUTTI_TCP_HOST")
     if address and "GLOO_SOCKET_IFNAME" not in os.environ:
-        for name in os.listdir("/sys/class/net"):
-            with contextlib.suppress(OSError):
-                probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, name.encode())
-                probe.bind((address, 0))  # succeeds only on the interface that holds it
-                probe.close()
-                os.environ["GLOO_SOCKET_IFNAME"] = name
-                break
+        name = interface_of(address)
+        if name:
+            os.environ["GLOO_SOCKET_IFNAME"] = name
     return rank, size, host, int(port) + 1
+
+
+def interface_of(address):
+    """The network interface whose IPv4 address is ADDRESS, or None (SIOCGIFADDR on each)."""
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for name in sorted(os.listdir("/sys/class/net")):
+            with contextlib.suppress(OSError):
+                reply = fcntl.ioctl(probe.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+                if socket.inet_ntoa(reply[20:24]) == address:
+                    return name
+    return None
 
 
 def launch(args, data):
