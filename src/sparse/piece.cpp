@@ -129,6 +129,34 @@ Piece canonical(const Vector& input, ReduceOp op, const Layout& layout) {
   return out;
 }
 
+bool is_canonical(const Vector& input) {
+  const auto* raw = static_cast<const std::byte*>(input.indices);
+  const auto increasing = [&](auto width) {
+    using I = decltype(width);
+    for (std::size_t k = 1; k < input.nnz; ++k)
+      if (load_index<I>(raw + (k - 1) * sizeof(I)) >= load_index<I>(raw + k * sizeof(I))) return false;
+    return true;
+  };
+  return input.index_type == IndexType::u32 ? increasing(std::uint32_t{}) : increasing(std::uint64_t{});
+}
+
+Piece densify_canonical(const Vector& input, const Layout& layout) {
+  Piece out;
+  out.dense = true;
+  out.values.assign(layout.dim * layout.value_bytes, std::byte{0});
+  const auto* raw = static_cast<const std::byte*>(input.indices);
+  const auto* values = static_cast<const std::byte*>(input.values);
+  with_value_size(layout.value_bytes, [&](auto cv) {
+    const auto scatter = [&](auto width) {
+      using I = decltype(width);
+      for (std::size_t k = 0; k < input.nnz; ++k)
+        std::memcpy(out.values.data() + load_index<I>(raw + k * sizeof(I)) * cv, values + k * cv, cv);
+    };
+    input.index_type == IndexType::u32 ? scatter(std::uint32_t{}) : scatter(std::uint64_t{});
+  });
+  return out;
+}
+
 Piece densify(Piece piece, const Layout& layout) {
   if (piece.dense) return piece;
   Piece out;

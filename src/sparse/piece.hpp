@@ -56,6 +56,14 @@ Piece merge_tree(std::vector<Piece> pieces, ReduceOp op, const Layout& layout, s
 /// The same piece as a dense vector of dim values.
 Piece densify(Piece piece, const Layout& layout);
 
+/// Whether the (checked) input is already canonical: indices strictly increasing, so no
+/// duplicates; canonical() would then only copy it.
+bool is_canonical(const Vector& input);
+
+/// The dense vector of a canonical input (is_canonical), scattered from the caller's arrays
+/// without the canonical piece's copy: one allocation of dim values, as densify(canonical(...)).
+Piece densify_canonical(const Vector& input, const Layout& layout);
+
 /// Index positions [first, last) of a sparse piece whose indices lie in [lo, hi).
 std::pair<std::size_t, std::size_t> range_of(const Piece& piece, std::uint64_t lo, std::uint64_t hi);
 

@@ -71,6 +71,7 @@ std::vector<Descriptor> agree(tutti::Communicator& comm, const Descriptor& mine,
 
 struct Prepared {
   Piece mine;
+  bool deferred = false;  // the input is canonical: mine left empty (agree_allreduce's defer)
   std::vector<Descriptor> all;
 };
 
@@ -82,7 +83,7 @@ tutti::Options collective_options(const Options& options) {
 
 // Local checks, canonical form and the exchange, shared by both collectives.
 Prepared prepare(tutti::Communicator& comm, const Vector& input, ReduceOp op, const Options& options, bool gather,
-                 const char* operation) {
+                 const char* operation, bool defer = false) {
   if (comm.size() < 1) throw Error(ErrorCode::invalid_argument, std::string(operation) + ": empty communicator");
   const int rank = comm.rank();
   Descriptor d{};
@@ -91,7 +92,8 @@ Prepared prepare(tutti::Communicator& comm, const Vector& input, ReduceOp op, co
   try {
     check_options(options, op, gather, operation, rank);
     check_input(input, operation, rank);
-    out.mine = canonical(input, op, layout_of(input.dim, input.index_type, input.value_type));
+    out.deferred = defer && is_canonical(input);
+    if (!out.deferred) out.mine = canonical(input, op, layout_of(input.dim, input.index_type, input.value_type));
   } catch (const Error& e) {
     if (e.code() != ErrorCode::invalid_argument) throw;
     local_error = e.what();
@@ -103,7 +105,7 @@ Prepared prepare(tutti::Communicator& comm, const Vector& input, ReduceOp op, co
   d[f_op] = static_cast<std::uint64_t>(op);
   d[f_algorithm] = static_cast<std::uint64_t>(options.algorithm);
   d[f_form] = static_cast<std::uint64_t>(options.form);
-  d[f_nnz] = out.mine.nnz();
+  d[f_nnz] = out.deferred ? input.nnz : out.mine.nnz();
   out.all = agree(comm, d, local_error, collective_options(options), operation);
   return out;
 }
@@ -142,10 +144,18 @@ Algorithm chosen(const Context& ctx, const Options& options) {
 }  // namespace
 
 Agreed agree_allreduce(tutti::Communicator& comm, const Vector& input, ReduceOp op, const Options& options,
-                       const char* operation) {
-  Prepared prepared = prepare(comm, input, op, options, false, operation);
+                       const char* operation, bool defer) {
+  Prepared prepared = prepare(comm, input, op, options, false, operation, defer);
   Context ctx = context_of(comm, input, op, options, prepared.all, operation);
-  return {std::move(prepared.mine), std::move(ctx)};
+  return {std::move(prepared.mine), prepared.deferred, std::move(ctx)};
+}
+
+Piece take_mine(Agreed& agreed, const Vector& input, ReduceOp op) {
+  if (agreed.deferred) {
+    agreed.mine = canonical(input, op, agreed.ctx.layout);
+    agreed.deferred = false;
+  }
+  return std::move(agreed.mine);
 }
 
 Result result_of(Piece merged, const Context& ctx, ReduceOp op, Algorithm algorithm) {
@@ -176,25 +186,30 @@ using namespace sparse::detail;
 sparse::Result sparse_allreduce(Communicator& comm, const sparse::Vector& input, ReduceOp op,
                                 const sparse::Options& options) {
   const char* operation = "sparse_allreduce";
-  Agreed prepared = agree_allreduce(comm, input, op, options, operation);
+  // Deferred: a canonical input is copied only by the algorithms that ship pieces; the dense
+  // allreduce scatters it into its dense vector directly (large vectors spend most of their time
+  // faulting in fresh pages, so every copy avoided counts).
+  Agreed prepared = agree_allreduce(comm, input, op, options, operation, true);
   Context& ctx = prepared.ctx;
   const sparse::Algorithm algorithm = chosen(ctx, options);
   Piece merged;
   switch (algorithm) {
     case sparse::Algorithm::ssar_recursive_doubling:
-      merged = recursive_doubling(ctx, std::move(prepared.mine));
+      merged = recursive_doubling(ctx, take_mine(prepared, input, op));
       break;
     case sparse::Algorithm::ssar_split_allgather:
     case sparse::Algorithm::dsar_split_allgather:
-      merged = split_allgather(ctx, std::move(prepared.mine), algorithm == sparse::Algorithm::dsar_split_allgather);
+      merged =
+          split_allgather(ctx, take_mine(prepared, input, op), algorithm == sparse::Algorithm::dsar_split_allgather);
       break;
     case sparse::Algorithm::dense_allreduce:
-      merged = densify(std::move(prepared.mine), ctx.layout);
+      merged = prepared.deferred ? densify_canonical(input, ctx.layout)
+                                 : densify(take_mine(prepared, input, op), ctx.layout);
       comm.allreduce(merged.values.data(), merged.values.data(), input.dim, input.value_type, ctx.op,
                      ctx.collective_options);
       break;
     default:
-      merged = allgather_merge(ctx, std::move(prepared.mine));
+      merged = allgather_merge(ctx, take_mine(prepared, input, op));
   }
   return result_of(std::move(merged), ctx, op, algorithm);
 }

@@ -11,16 +11,22 @@ namespace tutti::sparse::detail {
 
 /// This rank's canonical input and what every rank agreed on.
 struct Agreed {
-  Piece mine;
+  Piece mine;             // empty while `deferred`
+  bool deferred = false;  // the input was canonical already: `mine` not copied from it yet
   Context ctx;
 };
 
 /// sparse_allreduce's first stage (collective): checks this rank's input and options, puts the
 /// input in canonical form (sorted, duplicates combined with `op`) and exchanges the descriptors.
 /// Raises what tutti/sparse.hpp's contract says (invalid_argument naming the rank, mismatch) on
-/// every rank before any data moves; `operation` names the call in the messages.
+/// every rank before any data moves; `operation` names the call in the messages. With `defer`,
+/// an input that is canonical already is not copied (Agreed::deferred; see take_mine): a dense
+/// result can then be scattered from the caller's arrays directly.
 Agreed agree_allreduce(tutti::Communicator& comm, const Vector& input, ReduceOp op, const Options& options,
-                       const char* operation);
+                       const char* operation, bool defer = false);
+
+/// agreed.mine, copied from `input` first if it was deferred.
+Piece take_mine(Agreed& agreed, const Vector& input, ReduceOp op);
 
 /// sparse_allreduce's last stage: the merged piece of every rank as a Result, dense if the piece
 /// is, if ctx.form is dense, or by SparCML's rule under Form::automatic; avg divides by ctx.size.
