@@ -254,6 +254,35 @@ TEST(TorchGlue, DistributedOptimizerWithEveryCompressor) {
   }
 }
 
+// top-k chooses among all the elements of a fused bucket (the k largest of both tensors here),
+// and among each tensor's alone with fusion off: the parameters that moved say which.
+TEST(TorchGlue, TopKChoosesAcrossTheBucket) {
+  auto moved = [](std::size_t fusion_threshold) {
+    std::vector<::torch::Tensor> moved(2);
+    const auto failures = run_ranks(2, [&](Communicator& comm) {
+      auto a = ::torch::zeros({4}).requires_grad_(true), b = ::torch::zeros({4}).requires_grad_(true);
+      ::torch::optim::SGD sgd(std::vector<::torch::Tensor>{a, b}, ::torch::optim::SGDOptions(1.0));
+      tutti::torch::DistributedOptions options;
+      options.compression = compress::Compression::parse("topk:0.25");  // k = 2 of a bucket of 8, 1 of 4
+      options.engine.fusion_threshold = fusion_threshold;
+      tutti::torch::DistributedOptimizer optimizer(comm, sgd, {{"a", a}, {"b", b}}, std::move(options));
+      optimizer.zero_grad();
+      ((a * ::torch::tensor({10.f, 9.f, 8.f, 7.f})).sum() + (b * ::torch::tensor({1.f, 2.f, 3.f, 4.f})).sum())
+          .backward();
+      optimizer.step();
+      if (comm.rank() == 0) moved = {a.detach().clone(), b.detach().clone()};
+    });
+    EXPECT_EQ(failures, "");
+    return moved;
+  };
+  const auto bucket = moved(std::size_t{64} << 20);
+  EXPECT_TRUE(::torch::equal(bucket[0], ::torch::tensor({-10.f, -9.f, 0.f, 0.f}))) << bucket[0];
+  EXPECT_TRUE(::torch::equal(bucket[1], ::torch::zeros({4}))) << bucket[1];
+  const auto per_tensor = moved(0);
+  EXPECT_TRUE(::torch::equal(per_tensor[0], ::torch::tensor({-10.f, 0.f, 0.f, 0.f}))) << per_tensor[0];
+  EXPECT_TRUE(::torch::equal(per_tensor[1], ::torch::tensor({0.f, 0.f, 0.f, -4.f}))) << per_tensor[1];
+}
+
 TEST(TorchGlue, DistributedOptimizerCompressesF32Only) {
   auto comms = local_group(1);
   ::torch::manual_seed(0);
