@@ -4,6 +4,7 @@
 #include <string>
 
 #include "comm/comm_impl.hpp"
+#include "comm/tuning.hpp"
 #include "reduce/reduce.hpp"
 #include "sparse/algorithms.hpp"
 #include "sparse/cost_model.hpp"
@@ -137,7 +138,10 @@ Algorithm chosen(const Context& ctx, const Options& options) {
     w.max_nnz = std::max(w.max_nnz, n);
   }
   const auto* impl = ctx.comm.impl();
-  const auto cost = tutti::detail::choice::default_cost(impl ? impl->transport_name() : "tcp");
+  // The transport's calibrated cost model where the tuning file has one (tutti-bench
+  // --calibrate measures a link's real rate, which the defaults cannot know), else the defaults.
+  tutti::detail::choice::load_from_environment();
+  const auto cost = tutti::detail::choice::cost_for(impl ? impl->transport_name() : "tcp");
   return choose(w, cost);
 }
 
