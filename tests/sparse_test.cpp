@@ -6,8 +6,11 @@
 
 #include <atomic>
 
+#include "comm/cost_model.hpp"
+#include "comm/tuning.hpp"
 #include "harness.hpp"
 #include "sparse/algorithms.hpp"
+#include "sparse/cost_model.hpp"
 #include "sparse_cases.hpp"
 
 namespace {
@@ -155,6 +158,38 @@ TEST(SparseAllreduce, LargerVectors) {
                              .algorithm = a});
     EXPECT_EQ(run_all(p, cases), "") << "p = " << p;
   }
+}
+
+// automatic prices the transport with the tuning file's calibrated cost model (as tutti-bench
+// --calibrate writes it) where it has one: a slow link there changes the algorithm chosen.
+TEST(SparseAllreduce, AutomaticUsesTheCalibratedCostModel) {
+  namespace choice = tutti::detail::choice;
+  const int p = 4;
+  const std::size_t dim = 4096, nnz = 400;
+  tutti::sparse::detail::Workload w;
+  w.ranks = p, w.dim = dim, w.total_nnz = p * nnz, w.max_nnz = nnz;
+  // Disjoint index sets of nnz each, so the canonical nnz are exactly nnz.
+  const auto chosen_with = [&](const choice::Table& table) {
+    choice::set_active(table);
+    Algorithm got = Algorithm::automatic;
+    const std::string failures = run_ranks(p, [&](Communicator& comm) {
+      std::vector<std::uint32_t> indices(nnz);
+      std::vector<float> values(nnz, 1.0f);
+      for (std::size_t k = 0; k < nnz; ++k) indices[k] = static_cast<std::uint32_t>(comm.rank() + p * k);
+      const auto result =
+          sparse_allreduce(comm, {dim, nnz, indices.data(), IndexType::u32, values.data()}, ReduceOp::sum);
+      if (comm.rank() == 0) got = result.algorithm;
+    });
+    EXPECT_EQ(failures, "");
+    return got;
+  };
+  choice::Table slow;  // a link of 1 MB/s with 10 ms of latency
+  slow.cost_models["inproc"] = {1e-2, 1e-6, 2e-10};
+  const Algorithm by_default = tutti::sparse::detail::choose(w, choice::default_cost("inproc"));
+  const Algorithm by_table = tutti::sparse::detail::choose(w, slow.cost_models["inproc"]);
+  ASSERT_NE(by_default, by_table) << "pick a workload the two cost models decide differently";
+  EXPECT_EQ(chosen_with(slow), by_table);
+  EXPECT_EQ(chosen_with(choice::Table{}), by_default);
 }
 
 TEST(SparseAllgather, EveryRanksCanonicalPairsInRankOrder) {
