@@ -11,6 +11,7 @@
 
 #include "bench/sweep.hpp"
 #include "comm/comm_impl.hpp"
+#include "comm/topology.hpp"
 #include "comm/tuning.hpp"
 #include "reduce/reduce.hpp"
 #include "schedule/schedule.hpp"
@@ -23,21 +24,35 @@ namespace choice = tutti::detail::choice;
 using clock = std::chrono::steady_clock;
 
 // One-way time of a `bytes` message between ranks 0 and 1 (ping-pong), the same on every rank.
-double one_way(Communicator& world, std::size_t bytes, int rounds) {
+double one_way(Communicator& world, std::size_t bytes, int rounds, int partner) {
   std::vector<std::byte> buffer(std::max<std::size_t>(bytes, 1));
+  const bool measures = world.rank() == 0 || world.rank() == partner;
   world.barrier();
   const auto start = clock::now();
-  for (int i = 0; i < rounds && world.rank() <= 1; ++i) {
+  for (int i = 0; i < rounds && measures; ++i) {
     if (world.rank() == 0) {
-      world.send(buffer.data(), bytes, DataType::u8, 1);
-      world.recv(buffer.data(), bytes, DataType::u8, 1);
+      world.send(buffer.data(), bytes, DataType::u8, partner);
+      world.recv(buffer.data(), bytes, DataType::u8, partner);
     } else {
       world.recv(buffer.data(), bytes, DataType::u8, 0);
       world.send(buffer.data(), bytes, DataType::u8, 0);
     }
   }
-  const double seconds = world.rank() <= 1 ? std::chrono::duration<double>(clock::now() - start).count() : 0;
+  const double seconds = measures ? std::chrono::duration<double>(clock::now() - start).count() : 0;
   return max_over_ranks(world, seconds / (2.0 * rounds));
+}
+
+// The rank that rank 0 measures against: the first on another host where the ranks span hosts
+// (the links between hosts are what limit a composite transport such as shm+tcp), else rank 1.
+// Collective: the ranks allgather their hosts as topology names them (TUTTI_HOST on an emulated
+// cluster).
+int partner_of_rank_0(Communicator& world) {
+  const std::uint64_t mine = tutti::detail::hash_host(tutti::detail::topology_host_name());
+  std::vector<std::uint64_t> hosts(static_cast<std::size_t>(world.size()));
+  world.allgather(&mine, hosts.data(), 1, DataType::u64);
+  for (int r = 1; r < world.size(); ++r)
+    if (hosts[static_cast<std::size_t>(r)] != hosts[0]) return r;
+  return 1;
 }
 
 // Seconds per f32 element of the sum kernel on one core (the slowest rank's).
@@ -55,9 +70,10 @@ choice::CostParams measure_cost(Communicator& world) {
   choice::CostParams cost;
   cost.gamma = reduce_time(world);
   if (world.size() < 2) return cost;
-  cost.alpha = one_way(world, 8, 2000);
+  const int partner = partner_of_rank_0(world);
+  cost.alpha = one_way(world, 8, 2000, partner);
   constexpr std::size_t large = std::size_t{4} << 20;
-  cost.beta = std::max(0.0, one_way(world, large, 20) - cost.alpha) / static_cast<double>(large);
+  cost.beta = std::max(0.0, one_way(world, large, 20, partner) - cost.alpha) / static_cast<double>(large);
   return cost;
 }
 
