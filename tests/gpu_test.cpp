@@ -295,14 +295,19 @@ TEST(GpuHostTransfer, MismatchReleasesTheStreamsAndIsRaisedLater) {
   run_gpu_ranks(2, [&](tutti::gpu::Communicator& gpu, int r) {
     const Stream stream = gpu.create_stream();
     DeviceBuffer data(gpu, 64 * 4);
-    gpu.allreduce(data.data, data.data, r == 0 ? 10 : 11, DataType::f32, ReduceOp::sum, stream, options);
-    // Queued behind it, unless the mismatch was found first: then this call raises it (and
-    // enqueues nothing). Either way the stream must be released before `data` goes away.
-    try {
-      gpu.allreduce(data.data, data.data, 8, DataType::f32, ReduceOp::sum, stream, options);
-    } catch (const tutti::Error& e) {
-      if (e.code() != ErrorCode::mismatch) throw;
-    }
+    // The second queued behind the first. Either call may raise the mismatch itself, where the
+    // verdict came first (ipc compares descriptors while the first call enqueues): a failure
+    // known at a call is raised by it. Either way the stream must be released before `data`
+    // goes away.
+    const auto enqueue = [&](std::size_t count) {
+      try {
+        gpu.allreduce(data.data, data.data, count, DataType::f32, ReduceOp::sum, stream, options);
+      } catch (const tutti::Error& e) {
+        if (e.code() != ErrorCode::mismatch) throw;
+      }
+    };
+    enqueue(r == 0 ? 10 : 11);
+    enqueue(8);
     gpu.synchronize(stream, deadline);  // released: Error(timeout) here if not
     std::string message;
     if (error_code_of([&] { gpu.check(); }, &message) != ErrorCode::mismatch)
