@@ -1,0 +1,1 @@
+# The core module tutti._tutti (import tutti).

@@ -1,0 +1,1 @@
+# tutti.horovod.torch: Horovod's PyTorch API.

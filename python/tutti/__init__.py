@@ -1,0 +1,1 @@
+"""Tutti: collective communication for distributed training (docs/python.md)."""
