@@ -88,30 +88,40 @@ void check_input(const Vector& input, std::string_view operation, int rank) {
   }
 }
 
-Piece canonical(const Vector& input, ReduceOp op, const Layout& layout) {
-  const std::size_t cv = layout.value_bytes;
-  const auto* values = static_cast<const std::byte*>(input.values);
-  Piece out;
-  out.indices.resize(input.nnz);
+namespace {
+
+// The input's indices as 64-bit values.
+std::vector<std::uint64_t> widened_indices(const Vector& input) {
+  std::vector<std::uint64_t> out(input.nnz);
   const auto* raw = static_cast<const std::byte*>(input.indices);
   if (input.index_type == IndexType::u32)
-    for (std::size_t k = 0; k < input.nnz; ++k) out.indices[k] = load_index<std::uint32_t>(raw + 4 * k);
+    for (std::size_t k = 0; k < input.nnz; ++k) out[k] = load_index<std::uint32_t>(raw + 4 * k);
   else if (input.nnz > 0)
-    std::memcpy(out.indices.data(), raw, input.nnz * 8);
-  bool canonical_already = true;
-  for (std::size_t k = 1; k < input.nnz && canonical_already; ++k)
-    canonical_already = out.indices[k - 1] < out.indices[k];
-  if (canonical_already) {  // the common case (top-k output, embeddings' rows): one copy
-    if (input.nnz > 0) out.values.assign(values, values + input.nnz * cv);
-    return out;
-  }
+    std::memcpy(out.data(), raw, input.nnz * 8);
+  return out;
+}
+
+}  // namespace
+
+Piece copy_canonical(const Vector& input, const Layout& layout) {
+  Piece out;
+  out.indices = widened_indices(input);
+  const auto* values = static_cast<const std::byte*>(input.values);
+  if (input.nnz > 0) out.values.assign(values, values + input.nnz * layout.value_bytes);
+  return out;
+}
+
+Piece canonical(const Vector& input, ReduceOp op, const Layout& layout) {
+  // The common case (top-k output, embeddings' rows): one copy.
+  if (is_canonical(input)) return copy_canonical(input, layout);
+  const std::size_t cv = layout.value_bytes;
+  const auto* values = static_cast<const std::byte*>(input.values);
+  const std::vector<std::uint64_t> indices = widened_indices(input);
   // Stable, so that duplicates combine in input order (the same bits on every run).
   std::vector<std::size_t> order(input.nnz);
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return out.indices[a] < out.indices[b]; });
-  const std::vector<std::uint64_t> indices = std::move(out.indices);
-  out.indices.clear();
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return indices[a] < indices[b]; });
+  Piece out;
   out.indices.reserve(input.nnz);
   out.values.resize(input.nnz * cv);
   for (std::size_t k = 0; k < input.nnz; ++k) {
@@ -159,14 +169,9 @@ Piece densify_canonical(const Vector& input, const Layout& layout) {
 
 Piece densify(Piece piece, const Layout& layout) {
   if (piece.dense) return piece;
-  Piece out;
-  out.dense = true;
-  out.values.assign(layout.dim * layout.value_bytes, std::byte{0});
-  with_value_size(layout.value_bytes, [&](auto cv) {
-    for (std::size_t k = 0; k < piece.indices.size(); ++k)
-      std::memcpy(out.values.data() + piece.indices[k] * cv, piece.values.data() + k * cv, cv);
-  });
-  return out;
+  return densify_canonical(
+      Vector{layout.dim, piece.nnz(), piece.indices.data(), IndexType::u64, piece.values.data(), layout.value_type},
+      layout);
 }
 
 namespace {

@@ -60,6 +60,9 @@ Piece densify(Piece piece, const Layout& layout);
 /// duplicates; canonical() would then only copy it.
 bool is_canonical(const Vector& input);
 
+/// The piece of a canonical input (is_canonical): indices widened to 64 bits, values copied.
+Piece copy_canonical(const Vector& input, const Layout& layout);
+
 /// The dense vector of a canonical input (is_canonical), scattered from the caller's arrays
 /// without the canonical piece's copy: one allocation of dim values, as densify(canonical(...)).
 Piece densify_canonical(const Vector& input, const Layout& layout);

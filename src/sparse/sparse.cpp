@@ -154,9 +154,9 @@ Agreed agree_allreduce(tutti::Communicator& comm, const Vector& input, ReduceOp 
   return {std::move(prepared.mine), prepared.deferred, std::move(ctx)};
 }
 
-Piece take_mine(Agreed& agreed, const Vector& input, ReduceOp op) {
+Piece take_mine(Agreed& agreed, const Vector& input) {
   if (agreed.deferred) {
-    agreed.mine = canonical(input, op, agreed.ctx.layout);
+    agreed.mine = copy_canonical(input, agreed.ctx.layout);  // deferred only when is_canonical held
     agreed.deferred = false;
   }
   return std::move(agreed.mine);
@@ -199,21 +199,20 @@ sparse::Result sparse_allreduce(Communicator& comm, const sparse::Vector& input,
   Piece merged;
   switch (algorithm) {
     case sparse::Algorithm::ssar_recursive_doubling:
-      merged = recursive_doubling(ctx, take_mine(prepared, input, op));
+      merged = recursive_doubling(ctx, take_mine(prepared, input));
       break;
     case sparse::Algorithm::ssar_split_allgather:
     case sparse::Algorithm::dsar_split_allgather:
-      merged =
-          split_allgather(ctx, take_mine(prepared, input, op), algorithm == sparse::Algorithm::dsar_split_allgather);
+      merged = split_allgather(ctx, take_mine(prepared, input), algorithm == sparse::Algorithm::dsar_split_allgather);
       break;
     case sparse::Algorithm::dense_allreduce:
-      merged = prepared.deferred ? densify_canonical(input, ctx.layout)
-                                 : densify(take_mine(prepared, input, op), ctx.layout);
+      merged =
+          prepared.deferred ? densify_canonical(input, ctx.layout) : densify(take_mine(prepared, input), ctx.layout);
       comm.allreduce(merged.values.data(), merged.values.data(), input.dim, input.value_type, ctx.op,
                      ctx.collective_options);
       break;
     default:
-      merged = allgather_merge(ctx, take_mine(prepared, input, op));
+      merged = allgather_merge(ctx, take_mine(prepared, input));
   }
   return result_of(std::move(merged), ctx, op, algorithm);
 }

@@ -26,7 +26,7 @@ Agreed agree_allreduce(tutti::Communicator& comm, const Vector& input, ReduceOp 
                        const char* operation, bool defer = false);
 
 /// agreed.mine, copied from `input` first if it was deferred.
-Piece take_mine(Agreed& agreed, const Vector& input, ReduceOp op);
+Piece take_mine(Agreed& agreed, const Vector& input);
 
 /// sparse_allreduce's last stage: the merged piece of every rank as a Result, dense if the piece
 /// is, if ctx.form is dense, or by SparCML's rule under Form::automatic; avg divides by ctx.size.
