@@ -16,31 +16,19 @@
 #include <thread>
 
 #include "collective_cases.hpp"
+#include "mp_tally.hpp"
 
 namespace {
 
 using namespace tutti;
 using namespace tutti::testing;
 
-// Runs every case of `cases` made for this communicator's size; returns {passed, failed} on this rank.
-std::pair<int, int> run_cases(Communicator& world, const std::vector<Case>& cases) {
-  int passed = 0, failed = 0;
-  for (Case c : cases) {
-    if (c.p != world.size()) continue;
-    std::string error;
-    try {
-      error = run_rank(world, c);
-    } catch (const std::exception& e) {
-      error = std::string("exception: ") + e.what();
-    }
-    if (error.empty()) {
-      ++passed;
-    } else {
-      ++failed;
-      std::printf("FAIL %s: %s\n", name_of(c).c_str(), error.c_str());
-    }
-  }
-  return {passed, failed};
+// Runs every case of `cases` made for this communicator's size.
+Tally run_cases(Communicator& world, const std::vector<Case>& cases) {
+  Tally tally;
+  for (Case c : cases)
+    if (c.p == world.size()) tally.record(name_of(c), [&] { return run_rank(world, c); });
+  return tally;
 }
 
 std::vector<Case> with_size(std::vector<Case> cases, int p) {
@@ -79,7 +67,7 @@ std::vector<Case> large_allreduce_cases(int p) {
   return out;
 }
 
-std::pair<int, int> run_split(Communicator& world) {
+Tally run_split(Communicator& world) {
   const int r = world.rank();
   Communicator halves = world.split(r % 2, -r);
   Communicator thirds = world.split(r % 3 == 0 ? -1 : r % 3, r);
@@ -102,12 +90,12 @@ std::pair<int, int> run_split(Communicator& world) {
   std::vector<int> ranks(static_cast<std::size_t>(halves.size()));
   halves.allgather(&r, ranks.data(), 1, DataType::i32, {{}, test_timeout});
   for (std::size_t i = 1; i < ranks.size(); ++i) failed += ranks[i] >= ranks[i - 1];  // key -r: descending
-  return {failed == 0 ? 1 : 0, failed == 0 ? 0 : 1};
+  return Tally{failed == 0 ? 1 : 0, failed == 0 ? 0 : 1};
 }
 
 // Issue an allreduce, stay away (sleep) for three times what it takes when waited on at once,
 // then wait: with background progress the wait is short.
-std::pair<int, int> run_overlap(Communicator& world) {
+Tally run_overlap(Communicator& world) {
   const std::size_t n = std::size_t{1} << 23;
   std::vector<float> a(n, 1.0f), b(n);
   using clock = std::chrono::steady_clock;
@@ -126,46 +114,38 @@ std::pair<int, int> run_overlap(Communicator& world) {
   bool ok = waited < blocking / 2;
   for (std::size_t i = 0; i < n; i += 4097) ok &= b[i] == static_cast<float>(world.size());
   std::printf("overlap: blocking allreduce %.1f ms, wait after being away %.2f ms\n", blocking * 1e3, waited * 1e3);
-  return {ok ? 1 : 0, ok ? 0 : 1};
+  return Tally{ok ? 1 : 0, ok ? 0 : 1};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "sweep";
-  int passed = 0, failed = 0;
   try {
     Communicator world = init();
-    std::pair<int, int> result;
+    Tally tally;
     if (mode == "sweep")
-      result = run_cases(world, sweep_cases({world.size()}));
+      tally = run_cases(world, sweep_cases({world.size()}));
     else if (mode == "direct")
-      result = run_cases(world, direct_cases(world.size()));
+      tally = run_cases(world, direct_cases(world.size()));
     else if (mode == "types")
-      result = run_cases(world, with_size(type_cases(), world.size()));
+      tally = run_cases(world, with_size(type_cases(), world.size()));
     else if (mode == "split")
-      result = run_split(world);
+      tally = run_split(world);
     else if (mode == "cluster") {
       std::vector<Case> cases = sweep_cases({world.size()});
       for (const Case& c : large_allreduce_cases(world.size())) cases.push_back(c);
-      result = run_cases(world, cases);
-      const auto [split_passed, split_failed] = run_split(world);
-      result.first += split_passed;
-      result.second += split_failed;
+      tally = run_cases(world, cases);
+      tally += run_split(world);
     } else if (mode == "overlap")
-      result = run_overlap(world);
+      tally = run_overlap(world);
     else {
       std::fprintf(stderr, "mp_collectives: unknown mode '%s'\n", mode.c_str());
       return 2;
     }
-    int totals[2] = {result.first, result.second};
-    world.allreduce(totals, totals, 2, DataType::i32, ReduceOp::sum, {{}, test_timeout});
-    passed = totals[0];
-    failed = totals[1];
-    if (world.rank() == 0) std::printf("%d passed, %d failed\n", passed, failed);
+    return finish(world, tally);
   } catch (const std::exception& e) {
     std::printf("FAIL %s: %s\n", mode.c_str(), e.what());
     return 1;
   }
-  return failed == 0 && passed > 0 ? 0 : 1;
 }

@@ -5,6 +5,7 @@
 // status is non-zero if anything failed on any rank.
 #include <cstdio>
 
+#include "mp_tally.hpp"
 #include "sparse_cases.hpp"
 
 namespace {
@@ -34,29 +35,18 @@ std::vector<Case> sweep(int p) {
 }
 
 // Issues every case at once on a sparse::Communicator, then waits for them in order.
-std::pair<int, int> run_nonblocking(Communicator& world, const std::vector<Case>& cases) {
+Tally run_nonblocking(Communicator& world, const std::vector<Case>& cases) {
   sparse::Communicator comm(world);
   std::vector<Input> inputs;
   for (const Case& c : cases) inputs.push_back(input_of(c, world.rank()));
   std::vector<sparse::Request<sparse::Result>> requests;
   for (std::size_t k = 0; k < cases.size(); ++k)
     requests.push_back(comm.iallreduce(inputs[k].vector(), cases[k].op, {.algorithm = cases[k].algorithm}));
-  int passed = 0, failed = 0;
-  for (std::size_t k = 0; k < cases.size(); ++k) {
-    std::string error;
-    try {
-      error = check(cases[k], requests[k].wait(), reference_of(cases[k]));
-    } catch (const std::exception& e) {
-      error = std::string("exception: ") + e.what();
-    }
-    if (error.empty()) {
-      ++passed;
-    } else {
-      ++failed;
-      std::printf("FAIL nonblocking %s: %s\n", name_of(cases[k]).c_str(), error.c_str());
-    }
-  }
-  return {passed, failed};
+  Tally tally;
+  for (std::size_t k = 0; k < cases.size(); ++k)
+    tally.record("nonblocking " + name_of(cases[k]),
+                 [&] { return check(cases[k], requests[k].wait(), reference_of(cases[k])); });
+  return tally;
 }
 
 }  // namespace
@@ -65,24 +55,10 @@ int main() {
   try {
     Communicator world = init();
     const std::vector<Case> cases = sweep(world.size());
-    int totals[2] = {0, 0};
-    for (const Case& c : cases) {
-      std::string error;
-      try {
-        error = run_case(world, c);
-      } catch (const std::exception& e) {
-        error = std::string("exception: ") + e.what();
-      }
-      ++totals[error.empty() ? 0 : 1];
-      if (!error.empty()) std::printf("FAIL %s: %s\n", name_of(c).c_str(), error.c_str());
-    }
-    const std::vector<Case> some(cases.begin(), cases.begin() + 15);
-    const auto [passed, failed] = run_nonblocking(world, some);
-    totals[0] += passed;
-    totals[1] += failed;
-    world.allreduce(totals, totals, 2, DataType::i32, ReduceOp::sum, {{}, test_timeout});
-    if (world.rank() == 0) std::printf("%d passed, %d failed\n", totals[0], totals[1]);
-    return totals[1] == 0 && totals[0] > 0 ? 0 : 1;
+    Tally tally;
+    for (const Case& c : cases) tally.record(name_of(c), [&] { return run_case(world, c); });
+    tally += run_nonblocking(world, std::vector<Case>(cases.begin(), cases.begin() + 15));
+    return finish(world, tally);
   } catch (const std::exception& e) {
     std::printf("FAIL mp_sparse: %s\n", e.what());
     return 1;
