@@ -1,1 +1,29 @@
-# The core module tutti._tutti (import tutti).
+# The core module tutti._tutti (import tutti; docs/python.md).
+tutti_python_extension(_tutti tutti src/core/module.cpp src/core/buffer.cpp src/core/call.cpp
+                       src/core/collectives.cpp src/core/names.cpp)
+
+# Its tests (tests/python/core, plain unittest): ranks as threads over local_group (unit), and as
+# processes under tutti-run at p = 2 and 4 over shared memory and p = 3 over TCP (mp). They
+# import the package from the build tree.
+if(TUTTI_BUILD_TESTS)
+  set(tutti_core_tests ${PROJECT_SOURCE_DIR}/tests/python/core)
+  set(tutti_core_env "PYTHONPATH=${TUTTI_PYTHON_DIR}:${tutti_core_tests}" "PYTHONDONTWRITEBYTECODE=1")
+  add_test(NAME python.core.threads
+           COMMAND timeout 600 ${Python_EXECUTABLE} ${tutti_core_tests}/test_threads.py -v)
+  set_tests_properties(python.core.threads PROPERTIES LABELS "unit;python" TIMEOUT 660
+                       ENVIRONMENT "${tutti_core_env}")
+  if(TARGET tutti-run)
+    foreach(p 2 4)
+      add_test(NAME python.core.processes_p${p}
+               COMMAND $<TARGET_FILE:tutti-run> -n ${p} --timeout-ms 60000
+                       ${Python_EXECUTABLE} ${tutti_core_tests}/test_processes.py)
+      set_tests_properties(python.core.processes_p${p} PROPERTIES LABELS "mp;python" TIMEOUT 600
+                           ENVIRONMENT "${tutti_core_env}")
+    endforeach()
+    add_test(NAME python.core.processes_tcp_p3
+             COMMAND $<TARGET_FILE:tutti-run> -n 3 --transport tcp --timeout-ms 60000
+                     ${Python_EXECUTABLE} ${tutti_core_tests}/test_processes.py)
+    set_tests_properties(python.core.processes_tcp_p3 PROPERTIES LABELS "mp;python" TIMEOUT 600
+                         ENVIRONMENT "${tutti_core_env}")
+  endif()
+endif()

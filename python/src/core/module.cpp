@@ -1,0 +1,82 @@
+// tutti._tutti: the core module (docs/python.md). Thin: every call goes to include/tutti/tutti.hpp;
+// the GIL is released wherever Tutti waits or works, so other Python threads (and the ranks of a
+// local_group, each in its own thread) go on meanwhile.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "common/errors.hpp"
+#include "core/call.hpp"
+#include "core/collectives.hpp"
+#include "tutti/tutti.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+// Binds the values 0..last of E under the names to_string gives them.
+template <class E>
+void bind_enum(py::module_& m, const char* name, E last, const char* doc) {
+  py::enum_<E> e(m, name, doc);
+  for (int i = 0; i <= static_cast<int>(last); ++i) {
+    const auto value = static_cast<E>(i);
+    e.value(std::string(tutti::to_string(value)).c_str(), value);
+  }
+}
+
+void bind_communicator(py::module_& m) {
+  py::class_<tutti::Communicator> cls(m, "Communicator",
+                                      "A group of ranks that run collectives together (include/tutti/tutti.hpp). "
+                                      "Calls must be issued in the same order on every rank.");
+  cls.def_property_readonly("rank", &tutti::Communicator::rank, "This rank, 0 <= rank < size (-1 if empty).")
+      .def_property_readonly("size", &tutti::Communicator::size, "The number of ranks (0 if empty).")
+      .def(
+          "split",
+          [](const tutti::Communicator& c, int color, int key) {
+            py::gil_scoped_release release;
+            return c.split(color, key);
+          },
+          py::arg("color"), py::arg("key") = 0,
+          "Ranks with the same color form a communicator, ordered by (key, rank); a negative color gives an "
+          "empty one. Collective.")
+      .def("__repr__", [](const tutti::Communicator& c) {
+        return "<tutti.Communicator rank " + std::to_string(c.rank()) + " of " + std::to_string(c.size()) + ">";
+      });
+  tutti_python::bind_collectives(cls);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_tutti, m) {
+  m.doc() = "Tutti's core bindings; import them from the package `tutti`.";
+  tutti_python::register_error_translator();
+
+  bind_enum(m, "DataType", tutti::DataType::f64, "Element types (taken from the buffers' dtypes).");
+  bind_enum(m, "ReduceOp", tutti::ReduceOp::avg, "Element-wise reductions; avg truncates toward zero for integers.");
+  bind_enum(m, "Algorithm", tutti::Algorithm::nccl, "Collective algorithms (automatic: the cost model chooses).");
+
+  py::class_<tutti_python::PyRequest>(m, "Request", "The handle of a nonblocking call; it keeps the buffers alive.")
+      .def("wait", &tutti_python::PyRequest::wait, py::arg("timeout") = py::none(),
+           "Blocks until complete (True), or until timeout seconds passed (False; the call goes on). "
+           "Raises the call's error.")
+      .def("test", &tutti_python::PyRequest::test, "True when complete. Raises the call's error.");
+
+  bind_communicator(m);
+
+  m.def(
+      "init",
+      [] {
+        py::gil_scoped_release release;
+        return tutti::init();
+      },
+      "Joins the job the environment describes (tutti-run, mpirun, srun; TUTTI_STORE); without a launcher, "
+      "a job of one rank.");
+  m.def(
+      "local_group",
+      [](int p) {
+        py::gil_scoped_release release;
+        return tutti::local_group(p);
+      },
+      py::arg("p"), "p communicators over the in-process transport, one per rank: give each to its own thread.");
+}

@@ -1,0 +1,67 @@
+"""tutti across processes: run under tutti-run -n P (ctest python.core.processes_pP).
+
+Every rank runs the same tests in the same order (unittest sorts them), so their collectives
+match. Each rank checks its own results; tutti-run fails the job when any rank fails.
+"""
+
+import os
+import unittest
+
+import numpy as np
+
+import checks
+import tutti
+
+WORLD = None
+
+
+def world():
+    global WORLD
+    if WORLD is None:
+        WORLD = tutti.init()
+    return WORLD
+
+
+class Processes(unittest.TestCase):
+    def test_a_init(self):
+        comm = world()
+        self.assertEqual(comm.size, int(os.environ["TUTTI_SIZE"]))
+        self.assertEqual(comm.rank, int(os.environ["TUTTI_RANK"]))
+
+    def test_allreduce_every_type_and_op(self):
+        self.assertGreaterEqual(checks.run_allreduce(world()), 9 * 5 * 4)
+
+    def test_every_collective(self):
+        self.assertGreater(checks.run_collectives(world()), 0)
+
+    def test_split(self):
+        checks.run_split(world())
+
+    def test_large_nonblocking_overlap(self):
+        """Several large requests in flight at once, completed in reverse order."""
+        comm = world()
+        n = 1 << 18
+        buffers = [np.full(n, comm.rank + k, dtype=np.float32) for k in range(4)]
+        requests = [comm.iallreduce(b) for b in buffers]
+        for request in reversed(requests):
+            self.assertTrue(request.wait(timeout=60))
+        p = comm.size
+        for k, b in enumerate(buffers):
+            want = p * (p - 1) / 2 + k * p
+            self.assertTrue(np.all(b == want), f"buffer {k}: {b[:4]} want {want}")
+
+    def test_z_rank_out_of_range(self):
+        """Rejected on every rank before anything moves; the world stays usable."""
+        comm = world()
+        with self.assertRaises(tutti.InvalidArgument) as caught:
+            comm.broadcast(np.ones(3, np.int32), root=comm.size)
+        self.assertIn(f"root {comm.size} is out of range [0, {comm.size})", str(caught.exception))
+        with self.assertRaises(tutti.InvalidArgument):
+            comm.isend(np.ones(3, np.int32), comm.size + 1)
+        x = np.ones(3, np.int32)
+        comm.allreduce(x)
+        checks.expect(x, [comm.size] * 3, "allreduce after the rejected calls")
+
+
+if __name__ == "__main__":
+    unittest.main()
