@@ -1,1 +1,41 @@
-# tutti.horovod.torch: Horovod's PyTorch API.
+# tutti.horovod.torch: Horovod's PyTorch API over Tutti's training engine (docs/horovod.md).
+#
+# The extension tutti.horovod._horovod takes torch tensors from Python, so it links libtorch (the
+# imported target, as tools/train does) and torch's Python bindings (libtorch_python: the pybind11
+# caster between torch.Tensor and at::Tensor), which python3-torch ships beside libtorch.
+find_library(TUTTI_TORCH_PYTHON_LIBRARY torch_python
+             HINTS ${TORCH_INSTALL_PREFIX}/lib /usr/lib/python3/dist-packages/torch/lib)
+if(NOT TUTTI_TORCH_PYTHON_LIBRARY)
+  message(STATUS "libtorch_python not found: tutti.horovod.torch is not built (install python3-torch)")
+  return()
+endif()
+
+tutti_python_extension(_horovod tutti/horovod
+                       ${CMAKE_CURRENT_SOURCE_DIR}/src/horovod/module.cpp
+                       ${CMAKE_CURRENT_SOURCE_DIR}/src/horovod/context.cpp
+                       ${CMAKE_CURRENT_SOURCE_DIR}/src/horovod/ops.cpp)
+target_link_libraries(_horovod PRIVATE torch ${TUTTI_TORCH_PYTHON_LIBRARY})
+# As torch.utils.cpp_extension compiles extensions (torch/library.h needs the first).
+target_compile_definitions(_horovod PRIVATE TORCH_API_INCLUDE_EXTENSION_H TORCH_EXTENSION_NAME=_horovod)
+
+if(TUTTI_BUILD_TESTS)
+  # Each script runs under tutti-run at p = 2 and 4, from the build tree's package; every rank
+  # checks every element it receives. Labels python (needs python3-torch) and mp (processes).
+  set(hvd_tests ${PROJECT_SOURCE_DIR}/tests/python/horovod)
+  # A tensor some rank never enqueues fails after 30 s (TUTTI_STALL_SHUTDOWN_S) instead of hanging.
+  set(hvd_env PYTHONPATH=${TUTTI_PYTHON_DIR} PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 TUTTI_STALL_SHUTDOWN_S=30)
+  foreach(script collectives optimizer errors)
+    foreach(ranks 2 4)
+      add_test(NAME python.horovod.${script}.p${ranks}
+               COMMAND ${CMAKE_COMMAND} -E env ${hvd_env}
+                       $<TARGET_FILE:tutti-run> -n ${ranks} ${Python_EXECUTABLE} ${hvd_tests}/${script}_test.py)
+      set_tests_properties(python.horovod.${script}.p${ranks} PROPERTIES LABELS "python;mp" TIMEOUT 240)
+    endforeach()
+  endforeach()
+  # Horovod's MNIST example (examples/horovod_mnist.sh fetches nothing: it runs the script that
+  # stands in for it, see docs/horovod.md) for one short epoch at p = 2 on Fashion-MNIST.
+  add_test(NAME python.horovod.mnist_example
+           COMMAND bash ${hvd_tests}/mnist_example_test.sh $<TARGET_FILE:tutti-run> ${Python_EXECUTABLE}
+                   ${TUTTI_PYTHON_DIR} ${PROJECT_SOURCE_DIR}/examples/horovod_mnist.py)
+  set_tests_properties(python.horovod.mnist_example PROPERTIES LABELS "python;mp" TIMEOUT 300)
+endif()

@@ -1,0 +1,122 @@
+"""Horovod's helpers for starting a job: copying root's parameters, optimizer state and any
+picklable object to every rank."""
+
+import collections.abc
+import pickle
+
+import torch
+
+from tutti.horovod import _horovod
+from tutti._errors import InvalidArgument
+from tutti.horovod.torch.collectives import broadcast_, broadcast_async_, allgather, synchronize
+
+
+def broadcast_parameters(params, root_rank):
+    """Copies root_rank's tensors into every rank's, in place. `params` is a dict (a module's
+    state_dict(); its items are taken in name order) or a list of (name, tensor) pairs, e.g.
+    named_parameters(). The names must be the same on every rank; a name with another shape on
+    another rank is a tutti.Mismatch on every rank."""
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, collections.abc.Iterable):
+        items = list(params)
+    else:
+        raise InvalidArgument("broadcast_parameters: params must be a dict or a list of (name, tensor) pairs, not " +
+                              type(params).__name__)
+    handles = []
+    for name, tensor in items:
+        if tensor is None:
+            continue
+        # In place on the tensor's data: parameters that require grad are leaves autograd must not see.
+        handles.append(broadcast_async_(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor,
+                                        root_rank, name="broadcast_parameters." + str(name)))
+    for handle in handles:
+        synchronize(handle)
+
+
+class _TensorSpec:
+    """Where a tensor sat in root's optimizer state: its shape and type travel pickled, its data
+    by a broadcast of its own."""
+
+    def __init__(self, tensor, index):
+        self.shape, self.dtype, self.index = tuple(tensor.shape), tensor.dtype, index
+
+
+def _split_tensors(value, tensors):
+    """`value` with every tensor replaced by a _TensorSpec (the tensors appended to `tensors`)."""
+    if torch.is_tensor(value):
+        tensors.append(value.detach().contiguous())
+        return _TensorSpec(value, len(tensors) - 1)
+    if isinstance(value, dict):
+        return {k: _split_tensors(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_split_tensors(v, tensors) for v in value)
+    return value
+
+
+def _join_tensors(value, tensors):
+    if isinstance(value, _TensorSpec):
+        return tensors[value.index]
+    if isinstance(value, dict):
+        return {k: _join_tensors(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_join_tensors(v, tensors) for v in value)
+    return value
+
+
+def broadcast_optimizer_state(optimizer, root_rank):
+    """Copies root_rank's optimizer settings (every param group's lr, momentum, ...) and state
+    (momentum buffers, Adam's moments and steps, ...) into every rank's `optimizer`, for any
+    torch.optim optimizer. The structure travels pickled (broadcast_object), every state tensor
+    by a broadcast of its own. The optimizers must have the same param groups on every rank."""
+    tensors = []
+    skeleton = _split_tensors(optimizer.state_dict(), tensors) if _horovod.rank() == root_rank else None
+    skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.structure")
+    if _horovod.rank() != root_rank:
+        specs = []
+        _collect_specs(skeleton, specs)
+        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in sorted(specs, key=lambda s: s.index)]
+    handles = [broadcast_async_(t, root_rank, name="broadcast_optimizer_state.%d" % i) for i, t in enumerate(tensors)]
+    for handle in handles:
+        synchronize(handle)
+    if _horovod.rank() != root_rank:
+        optimizer.load_state_dict(_join_tensors(skeleton, tensors))
+
+
+def _collect_specs(value, specs):
+    if isinstance(value, _TensorSpec):
+        specs.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _collect_specs(v, specs)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _collect_specs(v, specs)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """Returns root_rank's `obj` (pickled, broadcast, unpickled) on every rank. Unnamed calls are
+    named by their order, so every rank must make them in the same order."""
+    if _horovod.rank() == root_rank:
+        payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    broadcast_(length, root_rank, name=None if name is None else name + ".length", process_set=process_set)
+    if _horovod.rank() != root_rank:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    broadcast_(payload, root_rank, name=None if name is None else name + ".data", process_set=process_set)
+    return obj if _horovod.rank() == root_rank else pickle.loads(payload.numpy().tobytes())
+
+
+def allgather_object(obj, name=None, process_set=None):
+    """Returns the list of every rank's `obj`, in rank order (pickled and gathered)."""
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
+                        name=None if name is None else name + ".lengths", process_set=process_set)
+    data = allgather(payload, name=None if name is None else name + ".data", process_set=process_set).numpy()
+    objects, offset = [], 0
+    for n in lengths.tolist():
+        objects.append(pickle.loads(data[offset:offset + n].tobytes()))
+        offset += n
+    return objects
