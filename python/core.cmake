@@ -7,7 +7,9 @@ tutti_python_extension(_tutti tutti src/core/module.cpp src/core/buffer.cpp src/
 # import the package from the build tree.
 if(TUTTI_BUILD_TESTS)
   set(tutti_core_tests ${PROJECT_SOURCE_DIR}/tests/python/core)
-  set(tutti_core_env "PYTHONPATH=${TUTTI_PYTHON_DIR}:${tutti_core_tests}" "PYTHONDONTWRITEBYTECODE=1")
+  # A rank that fails leaves its peers waiting: TUTTI_TIMEOUT_MS bounds that wait (local_group too).
+  set(tutti_core_env "PYTHONPATH=${TUTTI_PYTHON_DIR}:${tutti_core_tests}" "PYTHONDONTWRITEBYTECODE=1"
+                     "TUTTI_TIMEOUT_MS=60000")
   add_test(NAME python.core.threads
            COMMAND timeout 600 ${Python_EXECUTABLE} ${tutti_core_tests}/test_threads.py -v)
   set_tests_properties(python.core.threads PROPERTIES LABELS "unit;python" TIMEOUT 660

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/buffer.hpp"
 
@@ -34,7 +35,17 @@ bool finished(tutti::Request& request) {
 
 void sweep_dropped() {
   auto& list = dropped();
-  std::erase_if(list, [](Dropped& d) { return finished(d.request); });
+  std::vector<Dropped> done;
+  for (auto it = list.begin(); it != list.end();) {
+    if (finished(it->request)) {
+      done.push_back(std::move(*it));
+      it = list.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // `done` is destroyed here, once the list is consistent again: releasing a buffer may run Python
+  // code (an exporter's __del__) that drops another request and so sweeps again.
 }
 
 }  // namespace

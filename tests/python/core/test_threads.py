@@ -33,10 +33,13 @@ def run_ranks(p, body):
     threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(p)]
     for t in threads:
         t.start()
+    end = time.monotonic() + DEADLINE_S
     for t in threads:
-        t.join(DEADLINE_S)
-        if t.is_alive():
-            raise AssertionError(f"a rank of local_group({p}) did not finish in {DEADLINE_S} s")
+        t.join(max(0.0, end - time.monotonic()))
+    hung = [r for r, t in enumerate(threads) if t.is_alive()]
+    if hung:  # the others' errors say why (a rank that raised leaves its peers waiting)
+        raise AssertionError(f"ranks {hung} of local_group({p}) did not finish in {DEADLINE_S} s; "
+                             f"the others raised {[repr(e) for e in errors if e is not None]}")
     for e in errors:
         if e is not None:
             raise e
