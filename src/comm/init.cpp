@@ -25,6 +25,7 @@
 #include "transport/routed/routed.hpp"
 #include "transport/shm/shm.hpp"
 #include "transport/tcp/tcp.hpp"
+#include "tutti/rendezvous.hpp"
 
 #ifdef TUTTI_WITH_MPI
 #include "tutti/mpi.hpp"
@@ -105,8 +106,40 @@ class MpiStoreDirectory {
 #endif
 
 Communicator init_over_store(const bootstrap::JobInfo& job);
+Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& store, std::chrono::milliseconds timeout);
+
+// A caller's KeyValueStore seen as the bootstrap layer's Store.
+class CallerStore final : public bootstrap::Store {
+ public:
+  explicit CallerStore(KeyValueStore& store) : store_(store) {}
+  void set(const std::string& key, const std::string& value) override { store_.set(key, value); }
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return store_.get(key, timeout);
+  }
+  std::int64_t add(const std::string& key, std::int64_t delta) override { return store_.add(key, delta); }
+
+ private:
+  KeyValueStore& store_;
+};
 
 }  // namespace
+
+Communicator init(KeyValueStore& store, int rank, int size, std::chrono::milliseconds timeout) {
+  if (size < 1 || rank < 0 || rank >= size)
+    throw Error(ErrorCode::invalid_argument, "init(store): rank " + std::to_string(rank) + " is not in 0.." +
+                                                 std::to_string(size - 1) + " (size " + std::to_string(size) + ")");
+  detail::choice::load_from_environment();
+  if (size == 1) return local_group(1).front();
+  // The token, transport and job id still come from the environment; rank and size are the
+  // caller's (a subgroup's differ from the launcher's).
+  bootstrap::JobInfo job = bootstrap::detect_job();
+  if (job.transport == "mpi")
+    throw Error(ErrorCode::unsupported, "init(store): TUTTI_TRANSPORT=mpi cannot join through a key-value store");
+  job.rank = rank;
+  job.size = size;
+  CallerStore adapter(store);
+  return join_over_store(job, adapter, timeout.count() > 0 ? timeout : core::default_timeout());
+}
 
 Communicator init() {
   detail::choice::load_from_environment();  // a bad TUTTI_TUNING_FILE fails here, before any connection
@@ -211,33 +244,38 @@ Communicator init_over_store(const bootstrap::JobInfo& job) {
   const auto timeout = core::default_timeout();
   auto server = bootstrap::host_store(job);  // rank 0, tcp://: listens on the URL's host only
   auto store = bootstrap::connect_store(job.store, job.token, timeout);
+  // Everyone is connected when this returns: nobody needs the store any more, but rank 0 kept
+  // serving until all ranks had read what they needed, which the first collective guarantees.
+  return join_over_store(job, *store, timeout);
+}
+
+// The ranks learn each other's hosts through `store`, then connect.
+Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& store,
+                             std::chrono::milliseconds timeout) {
   const std::string prefix = prefix_of(job);
   // The real host decides the transport (shared memory works within it); the topology host
   // (TUTTI_HOST, which may emulate several hosts on one) decides hierarchical algorithms.
   // Published together as "real" or "real<TAB>topology".
   const std::string real_host = host_name(), topology_host = detail::topology_host_name();
-  store->set(prefix + "host/" + std::to_string(job.rank),
-             topology_host == real_host ? real_host : real_host + "\t" + topology_host);
+  store.set(prefix + "host/" + std::to_string(job.rank),
+            topology_host == real_host ? real_host : real_host + "\t" + topology_host);
   // Ranks that published the same value share a host for both purposes: shared memory among
   // them, TCP to the others.
   std::set<std::string> hosts;
   std::vector<std::string> places;
   std::vector<std::uint64_t> topology_hosts;
   for (int r = 0; r < job.size; ++r) {
-    const std::string value = store->get(prefix + "host/" + std::to_string(r), timeout);
+    const std::string value = store.get(prefix + "host/" + std::to_string(r), timeout);
     const std::size_t tab = value.find('\t');
     hosts.insert(value.substr(0, tab));
     places.push_back(value);
     topology_hosts.push_back(detail::hash_host(tab == std::string::npos ? value : value.substr(tab + 1)));
   }
-  auto transport = connect_world(job, *store, places, hosts.size() == 1, timeout);
-  // Everyone is connected: nobody needs the store any more, but rank 0 keeps serving until all
-  // ranks have read what they needed, which the first collective guarantees.
+  auto transport = connect_world(job, store, places, hosts.size() == 1, timeout);
   auto impl = std::make_shared<detail::CommImpl>(std::move(transport));
   impl->set_topology(detail::Topology(std::move(topology_hosts)));  // known: automatic may pick hierarchical
   Communicator world(impl);
   world.barrier();
-  (void)server;
   return world;
 }
 

@@ -1,0 +1,66 @@
+// tutti._c10d: the torch.distributed backend "tutti" (python/tutti/distributed.py registers it).
+//
+// create(store, rank, size, timeout) is the backend's creator: it joins the group's Tutti
+// communicator through the c10d Store torch.distributed hands every backend (a PrefixStore of its
+// own for each group), then returns the ProcessGroupTutti over it.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/utils/pybind.h>  // c10::intrusive_ptr as a pybind11 holder, as torch declares it
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "c10d/process_group.hpp"
+#include "common/errors.hpp"
+#include "tutti/rendezvous.hpp"
+
+namespace tutti::c10d_backend {
+namespace {
+
+// The c10d Store as Tutti's rendezvous store.
+class C10dStore final : public KeyValueStore {
+ public:
+  explicit C10dStore(c10::intrusive_ptr<::c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
+  }
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    try {
+      store_->wait({key}, timeout);
+    } catch (const std::exception& e) {
+      throw Error(ErrorCode::timeout, "tutti: joining the group: key '" + key + "' was not set within " +
+                                          std::to_string(timeout.count()) +
+                                          " ms (a rank did not arrive?): " + e.what());
+    }
+    const std::vector<std::uint8_t> value = store_->get(key);
+    return std::string(value.begin(), value.end());
+  }
+  std::int64_t add(const std::string& key, std::int64_t delta) override { return store_->add(key, delta); }
+
+ private:
+  c10::intrusive_ptr<::c10d::Store> store_;
+};
+
+c10::intrusive_ptr<ProcessGroupTutti> create(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+                                             std::chrono::milliseconds timeout) {
+  C10dStore rendezvous(store);
+  tutti::Communicator comm = tutti::init(rendezvous, rank, size, timeout);
+  return c10::make_intrusive<ProcessGroupTutti>(std::move(comm), timeout);
+}
+
+}  // namespace
+}  // namespace tutti::c10d_backend
+
+PYBIND11_MODULE(_c10d, m) {
+  namespace py = pybind11;
+  using tutti::c10d_backend::ProcessGroupTutti;
+  m.doc() = "The torch.distributed backend \"tutti\" (import tutti.distributed to register it)";
+  tutti_python::register_error_translator();
+  py::module_::import("torch.distributed");  // c10d.ProcessGroup's Python class, our base
+  py::class_<ProcessGroupTutti, ::c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupTutti>>(m, "ProcessGroupTutti",
+                                                                                             "A c10d ProcessGroup over "
+                                                                                             "a tutti communicator");
+  m.def("create", &tutti::c10d_backend::create, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Joins the group of `size` ranks as `rank` through the c10d `store` and returns its ProcessGroupTutti; "
+        "`timeout` (a timedelta) bounds the rendezvous and every operation.");
+}

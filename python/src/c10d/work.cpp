@@ -1,0 +1,136 @@
+#include "c10d/work.hpp"
+
+#include <ATen/core/jit_type.h>
+
+namespace tutti::c10d_backend {
+
+WorkTutti::WorkTutti(int rank, ::c10d::OpType type, tutti::Request request, std::vector<at::Tensor> outputs,
+                     std::vector<at::Tensor> keep, std::function<void()> finalize, int source_rank)
+    : ::c10d::Work(rank, type),
+      request_(std::move(request)),
+      outputs_(std::move(outputs)),
+      keep_(std::move(keep)),
+      finalize_(std::move(finalize)),
+      source_rank_(source_rank),
+      issued_(std::chrono::steady_clock::now()),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+void WorkTutti::complete(std::exception_ptr error) {
+  int expected = 0;
+  if (!state_.compare_exchange_strong(expected, 1)) {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return completed_; });
+    return;
+  }
+  if (!error && finalize_) {
+    try {
+      finalize_();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  // The future first: whoever returns from wait() may read it at once.
+  if (error)
+    future_->setError(error);
+  else
+    future_->markCompleted(c10::IValue(outputs_));
+  finalize_ = nullptr;
+  keep_.clear();  // Tutti is done with the staging buffers
+  state_ = 2;
+  finish(error);
+}
+
+bool WorkTutti::isCompleted() {
+  if (state_ == 2) return true;
+  try {
+    if (!request_.test()) return false;
+  } catch (...) {
+    complete(std::current_exception());
+    return true;
+  }
+  complete(nullptr);
+  return true;
+}
+
+bool WorkTutti::progress_for(std::chrono::milliseconds limit) {
+  if (state_ == 2) return true;
+  try {
+    // The operation's own deadline counts from its issue, not from this slice.
+    if (!request_.wait_for(limit, issued_)) return false;
+  } catch (...) {
+    complete(std::current_exception());
+    return true;
+  }
+  complete(nullptr);
+  return true;
+}
+
+bool WorkTutti::wait(std::chrono::milliseconds timeout) {
+  if (state_ != 2) {
+    if (timeout == kNoTimeout) {
+      progress_for(std::chrono::hours(24 * 365));
+    } else if (!progress_for(timeout)) {
+      throw tutti::Error(tutti::ErrorCode::timeout, "tutti: rank " + std::to_string(rank_) + ": " +
+                                                        ::c10d::opTypeToString(opType_) + " did not complete within " +
+                                                        std::to_string(timeout.count()) + " ms (Work.wait)");
+    }
+  }
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return completed_; });
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+int WorkTutti::sourceRank() const {
+  if (source_rank_ < 0) return ::c10d::Work::sourceRank();  // raises: not a receive
+  return source_rank_;
+}
+
+WorkProgress::WorkProgress() : thread_([this] { run(); }) {}
+
+WorkProgress::~WorkProgress() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void WorkProgress::add(c10::intrusive_ptr<WorkTutti> work) {
+  {
+    std::lock_guard lock(mutex_);
+    pending_.push_back(std::move(work));
+  }
+  wake_.notify_one();
+}
+
+void WorkProgress::run() {
+  // A short slice: a later work (a receive) may complete before the oldest one, and its future
+  // must not wait long for the sweep.
+  constexpr std::chrono::milliseconds slice(2);
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+    if (stop_) return;
+    c10::intrusive_ptr<WorkTutti> oldest = pending_.front();
+    lock.unlock();
+    oldest->progress_for(slice);
+    oldest.reset();
+    lock.lock();
+    // Sweep without the lock held: completing a work runs its future's callbacks, which may
+    // issue more work (add() takes the lock).
+    std::deque<c10::intrusive_ptr<WorkTutti>> sweep;
+    sweep.swap(pending_);
+    lock.unlock();
+    std::deque<c10::intrusive_ptr<WorkTutti>> still;
+    for (auto& work : sweep)
+      if (!work->isCompleted()) still.push_back(std::move(work));
+    lock.lock();
+    // Keep issue order: what was added during the sweep goes after what was there before.
+    for (auto& work : pending_) still.push_back(std::move(work));
+    pending_.swap(still);
+  }
+}
+
+}  // namespace tutti::c10d_backend

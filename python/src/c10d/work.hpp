@@ -1,0 +1,86 @@
+// The Work of the torch.distributed backend "tutti": one Tutti request, completed asynchronously.
+//
+// A WorkTutti completes once, by whichever thread sees its request finish first: the caller in
+// wait() or isCompleted(), or the process group's WorkProgress thread, which marks the futures
+// that DDP and torch.futures wait on. Completing runs the work's finalize step (copies from a
+// contiguous staging buffer back into the caller's tensors), then completes the future with the
+// outputs (or the error), then the Work itself.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "tutti/tutti.hpp"
+
+namespace tutti::c10d_backend {
+
+class WorkTutti : public ::c10d::Work {
+ public:
+  /// `outputs` become the future's value; `keep` (staging buffers, inputs) lives as long as the
+  /// work, so that the buffers `request` uses stay valid; `finalize` runs once the request has
+  /// succeeded. `source_rank` is the peer of a receive (-1 otherwise).
+  WorkTutti(int rank, ::c10d::OpType type, tutti::Request request, std::vector<at::Tensor> outputs,
+            std::vector<at::Tensor> keep, std::function<void()> finalize, int source_rank = -1);
+
+  /// Nonblocking: true once the request completed (and this work with it).
+  bool isCompleted() override;
+  /// Blocks until the request completes, then raises its error if any. A `timeout` other than
+  /// kNoTimeout bounds the wait: past it, raises tutti's timeout error (the request goes on).
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  /// CPU tensors: nothing to synchronize.
+  void synchronize() override {}
+  std::vector<at::Tensor> result() override { return outputs_; }
+  int sourceRank() const override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+  /// For WorkProgress: waits at most `limit` for the request; true once this work is complete.
+  bool progress_for(std::chrono::milliseconds limit);
+
+ private:
+  /// Completes the work exactly once; a second caller waits for the first to finish it.
+  void complete(std::exception_ptr error);
+
+  tutti::Request request_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> keep_;
+  std::function<void()> finalize_;
+  int source_rank_;
+  std::chrono::steady_clock::time_point issued_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<int> state_{0};  // 0 running, 1 completing, 2 complete
+};
+
+/// One thread per process group that completes the works nobody waits on, so that their futures
+/// (DDP's buckets, torch.futures callbacks) complete without the caller polling. It sleeps in
+/// Tutti's own wait on the oldest work, then sweeps the rest; with no work it sleeps on a
+/// condition variable.
+class WorkProgress {
+ public:
+  WorkProgress();
+  ~WorkProgress();
+  WorkProgress(const WorkProgress&) = delete;
+  WorkProgress& operator=(const WorkProgress&) = delete;
+
+  /// Takes `work` until it completes.
+  void add(c10::intrusive_ptr<WorkTutti> work);
+
+ private:
+  void run();
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<c10::intrusive_ptr<WorkTutti>> pending_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace tutti::c10d_backend

@@ -1,0 +1,73 @@
+"""torch.distributed over Tutti: ``import tutti.distributed`` registers the backend ``"tutti"``.
+
+    import torch.distributed as dist
+    import tutti.distributed  # registers "tutti"
+
+    dist.init_process_group("tutti")  # under torchrun (env://), or with init_method, rank, world_size
+    # or, under tutti-run, mpirun or torchrun alike:
+    tutti.distributed.init_process_group()
+
+Every process group of backend "tutti" (the default group and each new_group) joins a Tutti
+communicator of its own through the c10d store torch.distributed gives it; its operations are
+Tutti's nonblocking collectives on CPU tensors (docs/torch-distributed.md).
+"""
+
+import os
+
+import torch.distributed as dist
+
+from tutti import _c10d
+
+__all__ = ["BACKEND", "ProcessGroupTutti", "init_process_group", "launcher_rank_size"]
+
+BACKEND = "tutti"
+ProcessGroupTutti = _c10d.ProcessGroupTutti
+
+
+def _create(store, rank, world_size, timeout):
+    return _c10d.create(store, rank, world_size, timeout)
+
+
+if BACKEND.upper() not in dist.Backend._plugins:
+    dist.Backend.register_backend(BACKEND, _create)
+
+# The rank and size variables of the launchers Tutti knows, in the order tutti::init() reads them.
+_LAUNCHERS = (
+    ("TUTTI_RANK", "TUTTI_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMI_RANK", "PMI_SIZE"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+)
+
+
+def launcher_rank_size():
+    """(rank, size) from tutti-run's, mpirun's or srun's variables, or None without a launcher."""
+    for rank, size in _LAUNCHERS:
+        if rank in os.environ and size in os.environ:
+            return int(os.environ[rank]), int(os.environ[size])
+    return None
+
+
+def init_process_group(backend=BACKEND, init_method=None, rank=-1, world_size=-1, **kwargs):
+    """dist.init_process_group with the rendezvous taken from the launcher when not given.
+
+    Rank and size come from RANK and WORLD_SIZE (torchrun), else from tutti-run's, mpirun's or
+    srun's variables. The rendezvous is env:// when MASTER_ADDR is set (torchrun; export it under
+    mpirun), else under tutti-run a FileStore in the job's private store directory (TUTTI_STORE).
+    Other arguments go to dist.init_process_group unchanged.
+    """
+    if init_method is None and "store" not in kwargs:
+        found = None if "RANK" in os.environ else launcher_rank_size()
+        if found is not None and rank < 0 and world_size < 0:
+            rank, world_size = found
+        tutti_store = os.environ.get("TUTTI_STORE", "")
+        if "MASTER_ADDR" in os.environ or found is None:
+            init_method = "env://"
+        elif tutti_store.startswith("file://"):
+            init_method = tutti_store.rstrip("/") + "/torch-c10d-store"
+        else:
+            raise ValueError(
+                "tutti.distributed.init_process_group: no rendezvous; set MASTER_ADDR and MASTER_PORT "
+                "(e.g. mpirun -x MASTER_ADDR=host -x MASTER_PORT=29500) or pass init_method"
+            )
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, **kwargs)
