@@ -32,10 +32,11 @@ if(TUTTI_BUILD_TESTS)
       set_tests_properties(python.horovod.${script}.p${ranks} PROPERTIES LABELS "python;mp" TIMEOUT 240)
     endforeach()
   endforeach()
-  # Horovod's MNIST example (examples/horovod_mnist.sh fetches nothing: it runs the script that
-  # stands in for it, see docs/horovod.md) for one short epoch at p = 2 on Fashion-MNIST.
+  # The equivalent of Horovod's MNIST example (examples/horovod_mnist.py; Horovod's own script is
+  # run by examples/horovod_mnist_compare.sh, see docs/horovod.md) for one short epoch at p = 2 on
+  # Fashion-MNIST.
   add_test(NAME python.horovod.mnist_example
            COMMAND bash ${hvd_tests}/mnist_example_test.sh $<TARGET_FILE:tutti-run> ${Python_EXECUTABLE}
                    ${TUTTI_PYTHON_DIR} ${PROJECT_SOURCE_DIR}/examples/horovod_mnist.py)
-  set_tests_properties(python.horovod.mnist_example PROPERTIES LABELS "python;mp" TIMEOUT 300)
+  set_tests_properties(python.horovod.mnist_example PROPERTIES LABELS "python;mp" TIMEOUT 300 SKIP_RETURN_CODE 77)
 endif()

@@ -18,6 +18,14 @@ std::string rank_prefix(const std::string& what, const std::string& name, int ra
   return "tutti.horovod " + what + " '" + name + "' (rank " + std::to_string(rank) + "): ";
 }
 
+/// The tensor's Tutti type; Error(invalid_argument) for a tensor that is not in host memory (the
+/// engine reads and writes it through its data pointer) or of a type Tutti does not reduce.
+tutti::DataType checked_type(const ::torch::Tensor& t, const std::string& where) {
+  if (t.defined() && !t.device().is_cpu())
+    throw Error(ErrorCode::invalid_argument, where + "the tensor is on " + t.device().str() + " (CPU tensors only)");
+  return tutti::torch::dtype_of(t);
+}
+
 /// The type and the dimensions after the first, as one number the ranks compare.
 std::int64_t row_signature(const ::torch::Tensor& t) {
   std::string text = c10::toString(t.scalar_type());
@@ -83,7 +91,7 @@ class AllgatherOp final : public PendingOp {
     if (input_.dim() == 0)
       throw Error(ErrorCode::invalid_argument, rank_prefix("allgather", name_, engine.rank()) +
                                                    "the tensor is a scalar; allgather needs at least one dimension");
-    dtype_ = tutti::torch::dtype_of(input_);
+    dtype_ = checked_type(input_, rank_prefix("allgather", name_, engine.rank()));
     meta_ = ::torch::tensor({input_.size(0), row_signature(input_)}, ::torch::kLong);
     gathered_ = ::torch::empty({2 * engine.size()}, ::torch::kLong);
     handle_ = engine.enqueue_allgather(name_, meta_.data_ptr(), gathered_.data_ptr(), 2, tutti::DataType::i64);
@@ -233,7 +241,8 @@ tutti::ReduceOp reduce_op_of(int horovod_op, const std::string& name) {
 std::unique_ptr<PendingOp> start_allreduce(tutti::Engine& engine, const std::string& name, ::torch::Tensor input,
                                            ::torch::Tensor output, int horovod_op) {
   const tutti::ReduceOp op = reduce_op_of(horovod_op, name);
-  const tutti::DataType type = tutti::torch::dtype_of(input);
+  const tutti::DataType type = checked_type(input, rank_prefix("allreduce", name, engine.rank()));
+  checked_type(output, rank_prefix("allreduce", name, engine.rank()));
   if (input.scalar_type() != output.scalar_type() || input.numel() != output.numel())
     throw Error(ErrorCode::invalid_argument, rank_prefix("allreduce", name, engine.rank()) + "output " +
                                                  describe(output) + " does not match input " + describe(input));
@@ -248,7 +257,7 @@ std::unique_ptr<PendingOp> start_allreduce(tutti::Engine& engine, const std::str
 
 std::unique_ptr<PendingOp> start_broadcast(tutti::Engine& engine, const std::string& name, ::torch::Tensor tensor,
                                            int root) {
-  const tutti::DataType type = tutti::torch::dtype_of(tensor);
+  const tutti::DataType type = checked_type(tensor, rank_prefix("broadcast", name, engine.rank()));
   ::torch::Tensor buffer = tensor.contiguous();
   auto n = static_cast<std::size_t>(buffer.numel());
   tutti::Handle h = engine.enqueue_broadcast(name, buffer.data_ptr(), n, type, root);
@@ -264,7 +273,7 @@ std::unique_ptr<PendingOp> start_alltoall(tutti::Communicator& world, const std:
   const std::string where = rank_prefix("alltoall", name, world.rank());
   if (input.dim() == 0)
     throw Error(ErrorCode::invalid_argument, where + "the tensor is a scalar; alltoall needs at least one dimension");
-  const tutti::DataType type = tutti::torch::dtype_of(input);
+  const tutti::DataType type = checked_type(input, where);
   const int size = world.size();
   const std::vector<std::int64_t> rows = send_rows(input, splits, size, where);
   // Every rank learns how many rows each peer sends it, and checks that the peers' rows are shaped

@@ -71,6 +71,7 @@ def test_alltoall_errors():
 
 def test_local_errors():
     expect_error(errors.InvalidArgument, lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool)), "Bool")
+    expect_error(errors.InvalidArgument, lambda: hvd.allreduce(torch.ones(2, device="meta")), "CPU tensors only")
     expect_error(errors.InvalidArgument, lambda: hvd.synchronize(12345), "12345")
     expect_error(errors.Unsupported, lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum), "Adasum")
     expect_error(errors.Unsupported, lambda: hvd.allreduce(torch.ones(2), process_set=object()), "process sets")
