@@ -139,43 +139,11 @@ def is_homogeneous():
     return size() == local_size() * cross_size()
 
 
-# What this build has, in Horovod's words: Tutti's own transports, no MPI/Gloo/NCCL controller,
-# CPU tensors only.
-def mpi_built():
+def _not_built():
+    """False: Tutti's own transports do the work, with CPU tensors only."""
     return False
 
 
-def mpi_enabled():
-    return False
-
-
-def mpi_threads_supported():
-    return False
-
-
-def gloo_built():
-    return False
-
-
-def gloo_enabled():
-    return False
-
-
-def nccl_built():
-    return False
-
-
-def cuda_built():
-    return False
-
-
-def rocm_built():
-    return False
-
-
-def ddl_built():
-    return False
-
-
-def ccl_built():
-    return False
+# What this build has, in Horovod's words: no MPI, Gloo, NCCL, CUDA, ROCm, DDL or oneCCL.
+mpi_built = mpi_enabled = mpi_threads_supported = gloo_built = gloo_enabled = _not_built
+nccl_built = cuda_built = rocm_built = ddl_built = ccl_built = _not_built

@@ -42,26 +42,28 @@ class _TensorSpec:
         self.shape, self.dtype, self.index = tuple(tensor.shape), tensor.dtype, index
 
 
+def _map(value, is_leaf, fn):
+    """`value` (nested dicts, lists and tuples) with every leaf replaced by fn(leaf)."""
+    if is_leaf(value):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: _map(v, is_leaf, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map(v, is_leaf, fn) for v in value)
+    return value
+
+
 def _split_tensors(value, tensors):
     """`value` with every tensor replaced by a _TensorSpec (the tensors appended to `tensors`)."""
-    if torch.is_tensor(value):
-        tensors.append(value.detach().contiguous())
-        return _TensorSpec(value, len(tensors) - 1)
-    if isinstance(value, dict):
-        return {k: _split_tensors(v, tensors) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_split_tensors(v, tensors) for v in value)
-    return value
+    def spec(tensor):
+        tensors.append(tensor.detach().contiguous())
+        return _TensorSpec(tensor, len(tensors) - 1)
+
+    return _map(value, torch.is_tensor, spec)
 
 
-def _join_tensors(value, tensors):
-    if isinstance(value, _TensorSpec):
-        return tensors[value.index]
-    if isinstance(value, dict):
-        return {k: _join_tensors(v, tensors) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_join_tensors(v, tensors) for v in value)
-    return value
+def _is_spec(value):
+    return isinstance(value, _TensorSpec)
 
 
 def broadcast_optimizer_state(optimizer, root_rank):
@@ -74,24 +76,13 @@ def broadcast_optimizer_state(optimizer, root_rank):
     skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.structure")
     if _horovod.rank() != root_rank:
         specs = []
-        _collect_specs(skeleton, specs)
+        _map(skeleton, _is_spec, specs.append)
         tensors = [torch.empty(s.shape, dtype=s.dtype) for s in sorted(specs, key=lambda s: s.index)]
     handles = [broadcast_async_(t, root_rank, name="broadcast_optimizer_state.%d" % i) for i, t in enumerate(tensors)]
     for handle in handles:
         synchronize(handle)
     if _horovod.rank() != root_rank:
-        optimizer.load_state_dict(_join_tensors(skeleton, tensors))
-
-
-def _collect_specs(value, specs):
-    if isinstance(value, _TensorSpec):
-        specs.append(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _collect_specs(v, specs)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _collect_specs(v, specs)
+        optimizer.load_state_dict(_map(skeleton, _is_spec, lambda spec: tensors[spec.index]))
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
