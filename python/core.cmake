@@ -28,4 +28,12 @@ if(TUTTI_BUILD_TESTS)
     set_tests_properties(python.core.processes_tcp_p3 PROPERTIES LABELS "mp;python" TIMEOUT 600
                          ENVIRONMENT "${tutti_core_env}")
   endif()
+  # mpirun instead of tutti-run: tutti.init() bootstraps through MPI (label mpi).
+  if(TUTTI_WITH_MPI AND MPIEXEC_EXECUTABLE)
+    add_test(NAME python.core.mpirun_p2
+             COMMAND timeout 300 ${MPIEXEC_EXECUTABLE} --oversubscribe --allow-run-as-root ${MPIEXEC_NUMPROC_FLAG} 2
+                     ${Python_EXECUTABLE} ${tutti_core_tests}/test_processes.py)
+    set_tests_properties(python.core.mpirun_p2 PROPERTIES LABELS "mpi;python" TIMEOUT 360
+                         ENVIRONMENT "${tutti_core_env}")
+  endif()
 endif()

@@ -1,4 +1,4 @@
-"""tutti across processes: run under tutti-run -n P (ctest python.core.processes_pP).
+"""tutti across processes: run under tutti-run -n P (ctest python.core.processes_pP) or mpirun.
 
 Every rank runs the same tests in the same order (unittest sorts them), so their collectives
 match. Each rank checks its own results; tutti-run fails the job when any rank fails.
@@ -25,8 +25,9 @@ def world():
 class Processes(unittest.TestCase):
     def test_a_init(self):
         comm = world()
-        self.assertEqual(comm.size, int(os.environ["TUTTI_SIZE"]))
-        self.assertEqual(comm.rank, int(os.environ["TUTTI_RANK"]))
+        launcher = "TUTTI" if "TUTTI_SIZE" in os.environ else "OMPI_COMM_WORLD"  # tutti-run or mpirun
+        self.assertEqual(comm.size, int(os.environ[launcher + "_SIZE"]))
+        self.assertEqual(comm.rank, int(os.environ[launcher + "_RANK"]))
 
     def test_allreduce_every_type_and_op(self):
         self.assertGreaterEqual(checks.run_allreduce(world()), 9 * 5 * 4)

@@ -243,8 +243,9 @@ class Failures(unittest.TestCase):
         with self.assertRaises(tutti.Timeout) as caught:
             comms[0].allreduce(np.ones(4, np.float32), timeout=0.3)  # rank 1 never calls
         self.assertLess(time.monotonic() - start, 30)
-        self.assertIn("allreduce", str(caught.exception))
-        self.assertIn("1", str(caught.exception))  # the rank waited for
+        # The C++ message, intact: which rank, which call, which peer it waited for.
+        self.assertIn("rank 0: allreduce(#0, count=4, f32, sum", str(caught.exception))
+        self.assertIn("timed out after 300 ms; still waiting for rank(s) 1", str(caught.exception))
 
     def test_mismatch(self):
         def body(comm):
@@ -257,7 +258,8 @@ class Failures(unittest.TestCase):
         results = run_ranks(2, body)
         for rank, (cls, message) in enumerate(results):
             self.assertIs(cls, tutti.Mismatch, f"rank {rank}: {cls} {message}")
-            self.assertIn("count", message)
+            self.assertIn("rank 0 called allreduce(#0, count=4, f32", message)
+            self.assertIn("rank 1 called allreduce(#0, count=5, f32", message)
 
 
 if __name__ == "__main__":
