@@ -53,7 +53,8 @@ void sweep_dropped() {
 PyRequest::PyRequest(tutti::Request request, PreparedCall call)
     : request_(std::move(request)), call_(std::move(call)) {}
 
-PyRequest::PyRequest(PyRequest&& other) noexcept : request_(std::move(other.request_)), call_(std::move(other.call_)) {
+PyRequest::PyRequest(PyRequest&& other) noexcept
+    : request_(std::move(other.request_)), call_(std::move(other.call_)), issued_(other.issued_) {
   other.call_.reset();
 }
 
@@ -74,7 +75,7 @@ bool PyRequest::wait(const py::object& timeout) {
   } else {
     const auto limit = milliseconds_of(timeout, "Request.wait");
     py::gil_scoped_release release;
-    complete_now = request_.wait_for(limit);
+    complete_now = request_.wait_for(limit, issued_);
   }
   if (complete_now) complete();
   return complete_now;

@@ -37,7 +37,8 @@ class PyRequest {
   PyRequest& operator=(PyRequest&&) = delete;
 
   /// Blocks, without the GIL, until complete (true) or until `timeout` seconds passed (false);
-  /// None waits for the operation's own deadline. Raises the operation's error.
+  /// None waits for the operation's own deadline (from this call). With a timeout, that deadline
+  /// counts from when the call was issued. Raises the operation's error.
   bool wait(const py::object& timeout);
   /// True when complete; raises the operation's error.
   bool test();
@@ -46,6 +47,9 @@ class PyRequest {
   void complete();  // drops the call and its owners (GIL held)
   tutti::Request request_;
   std::optional<PreparedCall> call_;  // empty once complete (or moved from)
+  // When the call was issued: the operation's deadline counts from here in wait(timeout), so that
+  // polling in short slices still ends in Timeout.
+  std::chrono::steady_clock::time_point issued_ = std::chrono::steady_clock::now();
 };
 
 /// Runs `call` blocking, the GIL released while Tutti works.

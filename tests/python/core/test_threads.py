@@ -247,6 +247,13 @@ class Failures(unittest.TestCase):
         self.assertIn("rank 0: allreduce(#0, count=4, f32, sum", str(caught.exception))
         self.assertIn("timed out after 300 ms; still waiting for rank(s) 1", str(caught.exception))
 
+    def test_polling_reaches_the_deadline(self):
+        """wait(timeout) in short slices: the operation's deadline counts from its issue."""
+        request = tutti.local_group(2)[0].iallreduce(np.ones(4, np.float32), timeout=0.3)
+        with self.assertRaises(tutti.Timeout):
+            for _ in range(200):  # 10 s of slices
+                self.assertFalse(request.wait(timeout=0.05))
+
     def test_mismatch(self):
         def body(comm):
             try:
