@@ -26,6 +26,10 @@ struct Site {
   Role role(const char* argument, bool output) const { return {name, argument, comm.rank(), output}; }
   std::size_t size() const { return static_cast<std::size_t>(comm.size()); }
   bool at(int root) const { return comm.rank() == root; }
+  // Before dividing by size(): an empty communicator (a negative color in split) has none.
+  void check_not_empty() const {
+    if (comm.size() <= 0) invalid(std::string(name) + ": the communicator is empty (split with a negative color)");
+  }
 };
 
 // An output buffer that must match `reference` in type and hold `expected` elements.
@@ -40,6 +44,7 @@ Buffer output_like(const Site& site, const py::handle& object, const Buffer& ref
 
 // The per-rank block of a buffer that holds size() blocks (in-place forms, reduce_scatter, ...).
 std::size_t block_of(const Site& site, const Buffer& buffer, const char* argument) {
+  site.check_not_empty();
   if (buffer.count % site.size() != 0)
     invalid(prefix(site.role(argument, false)) + argument + " has " + std::to_string(buffer.count) +
             " elements, not a multiple of size() = " + std::to_string(site.size()));
@@ -48,6 +53,9 @@ std::size_t block_of(const Site& site, const Buffer& buffer, const char* argumen
 
 // Per-rank counts (allgatherv, alltoallv): size() non-negative integers.
 Counts counts_of(const Site& site, const py::handle& object, const char* argument) {
+  site.check_not_empty();
+  if (!py::isinstance<py::iterable>(object))
+    invalid(prefix(site.role(argument, false)) + argument + " must be a sequence of integers");
   Counts counts;
   try {
     for (const py::handle item : py::iterable(py::reinterpret_borrow<py::object>(object))) {

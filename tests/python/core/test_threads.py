@@ -226,6 +226,19 @@ class Errors(unittest.TestCase):
         self.assertRaisesWith(tutti.InvalidArgument, ["recv", "peer -2 is out of range [0, 1)"], self.comm.irecv,
                               np.ones(3, np.int32), -2)
 
+    def test_empty_communicator(self):
+        empty = self.comm.split(-1, 0)
+        for call in (lambda: empty.allgather(np.ones(2)), lambda: empty.ialltoall(np.ones(2)),
+                     lambda: empty.allgatherv(np.ones(2), [2]), lambda: empty.allreduce(np.ones(2)),
+                     lambda: empty.barrier()):
+            self.assertRaisesWith(tutti.InvalidArgument, ["the communicator is empty"], call)
+
+    def test_bad_counts(self):
+        comm3 = tutti.local_group(3)[0]
+        for counts in (5, ["a", 1, 1], [1, -1, 1]):
+            self.assertRaisesWith(tutti.InvalidArgument, ["allgatherv (rank 0)", "recv_counts"], comm3.allgatherv,
+                                  np.ones(1), counts)
+
     def test_exception_classes(self):
         self.assertTrue(issubclass(tutti.InvalidArgument, ValueError))
         self.assertTrue(issubclass(tutti.Timeout, TimeoutError))
