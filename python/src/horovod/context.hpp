@@ -50,8 +50,9 @@ class Context {
   int next_handle() { return next_handle_++; }
   /// Takes ownership of `op` under `handle`.
   void add(int handle, std::unique_ptr<PendingOp> op);
-  /// Whether the operation is complete (advancing every operation in flight). Throws its error,
-  /// and forgets the handle then; Error(invalid_argument) for an unknown handle.
+  /// Whether the operation has finished, completed or failed (advancing every operation in
+  /// flight); synchronize() then returns at once, with the result or the error. Never blocks.
+  /// Error(invalid_argument) for an unknown handle.
   bool poll(int handle);
   /// Blocks until the operation completes, advancing every other one meanwhile (an allgather's
   /// second phase starts when its first completes, whichever handle the caller waits on), then

@@ -39,6 +39,11 @@ def test_mismatched_shapes_named_on_every_rank():
     x = torch.ones(4 + R)  # another count on every rank
     e = expect_error(errors.Mismatch, lambda: hvd.allreduce(x, name="grad.fc1"), "grad.fc1")
     assert isinstance(e, errors.Error)
+    # poll says a failed operation has finished; synchronize raises its error.
+    h = hvd.allreduce_async(x, name="grad.polled")
+    while not hvd.poll(h):
+        pass
+    expect_error(errors.Mismatch, lambda: hvd.synchronize(h), "grad.polled")
     # The job goes on.
     check_equal(hvd.allreduce(torch.ones(3), op=hvd.Sum, name="after"), torch.full((3,), float(P)), "after")
 

@@ -55,13 +55,9 @@ def synchronize(handle):
 
 
 def poll(handle):
-    """True once the operation of `handle` has completed (synchronize then returns at once).
-    Never blocks."""
-    try:
-        return _horovod.poll(handle)
-    except Exception:
-        _finishers.pop(handle, None)
-        raise
+    """True once the operation of `handle` has finished: synchronize(handle) then returns its
+    result, or raises its error, at once. Never blocks."""
+    return _horovod.poll(handle)
 
 
 def _scaled(results, tensor, postscale_factor):
