@@ -165,6 +165,8 @@ def test_refusals():
     d = hvd.DistributedOptimizer(opt, named_parameters=m.named_parameters())
     assert isinstance(d, torch.optim.SGD)
     torch.nn.functional.mse_loss(m(batch(2)[0]), batch(2)[1]).backward()
+    # backward's hooks have enqueued every gradient's allreduce already, before step().
+    assert hvd._horovod.pending() == 4, hvd._horovod.pending()
     expect_error(AssertionError, d.zero_grad, "before step")
     d.step()
 
