@@ -92,6 +92,26 @@ class Collectives(unittest.TestCase):
 
         run_ranks(2, body)
 
+    def test_views(self):
+        """Contiguous views (slices, 2-D blocks) are written where they lie, and nowhere else."""
+
+        def body(comm):
+            whole = np.full(10, -1, dtype=np.int32)
+            comm.allreduce(np.full(4, comm.rank + 1, np.int32), whole[3:7])
+            checks.expect(whole, [-1] * 3 + [3] * 4 + [-1] * 3, "allreduce into a NumPy slice")
+            grid = np.full((4, 3), -1, dtype=np.float64)
+            comm.allgather(np.full(3, comm.rank + 5, np.float64), grid[1:3])
+            checks.expect(grid.ravel(), [-1] * 3 + [5] * 3 + [6] * 3 + [-1] * 3, "allgather into rows 1-2")
+            if torch is not None:
+                t = torch.full((10,), -1, dtype=torch.int64)
+                comm.allreduce(t[2:5].clone().fill_(comm.rank + 1), t[6:9])
+                comm.broadcast(t[2:5], root=0)
+                checks.expect(t, [-1, -1, -1, -1, -1, -1, 3, 3, 3, -1], "torch slices")
+                empty = torch.zeros(0)
+                comm.allreduce(empty)
+
+        run_ranks(2, body)
+
     def test_request_keeps_buffers_alive(self):
         """A request holds its buffers: temporaries, and requests dropped before they complete."""
 
