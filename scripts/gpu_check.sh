@@ -21,6 +21,12 @@
 #   scripts/gpu_check.sh            (build directory: build-gpu, or TUTTI_GPU_CHECK_BUILD)
 #   TUTTI_GPU_CHECK_BENCH="-b 8 -e 1G -f 2" scripts/gpu_check.sh    (tutti-bench's sizes)
 #   TUTTI_GPU_CHECK_KERNELS="-b 1M -e 1G -f 4" scripts/gpu_check.sh  (--kernels' sizes)
+#   TUTTI_GPU_CHECK_PREBUILT=1 TUTTI_GPU_CHECK_BUILD=DIR scripts/gpu_check.sh
+#       (a machine that cannot build Tutti: the binaries scripts/gpu_bundle.sh gathered into DIR;
+#       no build, no ctest: the suites run as the binaries themselves)
+# With a GPU, the stream-aware collective suites (gpu_test, gpu_collectives_test) also run on the
+# CUDA device (TUTTI_TEST_GPU_DEVICE=cuda: every rank a thread on GPU 0, backend host_transfer,
+# since ipc and nccl refuse two ranks on one GPU; and automatic, which must then pick it).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 build=${TUTTI_GPU_CHECK_BUILD:-build-gpu}
@@ -48,6 +54,14 @@ else
   gpu=1
 fi
 
+prebuilt=${TUTTI_GPU_CHECK_PREBUILT:-0}
+if ((prebuilt)); then
+  echo "== prebuilt binaries in $build"
+  for f in tests/device_gpu_test tests/gpu_test tests/gpu_collectives_test tools/tutti-run tools/bench/tutti-bench; do
+    [[ -x $build/$f ]] || { flunk "prebuilt: $build/$f is missing"; finish; }
+  done
+  pass "prebuilt binaries present"
+else
 echo "== build ($build)"
 bash scripts/deps.sh || echo "gpu_check: scripts/deps.sh failed; building with what is installed"
 if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTUTTI_WERROR=ON -DTUTTI_CUDA=ON >/dev/null; then
@@ -67,6 +81,7 @@ elif ((gpu)); then
 else
   echo "gpu_check: built without CUDA (no toolkit found)"
 fi
+fi
 logs="$build/gpu_check"
 mkdir -p "$logs"
 
@@ -82,6 +97,36 @@ suite() {
   else
     pass "ctest -L $label ($(grep -E 'tests passed' "$log" | tail -n 1))"
   fi
+}
+
+# binary NAME ENV... -- BINARY: one gtest binary run directly, with the environment given; with a
+# GPU, a skipped case is a failure (the CUDA device did not open).
+binary() {
+  local name=$1 log="$logs/$1.log"
+  shift
+  local envs=()
+  while [[ $1 != -- ]]; do envs+=("$1"); shift; done
+  shift
+  echo "== $name"
+  if ! timeout -s KILL 600 env "${envs[@]}" "$build/tests/$1" --gtest_brief=1 >"$log" 2>&1; then
+    tail -n 40 "$log"
+    flunk "$name ($(grep -E 'PASSED|FAILED' "$log" | head -n 2 | tr '\n' ' '))"
+  elif grep -q "SKIPPED" "$log"; then
+    tail -n 20 "$log"
+    flunk "$name: cases were skipped on a machine with a GPU"
+  else
+    pass "$name ($(grep -E '^\[  PASSED  \]' "$log"))"
+  fi
+}
+
+# The suites on the CUDA device: the device layer, and the collective suites with every rank on GPU 0.
+cuda_suites() {
+  binary device_gpu_test -- device_gpu_test
+  for backend in host_transfer automatic; do
+    for suite in gpu_test gpu_collectives_test; do
+      binary "$suite-cuda-$backend" TUTTI_TEST_GPU_DEVICE=cuda TUTTI_TEST_GPU_BACKEND=${backend/automatic/} -- "$suite"
+    done
+  done
 }
 
 run=$build/tools/tutti-run
@@ -144,8 +189,8 @@ kernels_run() {
 }
 
 if ((gpu)); then
-  suite gpu
-  suite emulated
+  cuda_suites
+  ((prebuilt)) || suite emulated
   for p in 1 2 4; do
     for backend in host_transfer ipc nccl automatic; do bench_run cuda "$backend" "$p"; done
   done

@@ -41,6 +41,15 @@ inline tutti::Algorithm test_backend() {
   if (std::string(name) == "ipc") return tutti::Algorithm::ipc;
   throw std::invalid_argument(std::string("TUTTI_TEST_GPU_BACKEND: unknown backend ") + name);
 }
+// The device the collective tests run on: TUTTI_TEST_GPU_DEVICE=cuda puts every rank (thread) on
+// CUDA device 0 (scripts/gpu_check.sh, on a machine with a GPU; ipc and nccl refuse two ranks on one
+// GPU there, so it runs them on host_transfer); else the emulated device, one per rank.
+inline DeviceKind test_device_kind() {
+  const char* name = std::getenv("TUTTI_TEST_GPU_DEVICE");
+  if (name == nullptr || *name == '\0' || std::string(name) == "emulated") return DeviceKind::emulated;
+  if (std::string(name) == "cuda") return DeviceKind::cuda;
+  throw std::invalid_argument(std::string("TUTTI_TEST_GPU_DEVICE: unknown device ") + name);
+}
 inline const tutti::Options options{.algorithm = test_backend(), .timeout = std::chrono::milliseconds(30000)};
 
 inline constexpr DataType all_types[] = {DataType::i8,  DataType::u8,  DataType::i32,  DataType::u32, DataType::i64,
@@ -49,11 +58,12 @@ inline constexpr ReduceOp all_ops[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::
 
 using Bytes = std::vector<std::byte>;
 
-// Runs fn(gpu communicator, rank) on p threads, one per rank, each with an emulated device.
+// Runs fn(gpu communicator, rank) on p threads, one per rank, each with its own emulated device (or
+// all on CUDA device 0: test_device_kind).
 inline void run_gpu_ranks(int p, const std::function<void(tutti::gpu::Communicator&, int)>& fn) {
   auto hosts = tutti::local_group(p);
   const std::string failures = tutti::testing::on_threads(p, [&](int r) {
-    tutti::gpu::Communicator gpu(hosts[static_cast<std::size_t>(r)], DeviceKind::emulated);
+    tutti::gpu::Communicator gpu(hosts[static_cast<std::size_t>(r)], test_device_kind());
     fn(gpu, r);
   });
   EXPECT_EQ(failures, "");
