@@ -20,6 +20,9 @@ PyTorch's bf16 hook needs NCCL) or powersgd:RANK (PyTorch's PowerSGD hook: rank-
 P and Q factors allreduced, warm-started, with error feedback; the first step runs a plain
 allreduce, as the hook requires).
 
+--backend tutti trains over Tutti's torch.distributed backend instead of Gloo (the tutti package
+must be on PYTHONPATH, e.g. build/python): the same script, only the process group differs.
+
 --from-env runs one rank of a job another launcher started (scripts/cluster.sh's emulated hosts:
 each rank is its own process there): rank and size from TUTTI_RANK and TUTTI_SIZE, PyTorch's
 rendezvous at the port after the job's tcp:// store, Gloo on the interface of TUTTI_TCP_HOST.
@@ -30,7 +33,7 @@ The printed loss is the mean training loss of the epoch over all ranks' steps.
 
 Usage: ddp_peer.py [-n N] [--epochs E] [--batch-size B] [--lr LR] [--threads T] [--seed S]
                    [--train-samples N] [--test-samples N] [--data DIR] [--no-overlap]
-                   [--compression none|fp16|powersgd:RANK] [--from-env]
+                   [--compression none|fp16|powersgd:RANK] [--backend gloo|tutti] [--from-env]
 """
 import argparse
 import contextlib
@@ -174,7 +177,9 @@ def parse_compression(text):
 def train(rank, args, port, train_x, train_y, test_x, test_y, master="127.0.0.1"):
     world = args.n
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank,
+    if args.backend == "tutti":
+        import tutti.distributed  # noqa: F401 (registers the backend)
+    dist.init_process_group(args.backend, init_method=f"tcp://{master}:{port}", rank=rank,
                             world_size=world)
     train_x, train_y = torch.from_numpy(train_x), torch.from_numpy(train_y)
     test_x, test_y = torch.from_numpy(test_x), torch.from_numpy(test_y)
@@ -191,7 +196,7 @@ def train(rank, args, port, train_x, train_y, test_x, test_y, master="127.0.0.1"
     per_rank = steps * args.batch_size
     if rank == 0:
         print(f"{PROG}: p={world} batch={args.batch_size}/rank lr={args.lr:g} threads={args.threads} "
-              f"overlap={'off' if args.no_overlap else 'on'} compression={args.compression} backend=gloo torch={torch.__version__}",
+              f"overlap={'off' if args.no_overlap else 'on'} compression={args.compression} backend={args.backend} torch={torch.__version__}",
               flush=True)
 
     run_step = 0
@@ -334,6 +339,8 @@ def parse_args(argv):
                    help="one allreduce of all gradients after backward instead of DDP's overlap")
     p.add_argument("--compression", type=parse_compression, default="none",
                    help="DDP communication hook: none, fp16 or powersgd:RANK")
+    p.add_argument("--backend", choices=("gloo", "tutti"), default="gloo",
+                   help="torch.distributed backend of the process group (tutti: on PYTHONPATH)")
     p.add_argument("--from-env", action="store_true",
                    help="run one rank of a job started by a Tutti launcher (TUTTI_RANK, TUTTI_SIZE, "
                         "TUTTI_STORE=tcp://...) instead of launching -n ranks")

@@ -152,4 +152,34 @@ WorkPtr ProcessGroupTutti::_allgather_base(at::Tensor& output, at::Tensor& input
       {output}, {in->buffer(), out->buffer()}, [out] { out->copy_back(); });
 }
 
+WorkPtr ProcessGroupTutti::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                               std::vector<at::Tensor>& inputs, const ::c10d::AllgatherOptions& opts) {
+  // Every rank's inputs laid end to end, gathered in one allgather (as Gloo does): outputs[r][i]
+  // gets rank r's input i.
+  const char* what = "allgather_coalesced";
+  if (inputs.empty()) throw Error(ErrorCode::invalid_argument, prefix(what) + "no input tensors");
+  check_like(inputs, inputs.front(), -1, "input_tensors", what);
+  if (outputs.size() != static_cast<std::size_t>(size_))
+    throw Error(ErrorCode::invalid_argument, prefix(what) + "expected " + std::to_string(size_) +
+                                                 " output lists (one per rank), got " + std::to_string(outputs.size()));
+  for (const auto& list : outputs) {
+    if (list.size() != inputs.size())
+      throw Error(ErrorCode::invalid_argument, prefix(what) +
+                                                   "every output list must have as many tensors as the inputs (" +
+                                                   std::to_string(inputs.size()) + ")");
+    for (std::size_t i = 0; i < list.size(); ++i) check_like({list[i]}, inputs[i], inputs[i].numel(), "output", what);
+  }
+  const DataType type = data_type_of(inputs.front(), what);
+  at::Tensor send = flatten(inputs);
+  at::Tensor recv = at::empty({send.numel() * size_}, send.options());
+  std::vector<at::Tensor> all;  // every output tensor, in rank order: the future's value
+  for (const auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
+  return run(
+      OpType::ALLGATHER_COALESCED, opts.timeout,
+      [&](tutti::Communicator& c, const tutti::Options& o) {
+        return c.iallgather(send.data_ptr(), recv.data_ptr(), static_cast<std::size_t>(send.numel()), type, o);
+      },
+      all, {send, recv}, [recv, all] { unflatten(recv, all); });
+}
+
 }  // namespace tutti::c10d_backend

@@ -42,6 +42,9 @@ class ProcessGroupTutti : public ::c10d::ProcessGroup {
                                              const ::c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                    const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const ::c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                           std::vector<at::Tensor>& inputs, const ::c10d::GatherOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> scatter(std::vector<at::Tensor>& outputs,

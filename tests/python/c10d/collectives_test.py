@@ -130,6 +130,14 @@ def check_allgather():
     flat = torch.full((P * 5,), POISON, dtype=torch.float32)
     dist.all_gather_into_tensor(flat, data(RANK, 5, torch.float32))
     expect_equal("all_gather_into_tensor", flat, torch.cat([data(r, 5, torch.float32) for r in range(P)]))
+    # Coalesced: output_lists[r][i] is rank r's input i.
+    inputs = [data(RANK, 2, torch.int64, offset=10), data(RANK, 3, torch.int64, offset=20).view(3, 1)]
+    outputs = [[torch.full((2,), POISON, dtype=torch.int64), torch.full((3, 1), POISON, dtype=torch.int64)]
+               for _ in range(P)]
+    dist.all_gather_coalesced(outputs, inputs)
+    for r in range(P):
+        expect_equal(f"allgather_coalesced {r} 0", outputs[r][0], data(r, 2, torch.int64, offset=10))
+        expect_equal(f"allgather_coalesced {r} 1", outputs[r][1], data(r, 3, torch.int64, offset=20).view(3, 1))
     flat = torch.full((P * 5,), POISON, dtype=torch.float32)
     dist._all_gather_base(flat, data(RANK, 5, torch.float32))
     expect_equal("_all_gather_base", flat, torch.cat([data(r, 5, torch.float32) for r in range(P)]))
@@ -255,8 +263,8 @@ def check_errors():
     expect_raises("recv from any source", tutti.Unsupported, "any source", lambda: dist.recv(torch.ones(1)))
     expect_raises("allgather into a wrong size", tutti.InvalidArgument, "elements",
                   lambda: dist.all_gather_into_tensor(torch.ones(P * 2 + 1), torch.ones(2)))
-    expect_raises("not implemented", RuntimeError, "tutti",
-                  lambda: dist.all_gather_coalesced([[torch.ones(1)] * P], [torch.ones(1)]))
+    expect_raises("not implemented", RuntimeError, "ProcessGroup tutti does not support monitoredBarrier",
+                  lambda: dist.distributed_c10d._get_default_group().monitored_barrier())
     dist.barrier()  # nothing was issued by the refusals: the ranks are still in step
 
 

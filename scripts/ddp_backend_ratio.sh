@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# DDP over the torch.distributed backend "tutti" against DDP over "gloo": tools/ddp_peer.py (the
+# same model, data, schedule and script; only the process group's backend differs), p = 2 and 4,
+# the two backends alternating round by round. Prints each run's step time (ms, rank 0, after
+# warm-up) and, per p, the median tutti/gloo step-time ratio with its min and max
+# (docs/torch-distributed.md).
+#
+#   scripts/ddp_backend_ratio.sh [BUILD_DIR] [ROUNDS] [TRAIN_SAMPLES]
+#
+# BUILD_DIR (default build) must have the targets _c10d and _tutti built.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+rounds=${2:-3}
+samples=${3:-6400}
+export PYTHONPATH=$build/python PYTHONDONTWRITEBYTECODE=1
+results=$(mktemp)
+trap 'rm -f "$results"' EXIT
+for p in 2 4; do
+  for round in $(seq "$rounds"); do
+    for backend in gloo tutti; do
+      step=$(/usr/bin/python3 "$root/tools/ddp_peer.py" -n "$p" --epochs 1 --train-samples "$samples" \
+               --test-samples 1000 --backend "$backend" | sed -n 's/.*summary step_ms=\([0-9.]*\).*/\1/p')
+      [[ -n $step ]] || { echo "ddp_peer.py --backend $backend -n $p gave no step time" >&2; exit 1; }
+      echo "p=$p round=$round backend=$backend step_ms=$step"
+      echo "$p $round $backend $step" >>"$results"
+    done
+  done
+done
+/usr/bin/python3 - "$results" <<'PY'
+import statistics, sys
+rows = [line.split() for line in open(sys.argv[1])]
+for p in sorted({int(r[0]) for r in rows}):
+    step = {(r[1], r[2]): float(r[3]) for r in rows if int(r[0]) == p}
+    rounds = sorted({r for r, _ in step})
+    ratios = [step[(r, "tutti")] / step[(r, "gloo")] for r in rounds]
+    med = lambda b: statistics.median(step[(r, b)] for r in rounds)
+    print(f"p={p}: step gloo {med('gloo'):.1f} ms, tutti {med('tutti'):.1f} ms (medians of {len(rounds)} rounds); "
+          f"tutti/gloo {statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})")
+PY
