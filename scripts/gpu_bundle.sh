@@ -13,7 +13,9 @@ mkdir -p "$out/tests" "$out/tools/bench" "$out/lib"
 for f in tests/device_gpu_test tests/gpu_test tests/gpu_collectives_test tests/engine_gpu_test tools/tutti-run tools/bench/tutti-bench; do
   strip -o "$out/$f" "$build/$f"
 done
-# The libraries outside the C and C++ runtimes the binaries name (CUDA's runtime is linked statically;
-# NCCL is opened at run time).
-ldd "$out/tools/bench/tutti-bench" | awk '/libcrypto|libssl/ {print $3}' | xargs -r cp -L -t "$out/lib"
+# Every shared library the binaries load beyond the C and C++ runtimes (libcrypto, Gloo and what it
+# needs; CUDA's runtime is linked statically, NCCL is opened at run time).
+for f in "$out"/tests/* "$out"/tools/tutti-run "$out"/tools/bench/tutti-bench; do ldd "$f"; done |
+  awk '$3 ~ /^\// && !/libc\.so|libm\.so|libstdc|libgcc_s|ld-linux|libpthread|libdl\.so|librt\.so/ {print $3}' | sort -u |
+  xargs -r cp -L -t "$out/lib"
 du -sh "$out"

@@ -204,6 +204,9 @@ class CudaDevice final : public Device {
   }
   bool is_device_pointer(const void* pointer) const override {
     if (pointer == nullptr) return false;
+    // On a thread that has not used this device yet, no context is current, and the query then
+    // knows no allocation (seen on an H100: device memory reported as unregistered host memory).
+    select();
     cudaPointerAttributes attributes{};
     if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
       cudaGetLastError();
@@ -326,6 +329,7 @@ class CudaDevice final : public Device {
   // What a stream memory operation addresses: pinned host memory through its device mapping,
   // device memory as it is. Ordinary host memory is out of the device's reach.
   CUdeviceptr device_address(const void* flag, const char* function) const {
+    select();  // the query needs this device's context current (is_device_pointer)
     cudaPointerAttributes attributes{};
     if (cudaPointerGetAttributes(&attributes, flag) != cudaSuccess) cudaGetLastError();
     if (attributes.type == cudaMemoryTypeHost && attributes.devicePointer != nullptr)
