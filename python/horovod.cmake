@@ -32,6 +32,14 @@ if(TUTTI_BUILD_TESTS)
       set_tests_properties(python.horovod.${script}.p${ranks} PROPERTIES LABELS "python;mp" TIMEOUT 240)
     endforeach()
   endforeach()
+  # Ranks spread over emulated hosts (TUTTI_HOST per rank): local and cross ranks, collectives
+  # across hosts; p = 3 has an uneven last host.
+  foreach(ranks 3 4)
+    add_test(NAME python.horovod.hosts.p${ranks}
+             COMMAND ${CMAKE_COMMAND} -E env ${hvd_env} $<TARGET_FILE:tutti-run> -n ${ranks} bash -c
+                     "TUTTI_HOST=host$((TUTTI_RANK / 2)) exec ${Python_EXECUTABLE} ${hvd_tests}/hosts_test.py")
+    set_tests_properties(python.horovod.hosts.p${ranks} PROPERTIES LABELS "python;mp" TIMEOUT 120)
+  endforeach()
   # The equivalent of Horovod's MNIST example (examples/horovod_mnist.py; Horovod's own script is
   # run by examples/horovod_mnist_compare.sh, see docs/horovod.md) for one short epoch at p = 2 on
   # Fashion-MNIST.
