@@ -22,6 +22,7 @@ import unittest
 
 import tutti.distributed  # noqa: F401 — registers "tutti" here and in every spawned rank (they import this file)
 import torch.nn.parallel._replicated_tensor_ddp_utils as replicated_tensor_ddp
+import torch.testing._internal.common_utils as common_utils
 from torch.testing._internal.common_distributed import DistTestCases
 
 # Every rank's _run turns on DDP's experimental ReplicatedTensor mode, whose module
@@ -35,6 +36,29 @@ if os.environ.get("BACKEND") == "tutti":
         DistTestCases.backend_feature[feature].add("tutti")
     # Tutti receives from a named rank only (recvAnysource raises "not supported by tutti"), as NCCL.
     DistTestCases.skip_collective["sendrecv anysource"].add("tutti")
+
+# Tests PyTorch gates by backend name to Gloo (and NCCL, MPI) for features of any CPU backend that
+# tutti has too (DDP, get_future, the collectives): run against tutti as well, except those
+# named in GLOO_ONLY, which test what only ProcessGroupGloo has.
+UNGATED_REASONS = (
+    "Test requires backend to be one of",  # require_backend({..., "gloo", ...})
+    "get_future is only supported on mpi, nccl and gloo",
+    "Only Nccl & Gloo backend support DistributedDataParallel",
+)
+GLOO_ONLY = {}
+_sandcastle_skip, _sandcastle_skip_if = common_utils.sandcastle_skip, common_utils.sandcastle_skip_if
+
+
+def _ungated(reason, gated):
+    if not any(reason.startswith(r) for r in UNGATED_REASONS) or "gloo" not in reason.lower():
+        return gated
+    return lambda func: gated(func) if func.__name__ in GLOO_ONLY else func
+
+
+if os.environ.get("BACKEND") == "tutti":
+    common_utils.sandcastle_skip = lambda reason: _ungated(reason, _sandcastle_skip(reason))
+    common_utils.sandcastle_skip_if = lambda condition, reason: _ungated(
+        reason, _sandcastle_skip_if(condition, reason)) if condition else _sandcastle_skip_if(condition, reason)
 
 from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402
 

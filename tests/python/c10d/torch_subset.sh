@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# torch_subset.sh BUILD_DIR: the tests of PyTorch's DistributedTest named in torch_subset.txt,
+# against "tutti", at WORLD_SIZE 3; fails when one fails. PyTorch's test utilities import
+# expecttest, which Debian does not package: without it in BUILD_DIR/pydeps (scripts/
+# torch_dist_tests.sh installs it there) or on the path, the test says so and is skipped (77).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=$1
+export PYTHONPATH=$build/python:$build/pydeps${PYTHONPATH:+:$PYTHONPATH}
+if ! /usr/bin/python3 -c "import expecttest" 2>/dev/null; then
+  echo "torch_subset: expecttest is not installed (run scripts/torch_dist_tests.sh once, or" \
+       "pip install --target $build/pydeps expecttest): skipped" >&2
+  exit 77
+fi
+export BACKEND=tutti WORLD_SIZE=3 DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=60
+summary=$(mktemp)
+trap 'rm -f "$summary"' EXIT
+status=0
+/usr/bin/python3 "$here/torch_distributed_test.py" --tests "$here/torch_subset.txt" --summary "$summary" || status=1
+# Every named test must have run and passed: a skip here would hide a test that stopped applying.
+/usr/bin/python3 - "$summary" "$here/torch_subset.txt" <<'PY' || status=1
+import json, sys
+run = json.load(open(sys.argv[1]))
+names = [l.split("#")[0].strip() for l in open(sys.argv[2]) if l.split("#")[0].strip()]
+missing = [n for n in names if n not in run["passed"]]
+print(f"torch_subset: {len(names) - len(missing)} of {len(names)} passed" + (f"; not passed: {missing}" if missing else ""))
+sys.exit(1 if missing else 0)
+PY
+exit $status
