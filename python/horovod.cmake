@@ -17,6 +17,11 @@ tutti_python_extension(_horovod tutti/horovod
 target_link_libraries(_horovod PRIVATE torch ${TUTTI_TORCH_PYTHON_LIBRARY})
 # As torch.utils.cpp_extension compiles extensions (torch/library.h needs the first).
 target_compile_definitions(_horovod PRIVATE TORCH_API_INCLUDE_EXTENSION_H TORCH_EXTENSION_NAME=_horovod)
+# Importing tutti.horovod runs the package's __init__.py, which imports the core module: building
+# _horovod builds it too, so that `ninja _horovod` gives an importable package.
+if(TARGET _tutti)
+  add_dependencies(_horovod _tutti)
+endif()
 
 if(TUTTI_BUILD_TESTS)
   # Each script runs under tutti-run at p = 2 and 4, from the build tree's package; every rank
