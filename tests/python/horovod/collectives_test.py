@@ -218,6 +218,11 @@ def test_autograd():
     y = torch.ones(R + 1, 2, requires_grad=True)
     (hvd.allgather(y) * 2).sum().backward()
     check_equal(y.grad, torch.full((R + 1, 2), 2.0), "allgather gradient (averaged)")
+    z = torch.full((3,), float(R)).requires_grad_()
+    out = hvd.broadcast(z, root_rank=1)
+    check_equal(out.detach(), torch.full((3,), 1.0), "broadcast forward")
+    (out * 4).sum().backward()  # root gets the gradient averaged over ranks, the others zero
+    check_equal(z.grad, torch.full((3,), 4.0 if R == 1 else 0.0), "broadcast gradient")
 
 
 def test_join_and_barrier():

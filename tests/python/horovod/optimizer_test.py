@@ -152,6 +152,24 @@ def test_op_sum():
         close(p.grad, q.grad * P, 1e-5, name)
 
 
+def test_synchronize_then_skip_synchronize():
+    # Horovod's pattern for clipping: synchronize(), work on the reduced gradients, then step()
+    # inside skip_synchronize(), which must not reduce them again.
+    m = model(seed=11)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05), named_parameters=m.named_parameters())
+    x, y = batch(4 * P)
+    torch.nn.functional.mse_loss(m(shard(x, 4)), shard(y, 4)).backward()
+    opt.synchronize()
+    reference = model(seed=11)
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    for (name, p), (_, q) in zip(m.named_parameters(), reference.named_parameters()):
+        close(p.grad, q.grad, 1e-5, name + " gradient after synchronize()")
+    before = hvd._horovod.stats()["tensors"]
+    with opt.skip_synchronize():
+        opt.step()
+    assert hvd._horovod.stats()["tensors"] == before, "step() in skip_synchronize() reduced again"
+
+
 def test_refusals():
     m = model(0)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
