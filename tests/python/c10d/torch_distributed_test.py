@@ -4,9 +4,10 @@ each test spawns WORLD_SIZE processes that join through a FileStore and run one 
 
     BACKEND=tutti WORLD_SIZE=3 python3 torch_distributed_test.py [--tests FILE] [--summary JSON] [-k PATTERN]
 
-"tutti" is declared to DistTestCases as a backend with DDP and subgroups (as Gloo is) and as a
-plugin, before distributed_test.py reads those sets at import; CUDA and GPU features are not
-claimed, so those tests skip for both backends. DDP's experimental ReplicatedTensor mode stays off
+"tutti" is declared to DistTestCases as a backend with DDP and subgroups (as Gloo is), as a
+plugin, and without a receive from any source, before distributed_test.py reads those sets at
+import; CUDA and GPU features are not claimed, so those tests skip for both backends. Tests that
+PyTorch gates to Gloo by name run against tutti too, but for those in GLOO_ONLY (below). DDP's experimental ReplicatedTensor mode stays off
 (see below). --tests runs the tests named in FILE (one a line,
 '#' comments), -k those whose names contain PATTERN; --summary writes the names of the passed,
 failed and skipped tests (with the reason) as JSON. PYTHONPATH must reach the tutti package and
@@ -45,7 +46,19 @@ UNGATED_REASONS = (
     "get_future is only supported on mpi, nccl and gloo",
     "Only Nccl & Gloo backend support DistributedDataParallel",
 )
-GLOO_ONLY = {}
+GLOO_ONLY = {
+    # Their helper builds the model only `if BACKEND == "mpi" or BACKEND == "gloo"` (or nccl).
+    "test_accumulate_gradients_no_sync": "the model is built for mpi, gloo and nccl only",
+    "test_accumulate_gradients_no_sync_allreduce_hook": "the model is built for mpi, gloo and nccl only",
+    "test_accumulate_gradients_no_sync_allreduce_with_then_hook": "the model is built for mpi, gloo and nccl only",
+    "test_accumulate_gradients_no_sync_grad_is_view": "the model is built for mpi, gloo and nccl only",
+    # monitored_barrier is ProcessGroupGloo's own (torch refuses it for any other backend).
+    "test_monitored_barrier_failure_order": "monitored_barrier is Gloo's",
+    "test_monitored_barrier_gloo": "monitored_barrier is Gloo's",
+    "test_monitored_barrier_gloo_rank_0_timeout": "monitored_barrier is Gloo's",
+    "test_monitored_barrier_gloo_subgroup": "monitored_barrier is Gloo's",
+    "test_monitored_barrier_wait_all_ranks": "monitored_barrier is Gloo's",
+}
 _sandcastle_skip, _sandcastle_skip_if = common_utils.sandcastle_skip, common_utils.sandcastle_skip_if
 
 
