@@ -21,6 +21,9 @@ if(TARGET tutti-run)
     tutti_c10d_test(ddp_p${p} mp timeout 240 $<TARGET_FILE:tutti-run> -n ${p} --timeout-ms 60000
                     ${Python_EXECUTABLE} ${tutti_c10d_tests}/ddp_test.py)
   endforeach()
+  # init_process_group's timeout bounds a collective a peer never joins (tutti.Timeout).
+  tutti_c10d_test(timeout_p2 mp timeout 120 $<TARGET_FILE:tutti-run> -n 2 ${Python_EXECUTABLE}
+                  ${tutti_c10d_tests}/timeout_test.py)
   tutti_c10d_test(collectives_tcp_p3 mp timeout 240 $<TARGET_FILE:tutti-run> -n 3 --transport tcp --timeout-ms 60000
                   ${Python_EXECUTABLE} ${tutti_c10d_tests}/collectives_test.py)
 endif()
