@@ -7,6 +7,8 @@
 #include "comm/comm_impl.hpp"
 #include "comm/topology.hpp"
 #include "harness.hpp"
+#include "test_waits.hpp"
+#include "tutti/topology.hpp"
 
 namespace tutti::testing {
 namespace {
@@ -205,6 +207,34 @@ TEST(Topology, HostsAndLocalIndices) {
   EXPECT_EQ(sub.host_index(2), 1);
   EXPECT_TRUE(Topology(hashes({"x", "y", "y", "x"})).uniform());
   EXPECT_NE(detail::hash_host("node1"), detail::hash_host("node2"));
+}
+
+// The public face of the topology: every rank sees the same hosts, numbered by their lowest rank,
+// and its own place among its host's ranks; a split communicator keeps its ranks' hosts.
+TEST(Topology, HostLayoutOfEveryRank) {
+  const std::vector<std::string> hosts{"b", "a", "b", "c", "a", "b"};
+  const std::string failures = run_ranks(6, [&](Communicator& comm) {
+    detail::set_host_for_testing(comm, hosts[static_cast<std::size_t>(comm.rank())]);
+    const HostLayout layout = host_layout(comm);
+    const std::vector<int> host_of_rank{0, 1, 0, 2, 1, 0};
+    const int local_rank[] = {0, 0, 1, 0, 1, 2};
+    const int local_size[] = {3, 2, 3, 1, 2, 3};
+    const int r = comm.rank();
+    if (layout.host_count != 3 || layout.host_of_rank != host_of_rank ||
+        layout.host != host_of_rank[static_cast<std::size_t>(r)] || layout.local_rank != local_rank[r] ||
+        layout.local_size != local_size[r])
+      throw std::runtime_error("rank " + std::to_string(r) + ": host " + std::to_string(layout.host) + ", local " +
+                               std::to_string(layout.local_rank) + " of " + std::to_string(layout.local_size));
+    Communicator odd = comm.split(r % 2, r);  // ranks 1, 3, 5 on a, c, b
+    if (r % 2 == 1) {
+      const HostLayout sub = host_layout(odd);
+      if (sub.host_count != 3 || sub.local_size != 1 || sub.host_of_rank != std::vector<int>{0, 1, 2})
+        throw std::runtime_error("rank " + std::to_string(r) + ": the split's layout is wrong");
+    }
+  });
+  EXPECT_EQ(failures, "");
+  EXPECT_EQ(error_code_of([] { (void)host_layout(Communicator(std::shared_ptr<detail::CommImpl>{})); }),
+            ErrorCode::invalid_argument);
 }
 
 TEST(Topology, AutomaticChoiceNeedsSeveralHostsSharedHostsAndLargeMessages) {

@@ -22,7 +22,7 @@ from ._errors import (
     Timeout,
     Unsupported,
 )
-from ._tutti import Algorithm, Communicator, DataType, ReduceOp, Request, init, local_group
+from ._tutti import Algorithm, Communicator, DataType, HostLayout, ReduceOp, Request, init, local_group
 
 __all__ = [
     "Aborted",
@@ -30,6 +30,7 @@ __all__ = [
     "Communicator",
     "DataType",
     "Error",
+    "HostLayout",
     "InvalidArgument",
     "Mismatch",
     "PeerFailure",

@@ -62,6 +62,8 @@ class CommImpl {
   /// allgather, reduce_scatter and alltoall), exactly as `start` resolves it.
   Algorithm chosen_algorithm(Collective collective, Algorithm requested, std::size_t bytes) const;
 
+  /// The topology, learned at the first call that needs it (a collective: an allgather).
+  const Topology& topology();
   /// Makes the topology known without a collective (init() learned every rank's host already).
   void set_topology(Topology topology) { topology_ = std::move(topology); }
   /// Test-only: this rank's host, instead of TUTTI_HOST or gethostname() (ranks as threads share
@@ -84,8 +86,6 @@ class CommImpl {
   Request start_schedule(const Call& call, Algorithm algorithm, const Extents& extents, bool blocking);
   Request start_native(const Call& call, Algorithm algorithm, bool blocking);
   Request start_hierarchical(const Call& call, bool blocking);  // hierarchical.cpp
-  /// The topology, learned at the first call that needs it (a collective: an allgather).
-  const Topology& topology();
   /// The intra-host and inter-host communicators, split at the first call that needs them.
   struct Hierarchy {
     Communicator intra;  // the ranks of my host, in rank order

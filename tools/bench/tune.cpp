@@ -11,10 +11,10 @@
 
 #include "bench/sweep.hpp"
 #include "comm/comm_impl.hpp"
-#include "comm/topology.hpp"
 #include "comm/tuning.hpp"
 #include "reduce/reduce.hpp"
 #include "schedule/schedule.hpp"
+#include "tutti/topology.hpp"
 
 namespace tutti::bench {
 
@@ -44,14 +44,11 @@ double one_way(Communicator& world, std::size_t bytes, int rounds, int partner) 
 
 // The rank that rank 0 measures against: the first on another host where the ranks span hosts
 // (the links between hosts are what limit a composite transport such as shm+tcp), else rank 1.
-// Collective: the ranks allgather their hosts as topology names them (TUTTI_HOST on an emulated
-// cluster).
+// Collective.
 int partner_of_rank_0(Communicator& world) {
-  const std::uint64_t mine = tutti::detail::hash_host(tutti::detail::topology_host_name());
-  std::vector<std::uint64_t> hosts(static_cast<std::size_t>(world.size()));
-  world.allgather(&mine, hosts.data(), 1, DataType::u64);
+  const HostLayout layout = host_layout(world);
   for (int r = 1; r < world.size(); ++r)
-    if (hosts[static_cast<std::size_t>(r)] != hosts[0]) return r;
+    if (layout.host_of_rank[static_cast<std::size_t>(r)] != layout.host_of_rank[0]) return r;
   return 1;
 }
 

@@ -9,6 +9,7 @@
 #include "common/errors.hpp"
 #include "core/call.hpp"
 #include "core/collectives.hpp"
+#include "tutti/topology.hpp"
 #include "tutti/tutti.hpp"
 
 namespace py = pybind11;
@@ -23,6 +24,19 @@ void bind_enum(py::module_& m, const char* name, E last, const char* doc) {
     const auto value = static_cast<E>(i);
     e.value(std::string(tutti::to_string(value)).c_str(), value);
   }
+}
+
+void bind_host_layout(py::module_& m) {
+  py::class_<tutti::HostLayout>(m, "HostLayout", "Where a communicator's ranks live (Communicator.host_layout).")
+      .def_readonly("host_count", &tutti::HostLayout::host_count, "Hosts, numbered by their lowest rank.")
+      .def_readonly("host", &tutti::HostLayout::host, "This rank's host.")
+      .def_readonly("local_rank", &tutti::HostLayout::local_rank, "This rank's position among its host's ranks.")
+      .def_readonly("local_size", &tutti::HostLayout::local_size, "The number of ranks on this rank's host.")
+      .def_readonly("host_of_rank", &tutti::HostLayout::host_of_rank, "The host of every rank.")
+      .def("__repr__", [](const tutti::HostLayout& l) {
+        return "<tutti.HostLayout host " + std::to_string(l.host) + " of " + std::to_string(l.host_count) +
+               ", local rank " + std::to_string(l.local_rank) + " of " + std::to_string(l.local_size) + ">";
+      });
 }
 
 void bind_communicator(py::module_& m) {
@@ -40,6 +54,14 @@ void bind_communicator(py::module_& m) {
           py::arg("color"), py::arg("key") = 0,
           "Ranks with the same color form a communicator, ordered by (key, rank); a negative color gives an "
           "empty one. Collective.")
+      .def(
+          "host_layout",
+          [](const tutti::Communicator& c) {
+            py::gil_scoped_release release;
+            return tutti::host_layout(c);
+          },
+          "Where the ranks live (tutti/topology.hpp): hosts as TUTTI_HOST or the host name gives them. "
+          "Collective.")
       .def("__repr__", [](const tutti::Communicator& c) {
         return "<tutti.Communicator rank " + std::to_string(c.rank()) + " of " + std::to_string(c.size()) + ">";
       });
@@ -62,6 +84,7 @@ PYBIND11_MODULE(_tutti, m) {
            "Raises the call's error.")
       .def("test", &tutti_python::PyRequest::test, "True when complete. Raises the call's error.");
 
+  bind_host_layout(m);
   bind_communicator(m);
 
   m.def(

@@ -1,28 +1,18 @@
 #include "horovod/context.hpp"
 
 #include <pybind11/pybind11.h>
-#include <unistd.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
 
+#include "tutti/topology.hpp"
 #include "tutti/torch.hpp"
 
 namespace tutti_python::horovod {
 
 namespace {
-
-/// The host a rank runs on, as the library's topology names it: TUTTI_HOST (an emulated cluster's
-/// host), else the host name.
-std::uint64_t host_id() {
-  if (const char* host = std::getenv("TUTTI_HOST"); host && *host) return tutti::torch::detail::fnv1a(host);
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return 0;
-  return tutti::torch::detail::fnv1a(name);
-}
 
 tutti::EngineOptions engine_options(const HorovodSettings& settings) {
   tutti::EngineOptions options = tutti::EngineOptions::from_environment();
@@ -42,23 +32,11 @@ tutti::EngineOptions engine_options(const HorovodSettings& settings) {
 
 Context::Context(const HorovodSettings& settings) : world_(tutti::init()) {
   const tutti::EngineOptions options = engine_options(settings);
-  std::vector<std::uint64_t> hosts(static_cast<std::size_t>(world_.size()));
-  const std::uint64_t mine = host_id();
-  world_.allgather(&mine, hosts.data(), 1, tutti::DataType::u64);
-  // As the library's topology: hosts numbered in order of their first rank, ranks within a host
-  // in rank order.
-  std::vector<std::uint64_t> seen;
-  local_rank_ = 0;
-  local_size_ = 0;
-  for (int r = 0; r < world_.size(); ++r) {
-    const std::uint64_t h = hosts[static_cast<std::size_t>(r)];
-    if (std::find(seen.begin(), seen.end(), h) == seen.end()) seen.push_back(h);
-    if (h != mine) continue;
-    if (r < world_.rank()) ++local_rank_;
-    ++local_size_;
-  }
-  cross_size_ = static_cast<int>(seen.size());
-  cross_rank_ = static_cast<int>(std::find(seen.begin(), seen.end(), mine) - seen.begin());
+  const tutti::HostLayout layout = tutti::host_layout(world_);
+  local_rank_ = layout.local_rank;
+  local_size_ = layout.local_size;
+  cross_rank_ = layout.host;
+  cross_size_ = layout.host_count;
   engine_ = std::make_unique<tutti::Engine>(world_, options);
 }
 

@@ -66,6 +66,17 @@ class Collectives(unittest.TestCase):
     def test_split(self):
         run_ranks(5, checks.run_split)
 
+    def test_host_layout(self):
+        """Threads share one host: every rank is local, in rank order."""
+
+        def body(comm):
+            layout = comm.host_layout()
+            self.assertEqual((layout.host_count, layout.host), (1, 0))
+            self.assertEqual((layout.local_rank, layout.local_size), (comm.rank, 3))
+            self.assertEqual(layout.host_of_rank, [0, 0, 0])
+
+        run_ranks(3, body)
+
     def test_algorithms(self):
         def body(comm):
             for algorithm in ("ring", tutti.Algorithm.recursive_doubling, "rabenseifner", tutti.Algorithm.automatic):
