@@ -2,8 +2,9 @@
 # DDP over the torch.distributed backend "tutti" against DDP over "gloo": tools/ddp_peer.py (the
 # same model, data, schedule and script; only the process group's backend differs), p = 2 and 4,
 # the two backends alternating round by round. Prints each run's step time (ms, rank 0, after
-# warm-up) and, per p, the median tutti/gloo step-time ratio with its min and max
-# (docs/torch-distributed.md).
+# warm-up) and, per p, the median tutti/gloo step-time ratio with its min and max; then the
+# allreduce DDP issues each step alone (the model's gradients, 0.8 MB of float32, one bucket), over
+# both backends in one job, alternating call by call (docs/torch-distributed.md).
 #
 #   scripts/ddp_backend_ratio.sh [BUILD_DIR] [ROUNDS] [TRAIN_SAMPLES]
 #
@@ -15,7 +16,8 @@ rounds=${2:-3}
 samples=${3:-6400}
 export PYTHONPATH=$build/python PYTHONDONTWRITEBYTECODE=1
 results=$(mktemp)
-trap 'rm -f "$results"' EXIT
+allreduce=$(mktemp --suffix .py)
+trap 'rm -f "$results" "$allreduce"' EXIT
 for p in 2 4; do
   for round in $(seq "$rounds"); do
     for backend in gloo tutti; do
@@ -26,6 +28,29 @@ for p in 2 4; do
       echo "$p $round $backend $step" >>"$results"
     done
   done
+done
+# The step's allreduce alone: one job per p with both backends' process groups over the same
+# ranks, alternating tutti and gloo call by call; median of 50 calls after 10 of warm-up.
+cat >"$allreduce" <<'PY'
+import statistics, time
+import torch, torch.distributed as dist, tutti.distributed
+tutti.distributed.init_process_group()
+groups = {"tutti": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+grad = torch.ones(206922)  # ddp_peer.py's parameters
+times = {name: [] for name in groups}
+for i in range(60):
+    for name, group in groups.items():
+        dist.barrier(group=groups["gloo"])
+        start = time.perf_counter()
+        dist.all_reduce(grad, group=group)
+        if i >= 10:
+            times[name].append(time.perf_counter() - start)
+if dist.get_rank() == 0:
+    t, g = (statistics.median(times[n]) * 1e3 for n in ("tutti", "gloo"))
+    print(f"p={dist.get_world_size()}: allreduce of 0.8 MB: gloo {g:.2f} ms, tutti {t:.2f} ms, tutti/gloo {t / g:.2f}")
+PY
+for p in 2 4; do
+  "$build/tools/tutti-run" -n "$p" --no-tag-output /usr/bin/python3 "$allreduce"
 done
 /usr/bin/python3 - "$results" <<'PY'
 import statistics, sys
