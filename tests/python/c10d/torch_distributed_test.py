@@ -38,14 +38,16 @@ if os.environ.get("BACKEND") == "tutti":
     # Tutti receives from a named rank only (recvAnysource raises "not supported by tutti"), as NCCL.
     DistTestCases.skip_collective["sendrecv anysource"].add("tutti")
 
-# Tests PyTorch gates by backend name to Gloo (and NCCL, MPI) for features of any CPU backend that
-# tutti has too (DDP, get_future, the collectives): run against tutti as well, except those
-# named in GLOO_ONLY, which test what only ProcessGroupGloo has.
+# Tests PyTorch gates by backend name to Gloo (and NCCL, MPI) or to MPI for features of any CPU
+# backend that tutti has too (DDP, get_future, batch_isend_irecv, alltoall on the CPU): run against
+# tutti as well, except those named in GLOO_ONLY, which test what only ProcessGroupGloo has.
 UNGATED_REASONS = (
     "Test requires backend to be one of",  # require_backend({..., "gloo", ...})
     "get_future is only supported on mpi, nccl and gloo",
     "Only Nccl & Gloo backend support DistributedDataParallel",
     "GLOO Batch Send Recv CPU",  # batch_isend_irecv on CPU tensors
+    "Only MPI supports CPU all_to_all_single",  # Gloo has no alltoall in torch 1.13; tutti has
+    "Only MPI supports all_to_all",
 )
 GLOO_ONLY = {
     # Their helper builds the model only `if BACKEND == "mpi" or BACKEND == "gloo"` (or nccl).
@@ -64,8 +66,10 @@ _sandcastle_skip, _sandcastle_skip_if = common_utils.sandcastle_skip, common_uti
 
 
 def _ungated(reason, gated):
-    if not any(reason.startswith(r) for r in UNGATED_REASONS) or "gloo" not in reason.lower():
+    if not reason.startswith(UNGATED_REASONS):
         return gated
+    if reason.startswith("Test requires backend to be one of") and "'gloo'" not in reason:
+        return gated  # NCCL's or MPI's alone
     return lambda func: gated(func) if func.__name__ in GLOO_ONLY else func
 
 
