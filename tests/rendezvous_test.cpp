@@ -11,18 +11,8 @@
 
 namespace {
 
-// The test's MemoryStore seen through the public interface.
-class Store final : public tutti::KeyValueStore {
- public:
-  void set(const std::string& key, const std::string& value) override { store_.set(key, value); }
-  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
-    return store_.get(key, timeout);
-  }
-  std::int64_t add(const std::string& key, std::int64_t delta) override { return store_.add(key, delta); }
-
- private:
-  tutti::testing::MemoryStore store_;
-};
+// The test's in-memory store is a KeyValueStore (the bootstrap layer's Store is the public interface).
+using Store = tutti::testing::MemoryStore;
 
 TEST(Rendezvous, RanksJoinThroughTheCallersStore) {
   for (int p : {1, 2, 3}) {

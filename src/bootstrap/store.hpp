@@ -9,18 +9,13 @@
 #include <string>
 #include <utility>
 
+#include "tutti/rendezvous.hpp"
+
 namespace tutti::bootstrap {
 
-class Store {
- public:
-  virtual ~Store() = default;
-  /// Sets `key` to `value` (overwrites).
-  virtual void set(const std::string& key, const std::string& value) = 0;
-  /// The value of `key`, waiting until some rank sets it; Error(timeout) naming the key after `timeout`.
-  virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
-  /// Atomically adds `delta` to the integer at `key` (absent = 0) and returns the new value.
-  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
-};
+/// The store's interface is the public one a caller can also provide (tutti::init(KeyValueStore&,
+/// ...)): set, get waiting until some rank sets the key (Error(timeout) naming the key), add.
+using Store = tutti::KeyValueStore;
 
 /// Connects to the store at `url` (file:// or tcp://), presenting `token` (tcp). Throws
 /// Error(invalid_argument) for a malformed URL or a tcp:// store without a token (see

@@ -108,20 +108,6 @@ class MpiStoreDirectory {
 Communicator init_over_store(const bootstrap::JobInfo& job);
 Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& store, std::chrono::milliseconds timeout);
 
-// A caller's KeyValueStore seen as the bootstrap layer's Store.
-class CallerStore final : public bootstrap::Store {
- public:
-  explicit CallerStore(KeyValueStore& store) : store_(store) {}
-  void set(const std::string& key, const std::string& value) override { store_.set(key, value); }
-  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
-    return store_.get(key, timeout);
-  }
-  std::int64_t add(const std::string& key, std::int64_t delta) override { return store_.add(key, delta); }
-
- private:
-  KeyValueStore& store_;
-};
-
 }  // namespace
 
 Communicator init(KeyValueStore& store, int rank, int size, std::chrono::milliseconds timeout) {
@@ -137,8 +123,7 @@ Communicator init(KeyValueStore& store, int rank, int size, std::chrono::millise
     throw Error(ErrorCode::unsupported, "init(store): TUTTI_TRANSPORT=mpi cannot join through a key-value store");
   job.rank = rank;
   job.size = size;
-  CallerStore adapter(store);
-  return join_over_store(job, adapter, timeout.count() > 0 ? timeout : core::default_timeout());
+  return join_over_store(job, store, timeout.count() > 0 ? timeout : core::default_timeout());
 }
 
 Communicator init() {

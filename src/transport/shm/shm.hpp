@@ -7,11 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "bootstrap/store.hpp"
 #include "transport/transport.hpp"
-
-namespace tutti::bootstrap {
-class Store;
-}
 
 namespace tutti::transport::shm {
 
