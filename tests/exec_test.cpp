@@ -255,6 +255,14 @@ TEST(ExecKinds, NativeOperationsStartAfterEarlierCollectivesAndFailLikeAny) {
     for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], value(peer, i)) << i;
     ASSERT_EQ(log.size(), 1u);
     EXPECT_EQ(log[0], "native #1");
+    // Both ranks past their native operation before either fails the communicator: the failure
+    // fails the other rank's operations still in flight, and the natives (local here) are not
+    // synchronized, so under load one rank's failure could reach the other's first native.
+    Schedule sync;
+    sync.send(peer, Region{Buffer::input, 0, n});
+    sync.recv(peer, Region{Buffer::output, 0, n});
+    std::vector<std::int32_t> synced(n, poison);
+    testing::run(queue, std::move(sync), in, synced);  // (run, unqualified, is the native above)
     // A native operation that throws fails the communicator on this rank, with its error.
     transport::Signature third = second;
     third.seq = queue.next_seq();

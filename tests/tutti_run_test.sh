@@ -70,7 +70,7 @@ case_no_interleaving() {
   local bad
   bad=$(awk '!/^\[[0-3]\] x+$/ || length($0) != 10004 { bad++ } END { print bad + 0 }' "$tmp/out")
   [[ $status -eq 0 && $bad -eq 0 && $(wc -l <"$tmp/out") -eq 1200 ]] ||
-    { fail no-interleaving "status $status, $bad malformed lines"; : >"$tmp/out"; return; }
+    { fail no-interleaving "status $status, $bad malformed lines, $(wc -l <"$tmp/out") lines; stderr: $(head -c 600 "$tmp/err")"; : >"$tmp/out"; return; }
   ok no-interleaving
 }
 
