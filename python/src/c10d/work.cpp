@@ -40,10 +40,10 @@ void WorkTutti::complete(std::exception_ptr error) {
   finish(error);
 }
 
-bool WorkTutti::isCompleted() {
+bool WorkTutti::settle(const std::function<bool()>& poll) {
   if (state_ == 2) return true;
   try {
-    if (!request_.test()) return false;
+    if (!poll()) return false;
   } catch (...) {
     complete(std::current_exception());
     return true;
@@ -52,17 +52,13 @@ bool WorkTutti::isCompleted() {
   return true;
 }
 
+bool WorkTutti::isCompleted() {
+  return settle([&] { return request_.test(); });
+}
+
 bool WorkTutti::progress_for(std::chrono::milliseconds limit) {
-  if (state_ == 2) return true;
-  try {
-    // The operation's own deadline counts from its issue, not from this slice.
-    if (!request_.wait_for(limit, issued_)) return false;
-  } catch (...) {
-    complete(std::current_exception());
-    return true;
-  }
-  complete(nullptr);
-  return true;
+  // The operation's own deadline counts from its issue, not from this slice.
+  return settle([&] { return request_.wait_for(limit, issued_); });
 }
 
 bool WorkTutti::wait(std::chrono::milliseconds timeout) {

@@ -48,6 +48,9 @@ class WorkTutti : public ::c10d::Work {
  private:
   /// Completes the work exactly once; a second caller waits for the first to finish it.
   void complete(std::exception_ptr error);
+  /// True when complete: at once if it already was, else when `poll` says the request finished
+  /// (then completes the work) or throws (then fails it with that error).
+  bool settle(const std::function<bool()>& poll);
 
   tutti::Request request_;
   std::vector<at::Tensor> outputs_;
