@@ -10,13 +10,6 @@ namespace tutti::engine_detail {
 
 namespace {
 
-// The first allgather of a cycle carries up to this many bytes per rank (a 4-byte length, then
-// the message); a longer message sends its rest in a second, allgatherv, call.
-constexpr std::size_t kSlot = 512;
-constexpr std::size_t kSlotPayload = kSlot - sizeof(std::uint32_t);
-// An engine with nothing pending on any rank negotiates every kIdleCycles cycles.
-constexpr int kIdleCycles = 10;
-
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -337,28 +330,18 @@ void EngineCore::execute(const Decision& decision, Clock::time_point decided) {
 }
 
 std::vector<EngineCore::Job> EngineCore::plan(const std::vector<std::shared_ptr<TensorState>>& ready) {
+  std::vector<Descriptor> described;
+  described.reserve(ready.size());
+  for (const auto& t : ready) described.push_back(t->descriptor);
   std::vector<Job> jobs;
-  std::map<std::pair<DataType, ReduceOp>, std::size_t> open;  // (type, op) -> its open bucket in jobs
-  bool first = step_start_;
-  for (const auto& t : ready) {
-    const auto& d = t->descriptor;
-    const std::size_t bytes = d.count * size_of(d.type);
-    if (d.kind != Collective::allreduce) {
-      jobs.push_back(Job{{t}, bytes});
-      continue;
+  for (const auto& members :
+       plan_fusion(described, options_.fusion_threshold, options_.first_bucket_bytes, step_start_)) {
+    Job job;
+    for (std::size_t i : members) {
+      job.tensors.push_back(ready[i]);
+      job.bytes += described[i].count * size_of(described[i].type);
     }
-    const std::size_t cap =
-        first ? std::min(options_.first_bucket_bytes, options_.fusion_threshold) : options_.fusion_threshold;
-    const auto key = std::make_pair(d.type, d.op);
-    auto it = open.find(key);
-    if (it != open.end() && jobs[it->second].bytes + bytes <= cap) {
-      jobs[it->second].tensors.push_back(t);
-      jobs[it->second].bytes += bytes;
-      continue;
-    }
-    if (it != open.end()) first = false;  // the first bucket is full: later ones take the full threshold
-    jobs.push_back(Job{{t}, bytes});
-    open[key] = jobs.size() - 1;
+    jobs.push_back(std::move(job));
   }
   return jobs;
 }

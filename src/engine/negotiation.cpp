@@ -269,4 +269,34 @@ std::vector<Waiting> Table::waiting() const {
   return out;
 }
 
+std::vector<std::vector<std::size_t>> plan_fusion(std::span<const Descriptor> ready, std::size_t fusion_threshold,
+                                                  std::size_t first_bucket_bytes, bool step_start) {
+  std::vector<std::vector<std::size_t>> jobs;
+  std::vector<std::size_t> bytes;                             // per job
+  std::map<std::pair<DataType, ReduceOp>, std::size_t> open;  // (type, op) -> its open bucket in jobs
+  bool first = step_start;
+  for (std::size_t i = 0; i < ready.size(); ++i) {
+    const auto& d = ready[i];
+    const std::size_t size = d.count * size_of(d.type);
+    if (d.kind != Collective::allreduce) {
+      jobs.push_back({i});
+      bytes.push_back(size);
+      continue;
+    }
+    const std::size_t cap = first ? std::min(first_bucket_bytes, fusion_threshold) : fusion_threshold;
+    const auto key = std::make_pair(d.type, d.op);
+    auto it = open.find(key);
+    if (it != open.end() && bytes[it->second] + size <= cap) {
+      jobs[it->second].push_back(i);
+      bytes[it->second] += size;
+      continue;
+    }
+    if (it != open.end()) first = false;  // the first bucket is full: later ones take the full threshold
+    jobs.push_back({i});
+    bytes.push_back(size);
+    open[key] = jobs.size() - 1;
+  }
+  return jobs;
+}
+
 }  // namespace tutti::engine_detail

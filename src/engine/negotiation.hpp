@@ -82,6 +82,22 @@ struct Waiting {
   std::chrono::steady_clock::time_point since;  // when this rank first saw it
 };
 
+/// The fusion policy: which ready tensors run together. `ready` in the order every rank runs
+/// them; returns the collective calls (jobs) as indices into `ready`, in order. Allreduces of one
+/// (type, op) share a bucket up to `fusion_threshold` bytes (0: every tensor alone), the first
+/// bucket of a step (`step_start`: the engine had nothing ready before) up to
+/// min(first_bucket_bytes, fusion_threshold) so that communication starts early; allgathers and
+/// broadcasts run alone. The engine and the step simulator (src/sim) both plan with it.
+std::vector<std::vector<std::size_t>> plan_fusion(std::span<const Descriptor> ready, std::size_t fusion_threshold,
+                                                  std::size_t first_bucket_bytes, bool step_start);
+
+/// The first allgather of a negotiation round carries up to kSlot bytes per rank (a 4-byte
+/// length, then the message); a longer message sends its rest in a second, allgatherv, call.
+inline constexpr std::size_t kSlot = 512;
+inline constexpr std::size_t kSlotPayload = kSlot - sizeof(std::uint32_t);
+/// An engine with nothing pending on any rank negotiates every kIdleCycles cycles.
+inline constexpr int kIdleCycles = 10;
+
 class Table {
  public:
   explicit Table(int size, std::size_t cache_capacity = 65536) : size_(size), cache_capacity_(cache_capacity) {}
