@@ -25,19 +25,21 @@ const Path& later(const Path& a, const Path& b) { return b.time > a.time ? b : a
 struct Model {
   std::size_t elem_size;
   double alpha, beta, gamma;
-  Path copy(Path p, std::size_t count) const {
+  Hosts hosts;
+  Path copy(Path p, std::size_t count) const { return transmit(p, count, false); }
+  // A message's time on the wire (β·bytes), then its latency (α); `across` hosts or within one.
+  Path transmit(Path p, std::size_t count, bool across) const {
     const double bytes = static_cast<double>(count * elem_size);
     p.bytes += bytes;
-    p.time += beta * bytes;
+    p.time += (across ? hosts.beta : beta) * bytes;
     return p;
   }
-  // A message's time on the wire (β·bytes), then its latency (α).
-  Path transmit(Path p, std::size_t count) const { return copy(p, count); }
-  Path latency(Path p) const {
+  Path latency(Path p, bool across) const {
     p.rounds += 1;
-    p.time += alpha;
+    p.time += across ? hosts.alpha : alpha;
     return p;
   }
+  int host(int rank) const { return hosts.ranks_per_host > 0 ? rank / hosts.ranks_per_host : 0; }
   Path reduction(Path p, std::size_t count) const {
     p.elements += static_cast<double>(count);
     p.time += gamma * static_cast<double>(count);
@@ -56,6 +58,9 @@ class Simulation {
     const std::size_t p = schedules.size();
     out_free_.resize(p);
     in_free_.resize(p);
+    const std::size_t host_count = static_cast<std::size_t>(model.host(static_cast<int>(p) - 1)) + 1;
+    host_out_free_.resize(host_count);
+    host_in_free_.resize(host_count);
     for (std::size_t r = 0; r < p; ++r) {
       const auto& steps = schedules[r].steps;
       state_.emplace_back(steps.size());
@@ -134,9 +139,16 @@ class Simulation {
     }
     Path& out = out_free_[static_cast<std::size_t>(x.rank)];
     Path& in = in_free_[static_cast<std::size_t>(other.rank)];
-    const Path wire = model_.transmit(later(later(ready, out), in), s.region.count);
+    const int from = model_.host(x.rank), to = model_.host(other.rank);
+    const bool across = from != to;
+    Path start = later(later(ready, out), in);
+    if (across)
+      start = later(later(start, host_out_free_[static_cast<std::size_t>(from)]),
+                    host_in_free_[static_cast<std::size_t>(to)]);
+    const Path wire = model_.transmit(start, s.region.count, across);
     out = in = wire;
-    st.arrival = model_.latency(wire);
+    if (across) host_out_free_[static_cast<std::size_t>(from)] = host_in_free_[static_cast<std::size_t>(to)] = wire;
+    st.arrival = model_.latency(wire, across);
     st.sent = true;
     if (at(other).waiting) receive(other, x);
   }
@@ -146,6 +158,7 @@ class Simulation {
   std::vector<std::vector<StepRef>> partner_;
   std::vector<std::vector<StepState>> state_;
   std::vector<Path> out_free_, in_free_;
+  std::vector<Path> host_out_free_, host_in_free_;  // the hosts' links (one host without Hosts)
   std::priority_queue<Event> queue_;
   std::uint64_t order_ = 0;
   Path last_;
@@ -154,7 +167,13 @@ class Simulation {
 }  // namespace
 
 Cost estimate(std::span<const Schedule> schedules, std::size_t elem_size, double alpha, double beta, double gamma) {
-  const Model model{elem_size, alpha, beta, gamma};
+  return estimate(schedules, elem_size, alpha, beta, gamma, Hosts{});
+}
+
+Cost estimate(std::span<const Schedule> schedules, std::size_t elem_size, double alpha, double beta, double gamma,
+              const Hosts& hosts) {
+  if (hosts.ranks_per_host < 0) throw Error(ErrorCode::invalid_argument, "schedule estimate: ranks_per_host < 0");
+  const Model model{elem_size, alpha, beta, gamma, hosts};
   const Path path = Simulation(schedules, model).run();
   return Cost{path.rounds, path.bytes, path.elements, path.time};
 }

@@ -117,6 +117,21 @@ struct Cost {
 /// or a deadlock.
 Cost estimate(std::span<const Schedule> schedules, std::size_t elem_size, double alpha, double beta, double gamma);
 
+/// Ranks on hosts, for the estimate of a call that crosses a network: ranks
+/// [h·ranks_per_host, (h+1)·ranks_per_host) share host h. A message between ranks of different
+/// hosts costs `alpha` + `beta`·bytes (instead of the call's α and β) and also needs its hosts'
+/// links, each with one outgoing and one incoming port carrying one message at a time: the
+/// ranks of a host share its link's bandwidth.
+struct Hosts {
+  int ranks_per_host = 0;  // 0: one host (the plain estimate)
+  double alpha = 0;        // s per message across hosts
+  double beta = 0;         // s per byte across hosts
+};
+
+/// estimate() with the messages between hosts priced and contended as `hosts` says.
+Cost estimate(std::span<const Schedule> schedules, std::size_t elem_size, double alpha, double beta, double gamma,
+              const Hosts& hosts);
+
 /// Convenience: generate every rank's schedule for `params` (params.rank is ignored) and estimate.
 Cost estimate(Algorithm algorithm, Params params, double alpha, double beta, double gamma);
 
