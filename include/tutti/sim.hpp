@@ -17,6 +17,7 @@
 // Blank lines and text after '#' are ignored; names contain no spaces.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <iosfwd>
@@ -57,5 +58,76 @@ ModelProfile read_profile_file(const std::string& path);
 void write_profile(std::ostream& out, const ModelProfile& profile);
 /// Writes to `path` atomically (a temporary file renamed); Error(system) on failure.
 void write_profile_file(const std::string& path, const ModelProfile& profile);
+
+/// A two-level network: ranks of one host talk over its local path, hosts over links, one per
+/// host, that the host's ranks share. Times in seconds; β per byte, γ per reduced element.
+/// The defaults are the library's compiled-in costs of shared memory (inside a host) and TCP.
+///
+/// File format (`tutti-sim --network FILE`): lines `KEY VALUE` with the keys below, '#' comments:
+///   alpha 2e-6        # across hosts: s per message       beta 1e-10    # across hosts: s per byte
+///   intra_alpha 3e-6  # inside a host                     intra_beta 3e-10
+///   gamma 2e-10       # s per reduced element             copy_beta 1e-10  # s per byte of a memcpy
+struct Network {
+  double alpha = 50.0e-6, beta = 6.5e-10;
+  double intra_alpha = 3.0e-6, intra_beta = 3.0e-10;
+  double gamma = 2.0e-10;
+  double copy_beta = 1.0e-10;  ///< the engine's copies into and out of its fusion buffer
+};
+
+/// Parses the format above (keys not given keep their defaults). Error(invalid_argument) naming
+/// `source` and the line for an unknown key or a value that is not a finite number >= 0.
+Network read_network(std::istream& in, const std::string& source = "network");
+Network read_network_file(const std::string& path);
+
+/// The engine's policy, as EngineOptions and DistributedOptimizer set it.
+struct Policy {
+  bool overlap = true;  ///< enqueue each gradient when backward produces it (else all after backward)
+  std::chrono::microseconds cycle_time{1000};
+  std::size_t fusion_threshold = 64u << 20;
+  std::size_t first_bucket_bytes = 1u << 20;
+  bool fp16 = false;  ///< gradients travel as f16 (half the bytes; the codec's time is not modelled)
+};
+
+/// A rank whose compute (forward, backward, optimizer) takes `factor` times as long.
+struct Straggler {
+  int rank = 0;
+  double factor = 1;
+};
+
+struct SimulationSetup {
+  ModelProfile profile;
+  Network network;
+  int ranks = 1;
+  int ranks_per_host = 1;  ///< must divide `ranks`
+  Policy policy;
+  std::vector<Straggler> stragglers;
+  int steps = 4;              ///< simulated steps; the first is a warm-up (names not yet cached)
+  std::string timeline_path;  ///< Chrome trace of rank 0 ("{rank}": of one rank per distinct compute speed)
+};
+
+/// A simulated job's steady state: means over the steps after the first.
+struct SimulationResult {
+  double step_seconds = 0;         ///< from one step's start to the next, on the slowest rank
+  double compute_seconds = 0;      ///< forward + backward + optimizer of the slowest rank
+  double exposed_seconds = 0;      ///< step - compute: communication that compute did not hide
+  double allreduce_seconds = 0;    ///< time in the engine's collective calls per step
+  double negotiation_seconds = 0;  ///< time in negotiation rounds per step
+  double hidden_fraction = 0;      ///< 1 - exposed / (allreduce + negotiation), in [0, 1]
+  double collectives = 0;          ///< collective calls per step
+  double cycles = 0;               ///< negotiation rounds per step
+  double bytes = 0;                ///< bytes reduced per step (per rank)
+  /// Idle time per step on the slowest rank between its weight update and its next compute
+  /// (0 in this model: the next forward starts at once) and, on the fastest rank, waiting in
+  /// step() for the slowest (the straggler's delay others see).
+  double wait_seconds = 0;
+  std::vector<std::string> algorithms;  ///< how each distinct call size was run, e.g. "25.0 MB: ring"
+};
+
+/// Simulates `setup.steps` training steps of the engine under the α-β model (docs/scaling.md):
+/// the profile's compute, the engine's negotiation rounds (the engine's own Table) and fusion
+/// plan (the engine's own plan_fusion), each collective call timed by the critical path of
+/// Tutti's own schedules on the two-level network, with hosts' links shared. Error(invalid_argument)
+/// for ranks < 1, ranks_per_host not dividing ranks, a straggler rank outside the job or a factor < 1.
+SimulationResult simulate(const SimulationSetup& setup);
 
 }  // namespace tutti::sim

@@ -1,0 +1,68 @@
+// How long one collective call takes at scale, from Tutti's own schedules on a two-level network.
+//
+// Algorithm choice follows the library's rules: allreduce runs `hierarchical` where the ranks
+// span hosts, some host has several ranks and the call is large enough (comm's own
+// prefers_hierarchical); otherwise, and for each step of hierarchical, the candidate
+// (choice::candidates) with the least time here. Each schedule algorithm is timed by the critical
+// path of every rank's schedule (schedule::estimate with schedule::Hosts) while that is at most
+// kExactSteps steps in all; beyond, by the lockstep approximation: the ranks of one host run
+// their schedules' k-th send and k-th receive together, in rounds, each round as long as its
+// slowest message, a message across hosts sharing its host's link with the other ranks of the
+// host that cross in the same round. Rings and recursive doubling/halving are symmetric, so
+// every host behaves as host 0 (an algorithm whose ranks do not send and receive alike, such
+// as a tree, is always simulated exactly). `direct` (shared memory) is timed by the cost model.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "tutti/sim.hpp"
+#include "tutti/types.hpp"
+
+namespace tutti::sim {
+
+/// Every rank's schedule is simulated while the schedules hold at most this many steps in all.
+inline constexpr std::size_t kExactSteps = 2'000'000;
+
+/// A network level's prices.
+struct Levels {
+  int ranks_per_host = 1;      ///< consecutive ranks share a host
+  double alpha = 0, beta = 0;  ///< across hosts
+  double intra_alpha = 0, intra_beta = 0;
+  double gamma = 0;
+};
+
+/// Seconds of one call of `algorithm` (a schedule algorithm) on `ranks` ranks with Params::count
+/// `count` of `elem_size` bytes each; `lockstep` forces the approximation (for tests).
+double schedule_seconds(Algorithm algorithm, Collective collective, int ranks, std::size_t count, std::size_t elem_size,
+                        const Levels& levels, bool lockstep = false);
+
+class CollectiveTimes {
+ public:
+  struct Timed {
+    double seconds = 0;
+    std::string how;  ///< e.g. "ring" or "hierarchical (direct, ring x4 links, direct)"
+  };
+  CollectiveTimes(const Network& network, int ranks, int ranks_per_host);
+
+  /// The engine's allreduce of `count` elements of `type` over all ranks.
+  const Timed& allreduce(std::size_t count, DataType type);
+  /// An allgather of `bytes` u8 per rank over all ranks (the engine's negotiation).
+  const Timed& allgather(std::size_t bytes);
+
+ private:
+  // The cheapest candidate for `collective` on a communicator of `ranks` ranks, `per_host` of them
+  // per host, whose links are shared by `sharing` such communicators at once; direct may serve
+  // when the communicator is inside one host.
+  Timed cheapest(Collective collective, int ranks, int per_host, std::size_t count, std::size_t elem,
+                 int sharing) const;
+
+  Network network_;
+  int ranks_, per_host_;
+  std::map<std::pair<std::size_t, DataType>, Timed> allreduce_;
+  std::map<std::size_t, Timed> allgather_;
+};
+
+}  // namespace tutti::sim
