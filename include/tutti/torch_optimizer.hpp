@@ -23,6 +23,7 @@
 
 #include "tutti/compress.hpp"
 #include "tutti/engine.hpp"
+#include "tutti/torch_checkpoint.hpp"
 #include "tutti/torch_dtype.hpp"
 #include "tutti/tutti.hpp"
 
@@ -102,7 +103,8 @@ class DistributedOptimizer {
       : optimizer_(optimizer),
         options_(std::move(options)),
         params_(make_params(std::move(named_parameters), optimizer, options_)),
-        engine_(comm, options_.engine) {
+        engine_(comm, options_.engine),
+        comm_(comm) {
     if (!options_.compression_in_step()) {
       if (options_.overlap) install_hooks();
     } else {
@@ -131,8 +133,54 @@ class DistributedOptimizer {
     synchronized_ = false;
     const auto start = std::chrono::steady_clock::now();
     optimizer_.step();
+    ++optimizer_steps_;
     engine_.record_phase("OPTIMIZER", start, std::chrono::steady_clock::now());
   }
+
+  /// Checkpoints the parameters, the optimizer's state and param groups' options, the optimizer
+  /// step count ("optimizer_steps") and `metadata` into directory `path` (created; it must not
+  /// hold a checkpoint yet): docs/training.md, "Checkpoints". Call it on every rank after step(),
+  /// with the same path and metadata. It waits for the previous checkpoint's write, copies this
+  /// rank's share (about 1/size() of the bytes) and returns; a thread writes the share while the
+  /// next steps compute, and rank 0 publishes the checkpoint (its MANIFEST) once every rank's
+  /// share is on disk. Errors: Error(invalid_argument) within an accumulation window or for a bad
+  /// path or metadata (detail::snapshot_checkpoint), Error(unsupported) for an optimizer whose
+  /// state it cannot take apart; a failed write (unwritable directory, full disk, a failed rank)
+  /// as Error from the next checkpoint_async, checkpoint or wait_checkpoint.
+  void checkpoint_async(const std::string& path, CheckpointMetadata metadata = {}) {
+    if (step_calls_ != 0 || metadata.count("optimizer_steps"))
+      throw Error(ErrorCode::invalid_argument, "tutti::torch::DistributedOptimizer::checkpoint_async(" + path + "): " +
+                                                   (step_calls_ ? "inside an accumulation window; call it after step()"
+                                                                : "the metadata key optimizer_steps is reserved"));
+    metadata["optimizer_steps"] = std::to_string(optimizer_steps_);
+    if (!checkpoint_writer_)  // collective, in the same call on every rank
+      checkpoint_writer_ = std::make_unique<detail::CheckpointWriter>(comm_.split(0, comm_.rank()));
+    checkpoint_writer_->wait();
+    checkpoint_writer_->start(
+        detail::snapshot_checkpoint(comm_.rank(), comm_.size(), path, checkpoint_params(), optimizer_, metadata));
+  }
+  /// checkpoint_async and wait_checkpoint: the same checkpoint, written before it returns.
+  void checkpoint(const std::string& path, CheckpointMetadata metadata = {}) {
+    checkpoint_async(path, std::move(metadata));
+    wait_checkpoint();
+  }
+  /// Returns when the last checkpoint is published on every rank; throws the error of its write.
+  void wait_checkpoint() {
+    if (checkpoint_writer_) checkpoint_writer_->wait();
+  }
+  /// Collective: restores the checkpoint in directory `path` into the parameters and the
+  /// optimizer, and returns its metadata. It refuses, on every rank and before changing anything,
+  /// a checkpoint that is incomplete or damaged (Error(invalid_argument)) or was written by
+  /// another number of ranks, for another optimizer type or another model (names, types, shapes:
+  /// Error(mismatch)). See detail::load_checkpoint.
+  CheckpointMetadata load_checkpoint(const std::string& path) {
+    wait_checkpoint();
+    auto metadata = detail::load_checkpoint(comm_, path, checkpoint_params(), optimizer_);
+    optimizer_steps_ = std::stoull(metadata.at("optimizer_steps"));
+    return metadata;
+  }
+  /// Optimizer steps taken (or restored by load_checkpoint).
+  std::uint64_t optimizer_steps() const { return optimizer_steps_; }
 
   /// Completes the gradients' allreduce without stepping (e.g. to clip them before step());
   /// the next step() then does not reduce again. Call it after the window's last backward pass.
@@ -393,6 +441,12 @@ class DistributedOptimizer {
     stats_.steps += 1;
   }
 
+  detail::NamedTensors checkpoint_params() const {
+    detail::NamedTensors named;
+    for (const auto& p : params_) named.emplace_back(p.name, p.tensor);
+    return named;
+  }
+
   ::torch::optim::Optimizer& optimizer_;
   DistributedOptions options_;
   std::vector<Param> params_;  // before engine_: the buffers outlive the engine that writes them
@@ -404,6 +458,9 @@ class DistributedOptimizer {
   std::vector<Unit> units_;                                   // with compression_in_step() only
   Communicator compress_comm_;                                // with compression_in_step() only
   Engine engine_;
+  Communicator comm_;  // the caller's: checkpoint_async splits the checkpoint writers' from it
+  std::uint64_t optimizer_steps_ = 0;
+  std::unique_ptr<detail::CheckpointWriter> checkpoint_writer_;  // after the first checkpoint_async
 };
 
 }  // namespace tutti::torch

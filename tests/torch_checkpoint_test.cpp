@@ -1,0 +1,301 @@
+// Checkpoints of DistributedOptimizer (<tutti/torch.hpp>), with ranks as threads: a checkpoint
+// taken in the background restores parameters and optimizer state bit for bit (SGD with
+// momentum, Adam) and training goes on to the same bits; an incomplete, damaged or foreign
+// checkpoint is refused before anything changes; a failed write surfaces on wait_checkpoint on
+// every rank and publishes nothing; the shard and MANIFEST parsers refuse every truncation.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness.hpp"
+#include "tutti/torch.hpp"
+
+namespace tutti {
+namespace {
+
+using testing::run_ranks;
+namespace fs = std::filesystem;
+
+struct NetImpl : ::torch::nn::Module {
+  explicit NetImpl(std::int64_t hidden = 4)
+      : fc1(register_module("fc1", ::torch::nn::Linear(5, hidden))),
+        fc2(register_module("fc2", ::torch::nn::Linear(hidden, 3))) {}
+  ::torch::Tensor forward(const ::torch::Tensor& x) { return fc2->forward(::torch::tanh(fc1->forward(x))); }
+  ::torch::nn::Linear fc1, fc2;
+};
+class Net : public ::torch::nn::ModuleHolder<NetImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<NetImpl>::ModuleHolder;
+};
+
+// A directory of its own, removed with everything in it.
+struct TempDir {
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "tutti-ckpt-XXXXXX").string();
+    path = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string path;
+};
+
+// Integer-valued data, so that the sums of gradients over ranks are exact.
+std::pair<::torch::Tensor, ::torch::Tensor> batch(int index) {
+  auto generator = ::at::detail::createCPUGenerator(500 + static_cast<std::uint64_t>(index));
+  return {::torch::randint(-2, 3, {4, 5}, generator).to(::torch::kFloat32),
+          ::torch::randint(-2, 3, {4, 3}, generator).to(::torch::kFloat32)};
+}
+
+void train(tutti::torch::DistributedOptimizer& optimizer, Net& model, int rank, int first, int last) {
+  for (int step = first; step < last; ++step) {
+    optimizer.zero_grad();
+    auto [x, y] = batch(step * 2 + rank);
+    ::torch::mse_loss(model->forward(x), y).backward();
+    optimizer.step();
+  }
+}
+
+// Every parameter and every momentum buffer, as one flat tensor.
+::torch::Tensor state_of(Net& model, ::torch::optim::Optimizer& optimizer) {
+  std::vector<::torch::Tensor> parts;
+  for (const auto& p : model->parameters()) {
+    parts.push_back(p.detach().reshape({-1}));
+    auto it = optimizer.state().find(tutti::torch::detail::state_key(p));
+    if (it == optimizer.state().end()) continue;
+    if (auto* sgd = dynamic_cast<::torch::optim::SGDParamState*>(it->second.get()))
+      parts.push_back(sgd->momentum_buffer().reshape({-1}));
+    if (auto* adam = dynamic_cast<::torch::optim::AdamParamState*>(it->second.get())) {
+      parts.push_back(adam->exp_avg().reshape({-1}));
+      parts.push_back(adam->exp_avg_sq().reshape({-1}));
+      parts.push_back(::torch::full({1}, static_cast<float>(adam->step())));
+    }
+  }
+  return ::torch::cat(parts).clone();
+}
+
+template <class Optimizer, class Options>
+void check_resume(const Options& options) {
+  TempDir dir;
+  const std::string path = dir.path + "/step-3";
+  std::vector<::torch::Tensor> saved(2), continued(2), resumed(2);
+  ::torch::manual_seed(7);
+  std::vector<Net> models{Net(), Net()};
+  ::torch::manual_seed(8);  // other weights: load must overwrite them
+  std::vector<Net> fresh{Net(), Net()};
+  const auto failures = run_ranks(2, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    tutti::torch::broadcast_parameters(comm, *models[r], 0);
+    Optimizer opt(models[r]->parameters(), options);
+    tutti::torch::DistributedOptimizer optimizer(comm, opt, models[r]->named_parameters().pairs());
+    train(optimizer, models[r], comm.rank(), 0, 3);
+    saved[r] = state_of(models[r], opt);
+    optimizer.checkpoint_async(path, {{"epoch", "2"}});
+    train(optimizer, models[r], comm.rank(), 3, 6);  // while the checkpoint is written
+    optimizer.wait_checkpoint();
+    continued[r] = state_of(models[r], opt);
+
+    Optimizer opt2(fresh[r]->parameters(), options);
+    tutti::torch::DistributedOptimizer optimizer2(comm, opt2, fresh[r]->named_parameters().pairs());
+    const auto metadata = optimizer2.load_checkpoint(path);
+    EXPECT_EQ(metadata.at("epoch"), "2");
+    EXPECT_EQ(optimizer2.optimizer_steps(), 3u);
+    EXPECT_TRUE(::torch::equal(state_of(fresh[r], opt2), saved[r])) << "rank " << r << ": restored state";
+    train(optimizer2, fresh[r], comm.rank(), 3, 6);
+    resumed[r] = state_of(fresh[r], opt2);
+  });
+  ASSERT_EQ(failures, "");
+  for (std::size_t r = 0; r < 2; ++r) EXPECT_TRUE(::torch::equal(resumed[r], continued[r])) << "rank " << r;
+  EXPECT_TRUE(fs::exists(path + "/MANIFEST"));
+  EXPECT_TRUE(fs::exists(path + "/shard-0-of-2") && fs::exists(path + "/shard-1-of-2"));
+  // Each rank wrote a part: neither shard holds everything.
+  EXPECT_GT(fs::file_size(path + "/shard-1-of-2"), 100u);
+}
+
+TEST(TorchCheckpoint, SgdMomentumResumesBitwise) {
+  ::torch::set_num_threads(1);
+  check_resume<::torch::optim::SGD>(::torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+TEST(TorchCheckpoint, AdamResumesBitwise) {
+  ::torch::set_num_threads(1);
+  check_resume<::torch::optim::Adam>(::torch::optim::AdamOptions(0.01));
+}
+
+// Writes a checkpoint of a 1-rank job after 2 steps into dir/name; returns the state saved.
+::torch::Tensor write_one(const std::string& dir, const std::string& name) {
+  auto comms = local_group(1);
+  ::torch::manual_seed(3);
+  Net model;
+  ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+  tutti::torch::DistributedOptimizer optimizer(comms[0], sgd, model->named_parameters().pairs());
+  train(optimizer, model, 0, 0, 2);
+  optimizer.checkpoint(dir + "/" + name);
+  return state_of(model, sgd);
+}
+
+// Loads dir into a fresh 1-rank model (hidden units `hidden`); expects `code` and `text` in the
+// error, and the model and optimizer untouched.
+void expect_refused(const std::string& dir, ErrorCode code, const std::string& text, std::int64_t hidden = 4) {
+  auto comms = local_group(1);
+  ::torch::manual_seed(11);
+  Net model(hidden);
+  ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+  tutti::torch::DistributedOptimizer optimizer(comms[0], sgd, model->named_parameters().pairs());
+  const auto before = state_of(model, sgd);
+  try {
+    optimizer.load_checkpoint(dir);
+    ADD_FAILURE() << "no error loading " << dir;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(::torch::equal(state_of(model, sgd), before)) << "the refused load changed the model";
+  EXPECT_TRUE(sgd.state().empty());
+}
+
+TEST(TorchCheckpoint, RefusesIncompleteDamagedAndForeignCheckpoints) {
+  TempDir dir;
+  write_one(dir.path, "a");
+  fs::copy(dir.path + "/a", dir.path + "/incomplete");
+  fs::remove(dir.path + "/incomplete/MANIFEST");
+  expect_refused(dir.path + "/incomplete", ErrorCode::invalid_argument, "no MANIFEST");
+
+  fs::copy(dir.path + "/a", dir.path + "/flipped");
+  {
+    std::fstream f(dir.path + "/flipped/shard-0-of-1", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(200);
+    char c = 0;
+    f.get(c);
+    f.seekp(200);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  expect_refused(dir.path + "/flipped", ErrorCode::invalid_argument, "shard-0-of-1 is damaged");
+
+  fs::copy(dir.path + "/a", dir.path + "/cut");
+  fs::resize_file(dir.path + "/cut/shard-0-of-1", fs::file_size(dir.path + "/cut/shard-0-of-1") - 1);
+  expect_refused(dir.path + "/cut", ErrorCode::invalid_argument, "is damaged");
+
+  expect_refused(dir.path + "/a", ErrorCode::mismatch,
+                 "another model: parameter 0 is fc1.weight Float[4,5] there, "
+                 "fc1.weight Float[6,5] here",
+                 6);
+  expect_refused(dir.path + "/nonexistent", ErrorCode::invalid_argument, "no MANIFEST");
+
+  // Written by two ranks, loaded by one.
+  auto models = std::vector<Net>{Net(), Net()};
+  ASSERT_EQ(run_ranks(2,
+                      [&](Communicator& comm) {
+                        auto& model = models[static_cast<std::size_t>(comm.rank())];
+                        ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+                        tutti::torch::DistributedOptimizer optimizer(comm, sgd, model->named_parameters().pairs());
+                        optimizer.checkpoint(dir.path + "/two");
+                      }),
+            "");
+  expect_refused(dir.path + "/two", ErrorCode::mismatch, "written by 2 ranks, this job has 1");
+}
+
+TEST(TorchCheckpoint, RefusesToOverwriteAndBadMetadata) {
+  TempDir dir;
+  write_one(dir.path, "a");
+  auto comms = local_group(1);
+  Net model;
+  ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1));
+  tutti::torch::DistributedOptimizer optimizer(comms[0], sgd, model->named_parameters().pairs());
+  EXPECT_THROW(optimizer.checkpoint_async(dir.path + "/a"), Error);
+  EXPECT_THROW(optimizer.checkpoint_async(dir.path + "/b", {{"epoch", "two words"}}), Error);
+  EXPECT_THROW(optimizer.checkpoint_async(dir.path + "/b", {{"optimizer_steps", "1"}}), Error);
+  std::ofstream(dir.path + "/file") << "x";
+  try {
+    optimizer.checkpoint_async(dir.path + "/file/c");
+    ADD_FAILURE() << "no error for a directory under a file";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::system) << e.what();
+  }
+}
+
+// Rank 1 cannot write its shard (its temporary name is taken by a directory): the error comes
+// from wait_checkpoint on both ranks, and no MANIFEST is written.
+TEST(TorchCheckpoint, FailedWriteSurfacesOnEveryRankAndPublishesNothing) {
+  TempDir dir;
+  const std::string path = dir.path + "/step-1";
+  fs::create_directories(path + "/shard-1-of-2.tmp");
+  std::vector<Net> models{Net(), Net()};
+  std::vector<std::string> errors(2);
+  ASSERT_EQ(run_ranks(2,
+                      [&](Communicator& comm) {
+                        auto& model = models[static_cast<std::size_t>(comm.rank())];
+                        ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1));
+                        tutti::torch::DistributedOptimizer optimizer(comm, sgd, model->named_parameters().pairs());
+                        optimizer.checkpoint_async(path);
+                        try {
+                          optimizer.wait_checkpoint();
+                        } catch (const Error& e) {
+                          errors[static_cast<std::size_t>(comm.rank())] = e.what();
+                        }
+                        optimizer.wait_checkpoint();  // reported once, not again
+                      }),
+            "");
+  EXPECT_NE(errors[1].find("cannot create " + path + "/shard-1-of-2.tmp"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[0].find("rank(s) 1 could not write their shards"), std::string::npos) << errors[0];
+  EXPECT_FALSE(fs::exists(path + "/MANIFEST"));
+  EXPECT_FALSE(tutti::torch::latest_checkpoint(dir.path).has_value());
+}
+
+TEST(TorchCheckpoint, LatestIsTheCompleteOneWithMostSteps) {
+  TempDir dir;
+  EXPECT_FALSE(tutti::torch::latest_checkpoint(dir.path).has_value());
+  EXPECT_FALSE(tutti::torch::latest_checkpoint(dir.path + "/nonexistent").has_value());
+  write_one(dir.path, "b");
+  fs::create_directories(dir.path + "/z-never-completed");
+  EXPECT_EQ(tutti::torch::latest_checkpoint(dir.path), dir.path + "/b");
+  fs::copy(dir.path + "/b", dir.path + "/a");
+  EXPECT_EQ(tutti::torch::latest_checkpoint(dir.path).value_or("").back(), 'b');  // same steps: either; not z
+}
+
+// Every truncation of a shard and of a MANIFEST is refused with an Error (never a crash or a
+// partial read); so is any one flipped byte of the MANIFEST.
+TEST(TorchCheckpoint, ParsersRefuseEveryTruncation) {
+  using namespace tutti::torch::detail;
+  std::vector<CheckpointEntry> entries{{"param/w", ::torch::arange(6, ::torch::kFloat32).reshape({2, 3})},
+                                       {"state/w/step", ::torch::full({1}, 5, ::torch::kInt64)}};
+  const std::string shard = encode_shard(1, 2, entries);
+  const auto back = decode_shard(shard, "s", 1, 2);
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].name, "param/w");
+  EXPECT_TRUE(::torch::equal(back[0].tensor, entries[0].tensor));
+  EXPECT_TRUE(::torch::equal(back[1].tensor, entries[1].tensor));
+  EXPECT_THROW(decode_shard(shard, "s", 0, 2), Error);
+  for (std::size_t n = 0; n < shard.size(); ++n) EXPECT_THROW(decode_shard(shard.substr(0, n), "s", 1, 2), Error) << n;
+
+  Manifest m;
+  m.world_size = 2;
+  m.optimizer = "torch::optim::SGD";
+  m.metadata = {{"epoch", "3"}, {"optimizer_steps", "40"}};
+  m.params = {{"w", "Float[2,3]"}};
+  m.shards = {{100, 0xabc}, {200, 0xdef}};
+  const std::string text = encode_manifest(m);
+  const Manifest read = decode_manifest(text, "M");
+  EXPECT_EQ(read.world_size, 2);
+  EXPECT_EQ(read.optimizer, m.optimizer);
+  EXPECT_EQ(read.metadata, m.metadata);
+  EXPECT_EQ(read.params, m.params);
+  ASSERT_EQ(read.shards.size(), 2u);
+  EXPECT_EQ(read.shards[1].bytes, 200u);
+  EXPECT_EQ(read.shards[1].checksum, 0xdefu);
+  for (std::size_t n = 0; n < text.size(); ++n) EXPECT_THROW(decode_manifest(text.substr(0, n), "M"), Error) << n;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    std::string flipped = text;
+    flipped[i] = static_cast<char>(flipped[i] ^ 0x01);
+    EXPECT_THROW(decode_manifest(flipped, "M"), Error) << i;
+  }
+}
+
+}  // namespace
+}  // namespace tutti
