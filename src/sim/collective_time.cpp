@@ -60,10 +60,8 @@ double lockstep_seconds(std::span<const schedule::Schedule> host, std::size_t el
   return total;
 }
 
-}  // namespace
-
-double schedule_seconds(Algorithm algorithm, Collective collective, int ranks, std::size_t count, std::size_t elem_size,
-                        const Levels& levels, bool lockstep) {
+double simulate(Algorithm algorithm, Collective collective, int ranks, std::size_t count, std::size_t elem_size,
+                const Levels& levels, bool lockstep) {
   schedule::Params params = params_for(collective, ranks, count, elem_size);
   const int per_host = std::clamp(levels.ranks_per_host, 1, ranks);
   params.rank = 0;
@@ -87,6 +85,19 @@ double schedule_seconds(Algorithm algorithm, Collective collective, int ranks, s
   }
   const schedule::Hosts hosts{per_host, levels.alpha, levels.beta};
   return schedule::estimate(all, elem_size, levels.intra_alpha, levels.intra_beta, levels.gamma, hosts).time;
+}
+
+}  // namespace
+
+double schedule_seconds(Algorithm algorithm, Collective collective, int ranks, std::size_t count, std::size_t elem_size,
+                        const Levels& levels, bool lockstep) {
+  // As the library's cost model does (comm/cost_model.cpp): by 16 MiB per rank every algorithm
+  // is in its linear regime, so larger calls are extrapolated along the line through 8 and 16 MiB.
+  const std::size_t linear = (std::size_t{16} << 20) / elem_size;
+  if (count <= linear) return simulate(algorithm, collective, ranks, count, elem_size, levels, lockstep);
+  const double half = simulate(algorithm, collective, ranks, linear / 2, elem_size, levels, lockstep);
+  const double full = simulate(algorithm, collective, ranks, linear, elem_size, levels, lockstep);
+  return full + (full - half) / static_cast<double>(linear / 2) * static_cast<double>(count - linear);
 }
 
 CollectiveTimes::CollectiveTimes(const Network& network, int ranks, int ranks_per_host)

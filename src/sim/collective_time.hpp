@@ -24,7 +24,7 @@
 namespace tutti::sim {
 
 /// Every rank's schedule is simulated while the schedules hold at most this many steps in all.
-inline constexpr std::size_t kExactSteps = 2'000'000;
+inline constexpr std::size_t kExactSteps = 100'000;
 
 /// A network level's prices.
 struct Levels {
@@ -35,7 +35,8 @@ struct Levels {
 };
 
 /// Seconds of one call of `algorithm` (a schedule algorithm) on `ranks` ranks with Params::count
-/// `count` of `elem_size` bytes each; `lockstep` forces the approximation (for tests).
+/// `count` of `elem_size` bytes each; `lockstep` forces the approximation (for tests). Calls of
+/// more than 16 MiB are extrapolated linearly from 8 and 16 MiB, as the library's cost model does.
 double schedule_seconds(Algorithm algorithm, Collective collective, int ranks, std::size_t count, std::size_t elem_size,
                         const Levels& levels, bool lockstep = false);
 
