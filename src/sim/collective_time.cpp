@@ -47,14 +47,19 @@ double lockstep_seconds(std::span<const schedule::Schedule> host, std::size_t el
   for (std::size_t k = 0; k < sends[0].size(); ++k) {
     int crossing = 0;
     for (std::size_t r = 0; r < host.size(); ++r) crossing += sends[r][k].peer / per_host != 0 ? 1 : 0;
-    double round = 0;
+    // A round lasts as long as a message takes on average along the ranks (a ring's data passes
+    // every link in turn, so its path holds each link's latency once), but no less than the
+    // busiest port is occupied (a slow link's wire time throttles the whole pipeline).
+    double occupied = 0, along = 0;
     for (std::size_t r = 0; r < host.size(); ++r) {
       const double bytes = static_cast<double>(sends[r][k].count * elem_size);
       const bool across = sends[r][k].peer / per_host != 0;
-      const double message =
-          across ? levels.alpha + levels.beta * bytes * crossing : levels.intra_alpha + levels.intra_beta * bytes;
-      round = std::max(round, message + levels.gamma * static_cast<double>(reductions[r][k]));
+      const double wire = across ? levels.beta * bytes * crossing : levels.intra_beta * bytes;
+      const double reduce = levels.gamma * static_cast<double>(reductions[r][k]);
+      occupied = std::max(occupied, wire + reduce);
+      along += (across ? levels.alpha : levels.intra_alpha) + wire + reduce;
     }
+    const double round = std::max(occupied, along / static_cast<double>(host.size()));
     total += round;
   }
   return total;
