@@ -1,7 +1,9 @@
 // tutti-sim: the training-step simulator's command line (docs/scaling.md).
 //
 //   tutti-sim --profile profiles/vgg16.profile --network profiles/aries.network --ranks 64,512,8192 --compare
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -40,6 +42,9 @@ Simulates training steps of Tutti's engine under an alpha-beta network model (do
   --timeline FILE         Chrome trace of rank 0 ("{rank}": one per compute speed)
   --compare               three policies side by side: (a) allreduce after backward, no
                           fusion; (b) overlapped, no fusion; (c) overlapped with fusion
+  --global-batch N        strong scaling: N samples per step over all ranks, each rank's compute
+                          scaled from the profile's batch linearly (N/p per rank; default: the
+                          profile's batch on every rank, weak scaling)
   --algorithms            under each row, how each distinct call size was run
   --json                  one JSON object per line instead of the table
 )";
@@ -78,6 +83,7 @@ struct Options {
   SimulationSetup setup;
   std::vector<int> ranks{1};
   bool compare = false, json = false, algorithms = false;
+  std::int64_t global_batch = 0;  // strong scaling: this many samples per step over all ranks
 };
 
 Options parse(int argc, char** argv) {
@@ -142,6 +148,8 @@ Options parse(int argc, char** argv) {
       o.setup.timeline_path = value();
     } else if (flag == "--compare") {
       o.compare = true;
+    } else if (flag == "--global-batch") {
+      o.global_batch = integer(value(), "--global-batch", 1);
     } else if (flag == "--algorithms") {
       o.algorithms = true;
     } else if (flag == "--json") {
@@ -178,6 +186,14 @@ std::vector<Variant> variants(const Options& o) {
 
 SimulationResult run(const Options& o, const Policy& policy, int ranks) {
   SimulationSetup s = o.setup;
+  if (o.global_batch > 0) {
+    // Forward and backward linear in the batch (each rank's share of the global batch); the
+    // update's work is the parameters', whatever the batch.
+    const double factor = static_cast<double>(o.global_batch) / ranks / static_cast<double>(s.profile.batch_size);
+    s.profile.forward_seconds *= factor;
+    for (auto& g : s.profile.gradients) g.backward_seconds *= factor;
+    s.profile.batch_size = std::max<std::int64_t>(1, o.global_batch / ranks);
+  }
   s.policy = policy;
   s.ranks = ranks;
   s.ranks_per_host = ranks == 1 ? 1 : s.ranks_per_host;
@@ -189,7 +205,10 @@ SimulationResult run(const Options& o, const Policy& policy, int ranks) {
 }
 
 void print(const Options& o, const char* variant, int ranks, const SimulationResult& r, double base) {
-  const double speedup = r.step_seconds > 0 ? ranks * base / r.step_seconds : 0;
+  // Weak scaling: samples per second against one rank's; strong scaling (--global-batch): the
+  // same global batch's step time against one rank's.
+  const double work = o.global_batch > 0 ? 1.0 : static_cast<double>(ranks);
+  const double speedup = r.step_seconds > 0 ? work * base / r.step_seconds : 0;
   if (o.json) {
     std::printf(
         "{\"variant\": \"%s\", \"ranks\": %d, \"ranks_per_host\": %d, \"step_s\": %.9g, \"compute_s\": %.9g, "
