@@ -1,6 +1,7 @@
 // tutti-train: data-parallel training of a small CNN on Fashion-MNIST over Tutti's engine.
 //
-//   tutti-run -n 2 tutti-train [--epochs N] [--batch-size B] [--no-overlap] [--timeline FILE] …
+//   tutti-run -n 2 tutti-train [--epochs N] [--batch-size B] [--no-overlap] [--timeline FILE]
+//                              [--profile FILE] [--straggler RANK:FACTOR] …
 //
 // Rank 0 prints a header, one line per epoch (loss, test accuracy, throughput, allreduce volume
 // and how much of it backward hid) and a summary line; at the end every rank checks that the
@@ -62,6 +63,11 @@ bool parameters_identical(tutti::Communicator& comm, const tutti::train::Trainer
 }
 
 int train(tutti::Communicator& comm, const Settings& s) {
+  if (s.straggler && s.straggler->rank >= comm.size()) {  // every rank finds it: all leave alike
+    std::fprintf(stderr, "tutti-train: --straggler: rank %d is not in a job of %d ranks (see --help)\n",
+                 s.straggler->rank, comm.size());
+    return 2;
+  }
   ::torch::set_num_threads(s.threads);
   const tutti::train::Data data = tutti::train::load_data(s);
   tutti::train::Trainer trainer(comm, s, data);
@@ -97,6 +103,7 @@ int train(tutti::Communicator& comm, const Settings& s) {
     std::_Exit(1);
   }
   if (!parameters_identical(comm, trainer)) return 1;
+  if (!s.profile.empty()) tutti::train::save_profile(s, comm, trainer.compute_timer(), trainer.fusion_threshold());
   if (root) {
     const double hidden = last.hidden_fraction;
     std::printf(

@@ -1,6 +1,7 @@
 #include "settings.hpp"
 
 #include <charconv>
+#include <cmath>
 #include <string_view>
 #include <system_error>
 
@@ -25,12 +26,27 @@ T at_least(std::string_view flag, T value, T minimum) {
   return value;
 }
 
+// RANK:FACTOR, FACTOR a finite number >= 1.
+Straggler straggler(std::string_view flag, std::string_view text) {
+  const auto colon = text.find(':');
+  if (colon == std::string_view::npos)
+    throw UsageError(std::string(flag) + " needs RANK:FACTOR (e.g. 1:1.5), not '" + std::string(text) + "'");
+  Straggler s;
+  s.rank = at_least(flag, number<int>(flag, text.substr(0, colon)), 0);
+  s.factor = number<double>(flag, text.substr(colon + 1));
+  if (!(s.factor >= 1) || !std::isfinite(s.factor))
+    throw UsageError(std::string(flag) + ": FACTOR must be a finite number >= 1, not '" +
+                     std::string(text.substr(colon + 1)) + "'");
+  return s;
+}
+
 }  // namespace
 
 std::string usage() {
   return "usage: tutti-train [--epochs N] [--batch-size B] [--lr X] [--threads T] [--seed S] [--no-overlap]\n"
          "                   [--timeline FILE] [--fusion-threshold BYTES] [--backward-passes N]\n"
          "                   [--train-samples N] [--test-samples N] [--data DIR] [--compression C]\n"
+         "                   [--profile FILE] [--straggler RANK:FACTOR]\n"
          "Trains a small CNN on Fashion-MNIST, data parallel over the ranks of the job (run it under\n"
          "tutti-run -n P, mpirun or srun; alone, it is one rank), and reports per epoch the loss, the\n"
          "test accuracy, the throughput and how much of the allreduce time backward hid.\n"
@@ -50,7 +66,12 @@ std::string usage() {
          ")\n"
          "  --compression C         how gradients travel: none (default), fp16, bf16, qsgd:BITS (4 or 8),\n"
          "                          powersgd:RANK or topk:RATIO (0 < RATIO <= 1); qsgd and topk with error\n"
-         "                          feedback; all but fp16 and bf16 are reduced after backward\n";
+         "                          feedback; all but fp16 and bf16 are reduced after backward\n"
+         "  --profile FILE          write the run's model profile (forward, each gradient's backward\n"
+         "                          segment, optimizer; means after warm-up) to FILE, by rank 0, or by\n"
+         "                          every rank when FILE holds {rank}\n"
+         "  --straggler RANK:F      RANK's compute (forward, each backward segment, optimizer) takes F >= 1\n"
+         "                          times as long: it sleeps (F-1) times each segment after it\n";
 }
 
 Settings parse_settings(int argc, char** argv) {
@@ -92,7 +113,11 @@ Settings parse_settings(int argc, char** argv) {
       } catch (const tutti::Error& e) {
         throw UsageError(std::string("--compression: ") + e.what());
       }
-    } else if (flag == "-h" || flag == "--help")
+    } else if (flag == "--profile")
+      s.profile = value();
+    else if (flag == "--straggler")
+      s.straggler = straggler(flag, value());
+    else if (flag == "-h" || flag == "--help")
       s.help = true;
     else
       throw UsageError("unknown argument " + std::string(flag));

@@ -11,6 +11,12 @@
 
 namespace tutti::train {
 
+/// --straggler RANK:FACTOR: that rank's compute takes FACTOR (>= 1) times as long.
+struct Straggler {
+  int rank = 0;
+  double factor = 1;
+};
+
 struct Settings {
   int epochs = 2;
   std::int64_t batch_size = 64;  // per rank
@@ -25,7 +31,9 @@ struct Settings {
   std::size_t train_samples = 0;                // first N training samples; 0 = all
   std::size_t test_samples = 0;                 // first N test samples; 0 = all
   std::string data = default_fashion_mnist_dir;
-  std::string compression = "none";  // DistributedOptions::compression, as compress::Compression::parse reads it
+  std::string compression = "none";    // DistributedOptions::compression, as compress::Compression::parse reads it
+  std::string profile;                 // --profile FILE; empty: none
+  std::optional<Straggler> straggler;  // --straggler RANK:FACTOR
   bool help = false;
 };
 

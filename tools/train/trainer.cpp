@@ -40,7 +40,8 @@ Data load_data(const Settings& s) {
   return d;
 }
 
-Trainer::Trainer(Communicator& comm, const Settings& s, const Data& data) : comm_(comm), s_(s), data_(data) {
+Trainer::Trainer(Communicator& comm, const Settings& s, const Data& data)
+    : comm_(comm), s_(s), data_(data), timer_(stretch_of(s, comm.rank())) {
   const std::int64_t p = comm_.size();
   const std::int64_t per_rank = data_.train_images.size(0) / p;
   steps_per_epoch_ = per_rank / s_.batch_size / s_.backward_passes * s_.backward_passes;
@@ -52,8 +53,9 @@ Trainer::Trainer(Communicator& comm, const Settings& s, const Data& data) : comm
   ::torch::manual_seed(s_.seed);
   model_ = Net();
   tutti::torch::broadcast_parameters(comm_, *model_, 0);  // identical anyway; the broadcast makes sure
-  sgd_ = std::make_unique<::torch::optim::SGD>(model_->parameters(),
-                                               ::torch::optim::SGDOptions(s_.lr).momentum(s_.momentum));
+  timer_.install(model_->named_parameters().pairs());     // before optimizer_'s hooks
+  sgd_ =
+      std::make_unique<TimedSGD>(timer_, model_->parameters(), ::torch::optim::SGDOptions(s_.lr).momentum(s_.momentum));
   tutti::torch::DistributedOptions options;
   options.overlap = s_.overlap;
   options.backward_passes_per_step = s_.backward_passes;
@@ -117,7 +119,8 @@ EpochResult Trainer::run_epoch(int epoch) {
     optimizer_->zero_grad();
     const auto forward_start = Clock::now();
     const auto loss = loss_of(model_->forward(images), labels);
-    const auto t1 = Clock::now();
+    const auto t1 = timer_.forward_done(forward_start);
+    timer_.backward_started(t1);
     // Gradients are summed over the passes of a window: scale for their mean.
     (s_.backward_passes > 1 ? loss / s_.backward_passes : loss).backward();
     const auto t2 = Clock::now();
@@ -129,6 +132,7 @@ EpochResult Trainer::run_epoch(int epoch) {
     reduces.push_back(after.allreduce_seconds - before.allreduce_seconds);
     engine.record_phase("FORWARD", forward_start, t1);
     engine.record_phase("BACKWARD", t1, t2);
+    timer_.pass_done(steps_run_ >= warm_up_steps);
     loss_sum += loss.item<double>();
     all_seconds += seconds(t3 - t0);
     if (steps_run_ >= warm_up_steps) {

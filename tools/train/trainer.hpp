@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model.hpp"
+#include "profiling.hpp"
 #include "settings.hpp"
 #include "tutti/torch.hpp"
 #include "tutti/tutti.hpp"
@@ -59,6 +60,8 @@ class Trainer {
   std::int64_t steps_per_epoch() const { return steps_per_epoch_; }
   /// The engine's fusion threshold in bytes.
   std::size_t fusion_threshold() const { return optimizer_->engine().options().fusion_threshold; }
+  /// This rank's compute timing (--profile) and stretch (--straggler).
+  const ComputeTimer& compute_timer() const { return timer_; }
 
  private:
   /// The epoch's order of the training samples: a permutation seeded by seed + epoch, the same on
@@ -71,6 +74,7 @@ class Trainer {
   Settings s_;
   const Data& data_;
   Net model_{nullptr};
+  ComputeTimer timer_;  // before sgd_ and optimizer_, which use it and its hooks run first
   std::unique_ptr<::torch::optim::SGD> sgd_;
   std::unique_ptr<tutti::torch::DistributedOptimizer> optimizer_;
   std::int64_t steps_per_epoch_ = 0;
