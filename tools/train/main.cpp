@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpointing.hpp"
 #include "settings.hpp"
 #include "trainer.hpp"
 #include "tutti/compress.hpp"
@@ -87,15 +88,19 @@ int train(tutti::Communicator& comm, const Settings& s) {
     std::fflush(stdout);
   }
   EpochResult last;
+  tutti::train::Checkpointing checkpointing(s, trainer.optimizer(), trainer.steps_per_epoch());
   try {
-    for (int epoch = 1; epoch <= s.epochs; ++epoch) {
-      last = trainer.run_epoch(epoch);
+    const tutti::train::ResumePoint start = checkpointing.resume(comm);
+    for (int epoch = start.epoch; epoch <= s.epochs; ++epoch) {
+      last = trainer.run_epoch(epoch, epoch == start.epoch ? start.step : 0,
+                               [&](std::int64_t step) { checkpointing.after_step(epoch, step); });
       if (std::isnan(last.train_loss)) {
         std::fprintf(stderr, "tutti-train: error: the training loss is NaN in epoch %d (try a smaller --lr)\n", epoch);
         return 1;
       }
       if (root) print_epoch(epoch, s, last);
     }
+    checkpointing.finish();
   } catch (const std::exception& e) {
     // Leave at once: the engine's shutdown is collective, and the other ranks may never join it.
     std::fprintf(stderr, "tutti-train: error: %s\n", message_of(e));

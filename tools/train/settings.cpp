@@ -40,6 +40,20 @@ Straggler straggler(std::string_view flag, std::string_view text) {
   return s;
 }
 
+// The codecs with per-tensor state (error feedback, PowerSGD's Q) keep it outside the optimizer,
+// where a checkpoint does not reach: a resumed run would not continue the same training.
+void check_checkpoint_settings(const Settings& s) {
+  if (s.checkpoint_dir.empty() != (s.checkpoint_every == 0))
+    throw UsageError("--checkpoint DIR and --checkpoint-every N go together");
+  if (s.checkpoint_blocking && s.checkpoint_dir.empty()) throw UsageError("--checkpoint-blocking needs --checkpoint");
+  const auto kind = tutti::compress::Compression::parse(s.compression).kind;
+  using Kind = tutti::compress::Compression::Kind;
+  if ((!s.checkpoint_dir.empty() || !s.resume.empty()) && kind != Kind::none && kind != Kind::fp16 &&
+      kind != Kind::bf16)
+    throw UsageError("--checkpoint and --resume take --compression none, fp16 or bf16 (" + s.compression +
+                     " keeps state a checkpoint does not hold)");
+}
+
 }  // namespace
 
 std::string usage() {
@@ -47,6 +61,7 @@ std::string usage() {
          "                   [--timeline FILE] [--fusion-threshold BYTES] [--backward-passes N]\n"
          "                   [--train-samples N] [--test-samples N] [--data DIR] [--compression C]\n"
          "                   [--profile FILE] [--straggler RANK:FACTOR]\n"
+         "                   [--checkpoint DIR --checkpoint-every N [--checkpoint-blocking]] [--resume DIR]\n"
          "Trains a small CNN on Fashion-MNIST, data parallel over the ranks of the job (run it under\n"
          "tutti-run -n P, mpirun or srun; alone, it is one rank), and reports per epoch the loss, the\n"
          "test accuracy, the throughput and how much of the allreduce time backward hid.\n"
@@ -71,7 +86,12 @@ std::string usage() {
          "                          segment, optimizer; means after warm-up) to FILE, by rank 0, or by\n"
          "                          every rank when FILE holds {rank}\n"
          "  --straggler RANK:F      RANK's compute (forward, each backward segment, optimizer) takes F >= 1\n"
-         "                          times as long: it sleeps (F-1) times each segment after it\n";
+         "                          times as long: it sleeps (F-1) times each segment after it\n"
+         "  --checkpoint DIR        with --checkpoint-every N: every N optimizer steps, a checkpoint of\n"
+         "                          parameters and optimizer state into DIR/step-NNNNNNNN, written in the\n"
+         "                          background while training goes on (--checkpoint-blocking: before)\n"
+         "  --resume DIR            go on from the latest complete checkpoint in DIR (epoch, step,\n"
+         "                          parameters, optimizer state); none there: start afresh\n";
 }
 
 Settings parse_settings(int argc, char** argv) {
@@ -117,12 +137,21 @@ Settings parse_settings(int argc, char** argv) {
       s.profile = value();
     else if (flag == "--straggler")
       s.straggler = straggler(flag, value());
+    else if (flag == "--checkpoint")
+      s.checkpoint_dir = value();
+    else if (flag == "--checkpoint-every")
+      s.checkpoint_every = at_least<std::int64_t>(flag, number<std::int64_t>(flag, value()), 1);
+    else if (flag == "--checkpoint-blocking")
+      s.checkpoint_blocking = true;
+    else if (flag == "--resume")
+      s.resume = value();
     else if (flag == "-h" || flag == "--help")
       s.help = true;
     else
       throw UsageError("unknown argument " + std::string(flag));
   }
   if (!(s.lr > 0)) throw UsageError("--lr must be positive");
+  check_checkpoint_settings(s);
   return s;
 }
 

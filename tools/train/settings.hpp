@@ -34,6 +34,10 @@ struct Settings {
   std::string compression = "none";    // DistributedOptions::compression, as compress::Compression::parse reads it
   std::string profile;                 // --profile FILE; empty: none
   std::optional<Straggler> straggler;  // --straggler RANK:FACTOR
+  std::string checkpoint_dir;          // --checkpoint DIR; empty: none
+  std::int64_t checkpoint_every = 0;   // --checkpoint-every N, in optimizer steps
+  bool checkpoint_blocking = false;    // --checkpoint-blocking: written before training goes on
+  std::string resume;                  // --resume DIR; empty: a fresh run
   bool help = false;
 };
 

@@ -100,7 +100,8 @@ std::vector<double> Trainer::evaluate_shard() {
   return {correct, static_cast<double>(index.size(0)), loss_sum};
 }
 
-EpochResult Trainer::run_epoch(int epoch) {
+EpochResult Trainer::run_epoch(int epoch, std::int64_t first_step,
+                               const std::function<void(std::int64_t)>& after_step) {
   const std::vector<std::int64_t> shard = shard_of_epoch(epoch);
   auto& engine = optimizer_->engine();
   optimizer_->reset_overlap_stats();
@@ -110,7 +111,8 @@ EpochResult Trainer::run_epoch(int epoch) {
   std::vector<double> waits, reduces;
   waits.reserve(static_cast<std::size_t>(steps_per_epoch_));
   reduces.reserve(static_cast<std::size_t>(steps_per_epoch_));
-  for (std::int64_t step = 0; step < steps_per_epoch_; ++step, ++steps_run_) {
+  const std::int64_t steps = steps_per_epoch_ - first_step;
+  for (std::int64_t step = first_step; step < steps_per_epoch_; ++step, ++steps_run_) {
     const auto index = ::torch::from_blob(const_cast<std::int64_t*>(shard.data()) + step * s_.batch_size,
                                           {s_.batch_size}, ::torch::kInt64);
     const auto images = data_.train_images.index_select(0, index);
@@ -126,6 +128,7 @@ EpochResult Trainer::run_epoch(int epoch) {
     const auto t2 = Clock::now();
     const auto before = optimizer_->overlap_stats();
     optimizer_->step();
+    if (after_step) after_step(step);  // a checkpoint's copy (or blocking write) counts in the step
     const auto t3 = Clock::now();
     const auto after = optimizer_->overlap_stats();
     waits.push_back(after.wait_seconds - before.wait_seconds);
@@ -141,7 +144,7 @@ EpochResult Trainer::run_epoch(int epoch) {
     }
   }
   // An epoch entirely within the warm-up is timed whole rather than not at all.
-  const double step_seconds = timed_steps ? timed_seconds / timed_steps : all_seconds / steps_per_epoch_;
+  const double step_seconds = timed_steps ? timed_seconds / timed_steps : all_seconds / steps;
 
   std::vector<double> sums = evaluate_shard();  // correct, total, test loss sum
   const auto overlap = optimizer_->overlap_stats();
@@ -149,7 +152,7 @@ EpochResult Trainer::run_epoch(int epoch) {
   comm_.allreduce(std::span<double>(sums), ReduceOp::sum);
 
   EpochResult r;
-  r.train_loss = sums[3] / static_cast<double>(steps_per_epoch_ * comm_.size());
+  r.train_loss = sums[3] / static_cast<double>(steps * comm_.size());
   r.test_accuracy = sums[1] > 0 ? sums[0] / sums[1] : 0;
   r.test_loss = sums[1] > 0 ? sums[2] / sums[1] : 0;
   r.step_seconds = step_seconds;

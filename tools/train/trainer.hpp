@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -51,13 +52,18 @@ class Trainer {
   Trainer(Communicator& comm, const Settings& s, const Data& data);
 
   /// Collective: trains epoch `epoch` (1-based) and evaluates.
-  EpochResult run_epoch(int epoch);
+  /// Collective: trains epoch `epoch` (1-based) from loop step `first_step` on (a resumed run),
+  /// calling `after_step(step)` after each step's optimizer step (within the step's time), and
+  /// evaluates.
+  EpochResult run_epoch(int epoch, std::int64_t first_step = 0,
+                        const std::function<void(std::int64_t)>& after_step = {});
 
   /// FNV-1a 64 of the parameters' bytes, in named_parameters order.
   std::uint64_t parameter_checksum() const;
   std::int64_t parameter_count() const;
   /// Training steps (optimizer step() calls) per epoch on each rank.
   std::int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  tutti::torch::DistributedOptimizer& optimizer() { return *optimizer_; }
   /// The engine's fusion threshold in bytes.
   std::size_t fusion_threshold() const { return optimizer_->engine().options().fusion_threshold; }
   /// This rank's compute timing (--profile) and stretch (--straggler).
