@@ -26,10 +26,14 @@ std::size_t parameter_count(const ModelProfile& p) {
                          [](std::size_t sum, const auto& g) { return sum + g.count; });
 }
 
-std::map<std::string, std::size_t> counts_by_name(const ModelProfile& p) {
+// Each named gradient is listed with the element count its layer's shape gives.
+void expect_counts(const ModelProfile& p, const std::map<std::string, std::size_t>& expected) {
   std::map<std::string, std::size_t> counts;
   for (const auto& g : p.gradients) counts[g.name] = g.count;
-  return counts;
+  for (const auto& [name, count] : expected) {
+    ASSERT_TRUE(counts.count(name)) << name << " missing";
+    EXPECT_EQ(counts.at(name), count) << name;
+  }
 }
 
 // Position in the forward pass of the layer a VGG-16 parameter belongs to (features.N, then
@@ -81,13 +85,13 @@ TEST(SimProfiles, Vgg16) {
   const ModelProfile p = load("vgg16.profile");
   check_profile(p, "vgg16", 138'357'544, vgg16_layer, 14.5, 32);
   ASSERT_EQ(p.gradients.size(), 32u);  // 13 convolutions and 3 linear layers, weight and bias each
-  const auto counts = counts_by_name(p);
-  EXPECT_EQ(counts.at("features.0.weight"), 1'728u);  // 64 x 3 x 3 x 3
-  EXPECT_EQ(counts.at("features.0.bias"), 64u);
-  EXPECT_EQ(counts.at("features.28.weight"), 2'359'296u);     // 512 x 512 x 3 x 3
-  EXPECT_EQ(counts.at("classifier.0.weight"), 102'760'448u);  // 4096 x 512 x 7 x 7
-  EXPECT_EQ(counts.at("classifier.6.weight"), 4'096'000u);    // 1000 x 4096
-  EXPECT_EQ(counts.at("classifier.6.bias"), 1'000u);
+  // features.0: 64 x 3 x 3 x 3; features.28: 512 x 512 x 3 x 3; classifier.0: 4096 x (512 x 7 x 7).
+  expect_counts(p, {{"features.0.weight", 1'728},
+                    {"features.0.bias", 64},
+                    {"features.28.weight", 2'359'296},
+                    {"classifier.0.weight", 102'760'448},
+                    {"classifier.6.weight", 4'096'000},
+                    {"classifier.6.bias", 1'000}});
   EXPECT_EQ(vgg16_layer(p.gradients.front().name), 106);
   EXPECT_EQ(vgg16_layer(p.gradients.back().name), 0);
 }
@@ -96,13 +100,13 @@ TEST(SimProfiles, Resnet50) {
   const ModelProfile p = load("resnet50.profile");
   check_profile(p, "resnet50", 25'557'032, resnet50_block, 31, 32);
   ASSERT_EQ(p.gradients.size(), 161u);  // 53 convolutions, 53 batch norms (weight, bias), fc (2)
-  const auto counts = counts_by_name(p);
-  EXPECT_EQ(counts.at("conv1.weight"), 9'408u);  // 64 x 3 x 7 x 7
-  EXPECT_EQ(counts.at("bn1.weight"), 64u);
-  EXPECT_EQ(counts.at("layer1.0.downsample.0.weight"), 16'384u);  // 256 x 64
-  EXPECT_EQ(counts.at("layer4.2.conv2.weight"), 2'359'296u);      // 512 x 512 x 3 x 3
-  EXPECT_EQ(counts.at("fc.weight"), 2'048'000u);                  // 1000 x 2048
-  EXPECT_EQ(counts.at("fc.bias"), 1'000u);
+  // conv1: 64 x 3 x 7 x 7; downsample: 256 x 64 x 1 x 1; layer4 conv2: 512 x 512 x 3 x 3; fc: 1000 x 2048.
+  expect_counts(p, {{"conv1.weight", 9'408},
+                    {"bn1.weight", 64},
+                    {"layer1.0.downsample.0.weight", 16'384},
+                    {"layer4.2.conv2.weight", 2'359'296},
+                    {"fc.weight", 2'048'000},
+                    {"fc.bias", 1'000}});
   EXPECT_EQ(resnet50_block(p.gradients.front().name), 1000);
   EXPECT_EQ(resnet50_block(p.gradients.back().name), 0);
 }

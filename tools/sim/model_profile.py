@@ -18,7 +18,7 @@ the batch, and the measured split between layers is kept. Without it the measure
 written as they are (batch = --measure-batch).
 
 Usage: model_profile.py --model vgg16 -o vgg16.profile [--measure-batch 4] [--steps 5]
-           [--warmup 2] [--threads 2] [--image-size 224]
+           [--warmup 2] [--threads 1] [--image-size 224]
            [--scale-to-throughput IMG_PER_S --batch B] [--note TEXT ...]
 Run with /usr/bin/python3 (it has torch and torchvision).
 """
@@ -37,7 +37,8 @@ def parse_args(argv):
     p.add_argument("--measure-batch", type=int, default=4, help="images per measured step")
     p.add_argument("--steps", type=int, default=5, help="timed steps (medians over these)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (1: a busy machine stalls parallel regions)")
     p.add_argument("--image-size", type=int, default=224, help="input height and width")
     p.add_argument("--classes", type=int, default=1000, help="the model's output classes")
     p.add_argument("--scale-to-throughput", type=float, metavar="IMG_PER_S",
