@@ -50,24 +50,31 @@ ev += [x(0, 0, "FORWARD", 14000, 15000), x(0, 0, "BACKWARD", 15000, 20000),
 with open(f"{work}/one.json", "w") as f:  # as a timeline being written: no closing bracket
     f.write("[\n" + ",\n".join(json.dumps(e) for e in ev) + ",\n")
 
-# Three steps per rank. Baseline: both ranks forward 2, backward 6, wait 3, optimizer 1, gap 1
-# (ms): period 13. Straggled: rank 1 computes 3 + 8 + 2 = 13 ms (4 more than rank 0), waits 0;
-# rank 0 waits 4; the period is 14: 1 ms longer for 4 ms of delay, 75% hidden.
-def steps(pid, fwd, bwd, wait, opt, period):
+# Five steps per rank; each step (forward, backward, wait, optimizer) in ms, then a 1 ms gap.
+# Baseline: rank 0 2, 6, 3, 1 and rank 1 2, 4, 5, 1: period 13. Straggled: rank 1 computes 3 + 8
+# + 2 = 13 ms (4 more than rank 0) and waits 0, but in step 1 its backward takes 20 ms more; rank
+# 0 waits 4, and 24 in step 1. Means over the steps: delay against rank 0 (4 * 4 + 24) / 5 = 8,
+# against rank 1's own 7 ms in the baseline 17 - 7 = 10; period (3 * 14 + 34) / 4 = 19, 6 more
+# than the baseline: 40% of the delay hidden (medians would say 4, 14 and 75%).
+def steps(pid, shapes):
     out = meta(pid, ["step", "a"])
-    for k in range(3):
-        t = 1000 + k * period
+    t = 1000
+    for fwd, bwd, wait, opt in shapes:
         b = t + fwd + bwd
         out += [x(pid, 0, "FORWARD", t, t + fwd), x(pid, 0, "BACKWARD", t + fwd, b),
                 x(pid, 0, "OPTIMIZER", b + wait, b + wait + opt), x(pid, 1, "ALLREDUCE", b - 1000, b + wait)]
+        t = b + wait + opt + 1000
     return out
 
-runs = {"base": [(2000, 6000, 3000, 1000, 13000)] * 2,
-        "slow": [(2000, 6000, 4000, 1000, 14000), (3000, 8000, 0, 2000, 14000)]}
+base = [(2000, 6000, 3000, 1000)] * 5
+bump = lambda shape, bwd, wait: [(f, b + (bwd if k == 1 else 0), w + (wait if k == 1 else 0), o)
+                                 for k, (f, b, w, o) in enumerate([shape] * 5)]
+runs = {"base": [base, [(2000, 4000, 5000, 1000)] * 5],
+        "slow": [bump((2000, 6000, 4000, 1000), 0, 20000), bump((3000, 8000, 0, 2000), 20000, 0)]}
 for run, ranks in runs.items():
-    for pid, shape in enumerate(ranks):
+    for pid, shapes in enumerate(ranks):
         with open(f"{work}/{run}.{pid}.json", "w") as f:
-            json.dump({"traceEvents": steps(pid, *shape)}, f)
+            json.dump({"traceEvents": steps(pid, shapes)}, f)
 with open(f"{work}/noopt.json", "w") as f:
     json.dump([x(0, 0, "FORWARD", 0, 10), x(0, 0, "BACKWARD", 10, 20)], f)
 EOF
@@ -113,9 +120,9 @@ case_straggler() {
   diff=$("$py" - "$work/s.out" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
-expected = {"rank": 1, "steps": 3, "delay_ms": 4.0, "straggler_exposed_ms": 0.0, "others_exposed_ms": 4.0,
-            "period_ms": 14.0, "baseline_period_ms": 13.0, "baseline_exposed_ms": 3.0, "increase_ms": 1.0,
-            "hidden": 0.75}
+expected = {"rank": 1, "steps": 5, "delay_vs_others_ms": 8.0, "delay_ms": 10.0, "straggler_exposed_ms": 0.0,
+            "others_exposed_ms": 8.0, "period_ms": 19.0, "baseline_period_ms": 13.0, "baseline_exposed_ms": 4.0,
+            "increase_ms": 6.0, "hidden": 0.4}
 s = r.get("straggler", {})
 bad = [f"{k}: {s.get(k)} != {v}" for k, v in expected.items() if s.get(k) != v]
 if sorted(r["ranks"]) != ["0", "1"]:
@@ -124,8 +131,14 @@ print("; ".join(bad))
 EOF
 )
   [[ -z $diff ]] || { fail straggler "$diff"; return; }
+  # Without a baseline: the delay against the other ranks, and no hidden share.
+  "$py" "$script" --json --straggler 1 "$work/slow.{rank}.json" >"$work/s.out" || { fail straggler "exit $?"; return; }
+  diff=$("$py" -c 'import json, sys
+s = json.load(open(sys.argv[1]))["straggler"]
+print("" if s["delay_ms"] == 8.0 and "hidden" not in s and "baseline_period_ms" not in s else s)' "$work/s.out")
+  [[ -z $diff ]] || { fail straggler "without a baseline: $diff"; return; }
   "$py" "$script" --summary --straggler 1 --baseline "$work/base.{rank}.json" "$work/slow.{rank}.json" >"$work/table"
-  grep -q 'hidden share of the delay 75.0%' "$work/table" || { fail straggler "table: $(cat "$work/table")"; return; }
+  grep -q 'hidden share of the delay 40.0%' "$work/table" || { fail straggler "table: $(cat "$work/table")"; return; }
   ok straggler
 }
 

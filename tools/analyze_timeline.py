@@ -19,10 +19,13 @@ belongs to the step in which it starts. Times are in ms from the step's start. P
                    between weight updates (an epoch's evaluation shows up here too)
 
 The summary gives medians over the steps. With --straggler RANK and the traces of several ranks
-(a path with "{rank}" reads every rank's file), it compares the straggler with the others: its
-extra compute per step (delay) and each side's wait in step(); with --baseline (the same run
-without the straggler) it gives how much longer the job's step period became and so the share of
-the delay the pipelining hid: 1 - (period - baseline period) / delay.
+(a path with "{rank}" reads every rank's file), it compares the straggler with the others, as
+means over the steps (the share below is a ratio of totals): its extra compute per step (delay:
+its compute less the others' median, step by step; with --baseline, less its own compute in the
+baseline) and each side's wait in step(); with --baseline (the same run without the straggler)
+how much longer the job's step period (a rank's time from its first step's start to its last's,
+per step; the slowest rank's) became, and so the share of the delay the pipelining hid:
+1 - (period - baseline period) / delay.
 
 Usage: analyze_timeline.py [--json] [--summary] [--skip N] [--straggler RANK [--baseline TRACE]...] TRACE...
 A trace may lack its closing bracket (a timeline being written, or cut short). --json prints
@@ -219,38 +222,54 @@ def load(patterns, skip):
     return result
 
 
+def mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def job_period(ranks):
+    """The job's time per step: on each rank, from its first step's start to its last's over the
+    steps between (a mean: the straggler's share is a ratio of totals); the slowest rank's."""
+    periods = [(r["steps"][-1]["start_ms"] - r["steps"][0]["start_ms"]) / (len(r["steps"]) - 1)
+               for r in ranks.values() if len(r["steps"]) >= 2]
+    return max(periods) if periods else None
+
+
 def straggler_report(ranks, straggler, baseline):
-    """The straggler against the other ranks (ms per step), and against BASELINE's ranks if given."""
+    """The straggler against the other ranks, and against BASELINE's ranks if given: means over the
+    steps, ms per step."""
     if straggler not in ranks:
         raise InputError(f"--straggler {straggler}: no such rank in the traces (ranks {sorted(ranks)})")
     others = [r for r in ranks if r != straggler]
     if not others:
         raise InputError(f"--straggler {straggler}: needs the traces of other ranks too (a path with {{rank}})")
     n = min(len(ranks[r]["steps"]) for r in ranks)
-    delays = [ranks[straggler]["steps"][k]["compute_ms"] -
-              statistics.median(ranks[r]["steps"][k]["compute_ms"] for r in others) for k in range(n)]
+    steps = {r: ranks[r]["steps"][:n] for r in ranks}
+    exposed = {r: mean(s["exposed_ms"] for s in steps[r]) for r in ranks}
     out = {
         "rank": straggler,
         "steps": n,
-        "delay_ms": statistics.median(delays) if delays else None,
-        "straggler_exposed_ms": ranks[straggler]["summary"]["exposed_ms"],
-        "others_exposed_ms": median([ranks[r]["summary"] for r in others], "exposed_ms"),
-        "period_ms": max_of(ranks, "period_ms"),
+        "delay_vs_others_ms": mean(steps[straggler][k]["compute_ms"] -
+                                   statistics.median(steps[r][k]["compute_ms"] for r in others) for k in range(n)),
+        "straggler_exposed_ms": exposed[straggler],
+        "others_exposed_ms": mean(exposed[r] for r in others),
+        "period_ms": job_period(ranks),
     }
+    out["delay_ms"] = out["delay_vs_others_ms"]
     if baseline:
-        out["baseline_period_ms"] = max_of(baseline, "period_ms")
-        out["baseline_exposed_ms"] = median([b["summary"] for b in baseline.values()], "exposed_ms")
+        if straggler not in baseline:
+            raise InputError(f"--baseline: no rank {straggler} in its traces")
+        # Against its own compute without the straggler: ranks differ (one hosts the store, the
+        # ranks of a host share its link), so the others are a poorer yardstick.
+        out["delay_ms"] = mean(s["compute_ms"] for s in steps[straggler]) - mean(
+            s["compute_ms"] for s in baseline[straggler]["steps"])
+        out["baseline_period_ms"] = job_period(baseline)
+        out["baseline_exposed_ms"] = mean(mean(s["exposed_ms"] for s in b["steps"]) for b in baseline.values())
         if out["period_ms"] is not None and out["baseline_period_ms"] is not None:
             out["increase_ms"] = out["period_ms"] - out["baseline_period_ms"]
             if out["delay_ms"]:
                 out["hidden"] = 1 - out["increase_ms"] / out["delay_ms"]
     return out
-
-
-def max_of(ranks, key):
-    """The job's figure: the largest over its ranks (the period is the slowest rank's)."""
-    values = [r["summary"][key] for r in ranks.values() if r["summary"][key] is not None]
-    return max(values) if values else None
 
 
 # ---- output ----
@@ -291,9 +310,10 @@ def print_rank(rank, info, steps_too):
 
 
 def print_straggler(r):
-    print(f"straggler rank {r['rank']} over {r['steps']} steps (medians, ms per step): extra compute (delay) "
-          f"{fmt(r['delay_ms'])}; wait in step(): straggler {fmt(r['straggler_exposed_ms'])}, others "
-          f"{fmt(r['others_exposed_ms'])}; job step period {fmt(r['period_ms'])}")
+    print(f"straggler rank {r['rank']} over {r['steps']} steps (means, ms per step): extra compute (delay) "
+          f"{fmt(r['delay_ms'])} (against the other ranks {fmt(r['delay_vs_others_ms'])}); wait in step(): "
+          f"straggler {fmt(r['straggler_exposed_ms'])}, others {fmt(r['others_exposed_ms'])}; job step period "
+          f"{fmt(r['period_ms'])}")
     if "baseline_period_ms" in r:
         print(f"  against the baseline: period {fmt(r['baseline_period_ms'])} -> {fmt(r['period_ms'])} "
               f"(+{fmt(r.get('increase_ms'))}), wait in step() {fmt(r['baseline_exposed_ms'])}; "
