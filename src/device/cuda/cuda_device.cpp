@@ -115,19 +115,34 @@ class CudaDevice final : public Device {
     for (void* p : registered_) cudaHostUnregister(p);
     for (void* p : device_memory_) {
       local_shared().erase(p);
-      cudaFree(p);
+      release(p, false);
     }
+    if (pool_stream_) cudaStreamDestroy(pool_stream_);
     for (void* p : pinned_memory_) cudaFreeHost(p);
   }
 
   Kind kind() const override { return Kind::cuda; }
   std::string name() const override { return name_; }
 
-  void* allocate(std::size_t bytes) override {
+  // Device memory comes from the stream-ordered pool, allocated and freed on a stream of the
+  // device's own: cudaMalloc may, and cudaFree does, wait for every stream of the context, and a
+  // stream held at a wait_value for a flag that another thread of this process sets (a rank that
+  // is a thread, its progress thread) then never finishes, so a free on one rank's thread hung
+  // the ranks sharing the GPU. Memory shared by IPC (allocate_shared) keeps cudaMalloc, which
+  // IPC handles require, and is freed when the device is destroyed or by free() like the rest.
+  void* allocate(std::size_t bytes) override { return allocate_device(bytes, true); }
+  void* allocate_device(std::size_t bytes, bool pooled) {
     if (bytes == 0) invalid("allocate", "0 bytes requested");
     select();
     void* p = nullptr;
-    check(cudaMalloc(&p, bytes), "allocate");
+    cudaStream_t s = pooled ? pool_stream() : nullptr;
+    if (s) {
+      check(cudaMallocAsync(&p, bytes, s), "allocate");
+      check(cudaStreamSynchronize(s), "allocate");  // usable on every stream from here
+      remember(pooled_, p);
+    } else {
+      check(cudaMalloc(&p, bytes), "allocate");
+    }
     remember(device_memory_, p);
     return p;
   }
@@ -136,10 +151,10 @@ class CudaDevice final : public Device {
     forget(device_memory_, pointer, "free", "allocate");
     local_shared().erase(pointer);
     select();
-    check(cudaFree(pointer), "free");
+    release(pointer);
   }
   void* allocate_shared(std::size_t bytes, IpcHandle& handle) override {
-    void* p = allocate(bytes);
+    void* p = allocate_device(bytes, false);
     cudaIpcMemHandle_t ipc{};
     static_assert(sizeof(ipc) <= sizeof(handle.bytes));
     try {
@@ -317,6 +332,31 @@ class CudaDevice final : public Device {
   // The calling thread's current device becomes this one (cheap when it already is).
   void select() const { check(cudaSetDevice(ordinal_), "cudaSetDevice"); }
 
+  // The stream device memory is allocated and freed on, or null where the device has no
+  // stream-ordered pool (then cudaMalloc and cudaFree).
+  cudaStream_t pool_stream() {
+    std::call_once(pool_once_, [&] {
+      int supported = 0;
+      if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, ordinal_) != cudaSuccess ||
+          supported == 0) {
+        cudaGetLastError();
+        return;
+      }
+      check(cudaStreamCreateWithFlags(&pool_stream_, cudaStreamNonBlocking), "allocate");
+    });
+    return pool_stream_;
+  }
+  void release(void* p, bool checked = true) {
+    bool pooled = false;
+    {
+      std::lock_guard lock(mutex_);
+      pooled = pooled_.erase(p) > 0;
+    }
+    const cudaError_t status = pooled ? cudaFreeAsync(p, pool_stream_) : cudaFree(p);
+    if (checked) check(status, "free");
+    if (pooled && checked) check(cudaStreamSynchronize(pool_stream_), "free");
+  }
+
   void remember(std::unordered_set<void*>& set, void* p) {
     std::lock_guard lock(mutex_);
     set.insert(p);
@@ -347,6 +387,9 @@ class CudaDevice final : public Device {
   WaitValue32 wait_value32_ = nullptr;
   std::mutex mutex_;
   std::unordered_set<void*> streams_, events_, device_memory_, pinned_memory_;
+  std::unordered_set<void*> pooled_;  // device memory from the stream-ordered pool
+  std::once_flag pool_once_;
+  cudaStream_t pool_stream_ = nullptr;
   std::unordered_set<void*> opened_, opened_local_, registered_;  // open_shared, register_pinned
 };
 
