@@ -5,18 +5,19 @@
 # 1 rank over the shaped links; inside a host: 2 ranks over shared memory) into a network file.
 # Then for each layout HxR, overlap on and off, and each fusion threshold: runs tutti-train on
 # scripts/cluster.sh with --profile (the run records its own model profile: its compute as it ran,
-# with the job's ranks sharing this machine's cores), then simulates that profile with the same
-# layout, policy and network, and prints measured and simulated step times side by side.
+# with the job's ranks sharing this machine's cores; every rank writes its own), then simulates
+# the fastest rank's profile with the others as stragglers by their measured compute, with the
+# same layout, policy and network, and prints measured and simulated step times side by side.
 #
 # Usage: scripts/sim_validate.sh [--build DIR] [--rates "1gbit 10gbit"] [--layouts "2x1 2x2 4x1 4x2"]
-#                                [--fusion "64M 0"] [--samples N] [--keep DIR]
+#                                [--fusion "67108864 0"] [--samples N] [--keep DIR]
 # Needs root (cluster.sh); prints SKIPPED and exits 77 without it or without tutti-train.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=$here/build
 rates="1gbit 10gbit"
 layouts="2x1 2x2 4x1 4x2"
-fusions="64M 0"
+fusions="67108864 0"
 samples=3200
 keep=
 while (($#)); do
@@ -76,14 +77,33 @@ for rate in $rates; do
       for fusion in $fusions; do
         tag=$rate-$layout-$overlap-$fusion
         flags=(--epochs 1 --train-samples "$samples" --test-samples 200 --batch-size 64 --threads 1
-               --fusion-threshold "$fusion" --profile "$work/$tag.profile")
+               --fusion-threshold "$fusion" --profile "$work/$tag-{rank}.profile")
         [[ $overlap == off ]] && flags+=(--no-overlap)
         bash "$here/scripts/cluster.sh" --hosts "$hosts" --ranks "$per_host" --rate "$rate" --timeout 900 -- \
           env TUTTI_TUNING_FILE= "$train" "${flags[@]}" >"$work/$tag.log" 2>&1 || { cat "$work/$tag.log"; exit 1; }
         measured=$(sed -n 's/.*tutti-train: summary step_ms=\([0-9.]*\).*/\1/p' "$work/$tag.log" | head -1)
         exposed=$(sed -n 's/^\[0\] epoch .*exposed \([0-9.]*\) ms\/step.*/\1/p' "$work/$tag.log" | tail -1)
-        sim_flags=(--profile "$work/$tag.profile" --network "$net" --ranks $((hosts * per_host))
-                   --ranks-per-host "$per_host" --overlap "$overlap" --fusion-threshold "$fusion" --json)
+        # Every rank's compute as it ran: the fastest rank's profile, the others as stragglers
+        # by the ratio of their compute to it.
+        read -r base stragglers < <(/usr/bin/python3 - "$work/$tag" $((hosts * per_host)) <<'PY'
+import sys
+prefix, p = sys.argv[1], int(sys.argv[2])
+def compute(path):
+    total = 0.0
+    for line in open(path):
+        f = line.split()
+        if f and f[0] in ("forward", "optimizer"): total += float(f[1])
+        if f and f[0] == "grad": total += float(f[4])
+    return total
+times = [compute(f"{prefix}-{r}.profile") for r in range(p)]
+fastest = min(range(p), key=lambda r: times[r])
+slow = [f"--straggler {r}:{times[r] / times[fastest]:.4f}" for r in range(p) if times[r] > times[fastest]]
+print(f"{prefix}-{fastest}.profile", " ".join(slow))
+PY
+)
+        # shellcheck disable=SC2206
+        sim_flags=(--profile "$base" --network "$net" --ranks $((hosts * per_host)) --ranks-per-host "$per_host"
+                   --overlap "$overlap" --fusion-threshold "$fusion" --json $stragglers)
         row=$("$sim" "${sim_flags[@]}" | tail -1)
         /usr/bin/python3 - "$row" "$measured" "$exposed" "$rate" "$layout" "$overlap" "$fusion" <<'PY'
 import json, sys
