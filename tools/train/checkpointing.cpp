@@ -1,5 +1,6 @@
 #include "checkpointing.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -65,10 +66,13 @@ void Checkpointing::after_step(int epoch, std::int64_t step) {
   metadata["step"] = std::to_string(epoch_done ? 0 : step + 1);
   char name[32];
   std::snprintf(name, sizeof name, "/step-%08llu", static_cast<unsigned long long>(steps));
+  const auto start = std::chrono::steady_clock::now();
   if (s_.checkpoint_blocking)
     optimizer_.checkpoint(s_.checkpoint_dir + name, std::move(metadata));
   else
     optimizer_.checkpoint_async(s_.checkpoint_dir + name, std::move(metadata));
+  call_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ++taken_;
 }
 
 }  // namespace tutti::train

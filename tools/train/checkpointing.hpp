@@ -38,10 +38,17 @@ class Checkpointing {
   /// Waits until the last checkpoint is published; throws its write's error.
   void finish() { optimizer_.wait_checkpoint(); }
 
+  /// Checkpoints taken, and the training thread's time inside their calls (the copy of this
+  /// rank's share; with --checkpoint-blocking, the write too), in seconds.
+  std::int64_t taken() const { return taken_; }
+  double call_seconds() const { return call_seconds_; }
+
  private:
   const Settings& s_;
   tutti::torch::DistributedOptimizer& optimizer_;
   std::int64_t steps_per_epoch_;
+  std::int64_t taken_ = 0;
+  double call_seconds_ = 0;
 };
 
 }  // namespace tutti::train

@@ -109,6 +109,11 @@ int train(tutti::Communicator& comm, const Settings& s) {
   }
   if (!parameters_identical(comm, trainer)) return 1;
   if (!s.profile.empty()) tutti::train::save_profile(s, comm, trainer.compute_timer(), trainer.fusion_threshold());
+  if (root && checkpointing.taken() > 0)
+    std::printf("tutti-train: checkpoints %lld call_ms=%.3f (rank 0's mean time in the call%s)\n",
+                static_cast<long long>(checkpointing.taken()),
+                1e3 * checkpointing.call_seconds() / checkpointing.taken(),
+                s.checkpoint_blocking ? ", the write included" : "; the write goes on in the background");
   if (root) {
     const double hidden = last.hidden_fraction;
     std::printf(
