@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -176,7 +177,8 @@ class DistributedOptimizer {
   CheckpointMetadata load_checkpoint(const std::string& path) {
     wait_checkpoint();
     auto metadata = detail::load_checkpoint(comm_, path, checkpoint_params(), optimizer_);
-    optimizer_steps_ = std::stoull(metadata.at("optimizer_steps"));
+    const auto steps = metadata.find("optimizer_steps");  // written by checkpoint_async
+    optimizer_steps_ = steps == metadata.end() ? 0 : std::strtoull(steps->second.c_str(), nullptr, 10);
     return metadata;
   }
   /// Optimizer steps taken (or restored by load_checkpoint).
