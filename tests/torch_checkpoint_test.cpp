@@ -248,6 +248,34 @@ TEST(TorchCheckpoint, FailedWriteSurfacesOnEveryRankAndPublishesNothing) {
   EXPECT_FALSE(tutti::torch::latest_checkpoint(dir.path).has_value());
 }
 
+// Rank 1's snapshot fails (its directory cannot be made): it gets the error at once, rank 0 from
+// wait_checkpoint, nothing is published, and the next checkpoint works on both.
+TEST(TorchCheckpoint, FailedSnapshotOnOneRankFailsTheCheckpointOnTheOthers) {
+  TempDir dir;
+  std::ofstream(dir.path + "/file") << "x";
+  std::vector<Net> models{Net(), Net()};
+  std::vector<std::string> errors(2);
+  ASSERT_EQ(run_ranks(2,
+                      [&](Communicator& comm) {
+                        const auto r = static_cast<std::size_t>(comm.rank());
+                        auto& model = models[r];
+                        ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1));
+                        tutti::torch::DistributedOptimizer optimizer(comm, sgd, model->named_parameters().pairs());
+                        try {
+                          optimizer.checkpoint_async(r == 0 ? dir.path + "/a" : dir.path + "/file/a");
+                          optimizer.wait_checkpoint();
+                        } catch (const Error& e) {
+                          errors[r] = e.what();
+                        }
+                        optimizer.checkpoint(dir.path + "/b");
+                      }),
+            "");
+  EXPECT_NE(errors[1].find("cannot create the directory"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[0].find("rank(s) 1 could not write their shards"), std::string::npos) << errors[0];
+  EXPECT_FALSE(fs::exists(dir.path + "/a/MANIFEST"));
+  EXPECT_TRUE(fs::exists(dir.path + "/b/MANIFEST"));
+}
+
 TEST(TorchCheckpoint, LatestIsTheCompleteOneWithMostSteps) {
   TempDir dir;
   EXPECT_FALSE(tutti::torch::latest_checkpoint(dir.path).has_value());

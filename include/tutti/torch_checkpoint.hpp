@@ -47,6 +47,7 @@ struct CheckpointJob {
   std::string dir;
   std::vector<CheckpointEntry> mine;  // copies of the entries this rank writes
   Manifest manifest;                  // without the shards' sizes and checksums (rank 0 adds them)
+  bool has_shard = true;              // false: this rank's snapshot failed, and its caller has the error
 };
 
 /// Copies this rank's share of the checkpoint of `params` and `optimizer` (see shard_owners), and
@@ -114,6 +115,15 @@ class CheckpointWriter {
     });
   }
 
+  /// For a rank whose snapshot failed (its caller has the error): joins the writers' collectives
+  /// without a shard, so that the other ranks' writers learn it rather than wait for it, and the
+  /// writers' collectives stay matched for the next checkpoint.
+  void start_without_shard() {
+    CheckpointJob job;
+    job.has_shard = false;
+    start(std::move(job));
+  }
+
   /// Waits until the write in flight is published (or failed) on every rank; throws its error.
   void wait() {
     if (thread_.joinable()) thread_.join();
@@ -126,6 +136,7 @@ class CheckpointWriter {
     std::uint64_t mine[3] = {0, 0, 0};  // written, bytes, checksum
     std::exception_ptr failure;
     try {
+      if (!job.has_shard) throw Error(ErrorCode::aborted, "no snapshot");  // reported by checkpoint_async
       const std::string bytes = encode_shard(rank, world, job.mine);
       job.mine.clear();  // the snapshot's memory goes back before the write
       write_file_atomically(job.dir, shard_name(rank, world), bytes);
@@ -153,6 +164,7 @@ class CheckpointWriter {
       }
     }
     comm_.broadcast(&published, 1, DataType::u64, 0);
+    if (!job.has_shard) return;
     if (failure) std::rethrow_exception(failure);
     const std::string where = "tutti::torch checkpoint " + job.dir + " (rank " + std::to_string(rank) + "): ";
     if (!missing.empty())

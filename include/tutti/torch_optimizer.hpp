@@ -145,9 +145,11 @@ class DistributedOptimizer {
   /// rank's share (about 1/size() of the bytes) and returns; a thread writes the share while the
   /// next steps compute, and rank 0 publishes the checkpoint (its MANIFEST) once every rank's
   /// share is on disk. Errors: Error(invalid_argument) within an accumulation window or for a bad
-  /// path or metadata (detail::snapshot_checkpoint), Error(unsupported) for an optimizer whose
-  /// state it cannot take apart; a failed write (unwritable directory, full disk, a failed rank)
-  /// as Error from the next checkpoint_async, checkpoint or wait_checkpoint.
+  /// path or metadata (detail::snapshot_checkpoint), Error(system) for a directory it cannot make,
+  /// Error(unsupported) for an optimizer whose state it cannot take apart (a rank that throws
+  /// these writes nothing, and the other ranks' checkpoint fails); a failed write (unwritable
+  /// directory, full disk, a failed rank) as Error from the next checkpoint_async, checkpoint or
+  /// wait_checkpoint.
   void checkpoint_async(const std::string& path, CheckpointMetadata metadata = {}) {
     if (step_calls_ != 0 || metadata.count("optimizer_steps"))
       throw Error(ErrorCode::invalid_argument, "tutti::torch::DistributedOptimizer::checkpoint_async(" + path + "): " +
@@ -157,8 +159,14 @@ class DistributedOptimizer {
     if (!checkpoint_writer_)  // collective, in the same call on every rank
       checkpoint_writer_ = std::make_unique<detail::CheckpointWriter>(comm_.split(0, comm_.rank()));
     checkpoint_writer_->wait();
-    checkpoint_writer_->start(
-        detail::snapshot_checkpoint(comm_.rank(), comm_.size(), path, checkpoint_params(), optimizer_, metadata));
+    detail::CheckpointJob job;
+    try {
+      job = detail::snapshot_checkpoint(comm_.rank(), comm_.size(), path, checkpoint_params(), optimizer_, metadata);
+    } catch (...) {
+      checkpoint_writer_->start_without_shard();  // the other ranks' writers may be under way
+      throw;
+    }
+    checkpoint_writer_->start(std::move(job));
   }
   /// checkpoint_async and wait_checkpoint: the same checkpoint, written before it returns.
   void checkpoint(const std::string& path, CheckpointMetadata metadata = {}) {
