@@ -7,29 +7,32 @@
 # compute, the collectives' busy time and the share of it during backward, the exposed wait after
 # backward (the rank that waited least), the idle gap between weight updates and the
 # communication-free time of a step (and its longest window); from the pair of runs, the
-# straggler's extra compute (delay), the job's step period without and with it, and the share of
-# the delay the pipelining hid (with its min and max over the rounds).
+# straggler's extra compute (delay), the job's step period without and with it and the share of
+# the delay the pipelining hid, and the straggler's wait in step() without and with the delay and
+# the share of the delay that went into it (the shares with their min and max over the rounds).
 #
 #   scripts/straggler_study.sh [--layouts HxR,...] [--threads T,...] [--batches B,...] [--rate RATE]
 #                              [--straggler RANK:FACTOR] [--steps N] [--rounds K] [--keep DIR]
+#                              [--from DIR]
 #
 # Defaults: layouts 2x1,2x2,4x1 (p <= 4: every rank of every host shares this machine's cores),
 # threads 1,2, batches 32,128, rate 1gbit, straggler 1:2, N = 20 training steps per run (the
 # first 4 are left out as warm-up; --train-samples is N x p x B), K = 3 rounds. --keep DIR keeps
-# the timelines and the analyses. The build: $TUTTI_BUILD_DIR (default build/). Needs root
+# the timelines and the analyses; --from DIR analyzes the timelines an earlier --keep DIR run left
+# (the same grid) instead of running. The build: $TUTTI_BUILD_DIR (default build/). Needs root
 # (scripts/cluster.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-layouts=2x1,2x2,4x1 threads_list=1,2 batches=32,128 rate=1gbit straggler=1:2 steps=20 rounds=3 keep=
+layouts=2x1,2x2,4x1 threads_list=1,2 batches=32,128 rate=1gbit straggler=1:2 steps=20 rounds=3 keep= from=
 skip=4
-usage() { sed -n '2,22s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,24s/^# \{0,1\}//p' "$0"; }
 while (($#)); do
   case $1 in
-    --layouts | --threads | --batches | --rate | --straggler | --steps | --rounds | --keep)
+    --layouts | --threads | --batches | --rate | --straggler | --steps | --rounds | --keep | --from)
       (($# >= 2)) || { echo "straggler_study.sh: $1 needs a value" >&2; exit 2; }
       case $1 in
         --layouts) layouts=$2 ;; --threads) threads_list=$2 ;; --batches) batches=$2 ;; --rate) rate=$2 ;;
-        --straggler) straggler=$2 ;; --steps) steps=$2 ;; --rounds) rounds=$2 ;; --keep) keep=$2 ;;
+        --straggler) straggler=$2 ;; --steps) steps=$2 ;; --rounds) rounds=$2 ;; --keep) keep=$2 ;; --from) from=$2 ;;
       esac
       shift 2 ;;
     -h | --help) usage; exit 0 ;;
@@ -41,8 +44,10 @@ done
 [[ $straggler =~ ^[0-9]+:[0-9.]+$ ]] || { echo "straggler_study.sh: --straggler RANK:FACTOR, got '$straggler'" >&2; exit 2; }
 build=${TUTTI_BUILD_DIR:-build}
 train=$build/tools/train/tutti-train
-[[ -x $train ]] || { echo "straggler_study.sh: no $train (set TUTTI_BUILD_DIR)" >&2; exit 1; }
-if [[ -n $keep ]]; then
+[[ -n $from || -x $train ]] || { echo "straggler_study.sh: no $train (set TUTTI_BUILD_DIR)" >&2; exit 1; }
+if [[ -n $from ]]; then
+  work=$from
+elif [[ -n $keep ]]; then
   mkdir -p "$keep"
   work=$keep
 else
@@ -52,16 +57,17 @@ fi
 slow_rank=${straggler%%:*}
 
 echo "straggler study: links at $rate, --straggler $straggler, $steps steps per run (first $skip left out)," \
-  "$(nproc) cores shared by all ranks, $(date -u +%Y-%m-%dT%H:%MZ)"
+  "$(nproc) cores shared by all ranks, ${from:+timelines from $from, }$(date -u +%Y-%m-%dT%H:%MZ)"
 echo
-echo "| hosts x workers | threads | batch | step ms | compute ms | collectives busy ms | during backward | exposed ms | gap ms | comm-free ms (longest) | straggler's delay ms | period ms, without -> with | hidden (min to max) |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "| hosts x workers | threads | batch | step ms | compute ms | collectives busy ms | during backward | exposed ms | gap ms | comm-free ms (longest) | straggler's delay ms | period ms, without -> with | hidden (min to max) | straggler's wait ms, without -> with | hidden in the wait (min to max) |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 
 # run NAME HOSTS RANKS THREADS BATCH [FLAGS...]: one tutti-train job; timelines NAME.{rank}.json.
 run() {
   local name=$1 hosts=$2 ranks=$3 threads=$4 batch=$5
   shift 5
   local p=$((hosts * ranks))
+  [[ -z $from ]] || return 0
   echo "running $name" >&2
   bash scripts/cluster.sh --hosts "$hosts" --ranks "$ranks" --rate "$rate" --timeout 900 -- \
     "$train" --epochs 1 --train-samples $((steps * p * batch)) --test-samples 100 --batch-size "$batch" \
@@ -95,7 +101,9 @@ print(f"| {layout} | {threads} | {batch} | {f(lambda r: job(r, 'step_ms', max))}
       f"{f(lambda r: job(r, 'gap_ms', med), digits=2)} | {f(lambda r: job(r, 'free_ms', med))} "
       f"({f(lambda r: job(r, 'longest_free_ms', med))}) | {f(lambda r: r['straggler']['delay_ms'])} | "
       f"{f(lambda r: r['straggler'].get('baseline_period_ms'))} -> {f(lambda r: r['straggler']['period_ms'])} | "
-      f"{spread(lambda r: r['straggler'].get('hidden'))} |")
+      f"{spread(lambda r: r['straggler'].get('hidden'))} | "
+      f"{f(lambda r: r['straggler'].get('baseline_straggler_exposed_ms'))} -> "
+      f"{f(lambda r: r['straggler']['straggler_exposed_ms'])} | {spread(lambda r: r['straggler'].get('hidden_in_wait'))} |")
 EOF
 }
 
@@ -123,7 +131,7 @@ for layout in "${layout_list[@]}"; do
       if ((${#analyses[@]})); then
         row "$layout" "$threads" "$batch" "${analyses[@]}"
       else
-        echo "| $layout | $threads | $batch | failed | | | | | | | | | |"
+        echo "| $layout | $threads | $batch | failed | | | | | | | | | | | |"
       fi
     done
   done

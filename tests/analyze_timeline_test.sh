@@ -55,7 +55,8 @@ with open(f"{work}/one.json", "w") as f:  # as a timeline being written: no clos
 # + 2 = 13 ms (4 more than rank 0) and waits 0, but in step 1 its backward takes 20 ms more; rank
 # 0 waits 4, and 24 in step 1. Means over the steps: delay against rank 0 (4 * 4 + 24) / 5 = 8,
 # against rank 1's own 7 ms in the baseline 17 - 7 = 10; period (3 * 14 + 34) / 4 = 19, 6 more
-# than the baseline: 40% of the delay hidden (medians would say 4, 14 and 75%).
+# than the baseline: 40% of the delay hidden (medians would say 4, 14 and 75%); rank 1's wait fell
+# from 5 to 0 ms: 50% of the delay went into it.
 def steps(pid, shapes):
     out = meta(pid, ["step", "a"])
     t = 1000
@@ -122,7 +123,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 expected = {"rank": 1, "steps": 5, "delay_vs_others_ms": 8.0, "delay_ms": 10.0, "straggler_exposed_ms": 0.0,
             "others_exposed_ms": 8.0, "period_ms": 19.0, "baseline_period_ms": 13.0, "baseline_exposed_ms": 4.0,
-            "increase_ms": 6.0, "hidden": 0.4}
+            "increase_ms": 6.0, "hidden": 0.4, "baseline_straggler_exposed_ms": 5.0, "hidden_in_wait": 0.5}
 s = r.get("straggler", {})
 bad = [f"{k}: {s.get(k)} != {v}" for k, v in expected.items() if s.get(k) != v]
 if sorted(r["ranks"]) != ["0", "1"]:

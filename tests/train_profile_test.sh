@@ -13,28 +13,7 @@ run=$1
 train=$2
 check=$3
 data=${4:-/usr/share/datasets/fashion-mnist}
-passed=0
-failed=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-if [[ ! -f $data/train-images-idx3-ubyte.gz ]]; then
-  echo "skipped: no Fashion-MNIST in $data (install dataset-fashion-mnist)"
-  exit 77
-fi
-
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-fail() {
-  echo "FAIL $1: $2"
-  for f in "$tmp/out" "$tmp/err"; do [[ -s $f ]] && sed 's/^/    | /' "$f"; done
-  failed=$((failed + 1))
-}
-train_run() {
-  local ranks=$1
-  shift
-  timeout -s KILL 300 "$run" -n "$ranks" "$train" "$@" >"$tmp/out" 2>"$tmp/err"
-  status=$?
-}
+source "$(dirname "$0")/train_harness.sh"
 quick=(--epochs 1 --train-samples 512 --test-samples 128 --batch-size 32 --data "$data")
 
 # The model's parameters and element counts (tools/train/model.hpp), in named_parameters order.

@@ -10,29 +10,7 @@ set -u
 run=$1
 train=$2
 data=${3:-/usr/share/datasets/fashion-mnist}
-passed=0
-failed=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-if [[ ! -f $data/train-images-idx3-ubyte.gz ]]; then
-  echo "skipped: no Fashion-MNIST in $data (install dataset-fashion-mnist)"
-  exit 77
-fi
-
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-fail() {
-  echo "FAIL $1: $2"
-  for f in "$tmp/out" "$tmp/err"; do [[ -s $f ]] && sed 's/^/    | /' "$f"; done
-  failed=$((failed + 1))
-}
-# Runs tutti-train under tutti-run; output in $tmp/out and $tmp/err, status in $status.
-train_run() {
-  local ranks=$1
-  shift
-  timeout -s KILL 300 "$run" -n "$ranks" "$train" "$@" >"$tmp/out" 2>"$tmp/err"
-  status=$?
-}
+source "$(dirname "$0")/train_harness.sh"
 quick=(--epochs 2 --train-samples 512 --test-samples 256 --batch-size 32 --lr 0.05 --data "$data")
 # The value after `word` on rank 0's epoch-N line.
 epoch_field() { awk -v n="$1" -v w="$2" '$1 == "[0]" && $2 == "epoch" && $3 ~ "^" n "/" {

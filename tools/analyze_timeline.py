@@ -25,7 +25,9 @@ its compute less the others' median, step by step; with --baseline, less its own
 baseline) and each side's wait in step(); with --baseline (the same run without the straggler)
 how much longer the job's step period (a rank's time from its first step's start to its last's,
 per step; the slowest rank's) became, and so the share of the delay the pipelining hid:
-1 - (period - baseline period) / delay.
+1 - (period - baseline period) / delay; and the same seen inside the step, less exposed to the
+period's drift from run to run: the straggler's wait in step() in the baseline less its wait
+with the delay, over the delay (hidden_in_wait).
 
 Usage: analyze_timeline.py [--json] [--summary] [--skip N] [--straggler RANK [--baseline TRACE]...] TRACE...
 A trace may lack its closing bracket (a timeline being written, or cut short). --json prints
@@ -265,10 +267,15 @@ def straggler_report(ranks, straggler, baseline):
             s["compute_ms"] for s in baseline[straggler]["steps"])
         out["baseline_period_ms"] = job_period(baseline)
         out["baseline_exposed_ms"] = mean(mean(s["exposed_ms"] for s in b["steps"]) for b in baseline.values())
+        out["baseline_straggler_exposed_ms"] = mean(s["exposed_ms"] for s in baseline[straggler]["steps"])
         if out["period_ms"] is not None and out["baseline_period_ms"] is not None:
             out["increase_ms"] = out["period_ms"] - out["baseline_period_ms"]
             if out["delay_ms"]:
                 out["hidden"] = 1 - out["increase_ms"] / out["delay_ms"]
+        # The same share seen inside the step: the part of the delay that went into time the
+        # straggler used to wait for communication. Free of the period's run-to-run drift.
+        if out["delay_ms"] and None not in (out["baseline_straggler_exposed_ms"], out["straggler_exposed_ms"]):
+            out["hidden_in_wait"] = (out["baseline_straggler_exposed_ms"] - out["straggler_exposed_ms"]) / out["delay_ms"]
     return out
 
 
@@ -317,7 +324,9 @@ def print_straggler(r):
     if "baseline_period_ms" in r:
         print(f"  against the baseline: period {fmt(r['baseline_period_ms'])} -> {fmt(r['period_ms'])} "
               f"(+{fmt(r.get('increase_ms'))}), wait in step() {fmt(r['baseline_exposed_ms'])}; "
-              f"hidden share of the delay {fmt(r.get('hidden'), 1, 100)}%")
+              f"hidden share of the delay {fmt(r.get('hidden'), 1, 100)}%; the straggler's wait "
+              f"{fmt(r['baseline_straggler_exposed_ms'])} -> {fmt(r['straggler_exposed_ms'])}: "
+              f"{fmt(r.get('hidden_in_wait'), 1, 100)}% of the delay went into it")
 
 
 def main(argv):
