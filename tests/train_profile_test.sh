@@ -2,7 +2,8 @@
 # tutti-train --profile and --straggler on 2 processes: the profile read_profile accepts has one
 # grad line per parameter of the model (8), with its element count, f32, in backward's order (the
 # last layer first); written by rank 0 alone, or by every rank with "{rank}" in the path (the
-# straggler's says so); a --straggler run ends with identical parameters; bad --straggler values
+# straggler's says so); a directory that cannot be written is a usage error before training; a
+# --straggler run ends with identical parameters; bad --straggler values
 # and a rank outside the job are usage errors (exit 2) naming the flag. Every run is bounded by
 # `timeout`.
 #
@@ -86,8 +87,22 @@ case_straggler_bad() {
   ok straggler-bad
 }
 
+# A directory that cannot be written is found before training, on every rank that writes.
+case_profile_unwritable() {
+  train_run 2 "${quick[@]}" --profile "$tmp/none/p.txt"
+  [[ $status -eq 2 ]] || { fail profile-unwritable "exit status $status, expected 2"; return; }
+  grep -q -- "--profile: rank 0 cannot write to '$tmp/none': No such file or directory" "$tmp/err" ||
+    { fail profile-unwritable "no message naming the flag, the rank and the directory"; return; }
+  grep -q 'epoch' "$tmp/out" && { fail profile-unwritable "it trained before failing"; return; }
+  train_run 2 "${quick[@]}" --profile "$tmp/none/r{rank}.txt"
+  [[ $status -eq 2 && $(grep -c -- '--profile: rank [01] cannot write' "$tmp/err") -eq 2 ]] ||
+    { fail profile-unwritable "{rank}: exit status $status, expected 2 and a message from each rank"; return; }
+  ok profile-unwritable
+}
+
 case_profile_rank0
 case_profile_every_rank
+case_profile_unwritable
 case_straggler_bad
 
 echo "$passed passed, $failed failed"

@@ -69,6 +69,13 @@ int train(tutti::Communicator& comm, const Settings& s) {
                  s.straggler->rank, comm.size());
     return 2;
   }
+  if (!s.profile.empty()) {  // every rank learns whether any cannot write: all leave alike
+    const std::string problem = tutti::train::profile_path_problem(s, comm.rank());
+    std::int32_t bad = problem.empty() ? 0 : 1;
+    comm.allreduce(&bad, &bad, 1, tutti::DataType::i32, tutti::ReduceOp::max);
+    if (!problem.empty()) std::fprintf(stderr, "tutti-train: --profile: %s (see --help)\n", problem.c_str());
+    if (bad) return 2;
+  }
   ::torch::set_num_threads(s.threads);
   const tutti::train::Data data = tutti::train::load_data(s);
   tutti::train::Trainer trainer(comm, s, data);

@@ -1,8 +1,11 @@
 #include "profiling.hpp"
 
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <thread>
 
 #include "tutti/torch.hpp"
@@ -129,14 +132,27 @@ double stretch_of(const Settings& s, int rank) {
   return s.straggler && s.straggler->rank == rank ? s.straggler->factor : 1.0;
 }
 
-void save_profile(const Settings& s, const Communicator& comm, const ComputeTimer& timer,
-                  std::size_t fusion_threshold) {
+std::string profile_path(const Settings& s, int rank) {
   std::string path = s.profile;
   const auto at = path.find("{rank}");
-  if (at != std::string::npos)
-    path.replace(at, 6, std::to_string(comm.rank()));
-  else if (comm.rank() != 0)
-    return;
+  if (at != std::string::npos) return path.replace(at, 6, std::to_string(rank));
+  return rank == 0 ? path : std::string();
+}
+
+std::string profile_path_problem(const Settings& s, int rank) {
+  const std::string path = profile_path(s, rank);
+  if (path.empty()) return {};
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::access(dir.c_str(), W_OK) != 0)
+    return "rank " + std::to_string(rank) + " cannot write to '" + dir + "': " + std::strerror(errno);
+  return {};
+}
+
+void save_profile(const Settings& s, const Communicator& comm, const ComputeTimer& timer,
+                  std::size_t fusion_threshold) {
+  const std::string path = profile_path(s, comm.rank());
+  if (path.empty()) return;
   std::vector<std::string> notes{
       "measured by tutti-train on rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) +
           ": threads " + std::to_string(s.threads) + ", overlap " + (s.overlap ? "on" : "off") + ", compression " +

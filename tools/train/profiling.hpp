@@ -93,6 +93,13 @@ class TimedSGD final : public ::torch::optim::SGD {
 /// The stretch of this rank's compute under s.straggler: its factor on the straggling rank, else 1.
 double stretch_of(const Settings& s, int rank);
 
+/// The file this rank writes its profile to: s.profile with "{rank}" replaced by `rank`; without
+/// "{rank}", s.profile on rank 0 and empty on the others (they write none).
+std::string profile_path(const Settings& s, int rank);
+/// Why this rank could not write its profile (its directory is not writable), or empty: checked
+/// before training, so that a long run does not fail at its end.
+std::string profile_path_problem(const Settings& s, int rank);
+
 /// Writes the profile of the run to s.profile: by rank 0, or by every rank when the path holds
 /// "{rank}" (replaced by the rank). Throws Error(system) when the file cannot be written.
 void save_profile(const Settings& s, const Communicator& comm, const ComputeTimer& timer, std::size_t fusion_threshold);
