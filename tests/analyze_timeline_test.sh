@@ -3,8 +3,9 @@
 #   analyze_timeline_test.sh ANALYZE_TIMELINE_PY
 #     Hand-made traces with exact expected figures: one rank, two steps and a third cut short (X
 #     events and a B/E pair, a fused allreduce on two lanes, a file without its closing bracket);
-#     a straggler against the other rank and a baseline run, read through "{rank}" paths; bad
-#     input (missing file, no OPTIMIZER, unknown straggler rank) exits 2 naming the file or flag.
+#     a straggler against the other rank and a baseline run, read through "{rank}" paths and
+#     from one file holding both ranks; bad input (missing file, no OPTIMIZER, unknown straggler
+#     rank) exits 2 naming the file or flag.
 #   analyze_timeline_test.sh ANALYZE_TIMELINE_PY TUTTI_RUN TUTTI_TRAIN [DATA_DIR]
 #     A real 2-rank tutti-train timeline, one file per rank: every rank's steps are found, each
 #     with a backward, an optimizer after it and allreduces; the straggler report runs, and the
@@ -76,6 +77,9 @@ for run, ranks in runs.items():
     for pid, shapes in enumerate(ranks):
         with open(f"{work}/{run}.{pid}.json", "w") as f:
             json.dump({"traceEvents": steps(pid, shapes)}, f)
+# Both straggled ranks in one file (one pid each), as a simulator may write them.
+with open(f"{work}/slow.both.json", "w") as f:
+    json.dump(steps(0, runs["slow"][0]) + steps(1, runs["slow"][1]), f)
 with open(f"{work}/noopt.json", "w") as f:
     json.dump([x(0, 0, "FORWARD", 0, 10), x(0, 0, "BACKWARD", 10, 20)], f)
 EOF
@@ -132,6 +136,13 @@ print("; ".join(bad))
 EOF
 )
   [[ -z $diff ]] || { fail straggler "$diff"; return; }
+  # The same ranks from one file.
+  "$py" "$script" --json --straggler 1 --baseline "$work/base.{rank}.json" "$work/slow.both.json" >"$work/s2.out" ||
+    { fail straggler "one file: exit $?"; return; }
+  diff=$("$py" -c 'import json, sys
+a, b = (json.load(open(p))["straggler"] for p in sys.argv[1:3])
+print("" if a == b else f"{a} != {b}")' "$work/s.out" "$work/s2.out")
+  [[ -z $diff ]] || { fail straggler "both ranks in one file: $diff"; return; }
   # Without a baseline: the delay against the other ranks, and no hidden share.
   "$py" "$script" --json --straggler 1 "$work/slow.{rank}.json" >"$work/s.out" || { fail straggler "exit $?"; return; }
   diff=$("$py" -c 'import json, sys

@@ -68,7 +68,7 @@ case_profile_every_rank() {
     [[ -z $wrong ]] || { fail profile-every-rank "rank $r: $wrong"; return; }
     grep -q "^note measured by tutti-train on rank $r of 2: .*overlap off" "$tmp/r$r.txt" ||
       { fail profile-every-rank "rank $r: no note naming it"; return; }
-    grep -q '^note --straggler 1:2' "$tmp/r$r.txt" || { fail profile-every-rank "rank $r: no straggler note"; return; }
+    grep -q "^note --straggler 1:2 (" "$tmp/r$r.txt" || { fail profile-every-rank "rank $r: no straggler note"; return; }
   done
   ok profile-every-rank
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -161,9 +162,12 @@ void save_profile(const Settings& s, const Communicator& comm, const ComputeTime
       "means per backward pass (forward, grads) and per optimizer step, warm-up steps left out",
       "compute measured while communication runs beside it (overlap, the engine's thread) includes its "
       "interference"};
-  if (s.straggler)
-    notes.push_back("--straggler " + std::to_string(s.straggler->rank) + ":" + std::to_string(s.straggler->factor) +
+  if (s.straggler) {
+    char factor[32];
+    std::snprintf(factor, sizeof factor, "%g", s.straggler->factor);
+    notes.push_back("--straggler " + std::to_string(s.straggler->rank) + ":" + factor +
                     " (the times leave out the injected waits)");
+  }
   sim::write_profile_file(path, timer.profile("fashion-mnist-cnn", s.batch_size, std::move(notes)));
 }
 
