@@ -10,7 +10,7 @@
 # same layout, policy and network, and prints measured and simulated step times side by side.
 #
 # Usage: scripts/sim_validate.sh [--build DIR] [--rates "1gbit 10gbit"] [--layouts "2x1 2x2 4x1 4x2"]
-#                                [--fusion "67108864 0"] [--samples N] [--keep DIR]
+#                                [--fusion "67108864 0"] [--steps N (per rank, default 30)] [--keep DIR]
 # Needs root (cluster.sh); prints SKIPPED and exits 77 without it or without tutti-train.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,7 +18,7 @@ build=$here/build
 rates="1gbit 10gbit"
 layouts="2x1 2x2 4x1 4x2"
 fusions="67108864 0"
-samples=3200
+steps=30
 keep=
 while (($#)); do
   case $1 in
@@ -26,9 +26,9 @@ while (($#)); do
     --rates) rates=$2; shift 2 ;;
     --layouts) layouts=$2; shift 2 ;;
     --fusion) fusions=$2; shift 2 ;;
-    --samples) samples=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
     --keep) keep=$2; shift 2 ;;
-    *) echo "usage: $0 [--build DIR] [--rates LIST] [--layouts LIST] [--fusion LIST] [--samples N] [--keep DIR]" >&2
+    *) echo "usage: $0 [--build DIR] [--rates LIST] [--layouts LIST] [--fusion LIST] [--steps N] [--keep DIR]" >&2
        exit 2 ;;
   esac
 done
@@ -76,7 +76,8 @@ for rate in $rates; do
     for overlap in on off; do
       for fusion in $fusions; do
         tag=$rate-$layout-$overlap-$fusion
-        flags=(--epochs 1 --train-samples "$samples" --test-samples 200 --batch-size 64 --threads 1
+        # STEPS steps per rank (tutti-train leaves out the first 5 as warm-up).
+        flags=(--epochs 1 --train-samples $((steps * 64 * hosts * per_host)) --test-samples 200 --batch-size 64 --threads 1
                --fusion-threshold "$fusion" --profile "$work/$tag-{rank}.profile")
         [[ $overlap == off ]] && flags+=(--no-overlap)
         bash "$here/scripts/cluster.sh" --hosts "$hosts" --ranks "$per_host" --rate "$rate" --timeout 900 -- \

@@ -42,6 +42,8 @@ std::string error_of(const std::string& text) {
 TEST(SimProfile, RoundTrip) {
   ModelProfile p = two_gradients();
   p.notes = {"measured here", "scaled by 2"};
+  p.backward_tail_seconds = 0.0005;
+  p.jitter = 0.07;
   std::stringstream text;
   write_profile(text, p);
   const ModelProfile q = read_profile(text);
@@ -55,7 +57,9 @@ TEST(SimProfile, RoundTrip) {
   EXPECT_EQ(q.gradients[1].count, 250000u);
   EXPECT_EQ(q.gradients[1].backward_seconds, 0.006);
   EXPECT_EQ(q.gradient_bytes(), 251000u * 4);
-  EXPECT_DOUBLE_EQ(q.compute_seconds(), 0.022);
+  EXPECT_EQ(q.backward_tail_seconds, 0.0005);
+  EXPECT_EQ(q.jitter, 0.07);
+  EXPECT_DOUBLE_EQ(q.compute_seconds(), 0.0225);
 }
 
 TEST(SimProfile, MalformedInputIsNamedByLine) {
@@ -240,6 +244,27 @@ TEST(SimStep, AStragglerSetsThePaceAndOthersWaitForIt) {
   EXPECT_NEAR(r.step_seconds, 3 * p.compute_seconds() + comm, 1e-12);
   EXPECT_NEAR(r.compute_seconds, 3 * p.compute_seconds(), 1e-12);
   EXPECT_NEAR(r.wait_seconds, 2 * p.compute_seconds() + comm, 1e-12);
+}
+
+// Jitter: each rank's compute varies from step to step, and a step waits for its slowest rank,
+// so the mean step's compute exceeds the profile's; the draws are the seed's, so runs repeat.
+TEST(SimStep, JitterMakesTheSlowestRankSlowerAndRepeats) {
+  auto s = setup_of(8, 2);
+  const double plain = simulate(s).compute_seconds;
+  s.jitter = 0.2;
+  s.steps = 12;
+  const auto a = simulate(s), b = simulate(s);
+  EXPECT_GT(a.compute_seconds, plain * 1.05);
+  EXPECT_GE(a.step_seconds, a.compute_seconds - 1e-12);
+  EXPECT_EQ(a.step_seconds, b.step_seconds);
+  s.seed = 2;
+  EXPECT_NE(simulate(s).step_seconds, a.step_seconds);
+  s.profile.jitter = 0.2;  // the profile's, when the setup does not say
+  s.jitter = -1;
+  s.seed = 1;
+  EXPECT_EQ(simulate(s).step_seconds, a.step_seconds);
+  s.ranks = 8192;
+  EXPECT_THROW(simulate(s), Error);  // every rank on its own: at most 4,096
 }
 
 TEST(SimStep, BadSetupsAreRefused) {

@@ -13,6 +13,9 @@
 //   note measured on ..., scaled by ...   (free text, any number of lines)
 //   grad classifier.6.bias 1000 f32 0.0012    # name, elements, type, backward seconds since
 //   grad classifier.6.weight 4096000 f32 0.0 #   the previous gradient (or backward's start)
+//   backward_tail 0.0003              # optional: backward's time after its last gradient
+//   jitter 0.08                       # optional: a rank's step compute varies by this much from
+//                                     #   step to step (standard deviation over mean)
 //
 // Blank lines and text after '#' are ignored; names contain no spaces.
 #pragma once
@@ -40,10 +43,12 @@ struct ModelProfile {
   std::int64_t batch_size = 0;  ///< samples per rank and step
   double forward_seconds = 0;
   double optimizer_seconds = 0;
+  double backward_tail_seconds = 0;  ///< backward's time after its last gradient is ready
+  double jitter = 0;                 ///< step-to-step variation of a rank's compute (std / mean)
   std::vector<GradientProfile> gradients;  ///< in the order backward produces them
   std::vector<std::string> notes;          ///< provenance, one line each
 
-  double backward_seconds() const;
+  double backward_seconds() const;  ///< the gradients' segments and the tail
   std::size_t gradient_bytes() const;
   /// Forward + backward + optimizer: the step without communication.
   double compute_seconds() const { return forward_seconds + backward_seconds() + optimizer_seconds; }
@@ -101,6 +106,11 @@ struct SimulationSetup {
   int ranks_per_host = 1;  ///< must divide `ranks`
   Policy policy;
   std::vector<Straggler> stragglers;
+  /// Each rank's compute in each step is multiplied by a draw of a log-normal factor of mean 1
+  /// and this standard deviation (0: none; < 0: the profile's `jitter`). Every rank is then
+  /// simulated on its own (at most 4,096 ranks).
+  double jitter = -1;
+  std::uint64_t seed = 1;  ///< of the jitter's draws
   int steps = 4;              ///< simulated steps; the first is a warm-up (names not yet cached)
   std::string timeline_path;  ///< Chrome trace of rank 0 ("{rank}": of one rank per distinct compute speed)
 };

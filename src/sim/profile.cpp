@@ -31,7 +31,7 @@ double seconds_field(std::istringstream& fields, const std::string& source, int 
 }  // namespace
 
 double ModelProfile::backward_seconds() const {
-  double total = 0;
+  double total = backward_tail_seconds;
   for (const auto& g : gradients) total += g.backward_seconds;
   return total;
 }
@@ -71,6 +71,10 @@ ModelProfile read_profile(std::istream& in, const std::string& source) {
       profile.forward_seconds = seconds_field(fields, source, line, "forward");
     } else if (key == "optimizer") {
       profile.optimizer_seconds = seconds_field(fields, source, line, "optimizer");
+    } else if (key == "backward_tail") {
+      profile.backward_tail_seconds = seconds_field(fields, source, line, "backward_tail");
+    } else if (key == "jitter") {
+      profile.jitter = seconds_field(fields, source, line, "jitter");
     } else if (key == "grad") {
       GradientProfile g;
       std::string type;
@@ -106,6 +110,8 @@ ModelProfile read_profile_file(const std::string& path) {
 void write_profile(std::ostream& out, const ModelProfile& p) {
   out << "tutti-profile 1\nmodel " << (p.model.empty() ? "unnamed" : p.model) << "\nbatch " << p.batch_size
       << std::setprecision(9) << "\nforward " << p.forward_seconds << "\noptimizer " << p.optimizer_seconds << '\n';
+  if (p.backward_tail_seconds > 0) out << "backward_tail " << p.backward_tail_seconds << '\n';
+  if (p.jitter > 0) out << "jitter " << p.jitter << '\n';
   for (const auto& n : p.notes) out << "note " << n << '\n';
   for (const auto& g : p.gradients)
     out << "grad " << g.name << ' ' << g.count << ' ' << to_string(g.type) << ' ' << g.backward_seconds << '\n';

@@ -11,9 +11,11 @@
 // other, each as long as CollectiveTimes says.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -41,7 +43,8 @@ struct Class {
   int representative = 0;  // lowest rank
   int ranks = 0;
   double factor = 1;
-  int step = 0;  // current step; == steps when done
+  double step_factor = 1;  // this step's: factor times the jitter's draw
+  int step = 0;            // current step; == steps when done
   double start = 0, forward_end = 0, backward_end = 0;
   std::vector<double> enqueue;  // per gradient, this step
   std::size_t announced = 0;    // gradients announced this step (in enqueue order)
@@ -59,7 +62,12 @@ struct Class {
 
 class StepSimulation {
  public:
-  explicit StepSimulation(const SimulationSetup& s) : s_(s), times_(s.network, s.ranks, s.ranks_per_host), table_(0) {
+  explicit StepSimulation(const SimulationSetup& s)
+      : s_(s),
+        jitter_(s.jitter < 0 ? s.profile.jitter : s.jitter),
+        random_(s.seed),
+        times_(s.network, s.ranks, s.ranks_per_host),
+        table_(0) {
     make_classes();
     table_ = Table(static_cast<int>(classes_.size()));
     for (const auto& g : s_.profile.gradients) {
@@ -89,6 +97,21 @@ class StepSimulation {
                                                      " is outside the job of " + std::to_string(s_.ranks) + " ranks");
       if (!(x.factor >= 1)) throw Error(ErrorCode::invalid_argument, "simulate: a straggler's factor must be >= 1");
     }
+    if (jitter_ > 0) {  // every rank draws its own factors: each is a class
+      if (s_.ranks > kMaxJitterRanks)
+        throw Error(ErrorCode::invalid_argument, "simulate: jitter simulates every rank on its own, at most " +
+                                                     std::to_string(kMaxJitterRanks) + " ranks");
+      for (int r = 0; r < s_.ranks; ++r) {
+        Class c;
+        c.representative = r;
+        c.ranks = 1;
+        for (const auto& x : st)
+          if (x.rank == r) c.factor = x.factor;
+        classes_.push_back(std::move(c));
+      }
+      open_timelines();
+      return;
+    }
     Class ordinary;
     ordinary.ranks = s_.ranks;
     ordinary.representative = -1;
@@ -108,6 +131,10 @@ class StepSimulation {
     if (ordinary.ranks > 0) classes_.insert(classes_.begin(), std::move(ordinary));
     std::sort(classes_.begin(), classes_.end(),
               [](const Class& a, const Class& b) { return a.representative < b.representative; });
+    open_timelines();
+  }
+
+  void open_timelines() {
     const auto& path = s_.timeline_path;
     const auto brace = path.find("{rank}");
     for (auto& c : classes_) {
@@ -123,14 +150,18 @@ class StepSimulation {
     c.step_starts.push_back(start);
     if (c.done(s_.steps)) return;
     const auto& p = s_.profile;
-    c.forward_end = start + p.forward_seconds * c.factor;
+    c.step_factor = c.factor * draw();
+    const double f = c.step_factor;
+    auto& slowest = step_compute_[static_cast<std::size_t>(c.step)];
+    slowest = std::max(slowest, p.compute_seconds() * f);
+    c.forward_end = start + p.forward_seconds * f;
     c.enqueue.assign(p.gradients.size(), 0);
     double t = c.forward_end;
     for (std::size_t g = 0; g < p.gradients.size(); ++g) {
-      t += p.gradients[g].backward_seconds * c.factor;
+      t += p.gradients[g].backward_seconds * f;
       c.enqueue[g] = t;
     }
-    c.backward_end = t;
+    c.backward_end = t + p.backward_tail_seconds * f;
     if (!s_.policy.overlap) std::fill(c.enqueue.begin(), c.enqueue.end(), c.backward_end);
     c.announced = c.completed = 0;
     if (c.timeline) {
@@ -184,7 +215,7 @@ class StepSimulation {
     if (longest > engine_detail::kSlotPayload) round += times_.allgather(longest - engine_detail::kSlotPayload).seconds;
     const double decided = start + round;
     const auto decision = table_.apply(messages, Clock::time_point{});
-    count(start, decided, negotiation_);
+    add_if_measured(start, decided, negotiation_);
     ++cycles_;
     if (start >= window_start_) ++counted_cycles_;
     for (std::size_t i = 0; i < classes_.size(); ++i)
@@ -223,12 +254,11 @@ class StepSimulation {
         ++collectives_;
         bytes_ += static_cast<double>(bytes);
       }
-      count_span(reduce_start, reduce_end, allreduce_);
+      add_if_measured(reduce_start, reduce_end, allreduce_);
       note_algorithm(bytes, call.how);
       const std::string args =
           "\"bytes\": " + std::to_string(bytes) + ", \"tensors\": " + std::to_string(members.size());
       for (std::size_t i : members) {
-        const std::size_t g = index_of(ready[i].name);
         for (auto& c : classes_) {
           if (c.timeline) {
             c.timeline->event(ready[i].name, "QUEUE", at(t), at(t));
@@ -238,7 +268,6 @@ class StepSimulation {
           }
           ++c.completed;
           c.last_completion = end;
-          (void)g;
         }
       }
       t = end;
@@ -249,7 +278,7 @@ class StepSimulation {
   void finish_step_if_complete(Class& c) {
     if (c.done(s_.steps) || c.unfinished(descriptors_.size())) return;
     const double optimizer_start = std::max(c.last_completion, c.backward_end);
-    const double end = optimizer_start + s_.profile.optimizer_seconds * c.factor;
+    const double end = optimizer_start + s_.profile.optimizer_seconds * c.step_factor;
     if (c.timeline) c.timeline->event("step", "OPTIMIZER", at(optimizer_start), at(end));
     if (c.step >= 1) c.waited += optimizer_start - c.backward_end;
     ++c.step;
@@ -257,16 +286,17 @@ class StepSimulation {
     begin_step(c, end);
   }
 
-  std::size_t index_of(const std::string& name) const {
-    for (std::size_t g = 0; g < descriptors_.size(); ++g)
-      if (descriptors_[g].name == name) return g;
-    return 0;
+  // A log-normal factor of mean 1 and standard deviation jitter_ (1 without jitter).
+  double draw() {
+    if (jitter_ <= 0) return 1;
+    const double sigma2 = std::log1p(jitter_ * jitter_);
+    std::normal_distribution<double> normal(-sigma2 / 2, std::sqrt(sigma2));
+    return std::exp(normal(random_));
   }
 
-  void count(double start, double end, double& total) const {
+  void add_if_measured(double start, double end, double& total) const {
     if (start >= window_start_) total += end - start;
   }
-  void count_span(double start, double end, double& total) const { count(start, end, total); }
 
   void note_algorithm(std::size_t bytes, const std::string& how) {
     char size[32];
@@ -286,7 +316,9 @@ class StepSimulation {
     SimulationResult r;
     const auto& starts = slowest->step_starts;  // steps + 1 entries: each step's start, then the end
     r.step_seconds = s_.steps > 1 ? (starts.back() - starts[1]) / measured : starts.back() - starts.front();
-    r.compute_seconds = s_.profile.compute_seconds() * slowest->factor;
+    double compute = 0;  // per measured step, the slowest rank's
+    for (int k = s_.steps > 1 ? 1 : 0; k < s_.steps; ++k) compute += step_compute_[static_cast<std::size_t>(k)];
+    r.compute_seconds = compute / measured;
     r.exposed_seconds = std::max(0.0, r.step_seconds - r.compute_seconds);
     r.allreduce_seconds = allreduce_ / measured;
     r.negotiation_seconds = negotiation_ / measured;
@@ -300,7 +332,10 @@ class StepSimulation {
     return r;
   }
 
+  static constexpr int kMaxJitterRanks = 4096;
   const SimulationSetup& s_;
+  double jitter_;
+  std::mt19937_64 random_;
   CollectiveTimes times_;
   Table table_;
   std::vector<Descriptor> descriptors_;
@@ -312,6 +347,7 @@ class StepSimulation {
   double allreduce_ = 0, negotiation_ = 0, bytes_ = 0;
   std::size_t collectives_ = 0, cycles_ = 0, counted_cycles_ = 0;
   std::vector<std::string> algorithms_;
+  std::vector<double> step_compute_ = std::vector<double>(static_cast<std::size_t>(s_.steps), 0.0);
 };
 
 }  // namespace

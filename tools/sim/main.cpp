@@ -38,6 +38,9 @@ Simulates training steps of Tutti's engine under an alpha-beta network model (do
   --first-bucket B        cap of a step's first fused call (default 1M)
   --fp16                  gradients travel as f16
   --straggler RANK:FACTOR that rank computes FACTOR times slower (repeatable)
+  --jitter CV             each rank's compute in each step varies by a log-normal factor of
+                          mean 1 and this standard deviation (default: the profile's jitter)
+  --seed N                of the jitter's draws (default 1)
   --steps N               simulated steps, the first a warm-up (default 4)
   --timeline FILE         Chrome trace of rank 0 ("{rank}": one per compute speed)
   --compare               three policies side by side: (a) allreduce after backward, no
@@ -142,6 +145,10 @@ Options parse(int argc, char** argv) {
       const double factor = number(v.substr(colon + 1), "--straggler");
       if (factor < 1) throw UsageError("--straggler: FACTOR must be >= 1");
       o.setup.stragglers.push_back({integer(v.substr(0, colon), "--straggler", 0), factor});
+    } else if (flag == "--jitter") {
+      o.setup.jitter = number(value(), "--jitter");
+    } else if (flag == "--seed") {
+      o.setup.seed = static_cast<std::uint64_t>(integer(value(), "--seed", 0));
     } else if (flag == "--steps") {
       o.setup.steps = integer(value(), "--steps", 2);
     } else if (flag == "--timeline") {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -76,6 +77,12 @@ void ComputeTimer::gradient_ready(std::size_t i) {
   segment_start_ = Clock::now();  // the next segment leaves the wait out
 }
 
+void ComputeTimer::backward_done() {
+  const auto now = Clock::now();
+  pass_.tail += seconds(now - segment_start_);
+  stretch(now - segment_start_);
+}
+
 void ComputeTimer::optimizer_done(Clock::time_point start) {
   const auto end = Clock::now();
   pass_.optimizer += seconds(end - start);
@@ -84,8 +91,13 @@ void ComputeTimer::optimizer_done(Clock::time_point start) {
 }
 
 void ComputeTimer::add(Sums& into, const Sums& pass) {
+  double compute = pass.forward + pass.tail + pass.optimizer;
+  for (double g : pass.gradients) compute += g;
+  into.compute += compute;
+  into.compute_squares += compute * compute;
   into.forward += pass.forward;
   into.optimizer += pass.optimizer;
+  into.tail += pass.tail;
   for (std::size_t i = 0; i < pass.gradients.size(); ++i) into.gradients[i] += pass.gradients[i];
   into.passes += 1;
   into.optimizer_steps += pass.optimizer_steps;
@@ -113,6 +125,11 @@ sim::ModelProfile ComputeTimer::profile(const std::string& model, std::int64_t b
   p.batch_size = batch_size;
   p.forward_seconds = per_pass(s.forward);
   p.optimizer_seconds = s.optimizer_steps > 0 ? s.optimizer / static_cast<double>(s.optimizer_steps) : 0.0;
+  p.backward_tail_seconds = per_pass(s.tail);
+  if (s.passes > 1 && s.compute > 0) {  // the passes' compute: standard deviation over mean
+    const double n = static_cast<double>(s.passes), mean = s.compute / n;
+    p.jitter = std::sqrt(std::max(0.0, s.compute_squares / n - mean * mean)) / mean;
+  }
   p.notes = std::move(notes);
   std::vector<std::size_t> order = order_;
   for (std::size_t i = 0; i < params_.size(); ++i)  // never ready (unused): last, with no time
@@ -160,6 +177,8 @@ void save_profile(const Settings& s, const Communicator& comm, const ComputeTime
           s.compression + ", fusion threshold " + std::to_string(fusion_threshold) +
           " bytes, backward passes per step " + std::to_string(s.backward_passes),
       "means per backward pass (forward, grads) and per optimizer step, warm-up steps left out",
+      "forward holds zero_grad; backward_tail is backward's time after its last gradient; jitter is the "
+      "standard deviation over the mean of a pass's whole compute",
       "compute measured while communication runs beside it (overlap, the engine's thread) includes its "
       "interference"};
   if (s.straggler) {

@@ -41,6 +41,8 @@ class ComputeTimer {
   Clock::time_point forward_done(Clock::time_point start);
   /// Backward starts at `start`: the first gradient's segment is measured from there.
   void backward_started(Clock::time_point start);
+  /// Backward returned: the time since its last gradient is its tail (stretched too).
+  void backward_done();
   /// The optimizer ran from `start` until now: stretches it (called by TimedSGD).
   void optimizer_done(Clock::time_point start);
   /// Ends a backward pass (a loop iteration of the trainer); its segments count towards the
@@ -53,8 +55,9 @@ class ComputeTimer {
 
  private:
   struct Sums {
-    double forward = 0, optimizer = 0;
-    std::vector<double> gradients;  // by parameter index
+    double forward = 0, optimizer = 0, tail = 0;
+    double compute = 0, compute_squares = 0;  // of each pass's whole compute, for the jitter
+    std::vector<double> gradients;            // by parameter index
     std::int64_t passes = 0, optimizer_steps = 0;
   };
   struct Param {

@@ -121,10 +121,11 @@ EpochResult Trainer::run_epoch(int epoch, std::int64_t first_step,
     optimizer_->zero_grad();
     const auto forward_start = Clock::now();
     const auto loss = loss_of(model_->forward(images), labels);
-    const auto t1 = timer_.forward_done(forward_start);
+    const auto t1 = timer_.forward_done(t0);  // the profile's forward holds zero_grad
     timer_.backward_started(t1);
     // Gradients are summed over the passes of a window: scale for their mean.
     (s_.backward_passes > 1 ? loss / s_.backward_passes : loss).backward();
+    timer_.backward_done();
     const auto t2 = Clock::now();
     const auto before = optimizer_->overlap_stats();
     optimizer_->step();
