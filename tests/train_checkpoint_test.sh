@@ -13,29 +13,17 @@ set -u
 run=$1
 train=$2
 data=${3:-/usr/share/datasets/fashion-mnist}
-passed=0
-failed=0
-tmp=$(mktemp -d)
 job_pid=
+# shellcheck source=train_harness.sh
+source "$(dirname "$0")/train_harness.sh"  # $tmp, passed/failed, ok, fail; exits 77 without the data
 cleanup() {
   [[ -n $job_pid ]] && kill -9 "$job_pid" 2>/dev/null
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-
-if [[ ! -f $data/train-images-idx3-ubyte.gz ]]; then
-  echo "skipped: no Fashion-MNIST in $data (install dataset-fashion-mnist)"
-  exit 77
-fi
-
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-fail() {
-  echo "FAIL $1: $2"
-  for f in "$tmp/out" "$tmp/err"; do [[ -s $f ]] && sed 's/^/    | /' "$f"; done
-  failed=$((failed + 1))
-}
 # 8 steps per epoch per rank (512 samples / 2 ranks / 32).
 quick=(--train-samples 512 --test-samples 256 --batch-size 32 --lr 0.05 --data "$data")
+# This test's runs: always 2 ranks and the quick settings (replaces the harness's train_run).
 train_run() {
   timeout -s KILL 300 "$run" -n 2 "$train" "${quick[@]}" "$@" >"$tmp/out" 2>"$tmp/err"
   status=$?
