@@ -43,8 +43,8 @@ struct ModelProfile {
   std::int64_t batch_size = 0;  ///< samples per rank and step
   double forward_seconds = 0;
   double optimizer_seconds = 0;
-  double backward_tail_seconds = 0;  ///< backward's time after its last gradient is ready
-  double jitter = 0;                 ///< step-to-step variation of a rank's compute (std / mean)
+  double backward_tail_seconds = 0;        ///< backward's time after its last gradient is ready
+  double jitter = 0;                       ///< step-to-step variation of a rank's compute (std / mean)
   std::vector<GradientProfile> gradients;  ///< in the order backward produces them
   std::vector<std::string> notes;          ///< provenance, one line each
 
@@ -110,7 +110,7 @@ struct SimulationSetup {
   /// and this standard deviation (0: none; < 0: the profile's `jitter`). Every rank is then
   /// simulated on its own (at most 4,096 ranks).
   double jitter = -1;
-  std::uint64_t seed = 1;  ///< of the jitter's draws
+  std::uint64_t seed = 1;     ///< of the jitter's draws
   int steps = 4;              ///< simulated steps; the first is a warm-up (names not yet cached)
   std::string timeline_path;  ///< Chrome trace of rank 0 ("{rank}": of one rank per distinct compute speed)
 };
