@@ -39,7 +39,7 @@ rows = [json.loads(line) for line in open(sys.argv[1])]
 assert [r["ranks"] for r in rows] == [1, 16384], rows
 for r in rows:
     assert r["step_s"] >= r["compute_s"] - 1e-12, r
-    assert abs(r["exposed_s"] - (r["step_s"] - r["compute_s"])) < 1e-9, r
+    assert abs(r["exposed_s"] - (r["step_s"] - r["compute_s"])) < 1e-6 * r["step_s"], r  # printed to 9 digits
     assert 0 <= r["hidden"] <= 1, r
     assert 0 < r["speedup"] <= r["ranks"] * (1 + 1e-9), r
 assert rows[0]["speedup"] == 1 and rows[1]["allreduce_s"] > 0 and rows[1]["ranks_per_host"] == 4, rows
