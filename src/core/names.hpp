@@ -13,5 +13,7 @@ namespace tutti::core {
 std::optional<Algorithm> algorithm_from_name(std::string_view name);
 /// The collective `to_string` spells `name` ("allreduce", "reduce_scatter", ...), if any.
 std::optional<Collective> collective_from_name(std::string_view name);
+/// The data type `to_string` spells `name` ("f32", "bf16", ...), if any.
+std::optional<DataType> data_type_from_name(std::string_view name);
 
 }  // namespace tutti::core

@@ -27,32 +27,6 @@ std::size_t size_of(DataType type) {
   throw Error(ErrorCode::invalid_argument, "invalid DataType value " + std::to_string(static_cast<int>(type)));
 }
 
-std::string_view to_string(DataType type) {
-  switch (type) {
-    case DataType::i8:
-      return "i8";
-    case DataType::u8:
-      return "u8";
-    case DataType::i32:
-      return "i32";
-    case DataType::u32:
-      return "u32";
-    case DataType::i64:
-      return "i64";
-    case DataType::u64:
-      return "u64";
-    case DataType::f16:
-      return "f16";
-    case DataType::bf16:
-      return "bf16";
-    case DataType::f32:
-      return "f32";
-    case DataType::f64:
-      return "f64";
-  }
-  return "invalid";
-}
-
 std::string_view to_string(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:
@@ -80,6 +54,8 @@ constexpr std::string_view collective_names[] = {"allreduce",  "reduce",    "red
                                                  "allgatherv", "broadcast", "alltoall",       "alltoallv",
                                                  "gather",     "scatter",   "barrier"};
 static_assert(std::size(collective_names) == static_cast<std::size_t>(Collective::barrier) + 1);
+constexpr std::string_view data_type_names[] = {"i8", "u8", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64"};
+static_assert(std::size(data_type_names) == static_cast<std::size_t>(DataType::f64) + 1);
 
 template <typename Enum, std::size_t N>
 std::string_view name_in(const std::string_view (&names)[N], Enum value) {
@@ -98,6 +74,7 @@ std::optional<Enum> value_in(const std::string_view (&names)[N], std::string_vie
 
 std::string_view to_string(Algorithm algorithm) { return name_in(algorithm_names, algorithm); }
 std::string_view to_string(Collective collective) { return name_in(collective_names, collective); }
+std::string_view to_string(DataType type) { return name_in(data_type_names, type); }
 
 namespace core {
 
@@ -107,6 +84,7 @@ std::optional<Algorithm> algorithm_from_name(std::string_view name) {
 std::optional<Collective> collective_from_name(std::string_view name) {
   return value_in<Collective>(collective_names, name);
 }
+std::optional<DataType> data_type_from_name(std::string_view name) { return value_in<DataType>(data_type_names, name); }
 
 }  // namespace core
 

@@ -8,14 +8,12 @@
 #include <set>
 #include <sstream>
 
+#include "core/names.hpp"
 #include "tutti/sim.hpp"
 
 namespace tutti::sim {
 
 namespace {
-
-constexpr DataType all_types[] = {DataType::i8,  DataType::u8,  DataType::i32,  DataType::u32, DataType::i64,
-                                  DataType::u64, DataType::f16, DataType::bf16, DataType::f32, DataType::f64};
 
 [[noreturn]] void malformed(const std::string& source, int line, const std::string& what) {
   throw Error(ErrorCode::invalid_argument, source + ":" + std::to_string(line) + ": " + what);
@@ -82,10 +80,9 @@ ModelProfile read_profile(std::istream& in, const std::string& source) {
       if (!(fields >> g.name >> count >> type) || count < 1)
         malformed(source, line, "grad needs a name, a count >= 1, a type and backward seconds");
       g.count = static_cast<std::size_t>(count);
-      bool known = false;
-      for (DataType t : all_types)
-        if (to_string(t) == type) g.type = t, known = true;
+      const auto known = core::data_type_from_name(type);
       if (!known) malformed(source, line, "unknown type \"" + type + "\"");
+      g.type = *known;
       g.backward_seconds = seconds_field(fields, source, line, "a gradient's backward time");
       if (!names.insert(g.name).second) malformed(source, line, "gradient \"" + g.name + "\" appears twice");
       profile.gradients.push_back(std::move(g));

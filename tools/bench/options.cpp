@@ -231,8 +231,7 @@ std::optional<DataType> parse_type(const std::string& name) {
       {"float", DataType::f32}, {"half", DataType::f16},   {"bfloat16", DataType::bf16}, {"double", DataType::f64},
       {"int8", DataType::i8},   {"uint8", DataType::u8},   {"int32", DataType::i32},     {"uint32", DataType::u32},
       {"int64", DataType::i64}, {"uint64", DataType::u64}, {"int", DataType::i32}};
-  for (int t = 0; t <= static_cast<int>(DataType::f64); ++t)
-    if (name == to_string(static_cast<DataType>(t))) return static_cast<DataType>(t);
+  if (auto type = core::data_type_from_name(name)) return type;
   for (const auto& [alias, type] : aliases)
     if (name == alias) return type;
   return std::nullopt;
