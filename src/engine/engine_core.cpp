@@ -44,17 +44,8 @@ EngineCore::EngineCore(Communicator& comm, EngineOptions options, device::Device
     throw Error(ErrorCode::unsupported,
                 "engine: its thread calls the communicator, but MPI was initialized below MPI_THREAD_SERIALIZED "
                 "(plain MPI_Init); use MPI_Init_thread with MPI_THREAD_MULTIPLE");
-  const auto& path = options_.timeline_path;
-  if (!path.empty()) {
-    const auto at = path.find("{rank}");
-    if (at != std::string::npos) {
-      std::string mine = path;
-      mine.replace(at, 6, std::to_string(rank_));
-      timeline_ = std::make_unique<Timeline>(mine, rank_);
-    } else if (rank_ == 0) {
-      timeline_ = std::make_unique<Timeline>(path, rank_);
-    }
-  }
+  if (const auto file = timeline_file_for(options_.timeline_path, rank_); !file.empty())
+    timeline_ = std::make_unique<Timeline>(file, rank_);
   thread_ = std::thread([this] { run(); });
 }
 

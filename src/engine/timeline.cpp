@@ -78,4 +78,11 @@ void Timeline::event(std::string_view lane, std::string_view name, Clock::time_p
         ", \"tid\": " + std::to_string(tid) + ", " + times + ", \"args\": {" + std::string(args) + "}}");
 }
 
+std::string timeline_file_for(const std::string& path, int rank) {
+  const auto at = path.find("{rank}");
+  if (at == std::string::npos) return rank == 0 ? path : std::string();
+  std::string mine = path;
+  return mine.replace(at, 6, std::to_string(rank));
+}
+
 }  // namespace tutti::engine_detail

@@ -43,6 +43,11 @@ class Timeline {
   bool first_ = true;
 };
 
+/// The file rank `rank` writes for the timeline setting `path` (EngineOptions::timeline_path):
+/// with "{rank}" in it, the path with the rank substituted (every rank writes one); without,
+/// `path` for rank 0 and "" (no file) for the others; "" for an empty path.
+std::string timeline_file_for(const std::string& path, int rank);
+
 /// `text` as a JSON string literal (with quotes).
 std::string json_string(std::string_view text);
 
