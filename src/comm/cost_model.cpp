@@ -39,12 +39,6 @@ constexpr double tie_margin = 1e-3;
 
 std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
-// Collectives whose `bytes` is the total over ranks.
-bool bytes_are_total(Collective c) {
-  return c == Collective::reduce_scatter || c == Collective::allgather || c == Collective::allgatherv ||
-         c == Collective::alltoall || c == Collective::gather || c == Collective::scatter;
-}
-
 // Elements per rank (the schedule's count) for `bytes`: at least one for a non-empty call.
 std::size_t per_rank_count(Collective c, int p, std::size_t bytes) {
   const std::size_t parts = bytes_are_total(c) ? static_cast<std::size_t>(p) : 1;
@@ -113,6 +107,11 @@ double predict_direct(Collective c, int p, std::size_t bytes, const CostParams& 
 bool direct_serves(Collective c) { return transport::shm::serves(c); }
 
 }  // namespace
+
+bool bytes_are_total(Collective c) {
+  return c == Collective::reduce_scatter || c == Collective::allgather || c == Collective::allgatherv ||
+         c == Collective::alltoall || c == Collective::gather || c == Collective::scatter;
+}
 
 CostParams default_cost(std::string_view transport) {
   if (transport == "inproc") return {2.0e-6, 1.5e-10, 2.0e-10};

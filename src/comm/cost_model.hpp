@@ -23,6 +23,10 @@ struct CostParams {
 /// (the slowest assumption: a transport we know nothing about may cross a network).
 CostParams default_cost(std::string_view transport);
 
+/// Whether a call's `bytes`, as choose_algorithm and predict take it, is the total over ranks
+/// (allgather(v), reduce_scatter, alltoall, gather, scatter) rather than one rank's buffer.
+bool bytes_are_total(Collective collective);
+
 /// The algorithms `automatic` may choose for `collective`: its schedule algorithms, plus `direct`
 /// for allreduce, reduce_scatter, allgather and broadcast when `direct_available`. Never mpi or
 /// hierarchical.

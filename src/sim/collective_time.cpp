@@ -105,8 +105,19 @@ double schedule_seconds(Algorithm algorithm, Collective collective, int ranks, s
   return full + (full - half) / static_cast<double>(linear / 2) * static_cast<double>(count - linear);
 }
 
+namespace {
+
+// Consecutive ranks share a host, `per_host` to each.
+detail::Topology hosts_of(int ranks, int per_host) {
+  std::vector<std::uint64_t> host_of(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) host_of[static_cast<std::size_t>(r)] = static_cast<std::uint64_t>(r / per_host);
+  return detail::Topology(std::move(host_of));
+}
+
+}  // namespace
+
 CollectiveTimes::CollectiveTimes(const Network& network, int ranks, int ranks_per_host)
-    : network_(network), ranks_(ranks), per_host_(ranks_per_host) {}
+    : network_(network), ranks_(ranks), per_host_(ranks_per_host), topology_(hosts_of(ranks, ranks_per_host)) {}
 
 CollectiveTimes::Timed CollectiveTimes::cheapest(Collective collective, int ranks, int per_host, std::size_t count,
                                                  std::size_t elem, int sharing) const {
@@ -120,7 +131,7 @@ CollectiveTimes::Timed CollectiveTimes::cheapest(Collective collective, int rank
     double t = 0;
     if (a == Algorithm::direct) {
       const detail::choice::CostParams cost{network_.intra_alpha, network_.intra_beta, network_.gamma};
-      const bool total = collective != Collective::allreduce && collective != Collective::broadcast;
+      const bool total = detail::choice::bytes_are_total(collective);
       const std::size_t bytes = count * elem * (total ? static_cast<std::size_t>(ranks) : 1);
       t = detail::choice::predict(a, collective, ranks, bytes, cost);
     } else {
@@ -136,11 +147,9 @@ const CollectiveTimes::Timed& CollectiveTimes::allreduce(std::size_t count, Data
   const auto key = std::make_pair(count, type);
   if (auto it = allreduce_.find(key); it != allreduce_.end()) return it->second;
   const std::size_t elem = size_of(type);
-  std::vector<std::uint64_t> host_of(static_cast<std::size_t>(ranks_));
-  for (int r = 0; r < ranks_; ++r) host_of[static_cast<std::size_t>(r)] = static_cast<std::uint64_t>(r / per_host_);
   const int hosts = ranks_ / per_host_;
   Timed timed;
-  if (detail::prefers_hierarchical(detail::Topology(host_of), count * elem)) {
+  if (detail::prefers_hierarchical(topology_, count * elem)) {
     // Equal ranks per host: reduce_scatter inside each host, per_host concurrent allreduces of
     // one block across the hosts (sharing each host's link), allgather inside each host.
     const std::size_t block = (count + static_cast<std::size_t>(per_host_) - 1) / static_cast<std::size_t>(per_host_);

@@ -19,6 +19,7 @@
 #include <string>
 #include <utility>
 
+#include "comm/topology.hpp"
 #include "tutti/sim.hpp"
 #include "tutti/types.hpp"
 
@@ -63,6 +64,7 @@ class CollectiveTimes {
 
   Network network_;
   int ranks_, per_host_;
+  detail::Topology topology_;  // what prefers_hierarchical asks about, built once
   std::map<std::pair<std::size_t, DataType>, Timed> allreduce_;
   std::map<std::size_t, Timed> allgather_;
 };

@@ -45,7 +45,7 @@ struct Class {
   double factor = 1;
   double step_factor = 1;  // this step's: factor times the jitter's draw
   int step = 0;            // current step; == steps when done
-  double start = 0, forward_end = 0, backward_end = 0;
+  double forward_end = 0, backward_end = 0;
   std::vector<double> enqueue;  // per gradient, this step
   std::size_t announced = 0;    // gradients announced this step (in enqueue order)
   std::size_t completed = 0;
@@ -90,12 +90,15 @@ class StepSimulation {
  private:
   void make_classes() {
     const auto& st = s_.stragglers;
-    std::vector<double> factor_of;
-    for (const auto& x : st) {
+    for (std::size_t i = 0; i < st.size(); ++i) {
+      const auto& x = st[i];
       if (x.rank < 0 || x.rank >= s_.ranks)
         throw Error(ErrorCode::invalid_argument, "simulate: straggler rank " + std::to_string(x.rank) +
                                                      " is outside the job of " + std::to_string(s_.ranks) + " ranks");
       if (!(x.factor >= 1)) throw Error(ErrorCode::invalid_argument, "simulate: a straggler's factor must be >= 1");
+      if (std::any_of(st.begin(), st.begin() + static_cast<std::ptrdiff_t>(i),
+                      [&](const Straggler& y) { return y.rank == x.rank; }))
+        throw Error(ErrorCode::invalid_argument, "simulate: straggler rank " + std::to_string(x.rank) + " given twice");
     }
     if (jitter_ > 0) {  // every rank draws its own factors: each is a class
       if (s_.ranks > kMaxJitterRanks)
@@ -119,8 +122,6 @@ class StepSimulation {
       if (std::none_of(st.begin(), st.end(), [&](const Straggler& x) { return x.rank == r; }))
         ordinary.representative = r;
     for (const auto& x : st) {
-      if (std::any_of(classes_.begin(), classes_.end(), [&](const Class& c) { return c.representative == x.rank; }))
-        throw Error(ErrorCode::invalid_argument, "simulate: straggler rank " + std::to_string(x.rank) + " given twice");
       Class c;
       c.representative = x.rank;
       c.ranks = 1;
@@ -135,18 +136,12 @@ class StepSimulation {
   }
 
   void open_timelines() {
-    const auto& path = s_.timeline_path;
-    const auto brace = path.find("{rank}");
-    for (auto& c : classes_) {
-      if (path.empty() || (brace == std::string::npos && c.representative != 0)) continue;
-      std::string p = path;
-      if (brace != std::string::npos) p.replace(brace, 6, std::to_string(c.representative));
-      c.timeline = std::make_unique<engine_detail::Timeline>(p, c.representative);
-    }
+    for (auto& c : classes_)
+      if (const auto file = engine_detail::timeline_file_for(s_.timeline_path, c.representative); !file.empty())
+        c.timeline = std::make_unique<engine_detail::Timeline>(file, c.representative);
   }
 
   void begin_step(Class& c, double start) {
-    c.start = start;
     c.step_starts.push_back(start);
     if (c.done(s_.steps)) return;
     const auto& p = s_.profile;
@@ -216,8 +211,7 @@ class StepSimulation {
     const double decided = start + round;
     const auto decision = table_.apply(messages, Clock::time_point{});
     add_if_measured(start, decided, negotiation_);
-    ++cycles_;
-    if (start >= window_start_) ++counted_cycles_;
+    if (start >= window_start_) ++cycles_;
     for (std::size_t i = 0; i < classes_.size(); ++i)
       if (classes_[i].timeline)
         for (std::size_t g : announced[i])
@@ -325,7 +319,7 @@ class StepSimulation {
     const double communication = r.allreduce_seconds + r.negotiation_seconds;
     r.hidden_fraction = communication > 0 ? std::clamp(1.0 - r.exposed_seconds / communication, 0.0, 1.0) : 1.0;
     r.collectives = static_cast<double>(collectives_) / measured;
-    r.cycles = static_cast<double>(counted_cycles_) / measured;
+    r.cycles = static_cast<double>(cycles_) / measured;
     r.bytes = bytes_ / measured;
     r.wait_seconds = fastest->waited / measured;
     r.algorithms = algorithms_;
@@ -345,7 +339,7 @@ class StepSimulation {
   bool step_start_ = true;
   double window_start_ = never;
   double allreduce_ = 0, negotiation_ = 0, bytes_ = 0;
-  std::size_t collectives_ = 0, cycles_ = 0, counted_cycles_ = 0;
+  std::size_t collectives_ = 0, cycles_ = 0;  // measured steps' calls and rounds
   std::vector<std::string> algorithms_;
   std::vector<double> step_compute_ = std::vector<double>(static_cast<std::size_t>(s_.steps), 0.0);
 };
