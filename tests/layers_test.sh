@@ -20,7 +20,7 @@ if [[ ${1:-} == --self-test ]]; then
   exit 0
 fi
 src=${1:?usage: layers_test.sh SRC_DIR}
-layers=(core reduce bootstrap transport schedule exec comm device gpu sparse compress engine sim)
+layers=(core reduce bootstrap transport schedule exec comm device offload gpu sparse compress engine sim)
 communicator_api='tutti/(tutti|mpi|engine|torch|sparse|compress)'
 status=0
 for ((i = 0; i < ${#layers[@]}; i++)); do
