@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,23 +45,57 @@ void print_epoch(int epoch, const Settings& s, const EpochResult& r) {
   std::fflush(stdout);
 }
 
-// Every rank hashes its parameters; all ranks compare the hashes with rank 0's. True if equal.
-bool parameters_identical(tutti::Communicator& comm, const tutti::train::Trainer& trainer) {
+// Every rank hashes its part of the parameters; the ranks that hold the same part (a
+// data-parallel group) compare theirs with that group's first rank. True on every rank if all
+// groups agree.
+bool parameters_identical(tutti::Communicator& comm, tutti::train::Trainer& trainer) {
+  tutti::Communicator& group = trainer.data_group();
   const std::uint64_t mine = trainer.parameter_checksum();
-  std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.size()));
-  comm.allgather(&mine, all.data(), 1, tutti::DataType::u64);
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(group.size()));
+  group.allgather(&mine, all.data(), 1, tutti::DataType::u64);
   std::string differing;
   for (std::size_t r = 1; r < all.size(); ++r)
     if (all[r] != all[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
-  if (!differing.empty()) {
-    std::fprintf(stderr, "tutti-train: error: the parameters of rank(s) %s differ from rank 0's after training\n",
-                 differing.c_str());
-    return false;
-  }
+  if (!differing.empty())
+    std::fprintf(stderr,
+                 "tutti-train: error: rank %d: the parameters of data-parallel rank(s) %s of its group differ from "
+                 "the group's rank 0 after training\n",
+                 comm.rank(), differing.c_str());
+  std::int32_t bad = differing.empty() ? 0 : 1;
+  comm.allreduce(&bad, &bad, 1, tutti::DataType::i32, tutti::ReduceOp::max);
+  if (bad) return false;
+  const auto& l = trainer.layout();
   if (comm.rank() == 0)
-    std::printf("tutti-train: parameters identical on all %d ranks (checksum 0x%016llx)\n", comm.size(),
-                static_cast<unsigned long long>(all[0]));
+    std::printf(
+        "tutti-train: parameters identical on the %d data-parallel ranks of each of %d groups (rank 0's "
+        "checksum 0x%016llx)\n",
+        l.data, l.pipeline * l.tensor, static_cast<unsigned long long>(all[0]));
   return true;
+}
+
+// The layout, its pipeline's bubble against (N-1)/(M+N-1), and the memory of each rank.
+void print_parallel_summary(tutti::Communicator& comm, const Settings& s, tutti::train::Trainer& trainer,
+                            const EpochResult& last) {
+  const auto& l = trainer.layout();
+  const auto m = trainer.memory_use();
+  // Per rank: idle fraction, parameters, optimizer state, gradients kept, peak RSS.
+  const double mine[5] = {last.idle_fraction, static_cast<double>(m.parameters), static_cast<double>(m.optimizer_state),
+                          static_cast<double>(m.gradients), static_cast<double>(m.max_rss)};
+  std::vector<double> all(5 * static_cast<std::size_t>(comm.size()));
+  comm.allgather(mine, all.data(), 5, tutti::DataType::f64);
+  if (comm.rank() != 0) return;
+  std::printf("tutti-train: layout data=%d pipeline=%d tensor=%d zero=%d schedule=%s micro-batches=%d\n", l.data,
+              l.pipeline, l.tensor, s.zero, s.schedule.c_str(), s.micro_batches);
+  for (int r = 0; r < comm.size(); ++r) {
+    const double* v = &all[5 * static_cast<std::size_t>(r)];
+    std::printf("tutti-train: rank %d params_mb=%.3f optimizer_state_mb=%.3f gradients_mb=%.3f max_rss_mb=%.1f", r,
+                v[1] / 1e6, v[2] / 1e6, v[3] / 1e6, v[4] / 1e6);
+    if (l.pipeline > 1) std::printf(" idle=%.3f", v[0]);
+    std::printf("\n");
+  }
+  if (l.pipeline > 1)
+    std::printf("tutti-train: pipeline bubble theory (N-1)/(M+N-1) = %.3f for equal stages\n",
+                tutti::torch::pipeline_bubble_theory(l.pipeline, s.micro_batches));
 }
 
 int train(tutti::Communicator& comm, const Settings& s) {
@@ -95,19 +130,22 @@ int train(tutti::Communicator& comm, const Settings& s) {
     std::fflush(stdout);
   }
   EpochResult last;
-  tutti::train::Checkpointing checkpointing(s, trainer.optimizer(), trainer.steps_per_epoch());
+  // Checkpoints are for data parallelism alone (parse_settings refuses them otherwise).
+  std::optional<tutti::train::Checkpointing> checkpointing;
+  if (trainer.optimizer()) checkpointing.emplace(s, *trainer.optimizer(), trainer.steps_per_epoch());
   try {
-    const tutti::train::ResumePoint start = checkpointing.resume(comm);
+    const tutti::train::ResumePoint start = checkpointing ? checkpointing->resume(comm) : tutti::train::ResumePoint{};
     for (int epoch = start.epoch; epoch <= s.epochs; ++epoch) {
-      last = trainer.run_epoch(epoch, epoch == start.epoch ? start.step : 0,
-                               [&](std::int64_t step) { checkpointing.after_step(epoch, step); });
+      last = trainer.run_epoch(epoch, epoch == start.epoch ? start.step : 0, [&](std::int64_t step) {
+        if (checkpointing) checkpointing->after_step(epoch, step);
+      });
       if (std::isnan(last.train_loss)) {
         std::fprintf(stderr, "tutti-train: error: the training loss is NaN in epoch %d (try a smaller --lr)\n", epoch);
         return 1;
       }
       if (root) print_epoch(epoch, s, last);
     }
-    checkpointing.finish();
+    if (checkpointing) checkpointing->finish();
   } catch (const std::exception& e) {
     // Leave at once: the engine's shutdown is collective, and the other ranks may never join it.
     std::fprintf(stderr, "tutti-train: error: %s\n", message_of(e));
@@ -116,11 +154,12 @@ int train(tutti::Communicator& comm, const Settings& s) {
   }
   if (!parameters_identical(comm, trainer)) return 1;
   if (!s.profile.empty()) tutti::train::save_profile(s, comm, trainer.compute_timer(), trainer.fusion_threshold());
-  if (root && checkpointing.taken() > 0)
+  if (root && checkpointing && checkpointing->taken() > 0)
     std::printf("tutti-train: checkpoints %lld call_ms=%.3f (rank 0's mean time in the call%s)\n",
-                static_cast<long long>(checkpointing.taken()),
-                1e3 * checkpointing.call_seconds() / checkpointing.taken(),
+                static_cast<long long>(checkpointing->taken()),
+                1e3 * checkpointing->call_seconds() / checkpointing->taken(),
                 s.checkpoint_blocking ? ", the write included" : "; the write goes on in the background");
+  if (tutti::train::beyond_data_parallel(s)) print_parallel_summary(comm, s, trainer, last);
   if (root) {
     const double hidden = last.hidden_fraction;
     std::printf(
@@ -149,6 +188,9 @@ int main(int argc, char** argv) {
   try {
     tutti::Communicator comm = tutti::init();
     return train(comm, settings);
+  } catch (const tutti::train::UsageError& e) {  // a layout the job's ranks do not fit: every rank says so
+    std::fprintf(stderr, "tutti-train: %s (see --help)\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tutti-train: error: %s\n", message_of(e));
   }

@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "tutti/compress.hpp"
+#include "tutti/torch_pipeline.hpp"
 
 namespace tutti::train {
 
@@ -54,7 +55,29 @@ void check_checkpoint_settings(const Settings& s) {
                      " keeps state a checkpoint does not hold)");
 }
 
+// The model-parallel and memory flags: values that fit together, before any rank starts.
+void check_parallel_settings(const Settings& s) {
+  if (s.micro_batches > 1 && s.pipeline == 1) throw UsageError("--micro-batches needs --pipeline N (N > 1)");
+  if (s.batch_size % s.micro_batches != 0)
+    throw UsageError("--micro-batches " + std::to_string(s.micro_batches) + " does not divide --batch-size " +
+                     std::to_string(s.batch_size));
+  if (s.pipeline > 1 && s.backward_passes > 1)
+    throw UsageError("--pipeline accumulates its micro-batches itself: leave --backward-passes at 1");
+  if (!s.swap && s.device_memory == 0) throw UsageError("--no-swap needs --device-memory MB");
+  if (beyond_data_parallel(s) && (!s.profile.empty() || !s.checkpoint_dir.empty() || !s.resume.empty()))
+    throw UsageError(
+        "--profile, --checkpoint and --resume are for data parallelism alone (not with --pipeline, "
+        "--tensor-parallel, --zero or --device-memory)");
+  if (beyond_data_parallel(s) &&
+      tutti::compress::Compression::parse(s.compression).kind != tutti::compress::Compression::Kind::none)
+    throw UsageError("--compression is for data parallelism alone");
+}
+
 }  // namespace
+
+bool beyond_data_parallel(const Settings& s) {
+  return s.pipeline > 1 || s.tensor_parallel > 1 || s.zero > 0 || s.device_memory > 0;
+}
 
 std::string usage() {
   return "usage: tutti-train [--epochs N] [--batch-size B] [--lr X] [--threads T] [--seed S] [--no-overlap]\n"
@@ -62,9 +85,12 @@ std::string usage() {
          "                   [--train-samples N] [--test-samples N] [--data DIR] [--compression C]\n"
          "                   [--profile FILE] [--straggler RANK:FACTOR]\n"
          "                   [--checkpoint DIR --checkpoint-every N [--checkpoint-blocking]] [--resume DIR]\n"
-         "Trains a small CNN on Fashion-MNIST, data parallel over the ranks of the job (run it under\n"
-         "tutti-run -n P, mpirun or srun; alone, it is one rank), and reports per epoch the loss, the\n"
-         "test accuracy, the throughput and how much of the allreduce time backward hid.\n"
+         "                   [--width W] [--pipeline N [--micro-batches M] [--schedule gpipe|1f1b]]\n"
+         "                   [--tensor-parallel T] [--zero 1|2] [--device-memory MB [--no-swap]] [--loss-log FILE]\n"
+         "Trains a small CNN on Fashion-MNIST over the ranks of the job (run it under tutti-run -n P,\n"
+         "mpirun or srun; alone, it is one rank): data parallel, or a grid of data x pipeline x tensor\n"
+         "parallel ranks; and reports per epoch the loss, the test accuracy, the throughput and how much\n"
+         "of the allreduce time backward hid.\n"
          "  --epochs N              epochs (default 2)\n"
          "  --batch-size B          samples per rank per step (default 64)\n"
          "  --lr X                  SGD learning rate, momentum 0.9 (default 0.05)\n"
@@ -91,7 +117,18 @@ std::string usage() {
          "                          parameters and optimizer state into DIR/step-NNNNNNNN, written in the\n"
          "                          background while training goes on (--checkpoint-blocking: before)\n"
          "  --resume DIR            go on from the latest complete checkpoint in DIR (epoch, step,\n"
-         "                          parameters, optimizer state); none there: start afresh\n";
+         "                          parameters, optimizer state); none there: start afresh\n"
+         "  --width W               channels and hidden units times W (default 1: 16, 32, 128)\n"
+         "  --pipeline N            N pipeline stages (1 to 4: conv1 | conv2 | fc1 | fc2 split evenly)\n"
+         "  --micro-batches M       micro-batches per step, M divides --batch-size (default 1)\n"
+         "  --schedule S            gpipe (all forwards, then all backwards) or 1f1b (default)\n"
+         "  --tensor-parallel T     fc1 split by columns and fc2 by rows over T ranks (T divides 128W)\n"
+         "                          ranks: data x pipeline x tensor, tensor fastest; data = P / (N T)\n"
+         "  --zero S                ZeRO stage 1 (optimizer state sharded over the data-parallel ranks)\n"
+         "                          or 2 (and gradients)\n"
+         "  --device-memory MB      train within MB of emulated device memory, swapping activations and\n"
+         "                          optimizer state to host memory (--no-swap: an error instead)\n"
+         "  --loss-log FILE         rank 0 writes each step's loss over the global batch to FILE\n";
 }
 
 Settings parse_settings(int argc, char** argv) {
@@ -145,6 +182,27 @@ Settings parse_settings(int argc, char** argv) {
       s.checkpoint_blocking = true;
     else if (flag == "--resume")
       s.resume = value();
+    else if (flag == "--width")
+      s.width = at_least(flag, number<int>(flag, value()), 1);
+    else if (flag == "--pipeline")
+      s.pipeline = at_least(flag, number<int>(flag, value()), 1);
+    else if (flag == "--micro-batches")
+      s.micro_batches = at_least(flag, number<int>(flag, value()), 1);
+    else if (flag == "--schedule") {
+      s.schedule = value();
+      if (!tutti::torch::pipeline_schedule_from_name(s.schedule))
+        throw UsageError("--schedule takes gpipe or 1f1b, not '" + s.schedule + "'");
+    } else if (flag == "--tensor-parallel")
+      s.tensor_parallel = at_least(flag, number<int>(flag, value()), 1);
+    else if (flag == "--zero") {
+      s.zero = number<int>(flag, value());
+      if (s.zero != 1 && s.zero != 2) throw UsageError("--zero takes 1 or 2");
+    } else if (flag == "--device-memory")
+      s.device_memory = at_least<std::size_t>(flag, number<std::size_t>(flag, value()), 1) << 20;
+    else if (flag == "--no-swap")
+      s.swap = false;
+    else if (flag == "--loss-log")
+      s.loss_log = value();
     else if (flag == "-h" || flag == "--help")
       s.help = true;
     else
@@ -152,6 +210,7 @@ Settings parse_settings(int argc, char** argv) {
   }
   if (!(s.lr > 0)) throw UsageError("--lr must be positive");
   check_checkpoint_settings(s);
+  check_parallel_settings(s);
   return s;
 }
 

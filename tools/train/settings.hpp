@@ -38,6 +38,15 @@ struct Settings {
   std::int64_t checkpoint_every = 0;   // --checkpoint-every N, in optimizer steps
   bool checkpoint_blocking = false;    // --checkpoint-blocking: written before training goes on
   std::string resume;                  // --resume DIR; empty: a fresh run
+  int width = 1;                       // --width W: the network's channels and hidden units times W
+  int pipeline = 1;                    // --pipeline N: stages
+  int micro_batches = 1;               // --micro-batches M (pipeline only)
+  std::string schedule = "1f1b";       // --schedule gpipe|1f1b
+  int tensor_parallel = 1;             // --tensor-parallel T
+  int zero = 0;                        // --zero 1|2: sharded optimizer state (and gradients); 0: off
+  std::size_t device_memory = 0;       // --device-memory MB, in bytes; 0: no budget
+  bool swap = true;                    // --no-swap: over the budget is an error
+  std::string loss_log;                // --loss-log FILE: every step's global loss, by rank 0
   bool help = false;
 };
 
@@ -45,6 +54,10 @@ struct Settings {
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+/// Whether the run is anything but plain data parallelism (pipeline, tensor parallel, ZeRO, a
+/// device-memory budget): what --profile and --checkpoint do not cover.
+bool beyond_data_parallel(const Settings& s);
 
 /// Parses argv; throws UsageError naming the flag.
 Settings parse_settings(int argc, char** argv);

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <sys/resource.h>
+
 #include "fashion_mnist.hpp"
 
 namespace tutti::train {
@@ -41,31 +43,63 @@ Data load_data(const Settings& s) {
 }
 
 Trainer::Trainer(Communicator& comm, const Settings& s, const Data& data)
-    : comm_(comm), s_(s), data_(data), timer_(stretch_of(s, comm.rank())) {
-  const std::int64_t p = comm_.size();
-  const std::int64_t per_rank = data_.train_images.size(0) / p;
+    : comm_(comm),
+      s_(s),
+      data_(data),
+      layout_(Layout::of(s, comm.rank(), comm.size())),
+      timer_(stretch_of(s, comm.rank())) {
+  const std::int64_t per_rank = data_.train_images.size(0) / layout_.data;
   steps_per_epoch_ = per_rank / s_.batch_size / s_.backward_passes * s_.backward_passes;
   if (steps_per_epoch_ == 0)
     throw std::runtime_error(std::to_string(data_.train_images.size(0)) + " training samples are too few for " +
-                             std::to_string(p) + " ranks x batch " + std::to_string(s_.batch_size) + " x " +
-                             std::to_string(s_.backward_passes) + " backward passes");
+                             std::to_string(layout_.data) + " data-parallel ranks x batch " +
+                             std::to_string(s_.batch_size) + " x " + std::to_string(s_.backward_passes) +
+                             " backward passes");
+  groups_ = std::make_unique<Groups>(comm_, layout_);
+  part_ = std::make_unique<ModelPart>(s_, layout_, groups_->tensor);
+  auto named = part_->named_parameters();
+  // Identical anyway (every rank seeds alike); the broadcast makes sure.
+  for (auto& item : named) tutti::torch::detail::broadcast_bytes(groups_->data, item.second, 0);
+  std::vector<::torch::Tensor> parameters;
+  for (auto& item : named) parameters.push_back(item.second);
+  if (s_.zero > 0) {
+    tutti::torch::ShardedOptions options;
+    options.stage = s_.zero;
+    options.lr = s_.lr;
+    options.momentum = s_.momentum;
+    zero_ = std::make_unique<tutti::torch::ShardedOptimizer>(groups_->data, named, options);
+  } else {
+    if (layout_.pipeline == 1) timer_.install(named);  // before optimizer_'s hooks
+    sgd_ = std::make_unique<TimedSGD>(timer_, parameters, ::torch::optim::SGDOptions(s_.lr).momentum(s_.momentum));
+    tutti::torch::DistributedOptions options;
+    options.overlap = s_.overlap;
+    // A pipeline's micro-batches each run one backward pass per step.
+    options.backward_passes_per_step = s_.backward_passes * s_.micro_batches;
+    if (!s_.timeline.empty()) options.engine.timeline_path = s_.timeline;
+    if (s_.fusion_threshold) options.engine.fusion_threshold = *s_.fusion_threshold;
+    options.compression = tutti::compress::Compression::parse(s_.compression);
+    options.compression_seed = s_.seed;
+    optimizer_ = std::make_unique<tutti::torch::DistributedOptimizer>(groups_->data, *sgd_, named, std::move(options));
+    tutti::torch::broadcast_optimizer_state(groups_->data, *sgd_, 0);
+  }
+  if (layout_.pipeline > 1) {
+    stage_ = std::make_unique<tutti::torch::PipelineStage>(
+        groups_->pipeline, [this](const ::torch::Tensor& x) { return part_->forward(x); }, part_->input_shape(),
+        *tutti::torch::pipeline_schedule_from_name(s_.schedule), s_.micro_batches);
+    if (optimizer_)
+      stage_->on_action([this](const tutti::torch::PipelineAction& a, Clock::time_point start, Clock::time_point end) {
+        optimizer_->engine().record_phase((a.forward ? "F" : "B") + std::to_string(a.micro_batch), start, end);
+      });
+  }
+  if (!s_.loss_log.empty() && comm_.rank() == 0) {
+    loss_log_ = std::fopen(s_.loss_log.c_str(), "w");
+    if (!loss_log_) throw std::runtime_error("--loss-log: cannot write " + s_.loss_log);
+    std::fputs("# epoch step loss (mean over the global batch)\n", loss_log_);
+  }
+}
 
-  ::torch::manual_seed(s_.seed);
-  model_ = Net();
-  tutti::torch::broadcast_parameters(comm_, *model_, 0);  // identical anyway; the broadcast makes sure
-  timer_.install(model_->named_parameters().pairs());     // before optimizer_'s hooks
-  sgd_ =
-      std::make_unique<TimedSGD>(timer_, model_->parameters(), ::torch::optim::SGDOptions(s_.lr).momentum(s_.momentum));
-  tutti::torch::DistributedOptions options;
-  options.overlap = s_.overlap;
-  options.backward_passes_per_step = s_.backward_passes;
-  if (!s_.timeline.empty()) options.engine.timeline_path = s_.timeline;
-  if (s_.fusion_threshold) options.engine.fusion_threshold = *s_.fusion_threshold;
-  options.compression = tutti::compress::Compression::parse(s_.compression);
-  options.compression_seed = s_.seed;
-  optimizer_ = std::make_unique<tutti::torch::DistributedOptimizer>(comm_, *sgd_, model_->named_parameters().pairs(),
-                                                                    std::move(options));
-  tutti::torch::broadcast_optimizer_state(comm_, *sgd_, 0);
+Trainer::~Trainer() {
+  if (loss_log_) std::fclose(loss_log_);
 }
 
 std::vector<std::int64_t> Trainer::shard_of_epoch(int epoch) const {
@@ -77,34 +111,78 @@ std::vector<std::int64_t> Trainer::shard_of_epoch(int epoch) const {
   for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
   // Rank r takes r, r+p, r+2p…, order.size()/p of them: the tail is dropped, so that every rank
   // runs the same number of steps.
-  const std::size_t p = static_cast<std::size_t>(comm_.size());
+  const std::size_t p = static_cast<std::size_t>(layout_.data);
   std::vector<std::int64_t> shard(order.size() / p);
-  for (std::size_t k = 0; k < shard.size(); ++k) shard[k] = order[static_cast<std::size_t>(comm_.rank()) + k * p];
+  for (std::size_t k = 0; k < shard.size(); ++k) shard[k] = order[static_cast<std::size_t>(layout_.d) + k * p];
   return shard;
 }
 
 std::vector<double> Trainer::evaluate_shard() {
   ::torch::NoGradGuard no_grad;
-  model_->eval();
+  part_->net()->eval();
   const std::int64_t n = data_.test_images.size(0);
-  const auto index = ::torch::arange(comm_.rank(), n, comm_.size(), ::torch::kInt64);
-  double correct = 0, loss_sum = 0;
+  const auto index = ::torch::arange(layout_.d, n, layout_.data, ::torch::kInt64);
+  double correct = 0, loss_sum = 0, total = 0;
   for (std::int64_t begin = 0; begin < index.size(0); begin += eval_batch) {
     const auto batch = index.slice(0, begin, std::min(begin + eval_batch, index.size(0)));
+    const auto images = data_.test_images.index_select(0, batch);
+    const auto logits = stage_ ? stage_->forward_only(batch.size(0), images) : part_->forward(images);
+    if (!layout_.last_stage()) continue;
     const auto labels = data_.test_labels.index_select(0, batch);
-    const auto logits = model_->forward(data_.test_images.index_select(0, batch));
     loss_sum += loss_of(logits, labels, ::torch::kSum).item<double>();
     correct += static_cast<double>(logits.argmax(1).eq(labels).sum().item<std::int64_t>());
+    total += static_cast<double>(batch.size(0));
   }
-  model_->train();
-  return {correct, static_cast<double>(index.size(0)), loss_sum};
+  part_->net()->train();
+  return {correct, total, loss_sum};
+}
+
+double Trainer::forward_backward(const ::torch::Tensor& images, const ::torch::Tensor& labels,
+                                 Clock::time_point step_start) {
+  if (stage_) {
+    const auto micro_images = images.chunk(s_.micro_batches);
+    const auto micro_labels = labels.chunk(s_.micro_batches);
+    // Each micro-batch's mean loss over M: the gradients the stages accumulate are the batch's mean.
+    return stage_->run(s_.batch_size / s_.micro_batches, micro_images, [&](const ::torch::Tensor& output, int k) {
+      return loss_of(output, micro_labels[static_cast<std::size_t>(k)]) / s_.micro_batches;
+    });
+  }
+  const auto loss = loss_of(part_->forward(images), labels);
+  const auto t1 = timer_.forward_done(step_start);  // the profile's forward holds zero_grad
+  timer_.backward_started(t1);
+  // Gradients are summed over the passes of a window: scale for their mean.
+  (s_.backward_passes > 1 ? loss / s_.backward_passes : loss).backward();
+  timer_.backward_done();
+  if (optimizer_) optimizer_->engine().record_phase("FORWARD", step_start, t1);
+  if (optimizer_) optimizer_->engine().record_phase("BACKWARD", t1, Clock::now());
+  return loss.item<double>();
+}
+
+void Trainer::zero_grad() {
+  if (zero_)
+    zero_->zero_grad();
+  else
+    optimizer_->zero_grad();
+}
+
+void Trainer::optimizer_step() {
+  if (zero_) return zero_->step();
+  // DistributedOptimizer::step counts backward passes: a pipeline step ran one per micro-batch.
+  for (int pass = 0; pass < s_.micro_batches; ++pass) optimizer_->step();
+}
+
+void Trainer::log_loss(int epoch, std::int64_t step, double loss) {
+  if (s_.loss_log.empty()) return;
+  // The last stage's first tensor rank of each data rank holds its shard's loss.
+  double mine = layout_.last_stage() && layout_.t == 0 ? loss / layout_.data : 0.0;
+  comm_.allreduce(&mine, &mine, 1, DataType::f64, ReduceOp::sum);
+  if (loss_log_) std::fprintf(loss_log_, "%d %lld %.9e\n", epoch, static_cast<long long>(step), mine);
 }
 
 EpochResult Trainer::run_epoch(int epoch, std::int64_t first_step,
                                const std::function<void(std::int64_t)>& after_step) {
   const std::vector<std::int64_t> shard = shard_of_epoch(epoch);
-  auto& engine = optimizer_->engine();
-  optimizer_->reset_overlap_stats();
+  if (optimizer_) optimizer_->reset_overlap_stats();
   double loss_sum = 0, timed_seconds = 0, all_seconds = 0;
   std::int64_t timed_steps = 0;
   // Per step: the time step() waited for the allreduces, and the time in allreduce calls.
@@ -118,26 +196,19 @@ EpochResult Trainer::run_epoch(int epoch, std::int64_t first_step,
     const auto images = data_.train_images.index_select(0, index);
     const auto labels = data_.train_labels.index_select(0, index);
     const auto t0 = Clock::now();
-    optimizer_->zero_grad();
-    const auto forward_start = Clock::now();
-    const auto loss = loss_of(model_->forward(images), labels);
-    const auto t1 = timer_.forward_done(t0);  // the profile's forward holds zero_grad
-    timer_.backward_started(t1);
-    // Gradients are summed over the passes of a window: scale for their mean.
-    (s_.backward_passes > 1 ? loss / s_.backward_passes : loss).backward();
-    timer_.backward_done();
-    const auto t2 = Clock::now();
-    const auto before = optimizer_->overlap_stats();
-    optimizer_->step();
+    zero_grad();
+    const double loss = forward_backward(images, labels, t0);
+    const auto before = overlap_stats();
+    optimizer_step();
     if (after_step) after_step(step);  // a checkpoint's copy (or blocking write) counts in the step
     const auto t3 = Clock::now();
-    const auto after = optimizer_->overlap_stats();
+    const auto after = overlap_stats();
     waits.push_back(after.wait_seconds - before.wait_seconds);
     reduces.push_back(after.allreduce_seconds - before.allreduce_seconds);
-    engine.record_phase("FORWARD", forward_start, t1);
-    engine.record_phase("BACKWARD", t1, t2);
-    timer_.pass_done(steps_run_ >= warm_up_steps);
-    loss_sum += loss.item<double>();
+    if (!stage_) timer_.pass_done(steps_run_ >= warm_up_steps);
+    if (stage_ && steps_run_ + 1 == warm_up_steps) stage_->reset_stats();  // the bubble after warm-up
+    log_loss(epoch, step, loss);
+    loss_sum += loss;
     all_seconds += seconds(t3 - t0);
     if (steps_run_ >= warm_up_steps) {
       timed_seconds += seconds(t3 - t0);
@@ -148,16 +219,18 @@ EpochResult Trainer::run_epoch(int epoch, std::int64_t first_step,
   const double step_seconds = timed_steps ? timed_seconds / timed_steps : all_seconds / steps;
 
   std::vector<double> sums = evaluate_shard();  // correct, total, test loss sum
-  const auto overlap = optimizer_->overlap_stats();
+  const auto overlap = overlap_stats();
   sums.insert(sums.end(), {loss_sum, overlap.hidden_seconds, overlap.allreduce_seconds});
   comm_.allreduce(std::span<double>(sums), ReduceOp::sum);
 
   EpochResult r;
-  r.train_loss = sums[3] / static_cast<double>(steps * comm_.size());
+  // Every data rank's last pipeline stage holds its loss, once per tensor rank.
+  r.train_loss = sums[3] / static_cast<double>(steps * layout_.data * layout_.tensor);
   r.test_accuracy = sums[1] > 0 ? sums[0] / sums[1] : 0;
   r.test_loss = sums[1] > 0 ? sums[2] / sums[1] : 0;
   r.step_seconds = step_seconds;
-  r.samples_per_second = static_cast<double>(comm_.size() * s_.batch_size) / step_seconds;
+  r.samples_per_second = static_cast<double>(layout_.data * s_.batch_size) / step_seconds;
+  if (stage_) r.idle_fraction = stage_->stats().idle_fraction();
   r.overlap = overlap;
   r.overlapped_fraction = sums[5] > 0 ? sums[4] / sums[5] : 0;
   // The job's exposed communication: in each step, the wait of the rank that waited least (it
@@ -180,10 +253,14 @@ EpochResult Trainer::run_epoch(int epoch, std::int64_t first_step,
   return r;
 }
 
+tutti::torch::OverlapStats Trainer::overlap_stats() const {
+  return optimizer_ ? optimizer_->overlap_stats() : tutti::torch::OverlapStats{};
+}
+
 std::uint64_t Trainer::parameter_checksum() const {
   std::uint64_t hash = tutti::torch::detail::fnv1a_offset;
-  for (const auto& item : model_->named_parameters()) {
-    const auto t = item.value().contiguous();
+  for (const auto& item : part_->named_parameters()) {
+    const auto t = item.second.contiguous();
     hash = tutti::torch::detail::fnv1a(t.data_ptr(), t.nbytes(), hash);
   }
   return hash;
@@ -191,8 +268,29 @@ std::uint64_t Trainer::parameter_checksum() const {
 
 std::int64_t Trainer::parameter_count() const {
   std::int64_t n = 0;
-  for (const auto& t : model_->parameters()) n += t.numel();
+  for (const auto& t : part_->net()->parameters()) n += t.numel();
   return n;
+}
+
+MemoryUse Trainer::memory_use() const {
+  MemoryUse m;
+  for (const auto& item : part_->named_parameters()) m.parameters += item.second.nbytes();
+  if (zero_) {
+    m.optimizer_state = zero_->optimizer_state_bytes();
+    m.gradients = zero_->gradient_bytes_held();
+  } else {
+    for (const auto& group : sgd_->param_groups())
+      for (const auto& p : group.params())
+        if (p.grad().defined()) m.gradients += p.grad().nbytes();
+    for (const auto& item : sgd_->state()) {
+      const auto& buffer = static_cast<const ::torch::optim::SGDParamState&>(*item.second).momentum_buffer();
+      if (buffer.defined()) m.optimizer_state += buffer.nbytes();
+    }
+  }
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  m.max_rss = static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+  return m;
 }
 
 }  // namespace tutti::train

@@ -3,12 +3,15 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "model.hpp"
+#include "parallel_model.hpp"
 #include "profiling.hpp"
 #include "settings.hpp"
 #include "tutti/torch.hpp"
@@ -43,46 +46,83 @@ struct EpochResult {
   /// Of all ranks' time in allreduce calls, the share spent before the calling rank's backward
   /// ended (overlapped with its compute), in [0, 1].
   double overlapped_fraction = 0;
+  /// Pipeline only: this rank's share of the timed steps not spent computing (its bubble).
+  double idle_fraction = 0;
+};
+
+/// What this rank holds, in bytes (after a step: the optimizer's state exists from the first).
+struct MemoryUse {
+  std::uint64_t parameters = 0;       ///< this rank's part of the network
+  std::uint64_t optimizer_state = 0;  ///< momentum (ZeRO: this rank's shard)
+  std::uint64_t gradients = 0;        ///< what the optimizer keeps of the gradients (ZeRO-2: a shard)
+  std::uint64_t max_rss = 0;          ///< the process's peak resident memory
 };
 
 class Trainer {
  public:
-  /// Collective: builds the model from s.seed, broadcasts rank 0's parameters and optimizer
-  /// state, and starts the engine.
-  Trainer(Communicator& comm, const Settings& s, const Data& data);
+  using Clock = std::chrono::steady_clock;
 
-  /// Collective: trains epoch `epoch` (1-based) and evaluates.
+  /// Collective: lays the ranks out (Layout::of; throws UsageError for a layout that does not
+  /// fit), builds this rank's part of the model from s.seed, broadcasts parameters and optimizer
+  /// state within the data-parallel group, and starts the engine there.
+  Trainer(Communicator& comm, const Settings& s, const Data& data);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
   /// Collective: trains epoch `epoch` (1-based) from loop step `first_step` on (a resumed run),
   /// calling `after_step(step)` after each step's optimizer step (within the step's time), and
   /// evaluates.
   EpochResult run_epoch(int epoch, std::int64_t first_step = 0,
                         const std::function<void(std::int64_t)>& after_step = {});
 
-  /// FNV-1a 64 of the parameters' bytes, in named_parameters order.
+  /// FNV-1a 64 of this rank's parameters' bytes, in named_parameters order.
   std::uint64_t parameter_checksum() const;
+  /// Parameters of the whole network (every rank's part together).
   std::int64_t parameter_count() const;
+  const Layout& layout() const { return layout_; }
+  /// The ranks that hold the same part of the network as this one (and must hold it bitwise equal).
+  Communicator& data_group() { return groups_->data; }
+  MemoryUse memory_use() const;
   /// Training steps (optimizer step() calls) per epoch on each rank.
   std::int64_t steps_per_epoch() const { return steps_per_epoch_; }
-  tutti::torch::DistributedOptimizer& optimizer() { return *optimizer_; }
-  /// The engine's fusion threshold in bytes.
-  std::size_t fusion_threshold() const { return optimizer_->engine().options().fusion_threshold; }
+  /// The data-parallel optimizer (not with --zero: nullptr).
+  tutti::torch::DistributedOptimizer* optimizer() { return optimizer_.get(); }
+  /// The engine's fusion threshold in bytes (0 with --zero, which has no engine).
+  std::size_t fusion_threshold() const { return optimizer_ ? optimizer_->engine().options().fusion_threshold : 0; }
   /// This rank's compute timing (--profile) and stretch (--straggler).
   const ComputeTimer& compute_timer() const { return timer_; }
 
  private:
   /// The epoch's order of the training samples: a permutation seeded by seed + epoch, the same on
-  /// every rank; this rank's shard is every size()-th sample of it, starting at rank().
+  /// every rank; this rank's shard is every data-th sample of it, starting at its data rank d
+  /// (the ranks of a pipeline or tensor group share one).
   std::vector<std::int64_t> shard_of_epoch(int epoch) const;
-  /// (correct, total, loss sum) over this rank's strided shard of the test set.
+  /// (correct, total, loss sum) over this rank's strided shard of the test set (zeros on ranks
+  /// before the last pipeline stage).
   std::vector<double> evaluate_shard();
+  /// One step's forward and backward on the batch; returns the batch's loss (last stage: the
+  /// global batch's for this data rank; 0 on earlier pipeline stages).
+  double forward_backward(const ::torch::Tensor& images, const ::torch::Tensor& labels, Clock::time_point step_start);
+  void zero_grad();
+  void optimizer_step();
+  /// The data-parallel optimizer's (zero with --zero).
+  tutti::torch::OverlapStats overlap_stats() const;
+  /// Rank 0 appends the step's loss over the global batch to --loss-log (collective when set).
+  void log_loss(int epoch, std::int64_t step, double loss);
 
   Communicator& comm_;
   Settings s_;
   const Data& data_;
-  Net model_{nullptr};
+  Layout layout_;
+  std::unique_ptr<Groups> groups_;
+  std::unique_ptr<ModelPart> part_;
   ComputeTimer timer_;  // before sgd_ and optimizer_, which use it and its hooks run first
   std::unique_ptr<::torch::optim::SGD> sgd_;
-  std::unique_ptr<tutti::torch::DistributedOptimizer> optimizer_;
+  std::unique_ptr<tutti::torch::DistributedOptimizer> optimizer_;  // without --zero
+  std::unique_ptr<tutti::torch::ShardedOptimizer> zero_;           // with --zero
+  std::unique_ptr<tutti::torch::PipelineStage> stage_;             // with --pipeline
+  std::FILE* loss_log_ = nullptr;                                  // rank 0 with --loss-log
   std::int64_t steps_per_epoch_ = 0;
   std::int64_t steps_run_ = 0;  // over the run, for the warm-up
 };
