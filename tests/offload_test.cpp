@@ -111,6 +111,7 @@ TEST(Offload, AcquireAfterPrefetchDoesNotCopyAgain) {
   const auto after = pool.counters();
   EXPECT_EQ(after.swap_ins, during.swap_ins);  // the acquire used the prefetched copy
   EXPECT_EQ(after.acquire_hits, during.acquire_hits + 1);
+  EXPECT_EQ(after.prefetch_hits, during.prefetch_hits + 1);
   EXPECT_TRUE(pool.prefetch(a));  // resident already: nothing to do
   EXPECT_EQ(pool.counters().swap_ins, after.swap_ins);
   expect_pattern(pool, b, 2);

@@ -65,7 +65,8 @@ struct Counters {
   std::uint64_t swapped_in_bytes = 0;   // copied host -> device
   std::uint64_t swap_outs = 0;          // copies device -> host
   std::uint64_t swap_ins = 0;           // copies host -> device
-  std::uint64_t acquire_hits = 0;       // acquires that found the block resident or on its way (prefetched)
+  std::uint64_t acquire_hits = 0;       // acquires that found the block resident or on its way
+  std::uint64_t prefetch_hits = 0;      // of those, blocks that prefetch had brought back
   std::chrono::nanoseconds waited{0};   // time callers spent waiting for swap copies
 };
 

@@ -71,6 +71,7 @@ class PoolImpl {
     Entry& entry = find(block, "acquire");
     if (entry.device != nullptr) {
       ++counters_.acquire_hits;
+      if (entry.prefetched) ++counters_.prefetch_hits;
     } else {
       copy_in(entry);
     }
@@ -78,6 +79,7 @@ class PoolImpl {
     if (entry.transit == Transit::in || access == Access::write) wait_for(entry);
     ++entry.holds;
     entry.last_use = ++tick_;
+    entry.prefetched = false;
     if (access == Access::write) entry.host_valid = false;
     return entry.device;
   }
@@ -103,6 +105,7 @@ class PoolImpl {
     if (entry.device != nullptr) return true;
     if (!make_room(entry.charge, false)) return false;
     copy_in(entry);
+    entry.prefetched = true;
     entry.last_use = ++tick_;
     return true;
   }
@@ -157,6 +160,7 @@ class PoolImpl {
     device::Event event{};  // recorded after the latest swap copy (while transit != none)
     int holds = 0;
     std::uint64_t last_use = 0;
+    bool prefetched = false;  // brought back by prefetch, not yet acquired
   };
 
   Entry& find(Block block, const char* function) {
@@ -201,6 +205,7 @@ class PoolImpl {
       wait_for(victim);
       device_->free(victim.device);
       victim.device = nullptr;
+      victim.prefetched = false;
       counters_.in_use_bytes -= victim.charge;
     }
     return true;
