@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "out_of_core.hpp"
 #include "tutti/torch.hpp"
 
 namespace {
@@ -84,13 +85,13 @@ void expect_identical(const std::vector<::torch::Tensor>& got, const std::vector
   }
 }
 
-std::vector<::torch::Tensor> grads_of(SmallNet& net) {
+std::vector<::torch::Tensor> grads_of(::torch::nn::Module& net) {
   std::vector<::torch::Tensor> grads;
   for (const auto& p : net.parameters()) grads.push_back(p.grad().clone());
   return grads;
 }
 
-std::vector<::torch::Tensor> values_of(SmallNet& net) {
+std::vector<::torch::Tensor> values_of(::torch::nn::Module& net) {
   std::vector<::torch::Tensor> values;
   for (const auto& p : net.parameters()) values.push_back(p.detach().clone());
   return values;
@@ -198,6 +199,62 @@ TEST(TorchOffload, ParametersGetTheirOwnMemoryBackWithTheirValues) {
   for (const auto& t : before) want.push_back(t + 1);
   expect_identical(values_of(net), want, "parameter after the pool is gone");
   for (const auto& p : net.parameters()) EXPECT_TRUE(p.grad().defined());
+}
+
+}  // namespace
+
+namespace {
+
+// tutti-train's OutOfCore (tools/train/out_of_core.hpp) over its own Net: the loss, gradients
+// and SGD steps of the network's own forward, under a budget that swaps.
+TEST(TorchOffload, TrainOutOfCoreFollowsTheNetsOwnTraining) {
+  ::torch::manual_seed(13);
+  tutti::train::Net net(1), reference(1);
+  {
+    ::torch::NoGradGuard no_grad;
+    auto src = net->parameters();
+    auto dst = reference->parameters();
+    for (std::size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  std::size_t parameters = 0;
+  for (const auto& p : net->parameters()) parameters += 2 * ((p.nbytes() + 255) / 256 * 256);
+  ::setenv("TUTTI_DEVICE", "emulated", 1);
+  // Beyond the parameters and gradients: room for fc1's momentum (784 KiB) or conv1's saved
+  // tensors (490 KiB), less than the 1 MiB of activations a step saves.
+  constexpr std::size_t room = 896 * 1024;
+  tutti::train::OutOfCore ooc(*net, parameters + room, true);
+  ::unsetenv("TUTTI_DEVICE");
+  EXPECT_EQ(ooc.parameter_bytes(), parameters);
+  const auto options = ::torch::optim::SGDOptions(0.05).momentum(0.9);
+  auto sgd = ooc.make_sgd(options);
+  ::torch::optim::SGD reference_sgd(reference->parameters(), options);
+  for (int step = 0; step < 3; ++step) {
+    ::torch::manual_seed(2000 + step);
+    const auto images = ::torch::randn({16, 1, 28, 28});
+    const auto labels = ::torch::randint(0, 10, {16}, ::torch::kInt64);
+    sgd->zero_grad();
+    const auto loss = ooc.forward(images, labels);
+    loss.backward();
+    sgd->step();
+    reference_sgd.zero_grad();
+    const auto want = tutti::train::loss_of(reference->forward(images), labels);
+    want.backward();
+    reference_sgd.step();
+    EXPECT_EQ(loss.item<float>(), want.item<float>()) << "step " << step;
+    expect_identical(values_of(*net), values_of(*reference), "parameter after step " + std::to_string(step));
+  }
+  const auto c = ooc.counters();
+  EXPECT_LE(c.peak_bytes, parameters + room);
+  EXPECT_GT(c.swapped_out_bytes, 0U);
+  EXPECT_GT(c.swapped_in_bytes, 0U);
+  // Evaluation (grad mode off) is the net's own forward: nothing is saved or swapped.
+  ::torch::NoGradGuard no_grad;
+  const auto before = ooc.counters().swap_ins;
+  const auto images = ::torch::randn({4, 1, 28, 28});
+  const auto labels = ::torch::randint(0, 10, {4}, ::torch::kInt64);
+  EXPECT_EQ(ooc.forward(images, labels).item<float>(),
+            tutti::train::loss_of(reference->forward(images), labels).item<float>());
+  EXPECT_EQ(ooc.counters().swap_ins, before);
 }
 
 }  // namespace
