@@ -65,7 +65,10 @@ bool parameters_identical(tutti::Communicator& comm, tutti::train::Trainer& trai
   comm.allreduce(&bad, &bad, 1, tutti::DataType::i32, tutti::ReduceOp::max);
   if (bad) return false;
   const auto& l = trainer.layout();
-  if (comm.rank() == 0)
+  if (comm.rank() == 0 && l.pipeline * l.tensor == 1)
+    std::printf("tutti-train: parameters identical on all %d ranks (checksum 0x%016llx)\n", comm.size(),
+                static_cast<unsigned long long>(all[0]));
+  else if (comm.rank() == 0)
     std::printf(
         "tutti-train: parameters identical on the %d data-parallel ranks of each of %d groups (rank 0's "
         "checksum 0x%016llx)\n",
