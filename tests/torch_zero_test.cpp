@@ -88,9 +88,11 @@ std::vector<::torch::Tensor> reference_run(const tutti::torch::ShardedOptions& o
 // mean of per-rank mean gradients adds the same terms in another order than torch's mean over the
 // whole batch (and divides twice), so gradients differ in their last bits, and the updates carry
 // that on; 1e-6 relative is a few hundred times the rounding of f32 at these magnitudes.
-void check_against_sgd(int stage, int p, double weight_decay) {
+// With overlap, buckets of 4 elements (16 bytes), so that every shard has several.
+void check_against_sgd(int stage, int p, double weight_decay, bool overlap = false) {
   ::torch::set_num_threads(1);
-  const tutti::torch::ShardedOptions options{.stage = stage, .lr = 0.1, .momentum = 0.9, .weight_decay = weight_decay};
+  const tutti::torch::ShardedOptions options{
+      .stage = stage, .lr = 0.1, .momentum = 0.9, .weight_decay = weight_decay, .overlap = overlap, .bucket_bytes = 16};
   const auto reference = reference_run(options);
   auto models = identical_models(p);
   const auto initial = flat_parameters(models[0]);
@@ -121,6 +123,9 @@ void check_against_sgd(int stage, int p, double weight_decay) {
       }
     }
     EXPECT_EQ(optimizer.steps(), static_cast<std::uint64_t>(steps));
+    // Every parameter has a gradient: after backward's last hook, every bucket has started.
+    const auto buckets = overlap ? static_cast<std::uint64_t>(p * ((shard + 3) / 4)) : 0;
+    EXPECT_EQ(optimizer.overlapped_buckets(), buckets * steps);
     EXPECT_EQ(optimizer.optimizer_state_bytes(), static_cast<std::size_t>(shard) * 4);
     EXPECT_EQ(optimizer.gradient_bytes_held(), gradient_bytes);
   });
@@ -152,6 +157,71 @@ TEST(TorchZero, Stage2ThreeRanksWithPaddingMatchSgd) { check_against_sgd(2, 3, 0
 TEST(TorchZero, Stage2FourRanksWithPaddingMatchSgd) { check_against_sgd(2, 4, 0.0); }
 TEST(TorchZero, Stage1WithWeightDecayMatchesSgd) { check_against_sgd(1, 3, 0.01); }
 TEST(TorchZero, Stage2WithWeightDecayMatchesSgd) { check_against_sgd(2, 4, 0.01); }
+TEST(TorchZero, Stage2OverlappedOneRankMatchesSgd) { check_against_sgd(2, 1, 0.0, true); }
+TEST(TorchZero, Stage2OverlappedTwoRanksMatchSgd) { check_against_sgd(2, 2, 0.0, true); }
+TEST(TorchZero, Stage2OverlappedThreeRanksWithPaddingMatchSgd) { check_against_sgd(2, 3, 0.01, true); }
+TEST(TorchZero, Stage2OverlappedFourRanksWithPaddingMatchSgd) { check_against_sgd(2, 4, 0.0, true); }
+
+// With overlap, rank 1 leaves fc2 out of its graph: its hooks never fire there, so rank 1 starts
+// the buckets holding fc2 (and, in the fixed order, every bucket after them) in step(). The
+// buckets must still pair up: the result is the run without overlap's, and the same on every rank.
+TEST(TorchZero, OverlapWithAParameterWithoutGradientOnOneRank) {
+  ::torch::set_num_threads(1);
+  constexpr int p = 3;
+  std::vector<::torch::Tensor> results;
+  for (bool overlap : {false, true}) {
+    auto models = identical_models(p);
+    const auto failures = run_ranks(p, [&](Communicator& comm) {
+      auto& model = models[static_cast<std::size_t>(comm.rank())];
+      tutti::torch::ShardedOptimizer optimizer(
+          comm, model->named_parameters().pairs(),
+          {.stage = 2, .lr = 0.1, .momentum = 0.9, .overlap = overlap, .bucket_bytes = 8});
+      for (int step = 0; step < 3; ++step) {
+        optimizer.zero_grad();
+        auto [x, y] = batch(step);
+        x = x.narrow(0, comm.rank() * 8, 8);
+        y = y.narrow(0, comm.rank() * 8, 8);
+        auto out = comm.rank() == 1 ? ::torch::tanh(model->fc1->forward(x)).narrow(1, 0, 2) : model->forward(x);
+        ::torch::mse_loss(out, y).backward();
+        optimizer.step();
+      }
+    });
+    ASSERT_EQ(failures, "");
+    for (int r = 1; r < p; ++r)
+      EXPECT_TRUE(same_bytes(flat_parameters(models[static_cast<std::size_t>(r)]), flat_parameters(models[0])));
+    results.push_back(flat_parameters(models[0]));
+  }
+  EXPECT_LE((results[1] - results[0]).abs().max().item<double>(), 1e-6 * results[0].abs().max().item<double>());
+}
+
+// With overlap, a second backward before step() would be lost (its gradients were copied at the
+// first); zero_grad() between backward and step() would drop reduces in flight. Both are refused.
+TEST(TorchZero, OverlapRefusesTwoBackwardPassesAndZeroGradBeforeStep) {
+  ::torch::set_num_threads(1);
+  auto model = identical_models(1)[0];
+  const auto failures = run_ranks(1, [&](Communicator& comm) {
+    tutti::torch::ShardedOptimizer optimizer(comm, model->named_parameters().pairs(),
+                                             {.stage = 2, .lr = 0.1, .overlap = true});
+    auto [x, y] = batch(0);
+    ::torch::mse_loss(model->forward(x), y).backward();
+    try {
+      optimizer.zero_grad();
+      ADD_FAILURE() << "zero_grad between backward and step";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("being reduced"), std::string::npos) << e.what();
+    }
+    try {
+      ::torch::mse_loss(model->forward(x), y).backward();
+      ADD_FAILURE() << "a second backward before step";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("was produced twice before step()"), std::string::npos) << e.what();
+    }
+    optimizer.step();  // still usable: the first backward's gradients
+    EXPECT_EQ(optimizer.steps(), 1u);
+  });
+  EXPECT_EQ(failures, "");
+}
 
 // Without momentum SGD keeps no state, and neither does the sharded optimizer.
 TEST(TorchZero, WithoutMomentumKeepsNoState) {
@@ -225,6 +295,13 @@ TEST(TorchZero, RefusesNegativeSettingsAndOptionsThatDifferBetweenRanks) {
   expect_error_on_every_rank(
       2, net_parameters, [](int) { return tutti::torch::ShardedOptions{.stage = 1, .lr = -0.1}; },
       [](int) { return "lr must be finite and >= 0"; });
+  expect_error_on_every_rank(
+      2, net_parameters, [](int) { return tutti::torch::ShardedOptions{.stage = 1, .lr = 0.1, .overlap = true}; },
+      [](int) { return "overlap needs stage 2"; });
+  expect_error_on_every_rank(
+      2, net_parameters,
+      [](int) { return tutti::torch::ShardedOptions{.stage = 2, .lr = 0.1, .overlap = true, .bucket_bytes = 3}; },
+      [](int) { return "bucket_bytes must be at least 4"; });
   expect_error_on_every_rank(
       3, net_parameters, [](int rank) { return tutti::torch::ShardedOptions{.stage = 1, .lr = rank == 2 ? 0.2 : 0.1}; },
       [](int rank) { return rank == 2 ? std::string("differ from rank 0's") : "rank(s) 2 failed their checks"; });

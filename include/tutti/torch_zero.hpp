@@ -11,7 +11,8 @@
 // reduce_scatter, each rank gets its shard only), updates the owned shard with the owned shard of
 // momentum, and allgathers the updated shards into every rank's parameters. The parameters are
 // therefore bitwise the same on every rank after every step: each element is computed by one rank
-// and copied to the others.
+// and copied to the others. With ShardedOptions::overlap, stage 2's reduction starts during
+// backward instead, bucket by bucket (torch_zero_overlap.hpp).
 #pragma once
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -29,6 +31,7 @@
 
 #include "tutti/torch_broadcast.hpp"
 #include "tutti/torch_checkpoint_state.hpp"
+#include "tutti/torch_zero_overlap.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::torch {
@@ -40,6 +43,10 @@ struct ShardedOptions {
   double lr = 0.01;         ///< learning rate, >= 0
   double momentum = 0;      ///< >= 0; 0 keeps no optimizer state
   double weight_decay = 0;  ///< L2 penalty added to the gradient, >= 0
+  /// Stage 2 only: start each bucket's reduce during backward, from gradient hooks, instead of
+  /// one reduce_scatter in step() (torch_zero_overlap.hpp). Takes one backward pass per step.
+  bool overlap = false;
+  std::size_t bucket_bytes = std::size_t{1} << 20;  ///< with overlap: the most bytes per bucket, >= 4
 };
 
 namespace detail {
@@ -74,9 +81,10 @@ inline std::string differences_from_rank0(Communicator& comm, const std::vector<
 }
 
 inline std::string describe_options(const ShardedOptions& o) {
-  char text[160];
-  std::snprintf(text, sizeof text, "stage %d, lr %.17g, momentum %.17g, weight_decay %.17g", o.stage, o.lr, o.momentum,
-                o.weight_decay);
+  char text[200];
+  std::snprintf(text, sizeof text,
+                "stage %d, lr %.17g, momentum %.17g, weight_decay %.17g, overlap %d, bucket_bytes %zu", o.stage, o.lr,
+                o.momentum, o.weight_decay, o.overlap ? 1 : 0, o.bucket_bytes);
   return text;
 }
 
@@ -89,6 +97,9 @@ inline std::string invalid_options(const ShardedOptions& o) {
   for (const auto& [name, value] : values)
     if (!std::isfinite(value) || value < 0)
       return std::string(name) + " must be finite and >= 0, not " + std::to_string(value);
+  if (o.overlap && o.stage != 2) return "overlap needs stage 2 (stage 1 reduces in step())";
+  if (o.overlap && o.bucket_bytes < sizeof(float))
+    return "bucket_bytes must be at least 4 (one f32), not " + std::to_string(o.bucket_bytes);
   return {};
 }
 
@@ -112,8 +123,10 @@ class ShardedOptimizer {
   /// Collective. `named_parameters`: CPU, f32 (Float), strided leaf tensors with unique non-empty
   /// names, the same names, types and shapes in the same order on every rank; `options` the same
   /// on every rank. Errors: Error(invalid_argument) on EVERY rank when any rank's arguments are
-  /// wrong (a stage other than 1 or 2, a negative or non-finite setting, a bad or differing
-  /// parameter, named in the message of the rank at fault), before anything is changed.
+  /// wrong (a stage other than 1 or 2, a negative or non-finite setting, overlap without stage 2
+  /// or with bucket_bytes < 4, a bad or differing parameter, named in the message of the rank at
+  /// fault), before anything is changed. With overlap, installs hooks on the parameters' gradient
+  /// accumulators (removed by the destructor).
   ShardedOptimizer(Communicator& comm, std::vector<std::pair<std::string, ::torch::Tensor>> named_parameters,
                    ShardedOptions options)
       : comm_(comm), options_(options) {
@@ -133,19 +146,28 @@ class ShardedOptimizer {
     else
       grad_shard_ = ::torch::zeros({shard_}, f32);
     if (options_.momentum != 0) momentum_ = ::torch::zeros({shard_}, f32);
+    if (options_.overlap) {
+      const auto bucket = static_cast<std::int64_t>(options_.bucket_bytes / sizeof(float));
+      overlap_ = std::make_unique<detail::OverlappedReduce>(comm_, params_, shard_, bucket, grad_shard_);
+    }
   }
   ShardedOptimizer(const ShardedOptimizer&) = delete;
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
   /// Releases every parameter's gradient (sets it undefined); the next backward creates it
-  /// anew, and step() reads an undefined gradient as zeros. Local, not collective.
+  /// anew, and step() reads an undefined gradient as zeros. Local, not collective. With overlap,
+  /// Error(invalid_argument) between backward and step() (the gradients are being reduced).
   void zero_grad() {
-    for (auto& p : params_) p.tensor.mutable_grad() = ::torch::Tensor();
+    if (overlap_ && overlap_->busy())
+      throw Error(ErrorCode::invalid_argument, "tutti::torch::ShardedOptimizer::zero_grad (rank " +
+                                                   std::to_string(comm_.rank()) +
+                                                   "): the gradients are being reduced; call step() after backward");
+    release_gradients();
   }
 
   /// Collective: averages the gradients over the ranks, updates this rank's shard (as
-  /// torch::optim::SGD: d = grad + weight_decay * param; momentum = d on the first step, else
-  /// momentum * momentum + d; param -= lr * momentum, or lr * d without momentum) and allgathers
+  /// torch::optim::SGD: d = grad + weight_decay * param; buf = d on the first step, else
+  /// momentum * buf + d; param -= lr * buf, or lr * d without momentum) and allgathers
   /// the shards into every rank's parameters. Stage 2 also releases the parameters' gradients
   /// (only this rank's averaged shard of them is kept). Throws the collectives' Error; after one,
   /// the parameters and the state may be partly updated and the optimizer should not be used.
@@ -153,19 +175,10 @@ class ShardedOptimizer {
     ::torch::NoGradGuard no_grad;
     ++steps_;
     if (count_ == 0) return;  // the same on every rank: the constructor compared the parameters
-    auto flat = options_.stage == 1 ? flat_ : ::torch::empty({flat_size()}, ::torch::kFloat);
-    pack_gradients(flat);
+    auto flat = overlap_ ? overlap_->finish() : reduce_gradients();
+    if (options_.stage == 2) release_gradients();
     float* base = flat.data_ptr<float>();
-    ::torch::Tensor grad;
-    if (options_.stage == 1) {
-      comm_.allreduce(base, base, static_cast<std::size_t>(flat.numel()), DataType::f32, ReduceOp::avg);
-      grad = flat.narrow(0, begin_, shard_);
-    } else {
-      comm_.reduce_scatter(base, grad_shard_.data_ptr<float>(), static_cast<std::size_t>(shard_), DataType::f32,
-                           ReduceOp::avg);
-      zero_grad();
-      grad = grad_shard_;
-    }
+    auto grad = options_.stage == 1 ? flat.narrow(0, begin_, shard_) : grad_shard_;
     auto param = pack_parameter_shard();
     update(param, grad);
     flat.narrow(0, begin_, shard_).copy_(param);  // stage 1: over the gradient, used by now
@@ -185,15 +198,11 @@ class ShardedOptimizer {
   const ShardedOptions& options() const { return options_; }
   /// step() calls made.
   std::uint64_t steps() const { return steps_; }
+  /// With overlap: buckets whose reduce started during backward rather than in step(), summed
+  /// over the steps (0 without overlap).
+  std::uint64_t overlapped_buckets() const { return overlap_ ? overlap_->started_in_backward() : 0; }
 
  private:
-  struct Param {
-    std::string name;
-    ::torch::Tensor tensor;
-    std::int64_t offset;  // in the flat vector
-    std::int64_t numel;
-  };
-
   // Keeps the parameters that require grad, with their descriptions for the comparison with rank
   // 0 (`lines`); `problem` gets the first thing wrong with them, if it is still empty.
   void collect(std::vector<std::pair<std::string, ::torch::Tensor>> named, std::vector<std::string>& lines,
@@ -224,19 +233,23 @@ class ShardedOptimizer {
     return {};
   }
 
-  std::int64_t flat_size() const { return shard_ * comm_.size(); }
-
-  // Every gradient at its offset (zeros where undefined), and zeros in the padding.
-  void pack_gradients(::torch::Tensor& flat) const {
-    for (const auto& p : params_) {
-      auto slot = flat.narrow(0, p.offset, p.numel).view(p.tensor.sizes());
-      const auto& g = p.tensor.grad();
-      if (g.defined())
-        slot.copy_(g.is_sparse() ? g.to_dense() : g);
-      else
-        slot.zero_();
-    }
+  // Without overlap: the flat gradient (zeros in the padding), averaged over the ranks, all of it
+  // (stage 1, in flat_) or this rank's shard (stage 2, in grad_shard_). Returns the flat buffer.
+  ::torch::Tensor reduce_gradients() {
+    auto flat = options_.stage == 1 ? flat_ : ::torch::empty({shard_ * comm_.size()}, ::torch::kFloat);
+    for (const auto& p : params_) detail::pack_gradient(flat, p);
     flat.narrow(0, count_, flat.numel() - count_).zero_();
+    float* base = flat.data_ptr<float>();
+    if (options_.stage == 1)
+      comm_.allreduce(base, base, static_cast<std::size_t>(flat.numel()), DataType::f32, ReduceOp::avg);
+    else
+      comm_.reduce_scatter(base, grad_shard_.data_ptr<float>(), static_cast<std::size_t>(shard_), DataType::f32,
+                           ReduceOp::avg);
+    return flat;
+  }
+
+  void release_gradients() {
+    for (auto& p : params_) p.tensor.mutable_grad() = ::torch::Tensor();
   }
 
   // A copy of this rank's shard of the parameters (zeros in the padding).
@@ -268,13 +281,14 @@ class ShardedOptimizer {
 
   Communicator comm_;
   ShardedOptions options_;
-  std::vector<Param> params_;
+  std::vector<detail::FlatSlot> params_;
   std::int64_t count_ = 0;      // n
   std::int64_t shard_ = 0;      // ceil(n/p)
   std::int64_t begin_ = 0;      // this rank's first element
   ::torch::Tensor flat_;        // stage 1: the averaged flat gradient, then the gathered parameters
   ::torch::Tensor grad_shard_;  // stage 2: this rank's shard of the averaged gradient
   ::torch::Tensor momentum_;    // this rank's shard of the momentum (with momentum != 0)
+  std::unique_ptr<detail::OverlappedReduce> overlap_;  // after params_, which it refers to
   bool momentum_started_ = false;
   std::uint64_t steps_ = 0;
 };
