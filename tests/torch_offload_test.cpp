@@ -225,6 +225,11 @@ TEST(TorchOffload, TrainOutOfCoreFollowsTheNetsOwnTraining) {
   tutti::train::OutOfCore ooc(*net, parameters + room, true);
   ::unsetenv("TUTTI_DEVICE");
   EXPECT_EQ(ooc.parameter_bytes(), parameters);
+  std::vector<void*> placed;  // where the parameters and gradients live: pool blocks
+  for (const auto& p : net->parameters()) {
+    placed.push_back(p.data_ptr());
+    placed.push_back(p.grad().data_ptr());
+  }
   const auto options = ::torch::optim::SGDOptions(0.05).momentum(0.9);
   auto sgd = ooc.make_sgd(options);
   ::torch::optim::SGD reference_sgd(reference->parameters(), options);
@@ -243,6 +248,13 @@ TEST(TorchOffload, TrainOutOfCoreFollowsTheNetsOwnTraining) {
     EXPECT_EQ(loss.item<float>(), want.item<float>()) << "step " << step;
     expect_identical(values_of(*net), values_of(*reference), "parameter after step " + std::to_string(step));
   }
+  // zero_grad zeroed and backward accumulated in place: nothing moved out of the pool.
+  std::vector<void*> now;
+  for (const auto& p : net->parameters()) {
+    now.push_back(p.data_ptr());
+    now.push_back(p.grad().data_ptr());
+  }
+  EXPECT_EQ(now, placed);
   const auto c = ooc.counters();
   EXPECT_LE(c.peak_bytes, parameters + room);
   EXPECT_GT(c.swapped_out_bytes, 0U);
