@@ -18,7 +18,9 @@
 // blocks (one group per layer call, numbered in forward order) and keeps only the group's number
 // in its context. Backward of group k first prefetches group k - 1 (the layer whose backward runs
 // next) on the pool's swap stream, then acquires its own blocks, computes its gradients, and frees
-// them: the copy in of the next layer overlaps this layer's compute. What is not in the pool: the
+// them: the copy in of the next layer overlaps this layer's compute. In forward, once the pool is
+// nearly full, saving a group also starts copying the oldest groups to host (Pool::swap_out), so
+// that the next layer's eviction finds their copies done. What is not in the pool: the
 // activation flowing from one layer to the next during forward, and the gradient flowing back
 // (at most one layer's input and output at a time), and the loss's own small tensors.
 //
@@ -75,8 +77,11 @@ class ActivationStore {
       for (const auto& saved : group) pool_.free(saved.block);
       throw;
     }
+    std::size_t bytes = 0;
+    for (const auto& saved : group) bytes += saved.block ? pool_.size(saved.block) : 0;
     const std::int64_t number = next_++;
     groups_.emplace(number, std::move(group));
+    write_back(bytes);
     return number;
   }
 
@@ -129,6 +134,24 @@ class ActivationStore {
     std::vector<std::int64_t> sizes;
     at::ScalarType dtype;
   };
+
+  /// If the next layer's group, taken to be as large as the last one (`bytes`), would not fit,
+  /// starts copying the oldest groups but the newest to host (Pool::swap_out) until `bytes` of them have a
+  /// current host copy: the eviction it will need then frees them without waiting for a copy,
+  /// and the copies run on the swap stream while the next layer computes.
+  void write_back(std::size_t bytes) {
+    const offload::Counters c = pool_.counters();
+    if (!pool_.swapping() || c.in_use_bytes + bytes <= pool_.budget()) return;
+    std::size_t clean = 0;
+    for (const auto& [number, group] : groups_) {
+      if (number == next_ - 1) return;  // the group just saved: backward needs it first
+      for (const auto& saved : group) {
+        if (!saved.block || !pool_.resident(saved.block) || !pool_.swap_out(saved.block)) continue;
+        clean += pool_.size(saved.block);
+      }
+      if (clean >= bytes) return;
+    }
+  }
 
   Saved store(const at::Tensor& tensor) {
     Saved saved{offload::Block{}, tensor.sizes().vec(), tensor.scalar_type()};
