@@ -170,13 +170,28 @@ class ActivationStore {
 
 namespace detail {
 
-inline ActivationStore& store_of(::torch::autograd::AutogradContext* ctx) {
-  return *reinterpret_cast<ActivationStore*>(ctx->saved_data["store"].toInt());
-}
-
-inline void remember(::torch::autograd::AutogradContext* ctx, ActivationStore& store, std::int64_t group) {
+/// Keeps in a layer's context its store, its group and its weight (a parameter: it lives on,
+/// nothing is copied).
+inline void remember(::torch::autograd::AutogradContext* ctx, ActivationStore& store, std::int64_t group,
+                     const at::Tensor& weight) {
   ctx->saved_data["store"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(&store));
   ctx->saved_data["group"] = group;
+  ctx->save_for_backward({weight});
+}
+
+/// What every layer's backward starts from, once it has prefetched the previous layer's group
+/// (whose backward runs next).
+struct Backward {
+  ActivationStore& store;
+  std::int64_t group;
+  at::Tensor weight;
+};
+
+inline Backward begin_backward(::torch::autograd::AutogradContext* ctx) {
+  auto& store = *reinterpret_cast<ActivationStore*>(ctx->saved_data["store"].toInt());
+  const std::int64_t group = ctx->saved_data["group"].toInt();
+  store.prefetch(group - 1);
+  return {store, group, ctx->get_saved_variables()[0]};
 }
 
 /// Zero where `mask` is false, the gradient elsewhere: ReLU's backward (exact zeros, as
@@ -195,24 +210,20 @@ struct LinearFunction : ::torch::autograd::Function<LinearFunction> {
       y = at::relu(y);
       saved.push_back(y.gt(0));
     }
-    remember(ctx, *store, store->save(saved));
+    remember(ctx, *store, store->save(saved), weight);
     ctx->saved_data["relu"] = relu;
-    ctx->save_for_backward({weight});  // a parameter: it lives on, nothing is copied
     return y;
   }
 
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
-    ActivationStore& store = store_of(ctx);
-    const std::int64_t group = ctx->saved_data["group"].toInt();
-    store.prefetch(group - 1);
-    const at::Tensor weight = ctx->get_saved_variables()[0];
+    const Backward b = begin_backward(ctx);
     const bool relu = ctx->saved_data["relu"].toBool();
-    return store.take(group, [&](const std::vector<at::Tensor>& saved) {
+    return b.store.take(b.group, [&](const std::vector<at::Tensor>& saved) {
       at::Tensor g = grads[0].contiguous();
       if (relu) g = relu_backward(g, saved[1]);
       // As addmm's backward computes them, so that the results match libtorch's own Linear.
-      at::Tensor grad_x = ctx->needs_input_grad(0) ? g.mm(weight) : at::Tensor();
+      at::Tensor grad_x = ctx->needs_input_grad(0) ? g.mm(b.weight) : at::Tensor();
       at::Tensor grad_w = saved[0].t().mm(g).t();
       at::Tensor grad_b = g.sum(0);
       return ::torch::autograd::variable_list{grad_x, grad_w, grad_b, at::Tensor(), at::Tensor()};
@@ -229,33 +240,29 @@ struct ConvReluPoolFunction : ::torch::autograd::Function<ConvReluPoolFunction> 
     const at::Tensor conv = at::convolution(x, weight, bias, {1, 1}, {padding, padding}, {1, 1}, false, {0, 0}, 1);
     const at::Tensor relu = at::relu(conv);
     auto [pooled, indices] = at::max_pool2d_with_indices(relu, {pool, pool}, {pool, pool});
-    remember(ctx, *store, store->save({x, indices, pooled.gt(0)}));
+    remember(ctx, *store, store->save({x, indices, pooled.gt(0)}), weight);
     ctx->saved_data["padding"] = padding;
     ctx->saved_data["pool"] = pool;
     ctx->saved_data["relu_sizes"] = relu.sizes().vec();
-    ctx->save_for_backward({weight});
     return pooled;
   }
 
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
-    ActivationStore& store = store_of(ctx);
-    const std::int64_t group = ctx->saved_data["group"].toInt();
-    store.prefetch(group - 1);
-    const at::Tensor weight = ctx->get_saved_variables()[0];
+    const Backward b = begin_backward(ctx);
     const std::int64_t padding = ctx->saved_data["padding"].toInt();
     const std::int64_t pool = ctx->saved_data["pool"].toInt();
     const auto relu_sizes = ctx->saved_data["relu_sizes"].toIntVector();
     const bool input_grad = ctx->needs_input_grad(0);
-    return store.take(group, [&](const std::vector<at::Tensor>& saved) {
+    return b.store.take(b.group, [&](const std::vector<at::Tensor>& saved) {
       const at::Tensor g = relu_backward(grads[0].contiguous(), saved[2]);
       // The pooling's backward reads only the shape of its input: an uninitialized stand-in.
       const at::Tensor shape = at::empty(relu_sizes, g.options());
       const at::Tensor grad_relu =
           at::max_pool2d_with_indices_backward(g, shape, {pool, pool}, {pool, pool}, {0, 0}, {1, 1}, false, saved[1]);
       auto [grad_x, grad_w, grad_b] =
-          at::convolution_backward(grad_relu, saved[0], weight, weight.sizes().slice(0, 1), {1, 1}, {padding, padding},
-                                   {1, 1}, false, {0, 0}, 1, {input_grad, true, true});
+          at::convolution_backward(grad_relu, saved[0], b.weight, b.weight.sizes().slice(0, 1), {1, 1},
+                                   {padding, padding}, {1, 1}, false, {0, 0}, 1, {input_grad, true, true});
       return ::torch::autograd::variable_list{grad_x, grad_w, grad_b, at::Tensor(), at::Tensor(), at::Tensor()};
     });
   }
