@@ -68,7 +68,7 @@ tutti::offload::Options emulated(bool swap = true) {
 // Device bytes the parameters and their gradients take, whole 256-byte blocks.
 std::size_t parameter_bytes(SmallNet& net) {
   std::size_t bytes = 0;
-  for (const auto& p : net.parameters()) bytes += 2 * ((p.nbytes() + 255) / 256 * 256);
+  for (const auto& p : net.parameters()) bytes += 2 * Pool::charge(p.nbytes());
   return bytes;
 }
 
@@ -217,7 +217,7 @@ TEST(TorchOffload, TrainOutOfCoreFollowsTheNetsOwnTraining) {
     for (std::size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
   }
   std::size_t parameters = 0;
-  for (const auto& p : net->parameters()) parameters += 2 * ((p.nbytes() + 255) / 256 * 256);
+  for (const auto& p : net->parameters()) parameters += 2 * Pool::charge(p.nbytes());
   ::setenv("TUTTI_DEVICE", "emulated", 1);
   // Beyond the parameters and gradients: room for fc1's momentum (784 KiB) or conv1's saved
   // tensors (490 KiB), less than the 1 MiB of activations a step saves.

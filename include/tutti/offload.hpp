@@ -116,6 +116,8 @@ class Pool {
   bool resident(Block block) const;
   /// The block's size as allocated.
   std::size_t size(Block block) const;
+  /// What a block of `bytes` counts against the budget: bytes rounded up to 256.
+  static std::size_t charge(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
   std::size_t budget() const;
   bool swapping() const;
   /// Whether the host may use a held block's pointer as ordinary memory (the emulated device).

@@ -78,7 +78,7 @@ class PooledParameters {
     placed.data = pool_.allocate(bytes);
     placed_.push_back(placed);  // from here restore() frees what was allocated
     placed_.back().grad = pool_.allocate(bytes);
-    bytes_ += 2 * ((bytes + 255) / 256 * 256);
+    bytes_ += 2 * offload::Pool::charge(bytes);
     at::Tensor data = detail::view_of(pool_.data(placed.data), p.sizes(), p.scalar_type());
     data.copy_(p.detach());
     at::Tensor grad = detail::view_of(pool_.data(placed_.back().grad), p.sizes(), p.scalar_type());

@@ -19,10 +19,6 @@ namespace tutti::offload {
 namespace detail {
 namespace {
 
-constexpr std::size_t alignment = 256;  // what the device's allocate aligns to, hence what a block takes
-
-std::size_t charge_of(std::size_t bytes) { return (bytes + alignment - 1) / alignment * alignment; }
-
 [[noreturn]] void invalid(const char* function, const std::string& what) {
   throw Error(ErrorCode::invalid_argument, std::string("tutti::offload::Pool::") + function + ": " + what);
 }
@@ -55,7 +51,7 @@ class PoolImpl {
   Block allocate(std::size_t bytes) {
     std::lock_guard lock(mutex_);
     if (bytes == 0) invalid("allocate", "0 bytes requested");
-    Entry entry{.bytes = bytes, .charge = charge_of(bytes)};
+    Entry entry{.bytes = bytes, .charge = Pool::charge(bytes)};
     make_room(entry.charge, true);
     entry.device = device_->allocate(bytes);
     entry.holds = 1;
