@@ -2,7 +2,7 @@
 # tutti-train beyond data parallelism, end to end: for every layout (data, pipeline GPipe and 1F1B,
 # tensor, their grid, ZeRO 1 and 2), the loss of each of the first 20 steps (--loss-log) against a
 # single-rank run on the same global batch: within 1e-5 relative, and bit for bit where the
-# arithmetic is the same (a pipeline of one micro-batch). Every run ends with identical parameters
+# arithmetic is the same (a pipeline of one micro-batch, out of core under a budget that swaps). Every run ends with identical parameters
 # in each data-parallel group; pipeline runs report their idle share. Layouts that do not fit the
 # job are a usage error (exit 2) naming the problem, on every rank, before training.
 #
@@ -83,6 +83,22 @@ case_zero_memory() {
 }
 case_zero_memory
 
+# Out of core: under 8 MiB the activations and momentum swap, and the losses are bit for bit the
+# reference's; the same budget without swapping is an out-of-memory error; data parallel too.
+case_out_of_core() {
+  layout out-of-core-8MiB 1 exact --batch-size 128 --device-memory 8
+  local swapped
+  swapped=$(sed -n 's/^\[0\] tutti-train: device memory (rank 0, MiB) budget=8.0 peak=\([0-9.]*\) .* swapped_out=\([0-9.]*\) .*/\1 \2/p' "$tmp/out")
+  awk -v v="$swapped" 'BEGIN { split(v, a, " "); exit !(a[1] > 0 && a[1] <= 8 && a[2] > 0) }' ||
+    { fail out-of-core-8MiB "peak and swapped out: '$swapped' (peak within 8 MiB, something swapped)"; }
+  layout out-of-core-data2 2 close --batch-size 64 --device-memory 8
+  train_run 1 "${common[@]}" --batch-size 128 --device-memory 8 --no-swap
+  [[ $status -eq 1 ]] && grep -q 'out of device memory: need [0-9]*, budget 8388608, .*swapping is off' "$tmp/err" ||
+    { fail no-swap "exit status $status, or no out-of-memory error naming the budget"; return; }
+  ok no-swap
+}
+case_out_of_core
+
 # refused LABEL RANKS MESSAGE FLAGS...: exit 2, MESSAGE on stderr, nothing trained.
 refused() {
   local name=$1 ranks=$2 message=$3
@@ -100,6 +116,8 @@ refused micro-batches 1 "--micro-batches 3 does not divide --batch-size 64" --ba
 refused micro-batches-alone 1 "--micro-batches needs --pipeline N" --batch-size 64 --micro-batches 2
 refused schedule 1 "--schedule takes gpipe or 1f1b" --batch-size 64 --pipeline 2 --schedule zigzag
 refused zero-stage 1 "--zero takes 1 or 2" --batch-size 64 --zero 3
+refused out-of-core-pipeline 2 "--device-memory trains the whole network on each rank" --batch-size 64 --pipeline 2 \
+  --device-memory 64
 
 echo "passed $passed, failed $failed"
 [[ $failed -eq 0 ]]

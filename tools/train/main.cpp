@@ -9,6 +9,7 @@
 // or a NaN loss), 2 for a bad command line.
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -95,6 +96,17 @@ void print_parallel_summary(tutti::Communicator& comm, const Settings& s, tutti:
                 v[1] / 1e6, v[2] / 1e6, v[3] / 1e6, v[4] / 1e6);
     if (l.pipeline > 1) std::printf(" idle=%.3f", v[0]);
     std::printf("\n");
+  }
+  if (const auto* ooc = trainer.out_of_core()) {
+    const auto c = ooc->counters();
+    constexpr double mib = 1 << 20;
+    std::printf(
+        "tutti-train: device memory (rank 0, MiB) budget=%.1f peak=%.1f parameters_and_gradients=%.1f "
+        "swapped_out=%.1f swapped_in=%.1f swap_wait_ms=%.1f prefetch_hits=%llu\n",
+        static_cast<double>(s.device_memory) / mib, static_cast<double>(c.peak_bytes) / mib,
+        static_cast<double>(ooc->parameter_bytes()) / mib, static_cast<double>(c.swapped_out_bytes) / mib,
+        static_cast<double>(c.swapped_in_bytes) / mib, std::chrono::duration<double, std::milli>(c.waited).count(),
+        static_cast<unsigned long long>(c.prefetch_hits));
   }
   if (l.pipeline > 1)
     std::printf("tutti-train: pipeline bubble theory (N-1)/(M+N-1) = %.3f for equal stages\n",

@@ -64,6 +64,10 @@ void check_parallel_settings(const Settings& s) {
   if (s.pipeline > 1 && s.backward_passes > 1)
     throw UsageError("--pipeline accumulates its micro-batches itself: leave --backward-passes at 1");
   if (!s.swap && s.device_memory == 0) throw UsageError("--no-swap needs --device-memory MB");
+  if (s.device_memory > 0 && (s.pipeline > 1 || s.tensor_parallel > 1 || s.zero > 0))
+    throw UsageError(
+        "--device-memory trains the whole network on each rank: not with --pipeline, --tensor-parallel "
+        "or --zero");
   if (beyond_data_parallel(s) && (!s.profile.empty() || !s.checkpoint_dir.empty() || !s.resume.empty()))
     throw UsageError(
         "--profile, --checkpoint and --resume are for data parallelism alone (not with --pipeline, "

@@ -57,6 +57,8 @@ Trainer::Trainer(Communicator& comm, const Settings& s, const Data& data)
                              " backward passes");
   groups_ = std::make_unique<Groups>(comm_, layout_);
   part_ = std::make_unique<ModelPart>(s_, layout_, groups_->tensor);
+  // Before anything records the parameters' addresses: it moves them into the device pool.
+  if (s_.device_memory > 0) out_of_core_ = std::make_unique<OutOfCore>(*part_->net(), s_.device_memory, s_.swap);
   auto named = part_->named_parameters();
   // Identical anyway (every rank seeds alike); the broadcast makes sure.
   for (auto& item : named) tutti::torch::detail::broadcast_bytes(groups_->data, item.second, 0);
@@ -70,7 +72,11 @@ Trainer::Trainer(Communicator& comm, const Settings& s, const Data& data)
     zero_ = std::make_unique<tutti::torch::ShardedOptimizer>(groups_->data, named, options);
   } else {
     if (layout_.pipeline == 1) timer_.install(named);  // before optimizer_'s hooks
-    sgd_ = std::make_unique<TimedSGD>(timer_, parameters, ::torch::optim::SGDOptions(s_.lr).momentum(s_.momentum));
+    const auto sgd_options = ::torch::optim::SGDOptions(s_.lr).momentum(s_.momentum);
+    if (out_of_core_)
+      sgd_ = out_of_core_->make_sgd(sgd_options);
+    else
+      sgd_ = std::make_unique<TimedSGD>(timer_, parameters, sgd_options);
     tutti::torch::DistributedOptions options;
     options.overlap = s_.overlap;
     // A pipeline's micro-batches each run one backward pass per step.
@@ -147,7 +153,7 @@ double Trainer::forward_backward(const ::torch::Tensor& images, const ::torch::T
       return loss_of(output, micro_labels[static_cast<std::size_t>(k)]) / s_.micro_batches;
     });
   }
-  const auto loss = loss_of(part_->forward(images), labels);
+  const auto loss = out_of_core_ ? out_of_core_->forward(images, labels) : loss_of(part_->forward(images), labels);
   const auto t1 = timer_.forward_done(step_start);  // the profile's forward holds zero_grad
   timer_.backward_started(t1);
   // Gradients are summed over the passes of a window: scale for their mean.
@@ -282,10 +288,13 @@ MemoryUse Trainer::memory_use() const {
     for (const auto& group : sgd_->param_groups())
       for (const auto& p : group.params())
         if (p.grad().defined()) m.gradients += p.grad().nbytes();
-    for (const auto& item : sgd_->state()) {
-      const auto& buffer = static_cast<const ::torch::optim::SGDParamState&>(*item.second).momentum_buffer();
-      if (buffer.defined()) m.optimizer_state += buffer.nbytes();
-    }
+    if (out_of_core_)  // the momentum buffers, in the device pool (or swapped out): one per parameter
+      m.optimizer_state = s_.momentum != 0 ? m.parameters : 0;
+    else
+      for (const auto& item : sgd_->state()) {
+        const auto& buffer = static_cast<const ::torch::optim::SGDParamState&>(*item.second).momentum_buffer();
+        if (buffer.defined()) m.optimizer_state += buffer.nbytes();
+      }
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);

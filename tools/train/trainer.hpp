@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model.hpp"
+#include "out_of_core.hpp"
 #include "parallel_model.hpp"
 #include "profiling.hpp"
 #include "settings.hpp"
@@ -92,6 +93,8 @@ class Trainer {
   std::size_t fusion_threshold() const { return optimizer_ ? optimizer_->engine().options().fusion_threshold : 0; }
   /// This rank's compute timing (--profile) and stretch (--straggler).
   const ComputeTimer& compute_timer() const { return timer_; }
+  /// With --device-memory: the pool's counters (peak device bytes, swaps); nullptr otherwise.
+  const OutOfCore* out_of_core() const { return out_of_core_.get(); }
 
  private:
   /// The epoch's order of the training samples: a permutation seeded by seed + epoch, the same on
@@ -117,8 +120,9 @@ class Trainer {
   Layout layout_;
   std::unique_ptr<Groups> groups_;
   std::unique_ptr<ModelPart> part_;
-  ComputeTimer timer_;  // before sgd_ and optimizer_, which use it and its hooks run first
-  std::unique_ptr<::torch::optim::SGD> sgd_;
+  ComputeTimer timer_;                      // before sgd_ and optimizer_, which use it and its hooks run first
+  std::unique_ptr<OutOfCore> out_of_core_;  // with --device-memory; before sgd_, which keeps momentum in its pool
+  std::unique_ptr<::torch::optim::Optimizer> sgd_;
   std::unique_ptr<tutti::torch::DistributedOptimizer> optimizer_;  // without --zero
   std::unique_ptr<tutti::torch::ShardedOptimizer> zero_;           // with --zero
   std::unique_ptr<tutti::torch::PipelineStage> stage_;             // with --pipeline
