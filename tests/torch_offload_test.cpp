@@ -160,6 +160,27 @@ TEST(TorchOffload, SgdStepsEqualLibtorchsAndMomentumIsSwapped) {
   EXPECT_GT(c.swap_ins, 0U);
 }
 
+TEST(TorchOffload, WithRoomForEverythingNothingIsCopied) {
+  ::torch::manual_seed(17);
+  SmallNet net;
+  Pool pool(4 << 20, emulated());
+  tutti::torch::PooledParameters placed(pool, net.parameters());
+  tutti::torch::ActivationStore store(pool);
+  tutti::torch::OffloadedSGD sgd(pool, net.parameters(), ::torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    const Batch b = batch(step);
+    store.clear();
+    sgd.zero_grad();
+    ::torch::nn::functional::cross_entropy(net.forward(store, b.images), b.labels).backward();
+    sgd.step();
+  }
+  const auto c = pool.counters();
+  EXPECT_EQ(c.swap_outs, 0U);
+  EXPECT_EQ(c.swap_ins, 0U);
+  EXPECT_EQ(c.host_bytes, 0U);
+  EXPECT_EQ(sgd.buffers(), net.parameters().size());
+}
+
 TEST(TorchOffload, WithoutSwappingForwardFailsWhereTheBudgetEnds) {
   ::torch::manual_seed(3);
   SmallNet net;

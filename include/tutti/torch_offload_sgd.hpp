@@ -109,9 +109,10 @@ class PooledParameters {
   std::size_t bytes_ = 0;
 };
 
-/// ::torch::optim::SGD with its momentum buffers in pool blocks: each buffer is swapped out
-/// (Pool::swap_out) right after its parameter's update, so that forward's activations may take
-/// its device memory without waiting for a copy, and step() prefetches the next parameter's buffer
+/// ::torch::optim::SGD with its momentum buffers in pool blocks: once the pool has swapped
+/// anything, each buffer is swapped out (Pool::swap_out) right after its parameter's update, so
+/// that forward's activations may take its device memory without waiting for a copy (the copy
+/// runs while the next parameters update), and step() prefetches the next parameter's buffer
 /// while it updates the current one. The arithmetic is SGD's own, op for op, so parameters follow
 /// ::torch::optim::SGD bit for bit. Momentum lives only in the pool: save()/load() and
 /// broadcast_optimizer_state do not see it. Usable under DistributedOptimizer like SGD.
@@ -179,7 +180,8 @@ class OffloadedSGD : public ::torch::optim::Optimizer {
     d_p = options.nesterov() ? d_p.add(buf, options.momentum()) : buf;
     p.data().add_(d_p, -1 * options.lr());
     pool_.release(block);
-    pool_.swap_out(block);
+    // A pool that never had to swap has room for everything: a copy out would only cost.
+    if (pool_.counters().swap_outs > 0) pool_.swap_out(block);
   }
 
   offload::Pool& pool_;
