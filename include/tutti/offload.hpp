@@ -101,7 +101,8 @@ class Pool {
   void release(Block block);
   /// Starts bringing a swapped-out block back on the swap stream and returns at once (after any
   /// eviction its room needs). True if the block is resident or on its way afterwards; false if it
-  /// cannot fit now (held blocks fill the budget) or swapping is off: acquire then brings it.
+  /// cannot fit now (held blocks fill the budget): acquire then brings it. (Without swapping every
+  /// block is always resident.)
   bool prefetch(Block block);
   /// Starts copying an unheld resident block to host on the swap stream and returns at once; its
   /// device memory stays until room is needed, when it goes without waiting for another copy.

@@ -175,7 +175,7 @@ class PoolImpl {
 
   /// Makes `need` bytes fit under the budget by evicting unheld blocks, least recently used first.
   /// When they cannot fit, evicts nothing and raises the out-of-memory error (or returns false if
-  /// `must`is false).
+  /// `must` is false).
   bool make_room(std::size_t need, bool must) {
     if (counters_.in_use_bytes + need <= budget_) return true;
     std::vector<Entry*> candidates;
