@@ -82,19 +82,26 @@ void print_parallel_summary(tutti::Communicator& comm, const Settings& s, tutti:
                             const EpochResult& last) {
   const auto& l = trainer.layout();
   const auto m = trainer.memory_use();
-  // Per rank: idle fraction, parameters, optimizer state, gradients kept, peak RSS.
-  const double mine[5] = {last.idle_fraction, static_cast<double>(m.parameters), static_cast<double>(m.optimizer_state),
-                          static_cast<double>(m.gradients), static_cast<double>(m.max_rss)};
-  std::vector<double> all(5 * static_cast<std::size_t>(comm.size()));
-  comm.allgather(mine, all.data(), 5, tutti::DataType::f64);
+  // Per rank: idle fraction, parameters, optimizer state, gradients kept, peak RSS, and the
+  // pipeline's compute and step time per step.
+  constexpr std::size_t n = 7;
+  const double mine[n] = {last.idle_fraction,
+                          static_cast<double>(m.parameters),
+                          static_cast<double>(m.optimizer_state),
+                          static_cast<double>(m.gradients),
+                          static_cast<double>(m.max_rss),
+                          last.stage_compute_seconds,
+                          last.stage_step_seconds};
+  std::vector<double> all(n * static_cast<std::size_t>(comm.size()));
+  comm.allgather(mine, all.data(), n, tutti::DataType::f64);
   if (comm.rank() != 0) return;
   std::printf("tutti-train: layout data=%d pipeline=%d tensor=%d zero=%d schedule=%s micro-batches=%d\n", l.data,
               l.pipeline, l.tensor, s.zero, s.schedule.c_str(), s.micro_batches);
   for (int r = 0; r < comm.size(); ++r) {
-    const double* v = &all[5 * static_cast<std::size_t>(r)];
+    const double* v = &all[n * static_cast<std::size_t>(r)];
     std::printf("tutti-train: rank %d params_mb=%.3f optimizer_state_mb=%.3f gradients_mb=%.3f max_rss_mb=%.1f", r,
                 v[1] / 1e6, v[2] / 1e6, v[3] / 1e6, v[4] / 1e6);
-    if (l.pipeline > 1) std::printf(" idle=%.3f", v[0]);
+    if (l.pipeline > 1) std::printf(" compute_ms=%.2f pipeline_step_ms=%.2f idle=%.3f", 1e3 * v[5], 1e3 * v[6], v[0]);
     std::printf("\n");
   }
   if (const auto* ooc = trainer.out_of_core()) {
@@ -174,7 +181,7 @@ int train(tutti::Communicator& comm, const Settings& s) {
                 static_cast<long long>(checkpointing->taken()),
                 1e3 * checkpointing->call_seconds() / checkpointing->taken(),
                 s.checkpoint_blocking ? ", the write included" : "; the write goes on in the background");
-  if (tutti::train::beyond_data_parallel(s)) print_parallel_summary(comm, s, trainer, last);
+  print_parallel_summary(comm, s, trainer, last);
   if (root) {
     const double hidden = last.hidden_fraction;
     std::printf(

@@ -69,6 +69,8 @@ Trainer::Trainer(Communicator& comm, const Settings& s, const Data& data)
     options.stage = s_.zero;
     options.lr = s_.lr;
     options.momentum = s_.momentum;
+    // Stage 2 reduces buckets during backward; its overlap takes one backward per step (no pipeline).
+    options.overlap = s_.overlap && s_.zero == 2 && layout_.pipeline == 1;
     zero_ = std::make_unique<tutti::torch::ShardedOptimizer>(groups_->data, named, options);
   } else {
     if (layout_.pipeline == 1) timer_.install(named);  // before optimizer_'s hooks
@@ -236,7 +238,13 @@ EpochResult Trainer::run_epoch(int epoch, std::int64_t first_step,
   r.test_loss = sums[1] > 0 ? sums[2] / sums[1] : 0;
   r.step_seconds = step_seconds;
   r.samples_per_second = static_cast<double>(layout_.data * s_.batch_size) / step_seconds;
-  if (stage_) r.idle_fraction = stage_->stats().idle_fraction();
+  if (stage_) {
+    const auto& st = stage_->stats();
+    r.idle_fraction = st.idle_fraction();
+    const double steps_timed = std::max<double>(1, static_cast<double>(st.steps));
+    r.stage_compute_seconds = st.compute_seconds / steps_timed;
+    r.stage_step_seconds = st.step_seconds / steps_timed;
+  }
   r.overlap = overlap;
   r.overlapped_fraction = sums[5] > 0 ? sums[4] / sums[5] : 0;
   // The job's exposed communication: in each step, the wait of the rank that waited least (it

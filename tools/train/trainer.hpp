@@ -49,6 +49,8 @@ struct EpochResult {
   double overlapped_fraction = 0;
   /// Pipeline only: this rank's share of the timed steps not spent computing (its bubble).
   double idle_fraction = 0;
+  /// Pipeline only: this rank's mean compute (forwards and backwards) and pipeline time per step.
+  double stage_compute_seconds = 0, stage_step_seconds = 0;
 };
 
 /// What this rank holds, in bytes (after a step: the optimizer's state exists from the first).
