@@ -26,8 +26,10 @@ class CommImpl;
 class Request {
  public:
   Request() = default;  // an empty request: already complete
-  /// Blocks until the operation completes (and every operation issued before it on the
-  /// same communicator); throws the operation's `Error` (e.g. `timeout` after the deadline).
+  /// Blocks until the operation completes; throws the operation's `Error` (e.g. `timeout` after
+  /// the deadline). Collectives complete in issue order (so a collective's wait also waits for
+  /// every collective issued before it on the same communicator); isend and irecv complete on
+  /// their own, whatever else is outstanding.
   void wait();
   /// Makes progress; true when complete. Throws the operation's `Error`.
   bool test();
