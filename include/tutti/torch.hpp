@@ -21,8 +21,8 @@
 
 #include "tutti/torch_broadcast.hpp"
 #include "tutti/torch_dtype.hpp"
+#include "tutti/torch_offload.hpp"
 #include "tutti/torch_optimizer.hpp"
-#include "tutti/torch_zero.hpp"
 #include "tutti/torch_pipeline.hpp"
 #include "tutti/torch_tensor_parallel.hpp"
-#include "tutti/torch_offload.hpp"
+#include "tutti/torch_zero.hpp"
