@@ -502,6 +502,35 @@ TEST(Engine, TimelineIsChromeTraceJsonWithEveryPhase) {
   std::filesystem::remove_all(dir);
 }
 
+// Engines on sub-communicators (two groups of one rank each, as a pipeline's data groups) name
+// their timelines by the rank they are told (timeline_rank), not by their group rank (0 for both).
+TEST(Engine, TimelineRankNamesTheFileAndThePid) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tutti_timeline_rank_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto failures = run_ranks(2, [&](Communicator& comm) {
+    Communicator group = comm.split(comm.rank(), 0);
+    EngineOptions o = quiet(std::chrono::microseconds(20'000));
+    o.timeline_path = (dir / "tl_{rank}.json").string();
+    o.timeline_rank = 10 + comm.rank();
+    Engine engine(group, o);
+    engine.record_phase("PIPELINE", Clock::now(), Clock::now());
+  });
+  ASSERT_EQ(failures, "");
+  EXPECT_FALSE(std::filesystem::exists(dir / "tl_0.json"));
+  for (int r = 10; r < 12; ++r) {
+    std::ifstream in(dir / ("tl_" + std::to_string(r) + ".json"));
+    ASSERT_TRUE(in) << "rank " << r << " wrote no timeline";
+    const auto events = nlohmann::json::parse(in);
+    int phases = 0;
+    for (const auto& e : events) {
+      EXPECT_EQ(e["pid"], r);
+      phases += e["ph"] == "X" && e["name"] == "PIPELINE";
+    }
+    EXPECT_EQ(phases, 1) << "rank " << r;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Engine, OptionsFromTheEnvironment) {
   ::setenv("TUTTI_CYCLE_TIME_MS", "2.5", 1);
   ::setenv("TUTTI_FUSION_THRESHOLD", "1048576", 1);

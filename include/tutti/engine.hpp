@@ -60,6 +60,11 @@ struct EngineOptions {
   /// Chrome-trace file (TUTTI_TIMELINE). Empty: no timeline. Rank 0 writes it; a path containing
   /// "{rank}" is written by every rank with its rank substituted.
   std::string timeline_path;
+  /// The rank the timeline goes by (the "{rank}" of its file, "rank 0 writes it", and its pid);
+  /// -1 (the default): the engine's communicator's rank. An engine on a sub-communicator (a
+  /// data-parallel group of a model-parallel job) sets the rank in the whole job, so that every
+  /// rank's trace is its own.
+  int timeline_rank = -1;
   /// Called with each stall report (besides the log line); for tests and frameworks.
   std::function<void(const std::string&)> on_stall;
 

@@ -44,8 +44,9 @@ EngineCore::EngineCore(Communicator& comm, EngineOptions options, device::Device
     throw Error(ErrorCode::unsupported,
                 "engine: its thread calls the communicator, but MPI was initialized below MPI_THREAD_SERIALIZED "
                 "(plain MPI_Init); use MPI_Init_thread with MPI_THREAD_MULTIPLE");
-  if (const auto file = timeline_file_for(options_.timeline_path, rank_); !file.empty())
-    timeline_ = std::make_unique<Timeline>(file, rank_);
+  const int timeline_rank = options_.timeline_rank >= 0 ? options_.timeline_rank : rank_;
+  if (const auto file = timeline_file_for(options_.timeline_path, timeline_rank); !file.empty())
+    timeline_ = std::make_unique<Timeline>(file, timeline_rank);
   thread_ = std::thread([this] { run(); });
 }
 
