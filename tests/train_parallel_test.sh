@@ -99,6 +99,32 @@ case_out_of_core() {
 }
 case_out_of_core
 
+# The bubble from the timeline (tools/analyze_timeline.py --pipeline over every rank's trace)
+# equals the idle share tutti-train measured itself: the same intervals, after the same 5 steps.
+case_bubble_from_timeline() {
+  train_run 2 "${common[@]}" --batch-size 128 --pipeline 2 --micro-batches 4 --timeline "$tmp/tl{rank}.json"
+  [[ $status -eq 0 ]] || { fail bubble-from-timeline "exit status $status"; return; }
+  local analysis
+  analysis=$(/usr/bin/python3 "$(dirname "$0")/../tools/analyze_timeline.py" --pipeline --json --skip 5 \
+    "$tmp/tl{rank}.json" 2>&1) || { fail bubble-from-timeline "analyze_timeline.py: $analysis"; return; }
+  local problem
+  problem=$(/usr/bin/python3 -c '
+import json, re, sys
+report = json.loads(sys.argv[1])["pipeline"]
+printed = {m.group(1): float(m.group(2)) for m in re.finditer(r"rank (\d+) params_mb=.* idle=([0-9.]+)", open(sys.argv[2]).read())}
+if sorted(report) != ["0", "1"] or sorted(printed) != ["0", "1"]:
+    sys.exit(f"ranks {sorted(report)} in the timelines, {sorted(printed)} printed")
+for rank, r in report.items():
+    steps, micro, idle = r["steps"], r["micro_batches"], r["idle"]
+    if steps != 15 or micro != 4:
+        sys.exit(f"rank {rank}: {steps} steps of {micro} micro-batches, not 15 of 4")
+    if abs(idle - printed[rank]) > 0.005:
+        sys.exit(f"rank {rank}: idle {idle:.4f} from the timeline, {printed[rank]} printed")
+' "$analysis" "$tmp/out" 2>&1) || { fail bubble-from-timeline "$problem"; return; }
+  ok bubble-from-timeline
+}
+case_bubble_from_timeline
+
 # refused LABEL RANKS MESSAGE FLAGS...: exit 2, MESSAGE on stderr, nothing trained.
 refused() {
   local name=$1 ranks=$2 message=$3

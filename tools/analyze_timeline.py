@@ -29,7 +29,12 @@ per step; the slowest rank's) became, and so the share of the delay the pipelini
 period's drift from run to run: the straggler's wait in step() in the baseline less its wait
 with the delay, over the delay (hidden_in_wait).
 
+With --pipeline (the traces of a tutti-train --pipeline run), per rank: its steps (PIPELINE events,
+after --skip), micro-batches per step, and the mean step and compute (its F<k> and B<k> events
+inside the steps) in ms, and idle = 1 - compute / step: the stage's bubble.
+
 Usage: analyze_timeline.py [--json] [--summary] [--skip N] [--straggler RANK [--baseline TRACE]...] TRACE...
+       analyze_timeline.py --pipeline [--json] [--skip N] TRACE...
 A trace may lack its closing bracket (a timeline being written, or cut short). --json prints
 {"ranks": {RANK: {"trace", "steps": [...], "summary": {...}}}, "straggler": {...}, "baseline":
 {RANK: ...}} with the fields above (ms; shares in [0, 1]; null where a step has no such phase).
@@ -329,6 +334,39 @@ def print_straggler(r):
               f"{fmt(r.get('hidden_in_wait'), 1, 100)}% of the delay went into it")
 
 
+# ---- pipeline ----
+
+MICRO_BATCH_PHASE = re.compile(r"[FB]\d+")
+
+
+def pipeline_report(patterns, skip):
+    """{rank: {...}}: each pipeline stage's step (PIPELINE) against its micro-batches' forwards and
+    backwards (F<k>, B<k>) inside it, after the first SKIP steps; idle = 1 - compute / step."""
+    out = {}
+    for rank, (path, spans) in sorted(spans_by_rank(patterns).items()):
+        windows = sorted((s, e) for s, e, name in spans if name == "PIPELINE")
+        if len(windows) <= skip:
+            raise InputError(f"{path}: rank {rank} has {len(windows)} PIPELINE events, not more than --skip {skip} "
+                             "(a tutti-train --pipeline run's timeline has one per step)")
+        windows = windows[skip:]
+        work = [(s, e) for s, e, name in spans if MICRO_BATCH_PHASE.fullmatch(name)]
+        step = sum(e - s for s, e in windows)
+        compute = sum(overlap(work, [w]) for w in windows)
+        micro = sum(1 for s, e, name in spans if name.startswith("F") and MICRO_BATCH_PHASE.fullmatch(name)
+                    and any(ws <= s < we for ws, we in windows))
+        n = len(windows)
+        out[str(rank)] = {"trace": path, "steps": n, "micro_batches": micro / n, "step_ms": step / n / 1e3,
+                          "compute_ms": compute / n / 1e3, "idle": 1 - compute / step if step > 0 else 0.0}
+    return out
+
+
+def print_pipeline(report):
+    print("rank  steps  micro-batches  step ms  compute ms  idle")
+    for rank, r in report.items():
+        print(f"{rank:>4}  {r['steps']:>5}  {r['micro_batches']:>13.1f}  {r['step_ms']:>7.2f}  {r['compute_ms']:>10.2f}"
+              f"  {r['idle']:.3f}")
+
+
 def main(argv):
     p = argparse.ArgumentParser(prog=PROG, description="Per-step analysis of tutti Chrome-trace timelines.")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="timeline files; \"{rank}\" in a path reads every rank's")
@@ -338,11 +376,25 @@ def main(argv):
     p.add_argument("--baseline", action="append", default=[], metavar="TRACE",
                    help="the same run without the straggler (with --straggler)")
     p.add_argument("--summary", action="store_true", help="medians only, no per-step rows")
+    p.add_argument("--pipeline", action="store_true",
+                   help="each pipeline stage's idle share (its bubble) from PIPELINE and F<k>/B<k> events")
     args = p.parse_args(argv)
     if args.skip < 0:
         p.error("--skip must be >= 0")
     if args.baseline and args.straggler is None:
         p.error("--baseline needs --straggler")
+    if args.pipeline:
+        try:
+            report = {"pipeline": pipeline_report(args.traces, args.skip)}
+        except InputError as e:
+            print(f"{PROG}: {e}", file=sys.stderr)
+            return 2
+        if args.json:
+            json.dump(report, sys.stdout, indent=1)
+            print()
+        else:
+            print_pipeline(report["pipeline"])
+        return 0
     try:
         ranks = load(args.traces, args.skip)
         report = {"ranks": {str(r): v for r, v in ranks.items()}}

@@ -87,7 +87,9 @@ struct PipelineStats {
 /// the number of stages, and every stage runs the same schedule and micro-batch count. `forward`
 /// is the stage's part of the network; `input_shape` the shape of one sample of its input (what
 /// the previous stage's forward returns per sample; unused on the first stage). Calls on one
-/// PipelineStage come from one thread; the communicator carries nothing else during run().
+/// PipelineStage come from one thread; the communicator carries nothing else during run(). After
+/// run() raised, the stage (like its communicator) is not used again: receives may be outstanding
+/// into its buffers, which it keeps until it is destroyed.
 class PipelineStage {
  public:
   using Forward = std::function<::torch::Tensor(const ::torch::Tensor&)>;
@@ -96,6 +98,8 @@ class PipelineStage {
   /// Called after each action with its kind and its compute interval (for a timeline).
   using OnAction = std::function<void(const PipelineAction&, std::chrono::steady_clock::time_point,
                                       std::chrono::steady_clock::time_point)>;
+  /// Called after each run() with the step's interval, the one PipelineStats::step_seconds counts.
+  using OnStep = std::function<void(std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point)>;
 
   PipelineStage(Communicator& comm, Forward forward, std::vector<std::int64_t> input_shape, PipelineSchedule schedule,
                 int micro_batches)
@@ -115,6 +119,7 @@ class PipelineStage {
   const PipelineStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
   void on_action(OnAction callback) { on_action_ = std::move(callback); }
+  void on_step(OnStep callback) { on_step_ = std::move(callback); }
 
   /// Collective over the pipeline: one step's forwards and backwards of `micro_batches` of
   /// `micro_batch_size` samples each. `inputs` (first stage only) are the micro-batches' inputs;
@@ -170,8 +175,10 @@ class PipelineStage {
     }
     for (auto& s : sends_) s.request.wait();
     sends_.clear();
-    stats_.step_seconds += seconds(Clock::now() - step_start);
+    const auto step_end = Clock::now();
+    stats_.step_seconds += seconds(step_end - step_start);
     ++stats_.steps;
+    if (on_step_) on_step_(step_start, step_end);
     return loss_sum;
   }
 
@@ -258,6 +265,7 @@ class PipelineStage {
   std::int64_t micro_batch_size_ = 0;
   PipelineStats stats_;
   OnAction on_action_;
+  OnStep on_step_;
 };
 
 }  // namespace tutti::torch

@@ -84,6 +84,7 @@ Trainer::Trainer(Communicator& comm, const Settings& s, const Data& data)
     // A pipeline's micro-batches each run one backward pass per step.
     options.backward_passes_per_step = s_.backward_passes * s_.micro_batches;
     if (!s_.timeline.empty()) options.engine.timeline_path = s_.timeline;
+    options.engine.timeline_rank = comm_.rank();  // the engine runs on the data group
     if (s_.fusion_threshold) options.engine.fusion_threshold = *s_.fusion_threshold;
     options.compression = tutti::compress::Compression::parse(s_.compression);
     options.compression_seed = s_.seed;
@@ -94,10 +95,16 @@ Trainer::Trainer(Communicator& comm, const Settings& s, const Data& data)
     stage_ = std::make_unique<tutti::torch::PipelineStage>(
         groups_->pipeline, [this](const ::torch::Tensor& x) { return part_->forward(x); }, part_->input_shape(),
         *tutti::torch::pipeline_schedule_from_name(s_.schedule), s_.micro_batches);
-    if (optimizer_)
+    // The timeline shows each micro-batch's forward (F3) and backward (B3) and each step's
+    // pipeline (PIPELINE): tools/analyze_timeline.py --pipeline measures the bubble from them.
+    if (optimizer_) {
       stage_->on_action([this](const tutti::torch::PipelineAction& a, Clock::time_point start, Clock::time_point end) {
         optimizer_->engine().record_phase((a.forward ? "F" : "B") + std::to_string(a.micro_batch), start, end);
       });
+      stage_->on_step([this](Clock::time_point start, Clock::time_point end) {
+        optimizer_->engine().record_phase("PIPELINE", start, end);
+      });
+    }
   }
   if (!s_.loss_log.empty() && comm_.rank() == 0) {
     loss_log_ = std::fopen(s_.loss_log.c_str(), "w");
