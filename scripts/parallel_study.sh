@@ -59,7 +59,7 @@ measure() {
       END {
         # The ranks are (d, stage) with stage the fastest-varying: stage = index mod N, N from the names.
         split(name, parts, "pipeline"); N = substr(parts[2], 1, 1) + 0
-        for (s = 0; s < N; s++) { sum = 0; k = 0; for (i = s; i < n; i += N) { tt[s] += t[i]; id[s] += idle[i]; k++ } tt[s] /= k; id[s] /= k }
+        for (s = 0; s < N; s++) { k = 0; for (i = s; i < n; i += N) { tt[s] += t[i]; id[s] += idle[i]; k++ } tt[s] /= k; id[s] /= k }
         total = 0; top = 0; for (s = 0; s < N; s++) { total += tt[s]; if (tt[s] > top) top = tt[s] }
         step = total + (m - 1) * top
         for (s = 0; s < N; s++)

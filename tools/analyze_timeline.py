@@ -351,7 +351,7 @@ def pipeline_report(patterns, skip):
         windows = windows[skip:]
         work = [(s, e) for s, e, name in spans if MICRO_BATCH_PHASE.fullmatch(name)]
         step = sum(e - s for s, e in windows)
-        compute = sum(overlap(work, [w]) for w in windows)
+        compute = overlap(work, windows)  # the steps do not overlap one another
         micro = sum(1 for s, e, name in spans if name.startswith("F") and MICRO_BATCH_PHASE.fullmatch(name)
                     and any(ws <= s < we for ws, we in windows))
         n = len(windows)
@@ -383,32 +383,28 @@ def main(argv):
         p.error("--skip must be >= 0")
     if args.baseline and args.straggler is None:
         p.error("--baseline needs --straggler")
-    if args.pipeline:
-        try:
-            report = {"pipeline": pipeline_report(args.traces, args.skip)}
-        except InputError as e:
-            print(f"{PROG}: {e}", file=sys.stderr)
-            return 2
-        if args.json:
-            json.dump(report, sys.stdout, indent=1)
-            print()
-        else:
-            print_pipeline(report["pipeline"])
-        return 0
+    if args.pipeline and args.straggler is not None:
+        p.error("--pipeline and --straggler are separate analyses")
     try:
-        ranks = load(args.traces, args.skip)
-        report = {"ranks": {str(r): v for r, v in ranks.items()}}
-        if args.straggler is not None:
-            baseline = load(args.baseline, args.skip) if args.baseline else None
-            report["straggler"] = straggler_report(ranks, args.straggler, baseline)
-            if baseline:
-                report["baseline"] = {str(r): v for r, v in baseline.items()}
+        if args.pipeline:
+            report = {"pipeline": pipeline_report(args.traces, args.skip)}
+        else:
+            ranks = load(args.traces, args.skip)
+            report = {"ranks": {str(r): v for r, v in ranks.items()}}
+            if args.straggler is not None:
+                baseline = load(args.baseline, args.skip) if args.baseline else None
+                report["straggler"] = straggler_report(ranks, args.straggler, baseline)
+                if baseline:
+                    report["baseline"] = {str(r): v for r, v in baseline.items()}
     except InputError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     if args.json:
         json.dump(report, sys.stdout, indent=1)
         print()
+        return 0
+    if args.pipeline:
+        print_pipeline(report["pipeline"])
         return 0
     for rank, info in ranks.items():
         print_rank(rank, info, not args.summary)

@@ -19,9 +19,9 @@ namespace tutti::torch {
 
 namespace detail {
 
-// Sums `t` over the ranks of `comm` in place (a contiguous copy when it is not).
+// `t` summed over the ranks of `comm`, in a contiguous copy of it (t is left alone).
 inline ::torch::Tensor allreduce_sum(Communicator& comm, const ::torch::Tensor& t) {
-  ::torch::Tensor sum = t.contiguous().clone();
+  ::torch::Tensor sum = t.clone(::at::MemoryFormat::Contiguous);
   comm.allreduce(sum.data_ptr(), sum.data_ptr(), static_cast<std::size_t>(sum.numel()), dtype_of(sum), ReduceOp::sum);
   return sum;
 }

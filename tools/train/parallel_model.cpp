@@ -69,11 +69,10 @@ std::vector<std::pair<std::string, ::torch::Tensor>> ModelPart::named_parameters
   return out;
 }
 
-std::vector<std::int64_t> ModelPart::input_shape() const {
+std::vector<std::int64_t> ModelPart::input_shape() {
   ::torch::NoGradGuard no_grad;
   auto x = ::torch::zeros({1, 1, 28, 28});
-  Net& net = const_cast<Net&>(net_);
-  for (int unit = 0; unit < layout_.first_unit; ++unit) x = net->forward_unit(unit, x);
+  for (int unit = 0; unit < layout_.first_unit; ++unit) x = net_->forward_unit(unit, x);
   auto shape = x.sizes().vec();
   shape.erase(shape.begin());
   // fc1's output, split over the tensor group, is fc2's input there.

@@ -53,7 +53,7 @@ class ModelPart {
   /// The part's parameters with the whole network's names (conv1.weight, fc1.bias, …).
   std::vector<std::pair<std::string, ::torch::Tensor>> named_parameters() const;
   /// The shape of one sample of the stage's input (what the previous stage's units return).
-  std::vector<std::int64_t> input_shape() const;
+  std::vector<std::int64_t> input_shape();
   /// The whole network (its units outside this part are not trained here).
   Net& net() { return net_; }
 

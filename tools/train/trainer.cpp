@@ -168,8 +168,10 @@ double Trainer::forward_backward(const ::torch::Tensor& images, const ::torch::T
   // Gradients are summed over the passes of a window: scale for their mean.
   (s_.backward_passes > 1 ? loss / s_.backward_passes : loss).backward();
   timer_.backward_done();
-  if (optimizer_) optimizer_->engine().record_phase("FORWARD", step_start, t1);
-  if (optimizer_) optimizer_->engine().record_phase("BACKWARD", t1, Clock::now());
+  if (optimizer_) {
+    optimizer_->engine().record_phase("FORWARD", step_start, t1);
+    optimizer_->engine().record_phase("BACKWARD", t1, Clock::now());
+  }
   return loss.item<double>();
 }
 
