@@ -760,6 +760,38 @@ TEST_F(ShmDirect, InlineCollectiveAfterRanksRanFarApart) {
         << "p=" << p;
 }
 
+// A broadcast's root returns once its input is published, so it runs ahead of its receivers until
+// the signature table is full; then it waits for slot_slack free slots at once, woken by the
+// receiver whose consumption reaches its threshold. Receivers that pause (in bursts, and one that
+// starts late) still get every value exactly, blocking and nonblocking, and nobody times out.
+TEST_F(ShmDirect, ARootRunningAheadWaitsForFreeSlotsAndGetsThem) {
+  constexpr int calls = 3 * static_cast<int>(transport::shm::signature_slots) + 7;
+  for (int p : {2, 3})
+    EXPECT_EQ(run_ranks(p,
+                        [&](Rank& rank) {
+                          const int r = rank.comm.rank();
+                          const Options options{Algorithm::direct, 20000ms};
+                          if (r == p - 1) std::this_thread::sleep_for(30ms);
+                          std::vector<Request> pending;
+                          std::vector<std::uint64_t> got(calls);
+                          for (int i = 0; i < calls; ++i) {
+                            if (r != 0 && i % 50 == 49) std::this_thread::sleep_for(3ms);
+                            got[i] = r == 0 ? 1000 + static_cast<std::uint64_t>(i) : 0;
+                            if (i % 3 == 0)
+                              pending.push_back(rank.comm.ibroadcast(&got[i], 1, DataType::u64, 0, options));
+                            else
+                              rank.comm.broadcast(&got[i], 1, DataType::u64, 0, options);
+                          }
+                          for (Request& request : pending) request.wait();
+                          for (int i = 0; i < calls; ++i)
+                            if (got[i] != 1000 + static_cast<std::uint64_t>(i))
+                              throw std::runtime_error("rank " + std::to_string(r) + " call " + std::to_string(i) +
+                                                       ": " + std::to_string(got[i]));
+                        }),
+              "")
+        << "p=" << p;
+}
+
 // Waits for `pid` until `deadline`; kills it if still running. Returns its wait status, or -1.
 int reap(pid_t pid, clock::time_point deadline) {
   int status = 0;

@@ -32,6 +32,7 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std
 
 inline constexpr std::uint64_t ready_magic = 0x33736974747574ull;  // "tuttis3", set once initialized
 inline constexpr std::size_t signature_slots = 64;                 // announced signatures kept per rank
+inline constexpr std::size_t slot_slack = signature_slots / 2;     // free slots a waiting rank waits for
 inline constexpr std::size_t ack_entries = 1024;                   // acknowledgements in flight per pair
 inline constexpr std::size_t chunk_header_bytes = 128;
 inline constexpr std::size_t abort_text_bytes = 1024;
@@ -74,6 +75,10 @@ struct alignas(64) RankBlock {
   // Nonzero: ring this rank's doorbell on publishing or consuming. Written rarely, read by every
   // publication, so on a line of its own.
   alignas(64) std::atomic<std::uint32_t> awaits_publication;
+  // Nonzero: this rank waits for a free signature slot, which it gets once every rank's `consumed`
+  // reaches this value: a rank whose `consumed` reaches it rings this rank's doorbell (and no
+  // other consumption does). Written once per wait, so on the same quiet line.
+  std::atomic<std::uint64_t> wake_at_consumed;
 };
 
 /// One announced signature, written under a seqlock: tag = seq + 1 when valid, busy while written.

@@ -171,6 +171,7 @@ std::unique_ptr<Transport> ShmTransport::split(std::uint64_t id, const std::vect
 //     `unpublished_`, in order, and is published by a later progress or check; a rank that
 //     waits sets `awaits_publication`, and every publication rings the doorbells of such ranks.
 //     Submission never blocks: a rank may run any number of collectives ahead of the others.
+//     (With inline inputs the wait is for `consumed`, below, and for slot_slack slots at once.)
 //  2. No collective completes before its comparison. A direct collective (which exchanges no
 //     messages) waits for signature_checked(seq) before it first writes the caller's buffer and
 //     before it finishes: every rank has published seq, so a mismatch has aborted the
@@ -187,8 +188,10 @@ std::unique_ptr<Transport> ShmTransport::split(std::uint64_t id, const std::vect
 // cache line each way for a few bytes, no barrier. So that no slot is overwritten before every
 // peer has read its input too, rule 1 waits for every rank's `consumed` rather than `published`:
 // one past the highest seq below which the rank reads no input any more (its `published` when it
-// reads none, else its oldest collective still reading). A rank that advances it rings the ranks
-// awaiting publication, as a publication does.
+// reads none, else its oldest collective still reading). A rank that waits for it states the
+// value it needs in its `wake_at_consumed`, and only the rank whose `consumed` reaches that value
+// rings it. Still no deadlock: every collective below the lowest `published` has been published
+// by all ranks, so every rank can read (consume) every input below it.
 void ShmTransport::carry_inline(std::uint64_t seq, const std::byte* input, std::size_t bytes,
                                 const WireSignature& wire) {
   pending_carry_ = PendingCarry{{seq, input, bytes}, wire};
@@ -233,14 +236,28 @@ void ShmTransport::consumed_inline(std::uint64_t seq) {
     carried_.erase(it);  // never published (the collective failed first)
   awaiting_inline_ = false;
   update_await_flag_locked();
-  if (store_consumed_locked()) ring_awaiting_ranks();
+  store_consumed_locked();
 }
 
 bool ShmTransport::store_consumed_locked() {
   const std::uint64_t consumed = reading_.empty() ? published_ : std::min(published_, reading_.front());
   if (consumed == self_.consumed.load(std::memory_order_relaxed)) return false;
   self_.consumed.store(consumed, std::memory_order_seq_cst);
+  // seq_cst on both sides (here and in wake_when_consumed_locked): either the waiter sees our
+  // `consumed`, or we see its threshold.
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    RankBlock& block = segment_->rank_block(r);
+    const std::uint64_t wake_at = block.wake_at_consumed.load(std::memory_order_seq_cst);
+    if (wake_at != 0 && consumed >= wake_at) ring_doorbell(block);
+  }
   return true;
+}
+
+void ShmTransport::wake_when_consumed_locked(std::uint64_t consumed) {
+  if (consumed == wake_at_) return;
+  wake_at_ = consumed;
+  self_.wake_at_consumed.store(consumed, std::memory_order_seq_cst);
 }
 
 void ShmTransport::ring_awaiting_ranks() {
@@ -295,21 +312,31 @@ void ShmTransport::publish_ready_locked(bool arrange_wake) {
     const std::uint64_t seq = unpublished_.front().first;
     const WireSignature& mine = unpublished_.front().second;
     // The slot held seq - signature_slots (or less): every rank must be past it (and have read
-    // its input). Checked again after raising our flag, so that a publication between the two is
-    // not missed. What was seen consumed stays so: most publications need not look.
+    // its input). What was seen consumed stays so: most publications need not look. A rank short
+    // of slots (one running ahead of its peers, as a broadcast's root can) waits until slot_slack
+    // more are free, so that it and its peers meet once per slot_slack collectives rather than at
+    // every one; a caller that polls looks only at every 16th poll (each look pulls the peers'
+    // `consumed` lines away from them). Checked again after setting our threshold, so that a
+    // consumption between the two is not missed.
+    const std::uint64_t wake_at = seq < signature_slots ? 0 : seq - signature_slots + slot_slack + 1;
+    const bool known_free = seq < signature_slots || consumed_below_ > seq - signature_slots;
     const auto slot_free = [&] {
-      if (seq < signature_slots || consumed_below_ > seq - signature_slots) return true;
-      consumed_below_ = lowest_consumed();
-      return consumed_below_ > seq - signature_slots;
+      if (known_free) return true;
+      const std::uint64_t lowest = lowest_consumed();
+      if (lowest < wake_at) return false;  // the stale value stays: look again next time
+      consumed_below_ = lowest;
+      return true;
     };
+    if (!arrange_wake && !known_free && ++short_polls_ % 16 != 0) return;
     if (!slot_free()) {
-      if (!arrange_wake) return;  // a caller that polls: raising the flag would only make peers ring
-      await_publication_locked(true);
+      if (!arrange_wake) return;  // a caller that polls: a threshold would only make peers ring
+      wake_when_consumed_locked(wake_at);
       if (!slot_free()) return;
     }
     publish_locked(seq, mine);
     unpublished_.pop_front();
   }
+  wake_when_consumed_locked(0);
   await_publication_locked(false);
 }
 

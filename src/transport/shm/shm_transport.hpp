@@ -167,6 +167,8 @@ class ShmTransport final : public Transport {
   std::uint64_t lowest_published() const;
   std::uint64_t lowest_consumed() const;
   void await_publication_locked(bool awaiting);
+  /// Sets self_.wake_at_consumed (0: not waiting for a slot).
+  void wake_when_consumed_locked(std::uint64_t consumed);
   void update_await_flag_locked();
   /// Stores this rank's `consumed` (see shm.cpp); true if it advanced.
   bool store_consumed_locked();
@@ -218,6 +220,8 @@ class ShmTransport final : public Transport {
   bool awaiting_publication_ = false;  // a signature waits for its slot (rule 1)
   bool awaiting_inline_ = false;       // an inline collective waits for a peer's publication
   bool await_flag_ = false;            // self_.awaits_publication
+  std::uint64_t wake_at_ = 0;          // self_.wake_at_consumed
+  unsigned short_polls_ = 0;           // polls that found no free slot (see publish_ready_locked)
   // Inline inputs to publish, and the collectives still reading their peers' (carry_inline), by seq.
   struct Carried {
     std::uint64_t seq;
