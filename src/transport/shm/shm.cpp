@@ -315,9 +315,11 @@ void ShmTransport::publish_ready_locked(bool arrange_wake) {
     // its input). What was seen consumed stays so: most publications need not look. A rank short
     // of slots (one running ahead of its peers, as a broadcast's root can) waits until slot_slack
     // more are free, so that it and its peers meet once per slot_slack collectives rather than at
-    // every one; a caller that polls looks only at every 16th poll (each look pulls the peers'
-    // `consumed` lines away from them). Checked again after setting our threshold, so that a
-    // consumption between the two is not missed.
+    // every one. With a core per rank, a caller that polls looks only at every 16th poll (each
+    // look pulls the peers' `consumed` lines away from them while they work); where ranks
+    // outnumber cores, each poll yields the core, and a look that finds the slot free must not
+    // wait 16 of them. Checked again after setting our threshold, so that a consumption between
+    // the two is not missed.
     const std::uint64_t wake_at = seq < signature_slots ? 0 : seq - signature_slots + slot_slack + 1;
     const bool known_free = seq < signature_slots || consumed_below_ > seq - signature_slots;
     const auto slot_free = [&] {
@@ -327,7 +329,7 @@ void ShmTransport::publish_ready_locked(bool arrange_wake) {
       consumed_below_ = lowest;
       return true;
     };
-    if (!arrange_wake && !known_free && ++short_polls_ % 16 != 0) return;
+    if (!arrange_wake && !known_free && !wait_policy_.yield && ++short_polls_ % 16 != 0) return;
     if (!slot_free()) {
       if (!arrange_wake) return;  // a caller that polls: a threshold would only make peers ring
       wake_when_consumed_locked(wake_at);
