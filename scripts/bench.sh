@@ -3,8 +3,10 @@
 #   1. tutti-bench --tune for 2 ranks (the tuning file the later runs use; kept if DIR has one);
 #   2. p = 2 under mpirun: allreduce, reduce_scatter, allgather, broadcast from 4 B to 256 MiB with
 #      the MPI and Gloo peers and the ceiling, in one job (peers.json);
-#   3. p = 2, allreduce with every algorithm, with the tuning file and with an empty one (the
-#      cost model): automatic beside the fastest forced algorithm (automatic*.json);
+#   3. p = 2, allreduce with every algorithm and the tuning file (automatic.json); then the four
+#      collectives from 64 KiB to 16 MiB with every algorithm and no tuning file (what a new user
+#      gets), five passes one after the other: automatic's median beside the fastest forced
+#      algorithm's, with the spread over passes (automatic-model-*.json, automatic-model.md);
 #   4. p = 4 and 8 on the same cores, allreduce beside MPI (p4.json, p8.json);
 #   5. the tables (bench_table.py) and the plot (plot_bench.py).
 #   scripts/bench.sh [DIR]
@@ -29,12 +31,15 @@ mpi() {  # mpi RANKS TUNING_FILE ARGS...
 mpi 2 "$tuning" -t allreduce,reduce_scatter,allgather,broadcast -b 4 -e 256M -f 4 --peers mpi,gloo --ceiling \
   --json "$out/peers.json" | tee "$out/peers.log"
 mpi 2 "$tuning" -t allreduce -b 4 -e 256M -f 4 --all-algorithms --json "$out/automatic.json" >"$out/automatic.log"
-mpi 2 "$empty" -t allreduce -b 4 -e 256M -f 4 --all-algorithms --json "$out/automatic-model.json" \
-  >"$out/automatic-model.log"
+for pass in 1 2 3 4 5; do
+  mpi 2 "$empty" -t allreduce,reduce_scatter,allgather,broadcast -b 64K -e 16M -f 2 -c 0 --all-algorithms \
+    --json "$out/automatic-model-$pass.json" >"$out/automatic-model-$pass.log"
+done
 for p in 4 8; do
   mpi "$p" "$empty" -t allreduce -b 4 -e 64M -f 4 --peers mpi --json "$out/p$p.json" | tee "$out/p$p.log"
 done
 for f in peers p4 p8; do /usr/bin/python3 tools/bench_table.py peers "$out/$f.json" >"$out/$f.md"; done
-for f in automatic automatic-model; do /usr/bin/python3 tools/bench_table.py automatic "$out/$f.json" >"$out/$f.md"; done
+/usr/bin/python3 tools/bench_table.py automatic "$out/automatic.json" >"$out/automatic.md"
+/usr/bin/python3 tools/bench_table.py automatic "$out"/automatic-model-?.json >"$out/automatic-model.md"
 /usr/bin/python3 tools/plot_bench.py --ratio --out "$out/peers.png" "$out/peers.json"
 echo "results in $out/"

@@ -3,8 +3,10 @@
 
     bench_table.py peers FILE.json       per collective and size: Tutti's busbw, each peer's busbw
                                          and Tutti/peer, and t_bound/t when the file has a ceiling
-    bench_table.py automatic FILE.json   (a run with --all-algorithms) per collective and size:
-                                         the fastest forced algorithm and automatic's time over it
+    bench_table.py automatic FILE.json...  (runs with --all-algorithms, alternating passes of one
+                                         command) per collective and size: the fastest forced
+                                         algorithm by median time, and automatic's median time over
+                                         it with the min-max of that ratio pass by pass
     bench_table.py spread PEER FILE.json...   several runs of one command: per size, each
                                          collective's median Tutti/PEER with the min-max over runs
 
@@ -50,20 +52,29 @@ def peers_table(doc):
     return lines
 
 
-def automatic_table(doc):
-    groups = {}
-    for row in primary_rows(doc):
-        groups.setdefault((row["collective"], row["bytes"]), {})[row["algorithm"]] = row
-    lines = ["| collective | size | fastest forced | its time (us) | automatic chose | automatic / fastest |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for (collective, size), rows in sorted(groups.items()):
-        forced = {a: r for a, r in rows.items() if a != "automatic"}
-        if "automatic" not in rows or not forced:
+def automatic_table(docs):
+    times = {}  # (collective, size) -> algorithm -> [time per pass]
+    chosen = {}
+    for doc in docs:
+        for row in primary_rows(doc):
+            key = (row["collective"], row["bytes"])
+            times.setdefault(key, {}).setdefault(row["algorithm"], []).append(row["time_us"])
+            if row["algorithm"] == "automatic":
+                chosen.setdefault(key, set()).add(row.get("chosen", ""))
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    lines = ["| collective | size | fastest forced | its median (us) | automatic chose | automatic / fastest"
+             " (min–max over passes) |", "| --- | --- | --- | --- | --- | --- |"]
+    for (collective, size), by in sorted(times.items()):
+        forced = {a: t for a, t in by.items() if a != "automatic"}
+        if "automatic" not in by or not forced:
             continue
-        best = min(forced.values(), key=lambda r: r["time_us"])
-        auto = rows["automatic"]
-        lines.append(f"| {collective} | {human(size)} | {best['algorithm']} | {best['time_us']:.1f} | "
-                     f"{auto.get('chosen', '')} | {auto['time_us'] / best['time_us']:.2f} |")
+        best = min(forced, key=lambda a: median(forced[a]))
+        auto = by["automatic"]
+        per_pass = sorted(a / b for a, b in zip(auto, forced[best]))
+        spread = f" ({per_pass[0]:.2f}–{per_pass[-1]:.2f})" if len(per_pass) > 1 else ""
+        lines.append(f"| {collective} | {human(size)} | {best} | {median(forced[best]):.1f} | "
+                     f"{'/'.join(sorted(chosen[(collective, size)]))} | "
+                     f"**{median(auto) / median(forced[best]):.2f}**{spread} |")
     return lines
 
 
@@ -88,7 +99,8 @@ def spread_table(peer, docs):
 
 def main(argv):
     spread = len(argv) >= 4 and argv[1] == "spread"
-    if not spread and (len(argv) != 3 or argv[1] not in ("peers", "automatic")):
+    passes = len(argv) >= 3 and argv[1] == "automatic"
+    if not spread and not passes and (len(argv) != 3 or argv[1] != "peers"):
         print(__doc__, file=sys.stderr)
         return 2
     files = argv[3:] if spread else argv[2:]
@@ -100,7 +112,7 @@ def main(argv):
         if spread:
             lines = spread_table(argv[2], docs)
         else:
-            lines = peers_table(docs[0]) if argv[1] == "peers" else automatic_table(docs[0])
+            lines = peers_table(docs[0]) if argv[1] == "peers" else automatic_table(docs)
     except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
         print(f"bench_table.py: {' '.join(files)}: {e}", file=sys.stderr)
         return 1
