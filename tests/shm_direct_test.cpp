@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +27,7 @@
 #include "transport/inproc/inproc.hpp"
 #include "transport/shm/segment.hpp"
 #include "transport/shm/shm.hpp"
+#include "transport/shm/shm_transport.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::testing {
@@ -844,6 +846,109 @@ TEST_F(ShmDirect, ExitedProcessIsReportedToTheOthers) {
     const int status = reap(pids[static_cast<std::size_t>(r)], deadline);
     ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "rank " << r << " hung or crashed";
     EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r;
+  }
+}
+
+// Allgather and broadcast from single_copy_bytes on read the peers' buffers in place
+// (process_vm_readv) up to their limits: exact results on both sides of each limit, in and out of
+// place, every root, with single copy on (where the system allows it) and off.
+TEST_F(ShmDirect, SingleCopyAllgatherAndBroadcastAroundItsLimits) {
+  const std::size_t low = transport::shm::single_copy_bytes / sizeof(float);
+  const std::size_t high = transport::shm::single_copy_broadcast_limit / sizeof(float);
+  for (const char* setting : {"1", "0"}) {
+    setenv("TUTTI_SHM_SINGLE_COPY", setting, 1);
+    for (int p : {2, 3, 5})
+      EXPECT_EQ(run_ranks(p,
+                          [&](Rank& rank) {
+                            const int r = rank.comm.rank();
+                            const auto up = static_cast<std::size_t>(p);
+                            const Options options{Algorithm::direct, 20000ms};
+                            for (std::size_t n : {low - 1, low, 3 * low + 1}) {
+                              for (bool in_place : {false, true}) {
+                                std::vector<float> out(n * up, -1.0f), in(n);
+                                for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i);
+                                if (in_place) std::copy(in.begin(), in.end(), out.begin() + r * n);
+                                rank.comm.allgather(in_place ? out.data() + r * n : in.data(), out.data(), n,
+                                                    DataType::f32, options);
+                                for (int q = 0; q < p; ++q)
+                                  expect_equal(
+                                      std::vector<float>(out.begin() + q * n, out.begin() + (q + 1) * n),
+                                      [&](std::size_t i) { return value(q, i); },
+                                      "allgather n=" + std::to_string(n) + " block " + std::to_string(q));
+                              }
+                            }
+                            for (std::size_t n : {low - 1, low, high - 1, high})
+                              for (int root : {0, p - 1}) {
+                                std::vector<float> data(n, -1.0f);
+                                if (r == root)
+                                  for (std::size_t i = 0; i < n; ++i) data[i] = value(root, i);
+                                rank.comm.broadcast(data.data(), n, DataType::f32, root, options);
+                                expect_equal(
+                                    data, [&](std::size_t i) { return value(root, i); },
+                                    "broadcast n=" + std::to_string(n) + " root " + std::to_string(root));
+                              }
+                          }),
+                "")
+          << "TUTTI_SHM_SINGLE_COPY=" << setting << " p=" << p;
+  }
+  unsetenv("TUTTI_SHM_SINGLE_COPY");
+}
+
+// Whether this system lets one process read another's memory: a child reads a word of ours.
+bool can_read_other_processes() {
+  static const std::uint64_t word = 0x1234567887654321;
+  const pid_t parent = getpid();
+  const pid_t child = fork();
+  if (child == 0) {
+    std::uint64_t got = 0;
+    iovec mine{&got, sizeof got}, theirs{const_cast<std::uint64_t*>(&word), sizeof word};
+    _exit(process_vm_readv(parent, &mine, 1, &theirs, 1, 0) == sizeof got && got == word ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+// Processes agree on single copy when they attach: used where every rank can read every other,
+// and by no rank when one of them cannot (here: one refuses through TUTTI_SHM_SINGLE_COPY=0); the
+// allgather is exact either way.
+TEST_F(ShmDirect, SingleCopyIsAgreedByEveryRankWhenTheyAttach) {
+  const bool system_allows = can_read_other_processes();
+  if (!system_allows) std::printf("[ NOTE ] this system forbids process_vm_readv: single copy stays off\n");
+  for (int refusing : {-1, 1}) {
+    const std::string name = unique_shm_name();
+    std::vector<pid_t> pids;
+    for (int r = 0; r < 3; ++r) {
+      const pid_t pid = fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) {
+        int code = 0;
+        try {
+          if (r == refusing) setenv("TUTTI_SHM_SINGLE_COPY", "0", 1);
+          auto t = transport::shm::open(name, r, 3, 17, 20000ms);
+          const bool single = static_cast<transport::shm::ShmTransport&>(*t).segment().single_copy();
+          code |= single != (system_allows && refusing < 0) ? 4 : 0;
+          Communicator comm(std::make_shared<detail::CommImpl>(std::move(t)));
+          const std::size_t n = 3 * transport::shm::single_copy_bytes / sizeof(float);
+          std::vector<float> in(n), out(3 * n, -1.0f);
+          for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i);
+          comm.allgather(in.data(), out.data(), n, DataType::f32, {Algorithm::direct, 20000ms});
+          for (int q = 0; q < 3; ++q)
+            for (std::size_t i = 0; i < n; ++i) code |= out[q * n + i] != value(q, i) ? 8 : 0;
+        } catch (...) {
+          code = 2;
+        }
+        _exit(code);
+      }
+      pids.push_back(pid);
+    }
+    const auto deadline = clock::now() + 30s;
+    for (int r = 0; r < 3; ++r) {
+      const int status = reap(pids[static_cast<std::size_t>(r)], deadline);
+      ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "rank " << r << " hung or crashed";
+      EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r << ", refusing rank " << refusing
+                                        << " (4: wrong single-copy answer, 8: wrong result)";
+    }
   }
 }
 

@@ -19,6 +19,8 @@
 // see announce in shm.cpp).
 #include "transport/shm/direct_run.hpp"
 
+#include <cerrno>
+#include <cstring>
 #include <string>
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -104,6 +106,14 @@ void DirectRun::plan() {
   const std::size_t count = count_;
   const std::byte *send = send_, *recv = recv_;
   const int root = root_;
+  // Every rank makes the same choice: the segment's answer and the call's size are the same on all.
+  const std::size_t bytes = count * esize_;
+  const bool single_copy_pays = (kind_ == Collective::allgather && bytes * p < streaming_bytes) ||
+                                (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit);
+  if (single_copy_pays && bytes >= single_copy_bytes && p > 1 && segment_.single_copy()) {
+    single_copy_ = true, chunks_ = 0, phases_ = 3;
+    return;
+  }
   if (kind_ == Collective::allreduce && count * esize_ <= small_allreduce_bytes) {
     small_ = true, per_chunk_ = std::max<std::size_t>(count, 1);
   } else if (kind_ == Collective::allreduce) {
@@ -122,6 +132,34 @@ void DirectRun::plan() {
                     : kind_ == Collective::allgather ? send != recv + static_cast<std::size_t>(rank()) * count * esize_
                                                      : kind_ == Collective::broadcast && rank() != root;
   if (cold && written * p >= streaming_bytes) copy_out_ = copy_streaming;
+}
+
+void DirectRun::run_single_copy_phase(std::size_t phase) {
+  const int p = size(), r = rank();
+  const std::size_t bytes = count_ * esize_;
+  const bool broadcast = kind_ == Collective::broadcast;
+  if (phase == 0) {  // the input this rank's peers read: an allgather's block, the root's buffer
+    const std::byte* input = broadcast ? recv_ : send_;
+    if (!broadcast || r == root_)
+      segment_.direct_round(r).address.store(reinterpret_cast<std::uintptr_t>(input), std::memory_order_relaxed);
+    return;
+  }
+  if (phase != 1 || (broadcast && r == root_)) return;
+  for (int i = 1; i < p; ++i) {
+    const int q = broadcast ? root_ : (r + i) % p;  // each rank starts with a different peer
+    std::byte* dst = broadcast ? recv_ : recv_ + static_cast<std::size_t>(q) * bytes;
+    const std::uint64_t address = segment_.direct_round(q).address.load(std::memory_order_relaxed);
+    const int failure =
+        read_process_memory(segment_.rank_block(q).pid.load(std::memory_order_relaxed), dst, address, bytes);
+    if (failure == ESRCH)
+      fail(Error(ErrorCode::peer_failure, "shm direct " + std::string(to_string(kind_)) + " on rank " +
+                                              std::to_string(r) + ": rank " + std::to_string(q) + " died"));
+    if (failure != 0)
+      fail(Error(ErrorCode::system, "shm direct " + std::string(to_string(kind_)) + " on rank " + std::to_string(r) +
+                                        ": reading rank " + std::to_string(q) + "'s input (" + std::to_string(bytes) +
+                                        " bytes) failed: " + std::strerror(failure)));
+    if (broadcast) return;
+  }
 }
 
 void DirectRun::deliver_staged() {
@@ -234,6 +272,7 @@ bool DirectRun::progress_barriers() {
 }
 
 void DirectRun::run_phase(std::size_t phase) {
+  if (single_copy_) return run_single_copy_phase(phase);
   if (three_parts_ && phase % 2 == 1) return reduce_slice(phase / 2);
   const std::size_t chunk = three_parts_ ? phase / 2 : phase;
   if (chunk > 0) finish(chunk - 1);

@@ -76,6 +76,9 @@ class DirectRun final : public DirectCollective {
   void deliver_staged();
   void plan();
   void run_phase(std::size_t phase);
+  /// Single copy: phase 0 publishes this rank's input address, phase 1 reads the peers' inputs
+  /// straight into the result, phase 2 (after every rank's reads) lets the inputs go.
+  void run_single_copy_phase(std::size_t phase);
   void begin(std::size_t chunk);
   void reduce_slice(std::size_t chunk);
   void finish(std::size_t chunk);
@@ -99,6 +102,7 @@ class DirectRun final : public DirectCollective {
   clock::time_point next_liveness_check_{};
   bool small_ = false;         // allreduce in one step: every rank reduces everything
   bool three_parts_ = false;   // allreduce in chunks: begin, reduce_slice, finish
+  bool single_copy_ = false;   // allgather or broadcast read from the peers' buffers (see plan)
   std::size_t per_chunk_ = 0;  // elements per chunk (per block for reduce_scatter)
   std::size_t chunks_ = 0;
   std::size_t phases_ = 0, phase_ = 0;

@@ -6,6 +6,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,10 +18,14 @@
 #include <thread>
 
 #include "bootstrap/auth.hpp"
+#include "core/env.hpp"
 
 namespace tutti::transport::shm {
 
 namespace {
+
+// What a peer reads in this process to find out whether it can (Segment::decide_single_copy).
+const std::uint64_t probe_word = 0x7475747469636d61;  // "tutticma"
 
 using clock = std::chrono::steady_clock;
 
@@ -213,6 +218,8 @@ std::unique_ptr<Segment> Segment::attach(const std::string& name, int rank, int 
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   Header& header = segment->header();
+  segment->rank_block(rank).probe_address.store(reinterpret_cast<std::uintptr_t>(&probe_word),
+                                                std::memory_order_relaxed);
   if (header.attached.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<std::uint32_t>(size))
     shm_unlink(path.c_str());  // everyone has it mapped: nothing is left behind, whatever happens next
   while (header.attached.load(std::memory_order_acquire) < static_cast<std::uint32_t>(size)) {
@@ -224,7 +231,47 @@ std::unique_ptr<Segment> Segment::attach(const std::string& name, int rank, int 
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+  segment->decide_single_copy(rank, deadline);
   return segment;
+}
+
+// Every rank tries to read each peer's probe word, says what it found, and waits for the others'
+// answers: single copy is used only where every rank can read every other.
+void Segment::decide_single_copy(int rank, clock::time_point deadline) {
+  const int size = layout_.size;
+  bool reads = size > 1 && core::env("TUTTI_SHM_SINGLE_COPY").value_or("1") != "0";
+  for (int q = 0; q < size && reads; ++q) {
+    if (q == rank) continue;
+    std::uint64_t word = 0;
+    const RankBlock& peer = rank_block(q);
+    reads = read_process_memory(peer.pid.load(std::memory_order_relaxed), reinterpret_cast<std::byte*>(&word),
+                                peer.probe_address.load(std::memory_order_relaxed), sizeof word) == 0 &&
+            word == probe_word;
+  }
+  rank_block(rank).reads_peers.store(reads ? 1 : 2, std::memory_order_release);
+  single_copy_ = true;
+  for (int q = 0; q < size; ++q) {
+    std::uint32_t answer;
+    while ((answer = rank_block(q).reads_peers.load(std::memory_order_acquire)) == 0) {
+      if (clock::now() >= deadline)
+        throw Error(ErrorCode::timeout, "shm: rank " + std::to_string(q) + " attached to segment /" + name_ +
+                                            " but did not finish attaching before the deadline");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    single_copy_ = single_copy_ && answer == 1;
+  }
+}
+
+int read_process_memory(std::int32_t pid, std::byte* local, std::uint64_t remote, std::size_t bytes) {
+  while (bytes > 0) {
+    iovec mine{local, bytes};
+    iovec theirs{reinterpret_cast<void*>(static_cast<std::uintptr_t>(remote)), bytes};
+    const ssize_t n = process_vm_readv(static_cast<pid_t>(pid), &mine, 1, &theirs, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n < 0 ? errno : EIO;
+    local += n, remote += static_cast<std::uint64_t>(n), bytes -= static_cast<std::size_t>(n);
+  }
+  return 0;
 }
 
 Segment::~Segment() { munmap(base_, layout_.total); }

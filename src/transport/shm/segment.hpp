@@ -65,6 +65,11 @@ struct Header {
 
 struct alignas(64) RankBlock {
   std::atomic<std::int32_t> pid;
+  // Single-copy transfers (Segment::single_copy): the address of a word of this rank's memory
+  // that peers try to read, written before attaching; then what this rank found when it tried
+  // its peers' (0: not yet, 1: could read every peer, 2: could not, or TUTTI_SHM_SINGLE_COPY=0).
+  std::atomic<std::uint64_t> probe_address;
+  std::atomic<std::uint32_t> reads_peers;
   alignas(64) std::atomic<std::uint32_t> generation;  // the futex word
   std::atomic<std::uint32_t> sleepers;                // ranks' threads in FUTEX_WAIT on it
   // One past the highest seq whose signature this rank published and compared, and one past the
@@ -126,6 +131,9 @@ struct RingHeader {
 /// Barrier rounds a rank has entered in direct algorithms (written by that rank only).
 struct alignas(64) DirectRound {
   std::atomic<std::uint64_t> round;
+  // A single-copy collective's input, in this rank's address space: written before the round
+  // that publishes it, read by the peers after it (DirectRun, single_copy_).
+  std::atomic<std::uint64_t> address;
 };
 
 /// Where everything lies in a segment for `size` ranks.
@@ -175,6 +183,10 @@ class Segment {
   DirectRound& direct_round(int rank) const {
     return reinterpret_cast<DirectRound*>(base_ + layout_.direct_rounds)[rank];
   }
+  /// Whether every rank can read every other rank's memory (process_vm_readv, which needs the
+  /// permission to ptrace it: the same user, and no Yama or seccomp rule against it), as every
+  /// rank found when it attached and before attach returned; the same answer on every rank.
+  bool single_copy() const { return single_copy_; }
   /// Rank `rank`'s part of data set `use` (taken modulo 2); the parts of one set are contiguous.
   std::byte* direct_slot(std::uint64_t use, int rank) const {
     const std::size_t index = (use % 2) * static_cast<std::size_t>(layout_.size) + static_cast<std::size_t>(rank);
@@ -183,6 +195,7 @@ class Segment {
 
  private:
   Segment(std::string name, Layout layout, std::byte* base) : name_(std::move(name)), layout_(layout), base_(base) {}
+  void decide_single_copy(int rank, std::chrono::steady_clock::time_point deadline);
   std::byte* ring_base(int from, int to) const {
     return base_ + layout_.rings + (static_cast<std::size_t>(from) * layout_.size + to) * layout_.ring_stride;
   }
@@ -192,7 +205,12 @@ class Segment {
   std::string name_;
   Layout layout_;
   std::byte* base_;
+  bool single_copy_ = false;
 };
+
+/// Reads `bytes` at `remote` in process `pid` into `local` (process_vm_readv, looping over
+/// partial reads). Returns 0, or the errno of the failure.
+int read_process_memory(std::int32_t pid, std::byte* local, std::uint64_t remote, std::size_t bytes);
 
 // Reading what peers wrote. A peer, buggy or hostile, may write anything into the segment at any
 // time. Every record that we then use as a length, an offset or an index is read through one of
