@@ -318,4 +318,17 @@ inline std::vector<Case> large_cases() {
   return cases;
 }
 
+// `automatic` at a count between the small and the large cases (20011 elements: what shared
+// memory runs as direct in chunks, or single-copy for allgather and broadcast), every collective,
+// every place, blocking and nonblocking.
+inline std::vector<Case> mid_cases(std::initializer_list<int> sizes) {
+  std::vector<Case> cases;
+  for (Collective coll : data_collectives)
+    for (int p : sizes)
+      for (int place : places_of(coll))
+        cases.push_back(
+            {coll, Algorithm::automatic, DataType::f32, ReduceOp::sum, p, 20011, place, p - 1, place % 2 == 1});
+  return cases;
+}
+
 }  // namespace tutti::testing

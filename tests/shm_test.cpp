@@ -130,6 +130,10 @@ TEST_F(Shm, CollectiveTypes) {
   for (int p : {3, 5, 8}) EXPECT_EQ(run_cases(p, cases), "") << "p=" << p;
 }
 
+TEST_F(Shm, CollectiveMidCountsAutomatic) {
+  for (int p : {2, 3, 5}) EXPECT_EQ(run_cases(p, mid_cases({p})), "") << "p=" << p;
+}
+
 TEST_F(Shm, CollectiveLargeCounts) {
   const auto cases = large_cases();
   for (int p : {3, 8}) EXPECT_EQ(run_cases(p, cases), "") << "p=" << p;
