@@ -894,6 +894,45 @@ TEST_F(ShmDirect, SingleCopyAllgatherAndBroadcastAroundItsLimits) {
   unsetenv("TUTTI_SHM_SINGLE_COPY");
 }
 
+// The promise behind a broadcast root's early return: it can run run_ahead calls past the slowest
+// rank's reading without waiting for it, even when that rank waits for the root in between (here
+// for a message the root sends only after its last broadcast). Past run_ahead it would wait.
+TEST_F(ShmDirect, ARootCanRunAheadByItsPromiseWhileAReceiverWaitsForIt) {
+  // `warm` calls in step first, so that the slots have all been used and are reused.
+  constexpr int warm = 3 * static_cast<int>(transport::shm::signature_slots), before = 5;
+  constexpr int ahead = static_cast<int>(transport::shm::run_ahead);
+  EXPECT_EQ(run_ranks(2,
+                      [&](Rank& rank) {
+                        const Options options{Algorithm::direct, 10000ms};
+                        std::int32_t token = 0;
+                        std::vector<std::uint64_t> got(before + ahead);
+                        for (int i = 0; i < warm; ++i) {
+                          std::uint64_t x = static_cast<std::uint64_t>(i);
+                          rank.comm.allreduce(&x, &x, 1, DataType::u64, ReduceOp::max, options);
+                        }
+                        if (rank.comm.rank() == 0) {
+                          for (int i = 0; i < before + ahead; ++i) {
+                            got[i] = static_cast<std::uint64_t>(i) * 7;
+                            rank.comm.broadcast(&got[i], 1, DataType::u64, 0, options);
+                          }
+                          token = 99;
+                          rank.comm.send(&token, 1, DataType::i32, 1);
+                          return;
+                        }
+                        for (int i = 0; i < before + ahead; ++i) {
+                          // Consumed all below `before` when the root publishes before + ahead - 1.
+                          if (i == before) {
+                            rank.comm.recv(&token, 1, DataType::i32, 0);
+                            if (token != 99) throw std::runtime_error("token " + std::to_string(token));
+                          }
+                          rank.comm.broadcast(&got[i], 1, DataType::u64, 0, options);
+                          if (got[i] != static_cast<std::uint64_t>(i) * 7)
+                            throw std::runtime_error("call " + std::to_string(i) + ": " + std::to_string(got[i]));
+                        }
+                      }),
+            "");
+}
+
 // Whether this system lets one process read another's memory: a child reads a word of ours.
 bool can_read_other_processes() {
   static const std::uint64_t word = 0x1234567887654321;

@@ -183,12 +183,17 @@ void DirectRun::fail(const Error& error) {
 }
 
 std::vector<int> DirectRun::waiting_for() const {
-  if (inline_) {
+  if (inline_ || awaits_signatures_) {
     std::vector<int> ranks = transport_.unpublished_ranks(seq_);
-    std::erase_if(ranks, [&](int q) { return !needs(q); });
+    if (inline_) std::erase_if(ranks, [&](int q) { return !needs(q); });
+    // This rank's own publication still waits: for the ranks still reading its slot's last use.
+    if (std::erase(ranks, rank()) > 0) {
+      for (int q : transport_.holding_slot(seq_))
+        if (std::find(ranks.begin(), ranks.end(), q) == ranks.end()) ranks.push_back(q);
+      std::sort(ranks.begin(), ranks.end());
+    }
     return ranks;
   }
-  if (awaits_signatures_) return transport_.unpublished_ranks(seq_);
   std::vector<int> ranks;
   if (round_ == 0) return ranks;
   for (int q = 0; q < size(); ++q)

@@ -31,9 +31,14 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std
               std::atomic<std::int32_t>::is_always_lock_free);
 
 inline constexpr std::uint64_t ready_magic = 0x33736974747574ull;  // "tuttis3", set once initialized
-inline constexpr std::size_t signature_slots = 64;                 // announced signatures kept per rank
-inline constexpr std::size_t slot_slack = signature_slots / 2;     // free slots a waiting rank waits for
-inline constexpr std::size_t ack_entries = 1024;                   // acknowledgements in flight per pair
+// Announced signatures kept per rank. A rank short of slots waits until slot_slack of them are
+// free (so that it meets its peers once per slot_slack collectives, not at every one); with the
+// rest, a rank whose collectives complete without its peers (a broadcast's root) can always run
+// run_ahead collectives past the slowest rank's reading before it waits (see shm.cpp).
+inline constexpr std::size_t run_ahead = 64;
+inline constexpr std::size_t slot_slack = 32;
+inline constexpr std::size_t signature_slots = run_ahead + slot_slack;
+inline constexpr std::size_t ack_entries = 1024;  // acknowledgements in flight per pair
 inline constexpr std::size_t chunk_header_bytes = 128;
 inline constexpr std::size_t abort_text_bytes = 1024;
 inline constexpr std::size_t secret_bytes = 32;

@@ -314,13 +314,14 @@ void ShmTransport::publish_ready_locked(bool arrange_wake) {
     // The slot held seq - signature_slots (or less): every rank must be past it (and have read
     // its input). What was seen consumed stays so: most publications need not look. A rank short
     // of slots (one running ahead of its peers, as a broadcast's root can) waits until slot_slack
-    // more are free, so that it and its peers meet once per slot_slack collectives rather than at
-    // every one. With a core per rank, a caller that polls looks only at every 16th poll (each
-    // look pulls the peers' `consumed` lines away from them while they work); where ranks
+    // of them are free, so that it and its peers meet once per slot_slack collectives rather than
+    // at every one; that is, until every rank has consumed seq - run_ahead + 1: it never waits
+    // while within run_ahead collectives of the slowest rank's reading. With a core per rank, a caller that polls looks
+    // only at every 16th poll (each look pulls the peers' `consumed` lines away from them while they work); where ranks
     // outnumber cores, each poll yields the core, and a look that finds the slot free must not
     // wait 16 of them. Checked again after setting our threshold, so that a consumption between
     // the two is not missed.
-    const std::uint64_t wake_at = seq < signature_slots ? 0 : seq - signature_slots + slot_slack + 1;
+    const std::uint64_t wake_at = seq < signature_slots ? 0 : seq - run_ahead + 1;
     const bool known_free = seq < signature_slots || consumed_below_ > seq - signature_slots;
     const auto slot_free = [&] {
       if (known_free) return true;
@@ -375,6 +376,14 @@ bool ShmTransport::signature_checked(std::uint64_t seq) {
   await_publication_locked(true);  // then look again: a publication in between rings us
   verified_below_ = lowest_published();
   return seq < verified_below_;
+}
+
+std::vector<int> ShmTransport::holding_slot(std::uint64_t seq) const {
+  std::vector<int> ranks;
+  if (seq < signature_slots) return ranks;
+  for (int r = 0; r < size_; ++r)  // what publish_ready_locked waits for
+    if (segment_->rank_block(r).consumed.load(std::memory_order_acquire) <= seq - run_ahead) ranks.push_back(r);
+  return ranks;
 }
 
 std::vector<int> ShmTransport::unpublished_ranks(std::uint64_t seq) const {

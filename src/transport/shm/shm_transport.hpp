@@ -88,6 +88,9 @@ class ShmTransport final : public Transport {
   bool signature_checked(std::uint64_t seq);
   /// The ranks that have not yet published their signature of collective `seq`.
   std::vector<int> unpublished_ranks(std::uint64_t seq) const;
+  /// The ranks whose reading keeps this rank from publishing collective `seq` (see
+  /// publish_ready_locked in shm.cpp).
+  std::vector<int> holding_slot(std::uint64_t seq) const;
   /// The input (`bytes` <= inline_bytes) that collective `seq`, a small direct collective, carries
   /// in its signature slot: copied there when its signature is published, and read from there by
   /// every rank (see shm.cpp). Call on the thread that announces `seq`, just before; `input` stays
