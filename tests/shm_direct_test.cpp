@@ -849,9 +849,9 @@ TEST_F(ShmDirect, ExitedProcessIsReportedToTheOthers) {
   }
 }
 
-// Allgather and broadcast from single_copy_bytes on read the peers' buffers in place
-// (process_vm_readv) up to their limits: exact results on both sides of each limit, in and out of
-// place, every root, with single copy on (where the system allows it) and off.
+// Allgather, reduce_scatter and broadcast from single_copy_bytes on read the peers' buffers in
+// place (process_vm_readv) up to their limits: exact results on both sides of each limit, in and
+// out of place, every root, with single copy on (where the system allows it) and off.
 TEST_F(ShmDirect, SingleCopyAllgatherAndBroadcastAroundItsLimits) {
   const std::size_t low = transport::shm::single_copy_bytes / sizeof(float);
   const std::size_t high = transport::shm::single_copy_broadcast_limit / sizeof(float);
@@ -877,6 +877,23 @@ TEST_F(ShmDirect, SingleCopyAllgatherAndBroadcastAroundItsLimits) {
                                       "allgather n=" + std::to_string(n) + " block " + std::to_string(q));
                               }
                             }
+                            const std::size_t rs_high = transport::shm::single_copy_reduce_scatter_limit /
+                                                        sizeof(float) / up;  // elements per block at the limit
+                            for (std::size_t n : {low - 1, low, rs_high - 1, rs_high})
+                              for (int place : {0, 1, 2}) {  // out of place; in place NCCL's way; MPI's
+                                std::vector<float> in(n * up), out(n, -1.0f);
+                                for (std::size_t i = 0; i < n * up; ++i) in[i] = value(r, i);
+                                const void* send = in.data();
+                                void* recv = place == 0   ? static_cast<void*>(out.data())
+                                             : place == 1 ? static_cast<void*>(in.data() + r * n)
+                                                          : static_cast<void*>(in.data());
+                                rank.comm.reduce_scatter(send, recv, n, DataType::f32, ReduceOp::sum, options);
+                                const float* got = static_cast<const float*>(recv);
+                                expect_equal(
+                                    std::vector<float>(got, got + n),
+                                    [&](std::size_t i) { return sum_value(p, r * n + i); },
+                                    "reduce_scatter n=" + std::to_string(n) + " place " + std::to_string(place));
+                              }
                             for (std::size_t n : {low - 1, low, high - 1, high})
                               for (int root : {0, p - 1}) {
                                 std::vector<float> data(n, -1.0f);

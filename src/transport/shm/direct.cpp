@@ -109,7 +109,8 @@ void DirectRun::plan() {
   // Every rank makes the same choice: the segment's answer and the call's size are the same on all.
   const std::size_t bytes = count * esize_;
   const bool single_copy_pays = (kind_ == Collective::allgather && bytes * p < streaming_bytes) ||
-                                (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit);
+                                (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit) ||
+                                (kind_ == Collective::reduce_scatter && bytes * p < single_copy_reduce_scatter_limit);
   if (single_copy_pays && bytes >= single_copy_bytes && p > 1 && segment_.single_copy()) {
     single_copy_ = true, chunks_ = 0, phases_ = 3;
     return;
@@ -138,27 +139,61 @@ void DirectRun::run_single_copy_phase(std::size_t phase) {
   const int p = size(), r = rank();
   const std::size_t bytes = count_ * esize_;
   const bool broadcast = kind_ == Collective::broadcast;
-  if (phase == 0) {  // the input this rank's peers read: an allgather's block, the root's buffer
+  if (phase == 0) {  // what this rank's peers read: its input (all blocks), or the root's buffer
     const std::byte* input = broadcast ? recv_ : send_;
     if (!broadcast || r == root_)
       segment_.direct_round(r).address.store(reinterpret_cast<std::uintptr_t>(input), std::memory_order_relaxed);
     return;
   }
   if (phase != 1 || (broadcast && r == root_)) return;
+  if (kind_ == Collective::reduce_scatter) return reduce_scatter_single_copy();
   for (int i = 1; i < p; ++i) {
     const int q = broadcast ? root_ : (r + i) % p;  // each rank starts with a different peer
     std::byte* dst = broadcast ? recv_ : recv_ + static_cast<std::size_t>(q) * bytes;
-    const std::uint64_t address = segment_.direct_round(q).address.load(std::memory_order_relaxed);
-    const int failure =
-        read_process_memory(segment_.rank_block(q).pid.load(std::memory_order_relaxed), dst, address, bytes);
-    if (failure == ESRCH)
-      fail(Error(ErrorCode::peer_failure, "shm direct " + std::string(to_string(kind_)) + " on rank " +
-                                              std::to_string(r) + ": rank " + std::to_string(q) + " died"));
-    if (failure != 0)
-      fail(Error(ErrorCode::system, "shm direct " + std::string(to_string(kind_)) + " on rank " + std::to_string(r) +
-                                        ": reading rank " + std::to_string(q) + "'s input (" + std::to_string(bytes) +
-                                        " bytes) failed: " + std::strerror(failure)));
+    read_input(q, 0, dst, bytes);
     if (broadcast) return;
+  }
+}
+
+// Bytes [offset, offset + bytes) of rank q's published input, into dst.
+void DirectRun::read_input(int q, std::size_t offset, std::byte* dst, std::size_t bytes) {
+  const std::uint64_t address = segment_.direct_round(q).address.load(std::memory_order_relaxed) + offset;
+  const int failure =
+      read_process_memory(segment_.rank_block(q).pid.load(std::memory_order_relaxed), dst, address, bytes);
+  const std::string what = "shm direct " + std::string(to_string(kind_)) + " on rank " + std::to_string(rank());
+  if (failure == ESRCH) fail(Error(ErrorCode::peer_failure, what + ": rank " + std::to_string(q) + " died"));
+  if (failure != 0)
+    fail(Error(ErrorCode::system, what + ": reading rank " + std::to_string(q) + "'s input (" + std::to_string(bytes) +
+                                      " bytes) failed: " + std::strerror(failure)));
+}
+
+// This rank's block of every rank's input, reduced piece by piece: each peer's piece is read into
+// a scratch buffer on this core and reduced from there while it is in the cache, in the same
+// order as the two-copy path (reduce_parts).
+void DirectRun::reduce_scatter_single_copy() {
+  constexpr std::size_t piece_bytes = 32 * 1024;
+  const int p = size(), r = rank();
+  const std::size_t block = count_ * esize_, piece = std::min(block, piece_bytes / esize_ * esize_);
+  const std::byte* own = send_ + static_cast<std::size_t>(r) * block;
+  const int first = recv_ == own ? r : 0;  // in place the result overwrites own: read it first
+  auto scratch = std::make_unique_for_overwrite<std::byte[]>(piece);
+  for (std::size_t offset = 0; offset < block; offset += piece) {
+    const std::size_t len = std::min(piece, block - offset), n = len / esize_;
+    std::byte* dst = recv_ + offset;
+    for (int i = 0; i < p; ++i) {
+      const int q = (first + i) % p;
+      const std::byte* part = own + offset;
+      if (q != r) {
+        read_input(q, static_cast<std::size_t>(r) * block + offset, scratch.get(), len);
+        part = scratch.get();
+      }
+      if (i == 0) {
+        if (dst != part) std::memcpy(dst, part, len);
+      } else {
+        reduce::apply(op_, type_, dst, dst, part, n);
+      }
+    }
+    if (op_ == ReduceOp::avg) reduce::divide(type_, dst, n, p);
   }
 }
 

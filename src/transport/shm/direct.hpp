@@ -23,14 +23,18 @@ namespace tutti::transport::shm {
 /// broadcast 222-321 us against 360-400 streamed, a 4 MiB allgather 324 against 464; from 16 MiB
 /// streaming is faster, 1798 against 2685 and 1870 against 3592).
 inline constexpr std::size_t small_allreduce_bytes = 16 * 1024;
-/// An allgather block or a broadcast of at least this many bytes is read by each rank straight
-/// from the peer's buffer into its own (process_vm_readv), where the segment allows it
-/// (Segment::single_copy): one copy instead of two, at the price of a system call per peer. Up to
-/// a limit: the kernel's copy is slower than ours, which from the limit on wins by pipelining (a
-/// broadcast's root and receivers copy at once) or by streaming stores (an allgather's result of
-/// streaming_bytes or more). Measured at p = 2 (docs/performance.md, 2026-11-26).
+/// An allgather block, a broadcast or a reduce_scatter block of at least this many bytes is read
+/// by each rank straight from the peer's buffer (process_vm_readv), where the segment allows it
+/// (Segment::single_copy): into its result (one copy instead of two), or for reduce_scatter into
+/// a scratch piece it reduces from while the piece is in its cache (instead of reading lines a
+/// peer has just written), at the price of a system call per peer. Up to a limit: the kernel's
+/// copy is slower than ours, which from the limit on wins by pipelining (a broadcast's root and
+/// receivers copy at once), by streaming stores (an allgather's result of streaming_bytes or
+/// more), or by reducing in the large chunks of the two-copy path (a reduce_scatter input of
+/// 128 KiB or more). Measured at p = 2 (docs/performance.md, 2026-11-26).
 inline constexpr std::size_t single_copy_bytes = 16 * 1024;
 inline constexpr std::size_t single_copy_broadcast_limit = 1024 * 1024;
+inline constexpr std::size_t single_copy_reduce_scatter_limit = 128 * 1024;  // the whole input
 inline constexpr std::size_t streaming_bytes = std::size_t{32} << 20;
 
 /// One direct collective in progress on this rank. `progress` runs every step whose barrier all

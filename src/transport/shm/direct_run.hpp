@@ -79,6 +79,8 @@ class DirectRun final : public DirectCollective {
   /// Single copy: phase 0 publishes this rank's input address, phase 1 reads the peers' inputs
   /// straight into the result, phase 2 (after every rank's reads) lets the inputs go.
   void run_single_copy_phase(std::size_t phase);
+  void read_input(int q, std::size_t offset, std::byte* dst, std::size_t bytes);
+  void reduce_scatter_single_copy();
   void begin(std::size_t chunk);
   void reduce_slice(std::size_t chunk);
   void finish(std::size_t chunk);
