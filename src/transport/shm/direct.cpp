@@ -115,7 +115,7 @@ void DirectRun::plan() {
     single_copy_ = true, chunks_ = 0, phases_ = 3;
     return;
   }
-  if (kind_ == Collective::allreduce && count * esize_ <= small_allreduce_bytes) {
+  if (kind_ == Collective::allreduce && bytes <= small_allreduce_bytes) {
     small_ = true, per_chunk_ = std::max<std::size_t>(count, 1);
   } else if (kind_ == Collective::allreduce) {
     three_parts_ = true, per_chunk_ = chunk_bytes / esize_;
@@ -160,11 +160,14 @@ void DirectRun::read_input(int q, std::size_t offset, std::byte* dst, std::size_
   const std::uint64_t address = segment_.direct_round(q).address.load(std::memory_order_relaxed) + offset;
   const int failure =
       read_process_memory(segment_.rank_block(q).pid.load(std::memory_order_relaxed), dst, address, bytes);
-  const std::string what = "shm direct " + std::string(to_string(kind_)) + " on rank " + std::to_string(rank());
-  if (failure == ESRCH) fail(Error(ErrorCode::peer_failure, what + ": rank " + std::to_string(q) + " died"));
+  if (failure == ESRCH) fail(Error(ErrorCode::peer_failure, where() + ": rank " + std::to_string(q) + " died"));
   if (failure != 0)
-    fail(Error(ErrorCode::system, what + ": reading rank " + std::to_string(q) + "'s input (" + std::to_string(bytes) +
-                                      " bytes) failed: " + std::strerror(failure)));
+    fail(Error(ErrorCode::system, where() + ": reading rank " + std::to_string(q) + "'s input (" +
+                                      std::to_string(bytes) + " bytes) failed: " + std::strerror(failure)));
+}
+
+std::string DirectRun::where() const {
+  return "shm direct " + std::string(to_string(kind_)) + " on rank " + std::to_string(rank());
 }
 
 // This rank's block of every rank's input, reduced piece by piece: each peer's piece is read into
@@ -260,9 +263,8 @@ void DirectRun::check_deadline_and_liveness() {
   if (now >= deadline_) {
     std::string ranks;
     for (int q : waiting_for()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
-    fail(Error(ErrorCode::timeout, "shm direct " + std::string(to_string(kind_)) + " on rank " +
-                                       std::to_string(rank()) + ": timed out waiting for rank(s) " + ranks +
-                                       (awaits_signatures_ ? " to start it" : "")));
+    fail(Error(ErrorCode::timeout,
+               where() + ": timed out waiting for rank(s) " + ranks + (awaits_signatures_ ? " to start it" : "")));
   }
   // Not at once: most waits end within microseconds, and looking costs system calls.
   if (next_liveness_check_ == clock::time_point{}) next_liveness_check_ = now + liveness_period;
@@ -270,8 +272,7 @@ void DirectRun::check_deadline_and_liveness() {
   next_liveness_check_ = now + liveness_period;
   for (int q : waiting_for())
     if (transport_.peer_has_died(q))
-      fail(Error(ErrorCode::peer_failure, "shm direct " + std::string(to_string(kind_)) + " on rank " +
-                                              std::to_string(rank()) + ": rank " + std::to_string(q) + " died"));
+      fail(Error(ErrorCode::peer_failure, where() + ": rank " + std::to_string(q) + " died"));
 }
 
 bool DirectRun::progress_barriers() {

@@ -77,10 +77,13 @@ class DirectRun final : public DirectCollective {
   void plan();
   void run_phase(std::size_t phase);
   /// Single copy: phase 0 publishes this rank's input address, phase 1 reads the peers' inputs
-  /// straight into the result, phase 2 (after every rank's reads) lets the inputs go.
+  /// (straight into the result; reduce_scatter through a scratch piece it reduces from), phase 2
+  /// (after every rank's reads) lets the inputs go.
   void run_single_copy_phase(std::size_t phase);
   void read_input(int q, std::size_t offset, std::byte* dst, std::size_t bytes);
   void reduce_scatter_single_copy();
+  /// "shm direct <collective> on rank <r>", the start of this run's error texts.
+  std::string where() const;
   void begin(std::size_t chunk);
   void reduce_slice(std::size_t chunk);
   void finish(std::size_t chunk);
@@ -104,7 +107,7 @@ class DirectRun final : public DirectCollective {
   clock::time_point next_liveness_check_{};
   bool small_ = false;         // allreduce in one step: every rank reduces everything
   bool three_parts_ = false;   // allreduce in chunks: begin, reduce_slice, finish
-  bool single_copy_ = false;   // allgather or broadcast read from the peers' buffers (see plan)
+  bool single_copy_ = false;   // allgather, broadcast, reduce_scatter read the peers' buffers (see plan)
   std::size_t per_chunk_ = 0;  // elements per chunk (per block for reduce_scatter)
   std::size_t chunks_ = 0;
   std::size_t phases_ = 0, phase_ = 0;

@@ -104,6 +104,10 @@ std::unique_ptr<Transport> open_world(bootstrap::Store& store, const std::string
 
 namespace {
 
+// The `consumed` every rank must reach before this rank publishes collective `seq` once it is
+// short of slots (publish_ready_locked); 0 while seq has never been short.
+std::uint64_t consumed_needed(std::uint64_t seq) { return seq < signature_slots ? 0 : seq - run_ahead + 1; }
+
 // How a wait passes the time before it sleeps. A futex sleep and wake-up costs several
 // microseconds, more than a whole small collective. With a core per rank we spin about as long as
 // a small collective takes. With more ranks than cores, spinning would steal the very core the
@@ -239,9 +243,9 @@ void ShmTransport::consumed_inline(std::uint64_t seq) {
   store_consumed_locked();
 }
 
-bool ShmTransport::store_consumed_locked() {
+void ShmTransport::store_consumed_locked() {
   const std::uint64_t consumed = reading_.empty() ? published_ : std::min(published_, reading_.front());
-  if (consumed == self_.consumed.load(std::memory_order_relaxed)) return false;
+  if (consumed == self_.consumed.load(std::memory_order_relaxed)) return;
   self_.consumed.store(consumed, std::memory_order_seq_cst);
   // seq_cst on both sides (here and in wake_when_consumed_locked): either the waiter sees our
   // `consumed`, or we see its threshold.
@@ -251,7 +255,6 @@ bool ShmTransport::store_consumed_locked() {
     const std::uint64_t wake_at = block.wake_at_consumed.load(std::memory_order_seq_cst);
     if (wake_at != 0 && consumed >= wake_at) ring_doorbell(block);
   }
-  return true;
 }
 
 void ShmTransport::wake_when_consumed_locked(std::uint64_t consumed) {
@@ -315,13 +318,13 @@ void ShmTransport::publish_ready_locked(bool arrange_wake) {
     // its input). What was seen consumed stays so: most publications need not look. A rank short
     // of slots (one running ahead of its peers, as a broadcast's root can) waits until slot_slack
     // of them are free, so that it and its peers meet once per slot_slack collectives rather than
-    // at every one; that is, until every rank has consumed seq - run_ahead + 1: it never waits
-    // while within run_ahead collectives of the slowest rank's reading. With a core per rank, a caller that polls looks
-    // only at every 16th poll (each look pulls the peers' `consumed` lines away from them while they work); where ranks
-    // outnumber cores, each poll yields the core, and a look that finds the slot free must not
-    // wait 16 of them. Checked again after setting our threshold, so that a consumption between
-    // the two is not missed.
-    const std::uint64_t wake_at = seq < signature_slots ? 0 : seq - run_ahead + 1;
+    // at every one; that is, until every rank has consumed consumed_needed(seq): it never waits
+    // while within run_ahead collectives of the slowest rank's reading. With a core per rank, a
+    // caller that polls looks only at every 16th poll (each look pulls the peers' `consumed` lines
+    // away from them while they work); where ranks outnumber cores, each poll yields the core, and
+    // a look that finds the slot free must not wait 16 of them. Checked again after setting our
+    // threshold, so that a consumption between the two is not missed.
+    const std::uint64_t wake_at = consumed_needed(seq);
     const bool known_free = seq < signature_slots || consumed_below_ > seq - signature_slots;
     const auto slot_free = [&] {
       if (known_free) return true;
@@ -380,9 +383,9 @@ bool ShmTransport::signature_checked(std::uint64_t seq) {
 
 std::vector<int> ShmTransport::holding_slot(std::uint64_t seq) const {
   std::vector<int> ranks;
-  if (seq < signature_slots) return ranks;
-  for (int r = 0; r < size_; ++r)  // what publish_ready_locked waits for
-    if (segment_->rank_block(r).consumed.load(std::memory_order_acquire) <= seq - run_ahead) ranks.push_back(r);
+  const std::uint64_t needed = consumed_needed(seq);
+  for (int r = 0; r < size_; ++r)
+    if (segment_->rank_block(r).consumed.load(std::memory_order_acquire) < needed) ranks.push_back(r);
   return ranks;
 }
 

@@ -173,8 +173,8 @@ class ShmTransport final : public Transport {
   /// Sets self_.wake_at_consumed (0: not waiting for a slot).
   void wake_when_consumed_locked(std::uint64_t consumed);
   void update_await_flag_locked();
-  /// Stores this rank's `consumed` (see shm.cpp); true if it advanced.
-  bool store_consumed_locked();
+  /// Stores this rank's `consumed` (see shm.cpp) and rings the ranks whose threshold it reaches.
+  void store_consumed_locked();
   void ring_awaiting_ranks();
   bool peer_dead(int peer, std::int32_t pid) const;
   /// Rank r as error texts name it (set_rank_names).
@@ -220,7 +220,7 @@ class ShmTransport final : public Transport {
   std::uint64_t verified_below_ = 0;   // every rank has published every seq below this
   std::uint64_t consumed_below_ = 0;   // every rank has consumed every seq below this
   std::uint64_t published_ = 0;        // this rank's `published`
-  bool awaiting_publication_ = false;  // a signature waits for its slot (rule 1)
+  bool awaiting_publication_ = false;  // signature_checked waits for the peers' publications
   bool awaiting_inline_ = false;       // an inline collective waits for a peer's publication
   bool await_flag_ = false;            // self_.awaits_publication
   std::uint64_t wake_at_ = 0;          // self_.wake_at_consumed
