@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -739,6 +740,148 @@ TEST_F(ShmDirect, ZeroCountCollectivesWaitForNoRankYetMismatchesReachEveryRank) 
       "");
   // Rank 1 waits for every rank's input, so it sees the others' signatures.
   expect_mismatch_everywhere(first, second, untouched, 1);
+}
+
+// A blocking small direct collective on an idle communicator takes the short way
+// (ShmTransport::run_now): published and read under one lock. A rank whose peers are late hands
+// it to a DirectRun after its spin; whichever rank is late, every result is exact, and the calls
+// after it (short again) too.
+TEST_F(ShmDirect, ALateRankMakesTheShortWayHandOverWithExactResults) {
+  const int p = 3;
+  const auto up = static_cast<std::size_t>(p);
+  const std::size_t n = 3;
+  for (int late = 0; late < p; ++late)
+    EXPECT_EQ(
+        run_ranks(p,
+                  [&](Rank& rank) {
+                    const int r = rank.comm.rank();
+                    const Options o{Algorithm::direct, 20000ms};
+                    for (int call = 0; call < 12; ++call) {
+                      if (r == late && call % 4 == 0) std::this_thread::sleep_for(20ms);
+                      const std::string what = "late rank " + std::to_string(late) + ", call " + std::to_string(call);
+                      switch (call % 4) {
+                        case 0: {
+                          std::vector<float> in(n), out(n, std::nanf(""));
+                          for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i + call);
+                          rank.comm.allreduce(in.data(), out.data(), n, DataType::f32, ReduceOp::sum, o);
+                          expect_equal(
+                              out, [&](std::size_t i) { return sum_value(p, i + call); }, "allreduce " + what);
+                          break;
+                        }
+                        case 1: {
+                          std::vector<float> in(up * n), out(n, std::nanf(""));
+                          for (std::size_t i = 0; i < up * n; ++i) in[i] = value(r, i);
+                          rank.comm.reduce_scatter(in.data(), out.data(), n, DataType::f32, ReduceOp::sum, o);
+                          expect_equal(
+                              out, [&](std::size_t i) { return sum_value(p, r * n + i); }, "reduce_scatter " + what);
+                          break;
+                        }
+                        case 2: {
+                          std::vector<float> in(n), out(up * n, std::nanf(""));
+                          for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i);
+                          rank.comm.allgather(in.data(), out.data(), n, DataType::f32, o);
+                          expect_equal(
+                              out, [&](std::size_t i) { return value(static_cast<int>(i / n), i % n); },
+                              "allgather " + what);
+                          break;
+                        }
+                        default: {
+                          const int root = call % p;
+                          std::vector<float> b(n);
+                          for (std::size_t i = 0; i < n; ++i) b[i] = r == root ? value(root, i) : std::nanf("");
+                          rank.comm.broadcast(b.data(), n, DataType::f32, root, o);
+                          expect_equal(
+                              b, [&](std::size_t i) { return value(root, i); }, "broadcast " + what);
+                        }
+                      }
+                    }
+                  }),
+        "")
+        << "late rank " << late;
+}
+
+// Two ranks disagree on a small call that both take the short way, either one arriving first: both
+// raise the mismatch from that call with their buffers untouched, and the next call raises it too.
+TEST_F(ShmDirect, MismatchOnTheShortWayIsCaughtWhicheverRankComesFirst) {
+  for (int late = 0; late < 2; ++late) {
+    std::vector<std::string> first(2), second(2);
+    std::vector<float> untouched(2, 0);
+    EXPECT_EQ(
+        run_ranks(2,
+                  [&](Rank& rank) {
+                    const int r = rank.comm.rank();
+                    const auto u = static_cast<std::size_t>(r);
+                    std::vector<float> in(4, 1.0f), out(8, -1.0f);
+                    if (r == late) std::this_thread::sleep_for(20ms);
+                    first[u] = outcome([&] {
+                      if (r == 0)
+                        rank.comm.allreduce(in.data(), out.data(), 4, DataType::f32, ReduceOp::sum,
+                                            {Algorithm::direct, 20000ms});
+                      else
+                        rank.comm.allgather(in.data(), out.data(), 4, DataType::f32, {Algorithm::direct, 20000ms});
+                    });
+                    untouched[u] = *std::max_element(out.begin(), out.end());
+                    second[u] = outcome([&] { rank.comm.barrier({Algorithm::automatic, 20000ms}); });
+                  }),
+        "");
+    for (int r = 0; r < 2; ++r) {
+      const auto u = static_cast<std::size_t>(r);
+      EXPECT_EQ(first[u], "mismatch") << "rank " << r << ", late rank " << late;
+      EXPECT_EQ(untouched[u], -1.0f) << "rank " << r << ", late rank " << late;
+      EXPECT_TRUE(second[u] == "mismatch" || second[u] == "aborted") << second[u];
+    }
+  }
+}
+
+// Small calls the short way does not take, because they are invalid or in a form it leaves to the
+// general path: the invalid ones fail with invalid_argument on every rank before anything is
+// sent (the communicator stays usable), the others give exact results.
+TEST_F(ShmDirect, SmallCallsOutsideTheShortWayAreValidatedOrRunAsBefore) {
+  const int p = 2;
+  EXPECT_EQ(
+      run_ranks(
+          p,
+          [&](Rank& rank) {
+            const int r = rank.comm.rank();
+            for (const Algorithm a : {Algorithm::direct, Algorithm::automatic}) {
+              const Options o{a, 20000ms};
+              std::vector<float> in(8, 1.0f), out(16, 0.0f);
+              const std::vector<std::function<void()>> invalid = {
+                  [&] { rank.comm.allreduce(nullptr, out.data(), 2, DataType::f32, ReduceOp::sum, o); },
+                  [&] { rank.comm.allreduce(in.data(), nullptr, 2, DataType::f32, ReduceOp::sum, o); },
+                  [&] { rank.comm.allreduce(in.data(), in.data() + 1, 2, DataType::f32, ReduceOp::sum, o); },
+                  [&] { rank.comm.allreduce(in.data(), out.data(), 2, static_cast<DataType>(99), ReduceOp::sum, o); },
+                  [&] { rank.comm.allreduce(in.data(), out.data(), 2, DataType::f32, static_cast<ReduceOp>(99), o); },
+                  [&] {
+                    rank.comm.allreduce(in.data(), out.data(), 2, DataType::f32, ReduceOp::sum, {a, -1ms});
+                  },
+                  [&] { rank.comm.broadcast(in.data(), 2, DataType::f32, p, o); },
+                  [&] { rank.comm.broadcast(nullptr, 2, DataType::f32, 0, o); },
+                  [&] { rank.comm.allgather(in.data(), in.data() + 1, 2, DataType::f32, o); },
+                  [&] { rank.comm.reduce_scatter(in.data() + 1, in.data(), 2, DataType::f32, ReduceOp::sum, o); },
+              };
+              for (std::size_t i = 0; i < invalid.size(); ++i)
+                if (outcome(invalid[i]) != "invalid_argument")
+                  throw std::runtime_error("invalid call " + std::to_string(i) + " with " + std::string(to_string(a)) +
+                                           ": " + outcome(invalid[i]));
+              // reduce_scatter in the MPI form with the result in this rank's block.
+              std::vector<float> rs(4);
+              for (std::size_t i = 0; i < 4; ++i) rs[i] = value(r, i);
+              rank.comm.reduce_scatter(rs.data(), rs.data() + 2 * r, 2, DataType::f32, ReduceOp::sum, o);
+              expect_equal(
+                  std::vector<float>(rs.begin() + 2 * r, rs.begin() + 2 * r + 2),
+                  [&](std::size_t i) { return sum_value(p, 2 * r + i); },
+                  "reduce_scatter with its result in its block");
+              // allgather in the MPI form with this rank's block already in place.
+              std::vector<float> all(4, std::nanf(""));
+              for (std::size_t i = 0; i < 2; ++i) all[2 * r + i] = value(r, i);
+              rank.comm.allgather(all.data() + 2 * r, all.data(), 2, DataType::f32, o);
+              expect_equal(
+                  all, [&](std::size_t i) { return value(static_cast<int>(i / 2), i % 2); },
+                  "allgather with its block in place");
+            }
+          }),
+      "");
 }
 
 // Ranks far apart: collectives that exchange no data let some ranks run hundreds of signatures

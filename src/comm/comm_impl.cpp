@@ -80,6 +80,7 @@ Algorithm CommImpl::chosen_algorithm(Collective collective, Algorithm requested,
 
 Request CommImpl::start(const Call& call, bool blocking) {
   queue_->check_usable(true);
+  if (blocking && run_now(call)) return Request();
   const Extents extents = validate(call, rank_, size_);
   const Algorithm requested = choice::requested_algorithm(call.collective, call.options.algorithm);
   const Algorithm algorithm =
@@ -89,6 +90,22 @@ Request CommImpl::start(const Call& call, bool blocking) {
   if (algorithm == Algorithm::hierarchical) return start_hierarchical(call, blocking);
   if (algorithm == Algorithm::direct || algorithm == Algorithm::mpi) return start_native(call, algorithm, blocking);
   return start_schedule(call, algorithm, extents, blocking);
+}
+
+// The short way of a blocking call: a plainly valid one (anything else goes the general way,
+// which names what is wrong) that resolves to a native algorithm the transport can run at once
+// with nothing outstanding (the small direct collectives over shm). What the general path would
+// do, without its operation objects.
+bool CommImpl::run_now(const Call& call) {
+  if (!plainly_valid(call, size_)) return false;
+  const Algorithm requested = choice::requested_algorithm(call.collective, call.options.algorithm);
+  if (requested != Algorithm::automatic && requested != Algorithm::direct) return false;
+  const Algorithm algorithm = requested == Algorithm::direct
+                                  ? requested
+                                  : chosen_algorithm(call.collective, requested, choice_bytes(call, size_));
+  if (algorithm != Algorithm::direct) return false;
+  transport::Signature signature = signature_of(call, algorithm);
+  return queue_->run_now(algorithm, call, signature, timeout_of(call));
 }
 
 // Maps the user's buffers onto the schedule's input and output, handling the in-place forms the
@@ -183,8 +200,13 @@ std::chrono::milliseconds CommImpl::timeout_of(const Call& call) const {
 
 // The signature of the call about to be submitted: takes the communicator's next sequence number.
 transport::Signature CommImpl::next_signature(const Call& call, Algorithm algorithm) {
-  transport::Signature signature;
+  transport::Signature signature = signature_of(call, algorithm);
   signature.seq = queue_->next_seq();
+  return signature;
+}
+
+transport::Signature CommImpl::signature_of(const Call& call, Algorithm algorithm) {
+  transport::Signature signature;
   signature.collective = call.collective;
   const bool per_rank_counts = call.collective == Collective::alltoallv || call.collective == Collective::allgatherv;
   signature.count = per_rank_counts ? 0 : call.count;  // v-collectives: counts_hash instead

@@ -73,6 +73,10 @@ class CommImpl {
  private:
   /// The signature of `call` run with `algorithm`, with the communicator's next sequence number.
   transport::Signature next_signature(const Call& call, Algorithm algorithm);
+  /// The same without a sequence number.
+  static transport::Signature signature_of(const Call& call, Algorithm algorithm);
+  /// A blocking call run at once by the transport (OperationQueue::run_now); false: not taken.
+  bool run_now(const Call& call);
   /// Memory an in-place call needs besides the caller's buffers.
   struct Staging {
     std::unique_ptr<std::byte[]> input;   // a snapshot of the input (alltoall(v) in place)
@@ -125,6 +129,13 @@ Extents validate(const Call& call, int rank, int size);
 std::size_t checked_product(std::string_view operation, std::size_t a, std::size_t b, std::string_view what);
 /// count * size_of(type) in bytes, checked as checked_product (`type` must be valid).
 std::size_t checked_bytes(std::string_view operation, std::size_t count, DataType type);
+
+/// True only for a call that validate() accepts, of the kinds and forms the transports' short
+/// ways take (Transport::run_now): allreduce, reduce_scatter, allgather or broadcast of 1 to
+/// plain_count_limit elements (no product of sizes can overflow), with buffers that do not
+/// overlap or are in place as send == recv. False says nothing: validate() decides.
+bool plainly_valid(const Call& call, int size);
+inline constexpr std::size_t plain_count_limit = std::size_t{1} << 20;
 
 /// Checks a send's or recv's arguments (type, peer in [0, size), tag >= 0, data for count > 0,
 /// count * element size within size_t); throws Error(invalid_argument) naming the argument.

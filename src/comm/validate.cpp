@@ -191,4 +191,27 @@ Extents validate(const Call& call, int rank, int size) {
   return e;
 }
 
+bool plainly_valid(const Call& call, int size) {
+  const Collective c = call.collective;
+  const bool reduces = c == Collective::allreduce || c == Collective::reduce_scatter;
+  if (!reduces && c != Collective::allgather && c != Collective::broadcast) return false;
+  if (call.count == 0 || call.count > plain_count_limit || size <= 0 || call.recv == nullptr) return false;
+  const auto type = static_cast<int>(call.type);
+  if (type < static_cast<int>(DataType::i8) || type > static_cast<int>(DataType::f64)) return false;
+  if (reduces != call.op.has_value()) return false;
+  if (reduces && (*call.op < ReduceOp::sum || *call.op > ReduceOp::avg)) return false;
+  const Algorithm algorithm = call.options.algorithm;
+  if ((algorithm != Algorithm::automatic && algorithm != Algorithm::direct) || call.options.timeout.count() < 0)
+    return false;
+  if (c == Collective::broadcast) return call.root >= 0 && call.root < size;
+  if (call.send == nullptr) return false;
+  if (call.send == call.recv) return true;
+  // Otherwise the buffers must not overlap at all.
+  const std::size_t elem = size_of(call.type), p = static_cast<std::size_t>(size);
+  const std::size_t send = (c == Collective::reduce_scatter ? p : 1) * call.count * elem;
+  const std::size_t recv = (c == Collective::allgather ? p : 1) * call.count * elem;
+  const auto s = reinterpret_cast<std::uintptr_t>(call.send), r = reinterpret_cast<std::uintptr_t>(call.recv);
+  return s + send <= r || r + recv <= s;
+}
+
 }  // namespace tutti::detail

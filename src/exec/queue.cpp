@@ -71,6 +71,23 @@ bool OperationQueue::announce_when_idle(const transport::Signature& signature) {
   return true;
 }
 
+// No lock: collectives are issued by one thread at a time, and with nothing outstanding the
+// progress engine leaves this queue alone (what it finished is visible through `outstanding_`).
+bool OperationQueue::run_now(Algorithm algorithm, const transport::NativeCall& call, transport::Signature& signature,
+                             std::chrono::milliseconds timeout) {
+  if (outstanding_.load(std::memory_order_acquire) != 0) return false;
+  signature.seq = next_seq_;
+  try {
+    if (!transport_->run_now(algorithm, call, signature, timeout)) return false;
+  } catch (const Error&) {
+    ++next_seq_;
+    mark_reported();
+    throw;
+  }
+  ++next_seq_;
+  return true;
+}
+
 void OperationQueue::fail_all_locked(const transport::Failure& failure) {
   if (!aborted_) aborted_ = failure;
   failed_.store(true, std::memory_order_release);

@@ -53,6 +53,13 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   /// otherwise. Throws the communicator's failure if the announcement reveals one (a mismatch).
   bool announce_when_idle(const transport::Signature& signature);
 
+  /// A blocking collective the transport can run at once (Transport::run_now) when nothing is
+  /// outstanding on this communicator: `signature` gets the next seq, which is used once the
+  /// transport takes the call (it ran, or threw its error, the failure then counting as reported).
+  /// false: declined, nothing happened.
+  bool run_now(Algorithm algorithm, const transport::NativeCall& call, transport::Signature& signature,
+               std::chrono::milliseconds timeout);
+
   /// Records that the user was given the communicator's failure (later calls raise `aborted`).
   void mark_reported() {
     std::lock_guard lock(mutex_);

@@ -25,10 +25,8 @@ void finish(NativeCollective& run, Transport& transport, const Signature& signat
       throw;
     }
   };
-  // A small collective's peers answer within a microsecond or so: catch that spinning on `poll`,
-  // before reading the clock or arranging a wake-up.
-  constexpr int spins = 128;
-  for (int i = 0; i < spins; ++i) {
+  // Catch a small collective's peers spinning on `poll` (finish_spins).
+  for (int i = 0; i < finish_spins; ++i) {
     if (step(true)) return;
     transport.relax();
   }

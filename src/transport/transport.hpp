@@ -130,6 +130,10 @@ class NativeCollective {
 
 class Transport;
 
+/// Polls of a small collective before finish() first reads the clock or arranges a wake-up: its
+/// peers answer within a microsecond or so.
+inline constexpr int finish_spins = 128;
+
 /// Runs `run` to completion on the caller's thread (progress, then the transport's wait, in
 /// turn), for a caller with nothing else in flight on the communicator. Errors: what `progress`
 /// throws, after aborting the communicator with it under `signature`'s seq; Error(timeout) once it
@@ -200,6 +204,15 @@ class Transport {
   /// call.collective), or when the transport cannot take these arguments (the same on every rank).
   virtual std::unique_ptr<NativeCollective> start_native(Algorithm algorithm, const NativeCall& call,
                                                          std::chrono::milliseconds timeout);
+  /// Runs a blocking collective at once on the caller's thread, when the communicator has nothing
+  /// else outstanding and the transport has a short way for it (shm: a small direct collective,
+  /// see run_now in shm/direct_inline.cpp). `signature` is the one it announces (its seq the
+  /// communicator's next). false: it declined, and nothing happened (the caller takes the general
+  /// path); true: it completed. An error aborts the communicator and is thrown, as finish() does.
+  virtual bool run_now(Algorithm /*algorithm*/, const NativeCall& /*call*/, const Signature& /*signature*/,
+                       std::chrono::milliseconds /*timeout*/) {
+    return false;
+  }
 
   /// Set once the communicator is aborted (by any rank): the first error, to be raised by every rank.
   virtual std::optional<Failure> aborted() const = 0;

@@ -44,20 +44,77 @@ bool DirectRun::progress_inline(bool arrange_wake) {
 }
 
 void DirectRun::deliver_inline() {
-  const int p = size(), r = rank();
-  const std::size_t bytes = count_ * esize_;
-  if (bytes == 0) return;
-  if (kind_ == Collective::allreduce || kind_ == Collective::reduce_scatter) {
-    const std::size_t offset = kind_ == Collective::reduce_scatter ? static_cast<std::size_t>(r) * bytes : 0;
-    reduce_parts(recv_, count_, [&](int q) { return input_of(q) + offset; });
-  } else if (kind_ == Collective::allgather) {
-    const bool in_place = send_ == recv_ + static_cast<std::size_t>(r) * bytes;
-    for (int q = 0; q < p; ++q)
-      if (q != r || !in_place) std::memcpy(recv_ + static_cast<std::size_t>(q) * bytes, input_of(q), bytes);
-  } else if (r != root_) {  // broadcast
-    std::memcpy(recv_, input_of(root_), bytes);
-  }
+  combine_inline(kind_, send_, recv_, count_, type_, op_, root_, rank(), size(), [&](int q) { return input_of(q); });
   deliver_staged();
+}
+
+// The short way of a blocking small direct collective on an idle communicator: what bind,
+// announce, progress_inline and consumed_inline do over a DirectRun, here under one lock and
+// without one. Declines (nothing done) unless this rank has no other collective announced or
+// reading and the signature slot is free; then publishes the input with the signature, and reads
+// its peers' inputs while they arrive within the spin a DirectRun would spin too. A late peer:
+// a DirectRun takes over, in the state its announce would have left (published, reading), and
+// waits as any does (timeouts, wake-ups, dead peers). A mismatch aborts, as inline_input does.
+bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Signature& signature,
+                           std::chrono::milliseconds timeout) {
+  const Collective kind = call.collective;
+  if (algorithm != Algorithm::direct || !serves(kind) || call.count == 0) return false;
+  const std::size_t p = static_cast<std::size_t>(size_), esize = size_of(call.type);
+  const std::size_t bytes = call.count * esize, block = static_cast<std::size_t>(rank_) * bytes;
+  const bool scatters = kind == Collective::reduce_scatter, broadcast = kind == Collective::broadcast;
+  const bool reduces = kind == Collective::allreduce || scatters;
+  if (call.count > inline_bytes || (scatters ? p : 1) * bytes > inline_bytes || (reduces && !call.op) ||
+      (scatters && segment_->layout().direct_chunk / esize < p))  // start_direct's refusal
+    return false;
+  const auto* send = static_cast<const std::byte*>(call.send);
+  auto* recv = static_cast<std::byte*>(call.recv);
+  if (kind == Collective::allgather && send == recv) send = recv + block;  // in place
+  const std::byte* input = broadcast ? (rank_ == call.root ? recv : nullptr) : send;
+  const bool reads = !broadcast || rank_ != call.root;  // a broadcast's root needs no peer
+  const std::uint64_t seq = signature.seq;
+  const WireSignature wire = to_wire(signature);
+
+  std::unique_lock lock(publication_mutex_);
+  if (!unpublished_.empty() || !reading_.empty() || !carried_.empty() || !slot_free_locked(seq)) return false;
+  announced_[seq % announced_.size()] = {seq, wire};
+  if (reads) reading_.push_back(seq);
+  publish_locked(seq, wire, input, input ? (scatters ? p : 1) * bytes : 0);
+  const auto consumed = [&] {
+    reading_.pop_back();
+    store_consumed_locked();
+  };
+  int next = 0;  // ranks below have published
+  for (int spin = 0; spin < finish_spins; ++spin) {
+    if (const auto failure = aborted()) {  // a mismatch publish_locked found, or any rank's error
+      if (reads) consumed();
+      throw failure->error;
+    }
+    if (!reads) return true;
+    for (; next < size_; ++next) {
+      WireSignature theirs;
+      if (next == rank_) continue;
+      if (broadcast && next != call.root) continue;
+      if (!read_slot(segment_->signature_slot(next, seq), seq, theirs)) break;
+      if (theirs != wire) {
+        const Error error = collective_mismatch(named(next), from_wire(theirs), named(rank_), from_wire(wire));
+        abort(error, seq);
+        consumed();
+        throw error;
+      }
+    }
+    if (next == size_) {
+      combine_inline(kind, send, recv, call.count, call.type, call.op.value_or(ReduceOp::sum), call.root, rank_, size_,
+                     [&](int q) { return segment_->signature_slot(q, seq).data; });
+      consumed();
+      return true;
+    }
+    relax();
+  }
+  lock.unlock();
+  auto run = start_direct(*this, kind, call.send, call.recv, call.count, call.type, call.op, call.root, timeout);
+  static_cast<DirectRun&>(*run).adopt_published(signature, wire);
+  transport::finish(*run, *this, signature, timeout);
+  return true;
 }
 
 }  // namespace tutti::transport::shm

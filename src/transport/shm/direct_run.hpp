@@ -29,6 +29,40 @@ inline std::pair<std::size_t, std::size_t> slice(std::size_t n, int p, int r) {
   return {n * static_cast<std::size_t>(r) / up, n * static_cast<std::size_t>(r + 1) / up};
 }
 
+/// dst = part(0) op part(1) op ... (n elements of p ranks; avg divides), in the same order on
+/// every rank, so that ranks that each reduce everything get the same bits.
+template <typename Part>
+void reduce_parts(ReduceOp op, DataType type, int p, std::byte* dst, std::size_t n, const Part& part) {
+  if (p == 1) {
+    if (dst != part(0)) std::memcpy(dst, part(0), n * size_of(type));
+  } else {
+    reduce::apply(op, type, dst, part(0), part(1), n);
+    for (int q = 2; q < p; ++q) reduce::apply(op, type, dst, dst, part(q), n);
+  }
+  if (op == ReduceOp::avg) reduce::divide(type, dst, n, p);
+}
+
+/// An inline collective's result on rank r of p from the inputs the ranks published (input(q):
+/// rank q's signature slot data), into `recv` (reduce_scatter: this rank's block; allgather in
+/// place, `send` already in its block: that block is left alone). The same on whichever path
+/// (DirectRun, ShmTransport::run_now) each rank takes.
+template <typename Input>
+void combine_inline(Collective kind, const std::byte* send, std::byte* recv, std::size_t count, DataType type,
+                    ReduceOp op, int root, int r, int p, const Input& input) {
+  const std::size_t bytes = count * size_of(type);
+  if (bytes == 0) return;
+  if (kind == Collective::allreduce || kind == Collective::reduce_scatter) {
+    const std::size_t offset = kind == Collective::reduce_scatter ? static_cast<std::size_t>(r) * bytes : 0;
+    reduce_parts(op, type, p, recv, count, [&](int q) { return input(q) + offset; });
+  } else if (kind == Collective::allgather) {
+    const bool in_place = send == recv + static_cast<std::size_t>(r) * bytes;
+    for (int q = 0; q < p; ++q)
+      if (q != r || !in_place) std::memcpy(recv + static_cast<std::size_t>(q) * bytes, input(q), bytes);
+  } else if (r != root) {  // broadcast
+    std::memcpy(recv, input(root), bytes);
+  }
+}
+
 // The phases of one collective: a chunk is begun (inputs copied into the data set), then, for
 // allreduce, reduced (each rank its slice), then finished (results read out). Phase k finishes
 // chunk k-1 and begins chunk k, so a chunk's reads overlap the next chunk's writes.
@@ -40,6 +74,13 @@ class DirectRun final : public DirectCollective {
   /// The signature this rank announces for it: its seq is the one whose comparison the collective
   /// waits for (a collective run without one, by direct_collective, stays unchecked).
   void bind(const Signature& signature) override;
+  /// Takes over an inline collective that ShmTransport::run_now published (and files as reading)
+  /// but whose peers were late: it goes on as a bound one would after its announce.
+  void adopt_published(const Signature& signature, const WireSignature& wire) {
+    seq_ = signature.seq;
+    wire_ = wire;
+    inline_ = true;
+  }
   bool progress() override { return inline_ ? progress_inline(true) : progress_barriers(); }
   bool poll() override { return inline_ ? progress_inline(false) : progress_barriers(); }
   std::vector<int> waiting_for() const override;
@@ -68,8 +109,7 @@ class DirectRun final : public DirectCollective {
   /// Whether an inline collective needs rank q's publication: a broadcast only its own and the
   /// root's, one of no elements only its own (see bind), the others every rank's.
   bool needs(int q) const { return q == rank() || (count_ > 0 && (kind_ != Collective::broadcast || q == root_)); }
-  /// dst = part(0) op part(1) op ... (n elements; avg divides), in the same order on every rank,
-  /// so that ranks that each reduce everything get the same bits.
+  /// shm::reduce_parts with this run's op, type and ranks.
   template <typename Part>
   void reduce_parts(std::byte* dst, std::size_t n, const Part& part) const;
   /// The result of a staged call (deliver_to) into the caller's buffer.
@@ -130,14 +170,7 @@ class DirectRun final : public DirectCollective {
 
 template <typename Part>
 void DirectRun::reduce_parts(std::byte* dst, std::size_t n, const Part& part) const {
-  const int p = size();
-  if (p == 1) {
-    if (dst != part(0)) std::memcpy(dst, part(0), n * esize_);
-  } else {
-    reduce::apply(op_, type_, dst, part(0), part(1), n);
-    for (int q = 2; q < p; ++q) reduce::apply(op_, type_, dst, dst, part(q), n);
-  }
-  if (op_ == ReduceOp::avg) reduce::divide(type_, dst, n, p);
+  shm::reduce_parts(op_, type_, size(), dst, n, part);
 }
 
 }  // namespace tutti::transport::shm

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -101,6 +102,19 @@ struct alignas(64) SignatureSlot {
 };
 static_assert(sizeof(WireSignature) == 5 * sizeof(std::uint64_t));
 static_assert(sizeof(SignatureSlot) % 64 == 0);
+
+/// Reads the signature `slot` holds for collective `seq` (seqlock: false while it holds another
+/// seq or is being written; see write_slot in shm.cpp).
+inline bool read_slot(const SignatureSlot& slot, std::uint64_t seq, WireSignature& out) {
+  const std::uint64_t tag = slot.tag.load(std::memory_order_acquire);
+  if (tag != seq + 1) return false;
+  std::uint64_t words[5];
+  for (int i = 0; i < 5; ++i) words[i] = slot.words[i].load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (slot.tag.load(std::memory_order_relaxed) != tag) return false;
+  std::memcpy(&out, words, sizeof words);
+  return true;
+}
 
 /// Precedes the payload of each chunk slot. Written by the producer before it publishes `head`.
 struct ChunkHeader {

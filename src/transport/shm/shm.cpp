@@ -52,17 +52,6 @@ void write_slot(SignatureSlot& slot, std::uint64_t seq, const WireSignature& sig
   slot.tag.store(seq + 1, std::memory_order_release);
 }
 
-bool read_slot(const SignatureSlot& slot, std::uint64_t seq, WireSignature& out) {
-  const std::uint64_t tag = slot.tag.load(std::memory_order_acquire);
-  if (tag != seq + 1) return false;
-  std::uint64_t words[5];
-  for (int i = 0; i < 5; ++i) words[i] = slot.words[i].load(std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_acquire);
-  if (slot.tag.load(std::memory_order_relaxed) != tag) return false;
-  std::memcpy(&out, words, sizeof words);
-  return true;
-}
-
 }  // namespace
 
 std::unique_ptr<Transport> open(const std::string& name, int rank, int size, std::uint64_t comm_id,
@@ -324,34 +313,38 @@ void ShmTransport::publish_ready_locked(bool arrange_wake) {
     // away from them while they work); where ranks outnumber cores, each poll yields the core, and
     // a look that finds the slot free must not wait 16 of them. Checked again after setting our
     // threshold, so that a consumption between the two is not missed.
-    const std::uint64_t wake_at = consumed_needed(seq);
-    const bool known_free = seq < signature_slots || consumed_below_ > seq - signature_slots;
-    const auto slot_free = [&] {
-      if (known_free) return true;
-      const std::uint64_t lowest = lowest_consumed();
-      if (lowest < wake_at) return false;  // the stale value stays: look again next time
-      consumed_below_ = lowest;
-      return true;
-    };
+    const bool known_free = slot_known_free_locked(seq);
     if (!arrange_wake && !known_free && !wait_policy_.yield && ++short_polls_ % 16 != 0) return;
-    if (!slot_free()) {
+    if (!known_free && !slot_free_locked(seq)) {
       if (!arrange_wake) return;  // a caller that polls: a threshold would only make peers ring
-      wake_when_consumed_locked(wake_at);
-      if (!slot_free()) return;
+      wake_when_consumed_locked(consumed_needed(seq));
+      if (!slot_free_locked(seq)) return;
     }
-    publish_locked(seq, mine);
+    while (!carried_.empty() && carried_.front().seq < seq) carried_.pop_front();  // (none: announced in order)
+    const bool carries = !carried_.empty() && carried_.front().seq == seq;
+    publish_locked(seq, mine, carries ? carried_.front().input : nullptr, carries ? carried_.front().bytes : 0);
+    if (carries) carried_.pop_front();
     unpublished_.pop_front();
   }
   wake_when_consumed_locked(0);
   await_publication_locked(false);
 }
 
-void ShmTransport::publish_locked(std::uint64_t seq, const WireSignature& mine) {
-  while (!carried_.empty() && carried_.front().seq < seq) carried_.pop_front();  // (none: announced in order)
-  const bool carries = !carried_.empty() && carried_.front().seq == seq;
-  write_slot(segment_->signature_slot(rank_, seq), seq, mine, carries ? carried_.front().input : nullptr,
-             carries ? carried_.front().bytes : 0);
-  if (carries) carried_.pop_front();
+bool ShmTransport::slot_known_free_locked(std::uint64_t seq) const {
+  return seq < signature_slots || consumed_below_ > seq - signature_slots;
+}
+
+bool ShmTransport::slot_free_locked(std::uint64_t seq) {
+  if (slot_known_free_locked(seq)) return true;
+  const std::uint64_t lowest = lowest_consumed();
+  if (lowest < consumed_needed(seq)) return false;  // the stale value stays: look again next time
+  consumed_below_ = lowest;
+  return true;
+}
+
+void ShmTransport::publish_locked(std::uint64_t seq, const WireSignature& mine, const std::byte* input,
+                                  std::size_t bytes) {
+  write_slot(segment_->signature_slot(rank_, seq), seq, mine, input, bytes);
   // Two ranks publishing the same seq at once: each writes, then reads; the fences make sure at
   // least one of them sees the other's slot.
   std::atomic_thread_fence(std::memory_order_seq_cst);

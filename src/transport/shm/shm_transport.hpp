@@ -62,6 +62,11 @@ class ShmTransport final : public Transport {
   bool serves_natively(Algorithm algorithm, Collective collective) const override;
   std::unique_ptr<NativeCollective> start_native(Algorithm algorithm, const NativeCall& call,
                                                  std::chrono::milliseconds timeout) override;
+  /// A small direct collective (its input fits a signature slot) with nothing else outstanding:
+  /// published, read and combined here under one lock, or handed to a DirectRun when a peer is
+  /// late (direct_inline.cpp).
+  bool run_now(Algorithm algorithm, const NativeCall& call, const Signature& signature,
+               std::chrono::milliseconds timeout) override;
 
   // For the direct algorithms (direct.cpp), which work on the segment itself.
   Segment& segment() const { return *segment_; }
@@ -166,7 +171,12 @@ class ShmTransport final : public Transport {
   /// Publishes the deferred signatures whose slots are free; with `arrange_wake`, a rank that
   /// must wait raises its flag, so that the publications it waits for ring it.
   void publish_ready_locked(bool arrange_wake = true);
-  void publish_locked(std::uint64_t seq, const WireSignature& mine);
+  /// Whether seq's signature slot is free (every rank consumed what it held): known from an
+  /// earlier look; or by looking at every rank's `consumed` now (see publish_ready_locked).
+  bool slot_known_free_locked(std::uint64_t seq) const;
+  bool slot_free_locked(std::uint64_t seq);
+  /// Publishes seq's signature (with `bytes` of inline input) and compares it with the peers'.
+  void publish_locked(std::uint64_t seq, const WireSignature& mine, const std::byte* input, std::size_t bytes);
   std::uint64_t lowest_published() const;
   std::uint64_t lowest_consumed() const;
   void await_publication_locked(bool awaiting);
