@@ -131,7 +131,7 @@ std::size_t checked_product(std::string_view operation, std::size_t a, std::size
 std::size_t checked_bytes(std::string_view operation, std::size_t count, DataType type);
 
 /// True only for a call that validate() accepts, of the kinds and forms the transports' short
-/// ways take (Transport::run_now): allreduce, reduce_scatter, allgather or broadcast of 1 to
+/// ways take (Transport::run_now): allreduce, reduce_scatter, allgather or broadcast of up to
 /// plain_count_limit elements (no product of sizes can overflow), with buffers that do not
 /// overlap or are in place as send == recv. False says nothing: validate() decides.
 bool plainly_valid(const Call& call, int size);

@@ -137,6 +137,9 @@ double predict(Algorithm algorithm, Collective collective, int ranks, std::size_
 }
 
 Algorithm cheapest(Collective collective, int ranks, std::size_t bytes, bool direct_available, const CostParams& cost) {
+  // A direct collective of no elements waits for no rank: nothing is cheaper (a schedule of no
+  // bytes, which the model also prices at 0, still runs its rounds).
+  if (bytes == 0 && direct_available && direct_serves(collective)) return Algorithm::direct;
   Algorithm best = Algorithm::automatic;
   double best_time = 0;
   for (Algorithm a : candidates(collective, direct_available)) {

@@ -195,7 +195,7 @@ bool plainly_valid(const Call& call, int size) {
   const Collective c = call.collective;
   const bool reduces = c == Collective::allreduce || c == Collective::reduce_scatter;
   if (!reduces && c != Collective::allgather && c != Collective::broadcast) return false;
-  if (call.count == 0 || call.count > plain_count_limit || size <= 0 || call.recv == nullptr) return false;
+  if (call.count > plain_count_limit || size <= 0) return false;
   const auto type = static_cast<int>(call.type);
   if (type < static_cast<int>(DataType::i8) || type > static_cast<int>(DataType::f64)) return false;
   if (reduces != call.op.has_value()) return false;
@@ -203,7 +203,10 @@ bool plainly_valid(const Call& call, int size) {
   const Algorithm algorithm = call.options.algorithm;
   if ((algorithm != Algorithm::automatic && algorithm != Algorithm::direct) || call.options.timeout.count() < 0)
     return false;
-  if (c == Collective::broadcast) return call.root >= 0 && call.root < size;
+  if (c == Collective::broadcast && (call.root < 0 || call.root >= size)) return false;
+  if (call.count == 0) return true;  // no buffer is touched
+  if (call.recv == nullptr) return false;
+  if (c == Collective::broadcast) return true;
   if (call.send == nullptr) return false;
   if (call.send == call.recv) return true;
   // Otherwise the buffers must not overlap at all.

@@ -58,7 +58,7 @@ void DirectRun::deliver_inline() {
 bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Signature& signature,
                            std::chrono::milliseconds timeout) {
   const Collective kind = call.collective;
-  if (algorithm != Algorithm::direct || !serves(kind) || call.count == 0) return false;
+  if (algorithm != Algorithm::direct || !serves(kind)) return false;
   const std::size_t p = static_cast<std::size_t>(size_), esize = size_of(call.type);
   const std::size_t bytes = call.count * esize, block = static_cast<std::size_t>(rank_) * bytes;
   const bool scatters = kind == Collective::reduce_scatter, broadcast = kind == Collective::broadcast;
@@ -70,7 +70,8 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
   auto* recv = static_cast<std::byte*>(call.recv);
   if (kind == Collective::allgather && send == recv) send = recv + block;  // in place
   const std::byte* input = broadcast ? (rank_ == call.root ? recv : nullptr) : send;
-  const bool reads = !broadcast || rank_ != call.root;  // a broadcast's root needs no peer
+  // A broadcast's root needs no peer, nor does a collective of no elements (see bind).
+  const bool reads = call.count > 0 && (!broadcast || rank_ != call.root);
   const std::uint64_t seq = signature.seq;
   const WireSignature wire = to_wire(signature);
 

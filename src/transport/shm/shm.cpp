@@ -361,6 +361,9 @@ void ShmTransport::publish_locked(std::uint64_t seq, const WireSignature& mine, 
   self_.published.store(published_, std::memory_order_seq_cst);
   store_consumed_locked();
   ring_awaiting_ranks();
+  // The next publication most likely carries as much: its lines come while this one is used, so
+  // that its fence need not wait for them (it would wait for each peer that read them to let go).
+  prefetch_for_write(segment_->signature_slot(rank_, seq + 1), bytes);
 }
 
 bool ShmTransport::signature_checked(std::uint64_t seq) {
