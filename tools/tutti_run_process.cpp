@@ -9,8 +9,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 #include <system_error>
 
@@ -65,6 +63,32 @@ pid_t spawn(const ExecSpec& spec, int* exec_errno) {
   return -1;
 }
 
+namespace {
+
+// A /proc file's contents, or less (empty) when the process exits while it is read: a read then
+// fails with ESRCH, which an ifstream would throw as an exception.
+std::string read_proc_file(const std::string& path) {
+  std::string text;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return text;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n > 0) {
+      text.append(buffer, static_cast<std::size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      if (n < 0) text.clear();  // what was read may be cut anywhere
+      break;
+    }
+  }
+  ::close(fd);
+  return text;
+}
+
+}  // namespace
+
 std::vector<pid_t> list_children() {
   std::vector<pid_t> children;
   const pid_t self = ::getpid();
@@ -74,8 +98,7 @@ std::vector<pid_t> list_children() {
     char* end = nullptr;
     const long pid = std::strtol(entry->d_name, &end, 10);
     if (*end != '\0' || pid <= 0) continue;
-    std::ifstream file(std::string("/proc/") + entry->d_name + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    const std::string stat = read_proc_file(std::string("/proc/") + entry->d_name + "/stat");
     // The command name in parentheses may contain anything, the fields after the last ')' not.
     const std::size_t close = stat.rfind(')');
     if (close == std::string::npos) continue;
