@@ -70,6 +70,7 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
   auto* recv = static_cast<std::byte*>(call.recv);
   if (kind == Collective::allgather && send == recv) send = recv + block;  // in place
   const std::byte* input = broadcast ? (rank_ == call.root ? recv : nullptr) : send;
+  const std::size_t input_bytes = input ? (scatters ? p : 1) * bytes : 0;
   // A broadcast's root needs no peer, nor does a collective of no elements (see bind).
   const bool reads = call.count > 0 && (!broadcast || rank_ != call.root);
   const std::uint64_t seq = signature.seq;
@@ -79,7 +80,7 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
   if (!unpublished_.empty() || !reading_.empty() || !carried_.empty() || !slot_free_locked(seq)) return false;
   announced_[seq % announced_.size()] = {seq, wire};
   if (reads) reading_.push_back(seq);
-  publish_locked(seq, wire, input, input ? (scatters ? p : 1) * bytes : 0);
+  publish_locked(seq, wire, input, input_bytes);
   const auto consumed = [&] {
     reading_.pop_back();
     store_consumed_locked();
@@ -91,17 +92,12 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
       throw failure->error;
     }
     if (!reads) return true;
-    for (; next < size_; ++next) {
-      WireSignature theirs;
-      if (next == rank_) continue;
-      if (broadcast && next != call.root) continue;
-      if (!read_slot(segment_->signature_slot(next, seq), seq, theirs)) break;
-      if (theirs != wire) {
-        const Error error = collective_mismatch(named(next), from_wire(theirs), named(rank_), from_wire(wire));
-        abort(error, seq);
-        consumed();
-        throw error;
-      }
+    try {  // a peer's signature that differs aborts, and is raised (inline_input)
+      for (; next < size_; ++next)
+        if (next != rank_ && (!broadcast || next == call.root) && !inline_input(next, seq, wire, false)) break;
+    } catch (const Error&) {
+      consumed();
+      throw;
     }
     if (next == size_) {
       combine_inline(kind, send, recv, call.count, call.type, call.op.value_or(ReduceOp::sum), call.root, rank_, size_,
