@@ -160,6 +160,80 @@ TEST(SparseAllreduce, LargerVectors) {
   }
 }
 
+// The dense allreduce builds and reduces vectors of 4 MiB or more in pieces that overlap
+// (src/sparse/dense_allreduce.cpp): vectors of 2 to 16 pieces, the last one short, every value
+// type width, both index types, canonical input and input with duplicates out of order (which
+// goes through the canonical copy), every op; each rank checks every element, computed here from
+// the formula its peers' inputs follow (the harness's reference is too slow at this size).
+TEST(SparseAllreduce, LargeDenseVectorsReducedInOverlappingPieces) {
+  struct Shape {
+    std::size_t dim;
+    DataType type;
+    IndexType index_type;
+    ReduceOp op;
+    bool messy;
+  };
+  const std::vector<Shape> shapes = {
+      {(std::size_t{2} << 20) + 5, DataType::f32, IndexType::u32, ReduceOp::sum, false},   // 2 pieces + a short one
+      {(std::size_t{9} << 20) + 3, DataType::f64, IndexType::u64, ReduceOp::sum, false},   // 16 pieces
+      {(std::size_t{3} << 20) + 1, DataType::i32, IndexType::u32, ReduceOp::max, true},    // through the copy
+      {(std::size_t{5} << 20), DataType::f32, IndexType::u64, ReduceOp::avg, false},       // divided at the end
+      {(std::size_t{9} << 20) + 11, DataType::i8, IndexType::u32, ReduceOp::min, false}};  // 1-byte values
+  const int p = 3;
+  // Rank r holds index i when (i + r) % 4 != 0 (so every index is held by 2 or 3 ranks: a dense
+  // result), with value 1 + (i * 7 + r) % 5; the messy input adds a duplicate pair of value 0 for
+  // every index divisible by 8 (sum: +0; max: no change since values are at least 1), then the
+  // pairs in reverse order.
+  const auto holds = [](std::size_t i, int r) { return (i + static_cast<std::size_t>(r)) % 4 != 0; };
+  const auto value = [](std::size_t i, int r) {
+    return static_cast<double>(1 + (i * 7 + static_cast<std::size_t>(r)) % 5);
+  };
+  const std::string failures = run_ranks(p, [&](Communicator& comm) {
+    const int r = comm.rank();
+    for (const Shape& s : shapes) {
+      const std::size_t cv = size_of(s.type), ci = s.index_type == IndexType::u32 ? 4 : 8;
+      std::vector<std::pair<std::uint64_t, double>> pairs;
+      for (std::size_t i = 0; i < s.dim; ++i)
+        if (holds(i, r)) {
+          pairs.emplace_back(i, value(i, r));
+          if (s.messy && i % 8 == 0) pairs.emplace_back(i, 0.0);
+        }
+      if (s.messy) std::reverse(pairs.begin(), pairs.end());
+      std::vector<std::byte> indices(pairs.size() * ci), values(pairs.size() * cv);
+      for (std::size_t k = 0; k < pairs.size(); ++k) {
+        std::memcpy(indices.data() + k * ci, &pairs[k].first, ci);  // little-endian
+        store(s.type, values.data() + k * cv, pairs[k].second);
+      }
+      const sparse::Vector input{.dim = s.dim,
+                                 .nnz = pairs.size(),
+                                 .indices = indices.data(),
+                                 .index_type = s.index_type,
+                                 .values = values.data(),
+                                 .value_type = s.type};
+      const sparse::Result got = sparse_allreduce(comm, input, s.op, {.algorithm = Algorithm::dense_allreduce});
+      const std::string what = "dim " + std::to_string(s.dim) + " " + std::string(to_string(s.type)) + " " +
+                               std::string(to_string(s.op)) + ": ";
+      if (got.form != Form::dense || got.nnz != s.dim || got.values.size() != s.dim * cv)
+        throw std::runtime_error(what + "not a dense result of dim values");
+      for (std::size_t i = 0; i < s.dim; ++i) {
+        double want = 0;
+        bool first = true;
+        for (int q = 0; q < p; ++q) {
+          const double v = holds(i, q) ? value(i, q) : 0.0;
+          want = first ? v : combine(s.op == ReduceOp::avg ? ReduceOp::sum : s.op, want, v);
+          first = false;
+        }
+        if (s.op == ReduceOp::avg) want = static_cast<double>(static_cast<float>(want) / static_cast<float>(p));
+        if (load(s.type, got.values.data() + i * cv) != want)
+          throw std::runtime_error(what + "element " + std::to_string(i) + " is " +
+                                   std::to_string(load(s.type, got.values.data() + i * cv)) + ", want " +
+                                   std::to_string(want));
+      }
+    }
+  });
+  EXPECT_EQ(failures, "");
+}
+
 // automatic prices the transport with the tuning file's calibrated cost model (as tutti-bench
 // --calibrate writes it) where it has one: a slow link there changes the algorithm chosen.
 TEST(SparseAllreduce, AutomaticUsesTheCalibratedCostModel) {

@@ -41,6 +41,9 @@ Piece recursive_doubling(Context& ctx, Piece mine);
 /// dense_allgather: dsar (the reduced ranges travel dense once the result is dense) or ssar.
 Piece split_allgather(Context& ctx, Piece mine, bool dense_allgather);
 Piece allgather_merge(Context& ctx, Piece mine);
+/// The dense allreduce of the ranks' canonical inputs (is_canonical), as one dense piece: built
+/// and reduced in pieces that overlap (src/sparse/dense_allreduce.cpp).
+Piece dense_allreduce(Context& ctx, const Vector& input);
 
 /// Every rank's canonical piece, in rank order (sizes from ctx.nnz): the allgather baseline's
 /// exchange, shared with sparse_allgather.

@@ -41,7 +41,8 @@ Piece canonical(const Vector& input, ReduceOp op, const Layout& layout);
 
 /// Error(invalid_argument) naming `operation` and `rank` for a null pointer with nnz > 0, an index
 /// >= dim, an invalid enum, or a dim whose dense vector does not fit in size_t.
-void check_input(const Vector& input, std::string_view operation, int rank);
+/// Returns whether the indices strictly increase (is_canonical), found in the same pass.
+bool check_input(const Vector& input, std::string_view operation, int rank);
 
 /// The piece op-combined with `b`, `a` the left operand: an index one side lacks combines with 0
 /// there, so the result is what the dense vectors would give. Either may be dense (then so is
@@ -66,6 +67,16 @@ Piece copy_canonical(const Vector& input, const Layout& layout);
 /// The dense vector of a canonical input (is_canonical), scattered from the caller's arrays
 /// without the canonical piece's copy: one allocation of dim values, as densify(canonical(...)).
 Piece densify_canonical(const Vector& input, const Layout& layout);
+
+/// Scatters the pairs of a canonical input (is_canonical) whose indices lie in [lo, hi) into
+/// `dense`, the values of indices lo … hi - 1 (zeroed beforehand by the caller).
+void scatter_canonical(const Vector& input, std::uint64_t lo, std::uint64_t hi, const Layout& layout, std::byte* dense);
+
+/// `bytes` zero bytes, the pages of a large allocation faulted in by one call to the kernel.
+std::vector<std::byte> zeroed_bytes(std::size_t bytes);
+
+/// A sparse piece seen as a canonical input (u64 indices), valid while the piece is.
+Vector as_vector(const Piece& piece, const Layout& layout);
 
 /// Index positions [first, last) of a sparse piece whose indices lie in [lo, hi).
 std::pair<std::size_t, std::size_t> range_of(const Piece& piece, std::uint64_t lo, std::uint64_t hi);

@@ -92,9 +92,10 @@ Prepared prepare(tutti::Communicator& comm, const Vector& input, ReduceOp op, co
   Prepared out;
   try {
     check_options(options, op, gather, operation, rank);
-    check_input(input, operation, rank);
-    out.deferred = defer && is_canonical(input);
-    if (!out.deferred) out.mine = canonical(input, op, layout_of(input.dim, input.index_type, input.value_type));
+    const bool sorted = check_input(input, operation, rank);
+    out.deferred = defer && sorted;
+    const Layout layout = layout_of(input.dim, input.index_type, input.value_type);
+    if (!out.deferred) out.mine = sorted ? copy_canonical(input, layout) : canonical(input, op, layout);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::invalid_argument) throw;
     local_error = e.what();
@@ -206,10 +207,12 @@ sparse::Result sparse_allreduce(Communicator& comm, const sparse::Vector& input,
       merged = split_allgather(ctx, take_mine(prepared, input), algorithm == sparse::Algorithm::dsar_split_allgather);
       break;
     case sparse::Algorithm::dense_allreduce:
-      merged =
-          prepared.deferred ? densify_canonical(input, ctx.layout) : densify(take_mine(prepared, input), ctx.layout);
-      comm.allreduce(merged.values.data(), merged.values.data(), input.dim, input.value_type, ctx.op,
-                     ctx.collective_options);
+      if (prepared.deferred) {
+        merged = dense_allreduce(ctx, input);
+      } else {
+        const Piece mine = take_mine(prepared, input);
+        merged = dense_allreduce(ctx, as_vector(mine, ctx.layout));
+      }
       break;
     default:
       merged = allgather_merge(ctx, take_mine(prepared, input));
