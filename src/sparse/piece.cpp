@@ -322,6 +322,7 @@ void append_indices(const Piece& piece, std::size_t first, std::size_t last, con
 }
 
 void pack(const Piece& piece, std::size_t first, std::size_t last, const Layout& layout, std::vector<std::byte>& out) {
+  out.reserve(out.size() + (last - first) * layout.pair_bytes());  // one allocation for indices and values
   append_indices(piece, first, last, layout, out);
   const std::size_t bytes = (last - first) * layout.value_bytes;
   if (bytes == 0) return;
@@ -333,8 +334,8 @@ void pack(const Piece& piece, std::size_t first, std::size_t last, const Layout&
 namespace {
 
 template <class I>
-void read_indices(const std::byte* p, std::size_t n, std::uint64_t lo, std::uint64_t hi,
-                  std::vector<std::uint64_t>& out, std::string_view what) {
+void read_indices(const std::byte* p, std::size_t n, std::uint64_t lo, std::uint64_t hi, std::uint64_t* out,
+                  std::string_view what) {
   std::uint64_t previous = 0;
   for (std::size_t k = 0; k < n; ++k) {
     const std::uint64_t i = load_index<I>(p + k * sizeof(I));
@@ -348,19 +349,29 @@ void read_indices(const std::byte* p, std::size_t n, std::uint64_t lo, std::uint
 
 }  // namespace
 
-Piece unpack(std::span<const std::byte> bytes, std::uint64_t lo, std::uint64_t hi, const Layout& layout,
-             std::string_view what) {
+void unpack_into(std::span<const std::byte> bytes, std::uint64_t lo, std::uint64_t hi, const Layout& layout,
+                 std::string_view what, Piece& out) {
   if (bytes.size() % layout.pair_bytes() != 0)
     throw Error(ErrorCode::invalid_argument,
                 std::string(what) + ": " + std::to_string(bytes.size()) + " bytes are not a whole number of pairs");
-  const std::size_t n = bytes.size() / layout.pair_bytes();
+  const std::size_t n = bytes.size() / layout.pair_bytes(), at = out.indices.size();
+  out.indices.resize(at + n);
+  try {
+    if (layout.index_type == IndexType::u32)
+      read_indices<std::uint32_t>(bytes.data(), n, lo, hi, out.indices.data() + at, what);
+    else
+      read_indices<std::uint64_t>(bytes.data(), n, lo, hi, out.indices.data() + at, what);
+  } catch (...) {
+    out.indices.resize(at);  // `out` as it was
+    throw;
+  }
+  out.values.insert(out.values.end(), bytes.data() + n * layout.index_bytes, bytes.data() + bytes.size());
+}
+
+Piece unpack(std::span<const std::byte> bytes, std::uint64_t lo, std::uint64_t hi, const Layout& layout,
+             std::string_view what) {
   Piece out;
-  out.indices.resize(n);
-  if (layout.index_type == IndexType::u32)
-    read_indices<std::uint32_t>(bytes.data(), n, lo, hi, out.indices, what);
-  else
-    read_indices<std::uint64_t>(bytes.data(), n, lo, hi, out.indices, what);
-  out.values.assign(bytes.data() + n * layout.index_bytes, bytes.data() + bytes.size());
+  unpack_into(bytes, lo, hi, layout, what, out);
   return out;
 }
 

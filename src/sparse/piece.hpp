@@ -94,6 +94,11 @@ void append_indices(const Piece& piece, std::size_t first, std::size_t last, con
 Piece unpack(std::span<const std::byte> bytes, std::uint64_t lo, std::uint64_t hi, const Layout& layout,
              std::string_view what);
 
+/// unpack, appending to `out` (whose indices must all be below lo for it to stay sorted); on an
+/// error `out` is left as it was.
+void unpack_into(std::span<const std::byte> bytes, std::uint64_t lo, std::uint64_t hi, const Layout& layout,
+                 std::string_view what, Piece& out);
+
 /// Where index range r of p begins ([begin(r), begin(r + 1)) is range r): balanced, dim·r/p.
 std::uint64_t range_begin(std::size_t dim, int r, int p);
 

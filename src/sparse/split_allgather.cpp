@@ -87,14 +87,15 @@ Piece sparse_allgather(Context& ctx, const Piece& reduced, const std::vector<std
   std::vector<std::byte> send, recv(total);
   pack(reduced, 0, reduced.nnz(), l, send);
   ctx.comm.allgatherv(send.data(), send.size(), recv.data(), counts, DataType::u8, ctx.collective_options);
+  // Straight into the result, sized once (growing it range by range copied it over and over).
   Piece out;
+  out.indices.reserve(total / l.pair_bytes());
+  out.values.reserve(total / l.pair_bytes() * l.value_bytes);
   std::size_t at = 0;
   for (int r = 0; r < p; ++r) {
-    const Piece piece = unpack(std::span(recv).subspan(at, counts[r]), range_begin(l.dim, r, p),
-                               range_begin(l.dim, r + 1, p), l, from_rank(ctx, "the allgather's pairs", r));
+    unpack_into(std::span(recv).subspan(at, counts[r]), range_begin(l.dim, r, p), range_begin(l.dim, r + 1, p), l,
+                from_rank(ctx, "the allgather's pairs", r), out);
     at += counts[r];
-    out.indices.insert(out.indices.end(), piece.indices.begin(), piece.indices.end());
-    out.values.insert(out.values.end(), piece.values.begin(), piece.values.end());
   }
   return out;
 }
