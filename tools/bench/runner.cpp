@@ -57,6 +57,24 @@ double time_op(Communicator& world, const std::function<void()>& op, int warmup,
   return max_over_ranks(world, seconds_since(start) / iterations);
 }
 
+std::vector<double> time_alternating(Communicator& world, const std::vector<std::function<void()>>& ops, int warmup,
+                                     const std::vector<int>& iterations) {
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& op : ops) op();
+  std::vector<double> total(ops.size(), 0.0);
+  const int rounds = iterations.empty() ? 0 : *std::max_element(iterations.begin(), iterations.end());
+  for (int round = 0; round < rounds; ++round)
+    for (std::size_t k = 0; k < ops.size(); ++k) {
+      if (round >= iterations[k]) continue;
+      world.barrier();
+      const auto start = clock::now();
+      ops[k]();
+      total[k] += seconds_since(start);
+    }
+  for (std::size_t k = 0; k < ops.size(); ++k) total[k] = max_over_ranks(world, total[k] / iterations[k]);
+  return total;
+}
+
 int choose_iterations(Communicator& world, const std::function<void()>& op, std::optional<int> fixed) {
   if (fixed) return *fixed;
   constexpr double target_seconds = 0.05;

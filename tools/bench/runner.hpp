@@ -35,6 +35,13 @@ void run_tutti(Communicator& world, const Case& c, Buffers& buffers, Algorithm a
 /// `op`, after `warmup` untimed ones. Every rank gets the same value.
 double time_op(Communicator& world, const std::function<void()>& op, int warmup, int iterations);
 
+/// Times `ops` alternately: `warmup` rounds of every op, then rounds in which each op still short
+/// of its `iterations` runs once, from a barrier. Returns each op's mean time per call (the
+/// maximum over ranks of each rank's mean). No op is measured always right after the same other
+/// one, or in a state (a link's token bucket, the caches) that one op leaves the next.
+std::vector<double> time_alternating(Communicator& world, const std::vector<std::function<void()>>& ops, int warmup,
+                                     const std::vector<int>& iterations);
+
 /// Iterations for a measurement: `fixed` when given, else enough for ~50 ms (at least 5, at
 /// most 100 000) judged from a few calls; the same on every rank.
 int choose_iterations(Communicator& world, const std::function<void()>& op, std::optional<int> fixed);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -164,24 +165,33 @@ void run_density(Communicator& world, const BenchOptions& options, const Row& ro
   const auto dense_call = [&] { world.allreduce(in.dense.data(), dense_out.data(), dim, row.type, row.op); };
   dense_call();
   const std::vector<std::byte> want = dense_out;
-  const int dense_iterations = choose_iterations(world, dense_call, options.iterations);
-  const double dense_time = time_op(world, dense_call, options.warmup, dense_iterations);
   auto nnz = static_cast<std::uint64_t>(in.indices.size());
   world.allreduce(std::span<std::uint64_t>(&nnz, 1), ReduceOp::max);
-  for (Algorithm a : algorithms) {
-    const sparse::Options sparse_options{.algorithm = a};
-    sparse::Result result;
-    const auto call = [&] { result = sparse_allreduce(world, vector, row.op, sparse_options); };
-    call();
-    const std::uint64_t wrong = options.check ? wrong_of(world, result, want) : 0;
-    total_wrong += wrong;
-    const int iterations = choose_iterations(world, call, options.iterations);
-    const double t = time_op(world, call, options.warmup, iterations);
-    if (world.rank() != 0) continue;
-    const std::string name = a == Algorithm::automatic
-                                 ? "automatic(" + std::string(tutti::to_string(result.algorithm)) + ")"
-                                 : std::string(tutti::to_string(a));
-    print_row(row, nnz, result, name, t, dense_time, wrong);
+  // Every algorithm once, checked; then all of them and the dense allreduce timed alternately
+  // (time_alternating), so that none is always the one measured after the dense allreduce has
+  // emptied a shaped link's token bucket.
+  const std::size_t n = std::size(algorithms);
+  std::vector<sparse::Result> results(n);
+  std::vector<std::uint64_t> wrong(n, 0);
+  std::vector<std::function<void()>> calls;
+  std::vector<int> iterations;
+  for (std::size_t k = 0; k < n; ++k) {
+    const sparse::Options sparse_options{.algorithm = algorithms[k]};
+    calls.push_back([&, sparse_options, k] { results[k] = sparse_allreduce(world, vector, row.op, sparse_options); });
+    calls.back()();
+    wrong[k] = options.check ? wrong_of(world, results[k], want) : 0;
+    total_wrong += wrong[k];
+    iterations.push_back(choose_iterations(world, calls.back(), options.iterations));
+  }
+  calls.push_back(dense_call);
+  iterations.push_back(choose_iterations(world, dense_call, options.iterations));
+  const std::vector<double> times = time_alternating(world, calls, options.warmup, iterations);
+  const double dense_time = times.back();
+  for (std::size_t k = 0; k < n && world.rank() == 0; ++k) {
+    const std::string name = algorithms[k] == Algorithm::automatic
+                                 ? "automatic(" + std::string(tutti::to_string(results[k].algorithm)) + ")"
+                                 : std::string(tutti::to_string(algorithms[k]));
+    print_row(row, nnz, results[k], name, times[k], dense_time, wrong[k]);
   }
   if (options.sparse_qsgd_bits != 0 && row.type == DataType::f32 &&
       (row.op == ReduceOp::sum || row.op == ReduceOp::avg))
@@ -198,8 +208,9 @@ int run_sparse(Communicator& world, const BenchOptions& options) {
         world.size(), std::string(world.impl()->transport_name()).c_str(), options.sparse_dim,
         options.command_line.c_str());
     std::printf(
-        "# time(us): max over ranks of the mean per call; dense(us): allreduce of the dim values; "
-        "speedup = dense / time; union: the result's nnz (dim when dense)\n");
+        "# time(us): max over ranks of the mean per call, every row's calls and the dense allreduce's alternating, "
+        "each from a barrier; dense(us): allreduce of the dim values; speedup = dense / time; union: the result's "
+        "nnz (dim when dense)\n");
     std::printf("#  density   max nnz      union  type   op  %-40s %6s %12s %12s %9s %7s\n", "algorithm", "form",
                 "time(us)", "dense(us)", "speedup", "#wrong");
   }
