@@ -64,7 +64,8 @@ std::vector<double> time_alternating(Communicator& world, const std::vector<std:
   std::vector<double> total(ops.size(), 0.0);
   const int rounds = iterations.empty() ? 0 : *std::max_element(iterations.begin(), iterations.end());
   for (int round = 0; round < rounds; ++round)
-    for (std::size_t k = 0; k < ops.size(); ++k) {
+    for (std::size_t j = 0; j < ops.size(); ++j) {
+      const std::size_t k = (j + static_cast<std::size_t>(round)) % ops.size();  // each round starts one later
       if (round >= iterations[k]) continue;
       world.barrier();
       const auto start = clock::now();
