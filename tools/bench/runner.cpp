@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
+#include <random>
 
 namespace tutti::bench {
 
@@ -63,15 +65,20 @@ std::vector<double> time_alternating(Communicator& world, const std::vector<std:
     for (const auto& op : ops) op();
   std::vector<double> total(ops.size(), 0.0);
   const int rounds = iterations.empty() ? 0 : *std::max_element(iterations.begin(), iterations.end());
-  for (int round = 0; round < rounds; ++round)
-    for (std::size_t j = 0; j < ops.size(); ++j) {
-      const std::size_t k = (j + static_cast<std::size_t>(round)) % ops.size();  // each round starts one later
+  // Each round in its own order, the same on every rank (a fixed seed): no op always follows the same one.
+  std::vector<std::size_t> order(ops.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::mt19937 random(12345);
+  for (int round = 0; round < rounds; ++round) {
+    std::shuffle(order.begin(), order.end(), random);
+    for (const std::size_t k : order) {
       if (round >= iterations[k]) continue;
       world.barrier();
       const auto start = clock::now();
       ops[k]();
       total[k] += seconds_since(start);
     }
+  }
   for (std::size_t k = 0; k < ops.size(); ++k) total[k] = max_over_ranks(world, total[k] / iterations[k]);
   return total;
 }

@@ -36,7 +36,8 @@ void run_tutti(Communicator& world, const Case& c, Buffers& buffers, Algorithm a
 double time_op(Communicator& world, const std::function<void()>& op, int warmup, int iterations);
 
 /// Times `ops` alternately: `warmup` rounds of every op, then rounds in which each op still short
-/// of its `iterations` runs once, from a barrier, each round starting one op later than the last. Returns each op's
+/// of its `iterations` runs once, from a barrier, each round in another order (shuffled, the same
+/// on every rank). Returns each op's
 /// mean time per call (the maximum over ranks of each rank's mean). No op is measured always right after the same other
 /// one, or in a state (a link's token bucket, the caches) that one op leaves the next.
 std::vector<double> time_alternating(Communicator& world, const std::vector<std::function<void()>>& ops, int warmup,
