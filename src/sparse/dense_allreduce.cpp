@@ -36,13 +36,15 @@ Piece dense_allreduce(Context& ctx, const Vector& input) {
     ctx.comm.allreduce(out.values.data(), out.values.data(), dim, l.value_type, ctx.op, ctx.collective_options);
     return out;
   }
+  // Declared before the try: on an error, the allreduces in flight still write into both.
+  std::vector<std::byte> first;
   std::vector<tutti::Request> requests;
   requests.reserve(pieces);
   const auto issue = [&](std::byte* values, std::size_t count) {
     requests.push_back(ctx.comm.iallreduce(values, values, count, l.value_type, ctx.op, ctx.collective_options));
   };
   try {
-    std::vector<std::byte> first = zeroed_bytes(per_piece * cv);
+    first = zeroed_bytes(per_piece * cv);
     scatter_canonical(input, 0, per_piece, l, first.data());
     issue(first.data(), per_piece);
     out.values = zeroed_bytes(dim * cv);
