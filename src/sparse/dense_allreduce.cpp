@@ -8,7 +8,6 @@
 // allocated; it is copied into place at the end.
 #include <algorithm>
 #include <cstring>
-#include <exception>
 
 #include "sparse/algorithms.hpp"
 
@@ -28,14 +27,14 @@ Piece dense_allreduce(Context& ctx, const Vector& input) {
   const std::size_t dim = l.dim, cv = l.value_bytes;
   // Every rank cuts the same pieces: they depend on dim and the value type only.
   const std::size_t pieces = ctx.size == 1 ? 1 : std::clamp<std::size_t>(dim * cv / least_piece_bytes, 1, most_pieces);
-  const std::size_t per_piece = (dim + pieces - 1) / std::max<std::size_t>(pieces, 1);
-  Piece out;
-  out.dense = true;
   if (pieces == 1) {
-    out = densify_canonical(input, l);
+    Piece out = densify_canonical(input, l);
     ctx.comm.allreduce(out.values.data(), out.values.data(), dim, l.value_type, ctx.op, ctx.collective_options);
     return out;
   }
+  const std::size_t per_piece = (dim + pieces - 1) / pieces;
+  Piece out;
+  out.dense = true;
   // Declared before the try: on an error, the allreduces in flight still write into both.
   std::vector<std::byte> first;
   std::vector<tutti::Request> requests;

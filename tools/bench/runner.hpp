@@ -37,9 +37,9 @@ double time_op(Communicator& world, const std::function<void()>& op, int warmup,
 
 /// Times `ops` alternately: `warmup` rounds of every op, then rounds in which each op still short
 /// of its `iterations` runs once, from a barrier, each round in another order (shuffled, the same
-/// on every rank). Returns each op's
-/// mean time per call (the maximum over ranks of each rank's mean). No op is measured always right after the same other
-/// one, or in a state (a link's token bucket, the caches) that one op leaves the next.
+/// on every rank). Returns each op's mean time per call (the maximum over ranks of each rank's
+/// mean). So no op is measured always right after the same other one, in the state (a link's
+/// token bucket, the caches) that op leaves behind.
 std::vector<double> time_alternating(Communicator& world, const std::vector<std::function<void()>>& ops, int warmup,
                                      const std::vector<int>& iterations);
 
