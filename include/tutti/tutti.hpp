@@ -19,7 +19,33 @@ namespace tutti {
 namespace detail {
 class Operation;
 class CommImpl;
+class SharedRegion;
 }  // namespace detail
+
+/// Memory from Tutti (Communicator::allocate) that the other processes on this host can map:
+/// a collective whose buffers lie in such memory on every rank of a shared-memory communicator
+/// reads its peers' buffers where they are, without copying them through the segment (zero copy;
+/// docs/algorithms.md). Zero-filled, page-aligned, at least `size()` bytes. Copies share the same
+/// memory, which is freed with the last copy; use it like any other memory.
+class SharedBuffer {
+ public:
+  SharedBuffer() = default;  // no memory: data() == nullptr, size() == 0
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  /// The buffer as `size() / sizeof(T)` elements of T.
+  template <class T>
+  std::span<T> as() const noexcept {
+    return {reinterpret_cast<T*>(data_), size_ / sizeof(T)};
+  }
+  explicit operator bool() const noexcept { return data_ != nullptr; }
+
+  explicit SharedBuffer(std::shared_ptr<detail::SharedRegion> region);
+
+ private:
+  std::shared_ptr<detail::SharedRegion> region_;
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
 
 /// The handle of a nonblocking operation. Copies share the same operation.
 /// The buffers passed to the operation must stay valid until it completes.
@@ -150,6 +176,13 @@ class Communicator {
     check_span_sizes(send.size(), recv.size(), size(), "reduce_scatter: send.size() must be size() * recv.size()");
     reduce_scatter(send.data(), recv.data(), recv.size(), data_type_of<T>(), op, options);
   }
+
+  /// `bytes` of memory that this rank's peers on the host can read in place (see SharedBuffer):
+  /// an allreduce whose send and receive buffers lie in such memory on every rank skips the copies
+  /// through the shared-memory segment. Local (no communication); the buffer may be used with any
+  /// communicator, and outlive this one. Error(invalid_argument) for 0 bytes, Error(system) if
+  /// the memory cannot be had.
+  SharedBuffer allocate(std::size_t bytes) const;
 
   /// MPI_Comm_split: ranks with the same color form a communicator, ordered by (key, old rank).
   /// Collective over this communicator. A negative color gives an empty communicator.

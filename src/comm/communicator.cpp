@@ -1,5 +1,6 @@
 // The public Communicator: thin wrappers that describe each call and hand it to CommImpl.
 #include "comm/comm_impl.hpp"
+#include "core/shared_memory.hpp"
 #include "transport/inproc/inproc.hpp"
 
 namespace tutti {
@@ -174,6 +175,10 @@ void Communicator::recv(void* data, std::size_t count, DataType type, int peer, 
 }
 
 Communicator Communicator::split(int color, int key) const { return checked().split(color, key); }
+
+SharedBuffer Communicator::allocate(std::size_t bytes) const {
+  return SharedBuffer(detail::SharedRegion::create(bytes));
+}
 
 std::vector<Communicator> local_group(int p) {
   if (p < 1) throw Error(ErrorCode::invalid_argument, "local_group: p must be at least 1, got " + std::to_string(p));

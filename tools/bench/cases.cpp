@@ -108,7 +108,8 @@ std::size_t case_elements(const Case& c, int ranks) {
 
 std::size_t case_bytes(const Case& c, int ranks) { return case_elements(c, ranks) * size_of(c.type); }
 
-Buffers::Buffers(const Case& c, int rank, int ranks) : case_(c), rank_(rank), ranks_(ranks), elem_(size_of(c.type)) {
+Buffers::Buffers(const Case& c, int rank, int ranks, const Communicator* shared)
+    : case_(c), rank_(rank), ranks_(ranks), elem_(size_of(c.type)) {
   const std::size_t p = static_cast<std::size_t>(ranks);
   switch (c.kind.value_or(Collective::allreduce)) {  // sendrecv: one buffer each way, like allreduce
     case Collective::reduce_scatter:
@@ -125,27 +126,34 @@ Buffers::Buffers(const Case& c, int rank, int ranks) : case_(c), rank_(rank), ra
       break;
   }
   if (c.in_place && c.kind == Collective::reduce_scatter) recv_elems_ = send_elems_;  // the result is block `rank`
-  if (!c.in_place) send_ = std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(1, send_elems_ * elem_));
-  recv_ = std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(1, recv_elems_ * elem_));
+  const std::size_t send_bytes = std::max<std::size_t>(1, send_elems_ * elem_);
+  const std::size_t recv_bytes = std::max<std::size_t>(1, recv_elems_ * elem_);
+  if (shared != nullptr) {
+    if (!c.in_place) shared_send_ = shared->allocate(send_bytes), send_ = shared_send_.data();
+    shared_recv_ = shared->allocate(recv_bytes), recv_ = shared_recv_.data();
+  } else {
+    if (!c.in_place) owned_send_ = std::make_unique_for_overwrite<std::byte[]>(send_bytes), send_ = owned_send_.get();
+    owned_recv_ = std::make_unique_for_overwrite<std::byte[]>(recv_bytes), recv_ = owned_recv_.get();
+  }
   prepare();  // also faults every page in before anything is timed
 }
 
 std::byte* Buffers::input() {
-  if (!case_.in_place) return send_.get();
-  if (case_.kind == Collective::allgather) return recv_.get() + static_cast<std::size_t>(rank_) * case_.count * elem_;
-  return recv_.get();
+  if (!case_.in_place) return send_;
+  if (case_.kind == Collective::allgather) return recv_ + static_cast<std::size_t>(rank_) * case_.count * elem_;
+  return recv_;
 }
 
 const void* Buffers::send() const { return const_cast<Buffers*>(this)->input(); }
 
 void* Buffers::recv() {
   if (case_.in_place && case_.kind == Collective::reduce_scatter)
-    return recv_.get() + static_cast<std::size_t>(rank_) * case_.count * elem_;
-  return recv_.get();
+    return recv_ + static_cast<std::size_t>(rank_) * case_.count * elem_;
+  return recv_;
 }
 
 void Buffers::prepare() {
-  std::memset(recv_.get(), 0xa5, std::max<std::size_t>(1, recv_elems_ * elem_));  // poison
+  std::memset(recv_, 0xa5, std::max<std::size_t>(1, recv_elems_ * elem_));  // poison
   if (case_.kind == Collective::broadcast && rank_ != case_.root) return;
   std::byte* in = input();
   for (std::size_t j = 0; j < send_elems_; ++j) store(case_.type, in + j * elem_, value(case_, rank_, j, ranks_));

@@ -7,6 +7,7 @@
 #include <span>
 
 #include "bench/options.hpp"
+#include "tutti/tutti.hpp"
 
 namespace tutti::bench {
 
@@ -33,7 +34,8 @@ bool has_form(Kind kind, bool in_place);
 /// `input()` is where the rank's input lives for this form; `output()` what is checked.
 class Buffers {
  public:
-  Buffers(const Case& c, int rank, int ranks);
+  /// With `shared`, the memory comes from shared->allocate (SharedBuffer: zero copy on shm).
+  Buffers(const Case& c, int rank, int ranks, const Communicator* shared = nullptr);
   const void* send() const;  // the `send` argument of the call
   void* recv();              // the `recv` argument (the buffer of broadcast)
   /// Writes the predictable inputs and poisons the outputs (before a checked iteration).
@@ -44,15 +46,18 @@ class Buffers {
   void corrupt();
   /// The memory behind send() and recv(), which device mode mirrors on the device: the inputs of
   /// an out-of-place case (empty in place) and the outputs (where an in-place input lives too).
-  std::span<std::byte> send_storage() { return {send_.get(), send_ ? send_elems_ * elem_ : 0}; }
-  std::span<std::byte> recv_storage() { return {recv_.get(), recv_elems_ * elem_}; }
+  std::span<std::byte> send_storage() { return {send_, send_ ? send_elems_ * elem_ : 0}; }
+  std::span<std::byte> recv_storage() { return {recv_, recv_elems_ * elem_}; }
 
  private:
   std::byte* input();
   Case case_;
   int rank_, ranks_;
   std::size_t send_elems_, recv_elems_, elem_;
-  std::unique_ptr<std::byte[]> send_, recv_;
+  std::byte* send_ = nullptr;  // null in place
+  std::byte* recv_ = nullptr;
+  std::unique_ptr<std::byte[]> owned_send_, owned_recv_;
+  SharedBuffer shared_send_, shared_recv_;
 };
 
 }  // namespace tutti::bench

@@ -45,6 +45,8 @@ constexpr const char* usage_text = R"(usage: tutti-bench [flags]   (run under tu
       --kernels           with --device, on one rank: the device's reduction kernel
                           (dst = a op b) beside a device-to-device copy, per -d, -o and size
       --ceiling           measure memory bandwidth and flag latency; show t_bound / t
+      --shared-buffers    allocate the buffers with Communicator::allocate (shared
+                          memory the peers read in place: zero copy on shm)
       --calibrate         measure the cost model's alpha, beta, gamma for this transport
       --tune              sweep every algorithm and write a tuning table (with --calibrate's model)
       --output FILE       the tuning file --tune/--calibrate write (default: the per-user path)
@@ -341,6 +343,8 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
       o.kernels = true;
     } else if (flag == "--ceiling") {
       o.ceiling = true;
+    } else if (flag == "--shared-buffers") {
+      o.shared_buffers = true;
     } else if (flag == "--tune" || flag == "--calibrate") {
     } else if (flag == "--corrupt-for-testing") {  // proves the check can fail; not in --help
       o.corrupt_for_testing = true;

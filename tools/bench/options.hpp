@@ -43,6 +43,7 @@ struct BenchOptions {
   std::string backend = "automatic";  // --backend (device mode only)
   bool kernels = false;               // --kernels: the device's reduction kernels beside a D2D copy
   bool ceiling = false;
+  bool shared_buffers = false;  // --shared-buffers: buffers from Communicator::allocate
   bool calibrate = false;
   bool tune = false;
   std::string output_path;  // --calibrate/--tune: the tuning file ("" = the per-user default)

@@ -46,7 +46,7 @@ Row measure_row(Communicator& world, const BenchOptions& options, const Case& ba
     if (!has_form(base.kind, in_place) || (options.primary_only && in_place != primary_in_place)) continue;
     Case c = base;
     c.in_place = in_place;
-    Buffers buffers(c, world.rank(), world.size());
+    Buffers buffers(c, world.rank(), world.size(), options.shared_buffers ? &world : nullptr);
     const Timed t = time_and_check(
         world, options, buffers, [&] { run_tutti(world, c, buffers, algorithm); }, 0);
     (in_place ? row.in_place : row.out_of_place) = t.measure;

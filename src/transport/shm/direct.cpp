@@ -108,6 +108,7 @@ void DirectRun::plan() {
   const int root = root_;
   // Every rank makes the same choice: the segment's answer and the call's size are the same on all.
   const std::size_t bytes = count * esize_;
+  if (describes_ && plan_zero_copy()) return;
   const bool single_copy_pays = (kind_ == Collective::allgather && bytes * p < streaming_bytes) ||
                                 (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit) ||
                                 (kind_ == Collective::reduce_scatter && bytes * p < single_copy_reduce_scatter_limit);
@@ -282,6 +283,11 @@ bool DirectRun::progress_barriers() {
     // an inline one takes none, and a set may be written again only after a barrier that
     // follows its last reads (see the top of this file).
     if (!reserved_) {
+      // Zero copy is chosen from every rank's description, which comes with its signature.
+      if (describes_ && !signatures_compared()) {
+        check_deadline_and_liveness();
+        return false;
+      }
       plan();
       first_use_ = transport_.reserve_direct_uses(chunks_);
       reserved_ = true;
@@ -314,6 +320,7 @@ bool DirectRun::progress_barriers() {
 
 void DirectRun::run_phase(std::size_t phase) {
   if (single_copy_) return run_single_copy_phase(phase);
+  if (zero_copy_) return run_zero_copy_phase(phase);
   if (three_parts_ && phase % 2 == 1) return reduce_slice(phase / 2);
   const std::size_t chunk = three_parts_ ? phase / 2 : phase;
   if (chunk > 0) finish(chunk - 1);

@@ -36,6 +36,13 @@ inline constexpr std::size_t single_copy_bytes = 16 * 1024;
 inline constexpr std::size_t single_copy_broadcast_limit = 1024 * 1024;
 inline constexpr std::size_t single_copy_reduce_scatter_limit = 128 * 1024;  // the whole input
 inline constexpr std::size_t streaming_bytes = std::size_t{32} << 20;
+/// An allreduce of at least this many bytes whose send and receive buffers are SharedBuffer
+/// memory on every rank runs zero copy, where the segment allows single copy (the same
+/// permission to reach a peer's memory): each rank reduces its slice straight from every rank's
+/// input into its result, then copies the other slices from the peers' results; three barriers,
+/// no data set. (Nothing is copied into the segment and out again, which is two thirds of the
+/// two-copy path's memory traffic beyond a plain copy.)
+inline constexpr std::size_t zero_copy_bytes = 256 * 1024;
 
 /// One direct collective in progress on this rank. `progress` runs every step whose barrier all
 /// ranks have reached, without blocking; it throws Error(timeout) naming the ranks still awaited

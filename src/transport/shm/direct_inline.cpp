@@ -16,7 +16,8 @@ void DirectRun::bind(const Signature& signature) {
   seq_ = signature.seq;
   const std::size_t p = static_cast<std::size_t>(size());
   const std::size_t input = (kind_ == Collective::reduce_scatter ? p : 1) * count_ * esize_;
-  if (seq_ == no_seq || input > inline_bytes) return;
+  if (seq_ == no_seq) return;
+  if (input > inline_bytes) return describe(signature);
   inline_ = true;
   wire_ = to_wire(signature);
   const bool publishes = kind_ != Collective::broadcast || rank() == root_;

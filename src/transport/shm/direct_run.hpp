@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/shared_memory.hpp"
 #include "reduce/reduce.hpp"
 #include "transport/shm/direct.hpp"
 #include "transport/shm/shm_transport.hpp"
@@ -85,7 +86,7 @@ class DirectRun final : public DirectCollective {
   bool poll() override { return inline_ ? progress_inline(false) : progress_barriers(); }
   std::vector<int> waiting_for() const override;
   ~DirectRun() override {
-    if (inline_ && !consumed_) transport_.consumed_inline(seq_);
+    if ((inline_ || describes_) && !consumed_) transport_.consumed_inline(seq_);
   }
   // One is made and destroyed on every direct call: each thread keeps a freed one for its next.
   static void* operator new(std::size_t bytes);
@@ -121,6 +122,16 @@ class DirectRun final : public DirectCollective {
   /// (after every rank's reads) lets the inputs go.
   void run_single_copy_phase(std::size_t phase);
   void read_input(int q, std::size_t offset, std::byte* dst, std::size_t bytes);
+  /// Zero copy (zero_copy_bytes): bind publishes where this rank's buffers lie in shared memory
+  /// (describe); once every rank's signature is compared, plan_zero_copy reads every rank's
+  /// description and maps the peers' buffers if all are shared. Phase 0 waits for every rank to
+  /// have finished its earlier collectives (whose last writes may be into this one's inputs),
+  /// phase 1 reduces this rank's slice from every input into its result, phase 2 copies the other
+  /// slices from the peers' results, and phase 3 (after every rank's reads) lets the buffers go.
+  void describe(const Signature& signature);
+  bool plan_zero_copy();
+  void run_zero_copy_phase(std::size_t phase);
+  void reduce_own_slice();
   void reduce_scatter_single_copy();
   /// "shm direct <collective> on rank <r>", the start of this run's error texts.
   std::string where() const;
@@ -148,6 +159,18 @@ class DirectRun final : public DirectCollective {
   bool small_ = false;         // allreduce in one step: every rank reduces everything
   bool three_parts_ = false;   // allreduce in chunks: begin, reduce_slice, finish
   bool single_copy_ = false;   // allgather, broadcast, reduce_scatter read the peers' buffers (see plan)
+  bool describes_ = false;     // zero copy: this rank published a Described (see describe)
+  bool zero_copy_ = false;     // and every rank's buffers are shared: runs zero copy
+  struct Described {           // what describe publishes: where send and recv lie (id 0: not shared)
+    core::SharedLocation send, recv;
+  };
+  Described described_{};
+  struct Peer {  // zero copy: a peer's buffers, mapped here
+    std::shared_ptr<const core::PeerRegion> send_region, recv_region;
+    const std::byte* send = nullptr;
+    const std::byte* recv = nullptr;
+  };
+  std::vector<Peer> peers_;
   std::size_t per_chunk_ = 0;  // elements per chunk (per block for reduce_scatter)
   std::size_t chunks_ = 0;
   std::size_t phases_ = 0, phase_ = 0;

@@ -1,0 +1,82 @@
+// Memory from Tutti that the other processes of a host can map (tutti::SharedBuffer, made by
+// Communicator::allocate): each buffer is a memfd mapped here, found by address
+// (locate_shared), and mapped read-only by a peer through /proc/<pid>/fd/<fd> (map_peer_region),
+// which is what lets the shared-memory transport read its peers' buffers in place (zero copy).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "tutti/types.hpp"
+
+namespace tutti::detail {
+
+/// One buffer: a memfd of `bytes` (whole pages) mapped read-write, zero-filled and faulted in.
+/// Known to locate_shared for as long as it lives.
+class SharedRegion {
+ public:
+  /// Error(system) if the memory cannot be had; Error(invalid_argument) for 0 bytes or an absurd size.
+  static std::shared_ptr<SharedRegion> create(std::size_t bytes);
+  SharedRegion(const SharedRegion&) = delete;
+  SharedRegion& operator=(const SharedRegion&) = delete;
+  ~SharedRegion();
+
+  std::byte* base() const { return base_; }
+  std::size_t bytes() const { return bytes_; }  // as asked for
+  std::size_t mapped() const { return mapped_; }
+  int fd() const { return fd_; }
+  std::uint64_t id() const { return id_; }
+  std::uint64_t inode() const { return inode_; }
+
+ private:
+  SharedRegion() = default;
+  std::byte* base_ = nullptr;
+  std::size_t bytes_ = 0, mapped_ = 0;
+  int fd_ = -1;
+  std::uint64_t id_ = 0, inode_ = 0;
+};
+
+}  // namespace tutti::detail
+
+namespace tutti::core {
+
+/// Where a range of this process's memory lies in a SharedRegion: what a peer needs to map it.
+/// Plain data, copied through shared memory as it is.
+struct SharedLocation {
+  std::uint64_t id = 0;  // the region's, unique in its process; 0: not in shared memory
+  std::uint64_t inode = 0;
+  std::uint64_t offset = 0;  // of the range's first byte in the region
+  std::uint64_t region_bytes = 0;
+  std::int32_t fd = -1;
+  std::int32_t unused = 0;
+};
+
+/// The region that holds all of [address, address + bytes) (bytes > 0), if one does.
+std::optional<SharedLocation> locate_shared(const void* address, std::size_t bytes);
+
+/// A peer's region, mapped read-only into this process.
+class PeerRegion {
+ public:
+  PeerRegion(const std::byte* base, std::size_t bytes) : base_(base), bytes_(bytes) {}
+  PeerRegion(const PeerRegion&) = delete;
+  PeerRegion& operator=(const PeerRegion&) = delete;
+  ~PeerRegion();
+  const std::byte* base() const { return base_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  const std::byte* base_;
+  std::size_t bytes_;
+};
+
+/// Process `pid`'s region at `where`, mapped here (and kept: the most recently used
+/// `peer_regions_kept` stay mapped, so that a buffer used call after call is mapped once).
+/// Error(system) naming what failed if the region cannot be opened or is not the one described
+/// (another inode, or smaller than the location says).
+std::shared_ptr<const PeerRegion> map_peer_region(int pid, const SharedLocation& where);
+
+inline constexpr std::size_t peer_regions_kept = 16;
+
+}  // namespace tutti::core
