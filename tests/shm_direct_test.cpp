@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/comm_impl.hpp"
+#include "core/shared_memory.hpp"
 #include "shm_names.hpp"
 #include "threads.hpp"
 #include "transport/inproc/inproc.hpp"
@@ -1148,6 +1149,177 @@ TEST_F(ShmDirect, SingleCopyIsAgreedByEveryRankWhenTheyAttach) {
       EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r << ", refusing rank " << refusing
                                         << " (4: wrong single-copy answer, 8: wrong result)";
     }
+  }
+}
+
+// ---- zero copy: allreduce on SharedBuffer memory (direct.hpp, zero_copy_bytes) ----
+
+TEST_F(ShmDirect, SharedBuffersAreZeroedPageAlignedAndFoundByAddress) {
+  const Communicator none;  // allocate needs no communication
+  try {
+    (void)none.allocate(0);
+    ADD_FAILURE() << "allocate(0) succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+  }
+  SharedBuffer buffer = none.allocate(5000);
+  ASSERT_TRUE(buffer);
+  EXPECT_EQ(buffer.size(), 5000u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(buffer.data()) % 4096, 0u);
+  EXPECT_EQ(buffer.as<float>().size(), 1250u);
+  EXPECT_TRUE(std::all_of(buffer.data(), buffer.data() + buffer.size(), [](std::byte b) { return b == std::byte{0}; }));
+  const auto where = core::locate_shared(buffer.data() + 100, 4900);
+  ASSERT_TRUE(where);
+  EXPECT_NE(where->id, 0u);
+  EXPECT_EQ(where->offset, 100u);
+  EXPECT_EQ(where->region_bytes, 8192u);  // whole pages
+  EXPECT_TRUE(core::locate_shared(buffer.data() + 100, 8092));
+  EXPECT_FALSE(core::locate_shared(buffer.data() + 100, 8093));  // past the mapping
+  EXPECT_FALSE(core::locate_shared(buffer.data(), 0));
+  std::vector<float> plain(16);
+  EXPECT_FALSE(core::locate_shared(plain.data(), sizeof(float) * plain.size()));
+  SharedBuffer copy = buffer;  // copies share the memory
+  buffer.as<float>()[7] = 2.5f;
+  EXPECT_EQ(copy.as<float>()[7], 2.5f);
+  const std::byte* address = copy.data();
+  buffer = SharedBuffer();
+  EXPECT_TRUE(core::locate_shared(address, 16));
+  copy = SharedBuffer();  // the last copy frees it
+  EXPECT_FALSE(core::locate_shared(address, 16));
+}
+
+bool can_read_other_processes();
+int reap(pid_t pid, clock::time_point deadline);
+
+// Rank r's share of an allreduce of n floats: `form` 0 out of place in two buffers, 1 in place,
+// 2 send and recv in one shared buffer at offsets that are not page-aligned; `shared` false gives
+// plain memory. Runs it, direct, and checks every element.
+void zero_copy_allreduce(Communicator& comm, std::size_t n, int form, bool shared, ReduceOp op = ReduceOp::sum) {
+  const int p = comm.size(), r = comm.rank();
+  const std::size_t bytes = n * sizeof(float);
+  SharedBuffer one, two;
+  std::vector<float> plain_send, plain_recv;
+  float *send = nullptr, *recv = nullptr;
+  if (!shared) {
+    plain_send.resize(n), plain_recv.resize(n);
+    send = plain_send.data(), recv = form == 1 ? send : plain_recv.data();
+  } else if (form == 2) {
+    one = comm.allocate(2 * bytes + 64);
+    send = one.as<float>().data() + 3, recv = send + n + 5;
+  } else {
+    one = comm.allocate(bytes);
+    send = one.as<float>().data();
+    if (form == 1) {
+      recv = send;
+    } else {
+      two = comm.allocate(bytes);
+      recv = two.as<float>().data();
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) send[i] = value(r, i);
+  if (recv != send) std::fill(recv, recv + n, std::nanf(""));
+  comm.allreduce(send, recv, n, DataType::f32, op, {Algorithm::direct, 20000ms});
+  const auto want = [&](std::size_t i) {
+    const float k = static_cast<float>(i % 7 + 1);
+    return op == ReduceOp::max ? static_cast<float>(p) * k
+           : op == ReduceOp::avg ? static_cast<float>(p + 1) / 2 * k
+                                 : sum_value(p, i);
+  };
+  expect_equal(std::vector<float>(recv, recv + n), want,
+               "allreduce n=" + std::to_string(n) + " form " + std::to_string(form) +
+                   (shared ? " shared" : " plain") + " op " + std::string(to_string(op)));
+}
+
+// Exact on both sides of zero_copy_bytes, in and out of place, p = 2 to 8, with single copy on
+// (zero copy where the system allows it) and off; zero copy maps the peers' buffers, and nothing
+// is mapped when a rank's buffers are plain memory (every rank then takes the two-copy path).
+TEST_F(ShmDirect, ZeroCopyAllreduceOnSharedBuffersAroundItsLimit) {
+  const bool system_allows = can_read_other_processes();
+  if (!system_allows) std::printf("[ NOTE ] this system forbids process_vm_readv: zero copy stays off\n");
+  const std::size_t low = transport::shm::zero_copy_bytes / sizeof(float);
+  for (const char* setting : {"1", "0"}) {
+    setenv("TUTTI_SHM_SINGLE_COPY", setting, 1);
+    const bool zero_copy = system_allows && std::string(setting) == "1";
+    for (int p : {2, 3, 5, 8}) {
+      core::forget_peer_regions();
+      EXPECT_EQ(run_ranks(p,
+                          [&](Rank& rank) {
+                            for (std::size_t n : {low - 1, low, 3 * low + 7})
+                              for (int form : {0, 1, 2}) zero_copy_allreduce(rank.comm, n, form, true);
+                          }),
+                "")
+          << "TUTTI_SHM_SINGLE_COPY=" << setting << " p=" << p;
+      EXPECT_EQ(core::peer_regions_mapped() > 0, zero_copy) << "TUTTI_SHM_SINGLE_COPY=" << setting << " p=" << p;
+      core::forget_peer_regions();
+      EXPECT_EQ(run_ranks(p,
+                          [&](Rank& rank) {
+                            const bool shared = rank.comm.rank() != p - 1;  // one rank's memory is plain
+                            for (int form : {0, 1}) zero_copy_allreduce(rank.comm, 3 * low + 7, form, shared);
+                          }),
+                "")
+          << "one plain rank, TUTTI_SHM_SINGLE_COPY=" << setting << " p=" << p;
+      EXPECT_EQ(core::peer_regions_mapped(), 0u) << "one plain rank, p=" << p;
+    }
+  }
+  unsetenv("TUTTI_SHM_SINGLE_COPY");
+  // Other ops, and a size whose results are written with streaming stores (streaming_bytes).
+  const std::size_t streamed = transport::shm::streaming_bytes / 2 / sizeof(float) + 5;
+  EXPECT_EQ(run_ranks(2,
+                      [&](Rank& rank) {
+                        for (ReduceOp op : {ReduceOp::avg, ReduceOp::max})
+                          for (int form : {0, 1}) zero_copy_allreduce(rank.comm, 3 * low + 7, form, true, op);
+                        for (int form : {0, 1, 2}) zero_copy_allreduce(rank.comm, streamed, form, true);
+                      }),
+            "");
+  core::forget_peer_regions();
+}
+
+// Ranks as processes: buffers freed and allocated again between calls (a peer must not reuse a
+// mapping of a freed buffer), and two nonblocking allreduces in a chain (the second's input is
+// the first's result, which the peers read only after every rank has finished the first).
+TEST_F(ShmDirect, ZeroCopyAcrossProcessesWithBuffersReplacedAndCallsChained) {
+  const bool system_allows = can_read_other_processes();
+  const std::string name = unique_shm_name();
+  constexpr int p = 3;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < p; ++r) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 0;
+      try {
+        Communicator comm(std::make_shared<detail::CommImpl>(transport::shm::open(name, r, p, 19, 20000ms)));
+        const std::size_t n = 2 * transport::shm::zero_copy_bytes / sizeof(float) + 3;
+        for (int round = 0; round < 3; ++round)
+          for (int form : {0, 1, 2}) zero_copy_allreduce(comm, n, form, true);
+        SharedBuffer a = comm.allocate(n * sizeof(float)), b = comm.allocate(n * sizeof(float)),
+                     c = comm.allocate(n * sizeof(float));
+        float *x = a.as<float>().data(), *y = b.as<float>().data(), *z = c.as<float>().data();
+        for (std::size_t i = 0; i < n; ++i) x[i] = value(r, i), y[i] = -1.0f, z[i] = -1.0f;
+        const Options options{Algorithm::direct, 20000ms};
+        Request first = comm.iallreduce(x, y, n, DataType::f32, ReduceOp::sum, options);
+        Request second = comm.iallreduce(y, z, n, DataType::f32, ReduceOp::sum, options);
+        second.wait();
+        first.wait();
+        for (std::size_t i = 0; i < n; ++i) {
+          code |= y[i] != sum_value(p, i) ? 8 : 0;
+          code |= z[i] != p * sum_value(p, i) ? 16 : 0;
+        }
+        code |= (core::peer_regions_mapped() > 0) != system_allows ? 4 : 0;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+        code = 2;
+      }
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  const auto deadline = clock::now() + 60s;
+  for (int r = 0; r < p; ++r) {
+    const int status = reap(pids[static_cast<std::size_t>(r)], deadline);
+    ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "rank " << r << " hung or crashed";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r
+                                      << " (2: an error, 4: zero copy not taken, 8, 16: wrong results)";
   }
 }
 

@@ -170,4 +170,15 @@ std::shared_ptr<const PeerRegion> map_peer_region(int pid, const SharedLocation&
   return region;
 }
 
+std::size_t peer_regions_mapped() {
+  std::lock_guard lock(peer_cache().mutex);
+  return peer_cache().entries.size();
+}
+
+void forget_peer_regions() {
+  decltype(peer_cache().entries) dropped;
+  std::lock_guard lock(peer_cache().mutex);
+  dropped.swap(peer_cache().entries);
+}
+
 }  // namespace tutti::core

@@ -79,4 +79,10 @@ std::shared_ptr<const PeerRegion> map_peer_region(int pid, const SharedLocation&
 
 inline constexpr std::size_t peer_regions_kept = 16;
 
+/// How many peers' regions this process keeps mapped, and dropping them all (a region in use by a
+/// collective stays mapped until it ends): for tests and for a program that wants the memory of
+/// buffers its peers freed back at once.
+std::size_t peer_regions_mapped();
+void forget_peer_regions();
+
 }  // namespace tutti::core
