@@ -371,18 +371,18 @@ void EngineCore::run_job(Job& job) {
   }
 
   // A fused bucket of allreduces of one type and op.
-  if (fusion_.size() < job.bytes) fusion_.resize(job.bytes);
+  std::byte* fusion = fusion_buffer(job.bytes);
   std::size_t at = 0;
   for (const auto& t : job.tensors) {
     const auto t0 = Clock::now();
     const std::size_t n = t->descriptor.count * size_of(t->descriptor.type);
-    if (n) std::memcpy(fusion_.data() + at, t->send, n);
+    if (n) std::memcpy(fusion + at, t->send, n);
     at += n;
     if (timeline_) timeline_->event(t->descriptor.name, "MEMCPY_IN_FUSION_BUFFER", t0, Clock::now());
   }
   const auto reduce_start = Clock::now();
   const std::size_t elements = job.bytes / size_of(d0.type);
-  if (elements) comm_.allreduce(fusion_.data(), fusion_.data(), elements, d0.type, d0.op);
+  if (elements) comm_.allreduce(fusion, fusion, elements, d0.type, d0.op);
   const auto reduce_end = Clock::now();
   if (timeline_)
     for (const auto& t : job.tensors) timeline_->event(t->descriptor.name, phase, reduce_start, reduce_end, args);
@@ -391,7 +391,7 @@ void EngineCore::run_job(Job& job) {
   for (const auto& t : job.tensors) {
     const auto t0 = Clock::now();
     const std::size_t n = t->descriptor.count * size_of(t->descriptor.type);
-    if (n) std::memcpy(t->recv, fusion_.data() + at, n);
+    if (n) std::memcpy(t->recv, fusion + at, n);
     at += n;
     if (timeline_) timeline_->event(t->descriptor.name, "MEMCPY_OUT_FUSION_BUFFER", t0, Clock::now());
     complete(t, nullptr);
@@ -451,6 +451,22 @@ std::vector<CollectiveRecord> EngineCore::take_allreduce_records() {
   std::vector<CollectiveRecord> out;
   out.swap(records_);
   return out;
+}
+
+
+std::byte* EngineCore::fusion_buffer(std::size_t bytes) {
+  if (fusion_.size() >= bytes) return fusion_.data();
+  if (fusion_plain_.size() >= bytes) return fusion_plain_.data();
+  const std::size_t grown = std::max(bytes, 2 * std::max(fusion_.size(), fusion_plain_.size()));
+  fusion_ = SharedBuffer();  // the old buffer goes first
+  try {
+    fusion_ = comm_.allocate(grown);
+    fusion_plain_ = {};
+    return fusion_.data();
+  } catch (const Error&) {
+    fusion_plain_.resize(grown);
+    return fusion_plain_.data();
+  }
 }
 
 }  // namespace tutti::engine_detail

@@ -145,7 +145,11 @@ class EngineCore {
   std::unordered_map<std::string, std::shared_ptr<TensorState>> announced_;
   std::map<std::string, Clock::time_point> warned_;  // stall warnings given, by name
   std::set<std::string> expired_;                    // rank 0: names declared expired
-  std::vector<std::byte> fusion_;
+  // The fusion buffer: shared memory (Communicator::allocate), so that on one host the fused
+  // allreduce reads the peers' buffers in place (zero copy); plain memory where that fails.
+  std::byte* fusion_buffer(std::size_t bytes);
+  SharedBuffer fusion_;
+  std::vector<std::byte> fusion_plain_;
   bool step_start_ = true;
   bool idle_wait_ = false;  // the last cycle: every rank waiting, and nothing moved
   // The last cycle: a caller on another rank was blocked waiting. That rank negotiates again at

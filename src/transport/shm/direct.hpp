@@ -40,9 +40,10 @@ inline constexpr std::size_t streaming_bytes = std::size_t{32} << 20;
 /// memory on every rank runs zero copy, where the segment allows single copy (the same
 /// permission to reach a peer's memory): each rank reduces its slice straight from every rank's
 /// input into its result, then copies the other slices from the peers' results; three barriers,
-/// no data set. (Nothing is copied into the segment and out again, which is two thirds of the
-/// two-copy path's memory traffic beyond a plain copy.)
-inline constexpr std::size_t zero_copy_bytes = 256 * 1024;
+/// no data set. Nothing is copied into the segment and out again: at p = 2 out of place, 16 KiB
+/// took 3.9-4.2 us against 6.0-6.4 with two copies, 64 MiB 12.7-13.3 ms against 16.0-19.3
+/// (docs/performance.md, 2026-11-27). Below 16 KiB the small and inline paths are faster.
+inline constexpr std::size_t zero_copy_bytes = 16 * 1024;
 
 /// One direct collective in progress on this rank. `progress` runs every step whose barrier all
 /// ranks have reached, without blocking; it throws Error(timeout) naming the ranks still awaited
