@@ -22,7 +22,7 @@ from ._errors import (
     Timeout,
     Unsupported,
 )
-from ._tutti import Algorithm, Communicator, DataType, HostLayout, ReduceOp, Request, init, local_group
+from ._tutti import Algorithm, Communicator, DataType, HostLayout, ReduceOp, Request, SharedBuffer, init, local_group
 
 __all__ = [
     "Aborted",
@@ -36,6 +36,7 @@ __all__ = [
     "PeerFailure",
     "ReduceOp",
     "Request",
+    "SharedBuffer",
     "SystemError_",
     "Timeout",
     "Unsupported",

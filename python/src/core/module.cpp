@@ -39,6 +39,19 @@ void bind_host_layout(py::module_& m) {
       });
 }
 
+void bind_shared_buffer(py::module_& m) {
+  py::class_<tutti::SharedBuffer>(m, "SharedBuffer", py::buffer_protocol(),
+                                  "Memory from Communicator.allocate: writable bytes (the buffer protocol), freed "
+                                  "once no Python object refers to it.")
+      .def_buffer([](tutti::SharedBuffer& b) {
+        return py::buffer_info(b.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.size())}, {py::ssize_t{1}}, false);
+      })
+      .def("__len__", &tutti::SharedBuffer::size)
+      .def("__repr__",
+           [](const tutti::SharedBuffer& b) { return "<tutti.SharedBuffer " + std::to_string(b.size()) + " bytes>"; });
+}
+
 void bind_communicator(py::module_& m) {
   py::class_<tutti::Communicator> cls(m, "Communicator",
                                       "A group of ranks that run collectives together (include/tutti/tutti.hpp). "
@@ -62,6 +75,12 @@ void bind_communicator(py::module_& m) {
           },
           "Where the ranks live (tutti/topology.hpp): hosts as TUTTI_HOST or the host name gives them. "
           "Collective.")
+      .def(
+          "allocate", [](const tutti::Communicator& c, std::size_t nbytes) { return c.allocate(nbytes); },
+          py::arg("nbytes"),
+          "nbytes of zero-filled memory that this rank's peers on the host can read in place "
+          "(tutti::SharedBuffer): an allreduce whose buffers lie in such memory on every rank runs zero copy "
+          "over shared memory. View it with numpy.frombuffer(buffer, dtype).")
       .def("__repr__", [](const tutti::Communicator& c) {
         return "<tutti.Communicator rank " + std::to_string(c.rank()) + " of " + std::to_string(c.size()) + ">";
       });
@@ -85,6 +104,7 @@ PYBIND11_MODULE(_tutti, m) {
       .def("test", &tutti_python::PyRequest::test, "True when complete. Raises the call's error.");
 
   bind_host_layout(m);
+  bind_shared_buffer(m);
   bind_communicator(m);
 
   m.def(

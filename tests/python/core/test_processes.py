@@ -51,6 +51,24 @@ class Processes(unittest.TestCase):
             want = p * (p - 1) / 2 + k * p
             self.assertTrue(np.all(b == want), f"buffer {k}: {b[:4]} want {want}")
 
+    def test_shared_buffers_zero_copy(self):
+        """Buffers from allocate: numpy views of them reduce exactly, in and out of place."""
+        comm = world()
+        n = (1 << 16) + 3
+        send_memory, recv_memory = comm.allocate(4 * n), comm.allocate(4 * n)
+        self.assertEqual(len(send_memory), 4 * n)
+        send = np.frombuffer(send_memory, dtype=np.float32)
+        recv = np.frombuffer(recv_memory, dtype=np.float32)
+        self.assertTrue(np.all(send == 0))
+        send[:] = (comm.rank + 1) * (np.arange(n) % 7 + 1)
+        recv[:] = np.nan
+        comm.allreduce(send, recv)
+        p = comm.size
+        want = p * (p + 1) / 2 * (np.arange(n) % 7 + 1)
+        self.assertTrue(np.array_equal(recv, want), f"{recv[:4]} want {want[:4]}")
+        comm.allreduce(send)  # in place
+        self.assertTrue(np.array_equal(send, want), f"{send[:4]} want {want[:4]}")
+
     def test_z_rank_out_of_range(self):
         """Rejected on every rank before anything moves; the world stays usable."""
         comm = world()
