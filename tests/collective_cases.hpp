@@ -24,12 +24,14 @@ struct Case {
   int place;  // 0: out of place; 1: in place (NCCL form); 2: in place (MPI form, where it differs)
   int root;
   bool nonblocking;
+  bool shared = false;  // allreduce buffers from Communicator::allocate (zero copy on shm)
 };
 
 inline std::string name_of(const Case& c) {
   std::ostringstream s;
   s << to_string(c.collective) << "_" << to_string(c.algorithm) << "_" << to_string(c.type) << "_" << to_string(c.op)
-    << "_p" << c.p << "_n" << c.count << "_place" << c.place << "_root" << c.root << (c.nonblocking ? "_nb" : "_b");
+    << "_p" << c.p << "_n" << c.count << "_place" << c.place << "_root" << c.root << (c.nonblocking ? "_nb" : "_b")
+    << (c.shared ? "_shared" : "");
   return s.str();
 }
 
@@ -49,11 +51,24 @@ inline std::size_t v_count(std::size_t count, int from, int to) {
 constexpr std::size_t v_stride = 100000;  // element index base of block (from, to) in alltoallv
 
 // A typed buffer of n elements, poisoned.
+// n elements and a poisoned byte past them; from `shared`->allocate if given, else the heap.
 struct Buffer {
-  Buffer(DataType type, std::size_t n) : elem(size_of(type)), bytes(n * elem + 1, poison) {}
-  void* at(std::size_t i) { return bytes.data() + i * elem; }
-  std::size_t elem;
-  std::vector<unsigned char> bytes;
+  Buffer(DataType type, std::size_t n, const Communicator* shared = nullptr) : elem(size_of(type)), size(n * elem + 1) {
+    if (shared != nullptr) {
+      memory = shared->allocate(size);
+      data = reinterpret_cast<unsigned char*>(memory.data());
+    } else {
+      plain.resize(size);
+      data = plain.data();
+    }
+    std::memset(data, poison, size);
+  }
+  void* at(std::size_t i) { return data + i * elem; }
+  unsigned char last() const { return data[size - 1]; }
+  std::size_t elem, size;
+  unsigned char* data = nullptr;
+  std::vector<unsigned char> plain;
+  SharedBuffer memory;
 };
 
 // Fills [first, first+n) of `b` with rank's values at element indices base + j.
@@ -77,7 +92,7 @@ inline std::string compare(Buffer& b, const Case& c, std::size_t first, std::siz
              std::to_string(wrong) + " of " + std::to_string(n) + " wrong";
     }
   }
-  if (b.bytes.back() != poison) return "wrote past the end of the buffer";
+  if (b.last() != poison) return "wrote past the end of the buffer";
   return {};
 }
 
@@ -105,7 +120,7 @@ inline std::string run_rank(Communicator& comm, const Case& c) {
   };
   switch (c.collective) {
     case Collective::allreduce: {
-      Buffer in(c.type, n), out(c.type, n);
+      Buffer in(c.type, n, c.shared ? &comm : nullptr), out(c.type, n, c.shared ? &comm : nullptr);
       fill(in, c, r, 0, n, 0);
       Buffer& result = c.place ? in : out;
       call([&] { comm.allreduce(in.at(0), result.at(0), n, c.type, c.op, options); },

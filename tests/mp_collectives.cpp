@@ -52,6 +52,14 @@ std::vector<Case> direct_cases(int p) {
       c.count = n;
       out.push_back(c);
     }
+    if (c.collective != Collective::allreduce) continue;
+    // Zero copy: every rank's buffers in shared memory, on both sides of zero_copy_bytes.
+    c.shared = true;
+    for (std::size_t n :
+         {std::size_t{1}, std::size_t{4095}, std::size_t{4096}, std::size_t{100003}, std::size_t{1} << 20}) {
+      c.count = n;
+      out.push_back(c);
+    }
   }
   return out;
 }

@@ -1221,13 +1221,13 @@ void zero_copy_allreduce(Communicator& comm, std::size_t n, int form, bool share
   comm.allreduce(send, recv, n, DataType::f32, op, {Algorithm::direct, 20000ms});
   const auto want = [&](std::size_t i) {
     const float k = static_cast<float>(i % 7 + 1);
-    return op == ReduceOp::max ? static_cast<float>(p) * k
+    return op == ReduceOp::max   ? static_cast<float>(p) * k
            : op == ReduceOp::avg ? static_cast<float>(p + 1) / 2 * k
                                  : sum_value(p, i);
   };
   expect_equal(std::vector<float>(recv, recv + n), want,
-               "allreduce n=" + std::to_string(n) + " form " + std::to_string(form) +
-                   (shared ? " shared" : " plain") + " op " + std::string(to_string(op)));
+               "allreduce n=" + std::to_string(n) + " form " + std::to_string(form) + (shared ? " shared" : " plain") +
+                   " op " + std::string(to_string(op)));
 }
 
 // Exact on both sides of zero_copy_bytes, in and out of place, p = 2 to 8, with single copy on
@@ -1318,8 +1318,7 @@ TEST_F(ShmDirect, ZeroCopyAcrossProcessesWithBuffersReplacedAndCallsChained) {
   for (int r = 0; r < p; ++r) {
     const int status = reap(pids[static_cast<std::size_t>(r)], deadline);
     ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "rank " << r << " hung or crashed";
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r
-                                      << " (2: an error, 4: zero copy not taken, 8, 16: wrong results)";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r << " (2: an error, 4: zero copy not taken, 8, 16: wrong results)";
   }
 }
 

@@ -176,6 +176,9 @@ void Communicator::recv(void* data, std::size_t count, DataType type, int peer, 
 
 Communicator Communicator::split(int color, int key) const { return checked().split(color, key); }
 
+SharedBuffer::SharedBuffer(std::shared_ptr<detail::SharedRegion> region)
+    : region_(std::move(region)), data_(region_ ? region_->base() : nullptr), size_(region_ ? region_->bytes() : 0) {}
+
 SharedBuffer Communicator::allocate(std::size_t bytes) const {
   return SharedBuffer(detail::SharedRegion::create(bytes));
 }

@@ -1,7 +1,5 @@
 #include "core/shared_memory.hpp"
 
-#include "tutti/tutti.hpp"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -77,13 +75,6 @@ SharedRegion::~SharedRegion() {
 }
 
 }  // namespace tutti::detail
-
-namespace tutti {
-
-SharedBuffer::SharedBuffer(std::shared_ptr<detail::SharedRegion> region)
-    : region_(std::move(region)), data_(region_ ? region_->base() : nullptr), size_(region_ ? region_->bytes() : 0) {}
-
-}  // namespace tutti
 
 namespace tutti::core {
 

@@ -453,7 +453,6 @@ std::vector<CollectiveRecord> EngineCore::take_allreduce_records() {
   return out;
 }
 
-
 std::byte* EngineCore::fusion_buffer(std::size_t bytes) {
   if (fusion_.size() >= bytes) return fusion_.data();
   if (fusion_plain_.size() >= bytes) return fusion_plain_.data();

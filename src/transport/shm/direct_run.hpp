@@ -156,12 +156,12 @@ class DirectRun final : public DirectCollective {
   std::chrono::milliseconds timeout_;
   clock::time_point deadline_{};  // timeout_ after the first wait (a call that never waits reads no clock)
   clock::time_point next_liveness_check_{};
-  bool small_ = false;         // allreduce in one step: every rank reduces everything
-  bool three_parts_ = false;   // allreduce in chunks: begin, reduce_slice, finish
-  bool single_copy_ = false;   // allgather, broadcast, reduce_scatter read the peers' buffers (see plan)
-  bool describes_ = false;     // zero copy: this rank published a Described (see describe)
-  bool zero_copy_ = false;     // and every rank's buffers are shared: runs zero copy
-  struct Described {           // what describe publishes: where send and recv lie (id 0: not shared)
+  bool small_ = false;        // allreduce in one step: every rank reduces everything
+  bool three_parts_ = false;  // allreduce in chunks: begin, reduce_slice, finish
+  bool single_copy_ = false;  // allgather, broadcast, reduce_scatter read the peers' buffers (see plan)
+  bool describes_ = false;    // zero copy: this rank published a Described (see describe)
+  bool zero_copy_ = false;    // and every rank's buffers are shared: runs zero copy
+  struct Described {          // what describe publishes: where send and recv lie (id 0: not shared)
     core::SharedLocation send, recv;
   };
   Described described_{};

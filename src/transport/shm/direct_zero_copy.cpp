@@ -49,8 +49,7 @@ bool DirectRun::plan_zero_copy() {
         auto region = core::map_peer_region(pid, at);
         return std::pair{region, region->base() + at.offset};
       } catch (const Error& error) {
-        throw Error(error.code(), where() + ": rank " + std::to_string(q) + "'s " + which + " buffer: " +
-                                      error.what());
+        throw Error(error.code(), where() + ": rank " + std::to_string(q) + "'s " + which + " buffer: " + error.what());
       }
     };
     Peer& peer = peers_[static_cast<std::size_t>(q)];
@@ -87,7 +86,8 @@ void DirectRun::reduce_own_slice() {
   const auto reduce_into = [&](std::byte* dst, std::size_t element, std::size_t n) {
     bool reduced = false;
     for (int q = 0; q < p; ++q)
-      if (q != r) reduce::apply(op_, type_, dst, reduced ? dst : input(r, element), input(q, element), n), reduced = true;
+      if (q != r)
+        reduce::apply(op_, type_, dst, reduced ? dst : input(r, element), input(q, element), n), reduced = true;
     if (op_ == ReduceOp::avg) reduce::divide(type_, dst, n, p);
   };
   if (copy_out_ == copy_cached) return reduce_into(recv_ + first * esize_, first, last - first);
