@@ -24,6 +24,7 @@
 
 #include "comm/comm_impl.hpp"
 #include "core/shared_memory.hpp"
+#include "processes.hpp"
 #include "shm_names.hpp"
 #include "threads.hpp"
 #include "transport/inproc/inproc.hpp"
@@ -938,22 +939,6 @@ TEST_F(ShmDirect, ARootRunningAheadWaitsForFreeSlotsAndGetsThem) {
         << "p=" << p;
 }
 
-// Waits for `pid` until `deadline`; kills it if still running. Returns its wait status, or -1.
-int reap(pid_t pid, clock::time_point deadline) {
-  int status = 0;
-  for (;;) {
-    const pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid) return status;
-    if (done < 0) return -1;
-    if (clock::now() >= deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(5ms);
-  }
-}
-
 // In a child: rank r of 3 runs direct allreduces; rank 2 runs one and exits. The others must
 // stop with peer_failure naming rank 2 (exit 0), not wait for their deadline (exit 2 or 3).
 [[noreturn]] void child_direct_loop(const std::string& name, int r) {
@@ -1117,13 +1102,10 @@ TEST_F(ShmDirect, SingleCopyIsAgreedByEveryRankWhenTheyAttach) {
   if (!system_allows) std::printf("[ NOTE ] this system forbids process_vm_readv: single copy stays off\n");
   for (int refusing : {-1, 1}) {
     const std::string name = unique_shm_name();
-    std::vector<pid_t> pids;
-    for (int r = 0; r < 3; ++r) {
-      const pid_t pid = fork();
-      ASSERT_GE(pid, 0);
-      if (pid == 0) {
-        int code = 0;
-        try {
+    const std::vector<int> codes = on_processes(
+        3,
+        [&](int r) {
+          int code = 0;
           if (r == refusing) setenv("TUTTI_SHM_SINGLE_COPY", "0", 1);
           auto t = transport::shm::open(name, r, 3, 17, 20000ms);
           const bool single = static_cast<transport::shm::ShmTransport&>(*t).segment().single_copy();
@@ -1135,20 +1117,13 @@ TEST_F(ShmDirect, SingleCopyIsAgreedByEveryRankWhenTheyAttach) {
           comm.allgather(in.data(), out.data(), n, DataType::f32, {Algorithm::direct, 20000ms});
           for (int q = 0; q < 3; ++q)
             for (std::size_t i = 0; i < n; ++i) code |= out[q * n + i] != value(q, i) ? 8 : 0;
-        } catch (...) {
-          code = 2;
-        }
-        _exit(code);
-      }
-      pids.push_back(pid);
-    }
-    const auto deadline = clock::now() + 30s;
-    for (int r = 0; r < 3; ++r) {
-      const int status = reap(pids[static_cast<std::size_t>(r)], deadline);
-      ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "rank " << r << " hung or crashed";
-      EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r << ", refusing rank " << refusing
-                                        << " (4: wrong single-copy answer, 8: wrong result)";
-    }
+          return code;
+        },
+        30s);
+    for (int r = 0; r < 3; ++r)
+      EXPECT_EQ(codes[static_cast<std::size_t>(r)], 0)
+          << "rank " << r << ", refusing rank " << refusing
+          << " (-1: hung or crashed, 2: an error, 4: wrong single-copy answer, 8: wrong result)";
   }
 }
 
@@ -1189,7 +1164,6 @@ TEST_F(ShmDirect, SharedBuffersAreZeroedPageAlignedAndFoundByAddress) {
 }
 
 bool can_read_other_processes();
-int reap(pid_t pid, clock::time_point deadline);
 
 // Rank r's share of an allreduce of n floats: `form` 0 out of place in two buffers, 1 in place,
 // 2 send and recv in one shared buffer at offsets that are not page-aligned; `shared` false gives
@@ -1281,13 +1255,10 @@ TEST_F(ShmDirect, ZeroCopyAcrossProcessesWithBuffersReplacedAndCallsChained) {
   const bool system_allows = can_read_other_processes();
   const std::string name = unique_shm_name();
   constexpr int p = 3;
-  std::vector<pid_t> pids;
-  for (int r = 0; r < p; ++r) {
-    const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      int code = 0;
-      try {
+  const std::vector<int> codes = on_processes(
+      p,
+      [&](int r) {
+        int code = 0;
         Communicator comm(std::make_shared<detail::CommImpl>(transport::shm::open(name, r, p, 19, 20000ms)));
         const std::size_t n = 2 * transport::shm::zero_copy_bytes / sizeof(float) + 3;
         for (int round = 0; round < 3; ++round)
@@ -1306,20 +1277,12 @@ TEST_F(ShmDirect, ZeroCopyAcrossProcessesWithBuffersReplacedAndCallsChained) {
           code |= z[i] != p * sum_value(p, i) ? 16 : 0;
         }
         code |= (core::peer_regions_mapped() > 0) != system_allows ? 4 : 0;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-        code = 2;
-      }
-      _exit(code);
-    }
-    pids.push_back(pid);
-  }
-  const auto deadline = clock::now() + 60s;
-  for (int r = 0; r < p; ++r) {
-    const int status = reap(pids[static_cast<std::size_t>(r)], deadline);
-    ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "rank " << r << " hung or crashed";
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r << " (2: an error, 4: zero copy not taken, 8, 16: wrong results)";
-  }
+        return code;
+      },
+      60s);
+  for (int r = 0; r < p; ++r)
+    EXPECT_EQ(codes[static_cast<std::size_t>(r)], 0)
+        << "rank " << r << " (-1: hung or crashed, 2: an error, 4: zero copy not taken, 8, 16: wrong results)";
 }
 
 }  // namespace

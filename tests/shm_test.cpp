@@ -16,6 +16,7 @@
 
 #include "collective_cases.hpp"
 #include "comm/comm_impl.hpp"
+#include "processes.hpp"
 #include "shm_names.hpp"
 #include "threads.hpp"
 #include "transport/shm/segment.hpp"
@@ -235,22 +236,6 @@ TEST_F(Shm, CancelStopsAPartialReceive) {
 
 // ---- processes ----
 
-// Waits for `pid` until `deadline`; kills it if still running. Returns its wait status, or -1.
-int reap(pid_t pid, std::chrono::steady_clock::time_point deadline) {
-  int status = 0;
-  for (;;) {
-    const pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid) return status;
-    if (done < 0) return -1;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(5ms);
-  }
-}
-
 // In a child: rank `r` of `p` runs allreduces until an error, then _exits with a code saying what
 // happened: 0 = peer_failure naming rank `victim`, 2 = another error, 3 = no error at all.
 [[noreturn]] void child_allreduce_loop(const std::string& name, int r, int p, int victim, int ready_fd) {
@@ -326,13 +311,10 @@ TEST_F(Shm, KilledProcessIsReportedToTheOthers) {
 TEST_F(Shm, ForkedRanksRunCollectives) {
   constexpr int p = 3;
   const std::string name = unique_shm_name();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < p; ++r) {
-    const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      int code = 0;
-      try {
+  const std::vector<int> codes = on_processes(
+      p,
+      [&](int r) {
+        int code = 0;
         Communicator comm = communicator(transport::shm::open(name, r, p, 5, attach_timeout));
         std::vector<std::int64_t> data(1000003, r + 1);
         comm.allreduce(std::span<std::int64_t>(data), ReduceOp::sum, {Algorithm::automatic, timeout});
@@ -343,19 +325,11 @@ TEST_F(Shm, ForkedRanksRunCollectives) {
         if (r > 0 && r + 1 < p) comm.send(&token, 1, DataType::i64, r + 1);
         code |= token != 77;
         comm.barrier({Algorithm::automatic, timeout});
-      } catch (...) {
-        code = 2;
-      }
-      _exit(code);
-    }
-    pids.push_back(pid);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  for (int r = 0; r < p; ++r) {
-    const int status = reap(pids[static_cast<std::size_t>(r)], deadline);
-    ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "rank " << r << " hung or crashed";
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r;
-  }
+        return code;
+      },
+      60s);
+  for (int r = 0; r < p; ++r)
+    EXPECT_EQ(codes[static_cast<std::size_t>(r)], 0) << "rank " << r << " (-1: hung or crashed)";
 }
 
 }  // namespace
