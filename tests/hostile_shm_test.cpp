@@ -20,7 +20,9 @@
 
 #include "bootstrap/store.hpp"
 #include "comm/comm_impl.hpp"
+#include "core/shared_memory.hpp"
 #include "shm_names.hpp"
+#include "transport/shm/direct.hpp"
 #include "transport/shm/segment.hpp"
 #include "transport/shm/shm.hpp"
 #include "transport/shm/shm_transport.hpp"
@@ -357,6 +359,57 @@ TEST_F(HostileShm, GarbageSignatureSlot) {
   EXPECT_EQ(failure->error.code(), ErrorCode::mismatch);
   EXPECT_NE(std::string(failure->error.what()).find("mismatched collective: rank 0 called"), std::string::npos)
       << failure->error.what();
+}
+
+// A zero-copy allreduce whose peer describes its buffers falsely (see DirectRun::describe): past
+// the end of its shared buffer, or as another file than the one it names. The victim fails with a
+// named error before it reads anything of the peer's, never maps what was not described.
+void expect_zero_copy_refused(const std::function<void(core::SharedLocation&)>& lie, const std::string& what) {
+  Pair pair;
+  const std::size_t n = 4 * transport::shm::zero_copy_bytes / sizeof(float), bytes = n * sizeof(float);
+  const Communicator none;
+  SharedBuffer send = none.allocate(bytes), recv = none.allocate(bytes);
+  transport::Signature signature;
+  signature.seq = 0;
+  signature.collective = Collective::allreduce;
+  signature.count = n;
+  signature.type = DataType::f32;
+  signature.op = ReduceOp::sum;
+  signature.algorithm = Algorithm::direct;
+  auto run = transport::shm::start_direct(*pair.t[1], Collective::allreduce, send.data(), recv.data(), n, DataType::f32,
+                                          ReduceOp::sum, -1, 2000ms);
+  run->bind(signature);
+  pair.t[1]->announce(signature);
+  struct {
+    core::SharedLocation send, recv;
+  } described{*core::locate_shared(send.data(), bytes), *core::locate_shared(recv.data(), bytes)};
+  lie(described.send);
+  auto& attacker = static_cast<ShmTransport&>(*pair.t[0]);
+  attacker.carry_inline(0, reinterpret_cast<const std::byte*>(&described), sizeof described,
+                        transport::to_wire(signature));
+  attacker.announce(signature);
+  std::string error;
+  try {
+    for (int i = 0; i < 1000 && !run->progress(); ++i) std::this_thread::sleep_for(1ms);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::system) << e.what();
+    error = e.what();
+  }
+  EXPECT_NE(error.find("shm direct allreduce on rank 1: rank 0"), std::string::npos) << error;
+  EXPECT_NE(error.find(what), std::string::npos) << error;
+  EXPECT_TRUE(pair.t[1]->aborted().has_value());
+  EXPECT_TRUE(std::all_of(recv.data(), recv.data() + bytes, [](std::byte b) { return b == std::byte{0}; }))
+      << "the victim wrote into its result";
+  core::forget_peer_regions();
+}
+
+TEST_F(HostileShm, ZeroCopyBufferDescribedPastItsEnd) {
+  expect_zero_copy_refused([](core::SharedLocation& at) { at.offset = at.region_bytes - 64; },
+                           "described its send buffer as");
+}
+
+TEST_F(HostileShm, ZeroCopyBufferDescribedAsAnotherFile) {
+  expect_zero_copy_refused([](core::SharedLocation& at) { at.inode += 1; }, "it is not the buffer the peer described");
 }
 
 // Through the public API: a receive in progress when rank 0 writes a corrupt chunk fails with
