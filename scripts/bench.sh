@@ -8,7 +8,9 @@
 #      gets), five passes one after the other: automatic's median beside the fastest forced
 #      algorithm's, with the spread over passes (automatic-model-*.json, automatic-model.md);
 #   4. p = 4 and 8 on the same cores, allreduce beside MPI (p4.json, p8.json);
-#   5. the tables (bench_table.py) and the plot (plot_bench.py).
+#   5. p = 2, allreduce on buffers from Communicator::allocate (zero copy) beside MPI on the same
+#      buffers, with the ceiling (shared.json);
+#   6. the tables (bench_table.py) and the plot (plot_bench.py).
 #   scripts/bench.sh [DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +40,9 @@ done
 for p in 4 8; do
   mpi "$p" "$empty" -t allreduce -b 4 -e 64M -f 4 --peers mpi --json "$out/p$p.json" | tee "$out/p$p.log"
 done
-for f in peers p4 p8; do /usr/bin/python3 tools/bench_table.py peers "$out/$f.json" >"$out/$f.md"; done
+mpi 2 "$tuning" -t allreduce -b 16K -e 256M -f 4 --peers mpi --ceiling --shared-buffers --json "$out/shared.json" |
+  tee "$out/shared.log"
+for f in peers p4 p8 shared; do /usr/bin/python3 tools/bench_table.py peers "$out/$f.json" >"$out/$f.md"; done
 /usr/bin/python3 tools/bench_table.py automatic "$out/automatic.json" >"$out/automatic.md"
 /usr/bin/python3 tools/bench_table.py automatic "$out"/automatic-model-?.json >"$out/automatic-model.md"
 /usr/bin/python3 tools/plot_bench.py --ratio --out "$out/peers.png" "$out/peers.json"
