@@ -10,14 +10,14 @@
 #
 # H x R ranks (default 2 x 1), RATE as scripts/cluster.sh takes it (default 100mbit: where the
 # dense allreduce of this model's 0.9 MB of gradients is at least half the step). LIST: comma-
-# separated compressors (defaults: none,fp16,bf16,qsgd:8,qsgd:4,powersgd:2,topk:0.01 for
+# separated compressors (defaults: none,fp16,bf16,qsgd:8,qsgd:4,powersgd:2,topk:0.01,topk:0.01:40 for
 # tutti-train, none,fp16,powersgd:2 for DDP; an empty LIST skips that side). FLAGS go to both
 # programs (default: --epochs 2 --train-samples 12800 --test-samples 2000 --batch-size 64
 # --threads 1; a flag given replaces its default). The build: $TUTTI_BUILD_DIR (default build/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hosts=2 ranks=1 rate=100mbit
-tutti_list=none,fp16,bf16,qsgd:8,qsgd:4,powersgd:2,topk:0.01
+tutti_list=none,fp16,bf16,qsgd:8,qsgd:4,powersgd:2,topk:0.01,topk:0.01:40
 ddp_list=none,fp16,powersgd:2
 usage() { sed -n '2,18s/^# \{0,1\}//p' "$0"; }
 while (($#)); do

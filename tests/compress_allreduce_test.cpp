@@ -279,12 +279,16 @@ TEST(PowerSgd, ErrorFeedbackAddsUpToTheTrueSum) {
 }
 
 TEST(Compression, ParsesAndPrints) {
-  for (const char* text : {"none", "fp16", "bf16", "qsgd:4", "qsgd:8", "powersgd:2", "topk:0.01", "topk:1"})
+  for (const char* text :
+       {"none", "fp16", "bf16", "qsgd:4", "qsgd:8", "powersgd:2", "topk:0.01", "topk:1", "topk:0.01:40"})
     EXPECT_EQ(tc::Compression::parse(text).to_string(), text);
   EXPECT_EQ(tc::Compression::parse("powersgd:4").rank, 4);
   EXPECT_EQ(tc::Compression::parse("topk:0.25").ratio, 0.25);
-  for (const char* bad :
-       {"", "fp32", "fp16:1", "qsgd", "qsgd:3", "qsgd:x", "powersgd:0", "topk:0", "topk:1.5", "topk:", "none:1"}) {
+  EXPECT_EQ(tc::Compression::parse("topk:0.25").warmup, 0);
+  EXPECT_EQ(tc::Compression::parse("topk:0.25:7").warmup, 7);
+  EXPECT_EQ(tc::Compression::parse("topk:0.25:0").to_string(), "topk:0.25");
+  for (const char* bad : {"", "fp32", "fp16:1", "qsgd", "qsgd:3", "qsgd:x", "powersgd:0", "topk:0", "topk:1.5", "topk:",
+                          "none:1", "topk:0.1:", "topk:0.1:-1", "topk:0.1:x", "topk:0.1:2:3"}) {
     try {
       tc::Compression::parse(bad);
       ADD_FAILURE() << "'" << bad << "' accepted";
@@ -341,6 +345,29 @@ TEST(GradientCompressor, ReportsTheBytesItSent) {
     });
     EXPECT_EQ(failures, "");
   }
+}
+
+// topk:0.01:4 on 1000 elements: ⌈1000 · 0.01^((t+1)/4)⌉ pairs at steps 0..3 (317, 100, 32, 10),
+// then 10 a step; without a warm-up, 10 from the first step.
+TEST(GradientCompressor, TopKWarmsUpFromDenseToItsRatio) {
+  const auto failures = on_threads(1, [&](int) {
+    auto comm = tutti::local_group(1)[0];
+    for (const char* text : {"topk:0.01:4", "topk:0.01"}) {
+      tc::GradientCompressor compressor(tc::Compression::parse(text), 1);
+      const std::vector<std::int64_t> shape = {1000};
+      std::vector<std::size_t> pairs;
+      for (int step = 0; step < 6; ++step) {
+        auto g = random_vector(1000, static_cast<unsigned>(step));
+        pairs.push_back(compressor.average(comm, "g", g.data(), shape) / 8);
+        compressor.next_step();
+      }
+      const std::vector<std::size_t> want = std::string(text) == "topk:0.01"
+                                                ? std::vector<std::size_t>{10, 10, 10, 10, 10, 10}
+                                                : std::vector<std::size_t>{317, 100, 32, 10, 10, 10};
+      EXPECT_EQ(pairs, want) << text;
+    }
+  });
+  EXPECT_EQ(failures, "");
 }
 
 // QSGD with error feedback over many steps of one constant gradient: the residual stays bounded

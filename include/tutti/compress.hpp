@@ -196,8 +196,11 @@ struct Compression {
   int bits = 8;         ///< qsgd: 4 or 8
   int rank = 1;         ///< powersgd: the rank of the factors
   double ratio = 0.01;  ///< topk: the fraction of elements sent, in (0, 1]
+  /// topk: over the first `warmup` steps the fraction sent falls geometrically from 1 to `ratio`
+  /// (step t of them sends ratio^((t+1)/warmup)), as Deep Gradient Compression warms up.
+  int warmup = 0;
 
-  /// "none", "fp16", "bf16", "qsgd:BITS", "powersgd:RANK" or "topk:RATIO".
+  /// "none", "fp16", "bf16", "qsgd:BITS", "powersgd:RANK", "topk:RATIO" or "topk:RATIO:WARMUP".
   /// Error(invalid_argument) naming the text for anything else.
   static Compression parse(std::string_view text);
   /// The text parse() reads back.
@@ -207,6 +210,7 @@ struct Compression {
 /// Averages gradients over ranks with a Compression, keeping the state of each tensor (residuals,
 /// PowerSGD's Q) by name. qsgd and topk use error feedback; fp16 and bf16 send every element
 /// (rounded) and need none; powersgd keeps its own. topk sends ⌈ratio·n⌉ elements of each tensor
+/// (⌈ratio^((t+1)/warmup)·n⌉ at step t < warmup)
 /// of n elements (at least one).
 class GradientCompressor {
  public:

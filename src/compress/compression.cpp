@@ -12,7 +12,7 @@ namespace {
 [[noreturn]] void bad(std::string_view text, const std::string& why) {
   throw Error(ErrorCode::invalid_argument,
               "compression '" + std::string(text) + "': " + why +
-                  " (none, fp16, bf16, qsgd:BITS with BITS 4 or 8, powersgd:RANK, topk:RATIO with 0 < RATIO <= 1)");
+                  " (none, fp16, bf16, qsgd:BITS with BITS 4 or 8, powersgd:RANK, topk:RATIO or topk:RATIO:WARMUP with 0 < RATIO <= 1 and WARMUP steps)");
 }
 
 template <class T>
@@ -46,10 +46,15 @@ Compression Compression::parse(std::string_view text) {
     c.kind = Kind::powersgd;
     c.rank = number<int>(text, value);
     if (c.rank < 1) bad(text, "RANK must be at least 1");
-  } else if (kind == "topk") {
+  } else if (kind == "topk") {  // topk:RATIO or topk:RATIO:WARMUP
     c.kind = Kind::topk;
-    c.ratio = number<double>(text, value);
+    const auto second = value.find(':');
+    c.ratio = number<double>(text, value.substr(0, second));
     if (!(c.ratio > 0 && c.ratio <= 1)) bad(text, "RATIO must be in (0, 1]");
+    if (second != std::string_view::npos) {
+      c.warmup = number<int>(text, value.substr(second + 1));
+      if (c.warmup < 0) bad(text, "WARMUP must be a number of steps, 0 or more");
+    }
   } else {
     bad(text, "unknown compressor");
   }
@@ -71,7 +76,8 @@ std::string Compression::to_string() const {
     case Kind::topk: {
       char buffer[32];
       const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, ratio);
-      return "topk:" + std::string(buffer, ec == std::errc() ? end : buffer);
+      return "topk:" + std::string(buffer, ec == std::errc() ? end : buffer) +
+             (warmup > 0 ? ":" + std::to_string(warmup) : "");
     }
   }
   return "?";

@@ -110,8 +110,9 @@ std::string usage() {
          std::string(default_fashion_mnist_dir) +
          ")\n"
          "  --compression C         how gradients travel: none (default), fp16, bf16, qsgd:BITS (4 or 8),\n"
-         "                          powersgd:RANK or topk:RATIO (0 < RATIO <= 1); qsgd and topk with error\n"
-         "                          feedback; all but fp16 and bf16 are reduced after backward\n"
+         "                          powersgd:RANK or topk:RATIO[:WARMUP] (0 < RATIO <= 1; over the first\n"
+         "                          WARMUP steps the share sent falls from all to RATIO); qsgd and topk with\n"
+         "                          error feedback; all but fp16 and bf16 are reduced after backward\n"
          "  --profile FILE          write the run's model profile (forward, each gradient's backward\n"
          "                          segment, optimizer; means after warm-up) to FILE, by rank 0, or by\n"
          "                          every rank when FILE holds {rank}\n"
