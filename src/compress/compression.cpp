@@ -10,9 +10,9 @@ namespace tutti::compress {
 namespace {
 
 [[noreturn]] void bad(std::string_view text, const std::string& why) {
-  throw Error(ErrorCode::invalid_argument,
-              "compression '" + std::string(text) + "': " + why +
-                  " (none, fp16, bf16, qsgd:BITS with BITS 4 or 8, powersgd:RANK, topk:RATIO or topk:RATIO:WARMUP with 0 < RATIO <= 1 and WARMUP steps)");
+  throw Error(ErrorCode::invalid_argument, "compression '" + std::string(text) + "': " + why +
+                                               " (none, fp16, bf16, qsgd:BITS with BITS 4 or 8, powersgd:RANK, "
+                                               "topk:RATIO or topk:RATIO:WARMUP with 0 < RATIO <= 1 and WARMUP steps)");
 }
 
 template <class T>
