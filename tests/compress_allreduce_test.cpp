@@ -287,8 +287,8 @@ TEST(Compression, ParsesAndPrints) {
   EXPECT_EQ(tc::Compression::parse("topk:0.25").warmup, 0);
   EXPECT_EQ(tc::Compression::parse("topk:0.25:7").warmup, 7);
   EXPECT_EQ(tc::Compression::parse("topk:0.25:0").to_string(), "topk:0.25");
-  for (const char* bad : {"", "fp32", "fp16:1", "qsgd", "qsgd:3", "qsgd:x", "powersgd:0", "topk:0", "topk:1.5", "topk:",
-                          "none:1", "topk:0.1:", "topk:0.1:-1", "topk:0.1:x", "topk:0.1:2:3"}) {
+  for (const char* bad : {"", "fp32", "fp16:1", "qsgd", "qsgd:3", "qsgd:x", "powersgd:0", "topk:0", "topk:1.5",
+                          "topk:", "none:1", "topk:0.1:", "topk:0.1:-1", "topk:0.1:x", "topk:0.1:2:3"}) {
     try {
       tc::Compression::parse(bad);
       ADD_FAILURE() << "'" << bad << "' accepted";

@@ -58,10 +58,9 @@ std::size_t GradientCompressor::average(Communicator& comm, std::string_view nam
       return qsgd_encoded_bytes(count, options);
     }
     case Compression::Kind::topk: {
-      const double ratio =
-          step_ < static_cast<std::uint64_t>(compression_.warmup)
-              ? std::pow(compression_.ratio, static_cast<double>(step_ + 1) / compression_.warmup)
-              : compression_.ratio;
+      const double ratio = step_ < static_cast<std::uint64_t>(compression_.warmup)
+                               ? std::pow(compression_.ratio, static_cast<double>(step_ + 1) / compression_.warmup)
+                               : compression_.ratio;
       const auto k = std::min(count, std::max<std::size_t>(1, static_cast<std::size_t>(std::ceil(ratio * count))));
       with_feedback(name, grad, count, [&](const float* corrected, float* sent) {
         top_k_allreduce(comm, corrected, grad, count, k, ReduceOp::avg, sent);
