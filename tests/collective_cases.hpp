@@ -24,7 +24,7 @@ struct Case {
   int place;  // 0: out of place; 1: in place (NCCL form); 2: in place (MPI form, where it differs)
   int root;
   bool nonblocking;
-  bool shared = false;  // allreduce buffers from Communicator::allocate (zero copy on shm)
+  bool shared = false;  // buffers from Communicator::allocate (zero copy on shm)
 };
 
 inline std::string name_of(const Case& c) {
@@ -118,9 +118,10 @@ inline std::string run_rank(Communicator& comm, const Case& c) {
     else
       blocking();
   };
+  const Communicator* shared = c.shared ? &comm : nullptr;
   switch (c.collective) {
     case Collective::allreduce: {
-      Buffer in(c.type, n, c.shared ? &comm : nullptr), out(c.type, n, c.shared ? &comm : nullptr);
+      Buffer in(c.type, n, shared), out(c.type, n, shared);
       fill(in, c, r, 0, n, 0);
       Buffer& result = c.place ? in : out;
       call([&] { comm.allreduce(in.at(0), result.at(0), n, c.type, c.op, options); },
@@ -138,7 +139,7 @@ inline std::string run_rank(Communicator& comm, const Case& c) {
       return compare(result, c, 0, n, ref(0));
     }
     case Collective::reduce_scatter: {
-      Buffer in(c.type, up * n), out(c.type, n);
+      Buffer in(c.type, up * n, shared), out(c.type, n, shared);
       fill(in, c, r, 0, up * n, 0);
       void* recv = c.place == 1 ? in.at(r * n) : c.place == 2 ? in.at(0) : out.at(0);
       call([&] { comm.reduce_scatter(in.at(0), recv, n, c.type, c.op, options); },
@@ -147,7 +148,7 @@ inline std::string run_rank(Communicator& comm, const Case& c) {
       return compare(in, c, c.place == 1 ? r * n : 0, n, ref(r * n));
     }
     case Collective::allgather: {
-      Buffer in(c.type, n), out(c.type, up * n);
+      Buffer in(c.type, n, shared), out(c.type, up * n, shared);
       fill(in, c, r, 0, n, 0);
       const void* send = in.at(0);
       if (c.place) {
@@ -181,7 +182,7 @@ inline std::string run_rank(Communicator& comm, const Case& c) {
       return "";
     }
     case Collective::broadcast: {
-      Buffer buffer(c.type, n);
+      Buffer buffer(c.type, n, shared);
       if (r == c.root) fill(buffer, c, r, 0, n, 0);
       call([&] { comm.broadcast(buffer.at(0), n, c.type, c.root, options); },
            [&] { return comm.ibroadcast(buffer.at(0), n, c.type, c.root, options); });
@@ -223,7 +224,7 @@ inline std::string run_rank(Communicator& comm, const Case& c) {
       return "";
     }
     case Collective::gather: {
-      Buffer in(c.type, n), out(c.type, up * n);
+      Buffer in(c.type, n, shared), out(c.type, up * n, shared);
       fill(in, c, r, 0, n, 0);
       const void* send = in.at(0);
       if (c.place && r == c.root) {

@@ -52,11 +52,13 @@ std::vector<Case> direct_cases(int p) {
       c.count = n;
       out.push_back(c);
     }
-    if (c.collective != Collective::allreduce) continue;
-    // Zero copy: every rank's buffers in shared memory, on both sides of zero_copy_bytes.
+    // Zero copy: every rank's buffers in shared memory, on both sides of zero_copy_bytes (4096
+    // floats of input or result, whichever is larger).
     c.shared = true;
-    for (std::size_t n :
-         {std::size_t{1}, std::size_t{4095}, std::size_t{4096}, std::size_t{100003}, std::size_t{1} << 20}) {
+    const std::size_t edge = (c.collective == Collective::allgather || c.collective == Collective::reduce_scatter)
+                                 ? 4096 / static_cast<std::size_t>(p)
+                                 : 4096;
+    for (std::size_t n : {std::size_t{1}, edge - 1, edge, std::size_t{100003}, std::size_t{1} << 18}) {
       c.count = n;
       out.push_back(c);
     }

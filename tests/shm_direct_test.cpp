@@ -1248,6 +1248,65 @@ TEST_F(ShmDirect, ZeroCopyAllreduceOnSharedBuffersAroundItsLimit) {
   core::forget_peer_regions();
 }
 
+// Reduce_scatter, allgather and broadcast on shared buffers (every form, every root): exact on
+// both sides of zero_copy_bytes, and the peers' buffers were mapped (zero copy ran).
+TEST_F(ShmDirect, ZeroCopyReduceScatterAllgatherAndBroadcast) {
+  const bool system_allows = can_read_other_processes();
+  const std::size_t low = transport::shm::zero_copy_bytes / sizeof(float);
+  for (int p : {2, 3, 5}) {
+    core::forget_peer_regions();
+    const auto up = static_cast<std::size_t>(p);
+    EXPECT_EQ(run_ranks(p,
+                        [&](Rank& rank) {
+                          Communicator& comm = rank.comm;
+                          const int r = comm.rank();
+                          const Options options{Algorithm::direct, 20000ms};
+                          for (std::size_t n : {low / up - 1, low / up + 1, 3 * low + 7}) {
+                            for (int place : {0, 1, 2}) {  // out of place; in place NCCL's way; MPI's
+                              SharedBuffer in_memory = comm.allocate(up * n * sizeof(float)),
+                                           out_memory = comm.allocate(n * sizeof(float));
+                              float* in = in_memory.as<float>().data();
+                              for (std::size_t i = 0; i < up * n; ++i) in[i] = value(r, i);
+                              float* recv = place == 0 ? out_memory.as<float>().data() : place == 1 ? in + r * n : in;
+                              if (place == 0) std::fill(recv, recv + n, std::nanf(""));
+                              comm.reduce_scatter(in, recv, n, DataType::f32, ReduceOp::sum, options);
+                              expect_equal(
+                                  std::vector<float>(recv, recv + n),
+                                  [&](std::size_t i) { return sum_value(p, r * n + i); },
+                                  "reduce_scatter n=" + std::to_string(n) + " place " + std::to_string(place));
+                            }
+                            for (bool in_place : {false, true}) {
+                              SharedBuffer in_memory = comm.allocate(n * sizeof(float)),
+                                           out_memory = comm.allocate(up * n * sizeof(float));
+                              float* out = out_memory.as<float>().data();
+                              std::fill(out, out + up * n, -1.0f);
+                              float* in = in_place ? out + r * n : in_memory.as<float>().data();
+                              for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i);
+                              comm.allgather(in, out, n, DataType::f32, options);
+                              for (int q = 0; q < p; ++q)
+                                expect_equal(
+                                    std::vector<float>(out + q * n, out + (q + 1) * n),
+                                    [&](std::size_t i) { return value(q, i); },
+                                    "allgather n=" + std::to_string(n) + " block " + std::to_string(q));
+                            }
+                            for (int root : {0, p - 1}) {
+                              SharedBuffer memory = comm.allocate(n * sizeof(float));
+                              float* data = memory.as<float>().data();
+                              for (std::size_t i = 0; i < n; ++i) data[i] = r == root ? value(root, i) : -1.0f;
+                              comm.broadcast(data, n, DataType::f32, root, options);
+                              expect_equal(
+                                  std::vector<float>(data, data + n), [&](std::size_t i) { return value(root, i); },
+                                  "broadcast n=" + std::to_string(n) + " root " + std::to_string(root));
+                            }
+                          }
+                        }),
+              "")
+        << "p=" << p;
+    EXPECT_EQ(core::peer_regions_mapped() > 0, system_allows) << "p=" << p;
+  }
+  core::forget_peer_regions();
+}
+
 // Ranks as processes: buffers freed and allocated again between calls (a peer must not reuse a
 // mapping of a freed buffer), and two nonblocking allreduces in a chain (the second's input is
 // the first's result, which the peers read only after every rank has finished the first).

@@ -104,8 +104,6 @@ DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* 
 void DirectRun::plan() {
   const std::size_t chunk_bytes = segment_.layout().direct_chunk, p = static_cast<std::size_t>(size());
   const std::size_t count = count_;
-  const std::byte *send = send_, *recv = recv_;
-  const int root = root_;
   // Every rank makes the same choice: the segment's answer and the call's size are the same on all.
   const std::size_t bytes = count * esize_;
   if (describes_ && plan_zero_copy()) return;
@@ -129,10 +127,16 @@ void DirectRun::plan() {
   }
   chunks_ = count == 0 ? 0 : (count + per_chunk_ - 1) / per_chunk_;
   phases_ = chunks_ == 0 ? 0 : (three_parts_ ? 2 * chunks_ + 1 : chunks_ + 1);
-  const std::size_t written = (kind_ == Collective::allgather ? p : 1) * count * esize_;
-  const bool cold = kind_ == Collective::allreduce   ? send != recv && !small_
-                    : kind_ == Collective::allgather ? send != recv + static_cast<std::size_t>(rank()) * count * esize_
-                                                     : kind_ == Collective::broadcast && rank() != root;
+  choose_copy_out();
+}
+
+void DirectRun::choose_copy_out() {
+  const std::size_t p = static_cast<std::size_t>(size());
+  const std::size_t written = (kind_ == Collective::allgather ? p : 1) * count_ * esize_;
+  const bool cold = kind_ == Collective::allreduce ? send_ != recv_ && !small_
+                    : kind_ == Collective::allgather
+                        ? send_ != recv_ + static_cast<std::size_t>(rank()) * count_ * esize_
+                        : kind_ == Collective::broadcast && rank() != root_;
   if (cold && written * p >= streaming_bytes) copy_out_ = copy_streaming;
 }
 

@@ -36,11 +36,13 @@ inline constexpr std::size_t single_copy_bytes = 16 * 1024;
 inline constexpr std::size_t single_copy_broadcast_limit = 1024 * 1024;
 inline constexpr std::size_t single_copy_reduce_scatter_limit = 128 * 1024;  // the whole input
 inline constexpr std::size_t streaming_bytes = std::size_t{32} << 20;
-/// An allreduce of at least this many bytes whose send and receive buffers are SharedBuffer
-/// memory on every rank runs zero copy, where the segment allows single copy (the same
-/// permission to reach a peer's memory): each rank reduces its slice straight from every rank's
-/// input into its result, then copies the other slices from the peers' results; three barriers,
-/// no data set. Nothing is copied into the segment and out again: at p = 2 out of place, 16 KiB
+/// A collective of at least this many bytes (its input or its result, whichever is larger)
+/// whose buffers that peers read are SharedBuffer memory on every rank runs zero copy, where the
+/// segment allows single copy (the same permission to reach a peer's memory): an allreduce reduces
+/// each rank's slice straight from every input into its result, then copies the other slices
+/// from the peers' results (three barriers, no data set); a reduce_scatter reduces its block from
+/// every input, an allgather copies every peer's block from its input, a broadcast the root's
+/// buffer (two barriers). Nothing is copied into the segment and out again: at p = 2 out of place, 16 KiB
 /// took 3.9-4.2 us against 6.0-6.4 with two copies, 64 MiB 12.7-13.3 ms against 16.0-19.3
 /// (docs/performance.md, 2026-11-27). Below 16 KiB the small and inline paths are faster.
 inline constexpr std::size_t zero_copy_bytes = 16 * 1024;

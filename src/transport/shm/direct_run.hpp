@@ -116,6 +116,8 @@ class DirectRun final : public DirectCollective {
   /// The result of a staged call (deliver_to) into the caller's buffer.
   void deliver_staged();
   void plan();
+  /// Streaming stores for results when the ranks write at least streaming_bytes they have not read.
+  void choose_copy_out();
   void run_phase(std::size_t phase);
   /// Single copy: phase 0 publishes this rank's input address, phase 1 reads the peers' inputs
   /// (straight into the result; reduce_scatter through a scratch piece it reduces from), phase 2
@@ -124,10 +126,14 @@ class DirectRun final : public DirectCollective {
   void read_input(int q, std::size_t offset, std::byte* dst, std::size_t bytes);
   /// Zero copy (zero_copy_bytes): bind publishes where this rank's buffers lie in shared memory
   /// (describe); once every rank's signature is compared, plan_zero_copy reads every rank's
-  /// description and maps the peers' buffers if all are shared. Phase 0 waits for every rank to
-  /// have finished its earlier collectives (whose last writes may be into this one's inputs),
-  /// phase 1 reduces this rank's slice from every input into its result, phase 2 copies the other
-  /// slices from the peers' results, and phase 3 (after every rank's reads) lets the buffers go.
+  /// description and maps the peers' buffers if all that are read are shared (allreduce: every
+  /// input and result; allgather and reduce_scatter: every input; broadcast: the root's buffer).
+  /// Phase 0 waits for every rank to have finished its earlier collectives (whose last writes may
+  /// be into this one's inputs); phase 1 reads the peers' buffers (allreduce: reduces this rank's
+  /// slice from every input into its result; reduce_scatter: its block; allgather, broadcast:
+  /// copies the peers' blocks or the root's buffer into its result); for allreduce, phase 2 copies
+  /// the other slices from the peers' results; the last phase (after every rank's reads) lets the
+  /// buffers go.
   void describe(const Signature& signature);
   bool plan_zero_copy();
   void run_zero_copy_phase(std::size_t phase);

@@ -1,7 +1,10 @@
-// The zero-copy path of the direct allreduce: every rank's buffers are SharedBuffer memory, which
-// each rank maps from its peers, so that a rank reduces its slice straight from every rank's input
-// and copies the rest of the result straight from the peers' results (see direct.hpp,
-// zero_copy_bytes, and DirectRun::describe).
+// The zero-copy path of the direct collectives: the buffers the peers read are SharedBuffer
+// memory, which each rank maps from its peers, so that an allreduce reduces its slice straight
+// from every rank's input and copies the rest of the result straight from the peers' results, a
+// reduce_scatter reduces its block from every input, and an allgather or a broadcast copies the
+// peers' blocks or the root's buffer straight into its result (see direct.hpp, zero_copy_bytes,
+// and DirectRun::describe).
+#include <algorithm>
 #include <string>
 
 #include "transport/shm/direct_run.hpp"
@@ -14,10 +17,13 @@ namespace tutti::transport::shm {
 // depends only on what every rank agrees on (the compared signature, the segment), so every
 // rank publishes one or none.
 void DirectRun::describe(const Signature& signature) {
-  const std::size_t bytes = count_ * esize_;
-  if (kind_ != Collective::allreduce || bytes < zero_copy_bytes || size() < 2 || !segment_.single_copy()) return;
-  if (auto where = core::locate_shared(send_, bytes)) described_.send = *where;
-  if (auto where = core::locate_shared(recv_, bytes)) described_.recv = *where;
+  const std::size_t p = static_cast<std::size_t>(size());
+  const std::size_t input = (kind_ == Collective::reduce_scatter ? p : 1) * count_ * esize_;
+  const std::size_t output = (kind_ == Collective::allgather ? p : 1) * count_ * esize_;
+  if (std::max(input, output) < zero_copy_bytes || p < 2 || !segment_.single_copy()) return;
+  if (kind_ != Collective::broadcast)
+    if (auto where = core::locate_shared(send_, input)) described_.send = *where;
+  if (auto where = core::locate_shared(recv_, output)) described_.recv = *where;
   describes_ = true;
   wire_ = to_wire(signature);
   transport_.carry_inline(seq_, reinterpret_cast<const std::byte*>(&described_), sizeof described_, wire_);
@@ -27,22 +33,28 @@ bool DirectRun::plan_zero_copy() {
   const int p = size(), r = rank();
   const std::size_t bytes = count_ * esize_;
   std::vector<Described> all(static_cast<std::size_t>(p));
-  bool shared = true;
-  for (int q = 0; q < p; ++q) {
-    std::memcpy(&all[static_cast<std::size_t>(q)], input_of(q), sizeof(Described));
-    shared = shared && all[static_cast<std::size_t>(q)].send.id != 0 && all[static_cast<std::size_t>(q)].recv.id != 0;
-  }
+  for (int q = 0; q < p; ++q) std::memcpy(&all[static_cast<std::size_t>(q)], input_of(q), sizeof(Described));
   consumed_ = true;
   transport_.consumed_inline(seq_);
-  if (!shared) return false;
+  // What the peers read of each rank: its input (and for allreduce its result), or the root's buffer.
+  const bool reads_send = kind_ != Collective::broadcast, reads_recv = kind_ == Collective::allreduce;
+  const auto read = [&](int q, bool recv) {
+    return kind_ == Collective::broadcast ? recv && q == root_ : recv ? reads_recv : reads_send;
+  };
+  for (int q = 0; q < p; ++q)
+    for (bool recv : {false, true}) {
+      const Described& d = all[static_cast<std::size_t>(q)];
+      if (read(q, recv) && (recv ? d.recv : d.send).id == 0) return false;
+    }
+  const std::size_t send_bytes = (kind_ == Collective::reduce_scatter ? static_cast<std::size_t>(p) : 1) * bytes;
   peers_.resize(static_cast<std::size_t>(p));
   for (int q = 0; q < p; ++q) {
     if (q == r) continue;
     const int pid = segment_.rank_block(q).pid.load(std::memory_order_relaxed);
-    const auto map = [&](const core::SharedLocation& at, const char* which) {
-      if (at.offset > at.region_bytes || bytes > at.region_bytes - at.offset)
+    const auto map = [&](const core::SharedLocation& at, std::size_t length, const char* which) {
+      if (at.offset > at.region_bytes || length > at.region_bytes - at.offset)
         throw Error(ErrorCode::system, where() + ": rank " + std::to_string(q) + " described its " + which +
-                                           " buffer as " + std::to_string(bytes) + " bytes at offset " +
+                                           " buffer as " + std::to_string(length) + " bytes at offset " +
                                            std::to_string(at.offset) + " of a shared buffer of " +
                                            std::to_string(at.region_bytes));
       try {
@@ -53,23 +65,47 @@ bool DirectRun::plan_zero_copy() {
       }
     };
     Peer& peer = peers_[static_cast<std::size_t>(q)];
-    std::tie(peer.send_region, peer.send) = map(all[static_cast<std::size_t>(q)].send, "send");
-    std::tie(peer.recv_region, peer.recv) = map(all[static_cast<std::size_t>(q)].recv, "receive");
+    const Described& d = all[static_cast<std::size_t>(q)];
+    if (read(q, false)) std::tie(peer.send_region, peer.send) = map(d.send, send_bytes, "send");
+    if (read(q, true)) std::tie(peer.recv_region, peer.recv) = map(d.recv, bytes, "receive");
   }
-  zero_copy_ = true, chunks_ = 0, phases_ = 4;
-  if (send_ != recv_ && bytes * static_cast<std::size_t>(p) >= streaming_bytes) copy_out_ = copy_streaming;
+  zero_copy_ = true, chunks_ = 0, phases_ = kind_ == Collective::allreduce ? 4 : 3;
+  choose_copy_out();
   return true;
 }
 
 void DirectRun::run_zero_copy_phase(std::size_t phase) {
   const int p = size(), r = rank();
-  if (phase == 1) return reduce_own_slice();
-  if (phase != 2) return;
+  const std::size_t bytes = count_ * esize_;
+  const auto peer = [&](int q) -> const Peer& { return peers_[static_cast<std::size_t>(q)]; };
+  if (phase == 1) {
+    switch (kind_) {
+      case Collective::allreduce:
+        return reduce_own_slice();
+      case Collective::reduce_scatter: {  // as the two-copy path orders the parts (see finish)
+        const std::byte* own = send_ + static_cast<std::size_t>(r) * bytes;
+        const int first = recv_ == own ? r : 0;
+        return reduce_parts(recv_, count_, [&](int i) {
+          const int q = (first + i) % p;
+          return (q == r ? send_ : peer(q).send) + static_cast<std::size_t>(r) * bytes;
+        });
+      }
+      case Collective::allgather:  // this rank's own block: at the end (see progress_barriers)
+        for (int i = 1; i < p; ++i) {
+          const int q = (r + i) % p;
+          copy_out_(recv_ + static_cast<std::size_t>(q) * bytes, peer(q).send, bytes);
+        }
+        return;
+      default:  // broadcast
+        if (r != root_) copy_out_(recv_, peer(root_).recv, bytes);
+        return;
+    }
+  }
+  if (phase != 2 || kind_ != Collective::allreduce) return;
   for (int i = 1; i < p; ++i) {  // each rank starts with a different peer
     const int q = (r + i) % p;
     const auto [first, last] = slice(count_, p, q);
-    copy_out_(recv_ + first * esize_, peers_[static_cast<std::size_t>(q)].recv + first * esize_,
-              (last - first) * esize_);
+    copy_out_(recv_ + first * esize_, peer(q).recv + first * esize_, (last - first) * esize_);
   }
 }
 
