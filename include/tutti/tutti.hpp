@@ -23,9 +23,9 @@ class SharedRegion;
 }  // namespace detail
 
 /// Memory from Tutti (Communicator::allocate) that the other processes on this host can map:
-/// a collective whose buffers lie in such memory on every rank of a shared-memory communicator
-/// reads its peers' buffers where they are, without copying them through the segment (zero copy;
-/// docs/algorithms.md). Zero-filled, page-aligned, at least `size()` bytes. Copies share the same
+/// a `direct` allreduce, reduce_scatter, allgather or broadcast whose buffers lie in such memory
+/// on every rank of a shared-memory communicator reads its peers' buffers where they are, without
+/// copying them through the segment (zero copy; docs/algorithms.md). Zero-filled, page-aligned, at least `size()` bytes. Copies share the same
 /// memory, which is freed with the last copy; use it like any other memory.
 class SharedBuffer {
  public:
@@ -178,8 +178,8 @@ class Communicator {
   }
 
   /// `bytes` of memory that this rank's peers on the host can read in place (see SharedBuffer):
-  /// an allreduce whose send and receive buffers lie in such memory on every rank skips the copies
-  /// through the shared-memory segment. Local (no communication); the buffer may be used with any
+  /// a collective whose buffers lie in such memory on every rank skips the copies through the
+  /// shared-memory segment. Local (no communication); the buffer may be used with any
   /// communicator, and outlive this one. Error(invalid_argument) for 0 bytes, Error(system) if
   /// the memory cannot be had.
   SharedBuffer allocate(std::size_t bytes) const;
