@@ -79,7 +79,7 @@ void bind_communicator(py::module_& m) {
           "allocate", [](const tutti::Communicator& c, std::size_t nbytes) { return c.allocate(nbytes); },
           py::arg("nbytes"),
           "nbytes of zero-filled memory that this rank's peers on the host can read in place "
-          "(tutti::SharedBuffer): an allreduce whose buffers lie in such memory on every rank runs zero copy "
+          "(tutti::SharedBuffer): collectives whose buffers lie in such memory on every rank run zero copy "
           "over shared memory. View it with numpy.frombuffer(buffer, dtype).")
       .def("__repr__", [](const tutti::Communicator& c) {
         return "<tutti.Communicator rank " + std::to_string(c.rank()) + " of " + std::to_string(c.size()) + ">";
