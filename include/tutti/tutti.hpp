@@ -25,8 +25,9 @@ class SharedRegion;
 /// Memory from Tutti (Communicator::allocate) that the other processes on this host can map:
 /// a `direct` allreduce, reduce_scatter, allgather or broadcast whose buffers lie in such memory
 /// on every rank of a shared-memory communicator reads its peers' buffers where they are, without
-/// copying them through the segment (zero copy; docs/algorithms.md). Zero-filled, page-aligned, at least `size()` bytes. Copies share the same
-/// memory, which is freed with the last copy; use it like any other memory.
+/// copying them through the segment (zero copy; docs/algorithms.md). Zero-filled, page-aligned,
+/// at least `size()` bytes. Copies share the same memory, which is freed with the last copy; use
+/// it like any other memory.
 class SharedBuffer {
  public:
   SharedBuffer() = default;  // no memory: data() == nullptr, size() == 0
