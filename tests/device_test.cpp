@@ -18,6 +18,7 @@
 
 #include "device/device.hpp"
 #include "device/emulated.hpp"
+#include "processes.hpp"
 #include "reduce/reduce.hpp"
 #include "test_waits.hpp"
 
@@ -557,6 +558,49 @@ TEST(EmulatedDevice, AdoptedMemoryCountsAsDevice) {
   EXPECT_FALSE(device.is_device_pointer(mapped.data()));
   EXPECT_EQ(error_code_of([&] { device.forget(mapped.data()); }), ErrorCode::invalid_argument);
   device.destroy_stream(s);
+}
+
+// IPC memory between two processes: what one writes the other reads, through core's shared
+// memory; a handle whose memory was freed (its descriptor since reused or closed) is refused.
+TEST(EmulatedDevice, SharedMemoryBetweenProcesses) {
+  using tutti::device::IpcHandle;
+  constexpr std::size_t n = 5000;  // more than a page
+  tutti::device::EmulatedDevice device;
+  IpcHandle handle;
+  auto* mine = static_cast<std::uint32_t*>(device.allocate_shared(n * sizeof(std::uint32_t), handle));
+  EXPECT_TRUE(device.is_device_pointer(mine + n - 1));
+  for (std::uint32_t i = 0; i < n; ++i) mine[i] = i;
+  const auto opened = tutti::testing::on_processes(
+      1,
+      [&](int) {
+        tutti::device::EmulatedDevice peer;
+        EXPECT_EQ(error_code_of([&] { peer.open_shared(handle, (n + 1) * sizeof(std::uint32_t)); }),
+                  ErrorCode::invalid_argument);
+        auto* theirs = static_cast<std::uint32_t*>(peer.open_shared(handle, n * sizeof(std::uint32_t)));
+        if (!peer.is_device_pointer(theirs + n - 1)) return 3;
+        for (std::uint32_t i = 0; i < n; ++i)
+          if (theirs[i] != i) return 4;
+        for (std::uint32_t i = 0; i < n; ++i) theirs[i] = 3 * i + 1;
+        peer.close_shared(theirs);
+        if (peer.is_device_pointer(theirs)) return 5;
+        EXPECT_EQ(error_code_of([&] { peer.close_shared(theirs); }), ErrorCode::invalid_argument);
+        return ::testing::Test::HasFailure() ? 6 : 0;
+      },
+      std::chrono::seconds(60));
+  EXPECT_EQ(opened, std::vector<int>{0});
+  for (std::uint32_t i = 0; i < n; ++i) ASSERT_EQ(mine[i], 3 * i + 1) << i;
+  device.free(mine);
+  IpcHandle other;
+  void* again = device.allocate_shared(n * sizeof(std::uint32_t), other);  // may take the old descriptor
+  const auto stale = tutti::testing::on_processes(
+      1,
+      [&](int) {
+        tutti::device::EmulatedDevice peer;
+        return error_code_of([&] { peer.open_shared(handle, n * sizeof(std::uint32_t)); }) == ErrorCode::system ? 0 : 7;
+      },
+      std::chrono::seconds(60));
+  EXPECT_EQ(stale, std::vector<int>{0});
+  device.free(again);
 }
 
 TEST(DeviceChoice, FromTheEnvironment) {

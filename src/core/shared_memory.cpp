@@ -98,7 +98,7 @@ std::optional<SharedLocation> locate_shared(const void* address, std::size_t byt
   return where;
 }
 
-PeerRegion::~PeerRegion() { ::munmap(const_cast<std::byte*>(base_), bytes_); }
+PeerRegion::~PeerRegion() { ::munmap(base_, bytes_); }
 
 namespace {
 
@@ -113,10 +113,13 @@ PeerCache& peer_cache() {
   return *instance;
 }
 
-std::shared_ptr<const PeerRegion> open_peer_region(int pid, const SharedLocation& where) {
+}  // namespace
+
+std::shared_ptr<PeerRegion> open_peer_region(int pid, const SharedLocation& where, PeerAccess access) {
   const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(where.fd);
   const std::string what = "mapping process " + std::to_string(pid) + "'s shared buffer (" + path + ")";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const bool write = access == PeerAccess::read_write;
+  const int fd = ::open(path.c_str(), (write ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) throw detail::system_error(what, errno);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -132,14 +135,13 @@ std::shared_ptr<const PeerRegion> open_peer_region(int pid, const SharedLocation
                                        " bytes; expected inode " + std::to_string(where.inode) + ", " +
                                        std::to_string(where.region_bytes) + " bytes)");
   }
-  void* base = ::mmap(nullptr, where.region_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* base =
+      ::mmap(nullptr, where.region_bytes, write ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
   const int error = errno;
   ::close(fd);
   if (base == MAP_FAILED) throw detail::system_error(what, error);
-  return std::make_shared<const PeerRegion>(static_cast<const std::byte*>(base), where.region_bytes);
+  return std::make_shared<PeerRegion>(static_cast<std::byte*>(base), where.region_bytes);
 }
-
-}  // namespace
 
 std::shared_ptr<const PeerRegion> map_peer_region(int pid, const SharedLocation& where) {
   auto& cache = peer_cache();
@@ -153,7 +155,8 @@ std::shared_ptr<const PeerRegion> map_peer_region(int pid, const SharedLocation&
       return it->second;
     }
   }
-  auto region = open_peer_region(pid, where);  // outside the lock: it may take milliseconds
+  // Outside the lock: it may take milliseconds.
+  std::shared_ptr<const PeerRegion> region = open_peer_region(pid, where, PeerAccess::read);
   std::lock_guard lock(cache.mutex);
   std::erase_if(cache.entries, [&](const auto& entry) { return entry.first == key; });
   cache.entries.emplace_front(key, region);

@@ -56,25 +56,34 @@ struct SharedLocation {
 /// The region that holds all of [address, address + bytes) (bytes > 0), if one does.
 std::optional<SharedLocation> locate_shared(const void* address, std::size_t bytes);
 
-/// A peer's region, mapped read-only into this process.
+/// A peer's region mapped into this process (read-only unless opened for writing), unmapped when
+/// the last reference goes.
 class PeerRegion {
  public:
-  PeerRegion(const std::byte* base, std::size_t bytes) : base_(base), bytes_(bytes) {}
+  PeerRegion(std::byte* base, std::size_t bytes) : base_(base), bytes_(bytes) {}
   PeerRegion(const PeerRegion&) = delete;
   PeerRegion& operator=(const PeerRegion&) = delete;
   ~PeerRegion();
   const std::byte* base() const { return base_; }
+  std::byte* base() { return base_; }
   std::size_t bytes() const { return bytes_; }
 
  private:
-  const std::byte* base_;
+  std::byte* base_;
   std::size_t bytes_;
 };
 
-/// Process `pid`'s region at `where`, mapped here (and kept: the most recently used
-/// `peer_regions_kept` stay mapped, so that a buffer used call after call is mapped once).
-/// Error(system) naming what failed if the region cannot be opened or is not the one described
-/// (another inode, or smaller than the location says).
+enum class PeerAccess { read, read_write };
+
+/// Process `pid`'s region at `where` (its first `where.region_bytes` bytes), mapped here anew and
+/// owned by the caller: read-write for memory both processes write (the emulated device's IPC
+/// memory). Error(system) naming what failed if the region cannot be opened or is not the one
+/// described (another inode, or smaller than the location says).
+std::shared_ptr<PeerRegion> open_peer_region(int pid, const SharedLocation& where, PeerAccess access);
+
+/// Process `pid`'s region at `where`, mapped here read-only (and kept: the most recently used
+/// `peer_regions_kept` stay mapped, so that a buffer used call after call is mapped once). Errors
+/// as open_peer_region's.
 std::shared_ptr<const PeerRegion> map_peer_region(int pid, const SharedLocation& where);
 
 inline constexpr std::size_t peer_regions_kept = 16;

@@ -1,7 +1,6 @@
 #include "device/emulated.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -9,10 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
+#include "core/shared_memory.hpp"
 #include "device/checks.hpp"
 #include "reduce/reduce.hpp"
 
@@ -40,13 +38,8 @@ EmulatedDevice::~EmulatedDevice() {
 }
 
 void EmulatedDevice::release(std::uintptr_t first, const Allocation& allocation) {
-  if (allocation.memory == Memory::adopted) return;
-  if (allocation.mapped == 0) {
-    std::free(reinterpret_cast<void*>(first));
-    return;
-  }
-  munmap(reinterpret_cast<void*>(first), allocation.mapped);
-  if (allocation.fd >= 0) close(allocation.fd);
+  if (allocation.memory == Memory::adopted || allocation.mapping != nullptr) return;  // a mapping unmaps itself
+  std::free(reinterpret_cast<void*>(first));
 }
 
 // ---- memory ----
@@ -84,60 +77,44 @@ namespace {
 
 struct SharedName {  // what an emulated IpcHandle holds
   std::int64_t pid;
-  std::int64_t fd;
-  std::uint64_t bytes;
+  std::uint64_t bytes;  // as allocated
+  core::SharedLocation where;
 };
 static_assert(sizeof(SharedName) <= sizeof(IpcHandle::bytes));
-
-std::size_t page_rounded(std::size_t bytes) {
-  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  return (bytes + page - 1) / page * page;
-}
-
-[[noreturn]] void system_error(const char* function, const std::string& what) {
-  throw Error(ErrorCode::system,
-              std::string("tutti::device::") + function + " (emulated): " + what + ": " + std::strerror(errno));
-}
 
 }  // namespace
 
 void* EmulatedDevice::allocate_shared(std::size_t bytes, IpcHandle& handle) {
   if (bytes == 0) invalid("allocate_shared", "0 bytes requested");
-  if (bytes > SIZE_MAX / 2) throw Error(ErrorCode::system, "tutti::device::allocate_shared: out of memory");
-  const std::size_t mapped = page_rounded(bytes);
-  const int fd = memfd_create("tutti-device-shared", MFD_CLOEXEC);
-  if (fd < 0) system_error("allocate_shared", "memfd_create");
-  if (ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
-    close(fd);
-    system_error("allocate_shared", "ftruncate to " + std::to_string(mapped) + " bytes");
+  std::shared_ptr<tutti::detail::SharedRegion> region;
+  try {
+    region = tutti::detail::SharedRegion::create(bytes);
+  } catch (const Error& e) {
+    throw Error(e.code(), std::string("tutti::device::allocate_shared (emulated): ") + e.what());
   }
-  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    close(fd);
-    system_error("allocate_shared", "mmap");
-  }
-  const SharedName name{getpid(), fd, bytes};
+  SharedName name{getpid(), bytes, *core::locate_shared(region->base(), bytes)};
   handle = {};
   std::memcpy(handle.bytes, &name, sizeof(name));
+  void* p = region->base();
   std::lock_guard lock(mutex_);
-  allocations_.emplace(address(p), Allocation{bytes, Memory::device, fd, mapped});
+  allocations_.emplace(address(p), Allocation{bytes, Memory::device, std::move(region)});
   return p;
 }
 
 void* EmulatedDevice::open_shared(const IpcHandle& handle, std::size_t bytes) {
   SharedName name{};
   std::memcpy(&name, handle.bytes, sizeof(name));
-  if (bytes == 0 || bytes > name.bytes)
+  if (bytes == 0 || bytes > name.bytes || name.bytes > name.where.region_bytes)
     invalid("open_shared", std::to_string(bytes) + " bytes of a shared allocation of " + std::to_string(name.bytes));
-  const std::string path = "/proc/" + std::to_string(name.pid) + "/fd/" + std::to_string(name.fd);
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) system_error("open_shared", "open " + path);
-  const std::size_t mapped = page_rounded(bytes);
-  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) system_error("open_shared", "mmap " + path);
+  std::shared_ptr<core::PeerRegion> region;
+  try {
+    region = core::open_peer_region(static_cast<int>(name.pid), name.where, core::PeerAccess::read_write);
+  } catch (const Error& e) {
+    throw Error(e.code(), std::string("tutti::device::open_shared (emulated): ") + e.what());
+  }
+  void* p = region->base();
   std::lock_guard lock(mutex_);
-  allocations_.emplace(address(p), Allocation{bytes, Memory::opened, -1, mapped});
+  allocations_.emplace(address(p), Allocation{bytes, Memory::opened, std::move(region)});
   return p;
 }
 

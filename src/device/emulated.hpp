@@ -33,8 +33,9 @@ class EmulatedDevice final : public Device {
   void free_pinned(void* pointer) override;
   bool is_device_pointer(const void* pointer) const override;
 
-  /// Shared memory is a memfd mapping; the handle is the owner's pid and descriptor, which a peer
-  /// (of the same user) opens through /proc.
+  /// Shared memory is core's (detail::SharedRegion, a memfd); the handle names the owner's pid and
+  /// the memfd's descriptor and inode, which a peer (of the same user) opens through /proc
+  /// (core::open_peer_region, read-write), checking the inode and size.
   void* allocate_shared(std::size_t bytes, IpcHandle& handle) override;
   void* open_shared(const IpcHandle& handle, std::size_t bytes) override;
   void close_shared(void* pointer) override;
@@ -72,10 +73,11 @@ class EmulatedDevice final : public Device {
   struct Allocation {
     std::size_t bytes;
     Memory memory;
-    int fd = -1;             // a shared allocation's memfd (device memory from allocate_shared)
-    std::size_t mapped = 0;  // bytes mapped (shared and opened memory): munmap, not free
+    // Shared and opened memory (a tutti::detail::SharedRegion, a core::PeerRegion): unmapped when
+    // dropped, not freed.
+    std::shared_ptr<void> mapping = nullptr;
   };
-  /// Releases an allocation's memory (free, munmap and close as it was made).
+  /// Releases an allocation's memory (free, or drops its mapping).
   static void release(std::uintptr_t first, const Allocation& allocation);
 
   void* allocate_as(std::size_t bytes, Memory memory, const char* function);
