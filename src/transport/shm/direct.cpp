@@ -360,11 +360,7 @@ void DirectRun::reduce_slice(std::size_t chunk) {
   const std::size_t n = last - first, offset = first * esize_;
   std::byte* out = recv_ + done * esize_ + offset;
   const std::byte* in = send_ + done * esize_ + offset;
-  bool reduced = false;
-  for (int q = 0; q < p; ++q)
-    if (q != r) reduce::apply(op_, type_, out, reduced ? out : in, slot(chunk, q) + offset, n), reduced = true;
-  if (!reduced && out != in) std::memcpy(out, in, n * esize_);
-  if (op_ == ReduceOp::avg) reduce::divide(type_, out, n, p);
+  reduce_own_first(out, in, n, [&](int q) { return slot(chunk, q) + offset; });
   std::memcpy(slot(chunk, r) + offset, out, n * esize_);
 }
 

@@ -143,6 +143,14 @@ class DirectRun final : public DirectCollective {
   std::string where() const;
   void begin(std::size_t chunk);
   void reduce_slice(std::size_t chunk);
+  /// dst = own, then every peer's part (peer(q) for q != rank()) in rank order, reduced (and
+  /// divided for avg): the order of both allreduce paths, two copies and zero copy, so that either
+  /// gives the same bits.
+  template <typename Peer>
+  void reduce_own_first(std::byte* dst, const std::byte* own, std::size_t n, const Peer& peer) const {
+    const int r = rank();
+    reduce_parts(dst, n, [&](int i) -> const std::byte* { return i == 0 ? own : peer(i <= r ? i - 1 : i); });
+  }
   void finish(std::size_t chunk);
   void arrive();
   bool all_arrived() const;

@@ -109,8 +109,7 @@ void DirectRun::run_zero_copy_phase(std::size_t phase) {
   }
 }
 
-// In the order of the two-copy path (reduce_slice): this rank's input, then the peers' in rank
-// order, so that either path gives the same bits. A result written with streaming stores is
+// In the order of the two-copy path (reduce_own_first). A result written with streaming stores is
 // reduced piece by piece into a scratch piece that stays in the cache, then streamed out.
 void DirectRun::reduce_own_slice() {
   constexpr std::size_t piece_bytes = 64 * 1024;
@@ -120,11 +119,7 @@ void DirectRun::reduce_own_slice() {
     return (q == r ? send_ : peers_[static_cast<std::size_t>(q)].send) + element * esize_;
   };
   const auto reduce_into = [&](std::byte* dst, std::size_t element, std::size_t n) {
-    bool reduced = false;
-    for (int q = 0; q < p; ++q)
-      if (q != r)
-        reduce::apply(op_, type_, dst, reduced ? dst : input(r, element), input(q, element), n), reduced = true;
-    if (op_ == ReduceOp::avg) reduce::divide(type_, dst, n, p);
+    reduce_own_first(dst, input(r, element), n, [&](int q) { return input(q, element); });
   };
   if (copy_out_ == copy_cached) return reduce_into(recv_ + first * esize_, first, last - first);
   const std::size_t piece = std::max<std::size_t>(piece_bytes / esize_, 1);
