@@ -3,6 +3,7 @@
 // other rank's and with a reference, and the lossy ones with the exact sum within their bound.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -151,32 +152,43 @@ TEST(QsgdAllreduce, IdenticalEqualToTheReferenceAndWithinBound) {
       }
 }
 
-// Top-k allreduce: every rank gets the sum of every rank's top k (integer data with many ties,
-// so the sums are exact and the tie-breaks matter), for k from one element to all of them (the
-// sparse allreduce's result then turns dense), and `sent` is the rank's own top k.
-TEST(TopKAllreduce, SumOfEveryRanksTopK) {
+// Top-k allreduce: every rank gets, at the union of the ranks' top k, the sum of every rank's
+// input there, and 0 elsewhere (integer data with many ties, so the sums are exact and the
+// tie-breaks matter), for k from one element to all of them; `sent` is the rank's input at the
+// union, and the return value the union's size.
+TEST(TopKAllreduce, SumOverTheUnionOfTheRanksTopK) {
   auto input = [](int r, std::size_t i) { return static_cast<float>(static_cast<int>((i * 13 + r * 5) % 23) - 11); };
   for (int p = 1; p <= 8; ++p)
     for (const std::size_t n : counts_for(p))
       for (const std::size_t k : {std::min<std::size_t>(n, 1), n / 3, n}) {
         std::vector<std::vector<float>> sent(static_cast<std::size_t>(p));
+        std::vector<std::size_t> united(static_cast<std::size_t>(p));
         const auto results = run(p, [&](tutti::Communicator& comm, int r) {
           std::vector<float> data(n), mine(n, NAN);
           for (std::size_t i = 0; i < n; ++i) data[i] = input(r, i);
-          tc::top_k_allreduce(comm, data.data(), data.data(), n, k, tutti::ReduceOp::sum, mine.data());
+          united[static_cast<std::size_t>(r)] =
+              tc::top_k_allreduce(comm, data.data(), data.data(), n, k, tutti::ReduceOp::sum, mine.data());
           sent[static_cast<std::size_t>(r)] = mine;
           return data;
         });
-        std::vector<float> reference(n, 0.0f);
+        std::vector<bool> chosen(n, false);
         for (int r = 0; r < p; ++r) {
-          std::vector<float> in(n), expected(n, 0.0f);
+          std::vector<float> in(n);
           for (std::size_t i = 0; i < n; ++i) in[i] = input(r, i);
           std::vector<std::uint32_t> idx(k);
           std::vector<float> val(k);
           tc::top_k(in.data(), n, k, idx.data(), val.data());
-          for (std::size_t j = 0; j < k; ++j) expected[idx[j]] = val[j];
+          for (const auto i : idx) chosen[i] = true;
+        }
+        const auto size = static_cast<std::size_t>(std::count(chosen.begin(), chosen.end(), true));
+        ASSERT_GE(size, k);
+        std::vector<float> reference(n, 0.0f);
+        for (int r = 0; r < p; ++r) {
+          std::vector<float> expected(n, 0.0f);
+          for (std::size_t i = 0; i < n; ++i)
+            if (chosen[i]) expected[i] = input(r, i), reference[i] += input(r, i);
           ASSERT_EQ(sent[static_cast<std::size_t>(r)], expected) << "p " << p << " n " << n << " k " << k;
-          for (std::size_t i = 0; i < n; ++i) reference[i] += expected[i];
+          ASSERT_EQ(united[static_cast<std::size_t>(r)], size) << "p " << p << " n " << n << " k " << k;
         }
         for (int r = 0; r < p; ++r)
           ASSERT_EQ(results[static_cast<std::size_t>(r)], reference) << "p " << p << " n " << n << " k " << k;
@@ -333,7 +345,7 @@ TEST(GradientCompressor, ReportsTheBytesItSent) {
   for (const Case c : {Case{"fp16", 480, 40}, Case{"bf16", 480, 40},
                        Case{"qsgd:8", 4 + 240, 4 + 20},               // one bucket of 512: its norm, a byte each
                        Case{"qsgd:4", 8 * 4 + 120, 4 + 10},           // buckets of 32: 8 norms, a nibble each
-                       Case{"topk:0.1", 24 * 8, 2 * 8},               // ceil(0.1 n) pairs of u32 and f32
+                       Case{"topk:0.1", 24 * 9, 2 * 9},               // ceil(0.1 n) u32 and u8, then the union's f32
                        Case{"powersgd:2", (20 + 12) * 2 * 4, 80}}) {  // P and Q; the vector whole
     const auto failures = on_threads(1, [&](int) {
       auto comm = tutti::local_group(1)[0];
@@ -347,8 +359,9 @@ TEST(GradientCompressor, ReportsTheBytesItSent) {
   }
 }
 
-// topk:0.01:4 on 1000 elements: ⌈1000 · 0.01^((t+1)/4)⌉ pairs at steps 0..3 (317, 100, 32, 10),
-// then 10 a step; without a warm-up, 10 from the first step.
+// topk:0.01:4 on 1000 elements: ⌈1000 · 0.01^((t+1)/4)⌉ elements at steps 0..3 (317, 100, 32,
+// 10), then 10 a step; without a warm-up, 10 from the first step (one rank: the union is its
+// choice, 9 bytes an element).
 TEST(GradientCompressor, TopKWarmsUpFromDenseToItsRatio) {
   const auto failures = on_threads(1, [&](int) {
     auto comm = tutti::local_group(1)[0];
@@ -358,7 +371,7 @@ TEST(GradientCompressor, TopKWarmsUpFromDenseToItsRatio) {
       std::vector<std::size_t> pairs;
       for (int step = 0; step < 6; ++step) {
         auto g = random_vector(1000, static_cast<unsigned>(step));
-        pairs.push_back(compressor.average(comm, "g", g.data(), shape) / 8);
+        pairs.push_back(compressor.average(comm, "g", g.data(), shape) / 9);
         compressor.next_step();
       }
       const std::vector<std::size_t> want = std::string(text) == "topk:0.01"

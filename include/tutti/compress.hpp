@@ -141,13 +141,17 @@ sparse::Result qsgd_sparse_allreduce(Communicator& comm, const sparse::Vector& i
                                      const RandomKey& key, ReduceOp op = ReduceOp::sum,
                                      const sparse::Options& sparse_options = {});
 
-/// recv = op over ranks of each rank's top k elements of send by magnitude (f32, op sum or avg),
-/// through sparse_allreduce of the (index, value) pairs (its result, sparse or dense, is written
-/// out densely; identical on every rank). `sent`, if not null, receives this rank's input with
-/// every element but its top k zeroed (for error feedback). In place: send == recv. Every rank
-/// passes the same count and k. Errors as allreduce above; invalid_argument if k > count.
-void top_k_allreduce(Communicator& comm, const float* send, float* recv, std::size_t count, std::size_t k, ReduceOp op,
-                     float* sent = nullptr);
+/// Top-k allreduce over the union of the ranks' choices (f32, op sum or avg): each rank chooses
+/// the k elements of send of largest magnitude (top_k); the union U of every rank's choice is
+/// found with a sparse_allreduce of the indices; then every rank's values at U are allreduced,
+/// so recv holds op over ranks of send at every index of U and 0 elsewhere (identical on every
+/// rank). An element any rank chose thus gets every rank's contribution, not only the choosers'.
+/// `sent`, if not null, receives this rank's input at U and 0 elsewhere (what error feedback
+/// subtracts). In place: send == recv. Every rank passes the same count and k. Returns |U|
+/// (between k and size()·k); a rank sends k indices and bytes, then |U| floats. Errors as
+/// allreduce above; invalid_argument if k > count.
+std::size_t top_k_allreduce(Communicator& comm, const float* send, float* recv, std::size_t count, std::size_t k,
+                            ReduceOp op, float* sent = nullptr);
 
 // ---- PowerSGD (Vogels et al., 2019; PyTorch DDP's powerSGD_hook) ----
 

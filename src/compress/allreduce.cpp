@@ -68,26 +68,32 @@ void qsgd_allreduce(Communicator& comm, const float* send, float* recv, std::siz
   finish(recv, count, op, comm.size());
 }
 
-void top_k_allreduce(Communicator& comm, const float* send, float* recv, std::size_t count, std::size_t k, ReduceOp op,
-                     float* sent) {
+std::size_t top_k_allreduce(Communicator& comm, const float* send, float* recv, std::size_t count, std::size_t k,
+                            ReduceOp op, float* sent) {
   check(comm, send, recv, count, op, "compress::top_k_allreduce");
   std::vector<std::uint32_t> indices(k);
   std::vector<float> values(k);
   top_k(send, count, k, indices.data(), values.data());
+  // The union of the ranks' choices: a sparse allreduce of the indices (a byte of 1 each; what it
+  // adds up is not used), in its sparse form, so its result is exactly the union, sorted.
+  const std::vector<std::uint8_t> ones(k, 1);
+  const sparse::Vector chosen{count, k, indices.data(), sparse::IndexType::u32, ones.data(), DataType::u8};
+  sparse::Options options;
+  options.form = sparse::Form::sparse;
+  const sparse::Result united = sparse_allreduce(comm, chosen, ReduceOp::sum, options);
+  const auto at = united.indices_as<std::uint32_t>();
+  // Every rank's values on the union, reduced as a dense vector: the same sorted indices on every
+  // rank, so the vectors line up, and the result is the allreduce's, identical on every rank.
+  std::vector<float> reduced(at.size());
+  for (std::size_t j = 0; j < at.size(); ++j) reduced[j] = send[at[j]];
   if (sent != nullptr) {
     std::fill(sent, sent + count, 0.0f);
-    for (std::size_t j = 0; j < k; ++j) sent[indices[j]] = values[j];
+    for (std::size_t j = 0; j < at.size(); ++j) sent[at[j]] = reduced[j];
   }
-  const sparse::Vector input{count, k, indices.data(), sparse::IndexType::u32, values.data(), DataType::f32};
-  const sparse::Result result = sparse_allreduce(comm, input, op);
-  const auto sum = result.values_as<float>();
-  if (result.form == sparse::Form::dense) {
-    std::copy(sum.begin(), sum.end(), recv);
-    return;
-  }
+  comm.allreduce(reduced.data(), reduced.data(), reduced.size(), DataType::f32, op);
   std::fill(recv, recv + count, 0.0f);
-  const auto at = result.indices_as<std::uint32_t>();
-  for (std::size_t j = 0; j < at.size(); ++j) recv[at[j]] = sum[j];
+  for (std::size_t j = 0; j < at.size(); ++j) recv[at[j]] = reduced[j];
+  return at.size();
 }
 
 }  // namespace tutti::compress

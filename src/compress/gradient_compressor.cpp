@@ -62,10 +62,12 @@ std::size_t GradientCompressor::average(Communicator& comm, std::string_view nam
                                ? std::pow(compression_.ratio, static_cast<double>(step_ + 1) / compression_.warmup)
                                : compression_.ratio;
       const auto k = std::min(count, std::max<std::size_t>(1, static_cast<std::size_t>(std::ceil(ratio * count))));
+      std::size_t united = 0;
       with_feedback(name, grad, count, [&](const float* corrected, float* sent) {
-        top_k_allreduce(comm, corrected, grad, count, k, ReduceOp::avg, sent);
+        united = top_k_allreduce(comm, corrected, grad, count, k, ReduceOp::avg, sent);
       });
-      return k * (sizeof(std::uint32_t) + sizeof(float));
+      // The chosen indices with a byte each, then the values on the union.
+      return k * (sizeof(std::uint32_t) + 1) + united * sizeof(float);
     }
     case Compression::Kind::powersgd: {
       // A matrix is its first dimension by the rest, as the hook views a parameter.
