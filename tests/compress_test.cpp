@@ -202,6 +202,11 @@ TEST(TopK, LargestMagnitudesTiesByIndex) {
   EXPECT_EQ(idx, (std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5, 6}));
   tc::top_k(v.data(), v.size(), 0, nullptr, nullptr);
   EXPECT_THROW(tc::top_k(v.data(), v.size(), 8, idx.data(), val.data()), tutti::Error);
+  EXPECT_THROW(tc::top_k(v.data(), v.size(), 1, nullptr, val.data()), tutti::Error);
+  // Indices only (values null): the same choice.
+  std::vector<std::uint32_t> only(2, 99);
+  tc::top_k(v.data(), v.size(), 2, only.data(), nullptr);
+  EXPECT_EQ(only, (std::vector<std::uint32_t>{1, 2}));
   const std::vector<float> nan = {1, NAN, 5};
   tc::top_k(nan.data(), 3, 1, idx.data(), val.data());
   EXPECT_EQ(idx[0], 1u);

@@ -78,8 +78,9 @@ void qsgd_decode_add(const std::byte* in, std::size_t count, const QsgdOptions& 
 // ---- top-k ----
 
 /// The k elements of largest magnitude, ties broken by the lower index (so the choice is
-/// deterministic), written as (index, value) pairs in increasing index order. NaNs rank above
-/// every number. Error(invalid_argument) if k > count or a buffer is null with k > 0.
+/// deterministic), written as (index, value) pairs in increasing index order; values may be null
+/// when only the indices are wanted. NaNs rank above every number. Error(invalid_argument) if
+/// k > count, or in or indices is null with k > 0.
 void top_k(const float* in, std::size_t count, std::size_t k, std::uint32_t* indices, float* values);
 
 // ---- error feedback ----

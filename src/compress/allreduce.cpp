@@ -72,8 +72,7 @@ std::size_t top_k_allreduce(Communicator& comm, const float* send, float* recv, 
                             ReduceOp op, float* sent) {
   check(comm, send, recv, count, op, "compress::top_k_allreduce");
   std::vector<std::uint32_t> indices(k);
-  std::vector<float> values(k);
-  top_k(send, count, k, indices.data(), values.data());
+  top_k(send, count, k, indices.data(), nullptr);  // the values sent are read on the union below
   // The union of the ranks' choices: a sparse allreduce of the indices (a byte of 1 each; what it
   // adds up is not used), in its sparse form, so its result is exactly the union, sorted.
   const std::vector<std::uint8_t> ones(k, 1);

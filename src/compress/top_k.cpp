@@ -11,7 +11,7 @@ void top_k(const float* in, std::size_t count, std::size_t k, std::uint32_t* ind
   if (k > count)
     throw Error(ErrorCode::invalid_argument,
                 "top_k: k = " + std::to_string(k) + " is more than the " + std::to_string(count) + " elements");
-  if (k > 0 && (in == nullptr || indices == nullptr || values == nullptr))
+  if (k > 0 && (in == nullptr || indices == nullptr))
     throw Error(ErrorCode::invalid_argument, "top_k: null buffer with k = " + std::to_string(k));
   if (count > UINT32_MAX)
     throw Error(ErrorCode::invalid_argument, "top_k: " + std::to_string(count) + " elements do not fit u32 indices");
@@ -29,7 +29,8 @@ void top_k(const float* in, std::size_t count, std::size_t k, std::uint32_t* ind
                    std::greater<std::uint64_t>());
   for (std::size_t j = 0; j < k; ++j) indices[j] = 0xffffffffu - static_cast<std::uint32_t>(keys[j]);
   std::sort(indices, indices + k);
-  for (std::size_t j = 0; j < k; ++j) values[j] = in[indices[j]];
+  if (values != nullptr)
+    for (std::size_t j = 0; j < k; ++j) values[j] = in[indices[j]];
 }
 
 }  // namespace tutti::compress

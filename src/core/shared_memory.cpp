@@ -78,6 +78,16 @@ SharedRegion::~SharedRegion() {
 
 namespace tutti::core {
 
+SharedLocation location_of(const detail::SharedRegion& region, std::size_t offset) {
+  SharedLocation where;
+  where.id = region.id();
+  where.inode = region.inode();
+  where.offset = offset;
+  where.region_bytes = region.mapped();
+  where.fd = region.fd();
+  return where;
+}
+
 std::optional<SharedLocation> locate_shared(const void* address, std::size_t bytes) {
   if (bytes == 0 || address == nullptr) return std::nullopt;
   const auto begin = reinterpret_cast<std::uintptr_t>(address);
@@ -89,13 +99,7 @@ std::optional<SharedLocation> locate_shared(const void* address, std::size_t byt
   const detail::SharedRegion& region = *it->second;
   const std::uintptr_t offset = begin - it->first;
   if (offset >= region.mapped() || bytes > region.mapped() - offset) return std::nullopt;
-  SharedLocation where;
-  where.id = region.id();
-  where.inode = region.inode();
-  where.offset = offset;
-  where.region_bytes = region.mapped();
-  where.fd = region.fd();
-  return where;
+  return location_of(region, offset);
 }
 
 PeerRegion::~PeerRegion() { ::munmap(base_, bytes_); }

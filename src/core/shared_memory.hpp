@@ -53,6 +53,9 @@ struct SharedLocation {
   std::int32_t unused = 0;
 };
 
+/// Where the byte at `offset` of `region` lies (offset < region.mapped()).
+SharedLocation location_of(const detail::SharedRegion& region, std::size_t offset = 0);
+
 /// The region that holds all of [address, address + bytes) (bytes > 0), if one does.
 std::optional<SharedLocation> locate_shared(const void* address, std::size_t bytes);
 

@@ -92,7 +92,7 @@ void* EmulatedDevice::allocate_shared(std::size_t bytes, IpcHandle& handle) {
   } catch (const Error& e) {
     throw Error(e.code(), std::string("tutti::device::allocate_shared (emulated): ") + e.what());
   }
-  SharedName name{getpid(), bytes, *core::locate_shared(region->base(), bytes)};
+  SharedName name{getpid(), bytes, core::location_of(*region)};
   handle = {};
   std::memcpy(handle.bytes, &name, sizeof(name));
   void* p = region->base();
