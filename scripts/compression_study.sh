@@ -62,6 +62,8 @@ value_of() {  # value_of FLAG: the value FLAG has in common
   done
 }
 epochs=$(value_of --epochs) samples=$(value_of --train-samples) batch=$(value_of --batch-size)
+# --train-samples 0 (or none given) trains on the whole training set, Fashion-MNIST's 60,000.
+[[ -z $samples || $samples == 0 ]] && samples=60000
 
 echo "compression: $hosts host(s) x $ranks rank(s), links at $rate, flags: ${common[*]}"
 echo
