@@ -125,21 +125,51 @@ else
   ok "--calibrate writes the cost model"
 fi
 bench 2 --tune -t allreduce,allgather -b 8 -e 1M -f 32 -n 2 -w 1 -o "$tmp/tuning.json"
-if [[ $status -ne 0 ]] || ! /usr/bin/python3 - "$tmp/tuning.json" <<'EOF'; then
-import json, sys
+# Every size's line names the table's entry: a forced algorithm only where it beat automatic by
+# 5% (automatic's time / its time >= 1.05 as printed), else automatic; the file holds exactly the
+# forced ones, each range covering its size, and no entry covers a size automatic won.
+if [[ $status -ne 0 ]] || ! /usr/bin/python3 - "$tmp/tuning.json" "$tmp/out" <<'EOF'; then
+import json, re, sys
 doc = json.load(open(sys.argv[1]))
 entries = doc["entries"]
-assert {e["collective"] for e in entries} == {"allreduce", "allgather"}, entries
-assert all(e["ranks"] == 2 and e["min_bytes"] <= e["max_bytes"] for e in entries)
-assert "shm" in doc["cost_model"] or "tcp" in doc["cost_model"]
+transport = next(iter(doc["cost_model"]))
+assert transport in ("shm", "tcp"), doc["cost_model"]
+assert all(e["ranks"] == 2 and e["min_bytes"] <= e["max_bytes"] and e["transport"] == transport for e in entries)
+assert {e["collective"] for e in entries} <= {"allreduce", "allgather"}, entries
+lines, collective = {}, None
+for line in open(sys.argv[2]):
+    line = re.sub(r"^\[[0-9]+\] ?", "", line)
+    if m := re.match(r"# (\w+): per size", line):
+        collective = m.group(1)
+    elif m := re.match(r"^ +([0-9]+) +(\w+) +([0-9.]+)x ", line):
+        lines.setdefault(collective, []).append((int(m.group(1)), m.group(2), float(m.group(3))))
+assert set(lines) == {"allreduce", "allgather"} and all(len(v) >= 4 for v in lines.values()), lines
+for c, sizes in lines.items():
+    for size, entry, ratio in sizes:
+        covering = [e["algorithm"] for e in entries if e["collective"] == c and e["min_bytes"] <= size <= e["max_bytes"]]
+        if entry == "automatic":
+            assert ratio <= 1.06 and covering == [], (c, size, ratio, covering)
+        else:
+            assert ratio >= 1.05 and covering == [entry], (c, size, entry, ratio, covering)
 EOF
-  fail "tune" "status $status; the tuning file is not as expected"
+  fail "tune" "status $status; the tuning file or the printed choices are not as expected"
 else
-  ok "--tune writes entries for the tuned collectives"
+  ok "--tune writes an entry exactly where a forced algorithm beat automatic by 5%"
 fi
-TUTTI_TUNING_FILE="$tmp/tuning.json" TUTTI_DEBUG=info bench 2 -t allreduce,allgather -b 8 -e 1M -f 32 -n 2 -w 1 -c 1
-if [[ $status -ne 0 ]] || ! rows_parse_clean 8 >/dev/null || ! grep -q "tuning file" "$tmp/err"; then
+TUTTI_TUNING_FILE="$tmp/tuning.json" bench 2 -t allreduce,allgather -b 8 -e 1M -f 32 -n 2 -w 1 -c 1
+if [[ $status -ne 0 ]] || ! rows_parse_clean 8 >/dev/null; then
   fail "tuned run" "status $status; no clean run with the tuning file"
+else
+  ok "a run with the tuning file --tune wrote checks clean"
+fi
+transport=$(/usr/bin/python3 -c 'import json, sys; print(next(iter(json.load(open(sys.argv[1]))["cost_model"])))' "$tmp/tuning.json")
+cat >"$tmp/ring.json" <<EOF
+{"version": 1, "entries": [{"collective": "allreduce", "transport": "$transport", "ranks": 2, "min_bytes": 0,
+  "max_bytes": 18446744073709551615, "algorithm": "ring"}]}
+EOF
+TUTTI_TUNING_FILE="$tmp/ring.json" TUTTI_DEBUG=info bench 2 -t allreduce -b 8 -e 64K -f 32 -n 2 -w 1 -c 1
+if [[ $status -ne 0 ]] || ! rows_parse_clean 3 >/dev/null || ! grep -q "ring.*tuning file" "$tmp/err"; then
+  fail "table run" "status $status; the table's entry was not chosen, or the run was not clean"
 else
   ok "a run with TUTTI_TUNING_FILE chooses from the table and checks clean"
 fi

@@ -102,14 +102,19 @@ void print_cost(const choice::CostParams& cost, std::string_view transport) {
 
 struct Winner {
   std::size_t bytes;
-  Algorithm algorithm;
+  Algorithm algorithm;  // automatic: no forced algorithm beat the cost model's choice here
 };
+
+// A forced algorithm goes into the table only where its time beat automatic's (the cost model's
+// choice, with the cost model just measured) by this fraction: an entry won on noise would pin a
+// slower algorithm over a whole range of sizes.
+constexpr double tune_margin = 0.05;
 
 // Each algorithm's best of `passes` alternating measurements of the primary form (checked in the
 // first): this machine's noise is larger than the differences the table must capture.
 std::vector<double> best_times(Communicator& world, const BenchOptions& options, const Case& base,
                                const std::vector<Algorithm>& algorithms) {
-  constexpr int passes = 2;
+  constexpr int passes = 3;
   std::vector<double> times(algorithms.size(), std::numeric_limits<double>::infinity());
   for (int pass = 0; pass < passes; ++pass) {
     for (std::size_t i = 0; i < algorithms.size(); ++i) {
@@ -127,14 +132,16 @@ std::vector<double> best_times(Communicator& world, const BenchOptions& options,
   return times;
 }
 
-// The fastest algorithm per size for `kind`; prints each size's times on rank 0.
+// Per size for `kind`, the forced algorithm that beat automatic by tune_margin, else automatic;
+// prints each size's times on rank 0.
 std::vector<Winner> tune_kind(Communicator& world, const BenchOptions& options, Kind kind) {
   std::vector<Winner> winners;
   const std::vector<Algorithm> algorithms = algorithms_to_sweep(world, kind);
   const bool printer = world.rank() == 0;
   if (printer)
-    std::printf("#\n# %s: fastest per size (automatic before tuning / fastest)\n",
-                std::string(to_string(kind)).c_str());
+    std::printf("#\n# %s: per size, the table's entry (a forced algorithm %.0f%% faster than automatic, else "
+                "automatic: none) and automatic's time / the fastest forced one's\n",
+                std::string(to_string(kind)).c_str(), tune_margin * 100);
   for (std::size_t bytes : sweep_sizes(options)) {
     const Case base = make_case(kind, DataType::f32, ReduceOp::sum, 0, bytes, world.size());
     if (case_bytes(base, world.size()) == 0 && bytes > 0) continue;
@@ -155,20 +162,22 @@ std::vector<Winner> tune_kind(Communicator& world, const BenchOptions& options, 
         fastest = a;
       }
     }
-    if (fastest == Algorithm::automatic) continue;
-    winners.push_back({case_bytes(base, world.size()), fastest});
+    const Algorithm entry = best < automatic * (1 - tune_margin) ? fastest : Algorithm::automatic;
+    winners.push_back({case_bytes(base, world.size()), entry});
     if (printer)
-      std::printf("  %10zu %-18s %5.2fx %s\n", case_bytes(base, world.size()), std::string(to_string(fastest)).c_str(),
+      std::printf("  %10zu %-18s %5.2fx %s\n", case_bytes(base, world.size()), std::string(to_string(entry)).c_str(),
                   automatic / best, line.c_str());
   }
   return winners;
 }
 
-// Ranges between the geometric means of neighbouring sizes, merged where the winner repeats.
+// Ranges between the geometric means of neighbouring sizes, merged where the winner repeats;
+// none where automatic won (the cost model chooses there).
 std::vector<choice::Entry> entries_for(std::string_view transport, int ranks, const std::vector<Winner>& winners,
                                        Collective collective) {
   std::vector<choice::Entry> entries;
   for (std::size_t k = 0; k < winners.size(); ++k) {
+    if (winners[k].algorithm == Algorithm::automatic) continue;
     const std::size_t lo =
         k == 0 ? 0
                : static_cast<std::size_t>(std::sqrt(static_cast<double>(winners[k - 1].bytes) * winners[k].bytes)) + 1;
@@ -176,7 +185,7 @@ std::vector<choice::Entry> entries_for(std::string_view transport, int ranks, co
         k + 1 == winners.size()
             ? std::numeric_limits<std::size_t>::max()
             : static_cast<std::size_t>(std::sqrt(static_cast<double>(winners[k].bytes) * winners[k + 1].bytes));
-    if (!entries.empty() && entries.back().algorithm == winners[k].algorithm) {
+    if (k > 0 && winners[k - 1].algorithm == winners[k].algorithm) {
       entries.back().max_bytes = hi;
       continue;
     }
@@ -204,6 +213,11 @@ int tune(Communicator& world, const BenchOptions& options) {
   const std::string transport(world.impl()->transport_name());
   const choice::CostParams cost = measure_cost(world);
   if (world.rank() == 0) print_cost(cost, transport);
+  // Automatic, the reference every forced algorithm must beat, is the cost model with the
+  // parameters just measured (those the file gets), not an earlier table's entries.
+  choice::Table model;
+  model.cost_models[transport] = cost;
+  choice::set_active(std::move(model));
   std::vector<Kind> kinds = options.kinds;
   if (!options.kinds_given)
     kinds = {Collective::allreduce, Collective::reduce_scatter, Collective::allgather,
