@@ -139,9 +139,10 @@ std::vector<Winner> tune_kind(Communicator& world, const BenchOptions& options, 
   const std::vector<Algorithm> algorithms = algorithms_to_sweep(world, kind);
   const bool printer = world.rank() == 0;
   if (printer)
-    std::printf("#\n# %s: per size, the table's entry (a forced algorithm %.0f%% faster than automatic, else "
-                "automatic: none) and automatic's time / the fastest forced one's\n",
-                std::string(to_string(kind)).c_str(), tune_margin * 100);
+    std::printf(
+        "#\n# %s: per size, the table's entry (a forced algorithm %.0f%% faster than automatic, else "
+        "automatic: none) and automatic's time / the fastest forced one's\n",
+        std::string(to_string(kind)).c_str(), tune_margin * 100);
   for (std::size_t bytes : sweep_sizes(options)) {
     const Case base = make_case(kind, DataType::f32, ReduceOp::sum, 0, bytes, world.size());
     if (case_bytes(base, world.size()) == 0 && bytes > 0) continue;
