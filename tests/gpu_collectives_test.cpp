@@ -43,7 +43,7 @@ void reduce_case(tutti::gpu::Communicator& gpu, Stream stream, DataType type, Re
     gpu.copy(recv.data, poison_of(input.size()).data(), input.size(), stream);
     gpu.reduce(send.data, recv.data, count, type, op, root, stream, options);
     gpu.copy(result.data(), recv.data, result.size(), stream);
-    gpu.synchronize(stream, deadline);
+    synchronize_checked(gpu, stream);
     const std::string what = "reduce " + std::string(tutti::to_string(type)) + " " + std::string(tutti::to_string(op)) +
                              " root " + std::to_string(root) + " count " + std::to_string(count);
     if (r == root)
@@ -91,7 +91,7 @@ TEST(GpuCollectives, AlltoallInAndOutOfPlace) {
           if (!in_place) gpu.copy(out, poison_of(input.size()).data(), input.size(), stream);
           gpu.alltoall(send.data, out, count, type, stream, options);
           gpu.copy(result.data(), out, result.size(), stream);
-          gpu.synchronize(stream, deadline);
+          synchronize_checked(gpu, stream);
           expect_equal(result, expected, type,
                        "alltoall count " + std::to_string(count) + (in_place ? " in place" : ""));
         }
@@ -123,7 +123,7 @@ TEST(GpuCollectives, AllgatherInPlaceWithSendEqualToRecv) {
       gpu.copy(recv.data, staged.data(), staged.size(), stream);
       gpu.allgather(recv.data, recv.data, count, type, stream, options);
       gpu.copy(result.data(), recv.data, result.size(), stream);
-      gpu.synchronize(stream, deadline);
+      synchronize_checked(gpu, stream);
       expect_equal(result, expected, type, "allgather with send == recv");
       gpu.destroy_stream(stream);
     });
@@ -187,7 +187,7 @@ TEST(GpuCollectives, SendThenRecvAroundARing) {
         gpu.send(out.data, count, type, right, stream, 7);
         gpu.recv(in.data, count, type, left, stream, 7);
         gpu.copy(result.data(), in.data, result.size(), stream);
-        gpu.synchronize(stream, deadline);
+        synchronize_checked(gpu, stream);
         expect_equal(result, expected, type, "recv from rank " + std::to_string(left));
       }
       gpu.check();
@@ -313,7 +313,7 @@ TEST(GpuCollectives, BackendFromOptions) {
       gpu.copy(data.data, input.data(), input.size(), stream);
       gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, {algorithm, options.timeout});
       gpu.copy(result.data(), data.data, result.size(), stream);
-      gpu.synchronize(stream, deadline);
+      synchronize_checked(gpu, stream);
       expect_equal(result, expected, type, "algorithm " + std::string(tutti::to_string(algorithm)));
     }
     gpu.check();
@@ -401,7 +401,7 @@ TEST(GpuCollectives, CudaCommunicator) {
     gpu.copy(data.data, input.data(), input.size(), stream);
     gpu.allreduce(data.data, data.data, count, DataType::f32, ReduceOp::sum, stream, options);
     gpu.copy(result.data(), data.data, result.size(), stream);
-    gpu.synchronize(stream, deadline);
+    synchronize_checked(gpu, stream);
     gpu.check();
     expect_equal(result, expected, DataType::f32, "cuda allreduce");
     gpu.destroy_stream(stream);
@@ -432,7 +432,7 @@ TEST(GpuCollectives, HostTransferBurstLargerThanItsStagingPool) {
                     {Algorithm::host_transfer, options.timeout});
     gpu.copy(result.data(), data.data, result.size(), stream);
     device.set_flag(hold, 1);
-    gpu.synchronize(stream, deadline);
+    synchronize_checked(gpu, stream);
     gpu.check();
     expect_equal(result, expected, DataType::i64, "20 chained allreduces");
     gpu.destroy_stream(stream);

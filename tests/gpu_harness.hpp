@@ -71,6 +71,13 @@ inline void run_gpu_ranks(int p, const std::function<void(tutti::gpu::Communicat
 
 inline tutti::device::Device& device_of(tutti::gpu::Communicator& gpu) { return gpu.impl()->device(); }
 
+// Waits for `stream`, then raises a failure recorded since: a result read after a failed operation
+// is whatever the released stream copied back, so the failure is what a case must report.
+inline void synchronize_checked(tutti::gpu::Communicator& gpu, tutti::gpu::Stream stream) {
+  gpu.synchronize(stream, deadline);
+  gpu.check();
+}
+
 inline Bytes values(DataType type, std::size_t count, const std::function<double(std::size_t)>& value) {
   const std::size_t es = tutti::size_of(type);
   Bytes out(count * es);

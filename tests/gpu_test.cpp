@@ -44,7 +44,7 @@ void allreduce_case(tutti::gpu::Communicator& gpu, Stream stream, DataType type,
   if (!in_place) gpu.copy(out, poison.data(), poison.size(), stream);
   gpu.allreduce(send.data, out, count, type, op, stream, options);
   gpu.copy(result.data(), out, result.size(), stream);
-  gpu.synchronize(stream, deadline);
+  synchronize_checked(gpu, stream);
   gpu.check();
   expect_equal(result, expected, type,
                "allreduce " + std::string(tutti::to_string(type)) + " " + std::string(tutti::to_string(op)) +
@@ -91,7 +91,7 @@ TEST(GpuHostTransfer, Broadcast) {
           gpu.copy(buffer.data, mine.data(), mine.size(), stream);
           gpu.broadcast(buffer.data, count, type, root, stream, options);
           gpu.copy(result.data(), buffer.data, result.size(), stream);
-          gpu.synchronize(stream, deadline);
+          synchronize_checked(gpu, stream);
           expect_equal(result, expected, type,
                        "broadcast root " + std::to_string(root) + " count " + std::to_string(count));
         }
@@ -123,7 +123,7 @@ TEST(GpuHostTransfer, Allgather) {
           gpu.copy(in, input.data(), input.size(), stream);
           gpu.allgather(in, recv.data, count, type, stream, options);
           gpu.copy(result.data(), recv.data, result.size(), stream);
-          gpu.synchronize(stream, deadline);
+          synchronize_checked(gpu, stream);
           expect_equal(result, expected, type, "allgather count " + std::to_string(count));
         }
       gpu.destroy_stream(stream);
@@ -199,7 +199,7 @@ TEST(GpuHostTransfer, HostNeverWaitsForTheStream) {
       // Returned while the stream is held: nothing after the hold has run.
       if (tutti::device::Device::load_flag(marker) != 0) throw std::runtime_error("the marker ran before the release");
       device.set_flag(hold, 1);
-      gpu.synchronize(stream, deadline);
+      synchronize_checked(gpu, stream);
       if (tutti::device::Device::load_flag(marker) != 1) throw std::runtime_error("the marker did not run");
       expect_equal(result, expected, type, "held allreduce");
       gpu.destroy_stream(stream);
@@ -278,8 +278,8 @@ TEST(GpuHostTransfer, LaterOperationOnAnotherStreamWaitsForTheEarlierOne) {
       if (error_code_of([&] { gpu.synchronize(b, 100ms); }) != ErrorCode::timeout)
         throw std::runtime_error("operation 2 finished before operation 1");
       device.set_flag(hold, 1);
-      gpu.synchronize(a, deadline);
-      gpu.synchronize(b, deadline);
+      synchronize_checked(gpu, a);
+      synchronize_checked(gpu, b);
       expect_equal(got_x, expected, type, "operation 1 (stream a)");
       expect_equal(got_y, expected, type, "operation 2 (stream b)");
       gpu.destroy_stream(a);

@@ -74,6 +74,8 @@ class Device {
   /// here. Errors as allocate.
   virtual void* allocate_pinned(std::size_t bytes) = 0;
   /// Frees what allocate_pinned returned; nullptr is a no-op; Error(invalid_argument) otherwise.
+  /// On CUDA the block goes back to a cache of the device's, freed with the device: cudaFreeHost
+  /// waits for every stream of the context, held ones included.
   virtual void free_pinned(void* pointer) = 0;
   /// Whether `pointer` lies in device memory (anywhere inside an allocation; on CUDA also managed
   /// memory and peers' memory opened through IPC). Pinned host memory is not device memory.
@@ -114,9 +116,9 @@ class Device {
 
   /// Copies `bytes` from `src` to `dst`, in any direction between device, pinned and ordinary host
   /// memory. bytes == 0 enqueues nothing. Error(invalid_argument) for a null pointer with bytes > 0
-  /// or buffers that overlap (other than dst == src, a no-op). On CUDA a copy from or to
-  /// pageable host memory may wait for the stream (the driver stages it): work that must leave the
-  /// host free copies through pinned memory.
+  /// or buffers that overlap (other than dst == src, a no-op). Never waits for the stream:
+  /// on CUDA, pageable host memory goes through pinned blocks of the device's (read at the call;
+  /// written by a host function when the stream gets there).
   virtual void copy(void* dst, const void* src, std::size_t bytes, Stream stream) = 0;
   /// dst[i] = a[i] op b[i] for i < count, all three in device memory; bit for bit what
   /// reduce::apply computes on the host (f16/bf16 accumulate in f32 and round to nearest even).
