@@ -10,7 +10,7 @@ out=${2:?usage: gpu_bundle.sh BUILD OUT}
 grep -q "^TUTTI_WITH_CUDA:INTERNAL=ON" "$build/CMakeCache.txt" || { echo "gpu_bundle: $build is not a CUDA build" >&2; exit 1; }
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/tools/bench" "$out/lib"
-for f in tests/device_gpu_test tests/gpu_test tests/gpu_collectives_test tests/engine_gpu_test tools/tutti-run tools/bench/tutti-bench; do
+for f in tests/device_gpu_test tests/gpu_test tests/gpu_collectives_test tests/engine_gpu_test tools/tutti-run tools/bench/tutti-bench tools/cuda-waits; do
   strip -o "$out/$f" "$build/$f"
 done
 # Every shared library the binaries load beyond the C and C++ runtimes (libcrypto, Gloo and what it

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for a machine with an NVIDIA GPU: builds Tutti with CUDA (as scripts/build.sh does,
 # into its own build directory) and runs every GPU check, then tutti-bench's device mode:
-#   1. nvidia-smi -L (which GPUs this is);
+#   1. nvidia-smi -L (which GPUs this is), and tools/cuda-waits (which CUDA calls wait for a stream
+#      held at a wait_value; run with and without CUDA_DEVICE_MAX_CONNECTIONS=32);
 #   2. the build (RelWithDebInfo, warnings as errors, CUDA when CMake finds the toolkit);
 #   3. ctest -L gpu (the suites on the CUDA device; a skipped case counts as a failure here, since
 #      the GPU is there) and ctest -L emulated (the same protocols on the emulated device);
@@ -188,7 +189,23 @@ kernels_run() {
   judge "$name" "$status" "$out"
 }
 
+# cuda-waits: which CUDA calls wait for a held stream, with the default hardware queues and with
+# the 32 Tutti asks for (a report, read by a person; it fails only if CUDA does).
+waits_run() {
+  local exe=$build/tools/cuda-waits
+  [[ -x $exe ]] || { skipped+=("cuda-waits: not built"); return; }
+  for connections in "" 32; do
+    echo "== cuda-waits (CUDA_DEVICE_MAX_CONNECTIONS=${connections:-unset})"
+    if timeout -s KILL 120 env ${connections:+CUDA_DEVICE_MAX_CONNECTIONS=$connections} "$exe" | tee "$logs/cuda-waits${connections}.log"; then
+      pass "cuda-waits (CUDA_DEVICE_MAX_CONNECTIONS=${connections:-unset})"
+    else
+      flunk "cuda-waits (CUDA_DEVICE_MAX_CONNECTIONS=${connections:-unset})"
+    fi
+  done
+}
+
 if ((gpu)); then
+  waits_run
   cuda_suites
   ((prebuilt)) || suite emulated
   for p in 1 2 4; do
