@@ -2,10 +2,12 @@
 // The stream-aware collectives hold streams at cuStreamWaitValue32 until the host side of an
 // operation is done; a CUDA call that waits for such a stream, on a thread the operation needs,
 // hangs it. Each probe holds a stream, makes one call, and has a watchdog release the stream after
-// 2 s: a call that returned only then waits for held streams. The last probe holds one stream and
-// counts how many of 24 other streams, each given a small memset, finish it within a second: a
-// stream that does not shares a hardware queue with the held one (CUDA_DEVICE_MAX_CONNECTIONS,
-// read when CUDA starts; 8 by default). Prints one line per probe; exit status 1 if CUDA fails.
+// 2 s: a call that returned only then waits for held streams. Some probes put a copy to pageable
+// memory (another thread waits in it) or a host function behind the wait. The last probe holds
+// one stream and counts how many of 24 other streams, each given a small memset, finish it within
+// a second: a stream that does not shares a hardware queue with the held one
+// (CUDA_DEVICE_MAX_CONNECTIONS, read when CUDA starts; 8 by default). Prints one line per probe;
+// exit status 1 if CUDA fails.
 //   cuda-waits [DEVICE]        (scripts/gpu_check.sh runs it with and without the variable set)
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -55,12 +57,19 @@ struct Held {
   void release() { *flag = generation; }
 };
 
-// Runs `call` while `held` is held (and, with `busy`, while another thread is inside a copy to
-// pageable memory on it); prints whether it returned before the watchdog's release.
-void probe(Held& held, const char* name, const std::function<void()>& call, bool busy = false, void* device = nullptr,
-           void* pageable = nullptr) {
+void CUDART_CB nothing(void*) {}
+
+enum class Behind { nothing, pageable_copy, host_function };
+
+// Runs `call` while `held` is held, with `behind` enqueued after the wait (a copy to pageable
+// memory, made by another thread, which waits in it; or a host function); prints whether it
+// returned before the watchdog's release.
+void probe(Held& held, const char* name, const std::function<void()>& call, Behind behind = Behind::nothing,
+           void* device = nullptr, void* pageable = nullptr) {
   held.hold();
   std::thread copier;
+  if (behind == Behind::host_function) must(cudaLaunchHostFunc(held.stream, nothing, nullptr), "cudaLaunchHostFunc");
+  const bool busy = behind == Behind::pageable_copy;
   if (busy) {
     copier = std::thread([&] { cudaMemcpyAsync(pageable, device, mib4, cudaMemcpyDeviceToHost, held.stream); });
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -79,8 +88,8 @@ void probe(Held& held, const char* name, const std::function<void()>& call, bool
   watchdog.join();
   if (copier.joinable()) copier.join();
   must(cudaStreamSynchronize(held.stream), "cudaStreamSynchronize (held)");
-  std::printf("%-26s %-48s %s (%.1f ms)\n", busy ? "[copy to pageable on it]" : "", name,
-              ms > 1500 ? "WAITS for the held stream" : "returns", ms);
+  const char* tag = busy ? "[copy to pageable on it]" : behind == Behind::host_function ? "[host function on it]" : "";
+  std::printf("%-26s %-48s %s (%.1f ms)\n", tag, name, ms > 1500 ? "WAITS for the held stream" : "returns", ms);
 }
 
 }  // namespace
@@ -129,7 +138,7 @@ int main(int argc, char** argv) {
     cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
   });
   const auto busy = [&](const char* name, const std::function<void()>& call) {
-    probe(held, name, call, true, device, host_a.data());
+    probe(held, name, call, Behind::pageable_copy, device, host_a.data());
   };
   busy("cudaHostAlloc 4 MiB", [&] { cudaHostAlloc(&p, mib4, cudaHostAllocMapped); });
   busy("cudaMalloc 4 MiB", [&] { cudaMalloc(&p, mib4); });
@@ -139,6 +148,14 @@ int main(int argc, char** argv) {
   });
   busy("copy from pageable 4 MiB, other stream",
        [&] { cudaMemcpyAsync(device, host_b.data(), mib4, cudaMemcpyHostToDevice, other); });
+
+  const auto host_function = [&](const char* name, const std::function<void()>& call) {
+    probe(held, name, call, Behind::host_function);
+  };
+  host_function("cudaHostAlloc 4 MiB", [&] { cudaHostAlloc(&p, mib4, cudaHostAllocMapped); });
+  host_function("cudaMalloc 4 MiB", [&] { cudaMalloc(&p, mib4); });
+  host_function("copy from pageable 4 MiB, other stream",
+                [&] { cudaMemcpyAsync(device, host_b.data(), mib4, cudaMemcpyHostToDevice, other); });
 
   // Streams behind the held one's hardware queue.
   constexpr int streams = 24;
