@@ -320,20 +320,24 @@ class CudaDevice final : public Device {
       auto* out = static_cast<std::byte*>(dst) + offset;
       const auto* in = static_cast<const std::byte*>(src) + offset;
       cudaError_t status = cudaSuccess;
-      if (from_pageable)
+      bool enqueued = false;  // the stream may still touch the block
+      if (from_pageable) {
         std::memcpy(b->memory, in, n);
-      else
+      } else {
         status = cudaMemcpyAsync(b->memory, in, n, cudaMemcpyDefault, native(stream));
+        enqueued = status == cudaSuccess;
+      }
       if (to_pageable) {
         b->out = out;
         b->bytes = n;
       } else if (status == cudaSuccess) {
         status = cudaMemcpyAsync(out, b->memory, n, cudaMemcpyDefault, native(stream));
+        enqueued = enqueued || status == cudaSuccess;
       }
       if (status == cudaSuccess) status = cudaLaunchHostFunc(native(stream), &CudaDevice::bounce_done, b);
       if (status != cudaSuccess) {
         b->out = nullptr;
-        bounce_done(b);  // nothing that could still run uses it
+        if (!enqueued) bounce_done(b);  // else it stays out: the stream may still copy through it
         check(status, "copy");
       }
     }
