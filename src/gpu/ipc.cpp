@@ -230,6 +230,9 @@ void Ipc::enqueue(const DeviceCall& call, device::Stream stream) {
     // The verdict of the descriptor exchange comes before completion: once the stream is through,
     // check() knows whether the operation was a mismatch.
     device_->wait_value(validated_, n, stream);
+    // In issue order: an operation on another stream may finish first, and a later write of a
+    // smaller number would take `done` back (the destructor then saw operations in flight).
+    device_->wait_value(done_, n - 1, stream);
     device_->write_value(done_, n, stream);
   } catch (const Error& error) {
     fail(Error(error.code(), "ipc: operation " + std::to_string(n) + " half enqueued: " + error.what()));
