@@ -18,7 +18,9 @@
 // A watchdog thread per rank checks, for each operation in order, that every rank called the same
 // one (an allgather of a small descriptor over the private host communicator: mismatches are
 // named, silent ranks time out there), as soon as it is issued; each operation's stream waits for
-// that verdict before it completes, so check() after a synchronize knows of a mismatch. Then the
+// that verdict before it completes, so check() after a synchronize knows of a mismatch, and then
+// for the operation before it to be done (operations on different streams raise `done` in issue
+// order, so that it never goes back). Then the
 // watchdog follows its own stream's progress (pinned flags of this rank alone): a peer process
 // that died (its pid is gone), a step that does not complete within the timeout after this rank's
 // stream reached it, or a failure another rank published ends the operation. Failing means
