@@ -68,16 +68,7 @@ cmake --preset "$preset" "${launcher[@]}" >/dev/null
 log=$root/build-$preset/sanitize.log
 status=0
 if [[ $preset == asan ]]; then
-  # Only the targets the selected tests run: every argument of their commands that lies in the
-  # build directory names one (tutti-bench, the MPI suites and the soak program are left out).
-  targets=$(cd "build-$preset" && ctest -N --show-only=json-v1 -L "$labels" -E "$exclude" | /usr/bin/python3 -c '
-import json, os, sys
-build = os.getcwd() + "/"
-names = {os.path.basename(a) for t in json.load(sys.stdin)["tests"] for a in t.get("command", []) if a.startswith(build)}
-print(" ".join(sorted(names)))')
-  [[ -n $targets ]] || { echo "sanitize asan: no test targets found" >&2; exit 1; }
-  # shellcheck disable=SC2086
-  cmake --build "build-$preset" -j "$(nproc)" --target $targets | tail -n 1
+  cmake --build "build-$preset" -j "$(nproc)" | tail -n 1
   built=$(date +%s)
   (cd "build-$preset" && ctest --output-on-failure -j "$(nproc)" --timeout 900 -L "$labels" -E "$exclude" "$@") |
     tee "$log" || status=$?
