@@ -4,22 +4,20 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "device/checks.hpp"
 #include "device/cuda/kernels.hpp"
+#include "device/cuda/pinned_blocks.hpp"
 #include "reduce/reduce.hpp"
 
 namespace tutti::device::cuda {
@@ -129,18 +127,7 @@ class CudaDevice final : public Device {
       release(p, false);
     }
     if (pool_stream_) cudaStreamDestroy(pool_stream_);
-    for (const auto& [p, bytes] : pinned_memory_) cudaFreeHost(p);
-    for (const auto& [bytes, p] : pinned_cache_) cudaFreeHost(p);
-    // While a block is out (a held stream), its host function may still run: the pool stays.
-    bool out = false;
-    {
-      std::lock_guard lock(bounce_pool_->mutex);
-      out = bounce_pool_->out > 0;
-    }
-    if (out)
-      static_cast<void>(bounce_pool_.release());
-    else
-      for (const auto& b : bounce_pool_->all) cudaFreeHost(b->memory);
+    pinned_->close();
   }
 
   Kind kind() const override { return Kind::cuda; }
@@ -225,40 +212,18 @@ class CudaDevice final : public Device {
     forget(registered_, pointer, "unregister_pinned", "register_pinned");
     check(cudaHostUnregister(pointer), "unregister_pinned");
   }
-  // Pinned memory is allocated in power-of-two blocks (4 KiB and up) that free_pinned returns to a
-  // cache of the device's own, and allocate_pinned takes from it first: cudaFreeHost waits for
-  // every stream of the context, and with ranks as threads of one process a stream held at a
-  // wait_value for another rank's progress then never finishes (seen on an H100: a staging pool
-  // that grew on one rank's thread hung the ranks sharing the GPU). The cache is freed with the
-  // device; it holds at most what was once in use at the same time, at most twice the bytes asked.
+  // Pinned memory comes in blocks that free_pinned keeps for reuse (pinned_blocks.hpp).
   void* allocate_pinned(std::size_t bytes) override {
     if (bytes == 0) invalid("allocate_pinned", "0 bytes requested");
-    if (bytes > std::numeric_limits<std::size_t>::max() / 2) check(cudaErrorMemoryAllocation, "allocate_pinned");
-    const std::size_t block = std::bit_ceil(std::max<std::size_t>(bytes, 4096));
+    select();
     void* p = nullptr;
-    {
-      std::lock_guard lock(mutex_);
-      if (auto cached = pinned_cache_.find(block); cached != pinned_cache_.end()) {
-        p = cached->second;
-        pinned_cache_.erase(cached);
-      }
-    }
-    if (p == nullptr) {
-      select();
-      check(cudaHostAlloc(&p, block, cudaHostAllocMapped | cudaHostAllocPortable), "allocate_pinned");
-    }
+    check(pinned_->take(bytes, false, p), "allocate_pinned");
     std::memset(p, 0, bytes);
-    std::lock_guard lock(mutex_);
-    pinned_memory_.emplace(p, block);
     return p;
   }
   void free_pinned(void* pointer) override {
-    if (pointer == nullptr) return;
-    std::lock_guard lock(mutex_);
-    const auto live = pinned_memory_.find(pointer);
-    if (live == pinned_memory_.end()) invalid("free_pinned", "not something this device's allocate_pinned returned");
-    pinned_cache_.emplace(live->second, pointer);
-    pinned_memory_.erase(live);
+    if (pointer != nullptr && !pinned_->give_back(pointer))
+      invalid("free_pinned", "not something this device's allocate_pinned returned");
   }
   bool is_device_pointer(const void* pointer) const override {
     if (pointer == nullptr) return false;
@@ -304,7 +269,7 @@ class CudaDevice final : public Device {
   // cudaMemcpyAsync with pageable memory waits on the host (to it: for the stream to reach the
   // copy), and while one thread waits so, other threads' cudaHostAlloc and cudaMalloc wait too
   // (seen on an H100): ranks that were threads sharing a GPU hung so. Blocks are reused once
-  // their stream has passed them, and freed with the device.
+  // their stream has passed them (pinned_blocks.hpp).
   void copy(void* dst, const void* src, std::size_t bytes, Stream stream) override {
     detail::check_copy(dst, src, bytes);
     if (bytes == 0 || dst == src) return;
@@ -316,7 +281,9 @@ class CudaDevice final : public Device {
     }
     for (std::size_t offset = 0; offset < bytes; offset += bounce_bytes) {
       const std::size_t n = std::min(bounce_bytes, bytes - offset);
-      Bounce* b = take_bounce();
+      void* block = nullptr;
+      check(pinned_->take(bounce_bytes, true, block), "copy");
+      auto* b = new Bounce{pinned_, static_cast<std::byte*>(block)};
       auto* out = static_cast<std::byte*>(dst) + offset;
       const auto* in = static_cast<const std::byte*>(src) + offset;
       cudaError_t status = cudaSuccess;
@@ -337,7 +304,10 @@ class CudaDevice final : public Device {
       if (status == cudaSuccess) status = cudaLaunchHostFunc(native(stream), &CudaDevice::bounce_done, b);
       if (status != cudaSuccess) {
         b->out = nullptr;
-        if (!enqueued) bounce_done(b);  // else it stays out: the stream may still copy through it
+        if (enqueued)
+          delete b;  // its block stays out: the stream may still copy through it
+        else
+          bounce_done(b);
         check(status, "copy");
       }
     }
@@ -410,21 +380,14 @@ class CudaDevice final : public Device {
   }
 
  private:
-  // Pinned blocks for copies from and to pageable memory. A block's `out` and `bytes`: where its
-  // host function copies it to (pageable memory), if anywhere. The pool outlives the device while
-  // a block is out (a held stream's host function may still run).
-  struct BouncePool;
+  // A pinned block of a copy from or to pageable memory; `out` and `bytes`: where its host
+  // function copies it to (pageable memory), if anywhere. It holds the blocks: a held stream's
+  // host function may run after the device is gone.
   struct Bounce {
-    BouncePool* pool = nullptr;
+    std::shared_ptr<PinnedBlocks> blocks;
     std::byte* memory = nullptr;
     std::byte* out = nullptr;
     std::size_t bytes = 0;
-  };
-  struct BouncePool {
-    std::mutex mutex;
-    std::vector<std::unique_ptr<Bounce>> all;
-    std::vector<Bounce*> free;
-    std::size_t out = 0;  // taken, not yet passed by their stream
   };
   static constexpr std::size_t bounce_bytes = std::size_t{1} << 20;
 
@@ -436,36 +399,13 @@ class CudaDevice final : public Device {
     }
     return attributes.type == cudaMemoryTypeUnregistered;
   }
-  Bounce* take_bounce() {
-    BouncePool& pool = *bounce_pool_;
-    {
-      std::lock_guard lock(pool.mutex);
-      if (!pool.free.empty()) {
-        Bounce* b = pool.free.back();
-        pool.free.pop_back();
-        ++pool.out;
-        return b;
-      }
-    }
-    void* memory = nullptr;
-    check(cudaHostAlloc(&memory, bounce_bytes, cudaHostAllocPortable), "copy");
-    auto b = std::make_unique<Bounce>();
-    b->pool = &pool;
-    b->memory = static_cast<std::byte*>(memory);
-    std::lock_guard lock(pool.mutex);
-    pool.all.push_back(std::move(b));
-    ++pool.out;
-    return pool.all.back().get();
-  }
   // Runs on the stream once the block's copies are done (a host function: no CUDA calls), or
   // on the caller where the stream refused the work.
   static void CUDART_CB bounce_done(void* data) {
     auto* b = static_cast<Bounce*>(data);
     if (b->out != nullptr) std::memcpy(b->out, b->memory, b->bytes);
-    b->out = nullptr;
-    std::lock_guard lock(b->pool->mutex);
-    b->pool->free.push_back(b);
-    --b->pool->out;
+    b->blocks->give_back(b->memory);
+    delete b;
   }
 
   // The calling thread's current device becomes this one (cheap when it already is).
@@ -526,9 +466,7 @@ class CudaDevice final : public Device {
   WaitValue32 wait_value32_ = nullptr;
   std::mutex mutex_;
   std::unordered_set<void*> streams_, events_, device_memory_;
-  std::unordered_map<void*, std::size_t> pinned_memory_;  // allocate_pinned's blocks in use, by size
-  std::multimap<std::size_t, void*> pinned_cache_;        // blocks free_pinned returned, by size
-  std::unique_ptr<BouncePool> bounce_pool_ = std::make_unique<BouncePool>();  // copy's pinned blocks
+  std::shared_ptr<PinnedBlocks> pinned_ = std::make_shared<PinnedBlocks>();  // allocate_pinned's and copy's
   std::unordered_set<void*> pooled_;  // device memory from the stream-ordered pool
   std::once_flag pool_once_;
   cudaStream_t pool_stream_ = nullptr;
