@@ -21,6 +21,7 @@ import os
 import sys
 import unittest
 
+import torch.multiprocessing
 import tutti.distributed  # noqa: F401 — registers "tutti" here and in every spawned rank (they import this file)
 import torch.nn.parallel._replicated_tensor_ddp_utils as replicated_tensor_ddp
 import torch.testing._internal.common_utils as common_utils
@@ -82,9 +83,14 @@ from torch.testing._internal.distributed.distributed_test import DistributedTest
 
 
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
+    fork = False  # --fork: the ranks are forked from this process, which has imported torch already
+
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if self.fork:
+            self._start_processes(torch.multiprocessing.get_context("fork").Process)
+        else:
+            self._spawn_processes()
 
 
 def _names(tests_file):
@@ -96,8 +102,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tests", help="file naming the tests to run, one a line")
     parser.add_argument("-k", action="append", default=[], help="run the tests whose names contain this")
+    parser.add_argument("--fork", action="store_true",
+                        help="fork the ranks instead of spawning them (no new interpreter importing torch per rank)")
     parser.add_argument("--summary", help="write the passed, failed and skipped tests here (JSON)")
     args = parser.parse_args()
+    TestDistBackendWithSpawn.fork = args.fork
     logging.getLogger("torch.testing._internal.common_distributed").setLevel(logging.WARNING)
     loader = unittest.TestLoader()
     patterns = [f"*.{name}" for name in _names(args.tests)] if args.tests else []
