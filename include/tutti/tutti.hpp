@@ -17,7 +17,7 @@
 namespace tutti {
 
 namespace detail {
-class Operation;
+class RequestState;
 class CommImpl;
 class SharedRegion;
 }  // namespace detail
@@ -66,10 +66,10 @@ class Request {
   /// rather than from this call, so that polling in short slices still reaches the deadline.
   bool wait_for(std::chrono::milliseconds duration, std::chrono::steady_clock::time_point since);
 
-  explicit Request(std::shared_ptr<detail::Operation> op) : op_(std::move(op)) {}
+  explicit Request(std::shared_ptr<detail::RequestState> op) : op_(std::move(op)) {}
 
  private:
-  std::shared_ptr<detail::Operation> op_;
+  std::shared_ptr<detail::RequestState> op_;
 };
 
 /// A group of ranks that run collectives together. Copies are handles to the same

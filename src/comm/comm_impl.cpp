@@ -191,7 +191,7 @@ Request CommImpl::start_schedule(const Call& call, Algorithm algorithm, const Ex
 
 Request CommImpl::submit(std::unique_ptr<exec::Operation> op, bool blocking) {
   auto shared = queue_->submit(std::move(op), blocking);
-  return Request(std::make_shared<detail::Operation>(queue_, std::move(shared)));
+  return Request(std::make_shared<detail::RequestState>(queue_, std::move(shared)));
 }
 
 std::chrono::milliseconds CommImpl::timeout_of(const Call& call) const {
@@ -267,7 +267,7 @@ Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size
                                             key, std::move(description));
   op->timeout = default_timeout_;
   auto shared = queue_->submit(std::move(op), blocking);
-  return Request(std::make_shared<detail::Operation>(queue_, std::move(shared)));
+  return Request(std::make_shared<detail::RequestState>(queue_, std::move(shared)));
 }
 
 Communicator CommImpl::split(int color, int key) {

@@ -1,4 +1,5 @@
-// What a public Request holds: the operation and the queue that progresses it.
+// What a public Request holds: the operation and the queue that progresses it (not itself an
+// operation: exec::Operation is the one abstract operation).
 #pragma once
 
 #include <memory>
@@ -7,9 +8,9 @@
 
 namespace tutti::detail {
 
-class Operation {
+class RequestState {
  public:
-  Operation(std::shared_ptr<exec::OperationQueue> queue, std::shared_ptr<exec::Operation> op)
+  RequestState(std::shared_ptr<exec::OperationQueue> queue, std::shared_ptr<exec::Operation> op)
       : queue(std::move(queue)), op(std::move(op)) {}
   std::shared_ptr<exec::OperationQueue> queue;
   std::shared_ptr<exec::Operation> op;
