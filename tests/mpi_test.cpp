@@ -197,6 +197,30 @@ TEST(Init, UnderMpirunOneHostRunsOverSharedMemory) {
   for (auto x : v) ASSERT_EQ(x, p * p * (p + 1) / 2);
 }
 
+// Ranks on several hosts (emulated: TUTTI_HOST names two, a rank's parity) under plain mpirun:
+// rank 0 serves the store, with a token of its own, to ranks it names it to through MPI; ranks of
+// one host connect through shared memory, of different hosts through TCP (hosts of one rank each:
+// TCP alone).
+TEST(Init, UnderMpirunSeveralHostsRunsOverSharedMemoryAndTcp) {
+  ASSERT_EQ(std::getenv("TUTTI_STORE"), nullptr);
+  ASSERT_EQ(std::getenv("TUTTI_TOKEN"), nullptr);
+  const int p = comm_size(MPI_COMM_WORLD), r = comm_rank(MPI_COMM_WORLD);
+  if (p < 2) GTEST_SKIP() << "one rank is one host";
+  ::setenv("TUTTI_HOST", ("host" + std::to_string(r % 2)).c_str(), 1);
+  Communicator world = init();
+  ::unsetenv("TUTTI_HOST");
+  EXPECT_EQ(world.impl()->transport_name(), p == 2 ? "tcp" : "shm+tcp");
+  EXPECT_EQ(world.rank(), r);
+  std::vector<std::int64_t> v(100003, world.rank() + 1);
+  world.allreduce(std::span<std::int64_t>(v), ReduceOp::sum);
+  for (auto x : v) ASSERT_EQ(x, p * (p + 1) / 2);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(p) * 5);
+  std::vector<std::int64_t> mine(5, 10 * r);
+  world.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  for (int q = 0; q < p; ++q)
+    for (int i = 0; i < 5; ++i) ASSERT_EQ(all[static_cast<std::size_t>(q * 5 + i)], 10 * q);
+}
+
 TEST(TuttiOverMpi, EveryCollectiveAndAlgorithmMatchesMpi) {
   Communicator world = from_mpi(MPI_COMM_WORLD);
   run_all(MPI_COMM_WORLD, tutti_cases(world.size()), tutti_subject(world));

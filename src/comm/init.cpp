@@ -2,9 +2,10 @@
 //
 // 1. bootstrap::detect_job() reads tutti-run's, mpirun's or srun's variables.
 // 2. Under mpirun without TUTTI_STORE (built with MPI), MPI itself bootstraps (MPI_Init_thread if
-//    the program has not): ranks all on one host connect through shared memory, over a private
-//    store directory rank 0 makes and names to the others through MPI; ranks across hosts (or
-//    TUTTI_TRANSPORT=mpi) get the world communicator over the mpi transport.
+//    the program has not): rank 0 serves a TCP store with a token of its own and names both to
+//    the others through MPI; from there as in 3, so ranks of one host connect through shared
+//    memory and ranks of different hosts through TCP. TUTTI_TRANSPORT=mpi gives the world
+//    communicator over the mpi transport instead.
 // 3. Otherwise the store (TUTTI_STORE; rank 0 hosts a tcp:// store itself when nobody else does)
 //    exchanges host names; ranks all on one host use shared memory, ranks each on a host of their
 //    own TCP, and otherwise ranks of one host talk through shared memory and ranks of different
@@ -13,9 +14,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <set>
 
+#include "bootstrap/auth.hpp"
 #include "bootstrap/job.hpp"
 #include "bootstrap/store.hpp"
 #include "comm/comm_impl.hpp"
@@ -71,41 +72,49 @@ bool mpi_one_host() {
   return local_size == world_size;
 }
 
-// A store directory of the job's own: rank 0 makes it (mode 0700, in $TMPDIR or /tmp) and names
-// it to the others through MPI. Rank 0 removes it once the world communicator is up.
-class MpiStoreDirectory {
+// The job's store under mpirun without TUTTI_STORE: rank 0 serves a TCP store (with TUTTI_TOKEN,
+// or a token it makes) and names it and the token to the others through MPI, the channel the
+// launcher already trusts. On one host it listens on loopback; across hosts on TUTTI_TCP_HOST or
+// every address, advertised as TUTTI_TCP_HOST or its host name. It serves until destroyed, once
+// the world is up (every rank has left the store).
+class MpiHostedStore {
  public:
-  MpiStoreDirectory() {
+  MpiHostedStore(bootstrap::JobInfo& job, bool one_host) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    char path[512] = {};
+    char message[1024] = {};  // "URL\nTOKEN", or "!" and why rank 0 could not serve
     if (rank == 0) {
-      std::string pattern = (std::filesystem::temp_directory_path() / "tutti-XXXXXX").string();
-      if (pattern.size() < sizeof(path) && ::mkdtemp(pattern.data()) != nullptr)
-        std::memcpy(path, pattern.c_str(), pattern.size());
-      owned_ = path;
+      std::string text;
+      try {
+        const std::string token = job.token.empty() ? bootstrap::random_hex() : job.token;
+        const auto chosen = core::env("TUTTI_TCP_HOST");
+        server_ =
+            std::make_unique<bootstrap::StoreServer>(one_host ? "127.0.0.1" : chosen.value_or("0.0.0.0"), 0, token);
+        const std::string host = one_host ? "127.0.0.1" : chosen.value_or(host_name());
+        const bool ipv6 = host.find(':') != std::string::npos;
+        text = "tcp://" + (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(server_->port()) + "\n" + token;
+      } catch (const Error& e) {
+        text = std::string("!") + e.what();
+      }
+      std::memcpy(message, text.data(), std::min(text.size(), sizeof(message) - 1));
     }
-    MPI_Bcast(path, sizeof(path), MPI_CHAR, 0, MPI_COMM_WORLD);
-    if (path[0] == '\0')
-      throw Error(ErrorCode::system, "init: rank 0 could not make a store directory under " +
-                                         std::filesystem::temp_directory_path().string());
-    url_ = "file://" + std::string(path);
+    MPI_Bcast(message, sizeof(message), MPI_CHAR, 0, MPI_COMM_WORLD);
+    const std::string text(message);
+    const std::size_t newline = text.find('\n');
+    if (text.starts_with("!") || newline == std::string::npos)
+      throw Error(ErrorCode::system, "init: rank 0 could not serve the job's store: " + text.substr(1));
+    job.store = text.substr(0, newline);
+    job.token = text.substr(newline + 1);
   }
-  ~MpiStoreDirectory() {
-    std::error_code ignored;
-    if (!owned_.empty()) std::filesystem::remove_all(owned_, ignored);
-  }
-  MpiStoreDirectory(const MpiStoreDirectory&) = delete;
-  MpiStoreDirectory& operator=(const MpiStoreDirectory&) = delete;
-  const std::string& url() const { return url_; }
+  MpiHostedStore(const MpiHostedStore&) = delete;
+  MpiHostedStore& operator=(const MpiHostedStore&) = delete;
 
  private:
-  std::string owned_;
-  std::string url_;
+  std::unique_ptr<bootstrap::StoreServer> server_;
 };
 #endif
 
-Communicator init_over_store(const bootstrap::JobInfo& job);
+Communicator init_over_store(const bootstrap::JobInfo& job, bool host_store = true);
 Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& store, std::chrono::milliseconds timeout);
 
 }  // namespace
@@ -134,10 +143,9 @@ Communicator init() {
   const bool mpi_bootstraps = job.launcher == "mpirun" && job.store.empty();
   if (job.transport == "mpi" || mpi_bootstraps) {
     start_mpi();
-    if (job.transport == "mpi" || !mpi_one_host()) return from_mpi(MPI_COMM_WORLD);
-    const MpiStoreDirectory directory;  // removed once the world is up (every rank left the store)
-    job.store = directory.url();
-    return init_over_store(job);
+    if (job.transport == "mpi") return from_mpi(MPI_COMM_WORLD);
+    const MpiHostedStore store(job, mpi_one_host());  // serves until the world is up
+    return init_over_store(job, /*host_store=*/false);
   }
 #else
   if (job.transport == "mpi")
@@ -220,14 +228,14 @@ std::unique_ptr<transport::Transport> connect_world(const bootstrap::JobInfo& jo
 }
 
 // Through the store: rank 0 may host it (tcp://); the ranks learn each other's hosts, then connect.
-Communicator init_over_store(const bootstrap::JobInfo& job) {
+Communicator init_over_store(const bootstrap::JobInfo& job, bool host_store) {
   if (job.store.empty())
     throw Error(ErrorCode::invalid_argument,
                 "init: started by " + job.launcher +
                     " without TUTTI_STORE; set TUTTI_STORE=file:///shared/dir or "
                     "tcp://host:port (or use tutti-run, or mpirun with an MPI-enabled build)");
   const auto timeout = core::default_timeout();
-  auto server = bootstrap::host_store(job);  // rank 0, tcp://: listens on the URL's host only
+  auto server = host_store ? bootstrap::host_store(job) : nullptr;  // rank 0, tcp://: listens on the URL's host only
   auto store = bootstrap::connect_store(job.store, job.token, timeout);
   // Everyone is connected when this returns: nobody needs the store any more, but rank 0 kept
   // serving until all ranks had read what they needed, which the first collective guarantees.
