@@ -1,5 +1,8 @@
 #include "c10d/work.hpp"
 
+#include <exception>
+#include <string>
+
 #include <ATen/core/jit_type.h>
 
 namespace tutti::c10d_backend {
@@ -15,7 +18,30 @@ WorkTutti::WorkTutti(int rank, ::c10d::OpType type, tutti::Request request, std:
       issued_(std::chrono::steady_clock::now()),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
+namespace {
+
+// "tutti: rank R: timeout in BARRIER: " before a timeout's message: the operation's name, and
+// "timeout" as a word, which PyTorch's tests and users' log filters look for in any backend's
+// timeouts (Gloo's " Timed out ", " timeout "). The error stays tutti.Timeout.
+std::string timeout_prefix(int rank, ::c10d::OpType type) {
+  return "tutti: rank " + std::to_string(rank) + ": timeout in " + ::c10d::opTypeToString(type) + ": ";
+}
+
+std::exception_ptr with_timeout_prefix(std::exception_ptr error, int rank, ::c10d::OpType type) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const tutti::Error& e) {
+    if (e.code() == tutti::ErrorCode::timeout)
+      return std::make_exception_ptr(tutti::Error(tutti::ErrorCode::timeout, timeout_prefix(rank, type) + e.what()));
+  } catch (...) {
+  }
+  return error;
+}
+
+}  // namespace
+
 void WorkTutti::complete(std::exception_ptr error) {
+  if (error) error = with_timeout_prefix(error, rank_, opType_);
   int expected = 0;
   if (!state_.compare_exchange_strong(expected, 1)) {
     std::unique_lock lock(mutex_);
@@ -66,8 +92,7 @@ bool WorkTutti::wait(std::chrono::milliseconds timeout) {
     if (timeout == kNoTimeout) {
       progress_for(std::chrono::hours(24 * 365));
     } else if (!progress_for(timeout)) {
-      throw tutti::Error(tutti::ErrorCode::timeout, "tutti: rank " + std::to_string(rank_) + ": " +
-                                                        ::c10d::opTypeToString(opType_) + " did not complete within " +
+      throw tutti::Error(tutti::ErrorCode::timeout, timeout_prefix(rank_, opType_) + "did not complete within " +
                                                         std::to_string(timeout.count()) + " ms (Work.wait)");
     }
   }

@@ -49,6 +49,7 @@ UNGATED_REASONS = (
     "GLOO Batch Send Recv CPU",  # batch_isend_irecv on CPU tensors
     "Only MPI supports CPU all_to_all_single",  # Gloo has no alltoall in torch 1.13; tutti has
     "Only MPI supports all_to_all",
+    "Only gloo backend supports timeouts",  # a barrier past the group's timeout raises; tutti's does too
 )
 GLOO_ONLY = {
     # Their helper builds the model only `if BACKEND == "mpi" or BACKEND == "gloo"` (or nccl).
