@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/copy.hpp"
 #include "reduce/dispatch.hpp"
 #include "reduce/reduce.hpp"
 #include "tutti/types.hpp"
@@ -558,3 +559,43 @@ TEST(ReduceApi, RejectsBadArguments) {
 }
 
 }  // namespace
+
+// core::copy takes its own loop where memcpy is slow (a destination 1-63 bytes after the source
+// modulo a page, 2 KiB and more) and memcpy elsewhere: both give exactly the source's bytes and
+// touch nothing around the destination. core::move also copies regions that overlap.
+TEST(Copy, EveryDistanceAndSizeCopiesExactly) {
+  constexpr std::size_t page = 4096, guard = 128;
+  std::vector<std::byte> source(3 * page + 70000), target(3 * page + 70000 + 2 * guard);
+  for (std::size_t i = 0; i < source.size(); ++i) source[i] = static_cast<std::byte>((i * 131 + 7) % 251);
+  auto* src_page =
+      reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(source.data()) + page - 1) / page * page);
+  auto* dst_page =
+      reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(target.data()) + guard + page - 1) / page * page);
+  for (std::size_t distance : {0, 1, 8, 16, 31, 32, 48, 63, 64, 65, 100, 4000, 4080, 4095})
+    for (std::size_t bytes : {0, 1, 63, 64, 65, 2047, 2048, 2049, 4096 + 13, 65536, 65536 + 61}) {
+      std::fill(target.begin(), target.end(), std::byte{0xEE});
+      std::byte* dst = dst_page + distance;
+      ASSERT_LE(dst + bytes + guard, target.data() + target.size());
+      tutti::core::copy(dst, src_page, bytes);
+      ASSERT_EQ(std::memcmp(dst, src_page, bytes), 0) << "distance " << distance << ", " << bytes << " bytes";
+      for (std::byte* p = dst - guard; p < dst; ++p) ASSERT_EQ(*p, std::byte{0xEE}) << "before, distance " << distance;
+      for (std::byte* p = dst + bytes; p < dst + bytes + guard; ++p)
+        ASSERT_EQ(*p, std::byte{0xEE}) << "after, distance " << distance << ", " << bytes << " bytes";
+    }
+}
+
+TEST(Copy, MoveCopiesOverlappingRegionsEitherWay) {
+  for (std::ptrdiff_t shift : {-4096, -16, -1, 1, 16, 40, 4096}) {
+    std::vector<std::byte> buffer(3 * 65536), expected;
+    for (std::size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<std::byte>(i % 253);
+    expected = buffer;
+    const std::size_t from = 65536, bytes = 65536;
+    std::memmove(expected.data() + from + shift, expected.data() + from, bytes);
+    tutti::core::move(buffer.data() + from + shift, buffer.data() + from, bytes);
+    ASSERT_EQ(buffer, expected) << "shift " << shift;
+  }
+  std::vector<std::byte> a(10000, std::byte{1}), b(10000 + 16, std::byte{2});
+  tutti::core::move(b.data() + 16, a.data(), a.size());  // apart: copy()'s path
+  EXPECT_TRUE(std::all_of(b.begin() + 16, b.end(), [](std::byte x) { return x == std::byte{1}; }));
+  EXPECT_TRUE(std::all_of(b.begin(), b.begin() + 16, [](std::byte x) { return x == std::byte{2}; }));
+}

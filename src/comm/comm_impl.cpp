@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "comm/tuning.hpp"
+#include "core/copy.hpp"
 #include "core/env.hpp"
 #include "exec/request.hpp"
 #include "reduce/reduce.hpp"
@@ -132,7 +133,7 @@ exec::Operation::Buffers CommImpl::map_buffers(const Call& call, const Extents& 
     case Collective::alltoallv:
       if (send == recv && extents.send > 0) {
         staging.input = std::make_unique_for_overwrite<std::byte[]>(extents.send * elem);
-        std::memcpy(staging.input.get(), send, extents.send * elem);
+        core::copy(staging.input.get(), send, extents.send * elem);
         buffers.input = staging.input.get();
       }
       break;
@@ -181,7 +182,7 @@ Request CommImpl::start_schedule(const Call& call, Algorithm algorithm, const Ex
     const int p = size_;
     op->on_success([=] {
       if (average) reduce::divide(type, result, count, p);
-      if (result != recv && count > 0) std::memcpy(recv, result, count * size_of(type));
+      if (result != recv && count > 0) core::copy(recv, result, count * size_of(type));
     });
   }
   if (staging.input) op->own(std::move(staging.input));

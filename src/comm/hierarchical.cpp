@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/comm_impl.hpp"
+#include "core/copy.hpp"
 #include "core/log.hpp"
 #include "exec/request.hpp"
 #include "reduce/reduce.hpp"
@@ -74,7 +75,7 @@ std::vector<Composite::Step> by_blocks(Communicator& intra, Communicator& inter,
   auto* work = static_cast<std::byte*>(call.recv);
   if (block * local != n) {
     staging = std::make_shared<std::byte[]>(block * local * elem);  // zeroed padding
-    std::memcpy(staging.get(), send, n * elem);
+    core::copy(staging.get(), send, n * elem);
     send = work = staging.get();
   }
   // Out of place, send → recv's block; in place, the NCCL form (send == recv + rank * block).
@@ -175,7 +176,7 @@ Request CommImpl::start_hierarchical(const Call& call, bool blocking) {
   void* recv = call.recv;
   const int p = size_;
   auto finish = [=] {
-    if (staging && count > 0) std::memcpy(recv, staging.get(), count * size_of(type));
+    if (staging && count > 0) core::copy(recv, staging.get(), count * size_of(type));
     if (op == ReduceOp::avg && count > 0) reduce::divide(type, recv, count, p);
   };
   auto run = std::make_shared<Composite>(std::move(steps), std::move(finish));

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "comm/comm_impl.hpp"
+#include "core/copy.hpp"
 #include "core/log.hpp"
 
 namespace tutti::engine_detail {
@@ -376,7 +377,7 @@ void EngineCore::run_job(Job& job) {
   for (const auto& t : job.tensors) {
     const auto t0 = Clock::now();
     const std::size_t n = t->descriptor.count * size_of(t->descriptor.type);
-    if (n) std::memcpy(fusion + at, t->send, n);
+    if (n) core::copy(fusion + at, t->send, n);
     at += n;
     if (timeline_) timeline_->event(t->descriptor.name, "MEMCPY_IN_FUSION_BUFFER", t0, Clock::now());
   }
@@ -391,7 +392,7 @@ void EngineCore::run_job(Job& job) {
   for (const auto& t : job.tensors) {
     const auto t0 = Clock::now();
     const std::size_t n = t->descriptor.count * size_of(t->descriptor.type);
-    if (n) std::memcpy(t->recv, fusion + at, n);
+    if (n) core::copy(t->recv, fusion + at, n);
     at += n;
     if (timeline_) timeline_->event(t->descriptor.name, "MEMCPY_OUT_FUSION_BUFFER", t0, Clock::now());
     complete(t, nullptr);

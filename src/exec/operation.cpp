@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 
+#include "core/copy.hpp"
 #include "reduce/reduce.hpp"
 #include "transport/matching.hpp"
 
@@ -157,7 +158,7 @@ void ScheduleOperation::start_step(std::uint32_t index) {
     case StepKind::copy: {
       std::byte* dst = address(step.region);
       const std::byte* src = address(step.operand);
-      if (dst != src && bytes > 0) std::memmove(dst, src, bytes);
+      if (dst != src && bytes > 0) core::move(dst, src, bytes);
       done->set(Completion::done);
       complete_step(index);
       return;

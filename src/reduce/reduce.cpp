@@ -12,6 +12,7 @@
 #include <cpuid.h>
 #endif
 
+#include "core/copy.hpp"
 #include "core/env.hpp"
 #include "reduce/dispatch.hpp"
 #include "reduce/kernel_table.hpp"
@@ -124,10 +125,10 @@ void apply_misaligned(BinaryKernel kernel, DataType type, void* dst, const void*
   const std::size_t element = size_of(type), block = bounce_bytes / element;
   for (std::size_t done = 0; done < count; done += block) {
     const std::size_t n = std::min(block, count - done), offset = done * element, bytes = n * element;
-    std::memcpy(x, static_cast<const std::byte*>(a) + offset, bytes);
-    std::memcpy(y, static_cast<const std::byte*>(b) + offset, bytes);
+    core::copy(x, static_cast<const std::byte*>(a) + offset, bytes);
+    core::copy(y, static_cast<const std::byte*>(b) + offset, bytes);
     kernel(x, x, y, n);
-    std::memcpy(static_cast<std::byte*>(dst) + offset, x, bytes);
+    core::copy(static_cast<std::byte*>(dst) + offset, x, bytes);
   }
 }
 
@@ -136,9 +137,9 @@ void divide_misaligned(DivideKernel kernel, DataType type, void* data, std::size
   const std::size_t element = size_of(type), block = bounce_bytes / element;
   for (std::size_t done = 0; done < count; done += block) {
     const std::size_t n = std::min(block, count - done), offset = done * element, bytes = n * element;
-    std::memcpy(x, static_cast<const std::byte*>(data) + offset, bytes);
+    core::copy(x, static_cast<const std::byte*>(data) + offset, bytes);
     kernel(x, n, divisor);
-    std::memcpy(static_cast<std::byte*>(data) + offset, x, bytes);
+    core::copy(static_cast<std::byte*>(data) + offset, x, bytes);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/copy.hpp"
 #include "reduce/reduce.hpp"
 #include "transport/matching.hpp"
 
@@ -109,7 +110,7 @@ void deliver(InprocTransport::Posted* send_side, InprocTransport::Posted* recv_s
     recv_side->done->set(Completion::failed);
   } else {
     if (recv_side->kind == InprocTransport::Posted::recv) {
-      if (expected > 0) std::memcpy(recv_side->dst, send_side->src, expected);
+      if (expected > 0) core::copy(recv_side->dst, send_side->src, expected);
     } else {
       reduce::apply(recv_side->op, recv_side->type, recv_side->dst, recv_side->operand, send_side->src,
                     expected / size_of(recv_side->type));

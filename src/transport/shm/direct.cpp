@@ -17,6 +17,7 @@
 // a direct collective writes nothing into the caller's buffer, and does not finish, before the
 // signature table has compared every rank's signature of it (ShmTransport::signature_checked;
 // see announce in shm.cpp).
+#include "core/copy.hpp"
 #include "transport/shm/direct_run.hpp"
 
 #include <cerrno>
@@ -31,7 +32,7 @@ namespace tutti::transport::shm {
 // Results of a large call (streaming_bytes) are written once and not read again soon: stores that
 // bypass the cache spare the read-for-ownership of every destination line (a third of an
 // out-of-place allreduce's memory traffic).
-void copy_cached(std::byte* dst, const std::byte* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+void copy_cached(std::byte* dst, const std::byte* src, std::size_t bytes) { core::copy(dst, src, bytes); }
 
 // memcpy with non-temporal stores (SSE2, every x86-64) where the destination allows it.
 void copy_streaming(std::byte* dst, const std::byte* src, std::size_t bytes) {
@@ -196,7 +197,7 @@ void DirectRun::reduce_scatter_single_copy() {
         part = scratch.get();
       }
       if (i == 0) {
-        if (dst != part) std::memcpy(dst, part, len);
+        if (dst != part) core::copy(dst, part, len);
       } else {
         reduce::apply(op_, type_, dst, dst, part, n);
       }
@@ -207,7 +208,7 @@ void DirectRun::reduce_scatter_single_copy() {
 
 void DirectRun::deliver_staged() {
   if (!staging_) return;
-  std::memcpy(deliver_, recv_, count_ * esize_);
+  core::copy(deliver_, recv_, count_ * esize_);
   staging_.reset();
 }
 
@@ -337,16 +338,16 @@ void DirectRun::begin(std::size_t chunk) {
   if (kind_ == Collective::reduce_scatter) {
     for (int q = 0; q < size(); ++q)  // the blocks the peers reduce (this rank's own: from send)
       if (q != r)
-        std::memcpy(slot(chunk, r) + static_cast<std::size_t>(q) * n * esize_,
-                    send_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, n * esize_);
+        core::copy(slot(chunk, r) + static_cast<std::size_t>(q) * n * esize_,
+                   send_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, n * esize_);
   } else if (kind_ == Collective::broadcast) {
-    if (r == root_) std::memcpy(slot(chunk, 0), recv_ + done * esize_, n * esize_);
+    if (r == root_) core::copy(slot(chunk, 0), recv_ + done * esize_, n * esize_);
   } else if (three_parts_) {  // the slices the peers reduce; this rank reduces its own from send
     const auto [first, last] = slice(n, size(), r);
-    std::memcpy(slot(chunk, r), send_ + done * esize_, first * esize_);
-    std::memcpy(slot(chunk, r) + last * esize_, send_ + (done + last) * esize_, (n - last) * esize_);
+    core::copy(slot(chunk, r), send_ + done * esize_, first * esize_);
+    core::copy(slot(chunk, r) + last * esize_, send_ + (done + last) * esize_, (n - last) * esize_);
   } else {
-    std::memcpy(slot(chunk, r), send_ + done * esize_, n * esize_);
+    core::copy(slot(chunk, r), send_ + done * esize_, n * esize_);
   }
 }
 
@@ -361,7 +362,7 @@ void DirectRun::reduce_slice(std::size_t chunk) {
   std::byte* out = recv_ + done * esize_ + offset;
   const std::byte* in = send_ + done * esize_ + offset;
   reduce_own_first(out, in, n, [&](int q) { return slot(chunk, q) + offset; });
-  std::memcpy(slot(chunk, r) + offset, out, n * esize_);
+  core::copy(slot(chunk, r) + offset, out, n * esize_);
 }
 
 void DirectRun::finish(std::size_t chunk) {

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/copy.hpp"
 #include "core/shared_memory.hpp"
 #include "reduce/reduce.hpp"
 #include "transport/shm/direct.hpp"
@@ -35,7 +36,7 @@ inline std::pair<std::size_t, std::size_t> slice(std::size_t n, int p, int r) {
 template <typename Part>
 void reduce_parts(ReduceOp op, DataType type, int p, std::byte* dst, std::size_t n, const Part& part) {
   if (p == 1) {
-    if (dst != part(0)) std::memcpy(dst, part(0), n * size_of(type));
+    if (dst != part(0)) core::copy(dst, part(0), n * size_of(type));
   } else {
     reduce::apply(op, type, dst, part(0), part(1), n);
     for (int q = 2; q < p; ++q) reduce::apply(op, type, dst, dst, part(q), n);
@@ -58,9 +59,9 @@ void combine_inline(Collective kind, const std::byte* send, std::byte* recv, std
   } else if (kind == Collective::allgather) {
     const bool in_place = send == recv + static_cast<std::size_t>(r) * bytes;
     for (int q = 0; q < p; ++q)
-      if (q != r || !in_place) std::memcpy(recv + static_cast<std::size_t>(q) * bytes, input(q), bytes);
+      if (q != r || !in_place) core::copy(recv + static_cast<std::size_t>(q) * bytes, input(q), bytes);
   } else if (r != root) {  // broadcast
-    std::memcpy(recv, input(root), bytes);
+    core::copy(recv, input(root), bytes);
   }
 }
 

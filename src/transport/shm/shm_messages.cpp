@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/copy.hpp"
 #include "reduce/reduce.hpp"
 #include "transport/shm/shm_transport.hpp"
 
@@ -20,7 +21,7 @@ void reserve(std::unique_ptr<std::byte[]>& data, std::size_t& capacity, std::siz
   std::size_t grown = std::max({needed, std::min(total, unexpected_first_allocation), std::min(total, 2 * capacity)});
   grown = std::max<std::size_t>(grown, 1);
   auto bigger = std::make_unique_for_overwrite<std::byte[]>(grown);
-  if (kept > 0) std::memcpy(bigger.get(), data.get(), kept);
+  if (kept > 0) core::copy(bigger.get(), data.get(), kept);
   data = std::move(bigger);
   capacity = grown;
 }
@@ -155,7 +156,7 @@ void ShmTransport::deliver(RecvOp& op, std::size_t offset, const std::byte* data
   if (op.reduce)
     reduce::apply(op.op, op.type, op.dst + offset, op.operand + offset, data, bytes / size_of(op.type));
   else
-    std::memcpy(op.dst + offset, data, bytes);
+    core::copy(op.dst + offset, data, bytes);
   op.received += bytes;
 }
 
@@ -207,7 +208,7 @@ void ShmTransport::handle_chunk(int src, const ChunkHeader& header, const std::b
     Unexpected message;
     message.total = header.total;
     reserve(message.data, message.capacity, 0, header.bytes, header.total);
-    if (header.bytes > 0) std::memcpy(message.data.get(), payload, header.bytes);
+    if (header.bytes > 0) core::copy(message.data.get(), payload, header.bytes);
     message.received = header.bytes;
     message.has_signature = header.has_signature != 0;
     message.signature = header.signature;
@@ -219,7 +220,7 @@ void ShmTransport::handle_chunk(int src, const ChunkHeader& header, const std::b
     if (header.offset != message.received || header.total != message.total)
       throw out_of_order(message.received, message.total);
     reserve(message.data, message.capacity, message.received, message.received + header.bytes, message.total);
-    std::memcpy(message.data.get() + header.offset, payload, header.bytes);
+    core::copy(message.data.get() + header.offset, payload, header.bytes);
     message.received += header.bytes;
   }
   // Otherwise the rest of a message whose receive failed or was cancelled: dropped.
@@ -270,7 +271,7 @@ void ShmTransport::push_sends(int dst) {
     chunk.channel = static_cast<std::uint8_t>(op.key.channel);
     chunk.has_signature = op.has_signature ? 1 : 0;
     chunk.signature = op.signature;
-    if (n > 0) std::memcpy(segment_->payload(rank_, dst, head), op.data + op.offset, n);
+    if (n > 0) core::copy(segment_->payload(rank_, dst, head), op.data + op.offset, n);
     op.offset += n;
     ring.head.store(++head, std::memory_order_release);
     wake_peer_[static_cast<std::size_t>(dst)] = true;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <optional>
 
+#include "core/copy.hpp"
 #include "core/log.hpp"
 #include "reduce/reduce.hpp"
 #include "transport/tcp/hub.hpp"
@@ -23,7 +24,7 @@ void detach(OutFrame& frame) {
   if (frame.done == nullptr) return;
   if (frame.bytes > 0 && frame.payload != frame.owned.data.get()) {
     frame.owned = Bytes::make(frame.bytes);
-    std::memcpy(frame.owned.data.get(), frame.payload, frame.bytes);
+    core::copy(frame.owned.data.get(), frame.payload, frame.bytes);
     frame.payload = frame.owned.data.get();
   }
   frame.done = nullptr;
@@ -132,7 +133,7 @@ void PostedRecv::land(const void* incoming) const {
   if (operand != nullptr)
     reduce::apply(op, type, data, operand, incoming, bytes / size_of(type));
   else if (bytes > 0)
-    std::memmove(data, incoming, bytes);
+    core::move(data, incoming, bytes);
 }
 
 void Hub::post_recv(std::uint64_t id, int peer, const MessageKey& key, const PostedRecv& recv) {
