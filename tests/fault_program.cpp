@@ -138,7 +138,10 @@ int main(int argc, char** argv) {
   try {
     world = init();
   } catch (const Error& e) {
-    std::printf("rank ?: init failed: %s\n", e.what());
+    // With the code, as report() prints it: a rank still finishing init's barrier can receive the
+    // abort of a later collective first (over TCP another peer's abort may overtake the barrier's
+    // last message) and raises that error from init, which is the job's error all the same.
+    std::printf("rank ?: init failed: %s: %s\n", std::string(to_string(e.code())).c_str(), e.what());
     return 1;
   }
   if (mode == "kill") return loop_until_failure(world, 1, SIGKILL, ErrorCode::peer_failure);
