@@ -9,6 +9,7 @@
 #   FUZZ_TARGETS="env store_frame" bash scripts/fuzz.sh  some of them
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/jobs.sh
 seconds=${FUZZ_SECONDS:-45}
 read -r -a targets <<<"${FUZZ_TARGETS:-store_frame handshake tuning_json env tcp_frame shm_header}"
 launcher=()
@@ -31,16 +32,7 @@ fuzz_one() {
   echo "$status" >"$work/$name/status"
 }
 
-running=0
-for name in "${targets[@]}"; do
-  fuzz_one "$name" &
-  running=$((running + 1))
-  if ((running >= $(nproc))); then
-    wait -n || true
-    running=$((running - 1))
-  fi
-done
-wait
+run_parallel fuzz_one "${targets[@]}"
 
 failed=0
 for name in "${targets[@]}"; do

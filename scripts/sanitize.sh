@@ -9,6 +9,7 @@
 # suppressions in tests/sanitizers/, each with its reason. Prints one summary line at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/jobs.sh
 preset=${1:?usage: sanitize.sh asan|tsan [ctest arguments]}
 shift
 root=$PWD
@@ -88,16 +89,7 @@ else
     echo "tsan $binary: $result ($(($(date +%s) - one_start)) s)" >"$results/$binary"
   }
   extra=("$@")
-  running=0
-  for binary in "${binaries[@]}"; do
-    run_one "$binary" &
-    running=$((running + 1))
-    if ((running >= $(nproc))); then
-      wait -n || true
-      running=$((running - 1))
-    fi
-  done
-  wait
+  run_parallel run_one "${binaries[@]}"
   passed=0 failed=0
   for binary in "${binaries[@]}"; do
     line=$(cat "$results/$binary")
