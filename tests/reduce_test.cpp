@@ -563,7 +563,14 @@ TEST(ReduceApi, RejectsBadArguments) {
 // core::copy takes its own loop where memcpy is slow (a destination 1-63 bytes after the source
 // modulo a page, 2 KiB and more) and memcpy elsewhere: both give exactly the source's bytes and
 // touch nothing around the destination. core::move also copies regions that overlap.
+// copy (memcpy or the vector loop by distance), the vector loop itself and the streaming copy
+// (an unaligned head, 64-byte blocks, a tail) at every distance that picks a different path.
 TEST(Copy, EveryDistanceAndSizeCopiesExactly) {
+  using Copier = void (*)(std::byte*, const std::byte*, std::size_t);
+  const std::pair<const char*, Copier> copiers[] = {
+      {"copy", [](std::byte* d, const std::byte* s, std::size_t n) { tutti::core::copy(d, s, n); }},
+      {"copy_vector", tutti::core::copy_vector},
+      {"copy_streaming", tutti::core::copy_streaming}};
   constexpr std::size_t page = 4096, guard = 128;
   std::vector<std::byte> source(3 * page + 70000), target(3 * page + 70000 + 2 * guard);
   for (std::size_t i = 0; i < source.size(); ++i) source[i] = static_cast<std::byte>((i * 131 + 7) % 251);
@@ -571,17 +578,20 @@ TEST(Copy, EveryDistanceAndSizeCopiesExactly) {
       reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(source.data()) + page - 1) / page * page);
   auto* dst_page =
       reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(target.data()) + guard + page - 1) / page * page);
-  for (std::size_t distance : {0, 1, 8, 16, 31, 32, 48, 63, 64, 65, 100, 4000, 4080, 4095})
-    for (std::size_t bytes : {0, 1, 63, 64, 65, 2047, 2048, 2049, 4096 + 13, 65536, 65536 + 61}) {
-      std::fill(target.begin(), target.end(), std::byte{0xEE});
-      std::byte* dst = dst_page + distance;
-      ASSERT_LE(dst + bytes + guard, target.data() + target.size());
-      tutti::core::copy(dst, src_page, bytes);
-      ASSERT_EQ(std::memcmp(dst, src_page, bytes), 0) << "distance " << distance << ", " << bytes << " bytes";
-      for (std::byte* p = dst - guard; p < dst; ++p) ASSERT_EQ(*p, std::byte{0xEE}) << "before, distance " << distance;
-      for (std::byte* p = dst + bytes; p < dst + bytes + guard; ++p)
-        ASSERT_EQ(*p, std::byte{0xEE}) << "after, distance " << distance << ", " << bytes << " bytes";
-    }
+  for (const auto& [name, copier] : copiers)
+    for (std::size_t distance : {0, 1, 8, 16, 31, 32, 48, 63, 64, 65, 100, 4000, 4080, 4095})
+      for (std::size_t bytes : {0, 1, 15, 63, 64, 65, 2047, 2048, 2049, 4096 + 13, 65536, 65536 + 61}) {
+        std::fill(target.begin(), target.end(), std::byte{0xEE});
+        std::byte* dst = dst_page + distance;
+        ASSERT_LE(dst + bytes + guard, target.data() + target.size());
+        copier(dst, src_page, bytes);
+        ASSERT_EQ(std::memcmp(dst, src_page, bytes), 0)
+            << name << ", distance " << distance << ", " << bytes << " bytes";
+        for (std::byte* p = dst - guard; p < dst; ++p)
+          ASSERT_EQ(*p, std::byte{0xEE}) << name << ", before, distance " << distance;
+        for (std::byte* p = dst + bytes; p < dst + bytes + guard; ++p)
+          ASSERT_EQ(*p, std::byte{0xEE}) << name << ", after, distance " << distance << ", " << bytes << " bytes";
+      }
 }
 
 TEST(Copy, MoveCopiesOverlappingRegionsEitherWay) {

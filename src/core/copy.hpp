@@ -10,6 +10,12 @@ namespace tutti::core {
 /// Copies `bytes` from `src` to `dst` (which do not overlap) in a plain vector loop.
 void copy_vector(std::byte* dst, const std::byte* src, std::size_t bytes);
 
+/// Copies `bytes` from `src` to `dst` (which do not overlap) with non-temporal stores (SSE2,
+/// every x86-64; memcpy elsewhere): for results written once and not read again soon, which
+/// then spare the cache and the read-for-ownership of every destination line. The stores are
+/// fenced before it returns.
+void copy_streaming(std::byte* dst, const std::byte* src, std::size_t bytes);
+
 /// memcpy, except where it is slow: with glibc before 2.39 on CPUs with fast short `rep movsb`
 /// (AMD Zen among them), a copy of 4 KiB to about 1 MiB whose destination lies 1-63 bytes after
 /// its source modulo a 4 KiB page runs 20-40 times slower than the same copy aligned (measured

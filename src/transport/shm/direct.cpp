@@ -23,9 +23,6 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
 
 namespace tutti::transport::shm {
 
@@ -33,30 +30,6 @@ namespace tutti::transport::shm {
 // bypass the cache spare the read-for-ownership of every destination line (a third of an
 // out-of-place allreduce's memory traffic).
 void copy_cached(std::byte* dst, const std::byte* src, std::size_t bytes) { core::copy(dst, src, bytes); }
-
-// memcpy with non-temporal stores (SSE2, every x86-64) where the destination allows it.
-void copy_streaming(std::byte* dst, const std::byte* src, std::size_t bytes) {
-#if defined(__x86_64__)
-  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
-  std::memcpy(dst, src, head);
-  dst += head, src += head, bytes -= head;
-  std::size_t i = 0;
-  for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
-  std::memcpy(dst + i, src + i, bytes - i);
-  _mm_sfence();  // the streamed stores are visible before the barrier that follows
-#else
-  std::memcpy(dst, src, bytes);
-#endif
-}
 
 namespace {
 
@@ -138,7 +111,7 @@ void DirectRun::choose_copy_out() {
                     : kind_ == Collective::allgather
                         ? send_ != recv_ + static_cast<std::size_t>(rank()) * count_ * esize_
                         : kind_ == Collective::broadcast && rank() != root_;
-  if (cold && written * p >= streaming_bytes) copy_out_ = copy_streaming;
+  if (cold && written * p >= streaming_bytes) copy_out_ = core::copy_streaming;
 }
 
 void DirectRun::run_single_copy_phase(std::size_t phase) {

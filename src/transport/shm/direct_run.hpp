@@ -21,9 +21,8 @@
 
 namespace tutti::transport::shm {
 
-/// memcpy; and memcpy with stores that bypass the cache (see DirectRun::copy_out_).
+/// core::copy as a function (DirectRun::copy_out_'s default; core::copy_streaming is the other).
 void copy_cached(std::byte* dst, const std::byte* src, std::size_t bytes);
-void copy_streaming(std::byte* dst, const std::byte* src, std::size_t bytes);
 
 // Elements [first, last) of `n` that rank `r` of `p` owns (balanced, contiguous).
 inline std::pair<std::size_t, std::size_t> slice(std::size_t n, int p, int r) {
