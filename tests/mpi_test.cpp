@@ -221,6 +221,23 @@ TEST(Init, UnderMpirunSeveralHostsRunsOverSharedMemoryAndTcp) {
     for (int i = 0; i < 5; ++i) ASSERT_EQ(all[static_cast<std::size_t>(q * 5 + i)], 10 * q);
 }
 
+// Rank 0 names the store and the token to the others through MPI: a token of any length (here
+// 3000 characters, longer than any fixed message would hold) arrives whole, or the others could
+// not pass the store's handshake.
+TEST(Init, UnderMpirunALongTokenArrivesWhole) {
+  ASSERT_EQ(std::getenv("TUTTI_STORE"), nullptr);
+  ASSERT_EQ(std::getenv("TUTTI_TOKEN"), nullptr);
+  std::string token;
+  for (int i = 0; i < 3000; ++i) token += "0123456789abcdef"[(i * 7) % 16];
+  ::setenv("TUTTI_TOKEN", token.c_str(), 1);
+  Communicator world = init();
+  ::unsetenv("TUTTI_TOKEN");
+  const int p = world.size();
+  std::vector<std::int32_t> v(1000, world.rank() + 1);
+  world.allreduce(std::span<std::int32_t>(v), ReduceOp::sum);
+  for (auto x : v) ASSERT_EQ(x, p * (p + 1) / 2);
+}
+
 TEST(TuttiOverMpi, EveryCollectiveAndAlgorithmMatchesMpi) {
   Communicator world = from_mpi(MPI_COMM_WORLD);
   run_all(MPI_COMM_WORLD, tutti_cases(world.size()), tutti_subject(world));

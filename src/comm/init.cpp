@@ -82,9 +82,8 @@ class MpiHostedStore {
   MpiHostedStore(bootstrap::JobInfo& job, bool one_host) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    char message[1024] = {};  // "URL\nTOKEN", or "!" and why rank 0 could not serve
+    std::string text;  // "URL\nTOKEN", or "!" and why rank 0 could not serve
     if (rank == 0) {
-      std::string text;
       try {
         const std::string token = job.token.empty() ? bootstrap::random_hex() : job.token;
         const auto chosen = core::env("TUTTI_TCP_HOST");
@@ -96,13 +95,17 @@ class MpiHostedStore {
       } catch (const Error& e) {
         text = std::string("!") + e.what();
       }
-      std::memcpy(message, text.data(), std::min(text.size(), sizeof(message) - 1));
     }
-    MPI_Bcast(message, sizeof(message), MPI_CHAR, 0, MPI_COMM_WORLD);
-    const std::string text(message);
-    const std::size_t newline = text.find('\n');
-    if (text.starts_with("!") || newline == std::string::npos)
+    // The length first, then the text: a token of any length arrives whole.
+    unsigned long long length = text.size();
+    MPI_Bcast(&length, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+    text.resize(static_cast<std::size_t>(length));
+    MPI_Bcast(text.data(), static_cast<int>(length), MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (text.starts_with("!"))
       throw Error(ErrorCode::system, "init: rank 0 could not serve the job's store: " + text.substr(1));
+    const std::size_t newline = text.find('\n');
+    if (newline == std::string::npos)
+      throw Error(ErrorCode::system, "init: rank 0 sent no store address (\"" + text + "\")");
     job.store = text.substr(0, newline);
     job.token = text.substr(newline + 1);
   }
