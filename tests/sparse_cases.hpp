@@ -166,8 +166,8 @@ inline bool dense_by_rule(const Case& c, std::size_t union_size) {
 /// "" if `got` is the reference exactly (form, indices, every value's bytes), else what differs.
 inline std::string check(const Case& c, const sparse::Result& got, const Reference& ref) {
   const std::size_t ci = c.index_type == IndexType::u32 ? 4 : 8, cv = size_of(c.value_type);
-  const bool want_dense = c.form == Form::dense || c.algorithm == Algorithm::dense_allreduce ||
-                          (c.form == Form::automatic && dense_by_rule(c, ref.union_indices.size()));
+  const bool want_dense =
+      c.form == Form::dense || (c.form == Form::automatic && dense_by_rule(c, ref.union_indices.size()));
   if ((got.form == Form::dense) != want_dense)
     return "form " + std::string(to_string(got.form)) + ", want " + (want_dense ? "dense" : "sparse");
   if (got.dim != c.dim || got.value_type != c.value_type || got.index_type != c.index_type) return "wrong shape";

@@ -117,16 +117,24 @@ TEST(SparseCostModel, ChoicesAtClearExtremes) {
   // Half of a large vector on every rank: every rank alone is past the threshold, the result is
   // dense, and the dense allreduce moves the least.
   EXPECT_EQ(choose(workload(8, 10000000, 5000000), tcp), Algorithm::dense_allreduce);
-  // The same forced to a sparse result: nothing may travel dense.
-  const Algorithm sparse_only = choose(workload(8, 10000000, 5000000, Form::sparse), tcp);
-  EXPECT_NE(sparse_only, Algorithm::dense_allreduce);
-  EXPECT_NE(sparse_only, Algorithm::dsar_split_allgather);
+  // The same forced to a sparse result: still the dense allreduce, the union picked out of it
+  // by the gathered bitmaps (dim/8 bytes a rank), cheaper than merging 40 million pairs.
+  EXPECT_EQ(choose(workload(8, 10000000, 5000000, Form::sparse), tcp), Algorithm::dense_allreduce);
   // Each rank below the threshold, but the union of 8 independent sets far past it (density 1/4
-  // of a large vector, f32 and u32: dense from 1/2): the dense allgather of the reduced ranges.
-  EXPECT_EQ(choose(workload(8, 10000000, 2500000), tcp), Algorithm::dsar_split_allgather);
+  // of a large vector, f32 and u32: dense from 1/2). On a link of 1 Gbit/s, where bytes cost
+  // more than handling pairs: the dense allgather of the reduced ranges, which moves the fewest.
+  // At the default TCP's 1.5 GB/s: the dense allreduce (with the bitmaps), which handles no pairs.
+  const tutti::detail::choice::CostParams gigabit{60e-6, 8e-9, 2e-10};
+  EXPECT_EQ(choose(workload(8, 10000000, 2500000), gigabit), Algorithm::dsar_split_allgather);
+  EXPECT_EQ(choose(workload(8, 10000000, 2500000), tcp), Algorithm::dense_allreduce);
   // Sparse enough for a sparse result, but too many pairs for one round of latency to matter:
-  // never the dense allreduce (which would break the form's rule).
-  EXPECT_NE(choose(workload(8, 10000000, 10000), tcp), Algorithm::dense_allreduce);
+  // not the dense allreduce, which would move every value and every rank's bitmap.
+  const Algorithm sparse_enough = choose(workload(8, 10000000, 10000), tcp);
+  EXPECT_NE(sparse_enough, Algorithm::dense_allreduce);
+  // The bitmaps are priced where the result may be sparse (and only there): the same dense
+  // allreduce costs more at 20% density a rank than at 60% (dense whatever the overlap).
+  EXPECT_GT(predict(Algorithm::dense_allreduce, workload(8, 10000000, 2000000), tcp),
+            predict(Algorithm::dense_allreduce, workload(8, 10000000, 6000000), tcp));
   // Nothing to move, or one rank: the allgather (which sends nothing then).
   EXPECT_EQ(choose(workload(1, 1000, 500), tcp), Algorithm::allgather);
   EXPECT_EQ(choose(workload(8, 1000, 0), tcp), Algorithm::allgather);

@@ -111,10 +111,6 @@ TEST(SparseAllreduce, ForcedForms) {
   for (int p : {1, 3, 6}) {
     std::vector<Case> cases;
     for (Algorithm a : all_algorithms) {
-      if (a == Algorithm::dense_allreduce) {  // dense only: Form::sparse is refused (SparseErrors)
-        cases.push_back(Case{.p = p, .dim = 50, .nnz = 3, .pattern = Pattern::overlapping, .algorithm = a});
-        continue;
-      }
       // Every index on every rank, forced sparse: the union is all of dim, still as pairs.
       cases.push_back(
           Case{.p = p, .dim = 50, .nnz = 50, .pattern = Pattern::identical, .algorithm = a, .form = Form::sparse});
@@ -229,6 +225,97 @@ TEST(SparseAllreduce, LargeDenseVectorsReducedInOverlappingPieces) {
                                    std::to_string(load(s.type, got.values.data() + i * cv)) + ", want " +
                                    std::to_string(want));
       }
+    }
+  });
+  EXPECT_EQ(failures, "");
+}
+
+// dense_allreduce where the result may be sparse (no rank past the threshold alone): the vector
+// reduced in pieces as above, the ranks' index bitmaps gathered beside it, and the form decided
+// by the union's size. Three ranks, dim 5 Mi + 7, f32 values with u32 indices or f64 with u64:
+// - "sparse": rank r holds i when i % 8 == r, and all three hold i % 16 == 4, where their values
+//   (+2, -2, 0) cancel: the union (7/16 of dim) is sparse and keeps those indices with value 0;
+// - "dense by the union": rank r holds i when i % 6 is r or r + 3 (a third of dim each): every
+//   index is held, so the automatic form is dense, and Form::sparse gives all dim pairs.
+TEST(SparseAllreduce, DenseAllreduceGivesTheFormTheUnionCalls) {
+  struct Shape {
+    bool spread;  // the "dense by the union" sets
+    DataType type;
+    IndexType index_type;
+    Form form;
+  };
+  const std::vector<Shape> shapes = {{false, DataType::f32, IndexType::u32, Form::automatic},
+                                     {false, DataType::f64, IndexType::u64, Form::automatic},
+                                     {true, DataType::f32, IndexType::u32, Form::automatic},
+                                     {true, DataType::f32, IndexType::u32, Form::sparse}};
+  const std::size_t dim = (std::size_t{5} << 20) + 7;
+  const int p = 3;
+  const auto holds = [](bool spread, std::size_t i, int r) {
+    const auto ur = static_cast<std::size_t>(r);
+    return spread ? i % 6 == ur || i % 6 == ur + 3 : i % 8 == ur || i % 16 == 4;
+  };
+  const auto value = [](bool spread, std::size_t i, int r) {
+    if (!spread && i % 16 == 4) return r == 0 ? 2.0 : r == 1 ? -2.0 : 0.0;
+    return static_cast<double>(1 + (i * 7 + static_cast<std::size_t>(r)) % 5);
+  };
+  const std::string failures = run_ranks(p, [&](Communicator& comm) {
+    const int r = comm.rank();
+    for (const Shape& s : shapes) {
+      const std::size_t cv = size_of(s.type), ci = s.index_type == IndexType::u32 ? 4 : 8;
+      std::vector<std::byte> indices, values;
+      std::size_t nnz = 0;
+      for (std::size_t i = 0; i < dim; ++i)
+        if (holds(s.spread, i, r)) {
+          indices.resize((nnz + 1) * ci);
+          values.resize((nnz + 1) * cv);
+          std::memcpy(indices.data() + nnz * ci, &i, ci);  // little-endian
+          store(s.type, values.data() + nnz * cv, value(s.spread, i, r));
+          ++nnz;
+        }
+      const sparse::Vector input{.dim = dim,
+                                 .nnz = nnz,
+                                 .indices = indices.data(),
+                                 .index_type = s.index_type,
+                                 .values = values.data(),
+                                 .value_type = s.type};
+      const sparse::Result got =
+          sparse_allreduce(comm, input, ReduceOp::sum, {.algorithm = Algorithm::dense_allreduce, .form = s.form});
+      const std::string what = std::string(s.spread ? "dense by the union" : "sparse") + " " +
+                               std::string(to_string(s.type)) + " form " + std::string(to_string(s.form)) + ": ";
+      const auto want = [&](std::size_t i) {
+        double sum = 0;
+        for (int q = 0; q < p; ++q) sum += holds(s.spread, i, q) ? value(s.spread, i, q) : 0.0;
+        return sum;
+      };
+      const auto held = [&](std::size_t i) {
+        return holds(s.spread, i, 0) || holds(s.spread, i, 1) || holds(s.spread, i, 2);
+      };
+      if (got.algorithm != Algorithm::dense_allreduce) throw std::runtime_error(what + "ran another algorithm");
+      const bool want_dense = s.spread && s.form == Form::automatic;
+      if ((got.form == Form::dense) != want_dense) throw std::runtime_error(what + "the wrong form");
+      if (want_dense) {
+        if (got.nnz != dim || !got.indices.empty() || got.values.size() != dim * cv)
+          throw std::runtime_error(what + "not a dense result of dim values");
+        for (std::size_t i = 0; i < dim; ++i)
+          if (load(s.type, got.values.data() + i * cv) != want(i))
+            throw std::runtime_error(what + "element " + std::to_string(i) + " differs");
+        continue;
+      }
+      std::size_t k = 0;
+      for (std::size_t i = 0; i < dim; ++i) {
+        if (!held(i)) continue;
+        if (k >= got.nnz) throw std::runtime_error(what + "only " + std::to_string(got.nnz) + " pairs");
+        std::uint64_t index = 0;
+        std::memcpy(&index, got.indices.data() + k * ci, ci);
+        if (index != i)
+          throw std::runtime_error(what + "pair " + std::to_string(k) + " has index " + std::to_string(index) +
+                                   ", want " + std::to_string(i));
+        if (load(s.type, got.values.data() + k * cv) != want(i))
+          throw std::runtime_error(what + "the value at " + std::to_string(i) + " differs");
+        ++k;
+      }
+      if (got.nnz != k || got.indices.size() != k * ci || got.values.size() != k * cv)
+        throw std::runtime_error(what + std::to_string(got.nnz) + " pairs, want " + std::to_string(k));
     }
   });
   EXPECT_EQ(failures, "");
@@ -417,14 +504,6 @@ TEST(SparseErrors, BadInputOnOneRankRaisesEverywhere) {
                              sparse_allreduce(comm, v, ReduceOp::sum);
                          }),
                ErrorCode::invalid_argument, "rank 2");
-  // dense_allreduce cannot give the sparse form asked for.
-  expect_all(errors_of(p,
-                       [&](Communicator& comm) {
-                         const Input in = input_of(c, comm.rank());
-                         sparse_allreduce(comm, in.vector(), ReduceOp::sum,
-                                          {.algorithm = Algorithm::dense_allreduce, .form = Form::sparse});
-                       }),
-             ErrorCode::invalid_argument, "dense_allreduce");
   // sparse_allgather takes no algorithm.
   expect_all(errors_of(p,
                        [&](Communicator& comm) {

@@ -37,17 +37,16 @@ namespace tutti::sparse {
 enum class IndexType { u32, u64 };
 
 /// How sparse_allreduce moves the data (docs/sparse.md). `automatic` picks by a cost model
-/// over p, dim, the total and largest nnz and the expected overlap of the ranks' index sets;
-/// it takes dense_allreduce only where the result is dense anyway (Form::dense, or one rank's
-/// own input is past the threshold), so that its result keeps SparCML's rule. Forcing
-/// dense_allreduce gives a dense result whatever the form asked (Form::sparse is refused).
+/// over p, dim, the total and largest nnz and the expected overlap of the ranks' index sets.
+/// Every algorithm gives the form asked for (SparCML's rule under Form::automatic).
 enum class Algorithm {
   automatic,
   ssar_recursive_doubling,  // pairwise merges in log2(p) rounds; dense mid-way past the threshold
   ssar_split_allgather,     // sparse reduce-scatter of p index ranges, then sparse allgather
   dsar_split_allgather,     // the same, then a dense allgather of the ranges once the result is dense
   allgather,                // every rank's pairs to every rank, merged locally (Horovod's way)
-  dense_allreduce,          // densify, then the dense Communicator::allreduce; the result is dense
+  dense_allreduce,          // densify, then the dense Communicator::allreduce; where the result may be
+                            // sparse, the ranks' index bitmaps gathered too and the union picked out
 };
 
 /// The form of a result. `automatic`: dense iff nnz·(c_i + c_v) >= dim·c_v for the merged

@@ -16,18 +16,21 @@ namespace {
 using tutti::detail::choice::CostParams;
 
 // Handling one pair (checking and unpacking it, a merge step that branches on which side holds
-// the index, packing it again) costs far more than reducing one dense element, which γ prices:
-// about 10 ns against 0.2 ns (tutti-bench -t sparse_allreduce --density 0.5 --dim 1M at p = 1
-// and 2 over shm, 2026-11-26, with the dense allreduce's kernel in the same run). Without it the
-// model sends half-dense vectors through pair merges that lose to the dense allreduce.
-constexpr double pair_share = 50;
+// the index, packing it again) costs about 10 ns here (tutti-bench -t sparse_allreduce --density
+// 0.5 --dim 1M at p = 1 and 2 over shm, 2026-11-26), 50 times the default γ. It is branchy work
+// on a core, so it is priced on its own rather than as a multiple of γ: a calibrated γ (the sum
+// kernel over 48 MiB of memory on every rank at once) grows with memory contention, 8-10 times
+// on the emulated cluster's 4 ranks on 2 cores, and pairs priced from it sent a 10%-dense vector
+// through the dense allreduce at 1 Gbit/s, 1.7 times slower than the split algorithms
+// (docs/performance.md, 2026-11-28).
+constexpr double pair_seconds = 10e-9;
 
 struct Shape {
   double p, dim, n, c, cv, threshold;  // threshold: pairs past which the dense form is smaller
   double pair;                         // seconds to handle one pair once
 };
 
-Shape shape_of(const Workload& w, const CostParams& k) {
+Shape shape_of(const Workload& w) {
   Shape s;
   s.p = w.ranks;
   s.dim = static_cast<double>(w.dim);
@@ -35,7 +38,7 @@ Shape shape_of(const Workload& w, const CostParams& k) {
   s.cv = static_cast<double>(w.value_bytes);
   s.c = static_cast<double>(w.index_bytes + w.value_bytes);
   s.threshold = w.form == Form::sparse ? HUGE_VAL : s.dim * s.cv / s.c;
-  s.pair = pair_share * k.gamma;
+  s.pair = pair_seconds;
   return s;
 }
 
@@ -81,17 +84,26 @@ double predict_split(const Workload& w, const Shape& s, const CostParams& k, boo
   return t;
 }
 
-double predict_dense(const Workload& w, const Shape& s, const CostParams& k) {
-  const double bytes = s.dim * s.cv, rounds = s.p - 1;
-  return 2 * k.alpha * log2_rounds(w.ranks) + 2 * k.beta * bytes * rounds / s.p + k.gamma * s.dim * (1 + rounds / s.p);
-}
-
 // Whether the result is dense whatever the overlap: forced, or one rank alone passes the threshold.
 bool surely_dense(const Workload& w) {
   return w.form == Form::dense ||
          (w.form == Form::automatic &&
           static_cast<double>(w.max_nnz) * static_cast<double>(w.index_bytes + w.value_bytes) >=
               static_cast<double>(w.dim) * static_cast<double>(w.value_bytes));
+}
+
+double predict_dense(const Workload& w, const Shape& s, const CostParams& k) {
+  const double bytes = s.dim * s.cv, rounds = s.p - 1;
+  // Building the dense vector (zeroing it, a store per pair), then the reduction's passes.
+  double t = 2 * k.alpha * log2_rounds(w.ranks) + 2 * k.beta * bytes * rounds / s.p +
+             k.gamma * (s.dim + s.n) + k.gamma * s.dim * (1 + rounds / s.p);
+  if (!surely_dense(w)) {
+    // The result may be sparse: every rank's bitmap of dim bits gathered (alongside the values),
+    // ORed (p words per 64 indices), and the union's pairs picked out (a few stores each).
+    t += k.alpha * log2_rounds(w.ranks) + k.beta * rounds * s.dim / 8 + k.gamma * s.p * s.dim / 64 +
+         4 * k.gamma * expected_union(w, w.ranks);
+  }
+  return t;
 }
 
 }  // namespace
@@ -108,7 +120,7 @@ double expected_union(const Workload& w, int m) {
 double predict(Algorithm algorithm, const Workload& w, const CostParams& cost) {
   if (w.ranks < 1) throw Error(ErrorCode::invalid_argument, "sparse cost model: ranks must be at least 1");
   if (w.ranks == 1) return 0;
-  const Shape s = shape_of(w, cost);
+  const Shape s = shape_of(w);
   switch (algorithm) {
     case Algorithm::ssar_recursive_doubling:
       return predict_recursive_doubling(w, s, cost);
@@ -131,7 +143,6 @@ Algorithm choose(const Workload& w, const CostParams& cost) {
   double best_time = 0;
   for (Algorithm a : {Algorithm::ssar_recursive_doubling, Algorithm::ssar_split_allgather,
                       Algorithm::dsar_split_allgather, Algorithm::allgather, Algorithm::dense_allreduce}) {
-    if (a == Algorithm::dense_allreduce && !surely_dense(w)) continue;  // it would break the form's rule
     const double t = predict(a, w, cost);
     if (best == Algorithm::automatic || t < best_time * (1 - 1e-3)) {
       best = a;

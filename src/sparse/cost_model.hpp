@@ -1,7 +1,7 @@
 // The cost model behind sparse::Algorithm::automatic: predicted seconds of each algorithm from
 // what every rank knows after the descriptor exchange (p, dim, every rank's nnz) and the
-// transport's α/β/γ from the comm layer's model (comm/cost_model.hpp), plus one measured ratio
-// (the cost of handling a pair against γ, cost_model.cpp says why).
+// transport's α/β/γ from the comm layer's model (comm/cost_model.hpp), plus one measured constant
+// (the time to handle a pair; cost_model.cpp says why it is not a multiple of γ).
 // The overlap of the ranks' index sets is not known before merging; the model expects that of
 // independent uniformly random sets (SparCML's estimate), bounded below by the largest nnz.
 #pragma once
@@ -31,8 +31,8 @@ double expected_union(const Workload& w, int m);
 double predict(Algorithm algorithm, const Workload& w, const tutti::detail::choice::CostParams& cost);
 
 /// The algorithm with the least predicted time; the earlier one in the enum on a tie. p = 1 or
-/// an empty workload: allgather (it sends nothing then). dense_allreduce only where the result
-/// is dense whatever the overlap (Form::dense, or max_nnz alone passes the threshold).
+/// an empty workload: allgather (it sends nothing then). Every algorithm is a candidate: where
+/// the result may be sparse, dense_allreduce is priced with the gather of the index bitmaps.
 Algorithm choose(const Workload& w, const tutti::detail::choice::CostParams& cost);
 
 }  // namespace tutti::sparse::detail

@@ -6,7 +6,15 @@
 // the piece is scattered, and the next piece built while the earlier ones travel. The first piece
 // is built in a buffer of its own, so that its allreduce starts before the whole vector is
 // allocated; it is copied into place at the end.
+//
+// Where the result may be sparse (Form::sparse, or the automatic form with no rank past the
+// threshold alone), the dense values cannot say which indices the union holds (a sum can cancel
+// to zero): the ranks also gather their presence bitmaps (dim bits each, issued first so that
+// they travel while the pieces are built) and OR them. The union's size then decides the form by
+// SparCML's rule, and a sparse result is picked out of the reduced vector at the union's indices,
+// exactly the pairs the sparse algorithms give.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "sparse/algorithms.hpp"
@@ -22,7 +30,57 @@ constexpr std::size_t most_pieces = 16;
 
 }  // namespace
 
-Piece dense_allreduce(Context& ctx, const Vector& input) {
+namespace {
+
+// Whether the union may stay under the threshold, so that the result may be sparse: no rank's
+// own pairs pass it (the union holds at least the largest rank's), and the form allows it.
+bool may_be_sparse(const Context& ctx) {
+  if (ctx.form == Form::dense) return false;
+  if (ctx.form == Form::sparse) return true;
+  const std::size_t largest = ctx.nnz.empty() ? 0 : *std::max_element(ctx.nnz.begin(), ctx.nnz.end());
+  return !ctx.layout.dense_is_smaller(largest);
+}
+
+// Every rank's presence bitmap, gathered (nonblocking) while the values are reduced; then ORed.
+class Union {
+ public:
+  Union(Context& ctx, const Vector& input) : words_((ctx.layout.dim + 63) / 64) {
+    mine_.assign(words_, 0);
+    mark_indices(input, mine_.data());
+    all_.resize(words_ * static_cast<std::size_t>(ctx.size));
+    request_ = ctx.comm.iallgather(mine_.data(), all_.data(), words_, DataType::u64, ctx.collective_options);
+  }
+  Union(const Union&) = delete;
+  Union& operator=(const Union&) = delete;
+  ~Union() {
+    try {  // the gather writes into all_ until it ends (with its error, within its timeout)
+      request_.wait();
+    } catch (...) {
+    }
+  }
+  /// The OR of every rank's bitmap (in the first words of the gathered ones) and its population.
+  std::pair<const std::uint64_t*, std::size_t> wait() {
+    request_.wait();
+    request_ = tutti::Request();
+    const std::size_t p = all_.size() / std::max<std::size_t>(words_, 1);
+    std::size_t count = 0;
+    for (std::size_t w = 0; w < words_; ++w) {
+      std::uint64_t word = all_[w];
+      for (std::size_t r = 1; r < p; ++r) word |= all_[r * words_ + w];
+      all_[w] = word;
+      count += static_cast<std::size_t>(std::popcount(word));
+    }
+    return {all_.data(), count};
+  }
+
+ private:
+  std::size_t words_;
+  std::vector<std::uint64_t> mine_, all_;
+  tutti::Request request_;
+};
+
+// The dense allreduce of the ranks' inputs, built in pieces (the comment at the top).
+Piece reduce_dense(Context& ctx, const Vector& input) {
   const Layout& l = ctx.layout;
   const std::size_t dim = l.dim, cv = l.value_bytes;
   // Every rank cuts the same pieces: they depend on dim and the value type only.
@@ -64,6 +122,17 @@ Piece dense_allreduce(Context& ctx, const Vector& input) {
       }
     throw;
   }
+}
+
+}  // namespace
+
+Piece dense_allreduce(Context& ctx, const Vector& input) {
+  if (!may_be_sparse(ctx) || ctx.layout.dim == 0) return reduce_dense(ctx, input);
+  Union presence(ctx, input);  // issued first: the bitmaps travel while the values are built
+  Piece reduced = reduce_dense(ctx, input);
+  const auto [bits, count] = presence.wait();
+  if (ctx.switch_to_dense(count)) return reduced;
+  return pick(reduced.values.data(), bits, count, ctx.layout);
 }
 
 }  // namespace tutti::sparse::detail

@@ -3,6 +3,7 @@
 
 #include <sys/mman.h>
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -187,6 +188,35 @@ void scatter_canonical(const Vector& input, std::uint64_t lo, std::uint64_t hi, 
     };
     input.index_type == IndexType::u32 ? scatter(std::uint32_t{}) : scatter(std::uint64_t{});
   });
+}
+
+void mark_indices(const Vector& input, std::uint64_t* bits) {
+  const auto* raw = static_cast<const std::byte*>(input.indices);
+  const auto mark = [&](auto width) {
+    using I = decltype(width);
+    for (std::size_t k = 0; k < input.nnz; ++k) {
+      const std::uint64_t i = load_index<I>(raw + k * sizeof(I));
+      bits[i / 64] |= std::uint64_t{1} << (i % 64);
+    }
+  };
+  input.index_type == IndexType::u32 ? mark(std::uint32_t{}) : mark(std::uint64_t{});
+}
+
+Piece pick(const std::byte* dense, const std::uint64_t* bits, std::size_t count, const Layout& layout) {
+  Piece out;
+  out.indices.resize(count);
+  out.values.resize(count * layout.value_bytes);
+  const std::size_t words = (layout.dim + 63) / 64;
+  with_value_size(layout.value_bytes, [&](auto cv) {
+    std::size_t k = 0;
+    for (std::size_t w = 0; w < words; ++w)
+      for (std::uint64_t word = bits[w]; word != 0 && k < count; word &= word - 1, ++k) {
+        const std::uint64_t i = w * 64 + static_cast<std::uint64_t>(std::countr_zero(word));
+        out.indices[k] = i;
+        std::memcpy(out.values.data() + k * cv, dense + i * cv, cv);
+      }
+  });
+  return out;
 }
 
 std::vector<std::byte> zeroed_bytes(std::size_t bytes) {

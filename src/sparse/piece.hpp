@@ -72,6 +72,14 @@ Piece densify_canonical(const Vector& input, const Layout& layout);
 /// `dense`, the values of indices lo … hi - 1 (zeroed beforehand by the caller).
 void scatter_canonical(const Vector& input, std::uint64_t lo, std::uint64_t hi, const Layout& layout, std::byte* dense);
 
+/// Sets bit i % 64 of bits[i / 64] for every index i of a canonical input (is_canonical): the
+/// input's presence bitmap, ORed into `bits` (of (dim + 63) / 64 words).
+void mark_indices(const Vector& input, std::uint64_t* bits);
+
+/// The sparse piece of a dense vector at the indices whose bits are set in `bits` ((dim + 63)
+/// / 64 words), `count` of them: sorted indices and their values, in one pass.
+Piece pick(const std::byte* dense, const std::uint64_t* bits, std::size_t count, const Layout& layout);
+
 /// `bytes` zero bytes, the pages of a large allocation faulted in by one call to the kernel.
 std::vector<std::byte> zeroed_bytes(std::size_t bytes);
 

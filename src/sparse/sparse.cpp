@@ -37,8 +37,6 @@ void check_options(const Options& options, ReduceOp op, bool gather, const char*
   if (static_cast<int>(options.form) < 0 || static_cast<int>(options.form) > static_cast<int>(Form::dense))
     bad("invalid form");
   if (options.timeout.count() < 0) bad("negative timeout");
-  if (options.algorithm == Algorithm::dense_allreduce && options.form == Form::sparse)
-    bad("dense_allreduce cannot give a sparse result");
   if (gather && (options.algorithm != Algorithm::automatic || options.form != Form::automatic))
     bad("sparse_allgather takes neither an algorithm nor a form");
 }
