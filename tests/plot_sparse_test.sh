@@ -28,6 +28,7 @@ row() {  # row DENSITY TYPE ALGORITHM FORM TIME WRONG
       row $d $t allgather sparse 100.5 0
       row $d $t ssar_recursive_doubling sparse 150.0 0
       row $d $t dense_allreduce dense 9000.0 0
+      row $d $t densify+allreduce dense 9500.0 0
     done
   done
   echo
@@ -62,7 +63,7 @@ expect_error() {  # expect_error NAME TEXT ARGS...
 }
 echo "nothing here" >"$work/empty.txt"
 expect_error "no rows" "no tutti-bench sparse_allreduce rows" "$work/empty.txt" --out "$work/c.png"
-{ echo "## x"; row 0.0100 f32 allgather sparse 10.0 3; } >"$work/wrong.txt"
+{ echo "## x"; row 0.0100 f32 densify+allreduce dense 10.0 3; } >"$work/wrong.txt"
 expect_error "wrong values" "reports 3 wrong values" "$work/wrong.txt" --out "$work/d.png"
 expect_error "absent type" "no rows of type i32" "$work/study.txt" --out "$work/e.png" --type i32
 expect_error "missing file" "No such file" "$work/none.txt"

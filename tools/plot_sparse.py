@@ -8,8 +8,9 @@ time(us), dense(us), speedup, #wrong), with or without a launcher's "[RANK] " pr
 one type and op are plotted (the first seen unless --type/--op).
 
 Writes one PNG (--out, default: the input with .png) with a panel per section: time per call
-against density (both logarithmic), a line per algorithm, automatic drawn thick, the dense
-allreduce dashed. A row with #wrong > 0 is an error, not a point. Needs matplotlib.
+against density (both logarithmic), a line per algorithm, automatic drawn thick, the
+dense_allreduce algorithm and the densify+allreduce row dashed, the plain dense allreduce of a
+ready vector (each row's dense column) dotted. A row with #wrong > 0 is an error, not a point. Needs matplotlib.
 
 Usage: plot_sparse.py [--out PNG] [--type T] [--op OP] FILE
 """
@@ -26,7 +27,7 @@ except ImportError:
     sys.exit("plot_sparse.py: needs matplotlib (Debian: apt-get install python3-matplotlib)")
 
 HEADER = re.compile(r"^## (.+)$")
-ROW = re.compile(r"^(?:\[\d+\]\s+)?(\d+\.\d+)\s+(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+([\w()]+)\s+(sparse|dense)\s+"
+ROW = re.compile(r"^(?:\[\d+\]\s+)?(\d+\.\d+)\s+(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+([\w()+]+)\s+(sparse|dense)\s+"
                  r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$")
 
 
@@ -73,15 +74,20 @@ def plot(sections, out, dtype, op):
         if not rows:
             raise InputError(f"{title}: no rows of type {pick_type} and op {pick_op}")
         lines = {}
+        plain = {}  # the plain dense allreduce of a ready vector: every row's dense(us)
         for r in rows:
             name = "automatic" if r["algorithm"].startswith("automatic") else r["algorithm"]
             lines.setdefault(name, []).append((r["density"], r["time"] / 1e3))
+            plain[r["density"]] = r["dense"] / 1e3
+        lines["dense allreduce (ready vector)"] = list(plain.items())
+        styles = {"automatic": dict(linewidth=3, color="black"),
+                  "dense_allreduce": dict(linestyle="--", color="tab:red"),
+                  "densify+allreduce": dict(linestyle="--", color="tab:orange"),
+                  "dense allreduce (ready vector)": dict(linestyle=":", color="tab:gray")}
         for name, points in lines.items():
             points.sort()
             xs, ys = zip(*points)
-            style = dict(linewidth=3, color="black") if name == "automatic" else \
-                dict(linestyle="--", color="tab:red") if name == "dense_allreduce" else dict(marker="o")
-            ax.plot(xs, ys, label=name, **style)
+            ax.plot(xs, ys, label=name, **styles.get(name, dict(marker="o")))
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("density (nnz / dim per rank)")

@@ -183,6 +183,26 @@ void run_density(Communicator& world, const BenchOptions& options, const Row& ro
     total_wrong += wrong[k];
     iterations.push_back(choose_iterations(world, calls.back(), options.iterations));
   }
+  // What a caller without sparse collectives does with its pairs: a fresh zeroed vector of dim
+  // values, the pairs stored into it, the dense allreduce in place (the result kept until the
+  // next call, as the sparse rows keep theirs).
+  sparse::Result densified;
+  densified.form = sparse::Form::dense;
+  densified.dim = dim;
+  densified.value_type = row.type;
+  const std::size_t cv = size_of(row.type);
+  calls.push_back([&] {
+    std::vector<std::byte> values(dim * cv);
+    for (std::size_t k = 0; k < in.indices.size(); ++k)
+      std::memcpy(values.data() + static_cast<std::size_t>(in.indices[k]) * cv, in.values.data() + k * cv, cv);
+    world.allreduce(values.data(), values.data(), dim, row.type, row.op);
+    densified.values = std::move(values);
+  });
+  calls.back()();
+  densified.nnz = dim;
+  const std::uint64_t densified_wrong = options.check ? wrong_of(world, densified, want) : 0;
+  total_wrong += densified_wrong;
+  iterations.push_back(choose_iterations(world, calls.back(), options.iterations));
   calls.push_back(dense_call);
   iterations.push_back(choose_iterations(world, dense_call, options.iterations));
   const std::vector<double> times = time_alternating(world, calls, options.warmup, iterations);
@@ -193,6 +213,7 @@ void run_density(Communicator& world, const BenchOptions& options, const Row& ro
                                  : std::string(tutti::to_string(algorithms[k]));
     print_row(row, nnz, results[k], name, times[k], dense_time, wrong[k]);
   }
+  if (world.rank() == 0) print_row(row, nnz, densified, "densify+allreduce", times[n], dense_time, densified_wrong);
   if (options.sparse_qsgd_bits != 0 && row.type == DataType::f32 &&
       (row.op == ReduceOp::sum || row.op == ReduceOp::avg))
     total_wrong += run_qsgd(world, options, row, vector, nnz, dense_time);
@@ -210,7 +231,8 @@ int run_sparse(Communicator& world, const BenchOptions& options) {
     std::printf(
         "# time(us): max over ranks of the mean per call, every row's calls and the dense allreduce's alternating, "
         "each from a barrier; dense(us): allreduce of the dim values; speedup = dense / time; union: the result's "
-        "nnz (dim when dense)\n");
+        "nnz (dim when dense); densify+allreduce: the pairs stored into a fresh zeroed vector, then the dense "
+        "allreduce\n");
     std::printf("#  density   max nnz      union  type   op  %-40s %6s %12s %12s %9s %7s\n", "algorithm", "form",
                 "time(us)", "dense(us)", "speedup", "#wrong");
   }
