@@ -95,8 +95,8 @@ bool surely_dense(const Workload& w) {
 double predict_dense(const Workload& w, const Shape& s, const CostParams& k) {
   const double bytes = s.dim * s.cv, rounds = s.p - 1;
   // Building the dense vector (zeroing it, a store per pair), then the reduction's passes.
-  double t = 2 * k.alpha * log2_rounds(w.ranks) + 2 * k.beta * bytes * rounds / s.p +
-             k.gamma * (s.dim + s.n) + k.gamma * s.dim * (1 + rounds / s.p);
+  double t = 2 * k.alpha * log2_rounds(w.ranks) + 2 * k.beta * bytes * rounds / s.p + k.gamma * (s.dim + s.n) +
+             k.gamma * s.dim * (1 + rounds / s.p);
   if (!surely_dense(w)) {
     // The result may be sparse: every rank's bitmap of dim bits gathered (alongside the values),
     // ORed (p words per 64 indices), and the union's pairs picked out (a few stores each).
