@@ -9,6 +9,8 @@
 #include <bit>
 #include <cmath>
 
+#include "sparse/piece.hpp"
+
 namespace tutti::sparse::detail {
 
 namespace {
@@ -84,12 +86,13 @@ double predict_split(const Workload& w, const Shape& s, const CostParams& k, boo
   return t;
 }
 
-// Whether the result is dense whatever the overlap: forced, or one rank alone passes the threshold.
+// Whether the result is dense whatever the overlap (piece.hpp's surely_dense, on the workload).
 bool surely_dense(const Workload& w) {
-  return w.form == Form::dense ||
-         (w.form == Form::automatic &&
-          static_cast<double>(w.max_nnz) * static_cast<double>(w.index_bytes + w.value_bytes) >=
-              static_cast<double>(w.dim) * static_cast<double>(w.value_bytes));
+  Layout layout;
+  layout.dim = w.dim;
+  layout.index_bytes = w.index_bytes;
+  layout.value_bytes = w.value_bytes;
+  return surely_dense(w.form, layout, w.max_nnz);
 }
 
 double predict_dense(const Workload& w, const Shape& s, const CostParams& k) {

@@ -28,26 +28,20 @@ namespace {
 constexpr std::size_t least_piece_bytes = std::size_t{4} << 20;
 constexpr std::size_t most_pieces = 16;
 
-}  // namespace
-
-namespace {
-
-// Whether the union may stay under the threshold, so that the result may be sparse: no rank's
-// own pairs pass it (the union holds at least the largest rank's), and the form allows it.
+// Whether the result may be sparse: not surely dense by the largest rank's pairs and the form.
 bool may_be_sparse(const Context& ctx) {
-  if (ctx.form == Form::dense) return false;
-  if (ctx.form == Form::sparse) return true;
   const std::size_t largest = ctx.nnz.empty() ? 0 : *std::max_element(ctx.nnz.begin(), ctx.nnz.end());
-  return !ctx.layout.dense_is_smaller(largest);
+  return !surely_dense(ctx.form, ctx.layout, largest);
 }
 
 // Every rank's presence bitmap, gathered (nonblocking) while the values are reduced; then ORed.
 class Union {
  public:
-  Union(Context& ctx, const Vector& input) : words_((ctx.layout.dim + 63) / 64) {
+  Union(Context& ctx, const Vector& input)
+      : words_((ctx.layout.dim + 63) / 64), ranks_(static_cast<std::size_t>(ctx.size)) {
     mine_.assign(words_, 0);
     mark_indices(input, mine_.data());
-    all_.resize(words_ * static_cast<std::size_t>(ctx.size));
+    all_.resize(words_ * ranks_);
     request_ = ctx.comm.iallgather(mine_.data(), all_.data(), words_, DataType::u64, ctx.collective_options);
   }
   Union(const Union&) = delete;
@@ -62,11 +56,10 @@ class Union {
   std::pair<const std::uint64_t*, std::size_t> wait() {
     request_.wait();
     request_ = tutti::Request();
-    const std::size_t p = all_.size() / std::max<std::size_t>(words_, 1);
     std::size_t count = 0;
     for (std::size_t w = 0; w < words_; ++w) {
       std::uint64_t word = all_[w];
-      for (std::size_t r = 1; r < p; ++r) word |= all_[r * words_ + w];
+      for (std::size_t r = 1; r < ranks_; ++r) word |= all_[r * words_ + w];
       all_[w] = word;
       count += static_cast<std::size_t>(std::popcount(word));
     }
@@ -74,7 +67,7 @@ class Union {
   }
 
  private:
-  std::size_t words_;
+  std::size_t words_, ranks_;
   std::vector<std::uint64_t> mine_, all_;
   tutti::Request request_;
 };

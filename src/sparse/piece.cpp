@@ -57,6 +57,10 @@ bool Layout::dense_is_smaller(std::size_t nnz) const {
          static_cast<long double>(dim) * static_cast<long double>(value_bytes);
 }
 
+bool surely_dense(Form form, const Layout& layout, std::size_t max_nnz) {
+  return form == Form::dense || (form == Form::automatic && layout.dense_is_smaller(max_nnz));
+}
+
 Layout layout_of(std::size_t dim, IndexType index_type, DataType value_type) {
   Layout l;
   l.dim = dim;

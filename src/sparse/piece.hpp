@@ -26,6 +26,10 @@ struct Layout {
 
 Layout layout_of(std::size_t dim, IndexType index_type, DataType value_type);
 
+/// Whether the result is dense whatever the ranks' overlap: the form is dense, or it is automatic
+/// and one rank's `max_nnz` pairs alone pass the threshold (the union holds at least those).
+bool surely_dense(Form form, const Layout& layout, std::size_t max_nnz);
+
 /// Sparse: indices strictly increasing, values.size() == indices.size() * c_v. Dense: indices
 /// empty, values holds dim values. Entries a sparse piece lacks are zero.
 struct Piece {
