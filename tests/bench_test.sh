@@ -397,27 +397,28 @@ bench 3 -t sparse_allreduce --density 0.01,0.6 --dim 20000 -n 2 -w 1 -d f32,i32 
 sparse_rows=$(sed -E 's/^\[[0-9]+\] ?//' "$tmp/out" | grep -E '^ +[0-9.]+ +[0-9]+ +[0-9]+ ' || true)
 if [[ $status -ne 0 ]]; then
   fail "sparse table" "exit status $status"
-elif [[ $(wc -l <<<"$sparse_rows") -ne 28 ]] || ! awk '$NF != "0" { exit 1 }' <<<"$sparse_rows"; then
-  fail "sparse table" "expected 28 rows, each with #wrong 0"
+elif [[ $(wc -l <<<"$sparse_rows") -ne 32 ]] || ! awk '$NF != "0" { exit 1 }' <<<"$sparse_rows"; then
+  fail "sparse table" "expected 32 rows, each with #wrong 0"
 elif ! grep -q "dense_allreduce  *dense" <<<"$sparse_rows" || ! grep -q "dense_allreduce  *sparse" <<<"$sparse_rows" ||
   [[ $(grep -c "densify+allreduce  *dense" <<<"$sparse_rows") -ne 4 ]] ||
+  [[ $(grep -c " hierarchical  *\(sparse\|dense\)" <<<"$sparse_rows") -ne 4 ]] ||
   ! grep -q "automatic(.*) *sparse" <<<"$sparse_rows" || ! grep -q "Out of bounds values : 0 OK" "$tmp/out"; then
-  fail "sparse table" "no dense_allreduce row of either form, not 4 densify+allreduce rows, no sparse automatic row or no footer"
+  fail "sparse table" "no dense_allreduce row of either form, not 4 densify+allreduce or hierarchical rows, no sparse automatic row or no footer"
 else
   ok "sparse_allreduce: every algorithm and dense allreduce, checked, both forms, at p=3"
 fi
 refuse "-t sparse_allreduce --density 2" "-t sparse_allreduce --density x" "-t sparse_allreduce --dim 0" \
   "-t allreduce --density 0.1" "-t sparse_allreduce --peers gloo"
 
-# 9. --values qsgd:4: one more row per f32 sum (7 + 1 rows), checked against every rank's encoding
+# 9. --values qsgd:4: one more row per f32 sum (8 + 1 rows), checked against every rank's encoding
 # decoded and summed the same way (not the exact sum, which QSGD does not give).
 bench 2 -t sparse_allreduce --density 0.05 --dim 20000 -n 2 -w 1 --values qsgd:4
 qsgd_rows=$(sed -E 's/^\[[0-9]+\] ?//' "$tmp/out" | grep -E '^ +[0-9.]+ +[0-9]+ +[0-9]+ ' || true)
 if [[ $status -ne 0 ]]; then
   fail "sparse table with qsgd values" "exit status $status"
-elif [[ $(wc -l <<<"$qsgd_rows") -ne 8 ]] || ! awk '$NF != "0" { exit 1 }' <<<"$qsgd_rows" ||
+elif [[ $(wc -l <<<"$qsgd_rows") -ne 9 ]] || ! awk '$NF != "0" { exit 1 }' <<<"$qsgd_rows" ||
   ! grep -q "qsgd:4(allgather)  *sparse" <<<"$qsgd_rows"; then
-  fail "sparse table with qsgd values" "expected 8 rows, one of them qsgd:4, each with #wrong 0"
+  fail "sparse table with qsgd values" "expected 9 rows, one of them qsgd:4, each with #wrong 0"
 else
   ok "sparse_allreduce --values qsgd:4: the QSGD row checked against its reference, at p=2"
 fi

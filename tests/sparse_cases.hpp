@@ -204,6 +204,7 @@ inline constexpr Algorithm all_algorithms[] = {Algorithm::automatic,
                                                Algorithm::ssar_split_allgather,
                                                Algorithm::dsar_split_allgather,
                                                Algorithm::allgather,
-                                               Algorithm::dense_allreduce};
+                                               Algorithm::dense_allreduce,
+                                               Algorithm::hierarchical};
 
 }  // namespace tutti::testing::sparse_cases

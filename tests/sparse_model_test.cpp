@@ -144,4 +144,34 @@ TEST(SparseCostModel, ChoicesAtClearExtremes) {
     EXPECT_LT(predict(a, workload(8, 1000000, 100), tcp), predict(a, workload(8, 1000000, 10000), tcp));
 }
 
+// Hosts of several ranks on a slow link: hierarchical sends each host's union once across it,
+// where the flat algorithms send each rank's pairs; with one rank a host, or one host, it is no
+// candidate (nothing to merge first, or nothing to cross).
+TEST(SparseCostModel, HierarchicalWhereHostsShareALink) {
+  const tutti::detail::choice::CostParams gigabit{60e-6, 8e-9, 2e-10};
+  const auto shm = tutti::detail::choice::default_cost("shm");
+  auto hosts = [&](int count, int local, std::size_t per_rank) {
+    Workload w = workload(count * local, 16000000, per_rank);
+    w.hosts = count;
+    w.local_size = local;
+    w.local_cost = shm;
+    return w;
+  };
+  // 2 hosts x 2 ranks, 1% a rank: the host's link carries half the bytes of the flat split.
+  const Workload two_by_two = hosts(2, 2, 160000);
+  EXPECT_EQ(choose(two_by_two, gigabit), Algorithm::hierarchical);
+  Workload flat = two_by_two;
+  flat.hosts = flat.local_size = 1;
+  EXPECT_NE(choose(flat, gigabit), Algorithm::hierarchical);
+  EXPECT_LT(predict(Algorithm::hierarchical, two_by_two, gigabit),
+            predict(Algorithm::dsar_split_allgather, two_by_two, gigabit));
+  EXPECT_EQ(choose(hosts(4, 2, 160000), gigabit), Algorithm::hierarchical);
+  EXPECT_NE(choose(hosts(4, 1, 160000), gigabit), Algorithm::hierarchical);  // one rank a host
+  EXPECT_NE(choose(hosts(1, 4, 160000), gigabit), Algorithm::hierarchical);  // one host
+  // Its prediction needs hosts that make up the ranks.
+  Workload bad = two_by_two;
+  bad.hosts = 3;
+  EXPECT_THROW(predict(Algorithm::hierarchical, bad, gigabit), Error);
+}
+
 }  // namespace

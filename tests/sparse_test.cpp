@@ -6,6 +6,7 @@
 
 #include <atomic>
 
+#include "comm/comm_impl.hpp"
 #include "comm/cost_model.hpp"
 #include "comm/tuning.hpp"
 #include "harness.hpp"
@@ -153,6 +154,70 @@ TEST(SparseAllreduce, LargerVectors) {
                              .value_type = DataType::i32,
                              .algorithm = a});
     EXPECT_EQ(run_all(p, cases), "") << "p = " << p;
+  }
+}
+
+// Algorithm::hierarchical across emulated hosts (each rank claims one, as tests/hierarchical_test
+// does): equal hosts (blocks and interleaved ranks: reduce-scatter inside, ranges across, allgather
+// inside), unequal ones (through one leader a host), one rank a host; every pattern, the dense switch
+// on both sides of the threshold (one rank alone past it, so that the ranges cross hosts dense, and
+// only the union past it), forced forms, and ops and types whose order of combination shows.
+TEST(SparseAllreduce, HierarchicalAcrossHosts) {
+  struct Placement {
+    int p;
+    std::vector<int> host;  // of each rank
+  };
+  const std::vector<Placement> placements = {{4, {0, 0, 1, 1}},
+                                             {4, {0, 1, 0, 1}},
+                                             {6, {0, 0, 0, 1, 1, 1}},
+                                             {6, {0, 1, 2, 0, 1, 2}},
+                                             {8, {0, 0, 1, 1, 2, 2, 3, 3}},
+                                             {3, {0, 0, 1}},
+                                             {5, {0, 0, 1, 2, 2}},
+                                             {7, {0, 1, 2, 0, 1, 2, 0}},
+                                             {3, {0, 1, 2}},
+                                             {2, {0, 1}}};
+  for (const Placement& placement : placements) {
+    const int p = placement.p;
+    std::vector<Case> cases;
+    for (Algorithm a : {Algorithm::hierarchical, Algorithm::automatic}) {
+      for (Pattern pattern : {Pattern::disjoint, Pattern::identical, Pattern::overlapping})
+        for (std::size_t nnz : {std::size_t{0}, std::size_t{1}, std::size_t{13}, std::size_t{37}})
+          for (Form form : {Form::automatic, Form::sparse, Form::dense})
+            cases.push_back(Case{.p = p,
+                                 .dim = 37,
+                                 .nnz = nnz,
+                                 .pattern = pattern,
+                                 .duplicates = true,
+                                 .shuffled = true,
+                                 .algorithm = a,
+                                 .form = form});
+      for (std::size_t nnz : {std::size_t{7}, std::size_t{10}, std::size_t{12}, std::size_t{60}})  // dim 100
+        for (Pattern pattern : {Pattern::disjoint, Pattern::identical})
+          cases.push_back(Case{.p = p, .dim = 100, .nnz = nnz, .pattern = pattern, .algorithm = a});
+      for (ReduceOp op : {ReduceOp::max, ReduceOp::avg, ReduceOp::prod})
+        for (DataType t : {DataType::f32, DataType::i32, DataType::f64})
+          cases.push_back(Case{.p = p,
+                               .dim = 5003,
+                               .nnz = 900,
+                               .pattern = Pattern::overlapping,
+                               .duplicates = op != ReduceOp::prod,
+                               .shuffled = true,
+                               .value_type = t,
+                               .index_type = t == DataType::f64 ? IndexType::u64 : IndexType::u32,
+                               .op = op,
+                               .algorithm = a});
+    }
+    const std::string error = run_ranks(p, [&](Communicator& comm) {
+      tutti::detail::set_host_for_testing(comm, "host" + std::to_string(placement.host[comm.rank()]));
+      for (const Case& c : cases) {
+        const std::string failed = run_case(comm, c);
+        if (!failed.empty()) throw std::runtime_error(failed);
+      }
+    });
+    std::string hosts;
+    for (int h : placement.host) hosts += std::to_string(h);
+    EXPECT_EQ(error, "") << "hosts of the ranks " << hosts;
   }
 }
 

@@ -47,6 +47,8 @@ enum class Algorithm {
   allgather,                // every rank's pairs to every rank, merged locally (Horovod's way)
   dense_allreduce,          // densify, then the dense Communicator::allreduce; where the result may be
                             // sparse, the ranks' index bitmaps gathered too and the union picked out
+  hierarchical,             // across hosts (tutti/topology.hpp): merged inside each host first, so
+                            // a host's link carries its union once, not each of its ranks' pairs
 };
 
 /// The form of a result. `automatic`: dense iff nnz·(c_i + c_v) >= dim·c_v for the merged

@@ -70,6 +70,17 @@ class CommImpl {
   /// one process). Takes effect while the topology is not yet known; inherited by split.
   void set_host_override(std::string host) { host_override_ = std::move(host); }
 
+  /// The intra-host and inter-host communicators (split from this one, learning the topology
+  /// first if needed).
+  struct Hierarchy {
+    Communicator intra;  // the ranks of my host, in rank order
+    Communicator inter;  // the ranks with my local index, one per host
+  };
+  /// A pair of its own for layers that run their steps on the caller's thread (the sparse layer's
+  /// hierarchical allreduce), apart from the pair whose queued steps hierarchical allreduce runs:
+  /// calls on one pair never interleave with the other's. Collective at the first call (two splits).
+  Hierarchy& caller_hierarchy();
+
  private:
   /// The signature of `call` run with `algorithm`, with the communicator's next sequence number.
   transport::Signature next_signature(const Call& call, Algorithm algorithm);
@@ -90,11 +101,6 @@ class CommImpl {
   Request start_schedule(const Call& call, Algorithm algorithm, const Extents& extents, bool blocking);
   Request start_native(const Call& call, Algorithm algorithm, bool blocking);
   Request start_hierarchical(const Call& call, bool blocking);  // hierarchical.cpp
-  /// The intra-host and inter-host communicators, split at the first call that needs them.
-  struct Hierarchy {
-    Communicator intra;  // the ranks of my host, in rank order
-    Communicator inter;  // the ranks with my local index, one per host
-  };
   Hierarchy& hierarchy();
 
   // The last choice of `automatic` (calls of one size repeat, as in training): skips the lookup.
@@ -115,6 +121,7 @@ class CommImpl {
   std::string host_override_;
   std::optional<Topology> topology_;
   std::optional<Hierarchy> hierarchy_;
+  std::optional<Hierarchy> caller_hierarchy_;
 };
 
 /// Test-only: gives this in-process rank its own host (see CommImpl::set_host_override).

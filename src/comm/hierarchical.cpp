@@ -116,6 +116,15 @@ std::vector<Composite::Step> by_leaders(Communicator& intra, Communicator& inter
   };
 }
 
+// The communicators of my host and of my local index across hosts.
+CommImpl::Hierarchy split_hierarchy(CommImpl& comm) {
+  const int rank = comm.rank();
+  const int host = comm.topology().host_index(rank), local = comm.topology().local_index(rank);
+  Communicator intra = comm.split(host, rank);
+  Communicator inter = comm.split(local, rank);
+  return CommImpl::Hierarchy{std::move(intra), std::move(inter)};
+}
+
 }  // namespace
 
 void set_host_for_testing(Communicator& comm, std::string host) {
@@ -140,12 +149,14 @@ const Topology& CommImpl::topology() {
   return *topology_;
 }
 
+CommImpl::Hierarchy& CommImpl::caller_hierarchy() {
+  if (!caller_hierarchy_) caller_hierarchy_ = split_hierarchy(*this);
+  return *caller_hierarchy_;
+}
+
 CommImpl::Hierarchy& CommImpl::hierarchy() {
   if (!hierarchy_) {
-    const int host = topology().host_index(rank_), local = topology().local_index(rank_);
-    Communicator intra = split(host, rank_);
-    Communicator inter = split(local, rank_);
-    hierarchy_ = Hierarchy{std::move(intra), std::move(inter)};
+    hierarchy_ = split_hierarchy(*this);
     if (core::log_enabled(core::LogLevel::info))
       core::log(core::LogLevel::info, rank_,
                 "hierarchical: " + std::to_string(topology().host_count()) + " hosts, " +

@@ -7,10 +7,13 @@
 #include <limits>
 #include <vector>
 
+#include "comm/cost_model.hpp"
 #include "sparse/piece.hpp"
 #include "tutti/sparse.hpp"
 
 namespace tutti::sparse::detail {
+
+using tutti::detail::choice::CostParams;
 
 struct Context {
   explicit Context(tutti::Communicator& c) : comm(c) {}
@@ -41,6 +44,33 @@ Piece recursive_doubling(Context& ctx, Piece mine);
 /// dense_allgather: dsar (the reduced ranges travel dense once the result is dense) or ssar.
 Piece split_allgather(Context& ctx, Piece mine, bool dense_allgather);
 Piece allgather_merge(Context& ctx, Piece mine);
+
+/// split_allgather's halves. reduce_scatter: range ctx.rank of p (range_begin) of every rank's
+/// piece, merged in rank order (sparse). allgather_ranges: every rank's reduced range (sparse with
+/// indices in its range, or, with dense_allgather, a dense block of the range's length) to every
+/// rank, as pairs or (dense_allgather and the result dense by ctx.form or the rule) dense blocks.
+Piece reduce_scatter(Context& ctx, const Piece& mine);
+Piece allgather_ranges(Context& ctx, const Piece& reduced, bool dense_allgather);
+
+/// Algorithm::hierarchical (src/sparse/hierarchical.cpp): merged inside each host, reduced across
+/// hosts among one rank per host and range, shared inside the host again. `cost` prices the
+/// choice of the algorithm across hosts.
+Piece hierarchical(Context& ctx, Piece mine, const CostParams& cost);
+
+/// The flat algorithm `algorithm` (not automatic or hierarchical) on ctx.comm.
+Piece run_flat(Context& ctx, Algorithm algorithm, Piece mine);
+
+/// What automatic picks for ctx among the flat algorithms (hosts ignored), priced with `cost`.
+Algorithm choose_flat(const Context& ctx, const CostParams& cost);
+
+/// A whole piece on the wire (ssar_recursive_doubling's exchanges, hierarchical's broadcast): a u64
+/// header, piece_mark for a dense piece or the pair count, then the values or the packed pairs.
+constexpr std::uint64_t piece_mark = std::numeric_limits<std::uint64_t>::max();
+/// The bytes a peer's header announces, checked: a dense piece only where ctx.form allows one,
+/// at most dim pairs. Error(invalid_argument) naming `peer` otherwise.
+std::size_t bytes_announced(const Context& ctx, std::uint64_t header, int peer);
+/// The piece a peer sent (pairs checked by unpack).
+Piece piece_of(const Context& ctx, std::uint64_t header, std::vector<std::byte> bytes, int peer);
 /// The dense allreduce of the ranks' canonical inputs (is_canonical), as one dense piece: built
 /// and reduced in pieces that overlap (src/sparse/dense_allreduce.cpp).
 Piece dense_allreduce(Context& ctx, const Vector& input);

@@ -109,6 +109,48 @@ double predict_dense(const Workload& w, const Shape& s, const CostParams& k) {
   return t;
 }
 
+Form inter_form(const Workload& w);
+Workload across_hosts(const Workload& w);
+
+// Inside the host a sparse reduce-scatter of L ranges, across hosts the cheapest flat algorithm
+// over one range of dim / L (the host's union of it, from each host), inside the host the
+// allgather of the ranges (dense once the result is).
+double predict_hierarchical(const Workload& w, const Shape& s, const CostParams& k) {
+  const double l = w.local_size, rounds = l - 1;
+  const CostParams& local = w.local_cost;
+  double t = 2 * local.alpha * rounds + local.beta * s.n * s.c * rounds / l + 3 * s.pair * s.n;
+  t += predict(choose(across_hosts(w), k), across_hosts(w), k);
+  const double merged = expected_union(w, w.ranks);
+  t += local.alpha * 2 * log2_rounds(w.local_size);
+  if (w.form == Form::dense || merged >= s.threshold)
+    t += local.beta * rounds / l * s.dim * s.cv + k.gamma * s.dim / l;
+  else
+    t += local.beta * rounds / l * merged * s.c + s.pair * merged;
+  return t;
+}
+
+// The pieces that cross hosts travel as pairs unless the result is dense whatever the overlap
+// (src/sparse/hierarchical.cpp says why).
+Form inter_form(const Workload& w) { return w.form == Form::dense || surely_dense(w) ? Form::automatic : Form::sparse; }
+
+// The workload among the ranks of one local index: each host's union of one range of dim / L.
+Workload across_hosts(const Workload& w) {
+  Workload a;
+  a.ranks = w.hosts;
+  a.dim = w.dim / static_cast<std::size_t>(w.local_size);
+  const double range = expected_union(w, w.local_size) / w.local_size;
+  a.max_nnz = static_cast<std::size_t>(std::llround(std::max(range, static_cast<double>(w.max_nnz) / w.local_size)));
+  a.total_nnz = static_cast<std::size_t>(std::llround(range * w.hosts));
+  a.index_bytes = w.index_bytes;
+  a.value_bytes = w.value_bytes;
+  a.form = inter_form(w);
+  return a;
+}
+
+bool hierarchical_serves(const Workload& w) {
+  return w.hosts >= 2 && w.local_size >= 2 && w.hosts * w.local_size == w.ranks;
+}
+
 }  // namespace
 
 double expected_union(const Workload& w, int m) {
@@ -135,6 +177,16 @@ double predict(Algorithm algorithm, const Workload& w, const CostParams& cost) {
       return predict_allgather(w, s, cost);
     case Algorithm::dense_allreduce:
       return predict_dense(w, s, cost);
+    case Algorithm::hierarchical:
+      if (w.hosts < 1 || w.local_size < 1 || w.hosts * w.local_size != w.ranks)
+        throw Error(ErrorCode::invalid_argument, "sparse cost model: hierarchical needs hosts x local_size = ranks");
+      if (w.local_size == 1 || w.hosts == 1) {  // one level: the flat algorithm it runs
+        Workload flat = w;
+        flat.hosts = flat.local_size = 1;
+        return w.local_size == 1 ? predict(choose(flat, cost), flat, cost)
+                                 : predict(Algorithm::dsar_split_allgather, flat, w.local_cost);
+      }
+      return predict_hierarchical(w, s, cost);
     default:
       throw Error(ErrorCode::invalid_argument, "sparse cost model: no prediction for automatic");
   }
@@ -144,8 +196,10 @@ Algorithm choose(const Workload& w, const CostParams& cost) {
   if (w.ranks <= 1 || w.total_nnz == 0) return Algorithm::allgather;
   Algorithm best = Algorithm::automatic;
   double best_time = 0;
-  for (Algorithm a : {Algorithm::ssar_recursive_doubling, Algorithm::ssar_split_allgather,
-                      Algorithm::dsar_split_allgather, Algorithm::allgather, Algorithm::dense_allreduce}) {
+  for (Algorithm a :
+       {Algorithm::ssar_recursive_doubling, Algorithm::ssar_split_allgather, Algorithm::dsar_split_allgather,
+        Algorithm::allgather, Algorithm::dense_allreduce, Algorithm::hierarchical}) {
+    if (a == Algorithm::hierarchical && !hierarchical_serves(w)) continue;
     const double t = predict(a, w, cost);
     if (best == Algorithm::automatic || t < best_time * (1 - 1e-3)) {
       best = a;

@@ -21,18 +21,27 @@ struct Workload {
   std::size_t index_bytes = 4;
   std::size_t value_bytes = 4;
   Form form = Form::automatic;
+  /// Where the ranks live, for Algorithm::hierarchical: `hosts` hosts of `local_size` ranks each
+  /// (hosts · local_size == ranks), the ranks of a host joined at `local_cost`. hierarchical is a
+  /// candidate only with at least two hosts of at least two ranks.
+  int hosts = 1;
+  int local_size = 1;
+  tutti::detail::choice::CostParams local_cost{};
 };
 
 /// Expected size of the union of m ranks' index sets: dim·(1 − (1 − n/dim)^m) with n the mean
 /// nnz, at least max_nnz when m covers every rank, at most min(dim, m·n).
 double expected_union(const Workload& w, int m);
 
-/// Predicted seconds of `algorithm` (not automatic). Error(invalid_argument) for automatic.
+/// Predicted seconds of `algorithm` (not automatic); `cost` prices the links between hosts
+/// (between every two ranks for the flat algorithms). Error(invalid_argument) for automatic, and
+/// for hierarchical on a workload whose hosts and local_size do not make up its ranks.
 double predict(Algorithm algorithm, const Workload& w, const tutti::detail::choice::CostParams& cost);
 
 /// The algorithm with the least predicted time; the earlier one in the enum on a tie. p = 1 or
 /// an empty workload: allgather (it sends nothing then). Every algorithm is a candidate: where
-/// the result may be sparse, dense_allreduce is priced with the gather of the index bitmaps.
+/// the result may be sparse, dense_allreduce is priced with the gather of the index bitmaps;
+/// hierarchical where the workload's hosts say it may run.
 Algorithm choose(const Workload& w, const tutti::detail::choice::CostParams& cost);
 
 }  // namespace tutti::sparse::detail

@@ -14,8 +14,6 @@ namespace tutti::sparse::detail {
 
 namespace {
 
-constexpr std::uint64_t dense_mark = std::numeric_limits<std::uint64_t>::max();
-
 // The bytes that carry `piece`: its own values when dense, else `packed`, filled here.
 std::span<const std::byte> wire_of(const Piece& piece, const Layout& layout, std::vector<std::byte>& packed) {
   if (piece.dense) return piece.values;
@@ -23,30 +21,9 @@ std::span<const std::byte> wire_of(const Piece& piece, const Layout& layout, std
   return packed;
 }
 
-// The header a peer sent: dense_mark, or a pair count that fits the vector.
-std::size_t bytes_announced(const Context& ctx, std::uint64_t header, int peer) {
-  if (header == dense_mark && ctx.form != Form::sparse) return ctx.layout.dim * ctx.layout.value_bytes;
-  if (header > ctx.layout.dim)
-    throw Error(ErrorCode::invalid_argument,
-                std::string(ctx.operation) + " (rank " + std::to_string(ctx.rank) + "): rank " + std::to_string(peer) +
-                    " announced " + std::to_string(header) + " pairs, more than dim " + std::to_string(ctx.layout.dim));
-  return static_cast<std::size_t>(header) * ctx.layout.pair_bytes();
-}
-
-Piece piece_of(const Context& ctx, std::uint64_t header, std::vector<std::byte> bytes, int peer) {
-  if (header == dense_mark) {
-    Piece p;
-    p.dense = true;
-    p.values = std::move(bytes);
-    return p;
-  }
-  return unpack(bytes, 0, ctx.layout.dim, ctx.layout,
-                std::string(ctx.operation) + ": the piece from rank " + std::to_string(peer));
-}
-
 // Sends `mine` to `peer` and receives the peer's piece (size first, then the pairs or values).
 Piece exchange(Context& ctx, const Piece& mine, int peer) {
-  const std::uint64_t header = mine.dense ? dense_mark : mine.nnz();
+  const std::uint64_t header = mine.dense ? piece_mark : mine.nnz();
   std::uint64_t theirs = 0;
   tutti::Request sent = ctx.comm.isend(&header, 1, DataType::u64, peer, sparse_tag);
   ctx.comm.recv(&theirs, 1, DataType::u64, peer, sparse_tag);
@@ -61,7 +38,7 @@ Piece exchange(Context& ctx, const Piece& mine, int peer) {
 }
 
 void send_piece(Context& ctx, const Piece& piece, int peer) {
-  const std::uint64_t header = piece.dense ? dense_mark : piece.nnz();
+  const std::uint64_t header = piece.dense ? piece_mark : piece.nnz();
   ctx.comm.send(&header, 1, DataType::u64, peer, sparse_tag);
   std::vector<std::byte> packed;
   const std::span<const std::byte> out = wire_of(piece, ctx.layout, packed);
@@ -84,6 +61,26 @@ Piece combine(const Context& ctx, Piece a, const Piece& b) {
 }
 
 }  // namespace
+
+std::size_t bytes_announced(const Context& ctx, std::uint64_t header, int peer) {
+  if (header == piece_mark && ctx.form != Form::sparse) return ctx.layout.dim * ctx.layout.value_bytes;
+  if (header > ctx.layout.dim)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(ctx.operation) + " (rank " + std::to_string(ctx.rank) + "): rank " + std::to_string(peer) +
+                    " announced " + std::to_string(header) + " pairs, more than dim " + std::to_string(ctx.layout.dim));
+  return static_cast<std::size_t>(header) * ctx.layout.pair_bytes();
+}
+
+Piece piece_of(const Context& ctx, std::uint64_t header, std::vector<std::byte> bytes, int peer) {
+  if (header == piece_mark) {
+    Piece p;
+    p.dense = true;
+    p.values = std::move(bytes);
+    return p;
+  }
+  return unpack(bytes, 0, ctx.layout.dim, ctx.layout,
+                std::string(ctx.operation) + ": the piece from rank " + std::to_string(peer));
+}
 
 Piece recursive_doubling(Context& ctx, Piece mine) {
   if (!mine.dense && ctx.switch_to_dense(mine.nnz())) mine = densify(std::move(mine), ctx.layout);

@@ -32,7 +32,7 @@ void check_options(const Options& options, ReduceOp op, bool gather, const char*
   const auto bad = [&](const char* what) { throw Error(ErrorCode::invalid_argument, prefix(operation, rank) + what); };
   if (static_cast<int>(op) < 0 || static_cast<int>(op) > static_cast<int>(ReduceOp::avg)) bad("invalid op");
   if (static_cast<int>(options.algorithm) < 0 ||
-      static_cast<int>(options.algorithm) > static_cast<int>(Algorithm::dense_allreduce))
+      static_cast<int>(options.algorithm) > static_cast<int>(Algorithm::hierarchical))
     bad("invalid algorithm");
   if (static_cast<int>(options.form) < 0 || static_cast<int>(options.form) > static_cast<int>(Form::dense))
     bad("invalid form");
@@ -124,8 +124,7 @@ Context context_of(tutti::Communicator& comm, const Vector& input, ReduceOp op, 
   return ctx;
 }
 
-Algorithm chosen(const Context& ctx, const Options& options) {
-  if (options.algorithm != Algorithm::automatic) return options.algorithm;
+Workload workload_of(const Context& ctx) {
   Workload w;
   w.ranks = ctx.size;
   w.dim = ctx.layout.dim;
@@ -136,15 +135,52 @@ Algorithm chosen(const Context& ctx, const Options& options) {
     w.total_nnz += n;
     w.max_nnz = std::max(w.max_nnz, n);
   }
-  const auto* impl = ctx.comm.impl();
-  // The transport's calibrated cost model where the tuning file has one (tutti-bench
-  // --calibrate measures a link's real rate, which the defaults cannot know), else the defaults.
+  return w;
+}
+
+// The transport's calibrated cost model where the tuning file has one (tutti-bench --calibrate
+// measures a link's real rate, which the defaults cannot know), else the defaults.
+CostParams cost_of(std::string_view transport) {
   tutti::detail::choice::load_from_environment();
-  const auto cost = tutti::detail::choice::cost_for(impl ? impl->transport_name() : "tcp");
-  return choose(w, cost);
+  return tutti::detail::choice::cost_for(transport);
+}
+
+std::string_view transport_of(const Context& ctx) {
+  const auto* impl = ctx.comm.impl();
+  return impl ? impl->transport_name() : "tcp";
+}
+
+Algorithm chosen(const Context& ctx, const Options& options) {
+  if (options.algorithm != Algorithm::automatic) return options.algorithm;
+  Workload w = workload_of(ctx);
+  if (ctx.size > 1 && w.total_nnz > 0) {  // where the ranks live (collective the first time; cached)
+    const tutti::detail::Topology& topology = ctx.comm.impl()->topology();
+    if (topology.uniform()) {
+      w.hosts = topology.host_count();
+      w.local_size = topology.max_local_size();
+      w.local_cost = cost_of("shm");
+    }
+  }
+  return choose(w, cost_of(transport_of(ctx)));
 }
 
 }  // namespace
+
+Algorithm choose_flat(const Context& ctx, const CostParams& cost) { return choose(workload_of(ctx), cost); }
+
+Piece run_flat(Context& ctx, Algorithm algorithm, Piece mine) {
+  switch (algorithm) {
+    case Algorithm::ssar_recursive_doubling:
+      return recursive_doubling(ctx, std::move(mine));
+    case Algorithm::ssar_split_allgather:
+    case Algorithm::dsar_split_allgather:
+      return split_allgather(ctx, std::move(mine), algorithm == Algorithm::dsar_split_allgather);
+    case Algorithm::dense_allreduce:
+      return dense_allreduce(ctx, as_vector(mine, ctx.layout));
+    default:
+      return allgather_merge(ctx, std::move(mine));
+  }
+}
 
 Agreed agree_allreduce(tutti::Communicator& comm, const Vector& input, ReduceOp op, const Options& options,
                        const char* operation, bool defer) {
@@ -196,25 +232,12 @@ sparse::Result sparse_allreduce(Communicator& comm, const sparse::Vector& input,
   Context& ctx = prepared.ctx;
   const sparse::Algorithm algorithm = chosen(ctx, options);
   Piece merged;
-  switch (algorithm) {
-    case sparse::Algorithm::ssar_recursive_doubling:
-      merged = recursive_doubling(ctx, take_mine(prepared, input));
-      break;
-    case sparse::Algorithm::ssar_split_allgather:
-    case sparse::Algorithm::dsar_split_allgather:
-      merged = split_allgather(ctx, take_mine(prepared, input), algorithm == sparse::Algorithm::dsar_split_allgather);
-      break;
-    case sparse::Algorithm::dense_allreduce:
-      if (prepared.deferred) {
-        merged = dense_allreduce(ctx, input);
-      } else {
-        const Piece mine = take_mine(prepared, input);
-        merged = dense_allreduce(ctx, as_vector(mine, ctx.layout));
-      }
-      break;
-    default:
-      merged = allgather_merge(ctx, take_mine(prepared, input));
-  }
+  if (algorithm == sparse::Algorithm::dense_allreduce && prepared.deferred)
+    merged = dense_allreduce(ctx, input);
+  else if (algorithm == sparse::Algorithm::hierarchical)
+    merged = hierarchical(ctx, take_mine(prepared, input), cost_of(transport_of(ctx)));
+  else
+    merged = run_flat(ctx, algorithm, take_mine(prepared, input));
   return result_of(std::move(merged), ctx, op, algorithm);
 }
 
@@ -255,6 +278,8 @@ std::string_view to_string(sparse::Algorithm algorithm) {
       return "allgather";
     case sparse::Algorithm::dense_allreduce:
       return "dense_allreduce";
+    case sparse::Algorithm::hierarchical:
+      return "hierarchical";
   }
   return "unknown";
 }

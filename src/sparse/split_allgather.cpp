@@ -24,7 +24,8 @@ void check_count(const Context& ctx, std::uint64_t pairs, std::uint64_t length, 
                                                  " pairs for a range of " + std::to_string(length));
 }
 
-// The sparse reduce-scatter: range ctx.rank of every rank's piece, merged in rank order.
+}  // namespace
+
 Piece reduce_scatter(Context& ctx, const Piece& mine) {
   const int p = ctx.size;
   const Layout& l = ctx.layout;
@@ -59,15 +60,21 @@ Piece reduce_scatter(Context& ctx, const Piece& mine) {
   return merge_tree(std::move(pieces), ctx.op, l, std::numeric_limits<std::size_t>::max());
 }
 
+namespace {
+
 // Every reduced range as a dense block of its length, straight into the dense result.
 Piece dense_allgather(Context& ctx, const Piece& reduced) {
   const Layout& l = ctx.layout;
   const int p = ctx.size;
   const std::uint64_t lo = range_begin(l.dim, ctx.rank, p), hi = range_begin(l.dim, ctx.rank + 1, p);
-  std::vector<std::byte> block((hi - lo) * l.value_bytes, std::byte{0});
-  for (std::size_t k = 0; k < reduced.nnz(); ++k)
-    std::memcpy(block.data() + (reduced.indices[k] - lo) * l.value_bytes, reduced.values.data() + k * l.value_bytes,
-                l.value_bytes);
+  std::vector<std::byte> filled;
+  if (!reduced.dense) {
+    filled.assign((hi - lo) * l.value_bytes, std::byte{0});
+    for (std::size_t k = 0; k < reduced.nnz(); ++k)
+      std::memcpy(filled.data() + (reduced.indices[k] - lo) * l.value_bytes, reduced.values.data() + k * l.value_bytes,
+                  l.value_bytes);
+  }
+  const std::vector<std::byte>& block = reduced.dense ? reduced.values : filled;
   std::vector<std::size_t> counts(p);
   for (int r = 0; r < p; ++r) counts[r] = range_begin(l.dim, r + 1, p) - range_begin(l.dim, r, p);
   Piece out;
@@ -104,10 +111,14 @@ Piece sparse_allgather(Context& ctx, const Piece& reduced, const std::vector<std
 
 Piece split_allgather(Context& ctx, Piece mine, bool dense) {
   if (ctx.size == 1) return mine;
-  const Piece reduced = reduce_scatter(ctx, mine);
+  return allgather_ranges(ctx, reduce_scatter(ctx, mine), dense);
+}
+
+Piece allgather_ranges(Context& ctx, const Piece& reduced, bool dense) {
   const Layout& l = ctx.layout;
   const int p = ctx.size;
-  std::uint64_t n = reduced.nnz();
+  const std::uint64_t length = range_begin(l.dim, ctx.rank + 1, p) - range_begin(l.dim, ctx.rank, p);
+  std::uint64_t n = reduced.dense ? length : reduced.nnz();  // a dense range counts as full
   std::vector<std::uint64_t> pairs(p);
   ctx.comm.allgather(&n, pairs.data(), 1, DataType::u64, ctx.collective_options);
   std::uint64_t merged = 0;

@@ -32,7 +32,8 @@ constexpr Algorithm algorithms[] = {Algorithm::automatic,
                                     Algorithm::ssar_split_allgather,
                                     Algorithm::dsar_split_allgather,
                                     Algorithm::allgather,
-                                    Algorithm::dense_allreduce};
+                                    Algorithm::dense_allreduce,
+                                    Algorithm::hierarchical};
 
 std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
   x ^= x >> 30;
