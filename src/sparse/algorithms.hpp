@@ -4,6 +4,7 @@
 // every size and every index a peer sends is checked against dim and its range before use.
 #pragma once
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -29,6 +30,10 @@ struct Context {
 
   /// Whether a piece of `nnz` pairs should now travel dense (never under Form::sparse).
   bool switch_to_dense(std::size_t n) const { return form != Form::sparse && layout.dense_is_smaller(n); }
+  /// The largest rank's nnz.
+  std::size_t largest_nnz() const { return nnz.empty() ? 0 : *std::max_element(nnz.begin(), nnz.end()); }
+  /// Whether one rank's pairs alone take at least as many bytes as the dense vector.
+  bool pairs_outweigh_dense() const { return layout.dense_is_smaller(largest_nnz()); }
   /// The least nnz for which switch_to_dense holds (SIZE_MAX under Form::sparse).
   std::size_t dense_from() const {
     if (form == Form::sparse) return std::numeric_limits<std::size_t>::max();
@@ -54,7 +59,8 @@ Piece allgather_ranges(Context& ctx, const Piece& reduced, bool dense_allgather)
 
 /// Algorithm::hierarchical (src/sparse/hierarchical.cpp): merged inside each host, reduced across
 /// hosts among one rank per host and range, shared inside the host again. `cost` prices the
-/// choice of the algorithm across hosts.
+/// choice of the algorithm across hosts. Where ctx.pairs_outweigh_dense(), sparse_allreduce runs
+/// dense_allreduce for it instead.
 Piece hierarchical(Context& ctx, Piece mine, const CostParams& cost);
 
 /// The flat algorithm `algorithm` (not automatic or hierarchical) on ctx.comm.

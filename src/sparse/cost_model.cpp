@@ -52,6 +52,18 @@ double merge_time(const Shape& s, double pairs, const CostParams& k) {
 }
 double log2_rounds(int p) { return std::ceil(std::log2(static_cast<double>(p))); }
 
+bool hierarchical_serves(const Workload& w) {
+  return w.hosts >= 2 && w.local_size >= 2 && w.hosts * w.local_size == w.ranks;
+}
+
+// The flat algorithms on hosts of L ranks: of a rank's p − 1 peers, p − L are on other hosts, and
+// the L ranks of a host cross its link at once; traffic inside the host (shared memory) is taken
+// as free. So a byte to an average peer costs β·L·(p − L)/(p − 1).
+CostParams flat_links(const Workload& w, CostParams k) {
+  if (hierarchical_serves(w)) k.beta *= static_cast<double>(w.local_size) * (w.ranks - w.local_size) / (w.ranks - 1);
+  return k;
+}
+
 double predict_allgather(const Workload& w, const Shape& s, const CostParams& k) {
   double merge = 0;  // the tree merge: level by level, p / 2m merges into unions of 2m ranks
   for (int m = 1; m < w.ranks; m *= 2) merge += std::ceil(s.p / (2 * m)) * merge_time(s, expected_union(w, 2 * m), k);
@@ -86,19 +98,24 @@ double predict_split(const Workload& w, const Shape& s, const CostParams& k, boo
   return t;
 }
 
-// Whether the result is dense whatever the overlap (piece.hpp's surely_dense, on the workload).
-bool surely_dense(const Workload& w) {
+Layout layout_of(const Workload& w) {
   Layout layout;
   layout.dim = w.dim;
   layout.index_bytes = w.index_bytes;
   layout.value_bytes = w.value_bytes;
-  return surely_dense(w.form, layout, w.max_nnz);
+  return layout;
 }
+
+// Whether the result is dense whatever the overlap (piece.hpp's surely_dense, on the workload).
+bool surely_dense(const Workload& w) { return surely_dense(w.form, layout_of(w), w.max_nnz); }
 
 double predict_dense(const Workload& w, const Shape& s, const CostParams& k) {
   const double bytes = s.dim * s.cv, rounds = s.p - 1;
+  // On hosts of several ranks the allreduce is hierarchical (comm/hierarchical.cpp): each host's
+  // link carries 2·(H − 1)/H of the vector, its ranks' blocks together.
+  const double crossing = hierarchical_serves(w) ? (w.hosts - 1.0) / w.hosts : rounds / s.p;
   // Building the dense vector (zeroing it, a store per pair), then the reduction's passes.
-  double t = 2 * k.alpha * log2_rounds(w.ranks) + 2 * k.beta * bytes * rounds / s.p + k.gamma * (s.dim + s.n) +
+  double t = 2 * k.alpha * log2_rounds(w.ranks) + 2 * k.beta * bytes * crossing + k.gamma * (s.dim + s.n) +
              k.gamma * s.dim * (1 + rounds / s.p);
   if (!surely_dense(w)) {
     // The result may be sparse: every rank's bitmap of dim bits gathered (alongside the values),
@@ -115,11 +132,16 @@ Workload across_hosts(const Workload& w);
 // Inside the host a sparse reduce-scatter of L ranges, across hosts the cheapest flat algorithm
 // over one range of dim / L (the host's union of it, from each host), inside the host the
 // allgather of the ranges (dense once the result is).
+// Where one rank alone outweighs the dense vector it runs dense_allreduce (hierarchical.cpp).
 double predict_hierarchical(const Workload& w, const Shape& s, const CostParams& k) {
+  if (layout_of(w).dense_is_smaller(w.max_nnz)) return predict_dense(w, s, k);
   const double l = w.local_size, rounds = l - 1;
   const CostParams& local = w.local_cost;
   double t = 2 * local.alpha * rounds + local.beta * s.n * s.c * rounds / l + 3 * s.pair * s.n;
-  t += predict(choose(across_hosts(w), k), across_hosts(w), k);
+  CostParams shared = k;  // the L ranks of a host cross its link at once
+  shared.beta *= l;
+  const Workload across = across_hosts(w);
+  t += predict(choose(across, shared), across, shared);
   const double merged = expected_union(w, w.ranks);
   t += local.alpha * 2 * log2_rounds(w.local_size);
   if (w.form == Form::dense || merged >= s.threshold)
@@ -147,10 +169,6 @@ Workload across_hosts(const Workload& w) {
   return a;
 }
 
-bool hierarchical_serves(const Workload& w) {
-  return w.hosts >= 2 && w.local_size >= 2 && w.hosts * w.local_size == w.ranks;
-}
-
 }  // namespace
 
 double expected_union(const Workload& w, int m) {
@@ -166,15 +184,16 @@ double predict(Algorithm algorithm, const Workload& w, const CostParams& cost) {
   if (w.ranks < 1) throw Error(ErrorCode::invalid_argument, "sparse cost model: ranks must be at least 1");
   if (w.ranks == 1) return 0;
   const Shape s = shape_of(w);
+  const CostParams flat = flat_links(w, cost);
   switch (algorithm) {
     case Algorithm::ssar_recursive_doubling:
-      return predict_recursive_doubling(w, s, cost);
+      return predict_recursive_doubling(w, s, flat);
     case Algorithm::ssar_split_allgather:
-      return predict_split(w, s, cost, false);
+      return predict_split(w, s, flat, false);
     case Algorithm::dsar_split_allgather:
-      return predict_split(w, s, cost, true);
+      return predict_split(w, s, flat, true);
     case Algorithm::allgather:
-      return predict_allgather(w, s, cost);
+      return predict_allgather(w, s, flat);
     case Algorithm::dense_allreduce:
       return predict_dense(w, s, cost);
     case Algorithm::hierarchical:

@@ -21,9 +21,10 @@ struct Workload {
   std::size_t index_bytes = 4;
   std::size_t value_bytes = 4;
   Form form = Form::automatic;
-  /// Where the ranks live, for Algorithm::hierarchical: `hosts` hosts of `local_size` ranks each
-  /// (hosts · local_size == ranks), the ranks of a host joined at `local_cost`. hierarchical is a
-  /// candidate only with at least two hosts of at least two ranks.
+  /// Where the ranks live: `hosts` hosts of `local_size` ranks each (hosts · local_size == ranks),
+  /// the ranks of a host joined at `local_cost`. With at least two hosts of at least two ranks,
+  /// hierarchical is a candidate, every algorithm's bytes across hosts are priced with the host's
+  /// link shared by its ranks, and dense_allreduce's as the hierarchical dense allreduce's.
   int hosts = 1;
   int local_size = 1;
   tutti::detail::choice::CostParams local_cost{};

@@ -29,10 +29,7 @@ constexpr std::size_t least_piece_bytes = std::size_t{4} << 20;
 constexpr std::size_t most_pieces = 16;
 
 // Whether the result may be sparse: not surely dense by the largest rank's pairs and the form.
-bool may_be_sparse(const Context& ctx) {
-  const std::size_t largest = ctx.nnz.empty() ? 0 : *std::max_element(ctx.nnz.begin(), ctx.nnz.end());
-  return !surely_dense(ctx.form, ctx.layout, largest);
-}
+bool may_be_sparse(const Context& ctx) { return !surely_dense(ctx.form, ctx.layout, ctx.largest_nnz()); }
 
 // Every rank's presence bitmap, gathered (nonblocking) while the values are reduced; then ORed.
 class Union {

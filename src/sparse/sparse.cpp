@@ -231,9 +231,15 @@ sparse::Result sparse_allreduce(Communicator& comm, const sparse::Vector& input,
   Agreed prepared = agree_allreduce(comm, input, op, options, operation, true);
   Context& ctx = prepared.ctx;
   const sparse::Algorithm algorithm = chosen(ctx, options);
+  // hierarchical where one rank's pairs alone outweigh the dense vector: the dense allreduce,
+  // itself hierarchical across hosts (src/sparse/hierarchical.cpp says why).
+  const bool dense_way = algorithm == sparse::Algorithm::dense_allreduce ||
+                         (algorithm == sparse::Algorithm::hierarchical && ctx.pairs_outweigh_dense());
   Piece merged;
-  if (algorithm == sparse::Algorithm::dense_allreduce && prepared.deferred)
+  if (dense_way && prepared.deferred)
     merged = dense_allreduce(ctx, input);
+  else if (dense_way)
+    merged = run_flat(ctx, sparse::Algorithm::dense_allreduce, take_mine(prepared, input));
   else if (algorithm == sparse::Algorithm::hierarchical)
     merged = hierarchical(ctx, take_mine(prepared, input), cost_of(transport_of(ctx)));
   else
