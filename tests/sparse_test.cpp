@@ -221,8 +221,9 @@ TEST(SparseAllreduce, HierarchicalAcrossHosts) {
   }
 }
 
-// The dense allreduce builds and reduces vectors of 4 MiB or more in pieces that overlap
-// (src/sparse/dense_allreduce.cpp): vectors of 2 to 16 pieces, the last one short, every value
+// The dense allreduce builds and reduces large vectors in pieces that overlap
+// (src/sparse/dense_allreduce.cpp): with pieces of at least 4 MiB (set for the test) vectors of 2
+// to 16 pieces, then with the default (16 MiB) 1 to 4, the last one short, every value
 // type width, both index types, canonical input and input with duplicates out of order (which
 // goes through the canonical copy), every op; each rank checks every element, computed here from
 // the formula its peers' inputs follow (the harness's reference is too slow at this size).
@@ -249,50 +250,55 @@ TEST(SparseAllreduce, LargeDenseVectorsReducedInOverlappingPieces) {
   const auto value = [](std::size_t i, int r) {
     return static_cast<double>(1 + (i * 7 + static_cast<std::size_t>(r)) % 5);
   };
-  const std::string failures = run_ranks(p, [&](Communicator& comm) {
-    const int r = comm.rank();
-    for (const Shape& s : shapes) {
-      const std::size_t cv = size_of(s.type), ci = s.index_type == IndexType::u32 ? 4 : 8;
-      std::vector<std::pair<std::uint64_t, double>> pairs;
-      for (std::size_t i = 0; i < s.dim; ++i)
-        if (holds(i, r)) {
-          pairs.emplace_back(i, value(i, r));
-          if (s.messy && i % 8 == 0) pairs.emplace_back(i, 0.0);
+  const std::size_t default_piece_bytes = tutti::sparse::detail::set_least_piece_bytes_for_testing(4 << 20);
+  for (std::size_t piece_bytes : {std::size_t{4} << 20, default_piece_bytes}) {
+    tutti::sparse::detail::set_least_piece_bytes_for_testing(piece_bytes);
+    const std::string failures = run_ranks(p, [&](Communicator& comm) {
+      const int r = comm.rank();
+      for (const Shape& s : shapes) {
+        const std::size_t cv = size_of(s.type), ci = s.index_type == IndexType::u32 ? 4 : 8;
+        std::vector<std::pair<std::uint64_t, double>> pairs;
+        for (std::size_t i = 0; i < s.dim; ++i)
+          if (holds(i, r)) {
+            pairs.emplace_back(i, value(i, r));
+            if (s.messy && i % 8 == 0) pairs.emplace_back(i, 0.0);
+          }
+        if (s.messy) std::reverse(pairs.begin(), pairs.end());
+        std::vector<std::byte> indices(pairs.size() * ci), values(pairs.size() * cv);
+        for (std::size_t k = 0; k < pairs.size(); ++k) {
+          std::memcpy(indices.data() + k * ci, &pairs[k].first, ci);  // little-endian
+          store(s.type, values.data() + k * cv, pairs[k].second);
         }
-      if (s.messy) std::reverse(pairs.begin(), pairs.end());
-      std::vector<std::byte> indices(pairs.size() * ci), values(pairs.size() * cv);
-      for (std::size_t k = 0; k < pairs.size(); ++k) {
-        std::memcpy(indices.data() + k * ci, &pairs[k].first, ci);  // little-endian
-        store(s.type, values.data() + k * cv, pairs[k].second);
-      }
-      const sparse::Vector input{.dim = s.dim,
-                                 .nnz = pairs.size(),
-                                 .indices = indices.data(),
-                                 .index_type = s.index_type,
-                                 .values = values.data(),
-                                 .value_type = s.type};
-      const sparse::Result got = sparse_allreduce(comm, input, s.op, {.algorithm = Algorithm::dense_allreduce});
-      const std::string what = "dim " + std::to_string(s.dim) + " " + std::string(to_string(s.type)) + " " +
-                               std::string(to_string(s.op)) + ": ";
-      if (got.form != Form::dense || got.nnz != s.dim || got.values.size() != s.dim * cv)
-        throw std::runtime_error(what + "not a dense result of dim values");
-      for (std::size_t i = 0; i < s.dim; ++i) {
-        double want = 0;
-        bool first = true;
-        for (int q = 0; q < p; ++q) {
-          const double v = holds(i, q) ? value(i, q) : 0.0;
-          want = first ? v : combine(s.op == ReduceOp::avg ? ReduceOp::sum : s.op, want, v);
-          first = false;
+        const sparse::Vector input{.dim = s.dim,
+                                   .nnz = pairs.size(),
+                                   .indices = indices.data(),
+                                   .index_type = s.index_type,
+                                   .values = values.data(),
+                                   .value_type = s.type};
+        const sparse::Result got = sparse_allreduce(comm, input, s.op, {.algorithm = Algorithm::dense_allreduce});
+        const std::string what = "dim " + std::to_string(s.dim) + " " + std::string(to_string(s.type)) + " " +
+                                 std::string(to_string(s.op)) + ": ";
+        if (got.form != Form::dense || got.nnz != s.dim || got.values.size() != s.dim * cv)
+          throw std::runtime_error(what + "not a dense result of dim values");
+        for (std::size_t i = 0; i < s.dim; ++i) {
+          double want = 0;
+          bool first = true;
+          for (int q = 0; q < p; ++q) {
+            const double v = holds(i, q) ? value(i, q) : 0.0;
+            want = first ? v : combine(s.op == ReduceOp::avg ? ReduceOp::sum : s.op, want, v);
+            first = false;
+          }
+          if (s.op == ReduceOp::avg) want = static_cast<double>(static_cast<float>(want) / static_cast<float>(p));
+          if (load(s.type, got.values.data() + i * cv) != want)
+            throw std::runtime_error(what + "element " + std::to_string(i) + " is " +
+                                     std::to_string(load(s.type, got.values.data() + i * cv)) + ", want " +
+                                     std::to_string(want));
         }
-        if (s.op == ReduceOp::avg) want = static_cast<double>(static_cast<float>(want) / static_cast<float>(p));
-        if (load(s.type, got.values.data() + i * cv) != want)
-          throw std::runtime_error(what + "element " + std::to_string(i) + " is " +
-                                   std::to_string(load(s.type, got.values.data() + i * cv)) + ", want " +
-                                   std::to_string(want));
       }
-    }
-  });
-  EXPECT_EQ(failures, "");
+    });
+    EXPECT_EQ(failures, "") << "pieces of at least " << piece_bytes << " bytes";
+  }
+  tutti::sparse::detail::set_least_piece_bytes_for_testing(default_piece_bytes);
 }
 
 // dense_allreduce where the result may be sparse (no rank past the threshold alone): the vector
@@ -323,67 +329,72 @@ TEST(SparseAllreduce, DenseAllreduceGivesTheFormTheUnionCalls) {
     if (!spread && i % 16 == 4) return r == 0 ? 2.0 : r == 1 ? -2.0 : 0.0;
     return static_cast<double>(1 + (i * 7 + static_cast<std::size_t>(r)) % 5);
   };
-  const std::string failures = run_ranks(p, [&](Communicator& comm) {
-    const int r = comm.rank();
-    for (const Shape& s : shapes) {
-      const std::size_t cv = size_of(s.type), ci = s.index_type == IndexType::u32 ? 4 : 8;
-      std::vector<std::byte> indices, values;
-      std::size_t nnz = 0;
-      for (std::size_t i = 0; i < dim; ++i)
-        if (holds(s.spread, i, r)) {
-          indices.resize((nnz + 1) * ci);
-          values.resize((nnz + 1) * cv);
-          std::memcpy(indices.data() + nnz * ci, &i, ci);  // little-endian
-          store(s.type, values.data() + nnz * cv, value(s.spread, i, r));
-          ++nnz;
-        }
-      const sparse::Vector input{.dim = dim,
-                                 .nnz = nnz,
-                                 .indices = indices.data(),
-                                 .index_type = s.index_type,
-                                 .values = values.data(),
-                                 .value_type = s.type};
-      const sparse::Result got =
-          sparse_allreduce(comm, input, ReduceOp::sum, {.algorithm = Algorithm::dense_allreduce, .form = s.form});
-      const std::string what = std::string(s.spread ? "dense by the union" : "sparse") + " " +
-                               std::string(to_string(s.type)) + " form " + std::string(to_string(s.form)) + ": ";
-      const auto want = [&](std::size_t i) {
-        double sum = 0;
-        for (int q = 0; q < p; ++q) sum += holds(s.spread, i, q) ? value(s.spread, i, q) : 0.0;
-        return sum;
-      };
-      const auto held = [&](std::size_t i) {
-        return holds(s.spread, i, 0) || holds(s.spread, i, 1) || holds(s.spread, i, 2);
-      };
-      if (got.algorithm != Algorithm::dense_allreduce) throw std::runtime_error(what + "ran another algorithm");
-      const bool want_dense = s.spread && s.form == Form::automatic;
-      if ((got.form == Form::dense) != want_dense) throw std::runtime_error(what + "the wrong form");
-      if (want_dense) {
-        if (got.nnz != dim || !got.indices.empty() || got.values.size() != dim * cv)
-          throw std::runtime_error(what + "not a dense result of dim values");
+  const std::size_t default_piece_bytes = tutti::sparse::detail::set_least_piece_bytes_for_testing(4 << 20);
+  for (std::size_t piece_bytes : {std::size_t{4} << 20, default_piece_bytes}) {
+    tutti::sparse::detail::set_least_piece_bytes_for_testing(piece_bytes);
+    const std::string failures = run_ranks(p, [&](Communicator& comm) {
+      const int r = comm.rank();
+      for (const Shape& s : shapes) {
+        const std::size_t cv = size_of(s.type), ci = s.index_type == IndexType::u32 ? 4 : 8;
+        std::vector<std::byte> indices, values;
+        std::size_t nnz = 0;
         for (std::size_t i = 0; i < dim; ++i)
-          if (load(s.type, got.values.data() + i * cv) != want(i))
-            throw std::runtime_error(what + "element " + std::to_string(i) + " differs");
-        continue;
+          if (holds(s.spread, i, r)) {
+            indices.resize((nnz + 1) * ci);
+            values.resize((nnz + 1) * cv);
+            std::memcpy(indices.data() + nnz * ci, &i, ci);  // little-endian
+            store(s.type, values.data() + nnz * cv, value(s.spread, i, r));
+            ++nnz;
+          }
+        const sparse::Vector input{.dim = dim,
+                                   .nnz = nnz,
+                                   .indices = indices.data(),
+                                   .index_type = s.index_type,
+                                   .values = values.data(),
+                                   .value_type = s.type};
+        const sparse::Result got =
+            sparse_allreduce(comm, input, ReduceOp::sum, {.algorithm = Algorithm::dense_allreduce, .form = s.form});
+        const std::string what = std::string(s.spread ? "dense by the union" : "sparse") + " " +
+                                 std::string(to_string(s.type)) + " form " + std::string(to_string(s.form)) + ": ";
+        const auto want = [&](std::size_t i) {
+          double sum = 0;
+          for (int q = 0; q < p; ++q) sum += holds(s.spread, i, q) ? value(s.spread, i, q) : 0.0;
+          return sum;
+        };
+        const auto held = [&](std::size_t i) {
+          return holds(s.spread, i, 0) || holds(s.spread, i, 1) || holds(s.spread, i, 2);
+        };
+        if (got.algorithm != Algorithm::dense_allreduce) throw std::runtime_error(what + "ran another algorithm");
+        const bool want_dense = s.spread && s.form == Form::automatic;
+        if ((got.form == Form::dense) != want_dense) throw std::runtime_error(what + "the wrong form");
+        if (want_dense) {
+          if (got.nnz != dim || !got.indices.empty() || got.values.size() != dim * cv)
+            throw std::runtime_error(what + "not a dense result of dim values");
+          for (std::size_t i = 0; i < dim; ++i)
+            if (load(s.type, got.values.data() + i * cv) != want(i))
+              throw std::runtime_error(what + "element " + std::to_string(i) + " differs");
+          continue;
+        }
+        std::size_t k = 0;
+        for (std::size_t i = 0; i < dim; ++i) {
+          if (!held(i)) continue;
+          if (k >= got.nnz) throw std::runtime_error(what + "only " + std::to_string(got.nnz) + " pairs");
+          std::uint64_t index = 0;
+          std::memcpy(&index, got.indices.data() + k * ci, ci);
+          if (index != i)
+            throw std::runtime_error(what + "pair " + std::to_string(k) + " has index " + std::to_string(index) +
+                                     ", want " + std::to_string(i));
+          if (load(s.type, got.values.data() + k * cv) != want(i))
+            throw std::runtime_error(what + "the value at " + std::to_string(i) + " differs");
+          ++k;
+        }
+        if (got.nnz != k || got.indices.size() != k * ci || got.values.size() != k * cv)
+          throw std::runtime_error(what + std::to_string(got.nnz) + " pairs, want " + std::to_string(k));
       }
-      std::size_t k = 0;
-      for (std::size_t i = 0; i < dim; ++i) {
-        if (!held(i)) continue;
-        if (k >= got.nnz) throw std::runtime_error(what + "only " + std::to_string(got.nnz) + " pairs");
-        std::uint64_t index = 0;
-        std::memcpy(&index, got.indices.data() + k * ci, ci);
-        if (index != i)
-          throw std::runtime_error(what + "pair " + std::to_string(k) + " has index " + std::to_string(index) +
-                                   ", want " + std::to_string(i));
-        if (load(s.type, got.values.data() + k * cv) != want(i))
-          throw std::runtime_error(what + "the value at " + std::to_string(i) + " differs");
-        ++k;
-      }
-      if (got.nnz != k || got.indices.size() != k * ci || got.values.size() != k * cv)
-        throw std::runtime_error(what + std::to_string(got.nnz) + " pairs, want " + std::to_string(k));
-    }
-  });
-  EXPECT_EQ(failures, "");
+    });
+    EXPECT_EQ(failures, "") << "pieces of at least " << piece_bytes << " bytes";
+  }
+  tutti::sparse::detail::set_least_piece_bytes_for_testing(default_piece_bytes);
 }
 
 // automatic prices the transport with the tuning file's calibrated cost model (as tutti-bench

@@ -80,6 +80,9 @@ Piece piece_of(const Context& ctx, std::uint64_t header, std::vector<std::byte> 
 /// The dense allreduce of the ranks' canonical inputs (is_canonical), as one dense piece: built
 /// and reduced in pieces that overlap (src/sparse/dense_allreduce.cpp).
 Piece dense_allreduce(Context& ctx, const Vector& input);
+/// Test-only: the least bytes of one of dense_allreduce's pieces (16 MiB; vectors of twice that
+/// or more are cut into 2-16 pieces). Returns the previous value; not for use while calls run.
+std::size_t set_least_piece_bytes_for_testing(std::size_t bytes);
 
 /// Every rank's canonical piece, in rank order (sizes from ctx.nnz): the allgather baseline's
 /// exchange, shared with sparse_allgather.

@@ -14,6 +14,7 @@
 // SparCML's rule, and a sparse result is picked out of the reduced vector at the union's indices,
 // exactly the pairs the sparse algorithms give.
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstring>
 
@@ -23,9 +24,13 @@ namespace tutti::sparse::detail {
 
 namespace {
 
-// Pieces of at least this many bytes (the allreduce of each is then well past its latency), and
-// at most this many pieces (each piece's scatter is what the pipeline leaves exposed).
-constexpr std::size_t least_piece_bytes = std::size_t{4} << 20;
+// Pieces of at least least_piece_bytes (the allreduce of each is then well past its latency, and
+// each piece's steps across hosts are few), and at most this many pieces (each piece's scatter is
+// what the pipeline leaves exposed). At 16M f32 values, 50% dense, on the emulated cluster at
+// 1 Gbit/s, dense allreduce of a ready vector / this one with pieces of 4, 8, 16 and 32 MiB
+// (16, 8, 4, 2 pieces): 2 x 2 hosts 0.81, 0.85, 0.88, 0.78; 4 x 1 0.93, 0.94, 0.95, 0.90
+// (docs/performance.md, 2026-11-28, hierarchical).
+std::atomic<std::size_t> least_piece_bytes{std::size_t{16} << 20};
 constexpr std::size_t most_pieces = 16;
 
 // Whether the result may be sparse: not surely dense by the largest rank's pairs and the form.
@@ -74,7 +79,8 @@ Piece reduce_dense(Context& ctx, const Vector& input) {
   const Layout& l = ctx.layout;
   const std::size_t dim = l.dim, cv = l.value_bytes;
   // Every rank cuts the same pieces: they depend on dim and the value type only.
-  const std::size_t pieces = ctx.size == 1 ? 1 : std::clamp<std::size_t>(dim * cv / least_piece_bytes, 1, most_pieces);
+  const std::size_t pieces =
+      ctx.size == 1 ? 1 : std::clamp<std::size_t>(dim * cv / least_piece_bytes.load(), 1, most_pieces);
   if (pieces == 1) {
     Piece out = densify_canonical(input, l);
     ctx.comm.allreduce(out.values.data(), out.values.data(), dim, l.value_type, ctx.op, ctx.collective_options);
@@ -115,6 +121,8 @@ Piece reduce_dense(Context& ctx, const Vector& input) {
 }
 
 }  // namespace
+
+std::size_t set_least_piece_bytes_for_testing(std::size_t bytes) { return least_piece_bytes.exchange(bytes); }
 
 Piece dense_allreduce(Context& ctx, const Vector& input) {
   if (!may_be_sparse(ctx) || ctx.layout.dim == 0) return reduce_dense(ctx, input);
