@@ -82,7 +82,7 @@ def plot(sections, out, dtype, op):
         lines["dense allreduce (ready vector)"] = list(plain.items())
         styles = {"automatic": dict(linewidth=3, color="black"),
                   "dense_allreduce": dict(linestyle="--", color="tab:red"),
-                  "hierarchical": dict(marker="s", color="tab:green"),
+                  "hierarchical": dict(marker="s", color="tab:purple"),
                   "densify+allreduce": dict(linestyle="--", color="tab:orange"),
                   "dense allreduce (ready vector)": dict(linestyle=":", color="tab:gray")}
         for name, points in lines.items():
