@@ -18,8 +18,8 @@
 // dense allreduce instead (dense_allreduce, whose allreduce is itself hierarchical across hosts
 // where the topology is known): every way of moving pairs then moves more bytes than the dense
 // vector, and handles millions of pairs besides (at 50% density of 16M values on 2 x 2 hosts this
-// path took 2.0 s a call against the dense allreduce's 0.8). The communicators are the caller-thread pair of
-// CommImpl::caller_hierarchy, split at the first hierarchical call.
+// path took 2.0 s a call against the dense allreduce's 0.8). The communicators are the
+// caller-thread pair of CommImpl::caller_hierarchy, split at the first hierarchical call.
 #include <string>
 
 #include "comm/comm_impl.hpp"
