@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 
 #include "comm/comm_impl.hpp"
 #include "comm/cost_model.hpp"
@@ -23,9 +24,12 @@ using tutti::sparse::Algorithm;
 using tutti::sparse::Form;
 using tutti::sparse::IndexType;
 
-// Runs `cases` (each made for p ranks) on one local group of p, every rank checking its result.
-std::string run_all(int p, const std::vector<Case>& cases) {
+// Runs `cases` (each made for p ranks) on one local group of p, every rank checking its result;
+// `setup` first runs on each rank's communicator (e.g. to give the rank a host).
+std::string run_all(
+    int p, const std::vector<Case>& cases, const std::function<void(Communicator&)>& setup = [](Communicator&) {}) {
   return run_ranks(p, [&](Communicator& comm) {
+    setup(comm);
     for (const Case& c : cases) {
       const std::string error = run_case(comm, c);
       if (!error.empty()) throw std::runtime_error(error);
@@ -208,12 +212,8 @@ TEST(SparseAllreduce, HierarchicalAcrossHosts) {
                                .op = op,
                                .algorithm = a});
     }
-    const std::string error = run_ranks(p, [&](Communicator& comm) {
+    const std::string error = run_all(p, cases, [&](Communicator& comm) {
       tutti::detail::set_host_for_testing(comm, "host" + std::to_string(placement.host[comm.rank()]));
-      for (const Case& c : cases) {
-        const std::string failed = run_case(comm, c);
-        if (!failed.empty()) throw std::runtime_error(failed);
-      }
     });
     std::string hosts;
     for (int h : placement.host) hosts += std::to_string(h);
