@@ -301,6 +301,80 @@ TEST(SparseAllreduce, LargeDenseVectorsReducedInOverlappingPieces) {
   tutti::sparse::detail::set_least_piece_bytes_for_testing(default_piece_bytes);
 }
 
+// A Result handed back (the overloads that take one) gives exactly a fresh call's result, in any
+// sequence of shapes: storage larger or smaller than the next result needs, of another value or
+// index type, a dense result's storage reused for a sparse one and back, every byte of it
+// overwritten with 0x7f first (what is reused must be zeroed); the object handed back is left
+// empty. A large dense result goes through dense_allreduce's pieces (256 KiB here) built in the
+// reused vector, through the switch of recursive doubling, and through dsar's dense allgather.
+TEST(SparseAllreduce, RecycledResultsGiveFreshResults) {
+  const std::size_t default_piece_bytes = tutti::sparse::detail::set_least_piece_bytes_for_testing(256 << 10);
+  const std::size_t big = (std::size_t{1} << 18) + 5;
+  for (int p : {1, 3, 4}) {
+    const Case large{.p = p, .dim = big, .nnz = big, .pattern = Pattern::identical, .op = ReduceOp::max};
+    const Reference large_reference = reference_of(large);
+    std::vector<Case> cases;
+    for (Algorithm a : all_algorithms) {
+      const bool dense_path = a == Algorithm::automatic || a == Algorithm::dense_allreduce ||
+                              a == Algorithm::ssar_recursive_doubling || a == Algorithm::dsar_split_allgather;
+      if (dense_path) {  // fresh storage for the first, the first's for the second
+        Case c = large;
+        c.algorithm = a;
+        cases.insert(cases.end(), {c, c});
+      }
+      cases.push_back(Case{.p = p, .dim = 61, .nnz = 20, .duplicates = true, .shuffled = true, .algorithm = a});
+      cases.push_back(Case{.p = p,
+                           .dim = 61,
+                           .nnz = 61,
+                           .pattern = Pattern::identical,
+                           .value_type = DataType::f64,
+                           .index_type = IndexType::u64,
+                           .op = ReduceOp::max,
+                           .algorithm = a,
+                           .form = Form::dense});
+      cases.push_back(Case{.p = p, .dim = 0, .nnz = 0, .algorithm = a});
+      cases.push_back(Case{.p = p,
+                           .dim = 500,
+                           .nnz = 40,
+                           .pattern = Pattern::disjoint,
+                           .value_type = DataType::i32,
+                           .op = ReduceOp::avg,
+                           .algorithm = a,
+                           .form = Form::sparse});
+      if (dense_path) {  // large again, in the small results' storage
+        Case c = large;
+        c.algorithm = a;
+        cases.push_back(c);
+      }
+    }
+    const std::string failures = run_ranks(p, [&](Communicator& comm) {
+      const Input large_input = input_of(large, comm.rank());
+      sparse::Communicator nonblocking(comm);
+      sparse::Result kept;
+      for (std::size_t k = 0; k < cases.size(); ++k) {
+        const Case& c = cases[k];
+        const bool is_large = c.dim == big;
+        const Input in = is_large ? Input{} : input_of(c, comm.rank());
+        const sparse::Vector vector = is_large ? large_input.vector() : in.vector();
+        std::fill(kept.values.begin(), kept.values.end(), std::byte{0x7f});
+        std::fill(kept.indices.begin(), kept.indices.end(), std::byte{0x7f});
+        sparse::Result handed = std::move(kept);
+        const sparse::Options options{.algorithm = c.algorithm, .form = c.form};
+        // Alternately the blocking call and sparse::Communicator's nonblocking one.
+        sparse::Result got = k % 2 == 0 ? sparse_allreduce(comm, vector, c.op, options, std::move(handed))
+                                        : nonblocking.iallreduce(vector, c.op, options, std::move(handed)).wait();
+        if (!handed.values.empty() || !handed.indices.empty() || handed.nnz != 0)
+          throw std::runtime_error(name_of(c) + ": the result handed back was not left empty");
+        const std::string error = check(c, got, is_large ? large_reference : reference_of(c));
+        if (!error.empty()) throw std::runtime_error(name_of(c) + " (call " + std::to_string(k) + "): " + error);
+        kept = std::move(got);
+      }
+    });
+    EXPECT_EQ(failures, "") << "p = " << p;
+  }
+  tutti::sparse::detail::set_least_piece_bytes_for_testing(default_piece_bytes);
+}
+
 // dense_allreduce where the result may be sparse (no rank past the threshold alone): the vector
 // reduced in pieces as above, the ranks' index bitmaps gathered beside it, and the form decided
 // by the union's size. Three ranks, dim 5 Mi + 7, f32 values with u32 indices or f64 with u64:

@@ -27,6 +27,23 @@ struct Context {
   tutti::Options collective_options;  // the timeout, for the collective steps
   std::vector<std::size_t> nnz;       // every rank's canonical nnz (checked ≤ dim)
   const char* operation = "sparse_allreduce";
+  /// The storage of the caller's recycled Result (sparse_allreduce's overload that takes one):
+  /// the first dense vector this call builds takes spare_values, a sparse result spare_indices.
+  std::vector<std::byte> spare_values, spare_indices;
+
+  /// `bytes` zero bytes: spare_values where its capacity holds them (zeroed in place, no fresh
+  /// pages), else a fresh allocation (zeroed_bytes).
+  std::vector<std::byte> zeroed(std::size_t bytes) {
+    if (spare_values.capacity() < bytes) return zeroed_bytes(bytes);
+    std::vector<std::byte> out = std::move(spare_values);
+    spare_values = {};
+    out.assign(bytes, std::byte{0});
+    return out;
+  }
+  /// zeroed() of the dense vector's dim values.
+  std::vector<std::byte> zeroed_dense() { return zeroed(layout.dim * layout.value_bytes); }
+  /// Whether zeroed_dense() reuses the caller's storage.
+  bool has_dense_spare() const { return spare_values.capacity() >= layout.dim * layout.value_bytes; }
 
   /// Whether a piece of `nnz` pairs should now travel dense (never under Form::sparse).
   bool switch_to_dense(std::size_t n) const { return form != Form::sparse && layout.dense_is_smaller(n); }

@@ -5,7 +5,8 @@
 // vector is built and reduced in pieces, each piece's allreduce issued (nonblocking) as soon as
 // the piece is scattered, and the next piece built while the earlier ones travel. The first piece
 // is built in a buffer of its own, so that its allreduce starts before the whole vector is
-// allocated; it is copied into place at the end.
+// allocated; it is copied into place at the end. Where the caller recycled a large enough result
+// (Context::zeroed) there are no fresh pages to wait for, and every piece is built in place.
 //
 // Where the result may be sparse (Form::sparse, or the automatic form with no rank past the
 // threshold alone), the dense values cannot say which indices the union holds (a sum can cancel
@@ -82,7 +83,7 @@ Piece reduce_dense(Context& ctx, const Vector& input) {
   const std::size_t pieces =
       ctx.size == 1 ? 1 : std::clamp<std::size_t>(dim * cv / least_piece_bytes.load(), 1, most_pieces);
   if (pieces == 1) {
-    Piece out = densify_canonical(input, l);
+    Piece out = densify_canonical(input, l, ctx.zeroed_dense());
     ctx.comm.allreduce(out.values.data(), out.values.data(), dim, l.value_type, ctx.op, ctx.collective_options);
     return out;
   }
@@ -97,17 +98,21 @@ Piece reduce_dense(Context& ctx, const Vector& input) {
     requests.push_back(ctx.comm.iallreduce(values, values, count, l.value_type, ctx.op, ctx.collective_options));
   };
   try {
-    first = zeroed_bytes(per_piece * cv);
-    scatter_canonical(input, 0, per_piece, l, first.data());
-    issue(first.data(), per_piece);
-    out.values = zeroed_bytes(dim * cv);
-    for (std::size_t lo = per_piece; lo < dim; lo += per_piece) {
+    std::size_t lo = 0;
+    if (!ctx.has_dense_spare()) {  // fresh pages: the first piece travels while they fault in
+      first = zeroed_bytes(per_piece * cv);
+      scatter_canonical(input, 0, per_piece, l, first.data());
+      issue(first.data(), per_piece);
+      lo = per_piece;
+    }
+    out.values = ctx.zeroed_dense();
+    for (; lo < dim; lo += per_piece) {
       const std::size_t hi = std::min(dim, lo + per_piece);
       scatter_canonical(input, lo, hi, l, out.values.data() + lo * cv);
       issue(out.values.data() + lo * cv, hi - lo);
     }
     for (tutti::Request& request : requests) request.wait();
-    std::memcpy(out.values.data(), first.data(), first.size());
+    if (!first.empty()) std::memcpy(out.values.data(), first.data(), first.size());
     return out;
   } catch (...) {
     // The pieces' buffers must outlive every allreduce issued on them: each ends (with its

@@ -239,10 +239,11 @@ std::vector<std::byte> zeroed_bytes(std::size_t bytes) {
   return out;
 }
 
-Piece densify_canonical(const Vector& input, const Layout& layout) {
+Piece densify_canonical(const Vector& input, const Layout& layout, std::vector<std::byte> zeroed) {
   Piece out;
   out.dense = true;
-  out.values = zeroed_bytes(layout.dim * layout.value_bytes);
+  const std::size_t bytes = layout.dim * layout.value_bytes;
+  out.values = zeroed.size() == bytes ? std::move(zeroed) : zeroed_bytes(bytes);
   scatter_canonical(input, 0, layout.dim, layout, out.values.data());
   return out;
 }
@@ -251,9 +252,9 @@ Vector as_vector(const Piece& piece, const Layout& layout) {
   return Vector{layout.dim, piece.nnz(), piece.indices.data(), IndexType::u64, piece.values.data(), layout.value_type};
 }
 
-Piece densify(Piece piece, const Layout& layout) {
+Piece densify(Piece piece, const Layout& layout, std::vector<std::byte> zeroed) {
   if (piece.dense) return piece;
-  return densify_canonical(as_vector(piece, layout), layout);
+  return densify_canonical(as_vector(piece, layout), layout, std::move(zeroed));
 }
 
 namespace {

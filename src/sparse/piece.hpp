@@ -58,8 +58,9 @@ Piece merge(Piece a, const Piece& b, ReduceOp op, const Layout& layout);
 /// pieces gets the same bits. A merged piece of `dense_from` pairs or more continues dense.
 Piece merge_tree(std::vector<Piece> pieces, ReduceOp op, const Layout& layout, std::size_t dense_from);
 
-/// The same piece as a dense vector of dim values.
-Piece densify(Piece piece, const Layout& layout);
+/// The same piece as a dense vector of dim values, built in `zeroed` (dim zero values; empty: a
+/// fresh allocation).
+Piece densify(Piece piece, const Layout& layout, std::vector<std::byte> zeroed = {});
 
 /// Whether the (checked) input is already canonical: indices strictly increasing, so no
 /// duplicates; canonical() would then only copy it.
@@ -69,8 +70,8 @@ bool is_canonical(const Vector& input);
 Piece copy_canonical(const Vector& input, const Layout& layout);
 
 /// The dense vector of a canonical input (is_canonical), scattered from the caller's arrays
-/// without the canonical piece's copy: one allocation of dim values, as densify(canonical(...)).
-Piece densify_canonical(const Vector& input, const Layout& layout);
+/// without the canonical piece's copy: as densify(canonical(...)), in `zeroed` likewise.
+Piece densify_canonical(const Vector& input, const Layout& layout, std::vector<std::byte> zeroed = {});
 
 /// Scatters the pairs of a canonical input (is_canonical) whose indices lie in [lo, hi) into
 /// `dense`, the values of indices lo … hi - 1 (zeroed beforehand by the caller).

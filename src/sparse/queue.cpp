@@ -86,8 +86,15 @@ int Communicator::rank() const { return checked().comm().rank(); }
 int Communicator::size() const { return checked().comm().size(); }
 
 Request<Result> Communicator::iallreduce(const Vector& input, ReduceOp op, const Options& options) {
-  return checked().submit<Result>(
-      [input, op, options](tutti::Communicator& comm) { return sparse_allreduce(comm, input, op, options); });
+  return iallreduce(input, op, options, Result{});
+}
+
+Request<Result> Communicator::iallreduce(const Vector& input, ReduceOp op, const Options& options, Result&& recycled) {
+  Result spare = std::move(recycled);
+  recycled = Result{};  // left empty, as the blocking call leaves it
+  return checked().submit<Result>([input, op, options, spare = std::move(spare)](tutti::Communicator& comm) mutable {
+    return sparse_allreduce(comm, input, op, options, std::move(spare));
+  });
 }
 
 Request<GatherResult> Communicator::iallgather(const Vector& input, ReduceOp op, const Options& options) {
@@ -97,6 +104,10 @@ Request<GatherResult> Communicator::iallgather(const Vector& input, ReduceOp op,
 
 Result Communicator::allreduce(const Vector& input, ReduceOp op, const Options& options) {
   return iallreduce(input, op, options).wait();
+}
+
+Result Communicator::allreduce(const Vector& input, ReduceOp op, const Options& options, Result&& recycled) {
+  return iallreduce(input, op, options, std::move(recycled)).wait();
 }
 
 GatherResult Communicator::allgather(const Vector& input, ReduceOp op, const Options& options) {

@@ -54,9 +54,10 @@ Piece recv_piece(Context& ctx, int peer) {
 }
 
 // merge(a, b), switched to dense when the union has grown past the threshold.
-Piece combine(const Context& ctx, Piece a, const Piece& b) {
+Piece combine(Context& ctx, Piece a, const Piece& b) {
   Piece merged = merge(std::move(a), b, ctx.op, ctx.layout);
-  if (!merged.dense && ctx.switch_to_dense(merged.nnz())) return densify(std::move(merged), ctx.layout);
+  if (!merged.dense && ctx.switch_to_dense(merged.nnz()))
+    return densify(std::move(merged), ctx.layout, ctx.zeroed_dense());
   return merged;
 }
 
@@ -83,7 +84,7 @@ Piece piece_of(const Context& ctx, std::uint64_t header, std::vector<std::byte> 
 }
 
 Piece recursive_doubling(Context& ctx, Piece mine) {
-  if (!mine.dense && ctx.switch_to_dense(mine.nnz())) mine = densify(std::move(mine), ctx.layout);
+  if (!mine.dense && ctx.switch_to_dense(mine.nnz())) mine = densify(std::move(mine), ctx.layout, ctx.zeroed_dense());
   if (ctx.size == 1) return mine;
   const schedule::Fold f = schedule::fold(ctx.rank, ctx.size);
   if (f.sits_out()) {

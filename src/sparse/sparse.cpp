@@ -197,12 +197,16 @@ Piece take_mine(Agreed& agreed, const Vector& input) {
   return std::move(agreed.mine);
 }
 
-Result result_of(Piece merged, const Context& ctx, ReduceOp op, Algorithm algorithm) {
+Result result_of(Piece merged, Context& ctx, ReduceOp op, Algorithm algorithm) {
   // The union only grows, so a piece that went dense mid-way is dense by the rule at the end too.
   const bool dense = merged.dense || ctx.form == Form::dense ||
                      (ctx.form == Form::automatic && ctx.layout.dense_is_smaller(merged.nnz()));
-  if (dense) merged = densify(std::move(merged), ctx.layout);
+  if (dense && !merged.dense) merged = densify(std::move(merged), ctx.layout, ctx.zeroed_dense());
   Result result;
+  if (!dense) {
+    result.indices = std::move(ctx.spare_indices);
+    result.indices.clear();
+  }
   result.form = dense ? Form::dense : Form::sparse;
   result.dim = ctx.layout.dim;
   result.index_type = ctx.layout.index_type;
@@ -224,12 +228,21 @@ using namespace sparse::detail;
 
 sparse::Result sparse_allreduce(Communicator& comm, const sparse::Vector& input, ReduceOp op,
                                 const sparse::Options& options) {
+  return sparse_allreduce(comm, input, op, options, sparse::Result{});
+}
+
+sparse::Result sparse_allreduce(Communicator& comm, const sparse::Vector& input, ReduceOp op,
+                                const sparse::Options& options, sparse::Result&& recycled) {
   const char* operation = "sparse_allreduce";
+  sparse::Result spare = std::move(recycled);
+  recycled = sparse::Result{};
   // Deferred: a canonical input is copied only by the algorithms that ship pieces; the dense
   // allreduce scatters it into its dense vector directly (large vectors spend most of their time
   // faulting in fresh pages, so every copy avoided counts).
   Agreed prepared = agree_allreduce(comm, input, op, options, operation, true);
   Context& ctx = prepared.ctx;
+  ctx.spare_values = std::move(spare.values);
+  ctx.spare_indices = std::move(spare.indices);
   const sparse::Algorithm algorithm = chosen(ctx, options);
   // hierarchical where one rank's pairs alone outweigh the dense vector: the dense allreduce,
   // itself hierarchical across hosts (src/sparse/hierarchical.cpp says why).

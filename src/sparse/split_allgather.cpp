@@ -79,7 +79,7 @@ Piece dense_allgather(Context& ctx, const Piece& reduced) {
   for (int r = 0; r < p; ++r) counts[r] = range_begin(l.dim, r + 1, p) - range_begin(l.dim, r, p);
   Piece out;
   out.dense = true;
-  out.values.resize(l.dim * l.value_bytes);
+  out.values = ctx.zeroed_dense();
   ctx.comm.allgatherv(block.data(), hi - lo, out.values.data(), counts, l.value_type, ctx.collective_options);
   return out;
 }

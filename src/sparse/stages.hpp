@@ -30,7 +30,7 @@ Piece take_mine(Agreed& agreed, const Vector& input);
 
 /// sparse_allreduce's last stage: the merged piece of every rank as a Result, dense if the piece
 /// is, if ctx.form is dense, or by SparCML's rule under Form::automatic; avg divides by ctx.size.
-/// `algorithm` is what the result reports as having run.
-Result result_of(Piece merged, const Context& ctx, ReduceOp op, Algorithm algorithm);
+/// `algorithm` is what the result reports as having run. Takes ctx's spare storage.
+Result result_of(Piece merged, Context& ctx, ReduceOp op, Algorithm algorithm);
 
 }  // namespace tutti::sparse::detail
