@@ -222,8 +222,8 @@ TEST(SparseAllreduce, HierarchicalAcrossHosts) {
 }
 
 // The dense allreduce builds and reduces large vectors in pieces that overlap
-// (src/sparse/dense_allreduce.cpp): with pieces of at least 4 MiB (set for the test) vectors of 2
-// to 16 pieces, then with the default (16 MiB) 1 to 4, the last one short, every value
+// (src/sparse/dense_allreduce.cpp): with pieces of at least 1 MiB (set for the test) vectors of 2
+// to 16 pieces, the last one short, then with the default (16 MiB) as one piece, every value
 // type width, both index types, canonical input and input with duplicates out of order (which
 // goes through the canonical copy), every op; each rank checks every element, computed here from
 // the formula its peers' inputs follow (the harness's reference is too slow at this size).
@@ -236,11 +236,11 @@ TEST(SparseAllreduce, LargeDenseVectorsReducedInOverlappingPieces) {
     bool messy;
   };
   const std::vector<Shape> shapes = {
-      {(std::size_t{2} << 20) + 5, DataType::f32, IndexType::u32, ReduceOp::sum, false},   // 2 pieces + a short one
-      {(std::size_t{9} << 20) + 3, DataType::f64, IndexType::u64, ReduceOp::sum, false},   // 16 pieces
-      {(std::size_t{3} << 20) + 1, DataType::i32, IndexType::u32, ReduceOp::max, true},    // through the copy
-      {(std::size_t{5} << 20), DataType::f32, IndexType::u64, ReduceOp::avg, false},       // divided at the end
-      {(std::size_t{9} << 20) + 11, DataType::i8, IndexType::u32, ReduceOp::min, false}};  // 1-byte values
+      {(std::size_t{2} << 18) + 5, DataType::f32, IndexType::u32, ReduceOp::sum, false},   // 2 pieces + a short one
+      {(std::size_t{9} << 18) + 3, DataType::f64, IndexType::u64, ReduceOp::sum, false},   // 16 pieces
+      {(std::size_t{3} << 18) + 1, DataType::i32, IndexType::u32, ReduceOp::max, true},    // through the copy
+      {(std::size_t{5} << 18), DataType::f32, IndexType::u64, ReduceOp::avg, false},       // divided at the end
+      {(std::size_t{9} << 18) + 11, DataType::i8, IndexType::u32, ReduceOp::min, false}};  // 1-byte values
   const int p = 3;
   // Rank r holds index i when (i + r) % 4 != 0 (so every index is held by 2 or 3 ranks: a dense
   // result), with value 1 + (i * 7 + r) % 5; the messy input adds a duplicate pair of value 0 for
@@ -250,8 +250,8 @@ TEST(SparseAllreduce, LargeDenseVectorsReducedInOverlappingPieces) {
   const auto value = [](std::size_t i, int r) {
     return static_cast<double>(1 + (i * 7 + static_cast<std::size_t>(r)) % 5);
   };
-  const std::size_t default_piece_bytes = tutti::sparse::detail::set_least_piece_bytes_for_testing(4 << 20);
-  for (std::size_t piece_bytes : {std::size_t{4} << 20, default_piece_bytes}) {
+  const std::size_t default_piece_bytes = tutti::sparse::detail::set_least_piece_bytes_for_testing(1 << 20);
+  for (std::size_t piece_bytes : {std::size_t{1} << 20, default_piece_bytes}) {
     tutti::sparse::detail::set_least_piece_bytes_for_testing(piece_bytes);
     const std::string failures = run_ranks(p, [&](Communicator& comm) {
       const int r = comm.rank();
@@ -305,11 +305,11 @@ TEST(SparseAllreduce, LargeDenseVectorsReducedInOverlappingPieces) {
 // sequence of shapes: storage larger or smaller than the next result needs, of another value or
 // index type, a dense result's storage reused for a sparse one and back, every byte of it
 // overwritten with 0x7f first (what is reused must be zeroed); the object handed back is left
-// empty. A large dense result goes through dense_allreduce's pieces (256 KiB here) built in the
+// empty. A large dense result goes through dense_allreduce's pieces (64 KiB here) built in the
 // reused vector, through the switch of recursive doubling, and through dsar's dense allgather.
 TEST(SparseAllreduce, RecycledResultsGiveFreshResults) {
-  const std::size_t default_piece_bytes = tutti::sparse::detail::set_least_piece_bytes_for_testing(256 << 10);
-  const std::size_t big = (std::size_t{1} << 18) + 5;
+  const std::size_t default_piece_bytes = tutti::sparse::detail::set_least_piece_bytes_for_testing(64 << 10);
+  const std::size_t big = (std::size_t{1} << 16) + 5;
   for (int p : {1, 3, 4}) {
     const Case large{.p = p, .dim = big, .nnz = big, .pattern = Pattern::identical, .op = ReduceOp::max};
     const Reference large_reference = reference_of(large);
@@ -377,7 +377,8 @@ TEST(SparseAllreduce, RecycledResultsGiveFreshResults) {
 
 // dense_allreduce where the result may be sparse (no rank past the threshold alone): the vector
 // reduced in pieces as above, the ranks' index bitmaps gathered beside it, and the form decided
-// by the union's size. Three ranks, dim 5 Mi + 7, f32 values with u32 indices or f64 with u64:
+// by the union's size. Three ranks, dim 1.25 Mi + 7 (5 and 10 pieces of 1 MiB, then one piece of
+// the default size), f32 values with u32 indices or f64 with u64:
 // - "sparse": rank r holds i when i % 8 == r, and all three hold i % 16 == 4, where their values
 //   (+2, -2, 0) cancel: the union (7/16 of dim) is sparse and keeps those indices with value 0;
 // - "dense by the union": rank r holds i when i % 6 is r or r + 3 (a third of dim each): every
@@ -393,7 +394,7 @@ TEST(SparseAllreduce, DenseAllreduceGivesTheFormTheUnionCalls) {
                                      {false, DataType::f64, IndexType::u64, Form::automatic},
                                      {true, DataType::f32, IndexType::u32, Form::automatic},
                                      {true, DataType::f32, IndexType::u32, Form::sparse}};
-  const std::size_t dim = (std::size_t{5} << 20) + 7;
+  const std::size_t dim = (std::size_t{5} << 18) + 7;
   const int p = 3;
   const auto holds = [](bool spread, std::size_t i, int r) {
     const auto ur = static_cast<std::size_t>(r);
@@ -403,8 +404,8 @@ TEST(SparseAllreduce, DenseAllreduceGivesTheFormTheUnionCalls) {
     if (!spread && i % 16 == 4) return r == 0 ? 2.0 : r == 1 ? -2.0 : 0.0;
     return static_cast<double>(1 + (i * 7 + static_cast<std::size_t>(r)) % 5);
   };
-  const std::size_t default_piece_bytes = tutti::sparse::detail::set_least_piece_bytes_for_testing(4 << 20);
-  for (std::size_t piece_bytes : {std::size_t{4} << 20, default_piece_bytes}) {
+  const std::size_t default_piece_bytes = tutti::sparse::detail::set_least_piece_bytes_for_testing(1 << 20);
+  for (std::size_t piece_bytes : {std::size_t{1} << 20, default_piece_bytes}) {
     tutti::sparse::detail::set_least_piece_bytes_for_testing(piece_bytes);
     const std::string failures = run_ranks(p, [&](Communicator& comm) {
       const int r = comm.rank();
