@@ -11,6 +11,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "tutti/sparse.hpp"
 
@@ -90,11 +91,11 @@ Request<Result> Communicator::iallreduce(const Vector& input, ReduceOp op, const
 }
 
 Request<Result> Communicator::iallreduce(const Vector& input, ReduceOp op, const Options& options, Result&& recycled) {
-  Result spare = std::move(recycled);
-  recycled = Result{};  // left empty, as the blocking call leaves it
-  return checked().submit<Result>([input, op, options, spare = std::move(spare)](tutti::Communicator& comm) mutable {
-    return sparse_allreduce(comm, input, op, options, std::move(spare));
-  });
+  // Left empty at once, as the blocking call leaves it.
+  return checked().submit<Result>(
+      [input, op, options, spare = std::exchange(recycled, {})](tutti::Communicator& comm) mutable {
+        return sparse_allreduce(comm, input, op, options, std::move(spare));
+      });
 }
 
 Request<GatherResult> Communicator::iallgather(const Vector& input, ReduceOp op, const Options& options) {

@@ -2,6 +2,7 @@
 // every rank agree (or raise the same error), the algorithm choice, and the result's form.
 #include <array>
 #include <string>
+#include <utility>
 
 #include "comm/comm_impl.hpp"
 #include "comm/tuning.hpp"
@@ -234,8 +235,7 @@ sparse::Result sparse_allreduce(Communicator& comm, const sparse::Vector& input,
 sparse::Result sparse_allreduce(Communicator& comm, const sparse::Vector& input, ReduceOp op,
                                 const sparse::Options& options, sparse::Result&& recycled) {
   const char* operation = "sparse_allreduce";
-  sparse::Result spare = std::move(recycled);
-  recycled = sparse::Result{};
+  sparse::Result spare = std::exchange(recycled, {});  // left empty whatever the call raises
   // Deferred: a canonical input is copied only by the algorithms that ship pieces; the dense
   // allreduce scatters it into its dense vector directly (large vectors spend most of their time
   // faulting in fresh pages, so every copy avoided counts).
