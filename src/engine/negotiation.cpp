@@ -199,10 +199,12 @@ Decision Table::apply(const std::vector<Message>& messages, std::chrono::steady_
     }
     for (const auto& d : m.described) announce(r, d, now, decision);
   }
-  // Rank 0's verdicts on stalled tensors: the tensor fails on every rank that enqueued it.
+  // Rank 0's verdicts on stalled tensors: the tensor fails on every rank that enqueued it. Rank 0
+  // judged from the table before this cycle; a tensor the last ranks announced in this same cycle
+  // is not stalled any more and runs (every rank applies the same messages, so all agree).
   for (const auto& name : messages[0].expired) {
     auto it = pending_.find(name);
-    if (it == pending_.end() || it->second.failure) continue;
+    if (it == pending_.end() || it->second.failure || it->second.announced == size_) continue;
     std::vector<int> enqueued, missing;
     for (int r = 0; r < size_; ++r) (it->second.ranks[static_cast<std::size_t>(r)] ? enqueued : missing).push_back(r);
     it->second.failure =
