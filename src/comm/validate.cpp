@@ -3,6 +3,7 @@
 #include <string>
 
 #include "comm/comm_impl.hpp"
+#include "core/names.hpp"
 
 namespace tutti::detail {
 
@@ -102,10 +103,6 @@ void check_counts_spans(const Call& call, int rank, int size) {
   }
 }
 
-bool roots_at(Collective c) {
-  return c == Collective::reduce || c == Collective::broadcast || c == Collective::gather || c == Collective::scatter;
-}
-
 // The in-place forms schedule.hpp and CommImpl::start accept, as (send, recv) address pairs.
 bool is_in_place_form(const Call& call, int rank, std::size_t elem) {
   const auto* s = static_cast<const std::byte*>(call.send);
@@ -167,7 +164,7 @@ void validate_point_to_point(bool is_send, const void* data, std::size_t count, 
 Extents validate(const Call& call, int rank, int size) {
   if (size <= 0) invalid(call, "the communicator is empty (split with a negative color)");
   check_enums(call);
-  if (roots_at(call.collective) && (call.root < 0 || call.root >= size))
+  if (core::has_root(call.collective) && (call.root < 0 || call.root >= size))
     invalid(call, "root " + std::to_string(call.root) + " is out of range [0, " + std::to_string(size) + ")");
   check_counts_spans(call, rank, size);
   const Extents e = extents_of(call, rank, size);

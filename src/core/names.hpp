@@ -16,4 +16,9 @@ std::optional<Collective> collective_from_name(std::string_view name);
 /// The data type `to_string` spells `name` ("f32", "bf16", ...), if any.
 std::optional<DataType> data_type_from_name(std::string_view name);
 
+/// Whether collective `c` has a root (reduce, broadcast, gather, scatter).
+constexpr bool has_root(Collective c) {
+  return c == Collective::reduce || c == Collective::broadcast || c == Collective::gather || c == Collective::scatter;
+}
+
 }  // namespace tutti::core

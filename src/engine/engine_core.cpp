@@ -13,12 +13,6 @@ namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string text;
-  for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
-  return (ranks.size() == 1 ? "rank " : "ranks ") + text;
-}
-
 std::string phase_name(Collective kind) {
   switch (kind) {
     case Collective::allreduce:

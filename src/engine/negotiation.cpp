@@ -71,13 +71,13 @@ constexpr std::uint8_t kShuttingDown = 1;
 constexpr std::uint8_t kAborting = 2;
 constexpr std::uint8_t kWaiting = 4;
 
+}  // namespace
+
 std::string rank_list(const std::vector<int>& ranks) {
   std::string text;
   for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
   return (ranks.size() == 1 ? "rank " : "ranks ") + text;
 }
-
-}  // namespace
 
 std::vector<std::byte> Message::encode(std::size_t cache_size) const {
   Writer w;

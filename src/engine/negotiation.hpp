@@ -132,4 +132,7 @@ class Table {
   std::unordered_map<std::string, std::uint32_t> cache_slot_;
 };
 
+/// "rank 2" or "ranks 0, 1, 3": how the engine's messages name ranks.
+std::string rank_list(const std::vector<int>& ranks);
+
 }  // namespace tutti::engine_detail

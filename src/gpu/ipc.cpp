@@ -23,7 +23,6 @@ namespace {
 constexpr std::size_t block_bytes = 256;        // one rank's flags (each on its own 64-byte line)
 constexpr std::size_t words_per_line = 64 / 4;  // uint32 words
 constexpr std::uint32_t release_lead = 1u << 30;
-constexpr auto liveness_period = std::chrono::milliseconds(100);
 constexpr std::size_t failure_text_bytes = 256;  // the published failure's text, after its word
 constexpr std::uint32_t being_written = 0xffffffffu;
 

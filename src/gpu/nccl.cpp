@@ -130,8 +130,6 @@ ErrorCode code_of(ncclResult_t result) {
   }
 }
 
-constexpr auto liveness_period = std::chrono::milliseconds(100);
-
 class NcclBackend final : public Nccl {
  public:
   NcclBackend(std::shared_ptr<device::Device> device, tutti::Communicator host, const Api& api)

@@ -1,7 +1,8 @@
 // What the watchdogs of the backends that run on the streams alone (ipc, nccl) share: the check
-// that every rank called the same operation, and where the ranks' processes live.
+// that every rank called the same operation, where the ranks' processes live, and how often they look.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -10,6 +11,9 @@
 #include "tutti/tutti.hpp"
 
 namespace tutti::gpu::detail {
+
+/// How often a watchdog looks at its peers' processes while a stream waits on them.
+inline constexpr auto liveness_period = std::chrono::milliseconds(100);
 
 /// Exchanges a descriptor of `call` (collective, count, type, op, root, peer) with every rank of
 /// `host` (an allgather; every rank must call it for the same operation in the same order) and

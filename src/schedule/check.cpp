@@ -3,6 +3,7 @@
 // (check_regions.cpp) and the simulation that checks results (check_simulation.cpp).
 #include <numeric>
 
+#include "core/names.hpp"
 #include "schedule/check.hpp"
 #include "schedule/check_call.hpp"
 
@@ -113,15 +114,11 @@ void alias_in_place(const Call& call, int r, RankView& v) {
   }
 }
 
-bool rooted(Collective c) {
-  return c == Collective::reduce || c == Collective::broadcast || c == Collective::gather || c == Collective::scatter;
-}
-
 std::string validate_params(Call& call) {
   const Params& prm = call.params;
   const auto p = static_cast<std::size_t>(prm.size);
   if (prm.size < 1) return "invalid size " + std::to_string(prm.size);
-  if (rooted(prm.collective) && (prm.root < 0 || prm.root >= prm.size))
+  if (core::has_root(prm.collective) && (prm.root < 0 || prm.root >= prm.size))
     return "invalid root " + std::to_string(prm.root);
   if (prm.collective == Collective::allgatherv && prm.counts.size() != p) return "allgatherv needs one count per rank";
   if (prm.collective != Collective::alltoallv) return {};

@@ -3,6 +3,7 @@
 #include <array>
 #include <string>
 
+#include "core/names.hpp"
 #include "schedule/algorithms.hpp"
 
 namespace tutti::schedule {
@@ -51,10 +52,6 @@ const Entry* find(Algorithm algorithm, Collective collective) {
   return nullptr;
 }
 
-bool rooted(Collective c) {
-  return c == Collective::reduce || c == Collective::broadcast || c == Collective::gather || c == Collective::scatter;
-}
-
 // Generators assume sane parameters; a bad one here is the caller's bug, named precisely.
 void validate(Algorithm algorithm, const Params& params) {
   const std::string what = "schedule: " + std::string(to_string(params.collective)) + " with algorithm '" +
@@ -63,7 +60,7 @@ void validate(Algorithm algorithm, const Params& params) {
   if (params.size < 1 || params.rank < 0 || params.rank >= params.size)
     throw Error(ErrorCode::invalid_argument,
                 what + "rank " + std::to_string(params.rank) + " outside size " + std::to_string(params.size));
-  if (rooted(params.collective) && (params.root < 0 || params.root >= params.size))
+  if (core::has_root(params.collective) && (params.root < 0 || params.root >= params.size))
     throw Error(ErrorCode::invalid_argument,
                 what + "root " + std::to_string(params.root) + " outside size " + std::to_string(params.size));
   if (params.collective == Collective::allgatherv && params.counts.size() != size)

@@ -98,7 +98,7 @@ double predict_split(const Workload& w, const Shape& s, const CostParams& k, boo
   return t;
 }
 
-Layout layout_of(const Workload& w) {
+Layout layout_of_workload(const Workload& w) {
   Layout layout;
   layout.dim = w.dim;
   layout.index_bytes = w.index_bytes;
@@ -107,7 +107,7 @@ Layout layout_of(const Workload& w) {
 }
 
 // Whether the result is dense whatever the overlap (piece.hpp's surely_dense, on the workload).
-bool surely_dense(const Workload& w) { return surely_dense(w.form, layout_of(w), w.max_nnz); }
+bool surely_dense(const Workload& w) { return surely_dense(w.form, layout_of_workload(w), w.max_nnz); }
 
 double predict_dense(const Workload& w, const Shape& s, const CostParams& k) {
   const double bytes = s.dim * s.cv, rounds = s.p - 1;
@@ -134,7 +134,7 @@ Workload across_hosts(const Workload& w);
 // allgather of the ranges (dense once the result is).
 // Where one rank alone outweighs the dense vector it runs dense_allreduce (hierarchical.cpp).
 double predict_hierarchical(const Workload& w, const Shape& s, const CostParams& k) {
-  if (layout_of(w).dense_is_smaller(w.max_nnz)) return predict_dense(w, s, k);
+  if (layout_of_workload(w).dense_is_smaller(w.max_nnz)) return predict_dense(w, s, k);
   const double l = w.local_size, rounds = l - 1;
   const CostParams& local = w.local_cost;
   double t = 2 * local.alpha * rounds + local.beta * s.n * s.c * rounds / l + 3 * s.pair * s.n;
