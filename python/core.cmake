@@ -1,6 +1,6 @@
 # The core module tutti._tutti (import tutti; docs/python.md).
 tutti_python_extension(_tutti tutti src/core/module.cpp src/core/buffer.cpp src/core/call.cpp
-                       src/core/collectives.cpp src/core/names.cpp)
+                       src/core/collectives.cpp src/core/names.cpp src/core/torch_storage.cpp)
 
 # Its tests (tests/python/core, plain unittest): ranks as threads over local_group (unit), and as
 # processes under tutti-run at p = 2 and 4 over shared memory and p = 3 over TCP (mp). They
@@ -13,6 +13,12 @@ if(TUTTI_BUILD_TESTS)
   add_test(NAME python.core.threads
            COMMAND timeout 600 ${Python_EXECUTABLE} ${tutti_core_tests}/test_threads.py -v)
   set_tests_properties(python.core.threads PROPERTIES LABELS "unit;python" TIMEOUT 660
+                       ENVIRONMENT "${tutti_core_env}")
+  # A torch tensor keeps its memory while a call uses it (set_, del, resize_), each case in a
+  # subprocess of its own, so that a crash fails the case rather than the runner.
+  add_test(NAME python.core.buffer_lifetime
+           COMMAND timeout 600 ${Python_EXECUTABLE} ${tutti_core_tests}/test_buffer_lifetime.py -v)
+  set_tests_properties(python.core.buffer_lifetime PROPERTIES LABELS "unit;python" TIMEOUT 660
                        ENVIRONMENT "${tutti_core_env}")
   if(TARGET tutti-run)
     foreach(p 2 4)

@@ -10,6 +10,7 @@ if(NOT TUTTI_TORCH_PYTHON_LIBRARY)
   return()
 endif()
 
+include(${CMAKE_CURRENT_SOURCE_DIR}/storage.cmake)
 tutti_python_extension(_horovod tutti/horovod
                        ${CMAKE_CURRENT_SOURCE_DIR}/src/horovod/module.cpp
                        ${CMAKE_CURRENT_SOURCE_DIR}/src/horovod/context.cpp
@@ -23,6 +24,7 @@ target_compile_definitions(_horovod PRIVATE TORCH_API_INCLUDE_EXTENSION_H TORCH_
 if(TARGET _tutti)
   add_dependencies(_horovod _tutti)
 endif()
+add_dependencies(_horovod _storage)  # its operations pin the tensors' storages through it
 
 if(TUTTI_BUILD_TESTS)
   # Each script runs under tutti-run at p = 2 and 4, from the build tree's package; every rank

@@ -5,6 +5,8 @@
 #include <optional>
 #include <string_view>
 
+#include "core/torch_storage.hpp"
+
 namespace tutti_python {
 
 namespace {
@@ -132,7 +134,8 @@ bool is_c_contiguous(const DLTensor& t) {
 }
 
 // Kept unconsumed in `owner`: the capsule's destructor calls the tensor's deleter once the owner
-// goes, which releases the exporter's reference (DLPack's protocol).
+// goes, which releases the exporter's reference (DLPack's protocol). A capsule passed as it is
+// keeps only what its producer holds (torch: a tensor, whose storage resize_ may still reallocate).
 Buffer from_dlpack(py::handle object, const Role& role) {
   py::object capsule;
   if (PyCapsule_CheckExact(object.ptr())) {
@@ -168,6 +171,10 @@ Buffer from_dlpack(py::handle object, const Role& role) {
   std::size_t count = 1;
   for (std::int32_t d = 0; d < t.ndim; ++d) count *= static_cast<std::size_t>(t.shape[d]);
   void* data = static_cast<std::byte*>(t.data) + t.byte_offset;
+  // The capsule holds a tensor (torch: a view of it), not the memory: a resize_ reallocates the
+  // storage in place and frees the old memory. Pin the storage, which also holds it across set_.
+  py::object storage = hold_torch_storage(object);
+  if (!storage.is_none()) capsule = py::make_tuple(capsule, storage);
   return {std::move(capsule), data, count, *type};
 }
 

@@ -21,9 +21,10 @@ struct Role {
   bool output;            // written by the call: must be writable
 };
 
-/// A contiguous host buffer some Python object exposes. `owner` (a memoryview or a DLPack
-/// capsule) keeps the memory, and its export, alive: drop it only with the GIL held, and only once
-/// the call that uses the buffer completed.
+/// A contiguous host buffer some Python object exposes. `owner` (a memoryview, a DLPack capsule,
+/// or for a torch tensor the capsule and a pin on the tensor's storage) keeps the memory, and its
+/// export, alive: drop it only with the GIL held, and only once the call that uses the buffer
+/// completed.
 struct Buffer {
   py::object owner;
   void* data = nullptr;
