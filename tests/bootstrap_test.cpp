@@ -981,6 +981,29 @@ TEST(TokenPolicy, InitReportsAMissingTokenOnEveryRank) {
   }
 }
 
+// Two jobs without ids sharing a store would join each other: every rank refuses at once.
+TEST(JobId, InitWithoutAJobIdRefusesNamingTheVariable) {
+  const TempDir dir;
+  for (const char* rank : {"0", "1"}) {
+    Environment env({{"TUTTI_RANK", rank}, {"TUTTI_SIZE", "2"}, {"TUTTI_STORE", dir.url()}});
+    std::string message;
+    const auto start = Clock::now();
+    EXPECT_EQ(error_code_of([] { tutti::init(); }, &message), ErrorCode::invalid_argument) << rank;
+    EXPECT_LT(Clock::now() - start, 2s);
+    EXPECT_NE(message.find("no job id"), std::string::npos) << message;
+    EXPECT_NE(message.find("set TUTTI_JOB_ID"), std::string::npos) << message;
+  }
+}
+
+TEST(JobId, AMalformedJobIdIsRefusedNamingItsSource) {
+  for (const char* id : {"a/b", "x y", "../up"}) {
+    Environment env({{"TUTTI_RANK", "0"}, {"TUTTI_SIZE", "2"}, {"TUTTI_JOB_ID", id}});
+    std::string message;
+    EXPECT_EQ(error_code_of([] { detect_job(); }, &message), ErrorCode::invalid_argument) << id;
+    EXPECT_NE(message.find("TUTTI_JOB_ID"), std::string::npos) << message;
+  }
+}
+
 TEST(TokenPolicy, InsecureOptOutWorksAndWarns) {
   Environment env(std::map<std::string, std::string>{{"TUTTI_INSECURE", "1"}});
   ::testing::internal::CaptureStderr();

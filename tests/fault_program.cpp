@@ -11,14 +11,19 @@
 // Every rank prints one line "rank R: <code>: <message>" for the error it got (or "rank R: ok").
 // It exits 3 when it got the error the mode expects (non-zero, so that tutti-run ends the job),
 // 0 when the mode expects success and it succeeded, else 1.
+#include <glob.h>
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -111,12 +116,23 @@ bool rogue_connection_refused(const std::string& address) {
   return !accepted;  // once the mesh is complete the port is closed: refused before the handshake
 }
 
+// Rank 1's listening address in tutti-run's file store, read from the file of the key
+// "tutti/<job>/<run>/tcp/1/1" (the run id is known only to the ranks; the store escapes '/' as %2F).
+std::string rank_one_address() {
+  const std::string dir = std::string(std::getenv("TUTTI_STORE")).substr(std::strlen("file://"));
+  glob_t found{};
+  const bool one = ::glob((dir + "/tutti%2F*%2Ftcp%2F1%2F1").c_str(), 0, nullptr, &found) == 0 && found.gl_pathc == 1;
+  std::string address;
+  if (one) std::getline(std::ifstream(found.gl_pathv[0]), address);
+  ::globfree(&found);
+  return address;
+}
+
 int bad_token(Communicator& world) {
   bool refused = true;
   if (world.rank() == 0) {
-    auto store =
-        bootstrap::connect_store(std::getenv("TUTTI_STORE"), std::getenv("TUTTI_TOKEN"), std::chrono::seconds(10));
-    refused = rogue_connection_refused(store->get("tcp/1/1", std::chrono::seconds(10)));
+    const std::string address = rank_one_address();
+    refused = !address.empty() && rogue_connection_refused(address);
   }
   try {
     std::vector<double> data(100000, world.rank());
@@ -128,6 +144,22 @@ int bad_token(Communicator& world) {
   } catch (const Error& e) {
     return report(world.rank(), std::string(to_string(e.code())) + ": " + e.what(), false);
   }
+}
+
+// Every rank adds JOB_TAG (its job's number): a rank that joined another job's ranks gets a sum
+// that is not size × tag, or a size that is not TUTTI_SIZE.
+int job_sum(Communicator& world) {
+  const char* tag_text = std::getenv("JOB_TAG");
+  const char* size_text = std::getenv("TUTTI_SIZE");
+  const std::int64_t tag = tag_text ? std::atoll(tag_text) : 0;
+  bool ok = size_text && world.size() == std::atoi(size_text);
+  for (int i = 0; i < 3 && ok; ++i) {
+    std::vector<std::int64_t> data(1000, tag);
+    world.allreduce(data.data(), data.data(), data.size(), DataType::i64, ReduceOp::sum);
+    ok = std::all_of(data.begin(), data.end(), [&](std::int64_t v) { return v == tag * world.size(); });
+  }
+  report(world.rank(), ok ? "ok job " + std::to_string(tag) : "wrong size or sum: another job's ranks joined", ok);
+  return ok ? 0 : 1;
 }
 
 }  // namespace
@@ -149,6 +181,7 @@ int main(int argc, char** argv) {
   if (mode == "exit") return leave_early(world);
   if (mode.rfind("mismatch-", 0) == 0) return mismatch(world, mode.substr(9));
   if (mode == "bad-token") return bad_token(world);
+  if (mode == "job-sum") return job_sum(world);
   std::fprintf(stderr, "fault_program: unknown mode '%s'\n", mode.c_str());
   return 2;
 }

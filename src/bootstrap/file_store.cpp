@@ -104,14 +104,13 @@ class FileStore final : public Store {
   }
 
   std::int64_t add(const std::string& key, std::int64_t delta) override {
+    if (delta == 0) return read_int(key);  // a read: set() replaces the file whole, no lock needed
     const std::string lock_path = dir_ + "/.lock-" + escape_key(key);
     FdGuard lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
     if (lock.get() < 0) fail("add", key, "opening " + lock_path);
     while (::flock(lock.get(), LOCK_EX) != 0)
       if (errno != EINTR) fail("add", key, "locking " + lock_path);
-    std::int64_t value = 0;
-    if (const auto text = read_value(key); text && !parse_store_int(*text, &value))
-      throw Error(ErrorCode::invalid_argument, "store: add: key '" + key + "' holds '" + *text + "', not an integer");
+    std::int64_t value = read_int(key);
     if (__builtin_add_overflow(value, delta, &value))
       throw Error(ErrorCode::invalid_argument, "store: add: key '" + key + "' would overflow");
     set(key, std::to_string(value));
@@ -119,6 +118,14 @@ class FileStore final : public Store {
   }
 
  private:
+  // The integer add() keeps at `key` (absent: 0).
+  std::int64_t read_int(const std::string& key) const {
+    std::int64_t value = 0;
+    if (const auto text = read_value(key); text && !parse_store_int(*text, &value))
+      throw Error(ErrorCode::invalid_argument, "store: add: key '" + key + "' holds '" + *text + "', not an integer");
+    return value;
+  }
+
   // The value, or nullopt while the key's file does not exist.
   std::optional<std::string> read_value(const std::string& key) const {
     const std::string path = dir_ + "/" + escape_key(key);

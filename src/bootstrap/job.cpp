@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bootstrap/job.hpp"
+#include "bootstrap/run.hpp"
 #include "bootstrap/store.hpp"
 #include "core/env.hpp"
 #include "core/log.hpp"
@@ -117,7 +118,12 @@ JobInfo detect_job() {
   }
   job.store = core::env("TUTTI_STORE").value_or("");
   job.token = core::env("TUTTI_TOKEN").value_or("");
-  if (const auto id = core::env("TUTTI_JOB_ID")) job.job_id = *id;
+  if (const auto id = core::env("TUTTI_JOB_ID")) {
+    job.job_id = *id;
+    check_job_id(job.job_id, "TUTTI_JOB_ID");
+  } else if (!job.job_id.empty()) {
+    check_job_id(job.job_id, "the job id " + job.launcher + " gave (set TUTTI_JOB_ID to override it)");
+  }
   job.transport = core::env("TUTTI_TRANSPORT").value_or("");
   if (!job.transport.empty() && job.transport != "shm" && job.transport != "tcp" && job.transport != "mpi")
     bad("TUTTI_TRANSPORT: expected shm, tcp or mpi, got '" + job.transport + "'");

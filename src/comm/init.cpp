@@ -18,6 +18,7 @@
 
 #include "bootstrap/auth.hpp"
 #include "bootstrap/job.hpp"
+#include "bootstrap/run.hpp"
 #include "bootstrap/store.hpp"
 #include "comm/comm_impl.hpp"
 #include "comm/tuning.hpp"
@@ -37,9 +38,6 @@ namespace tutti {
 namespace {
 
 constexpr std::uint64_t world_id = 1;
-
-// Where the job's keys live in the store.
-std::string prefix_of(const bootstrap::JobInfo& job) { return "tutti/" + job.job_id + "/"; }
 
 std::string host_name() {
   char name[256] = {};
@@ -82,7 +80,7 @@ class MpiHostedStore {
   MpiHostedStore(bootstrap::JobInfo& job, bool one_host) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    std::string text;  // "URL\nTOKEN", or "!" and why rank 0 could not serve
+    std::string text;  // "URL\nTOKEN\nJOB ID", or "!" and why rank 0 could not serve
     if (rank == 0) {
       try {
         const std::string token = job.token.empty() ? bootstrap::random_hex() : job.token;
@@ -91,7 +89,11 @@ class MpiHostedStore {
             std::make_unique<bootstrap::StoreServer>(one_host ? "127.0.0.1" : chosen.value_or("0.0.0.0"), 0, token);
         const std::string host = one_host ? "127.0.0.1" : chosen.value_or(host_name());
         const bool ipv6 = host.find(':') != std::string::npos;
-        text = "tcp://" + (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(server_->port()) + "\n" + token;
+        // No job id from the launcher (MPICH's PMI_* has none): rank 0 draws one, so that the job's
+        // segment names stay apart from any other job's.
+        const std::string id = job.job_id.empty() ? "mpi-" + bootstrap::random_hex(8) : job.job_id;
+        text = "tcp://" + (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(server_->port()) + "\n" + token +
+               "\n" + id;
       } catch (const Error& e) {
         text = std::string("!") + e.what();
       }
@@ -103,11 +105,12 @@ class MpiHostedStore {
     MPI_Bcast(text.data(), static_cast<int>(length), MPI_CHAR, 0, MPI_COMM_WORLD);
     if (text.starts_with("!"))
       throw Error(ErrorCode::system, "init: rank 0 could not serve the job's store: " + text.substr(1));
-    const std::size_t newline = text.find('\n');
-    if (newline == std::string::npos)
-      throw Error(ErrorCode::system, "init: rank 0 sent no store address (\"" + text + "\")");
+    const std::size_t newline = text.find('\n'), last = text.rfind('\n');
+    if (newline == std::string::npos || last == newline)
+      throw Error(ErrorCode::system, "init: rank 0 sent no store address, token and job id");
     job.store = text.substr(0, newline);
-    job.token = text.substr(newline + 1);
+    job.token = text.substr(newline + 1, last - newline - 1);
+    job.job_id = text.substr(last + 1);
   }
   MpiHostedStore(const MpiHostedStore&) = delete;
   MpiHostedStore& operator=(const MpiHostedStore&) = delete;
@@ -207,8 +210,7 @@ std::unique_ptr<transport::Transport> connect_world(const bootstrap::JobInfo& jo
     if (!one_real_host)
       throw Error(ErrorCode::invalid_argument, "init: TUTTI_TRANSPORT=shm, but the ranks run on several hosts");
     log("transport shm: shared memory among all " + std::to_string(job.size) + " ranks");
-    return transport::shm::open_world(store, prefix_of(job) + "shm-nonce", job.job_id, job.rank, job.size, world_id,
-                                      timeout);
+    return transport::shm::open_world(store, "shm-nonce", job.job_id, job.rank, job.size, world_id, timeout);
   }
   if (kind != "tcp" && kind != "shm+tcp")
     throw Error(ErrorCode::invalid_argument, "TUTTI_TRANSPORT: expected shm, tcp or mpi, got '" + kind + "'");
@@ -221,8 +223,8 @@ std::unique_ptr<transport::Transport> connect_world(const bootstrap::JobInfo& jo
   std::unique_ptr<transport::Transport> shared;  // with the ranks of my place (a world of their own)
   const auto local_rank = static_cast<int>(std::find(local.begin(), local.end(), job.rank) - local.begin());
   if (local.size() > 1)
-    shared = transport::shm::open_world(store, prefix_of(job) + "shm-nonce/" + std::to_string(mine), job.job_id,
-                                        local_rank, static_cast<int>(local.size()), world_id, timeout);
+    shared = transport::shm::open_world(store, "shm-nonce/" + std::to_string(mine), job.job_id, local_rank,
+                                        static_cast<int>(local.size()), world_id, timeout);
   auto tcp = transport::tcp::connect(store, job.token, job.rank, job.size, world_id, bind_host, timeout);
   log("transport shm+tcp: shared memory with " + rank_list(local) + " (this host), TCP to the other " +
       std::to_string(job.size - static_cast<int>(local.size())) + " ranks on " + std::to_string(distinct.size() - 1) +
@@ -237,6 +239,15 @@ Communicator init_over_store(const bootstrap::JobInfo& job, bool host_store) {
                 "init: started by " + job.launcher +
                     " without TUTTI_STORE; set TUTTI_STORE=file:///shared/dir or "
                     "tcp://host:port (or use tutti-run, or mpirun with an MPI-enabled build)");
+  // Jobs that share a store (one file:// directory, one tcp:// server) are kept apart by their ids.
+  if (job.size > 1 && job.job_id.empty())
+    throw Error(ErrorCode::invalid_argument,
+                "init: rank " + std::to_string(job.rank) + " of " + std::to_string(job.size) + " was started by " +
+                    job.launcher +
+                    " with no job id, so it could join another job that shares TUTTI_STORE=" + job.store +
+                    ": set TUTTI_JOB_ID on every rank, the same within a job and different for every job (and every "
+                    "run of it), e.g. TUTTI_JOB_ID=$(uuidgen) in the launcher (tutti-run, Open MPI's mpirun and srun "
+                    "give one)");
   const auto timeout = core::default_timeout();
   auto server = host_store ? bootstrap::host_store(job) : nullptr;  // rank 0, tcp://: listens on the URL's host only
   auto store = bootstrap::connect_store(job.store, job.token, timeout);
@@ -245,15 +256,16 @@ Communicator init_over_store(const bootstrap::JobInfo& job, bool host_store) {
   return join_over_store(job, *store, timeout);
 }
 
-// The ranks learn each other's hosts through `store`, then connect.
-Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& store,
+// The ranks join this run of the job in `store` (bootstrap/run.hpp: keys of earlier runs with the
+// same job id are never read), learn each other's hosts under the run's prefix, then connect.
+Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& job_store,
                              std::chrono::milliseconds timeout) {
-  const std::string prefix = prefix_of(job);
+  bootstrap::PrefixStore store(job_store, bootstrap::join_run(job_store, job.job_id, job.rank, job.size, timeout));
   // The real host decides the transport (shared memory works within it); the topology host
   // (TUTTI_HOST, which may emulate several hosts on one) decides hierarchical algorithms.
   // Published together as "real" or "real<TAB>topology".
   const std::string real_host = host_name(), topology_host = detail::topology_host_name();
-  store.set(prefix + "host/" + std::to_string(job.rank),
+  store.set("host/" + std::to_string(job.rank),
             topology_host == real_host ? real_host : real_host + "\t" + topology_host);
   // Ranks that published the same value share a host for both purposes: shared memory among
   // them, TCP to the others.
@@ -261,7 +273,7 @@ Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& st
   std::vector<std::string> places;
   std::vector<std::uint64_t> topology_hosts;
   for (int r = 0; r < job.size; ++r) {
-    const std::string value = store.get(prefix + "host/" + std::to_string(r), timeout);
+    const std::string value = store.get("host/" + std::to_string(r), timeout);
     const std::size_t tab = value.find('\t');
     hosts.insert(value.substr(0, tab));
     places.push_back(value);
