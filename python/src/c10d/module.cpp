@@ -11,6 +11,7 @@
 
 #include "c10d/process_group.hpp"
 #include "common/errors.hpp"
+#include "common/storage_pin.hpp"
 #include "tutti/rendezvous.hpp"
 
 namespace tutti::c10d_backend {
@@ -55,6 +56,7 @@ PYBIND11_MODULE(_c10d, m) {
   using tutti::c10d_backend::ProcessGroupTutti;
   m.doc() = "The torch.distributed backend \"tutti\" (import tutti.distributed to register it)";
   tutti_python::register_error_translator();
+  if (!tutti_python::import_storage_pins()) throw py::error_already_set();  // works pin their tensors' storages
   py::module_::import("torch.distributed");  // c10d.ProcessGroup's Python class, our base
   py::class_<ProcessGroupTutti, ::c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupTutti>>(m, "ProcessGroupTutti",
                                                                                              "A c10d ProcessGroup over "

@@ -12,7 +12,7 @@ WorkTutti::WorkTutti(int rank, ::c10d::OpType type, tutti::Request request, std:
     : ::c10d::Work(rank, type),
       request_(std::move(request)),
       outputs_(std::move(outputs)),
-      keep_(std::move(keep)),
+      keep_(keep.begin(), keep.end()),
       finalize_(std::move(finalize)),
       source_rank_(source_rank),
       issued_(std::chrono::steady_clock::now()),
@@ -61,7 +61,7 @@ void WorkTutti::complete(std::exception_ptr error) {
   else
     future_->markCompleted(c10::IValue(outputs_));
   finalize_ = nullptr;
-  keep_.clear();  // Tutti is done with the staging buffers
+  keep_.clear();  // Tutti is done with the buffers: their storages may be resized or freed again
   state_ = 2;
   finish(error);
 }

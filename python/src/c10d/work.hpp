@@ -19,15 +19,18 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "common/storage_pin.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::c10d_backend {
 
 class WorkTutti : public ::c10d::Work {
  public:
-  /// `outputs` become the future's value; `keep` (staging buffers, inputs) lives as long as the
-  /// work, so that the buffers `request` uses stay valid; `finalize` runs once the request has
-  /// succeeded. `source_rank` is the peer of a receive (-1 otherwise).
+  /// `outputs` become the future's value; the storages of `keep` (the buffers `request` uses:
+  /// staging buffers, or the caller's tensors themselves) are pinned until the work completes, so
+  /// that their memory stays valid whatever the caller does to the tensors meanwhile (set_, del;
+  /// resize_ raises); `finalize` runs once the request has succeeded. `source_rank` is the peer of
+  /// a receive (-1 otherwise).
   WorkTutti(int rank, ::c10d::OpType type, tutti::Request request, std::vector<at::Tensor> outputs,
             std::vector<at::Tensor> keep, std::function<void()> finalize, int source_rank = -1);
 
@@ -54,7 +57,7 @@ class WorkTutti : public ::c10d::Work {
 
   tutti::Request request_;
   std::vector<at::Tensor> outputs_;
-  std::vector<at::Tensor> keep_;
+  std::vector<tutti_python::StoragePin> keep_;
   std::function<void()> finalize_;
   int source_rank_;
   std::chrono::steady_clock::time_point issued_;

@@ -38,6 +38,10 @@ inline const StoragePinApi*& storage_pin_api() {
 /// Imports tutti._storage and keeps its table for StoragePin; at module init (GIL held). False,
 /// with the Python error (ImportError) set, when the module is missing.
 inline bool import_storage_pins() {
+  // PyCapsule_Import imports only the package and then looks up attributes: import the submodule.
+  PyObject* module = PyImport_ImportModule("tutti._storage");
+  if (module == nullptr) return false;
+  Py_DECREF(module);
   void* api = PyCapsule_Import(storage_pin_capsule, 0);
   if (api == nullptr) return false;
   detail::storage_pin_api() = static_cast<const StoragePinApi*>(api);

@@ -7,10 +7,12 @@ prints nothing when it passes; the first failure raises with the rank and the ch
 the script exits 1. The last line on rank 0 counts the checks.
 """
 
+import gc
 import sys
 
 import torch
 import torch.distributed as dist
+from torch.multiprocessing.reductions import StorageWeakRef
 
 import tutti
 import tutti.distributed
@@ -239,6 +241,39 @@ def check_async_and_futures():
         expect_equal("future only", f.value()[0], torch.full((4,), float(P * (P + 1) // 2)))
 
 
+def check_buffer_lifetime():
+    """A receive's tensor keeps its memory while its work runs (docs/python.md): rank 0 posts an
+    irecv that rank 1 answers only once told to through the store; meanwhile resize_ raises and
+    the storage outlives t.set_(...); once the work completed, both are undone."""
+    store = dist.distributed_c10d._get_default_store()
+    n = 1 << 16
+    want = torch.arange(n, dtype=torch.int64) * 3 + 1
+    for case in ("resize", "set"):
+        if RANK == 0:
+            t = torch.zeros(n, dtype=torch.int64)
+            old = StorageWeakRef(t.storage())
+            work = dist.irecv(t, src=1)
+            if case == "resize":
+                expect_raises("resize_ under irecv", RuntimeError, "resiz", lambda: t.resize_(16 * n))
+                t.resize_(n)  # torch set the new shape before it raised
+            else:
+                t.set_(torch.zeros(4, dtype=torch.int64))
+                gc.collect()
+                expect_equal("storage alive under irecv after set_", torch.tensor(old.expired()), torch.tensor(False))
+            store.set(f"lifetime/{case}", "go")
+            work.wait()
+            gc.collect()
+            if case == "resize":
+                expect_equal("irecv after a refused resize_", t, want)
+                t.resize_(16 * n)  # allowed once the work completed
+            else:
+                expect_equal("storage released after irecv", torch.tensor(old.expired()), torch.tensor(True))
+        elif RANK == 1:
+            store.wait([f"lifetime/{case}"])
+            dist.send(want, dst=0)
+    dist.barrier()
+
+
 def check_groups():
     evens = list(range(0, P, 2))
     group = dist.new_group(evens, backend="tutti")
@@ -275,7 +310,7 @@ def main():
     assert dist.get_backend() == "tutti", dist.get_backend()
     for check in (check_allreduce, check_allreduce_coalesced, check_broadcast, check_reduce, check_allgather,
                   check_reduce_scatter, check_gather_scatter, check_alltoall, check_point_to_point,
-                  check_async_and_futures, check_groups, check_errors):
+                  check_async_and_futures, check_buffer_lifetime, check_groups, check_errors):
         check()
     dist.barrier()
     if RANK == 0:
