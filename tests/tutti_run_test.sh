@@ -171,6 +171,49 @@ case_second_signal_kills() {
   ok second-signal
 }
 
+# tutti-run killed by `sig` while each rank (a wrapper script) waits for a child of its own: within
+# a few seconds no rank, grandchild or helper of the job may be left, nor its store directory or
+# /dev/shm entry. SIGKILL leaves tutti-run no chance to clean up itself.
+launcher_killed() {
+  local sig=$1 script='d=${TUTTI_STORE#file://}; touch "/dev/shm/tutti-$TUTTI_JOB_ID-x"
+    "$1" 300 & echo "$TUTTI_JOB_ID $d $!" >"$2/child.$TUTTI_RANK"; echo ready; wait'
+  rm -f "$tmp"/child.*
+  start_background 2 ready -n 2 bash -c "$script" "$marker" "$sleep_bin" "$tmp"
+  [[ -n $tr_pid ]] || { fail "launcher-$sig" "tutti-run did not start"; wait; return; }
+  local id dir
+  read -r id dir _ <"$tmp/child.0"
+  kill "-$sig" "$tr_pid"
+  { wait "$timeout_pid"; } 2>/dev/null  # no "Killed" notice from bash
+  status=$?
+  local start left
+  start=$(now_ms)
+  while left=$(pgrep -af "$marker") || [[ -e $dir || -e /dev/shm/tutti-$id-x ]]; do
+    (($(now_ms) - start < 8000)) || break
+    sleep 0.1
+  done
+  local files=""
+  [[ -e $dir ]] && files="$dir"
+  [[ -e /dev/shm/tutti-$id-x ]] && files="$files /dev/shm/tutti-$id-x"
+  rm -rf "$dir" "/dev/shm/tutti-$id-x"
+  [[ -n $id ]] || { fail "launcher-$sig" "rank 0 did not report its files"; return; }
+  if [[ -n $left || -n $files ]]; then
+    pkill -KILL -f "$marker"
+    fail "launcher-$sig" "8 s after SIG$sig, left behind: ${files:-no files}; ${left:-no processes}"
+    return
+  fi
+  [[ $status -eq $((128 + $(kill -l "$sig"))) ]] || { fail "launcher-$sig" "exit status $status"; return; }
+  ok "launcher-$sig (gone in $(($(now_ms) - start)) ms)"
+}
+
+case_launcher_killed() {
+  local sig
+  for sig in KILL TERM INT; do
+    : >"$tmp/out"
+    : >"$tmp/err"
+    launcher_killed "$sig"
+  done
+}
+
 case_cleanup_after_crash() {
   local script='if [ "$TUTTI_RANK" = 0 ]; then
       touch "/dev/shm/tutti-$TUTTI_JOB_ID-x"; echo value >"${TUTTI_STORE#file://}/key"
@@ -233,7 +276,7 @@ case_missing_program() {
 }
 
 for c in tagging no_interleaving environment exit_status killed_rank sigterm_forwarded second_signal_kills \
-  cleanup_after_crash broken_pipe usage missing_program; do
+  cleanup_after_crash launcher_killed broken_pipe usage missing_program; do
   : >"$tmp/out"
   : >"$tmp/err"
   "case_$c"

@@ -19,6 +19,7 @@
 #include "tutti_run_job.hpp"
 #include "tutti_run_output.hpp"
 #include "tutti_run_supervisor.hpp"
+#include "tutti_run_watchdog.hpp"
 
 namespace {
 
@@ -66,11 +67,15 @@ Failures:
   When a rank exits with a non-zero status or is killed by a signal, tutti-run says so on
   stderr, gives the other ranks the grace period, then kills those still running.
   SIGINT, SIGTERM and SIGHUP sent to tutti-run are forwarded to every rank; a second one kills
-  the ranks (SIGKILL). If tutti-run itself is killed, the ranks get SIGKILL.
+  the ranks (SIGKILL).
 
 Clean-up, whatever happened:
   processes the ranks left behind are killed, and every child is waited for; the store
   directory is removed, and every /dev/shm entry whose name starts with tutti-JOBID.
+  If tutti-run itself is killed, even with SIGKILL, the ranks get SIGKILL, and a watchdog
+  process (tutti-watchdog) sends SIGTERM to every process of the job still running (each
+  process with the job's TUTTI_TOKEN in its environment, and its descendants), SIGKILL to
+  those left after 2 s, then removes the same files.
 
 Exit status:
   0          every rank exited with status 0
@@ -196,6 +201,9 @@ void ensure_standard_fds() {
 
 int run_job(const Options& options, const sigset_t& original_mask) {
   Job job;  // declared before the supervisor: removed after every process is gone
+  // Started before the supervisor makes tutti-run a child subreaper, so that it is not adopted by
+  // tutti-run; ends after the supervisor, checking that no process of the job is left.
+  Watchdog watchdog(job);
   LaunchSpec spec{options.command, rank_environments(job, options.job), options.grace_period_s, options.tag_output};
   Supervisor supervisor(std::move(spec), original_mask);
   return supervisor.run();

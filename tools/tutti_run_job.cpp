@@ -104,16 +104,13 @@ Job::Job() : id_(random_hex(8)), token_(random_hex(32)) {
   ::chmod(store_dir_.c_str(), 0700);
 }
 
-Job::~Job() {
-  std::error_code ec;
-  fs::remove_all(store_dir_, ec);
-  if (ec) report("cannot remove store directory " + store_dir_ + ": " + ec.message());
-  remove_shm_segments();
-}
+Job::~Job() { remove_job_files(id_, store_dir_); }
 
-void Job::remove_shm_segments() const {
-  const std::string prefix = "tutti-" + id_;
+void remove_job_files(const std::string& job_id, const std::string& store_dir) {
   std::error_code ec;
+  fs::remove_all(store_dir, ec);
+  if (ec) report("cannot remove store directory " + store_dir + ": " + ec.message());
+  const std::string prefix = "tutti-" + job_id;
   fs::directory_iterator it("/dev/shm", ec);
   if (ec) return;  // no /dev/shm: the ranks could not have made segments there either
   for (const fs::directory_entry& entry : it) {

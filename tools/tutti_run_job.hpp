@@ -20,6 +20,10 @@ struct ProgramLookup {
 };
 ProgramLookup find_program(const std::string& program);
 
+/// Removes the store directory `store_dir` recursively, and every /dev/shm entry whose name
+/// starts with "tutti-<job_id>"; reports (on stderr) what it cannot remove.
+void remove_job_files(const std::string& job_id, const std::string& store_dir);
+
 /// A job's identity and resources. The constructor creates the store directory
 /// $TMPDIR/tutti-<job id> (or /tmp/...), mode 0700; the destructor removes it recursively, with
 /// every /dev/shm entry whose name starts with "tutti-<job id>", whatever the ranks did.
@@ -36,8 +40,6 @@ class Job {
   std::string store_url() const { return "file://" + store_dir_; }
 
  private:
-  void remove_shm_segments() const;
-
   std::string id_;
   std::string token_;
   std::string store_dir_;

@@ -3,12 +3,15 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <system_error>
 
@@ -89,26 +92,102 @@ std::string read_proc_file(const std::string& path) {
 
 }  // namespace
 
-std::vector<pid_t> list_children() {
-  std::vector<pid_t> children;
-  const pid_t self = ::getpid();
+namespace {
+
+struct ProcessStat {
+  pid_t ppid = 0;
+  unsigned long long start_time = 0;
+};
+
+// The parent and start time of process `pid`, or nothing if it is gone.
+std::optional<ProcessStat> read_stat(const std::string& pid) {
+  const std::string stat = read_proc_file("/proc/" + pid + "/stat");
+  // The command name in parentheses may contain anything, the fields after the last ')' not.
+  const std::size_t close = stat.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream fields(stat.substr(close + 1));
+  std::string state, skipped;
+  ProcessStat result;
+  fields >> state >> result.ppid;
+  for (int field = 5; field < 22; ++field) fields >> skipped;  // pgrp ... itrealvalue
+  if (!(fields >> result.start_time)) return std::nullopt;
+  return result;
+}
+
+// Calls fn(name) for the name of every process in /proc ("1234").
+template <class Fn>
+void for_each_process(Fn&& fn) {
   DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return children;
+  if (proc == nullptr) return;
   while (const dirent* entry = ::readdir(proc)) {
     char* end = nullptr;
     const long pid = std::strtol(entry->d_name, &end, 10);
-    if (*end != '\0' || pid <= 0) continue;
-    const std::string stat = read_proc_file(std::string("/proc/") + entry->d_name + "/stat");
-    // The command name in parentheses may contain anything, the fields after the last ')' not.
-    const std::size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream fields(stat.substr(close + 1));
-    std::string state;
-    long ppid = 0;
-    if (fields >> state >> ppid && ppid == self) children.push_back(static_cast<pid_t>(pid));
+    if (*end == '\0' && pid > 0) fn(std::string(entry->d_name));
   }
   ::closedir(proc);
+}
+
+bool holds_entry(const std::string& environment, const std::string& entry) {
+  for (std::size_t at = environment.find(entry); at != std::string::npos; at = environment.find(entry, at + 1)) {
+    const std::size_t end = at + entry.size();
+    if ((at == 0 || environment[at - 1] == '\0') && (end == environment.size() || environment[end] == '\0')) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<pid_t> list_children() {
+  std::vector<pid_t> children;
+  const pid_t self = ::getpid();
+  for_each_process([&](const std::string& pid) {
+    const std::optional<ProcessStat> stat = read_stat(pid);
+    if (stat && stat->ppid == self) children.push_back(static_cast<pid_t>(std::stol(pid)));
+  });
   return children;
+}
+
+std::vector<ProcessId> find_job_processes(const std::string& token) {
+  const std::string entry = "TUTTI_TOKEN=" + token;
+  const pid_t self = ::getpid();
+  std::map<pid_t, std::pair<ProcessStat, bool>> all;  // pid -> stat, and whether of the job
+  for_each_process([&](const std::string& name) {
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    const std::optional<ProcessStat> stat = read_stat(name);
+    // A zombie's environment reads empty: it is ended already.
+    if (stat && pid != self) all[pid] = {*stat, holds_entry(read_proc_file("/proc/" + name + "/environ"), entry)};
+  });
+  // A descendant that cleared its environment still belongs to the job, while its parent lives.
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (auto& [pid, process] : all) {
+      const auto parent = all.find(process.first.ppid);
+      if (!process.second && parent != all.end() && parent->second.second) process.second = grew = true;
+    }
+  }
+  std::vector<ProcessId> job;
+  for (const auto& [pid, process] : all) {
+    if (process.second) job.push_back({pid, process.first.start_time});
+  }
+  return job;
+}
+
+void signal_process(const ProcessId& process, int signo) {
+  // The pidfd holds on to the process it names: once the start time read after opening it
+  // matches, the signal cannot go to a process that got the pid later. (Called through syscall:
+  // glibc 2.36's <sys/pidfd.h> declares its wrappers without extern "C".)
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, process.pid, 0));
+  if (fd < 0 && errno != ENOSYS) return;  // gone
+  const std::optional<ProcessStat> stat = read_stat(std::to_string(process.pid));
+  const bool same = stat && stat->start_time == process.start_time;
+  if (fd < 0) {
+    if (same) ::kill(process.pid, signo);  // a kernel before 5.3: only as sure as the check just made
+    return;
+  }
+  if (same) ::syscall(SYS_pidfd_send_signal, fd, signo, nullptr, 0);
+  ::close(fd);
 }
 
 int exit_code(int wait_status) {

@@ -1,5 +1,5 @@
 // Process primitives of tutti-run: starting one rank, finding the processes the ranks left
-// behind, and describing how a process ended.
+// behind or the job's processes wherever they went, and describing how a process ended.
 #pragma once
 
 #include <signal.h>
@@ -32,6 +32,21 @@ pid_t spawn(const ExecSpec& spec, int* exec_errno);
 /// The pids of this process's children (from /proc): with tutti-run a child subreaper, that
 /// includes every orphan the ranks left behind.
 std::vector<pid_t> list_children();
+
+/// A process, named so that a reused pid cannot be taken for it: its pid and its start time.
+struct ProcessId {
+  pid_t pid = 0;
+  unsigned long long start_time = 0;  // clock ticks after boot (/proc/PID/stat, field 22)
+  auto operator<=>(const ProcessId&) const = default;
+};
+
+/// The processes of the job whose secret is `token` (from /proc): every process whose environment
+/// holds TUTTI_TOKEN=`token`, and every descendant of one. Never the calling process.
+std::vector<ProcessId> find_job_processes(const std::string& token);
+
+/// Sends `signo` to `process` if it is still running (through a pidfd, so not to a later process
+/// that got its pid).
+void signal_process(const ProcessId& process, int signo);
 
 /// The status a shell would report: the exit status, or 128 + signal number.
 int exit_code(int wait_status);
