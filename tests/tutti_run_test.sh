@@ -173,12 +173,14 @@ case_second_signal_kills() {
 
 # tutti-run killed by `sig` while each rank (a wrapper script) waits for a child of its own: within
 # a few seconds no rank, grandchild or helper of the job may be left, nor its store directory or
-# /dev/shm entry. SIGKILL leaves tutti-run no chance to clean up itself.
+# /dev/shm entry. SIGKILL leaves tutti-run no chance to clean up itself; then rank 1's child also
+# ignores SIGTERM, so only SIGKILL ends it.
 launcher_killed() {
   local sig=$1 script='d=${TUTTI_STORE#file://}; touch "/dev/shm/tutti-$TUTTI_JOB_ID-x"
+    if [ "$TUTTI_RANK" = 1 ] && [ "$3" = KILL ]; then trap "" TERM; fi
     "$1" 300 & echo "$TUTTI_JOB_ID $d $!" >"$2/child.$TUTTI_RANK"; echo ready; wait'
   rm -f "$tmp"/child.*
-  start_background 2 ready -n 2 bash -c "$script" "$marker" "$sleep_bin" "$tmp"
+  start_background 2 ready -n 2 bash -c "$script" "$marker" "$sleep_bin" "$tmp" "$sig"
   [[ -n $tr_pid ]] || { fail "launcher-$sig" "tutti-run did not start"; wait; return; }
   local id dir
   read -r id dir _ <"$tmp/child.0"
@@ -202,6 +204,7 @@ launcher_killed() {
     return
   fi
   [[ $status -eq $((128 + $(kill -l "$sig"))) ]] || { fail "launcher-$sig" "exit status $status"; return; }
+  [[ $sig != KILL ]] || grep -q "ended without cleaning up" "$tmp/err" || { fail launcher-KILL "no report"; return; }
   ok "launcher-$sig (gone in $(($(now_ms) - start)) ms)"
 }
 

@@ -21,7 +21,9 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -72,11 +74,12 @@ inline CheckpointJob snapshot_checkpoint(int rank, int world, const std::string&
     if (!plain(name)) throw Error(ErrorCode::invalid_argument, where + "parameter name '" + name + "' has whitespace");
     job.manifest.params.emplace_back(name, shape_of(t));
   }
-  std::error_code ec;
-  if (std::filesystem::exists(dir + "/" + manifest_name, ec))
+  if (name_exists(dir + "/" + manifest_name))
     throw Error(ErrorCode::invalid_argument, where + "the directory already holds a checkpoint");
+  std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error(ErrorCode::system, where + "cannot create the directory: " + ec.message());
+  open_checkpoint_dir(dir);  // refused now rather than by the writer thread (which checks again)
   const auto entries = checkpoint_entries(params, optimizer);
   const auto owners = shard_owners(entries, world);
   for (std::size_t i = 0; i < entries.size(); ++i)
@@ -187,31 +190,30 @@ struct CheckpointContents {
   std::map<std::string, ::torch::Tensor> tensors;
 };
 
-/// Reads and verifies dir's MANIFEST and all its shards; restores nothing. Errors:
-/// Error(invalid_argument) for an incomplete checkpoint (no MANIFEST) or a damaged file (checksum,
-/// size, structure), naming the file; Error(mismatch) for another world size.
+/// Reads and verifies dir's MANIFEST and all its shards; restores nothing. Only regular files are
+/// read (read_checkpoint_file), each shard's size checked against the MANIFEST before it is read.
+/// Errors: Error(invalid_argument) for an incomplete checkpoint (no MANIFEST) or a damaged or
+/// refused file (checksum, size, structure, a link, a FIFO), naming the file; Error(mismatch)
+/// for another world size.
 inline CheckpointContents read_checkpoint(const std::string& dir, int world_size) {
   const std::string manifest_path = dir + "/" + manifest_name;
-  std::error_code ec;
-  if (!std::filesystem::exists(manifest_path, ec))
+  if (!name_exists(manifest_path))
     throw Error(ErrorCode::invalid_argument,
                 "tutti::torch checkpoint " + dir + " is incomplete: no MANIFEST (its writing never finished)");
-  CheckpointContents c{decode_manifest(read_whole_file(manifest_path), manifest_path), {}};
+  CheckpointContents c{decode_manifest(read_checkpoint_file(manifest_path, max_manifest_bytes), manifest_path), {}};
   if (c.manifest.world_size != world_size)
     throw Error(ErrorCode::mismatch, "tutti::torch checkpoint " + dir + " was written by " +
                                          std::to_string(c.manifest.world_size) + " ranks, this job has " +
                                          std::to_string(world_size));
   for (int r = 0; r < world_size; ++r) {
     const std::string path = dir + "/" + shard_name(r, world_size);
-    const std::string bytes = read_whole_file(path);
     const auto& expected = c.manifest.shards[static_cast<std::size_t>(r)];
+    const std::string bytes = read_checkpoint_file(path, expected.bytes, expected.bytes);
     std::uint64_t checksum = 0;
     if (bytes.size() >= 8) std::memcpy(&checksum, bytes.data() + bytes.size() - 8, 8);
-    if (bytes.size() != expected.bytes || checksum != expected.checksum)
+    if (checksum != expected.checksum)
       throw Error(ErrorCode::invalid_argument, "tutti::torch checkpoint: shard " + path +
-                                                   " is damaged: it is not the shard its MANIFEST names (size " +
-                                                   std::to_string(bytes.size()) + ", expected " +
-                                                   std::to_string(expected.bytes) + ", or checksum)");
+                                                   " is damaged: it is not the shard its MANIFEST names (checksum)");
     for (auto& e : decode_shard(bytes, path, r, world_size))
       if (!c.tensors.emplace(e.name, std::move(e.tensor)).second)
         throw Error(ErrorCode::invalid_argument,
@@ -287,63 +289,143 @@ inline void restore_checkpoint(CheckpointContents c, const std::string& dir, con
     set_group_options(kind, optimizer.param_groups()[g].options(), groups[g]);
 }
 
+/// Makes the ranks of `comm` agree on whether each could load `dir` (collective): returns if none
+/// failed, else throws on every rank the same Error, the one of the lowest rank that failed (its
+/// code and message, truncated to a kilobyte), naming it and the other ranks that failed.
+inline void agree_on_load(Communicator& comm, const std::string& dir, const std::exception_ptr& failure) {
+  constexpr std::size_t text_bytes = 1024, record = 4 + text_bytes;  // i32 code + 1 (0: loaded), text
+  std::string mine(record, '\0');
+  if (failure) {
+    std::int32_t code = static_cast<std::int32_t>(ErrorCode::system) + 1;
+    std::string text;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const Error& e) {
+      code = static_cast<std::int32_t>(e.code()) + 1;
+      text = e.what();
+    } catch (const std::exception& e) {
+      text = e.what();
+    } catch (...) {
+      text = "an unknown exception";
+    }
+    std::memcpy(mine.data(), &code, 4);
+    text.copy(mine.data() + 4, text_bytes - 1);
+  }
+  std::string all(record * static_cast<std::size_t>(comm.size()), '\0');
+  comm.allgather(mine.data(), all.data(), record, DataType::u8);
+  std::optional<std::size_t> first;
+  std::string others;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(comm.size()); ++r) {
+    std::int32_t code;
+    std::memcpy(&code, all.data() + r * record, 4);
+    if (code == 0) continue;
+    if (first) others += (others.empty() ? "" : ", ") + std::to_string(r);
+    if (!first) first = r;
+  }
+  if (!first) return;
+  std::int32_t code;
+  std::memcpy(&code, all.data() + *first * record, 4);
+  const auto known = code >= 1 && code <= static_cast<std::int32_t>(ErrorCode::system) + 1;
+  throw Error(known ? static_cast<ErrorCode>(code - 1) : ErrorCode::system,
+              "tutti::torch checkpoint " + dir + ": nothing restored on any rank: rank " + std::to_string(*first) +
+                  " could not load it" + (others.empty() ? "" : " (nor could rank(s) " + others + ")") + ": " +
+                  std::string(all.data() + *first * record + 4));
+}
+
 /// Reads `dir` on every rank of `comm` and restores it into `params` and `optimizer` (collective).
 /// The ranks agree before anything is written: either every rank restores, or every rank throws
-/// (its own error from read_checkpoint or restore_checkpoint, or Error(invalid_argument) naming
-/// the ranks that failed). Returns the checkpoint's metadata.
+/// the same Error (agree_on_load: the first failing rank's, from read_checkpoint or
+/// restore_checkpoint). Returns the checkpoint's metadata.
 inline CheckpointMetadata load_checkpoint(Communicator& comm, const std::string& dir, const NamedTensors& params,
                                           ::torch::optim::Optimizer& optimizer) {
   bool agreed = false;
-  auto agree = [&](bool ok) {
-    agreed = true;
-    const std::int32_t bad = ok ? 0 : 1;
-    std::vector<std::int32_t> all(static_cast<std::size_t>(comm.size()));
-    comm.allgather(&bad, all.data(), 1, DataType::i32);
-    std::string culprits;
-    for (std::size_t r = 0; r < all.size(); ++r)
-      if (all[r]) culprits += (culprits.empty() ? "" : ", ") + std::to_string(r);
-    if (ok && !culprits.empty())
-      throw Error(ErrorCode::invalid_argument, "tutti::torch checkpoint " + dir + " (rank " +
-                                                   std::to_string(comm.rank()) + "): rank(s) " + culprits +
-                                                   " could not load it (see their errors); nothing restored");
-  };
   try {
     auto contents = read_checkpoint(dir, comm.size());
     CheckpointMetadata metadata = contents.manifest.metadata;
-    restore_checkpoint(std::move(contents), dir, params, optimizer, [&] { agree(true); });
+    restore_checkpoint(std::move(contents), dir, params, optimizer, [&] {
+      agreed = true;
+      agree_on_load(comm, dir, nullptr);
+    });
     return metadata;
   } catch (...) {
-    if (!agreed) agree(false);
-    throw;
+    if (agreed) throw;
+    agreed = true;
+    agree_on_load(comm, dir, std::current_exception());
+    throw;  // not reached: agree_on_load throws when a rank failed
+  }
+}
+
+/// The "optimizer_steps" a MANIFEST records (0 without); Error(invalid_argument) naming `path`
+/// for one that is not a number.
+inline long long optimizer_steps_of(const Manifest& manifest, const std::string& path) {
+  const auto it = manifest.metadata.find("optimizer_steps");
+  if (it == manifest.metadata.end()) return 0;
+  try {
+    return std::stoll(it->second);
+  } catch (const std::logic_error&) {
+    throw Error(ErrorCode::invalid_argument, "checkpoint: " + path + " is damaged: optimizer_steps is not a number");
   }
 }
 
 }  // namespace detail
 
 /// The subdirectory of `dir` holding the complete checkpoint with the most optimizer steps (the
-/// "optimizer_steps" of its MANIFEST), or nullopt when none has a valid MANIFEST (directories
-/// without one are checkpoints that never completed). Shards are verified when it is loaded.
+/// "optimizer_steps" of its MANIFEST), or nullopt when none has a valid MANIFEST (or `dir` does
+/// not exist). Subdirectories without a MANIFEST are checkpoints that never completed and are
+/// passed over in silence; a MANIFEST that is damaged or refused (not a regular file) is named in
+/// a warning on stderr and passed over. Shards are verified when it is loaded. Looks on this
+/// process only: a job uses the collective overload below, so that its ranks load the same one.
 inline std::optional<std::string> latest_checkpoint(const std::string& dir) {
   std::optional<std::string> best;
   long long best_steps = -1;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string path = entry.path().string() + "/" + detail::manifest_name;
-    std::error_code exists_ec;
-    if (!std::filesystem::exists(path, exists_ec)) continue;
+    if (!detail::name_exists(path)) continue;
     try {
-      const auto manifest = detail::decode_manifest(detail::read_whole_file(path), path);
-      const auto it = manifest.metadata.find("optimizer_steps");
-      const long long steps = it == manifest.metadata.end() ? 0 : std::stoll(it->second);
+      const auto manifest =
+          detail::decode_manifest(detail::read_checkpoint_file(path, detail::max_manifest_bytes), path);
+      const long long steps = detail::optimizer_steps_of(manifest, path);
       if (steps > best_steps) {
         best_steps = steps;
         best = entry.path().string();
       }
-    } catch (const std::exception&) {
-      continue;  // a damaged MANIFEST does not make a checkpoint
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tutti: warning: checkpoint passed over: %s\n", e.what());
     }
   }
   return best;
+}
+
+/// latest_checkpoint(dir) as the ranks of `comm` agree on it (collective): rank 0 looks and
+/// broadcasts what it chose, so that a checkpoint published while the ranks start does not make
+/// them load different ones. Throws on every rank the same Error(invalid_argument) when `dir`
+/// is not a directory (a --resume of a path that does not exist is a mistake, not a fresh start).
+inline std::optional<std::string> latest_checkpoint(Communicator& comm, const std::string& dir) {
+  std::uint64_t head[2] = {0, 0};  // 0: none, 1: found, 2: error; bytes of the text
+  std::string text;
+  if (comm.rank() == 0) {
+    try {
+      std::error_code ec;
+      if (!std::filesystem::is_directory(dir, ec))
+        throw Error(ErrorCode::invalid_argument,
+                    "tutti::torch checkpoint directory " + dir + " does not exist or is not a directory");
+      if (auto best = latest_checkpoint(dir)) {
+        head[0] = 1;
+        text = *best;
+      }
+    } catch (const std::exception& e) {  // shared, so that every rank throws it
+      head[0] = 2;
+      text = std::string(e.what()) + " (rank 0)";
+    }
+    head[1] = text.size();
+  }
+  comm.broadcast(head, 2, DataType::u64, 0);
+  text.resize(static_cast<std::size_t>(head[1]));
+  if (!text.empty()) comm.broadcast(text.data(), text.size(), DataType::u8, 0);
+  if (head[0] == 2) throw Error(ErrorCode::invalid_argument, text);
+  if (head[0] == 1) return text;
+  return std::nullopt;
 }
 
 }  // namespace tutti::torch

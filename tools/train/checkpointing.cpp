@@ -31,7 +31,9 @@ std::int64_t integer(const tutti::torch::CheckpointMetadata& m, const std::strin
 
 ResumePoint Checkpointing::resume(Communicator& comm) {
   if (s_.resume.empty()) return {};
-  const auto latest = tutti::torch::latest_checkpoint(s_.resume);
+  // Chosen by rank 0 for all (a checkpoint published meanwhile must not split the ranks); a
+  // directory that does not exist is an error on every rank, not a fresh start.
+  const auto latest = tutti::torch::latest_checkpoint(comm, s_.resume);
   if (!latest) {
     if (comm.rank() == 0)
       std::printf("tutti-train: no complete checkpoint in %s: starting from the beginning\n", s_.resume.c_str());

@@ -24,10 +24,11 @@ class Checkpointing {
       : s_(s), optimizer_(optimizer), steps_per_epoch_(steps_per_epoch) {}
 
   /// Collective. With --resume DIR: restores the latest complete checkpoint in DIR (parameters,
-  /// optimizer state, step count) and returns where it was taken; rank 0 says which one, or that
-  /// there is none (then training starts afresh). Without --resume: the start. Throws
-  /// tutti::Error for a checkpoint it refuses (damaged, another world size or model) and
-  /// std::runtime_error for one taken with another batch size, seed or accumulation.
+  /// optimizer state, step count), the one rank 0 chose for all, and returns where it was taken;
+  /// rank 0 says which one, or that there is none (then training starts afresh). Without
+  /// --resume: the start. Throws tutti::Error for a DIR that does not exist or a checkpoint it
+  /// refuses (damaged, another world size or model), and std::runtime_error for one taken with
+  /// another batch size, seed or accumulation.
   ResumePoint resume(Communicator& comm);
 
   /// Called after loop step `step` of epoch `epoch`: with --checkpoint, takes a checkpoint into
