@@ -212,6 +212,36 @@ TEST(CompressedAllreduce, RefusesBadInputBeforeWriting) {
   EXPECT_EQ(failures, "");
 }
 
+// Shapes whose element count wraps around size_t are refused, naming the tensor, before anything
+// is sized by the wrapped count.
+TEST(PowerSgd, AShapeWhoseSizeWrapsAroundIsRefused) {
+  const auto failures = on_threads(1, [](int) {
+    auto comm = tutti::local_group(1)[0];
+    std::vector<float> grad(8, 1.0f);
+    const std::size_t rows = std::size_t{1} << 62;  // rows x 8 elements: 2^65, 0 once wrapped
+    tc::PowerSgd power(1, 1);
+    try {
+      power.allreduce(comm, "w", grad.data(), rows, 8);
+      ADD_FAILURE() << "PowerSgd accepted " << rows << "x8";
+    } catch (const tutti::Error& e) {
+      EXPECT_EQ(e.code(), tutti::ErrorCode::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(std::to_string(rows)), std::string::npos) << e.what();
+    }
+    const std::vector<std::int64_t> shape = {std::int64_t{1} << 40, std::int64_t{1} << 40};
+    for (const char* text : {"fp16", "powersgd:1"}) {
+      tc::GradientCompressor compressor(tc::Compression::parse(text), 1);
+      try {
+        compressor.average(comm, "w", grad.data(), shape);
+        ADD_FAILURE() << text << " accepted a shape of 2^80 elements";
+      } catch (const tutti::Error& e) {
+        EXPECT_EQ(e.code(), tutti::ErrorCode::invalid_argument);
+        EXPECT_NE(std::string(e.what()).find("'w'"), std::string::npos) << e.what();
+      }
+    }
+  });
+  EXPECT_EQ(failures, "");
+}
+
 TEST(PowerSgd, OrthogonalizeGivesOrthonormalColumns) {
   auto m = random_vector(50 * 4, 7);
   tc::orthogonalize(m.data(), 50, 4);

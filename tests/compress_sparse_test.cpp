@@ -230,6 +230,29 @@ TEST(QsgdSparseAllreduce, EmptyInputs) {
   }
 }
 
+// A dense result no host holds (dim 2^40 of f32: 4 TiB) is refused on every rank with its size,
+// before anything is allocated (under ASan a huge malloc aborts: the check must come first).
+TEST(QsgdSparseAllreduce, ADenseResultLargerThanMemoryIsRefused) {
+  const std::size_t dim = std::size_t{1} << 40;
+  const std::vector<std::uint64_t> indices = {5, dim - 1};
+  const std::vector<float> values = {1, 2};
+  auto comms = tutti::local_group(2);
+  std::vector<std::string> errors(2);
+  const auto failures = on_threads(2, [&](int r) {
+    const ts::Vector v{dim, 2, indices.data(), ts::IndexType::u64, values.data(), tutti::DataType::f32};
+    try {
+      tc::qsgd_sparse_allreduce(comms[r], v, {8, 512}, {}, tutti::ReduceOp::sum, {.form = ts::Form::dense});
+    } catch (const tutti::Error& e) {
+      if (e.code() == tutti::ErrorCode::invalid_argument) errors[r] = e.what();
+    }
+  });
+  ASSERT_EQ(failures, "");
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find(std::to_string(dim) + " elements"), std::string::npos) << e;
+    EXPECT_NE(e.find(std::to_string(dim * 4) + " bytes"), std::string::npos) << e;
+  }
+}
+
 // u64 indices travel and come back as u64.
 TEST(QsgdSparseAllreduce, U64Indices) {
   const std::size_t dim = std::size_t{1} << 40;

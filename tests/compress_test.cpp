@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -112,6 +113,19 @@ TEST(Qsgd, SizesLevelsAndBadOptions) {
   }
   EXPECT_THROW(tc::qsgd_encoded_bytes(10, {8, 0}), tutti::Error);
   EXPECT_THROW(tc::qsgd_encode(nullptr, 3, {8, 4}, {}, nullptr), tutti::Error);
+}
+
+// A count whose encoding takes more than size_t counts is refused, not wrapped around into a small
+// size (a caller would allocate that, and qsgd_encode write past it).
+TEST(Qsgd, ACountWhoseSizeWrapsAroundIsRefused) {
+  const std::size_t huge = std::numeric_limits<std::size_t>::max() / 4;
+  try {
+    tc::qsgd_encoded_bytes(huge, {8, 512});
+    ADD_FAILURE() << "count " << huge << " accepted";
+  } catch (const tutti::Error& e) {
+    EXPECT_EQ(e.code(), tutti::ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find(std::to_string(huge)), std::string::npos) << e.what();
+  }
 }
 
 TEST(Qsgd, ExactLevelsDecodeExactly) {

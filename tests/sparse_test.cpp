@@ -673,6 +673,34 @@ TEST(SparseErrors, BadInputOnOneRankRaisesEverywhere) {
              ErrorCode::invalid_argument, "rank 0");
 }
 
+// A dense vector no host holds (dim 2^40 of f32: 4 TiB), forced by the form or the algorithm, is
+// refused on every rank with its size in elements and bytes, before anything is allocated or
+// sent (under ASan a huge malloc aborts: the check must come first); the sparse form of the same
+// dim runs.
+TEST(SparseErrors, ADenseVectorLargerThanMemoryIsRefusedWithItsSize) {
+  const std::size_t dim = std::size_t{1} << 40;
+  const std::vector<std::uint64_t> indices = {5, dim - 1};
+  const std::vector<float> values = {1, 2};
+  const sparse::Vector v{dim, 2, indices.data(), IndexType::u64, values.data(), DataType::f32};
+  const sparse::Options forced[] = {{.form = Form::dense},
+                                    {.algorithm = Algorithm::ssar_recursive_doubling, .form = Form::dense},
+                                    {.algorithm = Algorithm::dense_allreduce}};
+  for (const sparse::Options& options : forced) {
+    const auto got = errors_of(2, [&](Communicator& comm) { sparse_allreduce(comm, v, ReduceOp::sum, options); });
+    expect_all(got, ErrorCode::invalid_argument, std::to_string(dim) + " elements");
+    expect_all(got, ErrorCode::invalid_argument, std::to_string(dim * 4) + " bytes");
+  }
+  const std::string failures = run_ranks(2, [&](Communicator& comm) {
+    const sparse::Result r = sparse_allreduce(comm, v, ReduceOp::sum, {.form = Form::sparse});
+    const auto i = r.indices_as<std::uint64_t>();
+    const auto x = r.values_as<float>();
+    if (std::vector<std::uint64_t>(i.begin(), i.end()) != indices ||
+        std::vector<float>(x.begin(), x.end()) != std::vector<float>{2, 4})
+      throw std::runtime_error("the sparse form of dim 2^40 gave a wrong result");
+  });
+  EXPECT_EQ(failures, "");
+}
+
 TEST(SparseErrors, RanksThatDisagreeRaiseMismatchEverywhere) {
   const int p = 4;
   // Rank 3's case differs from the others' in one thing; each input is valid on its own.

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "tutti/compress.hpp"
@@ -36,6 +37,11 @@ std::size_t GradientCompressor::average(Communicator& comm, std::string_view nam
     if (d < 0)
       throw Error(ErrorCode::invalid_argument, "GradientCompressor on rank " + std::to_string(comm.rank()) +
                                                    ": tensor '" + std::string(name) + "' has a negative dimension");
+    // The product sizes the residual and the staging copies: it must not wrap around.
+    if (d != 0 && count > std::numeric_limits<std::size_t>::max() / sizeof(float) / static_cast<std::size_t>(d))
+      throw Error(ErrorCode::invalid_argument, "GradientCompressor on rank " + std::to_string(comm.rank()) +
+                                                   ": tensor '" + std::string(name) +
+                                                   "' has more elements than 2^64 bytes hold");
     count *= static_cast<std::size_t>(d);
   }
   switch (compression_.kind) {

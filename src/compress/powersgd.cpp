@@ -3,6 +3,7 @@
 // double in a fixed order: ranks that hold the same P and Q compute the same bits.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <string>
 
@@ -82,6 +83,11 @@ PowerSgd::PowerSgd(int rank, std::uint64_t seed) : rank_(rank), seed_(seed) {
 
 std::size_t PowerSgd::allreduce(Communicator& comm, std::string_view name, float* grad, std::size_t rows,
                                 std::size_t cols) {
+  // rows * cols sizes the residual: a product that wraps around would make it too small.
+  if (cols != 0 && rows > std::numeric_limits<std::size_t>::max() / sizeof(float) / cols)
+    throw Error(ErrorCode::invalid_argument, "PowerSgd on rank " + std::to_string(comm.rank()) + ": tensor '" +
+                                                 std::string(name) + "' of " + std::to_string(rows) + "x" +
+                                                 std::to_string(cols) + " elements takes more than 2^64 bytes");
   const std::size_t n = rows * cols;
   if (n > 0 && grad == nullptr)
     throw Error(ErrorCode::invalid_argument,

@@ -4,6 +4,7 @@
 // the sign in bit 3, the level in bits 0-2).
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "compress/random.hpp"
@@ -18,6 +19,12 @@ void check(std::size_t count, const QsgdOptions& options, const void* a, const v
   if (options.bucket_size == 0) throw Error(ErrorCode::invalid_argument, std::string(what) + ": bucket_size is 0");
   if (count > 0 && (a == nullptr || b == nullptr))
     throw Error(ErrorCode::invalid_argument, std::string(what) + ": null buffer with count " + std::to_string(count));
+  // The encoded size (count codes of up to 8 bits, a norm per bucket) must not wrap around: a
+  // wrapped size would have the caller allocate too little for qsgd_encode to write.
+  constexpr std::size_t most = std::numeric_limits<std::size_t>::max() / 16;
+  if (count > most || options.bucket_size > most)
+    throw Error(ErrorCode::invalid_argument, std::string(what) + ": count " + std::to_string(count) +
+                                                 " is too large: its encoding would take more than 2^64 bytes");
 }
 
 std::size_t buckets(std::size_t count, const QsgdOptions& options) {
@@ -67,7 +74,7 @@ int qsgd_levels(int bits) {
 }
 
 std::size_t qsgd_encoded_bytes(std::size_t count, const QsgdOptions& options) {
-  check(0, options, nullptr, nullptr, "qsgd_encoded_bytes");
+  check(count, options, &options, &options, "qsgd_encoded_bytes");  // the options and the size: no buffers here
   return buckets(count, options) * sizeof(float) + (count * static_cast<std::size_t>(options.bits) + 7) / 8;
 }
 

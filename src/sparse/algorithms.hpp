@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/cost_model.hpp"
+#include "sparse/allocation.hpp"
 #include "sparse/piece.hpp"
 #include "tutti/sparse.hpp"
 
@@ -40,8 +41,12 @@ struct Context {
     out.assign(bytes, std::byte{0});
     return out;
   }
-  /// zeroed() of the dense vector's dim values.
-  std::vector<std::byte> zeroed_dense() { return zeroed(layout.dim * layout.value_bytes); }
+  /// zeroed() of the dense vector's dim values; Error(invalid_argument) naming the size where
+  /// they exceed this host's memory (check_allocation), before anything is allocated.
+  std::vector<std::byte> zeroed_dense() {
+    check_allocation(layout.dim, layout.value_bytes, "the dense vector", operation, rank);
+    return zeroed(layout.dim * layout.value_bytes);
+  }
   /// Whether zeroed_dense() reuses the caller's storage.
   bool has_dense_spare() const { return spare_values.capacity() >= layout.dim * layout.value_bytes; }
 

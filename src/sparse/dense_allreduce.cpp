@@ -42,6 +42,8 @@ class Union {
  public:
   Union(Context& ctx, const Vector& input)
       : words_((ctx.layout.dim + 63) / 64), ranks_(static_cast<std::size_t>(ctx.size)) {
+    // This rank's bitmap and every rank's, of dim bits each.
+    check_allocation(words_, sizeof(std::uint64_t) * (ranks_ + 1), "the presence bitmaps", ctx.operation, ctx.rank);
     mine_.assign(words_, 0);
     mark_indices(input, mine_.data());
     all_.resize(words_ * ranks_);

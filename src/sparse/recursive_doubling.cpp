@@ -64,7 +64,11 @@ Piece combine(Context& ctx, Piece a, const Piece& b) {
 }  // namespace
 
 std::size_t bytes_announced(const Context& ctx, std::uint64_t header, int peer) {
-  if (header == piece_mark && ctx.form != Form::sparse) return ctx.layout.dim * ctx.layout.value_bytes;
+  if (header == piece_mark && ctx.form != Form::sparse) {
+    check_allocation(ctx.layout.dim, ctx.layout.value_bytes, "a dense piece from rank " + std::to_string(peer),
+                     ctx.operation, ctx.rank);
+    return ctx.layout.dim * ctx.layout.value_bytes;
+  }
   if (header > ctx.layout.dim)
     throw Error(ErrorCode::invalid_argument,
                 std::string(ctx.operation) + " (rank " + std::to_string(ctx.rank) + "): rank " + std::to_string(peer) +

@@ -8,6 +8,7 @@
 #include "comm/tuning.hpp"
 #include "reduce/reduce.hpp"
 #include "sparse/algorithms.hpp"
+#include "sparse/allocation.hpp"
 #include "sparse/cost_model.hpp"
 #include "sparse/stages.hpp"
 
@@ -94,6 +95,10 @@ Prepared prepare(tutti::Communicator& comm, const Vector& input, ReduceOp op, co
     const bool sorted = check_input(input, operation, rank);
     out.deferred = defer && sorted;
     const Layout layout = layout_of(input.dim, input.index_type, input.value_type);
+    // A forced dense vector is refused here, on every rank and before anything moves, where it
+    // cannot fit (an automatic form goes dense only where the pairs alone are about as large).
+    if (!gather && (options.form == Form::dense || options.algorithm == Algorithm::dense_allreduce))
+      check_allocation(input.dim, layout.value_bytes, "the dense vector", operation, rank);
     if (!out.deferred) out.mine = sorted ? copy_canonical(input, layout) : canonical(input, op, layout);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::invalid_argument) throw;
