@@ -323,13 +323,14 @@ inline void agree_on_load(Communicator& comm, const std::string& dir, const std:
     if (!first) first = r;
   }
   if (!first) return;
+  const char* record_of_first = all.data() + *first * record;
   std::int32_t code;
-  std::memcpy(&code, all.data() + *first * record, 4);
+  std::memcpy(&code, record_of_first, 4);
   const auto known = code >= 1 && code <= static_cast<std::int32_t>(ErrorCode::system) + 1;
+  const std::string text(record_of_first + 4, ::strnlen(record_of_first + 4, text_bytes));  // bounded by the record
   throw Error(known ? static_cast<ErrorCode>(code - 1) : ErrorCode::system,
               "tutti::torch checkpoint " + dir + ": nothing restored on any rank: rank " + std::to_string(*first) +
-                  " could not load it" + (others.empty() ? "" : " (nor could rank(s) " + others + ")") + ": " +
-                  std::string(all.data() + *first * record + 4));
+                  " could not load it" + (others.empty() ? "" : " (nor could rank(s) " + others + ")") + ": " + text);
 }
 
 /// Reads `dir` on every rank of `comm` and restores it into `params` and `optimizer` (collective).
