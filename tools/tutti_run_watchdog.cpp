@@ -124,6 +124,8 @@ Watchdog::Watchdog(const Job& job) {
   }
   // An inherited SIG_IGN would let the kernel reap the intermediate child before we wait for it.
   ::signal(SIGCHLD, SIG_DFL);
+  // A watchdog killed by hand must not make the destructor's word to it kill tutti-run.
+  ::signal(SIGPIPE, SIG_IGN);
   const pid_t pid = ::fork();
   if (pid == 0) {
     // Forked twice, and in a new session: no child of tutti-run, no member of its process group.
