@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/errors.hpp"
+#include "common/storage_pin.hpp"
 #include "horovod/context.hpp"
 
 namespace py = pybind11;
@@ -83,6 +84,7 @@ PYBIND11_MODULE(_horovod, m) {
   using namespace tutti_python::horovod;
   m.doc() = "C++ half of tutti.horovod.torch: collectives on torch tensors over Tutti's training engine";
   tutti_python::register_error_translator();
+  if (!tutti_python::import_storage_pins()) throw py::error_already_set();  // operations pin their tensors' storages
   m.def("init", &init, py::arg("fusion_threshold") = py::none(), py::arg("cycle_time_ms") = py::none(),
         py::arg("timeline") = py::none(),
         "Joins the job (collective); the arguments replace TUTTI_FUSION_THRESHOLD, TUTTI_CYCLE_TIME_MS "

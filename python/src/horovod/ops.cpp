@@ -65,7 +65,9 @@ void ignore_errors_while_waiting(tutti::Handle& handle, std::chrono::millisecond
 class EngineOp final : public PendingOp {
  public:
   EngineOp(tutti::Handle handle, ::torch::Tensor input, ::torch::Tensor buffer, ::torch::Tensor output)
-      : handle_(std::move(handle)), input_(std::move(input)), buffer_(std::move(buffer)), output_(std::move(output)) {}
+      : handle_(std::move(handle)), input_(std::move(input)), buffer_(std::move(buffer)), output_(std::move(output)) {
+    pin({input_, buffer_});
+  }
 
   bool test() override {
     if (done_) return true;
@@ -92,6 +94,7 @@ class AllgatherOp final : public PendingOp {
       throw Error(ErrorCode::invalid_argument, rank_prefix("allgather", name_, engine.rank()) +
                                                    "the tensor is a scalar; allgather needs at least one dimension");
     dtype_ = checked_type(input_, rank_prefix("allgather", name_, engine.rank()));
+    pin({input_});  // the data phase may send it as it is
     meta_ = ::torch::tensor({input_.size(0), row_signature(input_)}, ::torch::kLong);
     gathered_ = ::torch::empty({2 * engine.size()}, ::torch::kLong);
     handle_ = engine.enqueue_allgather(name_, meta_.data_ptr(), gathered_.data_ptr(), 2, tutti::DataType::i64);
@@ -174,7 +177,9 @@ class AlltoallOp final : public PendingOp {
         output_(std::move(output)),
         received_(std::move(received)),
         send_counts_(std::move(send_counts)),
-        recv_counts_(std::move(recv_counts)) {}
+        recv_counts_(std::move(recv_counts)) {
+    pin({input_});
+  }
 
   bool test() override { return request_.test(); }
   void wait_for(std::chrono::milliseconds slice) override {

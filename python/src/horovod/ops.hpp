@@ -5,19 +5,22 @@
 
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <torch/types.h>
 
+#include "common/storage_pin.hpp"
 #include "tutti/engine.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti_python::horovod {
 
-/// One operation from enqueue to completion. Tensors it reads or writes are held by it, so they
-/// outlive the collective whatever the caller drops.
+/// One operation from enqueue to completion. Tensors it reads or writes are held by it, and their
+/// storages pinned (common/storage_pin.hpp), so that their memory outlives the collective whatever
+/// the caller does to them (del, set_; resize_ raises).
 class PendingOp {
  public:
   virtual ~PendingOp() = default;
@@ -29,6 +32,15 @@ class PendingOp {
   /// The outputs, valid once test() returned true: the result tensor, and for alltoall the
   /// received splits.
   virtual std::vector<::torch::Tensor> results() = 0;
+
+ protected:
+  /// Pins the storages of `tensors` (undefined ones are skipped) until this operation is destroyed.
+  void pin(std::initializer_list<::torch::Tensor> tensors) {
+    for (const ::torch::Tensor& t : tensors) pins_.emplace_back(t);
+  }
+
+ private:
+  std::vector<StoragePin> pins_;
 };
 
 /// Horovod's reduction ops, as the Python module numbers them (Average = 0, Sum = 1, Adasum = 2,

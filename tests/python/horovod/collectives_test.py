@@ -4,12 +4,14 @@ negotiated in different orders, fusion, Horovod's variables, the timeline.
 Run: PYTHONPATH=build/python build/tools/tutti-run -n 2 python3 tests/python/horovod/collectives_test.py
 """
 
+import gc
 import os
 import tempfile
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
-from harness import check_equal, run
+from harness import check_equal, expect_error, run
 
 # Horovod's variables, read by init(): a long cycle so that the many small tensors below are
 # negotiated together, and a timeline (rank 0 writes it).
@@ -123,6 +125,26 @@ def test_async_handles_in_rank_dependent_order():
 def test_out_of_place_async():
     h = hvd.allreduce_async(data(R, 100, torch.int64), op=hvd.Max)
     check_equal(hvd.synchronize(h), expected_reduce(100, torch.int64, hvd.Max), "allreduce_async")
+
+
+def test_handle_keeps_the_tensor_memory():
+    """An in-flight handle pins its tensor's storage (docs/python.md): resize_ raises and the
+    storage outlives t.set_(...) until synchronize(); then both are undone."""
+    t = data(R, 4096, torch.int64)
+    h = hvd.allreduce_async_(t, name="lifetime.resize", op=hvd.Sum)
+    expect_error(RuntimeError, lambda: t.resize_(1 << 20), "resiz")
+    t.resize_(4096)  # torch set the new shape before it raised
+    check_equal(hvd.synchronize(h), expected_reduce(4096, torch.int64, hvd.Sum), "allreduce after a refused resize_")
+    t.resize_(1 << 20)  # allowed once synchronized
+    t = data(R, 4096, torch.int64)
+    old = StorageWeakRef(t.storage())
+    h = hvd.allreduce_async_(t, name="lifetime.set", op=hvd.Sum)
+    t.set_(torch.zeros(4, dtype=torch.int64))
+    gc.collect()
+    assert not old.expired(), "the storage was freed under a running allreduce"
+    hvd.synchronize(h)
+    gc.collect()
+    assert old.expired(), "the storage is still held after synchronize()"
 
 
 def test_fusion_of_many_small_tensors():
