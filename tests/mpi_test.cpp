@@ -197,6 +197,24 @@ TEST(Init, UnderMpirunOneHostRunsOverSharedMemory) {
   for (auto x : v) ASSERT_EQ(x, p * p * (p + 1) / 2);
 }
 
+// A launcher that gives no job id (MPICH's PMI_* has none; here Open MPI's id is hidden): under
+// MPI's own bootstrap rank 0 draws one for every rank, and the job runs.
+TEST(Init, UnderMpirunWithoutAJobIdRankZeroDrawsOne) {
+  ASSERT_EQ(std::getenv("TUTTI_STORE"), nullptr);
+  std::vector<std::pair<std::string, std::string>> hidden;
+  for (const char* name : {"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "TUTTI_JOB_ID"})
+    if (const char* value = std::getenv(name)) {
+      hidden.emplace_back(name, value);
+      ::unsetenv(name);
+    }
+  Communicator world = init();
+  for (const auto& [name, value] : hidden) ::setenv(name.c_str(), value.c_str(), 1);
+  std::vector<std::int32_t> v(100, world.rank() + 1);
+  world.allreduce(std::span<std::int32_t>(v), ReduceOp::sum);
+  const int p = world.size();
+  for (auto x : v) ASSERT_EQ(x, p * (p + 1) / 2);
+}
+
 // Ranks on several hosts (emulated: TUTTI_HOST names two, a rank's parity) under plain mpirun:
 // rank 0 serves the store, with a token of its own, to ranks it names it to through MPI; ranks of
 // one host connect through shared memory, of different hosts through TCP (hosts of one rank each:
