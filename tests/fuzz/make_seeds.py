@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora of fuzz_tcp_frame and fuzz_shm_header (tests/fuzz/corpus/tcp_frame/,
-shm_header/): valid records and the edge cases named after them. Their input layouts are described
-at the top of fuzz_tcp_frame.cpp and fuzz_shm_header.cpp; the structs are those of
-src/transport/tcp/wire.hpp and src/transport/shm/segment.hpp on x86-64 (little-endian).
+"""Writes the seed corpora of fuzz_tcp_frame, fuzz_shm_header and fuzz_checkpoint
+(tests/fuzz/corpus/tcp_frame/, shm_header/, checkpoint/): valid records and the edge cases named
+after them. Their input layouts are described at the top of fuzz_tcp_frame.cpp, fuzz_shm_header.cpp
+and fuzz_checkpoint.cpp; the structs are those of src/transport/tcp/wire.hpp,
+src/transport/shm/segment.hpp and include/tutti/torch_checkpoint_bytes.hpp on x86-64
+(little-endian).
 Run from anywhere: python3 tests/fuzz/make_seeds.py"""
 
 import os
@@ -153,6 +155,87 @@ def shm_seeds():
     }
 
 
+# ---- checkpoint (include/tutti/torch_checkpoint_bytes.hpp; fuzz_checkpoint.cpp's mode byte) ----
+
+SHARD, MANIFEST, SEAL, OWN_RANK = 0, 1, 2, 4
+FLOAT, LONG, DOUBLE, QINT8 = 6, 4, 7, 12
+
+
+def fnv1a(data):
+    h = 14695981039346656037
+    for b in data:
+        h = ((h ^ b) * 1099511628211) & ((1 << 64) - 1)
+    return h
+
+
+def shard_entry(name, type_, sizes, data, nbytes=None):
+    return (struct.pack("<I", len(name)) + name + struct.pack("<iI", type_, len(sizes))
+            + b"".join(struct.pack("<q", d) for d in sizes) + struct.pack("<Q", len(data) if nbytes is None else nbytes)
+            + data)
+
+
+def shard(entries, rank=0, world=1, count=None, version=1, magic=b"TUTTICKS"):
+    body = magic + struct.pack("<IIII", version, rank, world, len(entries) if count is None else count)
+    return body + b"".join(entries)
+
+
+def sealed(body):
+    return body + struct.pack("<Q", fnv1a(body))
+
+
+def manifest_text(world=1, shards=((859, 0x56436df2592c2aa5),), extra=b""):
+    text = (b"tutti-checkpoint 1\nworld_size %d\noptimizer torch::optim::SGD\nmeta epoch 1\n"
+            b"meta optimizer_steps 2\nparam fc1.weight Float[4,5]\nparam fc1.bias Float[4]\n" % world) + extra
+    for r, (size, checksum) in enumerate(shards):
+        text += b"shard %d %d %016x\n" % (r, size, checksum)
+    return text
+
+
+def checkpoint_seeds():
+    weight = shard_entry(b"param/w", FLOAT, [2, 3], struct.pack("<6f", *range(6)))
+    step = shard_entry(b"state/w/step", LONG, [1], struct.pack("<q", 5))
+    group = shard_entry(b"group/0", DOUBLE, [2], struct.pack("<2d", 0.1, 0.9))
+    valid = shard([weight, step, group])
+    text = manifest_text()
+    return {
+        "shard_valid": bytes([SHARD]) + sealed(valid),
+        "shard_valid_unsealed": bytes([SHARD | SEAL]) + valid,
+        "shard_rank_1_of_2": bytes([SHARD | SEAL | OWN_RANK]) + shard([weight], rank=1, world=2),
+        "shard_other_rank": bytes([SHARD | SEAL]) + shard([weight], rank=3, world=4),
+        "shard_empty": bytes([SHARD | SEAL]) + shard([]),
+        "shard_scalar": bytes([SHARD | SEAL]) + shard([shard_entry(b"s", DOUBLE, [], struct.pack("<d", 1.5))]),
+        "shard_zero_size": bytes([SHARD | SEAL]) + shard([shard_entry(b"z", FLOAT, [0, 7], b"")]),
+        "shard_count_5e7": bytes([SHARD | SEAL]) + shard([], count=50_000_000),
+        "shard_count_max": bytes([SHARD | SEAL]) + shard([], count=0xFFFFFFFF),
+        "shard_huge_tensor": bytes([SHARD | SEAL]) + shard([shard_entry(b"w", FLOAT, [1 << 40], b"", 4 << 40)]),
+        "shard_huge_name": bytes([SHARD | SEAL]) + shard([]) [:-4] + struct.pack("<II", 1, 0xFFFFFFF0),
+        "shard_too_many_dims": bytes([SHARD | SEAL]) + shard([shard_entry(b"w", FLOAT, [1] * 17, b"\0" * 4)]),
+        "shard_negative_size": bytes([SHARD | SEAL]) + shard([shard_entry(b"w", FLOAT, [-1], b"")]),
+        "shard_overflowing_shape": bytes([SHARD | SEAL]) + shard([shard_entry(b"w", FLOAT, [1 << 32, 1 << 32], b"")]),
+        "shard_bad_type": bytes([SHARD | SEAL]) + shard([shard_entry(b"w", 99, [1], b"\0")]),
+        "shard_quantized_type": bytes([SHARD | SEAL]) + shard([shard_entry(b"w", QINT8, [1], b"\0")]),
+        "shard_bytes_not_shape": bytes([SHARD | SEAL]) + shard([shard_entry(b"w", FLOAT, [2], b"\0" * 4)]),
+        "shard_trailing_bytes": bytes([SHARD | SEAL]) + valid + b"junk",
+        "shard_bad_version": bytes([SHARD | SEAL]) + shard([weight], version=2),
+        "shard_bad_magic": bytes([SHARD | SEAL]) + shard([weight], magic=b"NOTASHRD"),
+        "shard_bad_checksum": bytes([SHARD]) + valid + b"\0" * 8,
+        "shard_short": bytes([SHARD]) + b"TUTTI",
+        "manifest_valid": bytes([MANIFEST]) + text + b"checksum %016x\n" % fnv1a(text),
+        "manifest_unsealed": bytes([MANIFEST | SEAL]) + text,
+        "manifest_two_ranks": bytes([MANIFEST | SEAL]) + manifest_text(2, ((100, 1), (200, 2))),
+        "manifest_shards_missing": bytes([MANIFEST | SEAL]) + manifest_text(3, ((100, 1),)),
+        "manifest_world_huge": bytes([MANIFEST | SEAL]) + manifest_text(2147483647, ()),
+        "manifest_world_overflow": bytes([MANIFEST | SEAL]) + manifest_text(1, (), b"world_size 99999999999\n"),
+        "manifest_shard_out_of_order": bytes([MANIFEST | SEAL]) + manifest_text(1, (), b"shard 1 5 00\n"),
+        "manifest_shard_no_checksum": bytes([MANIFEST | SEAL]) + manifest_text(1, (), b"shard 0 5\n"),
+        "manifest_unknown_line": bytes([MANIFEST | SEAL]) + text + b"owner mallory\n",
+        "manifest_bad_checksum": bytes([MANIFEST]) + text + b"checksum 0000000000000000\n",
+        "manifest_no_newline": bytes([MANIFEST]) + text + b"checksum %016x" % fnv1a(text),
+        "manifest_empty": bytes([MANIFEST]),
+        "manifest_wrong_version": bytes([MANIFEST | SEAL]) + b"tutti-checkpoint 2\nworld_size 1\nshard 0 1 1\n",
+    }
+
+
 def write(name, seeds):
     folder = os.path.join(HERE, "corpus", name)
     os.makedirs(folder, exist_ok=True)
@@ -164,3 +247,4 @@ def write(name, seeds):
 if __name__ == "__main__":
     write("tcp_frame", tcp_seeds())
     write("shm_header", shm_seeds())
+    write("checkpoint", checkpoint_seeds())
