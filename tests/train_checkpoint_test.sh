@@ -3,16 +3,19 @@
 # one without (async and blocking); a run resumed from any of its checkpoints (mid-epoch, at an
 # epoch's end, after a shorter run) ends with the bitwise same parameters as the uninterrupted run;
 # a rank killed (SIGKILL) while writing its shard leaves no complete-looking checkpoint, and
-# --resume goes on from the previous one; a damaged shard is refused; --resume with none starts
-# afresh; flags that do not go together are usage errors. Every run is bounded by `timeout`; the
-# killed job leaves no process and no /dev/shm segment behind.
+# --resume goes on from the previous one (and checkpoints over the killed one's leftovers); a
+# damaged shard is refused; a damaged newest MANIFEST is named in a warning and the older
+# checkpoint used; --resume with none starts afresh, --resume of a directory that does not exist
+# is an error; flags that do not go together are usage errors. Every run is bounded by `timeout`;
+# the killed job leaves no process and no /dev/shm segment behind.
 #
-#   train_checkpoint_test.sh PATH/TO/tutti-run PATH/TO/tutti-train [DATA_DIR]
+#   train_checkpoint_test.sh PATH/TO/tutti-run PATH/TO/tutti-train PATH/TO/libcheckpoint_stall.so [DATA_DIR]
 # Exits 77 (skipped) when the Fashion-MNIST files are not installed.
 set -u
 run=$1
 train=$2
-data=${3:-/usr/share/datasets/fashion-mnist}
+stall=$3  # checkpoint_stall_preload.cpp: holds one rank inside the write of one file
+data=${4:-/usr/share/datasets/fashion-mnist}
 job_pid=
 # shellcheck source=train_harness.sh
 source "$(dirname "$0")/train_harness.sh"  # $tmp, passed/failed, ok, fail; exits 77 without the data
@@ -85,18 +88,16 @@ rank_pid() { # RANK
   done
 }
 
-# Rank 1's shard of the checkpoint at step 8 goes into a pipe that the test holds open and never
-# reads: its writer fills the pipe and blocks in write(), part of the shard written. Then it is
-# killed. Rank 0 has written its shard and waits for rank 1's; no MANIFEST may appear.
+# Rank 1's writer, held by the preload, writes half of its shard of the checkpoint at step 8 and
+# blocks in write(). Then it is killed. Rank 0 has written its shard and waits for rank 1's; no
+# MANIFEST may appear.
 case_kill_during_write() {
   local dir=$tmp/k
-  mkdir -p "$dir/step-00000008"
-  mkfifo "$dir/step-00000008/shard-1-of-2.tmp"
-  exec 3<>"$dir/step-00000008/shard-1-of-2.tmp"  # a reader that never reads
   local shm_before
   shm_before=$(ls /dev/shm)
-  timeout -s KILL 300 "$run" -n 2 --grace-period 2 "$train" "${quick[@]}" --epochs 2 --checkpoint "$dir" \
-    --checkpoint-every 4 >"$tmp/out" 2>"$tmp/err" 3<&- &
+  LD_PRELOAD=$stall TUTTI_STALL_RANK=1 TUTTI_STALL_FILE=/step-00000008/shard-1-of-2.tmp \
+    timeout -s KILL 300 "$run" -n 2 --grace-period 2 "$train" "${quick[@]}" --epochs 2 --checkpoint "$dir" \
+    --checkpoint-every 4 >"$tmp/out" 2>"$tmp/err" &
   job_pid=$!
   local i victim=
   for ((i = 0; i < 600; i++)); do  # until rank 0's shard is on disk (at most 60 s)
@@ -112,7 +113,6 @@ case_kill_during_write() {
     kill -9 "$job_pid" 2>/dev/null
     wait "$job_pid" 2>/dev/null
     job_pid=
-    exec 3<&-
     return
   fi
   [[ -f $dir/step-00000008/MANIFEST ]] && { fail kill-during-write "a MANIFEST before rank 1's shard"; }
@@ -120,7 +120,6 @@ case_kill_during_write() {
   wait "$job_pid"
   local job_status=$?
   job_pid=
-  exec 3<&-
   [[ $job_status -ne 0 ]] || { fail kill-during-write "the job exited 0 after a rank was killed"; return; }
   grep -q 'rank 1 (pid [0-9]*) killed by signal 9' "$tmp/err" || { fail kill-during-write "rank 1 was not killed"; return; }
   # Rank 0 learns it from its checkpoint writer, at its next checkpoint call.
@@ -135,10 +134,14 @@ case_kill_during_write() {
   [[ ! -e $dir/step-00000008/MANIFEST && ! -e $dir/step-00000008/shard-1-of-2 ]] ||
     { fail kill-during-write "step 8 looks complete: $(ls "$dir/step-00000008" | tr '\n' ' ')"; return; }
   [[ -f $dir/step-00000004/MANIFEST ]] || { fail kill-during-write "step 4 was not published"; return; }
-  rm -f "$dir/step-00000008/shard-1-of-2.tmp"  # the pipe; a crash leaves a plain partial file
-  expect_reference "kill-during-write: resumed" --epochs 2 --resume "$dir" || return
+  [[ -f $dir/step-00000008/shard-1-of-2.tmp ]] || { fail kill-during-write "no partial shard left"; return; }
+  # Resumed, checkpointing into the same directory: step 8 is written again over the leftovers.
+  expect_reference "kill-during-write: resumed" --epochs 2 --resume "$dir" --checkpoint "$dir" \
+    --checkpoint-every 4 || return
   grep -q "resumed from $dir/step-00000004 " "$tmp/out" ||
     { fail kill-during-write "did not resume from step 4: $(grep resumed "$tmp/out")"; return; }
+  [[ -f $dir/step-00000008/MANIFEST && ! -e $dir/step-00000008/shard-1-of-2.tmp ]] ||
+    { fail kill-during-write "step 8 not written again: $(ls "$dir/step-00000008" | tr '\n' ' ')"; return; }
   ok kill-during-write
 }
 
@@ -151,6 +154,27 @@ case_damaged() {
   grep -q "shard $shard is damaged: checksum mismatch\|shard $shard is damaged: it is not the shard its MANIFEST names" \
     "$tmp/err" || { fail damaged "no error naming the damaged shard"; return; }
   ok damaged
+}
+
+# The newest checkpoint's MANIFEST is damaged: a warning names it, and the one before is used.
+case_damaged_manifest() {
+  only "$tmp/a" "$tmp/m" 5 10
+  printf 'X' | dd of="$tmp/m/step-00000010/MANIFEST" bs=1 seek=3 conv=notrunc status=none
+  expect_reference "damaged MANIFEST" --epochs 2 --resume "$tmp/m" || return
+  grep -q "warning: .*$tmp/m/step-00000010/MANIFEST is damaged" "$tmp/err" ||
+    { fail damaged-manifest "no warning naming the damaged MANIFEST"; return; }
+  grep -q "resumed from $tmp/m/step-00000005 " "$tmp/out" ||
+    { fail damaged-manifest "did not resume from step 5: $(grep resumed "$tmp/out")"; return; }
+  ok damaged-manifest
+}
+
+# --resume of a directory that does not exist is an error naming it, not a fresh start.
+case_missing() {
+  train_run --epochs 1 --resume "$tmp/missing"
+  [[ $status -eq 1 ]] || { fail missing "exit status $status, expected 1"; return; }
+  grep -q "checkpoint directory $tmp/missing does not exist" "$tmp/err" ||
+    { fail missing "no error naming the directory"; return; }
+  ok missing
 }
 
 case_none() {
@@ -175,6 +199,8 @@ case_usage() {
 case_resume
 case_kill_during_write
 case_damaged
+case_damaged_manifest
+case_missing
 case_none
 case_usage
 
