@@ -135,6 +135,28 @@ TEST(TorchCheckpointHostile, CheckpointDirectoryThatIsALinkIsRefused) {
   EXPECT_TRUE(fs::is_empty(dir.path + "/elsewhere"));
 }
 
+// A directory every user can write (not sticky), or another user's, is refused; a sticky one is not.
+TEST(TorchCheckpointHostile, CheckpointDirectoryOthersControlIsRefused) {
+  TempDir dir;
+  fs::create_directories(dir.path + "/open");
+  fs::permissions(dir.path + "/open", fs::perms::all);
+  EXPECT_THROW(write_one(dir.path, "open"), Error);
+  EXPECT_FALSE(fs::exists(dir.path + "/open/MANIFEST"));
+  fs::create_directories(dir.path + "/sticky");
+  fs::permissions(dir.path + "/sticky", fs::perms::all | fs::perms::sticky_bit);
+  write_one(dir.path, "sticky");
+  EXPECT_TRUE(fs::exists(dir.path + "/sticky/MANIFEST"));
+  if (::geteuid() != 0) GTEST_SKIP() << "another user's directory: needs root to make one";
+  fs::create_directories(dir.path + "/theirs");
+  ASSERT_EQ(::chown((dir.path + "/theirs").c_str(), 65534, 65534), 0);
+  try {
+    write_one(dir.path, "theirs");
+    ADD_FAILURE() << "a checkpoint written into another user's directory";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("belongs to uid 65534"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TorchCheckpointHostile, ShardThatIsALinkIsRefused) {
   TempDir dir;
   write_one(dir.path, "ck");

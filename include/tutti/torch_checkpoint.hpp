@@ -1,8 +1,10 @@
 // libtorch glue: checkpoints of parameters and optimizer state, written in the background while
 // training goes on (DistributedOptimizer::checkpoint_async), and read back (load_checkpoint).
 // Part of <tutti/torch.hpp>, which users include: header-only, CPU tensors only. What a
-// checkpoint holds is in torch_checkpoint_state.hpp, its files in torch_checkpoint_format.hpp;
-// docs/training.md, "Checkpoints", is the user's page.
+// checkpoint holds is in torch_checkpoint_state.hpp, its files in torch_checkpoint_format.hpp
+// (their bytes in torch_checkpoint_bytes.hpp, the file steps in torch_checkpoint_files.hpp);
+// docs/training.md, "Checkpoints", is the user's page; docs/security.md, "Checkpoint directory",
+// says what a writer of the directory can and cannot do.
 //
 // How rank 0 learns that every shard is on disk without stalling training: the writer thread of
 // every rank, after writing its shard, joins an allgather of (written, bytes, checksum) on a
