@@ -1,8 +1,12 @@
 // The public API beyond the per-collective sweep: nonblocking operations, split communicators,
 // point to point, typed conveniences, invalid arguments, unsupported algorithms, and the errors
 // raised when ranks disagree or stop answering.
+#include <sys/resource.h>
+
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
+#include <memory>
 #include <numeric>
 
 #include "comm/comm_impl.hpp"
@@ -417,6 +421,46 @@ TEST(Errors, MismatchedCountsRaiseOnEveryRank) {
   });
   EXPECT_EQ(failures, "");
   EXPECT_EQ(mismatches.load(), 4);
+}
+
+// In a process whose address space is capped just above what it holds: two ranks' in-place
+// alltoall of 2^26 floats a block needs a snapshot of each input (512 MiB) that cannot be had.
+// Every rank must raise Error(system) naming the size; std::bad_alloc must not escape. Exits 0
+// when it did so.
+[[noreturn]] void alltoall_beyond_an_address_space_limit() {
+  constexpr std::size_t block = std::size_t{1} << 26;
+  std::vector<std::unique_ptr<float[]>> buffers;  // 512 MiB each, never touched: no memory used
+  for (int r = 0; r < 2; ++r) buffers.emplace_back(new float[2 * block]);
+  std::size_t pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  const rlim_t limit = pages * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (rlim_t{256} << 20);
+  const rlimit cap{limit, limit};
+  if (::setrlimit(RLIMIT_AS, &cap) != 0) std::_Exit(2);
+  std::atomic<int> named{0};
+  const std::string failures = run_ranks(2, [&](Communicator& comm) {
+    float* data = buffers[static_cast<std::size_t>(comm.rank())].get();
+    try {
+      comm.alltoall(data, data, block, DataType::f32, {{}, 5s});
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (e.code() == ErrorCode::system && what.find("out of memory") != std::string::npos &&
+          what.find("67108864 elements of f32") != std::string::npos)
+        ++named;
+      else
+        std::fprintf(stderr, "rank %d: %s\n", comm.rank(), what.c_str());
+    }
+  });
+  std::fprintf(stderr, "%d of 2 ranks named the size; %s\n", named.load(), failures.c_str());
+  std::_Exit(failures.empty() && named == 2 ? 0 : 1);
+}
+
+TEST(Errors, OutOfMemoryForWorkingBuffersIsAnErrorNamingTheSize) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's shadow memory does not fit under an address-space limit";
+#else
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: the cap stays there
+  EXPECT_EXIT(alltoall_beyond_an_address_space_limit(), ::testing::ExitedWithCode(0), "");
+#endif
 }
 
 TEST(Errors, MismatchedRootsAndKinds) {

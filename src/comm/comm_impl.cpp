@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <numeric>
 
 #include "comm/tuning.hpp"
@@ -80,6 +81,21 @@ Algorithm CommImpl::chosen_algorithm(Collective collective, Algorithm requested,
 }
 
 Request CommImpl::start(const Call& call, bool blocking) {
+  try {
+    return start_call(call, blocking);
+  } catch (const std::bad_alloc&) {
+    // Working buffers (a snapshot of an in-place input, a schedule's scratch) are sized by the
+    // caller's count: running out of memory for them is an Error that names the size.
+    const std::size_t bytes = call.count * size_of(call.type);
+    throw Error(ErrorCode::system, std::string(to_string(call.collective)) + " (rank " + std::to_string(rank_) +
+                                       "): out of memory for the working buffers of a call of " +
+                                       std::to_string(call.count) + " elements of " +
+                                       std::string(to_string(call.type)) + " (" + std::to_string(bytes) +
+                                       " bytes each)");
+  }
+}
+
+Request CommImpl::start_call(const Call& call, bool blocking) {
   queue_->check_usable(true);
   if (blocking && run_now(call)) return Request();
   const Extents extents = validate(call, rank_, size_);

@@ -98,6 +98,7 @@ class CommImpl {
   Request submit(std::unique_ptr<exec::Operation> op, bool blocking);
   /// The three ways a call runs: a schedule over the transport, a collective the transport runs
   /// itself (direct, mpi), or hierarchical's steps on the intra- and inter-host communicators.
+  Request start_call(const Call& call, bool blocking);  // start(), but for turning std::bad_alloc into an Error
   Request start_schedule(const Call& call, Algorithm algorithm, const Extents& extents, bool blocking);
   Request start_native(const Call& call, Algorithm algorithm, bool blocking);
   Request start_hierarchical(const Call& call, bool blocking);  // hierarchical.cpp

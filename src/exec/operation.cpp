@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <new>
 
 #include "core/copy.hpp"
 #include "reduce/reduce.hpp"
@@ -172,7 +173,13 @@ void ScheduleOperation::start_step(std::uint32_t index) {
     case StepKind::recv_reduce:
       if (!transport_.post_recv_reduce(step.peer, keys_[index], address(step.region), address(step.operand),
                                        step.region.count, type_, op_, done)) {
-        staging_[index] = std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(bytes, 1));
+        try {
+          staging_[index] = std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(bytes, 1));
+        } catch (const std::bad_alloc&) {  // on the progress thread: the caller hears of it by name
+          fail(Error(ErrorCode::system,
+                     describe() + ": out of memory for a staging buffer of " + std::to_string(bytes) + " bytes"));
+          return;
+        }
         transport_.post_recv(step.peer, keys_[index], staging_[index].get(), bytes, done);
       }
       break;
