@@ -213,4 +213,6 @@ std::string signal_name(int signo) {
   return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(signo);
 }
 
+void throw_errno(const char* what) { throw std::system_error(errno, std::generic_category(), what); }
+
 }  // namespace tutti::launcher

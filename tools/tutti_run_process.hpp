@@ -57,4 +57,7 @@ std::string describe_exit(int rank, pid_t pid, int wait_status);
 /// "SIGTERM" for SIGTERM.
 std::string signal_name(int signo);
 
+/// Throws std::system_error for errno, naming `what` (the call that failed).
+[[noreturn]] void throw_errno(const char* what);
+
 }  // namespace tutti::launcher

@@ -36,8 +36,6 @@ sigset_t job_signals() {
   return set;
 }
 
-[[noreturn]] void throw_errno(const char* what) { throw std::system_error(errno, std::generic_category(), what); }
-
 void make_pipe(int fds[2]) {
   if (::pipe2(fds, O_CLOEXEC) != 0) throw_errno("pipe");
   ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);

@@ -34,8 +34,6 @@ constexpr int done_wait_ms = 10'000;
 // What tutti-run writes before closing the pipe when it ends normally.
 constexpr char normal_end = 'x';
 
-[[noreturn]] void throw_errno(const char* what) { throw std::system_error(errno, std::generic_category(), what); }
-
 void close_between(int low, int high) {  // closes low+1 .. high-1
   if (high - low > 1) ::close_range(static_cast<unsigned>(low) + 1, static_cast<unsigned>(high) - 1, 0);
 }
