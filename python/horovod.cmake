@@ -16,6 +16,7 @@ tutti_python_extension(_horovod tutti/horovod
                        ${CMAKE_CURRENT_SOURCE_DIR}/src/horovod/context.cpp
                        ${CMAKE_CURRENT_SOURCE_DIR}/src/horovod/ops.cpp)
 target_link_libraries(_horovod PRIVATE torch ${TUTTI_TORCH_PYTHON_LIBRARY})
+tutti_torch_pybind11(_horovod)
 tutti_torch_target(_horovod PCH <torch/extension.h>)
 # As torch.utils.cpp_extension compiles extensions (torch/library.h needs the first).
 target_compile_definitions(_horovod PRIVATE TORCH_API_INCLUDE_EXTENSION_H TORCH_EXTENSION_NAME=_horovod)

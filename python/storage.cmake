@@ -6,6 +6,7 @@
 include_guard(GLOBAL)
 tutti_python_extension(_storage tutti src/storage/module.cpp)
 target_link_libraries(_storage PRIVATE torch ${TUTTI_TORCH_PYTHON_LIBRARY})
+tutti_torch_pybind11(_storage)
 tutti_torch_target(_storage)
 # The core module pins torch tensors through it (and falls back to holding the storage without it).
 if(TARGET _tutti)

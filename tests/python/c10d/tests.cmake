@@ -24,6 +24,12 @@ if(TARGET tutti-run)
   # init_process_group's timeout bounds a collective a peer never joins (tutti.Timeout).
   tutti_c10d_test(timeout_p2 mp timeout 120 $<TARGET_FILE:tutti-run> -n 2 ${Python_EXECUTABLE}
                   ${tutti_c10d_tests}/timeout_test.py)
+  # `pip install .` into a fresh venv with build isolation (PyPI's newest pybind11), then imports
+  # and DDP at p = 2 from the installed package, not from this build tree (skipped without PyPI).
+  add_test(NAME python.pip_install COMMAND bash ${PROJECT_SOURCE_DIR}/tests/python/pip_install_test.sh
+                                           ${PROJECT_SOURCE_DIR} $<TARGET_FILE:tutti-run>)
+  set_tests_properties(python.pip_install PROPERTIES LABELS "mp;python" TIMEOUT 1800 RUN_SERIAL TRUE
+                                                     SKIP_RETURN_CODE 77)
   tutti_c10d_test(collectives_tcp_p3 mp timeout 240 $<TARGET_FILE:tutti-run> -n 3 --transport tcp --timeout-ms 60000
                   ${Python_EXECUTABLE} ${tutti_c10d_tests}/collectives_test.py)
 endif()
