@@ -261,6 +261,24 @@ case_usage() {
   ok usage
 }
 
+# What users of mpirun type: -np N, -x NAME=VALUE (set for every rank), -x NAME (passed), and
+# "--" before the program; -x of a variable tutti-run sets, or of a malformed name, is refused.
+case_mpirun_spellings() {
+  FROM_OUTSIDE=kept tr_run -np 2 -x CHOSEN=inner -x FROM_OUTSIDE -x EMPTY= -- \
+    bash -c 'echo "$TUTTI_SIZE $CHOSEN $FROM_OUTSIDE ${EMPTY-unset}."' "$marker"
+  [[ $status -eq 0 && $(grep -cxF -e "[0] 2 inner kept ." -e "[1] 2 inner kept ." "$tmp/out") -eq 2 ]] ||
+    { fail mpirun-spellings "-np 2 -x ... --: status $status"; return; }
+  CHOSEN=outer tr_run -np 1 -x CHOSEN=inner bash -c 'echo "$CHOSEN"'
+  grep -qxF "[0] inner" "$tmp/out" || { fail mpirun-spellings "-x did not override the outer value"; return; }
+  local args
+  for args in "-x TUTTI_RANK=3" "-x TUTTI_STORE" "-x 1A=b" "-x =b" "-x"; do
+    # shellcheck disable=SC2086  # word splitting of $args is the point
+    tr_run -n 1 $args true
+    [[ $status -eq 2 ]] || { fail mpirun-spellings "'tutti-run -n 1 $args true' exited $status"; return; }
+  done
+  ok mpirun-spellings
+}
+
 case_missing_program() {
   tr_run -n 2 "no-such-program-$marker"
   [[ $status -eq 127 ]] || { fail missing-program "expected 127, got $status"; return; }
@@ -279,7 +297,7 @@ case_missing_program() {
 }
 
 for c in tagging no_interleaving environment exit_status killed_rank sigterm_forwarded second_signal_kills \
-  cleanup_after_crash launcher_killed broken_pipe usage missing_program; do
+  cleanup_after_crash launcher_killed broken_pipe usage mpirun_spellings missing_program; do
   : >"$tmp/out"
   : >"$tmp/err"
   "case_$c"

@@ -7,6 +7,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -28,15 +30,15 @@ using namespace tutti::launcher;
 constexpr int max_ranks = 1024;
 
 constexpr std::string_view usage_line =
-    "usage: tutti-run -n N [--transport shm|tcp] [--timeout-ms T] [--grace-period S]\n"
-    "                 [--tag-output | --no-tag-output] PROGRAM [ARGS...]\n";
+    "usage: tutti-run -n N [--transport shm|tcp] [--timeout-ms T] [--grace-period S] [-x NAME[=VALUE]]\n"
+    "                 [--tag-output | --no-tag-output] [--] PROGRAM [ARGS...]\n";
 
 constexpr std::string_view usage_text = R"(
 Starts N ranks of PROGRAM on this host, one process each, and supervises them: their output is
 forwarded line by line, the failure of one rank ends the job, and what the job made is removed.
 
 Options (they end at PROGRAM, or at "--"):
-  -n, --np N            number of ranks, 1 to 1024 (required)
+  -n, -np, --np N       number of ranks, 1 to 1024 (required)
   --transport shm|tcp   how the ranks exchange data (sets TUTTI_TRANSPORT; default: the
                         library's choice, shared memory within a host)
   --timeout-ms T        default deadline of every operation, in milliseconds
@@ -44,6 +46,8 @@ Options (they end at PROGRAM, or at "--"):
   --grace-period S      seconds the other ranks get to finish, and to report the failure, after
                         one rank fails; then those still running are killed (SIGKILL).
                         Default 10; 0 kills them at once; fractions are allowed
+  -x NAME[=VALUE]       as mpirun's -x: set NAME to VALUE for every rank (NAME alone passes
+                        tutti-run's own value, which the ranks get anyway); repeatable
   --tag-output          prefix every line a rank writes with "[RANK] " (default)
   --no-tag-output       forward the ranks' lines as they are
   -h, --help            print this help and exit
@@ -131,6 +135,18 @@ double parse_seconds(const std::string& text) {
   return s;
 }
 
+// mpirun's -x: "NAME=value" sets NAME for every rank; "NAME" passes tutti-run's own NAME, which
+// every rank gets anyway. The variables tutti-run sets itself cannot be overridden.
+std::string parse_export(const std::string& text) {
+  const std::string name = text.substr(0, text.find('='));
+  const bool plain = !name.empty() && (std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_') &&
+                     std::all_of(name.begin(), name.end(),
+                                 [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+  if (!plain) throw UsageError{"-x: expected NAME or NAME=VALUE, got '" + text + "'"};
+  if (sets_itself(name)) throw UsageError{"-x: tutti-run sets " + name + " itself"};
+  return text;
+}
+
 // Applies one option (`name`, with `value()` to fetch its argument); false if it is unknown.
 template <class Value>
 bool apply_option(Options& o, const std::string& name, Value&& value) {
@@ -145,6 +161,8 @@ bool apply_option(Options& o, const std::string& name, Value&& value) {
     const std::string text = value();
     o.job.timeout_ms = parse_integer(text);
     if (!o.job.timeout_ms) throw UsageError{"--timeout-ms: expected a non-negative integer, got '" + text + "'"};
+  } else if (name == "-x") {
+    o.job.exported.push_back(parse_export(value()));
   } else if (name == "--grace-period") {
     o.grace_period_s = parse_seconds(value());
   } else if (name == "--tag-output" || name == "--no-tag-output") {
@@ -171,6 +189,8 @@ Options parse_options(int argc, char** argv) {
     if (const std::size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
       inline_value = arg.substr(eq + 1);
       arg.resize(eq);
+    } else if (arg == "-np") {  // mpirun's spelling
+      arg = "--np";
     } else if (arg.rfind("-n", 0) == 0 && arg.size() > 2) {
       inline_value = arg.substr(2);
       arg = "-n";

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -58,17 +59,25 @@ std::string temp_base() {
   return base == "/" ? "" : base;
 }
 
+constexpr const char* names_set_by_us[] = {"TUTTI_RANK",   "TUTTI_SIZE",  "TUTTI_LOCAL_RANK", "TUTTI_LOCAL_SIZE",
+                                           "TUTTI_JOB_ID", "TUTTI_TOKEN", "TUTTI_STORE"};
+
+// Whether the environment entry "NAME=value" is one whose NAME is `name`.
+bool entry_names(const char* entry, const std::string& name) {
+  return std::strncmp(entry, name.c_str(), name.size()) == 0 && entry[name.size()] == '=';
+}
+
 bool is_set_by_us(const char* entry) {
-  static constexpr const char* names[] = {"TUTTI_RANK",   "TUTTI_SIZE",  "TUTTI_LOCAL_RANK", "TUTTI_LOCAL_SIZE",
-                                          "TUTTI_JOB_ID", "TUTTI_TOKEN", "TUTTI_STORE"};
-  for (const char* name : names) {
-    const std::size_t len = std::strlen(name);
-    if (std::strncmp(entry, name, len) == 0 && entry[len] == '=') return true;
-  }
+  for (const char* name : names_set_by_us)
+    if (entry_names(entry, name)) return true;
   return false;
 }
 
 }  // namespace
+
+bool sets_itself(const std::string& name) {
+  return std::find(std::begin(names_set_by_us), std::end(names_set_by_us), name) != std::end(names_set_by_us);
+}
 
 ProgramLookup find_program(const std::string& program) {
   if (program.empty()) return {"", "empty program name"};
@@ -125,11 +134,16 @@ void remove_job_files(const std::string& job_id, const std::string& store_dir) {
 std::vector<std::vector<std::string>> rank_environments(const Job& job, const JobSettings& settings) {
   std::vector<std::string> common;
   for (char** e = environ; *e != nullptr; ++e) {
-    const bool replaced = is_set_by_us(*e) ||
+    const bool exported = std::any_of(settings.exported.begin(), settings.exported.end(), [&](const std::string& x) {
+      return x.find('=') != std::string::npos && entry_names(*e, x.substr(0, x.find('=')));
+    });
+    const bool replaced = is_set_by_us(*e) || exported ||
                           (!settings.transport.empty() && std::strncmp(*e, "TUTTI_TRANSPORT=", 16) == 0) ||
                           (settings.timeout_ms && std::strncmp(*e, "TUTTI_TIMEOUT_MS=", 17) == 0);
     if (!replaced) common.emplace_back(*e);
   }
+  for (const std::string& x : settings.exported)
+    if (x.find('=') != std::string::npos) common.push_back(x);
   const std::string size = std::to_string(settings.ranks);
   common.push_back("TUTTI_SIZE=" + size);
   common.push_back("TUTTI_LOCAL_SIZE=" + size);

@@ -50,7 +50,11 @@ struct JobSettings {
   int ranks = 0;
   std::string transport;                // empty: not set
   std::optional<long long> timeout_ms;  // empty: not set
+  std::vector<std::string> exported;    // -x: "NAME=value" (set for every rank) or "NAME" (passed as it is)
 };
+
+/// Whether tutti-run sets the variable `name` itself (TUTTI_RANK, TUTTI_STORE, ...).
+bool sets_itself(const std::string& name);
 
 /// The environment ("NAME=value" strings) of every rank: tutti-run's own, minus the variables it
 /// sets, plus TUTTI_RANK, TUTTI_SIZE, TUTTI_LOCAL_RANK, TUTTI_LOCAL_SIZE, TUTTI_JOB_ID,
