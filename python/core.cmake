@@ -1,6 +1,12 @@
 # The core module tutti._tutti (import tutti; docs/python.md).
 tutti_python_extension(_tutti tutti src/core/module.cpp src/core/buffer.cpp src/core/call.cpp
                        src/core/collectives.cpp src/core/names.cpp src/core/torch_storage.cpp)
+target_compile_definitions(_tutti PRIVATE TUTTI_VERSION="${PROJECT_VERSION}")
+# tutti.__version__ is CMake's project version; pip's metadata comes from pyproject.toml: one number.
+file(STRINGS ${PROJECT_SOURCE_DIR}/pyproject.toml tutti_pyproject_version REGEX "^version = ")
+if(NOT tutti_pyproject_version STREQUAL "version = \"${PROJECT_VERSION}\"")
+  message(FATAL_ERROR "pyproject.toml says ${tutti_pyproject_version}, CMakeLists.txt's project() ${PROJECT_VERSION}")
+endif()
 
 # Its tests (tests/python/core, plain unittest): ranks as threads over local_group (unit), and as
 # processes under tutti-run at p = 2 and 4 over shared memory and p = 3 over TCP (mp). They

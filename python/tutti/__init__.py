@@ -22,9 +22,10 @@ from ._errors import (
     Timeout,
     Unsupported,
 )
-from ._tutti import Algorithm, Communicator, DataType, HostLayout, ReduceOp, Request, SharedBuffer, init, local_group
+from ._tutti import __version__, Algorithm, Communicator, DataType, HostLayout, ReduceOp, Request, SharedBuffer, init, local_group
 
 __all__ = [
+    "__version__",
     "Aborted",
     "Algorithm",
     "Communicator",

@@ -8,6 +8,8 @@ from typing import Any, List, Optional, Sequence, Union
 Buffer = Any
 Seconds = Union[float, int, datetime.timedelta, None]
 
+__version__: str  # CMake's project version, the same as pyproject.toml's
+
 class DataType(enum.Enum):
     i8: int
     u8: int

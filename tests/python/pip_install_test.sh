@@ -38,7 +38,9 @@ echo "ok: pip install with build isolation ($(($(date +%s) - start)) s)"
 
 cd "$work" || exit 1
 where=$(env -u PYTHONPATH "$venv_python" -c '
-import tutti, tutti.distributed, tutti.horovod.torch
+import tomllib, tutti, tutti.distributed, tutti.horovod.torch
+with open("'"$source_dir"'/pyproject.toml", "rb") as f:
+    assert tutti.__version__ == tomllib.load(f)["project"]["version"], tutti.__version__
 print(tutti.__file__)') || fail "importing tutti, tutti.distributed and tutti.horovod.torch from the venv"
 [[ $where == "$work/venv/"* ]] || fail "tutti came from $where, not from the venv"
 echo "ok: import tutti, tutti.distributed, tutti.horovod.torch ($where)"

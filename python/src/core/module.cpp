@@ -91,6 +91,7 @@ void bind_communicator(py::module_& m) {
 
 PYBIND11_MODULE(_tutti, m) {
   m.doc() = "Tutti's core bindings; import them from the package `tutti`.";
+  m.attr("__version__") = TUTTI_VERSION;  // CMake's project version (pyproject.toml's is checked equal)
   tutti_python::register_error_translator();
 
   bind_enum(m, "DataType", tutti::DataType::f64, "Element types (taken from the buffers' dtypes).");
