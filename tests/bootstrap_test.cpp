@@ -792,7 +792,13 @@ class Environment {
                                            "SLURM_TASKS_PER_NODE",
                                            "SLURM_NODEID",
                                            "SLURM_JOB_ID",
-                                           "SLURM_STEP_ID"};
+                                           "SLURM_STEP_ID",
+                                           "RANK",
+                                           "WORLD_SIZE",
+                                           "LOCAL_RANK",
+                                           "LOCAL_WORLD_SIZE",
+                                           "TORCHELASTIC_RUN_ID",
+                                           "TORCHELASTIC_RESTART_COUNT"};
   std::map<std::string, std::string> saved_;
 };
 
@@ -907,6 +913,44 @@ TEST(DetectJob, Slurm) {
   EXPECT_EQ(job.job_id, "9");
 }
 
+TEST(DetectJob, Torchrun) {
+  {
+    Environment env({{"RANK", "3"},
+                     {"WORLD_SIZE", "8"},
+                     {"LOCAL_RANK", "1"},
+                     {"LOCAL_WORLD_SIZE", "2"},
+                     {"TORCHELASTIC_RUN_ID", "f00d-42"},
+                     {"TORCHELASTIC_RESTART_COUNT", "2"},
+                     {"SLURM_PROCID", "1"},  // torchrun under srun: the worker's variables win over the agent's
+                     {"SLURM_NTASKS", "4"}});
+    const JobInfo job = detect_job();
+    EXPECT_EQ(job.launcher, "torchrun");
+    EXPECT_EQ(job.rank, 3);
+    EXPECT_EQ(job.size, 8);
+    EXPECT_EQ(job.local_rank, 1);
+    EXPECT_EQ(job.local_size, 2);
+    EXPECT_EQ(job.job_id, "f00d-42.2");  // each restart is a job of its own
+  }
+  {
+    // torchrun's default rendezvous id "none" is every job's: no id.
+    Environment env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "none"}});
+    const JobInfo job = detect_job();
+    EXPECT_EQ(job.launcher, "torchrun");
+    EXPECT_TRUE(job.job_id.empty());
+    EXPECT_EQ(job.local_size, 2);
+  }
+  {
+    Environment env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "a/b"}});
+    std::string message;
+    EXPECT_EQ(error_code_of([] { detect_job(); }, &message), ErrorCode::invalid_argument);
+    EXPECT_NE(message.find("TUTTI_JOB_ID"), std::string::npos) << message;
+  }
+  // tutti-run's and mpirun's variables win over torchrun's.
+  Environment env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "3"}});
+  EXPECT_EQ(detect_job().launcher, "mpirun");
+  EXPECT_EQ(detect_job().size, 3);
+}
+
 TEST(DetectJob, MalformedValuesNameTheVariable) {
   const std::vector<std::pair<std::map<std::string, std::string>, std::string>> cases = {
       {{{"TUTTI_RANK", "abc"}, {"TUTTI_SIZE", "4"}}, "TUTTI_RANK"},
@@ -925,6 +969,9 @@ TEST(DetectJob, MalformedValuesNameTheVariable) {
       {{{"OMPI_COMM_WORLD_RANK", "2"}}, "OMPI_COMM_WORLD_SIZE"},
       {{{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}}, "OMPI_COMM_WORLD_RANK"},
       {{{"PMI_RANK", "0"}, {"PMI_SIZE", "1"}, {"MPI_LOCALRANKID", "x"}}, "MPI_LOCALRANKID"},
+      {{{"WORLD_SIZE", "4"}}, "RANK"},  // never a quiet job of one rank
+      {{{"RANK", "4"}, {"WORLD_SIZE", "4"}}, "RANK"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "x"}}, "LOCAL_WORLD_SIZE"},
       {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_TASKS_PER_NODE", "2(x"}}, "SLURM_TASKS_PER_NODE"},
       {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_TASKS_PER_NODE", "2"}, {"SLURM_NODEID", "1"}},
        "SLURM_TASKS_PER_NODE"},

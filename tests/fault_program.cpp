@@ -150,7 +150,7 @@ int bad_token(Communicator& world) {
 // that is not size × tag, or a size that is not TUTTI_SIZE.
 int job_sum(Communicator& world) {
   const char* tag_text = std::getenv("JOB_TAG");
-  const char* size_text = std::getenv("TUTTI_SIZE");
+  const char* size_text = std::getenv("JOB_SIZE") ? std::getenv("JOB_SIZE") : std::getenv("TUTTI_SIZE");
   const std::int64_t tag = tag_text ? std::atoll(tag_text) : 0;
   bool ok = size_text && world.size() == std::atoi(size_text);
   for (int i = 0; i < 3 && ok; ++i) {

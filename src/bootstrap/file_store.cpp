@@ -195,3 +195,16 @@ std::unique_ptr<Store> open_file_store(const std::string& url, const std::string
 }
 
 }  // namespace tutti::bootstrap::detail
+
+namespace tutti::bootstrap {
+
+bool private_file_store(const std::string& url) {
+  const std::string scheme = "file://";
+  if (!url.starts_with(scheme)) return false;
+  struct stat info {};
+  const std::string dir = url.substr(scheme.size());
+  return ::lstat(dir.c_str(), &info) == 0 && S_ISDIR(info.st_mode) && info.st_uid == ::geteuid() &&
+         (info.st_mode & 077) == 0;
+}
+
+}  // namespace tutti::bootstrap

@@ -1,9 +1,16 @@
 // detect_job(): the first launcher whose variables are present wins, in the order tutti-run,
-// Open MPI, MPICH/Hydra (PMI), Slurm. Values are parsed strictly: a launcher that set something
+// Open MPI, MPICH/Hydra (PMI), torchrun, Slurm (torchrun's workers under srun carry both; torchrun's
+// describe the worker, Slurm's the agent that started it). Values are parsed strictly: a launcher that set something
 // odd should fail loudly at start-up, not hang later on a wrong rank or size.
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <climits>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -97,6 +104,18 @@ void read_slurm(JobInfo& job) {
   }
 }
 
+// torchrun (and torch.distributed.launch): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE. The job
+// id is the rendezvous id, and each restart of the workers is a job of its own; torchrun's default
+// id "none" is every job's, so it is no id.
+void read_torchrun(JobInfo& job) {
+  read_ranks(job, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+  const auto id = core::env("TORCHELASTIC_RUN_ID");
+  if (id && !id->empty() && *id != "none") {
+    job.job_id = *id;
+    if (const auto restart = core::env("TORCHELASTIC_RESTART_COUNT")) job.job_id += "." + *restart;
+  }
+}
+
 }  // namespace
 
 JobInfo detect_job() {
@@ -112,6 +131,9 @@ JobInfo detect_job() {
   } else if (core::env("PMI_RANK") || core::env("PMI_SIZE")) {
     job.launcher = "mpirun";
     read_ranks(job, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS");
+  } else if (core::env("RANK") || core::env("WORLD_SIZE")) {
+    job.launcher = "torchrun";
+    read_torchrun(job);
   } else if (core::env("SLURM_PROCID")) {  // not SLURM_NTASKS alone: sbatch sets it for the batch script too
     job.launcher = "srun";
     read_slurm(job);
@@ -128,6 +150,64 @@ JobInfo detect_job() {
   if (!job.transport.empty() && job.transport != "shm" && job.transport != "tcp" && job.transport != "mpi")
     bad("TUTTI_TRANSPORT: expected shm, tcp or mpi, got '" + job.transport + "'");
   return job;
+}
+
+namespace {
+
+// mkdir `dir` with mode 0700 unless it exists; true when this call made it.
+bool make_directory(const std::string& dir, const char* what) {
+  if (::mkdir(dir.c_str(), 0700) == 0) return true;
+  if (errno == EEXIST) return false;
+  throw Error(ErrorCode::invalid_argument, std::string("init: cannot make ") + what + " '" + dir +
+                                               "': " + std::strerror(errno) +
+                                               " (set TUTTI_RENDEZVOUS_DIR to a directory on a file system every "
+                                               "node sees, or TUTTI_STORE)");
+}
+
+}  // namespace
+
+std::string srun_store(const JobInfo& job) {
+  if (job.job_id.empty())
+    bad("init: started by srun without TUTTI_STORE and without SLURM_JOB_ID: set TUTTI_STORE and TUTTI_JOB_ID");
+  std::string base;
+  if (const auto dir = core::env("TUTTI_RENDEZVOUS_DIR"); dir && !dir->empty()) {
+    base = *dir;
+  } else {
+    const auto home = core::env("HOME");
+    if (!home || home->empty() || !home->starts_with("/"))
+      bad("init: started by srun without TUTTI_STORE, and HOME does not name a directory for the rendezvous: set "
+          "TUTTI_RENDEZVOUS_DIR to a directory on a file system every node sees, or TUTTI_STORE");
+    base = *home + "/.tutti";
+    make_directory(base, "the rendezvous directory");
+    base += "/rendezvous";
+  }
+  if (!base.starts_with("/")) bad("TUTTI_RENDEZVOUS_DIR: expected an absolute path, got '" + base + "'");
+  make_directory(base, "the rendezvous directory");
+  const std::string dir = base + "/slurm-" + job.job_id;  // the id is checked: no '/' in it
+  make_directory(dir, "the job's rendezvous directory");
+  const std::string url = "file://" + dir;
+  if (!private_file_store(url))
+    bad("init: the job's rendezvous directory '" + dir +
+        "' belongs to another user or others may read or write it; it carries the job's token: remove it, or "
+        "set TUTTI_RENDEZVOUS_DIR");
+  return url;
+}
+
+void remove_srun_store(const std::string& url, int rank) {
+  const std::string dir = url.substr(std::strlen("file://"));
+  std::string failed;
+  if (DIR* listing = ::opendir(dir.c_str())) {
+    while (const dirent* entry = ::readdir(listing)) {
+      const std::string name = entry->d_name;
+      if (name == "." || name == "..") continue;
+      if (::unlinkat(::dirfd(listing), name.c_str(), 0) != 0 && failed.empty()) failed = name;
+    }
+    ::closedir(listing);
+  }
+  if (::rmdir(dir.c_str()) != 0 && failed.empty()) failed = std::strerror(errno);
+  if (!failed.empty())
+    core::log(core::LogLevel::warn, rank, "init: could not remove the job's rendezvous directory '" + dir + "' (" +
+                                              failed + "); remove it by hand");
 }
 
 std::shared_ptr<StoreServer> host_store(const JobInfo& job) {

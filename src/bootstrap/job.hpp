@@ -1,5 +1,5 @@
 // How a process finds its job: from tutti-run's variables (TUTTI_*), or from mpirun's (OMPI_*,
-// PMI_*) or srun's (SLURM_*).
+// PMI_*), torchrun's (RANK, WORLD_SIZE, …) or srun's (SLURM_*).
 #pragma once
 
 #include <memory>
@@ -12,7 +12,7 @@ struct JobInfo {
   int size = 1;
   int local_rank = 0;
   int local_size = 1;
-  std::string launcher = "none";  // "tutti-run", "mpirun", "srun" or "none"
+  std::string launcher = "none";  // "tutti-run", "mpirun", "torchrun", "srun" or "none"
   std::string store;              // TUTTI_STORE (may be empty under mpirun)
   std::string token;              // TUTTI_TOKEN
   std::string job_id;             // TUTTI_JOB_ID, or derived from the launcher's job id
@@ -22,6 +22,18 @@ struct JobInfo {
 /// Reads the environment. Throws Error(invalid_argument) naming the variable when a value is
 /// malformed or inconsistent (rank ≥ size, …).
 JobInfo detect_job();
+
+/// Under srun without TUTTI_STORE: the URL of the job step's own file store,
+/// file://${TUTTI_RENDEZVOUS_DIR:-$HOME/.tutti/rendezvous}/slurm-<job id>, which must lie on a file
+/// system every node of the step sees (home directories on clusters do). Makes the missing
+/// directories with mode 0700. Throws Error(invalid_argument) when Slurm gave no job id, no
+/// directory is named, or the step's directory exists but belongs to another user or others may
+/// read or write it (it carries the job's token).
+std::string srun_store(const JobInfo& job);
+
+/// Removes the directory srun_store() made, once the world is connected (rank 0, after the others
+/// stopped reading it). Best effort: a failure is logged, never thrown.
+void remove_srun_store(const std::string& url, int rank);
 
 class StoreServer;
 

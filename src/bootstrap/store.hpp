@@ -25,6 +25,11 @@ using Store = tutti::KeyValueStore;
 std::unique_ptr<Store> connect_store(const std::string& url, const std::string& token,
                                      std::chrono::milliseconds timeout);
 
+/// Whether `url` is a file:// store whose directory belongs to this user and no one else may read,
+/// write or enter (mode 0700 or stricter): a channel as private as the ranks' environment, through
+/// which rank 0 may hand the others a token it drew.
+bool private_file_store(const std::string& url);
+
 /// The host (without [brackets]) and port a tcp://host:port URL names; Error(invalid_argument)
 /// naming TUTTI_STORE when it is malformed.
 std::pair<std::string, int> tcp_store_address(const std::string& url);

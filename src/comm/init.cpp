@@ -1,6 +1,9 @@
 // tutti::init(): joining the job the environment describes.
 //
-// 1. bootstrap::detect_job() reads tutti-run's, mpirun's or srun's variables.
+// 1. bootstrap::detect_job() reads tutti-run's, mpirun's, torchrun's or srun's variables. A job of
+//    one rank without a store needs nobody. More ranks and no store refuses, saying what to set —
+//    never a quiet job of one — except under srun, whose ranks meet in a directory of the user's
+//    (bootstrap::srun_store) that rank 0 removes once the world is up.
 // 2. Under mpirun without TUTTI_STORE (built with MPI), MPI itself bootstraps (MPI_Init_thread if
 //    the program has not): rank 0 serves a TCP store with a token of its own and names both to
 //    the others through MPI; from there as in 3, so ranks of one host connect through shared
@@ -10,6 +13,8 @@
 //    exchanges host names; ranks all on one host use shared memory, ranks each on a host of their
 //    own TCP, and otherwise ranks of one host talk through shared memory and ranks of different
 //    hosts through TCP (the routed transport). TUTTI_TRANSPORT forces shm or tcp for all pairs.
+//    TCP needs TUTTI_TOKEN, unless the store is a directory only this user can read: then rank 0
+//    draws the token there.
 #include <unistd.h>
 
 #include <algorithm>
@@ -121,7 +126,8 @@ class MpiHostedStore {
 #endif
 
 Communicator init_over_store(const bootstrap::JobInfo& job, bool host_store = true);
-Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& store, std::chrono::milliseconds timeout);
+Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& store, std::chrono::milliseconds timeout,
+                             bool private_store = false);
 
 }  // namespace
 
@@ -144,7 +150,8 @@ Communicator init(KeyValueStore& store, int rank, int size, std::chrono::millise
 Communicator init() {
   detail::choice::load_from_environment();  // a bad TUTTI_TUNING_FILE fails here, before any connection
   bootstrap::JobInfo job = bootstrap::detect_job();
-  if (job.size == 1 && job.launcher == "none" && job.transport.empty()) return local_group(1).front();
+  // A job of one rank needs nobody: no store, no connection (tutti-run -n 1 still goes through its store).
+  if (job.size == 1 && job.store.empty() && job.transport != "mpi") return local_group(1).front();
 #ifdef TUTTI_WITH_MPI
   const bool mpi_bootstraps = job.launcher == "mpirun" && job.store.empty();
   if (job.transport == "mpi" || mpi_bootstraps) {
@@ -157,6 +164,13 @@ Communicator init() {
   if (job.transport == "mpi")
     throw Error(ErrorCode::unsupported, "init: TUTTI_TRANSPORT=mpi, but this Tutti was built without MPI");
 #endif
+  if (job.launcher == "srun" && job.store.empty()) {
+    // The step's own directory in the user's rendezvous directory; rank 0 removes it once the world is up.
+    job.store = bootstrap::srun_store(job);
+    Communicator world = init_over_store(job);
+    if (job.rank == 0) bootstrap::remove_srun_store(job.store, job.rank);
+    return world;
+  }
   return init_over_store(job);
 }
 
@@ -176,9 +190,11 @@ std::string rank_list(const std::vector<int>& ranks) {
 // ranks with equal places share a host. TUTTI_TRANSPORT forces shm or tcp for every pair; by
 // default one place gives shared memory, one rank per place TCP, anything else the routed
 // transport (shared memory inside a place, TCP between places).
-std::unique_ptr<transport::Transport> connect_world(const bootstrap::JobInfo& job, bootstrap::Store& store,
+// `private_store`: only this user can read the store (bootstrap::private_file_store), so that rank 0
+// may hand the others the TCP transport's token through it when the launcher gave none.
+std::unique_ptr<transport::Transport> connect_world(bootstrap::JobInfo job, bootstrap::Store& store,
                                                     const std::vector<std::string>& places, bool one_real_host,
-                                                    std::chrono::milliseconds timeout) {
+                                                    bool private_store, std::chrono::milliseconds timeout) {
   std::vector<int> host_of;  // index of each rank's place, in order of first appearance
   std::vector<std::string> distinct;
   for (const std::string& place : places) {
@@ -195,6 +211,12 @@ std::unique_ptr<transport::Transport> connect_world(const bootstrap::JobInfo& jo
   const auto log = [&](const std::string& text) {
     if (core::log_enabled(core::LogLevel::info)) core::log(core::LogLevel::info, job.rank, "init: " + text);
   };
+  // No token, but a private store (srun's default one): rank 0 draws the token there, as tutti-run
+  // draws one for its ranks.
+  if ((kind == "tcp" || kind == "shm+tcp") && job.token.empty() && private_store) {
+    if (job.rank == 0) store.set("tcp-token", bootstrap::random_hex());
+    job.token = store.get("tcp-token", timeout);
+  }
   // Hosts emulated on one machine (TUTTI_HOST) by a launcher that gave no token: shared memory,
   // as before TCP joined such hosts, rather than a refusal to start.
   if (job.transport.empty() && one_real_host && kind != "shm" && job.token.empty() &&
@@ -234,9 +256,17 @@ std::unique_ptr<transport::Transport> connect_world(const bootstrap::JobInfo& jo
 
 // Through the store: rank 0 may host it (tcp://); the ranks learn each other's hosts, then connect.
 Communicator init_over_store(const bootstrap::JobInfo& job, bool host_store) {
+  if (job.store.empty() && job.launcher == "torchrun")
+    throw Error(ErrorCode::invalid_argument,
+                "init: rank " + std::to_string(job.rank) + " of " + std::to_string(job.size) +
+                    " was started by torchrun (RANK, WORLD_SIZE), whose store Tutti's C++ API cannot use: set "
+                    "TUTTI_STORE=file:///shared/dir (a directory of your own every node sees) or tcp://host:port "
+                    "with TUTTI_TOKEN, and TUTTI_JOB_ID unless torchrun has --rdzv-id; or start the job with "
+                    "tutti-run. In Python, tutti.init() and hvd.init() join through torchrun's own store.");
   if (job.store.empty())
     throw Error(ErrorCode::invalid_argument,
-                "init: started by " + job.launcher +
+                "init: rank " + std::to_string(job.rank) + " of " + std::to_string(job.size) + " was started by " +
+                    job.launcher +
                     " without TUTTI_STORE; set TUTTI_STORE=file:///shared/dir or "
                     "tcp://host:port (or use tutti-run, or mpirun with an MPI-enabled build)");
   // Jobs that share a store (one file:// directory, one tcp:// server) are kept apart by their ids.
@@ -253,13 +283,13 @@ Communicator init_over_store(const bootstrap::JobInfo& job, bool host_store) {
   auto store = bootstrap::connect_store(job.store, job.token, timeout);
   // Everyone is connected when this returns: nobody needs the store any more, but rank 0 kept
   // serving until all ranks had read what they needed, which the first collective guarantees.
-  return join_over_store(job, *store, timeout);
+  return join_over_store(job, *store, timeout, bootstrap::private_file_store(job.store));
 }
 
 // The ranks join this run of the job in `store` (bootstrap/run.hpp: keys of earlier runs with the
 // same job id are never read), learn each other's hosts under the run's prefix, then connect.
 Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& job_store,
-                             std::chrono::milliseconds timeout) {
+                             std::chrono::milliseconds timeout, bool private_store) {
   bootstrap::PrefixStore store(job_store, bootstrap::join_run(job_store, job.job_id, job.rank, job.size, timeout));
   // The real host decides the transport (shared memory works within it); the topology host
   // (TUTTI_HOST, which may emulate several hosts on one) decides hierarchical algorithms.
@@ -279,7 +309,7 @@ Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& jo
     places.push_back(value);
     topology_hosts.push_back(detail::hash_host(tab == std::string::npos ? value : value.substr(tab + 1)));
   }
-  auto transport = connect_world(job, store, places, hosts.size() == 1, timeout);
+  auto transport = connect_world(job, store, places, hosts.size() == 1, private_store, timeout);
   auto impl = std::make_shared<detail::CommImpl>(std::move(transport));
   impl->set_topology(detail::Topology(std::move(topology_hosts)));  // known: automatic may pick hierarchical
   Communicator world(impl);
