@@ -22,7 +22,8 @@ from ._errors import (
     Timeout,
     Unsupported,
 )
-from ._tutti import __version__, Algorithm, Communicator, DataType, HostLayout, ReduceOp, Request, SharedBuffer, init, local_group
+from ._tutti import __version__, Algorithm, Communicator, DataType, HostLayout, ReduceOp, Request, SharedBuffer, local_group
+from . import _launcher, _tutti
 
 __all__ = [
     "__version__",
@@ -44,3 +45,19 @@ __all__ = [
     "init",
     "local_group",
 ]
+
+
+def init(store=None, rank=None, size=None, timeout=None):
+    """Joins the job (collective) and returns its world Communicator.
+
+    Under tutti-run, mpirun or srun, from their variables; under torchrun, through torchrun's own
+    store (MASTER_ADDR, MASTER_PORT) unless TUTTI_STORE is set; without a launcher, a job of one
+    rank. With `store` (an object with torch.distributed.Store's methods: set, get, add, wait),
+    joins through it as `rank` of `size`; `timeout` (a datetime.timedelta) bounds the rendezvous.
+    A job of several ranks that cannot be joined raises tutti.InvalidArgument saying what to set.
+    """
+    if store is None and rank is None and size is None:
+        found = _launcher.torchrun_store(timeout)
+        if found is not None:
+            store, rank, size = found
+    return _tutti.init(store, rank, size, timeout)

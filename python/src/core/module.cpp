@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/errors.hpp"
+#include "common/py_store.hpp"
 #include "core/call.hpp"
 #include "core/collectives.hpp"
 #include "tutti/topology.hpp"
@@ -108,14 +109,11 @@ PYBIND11_MODULE(_tutti, m) {
   bind_shared_buffer(m);
   bind_communicator(m);
 
-  m.def(
-      "init",
-      [] {
-        py::gil_scoped_release release;
-        return tutti::init();
-      },
-      "Joins the job the environment describes (tutti-run, mpirun, srun; TUTTI_STORE); without a launcher, "
-      "a job of one rank.");
+  m.def("init", &tutti_python::join, py::arg("store") = py::none(), py::arg("rank") = py::none(),
+        py::arg("size") = py::none(), py::arg("timeout") = py::none(),
+        "Joins the job the environment describes (tutti-run, mpirun, srun; TUTTI_STORE); without a launcher, "
+        "a job of one rank. With `store` (an object with torch.distributed.Store's methods), joins through it "
+        "as `rank` of `size`; `timeout` (a timedelta) bounds the rendezvous.");
   m.def(
       "local_group",
       [](int p) {

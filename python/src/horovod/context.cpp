@@ -30,7 +30,7 @@ tutti::EngineOptions engine_options(const HorovodSettings& settings) {
 
 }  // namespace
 
-Context::Context(const HorovodSettings& settings) : world_(tutti::init()) {
+Context::Context(const HorovodSettings& settings, tutti::Communicator world) : world_(std::move(world)) {
   const tutti::EngineOptions options = engine_options(settings);
   const tutti::HostLayout layout = tutti::host_layout(world_);
   local_rank_ = layout.local_rank;

@@ -27,9 +27,9 @@ struct HorovodSettings {
 /// Every member is called with the GIL held, which serializes them.
 class Context {
  public:
-  /// Collective: joins the job from the environment (tutti::init()), learns which ranks share a
-  /// host (one allgather of host names) and starts the engine.
-  explicit Context(const HorovodSettings& settings);
+  /// Collective over `world` (the job hvd.init() joined): learns which ranks share a host (one
+  /// allgather of host names) and starts the engine.
+  Context(const HorovodSettings& settings, tutti::Communicator world);
   /// Collective: stops the engine; operations still in flight fail with ErrorCode::aborted.
   ~Context();
   Context(const Context&) = delete;

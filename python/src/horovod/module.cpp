@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/errors.hpp"
+#include "common/py_store.hpp"
 #include "common/storage_pin.hpp"
 #include "horovod/context.hpp"
 
@@ -47,11 +48,13 @@ int start(const std::optional<std::string>& name, const char* kind, Start&& star
 }
 
 void init(std::optional<std::size_t> fusion_threshold, std::optional<double> cycle_time_ms,
-          std::optional<std::string> timeline) {
+          std::optional<std::string> timeline, const py::object& store, std::optional<int> rank,
+          std::optional<int> size) {
   if (context) return;  // as Horovod: a second init() is a no-op
   HorovodSettings settings{fusion_threshold, cycle_time_ms, timeline};
-  py::gil_scoped_release release;  // the rendezvous waits for the other ranks
-  context = new Context(settings);
+  tutti::Communicator world = join(store, rank, size, std::nullopt);  // waits for the others without the GIL
+  py::gil_scoped_release release;
+  context = new Context(settings, std::move(world));
 }
 
 void shutdown() {
@@ -86,9 +89,11 @@ PYBIND11_MODULE(_horovod, m) {
   tutti_python::register_error_translator();
   if (!tutti_python::import_storage_pins()) throw py::error_already_set();  // operations pin their tensors' storages
   m.def("init", &init, py::arg("fusion_threshold") = py::none(), py::arg("cycle_time_ms") = py::none(),
-        py::arg("timeline") = py::none(),
-        "Joins the job (collective); the arguments replace TUTTI_FUSION_THRESHOLD, TUTTI_CYCLE_TIME_MS "
-        "and TUTTI_TIMELINE");
+        py::arg("timeline") = py::none(), py::arg("store") = py::none(), py::arg("rank") = py::none(),
+        py::arg("size") = py::none(),
+        "Joins the job (collective): the launcher's, or through `store` (torch.distributed.Store's methods) as "
+        "`rank` of `size`; the other arguments replace TUTTI_FUSION_THRESHOLD, TUTTI_CYCLE_TIME_MS and "
+        "TUTTI_TIMELINE");
   m.def("shutdown", &shutdown, "Stops the engine (collective)");
   m.def("is_initialized", [] { return context != nullptr; });
   m.def("rank", [] { return ctx().rank(); });

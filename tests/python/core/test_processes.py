@@ -1,4 +1,5 @@
-"""tutti across processes: run under tutti-run -n P (ctest python.core.processes_pP) or mpirun.
+"""tutti across processes: run under tutti-run -n P (ctest python.core.processes_pP), mpirun or
+torchrun (python.core.torchrun_p3: tutti.init() joins through torchrun's store).
 
 Every rank runs the same tests in the same order (unittest sorts them), so their collectives
 match. Each rank checks its own results; tutti-run fails the job when any rank fails.
@@ -25,9 +26,13 @@ def world():
 class Processes(unittest.TestCase):
     def test_a_init(self):
         comm = world()
-        launcher = "TUTTI" if "TUTTI_SIZE" in os.environ else "OMPI_COMM_WORLD"  # tutti-run or mpirun
-        self.assertEqual(comm.size, int(os.environ[launcher + "_SIZE"]))
-        self.assertEqual(comm.rank, int(os.environ[launcher + "_RANK"]))
+        # tutti-run, mpirun or torchrun
+        rank, size = next((r, s) for r, s in (("TUTTI_RANK", "TUTTI_SIZE"), ("OMPI_COMM_WORLD_RANK",
+                                                                           "OMPI_COMM_WORLD_SIZE"), ("RANK", "WORLD_SIZE"))
+                          if s in os.environ)
+        self.assertGreater(int(os.environ[size]), 1)
+        self.assertEqual(comm.size, int(os.environ[size]))
+        self.assertEqual(comm.rank, int(os.environ[rank]))
 
     def test_allreduce_every_type_and_op(self):
         self.assertGreaterEqual(checks.run_allreduce(world()), 9 * 5 * 4)

@@ -54,8 +54,10 @@ def expected_reduce(n, dtype, op):
 
 
 def test_topology():
-    assert P == int(os.environ["TUTTI_SIZE"]) and R == int(os.environ["TUTTI_RANK"]), (P, R)
-    # tutti-run starts every rank on this host.
+    # tutti-run, or torchrun (python.horovod.collectives.torchrun_p3: hvd.init() through its store)
+    size, rank = ("TUTTI_SIZE", "TUTTI_RANK") if "TUTTI_SIZE" in os.environ else ("WORLD_SIZE", "RANK")
+    assert P == int(os.environ[size]) > 1 and R == int(os.environ[rank]), (P, R)
+    # Every rank runs on this host.
     assert (hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()) == (R, P, 0, 1)
     assert hvd.is_initialized() and hvd.is_homogeneous()
 

@@ -16,6 +16,7 @@ import sys
 
 import torch  # noqa: F401  (loads libtorch and its Python bindings before the extension)
 
+from tutti._launcher import torchrun_store
 from tutti.horovod import _horovod
 from tutti._errors import InvalidArgument, Unsupported
 from tutti.horovod.torch.collectives import (  # noqa: F401
@@ -82,13 +83,16 @@ def _shutdown_at_exit():
 
 
 def init(comm=None, process_sets=None):
-    """Joins the job (collective): under tutti-run, mpirun or srun, from their environment;
-    alone, a job of one rank. A second call does nothing. `comm` and `process_sets` (an MPI
-    communicator, process sets) are not supported."""
+    """Joins the job (collective): under tutti-run, mpirun, srun or torchrun, from their
+    environment; alone, a job of one rank. A second call does nothing. `comm` and `process_sets`
+    (an MPI communicator, process sets) are not supported."""
     global _exit_hooks_installed
     if comm is not None or process_sets is not None:
         raise Unsupported("tutti.horovod.torch.init: comm and process_sets are not supported")
-    _horovod.init(**_settings())
+    if not _horovod.is_initialized():
+        found = torchrun_store()
+        store = {} if found is None else dict(zip(("store", "rank", "size"), found))
+        _horovod.init(**_settings(), **store)
     if not _exit_hooks_installed:
         _exit_hooks_installed = True
         sys.excepthook = _note_uncaught
