@@ -24,6 +24,20 @@ if(NOT _tutti_status EQUAL 0)
 endif()
 execute_process(COMMAND ${_tutti_python} -c "import os, torch; print(os.path.dirname(torch.__file__), end='')"
                 OUTPUT_VARIABLE _tutti_torch_dir)
+# The libtorch CMake found must be the one this interpreter imports: a module compiled against
+# another torch's headers (Debian's 1.13 in /usr, found before a venv's torch 2.x) fails at import
+# or, worse, in a collective. Torch_DIR is <torch>/share/cmake/Torch for a pip-installed torch.
+get_filename_component(_tutti_found_torch ${Torch_DIR}/../../.. ABSOLUTE)
+get_filename_component(_tutti_found_torch ${_tutti_found_torch} REALPATH)
+get_filename_component(_tutti_imported_torch ${_tutti_torch_dir} REALPATH)
+if(EXISTS ${_tutti_imported_torch}/share/cmake/Torch AND NOT _tutti_found_torch STREQUAL _tutti_imported_torch)
+  execute_process(COMMAND ${_tutti_python} -c "import torch; print(torch.utils.cmake_prefix_path, end='')"
+                  OUTPUT_VARIABLE _tutti_prefix)
+  message(FATAL_ERROR
+          "CMake found libtorch in ${Torch_DIR}, but ${Python_EXECUTABLE} imports the torch in "
+          "${_tutti_torch_dir}: the torch modules would not load there. Point CMake at the interpreter's torch: "
+          "-DCMAKE_PREFIX_PATH=${_tutti_prefix} (or CMAKE_PREFIX_PATH=${_tutti_prefix} in the environment of pip install).")
+endif()
 
 set(_tutti_candidates)
 if(EXISTS ${_tutti_torch_dir}/include/pybind11/pybind11.h)

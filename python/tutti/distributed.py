@@ -9,16 +9,18 @@
 
 Every process group of backend "tutti" (the default group and each new_group) joins a Tutti
 communicator of its own through the c10d store torch.distributed gives it; its operations are
-Tutti's nonblocking collectives on CPU tensors (docs/torch-distributed.md).
+Tutti's nonblocking collectives on CPU tensors (docs/torch-distributed.md). Works with torch 1.13
+and torch 2.x, each with a build of tutti made against it.
 """
 
+import inspect
 import os
 
 import torch.distributed as dist
 
 from tutti import _c10d
 
-__all__ = ["BACKEND", "ProcessGroupTutti", "init_process_group", "launcher_rank_size"]
+__all__ = ["BACKEND", "ProcessGroupTutti", "init_process_group", "launcher_rank_size", "register"]
 
 BACKEND = "tutti"
 ProcessGroupTutti = _c10d.ProcessGroupTutti
@@ -28,8 +30,21 @@ def _create(store, rank, world_size, timeout):
     return _c10d.create(store, rank, world_size, timeout)
 
 
-if BACKEND.upper() not in dist.Backend._plugins:
-    dist.Backend.register_backend(BACKEND, _create)
+def register():
+    """Registers the backend "tutti" with torch.distributed (done at import; again is a no-op).
+
+    On torch 2.x the backend is a c10d Backend for CPU tensors, which torch wraps in a
+    ProcessGroup of its own; on torch 1.x it is the ProcessGroup itself.
+    """
+    if BACKEND.upper() in dist.Backend._plugins:
+        return
+    if _c10d.IS_BACKEND and "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    else:
+        dist.Backend.register_backend(BACKEND, _create)
+
+
+register()
 
 # The rank and size variables of the launchers Tutti knows, in the order tutti::init() reads them.
 _LAUNCHERS = (

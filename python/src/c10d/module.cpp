@@ -2,7 +2,10 @@
 //
 // create(store, rank, size, timeout) is the backend's creator: it joins the group's Tutti
 // communicator through the c10d Store torch.distributed hands every backend (a PrefixStore of its
-// own for each group), then returns the ProcessGroupTutti over it.
+// own for each group), then returns the ProcessGroupTutti over it (a c10d::ProcessGroup on torch
+// 1.x, a c10d::Backend that torch wraps in its ProcessGroup on 2.x).
+#include <string>
+
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/utils/pybind.h>  // c10::intrusive_ptr as a pybind11 holder, as torch declares it
@@ -57,10 +60,18 @@ PYBIND11_MODULE(_c10d, m) {
   m.doc() = "The torch.distributed backend \"tutti\" (import tutti.distributed to register it)";
   tutti_python::register_error_translator();
   if (!tutti_python::import_storage_pins()) throw py::error_already_set();  // works pin their tensors' storages
-  py::module_::import("torch.distributed");  // c10d.ProcessGroup's Python class, our base
-  py::class_<ProcessGroupTutti, ::c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupTutti>>(m, "ProcessGroupTutti",
-                                                                                             "A c10d ProcessGroup over "
-                                                                                             "a tutti communicator");
+  // Built against one torch, imported with another: torch's classes would not be ours. Say so
+  // at import, naming both, rather than fail later in a collective.
+  const std::string built = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR);
+  const std::string running = py::module_::import("torch").attr("__version__").cast<std::string>();
+  if (running.rfind(built + ".", 0) != 0 && running != built)
+    throw py::import_error("tutti._c10d was built against torch " + built + ", but this interpreter runs torch " +
+                           running + ": rebuild tutti against it (pip install . in this environment)");
+  py::module_::import("torch.distributed");  // c10d's Python classes, our base among them
+  py::class_<ProcessGroupTutti, tutti::c10d_backend::C10dBase, c10::intrusive_ptr<ProcessGroupTutti>>(
+      m, "ProcessGroupTutti", "A c10d backend over a tutti communicator");
+  m.attr("TORCH_VERSION") = built;                  // the torch it was built against
+  m.attr("IS_BACKEND") = bool(TUTTI_C10D_BACKEND);  // a c10d::Backend (torch 2.x), not a ProcessGroup
   m.def("create", &tutti::c10d_backend::create, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
         py::call_guard<py::gil_scoped_release>(),
         "Joins the group of `size` ranks as `rank` through the c10d `store` and returns its ProcessGroupTutti; "

@@ -2,8 +2,6 @@
 
 #include <Python.h>
 
-#include <torch/csrc/distributed/c10d/sequence_num.hpp>
-
 #include "c10d/tensors.hpp"
 
 namespace tutti::c10d_backend {
@@ -12,7 +10,7 @@ using ::c10d::OpType;
 using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
 
 ProcessGroupTutti::ProcessGroupTutti(tutti::Communicator comm, std::chrono::milliseconds timeout)
-    : ::c10d::ProcessGroup(comm.rank(), comm.size()),
+    : C10dBase(comm.rank(), comm.size()),
       comm_(std::move(comm)),
       timeout_(timeout),
       progress_(std::make_unique<WorkProgress>()) {}
@@ -36,7 +34,7 @@ WorkPtr ProcessGroupTutti::run(OpType type, std::chrono::milliseconds timeout, c
   {
     std::lock_guard lock(issue_mutex_);
     request = issue(comm_, options);
-    if (sequenceNum_) sequenceNum_->increment();
+    ++sequence_;
   }
   auto work = c10::make_intrusive<WorkTutti>(rank_, type, std::move(request), std::move(outputs), std::move(keep),
                                              std::move(finalize), source_rank);
@@ -181,5 +179,39 @@ WorkPtr ProcessGroupTutti::allgather_coalesced(std::vector<std::vector<at::Tenso
       },
       all, {send, recv}, [recv, all] { unflatten(recv, all); });
 }
+
+#if TUTTI_C10D_BACKEND
+WorkPtr ProcessGroupTutti::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const ::c10d::AllgatherOptions& opts) {
+  // Every rank's inputs end to end, one allgather: rank r's block holds its input i at the
+  // offset of input i, which goes to block r of outputs[i].
+  const char* what = "allgather_into_tensor_coalesced";
+  if (inputs.empty() || inputs.size() != outputs.size())
+    throw Error(ErrorCode::invalid_argument, prefix(what) + "expected as many outputs as inputs (at least one), got " +
+                                                 std::to_string(outputs.size()) + " and " +
+                                                 std::to_string(inputs.size()));
+  check_like(inputs, inputs.front(), -1, "inputs", what);
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    check_like({outputs[i]}, inputs[i], inputs[i].numel() * size_, "output", what);
+  const DataType type = data_type_of(inputs.front(), what);
+  at::Tensor send = flatten(inputs);
+  at::Tensor recv = at::empty({size_, send.numel()}, send.options());
+  return run(
+      OpType::ALLGATHER_INTO_TENSOR_COALESCED, opts.timeout,
+      [&](tutti::Communicator& c, const tutti::Options& o) {
+        return c.iallgather(send.data_ptr(), recv.data_ptr(), static_cast<std::size_t>(send.numel()), type, o);
+      },
+      outputs, {send, recv},
+      [recv, outputs] {
+        std::int64_t offset = 0;
+        for (const at::Tensor& out : outputs) {
+          const std::int64_t n = out.numel() / recv.size(0);
+          out.copy_(recv.narrow(1, offset, n).reshape(out.sizes()));
+          offset += n;
+        }
+      });
+}
+#endif
 
 }  // namespace tutti::c10d_backend

@@ -96,6 +96,35 @@ WorkPtr ProcessGroupTutti::_reduce_scatter_base(at::Tensor& output, at::Tensor& 
       {output}, {in->buffer(), out->buffer()}, [out] { out->copy_back(); });
 }
 
+#if TUTTI_C10D_BACKEND
+WorkPtr ProcessGroupTutti::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const ::c10d::ReduceScatterOptions& opts) {
+  // One reduce_scatter: the block for rank r holds block r of every input, end to end.
+  const char* what = "reduce_scatter_tensor_coalesced";
+  if (outputs.empty() || inputs.size() != outputs.size())
+    throw Error(ErrorCode::invalid_argument, prefix(what) + "expected as many inputs as outputs (at least one), got " +
+                                                 std::to_string(inputs.size()) + " and " +
+                                                 std::to_string(outputs.size()));
+  check_like(outputs, outputs.front(), -1, "outputs", what);
+  std::vector<at::Tensor> blocks;  // inputs[i] as rows of one block per rank
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    check_like({inputs[i]}, outputs[i], outputs[i].numel() * size_, "input", what);
+    blocks.push_back(inputs[i].reshape({size_, outputs[i].numel()}));
+  }
+  const ReduceOp op = reduce_op_of(opts.reduceOp, outputs.front().scalar_type(), what);
+  const DataType type = data_type_of(outputs.front(), what);
+  at::Tensor send = at::cat(blocks, 1).contiguous();
+  at::Tensor recv = at::empty({send.size(1)}, send.options());
+  return run(
+      OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout,
+      [&](tutti::Communicator& c, const tutti::Options& o) {
+        return c.ireduce_scatter(send.data_ptr(), recv.data_ptr(), static_cast<std::size_t>(recv.numel()), type, op, o);
+      },
+      outputs, {send, recv}, [recv, outputs] { unflatten(recv, outputs); });
+}
+#endif
+
 namespace {
 
 // Element counts per rank of a tensor split along its first dimension into `splits` rows each
@@ -206,13 +235,5 @@ WorkPtr ProcessGroupTutti::recvAnysource(std::vector<at::Tensor>&, int) {
   throw Error(ErrorCode::unsupported,
               prefix("recv") + "a receive from any source is not supported by tutti (name the source rank)");
 }
-
-void ProcessGroupTutti::setSequenceNumberForGroup() {
-  // Every rank starts at 0 and counts the operations it issues: the same on every rank while
-  // they issue the same operations, as Gloo's.
-  if (!sequenceNum_) sequenceNum_ = ::c10d::SequenceNum(0);
-}
-
-uint64_t ProcessGroupTutti::getSequenceNumberForGroup() { return sequenceNum_ ? sequenceNum_->get() : 0; }
 
 }  // namespace tutti::c10d_backend

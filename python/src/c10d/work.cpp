@@ -7,9 +7,55 @@
 
 namespace tutti::c10d_backend {
 
+const char* profiling_title(::c10d::OpType type) {
+  using ::c10d::OpType;
+  switch (type) {
+    case OpType::BROADCAST:
+      return "tutti:broadcast";
+    case OpType::ALLREDUCE:
+      return "tutti:all_reduce";
+    case OpType::ALLREDUCE_COALESCED:
+      return "tutti:all_reduce_coalesced";
+    case OpType::REDUCE:
+      return "tutti:reduce";
+    case OpType::ALLGATHER:
+      return "tutti:all_gather";
+    case OpType::_ALLGATHER_BASE:
+      return "tutti:all_gather_into_tensor";
+    case OpType::ALLGATHER_COALESCED:
+      return "tutti:all_gather_coalesced";
+    case OpType::GATHER:
+      return "tutti:gather";
+    case OpType::SCATTER:
+      return "tutti:scatter";
+    case OpType::REDUCE_SCATTER:
+      return "tutti:reduce_scatter";
+    case OpType::_REDUCE_SCATTER_BASE:
+      return "tutti:reduce_scatter_tensor";
+    case OpType::ALLTOALL_BASE:
+      return "tutti:all_to_all_single";
+    case OpType::ALLTOALL:
+      return "tutti:all_to_all";
+    case OpType::SEND:
+      return "tutti:send";
+    case OpType::RECV:
+      return "tutti:recv";
+    case OpType::BARRIER:
+      return "tutti:barrier";
+#if TORCH_VERSION_MAJOR >= 2
+    case OpType::ALLGATHER_INTO_TENSOR_COALESCED:
+      return "tutti:all_gather_into_tensor_coalesced";
+    case OpType::REDUCE_SCATTER_TENSOR_COALESCED:
+      return "tutti:reduce_scatter_tensor_coalesced";
+#endif
+    default:
+      return "tutti:unknown";
+  }
+}
+
 WorkTutti::WorkTutti(int rank, ::c10d::OpType type, tutti::Request request, std::vector<at::Tensor> outputs,
                      std::vector<at::Tensor> keep, std::function<void()> finalize, int source_rank)
-    : ::c10d::Work(rank, type),
+    : ::c10d::Work(rank, type, profiling_title(type)),
       request_(std::move(request)),
       outputs_(std::move(outputs)),
       keep_(keep.begin(), keep.end()),

@@ -17,12 +17,18 @@
 #include <vector>
 
 #include <ATen/core/ivalue.h>
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "common/storage_pin.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::c10d_backend {
+
+/// The name of an operation of type `type` in profiler traces, "tutti:all_reduce" as Gloo's
+/// "gloo:all_reduce": c10d::Work records it (a RecordFunction begun when the work is created, while
+/// a profiler is on, and ended by finish()).
+const char* profiling_title(::c10d::OpType type);
 
 class WorkTutti : public ::c10d::Work {
  public:

@@ -18,6 +18,7 @@ import tutti
 import tutti.distributed
 
 POISON = -7
+TORCH_MAJOR = int(torch.__version__.split(".")[0])
 TYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32, torch.int64]
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
@@ -160,6 +161,48 @@ def check_reduce_scatter():
     expect_equal("_reduce_scatter_base", out, torch.stack([data(r, n, torch.int64, offset=RANK) for r in range(P)]).sum(0))
 
 
+def check_coalesced_tensors():
+    """torch 2.x: all_gather_into_tensor and reduce_scatter_tensor under _coalescing_manager, which
+    issue one allgather_into_tensor_coalesced / reduce_scatter_tensor_coalesced for all of them."""
+    if TORCH_MAJOR < 2:
+        return
+    from torch.distributed.distributed_c10d import _coalescing_manager
+    sizes = (3, 1, 6)
+    inputs = [data(RANK, n, torch.int32, offset=10 * i) for i, n in enumerate(sizes)]
+    outputs = [torch.full((P * n,), POISON, dtype=torch.int32) for n in sizes]
+    outputs[2] = torch.full((P * 2, 3), POISON, dtype=torch.int32)  # not flat: filled in row order
+    with _coalescing_manager(async_ops=True) as cm:
+        for out, inp in zip(outputs, inputs):
+            dist.all_gather_into_tensor(out, inp)
+    cm.wait()
+    for i, n in enumerate(sizes):
+        want = torch.cat([data(r, n, torch.int32, offset=10 * i) for r in range(P)]).view(outputs[i].shape)
+        expect_equal(f"allgather_into_tensor_coalesced {i}", outputs[i], want)
+    inputs = [data(RANK, P * n, torch.int64, offset=7 * i) for i, n in enumerate(sizes)]
+    outputs = [torch.full((n,), POISON, dtype=torch.int64) for n in sizes]
+    with _coalescing_manager(async_ops=True) as cm:
+        for out, inp in zip(outputs, inputs):
+            dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM)
+    cm.wait()
+    for i, n in enumerate(sizes):
+        want = torch.stack([data(r, P * n, torch.int64, offset=7 * i) for r in range(P)]).sum(0)[RANK * n:(RANK + 1) * n]
+        expect_equal(f"reduce_scatter_tensor_coalesced {i}", outputs[i], want)
+
+
+def check_profiler():
+    """The works' profiling titles reach torch.profiler, as Gloo's "gloo:all_reduce" does."""
+    from torch.profiler import ProfilerActivity, profile
+    t = data(RANK, 8, torch.float32)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        dist.all_reduce(t)
+        dist.broadcast(t, src=0)
+        dist.barrier()
+    names = {e.name for e in prof.events()}
+    for title in ("tutti:all_reduce", "tutti:broadcast", "tutti:barrier"):
+        expect_equal(f"profiler event {title}", torch.tensor(title in names), torch.tensor(True))
+    expect_equal("allreduce under the profiler", t, torch.stack([data(r, 8, torch.float32) for r in range(P)]).sum(0))
+
+
 def check_gather_scatter():
     for root in range(P):
         gathered = [torch.full((3,), POISON, dtype=torch.float32) for _ in range(P)] if RANK == root else None
@@ -292,13 +335,23 @@ def check_errors():
     expect_raises("BXOR", tutti.Unsupported, "not supported by tutti", lambda: dist.all_reduce(t, op=dist.ReduceOp.BXOR))
     expect_raises("BAND on int", NotImplementedError, "ReduceOp.BAND", lambda: dist.all_reduce(t, op=dist.ReduceOp.BAND))
     expect_raises("int16", tutti.InvalidArgument, "Short", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)))
-    with torch.inference_mode():  # no autograd key: c10d's dispatcher passes a meta tensor through
+    if TORCH_MAJOR < 2:
+        with torch.inference_mode():  # no autograd key: c10d's dispatcher passes a meta tensor through
+            expect_raises("a tensor not on the CPU", tutti.Unsupported, "CPU tensors only",
+                          lambda: dist.all_reduce(torch.ones(2, device="meta")))
+    else:
+        # torch 2.x runs c10d's meta kernels for meta tensors, and gives other devices to the backend
+        # registered for them (tutti: the CPU only); the backend itself still refuses them.
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        expect_equal("the CPU backend", torch.tensor(isinstance(backend, tutti.distributed.ProcessGroupTutti)),
+                     torch.tensor(True))
         expect_raises("a tensor not on the CPU", tutti.Unsupported, "CPU tensors only",
-                      lambda: dist.all_reduce(torch.ones(2, device="meta")))
+                      lambda: backend.allreduce([torch.ones(2, device="meta")]))
     expect_raises("recv from any source", tutti.Unsupported, "any source", lambda: dist.recv(torch.ones(1)))
     expect_raises("allgather into a wrong size", tutti.InvalidArgument, "elements",
                   lambda: dist.all_gather_into_tensor(torch.ones(P * 2 + 1), torch.ones(2)))
-    expect_raises("not implemented", RuntimeError, "ProcessGroup tutti does not support monitoredBarrier",
+    # ("ProcessGroup tutti ..." on torch 1.x, "Backend tutti ..." on 2.x)
+    expect_raises("not implemented", RuntimeError, "tutti does not support monitoredBarrier",
                   lambda: dist.distributed_c10d._get_default_group().monitored_barrier())
     dist.barrier()  # nothing was issued by the refusals: the ranks are still in step
 
@@ -309,8 +362,9 @@ def main():
     RANK, P = dist.get_rank(), dist.get_world_size()
     assert dist.get_backend() == "tutti", dist.get_backend()
     for check in (check_allreduce, check_allreduce_coalesced, check_broadcast, check_reduce, check_allgather,
-                  check_reduce_scatter, check_gather_scatter, check_alltoall, check_point_to_point,
-                  check_async_and_futures, check_buffer_lifetime, check_groups, check_errors):
+                  check_reduce_scatter, check_coalesced_tensors, check_gather_scatter, check_alltoall,
+                  check_point_to_point, check_async_and_futures, check_buffer_lifetime, check_groups, check_profiler,
+                  check_errors):
         check()
     dist.barrier()
     if RANK == 0:
