@@ -65,6 +65,7 @@ class SharedBuffer:
     def __buffer__(self, flags: int) -> memoryview: ...
 
 class Communicator:
+    def _capsule(self) -> Any: ...  # this communicator for the package's other modules
     @property
     def rank(self) -> int: ...
     @property

@@ -1,5 +1,7 @@
 #include "exec/progress.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -15,7 +17,8 @@ namespace {
 
 class Engine {
  public:
-  Engine() : thread_([this] { run(); }) {}
+  // Named before the constructor returns (ps -L, gdb and tests see one per process).
+  Engine() : thread_([this] { run(); }) { pthread_setname_np(thread_.native_handle(), "tutti-progress"); }
   ~Engine() {
     {
       std::lock_guard lock(mutex_);

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "common/communicator_capsule.hpp"
 #include "common/errors.hpp"
 #include "common/py_store.hpp"
 #include "core/call.hpp"
@@ -57,7 +58,10 @@ void bind_communicator(py::module_& m) {
   py::class_<tutti::Communicator> cls(m, "Communicator",
                                       "A group of ranks that run collectives together (include/tutti/tutti.hpp). "
                                       "Calls must be issued in the same order on every rank.");
-  cls.def_property_readonly("rank", &tutti::Communicator::rank, "This rank, 0 <= rank < size (-1 if empty).")
+  cls.def("_capsule", &tutti_python::to_capsule,
+          "This communicator for another of the package's modules (the torch backend, Horovod's API), which "
+          "share its native library.")
+      .def_property_readonly("rank", &tutti::Communicator::rank, "This rank, 0 <= rank < size (-1 if empty).")
       .def_property_readonly("size", &tutti::Communicator::size, "The number of ranks (0 if empty).")
       .def(
           "split",
