@@ -5,16 +5,13 @@
 #include <thread>
 
 #include "bootstrap/auth.hpp"
+#include "core/deadline.hpp"
 #include "tutti/types.hpp"
 
 namespace tutti::bootstrap {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::chrono::milliseconds left_until(Clock::time_point deadline) {
-  return std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
-}
 
 bool is_run_id(const std::string& text) {
   return text.size() == 16 && text.find_first_not_of("0123456789abcdef") == std::string::npos;
@@ -62,7 +59,7 @@ std::string await_welcome(Store& store, const std::string& job_prefix, const std
   const std::int64_t ticket = store.add(job_prefix + "tickets", 1);
   std::string run;
   try {
-    run = store.get(welcome_key(job_prefix, ticket), left_until(deadline));
+    run = store.get(welcome_key(job_prefix, ticket), core::left_until(deadline));
   } catch (const Error& e) {
     if (e.code() != ErrorCode::timeout) throw;
     throw Error(ErrorCode::timeout, "init: rank " + std::to_string(rank) + " of job " + job_name(job_id) +

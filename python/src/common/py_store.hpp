@@ -43,8 +43,8 @@ class PyStore final : public tutti::KeyValueStore {
       try {
         store_.attr("wait")(std::vector<std::string>{key}, timeout);
       } catch (const pybind11::error_already_set& e) {
-        throw tutti::Error(tutti::ErrorCode::timeout, "tutti: joining the job: key '" + key +
-                                                          "' was not set within " + std::to_string(timeout.count()) +
+        throw tutti::Error(tutti::ErrorCode::timeout, "tutti: joining the job: key '" + key + "' was not set within " +
+                                                          std::to_string(timeout.count()) +
                                                           " ms (a rank did not arrive?): " + e.what());
       }
       value = store_.attr("get")(key).cast<std::string>();
@@ -66,11 +66,11 @@ class PyStore final : public tutti::KeyValueStore {
     try {
       body();
     } catch (const pybind11::error_already_set& e) {
-      throw tutti::Error(tutti::ErrorCode::system, std::string("tutti: the rendezvous store's ") + what +
-                                                       " failed: " + e.what());
+      throw tutti::Error(tutti::ErrorCode::system,
+                         std::string("tutti: the rendezvous store's ") + what + " failed: " + e.what());
     } catch (const pybind11::cast_error& e) {
-      throw tutti::Error(tutti::ErrorCode::invalid_argument,
-                         std::string("tutti: the rendezvous store's ") + what + " returned the wrong type: " + e.what());
+      throw tutti::Error(tutti::ErrorCode::invalid_argument, std::string("tutti: the rendezvous store's ") + what +
+                                                                 " returned the wrong type: " + e.what());
     }
   }
 

@@ -18,6 +18,7 @@
 
 #include "bootstrap/auth.hpp"
 #include "bootstrap/store.hpp"
+#include "core/deadline.hpp"
 #include "transport/shm/shm_transport.hpp"
 
 namespace tutti::transport::shm {
@@ -67,10 +68,7 @@ std::string world_segment_name(const std::string& job_id, const std::string& non
 std::unique_ptr<Transport> open_world(bootstrap::Store& store, const std::string& key, const std::string& job_id,
                                       int rank, int size, std::uint64_t comm_id, std::chrono::milliseconds timeout) {
   const auto deadline = clock::now() + timeout;
-  const auto left = [&] {
-    return std::max(std::chrono::milliseconds(1),
-                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()));
-  };
+  const auto left = [&] { return core::left_until(deadline); };
   std::string nonce;
   if (rank == 0) {
     nonce = bootstrap::random_hex(12);

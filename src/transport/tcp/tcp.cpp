@@ -26,6 +26,7 @@
 #include "bootstrap/auth.hpp"
 #include "bootstrap/frame_mac.hpp"
 #include "bootstrap/socket_io.hpp"
+#include "core/deadline.hpp"
 #include "core/log.hpp"
 #include "transport/tcp/socket.hpp"
 #include "transport/tcp/tcp.hpp"
@@ -52,11 +53,6 @@ constexpr int logged_per_kind = 3;  // then counted, and summed up once set-up e
 
 std::string address_key(std::uint64_t comm_id, int rank) {
   return "tcp/" + std::to_string(comm_id) + "/" + std::to_string(rank);
-}
-
-std::chrono::milliseconds left_until(Clock::time_point deadline) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-  return std::max(left, std::chrono::milliseconds(0));
 }
 
 // Ident, followed by its tag under the session key when there is one.
@@ -258,7 +254,7 @@ void accept_peers(const Setup& s, Mesh& mesh, int listener, const std::atomic<bo
 bool dial_peer(const Setup& s, Mesh& mesh, int q) {
   std::string address;
   try {
-    address = s.store.get(address_key(s.comm_id, q), left_until(s.deadline));
+    address = s.store.get(address_key(s.comm_id, q), core::left_until(s.deadline));
   } catch (const Error& e) {
     if (e.code() == ErrorCode::timeout) return false;
     throw;
@@ -295,7 +291,7 @@ bool dial_peer(const Setup& s, Mesh& mesh, int q) {
     core::log(attempt == 0 ? core::LogLevel::warn : core::LogLevel::info, s.rank,
               "tcp: connection to rank " + std::to_string(q) + " at " + address + " failed (" + why + "); retrying");
     const auto pause = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(10 << std::min(attempt, 5)),
-                                                           left_until(s.deadline));
+                                                           core::left_until(s.deadline));
     std::this_thread::sleep_for(pause);
   }
 }
