@@ -206,8 +206,9 @@ void remove_srun_store(const std::string& url, int rank) {
   }
   if (::rmdir(dir.c_str()) != 0 && failed.empty()) failed = std::strerror(errno);
   if (!failed.empty())
-    core::log(core::LogLevel::warn, rank, "init: could not remove the job's rendezvous directory '" + dir + "' (" +
-                                              failed + "); remove it by hand");
+    core::log(
+        core::LogLevel::warn, rank,
+        "init: could not remove the job's rendezvous directory '" + dir + "' (" + failed + "); remove it by hand");
 }
 
 std::shared_ptr<StoreServer> host_store(const JobInfo& job) {
