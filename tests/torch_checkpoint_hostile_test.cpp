@@ -226,42 +226,49 @@ TEST(TorchCheckpointHostile, DamagedNewestManifestIsNamedAndTheOlderOneUsed) {
   EXPECT_NE(warnings.find(dir.path + "/b/MANIFEST"), std::string::npos) << warnings;
 }
 
+// Ranks 0 and 1 as threads, each with SGD and a DistributedOptimizer over nets[rank]; "" when
+// every rank's `body(comm, optimizer, net)` returned.
+template <class Body>
+std::string with_optimizers(std::vector<Net>& nets, Body body) {
+  return run_ranks(2, [&](Communicator& comm) {
+    auto& net = nets[static_cast<std::size_t>(comm.rank())];
+    ::torch::optim::SGD sgd(net->parameters(), ::torch::optim::SGDOptions(0.1));
+    tutti::torch::DistributedOptimizer optimizer(comm, sgd, net->named_parameters().pairs());
+    body(comm, optimizer, net);
+  });
+}
+
 // Rank 0 looks (and finds step 2, unless it is slower than the 50 ms rank 1 waits); a checkpoint
 // of step 4 is then published before rank 1 calls: both must load the same one. (When each rank
 // looked for itself, rank 0 loaded step 2 and rank 1 step 4, and both reported success.)
 TEST(TorchCheckpointHostile, RanksLoadTheCheckpointRankZeroChose) {
   TempDir dir;
   std::vector<Net> writers{Net(), Net()};
-  ASSERT_EQ(run_ranks(2,
-                      [&](Communicator& comm) {
-                        auto& model = writers[static_cast<std::size_t>(comm.rank())];
-                        ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1));
-                        tutti::torch::DistributedOptimizer optimizer(comm, sgd, model->named_parameters().pairs());
-                        train(optimizer, model, comm.rank(), 0, 2);
-                        optimizer.checkpoint(dir.path + "/ck/step-2");
-                        train(optimizer, model, comm.rank(), 2, 4);
-                        optimizer.checkpoint(dir.path + "/staging/step-4");
-                      }),
+  ASSERT_EQ(with_optimizers(writers,
+                            [&](Communicator& comm, auto& optimizer, Net& model) {
+                              train(optimizer, model, comm.rank(), 0, 2);
+                              optimizer.checkpoint(dir.path + "/ck/step-2");
+                              train(optimizer, model, comm.rank(), 2, 4);
+                              optimizer.checkpoint(dir.path + "/staging/step-4");
+                            }),
             "");
   std::atomic<bool> chosen{false};
   std::vector<std::string> paths(2);
   std::vector<std::uint64_t> steps(2);
   std::vector<Net> readers{Net(), Net()};
-  ASSERT_EQ(run_ranks(2,
-                      [&](Communicator& comm) {
-                        const auto r = static_cast<std::size_t>(comm.rank());
-                        ::torch::optim::SGD sgd(readers[r]->parameters(), ::torch::optim::SGDOptions(0.1));
-                        tutti::torch::DistributedOptimizer optimizer(comm, sgd, readers[r]->named_parameters().pairs());
-                        if (r == 0) chosen = true;  // and looks at once, in the call below
-                        if (r == 1) {
-                          while (!chosen) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                          std::this_thread::sleep_for(std::chrono::milliseconds(50));
-                          fs::rename(dir.path + "/staging/step-4", dir.path + "/ck/step-4");
-                        }
-                        paths[r] = tutti::torch::latest_checkpoint(comm, dir.path + "/ck").value_or("");
-                        optimizer.load_checkpoint(paths[r]);
-                        steps[r] = optimizer.optimizer_steps();
-                      }),
+  ASSERT_EQ(with_optimizers(readers,
+                            [&](Communicator& comm, auto& optimizer, Net&) {
+                              const auto r = static_cast<std::size_t>(comm.rank());
+                              if (r == 0) chosen = true;  // and looks at once, in the call below
+                              if (r == 1) {
+                                while (!chosen) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                                fs::rename(dir.path + "/staging/step-4", dir.path + "/ck/step-4");
+                              }
+                              paths[r] = tutti::torch::latest_checkpoint(comm, dir.path + "/ck").value_or("");
+                              optimizer.load_checkpoint(paths[r]);
+                              steps[r] = optimizer.optimizer_steps();
+                            }),
             "");
   EXPECT_EQ(paths[0], paths[1]);
   EXPECT_EQ(steps[0], steps[1]);
@@ -271,29 +278,22 @@ TEST(TorchCheckpointHostile, RanksLoadTheCheckpointRankZeroChose) {
 TEST(TorchCheckpointHostile, OneRanksLoadErrorIsEveryRanksError) {
   TempDir dir;
   std::vector<Net> writers{Net(), Net()};
-  ASSERT_EQ(run_ranks(2,
-                      [&](Communicator& comm) {
-                        auto& model = writers[static_cast<std::size_t>(comm.rank())];
-                        ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1));
-                        tutti::torch::DistributedOptimizer optimizer(comm, sgd, model->named_parameters().pairs());
-                        optimizer.checkpoint(dir.path + "/ck");
-                      }),
-            "");
+  ASSERT_EQ(
+      with_optimizers(writers, [&](Communicator&, auto& optimizer, Net&) { optimizer.checkpoint(dir.path + "/ck"); }),
+      "");
   std::vector<Net> readers{Net(), Net(6)};
   std::vector<std::string> errors(2);
   std::vector<ErrorCode> codes(2, ErrorCode::system);
-  ASSERT_EQ(run_ranks(2,
-                      [&](Communicator& comm) {
-                        const auto r = static_cast<std::size_t>(comm.rank());
-                        ::torch::optim::SGD sgd(readers[r]->parameters(), ::torch::optim::SGDOptions(0.1));
-                        tutti::torch::DistributedOptimizer optimizer(comm, sgd, readers[r]->named_parameters().pairs());
-                        try {
-                          optimizer.load_checkpoint(dir.path + "/ck");
-                        } catch (const Error& e) {
-                          errors[r] = e.what();
-                          codes[r] = e.code();
-                        }
-                      }),
+  ASSERT_EQ(with_optimizers(readers,
+                            [&](Communicator& comm, auto& optimizer, Net&) {
+                              const auto r = static_cast<std::size_t>(comm.rank());
+                              try {
+                                optimizer.load_checkpoint(dir.path + "/ck");
+                              } catch (const Error& e) {
+                                errors[r] = e.what();
+                                codes[r] = e.code();
+                              }
+                            }),
             "");
   EXPECT_EQ(errors[0], errors[1]);
   EXPECT_EQ(codes[0], ErrorCode::mismatch);
