@@ -113,7 +113,7 @@ void HostTransfer::check() const {
 }
 
 HostTransfer::Staging& HostTransfer::take_staging(std::size_t bytes, std::uint32_t n, device::Stream stream,
-                                                  bool& chained) {
+                                                  bool may_chain, bool& chained) {
   // Free: its last copy back completed (a fresh event counts as complete). Take the smallest that
   // fits; else grow the pool; else chain onto the least recently used one that fits; else replace
   // a free one that is too small; else (every buffer busy and too small) grow past the cap.
@@ -128,7 +128,7 @@ HostTransfer::Staging& HostTransfer::take_staging(std::size_t bytes, std::uint32
   }
   chained = false;
   Staging* chosen = best;
-  if (chosen == nullptr && staging_.size() >= max_staging && oldest != nullptr) {
+  if (chosen == nullptr && may_chain && staging_.size() >= max_staging && oldest != nullptr) {
     device_->wait_event(stream, oldest->event);  // the stream, not the host, waits for it to be free
     chained = true;
     chosen = oldest;
@@ -159,8 +159,13 @@ void HostTransfer::enqueue(const DeviceCall& call, device::Stream stream) {
   std::size_t chunk = l.staged;
   const std::size_t chunks = l.elementwise ? chunks_of(l.staged, element, chunk) : 1;
   const std::uint32_t first = issued_ + 1;
+  // An operation with no input on this rank (a receive, a broadcast's non-root) starts its host
+  // side at once, before its stream gets there: it fills the staging early, so it may not chain
+  // onto a buffer an earlier operation still copies out of (only that stream waits for it).
+  const bool waits = (l.in != nullptr && l.in_bytes > 0) ||
+                     (call.kind == DeviceCall::Kind::collective && call.call.collective == Collective::barrier);
   bool chained = false;
-  Staging& staging = take_staging(l.staged, first, stream, chained);
+  Staging& staging = take_staging(l.staged, first, stream, waits, chained);
   // A free buffer's ready words are set just below this operation's numbers (so even after the
   // counter wrapped). A chained one's still belong to the operation before, which the progress
   // thread may not have started: they stay, below ours (numbers only grow), and are overwritten
@@ -200,8 +205,6 @@ void HostTransfer::enqueue(const DeviceCall& call, device::Stream stream) {
   }
   {
     std::lock_guard lock(mutex_);
-    const bool waits = (l.in != nullptr && l.in_bytes > 0) ||
-                       (call.kind == DeviceCall::Kind::collective && call.call.collective == Collective::barrier);
     for (std::size_t i = 0; i < chunks; ++i) {
       Operation op{first + static_cast<std::uint32_t>(i), call, offset(i), waits, staging.ready(i), staging.data()};
       if (chunks > 1) op.call.call.count = in_bytes(i) / element;

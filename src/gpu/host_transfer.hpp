@@ -121,8 +121,10 @@ class HostTransfer {
   /// A staging buffer of at least `bytes` for operation `n`: a free one, else a new one while the
   /// pool has fewer than max_staging, else the least recently used one that fits, which `stream`
   /// then waits for (its event) before it copies in: the host never waits, and a burst of calls
-  /// does not allocate without bound. `chained` says which of the last two it was.
-  Staging& take_staging(std::size_t bytes, std::uint32_t n, device::Stream stream, bool& chained);
+  /// does not allocate without bound. `chained` says which of the last two it was. Without
+  /// `may_chain` (an operation whose host side starts before its stream gets there) it grows the
+  /// pool instead of chaining.
+  Staging& take_staging(std::size_t bytes, std::uint32_t n, device::Stream stream, bool may_chain, bool& chained);
   static constexpr std::size_t max_staging = 8;
   void run();
   /// Starts operation `op`'s host side; an empty request when it has none.
