@@ -107,6 +107,34 @@ TEST(EngineNegotiation, MismatchNamesTheTensorTheRanksAndBothShapes) {
   EXPECT_TRUE(table.idle());
 }
 
+TEST(EngineNegotiation, ShapesOfTheSameCountMismatchAndTravel) {
+  // Tensors given with their dims: [6, 4] and [4, 6] (24 elements each) are not the same tensor.
+  auto shaped = [](std::vector<std::int64_t> dims) {
+    Descriptor d = allreduce("t", 24);
+    d.dims = std::move(dims);
+    return d;
+  };
+  Message m;
+  m.described = {shaped({6, 4}), allreduce("u", 3)};
+  const auto bytes = m.encode(0);
+  const auto back = Message::decode(bytes, 0);
+  ASSERT_EQ(back.described.size(), 2u);
+  EXPECT_EQ(back.described[0].dims, (std::vector<std::int64_t>{6, 4}));
+  EXPECT_TRUE(back.described[1].dims.empty());
+  Table table(2);
+  std::vector<Message> cycle(2);
+  cycle[0].described = {shaped({6, 4})};
+  cycle[1].described = {shaped({4, 6})};
+  const auto d = table.apply(cycle, Clock::now());
+  ASSERT_EQ(d.failed.size(), 1u);
+  EXPECT_EQ(d.failed[0].code, ErrorCode::mismatch);
+  EXPECT_EQ(d.failed[0].message,
+            "engine: mismatched tensor 't': rank 0 enqueued allreduce of 24 f32 [6, 4] (sum); rank 1 enqueued "
+            "allreduce of 24 f32 [4, 6] (sum)");
+  cycle[1].described = {shaped({6, 4})};
+  EXPECT_EQ(table.apply(cycle, Clock::now()).ready.size(), 1u);
+}
+
 TEST(EngineNegotiation, ExpiredNamesFailWithTheMissingRanks) {
   Table table(2);
   std::vector<Message> m(2);
@@ -323,6 +351,27 @@ TEST(Engine, MismatchFailsOnEveryRankAndTheEngineGoesOn) {
                           "enqueued allreduce of 10 f32 (sum)",
                           "engine: mismatched tensor 'v': ranks 0, 1 enqueued allreduce of 4 f64 (sum); rank 2 "
                           "enqueued allreduce of 4 f64 (max)"}));
+}
+
+TEST(Engine, AllreduceWithDimsChecksTheShapeOnEveryRank) {
+  const auto failures = run_ranks(2, [&](Communicator& comm) {
+    Engine engine(comm, quiet());
+    const int r = comm.rank();
+    std::vector<float> x(24, 1.f);
+    const std::vector<std::int64_t> dims = r == 0 ? std::vector<std::int64_t>{6, 4} : std::vector<std::int64_t>{4, 6};
+    try {
+      engine.enqueue_allreduce("x", x.data(), x.data(), dims, DataType::f32, ReduceOp::sum).wait();
+      ADD_FAILURE() << "rank " << r << ": tensors of different shapes were reduced";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::mismatch);
+    }
+    const std::vector<std::int64_t> same{2, 12};
+    engine.enqueue_allreduce("x", x.data(), x.data(), same, DataType::f32, ReduceOp::sum).wait();
+    EXPECT_EQ(x, std::vector<float>(24, 2.f));
+    const std::vector<std::int64_t> negative{-1, 3};
+    EXPECT_THROW(engine.enqueue_allreduce("y", x.data(), x.data(), negative, DataType::f32, ReduceOp::sum), Error);
+  });
+  EXPECT_EQ(failures, "");
 }
 
 TEST(Engine, StallWarningNamesTheTensorAndTheMissingRanksThenCompletes) {

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -139,6 +140,12 @@ class Engine {
   Handle enqueue_allreduce(std::string_view name, void* buffer, std::size_t count, DataType type, ReduceOp op) {
     return enqueue_allreduce(name, buffer, buffer, count, type, op);
   }
+  /// The same for a tensor of shape `dims` (count: their product; at most 64 dimensions, none
+  /// negative, else Error(invalid_argument)): the ranks also agree on the shape, so the same name
+  /// with other dims on another rank is an ErrorCode::mismatch even where the counts agree
+  /// (Horovod's check: [17, 1311] and [17, 23, 57] are not the same tensor).
+  Handle enqueue_allreduce(std::string_view name, const void* send, void* recv, std::span<const std::int64_t> dims,
+                           DataType type, ReduceOp op);
   /// A device tensor: as above, with `send` and `recv` in memory of the engine's device and the
   /// allreduce enqueued on `stream` (a cudaStream_t, or a stream of the gpu::Communicator).
   /// Returns at once, never waiting for the stream or the device: the allreduce starts after

@@ -140,6 +140,24 @@ Handle Engine::enqueue_allreduce(std::string_view name, const void* send, void* 
   return core_->enqueue(Descriptor{std::string(name), Collective::allreduce, type, op, 0, count}, send, recv);
 }
 
+Handle Engine::enqueue_allreduce(std::string_view name, const void* send, void* recv,
+                                 std::span<const std::int64_t> dims, DataType type, ReduceOp op) {
+  if (dims.size() > engine_detail::kMaxDims)
+    throw Error(ErrorCode::invalid_argument, "engine: enqueue_allreduce '" + std::string(name) + "': " +
+                                                 std::to_string(dims.size()) + " dimensions (at most " +
+                                                 std::to_string(engine_detail::kMaxDims) + ")");
+  std::uint64_t count = 1;
+  for (auto n : dims) {
+    if (n < 0)
+      throw Error(ErrorCode::invalid_argument,
+                  "engine: enqueue_allreduce '" + std::string(name) + "': a negative dimension");
+    count *= static_cast<std::uint64_t>(n);
+  }
+  Descriptor d{std::string(name), Collective::allreduce, type, op, 0, count};
+  d.dims.assign(dims.begin(), dims.end());
+  return core_->enqueue(std::move(d), send, recv);
+}
+
 Handle Engine::enqueue_allreduce(std::string_view name, const void* send, void* recv, std::size_t count, DataType type,
                                  ReduceOp op, gpu::Stream stream) {
   return core_->enqueue_on_stream(Descriptor{std::string(name), Collective::allreduce, type, op, 0, count}, send, recv,

@@ -8,6 +8,11 @@ namespace tutti::engine_detail {
 std::string Descriptor::shape() const {
   std::string text =
       std::string(to_string(kind)) + " of " + std::to_string(count) + " " + std::string(tutti::to_string(type));
+  if (!dims.empty()) {
+    text += " [";
+    for (std::size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
+    text += "]";
+  }
   if (kind == Collective::allreduce) text += " (" + std::string(tutti::to_string(op)) + ")";
   if (kind == Collective::broadcast) text += " from root " + std::to_string(root);
   return text;
@@ -95,6 +100,8 @@ std::vector<std::byte> Message::encode(std::size_t cache_size) const {
     w.put(d.root);
     w.put(d.count);
     w.put_string(d.name);
+    w.put(static_cast<std::uint8_t>(d.dims.size()));
+    for (auto n : d.dims) w.put(n);
   }
   w.put(static_cast<std::uint32_t>(expired.size()));
   for (const auto& name : expired) w.put_string(name);
@@ -123,6 +130,9 @@ Message Message::decode(std::span<const std::byte> bytes, std::size_t cache_size
     d.root = r.get<std::int32_t>();
     d.count = r.get<std::uint64_t>();
     d.name = r.get_string();
+    const auto dims = r.get<std::uint8_t>();
+    if (dims > kMaxDims) throw Error(ErrorCode::system, "engine: a negotiation message is damaged");
+    for (std::uint8_t k = 0; k < dims; ++k) d.dims.push_back(r.get<std::int64_t>());
     if (!engine_collective(d.kind) || d.type > DataType::f64 || d.op > ReduceOp::avg)
       throw Error(ErrorCode::system, "engine: a negotiation message is damaged");
     m.described.push_back(std::move(d));

@@ -37,13 +37,18 @@ struct Descriptor {
   ReduceOp op = ReduceOp::sum;  // allreduce only
   std::int32_t root = 0;        // broadcast only
   std::uint64_t count = 0;
+  std::vector<std::int64_t> dims = {};  // the tensor's shape, where the caller gave one (else empty)
 
   bool same_shape(const Descriptor& other) const {
-    return kind == other.kind && type == other.type && op == other.op && root == other.root && count == other.count;
+    return kind == other.kind && type == other.type && op == other.op && root == other.root && count == other.count &&
+           dims == other.dims;
   }
-  /// e.g. "allreduce of 1000 f32 (sum)".
+  /// e.g. "allreduce of 1000 f32 (sum)", "allreduce of 391 f32 [17, 23] (sum)".
   std::string shape() const;
 };
+
+/// The most dimensions a descriptor's shape may have (a damaged message claims more).
+inline constexpr std::size_t kMaxDims = 64;
 
 /// One rank's message of one cycle.
 struct Message {
