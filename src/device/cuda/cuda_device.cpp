@@ -217,7 +217,7 @@ class CudaDevice final : public Device {
     if (bytes == 0) invalid("allocate_pinned", "0 bytes requested");
     select();
     void* p = nullptr;
-    check(pinned_->take(bytes, false, p), "allocate_pinned");
+    check(static_cast<cudaError_t>(pinned_->take(bytes, false, p)), "allocate_pinned");
     std::memset(p, 0, bytes);
     return p;
   }
@@ -282,7 +282,7 @@ class CudaDevice final : public Device {
     for (std::size_t offset = 0; offset < bytes; offset += bounce_bytes) {
       const std::size_t n = std::min(bounce_bytes, bytes - offset);
       void* block = nullptr;
-      check(pinned_->take(bounce_bytes, true, block), "copy");
+      check(static_cast<cudaError_t>(pinned_->take(bounce_bytes, true, block)), "copy");
       auto* b = new Bounce{pinned_, static_cast<std::byte*>(block)};
       auto* out = static_cast<std::byte*>(dst) + offset;
       const auto* in = static_cast<const std::byte*>(src) + offset;
@@ -466,7 +466,11 @@ class CudaDevice final : public Device {
   WaitValue32 wait_value32_ = nullptr;
   std::mutex mutex_;
   std::unordered_set<void*> streams_, events_, device_memory_;
-  std::shared_ptr<PinnedBlocks> pinned_ = std::make_shared<PinnedBlocks>();  // allocate_pinned's and copy's
+  std::shared_ptr<PinnedBlocks> pinned_ = std::make_shared<PinnedBlocks>(  // allocate_pinned's and copy's
+      [](void** block, std::size_t bytes) {
+        return static_cast<int>(cudaHostAlloc(block, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+      },
+      [](void* block) { cudaFreeHost(block); });
   std::unordered_set<void*> pooled_;  // device memory from the stream-ordered pool
   std::once_flag pool_once_;
   cudaStream_t pool_stream_ = nullptr;

@@ -4,11 +4,14 @@
 // a staging pool that freed a buffer as it grew hung the ranks sharing the GPU), so a block is freed
 // only when the device goes. Giving a block back makes no CUDA call: a host function on a stream
 // may do it. The device and the host functions of its copies in flight share the object.
+// No lock is held across the allocator's calls: a stream's host function gives a block back (it
+// takes the lock) while cudaFreeHost in close() may be waiting for that very stream.
+// No CUDA header here: the allocator comes in as two functions (cudaHostAlloc and cudaFreeHost on
+// the CUDA device; tests/device_pinned_blocks_test.cpp passes its own).
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -17,13 +20,20 @@ namespace tutti::device::cuda {
 
 class PinnedBlocks {
  public:
-  /// A block of at least `bytes` (not zeroed) into `block`; CUDA's error if it refuses. A
-  /// `transient` block is one a stream's host function gives back (a copy in flight).
-  cudaError_t take(std::size_t bytes, bool transient, void*& block);
+  /// Makes a block of `bytes` into `block`: 0, or the allocator's error code (CUDA's).
+  using Allocate = std::function<int(void** block, std::size_t bytes)>;
+  /// Frees a block Allocate made.
+  using Release = std::function<void(void* block)>;
+  PinnedBlocks(Allocate allocate, Release release);
+
+  /// A block of at least `bytes` (not zeroed) into `block`; 0, or the allocator's error if it
+  /// refuses. A `transient` block is one a stream's host function gives back (a copy in flight).
+  int take(std::size_t bytes, bool transient, void*& block);
   /// Gives back what take returned; false if it did not. After close: the block is forgotten.
   bool give_back(void* block);
   /// At the device's end: frees every block but the transient ones still out, which a held
-  /// stream's host function may still use: they stay allocated for the life of the process.
+  /// stream's host function may still use: they stay allocated for the life of the process. The
+  /// frees run without the lock (a host function may give a block back meanwhile).
   void close();
 
  private:
@@ -31,6 +41,8 @@ class PinnedBlocks {
     std::size_t bytes;
     bool transient;
   };
+  Allocate allocate_;
+  Release release_;
   std::mutex mutex_;
   std::unordered_map<void*, Out> out_;
   std::multimap<std::size_t, void*> free_;  // by size
