@@ -1,6 +1,7 @@
 // A rank program for the GPU fault test (tests/gpu_fault_test.sh runs it under tutti-run, shared
-// memory, on the emulated device): a rank killed with kill -9 must release the other ranks'
-// streams, and their next check() must raise peer_failure naming it.
+// memory, on the device TUTTI_TEST_GPU_DEVICE names: emulated, the default, or cuda, every rank on
+// GPU 0): a rank killed with kill -9 must release the other ranks' streams, and their next
+// check() must raise peer_failure naming it.
 //
 //   gpu_fault_rank MODE DIR COUNT BACKEND
 //
@@ -52,6 +53,14 @@ constexpr auto release_bound = 5000ms;  // from the kill to the release: hang de
 constexpr auto victim_limit = 30s;      // a victim nobody kills gives up
 
 tutti::Options options;  // the backend (main sets it)
+
+// TUTTI_TEST_GPU_DEVICE: cuda (every rank on GPU 0; scripts/gpu_check.sh) or emulated (the default).
+tutti::gpu::DeviceKind device_kind() {
+  const char* name = std::getenv("TUTTI_TEST_GPU_DEVICE");
+  if (name == nullptr || *name == '\0' || std::string(name) == "emulated") return tutti::gpu::DeviceKind::emulated;
+  if (std::string(name) == "cuda") return tutti::gpu::DeviceKind::cuda;
+  throw std::invalid_argument(std::string("TUTTI_TEST_GPU_DEVICE: unknown device ") + name);
+}
 
 std::int64_t wall_ns() {
   timespec t{};
@@ -212,7 +221,7 @@ int main(int argc, char** argv) {
     tutti::Communicator world = tutti::init();
     rank = world.rank();
     publish(dir, "rank." + std::to_string(rank), std::to_string(getpid()));
-    tutti::gpu::Communicator gpu(world, tutti::gpu::DeviceKind::emulated);
+    tutti::gpu::Communicator gpu(world, device_kind());
     const tutti::gpu::Stream stream = gpu.create_stream();
     if (const std::string wrong = warm_up(gpu, stream); !wrong.empty()) return fail(rank, wrong);
     std::printf("rank %d: warm-up OK\n", rank);

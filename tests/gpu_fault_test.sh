@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # A rank killed with kill -9 releases the other ranks' GPU streams with peer_failure: real
-# processes under tutti-run, each with an emulated device.
-# Usage: gpu_fault_test.sh TUTTI_RUN GPU_FAULT_RANK
+# processes under tutti-run, each with an emulated device, or every rank on CUDA device 0 with
+# TUTTI_TEST_GPU_DEVICE=cuda (the ranks read it).
+# Usage: gpu_fault_test.sh TUTTI_RUN GPU_FAULT_RANK [quick]
+# `quick` (scripts/gpu_check.sh on a GPU) runs three cases only: each backend's waiting case at
+# p = 2 and host_transfer's held case at p = 4.
 # Both backends (host_transfer and ipc), over shared memory at p = 2 and 4, with an operation of
 # several chunks or steps; host_transfer also with a forced ring; and over tcp.
 #
@@ -14,7 +17,7 @@
 # 137; and afterwards no process, /dev/shm segment or store directory of the job is left.
 # Each run is bounded by `timeout` (30 s), the whole test by 18 runs of that (540 s).
 set -u
-run=$1 program=$2
+run=$1 program=$2 quick=${3:-}
 bound_ms=5000
 passed=0 failed=0 known=0
 # A case run with known_bug set to a description is expected to fail its survivors' check (the
@@ -126,6 +129,14 @@ $text" $ok
   grep -E "PASS|FAIL" <<<"$text" | sed 's/^/     /'
 }
 
+if [[ $quick == quick ]]; then
+  case_ host_transfer shm waiting 2 1000
+  case_ ipc shm waiting 2 1000
+  case_ host_transfer shm held 4 1000
+  echo "$passed passed, $failed failed, $known known bug(s)"
+  [[ $failed -eq 0 ]]
+  exit
+fi
 for backend in host_transfer ipc; do
   for n in 2 4; do
     case_ $backend shm waiting "$n" 1000
