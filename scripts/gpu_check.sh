@@ -1,231 +1,222 @@
 #!/usr/bin/env bash
-# One command for a machine with an NVIDIA GPU: builds Tutti with CUDA (as scripts/build.sh does,
-# into its own build directory) and runs every GPU check, then tutti-bench's device mode:
-#   1. nvidia-smi -L (which GPUs this is), and tools/cuda-waits (which CUDA calls wait for a stream
-#      held at a wait_value; run with and without CUDA_DEVICE_MAX_CONNECTIONS=32);
-#   2. the build (RelWithDebInfo, warnings as errors, CUDA when CMake finds the toolkit);
-#   3. ctest -L gpu (the suites on the CUDA device; a skipped case counts as a failure here, since
-#      the GPU is there) and ctest -L emulated (the same protocols on the emulated device);
-#   4. tutti-bench --device cuda --peers sync for every backend at p = 1, 2, 4 (under tutti-run),
-#      every collective gpu::Communicator has, checked; a backend tutti-bench refuses as not built
-#      yet is listed as skipped;
-#   5. tutti-bench --device cuda --kernels on one rank: the reduction kernels (f32 sum, bf16 sum)
-#      beside a device-to-device copy, checked.
-# The suites run ranks as threads with their own rank counts (gpu_test and device_test name their
-# device; the CUDA build of the device suite is device_gpu_test, label gpu), so only tutti-bench
-# takes a process count.
-# Without a GPU (no nvidia-smi, or it fails) it says so and runs the emulated-device versions
-# instead (ctest -L emulated, tutti-bench --device emulated, --kernels included, and --device cuda's
-# one-line refusal), so that the script itself is exercised. Ends with "gpu_check: N passed, M
-# failed"; the exit status is 1 if anything failed (no GPU alone is not a failure).
-#
-#   scripts/gpu_check.sh            (build directory: build-gpu, or TUTTI_GPU_CHECK_BUILD)
-#   TUTTI_GPU_CHECK_BENCH="-b 8 -e 1G -f 2" scripts/gpu_check.sh    (tutti-bench's sizes)
-#   TUTTI_GPU_CHECK_KERNELS="-b 1M -e 1G -f 4" scripts/gpu_check.sh  (--kernels' sizes)
-#   TUTTI_GPU_CHECK_PREBUILT=1 TUTTI_GPU_CHECK_BUILD=DIR scripts/gpu_check.sh
-#       (a machine that cannot build Tutti: the binaries scripts/gpu_bundle.sh gathered into DIR;
-#       no build, no ctest: the suites run as the binaries themselves)
-# With a GPU, the stream-aware collective suites (gpu_test, gpu_collectives_test) also run on the
-# CUDA device (TUTTI_TEST_GPU_DEVICE=cuda: every rank a thread on GPU 0, backend host_transfer,
-# since ipc and nccl refuse two ranks on one GPU; and automatic, which must then pick it).
+# The device check: one command on a machine with an NVIDIA GPU, over a prebuilt bundle
+# (scripts/gpu_bundle.sh, built elsewhere), that ends within a global budget (default 450 s).
+#   scripts/gpu_check.sh [BUNDLE]          (BUNDLE: default build-bundle)
+# Stages, in this order, each under its own time cap (`timeout`); a stage that would not fit in
+# what is left of the budget is skipped, saying so:
+#   environment        driver, GPU, NCCL found, the bundle's manifest
+#   cuda_waits         tools/cuda-waits: which CUDA calls wait for a stream held at a wait_value
+#   device_suite       device_gpu_test (the device layer on CUDA; a skipped case fails here)
+#   process_gate       tests/gpu_gate_test.sh: ranks as processes on GPU 0, host_transfer and ipc
+#                      at p = 2 and 4 (the gate)
+#   nccl_p1            the same rank program with nccl: runs at p = 1, refused by name at p = 2
+#   thread_diagnostics gpu_test and gpu_collectives_test with every rank a thread on GPU 0
+#                      (a diagnostic, never a gate: its outcome is DIAG_PASS or DIAG_FAIL)
+#   fault_cuda         tests/gpu_fault_test.sh quick: kill -9 a rank, survivors released with
+#                      peer_failure naming it
+#   engine_suite       engine_gpu_test
+#   kernels            tutti-bench --kernels (f32 and bf16 sum beside a D2D copy, checked)
+#   bench              tutti-bench --device cuda, allreduce, host_transfer, ipc and nccl at p = 1,
+#                      host_transfer and ipc at p = 2 (checked; enqueue times and bus/d2d reported)
+# Each stage's outcome is appended to $OUT/gpu_check_results.tsv as it ends (stage, status,
+# seconds, reason; status PASS, FAIL, TIMEOUT, SKIP, DIAG_PASS or DIAG_FAIL) and printed; its log
+# goes to $OUT/gpu_check_logs/STAGE.log, cut to its first 64 KiB and last 192 KiB. OUT defaults to
+# BUNDLE/out. Without a GPU (no nvidia-smi, it fails, or TUTTI_GPU_CHECK_DRY_RUN=1) every stage is
+# SKIP and the exit status is 0 (ctest gpu_check_dry_run); else 0 when every stage but the
+# diagnostics passed, 1 otherwise.
+#   TUTTI_GPU_CHECK_BUDGET_S   the global budget in seconds (default 450)
+#   TUTTI_GPU_CHECK_DEVICE     cuda (default), or emulated to rehearse the stages where there is no
+#                              GPU (with an nvidia-smi that succeeds on the PATH): not a check
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-build=${TUTTI_GPU_CHECK_BUILD:-build-gpu}
-passed=0
-failed=0
-skipped=()
+self=$(readlink -f "$0")
+root=$(cd "$(dirname "$self")/.." && pwd)
 
-pass() { echo "gpu_check: ok   $1"; passed=$((passed + 1)); }
-flunk() { echo "gpu_check: FAIL $1"; failed=$((failed + 1)); }
-finish() {
-  for s in "${skipped[@]}"; do echo "gpu_check: skipped $s"; done
-  echo "gpu_check: $passed passed, $failed failed"
-  [[ $failed -eq 0 ]]
-  exit
-}
-
-echo "== nvidia-smi -L"
-gpu=0
-if ! command -v nvidia-smi >/dev/null; then
-  echo "gpu_check: no NVIDIA GPU here (nvidia-smi is not installed): running the emulated-device versions only"
-elif ! gpus=$(nvidia-smi -L 2>&1) || [[ -z $gpus ]]; then
-  echo "gpu_check: no NVIDIA GPU here (nvidia-smi -L: ${gpus:-no output}): running the emulated-device versions only"
-else
-  echo "$gpus"
-  gpu=1
-fi
-
-prebuilt=${TUTTI_GPU_CHECK_PREBUILT:-0}
-if ((prebuilt)); then
-  echo "== prebuilt binaries in $build"
-  for f in tests/device_gpu_test tests/gpu_test tests/gpu_collectives_test tools/tutti-run tools/bench/tutti-bench; do
-    [[ -x $build/$f ]] || { flunk "prebuilt: $build/$f is missing"; finish; }
-  done
-  pass "prebuilt binaries present"
-else
-echo "== build ($build)"
-bash scripts/deps.sh || echo "gpu_check: scripts/deps.sh failed; building with what is installed"
-if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTUTTI_WERROR=ON -DTUTTI_CUDA=ON >/dev/null; then
-  flunk "cmake configure"
-  finish
-fi
-targets=()
-((gpu)) || targets=(--target tutti-run tutti-bench device_test gpu_test)  # all of it with a GPU: every gpu suite
-if ! cmake --build "$build" -j "$(nproc)" "${targets[@]}"; then
-  flunk "build"
-  finish
-fi
-if grep -q "^TUTTI_WITH_CUDA:INTERNAL=ON" "$build/CMakeCache.txt"; then
-  pass "built with CUDA"
-elif ((gpu)); then
-  flunk "built without CUDA (CMake found no CUDA toolkit: is nvcc on the PATH?)"
-else
-  echo "gpu_check: built without CUDA (no toolkit found)"
-fi
-fi
-logs="$build/gpu_check"
-mkdir -p "$logs"
-
-# suite LABEL: one ctest label; with a GPU, a skipped case means the CUDA device did not open.
-suite() {
-  local label=$1 log="$logs/ctest-$1.log"
-  echo "== ctest -L $label"
-  if ! ctest --test-dir "$build" -L "$label" --no-tests=error --output-on-failure --timeout 600 -j "$(nproc)" |
-    tee "$log"; then
-    flunk "ctest -L $label ($(grep -E 'tests passed|tests failed' "$log" | tail -n 1))"
-  elif ((gpu)) && grep -q "\*\*\*Skipped\|SKIPPED" "$log"; then
-    flunk "ctest -L $label: cases were skipped on a machine with a GPU (see $log)"
-  else
-    pass "ctest -L $label ($(grep -E 'tests passed' "$log" | tail -n 1))"
-  fi
-}
-
-# binary NAME ENV... -- BINARY: one gtest binary run directly, with the environment given; with a
-# GPU, a skipped case is a failure (the CUDA device did not open).
-binary() {
-  local name=$1 log="$logs/$1.log"
-  shift
-  local envs=()
-  while [[ $1 != -- ]]; do envs+=("$1"); shift; done
-  shift
-  echo "== $name"
-  if ! timeout -s KILL 600 env "${envs[@]}" "$build/tests/$1" --gtest_brief=1 >"$log" 2>&1; then
-    tail -n 40 "$log"
-    flunk "$name ($(grep -E 'PASSED|FAILED' "$log" | head -n 2 | tr '\n' ' '))"
-  elif grep -q "SKIPPED" "$log"; then
-    tail -n 20 "$log"
-    flunk "$name: cases were skipped on a machine with a GPU"
-  else
-    pass "$name ($(grep -E '^\[  PASSED  \]' "$log"))"
-  fi
-}
-
-# The suites on the CUDA device: the device layer, and the collective suites with every rank on GPU 0.
-cuda_suites() {
-  binary device_gpu_test -- device_gpu_test
-  for backend in host_transfer automatic; do
-    for suite in gpu_test gpu_collectives_test; do
-      binary "$suite-cuda-$backend" TUTTI_TEST_GPU_DEVICE=cuda TUTTI_TEST_GPU_BACKEND=${backend/automatic/} -- "$suite"
-    done
-  done
-}
-
-run=$build/tools/tutti-run
-bench=$build/tools/bench/tutti-bench
-# bench DEVICE BACKEND P: tutti-bench's device mode on P ranks, every collective, checked.
-bench_run() {
-  local device=$1 backend=$2 p=$3 name="tutti-bench --device $1 --backend $2 at p=$3"
-  local out="$logs/bench-$device-$backend-p$p" sizes
-  if [[ $device == cuda ]]; then
-    sizes=${TUTTI_GPU_CHECK_BENCH:--b 8 -e 64M -f 4}
-  else
-    sizes=${TUTTI_GPU_CHECK_BENCH:--b 8 -e 1M -f 8 -n 5 -w 2}
-  fi
-  echo "== $name"
-  # ipc has no alltoall: the collectives it has.
-  local collectives=all
-  [[ $backend == ipc ]] && collectives=allreduce,reduce_scatter,allgather,broadcast,reduce
-  # shellcheck disable=SC2086
-  timeout -s KILL 600 "$run" -n "$p" --timeout-ms 120000 "$bench" --no-progress --device "$device" --backend "$backend" \
-    -t $collectives $sizes --peers sync -c 1 --json "$out.json" >"$out.log" 2>"$out.err"
-  local status=$?
-  cat "$out.log"
-  # A backend this machine cannot run (nccl without a CUDA device, or with two ranks on one GPU).
-  if [[ $status -ne 0 ]] && grep -q "has no $backend backend yet\|the $backend backend is not available" "$out.err" "$out.log"; then
-    skipped+=("$name: $(sed -E 's/^\[[0-9]+\] //' "$out.err" | head -n 1)")
-  else
-    judge "$name" "$status" "$out"
-  fi
-}
-
-# judge NAME STATUS OUT: a tutti-bench run passes when it exited 0 with a clean footer.
-judge() {
-  local name=$1 status=$2 out=$3
-  if [[ $status -ne 0 ]]; then
-    sed 's/^/    | /' "$out.err" | tail -n 20
-    flunk "$name (exit status $status)"
-  elif ! grep -q "Out of bounds values : 0 OK" "$out.log"; then
-    flunk "$name (no clean footer)"
-  else
-    pass "$name"
-  fi
-}
-
-# kernels_run DEVICE: tutti-bench --kernels on one rank, the device's reduction kernel beside a
-# D2D copy for f32 sum and bf16 sum, every row checked bit for bit against the host's kernel.
-kernels_run() {
-  local device=$1 name="tutti-bench --device $1 --kernels" out="$logs/kernels-$1" sizes
-  if [[ $device == cuda ]]; then
-    sizes=${TUTTI_GPU_CHECK_KERNELS:--b 8 -e 256M -f 4}
-  else
-    sizes=${TUTTI_GPU_CHECK_KERNELS:--b 8 -e 1M -f 8 -n 5 -w 2}
-  fi
-  echo "== $name"
-  # shellcheck disable=SC2086
-  timeout -s KILL 600 "$run" -n 1 --timeout-ms 120000 "$bench" --no-progress --device "$device" --kernels \
-    -d f32,bf16 -o sum $sizes -c 1 --json "$out.json" >"$out.log" 2>"$out.err"
-  local status=$?
-  cat "$out.log"
-  judge "$name" "$status" "$out"
-}
-
-# cuda-waits: which CUDA calls wait for a held stream, with the default hardware queues and with
-# the 32 Tutti asks for (a report, read by a person; it fails only if CUDA does).
-waits_run() {
-  local exe=$build/tools/cuda-waits
-  [[ -x $exe ]] || { skipped+=("cuda-waits: not built"); return; }
-  for connections in "" 32; do
-    echo "== cuda-waits (CUDA_DEVICE_MAX_CONNECTIONS=${connections:-unset})"
-    if timeout -s KILL 120 env ${connections:+CUDA_DEVICE_MAX_CONNECTIONS=$connections} "$exe" | tee "$logs/cuda-waits${connections}.log"; then
-      pass "cuda-waits (CUDA_DEVICE_MAX_CONNECTIONS=${connections:-unset})"
-    else
-      flunk "cuda-waits (CUDA_DEVICE_MAX_CONNECTIONS=${connections:-unset})"
+# ---- one stage's body, run by the driver below under `timeout` ----
+if [[ ${1:-} == --stage ]]; then
+  bundle=$TUTTI_GPU_CHECK_BUNDLE
+  run=$bundle/tools/tutti-run
+  bench=$bundle/tools/bench/tutti-bench
+  export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  device=${TUTTI_GPU_CHECK_DEVICE:-cuda}  # emulated: a rehearsal of the machinery, not a check
+  export TUTTI_TEST_GPU_DEVICE=$device
+  # gtest BINARY [ARGS...]: a suite on CUDA; a skipped case fails (the GPU is there).
+  gtest() {
+    local out status
+    out=$(timeout -k 5 "${GTEST_CAP:-300}" "$bundle/tests/$1" --gtest_brief=1 "${@:2}" 2>&1)
+    status=$?
+    echo "$out"
+    ((status == 0)) || return "$status"
+    if [[ $device == cuda ]] && grep -q "SKIPPED" <<<"$out"; then
+      echo "FAIL: cases were skipped on a machine with a GPU"
+      return 1
     fi
-  done
+  }
+  # bench_run P BACKEND ARGS...: tutti-bench's device mode under tutti-run, every result checked.
+  bench_run() {
+    local p=$1 backend=$2 out status
+    shift 2
+    echo "== tutti-bench --device cuda --backend $backend at p = $p"
+    out=$(timeout -k 5 60 "$run" -n "$p" --timeout-ms 45000 "$bench" --no-progress --device "$device" --backend "$backend" \
+      -t allreduce --peers sync -c 1 "$@" 2>&1)
+    status=$?
+    echo "$out"
+    ((status == 0)) || { echo "FAIL: tutti-bench $backend at p = $p: exit status $status"; return 1; }
+    grep -q "Out of bounds values : 0 OK" <<<"$out" || { echo "FAIL: tutti-bench $backend at p = $p: no clean footer"; return 1; }
+  }
+  case $2 in
+    environment)
+      nvidia-smi -L || exit 1
+      nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv || exit 1
+      echo "== NCCL"
+      ldconfig -p | grep -E "libnccl\.so" || echo "no libnccl in the linker cache (the nccl stage will say so)"
+      echo "== bundle"
+      cat "$bundle/MANIFEST" || exit 1
+      for f in tests/device_gpu_test tests/gpu_gate_rank tests/gpu_fault_rank tests/gpu_test tests/gpu_collectives_test \
+        tests/engine_gpu_test tools/tutti-run tools/cuda-waits tools/bench/tutti-bench; do
+        [[ -x $bundle/$f ]] || { echo "FAIL: the bundle has no $f"; exit 1; }
+      done
+      ;;
+    cuda_waits) "$bundle/tools/cuda-waits" ;;
+    device_suite) GTEST_CAP=55 gtest device_gpu_test ;;
+    process_gate)
+      TUTTI_GPU_GATE_CASE_S=50 bash "$root/tests/gpu_gate_test.sh" "$run" "$bundle/tests/gpu_gate_rank" \
+        host_transfer:2 host_transfer:4 ipc:2 ipc:4
+      ;;
+    nccl_p1)
+      TUTTI_GPU_GATE_CASE_S=40 bash "$root/tests/gpu_gate_test.sh" "$run" "$bundle/tests/gpu_gate_rank" nccl:1 nccl:2
+      ;;
+    thread_diagnostics)
+      s=0
+      TUTTI_TEST_GPU_BACKEND=host_transfer GTEST_CAP=40 gtest gpu_test \
+        --gtest_filter='GpuHostTransfer.AllreduceCountsAndSizes:GpuHostTransfer.BackToBackOnOneAndTwoStreams' || s=1
+      TUTTI_TEST_GPU_BACKEND=host_transfer GTEST_CAP=40 gtest gpu_collectives_test \
+        --gtest_filter='GpuCollectives.ReduceEveryRootTypeAndOp:GpuCollectives.PipelinedLargeElementwiseCollectives' || s=1
+      exit $s
+      ;;
+    fault_cuda) bash "$root/tests/gpu_fault_test.sh" "$run" "$bundle/tests/gpu_fault_rank" quick ;;
+    engine_suite) GTEST_CAP=55 gtest engine_gpu_test ;;
+    kernels)
+      out=$(timeout -k 5 50 "$run" -n 1 --timeout-ms 45000 "$bench" --no-progress --device "$device" --kernels -d f32,bf16 \
+        -o sum -b 8 -e 256M -f 4 -c 1 2>&1)
+      status=$?
+      echo "$out"
+      ((status == 0)) && grep -q "Out of bounds values : 0 OK" <<<"$out"
+      ;;
+    bench)
+      s=0
+      for backend in host_transfer ipc nccl; do bench_run 1 "$backend" -b 8 -e 64M -f 8 || s=1; done
+      for backend in host_transfer ipc; do bench_run 2 "$backend" -b 8 -e 64M -f 8 || s=1; done
+      exit $s
+      ;;
+    *)
+      echo "gpu_check: unknown stage $2" >&2
+      exit 2
+      ;;
+  esac
+  exit
+fi
+
+# ---- the driver ----
+bundle=$(readlink -f "${1:-$root/build-bundle}")
+out=${OUT:-$bundle/out}
+budget=${TUTTI_GPU_CHECK_BUDGET_S:-450}
+mkdir -p "$out/gpu_check_logs" || exit 1
+results=$out/gpu_check_results.tsv
+printf "stage\tstatus\tseconds\treason\n" >"$results"
+began=$SECONDS
+deadline=$((SECONDS + budget))
+failed=0
+
+# The stages: name, cap (s), the least time worth starting it with (s), gate or diagnostic.
+stages=(
+  "environment 20 5 gate"
+  "cuda_waits 60 40 gate"
+  "device_suite 60 20 gate"
+  "process_gate 210 60 gate"
+  "nccl_p1 60 20 gate"
+  "thread_diagnostics 90 30 diagnostic"
+  "fault_cuda 100 40 gate"
+  "engine_suite 60 20 gate"
+  "kernels 55 20 gate"
+  "bench 130 40 gate"
+)
+
+dry=""
+if [[ ${TUTTI_GPU_CHECK_DRY_RUN:-0} == 1 ]]; then
+  dry="dry run (TUTTI_GPU_CHECK_DRY_RUN=1)"
+elif ! command -v nvidia-smi >/dev/null; then
+  dry="no GPU here (nvidia-smi is not installed)"
+elif ! gpus=$(timeout 15 nvidia-smi -L 2>&1) || [[ -z $gpus ]]; then
+  dry="no GPU here (nvidia-smi -L: $(head -n 1 <<<"${gpus:-no output}"))"
+fi
+
+record() { # STAGE STATUS SECONDS REASON
+  local reason=${4//$'\t'/ }
+  reason=${reason//$'\n'/ }
+  printf "%s\t%s\t%s\t%s\n" "$1" "$2" "$3" "${reason:0:300}" >>"$results"
+  printf "gpu_check: %-18s %-9s %4s s  %s\n" "$1" "$2" "$3" "${reason:0:300}"
+  [[ $2 == PASS || $2 == SKIP || $2 == DIAG_* ]] || failed=$((failed + 1))
 }
 
-if ((gpu)); then
-  waits_run
-  cuda_suites
-  ((prebuilt)) || suite emulated
-  for p in 1 2 4; do
-    for backend in host_transfer ipc nccl automatic; do bench_run cuda "$backend" "$p"; done
-  done
-  kernels_run cuda
-else
-  suite emulated
-  for p in 1 2 4; do
-    for backend in host_transfer ipc nccl automatic; do bench_run emulated "$backend" "$p"; done
-  done
-  kernels_run emulated
-  echo "== tutti-bench --device cuda without a GPU"
-  timeout -s KILL 60 "$run" -n 2 "$bench" --no-progress --device cuda >"$logs/cuda-refused.log" 2>&1
-  status=$?
-  if [[ $status -eq 1 ]] && [[ $(grep -c "tutti-bench: --device cuda: " "$logs/cuda-refused.log") -eq 1 ]]; then
-    pass "tutti-bench --device cuda refuses in one line: $(grep "tutti-bench: " "$logs/cuda-refused.log")"
-  else
-    cat "$logs/cuda-refused.log"
-    flunk "tutti-bench --device cuda without a GPU (exit status $status)"
+# Keeps a log's first 64 KiB and last 192 KiB.
+cap_log() {
+  local log=$1 size
+  size=$(stat -c %s "$log" 2>/dev/null || echo 0)
+  ((size > 262144)) || return 0
+  { head -c 65536 "$log"; printf "\n[... %d bytes cut ...]\n" $((size - 262144)); tail -c 196608 "$log"; } >"$log.cut"
+  mv "$log.cut" "$log"
+}
+
+# Processes of the bundle a stage left behind (its timeout kills its process group; ranks in
+# sessions of their own may outlive it): ended by id.
+sweep() {
+  local pids
+  pids=$(pgrep -f -- "$bundle/" 2>/dev/null | grep -vx "$$") || return 0
+  for pid in $pids; do kill -9 "$pid" 2>/dev/null; done
+  echo "killed left-over processes:" $pids
+}
+
+run_stage() { # NAME CAP NEED KIND
+  local name=$1 cap=$2 need=$3 kind=$4 left limit start status log reason verdict
+  if [[ -n $dry ]]; then
+    record "$name" SKIP 0 "$dry"
+    return
   fi
-fi
-finish
+  left=$((deadline - SECONDS))
+  if ((left < need)); then
+    record "$name" SKIP 0 "would not fit: ${left} s of the budget left, it needs ${need} s"
+    return
+  fi
+  limit=$((cap < left ? cap : left))
+  log=$out/gpu_check_logs/$name.log
+  start=$SECONDS
+  TUTTI_GPU_CHECK_BUNDLE=$bundle timeout -k 5 "$limit" bash "$self" --stage "$name" >"$log" 2>&1
+  status=$?
+  sweep >>"$log"
+  cap_log "$log"
+  if ((status == 0)); then
+    verdict=PASS
+    reason=$(grep -E "passed|PASSED|results checked" "$log" | tail -n 1)
+  elif ((status == 124 || status == 137)); then
+    verdict=TIMEOUT
+    reason="ran past its cap of ${limit} s; last lines: $(tail -n 3 "$log" | tr '\n' ' ')"
+  else
+    verdict=FAIL
+    reason=$(grep -m 3 -E "FAIL|Failure|error|Error" "$log" | tr '\n' ' ')
+    [[ -n $reason ]] || reason="exit status $status; $(tail -n 2 "$log" | tr '\n' ' ')"
+  fi
+  [[ $kind == diagnostic ]] && verdict=DIAG_$verdict
+  record "$name" "$verdict" $((SECONDS - start)) "$reason"
+}
+
+echo "gpu_check: bundle $bundle, results $results, budget ${budget} s${dry:+; $dry: every stage is skipped}"
+for s in "${stages[@]}"; do
+  # shellcheck disable=SC2086
+  run_stage $s
+  # Without the environment (no GPU after all, or no bundle) nothing else can run.
+  if [[ ${s%% *} == environment ]] && [[ -z $dry ]] && [[ $(tail -n 1 "$results" | cut -f 2) != PASS ]]; then
+    dry="the environment stage failed"
+  fi
+done
+echo "gpu_check: $((SECONDS - began)) s, $failed stage(s) failed or timed out; results in $results"
+[[ $failed -eq 0 ]]

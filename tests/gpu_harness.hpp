@@ -42,8 +42,8 @@ inline tutti::Algorithm test_backend() {
   throw std::invalid_argument(std::string("TUTTI_TEST_GPU_BACKEND: unknown backend ") + name);
 }
 // The device the collective tests run on: TUTTI_TEST_GPU_DEVICE=cuda puts every rank (thread) on
-// CUDA device 0 (scripts/gpu_check.sh, on a machine with a GPU; ipc and nccl refuse two ranks on one
-// GPU there, so it runs them on host_transfer); else the emulated device, one per rank.
+// CUDA device 0 (scripts/gpu_check.sh's thread diagnostics, on a machine with a GPU; nccl refuses
+// two ranks on one GPU, ipc does not); else the emulated device, one per rank.
 inline DeviceKind test_device_kind() {
   const char* name = std::getenv("TUTTI_TEST_GPU_DEVICE");
   if (name == nullptr || *name == '\0' || std::string(name) == "emulated") return DeviceKind::emulated;
