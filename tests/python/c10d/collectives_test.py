@@ -8,7 +8,10 @@ the script exits 1. The last line on rank 0 counts the checks.
 """
 
 import gc
+import json
+import os
 import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -190,7 +193,9 @@ def check_coalesced_tensors():
 
 
 def check_profiler():
-    """The works' profiling titles reach torch.profiler, as Gloo's "gloo:all_reduce" does."""
+    """The works' profiling titles reach torch.profiler and its Chrome trace, as Gloo's
+    "gloo:all_reduce" does. With TRACE_DIR in the environment the trace stays there
+    (trace-rankR.json), else in a temporary directory."""
     from torch.profiler import ProfilerActivity, profile
     t = data(RANK, 8, torch.float32)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -198,8 +203,14 @@ def check_profiler():
         dist.broadcast(t, src=0)
         dist.barrier()
     names = {e.name for e in prof.events()}
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(os.environ.get("TRACE_DIR", scratch), f"trace-rank{RANK}.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            traced = {event.get("name") for event in json.load(f)["traceEvents"]}
     for title in ("tutti:all_reduce", "tutti:broadcast", "tutti:barrier"):
         expect_equal(f"profiler event {title}", torch.tensor(title in names), torch.tensor(True))
+        expect_equal(f"trace event {title}", torch.tensor(title in traced), torch.tensor(True))
     expect_equal("allreduce under the profiler", t, torch.stack([data(r, 8, torch.float32) for r in range(P)]).sum(0))
 
 

@@ -2,7 +2,9 @@
 # collective, checked exactly on every rank, under each launcher (tutti-run at p = 2 and 4 over
 # shared memory and p = 3 over TCP, torchrun's env:// at p = 3, mpirun at p = 2 with label mpi), DDP against Gloo
 # at p = 2 and 4, and a subset of PyTorch's own DistributedTest against "tutti" and "gloo". They
-# need the targets _c10d, _tutti and tutti-run built, and import the package from the build tree.
+# need the targets _c10d, _tutti and tutti-run built, and import the package from the build tree,
+# with the build's interpreter (Debian's torch 1.13, or a venv's torch 2.x in a build configured
+# with -DPython_EXECUTABLE=VENV/bin/python). python.torch2 builds for PyPI's torch 2.x on its own.
 set(tutti_c10d_tests ${PROJECT_SOURCE_DIR}/tests/python/c10d)
 # A rank that fails leaves its peers waiting: TUTTI_TIMEOUT_MS and `timeout` bound that wait.
 set(tutti_c10d_env "PYTHONPATH=${TUTTI_PYTHON_DIR}" "PYTHONDONTWRITEBYTECODE=1" "TUTTI_TIMEOUT_MS=60000")
@@ -30,6 +32,15 @@ if(TARGET tutti-run)
                                            ${PROJECT_SOURCE_DIR} $<TARGET_FILE:tutti-run>)
   set_tests_properties(python.pip_install PROPERTIES LABELS "mp;python" TIMEOUT 1800 RUN_SERIAL TRUE
                                                      SKIP_RETURN_CODE 77)
+  # The backend on PyPI's torch 2.x (scripts/torch2_check.sh): a venv of its own with PyPI's torch,
+  # pip install . into it, collectives (with the profiler's trace) and DDP at p = 2 from the installed
+  # package. The venv and the package's build directory stay in BUILD/torch2-check: a later run
+  # installs nothing and rebuilds only what changed (skipped, 77, when the venv lacks torch and PyPI
+  # cannot be reached).
+  add_test(NAME python.torch2 COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/torch2_check.sh
+                                      --work ${CMAKE_BINARY_DIR}/torch2-check --tutti-run $<TARGET_FILE:tutti-run>)
+  set_tests_properties(python.torch2 PROPERTIES LABELS "python;mp;torch2" TIMEOUT 2400 RUN_SERIAL TRUE
+                                                SKIP_RETURN_CODE 77)
   tutti_c10d_test(collectives_tcp_p3 mp timeout 240 $<TARGET_FILE:tutti-run> -n 3 --transport tcp --timeout-ms 60000
                   ${Python_EXECUTABLE} ${tutti_c10d_tests}/collectives_test.py)
 endif()
@@ -41,5 +52,6 @@ if(TUTTI_WITH_MPI AND MPIEXEC_EXECUTABLE)
 endif()
 # A subset of PyTorch's own DistributedTest against tutti (the list: torch_subset.txt; skipped,
 # code 77, without expecttest, which scripts/torch_dist_tests.sh installs into BUILD/pydeps).
-tutti_c10d_test(torch_subset mp bash ${tutti_c10d_tests}/torch_subset.sh ${CMAKE_BINARY_DIR})
+tutti_c10d_test(torch_subset mp ${CMAKE_COMMAND} -E env PYTHON=${Python_EXECUTABLE} bash ${tutti_c10d_tests}/torch_subset.sh
+                ${CMAKE_BINARY_DIR})
 set_tests_properties(python.c10d.torch_subset PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)

@@ -23,15 +23,20 @@ import unittest
 
 import torch.multiprocessing
 import tutti.distributed  # noqa: F401 — registers "tutti" here and in every spawned rank (they import this file)
-import torch.nn.parallel._replicated_tensor_ddp_utils as replicated_tensor_ddp
 import torch.testing._internal.common_utils as common_utils
 from torch.testing._internal.common_distributed import DistTestCases
 
-# Every rank's _run turns on DDP's experimental ReplicatedTensor mode, whose module
+try:
+    import torch.nn.parallel._replicated_tensor_ddp_utils as replicated_tensor_ddp
+except ImportError:  # torch 2.x: the mode is gone
+    replicated_tensor_ddp = None
+
+# torch 1.13: every rank's _run turns on DDP's experimental ReplicatedTensor mode, whose module
 # (torch.distributed._shard) does not import on Python 3.11 with torch 1.13 (a dataclass with a
 # mutable default): every DDP test would fail so, for Gloo as for Tutti. Left off, DDP runs as
 # users run it.
-replicated_tensor_ddp._set_ddp_with_replicated_tensor = lambda value: None
+if replicated_tensor_ddp is not None:
+    replicated_tensor_ddp._set_ddp_with_replicated_tensor = lambda value: None
 
 if os.environ.get("BACKEND") == "tutti":
     for feature in ("ddp", "subgroup", "plugin"):
@@ -64,7 +69,10 @@ GLOO_ONLY = {
     "test_monitored_barrier_gloo_subgroup": "monitored_barrier is Gloo's",
     "test_monitored_barrier_wait_all_ranks": "monitored_barrier is Gloo's",
 }
-_sandcastle_skip, _sandcastle_skip_if = common_utils.sandcastle_skip, common_utils.sandcastle_skip_if
+# The gating decorators: sandcastle_skip(_if) in torch 1.13, skip_but_pass_in_sandcastle(_if) in 2.x.
+_SKIP, _SKIP_IF = (("sandcastle_skip", "sandcastle_skip_if") if hasattr(common_utils, "sandcastle_skip")
+                   else ("skip_but_pass_in_sandcastle", "skip_but_pass_in_sandcastle_if"))
+_sandcastle_skip, _sandcastle_skip_if = getattr(common_utils, _SKIP), getattr(common_utils, _SKIP_IF)
 
 
 def _ungated(reason, gated):
@@ -76,9 +84,9 @@ def _ungated(reason, gated):
 
 
 if os.environ.get("BACKEND") == "tutti":
-    common_utils.sandcastle_skip = lambda reason: _ungated(reason, _sandcastle_skip(reason))
-    common_utils.sandcastle_skip_if = lambda condition, reason: _ungated(
-        reason, _sandcastle_skip_if(condition, reason)) if condition else _sandcastle_skip_if(condition, reason)
+    setattr(common_utils, _SKIP, lambda reason: _ungated(reason, _sandcastle_skip(reason)))
+    setattr(common_utils, _SKIP_IF, lambda condition, reason: _ungated(
+        reason, _sandcastle_skip_if(condition, reason)) if condition else _sandcastle_skip_if(condition, reason))
 
 from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402
 

@@ -5,12 +5,14 @@
 # rank imports torch anew, seconds per rank, which made this test 4 minutes instead of half of one.
 # PyTorch's test utilities import expecttest, which Debian does not package: without it in
 # BUILD_DIR/pydeps (scripts/torch_dist_tests.sh installs it there) or on the path, the test says so
-# and is skipped (77).
+# and is skipped (77). PYTHON (default /usr/bin/python3) is the interpreter: a venv's, with torch 2.x,
+# for a build made against that torch.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$1
+python=${PYTHON:-/usr/bin/python3}
 export PYTHONPATH=$build/python:$build/pydeps${PYTHONPATH:+:$PYTHONPATH}
-if ! /usr/bin/python3 -c "import expecttest" 2>/dev/null; then
+if ! "$python" -c "import expecttest" 2>/dev/null; then
   echo "torch_subset: expecttest is not installed (run scripts/torch_dist_tests.sh once, or" \
        "pip install --target $build/pydeps expecttest): skipped" >&2
   exit 77
@@ -19,9 +21,9 @@ export BACKEND=tutti WORLD_SIZE=3 DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=60
 summary=$(mktemp)
 trap 'rm -f "$summary"' EXIT
 status=0
-/usr/bin/python3 "$here/torch_distributed_test.py" --fork --tests "$here/torch_subset.txt" --summary "$summary" || status=1
+"$python" "$here/torch_distributed_test.py" --fork --tests "$here/torch_subset.txt" --summary "$summary" || status=1
 # Every named test must have run and passed: a skip here would hide a test that stopped applying.
-/usr/bin/python3 - "$summary" "$here/torch_subset.txt" <<'PY' || status=1
+"$python" - "$summary" "$here/torch_subset.txt" <<'PY' || status=1
 import json, sys
 run = json.load(open(sys.argv[1]))
 names = [l.split("#")[0].strip() for l in open(sys.argv[2]) if l.split("#")[0].strip()]
