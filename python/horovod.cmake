@@ -33,7 +33,7 @@ if(TUTTI_BUILD_TESTS)
   set(hvd_tests ${PROJECT_SOURCE_DIR}/tests/python/horovod)
   # A tensor some rank never enqueues fails after 30 s (TUTTI_STALL_SHUTDOWN_S) instead of hanging.
   set(hvd_env PYTHONPATH=${TUTTI_PYTHON_DIR} PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 TUTTI_STALL_SHUTDOWN_S=30)
-  foreach(script collectives optimizer errors)
+  foreach(script collectives optimizer errors api)
     foreach(ranks 2 4)
       add_test(NAME python.horovod.${script}.p${ranks}
                COMMAND ${CMAKE_COMMAND} -E env ${hvd_env}

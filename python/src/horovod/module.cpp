@@ -2,6 +2,7 @@
 // holds the API; this module only starts collectives on torch tensors and returns handles.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -39,19 +40,35 @@ std::string name_of(const std::optional<std::string>& name, const char* kind, in
   return std::string(kind) + ".noname." + std::to_string(handle);
 }
 
+/// Starts an operation on process set `set` and returns its handle. Unnamed operations are named
+/// by their number among the set's operations on this rank.
 template <class Start>
-int start(const std::optional<std::string>& name, const char* kind, Start&& start_op) {
+int start(const std::optional<std::string>& name, const char* kind, int set, Start&& start_op) {
   Context& c = ctx();
+  ProcessSet& ps = c.process_set(set);
+  const std::string op_name = name_of(name, kind, c.next_unnamed(set));
+  c.check_not_in_flight(set, kind, op_name);
   const int handle = c.next_handle();
-  c.add(handle, start_op(c, name_of(name, kind, handle)));
+  c.add(handle, set, start_op(ps, op_name), std::string(kind) + " " + op_name);
   return handle;
 }
 
+/// The index of job rank `root` in the process set (Horovod's roots are job ranks).
+int set_root(const ProcessSet& ps, int root, int set) {
+  auto it = std::find(ps.ranks.begin(), ps.ranks.end(), root);
+  if (it == ps.ranks.end())
+    throw tutti::Error(tutti::ErrorCode::invalid_argument, "tutti.horovod broadcast: root_rank " +
+                                                               std::to_string(root) + " is not a member of process set " +
+                                                               std::to_string(set));
+  return static_cast<int>(it - ps.ranks.begin());
+}
+
 void init(std::optional<std::size_t> fusion_threshold, std::optional<double> cycle_time_ms,
-          std::optional<std::string> timeline, const py::object& store, std::optional<int> rank,
+          std::optional<std::string> timeline, std::optional<double> stall_warning_s,
+          std::optional<double> stall_shutdown_s, const py::object& store, std::optional<int> rank,
           std::optional<int> size) {
   if (context) return;  // as Horovod: a second init() is a no-op
-  HorovodSettings settings{fusion_threshold, cycle_time_ms, timeline};
+  HorovodSettings settings{fusion_threshold, cycle_time_ms, timeline, stall_warning_s, stall_shutdown_s};
   tutti::Communicator world = join(store, rank, size, std::nullopt);  // waits for the others without the GIL
   py::gil_scoped_release release;
   context = new Context(settings, std::move(world));
@@ -74,7 +91,7 @@ int join() {
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   auto send = ::torch::tensor({now}, ::torch::kLong);
   const int handle = c.next_handle();
-  c.add(handle, start_allgather(c.engine(), "join." + std::to_string(joins++), send));
+  c.add(handle, 0, start_allgather(c.engine(), "join." + std::to_string(joins++), send), "");
   const ::torch::Tensor times = c.synchronize(handle).at(0);
   return static_cast<int>(times.argmax().item<std::int64_t>());
 }
@@ -89,11 +106,12 @@ PYBIND11_MODULE(_horovod, m) {
   tutti_python::register_error_translator();
   if (!tutti_python::import_storage_pins()) throw py::error_already_set();  // operations pin their tensors' storages
   m.def("init", &init, py::arg("fusion_threshold") = py::none(), py::arg("cycle_time_ms") = py::none(),
-        py::arg("timeline") = py::none(), py::arg("store") = py::none(), py::arg("rank") = py::none(),
+        py::arg("timeline") = py::none(), py::arg("stall_warning_s") = py::none(),
+        py::arg("stall_shutdown_s") = py::none(), py::arg("store") = py::none(), py::arg("rank") = py::none(),
         py::arg("size") = py::none(),
         "Joins the job (collective): the launcher's, or through `store` (torch.distributed.Store's methods) as "
-        "`rank` of `size`; the other arguments replace TUTTI_FUSION_THRESHOLD, TUTTI_CYCLE_TIME_MS and "
-        "TUTTI_TIMELINE");
+        "`rank` of `size`; the other arguments replace TUTTI_FUSION_THRESHOLD, TUTTI_CYCLE_TIME_MS, "
+        "TUTTI_TIMELINE, TUTTI_STALL_WARNING_S and TUTTI_STALL_SHUTDOWN_S");
   m.def("shutdown", &shutdown, "Stops the engine (collective)");
   m.def("is_initialized", [] { return context != nullptr; });
   m.def("rank", [] { return ctx().rank(); });
@@ -104,34 +122,49 @@ PYBIND11_MODULE(_horovod, m) {
   m.def("cross_size", [] { return ctx().cross_size(); });
   m.def(
       "allreduce_async",
-      [](::torch::Tensor input, ::torch::Tensor output, std::optional<std::string> name, int op) {
-        return start(name, "allreduce", [&](Context& c, const std::string& n) {
-          return start_allreduce(c.engine(), n, input, output, op);
+      [](::torch::Tensor input, ::torch::Tensor output, std::optional<std::string> name, int op, int process_set,
+         const std::string& kind) {
+        return start(name, kind.c_str(), process_set, [&](ProcessSet& ps, const std::string& n) {
+          return start_allreduce(*ps.engine, n, input, output, op);
         });
       },
-      py::arg("input"), py::arg("output"), py::arg("name"), py::arg("op"));
+      py::arg("input"), py::arg("output"), py::arg("name"), py::arg("op"), py::arg("process_set") = 0,
+      py::arg("kind") = "allreduce");
   m.def(
       "broadcast_async",
-      [](::torch::Tensor tensor, int root, std::optional<std::string> name) {
-        return start(name, "broadcast",
-                     [&](Context& c, const std::string& n) { return start_broadcast(c.engine(), n, tensor, root); });
-      },
-      py::arg("tensor"), py::arg("root_rank"), py::arg("name"));
-  m.def(
-      "allgather_async",
-      [](::torch::Tensor tensor, std::optional<std::string> name) {
-        return start(name, "allgather",
-                     [&](Context& c, const std::string& n) { return start_allgather(c.engine(), n, tensor); });
-      },
-      py::arg("tensor"), py::arg("name"));
-  m.def(
-      "alltoall_async",
-      [](::torch::Tensor tensor, std::optional<::torch::Tensor> splits, std::optional<std::string> name) {
-        return start(name, "alltoall", [&](Context& c, const std::string& n) {
-          return start_alltoall(c.world(), n, tensor, splits.value_or(::torch::Tensor()));
+      [](::torch::Tensor tensor, int root, std::optional<std::string> name, int process_set) {
+        return start(name, "broadcast", process_set, [&](ProcessSet& ps, const std::string& n) {
+          return start_broadcast(*ps.engine, n, tensor, set_root(ps, root, process_set));
         });
       },
-      py::arg("tensor"), py::arg("splits"), py::arg("name"));
+      py::arg("tensor"), py::arg("root_rank"), py::arg("name"), py::arg("process_set") = 0);
+  m.def(
+      "allgather_async",
+      [](::torch::Tensor tensor, std::optional<std::string> name, int process_set) {
+        return start(name, "allgather", process_set,
+                     [&](ProcessSet& ps, const std::string& n) { return start_allgather(*ps.engine, n, tensor); });
+      },
+      py::arg("tensor"), py::arg("name"), py::arg("process_set") = 0);
+  m.def(
+      "alltoall_async",
+      [](::torch::Tensor tensor, std::optional<::torch::Tensor> splits, std::optional<std::string> name,
+         int process_set) {
+        return start(name, "alltoall", process_set, [&](ProcessSet& ps, const std::string& n) {
+          return start_alltoall(*ps.comm, n, tensor, splits.value_or(::torch::Tensor()));
+        });
+      },
+      py::arg("tensor"), py::arg("splits"), py::arg("name"), py::arg("process_set") = 0);
+  m.def(
+      "add_process_set",
+      [](std::vector<int> ranks) -> std::optional<int> {
+        const int id = ctx().add_process_set(std::move(ranks));
+        return id < 0 ? std::nullopt : std::optional<int>(id);
+      },
+      "Collective over the job: a process set of `ranks`; its id, or None where one of these ranks exists");
+  m.def("remove_process_set", [](int id) { return ctx().remove_process_set(id); },
+        "Collective over the job: removes process set `id`; False for 0 or an unknown id");
+  m.def("process_set_ranks", [](int id) { return ctx().process_set_ranks(id); });
+  m.def("process_set_ids", [] { return ctx().process_set_ids(); });
   m.def("poll", [](int handle) { return ctx().poll(handle); });
   m.def("synchronize", [](int handle) { return ctx().synchronize(handle); });
   m.def("pending", [] { return ctx().pending(); });
@@ -150,12 +183,17 @@ PYBIND11_MODULE(_horovod, m) {
       [] {
         const tutti::EngineOptions& o = ctx().engine().options();
         return py::dict(py::arg("fusion_threshold") = o.fusion_threshold,
-                        py::arg("cycle_time_us") = o.cycle_time.count(), py::arg("timeline") = o.timeline_path);
+                        py::arg("cycle_time_us") = o.cycle_time.count(), py::arg("timeline") = o.timeline_path,
+                        py::arg("stall_warning_ms") = o.stall_warning.count(),
+                        py::arg("stall_error_ms") = o.stall_error.count());
       },
       "The engine's settings in force");
-  m.def("barrier", [] {
-    Context& c = ctx();
-    py::gil_scoped_release release;
-    c.world().barrier();
-  });
+  m.def(
+      "barrier",
+      [](int process_set) {
+        tutti::Communicator& comm = *ctx().process_set(process_set).comm;
+        py::gil_scoped_release release;
+        comm.barrier();
+      },
+      py::arg("process_set") = 0);
 }

@@ -255,8 +255,10 @@ std::unique_ptr<PendingOp> start_allreduce(tutti::Engine& engine, const std::str
   ::torch::Tensor buffer =
       output.is_contiguous() ? output : ::torch::empty_like(output, ::torch::MemoryFormat::Contiguous);
   ::torch::Tensor send = in_place && buffer.is_same(output) ? buffer : input.contiguous();
-  auto n = static_cast<std::size_t>(input.numel());
-  tutti::Handle h = engine.enqueue_allreduce(name, send.data_ptr(), buffer.data_ptr(), n, type, op);
+  // The shape travels with the name: ranks whose tensors agree in count but not in shape raise
+  // Error(mismatch), as in Horovod.
+  const std::vector<std::int64_t> dims(input.sizes().begin(), input.sizes().end());
+  tutti::Handle h = engine.enqueue_allreduce(name, send.data_ptr(), buffer.data_ptr(), dims, type, op);
   return std::make_unique<EngineOp>(std::move(h), std::move(send), std::move(buffer), std::move(output));
 }
 

@@ -4,6 +4,7 @@ This package holds the framework-independent part: `run` (Horovod's programmatic
 Tutti does not provide: jobs start with `tutti-run -n N python3 script.py`).
 """
 
+from tutti import __version__  # noqa: F401
 from tutti._errors import Unsupported
 
 

@@ -19,10 +19,16 @@ import torch  # noqa: F401  (loads libtorch and its Python bindings before the e
 from tutti._launcher import torchrun_store
 from tutti.horovod import _horovod
 from tutti._errors import InvalidArgument, Unsupported
+from tutti import __version__  # noqa: F401
 from tutti.horovod.torch.collectives import (  # noqa: F401
-    Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce, allreduce_, allreduce_async,
-    allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_, broadcast_async, broadcast_async_,
-    join, poll, synchronize)
+    Adasum, Average, HorovodInternalError, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
+    allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
+    broadcast_async, broadcast_async_, grouped_allgather, grouped_allgather_async, grouped_allreduce,
+    grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter,
+    grouped_reducescatter_async, join, poll, reducescatter, reducescatter_async, sparse_allreduce_async,
+    synchronize)
+from tutti.horovod.torch.process_sets import (  # noqa: F401
+    ProcessSet, _init_global_process_set, add_process_set, global_process_set, remove_process_set)
 from tutti.horovod.torch.compression import Compression  # noqa: F401
 from tutti.horovod.torch.functions import (  # noqa: F401
     allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters)
@@ -33,7 +39,28 @@ _VARIABLES = {
     "HOROVOD_FUSION_THRESHOLD": ("TUTTI_FUSION_THRESHOLD", int),
     "HOROVOD_CYCLE_TIME": ("TUTTI_CYCLE_TIME_MS", float),
     "HOROVOD_TIMELINE": ("TUTTI_TIMELINE", str),
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": ("TUTTI_STALL_WARNING_S", float),
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": ("TUTTI_STALL_SHUTDOWN_S", float),
+    "HOROVOD_CACHE_CAPACITY": (None, int),
 }
+
+# HOROVOD_LOG_LEVEL -> TUTTI_DEBUG (Tutti has warn, info and trace).
+_LOG_LEVELS = {"trace": "trace", "debug": "info", "info": "info", "warning": "warn", "error": "warn",
+               "fatal": "warn"}
+
+
+def _log_level():
+    """Sets TUTTI_DEBUG from HOROVOD_LOG_LEVEL (Horovod's wins), before the engine starts."""
+    text = os.environ.get("HOROVOD_LOG_LEVEL")
+    if not text:
+        return
+    level = _LOG_LEVELS.get(text.strip().lower())
+    if level is None:
+        raise InvalidArgument("HOROVOD_LOG_LEVEL: expected one of %s, got %r" % (", ".join(_LOG_LEVELS), text))
+    other = os.environ.get("TUTTI_DEBUG")
+    if other is not None and other != level:
+        print("tutti.horovod: HOROVOD_LOG_LEVEL=%s replaces TUTTI_DEBUG=%s" % (text, other), file=sys.stderr)
+    os.environ["TUTTI_DEBUG"] = level
 
 
 def _settings():
@@ -50,15 +77,24 @@ def _settings():
         except ValueError:
             raise InvalidArgument("%s: expected %s, got %r" % (name, "an integer" if parse is int else "a number",
                                                               text)) from None
-        if parse is int and value < 0:
-            raise InvalidArgument("%s: expected a non-negative number of bytes, got %r" % (name, text))
-        other = os.environ.get(tutti_name)
+        if parse is not str and value < 0:
+            raise InvalidArgument("%s: expected a non-negative number, got %r" % (name, text))
+        other = os.environ.get(tutti_name) if tutti_name else None
         if other is not None and other != text:
             print("tutti.horovod: %s=%s replaces %s=%s" % (name, text, tutti_name, other), file=sys.stderr)
         values[name] = value
+    if values.get("HOROVOD_TIMELINE") == "DYNAMIC":  # Horovod's "started later by start_timeline()"
+        del values["HOROVOD_TIMELINE"]
+    stall_warning_s = values.get("HOROVOD_STALL_CHECK_TIME_SECONDS")
+    if os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "") not in ("", "0"):
+        stall_warning_s = 0.0
+    # HOROVOD_CACHE_CAPACITY is checked and not used: the engine's response cache (names seen
+    # before travel as one bit) holds up to 65536 names whatever it says.
     return dict(fusion_threshold=values.get("HOROVOD_FUSION_THRESHOLD"),
                 cycle_time_ms=values.get("HOROVOD_CYCLE_TIME"),
-                timeline=values.get("HOROVOD_TIMELINE"))
+                timeline=values.get("HOROVOD_TIMELINE"),
+                stall_warning_s=stall_warning_s,
+                stall_shutdown_s=values.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"))
 
 
 _exit_hooks_installed = False
@@ -84,15 +120,21 @@ def _shutdown_at_exit():
 
 def init(comm=None, process_sets=None):
     """Joins the job (collective): under tutti-run, mpirun, srun or torchrun, from their
-    environment; alone, a job of one rank. A second call does nothing. `comm` and `process_sets`
-    (an MPI communicator, process sets) are not supported."""
+    environment; alone, a job of one rank. A second call does nothing. `process_sets` (a list of
+    ProcessSet) are added once the job is joined, as add_process_set would. `comm` (an MPI
+    communicator) is not supported."""
     global _exit_hooks_installed
-    if comm is not None or process_sets is not None:
-        raise Unsupported("tutti.horovod.torch.init: comm and process_sets are not supported")
+    if comm is not None:
+        raise Unsupported("tutti.horovod.torch.init: comm (an MPI communicator) is not supported")
     if not _horovod.is_initialized():
         found = torchrun_store()
         store = {} if found is None else dict(zip(("store", "rank", "size"), found))
-        _horovod.init(**_settings(), **store)
+        settings = _settings()
+        _log_level()
+        _horovod.init(**settings, **store)
+        _init_global_process_set()
+        for process_set in process_sets or []:
+            add_process_set(process_set)
     if not _exit_hooks_installed:
         _exit_hooks_installed = True
         sys.excepthook = _note_uncaught
@@ -102,6 +144,19 @@ def init(comm=None, process_sets=None):
 def shutdown():
     """Stops the engine (collective); operations still in flight fail with tutti.Aborted."""
     _horovod.shutdown()
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Horovod's dynamic timeline: not provided (tutti.Unsupported). The engine's timeline is
+    chosen before init(): HOROVOD_TIMELINE or TUTTI_TIMELINE names its file."""
+    raise Unsupported("tutti.horovod.torch.start_timeline: the timeline is set before init() by HOROVOD_TIMELINE "
+                      "(or TUTTI_TIMELINE); it cannot be started or stopped while the job runs")
+
+
+def stop_timeline():
+    """See start_timeline: tutti.Unsupported."""
+    raise Unsupported("tutti.horovod.torch.stop_timeline: the timeline is set before init() by HOROVOD_TIMELINE "
+                      "(or TUTTI_TIMELINE); it cannot be started or stopped while the job runs")
 
 
 def is_initialized():

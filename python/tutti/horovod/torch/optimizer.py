@@ -11,21 +11,24 @@ import warnings
 
 import torch
 
-from tutti.horovod import _horovod
 from tutti._errors import InvalidArgument, Unsupported
-from tutti.horovod.torch.collectives import Adasum, Average, allreduce_async_, synchronize
+from tutti.horovod.torch.collectives import Adasum, Average, allreduce_async_, sparse_allreduce_async, synchronize
 from tutti.horovod.torch.compression import Compression
+from tutti.horovod.torch.process_sets import _size_of, global_process_set
 
 
 class _DistributedOptimizer:
     """Placed before the wrapped optimizer's class, so that the result is still an instance of
     that class (learning-rate schedulers, isinstance checks) and shares its state."""
 
-    def _tutti_setup(self, named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor):
+    def _tutti_setup(self, named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
+                     process_set):
         self._compression = compression
         self._op = op
         self._predivide = gradient_predivide_factor
+        self._process_set = process_set
         self._names = _parameter_names(self.param_groups, named_parameters)
+        self._parameter_names = self._names  # Horovod's attribute
         self.backward_passes_per_step = backward_passes_per_step
         self._delay = {p: backward_passes_per_step for p in self._names}
         self._handles = {}  # parameter -> (handle or None, compression context)
@@ -33,7 +36,9 @@ class _DistributedOptimizer:
         self._requires_update = set()
         self._synchronized = False
         self._should_synchronize = True
-        if _horovod.size() > 1:
+        # Ranks outside the process set reduce nothing (their step() applies their own gradients).
+        self._included = process_set is None or process_set.included() is not False
+        if self._included and _size_of(process_set) > 1:
             self._register_hooks()
 
     def _register_hooks(self):
@@ -41,8 +46,7 @@ class _DistributedOptimizer:
             for p in group["params"]:
                 if not p.requires_grad:
                     continue
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
+                # p.grad is left as it is (None until backward): a sparse gradient must stay sparse.
                 self._requires_update.add(p)
                 # The AccumulateGrad node of p (reached through a view of it) runs once backward
                 # has added this pass's gradient into p.grad.
@@ -66,30 +70,41 @@ class _DistributedOptimizer:
     def _allreduce_grad_async(self, p):
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        if p.grad.is_sparse and self._sparse_as_dense:
-            p.grad = p.grad.to_dense()
-        if p.grad.is_sparse:
-            raise Unsupported("tutti.horovod DistributedOptimizer: sparse gradient of %s (sparse_as_dense=True "
-                              "turns it dense)" % self._names[p])
-        compressed, ctx = self._compression.compress(p.grad)
+        grad = p.grad
+        if grad.is_sparse:
+            if not self._sparse_as_dense:
+                # Horovod's way: the indices and values are allgathered (the handle is a function).
+                return sparse_allreduce_async(grad, name=self._names[p], op=self._op,
+                                              process_set=self._process_set), None
+            grad = grad.to_dense()  # reduced dense, made sparse again at synchronize (as Horovod)
+        compressed, ctx = self._compression.compress(grad)
         prescale, postscale = 1.0, 1.0
         if self._op == Average and self._predivide != 1.0:
             prescale, postscale = 1.0 / self._predivide, self._predivide
         handle = allreduce_async_(compressed, name=self._names[p], op=self._op, prescale_factor=prescale,
-                                  postscale_factor=postscale)
+                                  postscale_factor=postscale, process_set=self._process_set)
         return handle, ctx
 
     def synchronize(self):
         """Completes the allreduce of every gradient (enqueueing those backward did not), so that
         p.grad holds the reduced gradient; raises the first tutti.Error after waiting for all."""
+        if not self._included:
+            self._synchronized = True
+            return
         for p in self._requires_update:
             if self._handles.get(p, (None, None))[0] is None:
                 self._handles[p] = self._allreduce_grad_async(p)
         error = None
         for p, (handle, ctx) in self._handles.items():
             try:
-                reduced = self._compression.decompress(synchronize(handle), ctx)
-                if reduced is not p.grad:
+                if callable(handle):  # a sparse gradient's: its aggregate
+                    reduced = handle()
+                else:
+                    reduced = self._compression.decompress(synchronize(handle), ctx)
+                if p.grad.is_sparse:
+                    # Sparse tensors have no copy_ from another layout; as Horovod does.
+                    p.grad.zero_().add_(reduced if reduced.is_sparse else reduced.to_sparse())
+                elif reduced is not p.grad:
                     p.grad.copy_(reduced)
             except Exception as e:  # every handle is waited for, so none is left in flight
                 error = error or e
@@ -162,17 +177,17 @@ def _parameter_names(param_groups, named_parameters):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0, num_groups=0,
-                         groups=None, sparse_as_dense=False, process_set=None):
+                         groups=None, sparse_as_dense=False, process_set=global_process_set):
     """Wraps `optimizer` (any torch.optim optimizer) so that step() applies gradients reduced over
     the ranks with `op` (Average or Sum; Adasum raises tutti.Unsupported), after
     `backward_passes_per_step` backward passes summed locally, as Horovod: call step() once per
     that many backward passes. `compression` is Compression.none or Compression.fp16. num_groups
-    and groups are accepted and ignored (the engine fuses by itself); sparse gradients need
-    sparse_as_dense=True. The result shares the optimizer's param groups and state."""
+    and groups are accepted and ignored (the engine fuses by itself); sparse gradients are
+    reduced as Horovod does (indices and values allgathered) unless sparse_as_dense=True. With
+    `process_set`, the gradients are reduced over its ranks. The result shares the optimizer's
+    param groups and state."""
     if op == Adasum:
         raise Unsupported("DistributedOptimizer: op Adasum is not supported by Tutti (use Average or Sum)")
-    if process_set is not None:
-        raise Unsupported("DistributedOptimizer: process sets are not supported (only the global set)")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise InvalidArgument("DistributedOptimizer: gradient_predivide_factor needs op Average")
     if int(backward_passes_per_step) < 1:
@@ -183,5 +198,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._sparse_as_dense = sparse_as_dense
     wrapped._tutti_setup(named_parameters, compression, int(backward_passes_per_step), op,
-                         gradient_predivide_factor)
+                         gradient_predivide_factor, process_set)
     return wrapped
