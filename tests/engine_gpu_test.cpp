@@ -52,12 +52,13 @@ EngineOptions quiet(std::chrono::microseconds cycle = 1000us) {
   return o;
 }
 
-// Runs fn(host, gpu, rank) on p threads, one per rank, each with an emulated gpu::Communicator.
-// The engine is made by fn (after gpu, so that it goes before gpu does).
+// Runs fn(host, gpu, rank) on p threads, one per rank, each with a gpu::Communicator on the test
+// device (emulated, or CUDA device 0 with TUTTI_TEST_GPU_DEVICE=cuda, as scripts/gpu_check.sh's
+// engine stage runs it). The engine is made by fn (after gpu, so that it goes before gpu does).
 void run_gpu_ranks(int p, const std::function<void(tutti::Communicator&, tutti::gpu::Communicator&, int)>& fn) {
   auto hosts = tutti::local_group(p);
   const std::string failures = tutti::testing::on_threads(p, [&](int r) {
-    tutti::gpu::Communicator gpu(hosts[static_cast<std::size_t>(r)], DeviceKind::emulated);
+    tutti::gpu::Communicator gpu(hosts[static_cast<std::size_t>(r)], tutti::testing::gpu::test_device_kind());
     fn(hosts[static_cast<std::size_t>(r)], gpu, r);
   });
   EXPECT_EQ(failures, "");
