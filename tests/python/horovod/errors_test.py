@@ -79,7 +79,7 @@ def test_local_errors():
     expect_error(errors.InvalidArgument, lambda: hvd.allreduce(torch.ones(2, device="meta")), "CPU tensors only")
     expect_error(errors.InvalidArgument, lambda: hvd.synchronize(12345), "12345")
     expect_error(errors.Unsupported, lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum), "Adasum")
-    expect_error(errors.Unsupported, lambda: hvd.allreduce(torch.ones(2), process_set=object()), "process sets")
+    expect_error(errors.InvalidArgument, lambda: hvd.allreduce(torch.ones(2), process_set=object()), "ProcessSet")
     expect_error(errors.InvalidArgument, lambda: hvd.broadcast(torch.ones(2), P), "root")
 
 
