@@ -23,12 +23,18 @@ trap 'rm -f "$summary"' EXIT
 status=0
 "$python" "$here/torch_distributed_test.py" --fork --tests "$here/torch_subset.txt" --summary "$summary" || status=1
 # Every named test must have run and passed: a skip here would hide a test that stopped applying.
+# Two exceptions, named in the count, both torch 2.x's skips for every backend: its subgroup tests
+# run only at WORLD_SIZE 8 or more ("Skipped due to small world size."; torch 1.13 runs them at 3),
+# too many ranks for this test; and tests it marks as failing ("Test is failing, see ...").
 "$python" - "$summary" "$here/torch_subset.txt" <<'PY' || status=1
 import json, sys
 run = json.load(open(sys.argv[1]))
 names = [l.split("#")[0].strip() for l in open(sys.argv[2]) if l.split("#")[0].strip()]
-missing = [n for n in names if n not in run["passed"]]
-print(f"torch_subset: {len(names) - len(missing)} of {len(names)} passed" + (f"; not passed: {missing}" if missing else ""))
+small = [n for n in names if run["skipped"].get(n, "").startswith(("Skipped due to small world size", "Test is failing"))]
+missing = [n for n in names if n not in run["passed"] and n not in small]
+print(f"torch_subset: {len(names) - len(missing) - len(small)} of {len(names)} passed"
+      + (f", {len(small)} skipped by torch for every backend: {small}" if small else "")
+      + (f"; not passed: {missing}" if missing else ""))
 sys.exit(1 if missing else 0)
 PY
 exit $status
