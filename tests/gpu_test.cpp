@@ -420,6 +420,63 @@ TEST(GpuHostTransfer, DestroyWithAHeldStreamDoesNotHang) {
   EXPECT_EQ(failures, "");
 }
 
+// (f) Destroying a communicator while an operation is in flight (its peer never joins) releases
+// the stream within the operation's timeout and records ErrorCode::aborted, naming the destroyed
+// communicator, in the failures that outlive it: the released stream copies back no result, so
+// the output (poisoned beforehand) is read as failed, never as a result. A communicator destroyed
+// with nothing in flight records nothing.
+TEST(GpuHostTransfer, DestroyWithAnOperationInFlightRecordsAborted) {
+  auto hosts = tutti::local_group(2);
+  std::atomic<bool> rank0_done{false};
+  const std::string failures = tutti::testing::on_threads(2, [&](int r) {
+    std::optional<tutti::gpu::Communicator> gpu;
+    gpu.emplace(hosts[static_cast<std::size_t>(r)], DeviceKind::emulated);
+    const auto record = gpu->impl()->host_transfer_failures();
+    if (r == 1) {  // never joins: waits (bounded) until rank 0 has destroyed its communicator
+      const auto until = std::chrono::steady_clock::now() + deadline;
+      while (!rank0_done.load() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+      ASSERT_TRUE(rank0_done.load());
+      gpu.reset();
+      EXPECT_FALSE(record->failed());  // nothing was in flight
+      return;
+    }
+    const auto device = gpu->impl()->shared_device();  // outlives the communicator
+    const Stream stream = gpu->create_stream();
+    constexpr std::size_t count = 1000;
+    std::vector<float> input(count), poison(count), out(count);
+    for (std::size_t i = 0; i < count; ++i) input[i] = static_cast<float>(i + 1);
+    std::memset(poison.data(), 0xA5, count * sizeof(float));
+    void* send = gpu->allocate(count * sizeof(float));
+    void* recv = gpu->allocate(count * sizeof(float));
+    gpu->copy(send, input.data(), count * sizeof(float), stream);
+    gpu->copy(recv, poison.data(), count * sizeof(float), stream);
+    gpu->synchronize(stream, deadline);
+    const tutti::Options short_timeout{.algorithm = tutti::Algorithm::host_transfer,
+                                       .timeout = std::chrono::milliseconds(2000)};
+    gpu->allreduce(send, recv, count, DataType::f32, ReduceOp::sum, stream, short_timeout);
+    EXPECT_FALSE(record->failed());
+    const auto start = std::chrono::steady_clock::now();
+    bounded([&] { gpu.reset(); }, 30s, "~gpu::Communicator");
+    rank0_done.store(true);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);  // the operation's timeout, and slack
+    // The stream was released: it completes, and then reads as failed, not as a result.
+    device->synchronize({stream}, deadline);
+    device->copy(out.data(), recv, count * sizeof(float), {stream});
+    device->synchronize({stream}, deadline);
+    ASSERT_TRUE(record->failed());
+    const auto error = record->failure();
+    ASSERT_TRUE(error.has_value());
+    EXPECT_EQ(error->code(), ErrorCode::aborted);
+    EXPECT_NE(std::string(error->what()).find("destroyed with operations 1 to 1 in flight"), std::string::npos)
+        << error->what();
+    EXPECT_EQ(error_code_of([&] { record->check(); }), ErrorCode::aborted);
+    // No sum of two ranks' inputs can be in the output: rank 1 never sent any.
+    for (std::size_t i = 0; i < count; ++i) ASSERT_NE(out[i], 2.0f * input[i]) << i;
+    device->destroy_stream({stream});
+  });
+  EXPECT_EQ(failures, "");
+}
+
 TEST(GpuHostTransfer, DeviceKindFromTheEnvironment) {
   auto hosts = tutti::local_group(1);
   ::setenv("TUTTI_DEVICE", "emulated", 1);

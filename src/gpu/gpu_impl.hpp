@@ -20,7 +20,12 @@ class Impl {
   int rank() const { return rank_; }
   int size() const { return size_; }
   device::Device& device() { return *device_; }
+  /// The device, kept alive by whoever holds it after this communicator is gone (tests).
+  std::shared_ptr<device::Device> shared_device() const { return device_; }
   HostTransfer& backend() { return *backend_; }
+  /// host_transfer's failures; they outlive the communicator (destroying it with operations in
+  /// flight records ErrorCode::aborted there).
+  std::shared_ptr<const FailureRecord> host_transfer_failures() const { return backend_->failures(); }
   /// The ipc backend, or nullptr where it is not available (ipc_refusal() says why).
   Ipc* ipc() { return ipc_.get(); }
   const std::string& ipc_refusal() const { return ipc_refusal_; }

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <string>
 
+#include "core/log.hpp"
+
 namespace tutti::gpu::detail {
 
 namespace {
@@ -95,6 +97,20 @@ HostTransfer::~HostTransfer() {
   }
   stop_.store(true, std::memory_order_release);
   wake_.notify_all();
+  // An operation not completed now never gets its host collective's result: its stream is
+  // released below and copies back whatever its staging holds. Recorded before the release, so
+  // that whoever sees such a stream pass sees the failure too (an operation completing just now
+  // is counted as aborted: a failure too many, never a result taken for valid).
+  const std::uint32_t completed = completed_.load(std::memory_order_acquire);
+  if (completed != issued_) {
+    Error aborted(ErrorCode::aborted, "tutti::gpu: the host_transfer communicator (rank " +
+                                          std::to_string(host_.rank()) + " of " + std::to_string(host_.size()) +
+                                          ") was destroyed with operations " + std::to_string(completed + 1) + " to " +
+                                          std::to_string(issued_) +
+                                          " in flight: their streams are released without results");
+    core::log(core::LogLevel::warn, host_.rank(), aborted.what());
+    failures_->record(std::move(aborted));
+  }
   // Every operation issued so far counts as done for the streams: none may wait on it for ever.
   // Released before the join, which waits at most for the host collectives in flight to finish or
   // reach their own timeouts (their staging stays allocated meanwhile), and again after it, in
@@ -106,10 +122,22 @@ HostTransfer::~HostTransfer() {
   // device frees them when it goes (the emulated device runs its streams' queued work first).
 }
 
-void HostTransfer::check() const {
-  if (!failed_.load(std::memory_order_acquire)) return;
+void FailureRecord::record(Error error) {
   std::lock_guard lock(mutex_);
-  throw *failure_;
+  if (error_) return;  // the first failure wins
+  error_.emplace(std::move(error));
+  failed_.store(true, std::memory_order_release);
+}
+
+void FailureRecord::check() const {
+  if (!failed()) return;
+  std::lock_guard lock(mutex_);
+  throw *error_;
+}
+
+std::optional<Error> FailureRecord::failure() const {
+  std::lock_guard lock(mutex_);
+  return error_;
 }
 
 HostTransfer::Staging& HostTransfer::take_staging(std::size_t bytes, std::uint32_t n, device::Stream stream,
@@ -234,7 +262,7 @@ void HostTransfer::run() {
     bool moved = false;
     while (!pending.empty()) {
       const Operation& op = pending.front();
-      const bool failed = failed_.load(std::memory_order_acquire);
+      const bool failed = failures_->failed();
       if (!failed && op.waits && !device::Device::reached(device::Device::load_flag(op.ready), op.n)) break;
       InFlight f{op, {}, std::chrono::steady_clock::now()};
       if (!failed) {
@@ -263,6 +291,7 @@ void HostTransfer::run() {
       if (complete) {
         if (stop_.load(std::memory_order_acquire)) break;  // the destructor released every stream
         device_->set_flag(done_, f.op.n);
+        completed_.store(f.op.n, std::memory_order_release);
         flight.pop_front();
         moved = true;
       }
@@ -318,11 +347,8 @@ tutti::Request HostTransfer::start_host(const Operation& op) {
 }
 
 void HostTransfer::record(const Error& error, const Operation& op) {
-  std::lock_guard lock(mutex_);
-  if (failure_) return;  // the first failure wins
-  failure_.emplace(error.code(), "tutti::gpu: " + std::string(name_of(op.call)) + " (operation " +
-                                     std::to_string(op.n) + ") failed: " + error.what());
-  failed_.store(true, std::memory_order_release);
+  failures_->record(Error(error.code(), "tutti::gpu: " + std::string(name_of(op.call)) + " (operation " +
+                                            std::to_string(op.n) + ") failed: " + error.what()));
 }
 
 }  // namespace tutti::gpu::detail

@@ -25,7 +25,9 @@
 // Failures: the first host collective that throws is recorded; `done` is still raised, and every
 // later queued operation is completed at once (done raised, no host collective), so no stream is
 // ever left waiting. The destructor raises `done` to the last number issued before it stops the
-// thread (which waits for host collectives in flight at most until their own timeouts).
+// thread (which waits for host collectives in flight at most until their own timeouts); if an
+// operation had not completed, it first records `aborted` naming the destroyed communicator, so
+// that its released streams' outputs (undefined) are never taken for results.
 #pragma once
 
 #include <atomic>
@@ -68,6 +70,24 @@ struct Layout {
   bool elementwise = false;  // element i of the result depends only on element i: may be chunked
 };
 
+/// The first failure of a backend's operations (the first recorded wins). Shared, so that whoever
+/// keeps it learns the outcome of operations whose backend was destroyed with them in flight.
+class FailureRecord {
+ public:
+  /// Records `error` unless a failure is recorded already.
+  void record(Error error);
+  /// Raises the recorded failure, if any (never blocks for long: one uncontended lock).
+  void check() const;
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  /// The recorded failure, if any.
+  std::optional<Error> failure() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::atomic<bool> failed_{false};
+  std::optional<Error> error_;  // under mutex_
+};
+
 /// The layout of `call` on rank `rank` of `size`.
 Layout layout_of(const DeviceCall& call, int rank, int size);
 
@@ -80,12 +100,16 @@ class HostTransfer {
   /// `host` is the private duplicate only the progress thread calls.
   HostTransfer(std::shared_ptr<device::Device> device, tutti::Communicator host);
   /// Releases every stream waiting on an operation of this communicator, then stops the thread.
+  /// An operation issued and not completed is failed first (ErrorCode::aborted, in failures()):
+  /// its stream completes without a result.
   ~HostTransfer();
   HostTransfer(const HostTransfer&) = delete;
   HostTransfer& operator=(const HostTransfer&) = delete;
 
   /// Raises the recorded failure, if any.
-  void check() const;
+  void check() const { failures_->check(); }
+  /// This backend's failures; it outlives the backend (see the destructor).
+  std::shared_ptr<const FailureRecord> failures() const { return failures_; }
   /// Enqueues `call` on `stream` (the protocol above); returns at once.
   void enqueue(const DeviceCall& call, device::Stream stream);
 
@@ -144,8 +168,8 @@ class HostTransfer {
   std::deque<Operation> queue_;
   bool stopping_ = false;
   std::atomic<bool> stop_{false};
-  std::atomic<bool> failed_{false};
-  std::optional<Error> failure_;  // under mutex_
+  std::atomic<std::uint32_t> completed_{0};  // the last operation whose `done` the thread raised
+  std::shared_ptr<FailureRecord> failures_ = std::make_shared<FailureRecord>();
   std::thread thread_;
 };
 
