@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "device/checks.hpp"
+#include "device/cuda/implicit_sync.hpp"
 #include "device/cuda/kernels.hpp"
 #include "device/cuda/pinned_blocks.hpp"
 #include "reduce/reduce.hpp"
@@ -120,8 +121,8 @@ class CudaDevice final : public Device {
     select();
     for (void* s : streams_) cudaStreamDestroy(static_cast<cudaStream_t>(s));
     for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
-    for (void* p : opened_) cudaIpcCloseMemHandle(p);
-    for (void* p : registered_) cudaHostUnregister(p);
+    for (void* p : opened_) implicit_sync::ipc_close(p);
+    for (void* p : registered_) implicit_sync::host_unregister(p);
     for (void* p : device_memory_) {
       local_shared().erase(p);
       release(p, false);
@@ -147,10 +148,10 @@ class CudaDevice final : public Device {
     cudaStream_t s = pooled ? pool_stream() : nullptr;
     if (s) {
       check(cudaMallocAsync(&p, bytes, s), "allocate");
-      check(cudaStreamSynchronize(s), "allocate");  // usable on every stream from here
+      check(implicit_sync::stream_synchronize(s), "allocate");  // usable on every stream from here
       remember(pooled_, p);
     } else {
-      check(cudaMalloc(&p, bytes), "allocate");
+      check(implicit_sync::malloc_device(&p, bytes), "allocate");
     }
     remember(device_memory_, p);
     return p;
@@ -200,7 +201,7 @@ class CudaDevice final : public Device {
     }
     forget(opened_, pointer, "close_shared", "open_shared");
     select();
-    check(cudaIpcCloseMemHandle(pointer), "close_shared");
+    check(implicit_sync::ipc_close(pointer), "close_shared");
   }
   void register_pinned(void* pointer, std::size_t bytes) override {
     if (pointer == nullptr || bytes == 0) invalid("register_pinned", "a null pointer or 0 bytes");
@@ -210,7 +211,7 @@ class CudaDevice final : public Device {
   }
   void unregister_pinned(void* pointer) override {
     forget(registered_, pointer, "unregister_pinned", "register_pinned");
-    check(cudaHostUnregister(pointer), "unregister_pinned");
+    check(implicit_sync::host_unregister(pointer), "unregister_pinned");
   }
   // Pinned memory comes in blocks that free_pinned keeps for reuse (pinned_blocks.hpp).
   void* allocate_pinned(std::size_t bytes) override {
@@ -431,9 +432,9 @@ class CudaDevice final : public Device {
       std::lock_guard lock(mutex_);
       pooled = pooled_.erase(p) > 0;
     }
-    const cudaError_t status = pooled ? cudaFreeAsync(p, pool_stream_) : cudaFree(p);
+    const cudaError_t status = pooled ? cudaFreeAsync(p, pool_stream_) : implicit_sync::free_device(p);
     if (checked) check(status, "free");
-    if (pooled && checked) check(cudaStreamSynchronize(pool_stream_), "free");
+    if (pooled && checked) check(implicit_sync::stream_synchronize(pool_stream_), "free");
   }
 
   void remember(std::unordered_set<void*>& set, void* p) {
@@ -468,9 +469,9 @@ class CudaDevice final : public Device {
   std::unordered_set<void*> streams_, events_, device_memory_;
   std::shared_ptr<PinnedBlocks> pinned_ = std::make_shared<PinnedBlocks>(  // allocate_pinned's and copy's
       [](void** block, std::size_t bytes) {
-        return static_cast<int>(cudaHostAlloc(block, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+        return static_cast<int>(implicit_sync::host_alloc(block, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
       },
-      [](void* block) { cudaFreeHost(block); });
+      [](void* block) { implicit_sync::free_host(block); });
   std::unordered_set<void*> pooled_;  // device memory from the stream-ordered pool
   std::once_flag pool_once_;
   cudaStream_t pool_stream_ = nullptr;
