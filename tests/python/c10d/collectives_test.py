@@ -207,7 +207,8 @@ def check_profiler():
         path = os.path.join(os.environ.get("TRACE_DIR", scratch), f"trace-rank{RANK}.json")
         prof.export_chrome_trace(path)
         with open(path) as f:
-            traced = {event.get("name") for event in json.load(f)["traceEvents"]}
+            trace = json.load(f)  # a list of events (torch 1.13), or an object with them (2.x)
+        traced = {event.get("name") for event in (trace["traceEvents"] if isinstance(trace, dict) else trace)}
     for title in ("tutti:all_reduce", "tutti:broadcast", "tutti:barrier"):
         expect_equal(f"profiler event {title}", torch.tensor(title in names), torch.tensor(True))
         expect_equal(f"trace event {title}", torch.tensor(title in traced), torch.tensor(True))
