@@ -70,7 +70,16 @@ def broadcast_optimizer_state(optimizer, root_rank):
     """Copies root_rank's optimizer settings (every param group's lr, momentum, ...) and state
     (momentum buffers, Adam's moments and steps, ...) into every rank's `optimizer`, for any
     torch.optim optimizer. The structure travels pickled (broadcast_object), every state tensor
-    by a broadcast of its own. The optimizers must have the same param groups on every rank."""
+    by a broadcast of its own. The optimizers must have the same param groups on every rank.
+    As Horovod, a parameter that requires grad and has none gets a zero gradient (sparse for
+    SparseAdam) while the optimizer has no state yet."""
+    if not optimizer.state_dict()["state"]:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                    if isinstance(optimizer, torch.optim.SparseAdam):
+                        p.grad = p.grad.to_sparse()
     tensors = []
     skeleton = _split_tensors(optimizer.state_dict(), tensors) if _horovod.rank() == root_rank else None
     skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.structure")
