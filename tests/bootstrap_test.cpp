@@ -945,6 +945,17 @@ TEST(DetectJob, Torchrun) {
     EXPECT_EQ(error_code_of([] { detect_job(); }, &message), ErrorCode::invalid_argument);
     EXPECT_NE(message.find("TUTTI_JOB_ID"), std::string::npos) << message;
   }
+  {
+    // A caller that gives rank and size itself (init(store, rank, size), the torch backend) is not
+    // refused for the launcher's partial or odd rank variables (PyTorch's test harness exports
+    // WORLD_SIZE alone); the job id is still read.
+    Environment env({{"WORLD_SIZE", "3"}, {"TORCHELASTIC_RUN_ID", "r9"}, {"TUTTI_TOKEN", "t"}});
+    EXPECT_EQ(error_code_of([] { detect_job(); }), ErrorCode::invalid_argument);
+    const JobInfo job = detect_job(/*ranks_from_caller=*/true);
+    EXPECT_EQ(job.launcher, "torchrun");
+    EXPECT_EQ(job.job_id, "r9");
+    EXPECT_EQ(job.token, "t");
+  }
   // tutti-run's and mpirun's variables win over torchrun's.
   Environment env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "3"}});
   EXPECT_EQ(detect_job().launcher, "mpirun");

@@ -88,9 +88,9 @@ int slurm_tasks_on_node(const std::string& text, int node) {
   bad(std::string(name) + "='" + text + "' has no entry for SLURM_NODEID=" + std::to_string(node));
 }
 
-void read_slurm(JobInfo& job) {
-  read_ranks(job, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE");
-  if (!core::env("SLURM_NTASKS_PER_NODE")) {
+void read_slurm(JobInfo& job, bool ranks) {
+  if (ranks) read_ranks(job, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE");
+  if (ranks && !core::env("SLURM_NTASKS_PER_NODE")) {
     if (const auto per_node = core::env("SLURM_TASKS_PER_NODE")) {
       job.local_size = slurm_tasks_on_node(*per_node, read_int("SLURM_NODEID").value_or(0));
       if (job.local_size < 1 || job.local_size > job.size || job.local_rank >= job.local_size)
@@ -107,8 +107,8 @@ void read_slurm(JobInfo& job) {
 // torchrun (and torch.distributed.launch): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE. The job
 // id is the rendezvous id, and each restart of the workers is a job of its own; torchrun's default
 // id "none" is every job's, so it is no id.
-void read_torchrun(JobInfo& job) {
-  read_ranks(job, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+void read_torchrun(JobInfo& job, bool ranks) {
+  if (ranks) read_ranks(job, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
   const auto id = core::env("TORCHELASTIC_RUN_ID");
   if (id && !id->empty() && *id != "none") {
     job.job_id = *id;
@@ -118,25 +118,27 @@ void read_torchrun(JobInfo& job) {
 
 }  // namespace
 
-JobInfo detect_job() {
+JobInfo detect_job(bool ranks_from_caller) {
   JobInfo job;
+  const bool ranks = !ranks_from_caller;
   if (core::env("TUTTI_RANK") || core::env("TUTTI_SIZE")) {
     job.launcher = "tutti-run";
-    read_ranks(job, "TUTTI_RANK", "TUTTI_SIZE", "TUTTI_LOCAL_RANK", "TUTTI_LOCAL_SIZE");
+    if (ranks) read_ranks(job, "TUTTI_RANK", "TUTTI_SIZE", "TUTTI_LOCAL_RANK", "TUTTI_LOCAL_SIZE");
   } else if (core::env("OMPI_COMM_WORLD_RANK") || core::env("OMPI_COMM_WORLD_SIZE")) {
     job.launcher = "mpirun";
-    read_ranks(job, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-               "OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (ranks)
+      read_ranks(job, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                 "OMPI_COMM_WORLD_LOCAL_SIZE");
     job.job_id = core::env("OMPI_MCA_ess_base_jobid").value_or(core::env("PMIX_NAMESPACE").value_or(""));
   } else if (core::env("PMI_RANK") || core::env("PMI_SIZE")) {
     job.launcher = "mpirun";
-    read_ranks(job, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS");
+    if (ranks) read_ranks(job, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS");
   } else if (core::env("RANK") || core::env("WORLD_SIZE")) {
     job.launcher = "torchrun";
-    read_torchrun(job);
+    read_torchrun(job, ranks);
   } else if (core::env("SLURM_PROCID")) {  // not SLURM_NTASKS alone: sbatch sets it for the batch script too
     job.launcher = "srun";
-    read_slurm(job);
+    read_slurm(job, ranks);
   }
   job.store = core::env("TUTTI_STORE").value_or("");
   job.token = core::env("TUTTI_TOKEN").value_or("");

@@ -20,8 +20,11 @@ struct JobInfo {
 };
 
 /// Reads the environment. Throws Error(invalid_argument) naming the variable when a value is
-/// malformed or inconsistent (rank ≥ size, …).
-JobInfo detect_job();
+/// malformed or inconsistent (rank ≥ size, …). `ranks_from_caller`: the caller knows rank and size
+/// (tutti::init(store, rank, size), the torch backend), so the launcher's rank variables are not
+/// read, and a harness that sets only some of them (WORLD_SIZE without RANK) is no error; the
+/// launcher, its job id, the store, token and transport are read as always.
+JobInfo detect_job(bool ranks_from_caller = false);
 
 /// Under srun without TUTTI_STORE: the URL of the job step's own file store,
 /// file://${TUTTI_RENDEZVOUS_DIR:-$HOME/.tutti/rendezvous}/slurm-<job id>, which must lie on a file

@@ -139,7 +139,7 @@ Communicator init(KeyValueStore& store, int rank, int size, std::chrono::millise
   if (size == 1) return local_group(1).front();
   // The token, transport and job id still come from the environment; rank and size are the
   // caller's (a subgroup's differ from the launcher's).
-  bootstrap::JobInfo job = bootstrap::detect_job();
+  bootstrap::JobInfo job = bootstrap::detect_job(/*ranks_from_caller=*/true);
   if (job.transport == "mpi")
     throw Error(ErrorCode::unsupported, "init(store): TUTTI_TRANSPORT=mpi cannot join through a key-value store");
   job.rank = rank;
