@@ -374,6 +374,38 @@ TEST(Engine, AllreduceWithDimsChecksTheShapeOnEveryRank) {
   EXPECT_EQ(failures, "");
 }
 
+TEST(Engine, AJoinedRankReducesZerosAndRefusesGathersUntilEveryRankJoined) {
+  const auto failures = run_ranks(3, [&](Communicator& comm) {
+    Engine engine(comm, quiet());
+    const int r = comm.rank();
+    if (r == 0) {
+      Handle joined = engine.join();
+      EXPECT_THROW(engine.join(), Error);  // joined already
+      joined.wait();
+    } else {
+      std::vector<std::int32_t> x(5, r + 1);
+      engine.enqueue_allreduce("x", x.data(), x.size(), DataType::i32, ReduceOp::sum).wait();
+      EXPECT_EQ(x, std::vector<std::int32_t>(5, 2 + 3));  // rank 0 gave zeros
+      std::vector<std::int32_t> mine(2, r), all(6, -1);
+      try {
+        engine.enqueue_allgather("g", mine.data(), all.data(), 2, DataType::i32).wait();
+        ADD_FAILURE() << "rank " << r << ": an allgather with a joined rank completed";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::mismatch);
+        EXPECT_NE(std::string(e.what()).find("rank 0 joined"), std::string::npos) << e.what();
+      }
+      if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 2 joins last
+      engine.join().wait();
+    }
+    EXPECT_EQ(engine.last_joined(), 2);
+    // Every rank is back: the next allreduce is everyone's.
+    std::vector<std::int32_t> y(3, r);
+    engine.enqueue_allreduce("y", y.data(), y.size(), DataType::i32, ReduceOp::sum).wait();
+    EXPECT_EQ(y, std::vector<std::int32_t>(3, 0 + 1 + 2));
+  });
+  EXPECT_EQ(failures, "");
+}
+
 TEST(Engine, StallWarningNamesTheTensorAndTheMissingRanksThenCompletes) {
   std::mutex mutex;
   std::vector<std::string> reports;

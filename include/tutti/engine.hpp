@@ -173,6 +173,16 @@ class Engine {
   /// Copies root's buffer to every rank's.
   Handle enqueue_broadcast(std::string_view name, void* buffer, std::size_t count, DataType type, int root);
 
+  /// Horovod's join: this rank has no more tensors to enqueue until every rank has joined. Until
+  /// then it takes part in the other ranks' allreduces with zeros (an average still divides by
+  /// size()), and their allgathers and broadcasts fail with ErrorCode::mismatch naming the joined
+  /// ranks. The handle completes once every rank has joined; last_joined() then gives the rank
+  /// that joined last (the highest of those that joined in the same negotiation round). Returns at
+  /// once. Error(invalid_argument) while this rank has tensors pending or has joined already.
+  Handle join();
+  /// After a completed join: the rank that joined last; -1 before any.
+  int last_joined() const;
+
   /// Wakes the background thread for a negotiation round now rather than at the next cycle
   /// (used when the caller is about to wait).
   void flush();

@@ -166,6 +166,10 @@ Handle Engine::enqueue_allreduce(std::string_view name, const void* send, void* 
 
 void Engine::check() { core_->check(); }
 
+Handle Engine::join() { return core_->join(); }
+
+int Engine::last_joined() const { return core_->last_joined(); }
+
 Handle Engine::enqueue_allgather(std::string_view name, const void* send, void* recv, std::size_t count,
                                  DataType type) {
   return core_->enqueue(Descriptor{std::string(name), Collective::allgather, type, ReduceOp::sum, 0, count}, send,

@@ -155,6 +155,7 @@ bool EngineCore::cycle() {
     fresh.swap(inbox_);
     mine.shutting_down = shutting_down_;
     mine.aborting = aborting_;
+    mine.joined = join_ != nullptr;
   }
   // A rank shutting down waits too: for the others to shut down.
   mine.waiting = doorbell_->waiters.load() > 0 || mine.shutting_down;
@@ -202,6 +203,7 @@ bool EngineCore::cycle() {
   }
   check_stalls(decided);
   execute(decision, decided);
+  finish_join(decision);
   {
     std::lock_guard lock(mutex_);
     idle_ = table_.idle() && inbox_.empty() && held_.empty();
@@ -276,6 +278,45 @@ void EngineCore::check_stalls(Clock::time_point now) {
   warned_.swap(still);
 }
 
+std::shared_ptr<TensorState> EngineCore::joined_part(const Descriptor& d, Clock::time_point decided) {
+  auto t = std::make_shared<TensorState>();
+  t->descriptor = d;
+  t->scratch.assign(d.count * size_of(d.type), std::byte{0});
+  t->send = t->scratch.data();
+  t->recv = t->scratch.data();
+  t->enqueued = decided;
+  return t;
+}
+
+Handle EngineCore::join() {
+  auto t = std::make_shared<TensorState>();
+  t->doorbell = doorbell_;
+  {
+    std::lock_guard lock(mutex_);
+    if (failure_) std::rethrow_exception(failure_);
+    if (shutting_down_) throw Error(ErrorCode::aborted, "engine: join: the engine is shutting down");
+    if (join_) throw Error(ErrorCode::invalid_argument, "engine: join: this rank has joined already");
+    if (!names_.empty())
+      throw Error(ErrorCode::invalid_argument, "engine: join: this rank has " + std::to_string(names_.size()) +
+                                                   " tensor(s) pending; wait for them first");
+    join_ = t;
+    idle_ = false;
+  }
+  doorbell_->ring();
+  return Handle(t);
+}
+
+void EngineCore::finish_join(const Decision& decision) {
+  if (!decision.joined) return;
+  std::shared_ptr<TensorState> t;
+  {
+    std::lock_guard lock(mutex_);
+    t.swap(join_);
+  }
+  last_joined_.store(decision.last_joined);
+  if (t) t->finish(nullptr);
+}
+
 void EngineCore::execute(const Decision& decision, Clock::time_point decided) {
   for (const auto& failure : decision.failed) {
     auto it = announced_.find(failure.name);
@@ -286,12 +327,22 @@ void EngineCore::execute(const Decision& decision, Clock::time_point decided) {
   }
   std::vector<std::shared_ptr<TensorState>> ready;
   ready.reserve(decision.ready.size());
+  bool joined = false;
+  {
+    std::lock_guard lock(mutex_);
+    joined = join_ != nullptr;
+  }
   for (const auto& d : decision.ready) {
     auto it = announced_.find(d.name);
-    if (it == announced_.end())  // every rank announced it, this one included
+    std::shared_ptr<TensorState> t;
+    if (it != announced_.end()) {
+      t = it->second;
+      announced_.erase(it);
+    } else if (joined && d.kind == Collective::allreduce) {
+      t = joined_part(d, decided);  // this rank joined: it reduces zeros with the others
+    } else {  // every rank announced it, this one included
       throw Error(ErrorCode::system, "engine: tensor '" + d.name + "' is ready but unknown on this rank");
-    auto t = it->second;
-    announced_.erase(it);
+    }
     t->ready = decided;
     if (timeline_) timeline_->event(d.name, "NEGOTIATE", t->enqueued, decided);
     ready.push_back(std::move(t));
@@ -429,6 +480,11 @@ void EngineCore::fail_everything(std::exception_ptr error) {
   announced_.clear();
   left.insert(left.end(), held_.begin(), held_.end());
   held_.clear();
+  {
+    std::lock_guard lock(mutex_);
+    if (join_) left.push_back(std::move(join_));
+    join_.reset();
+  }
   for (auto& t : left) complete(t, error);
 }
 

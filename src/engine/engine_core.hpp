@@ -59,6 +59,7 @@ struct TensorState {
   bool done = false;
   std::exception_ptr error;
   const std::uint32_t* copied_flag = nullptr;  // null for a host tensor, and once the copy back is seen
+  std::vector<std::byte> scratch;  // a joined rank's part in another rank's allreduce: zeros, its send and recv
 
   /// Whether the result is in recv: at once for a host tensor; for a device tensor once its
   /// stream has copied it back. Call with `mutex` held.
@@ -94,6 +95,9 @@ class EngineCore {
   Handle enqueue_on_stream(Descriptor d, const void* send, void* recv, device::Stream stream);
   /// Raises the engine's failure, or the first failure of a device tensor.
   void check();
+  /// Engine::join: the handle completes once every rank has joined.
+  Handle join();
+  int last_joined() const { return last_joined_.load(); }
   void flush() { doorbell_->ring(); }
   void record_phase(std::string_view name, Clock::time_point start, Clock::time_point end);
   EngineStats stats() const;
@@ -114,6 +118,8 @@ class EngineCore {
   std::vector<Message> exchange(const Message& mine);
   void check_stalls(Clock::time_point now);
   void execute(const Decision& decision, Clock::time_point decided);
+  std::shared_ptr<TensorState> joined_part(const Descriptor& d, Clock::time_point decided);
+  void finish_join(const Decision& decision);
   std::vector<Job> plan(const std::vector<std::shared_ptr<TensorState>>& ready);
   void run_job(Job& job);
   void complete(const std::shared_ptr<TensorState>& t, std::exception_ptr error);
@@ -137,6 +143,7 @@ class EngineCore {
   bool shutting_down_ = false;
   bool aborting_ = false;
   bool idle_ = false;                  // the last cycle left nothing pending on any rank, nor in inbox_
+  std::shared_ptr<TensorState> join_;  // while this rank has joined: the handle Engine::join returned
   std::exception_ptr failure_;         // set when the engine stopped on an error
   std::exception_ptr stream_failure_;  // the first device tensor that failed: later stream enqueues raise it
 
@@ -155,6 +162,7 @@ class EngineCore {
   // The last cycle: a caller on another rank was blocked waiting. That rank negotiates again at
   // once (see run()), so an enqueue here rings for a round now rather than at the next cycle.
   std::atomic<bool> peer_waiting_{false};
+  std::atomic<int> last_joined_{-1};
 
   mutable std::mutex stats_mutex_;
   EngineStats stats_;

@@ -75,6 +75,7 @@ class Reader {
 constexpr std::uint8_t kShuttingDown = 1;
 constexpr std::uint8_t kAborting = 2;
 constexpr std::uint8_t kWaiting = 4;
+constexpr std::uint8_t kJoined = 8;
 
 }  // namespace
 
@@ -87,7 +88,7 @@ std::string rank_list(const std::vector<int>& ranks) {
 std::vector<std::byte> Message::encode(std::size_t cache_size) const {
   Writer w;
   w.put(static_cast<std::uint8_t>((shutting_down ? kShuttingDown : 0) | (aborting ? kAborting : 0) |
-                                  (waiting ? kWaiting : 0)));
+                                  (waiting ? kWaiting : 0) | (joined ? kJoined : 0)));
   w.put(static_cast<std::uint32_t>(cache_size));
   std::vector<std::byte> bits((cache_size + 7) / 8);
   for (auto slot : cached) bits.at(slot / 8) |= static_cast<std::byte>(1u << (slot % 8));
@@ -115,6 +116,7 @@ Message Message::decode(std::span<const std::byte> bytes, std::size_t cache_size
   m.shutting_down = (flags & kShuttingDown) != 0;
   m.aborting = (flags & kAborting) != 0;
   m.waiting = (flags & kWaiting) != 0;
+  m.joined = (flags & kJoined) != 0;
   if (r.get<std::uint32_t>() != cache_size)
     throw Error(ErrorCode::system, "engine: the ranks' response caches disagree (a negotiation message is damaged)");
   const auto bits = r.take((cache_size + 7) / 8);
@@ -209,6 +211,15 @@ Decision Table::apply(const std::vector<Message>& messages, std::chrono::steady_
     }
     for (const auto& d : m.described) announce(r, d, now, decision);
   }
+  // Ranks that joined (in rank order, so the last of a cycle is its highest).
+  if (joined_.empty()) joined_.assign(static_cast<std::size_t>(size_), false);
+  for (int r = 0; r < size_; ++r)
+    if (messages[static_cast<std::size_t>(r)].joined && !joined_[static_cast<std::size_t>(r)]) {
+      joined_[static_cast<std::size_t>(r)] = true;
+      last_joined_ = r;
+      decision.progress = true;
+    }
+  answer_for_joined(decision);
   // Rank 0's verdicts on stalled tensors: the tensor fails on every rank that enqueued it. Rank 0
   // judged from the table before this cycle; a tensor the last ranks announced in this same cycle
   // is not stalled any more and runs (every rank applies the same messages, so all agree).
@@ -266,8 +277,46 @@ Decision Table::apply(const std::vector<Message>& messages, std::chrono::steady_
     decision.ready.push_back(std::move(d));
   }
   decision.shutdown = all_shutting;
+  if (std::all_of(joined_.begin(), joined_.end(), [](bool j) { return j; })) {
+    decision.joined = true;
+    decision.last_joined = last_joined_;
+    joined_.assign(static_cast<std::size_t>(size_), false);
+    last_joined_ = -1;
+  }
   decision.progress = decision.progress || !decision.ready.empty() || !decision.failed.empty();
   return decision;
+}
+
+void Table::answer_for_joined(Decision& decision) {
+  // A rank that joined takes part in the others' allreduces with zeros (it announces, in effect,
+  // what the first rank announced); their allgathers and broadcasts fail, as in Horovod, since a
+  // joined rank has no data to gather or send.
+  if (std::none_of(joined_.begin(), joined_.end(), [](bool j) { return j; })) return;
+  for (auto& [name, e] : pending_) {
+    if (e.announced == size_) continue;
+    const Descriptor* first = nullptr;
+    for (const auto& d : e.ranks)
+      if (d) {
+        first = &*d;
+        break;
+      }
+    if (first == nullptr) continue;
+    const Descriptor model = *first;
+    std::vector<int> joined;
+    for (int r = 0; r < size_; ++r) {
+      auto& slot = e.ranks[static_cast<std::size_t>(r)];
+      if (slot || !joined_[static_cast<std::size_t>(r)]) continue;
+      slot = model;
+      ++e.announced;
+      joined.push_back(r);
+    }
+    if (joined.empty() || model.kind == Collective::allreduce || e.failure) continue;
+    e.failure = Decision::Failure{name, ErrorCode::mismatch,
+                                  "engine: tensor '" + name + "': " + rank_list(joined) +
+                                      " joined (Engine::join) and takes part in allreduces only, not in this " +
+                                      std::string(to_string(model.kind))};
+    decision.failed.push_back(*e.failure);
+  }
 }
 
 std::vector<Waiting> Table::waiting() const {

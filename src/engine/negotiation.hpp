@@ -55,6 +55,7 @@ struct Message {
   bool shutting_down = false;
   bool aborting = false;              // the rank's engine is being destroyed by an error: every rank stops
   bool waiting = false;               // a caller on this rank is blocked waiting for a tensor
+  bool joined = false;                // the rank has joined (Engine::join) and enqueues nothing more
   std::vector<std::uint32_t> cached;  // cache slots of names enqueued with the cached description
   std::vector<Descriptor> described;  // names enqueued that the cache does not describe
   std::vector<std::string> expired;   // rank 0 only: names that stalled past the stall limit
@@ -78,6 +79,8 @@ struct Decision {
   bool all_waiting = false;     // a caller on every rank is blocked waiting
   int waiting_ranks = 0;        // ranks on which a caller is blocked waiting
   bool progress = false;        // some rank announced something, or something completed
+  bool joined = false;          // every rank has joined: the join completes (and joins are reset)
+  int last_joined = -1;         // with `joined`: the rank that joined last (the highest of its cycle)
 };
 
 /// A tensor some ranks have enqueued and some not yet, for the stall check.
@@ -132,7 +135,11 @@ class Table {
   int size_;
   std::size_t cache_capacity_;
   std::uint64_t next_order_ = 0;
+  void answer_for_joined(Decision& decision);
+
   std::map<std::string, Entry> pending_;
+  std::vector<bool> joined_;  // ranks that have joined and not yet seen every rank join
+  int last_joined_ = -1;
   std::vector<Descriptor> cache_;
   std::unordered_map<std::string, std::uint32_t> cache_slot_;
 };
