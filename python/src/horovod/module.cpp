@@ -82,18 +82,23 @@ void shutdown() {
   doomed.reset();
 }
 
-/// Horovod's join, the part Tutti can do: blocks until every rank has called join(); returns the
-/// rank whose call came last (by the wall clock of each rank's host).
+/// Horovod's join: this rank has no more data; until every rank has joined it takes part in the
+/// others' allreduces with zeros (the engine answers for it) and their allgathers and broadcasts
+/// fail. Blocks (without the GIL; Ctrl-C interrupts it) until every rank has joined; returns the
+/// rank that joined last.
 int join() {
-  static int joins = 0;
   Context& c = ctx();
-  const std::int64_t now =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  auto send = ::torch::tensor({now}, ::torch::kLong);
-  const int handle = c.next_handle();
-  c.add(handle, 0, start_allgather(c.engine(), "join." + std::to_string(joins++), send), "");
-  const ::torch::Tensor times = c.synchronize(handle).at(0);
-  return static_cast<int>(times.argmax().item<std::int64_t>());
+  tutti::Handle h = c.engine().join();
+  for (;;) {
+    bool done = false;
+    {
+      py::gil_scoped_release release;
+      done = h.wait_for(std::chrono::milliseconds(50));
+    }
+    if (done) break;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+  return c.engine().last_joined();
 }
 
 }  // namespace

@@ -202,6 +202,24 @@ def test_process_sets():
     assert hvd._horovod.process_set_ids() == [0]
 
 
+def test_join():
+    # Rank 0 runs out of data first: the others' allreduces go on with zeros from it, their
+    # allgathers fail, and join() returns the rank that joined last on every rank.
+    if R == 0:
+        last = hvd.join()
+    else:
+        t = torch.full((4, 2), 10 * R, dtype=torch.int64)
+        check_equal(hvd.allreduce(t, name="join.sum", op=hvd.Sum), torch.full((4, 2), 10 * sum(range(P))),
+                    "allreduce with a joined rank")
+        check_equal(hvd.allreduce(t.double(), name="join.avg"), torch.full((4, 2), 10.0 * sum(range(P)) / P,
+                                                                           dtype=torch.float64), "average over P")
+        expect_error(errors.Mismatch, lambda: hvd.allgather(torch.ones(1), name="join.gather"), "rank 0 joined")
+        last = hvd.join()
+    lasts = hvd.allgather_object(last)
+    assert lasts == [last] * P and last != 0, lasts
+    check_equal(hvd.allreduce(torch.ones(2), name="join.after", op=hvd.Sum), torch.full((2,), float(P)), "after")
+
+
 def test_no_handle_left_in_flight():
     assert hvd._horovod.pending() == 0, hvd._horovod.pending()
 

@@ -507,11 +507,11 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 
 
 def join(device=-1):
-    """Blocks until every rank has called join(); returns the rank that called it last.
-
-    Horovod's join also lets the ranks that have not joined go on reducing, with the joined ranks
-    contributing zeros; Tutti does not: a rank's allreduce issued after another rank joined waits
-    for that rank (and is reported as stalled). Call join() where every rank is done."""
+    """Horovod's join: this rank has run out of data. Until every rank has joined, it takes part
+    in the other ranks' allreduces with zeros (an Average still divides by size()), and their
+    allgathers and broadcasts fail (a RuntimeError naming the joined ranks). Blocks until every
+    rank has joined; returns the rank that joined last, the same on every rank. `device` is
+    accepted and ignored (CPU tensors only). Operations of this rank must all be complete first."""
     return _horovod.join()
 
 

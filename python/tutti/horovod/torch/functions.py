@@ -110,11 +110,15 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
 
 
 def allgather_object(obj, name=None, process_set=None):
-    """Returns the list of every rank's `obj`, in rank order (pickled and gathered)."""
+    """Returns the list of every rank's `obj`, in rank order (pickled and gathered). Unnamed
+    calls are named by the object's type, as in Horovod (so a rank that skipped one, having
+    joined, does not shift the names of the next ones)."""
+    if name is None:
+        name = type(obj).__name__
     payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
     lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
-                        name=None if name is None else name + ".lengths", process_set=process_set)
-    data = allgather(payload, name=None if name is None else name + ".data", process_set=process_set).numpy()
+                        name=name + ".lengths", process_set=process_set)
+    data = allgather(payload, name=name + ".data", process_set=process_set).numpy()
     objects, offset = [], 0
     for n in lengths.tolist():
         objects.append(pickle.loads(data[offset:offset + n].tobytes()))
