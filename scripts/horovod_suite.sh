@@ -16,6 +16,8 @@
 # runner) is replaced by the three functions the suite takes from it. The ranks run as Horovod's
 # suite runs under mpirun (no HOROVOD_RANK: the tests written for Gloo's controller skip).
 #
+# Exits with tutti-run's status: 0 when no test failed on any rank.
+#
 # Environment: TUTTI_BUILD (default: build/ of this checkout, with the targets _horovod, _tutti
 # and tutti-run built), PYTHON (default /usr/bin/python3, the Python with Debian's torch).
 # pytest is installed into $TUTTI_BUILD/pydeps when that Python lacks it.
@@ -161,3 +163,4 @@ for rank in range(int(sys.argv[1])):
             print("  %s %s: %s" % (kind, name, reason))
 EOF
 echo "horovod_suite: $elapsed s; tutti-run exited $status" >&2
+exit "$status"
