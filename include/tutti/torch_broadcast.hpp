@@ -7,8 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <typeinfo>
 #include <utility>
 #include <vector>
@@ -27,6 +29,26 @@
 namespace tutti::torch {
 
 namespace detail {
+
+// The key of a parameter in an optimizer's state: its TensorImpl's address, as text in libtorch 1.x
+// (what c10::guts::to_string made of it there), the address itself in 2.x.
+using OptimizerStateKey =
+    typename std::remove_cvref_t<decltype(std::declval<::torch::optim::Optimizer&>().state())>::key_type;
+
+template <class Key>
+Key state_key_of(void* impl) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << impl;
+    return text.str();
+  } else {
+    return impl;
+  }
+}
+
+inline OptimizerStateKey state_key(const ::torch::Tensor& param) {
+  return state_key_of<OptimizerStateKey>(param.unsafeGetTensorImpl());
+}
 
 inline constexpr std::uint64_t fnv1a_offset = 14695981039346656037ull;
 
@@ -143,7 +165,7 @@ inline ::torch::Tensor receivable(const ::torch::Tensor& t, const ::torch::Tenso
 inline void broadcast_param_state(Communicator& comm, ::torch::optim::Optimizer& optimizer, OptimizerKind kind,
                                   const ::torch::Tensor& param, std::uint8_t flags, int root) {
   auto& state = optimizer.state();
-  const std::string key = c10::guts::to_string(param.unsafeGetTensorImpl());
+  const OptimizerStateKey key = state_key(param);
   auto it = state.find(key);
   if (kind == OptimizerKind::sgd) {
     auto* s = it == state.end() ? nullptr : dynamic_cast<::torch::optim::SGDParamState*>(it->second.get());
@@ -185,7 +207,7 @@ inline void broadcast_param_state(Communicator& comm, ::torch::optim::Optimizer&
 
 inline std::uint8_t state_flags(::torch::optim::Optimizer& optimizer, OptimizerKind kind,
                                 const ::torch::Tensor& param) {
-  auto it = optimizer.state().find(c10::guts::to_string(param.unsafeGetTensorImpl()));
+  auto it = optimizer.state().find(detail::state_key(param));
   if (it == optimizer.state().end()) return 0;
   ::torch::Tensor max_sq;
   if (kind == OptimizerKind::adam) {
@@ -260,7 +282,7 @@ inline void broadcast_optimizer_state(Communicator& comm, ::torch::optim::Optimi
                                                  ", whose state it cannot broadcast (only SGD, Adam and AdamW)");
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (flags[i] == 0) {
-      optimizer.state().erase(c10::guts::to_string(params[i].unsafeGetTensorImpl()));
+      optimizer.state().erase(detail::state_key(params[i]));
       continue;
     }
     detail::broadcast_param_state(comm, optimizer, kind, params[i], flags[i], root);

@@ -95,8 +95,6 @@ inline std::optional<StateCodec> state_codec(::torch::optim::Optimizer& optimize
   return std::nullopt;
 }
 
-inline std::string state_key(const ::torch::Tensor& param) { return c10::guts::to_string(param.unsafeGetTensorImpl()); }
-
 inline std::string optimizer_type(::torch::optim::Optimizer& optimizer) {
   return c10::demangle(typeid(optimizer).name());
 }
