@@ -143,8 +143,8 @@ Handle Engine::enqueue_allreduce(std::string_view name, const void* send, void* 
 Handle Engine::enqueue_allreduce(std::string_view name, const void* send, void* recv,
                                  std::span<const std::int64_t> dims, DataType type, ReduceOp op) {
   if (dims.size() > engine_detail::kMaxDims)
-    throw Error(ErrorCode::invalid_argument, "engine: enqueue_allreduce '" + std::string(name) + "': " +
-                                                 std::to_string(dims.size()) + " dimensions (at most " +
+    throw Error(ErrorCode::invalid_argument, "engine: enqueue_allreduce '" + std::string(name) +
+                                                 "': " + std::to_string(dims.size()) + " dimensions (at most " +
                                                  std::to_string(engine_detail::kMaxDims) + ")");
   std::uint64_t count = 1;
   for (auto n : dims) {

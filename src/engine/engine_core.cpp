@@ -340,7 +340,8 @@ void EngineCore::execute(const Decision& decision, Clock::time_point decided) {
       announced_.erase(it);
     } else if (joined && d.kind == Collective::allreduce) {
       t = joined_part(d, decided);  // this rank joined: it reduces zeros with the others
-    } else {  // every rank announced it, this one included
+    } else {
+      // Every rank announced it, this one included (a joined rank answers allreduces only).
       throw Error(ErrorCode::system, "engine: tensor '" + d.name + "' is ready but unknown on this rank");
     }
     t->ready = decided;

@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
-#include <numeric>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
+#include <numeric>
 #include <vector>
 
 #include "tutti/topology.hpp"
@@ -34,7 +34,8 @@ tutti::EngineOptions engine_options(const HorovodSettings& settings) {
                          std::string(what) + ": expected seconds from 0 to 1e9, got " + std::to_string(s));
     return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(s * 1000)));
   };
-  if (settings.stall_warning_s) options.stall_warning = seconds(*settings.stall_warning_s, "HOROVOD_STALL_CHECK_TIME_SECONDS");
+  if (settings.stall_warning_s)
+    options.stall_warning = seconds(*settings.stall_warning_s, "HOROVOD_STALL_CHECK_TIME_SECONDS");
   if (settings.stall_shutdown_s)
     options.stall_error = seconds(*settings.stall_shutdown_s, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS");
   return options;
@@ -78,20 +79,20 @@ std::string rank_text(const std::vector<int>& ranks) {
 ProcessSet& Context::process_set(int id) {
   auto it = sets_.find(id);
   if (it == sets_.end())
-    throw tutti::Error(tutti::ErrorCode::invalid_argument,
-                       "tutti.horovod: process set " + std::to_string(id) + " does not exist (removed, or never added)");
+    throw tutti::Error(tutti::ErrorCode::invalid_argument, "tutti.horovod: process set " + std::to_string(id) +
+                                                               " does not exist (removed, or never added)");
   if (!it->second.member())
-    throw tutti::Error(tutti::ErrorCode::invalid_argument,
-                       "tutti.horovod: rank " + std::to_string(rank()) + " is not a member of process set " +
-                           std::to_string(id) + " " + rank_text(it->second.ranks));
+    throw tutti::Error(tutti::ErrorCode::invalid_argument, "tutti.horovod: rank " + std::to_string(rank()) +
+                                                               " is not a member of process set " + std::to_string(id) +
+                                                               " " + rank_text(it->second.ranks));
   return it->second;
 }
 
 const std::vector<int>& Context::process_set_ranks(int id) const {
   auto it = sets_.find(id);
   if (it == sets_.end())
-    throw tutti::Error(tutti::ErrorCode::invalid_argument,
-                       "tutti.horovod: process set " + std::to_string(id) + " does not exist (removed, or never added)");
+    throw tutti::Error(tutti::ErrorCode::invalid_argument, "tutti.horovod: process set " + std::to_string(id) +
+                                                               " does not exist (removed, or never added)");
   return it->second.ranks;
 }
 
@@ -100,7 +101,8 @@ int Context::add_process_set(std::vector<int> ranks) {
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
   // Every rank must pass the same list: a hash of it, compared before anything is split.
   std::string text = rank_text(ranks);
-  const auto mine = static_cast<std::int64_t>(std::hash<std::string>{}(text) & 0x7fffffffffffffffULL);
+  const std::size_t hash = std::hash<std::string>{}(text);
+  const auto mine = static_cast<std::int64_t>(hash >> 1);
   std::vector<std::int64_t> all(static_cast<std::size_t>(size()));
   world_.allgather(&mine, all.data(), 1, tutti::DataType::i64);
   for (int r = 0; r < size(); ++r)

@@ -31,7 +31,7 @@ struct HorovodSettings {
 /// an engine of their own (names are negotiated among the set's ranks only). Id 0 is the global
 /// set (the world and its engine).
 struct ProcessSet {
-  std::vector<int> ranks;                 // job ranks, ascending
+  std::vector<int> ranks;                   // job ranks, ascending
   std::optional<tutti::Communicator> comm;  // this rank's, when it is a member
   std::unique_ptr<tutti::Engine> engine;    // likewise
   int operations = 0;                       // suffix of the names given to its unnamed operations

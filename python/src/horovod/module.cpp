@@ -57,9 +57,9 @@ int start(const std::optional<std::string>& name, const char* kind, int set, Sta
 int set_root(const ProcessSet& ps, int root, int set) {
   auto it = std::find(ps.ranks.begin(), ps.ranks.end(), root);
   if (it == ps.ranks.end())
-    throw tutti::Error(tutti::ErrorCode::invalid_argument, "tutti.horovod broadcast: root_rank " +
-                                                               std::to_string(root) + " is not a member of process set " +
-                                                               std::to_string(set));
+    throw tutti::Error(tutti::ErrorCode::invalid_argument,
+                       "tutti.horovod broadcast: root_rank " + std::to_string(root) +
+                           " is not a member of process set " + std::to_string(set));
   return static_cast<int>(it - ps.ranks.begin());
 }
 
@@ -166,8 +166,9 @@ PYBIND11_MODULE(_horovod, m) {
         return id < 0 ? std::nullopt : std::optional<int>(id);
       },
       "Collective over the job: a process set of `ranks`; its id, or None where one of these ranks exists");
-  m.def("remove_process_set", [](int id) { return ctx().remove_process_set(id); },
-        "Collective over the job: removes process set `id`; False for 0 or an unknown id");
+  m.def(
+      "remove_process_set", [](int id) { return ctx().remove_process_set(id); },
+      "Collective over the job: removes process set `id`; False for 0 or an unknown id");
   m.def("process_set_ranks", [](int id) { return ctx().process_set_ranks(id); });
   m.def("process_set_ids", [] { return ctx().process_set_ids(); });
   m.def("poll", [](int handle) { return ctx().poll(handle); });
