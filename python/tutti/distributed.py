@@ -26,7 +26,15 @@ BACKEND = "tutti"
 ProcessGroupTutti = _c10d.ProcessGroupTutti
 
 
+# A communicator init_process_group(communicator=...) hands to the default group being created.
+_handed = None
+
+
 def _create(store, rank, world_size, timeout):
+    global _handed
+    if _handed is not None:
+        communicator, _handed = _handed, None
+        return _c10d.create_from(communicator, rank, world_size, timeout)
     return _c10d.create(store, rank, world_size, timeout)
 
 
@@ -63,14 +71,21 @@ def launcher_rank_size():
     return None
 
 
-def init_process_group(backend=BACKEND, init_method=None, rank=-1, world_size=-1, **kwargs):
+def init_process_group(backend=BACKEND, init_method=None, rank=-1, world_size=-1, communicator=None, **kwargs):
     """dist.init_process_group with the rendezvous taken from the launcher when not given.
 
     Rank and size come from RANK and WORLD_SIZE (torchrun), else from tutti-run's, mpirun's or
     srun's variables. The rendezvous is env:// when MASTER_ADDR is set (torchrun; export it under
     mpirun), else under tutti-run a FileStore in the job's private store directory (TUTTI_STORE).
+    `communicator`: a tutti.Communicator the default group runs over (the same group: rank and size
+    are its own) instead of joining one of its own; torch still needs the rendezvous for itself.
     Other arguments go to dist.init_process_group unchanged.
     """
+    global _handed
+    if communicator is not None:
+        if backend != BACKEND:
+            raise ValueError(f"tutti.distributed.init_process_group: communicator= needs backend {BACKEND!r}")
+        rank, world_size = communicator.rank, communicator.size
     if init_method is None and "store" not in kwargs:
         found = None if "RANK" in os.environ else launcher_rank_size()
         if found is not None and rank < 0 and world_size < 0:
@@ -85,4 +100,8 @@ def init_process_group(backend=BACKEND, init_method=None, rank=-1, world_size=-1
                 "tutti.distributed.init_process_group: no rendezvous; set MASTER_ADDR and MASTER_PORT "
                 "(e.g. mpirun -x MASTER_ADDR=host -x MASTER_PORT=29500) or pass init_method"
             )
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, **kwargs)
+    _handed = communicator
+    try:
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, **kwargs)
+    finally:
+        _handed = None

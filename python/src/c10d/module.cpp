@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "c10d/process_group.hpp"
+#include "common/communicator_capsule.hpp"
 #include "common/errors.hpp"
 #include "common/storage_pin.hpp"
 #include "tutti/rendezvous.hpp"
@@ -51,6 +52,18 @@ c10::intrusive_ptr<ProcessGroupTutti> create(const c10::intrusive_ptr<::c10d::St
   return c10::make_intrusive<ProcessGroupTutti>(std::move(comm), timeout);
 }
 
+// The group over a communicator the caller has (tutti.distributed.init_process_group(communicator=)).
+c10::intrusive_ptr<ProcessGroupTutti> create_from(const pybind11::object& communicator, int rank, int size,
+                                                  std::chrono::milliseconds timeout) {
+  tutti::Communicator comm = tutti_python::from_capsule(communicator, "tutti.distributed: communicator");
+  if (comm.rank() != rank || comm.size() != size)
+    throw Error(ErrorCode::invalid_argument, "tutti.distributed: the communicator is rank " +
+                                                 std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) +
+                                                 ", but torch.distributed asks for rank " + std::to_string(rank) +
+                                                 " of " + std::to_string(size));
+  return c10::make_intrusive<ProcessGroupTutti>(std::move(comm), timeout);
+}
+
 }  // namespace
 }  // namespace tutti::c10d_backend
 
@@ -69,11 +82,18 @@ PYBIND11_MODULE(_c10d, m) {
                            running + ": rebuild tutti against it (pip install . in this environment)");
   py::module_::import("torch.distributed");  // c10d's Python classes, our base among them
   py::class_<ProcessGroupTutti, tutti::c10d_backend::C10dBase, c10::intrusive_ptr<ProcessGroupTutti>>(
-      m, "ProcessGroupTutti", "A c10d backend over a tutti communicator");
+      m, "ProcessGroupTutti", "A c10d backend over a tutti communicator")
+      .def(
+          "_capsule", [](const ProcessGroupTutti& group) { return tutti_python::to_capsule(group.communicator()); },
+          "The group's communicator, for tutti.Communicator._from_capsule().");
   m.attr("TORCH_VERSION") = built;                  // the torch it was built against
   m.attr("IS_BACKEND") = bool(TUTTI_C10D_BACKEND);  // a c10d::Backend (torch 2.x), not a ProcessGroup
   m.def("create", &tutti::c10d_backend::create, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
         py::call_guard<py::gil_scoped_release>(),
         "Joins the group of `size` ranks as `rank` through the c10d `store` and returns its ProcessGroupTutti; "
         "`timeout` (a timedelta) bounds the rendezvous and every operation.");
+  m.def("create_from", &tutti::c10d_backend::create_from, py::arg("communicator"), py::arg("rank"), py::arg("size"),
+        py::arg("timeout"),
+        "The ProcessGroupTutti over `communicator` (a tutti.Communicator, whose rank and size must be torch's); "
+        "`timeout` bounds every operation.");
 }

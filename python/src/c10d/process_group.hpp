@@ -47,6 +47,8 @@ class ProcessGroupTutti : public C10dBase {
   ~ProcessGroupTutti() override;
 
   const std::string getBackendName() const override { return "tutti"; }
+  /// The group's Tutti communicator (the same group, not a copy of its members).
+  const tutti::Communicator& communicator() const { return comm_; }
 
   c10::intrusive_ptr<::c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                              const ::c10d::BroadcastOptions& opts) override;

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <string>
 
 #include "common/communicator_capsule.hpp"
@@ -61,6 +62,17 @@ void bind_communicator(py::module_& m) {
   cls.def("_capsule", &tutti_python::to_capsule,
           "This communicator for another of the package's modules (the torch backend, Horovod's API), which "
           "share its native library.")
+      .def_static(
+          "_from_capsule",
+          [](const py::object& capsule) { return tutti_python::from_capsule(capsule, "Communicator._from_capsule"); },
+          "The communicator another of the package's modules handed out (e.g. a torch process group's).")
+      .def(
+          "__eq__",
+          [](const tutti::Communicator& a, const py::object& b) {
+            return py::isinstance<tutti::Communicator>(b) && a.impl() == b.cast<const tutti::Communicator&>().impl();
+          },
+          "The same group: this communicator or a copy of it (not another group of the same ranks).")
+      .def("__hash__", [](const tutti::Communicator& c) { return std::hash<const void*>()(c.impl()); })
       .def_property_readonly("rank", &tutti::Communicator::rank, "This rank, 0 <= rank < size (-1 if empty).")
       .def_property_readonly("size", &tutti::Communicator::size, "The number of ranks (0 if empty).")
       .def(

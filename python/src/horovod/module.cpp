@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/communicator_capsule.hpp"
 #include "common/errors.hpp"
 #include "common/py_store.hpp"
 #include "common/storage_pin.hpp"
@@ -66,10 +67,13 @@ int set_root(const ProcessSet& ps, int root, int set) {
 void init(std::optional<std::size_t> fusion_threshold, std::optional<double> cycle_time_ms,
           std::optional<std::string> timeline, std::optional<double> stall_warning_s,
           std::optional<double> stall_shutdown_s, const py::object& store, std::optional<int> rank,
-          std::optional<int> size) {
+          std::optional<int> size, const py::object& communicator) {
   if (context) return;  // as Horovod: a second init() is a no-op
   HorovodSettings settings{fusion_threshold, cycle_time_ms, timeline, stall_warning_s, stall_shutdown_s};
-  tutti::Communicator world = join(store, rank, size, std::nullopt);  // waits for the others without the GIL
+  // A tutti.Communicator the program has (the same group), else the job's: waits for the others
+  // without the GIL.
+  tutti::Communicator world =
+      communicator.is_none() ? join(store, rank, size, std::nullopt) : from_capsule(communicator, "hvd.init: comm");
   py::gil_scoped_release release;
   context = new Context(settings, std::move(world));
 }
@@ -113,9 +117,10 @@ PYBIND11_MODULE(_horovod, m) {
   m.def("init", &init, py::arg("fusion_threshold") = py::none(), py::arg("cycle_time_ms") = py::none(),
         py::arg("timeline") = py::none(), py::arg("stall_warning_s") = py::none(),
         py::arg("stall_shutdown_s") = py::none(), py::arg("store") = py::none(), py::arg("rank") = py::none(),
-        py::arg("size") = py::none(),
-        "Joins the job (collective): the launcher's, or through `store` (torch.distributed.Store's methods) as "
-        "`rank` of `size`; the other arguments replace TUTTI_FUSION_THRESHOLD, TUTTI_CYCLE_TIME_MS, "
+        py::arg("size") = py::none(), py::arg("communicator") = py::none(),
+        "Joins the job (collective): the launcher's, through `store` (torch.distributed.Store's methods) as "
+        "`rank` of `size`, or runs over `communicator` (a tutti.Communicator); the other arguments replace "
+        "TUTTI_FUSION_THRESHOLD, TUTTI_CYCLE_TIME_MS, "
         "TUTTI_TIMELINE, TUTTI_STALL_WARNING_S and TUTTI_STALL_SHUTDOWN_S");
   m.def("shutdown", &shutdown, "Stops the engine (collective)");
   m.def("is_initialized", [] { return context != nullptr; });

@@ -2,7 +2,9 @@
 python.core.one_native_library). The core module, the torch.distributed backend and Horovod's API,
 all used in one process, map one libtutti_native.so and run one progress engine (one thread named
 tutti-progress, where each module's private copy of the library used to start its own), and a
-tutti.Communicator travels between modules as a capsule of the same group.
+tutti.Communicator travels between modules as the same group: the torch backend's default group
+and Horovod's API run over one handed to them (tutti.distributed.init_process_group(communicator=),
+hvd.init(comm=)).
 """
 
 import glob
@@ -37,15 +39,35 @@ def main():
     assert (x == world.size * (world.size + 1) // 2).all(), x
     x[:] = 1
 
-    hvd.init()
-    assert (hvd.rank(), hvd.size()) == (world.rank, world.size)
+    # Horovod's API and the torch backend over communicators of ours: the world in reverse order.
+    reverse = world.split(0, key=world.size - world.rank)
+    assert reverse.rank == world.size - 1 - world.rank
+    try:
+        hvd.init(comm=[0, 1])
+        raise AssertionError("hvd.init(comm=[0, 1]) did not raise")
+    except tutti.Unsupported as error:
+        assert "tutti.Communicator" in str(error), error
+    hvd.init(comm=reverse)
+    assert (hvd.rank(), hvd.size()) == (reverse.rank, reverse.size)
+    hvd_ranks = hvd.allgather(torch.tensor([world.rank]), name="ranks")
+    assert hvd_ranks.tolist() == list(reversed(range(world.size))), hvd_ranks
     t = hvd.allreduce(torch.full((5,), float(world.rank)), op=hvd.Sum, name="one")
     assert torch.equal(t, torch.full((5,), float(sum(range(world.size))))), t
 
-    dist.init_process_group("tutti", init_method=os.environ["TUTTI_STORE"].rstrip("/") + "/c10d",
-                            rank=world.rank, world_size=world.size)
+    tutti.distributed.init_process_group(communicator=reverse,
+                                         init_method=os.environ["TUTTI_STORE"].rstrip("/") + "/c10d")
+    assert (dist.get_rank(), dist.get_world_size()) == (reverse.rank, reverse.size)
+    group = dist.group.WORLD
+    if not isinstance(group, tutti.distributed.ProcessGroupTutti):  # torch 2.x wraps the backend
+        group = group._get_backend(torch.device("cpu"))
+    handed = tutti.Communicator._from_capsule(group._capsule())
+    assert handed == reverse and handed != world, "the group runs over another communicator"
+    assert tutti.Communicator._from_capsule(world._capsule()) == world
     y = torch.arange(4, dtype=torch.float32) * (world.rank + 1)
     dist.all_reduce(y)
+    ranks = [torch.zeros(1, dtype=torch.int64) for _ in range(world.size)]
+    dist.all_gather(ranks, torch.tensor([world.rank]))  # in the group's order: the world reversed
+    assert [int(r) for r in ranks] == list(reversed(range(world.size))), ranks
     assert torch.equal(y, torch.arange(4, dtype=torch.float32) * world.size * (world.size + 1) / 2), y
 
     # Each rank in turn starts a nonblocking call its peers join 0.3 s later, in the core module and

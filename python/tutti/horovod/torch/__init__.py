@@ -19,6 +19,7 @@ import torch  # noqa: F401  (loads libtorch and its Python bindings before the e
 from tutti._launcher import torchrun_store
 from tutti.horovod import _horovod
 from tutti._errors import InvalidArgument, Unsupported
+import tutti
 from tutti import __version__  # noqa: F401
 from tutti.horovod.torch.collectives import (  # noqa: F401
     Adasum, Average, HorovodInternalError, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
@@ -121,14 +122,18 @@ def _shutdown_at_exit():
 def init(comm=None, process_sets=None):
     """Joins the job (collective): under tutti-run, mpirun, srun or torchrun, from their
     environment; alone, a job of one rank. A second call does nothing. `process_sets` (a list of
-    ProcessSet) are added once the job is joined, as add_process_set would. `comm` (an MPI
-    communicator) is not supported."""
+    ProcessSet) are added once the job is joined, as add_process_set would. `comm`: a
+    tutti.Communicator to run over (the same group; its ranks are Horovod's), where Horovod takes
+    an MPI communicator (not supported: an mpi4py communicator or a list of ranks)."""
     global _exit_hooks_installed
-    if comm is not None:
-        raise Unsupported("tutti.horovod.torch.init: comm (an MPI communicator) is not supported")
+    if comm is not None and not isinstance(comm, tutti.Communicator):
+        raise Unsupported("tutti.horovod.torch.init: comm must be a tutti.Communicator (an MPI communicator or a "
+                          f"list of ranks is not supported), got {type(comm).__name__}")
     if not _horovod.is_initialized():
-        found = torchrun_store()
+        found = None if comm is not None else torchrun_store()
         store = {} if found is None else dict(zip(("store", "rank", "size"), found))
+        if comm is not None:
+            store = {"communicator": comm}
         settings = _settings()
         _log_level()
         _horovod.init(**settings, **store)
