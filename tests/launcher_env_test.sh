@@ -110,19 +110,18 @@ fi
 
 # 7. Python: RANK and WORLD_SIZE without MASTER_ADDR/MASTER_PORT (a launcher of one's own) raise
 #    InvalidArgument naming them; WORLD_SIZE alone names RANK.
-job py-nomaster 2 "RANK=\$r WORLD_SIZE=2 exec $python -c 'import tutti
+# py_refused NAME SIZE VARIABLES PATTERN: tutti.init() on every rank raises InvalidArgument matching PATTERN.
+py_refused() {
+  job "$1" "$2" "$3 exec $python -c 'import tutti
 try:
     tutti.init()
 except tutti.InvalidArgument as e:
     print(\"refused:\", e)'"
-all_ranks_say py-nomaster 2 "refused: .*MASTER_ADDR and MASTER_PORT"
+  all_ranks_say "$1" "$2" "refused: $4"
+}
+py_refused py-nomaster 2 "RANK=\$r WORLD_SIZE=2" ".*MASTER_ADDR and MASTER_PORT"
 check "tutti.init() with RANK and WORLD_SIZE but no MASTER_ADDR: InvalidArgument naming them" $? "$(outputs py-nomaster)"
-job py-nosize 1 "WORLD_SIZE=2 exec $python -c 'import tutti
-try:
-    tutti.init()
-except tutti.InvalidArgument as e:
-    print(\"refused:\", e)'"
-all_ranks_say py-nosize 1 "refused: WORLD_SIZE is set but RANK is not"
+py_refused py-nosize 1 "WORLD_SIZE=2" "WORLD_SIZE is set but RANK is not"
 check "tutti.init() with WORLD_SIZE only: InvalidArgument naming RANK" $? "$(outputs py-nosize)"
 
 if ((failures)); then echo "$failures case(s) failed"; exit 1; fi
