@@ -66,7 +66,9 @@ prefix=$(env -u PYTHONPATH "$python" -c "import torch; print(torch.utils.cmake_p
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 if [[ ! -f $work/build/build.ninja ]]; then
-  env -u PYTHONPATH cmake -S "$root" -B "$work/build" -G Ninja -DPython_EXECUTABLE="$python" -DCMAKE_PREFIX_PATH="$prefix" \
+  # Build type None (no optimisation, no debug information): the check is functional. Measured
+  # 2026-11-28 on 2 idle cores: configure 23 s, _c10d and _tutti from nothing 154 s.
+  env -u PYTHONPATH cmake -S "$root" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=None -DPython_EXECUTABLE="$python" -DCMAKE_PREFIX_PATH="$prefix" \
     -DTORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" -DTUTTI_WERROR=ON -DTUTTI_CUDA=OFF -DTUTTI_BUILD_TESTS=OFF \
     -DTUTTI_BUILD_TOOLS=OFF -DTUTTI_BUILD_BENCHMARKS=OFF "${launcher[@]}" >"$work/configure.log" 2>&1 ||
     { tail -n 30 "$work/configure.log"; rm -f "$work/build/build.ninja"; fail "configuring $work/build"; }
