@@ -150,8 +150,6 @@ Communicator init(KeyValueStore& store, int rank, int size, std::chrono::millise
 Communicator init() {
   detail::choice::load_from_environment();  // a bad TUTTI_TUNING_FILE fails here, before any connection
   bootstrap::JobInfo job = bootstrap::detect_job();
-  // A job of one rank needs nobody: no store, no connection (tutti-run -n 1 still goes through its store).
-  if (job.size == 1 && job.store.empty() && job.transport != "mpi") return local_group(1).front();
 #ifdef TUTTI_WITH_MPI
   const bool mpi_bootstraps = job.launcher == "mpirun" && job.store.empty();
   if (job.transport == "mpi" || mpi_bootstraps) {
@@ -164,6 +162,9 @@ Communicator init() {
   if (job.transport == "mpi")
     throw Error(ErrorCode::unsupported, "init: TUTTI_TRANSPORT=mpi, but this Tutti was built without MPI");
 #endif
+  // A job of one rank needs nobody: no store, no connection (tutti-run -n 1 still goes through its
+  // store, and mpirun -np 1 through MPI's bootstrap above, as more ranks would).
+  if (job.size == 1 && job.store.empty()) return local_group(1).front();
   if (job.launcher == "srun" && job.store.empty()) {
     // The step's own directory in the user's rendezvous directory; rank 0 removes it once the world is up.
     job.store = bootstrap::srun_store(job);
