@@ -188,8 +188,9 @@ void allgather(Batch& b, tutti::gpu::Communicator& gpu, std::size_t count, bool 
   if (in_place) {
     // This rank's block at its place, the rest poisoned.
     Bytes start(all * es, std::byte{tutti::testing::poison});
-    std::memcpy(start.data() + static_cast<std::size_t>(r) * count * es,
-                expected.data() + static_cast<std::size_t>(r) * count * es, count * es);
+    if (count > 0)  // no blocks: both vectors are empty, their data() may be null
+      std::memcpy(start.data() + static_cast<std::size_t>(r) * count * es,
+                  expected.data() + static_cast<std::size_t>(r) * count * es, count * es);
     recv = b.upload(start, s);
     send = recv == nullptr ? nullptr : static_cast<std::byte*>(recv) + static_cast<std::size_t>(r) * count * es;
   } else {
