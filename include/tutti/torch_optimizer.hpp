@@ -32,6 +32,10 @@ namespace tutti::torch {
 
 namespace detail {
 
+/// What `grad_accumulator` returns: a std::shared_ptr of the node up to torch 2.x's later releases,
+/// a c10::intrusive_ptr since. Held to keep the node, and the hook on it, alive.
+using GradAccumulatorPtr = decltype(::torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
 /// Calls `on_ready` after AccumulateGrad has added a backward pass's gradient to `param.grad()`.
 class GradReadyHook final : public ::torch::autograd::FunctionPostHook {
  public:
@@ -225,7 +229,7 @@ class DistributedOptimizer {
   struct Param {
     std::string name;
     ::torch::Tensor tensor;
-    std::shared_ptr<::torch::autograd::Node> accumulator;  // kept alive: the hook lives on it
+    detail::GradAccumulatorPtr accumulator;  // kept alive: the hook lives on it
     std::uintptr_t hook_key = 0;
     int passes = 0;                   // backward passes that produced this gradient in the window
     bool enqueued = false;            // handed to the engine in this window

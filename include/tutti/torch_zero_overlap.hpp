@@ -169,7 +169,7 @@ class OverlappedReduce {
   std::vector<Request> requests_;
   ::torch::Tensor flat_;  // the flat gradient between the first hook and step()
   std::uint64_t started_in_backward_ = 0;
-  std::vector<std::pair<std::shared_ptr<::torch::autograd::Node>, std::uintptr_t>> hooks_;
+  std::vector<std::pair<detail::GradAccumulatorPtr, std::uintptr_t>> hooks_;
 };
 
 }  // namespace tutti::torch::detail
