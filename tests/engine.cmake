@@ -1,5 +1,7 @@
 # The training engine: ranks as threads (unit) and as processes under tutti-run (mp).
 tutti_add_gtest(engine_test unit engine_test.cpp)
+# The timeline started and stopped while the engine runs (Horovod's dynamic timeline).
+tutti_add_gtest(engine_timeline_test unit engine_timeline_test.cpp)
 
 if(TARGET tutti-run)
   add_executable(engine_mp engine_mp.cpp)

@@ -191,6 +191,20 @@ class Engine {
   void record_phase(std::string_view name, std::chrono::steady_clock::time_point start,
                     std::chrono::steady_clock::time_point end);
 
+  /// Starts writing the timeline to `path` while the engine runs (Horovod's start_timeline). The
+  /// file is chosen as for EngineOptions::timeline_path (and timeline_rank): rank 0 writes `path`
+  /// and the other ranks nothing, unless it contains "{rank}" (then every rank writes its own);
+  /// an empty path writes none. The timeline written until now, if any (from the options or an
+  /// earlier call), is closed, complete. With `mark_cycles`, each negotiation round is an instant
+  /// event CYCLE_START on the "step" lane. Not collective: ranks may start and stop at other
+  /// times. Any thread, any time; operations in flight appear from the phase they are in.
+  /// Error(invalid_argument) naming the file when it cannot be written; the running timeline
+  /// then goes on (unless it was that same file).
+  void start_timeline(const std::string& path, bool mark_cycles = false);
+  /// Closes the timeline being written, complete (a JSON array), before returning; nothing is
+  /// written after it. Nothing to do without one.
+  void stop_timeline();
+
   EngineStats stats() const;
   /// The collective calls completed since the previous call (allreduces only).
   std::vector<CollectiveRecord> take_allreduce_records();

@@ -188,6 +188,9 @@ void Engine::record_phase(std::string_view name, std::chrono::steady_clock::time
   core_->record_phase(name, start, end);
 }
 
+void Engine::start_timeline(const std::string& path, bool mark_cycles) { core_->start_timeline(path, mark_cycles); }
+void Engine::stop_timeline() { core_->stop_timeline(); }
+
 EngineStats Engine::stats() const { return core_->stats(); }
 std::vector<CollectiveRecord> Engine::take_allreduce_records() { return core_->take_allreduce_records(); }
 

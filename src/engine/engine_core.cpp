@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
+#include <utility>
 
 #include "comm/comm_impl.hpp"
 #include "core/copy.hpp"
@@ -39,9 +42,7 @@ EngineCore::EngineCore(Communicator& comm, EngineOptions options, device::Device
     throw Error(ErrorCode::unsupported,
                 "engine: its thread calls the communicator, but MPI was initialized below MPI_THREAD_SERIALIZED "
                 "(plain MPI_Init); use MPI_Init_thread with MPI_THREAD_MULTIPLE");
-  const int timeline_rank = options_.timeline_rank >= 0 ? options_.timeline_rank : rank_;
-  if (const auto file = timeline_file_for(options_.timeline_path, timeline_rank); !file.empty())
-    timeline_ = std::make_unique<Timeline>(file, timeline_rank);
+  start_timeline(options_.timeline_path, false);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -184,6 +185,7 @@ bool EngineCore::cycle() {
   }
 
   const auto start = Clock::now();
+  if (const auto tl = timeline()) tl->mark_cycle(start);
   const auto messages = exchange(mine);
   const Decision decision = table_.apply(messages, start);
   idle_wait_ = decision.all_waiting && !decision.progress;
@@ -332,6 +334,7 @@ void EngineCore::execute(const Decision& decision, Clock::time_point decided) {
     std::lock_guard lock(mutex_);
     joined = join_ != nullptr;
   }
+  const auto tl = timeline();
   for (const auto& d : decision.ready) {
     auto it = announced_.find(d.name);
     std::shared_ptr<TensorState> t;
@@ -345,7 +348,7 @@ void EngineCore::execute(const Decision& decision, Clock::time_point decided) {
       throw Error(ErrorCode::system, "engine: tensor '" + d.name + "' is ready but unknown on this rank");
     }
     t->ready = decided;
-    if (timeline_) timeline_->event(d.name, "NEGOTIATE", t->enqueued, decided);
+    if (tl) tl->event(d.name, "NEGOTIATE", t->enqueued, decided);
     ready.push_back(std::move(t));
   }
   if (ready.empty()) {
@@ -390,8 +393,9 @@ void EngineCore::run_job(Job& job) {
   const auto& d0 = job.tensors.front()->descriptor;
   const std::string phase = phase_name(d0.kind);
   std::string args = "\"bytes\": " + std::to_string(job.bytes) + ", \"tensors\": " + std::to_string(job.tensors.size());
-  if (timeline_)
-    for (const auto& t : job.tensors) timeline_->event(t->descriptor.name, "QUEUE", t->ready, start);
+  const auto tl = timeline();
+  if (tl)
+    for (const auto& t : job.tensors) tl->event(t->descriptor.name, "QUEUE", t->ready, start);
 
   if (job.tensors.size() == 1) {
     auto& t = job.tensors.front();
@@ -411,7 +415,7 @@ void EngineCore::run_job(Job& job) {
       }
     }
     const auto end = Clock::now();
-    if (timeline_) timeline_->event(d0.name, phase, start, end, args);
+    if (tl) tl->event(d0.name, phase, start, end, args);
     count(1, job.bytes, start, end, d0.kind == Collective::allreduce);
     complete(t, nullptr);
     return;
@@ -425,14 +429,14 @@ void EngineCore::run_job(Job& job) {
     const std::size_t n = t->descriptor.count * size_of(t->descriptor.type);
     if (n) core::copy(fusion + at, t->send, n);
     at += n;
-    if (timeline_) timeline_->event(t->descriptor.name, "MEMCPY_IN_FUSION_BUFFER", t0, Clock::now());
+    if (tl) tl->event(t->descriptor.name, "MEMCPY_IN_FUSION_BUFFER", t0, Clock::now());
   }
   const auto reduce_start = Clock::now();
   const std::size_t elements = job.bytes / size_of(d0.type);
   if (elements) comm_.allreduce(fusion, fusion, elements, d0.type, d0.op);
   const auto reduce_end = Clock::now();
-  if (timeline_)
-    for (const auto& t : job.tensors) timeline_->event(t->descriptor.name, phase, reduce_start, reduce_end, args);
+  if (tl)
+    for (const auto& t : job.tensors) tl->event(t->descriptor.name, phase, reduce_start, reduce_end, args);
   count(job.tensors.size(), job.bytes, reduce_start, reduce_end, true);
   at = 0;
   for (const auto& t : job.tensors) {
@@ -440,7 +444,7 @@ void EngineCore::run_job(Job& job) {
     const std::size_t n = t->descriptor.count * size_of(t->descriptor.type);
     if (n) core::copy(t->recv, fusion + at, n);
     at += n;
-    if (timeline_) timeline_->event(t->descriptor.name, "MEMCPY_OUT_FUSION_BUFFER", t0, Clock::now());
+    if (tl) tl->event(t->descriptor.name, "MEMCPY_OUT_FUSION_BUFFER", t0, Clock::now());
     complete(t, nullptr);
   }
 }
@@ -490,7 +494,33 @@ void EngineCore::fail_everything(std::exception_ptr error) {
 }
 
 void EngineCore::record_phase(std::string_view name, Clock::time_point start, Clock::time_point end) {
-  if (timeline_) timeline_->event("step", name, start, end);
+  if (const auto tl = timeline()) tl->event("step", name, start, end);
+}
+
+void EngineCore::start_timeline(const std::string& path, bool mark_cycles) {
+  const int rank = options_.timeline_rank >= 0 ? options_.timeline_rank : rank_;
+  const std::string file = timeline_file_for(path, rank);
+  if (const auto running = timeline(); running && !file.empty()) {
+    std::error_code ignored;  // the same file again: opening it truncates it under the running one
+    if (std::filesystem::equivalent(running->path(), file, ignored)) stop_timeline();
+  }
+  // Opened before the running one is touched: a path that cannot be written leaves it running.
+  auto next = file.empty() ? nullptr : std::make_shared<Timeline>(file, rank, mark_cycles);
+  std::shared_ptr<Timeline> previous;
+  {
+    std::lock_guard lock(timeline_mutex_);
+    previous = std::exchange(timeline_, std::move(next));
+  }
+  if (previous) previous->close();  // complete now, whoever still holds it
+}
+
+void EngineCore::stop_timeline() {
+  std::shared_ptr<Timeline> previous;
+  {
+    std::lock_guard lock(timeline_mutex_);
+    previous.swap(timeline_);
+  }
+  if (previous) previous->close();
 }
 
 EngineStats EngineCore::stats() const {

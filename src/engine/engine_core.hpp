@@ -100,6 +100,9 @@ class EngineCore {
   int last_joined() const { return last_joined_.load(); }
   void flush() { doorbell_->ring(); }
   void record_phase(std::string_view name, Clock::time_point start, Clock::time_point end);
+  /// Engine::start_timeline and stop_timeline: any thread, any time.
+  void start_timeline(const std::string& path, bool mark_cycles);
+  void stop_timeline();
   EngineStats stats() const;
   std::vector<CollectiveRecord> take_allreduce_records();
 
@@ -128,12 +131,19 @@ class EngineCore {
 
   /// Checks that hold for every enqueue (name, buffers, root, overlap).
   void check_arguments(const Descriptor& d, const void* send, const void* recv) const;
+  /// The timeline being written, or null. A caller holds its copy for the length of what it
+  /// records; a timeline stopped meanwhile is closed and drops the rest.
+  std::shared_ptr<Timeline> timeline() const {
+    std::lock_guard lock(timeline_mutex_);
+    return timeline_;
+  }
 
   Communicator comm_;  // the engine's own, split from the caller's
   EngineOptions options_;
   int rank_ = 0, size_ = 1;
   Table table_;
-  std::unique_ptr<Timeline> timeline_;
+  mutable std::mutex timeline_mutex_;  // guards the pointer; the Timeline serializes its writes
+  std::shared_ptr<Timeline> timeline_;
   std::shared_ptr<Doorbell> doorbell_ = std::make_shared<Doorbell>();
 
   // Shared with the callers' threads, under mutex_.

@@ -33,10 +33,11 @@ std::string json_string(std::string_view text) {
   return out + "\"";
 }
 
-Timeline::Timeline(const std::string& path, int rank) : path_(path), rank_(rank) {
+Timeline::Timeline(const std::string& path, int rank, bool mark_cycles)
+    : path_(path), rank_(rank), mark_cycles_(mark_cycles) {
   file_ = std::fopen(path.c_str(), "w");
   if (file_ == nullptr)
-    throw Error(ErrorCode::invalid_argument, "TUTTI_TIMELINE: cannot write '" + path + "': " + std::strerror(errno));
+    throw Error(ErrorCode::invalid_argument, "engine timeline: cannot write '" + path + "': " + std::strerror(errno));
   std::lock_guard lock(mutex_);
   write("[\n");
   write("{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " + std::to_string(rank_) +
@@ -45,10 +46,14 @@ Timeline::Timeline(const std::string& path, int rank) : path_(path), rank_(rank)
   lane_id("step");
 }
 
-Timeline::~Timeline() {
+Timeline::~Timeline() { close(); }
+
+void Timeline::close() {
   std::lock_guard lock(mutex_);
+  if (file_ == nullptr) return;
   write("\n]\n");
   std::fclose(file_);
+  file_ = nullptr;
 }
 
 void Timeline::write(const std::string& text) { std::fwrite(text.data(), 1, text.size(), file_); }
@@ -73,9 +78,20 @@ void Timeline::event(std::string_view lane, std::string_view name, Clock::time_p
   char times[96];
   std::snprintf(times, sizeof times, "\"ts\": %.3f, \"dur\": %.3f", ts, dur < 0 ? 0.0 : dur);
   std::lock_guard lock(mutex_);
+  if (file_ == nullptr) return;
   const int tid = lane_id(lane);
   write(",\n{\"name\": " + json_string(name) + ", \"ph\": \"X\", \"pid\": " + std::to_string(rank_) +
         ", \"tid\": " + std::to_string(tid) + ", " + times + ", \"args\": {" + std::string(args) + "}}");
+}
+
+void Timeline::mark_cycle(Clock::time_point at) {
+  if (!mark_cycles_) return;
+  char ts[48];
+  std::snprintf(ts, sizeof ts, "%.3f", std::chrono::duration<double, std::micro>(at.time_since_epoch()).count());
+  std::lock_guard lock(mutex_);
+  if (file_ == nullptr) return;
+  write(",\n{\"name\": \"CYCLE_START\", \"ph\": \"i\", \"s\": \"p\", \"pid\": " + std::to_string(rank_) +
+        ", \"tid\": " + std::to_string(lane_id("step")) + ", \"ts\": " + ts + "}");
 }
 
 std::string timeline_file_for(const std::string& path, int rank) {
