@@ -181,6 +181,20 @@ PYBIND11_MODULE(_horovod, m) {
   m.def("pending", [] { return ctx().pending(); });
   m.def("join", &join);
   m.def(
+      "start_timeline",
+      [](const std::string& path, bool mark_cycles) {
+        tutti::Engine& engine = ctx().engine();
+        if (path.empty())
+          throw tutti::Error(tutti::ErrorCode::invalid_argument, "hvd.start_timeline: file_path is empty");
+        engine.start_timeline(path, mark_cycles);
+      },
+      py::arg("file_path"), py::arg("mark_cycles") = false,
+      "Starts writing the global set's engine's timeline to `file_path` (rank 0 writes it; every rank, its "
+      "own, where it contains {rank}), closing the one written until now");
+  m.def(
+      "stop_timeline", [] { ctx().engine().stop_timeline(); },
+      "Closes the timeline being written (complete JSON once it returns); nothing without one");
+  m.def(
       "stats",
       [] {
         const tutti::EngineStats s = ctx().engine().stats();

@@ -1,11 +1,14 @@
 """The parts of Horovod 0.28's PyTorch API added after the first ones, under tutti-run -n P:
 reducescatter, grouped operations, process sets, int16, integer scale factors, shape mismatches,
-alltoall's gradient, sparse allreduce, Horovod's stall and log variables.
+alltoall's gradient, sparse allreduce, Horovod's stall and log variables, the dynamic timeline.
 
 Run: PYTHONPATH=build/python build/tools/tutti-run -n 2 python3 tests/python/horovod/api_test.py
 """
 
+import json
 import os
+import shutil
+import tempfile
 
 import torch
 
@@ -44,8 +47,6 @@ def test_settings():
     assert options["timeline"] == "", options
     assert os.environ["TUTTI_DEBUG"] == "warn"
     assert hvd.__version__ == tutti.__version__ == tutti.horovod.__version__
-    expect_error(errors.Unsupported, lambda: hvd.start_timeline("/tmp/x.json"), "HOROVOD_TIMELINE")
-    expect_error(errors.Unsupported, hvd.stop_timeline, "HOROVOD_TIMELINE")
     assert hvd.global_process_set.ranks == list(range(P)) and hvd.global_process_set.process_set_id == 0
 
 
@@ -218,6 +219,81 @@ def test_join():
     lasts = hvd.allgather_object(last)
     assert lasts == [last] * P and last != 0, lasts
     check_equal(hvd.allreduce(torch.ones(2), name="join.after", op=hvd.Sum), torch.full((2,), float(P)), "after")
+
+
+def _timeline(path):
+    """A timeline file, which must be complete JSON: {lane: its phases}, and its cycle markers."""
+    with open(path) as f:
+        events = json.load(f)
+    lanes = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    phases = {}
+    for e in events:
+        if e["ph"] == "X":
+            phases.setdefault(lanes[e["tid"]], set()).add(e["name"])
+    return phases, sum(1 for e in events if e["ph"] == "i" and e["name"] == "CYCLE_START")
+
+
+def _allreduces(prefix, n):
+    for i in range(n):
+        check_equal(hvd.allreduce(torch.full((5,), float(R)), name="%s.%d" % (prefix, i), op=hvd.Sum),
+                    torch.full((5,), float(sum(range(P)))), "allreduce %s.%d" % (prefix, i))
+
+
+def test_dynamic_timeline():
+    # HOROVOD_TIMELINE=DYNAMIC above: no file until start_timeline(). Rank 0 writes it.
+    directory = tempfile.mkdtemp(prefix="tutti-hvd-timeline-")
+    first, second = os.path.join(directory, "first.json"), os.path.join(directory, "second.json")
+    _allreduces("tl.before", 1)
+    hvd.start_timeline(first)
+    _allreduces("tl.first", 3)
+    check_equal(hvd.broadcast(torch.full((2,), float(R)), root_rank=P - 1, name="tl.first.bcast"),
+                torch.full((2,), float(P - 1)), "broadcast")
+    hvd.stop_timeline()
+    if R == 0:
+        phases, marks = _timeline(first)  # complete while the job goes on
+        assert all("ALLREDUCE" in phases.get("tl.first.%d" % i, ()) for i in range(3)), phases
+        assert "BROADCAST" in phases.get("tl.first.bcast", ()), phases
+        assert "tl.before.0" not in phases and marks == 0, (phases, marks)
+        with open(first) as f:
+            first_text = f.read()
+    else:
+        assert os.listdir(directory) == [], os.listdir(directory)
+    _allreduces("tl.between", 1)
+    hvd.stop_timeline()  # none running: nothing to do
+
+    hvd.start_timeline(second, mark_cycles=True)
+    _allreduces("tl.second", 2)
+    hvd.stop_timeline()
+    _allreduces("tl.after", 1)
+    if R == 0:
+        phases, marks = _timeline(second)
+        assert all("ALLREDUCE" in phases.get("tl.second.%d" % i, ()) for i in range(2)), phases
+        assert not [lane for lane in phases if lane.startswith(("tl.first", "tl.between", "tl.after"))], phases
+        assert marks >= 1, marks
+        with open(first) as f:
+            assert f.read() == first_text, "the first timeline changed after stop_timeline()"
+
+    # Starting while one runs closes it and switches; "{rank}": every rank writes its own.
+    third, per_rank = os.path.join(directory, "third.json"), os.path.join(directory, "rank{rank}.json")
+    hvd.start_timeline(third)
+    _allreduces("tl.third", 1)
+    hvd.start_timeline(per_rank)
+    _allreduces("tl.fourth", 1)
+    hvd.stop_timeline()
+    phases, _ = _timeline(os.path.join(directory, "rank%d.json" % R))
+    assert "ALLREDUCE" in phases.get("tl.fourth.0", ()) and "tl.third.0" not in phases, phases
+    if R == 0:
+        phases, _ = _timeline(third)
+        assert "ALLREDUCE" in phases.get("tl.third.0", ()) and "tl.fourth.0" not in phases, phases
+
+    expect_error(errors.InvalidArgument, lambda: hvd.start_timeline(""), "empty")
+    missing = os.path.join(directory, "missing", "x.json")
+    if R == 0:  # the rank that opens it
+        expect_error(ValueError, lambda: hvd.start_timeline(missing), missing)
+    else:
+        hvd.start_timeline(missing)
+    hvd.stop_timeline()
+    shutil.rmtree(directory)
 
 
 def test_no_handle_left_in_flight():

@@ -19,6 +19,8 @@ P = int(os.environ["TUTTI_SIZE"])
 
 def test_before_init():
     expect_error(errors.InvalidArgument, hvd.size, "hvd.init()")
+    expect_error(ValueError, lambda: hvd.start_timeline("/tmp/never.json"), "hvd.init()")  # as Horovod
+    expect_error(ValueError, hvd.stop_timeline, "hvd.init()")
     assert not hvd.is_initialized()
 
 

@@ -7,7 +7,8 @@
 
 Run the script with `tutti-run -n N python3 script.py`. Named operations go through Tutti's
 training engine (negotiation by name, fusion, timeline); Horovod's variables
-HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME and HOROVOD_TIMELINE set its options.
+HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME and HOROVOD_TIMELINE set its options, and
+start_timeline()/stop_timeline() start and stop the timeline while the job runs.
 """
 
 import atexit
@@ -84,7 +85,7 @@ def _settings():
         if other is not None and other != text:
             print("tutti.horovod: %s=%s replaces %s=%s" % (name, text, tutti_name, other), file=sys.stderr)
         values[name] = value
-    if values.get("HOROVOD_TIMELINE") == "DYNAMIC":  # Horovod's "started later by start_timeline()"
+    if values.get("HOROVOD_TIMELINE") == "DYNAMIC":  # Horovod's "started later by start_timeline()": no file yet
         del values["HOROVOD_TIMELINE"]
     stall_warning_s = values.get("HOROVOD_STALL_CHECK_TIME_SECONDS")
     if os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "") not in ("", "0"):
@@ -152,16 +153,20 @@ def shutdown():
 
 
 def start_timeline(file_path, mark_cycles=False):
-    """Horovod's dynamic timeline: not provided (tutti.Unsupported). The engine's timeline is
-    chosen before init(): HOROVOD_TIMELINE or TUTTI_TIMELINE names its file."""
-    raise Unsupported("tutti.horovod.torch.start_timeline: the timeline is set before init() by HOROVOD_TIMELINE "
-                      "(or TUTTI_TIMELINE); it cannot be started or stopped while the job runs")
+    """Horovod's dynamic timeline: starts writing the engine's timeline (the Chrome trace that
+    HOROVOD_TIMELINE writes) to `file_path`, after init(). Rank 0 writes it and the other ranks
+    nothing, unless the path contains "{rank}" (then every rank writes its own, with its rank in
+    the name). A timeline already being written (HOROVOD_TIMELINE's, or an earlier call's) is
+    closed first, complete. `mark_cycles`: each negotiation round is an instant event
+    CYCLE_START. Not collective. HOROVOD_TIMELINE=DYNAMIC is not required (Horovod requires it).
+    Raises a ValueError (tutti.InvalidArgument) before init() or for a file it cannot write."""
+    _horovod.start_timeline(os.fspath(file_path), bool(mark_cycles))
 
 
 def stop_timeline():
-    """See start_timeline: tutti.Unsupported."""
-    raise Unsupported("tutti.horovod.torch.stop_timeline: the timeline is set before init() by HOROVOD_TIMELINE "
-                      "(or TUTTI_TIMELINE); it cannot be started or stopped while the job runs")
+    """Stops the timeline and closes its file (complete JSON when this returns); does nothing
+    when none is being written. A ValueError (tutti.InvalidArgument) before init()."""
+    _horovod.stop_timeline()
 
 
 def is_initialized():
