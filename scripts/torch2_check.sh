@@ -107,6 +107,7 @@ grep -q "tutti:all_reduce" "$work/trace-rank0.json" 2>/dev/null || fail "the pro
 took "collectives at p = 2 (with the profiler: tutti:all_reduce in the trace)"
 run_ranks ddp "${tutti_run2[@]}" "$root/tests/python/c10d/ddp_test.py"
 took "DDP at p = 2, parameters equal to gloo's"
+run_ranks zero_fsdp "${tutti_run2[@]}" "$root/tests/python/c10d/zero_fsdp_test.py" && took "ZeRO and FSDP at p = 2, parameters equal to gloo's"
 run_ranks collectives_torchrun "${torchrun3[@]}" "$root/tests/python/c10d/collectives_test.py"
 took "collectives at p = 3 under torch $torch_version's torchrun"
 run_ranks core_torchrun "${torchrun3[@]}" "$root/tests/python/core/test_processes.py"

@@ -1,7 +1,8 @@
 # Tests of the torch.distributed backend "tutti" (python/c10d.cmake includes this file): every
 # collective, checked exactly on every rank, under each launcher (tutti-run at p = 2 and 4 over
 # shared memory and p = 3 over TCP, torchrun's env:// at p = 3, mpirun at p = 2 with label mpi), DDP against Gloo
-# at p = 2 and 4, and a subset of PyTorch's own DistributedTest against "tutti" and "gloo". They
+# at p = 2 and 4, ZeroRedundancyOptimizer and FSDP against Gloo at p = 2 and 4, and a subset of
+# PyTorch's own DistributedTest against "tutti" and "gloo". They
 # need the targets _c10d, _tutti and tutti-run built, and import the package from the build tree,
 # with the build's interpreter (Debian's torch 1.13, or a venv's torch 2.x in a build configured
 # with -DPython_EXECUTABLE=VENV/bin/python). python.torch2 builds for PyPI's torch 2.x on its own.
@@ -22,6 +23,10 @@ if(TARGET tutti-run)
                     ${Python_EXECUTABLE} ${tutti_c10d_tests}/collectives_test.py)
     tutti_c10d_test(ddp_p${p} mp timeout 240 $<TARGET_FILE:tutti-run> -n ${p} --timeout-ms 60000
                     ${Python_EXECUTABLE} ${tutti_c10d_tests}/ddp_test.py)
+    # ZeroRedundancyOptimizer and FSDP (FSDP1 and FSDP2 on torch 2.x) against Gloo; what torch
+    # itself does not support on the CPU is printed as skipped, with the reason.
+    tutti_c10d_test(zero_fsdp_p${p} mp timeout 240 $<TARGET_FILE:tutti-run> -n ${p} --timeout-ms 60000
+                    ${Python_EXECUTABLE} ${tutti_c10d_tests}/zero_fsdp_test.py)
   endforeach()
   # init_process_group's timeout bounds a collective a peer never joins (tutti.Timeout).
   tutti_c10d_test(timeout_p2 mp timeout 120 $<TARGET_FILE:tutti-run> -n 2 ${Python_EXECUTABLE}
