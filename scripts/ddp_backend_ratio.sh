@@ -8,10 +8,14 @@
 #
 #   scripts/ddp_backend_ratio.sh [BUILD_DIR] [ROUNDS] [TRAIN_SAMPLES]
 #
-# BUILD_DIR (default build) must have the targets _c10d and _tutti built.
+# BUILD_DIR (default build) must have the targets _c10d, _tutti and tutti-run built. PYTHON
+# (default /usr/bin/python3, Debian's torch 1.13) is the interpreter: a venv's, with torch 2.x and
+# the package pip-installed in it (docs/python.md), measures torch 2.x; BUILD_DIR then serves only
+# tutti-run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
+python=${PYTHON:-/usr/bin/python3}
 rounds=${2:-3}
 samples=${3:-6400}
 export PYTHONPATH=$build/python PYTHONDONTWRITEBYTECODE=1
@@ -21,7 +25,7 @@ trap 'rm -f "$results" "$allreduce"' EXIT
 for p in 2 4; do
   for round in $(seq "$rounds"); do
     for backend in gloo tutti; do
-      step=$(/usr/bin/python3 "$root/tools/ddp_peer.py" -n "$p" --epochs 1 --train-samples "$samples" \
+      step=$("$python" "$root/tools/ddp_peer.py" -n "$p" --epochs 1 --train-samples "$samples" \
                --test-samples 1000 --backend "$backend" | sed -n 's/.*summary step_ms=\([0-9.]*\).*/\1/p')
       [[ -n $step ]] || { echo "ddp_peer.py --backend $backend -n $p gave no step time" >&2; exit 1; }
       echo "p=$p round=$round backend=$backend step_ms=$step"
@@ -50,9 +54,10 @@ if dist.get_rank() == 0:
     print(f"p={dist.get_world_size()}: allreduce of 0.8 MB: gloo {g:.2f} ms, tutti {t:.2f} ms, tutti/gloo {t / g:.2f}")
 PY
 for p in 2 4; do
-  "$build/tools/tutti-run" -n "$p" --no-tag-output /usr/bin/python3 "$allreduce"
+  "$build/tools/tutti-run" -n "$p" --no-tag-output "$python" "$allreduce"
 done
-/usr/bin/python3 - "$results" <<'PY'
+echo "torch $("$python" -c 'import torch; print(torch.__version__)')"
+"$python" - "$results" <<'PY'
 import statistics, sys
 rows = [line.split() for line in open(sys.argv[1])]
 for p in sorted({int(r[0]) for r in rows}):

@@ -11,6 +11,7 @@
 #   - tests/python/c10d/ddp_test.py at p = 2 (DDP's parameters equal gloo's exactly);
 #   - Horovod's API (tests/python/horovod/collectives_test.py) at p = 2, and tutti.init() under
 #     torchrun at p = 3 (tests/python/core/test_processes.py);
+#   - ZeroRedundancyOptimizer and FSDP at p = 2 (tests/python/c10d/zero_fsdp_test.py);
 #   - the CI subset of PyTorch's own DistributedTest (tests/python/c10d/torch_subset.sh).
 # Ranks start under TUTTI_RUN (tutti-run of any build: it does not depend on torch).
 #

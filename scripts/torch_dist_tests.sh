@@ -6,7 +6,10 @@
 #
 #   scripts/torch_dist_tests.sh [BUILD_DIR] [driver options: --tests FILE, -k PATTERN]
 #
-# BUILD_DIR (default build) must have the targets _c10d and _tutti built. WORLD_SIZE (default 3,
+# BUILD_DIR (default build) must have the targets _c10d and _tutti built. PYTHON (default
+# /usr/bin/python3, Debian's torch 1.13) is the interpreter: a venv's, with torch 2.x and the
+# package pip-installed in it (docs/python.md), runs torch 2.x's DistributedTest (its wheel ships
+# the test file too); BUILD_DIR then only holds the logs and expecttest. WORLD_SIZE (default 3,
 # as PyTorch's CI runs Gloo) and DISTRIBUTED_TESTS_DEFAULT_TIMEOUT (seconds per test, default
 # 120) are read from the environment. Logs and per-backend JSON summaries go to
 # BUILD_DIR/torch-dist-tests/. expecttest, which PyTorch's test utilities import and Debian does
@@ -15,7 +18,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
 shift $(( $# > 0 ? 1 : 0 ))
-python=/usr/bin/python3
+python=${PYTHON:-/usr/bin/python3}
 pydeps=$build/pydeps
 out=$build/torch-dist-tests
 mkdir -p "$out"
