@@ -19,22 +19,13 @@
 set -u
 run=$1 program=$2 quick=${3:-}
 bound_ms=5000
-passed=0 failed=0 known=0
+source "$(dirname "$0")/lib.sh"
+known=0
 # A case run with known_bug set to a description is expected to fail its survivors' check (the
 # other checks still count): it is reported as "known"; a pass is reported as such (the bug may not
 # show in every run: remove the mark once it is fixed).
 known_bug=""
-check() { # NAME WHY-IF-NOT RESULT(0=ok)
-  if [[ $3 -eq 0 ]]; then
-    echo "ok   $1"
-    passed=$((passed + 1))
-  else
-    echo "FAIL $1: $2"
-    failed=$((failed + 1))
-  fi
-}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+work=$scratch
 
 # Waits for FILE to exist, until SECONDS reaches DEADLINE.
 await() {
@@ -65,7 +56,7 @@ case_() {
   local ready=0 deadline=$((SECONDS + 20))
   await "$dir/victim" $deadline || ready=1
   for ((r = 0; r < n - 1; r++)); do await "$dir/ready.$r" $deadline || ready=1; done
-  check "$name: every rank ready" "$(cat "$out")" $ready
+  check "$name: every rank ready" $ready "$(cat "$out")"
   victim_pid=$(cat "$dir/rank.$((n - 1))" 2>/dev/null)
   if [[ -n $victim_pid ]]; then
     killed=$(date +%s%N)
@@ -80,10 +71,11 @@ case_() {
   status=$?
   local text
   text=$(cat "$out")
-  check "$name: tutti-run exits 137 (the victim's SIGKILL)" "status $status; output:
-$text" "$([[ $status -eq 137 ]] && echo 0 || echo 1)"
-  check "$name: tutti-run names the killed rank" "$text" \
-    "$(grep -qE "rank $((n - 1)) .*(killed by signal 9|SIGKILL)" <<<"$text" && echo 0 || echo 1)"
+  check "$name: tutti-run exits 137 (the victim's SIGKILL)" "$([[ $status -eq 137 ]] && echo 0 || echo 1)" \
+    "status $status; output:
+$text"
+  check "$name: tutti-run names the killed rank" \
+    "$(grep -qE "rank $((n - 1)) .*(killed by signal 9|SIGKILL)" <<<"$text" && echo 0 || echo 1)" "$text"
   local pass ok=0 times=""
   for ((r = 0; r < n - 1; r++)); do
     pass=$(grep -E "rank $r: PASS released [0-9]+ ms after the kill.*: peer_failure: .*rank $((n - 1))" <<<"$text")
@@ -102,10 +94,10 @@ $text" "$([[ $status -eq 137 ]] && echo 0 || echo 1)"
     echo "known $what: fails as expected ($known_bug)"
     known=$((known + 1))
   elif [[ -n $known_bug ]]; then
-    check "$what (marked as a known bug, passed this time: remove the mark once it is fixed)" "" 0
+    check "$what (marked as a known bug, passed this time: remove the mark once it is fixed)" 0
   else
-    check "$what" "output:
-$text" $ok
+    check "$what" $ok "output:
+$text"
   fi
   sleep 0.2
   local job_id left=""
@@ -125,7 +117,7 @@ $text" $ok
   fi
   compgen -G "$dir/tmp/tutti-*" >/dev/null && left+=" $(echo "$dir"/tmp/tutti-*)"
   [[ -n $job_id ]] || left+=" (job id unknown)"
-  check "$name: nothing left behind" "$left" "$([[ -z $left ]] && echo 0 || echo 1)"
+  check "$name: nothing left behind" "$([[ -z $left ]] && echo 0 || echo 1)" "$left"
   grep -E "PASS|FAIL" <<<"$text" | sed 's/^/     /'
 }
 
@@ -155,5 +147,4 @@ case_ host_transfer tcp held 2 1000
 # ipc: an allreduce in 12 steps of a 1 MiB staging.
 case_ ipc shm waiting 4 3000017 TUTTI_GPU_IPC_BYTES=1048576
 case_ ipc shm held 2 3000017 TUTTI_GPU_IPC_BYTES=1048576
-echo "$passed passed, $failed failed, $known known bug(s)"
-[[ $failed -eq 0 ]]
+finish "$known known bug(s)"

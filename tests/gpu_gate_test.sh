@@ -16,18 +16,8 @@ cases=("$@")
 ((${#cases[@]})) || cases=(host_transfer:2 host_transfer:4 ipc:2 ipc:4 nccl:1 nccl:2)
 limit=${TUTTI_GPU_GATE_CASE_S:-150}
 device=${TUTTI_TEST_GPU_DEVICE:-emulated}
-passed=0 failed=0
-check() { # NAME WHY-IF-NOT RESULT(0=ok)
-  if [[ $3 -eq 0 ]]; then
-    echo "ok   $1"
-    passed=$((passed + 1))
-  else
-    echo "FAIL $1: $2"
-    failed=$((failed + 1))
-  fi
-}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/lib.sh"
+work=$scratch
 
 for c in "${cases[@]}"; do
   backend=${c%%:*} n=${c##*:}
@@ -41,15 +31,16 @@ for c in "${cases[@]}"; do
   text=$(cat "$dir/out")
   expect=PASS
   [[ $backend == nccl ]] && { [[ $device != cuda ]] || ((n >= 2)); } && expect=REFUSED
-  check "$name: tutti-run exits 0 within ${limit} s ($((SECONDS - start)) s)" "status $status; output:
-$(tail -n 60 <<<"$text")" "$([[ $status -eq 0 ]] && echo 0 || echo 1)"
+  check "$name: tutti-run exits 0 within ${limit} s ($((SECONDS - start)) s)" "$([[ $status -eq 0 ]] && echo 0 || echo 1)" \
+    "status $status; output:
+$(tail -n 60 <<<"$text")"
   ok=0
   for ((r = 0; r < n; r++)); do
     grep -qE "^(\[[0-9]+\] )?rank $r: $expect " <<<"$text" || ok=1
   done
   [[ $expect == REFUSED ]] && ! grep -qE "rank [0-9]+: REFUSED unsupported: .*nccl backend is not available" <<<"$text" && ok=1
   grep -q "FAIL" <<<"$text" && ok=1
-  check "$name: every rank $expect" "$(grep -E "rank [0-9]+: (PASS|FAIL|REFUSED)" <<<"$text" | head -n 20)" $ok
+  check "$name: every rank $expect" $ok "$(grep -E "rank [0-9]+: (PASS|FAIL|REFUSED)" <<<"$text" | head -n 20)"
   grep -E "rank [0-9]+: (PASS|REFUSED|FAIL)" <<<"$text" | sed 's/^/     /'
   # Nothing of the job left behind.
   left=""
@@ -70,7 +61,6 @@ $(tail -n 60 <<<"$text")" "$([[ $status -eq 0 ]] && echo 0 || echo 1)"
     left+=" (job id unknown)"
   fi
   compgen -G "$dir/tmp/*" >/dev/null && left+=" $(echo "$dir"/tmp/*)"
-  check "$name: nothing left behind" "$left" "$([[ -z $left ]] && echo 0 || echo 1)"
+  check "$name: nothing left behind" "$([[ -z $left ]] && echo 0 || echo 1)" "$left"
 done
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

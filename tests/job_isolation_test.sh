@@ -9,20 +9,9 @@
 #   job_isolation_test.sh FAULT_PROGRAM
 set -uo pipefail
 program=$1
-dir=$(mktemp -d)
-chmod 700 "$dir"
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null; done
-  rm -rf "$dir"
-  rm -f /dev/shm/tutti-iso"$$"-* 2>/dev/null
-}
-trap cleanup EXIT
-failures=0
-check() {  # check NAME CONDITION-STATUS DETAIL
-  if [[ $2 -eq 0 ]]; then echo "ok: $1"; else
-    echo "FAILED: $1"; echo "$3" | sed 's/^/  | /'; failures=$((failures + 1)); fi
-}
+source "$(dirname "$0")/lib.sh"
+dir=$scratch
+at_exit 'rm -f /dev/shm/tutti-iso"$$"-* 2>/dev/null'
 
 # start_rank OUT RANK SIZE TAG TRANSPORT [VAR=VALUE...]: one rank in the background.
 start_rank() {
@@ -102,5 +91,4 @@ TIMEOUT_MS=1000 start_rank "$dir/halfway.1" 1 2 5 shm TUTTI_JOB_ID="iso$$-halfwa
 for pid in "${pids[@]:first}"; do wait "$pid"; done
 concurrent_jobs "a run after a run whose rank 0 never came" shm 2 "iso$$-halfway1"
 
-echo "$failures failed"
-((failures == 0))
+finish

@@ -11,19 +11,8 @@ set -uo pipefail
 program=$1
 python=$2
 export PYTHONPATH=$3
-dir=$(mktemp -d)
-chmod 700 "$dir"
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null; done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-failures=0
-check() {  # check NAME CONDITION-STATUS DETAIL
-  if [[ $2 -eq 0 ]]; then echo "ok: $1"; else
-    echo "FAILED: $1"; echo "$3" | sed 's/^/  | /'; failures=$((failures + 1)); fi
-}
+source "$(dirname "$0")/lib.sh"
+dir=$scratch
 # Nothing of the environment this test runs in may leak into its ranks.
 clean_env=(env -u TUTTI_RANK -u TUTTI_SIZE -u TUTTI_STORE -u TUTTI_TOKEN -u TUTTI_JOB_ID -u TUTTI_TRANSPORT
   -u TUTTI_HOST -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT
@@ -103,9 +92,8 @@ all_ranks_say torchrun-one 1 "ok job 3" && [[ $status -eq 0 ]]
 check "torchrun with one rank: a job of one, no store needed" $? "$(outputs torchrun-one)"
 
 if [[ $python == - ]]; then
-  echo "SKIPPED: the Python cases (the core module tutti._tutti is not built)"
-  if ((failures)); then echo "$failures case(s) failed"; exit 1; fi
-  exit 0
+  finish "the Python cases SKIPPED (the core module tutti._tutti is not built)"
+  exit
 fi
 
 # 7. Python: RANK and WORLD_SIZE without MASTER_ADDR/MASTER_PORT (a launcher of one's own) raise
@@ -124,5 +112,4 @@ check "tutti.init() with RANK and WORLD_SIZE but no MASTER_ADDR: InvalidArgument
 py_refused py-nosize 1 "WORLD_SIZE=2" "WORLD_SIZE is set but RANK is not"
 check "tutti.init() with WORLD_SIZE only: InvalidArgument naming RANK" $? "$(outputs py-nosize)"
 
-if ((failures)); then echo "$failures case(s) failed"; exit 1; fi
-echo "all cases passed"
+finish
