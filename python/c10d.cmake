@@ -13,7 +13,8 @@ if(NOT TUTTI_TORCH_PYTHON_LIBRARY)
 endif()
 include(${CMAKE_CURRENT_SOURCE_DIR}/storage.cmake)
 tutti_python_extension(_c10d tutti src/c10d/module.cpp src/c10d/process_group.cpp
-                       src/c10d/process_group_exchange.cpp src/c10d/tensors.cpp src/c10d/work.cpp)
+                       src/c10d/process_group_exchange.cpp src/c10d/sparse_allreduce.cpp src/c10d/tensors.cpp
+                       src/c10d/work.cpp)
 target_link_libraries(_c10d PRIVATE torch ${TUTTI_TORCH_PYTHON_LIBRARY})
 tutti_torch_pybind11(_c10d)
 tutti_torch_target(_c10d)

@@ -20,6 +20,7 @@ ProcessGroupTutti::~ProcessGroupTutti() {
   // the thread that drops the last reference may hold: let go of it while joining.
   if (Py_IsInitialized() && PyGILState_Check()) {
     PyThreadState* state = PyEval_SaveThread();
+    sparse_.reset();
     progress_.reset();
     PyEval_RestoreThread(state);
   }
@@ -64,6 +65,7 @@ WorkPtr ProcessGroupTutti::broadcast(std::vector<at::Tensor>& tensors, const ::c
 
 WorkPtr ProcessGroupTutti::allreduce(std::vector<at::Tensor>& tensors, const ::c10d::AllreduceOptions& opts) {
   const at::Tensor& tensor = single(tensors, "allreduce");
+  if (tensor.defined() && tensor.layout() == at::kSparse) return allreduce_sparse_coo(tensors, opts);
   auto staged = std::make_shared<Staged>(tensor, "allreduce");
   const ReduceOp op = reduce_op_of(opts.reduceOp, tensor.scalar_type(), "allreduce");
   return run(

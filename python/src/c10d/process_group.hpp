@@ -6,8 +6,9 @@
 //
 // Every collective checks its tensors (CPU, a type Tutti has, matching sizes), issues the Tutti
 // nonblocking twin on contiguous buffers and returns a WorkTutti at once; the work completes when
-// the Tutti request does. Operations not listed here raise c10d's "ProcessGroup tutti does not
-// support ..." (1.x) or "Backend tutti does not support ..." (2.x) error.
+// the Tutti request does. allreduce also takes one sparse COO tensor (ReduceOp.SUM, as Gloo), over
+// Tutti's sparse collectives (sparse_allreduce.cpp). Operations not listed here raise c10d's
+// "ProcessGroup tutti does not support ..." (1.x) or "Backend tutti does not support ..." (2.x) error.
 #pragma once
 
 #include <atomic>
@@ -29,6 +30,7 @@
 #endif
 
 #include "c10d/work.hpp"
+#include "tutti/sparse.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::c10d_backend {
@@ -112,12 +114,18 @@ class ProcessGroupTutti : public C10dBase {
                                        std::function<void()> finalize, int source_rank = -1);
   /// A root rank of torch's options, checked against the group's size.
   int root_of(std::int64_t root, const char* what) const;
+  /// allreduce of one sparse COO tensor, over tutti's sparse collectives (sparse_allreduce.cpp).
+  c10::intrusive_ptr<::c10d::Work> allreduce_sparse_coo(std::vector<at::Tensor>& tensors,
+                                                        const ::c10d::AllreduceOptions& opts);
 
   tutti::Communicator comm_;
   std::chrono::milliseconds timeout_;
   std::mutex issue_mutex_;
   std::atomic<std::uint64_t> sequence_{0};
   std::unique_ptr<WorkProgress> progress_;
+  // The sparse calls' own thread and communicator (a split of comm_), made by the first sparse
+  // allreduce; destroyed first, since its calls read buffers that progress_'s works hold.
+  std::unique_ptr<tutti::sparse::Communicator> sparse_;
 };
 
 }  // namespace tutti::c10d_backend

@@ -64,6 +64,12 @@ WorkTutti::WorkTutti(int rank, ::c10d::OpType type, tutti::Request request, std:
       issued_(std::chrono::steady_clock::now()),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
+WorkTutti::WorkTutti(int rank, ::c10d::OpType type, Wait wait, std::vector<at::Tensor> outputs,
+                     std::vector<at::Tensor> keep, std::function<void()> finalize)
+    : WorkTutti(rank, type, tutti::Request(), std::move(outputs), std::move(keep), std::move(finalize)) {
+  wait_ = std::move(wait);
+}
+
 namespace {
 
 // "tutti: rank R: timeout in BARRIER: " before a timeout's message: the operation's name, and
@@ -125,12 +131,12 @@ bool WorkTutti::settle(const std::function<bool()>& poll) {
 }
 
 bool WorkTutti::isCompleted() {
-  return settle([&] { return request_.test(); });
+  return settle([&] { return wait_ ? wait_(std::chrono::milliseconds(0)) : request_.test(); });
 }
 
 bool WorkTutti::progress_for(std::chrono::milliseconds limit) {
   // The operation's own deadline counts from its issue, not from this slice.
-  return settle([&] { return request_.wait_for(limit, issued_); });
+  return settle([&] { return wait_ ? wait_(limit) : request_.wait_for(limit, issued_); });
 }
 
 bool WorkTutti::wait(std::chrono::milliseconds timeout) {

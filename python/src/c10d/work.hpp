@@ -39,6 +39,13 @@ class WorkTutti : public ::c10d::Work {
   /// a receive (-1 otherwise).
   WorkTutti(int rank, ::c10d::OpType type, tutti::Request request, std::vector<at::Tensor> outputs,
             std::vector<at::Tensor> keep, std::function<void()> finalize, int source_rank = -1);
+  /// What a work waits on when it is not one tutti::Request (a sparse allreduce, which runs on a
+  /// thread of its own): true once the operation is done, after waiting at most `limit` (0: a
+  /// test); raises the operation's error. Called by several threads at once.
+  using Wait = std::function<bool(std::chrono::milliseconds limit)>;
+  /// The work of an operation `wait` reports on; the rest as above.
+  WorkTutti(int rank, ::c10d::OpType type, Wait wait, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
+            std::function<void()> finalize);
 
   /// Nonblocking: true once the request completed (and this work with it).
   bool isCompleted() override;
@@ -62,6 +69,7 @@ class WorkTutti : public ::c10d::Work {
   bool settle(const std::function<bool()>& poll);
 
   tutti::Request request_;
+  Wait wait_;  // instead of request_, where set
   std::vector<at::Tensor> outputs_;
   std::vector<tutti_python::StoragePin> keep_;
   std::function<void()> finalize_;

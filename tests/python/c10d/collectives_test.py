@@ -7,8 +7,10 @@ prints nothing when it passes; the first failure raises with the rank and the ch
 the script exits 1. The last line on rank 0 counts the checks.
 """
 
+import functools
 import gc
 import json
+import operator
 import os
 import sys
 import tempfile
@@ -96,6 +98,77 @@ def check_allreduce():
     scalar = torch.tensor(RANK + 1, dtype=torch.int64)
     dist.all_reduce(scalar)
     expect_equal("allreduce 0-d", scalar, torch.tensor(P * (P + 1) // 2))
+
+
+def sparse_input(rank, dtype, hybrid=False):
+    """Rank `rank`'s uncoalesced COO tensor of sizes (9,) or (9, 3): rows {rank, rank + 2, 7}, row 7
+    given twice (a duplicate the allreduce sums); in the hybrid one, none on the last rank."""
+    if hybrid and rank == P - 1:
+        rows = []
+    else:
+        rows = [rank % 9, (rank + 2) % 9, 7, 7]
+    n = len(rows)
+    values = data(rank, n * 3 if hybrid else n, torch.int64).view(n, 3) if hybrid else data(rank, n, torch.int64)
+    return torch.sparse_coo_tensor(torch.tensor([rows], dtype=torch.int64).view(1, n), values.to(dtype),
+                                   (9, 3) if hybrid else (9,))
+
+
+def sparse_sum(tensors):
+    """The coalesced sum of sparse tensors: what Gloo's sparse allreduce gives (indices: the union)."""
+    return functools.reduce(operator.add, tensors).coalesce()
+
+
+def expect_sparse(name, got, want):
+    """`got` is the coalesced sparse tensor `want` (coalesced): same sizes, dims, indices and values."""
+    expect_equal(f"{name}: sparse and coalesced", torch.tensor([got.is_sparse, got.is_coalesced()]),
+                 torch.tensor([True, True]))
+    expect_equal(f"{name}: sizes", torch.tensor(list(got.shape) + [got.sparse_dim(), got.dense_dim()]),
+                 torch.tensor(list(want.shape) + [want.sparse_dim(), want.dense_dim()]))
+    expect_equal(f"{name}: indices", got._indices(), want._indices())
+    expect_equal(f"{name}: values", got._values(), want._values())
+    expect_equal(f"{name}: dense", got.to_dense(), want.to_dense())
+
+
+def check_sparse_allreduce():
+    """A sparse COO tensor's allreduce (SUM only, as Gloo): the caller's tensor becomes the coalesced
+    sum, whose indices are the union of the ranks' (docs/torch-distributed.md)."""
+    for dtype in (torch.float32, torch.int64):
+        for hybrid in (False, True):
+            t = sparse_input(RANK, dtype, hybrid)
+            dist.all_reduce(t)
+            want = sparse_sum([sparse_input(r, dtype, hybrid) for r in range(P)])
+            expect_sparse(f"sparse allreduce {dtype}{' hybrid' if hybrid else ''}", t, want)
+    # Two sparse dimensions (row-major over them) and a dense one; nonblocking, with its future.
+    def grid(rank):
+        indices = torch.tensor([[rank % 4, 3, 0], [rank % 5, 4, 0]], dtype=torch.int64)
+        return torch.sparse_coo_tensor(indices, data(rank, 6, torch.float64).view(3, 2), (4, 5, 2))
+    t = grid(RANK)
+    work = dist.all_reduce(t, async_op=True)
+    future = work.get_future()
+    work.wait()
+    want = sparse_sum([grid(r) for r in range(P)])
+    expect_sparse("sparse allreduce 2 sparse dims, async", t, want)
+    expect_sparse("sparse allreduce's future", future.wait()[0], want)
+    # Every rank with nothing.
+    t = torch.sparse_coo_tensor(torch.empty((1, 0), dtype=torch.int64), torch.empty(0), (5,))
+    dist.all_reduce(t)
+    expect_sparse("sparse allreduce nnz 0", t, torch.sparse_coo_tensor(torch.empty((1, 0), dtype=torch.int64),
+                                                                       torch.empty(0), (5,)).coalesce())
+    # Refused: other ops, locally (nothing issued); sizes that differ, on every rank.
+    t = sparse_input(RANK, torch.float32)
+    expect_raises("sparse allreduce MAX", tutti.Unsupported, "ReduceOp.MAX",
+                  lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX))
+    expect_raises("sparse allreduce AVG", tutti.Unsupported, "ReduceOp.AVG",
+                  lambda: dist.all_reduce(t, op=dist.ReduceOp.AVG))
+    for name, sizes in (("sizes", (9,) if RANK == 0 else (10,)),             # different dimensions
+                        ("shapes", (2, 6) if RANK == 0 else (6, 2))):         # the same number of elements
+        t = torch.sparse_coo_tensor(torch.tensor([[1], [1]]), torch.ones(1), sizes) if len(sizes) == 2 else \
+            torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1), sizes)
+        expect_raises(f"sparse allreduce of different {name}", tutti.Mismatch, "differ", lambda: dist.all_reduce(t))
+    t = sparse_input(RANK, torch.int64)
+    dist.all_reduce(t)  # still in step
+    expect_sparse("sparse allreduce after a mismatch", t,
+                  sparse_sum([sparse_input(r, torch.int64) for r in range(P)]))
 
 
 def check_allreduce_coalesced():
@@ -373,7 +446,7 @@ def main():
     tutti.distributed.init_process_group()
     RANK, P = dist.get_rank(), dist.get_world_size()
     assert dist.get_backend() == "tutti", dist.get_backend()
-    for check in (check_allreduce, check_allreduce_coalesced, check_broadcast, check_reduce, check_allgather,
+    for check in (check_allreduce, check_sparse_allreduce, check_allreduce_coalesced, check_broadcast, check_reduce, check_allgather,
                   check_reduce_scatter, check_coalesced_tensors, check_gather_scatter, check_alltoall,
                   check_point_to_point, check_async_and_futures, check_buffer_lifetime, check_groups, check_profiler,
                   check_errors):
