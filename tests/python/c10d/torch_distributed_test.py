@@ -55,6 +55,8 @@ UNGATED_REASONS = (
     "Only MPI supports CPU all_to_all_single",  # Gloo has no alltoall in torch 1.13; tutti has
     "Only MPI supports all_to_all",
     "Only gloo backend supports timeouts",  # a barrier past the group's timeout raises; tutti's does too
+    # "Only Gloo backend supports sparse all reduce" (2.x), "... support sparse ..." (1.13)
+    "Only Gloo backend support",
 )
 GLOO_ONLY = {
     # Their helper builds the model only `if BACKEND == "mpi" or BACKEND == "gloo"` (or nccl).
@@ -68,6 +70,8 @@ GLOO_ONLY = {
     "test_monitored_barrier_gloo_rank_0_timeout": "monitored_barrier is Gloo's",
     "test_monitored_barrier_gloo_subgroup": "monitored_barrier is Gloo's",
     "test_monitored_barrier_wait_all_ranks": "monitored_barrier is Gloo's",
+    # Sparse CUDA tensors: tutti's backend takes CPU tensors (torch 2.x routes them to a CUDA backend).
+    "test_sparse_all_reduce_sum_cuda": "sparse CUDA tensors: the backend takes CPU tensors",
 }
 # The gating decorators: sandcastle_skip(_if) in torch 1.13, skip_but_pass_in_sandcastle(_if) in 2.x.
 _SKIP, _SKIP_IF = (("sandcastle_skip", "sandcastle_skip_if") if hasattr(common_utils, "sandcastle_skip")
