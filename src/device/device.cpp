@@ -71,7 +71,7 @@ bool built_with_cuda() {
 }
 
 std::unique_ptr<Device> make_device(Kind kind, int ordinal) {
-  if (kind == Kind::emulated) return std::make_unique<EmulatedDevice>();
+  if (kind == Kind::emulated) return std::make_unique<EmulatedDevice>(detail::strict_from_env(), ordinal);
   if (ordinal < 0)
     throw Error(ErrorCode::invalid_argument,
                 "tutti::device: CUDA device " + std::to_string(ordinal) + " does not exist");

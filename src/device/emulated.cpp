@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include "core/log.hpp"
 #include "core/shared_memory.hpp"
 #include "device/checks.hpp"
 #include "reduce/reduce.hpp"
@@ -27,19 +28,69 @@ std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(
 
 }  // namespace
 
+EmulatedDevice::EmulatedDevice(bool strict, int ordinal) {
+  if (strict) context_ = detail::EmulatedContext::acquire(ordinal);
+}
+
+EmulatedDevice::EmulatedDevice(const detail::StrictSettings& settings, int ordinal)
+    : context_(detail::EmulatedContext::acquire(ordinal, settings)) {}
+
 EmulatedDevice::~EmulatedDevice() {
-  std::map<void*, std::shared_ptr<detail::StreamWorker>> streams;
+  std::map<void*, std::shared_ptr<detail::EmulatedStream>> streams;
   {
     std::lock_guard lock(mutex_);
     streams.swap(streams_);
   }
-  for (auto& [handle, worker] : streams) worker->close();
-  for (auto& [first, allocation] : allocations_) release(first, allocation);
+  if (!context_) {
+    for (auto& [handle, worker] : streams) worker->close();
+    for (auto& [first, allocation] : allocations_) release(first, allocation);
+    return;
+  }
+  // As ~CudaDevice: cudaStreamDestroy returns at once (the work stays queued), the pinned blocks
+  // go with cudaFreeHost, which waits for every stream of the context.
+  for (auto& [handle, worker] : streams)
+    if (const std::string pending = static_cast<detail::StrictStream&>(*worker).detach(); !pending.empty())
+      context_->report("destroying the device: " + pending);
+  if (pool_stream_) pool_stream_->detach();
+  try {
+    context_->wait_for_device("~EmulatedDevice: cudaFreeHost (the device's pinned blocks)");
+  } catch (const Error& e) {
+    context_->report(e.what());
+  }
+  for (auto& [first, allocation] : allocations_) quarantine(first, allocation, "the device's destruction");
 }
 
 void EmulatedDevice::release(std::uintptr_t first, const Allocation& allocation) {
   if (allocation.memory == Memory::adopted || allocation.mapping != nullptr) return;  // a mapping unmaps itself
   std::free(reinterpret_cast<void*>(first));
+}
+
+// ---- the strict mode ----
+
+void EmulatedDevice::raise_if_faulted(const char* function) const {
+  if (context_) context_->raise_if_faulted(function);
+}
+
+std::function<void()> EmulatedDevice::checked_task(const char* function, std::vector<Range> ranges,
+                                                   std::function<void()> task) const {
+  if (!context_) return task;
+  return [context = context_.get(), function, ranges = std::move(ranges), task = std::move(task)] {
+    for (const Range& r : ranges) context->check_live(r.p, r.bytes, function, r.what);
+    task();
+  };
+}
+
+void EmulatedDevice::make_pool_stream() {
+  std::lock_guard lock(mutex_);
+  if (!pool_stream_) pool_stream_ = context_->create_stream();
+}
+
+void EmulatedDevice::quarantine(std::uintptr_t first, Allocation allocation, const char* function) {
+  if (allocation.memory == Memory::adopted) return;  // not this device's
+  // Mapped memory is someone else's too (the owner's, peers'): kept mapped, never poisoned.
+  const bool poison = allocation.mapping == nullptr;
+  context_->quarantine(reinterpret_cast<void*>(first), allocation.bytes, function, poison,
+                       [first, allocation] { release(first, allocation); });
 }
 
 // ---- memory ----
@@ -53,6 +104,15 @@ void* EmulatedDevice::allocate_as(std::size_t bytes, Memory memory, const char* 
     throw Error(ErrorCode::system, std::string("tutti::device::") + function + " (emulated): out of memory (" +
                                        std::to_string(bytes) + " bytes)");
   if (memory == Memory::pinned) std::memset(p, 0, bytes);
+  if (context_ && memory == Memory::device) {
+    try {
+      raise_if_faulted(function);
+    } catch (...) {
+      std::free(p);
+      throw;
+    }
+    make_pool_stream();
+  }
   std::lock_guard lock(mutex_);
   allocations_.emplace(address(p), Allocation{bytes, memory});
   return p;
@@ -68,9 +128,20 @@ void EmulatedDevice::free_as(void* pointer, Memory memory, const char* function)
       invalid(function, "the pointer is not one this device's " +
                             std::string(memory == Memory::device ? "allocate" : "allocate_pinned") + " returned");
     allocation = it->second;
-    allocations_.erase(it);
   }
-  release(address(pointer), allocation);
+  // As the CUDA device: IPC-shared memory is cudaMalloc'd and cudaFree'd (a wait for every
+  // stream); the rest goes back to the stream-ordered pool on the pool stream, which carries no
+  // work a held queue could block (its synchronize returns at once).
+  if (context_ && memory == Memory::device && allocation.mapping != nullptr)
+    context_->wait_for_device(std::string(function) + ": cudaFree (memory from allocate_shared)");
+  {
+    std::lock_guard lock(mutex_);
+    allocations_.erase(address(pointer));
+  }
+  if (context_)
+    quarantine(address(pointer), allocation, function);
+  else
+    release(address(pointer), allocation);
 }
 
 namespace {
@@ -114,7 +185,7 @@ void* EmulatedDevice::open_shared(const IpcHandle& handle, std::size_t bytes) {
   }
   void* p = region->base();
   std::lock_guard lock(mutex_);
-  allocations_.emplace(address(p), Allocation{bytes, Memory::opened, std::move(region)});
+  allocations_.emplace(address(p), Allocation{bytes, Memory::opened, std::move(region), name.pid != getpid()});
   return p;
 }
 
@@ -127,9 +198,21 @@ void EmulatedDevice::close_shared(void* pointer) {
     if (it == allocations_.end() || it->second.memory != Memory::opened)
       invalid("close_shared", "the pointer is not one open_shared returned");
     allocation = it->second;
-    allocations_.erase(it);
   }
-  release(address(pointer), allocation);
+  // CUDA answers this process's own handle with the owner's pointer, and closes nothing then.
+  if (context_ && allocation.peer) context_->wait_for_device("close_shared: cudaIpcCloseMemHandle");
+  {
+    std::lock_guard lock(mutex_);
+    allocations_.erase(address(pointer));
+  }
+  if (context_)
+    quarantine(address(pointer), allocation, "close_shared");
+  else
+    release(address(pointer), allocation);
+}
+
+void EmulatedDevice::unregister_pinned(void*) {
+  if (context_) context_->wait_for_device("unregister_pinned: cudaHostUnregister");
 }
 
 void* EmulatedDevice::allocate(std::size_t bytes) { return allocate_as(bytes, Memory::device, "allocate"); }
@@ -183,7 +266,8 @@ void EmulatedDevice::check_device_range(const void* p, std::size_t bytes, const 
 
 // ---- streams ----
 
-std::shared_ptr<detail::StreamWorker> EmulatedDevice::worker(Stream stream, const char* function) const {
+std::shared_ptr<detail::EmulatedStream> EmulatedDevice::worker(Stream stream, const char* function) const {
+  raise_if_faulted(function);
   std::lock_guard lock(mutex_);
   const auto it = streams_.find(stream.handle);
   if (it == streams_.end()) invalid(function, "not a stream of this device");
@@ -191,7 +275,12 @@ std::shared_ptr<detail::StreamWorker> EmulatedDevice::worker(Stream stream, cons
 }
 
 Stream EmulatedDevice::create_stream() {
-  auto worker = std::make_shared<detail::StreamWorker>();
+  raise_if_faulted("create_stream");
+  std::shared_ptr<detail::EmulatedStream> worker;
+  if (context_)
+    worker = context_->create_stream();
+  else
+    worker = std::make_shared<detail::StreamWorker>();
   Stream stream{worker.get()};
   std::lock_guard lock(mutex_);
   streams_.emplace(stream.handle, std::move(worker));
@@ -199,7 +288,7 @@ Stream EmulatedDevice::create_stream() {
 }
 
 void EmulatedDevice::destroy_stream(Stream stream) {
-  std::shared_ptr<detail::StreamWorker> worker;
+  std::shared_ptr<detail::EmulatedStream> worker;
   {
     std::lock_guard lock(mutex_);
     const auto it = streams_.find(stream.handle);
@@ -207,13 +296,21 @@ void EmulatedDevice::destroy_stream(Stream stream) {
     worker = std::move(it->second);
     streams_.erase(it);
   }
-  worker->close();
+  if (!context_) return worker->close();
+  const std::string pending = static_cast<detail::StrictStream&>(*worker).detach();
+  if (pending.empty()) return;
+  context_->report("destroy_stream: " + pending);
+  invalid("destroy_stream", "(strict) " + pending);
 }
 
 void EmulatedDevice::synchronize(Stream stream, std::chrono::milliseconds timeout) {
-  if (!worker(stream, "synchronize")->synchronize(timeout))
-    throw Error(ErrorCode::timeout, "tutti::device::synchronize (emulated): the stream's work was not done after " +
-                                        std::to_string(timeout.count()) + " ms");
+  auto w = worker(stream, "synchronize");
+  if (w->synchronize(timeout)) return;
+  std::string why;
+  if (context_) why = static_cast<detail::StrictStream&>(*w).blocked_by();
+  throw Error(ErrorCode::timeout, "tutti::device::synchronize (emulated" + std::string(context_ ? ", strict" : "") +
+                                      "): the stream's work was not done after " + std::to_string(timeout.count()) +
+                                      " ms" + (why.empty() ? "" : " (" + why + ")"));
 }
 
 // ---- work on a stream ----
@@ -222,7 +319,8 @@ void EmulatedDevice::copy(void* dst, const void* src, std::size_t bytes, Stream 
   detail::check_copy(dst, src, bytes);
   auto w = worker(stream, "copy");
   if (bytes == 0 || dst == src) return;
-  w->enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  w->enqueue(checked_task("copy", {{dst, bytes, "dst"}, {src, bytes, "src"}},
+                          [dst, src, bytes] { std::memcpy(dst, src, bytes); }));
 }
 
 void EmulatedDevice::reduce(void* dst, const void* a, const void* b, std::size_t count, DataType type, ReduceOp op,
@@ -237,7 +335,8 @@ void EmulatedDevice::reduce(void* dst, const void* a, const void* b, std::size_t
   }
   detail::check_overlap(dst, a, bytes, "a", "reduce");
   detail::check_overlap(dst, b, bytes, "b", "reduce");
-  w->enqueue([=] { reduce::apply(op, type, dst, a, b, count); });
+  w->enqueue(checked_task("reduce", {{dst, bytes, "dst"}, {a, bytes, "a"}, {b, bytes, "b"}},
+                          [=] { reduce::apply(op, type, dst, a, b, count); }));
 }
 
 void EmulatedDevice::divide(void* data, std::size_t count, DataType type, int divisor, Stream stream) {
@@ -247,21 +346,21 @@ void EmulatedDevice::divide(void* data, std::size_t count, DataType type, int di
   if (count == 0) return;
   detail::check_element_pointer(data, type, "data", "divide");
   check_device_range(data, bytes, "data", "divide");
-  w->enqueue([=] { reduce::divide(type, data, count, divisor); });
+  w->enqueue(checked_task("divide", {{data, bytes, "data"}}, [=] { reduce::divide(type, data, count, divisor); }));
 }
 
 void EmulatedDevice::write_value(std::uint32_t* flag, std::uint32_t value, Stream stream) {
   detail::check_flag(flag, "write_value");
-  worker(stream, "write_value")->enqueue([flag, value] {
-    std::atomic_ref<std::uint32_t>(*flag).store(value, std::memory_order_release);
-    detail::wake_flag(flag);
-  });
+  worker(stream, "write_value")
+      ->enqueue(checked_task("write_value", {{flag, sizeof(*flag), "the flag"}}, [flag, value] {
+        std::atomic_ref<std::uint32_t>(*flag).store(value, std::memory_order_release);
+        detail::wake_flag(flag);
+      }));
 }
 
 void EmulatedDevice::wait_value(const std::uint32_t* flag, std::uint32_t value, Stream stream) {
   detail::check_flag(flag, "wait_value");
-  auto w = worker(stream, "wait_value");
-  w->enqueue([w = w.get(), flag, value] { w->wait_flag(flag, value); });
+  worker(stream, "wait_value")->enqueue_wait_flag(flag, value);
 }
 
 void EmulatedDevice::set_flag(std::uint32_t* flag, std::uint32_t value) {
@@ -324,7 +423,7 @@ void EmulatedDevice::wait_event(Stream stream, Event event) {
     if (state->completed >= state->recorded) return;
     target = state->recorded;
   }
-  w->enqueue([w = w.get(), state, target] { w->wait_event(*state, target); });
+  w->enqueue_wait_event(std::move(state), target);
 }
 
 }  // namespace tutti::device

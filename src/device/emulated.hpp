@@ -5,15 +5,31 @@
 // through the host kernels (reduce::apply, reduce::divide), so results are bit for bit the host's.
 // wait_value sleeps on the flag (a futex, woken by set_flag, checked at least every millisecond),
 // never spinning. Destroying a stream runs its queued work with every wait released.
+//
+// The strict mode (TUTTI_EMULATED_STRICT=1 for make_device, or EmulatedDevice(true)) models what
+// a CUDA context does where it bites instead (emulated_context.hpp): every device of one ordinal
+// in the process shares one context whose few hardware queues run the streams' work, implicit
+// waits that name the call that would hang, quarantined freed memory, sticky faults, and
+// destroyed streams that keep their held waits pending. It mirrors what the CUDA device
+// (cuda/cuda_device.cpp) does with each call: allocate and free use a pool stream of the
+// device's own (cudaMallocAsync / cudaFreeAsync: no wait, the pool stream carries no work; the
+// stream takes a hardware queue, as on CUDA); free of allocate_shared memory (cudaFree),
+// unregister_pinned (cudaHostUnregister), close_shared of a peer's memory
+// (cudaIpcCloseMemHandle) and destroying the device (cudaFreeHost of its pinned blocks) wait for
+// every stream of the context; free_pinned returns the block to a cache (no wait).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "device/device.hpp"
+#include "device/emulated_context.hpp"
 #include "device/emulated_stream.hpp"
 
 namespace tutti::device {
@@ -21,11 +37,21 @@ namespace tutti::device {
 class EmulatedDevice final : public Device {
  public:
   EmulatedDevice() = default;
+  /// `strict`: the strict mode, on the process's context of device `ordinal` (shared with every
+  /// other strict EmulatedDevice of that ordinal). make_device reads TUTTI_EMULATED_STRICT.
+  explicit EmulatedDevice(bool strict, int ordinal = 0);
+  /// Strict, with these settings where this creates the context of `ordinal` (tests).
+  EmulatedDevice(const detail::StrictSettings& settings, int ordinal);
   /// Destroys the streams still open (as destroy_stream) and frees the memory still allocated.
+  /// Strict: the streams' work stays queued (held waits reported), the memory goes to the
+  /// quarantine, and the device-wide wait of cudaFreeHost is modelled (a hang is reported).
   ~EmulatedDevice() override;
 
   Kind kind() const override { return Kind::emulated; }
-  std::string name() const override { return "emulated"; }
+  std::string name() const override { return context_ ? "emulated (strict)" : "emulated"; }
+  bool strict() const { return context_ != nullptr; }
+  /// The strict context (nullptr when not strict): its reports, for tests and tools.
+  const detail::EmulatedContext* context() const { return context_.get(); }
 
   void* allocate(std::size_t bytes) override;
   void free(void* pointer) override;
@@ -39,9 +65,10 @@ class EmulatedDevice final : public Device {
   void* allocate_shared(std::size_t bytes, IpcHandle& handle) override;
   void* open_shared(const IpcHandle& handle, std::size_t bytes) override;
   void close_shared(void* pointer) override;
-  /// Host memory already serves as pinned memory here: nothing to do.
+  /// Host memory already serves as pinned memory here: nothing to do (strict: unregister_pinned
+  /// waits for every stream of the context, as cudaHostUnregister).
   void register_pinned(void*, std::size_t) override {}
-  void unregister_pinned(void*) override {}
+  void unregister_pinned(void*) override;
 
   Stream create_stream() override;
   void destroy_stream(Stream stream) override;
@@ -76,6 +103,7 @@ class EmulatedDevice final : public Device {
     // Shared and opened memory (a tutti::detail::SharedRegion, a core::PeerRegion): unmapped when
     // dropped, not freed.
     std::shared_ptr<void> mapping = nullptr;
+    bool peer = false;  // opened: another process's memory (CUDA maps it; its own it does not)
   };
   /// Releases an allocation's memory (free, or drops its mapping).
   static void release(std::uintptr_t first, const Allocation& allocation);
@@ -84,12 +112,28 @@ class EmulatedDevice final : public Device {
   void free_as(void* pointer, Memory memory, const char* function);
   /// Error(invalid_argument) unless [p, p + bytes) lies inside one device allocation (adopted too).
   void check_device_range(const void* p, std::size_t bytes, const char* what, const char* function) const;
-  std::shared_ptr<detail::StreamWorker> worker(Stream stream, const char* function) const;
+  std::shared_ptr<detail::EmulatedStream> worker(Stream stream, const char* function) const;
+  // Strict: raises the context's sticky error; no-op otherwise.
+  void raise_if_faulted(const char* function) const;
+  // Strict: the task, after a check that none of `ranges` is quarantined (freed) memory.
+  struct Range {
+    const void* p;
+    std::size_t bytes;
+    const char* what;
+  };
+  std::function<void()> checked_task(const char* function, std::vector<Range> ranges, std::function<void()> task) const;
+  // Strict: the CUDA device's pool stream, made at the first allocate: it takes its place in the
+  // round-robin of hardware queues, as on CUDA.
+  void make_pool_stream();
+  // Strict: the quarantine takes what free, free_pinned, close_shared or the destructor let go.
+  void quarantine(std::uintptr_t first, Allocation allocation, const char* function);
   std::shared_ptr<detail::EventState> event_state(Event event, const char* function) const;
 
+  std::shared_ptr<detail::EmulatedContext> context_;  // strict mode only
   mutable std::mutex mutex_;
+  std::shared_ptr<detail::StrictStream> pool_stream_;
   std::map<std::uintptr_t, Allocation> allocations_;  // by first address
-  std::map<void*, std::shared_ptr<detail::StreamWorker>> streams_;
+  std::map<void*, std::shared_ptr<detail::EmulatedStream>> streams_;
   std::map<void*, std::shared_ptr<detail::EventState>> events_;
 };
 

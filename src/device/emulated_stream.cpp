@@ -97,20 +97,40 @@ void StreamWorker::run() {
   }
 }
 
-void StreamWorker::wait_flag(const std::uint32_t* flag, std::uint32_t value) {
-  waiting_on_.store(flag, std::memory_order_release);
+bool sleep_on_flag(const std::uint32_t* flag, std::uint32_t value, const std::function<bool()>& give_up) {
   for (auto slice = first_slice;; slice = next_slice(slice)) {
     const std::uint32_t seen = load(flag);
-    if (Device::reached(seen, value) || releasing()) break;
+    if (Device::reached(seen, value)) return true;
+    if (give_up()) return false;
     futex_wait(flag, seen, slice);
   }
+}
+
+bool sleep_on_event(EventState& event, std::uint64_t target, const std::function<bool()>& give_up) {
+  std::unique_lock lock(event.mutex);
+  for (auto slice = first_slice; event.completed < target; slice = next_slice(slice)) {
+    if (give_up()) return false;
+    event.changed.wait_for(lock, slice);
+  }
+  return true;
+}
+
+void StreamWorker::enqueue_wait_flag(const std::uint32_t* flag, std::uint32_t value) {
+  enqueue([this, flag, value] { wait_flag(flag, value); });
+}
+
+void StreamWorker::enqueue_wait_event(std::shared_ptr<EventState> event, std::uint64_t target) {
+  enqueue([this, event = std::move(event), target] { wait_event(*event, target); });
+}
+
+void StreamWorker::wait_flag(const std::uint32_t* flag, std::uint32_t value) {
+  waiting_on_.store(flag, std::memory_order_release);
+  sleep_on_flag(flag, value, [this] { return releasing(); });
   waiting_on_.store(nullptr, std::memory_order_release);
 }
 
 void StreamWorker::wait_event(EventState& event, std::uint64_t target) {
-  std::unique_lock lock(event.mutex);
-  for (auto slice = first_slice; event.completed < target && !releasing(); slice = next_slice(slice))
-    event.changed.wait_for(lock, slice);
+  sleep_on_event(event, target, [this] { return releasing(); });
 }
 
 }  // namespace tutti::device::detail

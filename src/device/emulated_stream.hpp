@@ -1,4 +1,6 @@
-// One stream of the emulated device: an in-order worker thread with a queue of tasks.
+// One stream of the emulated device. EmulatedStream is what the device enqueues on; StreamWorker,
+// the default, is an in-order worker thread of its own per stream (the strict mode's streams share
+// hardware queues instead: emulated_context.hpp).
 #pragma once
 
 #include <atomic>
@@ -23,33 +25,56 @@ struct EventState {
   std::uint64_t completed = 0;
 };
 
+/// An in-order stream of tasks, as the emulated device enqueues them.
+class EmulatedStream {
+ public:
+  virtual ~EmulatedStream() = default;
+  /// Appends a task; returns at once. Error(invalid_argument) once the stream is closing.
+  virtual void enqueue(std::function<void()> task) = 0;
+  /// Appends a task that holds the stream until (std::int32_t)(*flag - value) >= 0.
+  virtual void enqueue_wait_flag(const std::uint32_t* flag, std::uint32_t value) = 0;
+  /// Appends a task that holds the stream until event->completed >= target.
+  virtual void enqueue_wait_event(std::shared_ptr<EventState> event, std::uint64_t target) = 0;
+  /// Waits until every task enqueued so far has run; false if `timeout` passed first. Rethrows
+  /// (once) an exception a task raised.
+  virtual bool synchronize(std::chrono::milliseconds timeout) = 0;
+  /// Ends the stream (destroy_stream); what it does with the work still queued is the
+  /// implementation's. Called by the stream's owner, once or more, never concurrently.
+  virtual void close() = 0;
+};
+
+/// Sleeps (a futex, bounded slices, never spinning) until `flag` reaches `value` or `give_up()`.
+/// Returns whether the flag reached the value.
+bool sleep_on_flag(const std::uint32_t* flag, std::uint32_t value, const std::function<bool()>& give_up);
+/// Sleeps (bounded slices) until event.completed >= target or `give_up()`; whether it completed.
+bool sleep_on_event(EventState& event, std::uint64_t target, const std::function<bool()>& give_up);
+
 /// Runs tasks one at a time, in the order they were enqueued, on its own thread. The tasks that
 /// wait (on a flag or an event) sleep in bounded slices, never spinning, and give up when the
 /// stream is closed, so that closing never hangs.
-class StreamWorker {
+class StreamWorker final : public EmulatedStream {
  public:
   StreamWorker();
   /// Closes the stream (see close).
-  ~StreamWorker();
+  ~StreamWorker() override;
   StreamWorker(const StreamWorker&) = delete;
   StreamWorker& operator=(const StreamWorker&) = delete;
 
-  /// Appends a task; returns at once. Error(invalid_argument) once the stream is closing.
-  void enqueue(std::function<void()> task);
-  /// Waits until every task enqueued so far has run; false if `timeout` passed first. Rethrows
-  /// (once) an exception a task raised.
-  bool synchronize(std::chrono::milliseconds timeout);
+  void enqueue(std::function<void()> task) override;
+  void enqueue_wait_flag(const std::uint32_t* flag, std::uint32_t value) override;
+  void enqueue_wait_event(std::shared_ptr<EventState> event, std::uint64_t target) override;
+  bool synchronize(std::chrono::milliseconds timeout) override;
   /// Runs the tasks still queued, with every wait released (it returns at once), then ends the
-  /// thread. Called by the stream's owner, once or more, never concurrently.
-  void close();
+  /// thread.
+  void close() override;
 
+ private:
   // The waits, called by tasks on the worker thread.
   /// Returns once (std::int32_t)(*flag - value) >= 0, or the stream is closing.
   void wait_flag(const std::uint32_t* flag, std::uint32_t value);
   /// Returns once event->completed >= target, or the stream is closing.
   void wait_event(EventState& event, std::uint64_t target);
 
- private:
   void run();
   bool releasing() const { return releasing_.load(std::memory_order_acquire); }
 

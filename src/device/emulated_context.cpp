@@ -1,0 +1,393 @@
+#include "device/emulated_context.hpp"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "core/env.hpp"
+#include "core/log.hpp"
+#include "device/device.hpp"
+
+namespace tutti::device::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto implicit_wait_limit = std::chrono::seconds(60);  // only a hang reaches it
+constexpr unsigned char poison_byte = 0xDB;
+
+std::string hex(const void* p) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%p", p);
+  return text;
+}
+
+long long env_count(const char* name, long long fallback) {
+  const auto text = core::env(name);
+  return text ? core::parse_count(*text, name) : fallback;
+}
+
+std::string what_of(const std::exception_ptr& error, ErrorCode& code) {
+  code = ErrorCode::system;
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    code = e.code();
+    return e.what();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an unknown exception";
+  }
+}
+
+}  // namespace
+
+StrictSettings StrictSettings::from_env() {
+  StrictSettings s;
+  const long long queues = env_count("CUDA_DEVICE_MAX_CONNECTIONS", 8);
+  if (queues < 1 || queues > 32)
+    throw Error(ErrorCode::invalid_argument,
+                "CUDA_DEVICE_MAX_CONNECTIONS: expected 1 to 32, got " + std::to_string(queues));
+  s.queues = static_cast<int>(queues);
+  s.hold_limit = std::chrono::milliseconds(env_count("TUTTI_EMULATED_STRICT_HOLD_MS", s.hold_limit.count()));
+  s.quarantine_bytes = static_cast<std::size_t>(env_count("TUTTI_EMULATED_STRICT_QUARANTINE_MB", 256)) << 20;
+  return s;
+}
+
+bool strict_from_env() {
+  const auto text = core::env("TUTTI_EMULATED_STRICT");
+  if (!text || *text == "0") return false;
+  if (*text == "1") return true;
+  throw Error(ErrorCode::invalid_argument, "TUTTI_EMULATED_STRICT: expected 0 or 1, got '" + *text + "'");
+}
+
+// ---- a hardware queue: one worker thread that runs its streams' work in submission order ----
+
+struct HardwareQueue {
+  struct Entry {
+    std::shared_ptr<StrictStream> stream;
+    std::function<void()> task;
+    bool is_wait = false;
+  };
+
+  HardwareQueue(EmulatedContext& c, int i) : context(c), index(i), thread([this] { run(); }) {}
+  ~HardwareQueue() {
+    {
+      std::lock_guard lock(mutex);
+      stopping = true;
+    }
+    work.notify_all();
+    thread.join();
+  }
+
+  // The wait at the head of the queue, while it is held (called on the queue's thread).
+  void hold(const StrictStream* stream, std::string what, const std::uint32_t* flag) {
+    std::lock_guard lock(mutex);
+    held_stream = stream;
+    held_what = std::move(what);
+    held_flag = flag;
+    held_since = Clock::now();
+  }
+  void unhold() {
+    std::lock_guard lock(mutex);
+    held_stream = nullptr;
+    held_flag = nullptr;
+  }
+  // "stream 3 (hardware queue 3 of 8) has been held for 12 ms at wait_value ..."; under `mutex`.
+  std::string held_description(Clock::time_point now) const {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - held_since).count();
+    std::string text = held_stream->describe() + " has been held for " + std::to_string(ms) + " ms at " + held_what;
+    if (held_flag != nullptr) text += " (it holds " + std::to_string(Device::load_flag(held_flag)) + ")";
+    return text;
+  }
+
+  void run() {
+    pthread_setname_np(pthread_self(), "tutti-hwqueue");
+    std::unique_lock lock(mutex);
+    for (;;) {
+      work.wait(lock, [&] { return !fifo.empty() || stopping; });
+      if (fifo.empty()) return;
+      Entry entry = std::move(fifo.front());
+      fifo.pop_front();
+      if (entry.is_wait && !entry.stream->waits_.empty()) entry.stream->waits_.pop_front();
+      lock.unlock();
+      // A faulted context runs nothing more (a sticky error); an ending one drops what is left.
+      if (!context.faulted() && !context.releasing()) {
+        try {
+          entry.task();
+        } catch (...) {
+          context.fault(*entry.stream, std::current_exception());
+        }
+      }
+      entry.task = nullptr;
+      lock.lock();
+      ++finished;
+      ++entry.stream->finished_;
+      done.notify_all();
+    }
+  }
+
+  EmulatedContext& context;
+  const int index;
+  std::mutex mutex;
+  std::condition_variable work, done;
+  std::deque<Entry> fifo;
+  std::uint64_t submitted = 0, finished = 0;
+  bool stopping = false;
+  const StrictStream* held_stream = nullptr;
+  std::string held_what;
+  const std::uint32_t* held_flag = nullptr;
+  Clock::time_point held_since;
+  std::thread thread;  // last: starts once the rest is built
+};
+
+// ---- streams ----
+
+StrictStream::StrictStream(EmulatedContext& context, HardwareQueue& queue, int id)
+    : context_(context), queue_(queue), id_(id) {}
+
+std::string StrictStream::describe() const {
+  return "stream " + std::to_string(id_) + " (hardware queue " + std::to_string(queue_.index) + " of " +
+         std::to_string(context_.settings().queues) + ")";
+}
+
+void StrictStream::submit(std::function<void()> task, std::optional<PendingWait> wait) {
+  {
+    std::lock_guard lock(queue_.mutex);
+    if (destroyed_) throw Error(ErrorCode::invalid_argument, "tutti::device: the stream was destroyed");
+    const bool is_wait = wait.has_value();
+    if (wait) {
+      wait->position = enqueued_;
+      waits_.push_back(std::move(*wait));
+    }
+    queue_.fifo.push_back({shared_from_this(), std::move(task), is_wait});
+    ++enqueued_;
+    ++queue_.submitted;
+  }
+  queue_.work.notify_one();
+}
+
+void StrictStream::enqueue(std::function<void()> task) { submit(std::move(task), std::nullopt); }
+
+void StrictStream::enqueue_wait_flag(const std::uint32_t* flag, std::uint32_t value) {
+  const std::string what = "wait_value on flag " + hex(flag) + " until >= " + std::to_string(value);
+  auto satisfied = [flag, value] { return Device::reached(Device::load_flag(flag), value); };
+  submit(
+      [this, flag, value, what] {
+        context_.check_live(flag, sizeof(*flag), "wait_value", "the flag");
+        queue_.hold(this, what, flag);
+        const bool reached = sleep_on_flag(flag, value, [this] { return context_.releasing() || context_.faulted(); });
+        queue_.unhold();
+        if (!reached && context_.releasing())
+          context_.report("the context ended with " + describe() + " held at " + what + ": released");
+      },
+      PendingWait{0, true, what, satisfied});
+}
+
+void StrictStream::enqueue_wait_event(std::shared_ptr<EventState> event, std::uint64_t target) {
+  const std::string what = "wait_event on event " + hex(event.get()) + " (record " + std::to_string(target) + ")";
+  auto satisfied = [event, target] {
+    std::lock_guard lock(event->mutex);
+    return event->completed >= target;
+  };
+  submit(
+      [this, event, target, what] {
+        queue_.hold(this, what, nullptr);
+        const bool completed =
+            sleep_on_event(*event, target, [this] { return context_.releasing() || context_.faulted(); });
+        queue_.unhold();
+        if (!completed && context_.releasing())
+          context_.report("the context ended with " + describe() + " held at " + what + ": released");
+      },
+      PendingWait{0, false, what, satisfied});
+}
+
+bool StrictStream::synchronize(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(queue_.mutex);
+  const std::uint64_t target = enqueued_;
+  const bool done = queue_.done.wait_for(lock, timeout, [&] { return finished_ >= target; });
+  lock.unlock();
+  context_.raise_if_faulted("synchronize");
+  return done;
+}
+
+std::string StrictStream::blocked_by() const {
+  std::lock_guard lock(queue_.mutex);
+  if (queue_.held_stream == nullptr || finished_ >= enqueued_) return "";
+  return queue_.held_description(Clock::now()) +
+         (queue_.held_stream == this ? "" : ", ahead of it in its hardware queue");
+}
+
+std::string StrictStream::detach() {
+  std::lock_guard lock(queue_.mutex);
+  if (destroyed_) return "";
+  destroyed_ = true;
+  std::string pending;
+  // Flags only: a wait_event's record may still be queued on another stream, and completes.
+  if (queue_.held_stream == this && queue_.held_flag != nullptr) pending = queue_.held_description(Clock::now());
+  for (const PendingWait& wait : waits_)
+    if (wait.flag && !wait.satisfied()) pending += (pending.empty() ? "" : "; ") + std::string("queued: ") + wait.what;
+  if (pending.empty()) return "";
+  return describe() + " was destroyed with waits pending (" + pending +
+         "): CUDA keeps its work pending, and everything behind it on hardware queue " + std::to_string(queue_.index) +
+         " waits with it until they are satisfied";
+}
+
+// ---- the context ----
+
+std::shared_ptr<EmulatedContext> EmulatedContext::acquire(int ordinal, std::optional<StrictSettings> settings) {
+  static std::mutex mutex;
+  static std::map<int, std::weak_ptr<EmulatedContext>> contexts;
+  std::lock_guard lock(mutex);
+  std::weak_ptr<EmulatedContext>& known = contexts[ordinal];
+  if (auto context = known.lock()) return context;
+  auto context = std::make_shared<EmulatedContext>(ordinal, settings ? *settings : StrictSettings::from_env());
+  known = context;
+  return context;
+}
+
+EmulatedContext::EmulatedContext(int ordinal, StrictSettings settings) : ordinal_(ordinal), settings_(settings) {
+  for (int q = 0; q < settings_.queues; ++q) queues_.push_back(std::make_unique<HardwareQueue>(*this, q));
+}
+
+EmulatedContext::~EmulatedContext() {
+  releasing_.store(true, std::memory_order_release);
+  for (auto& queue : queues_) {
+    std::lock_guard lock(queue->mutex);
+    if (queue->held_flag != nullptr) wake_flag(queue->held_flag);
+  }
+  queues_.clear();  // each ends its thread once its held wait gave up and the rest was dropped
+  for (auto& [first, quarantined] : quarantine_) quarantined.release();
+}
+
+std::shared_ptr<StrictStream> EmulatedContext::create_stream() {
+  std::lock_guard lock(mutex_);
+  const int id = next_stream_++;
+  return std::make_shared<StrictStream>(*this, *queues_[static_cast<std::size_t>(id % settings_.queues)], id);
+}
+
+void EmulatedContext::wait_until(const std::function<bool()>& done,
+                                 const std::function<const HardwareQueue*()>& blocker, const std::string& call) {
+  const auto start = Clock::now();
+  for (;;) {
+    if (done()) return;
+    raise_if_faulted(call.c_str());
+    if (HardwareQueue* queue = const_cast<HardwareQueue*>(blocker())) {
+      std::lock_guard lock(queue->mutex);
+      const auto now = Clock::now();
+      if (queue->held_stream != nullptr && now - std::max(queue->held_since, start) >= settings_.hold_limit)
+        throw Error(ErrorCode::timeout, "tutti::device::" + call +
+                                            " (emulated, strict) would hang: " + queue->held_description(now) +
+                                            ", and on CUDA this call waits until that wait is satisfied");
+    }
+    if (Clock::now() - start > implicit_wait_limit)
+      throw Error(ErrorCode::timeout,
+                  "tutti::device::" + call + " (emulated, strict): the work it waits for was not done after 60 s");
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+}
+
+void EmulatedContext::wait_for_device(const std::string& call) {
+  std::vector<std::uint64_t> targets;
+  for (auto& queue : queues_) {
+    std::lock_guard lock(queue->mutex);
+    targets.push_back(queue->submitted);
+  }
+  auto behind = [&](std::size_t q) {
+    std::lock_guard lock(queues_[q]->mutex);
+    return queues_[q]->finished < targets[q];
+  };
+  wait_until(
+      [&] {
+        for (std::size_t q = 0; q < queues_.size(); ++q)
+          if (behind(q)) return false;
+        return true;
+      },
+      [&]() -> const HardwareQueue* {
+        for (std::size_t q = 0; q < queues_.size(); ++q) {
+          if (!behind(q)) continue;
+          std::lock_guard lock(queues_[q]->mutex);
+          if (queues_[q]->held_stream != nullptr) return queues_[q].get();
+        }
+        return nullptr;
+      },
+      call);
+}
+
+bool EmulatedContext::faulted() const { return faulted_.load(std::memory_order_acquire); }
+bool EmulatedContext::releasing() const { return releasing_.load(std::memory_order_acquire); }
+
+void EmulatedContext::raise_if_faulted(const char* function) const {
+  if (!faulted()) return;
+  std::lock_guard lock(mutex_);
+  throw Error(sticky_->first, std::string("tutti::device::") + function + ": " + sticky_->second);
+}
+
+void EmulatedContext::fault(const StrictStream& stream, const std::exception_ptr& error) {
+  ErrorCode code = ErrorCode::system;
+  const std::string what = what_of(error, code);
+  std::string message;
+  {
+    std::lock_guard lock(mutex_);
+    if (sticky_) return;
+    message = "(emulated, strict) a fault in the work of " + stream.describe() + ": " + what +
+              "; the context's error is sticky, as CUDA's: every later call raises it";
+    sticky_.emplace(code, message);
+    faulted_.store(true, std::memory_order_release);
+  }
+  report(message);
+}
+
+void EmulatedContext::quarantine(void* p, std::size_t bytes, std::string what, bool poison,
+                                 std::function<void()> release) {
+  if (poison) std::memset(p, poison_byte, bytes);
+  std::vector<std::function<void()>> evicted;
+  {
+    std::lock_guard lock(mutex_);
+    const auto first = reinterpret_cast<std::uintptr_t>(p);
+    quarantine_.insert_or_assign(first, Quarantined{bytes, std::move(what), std::move(release)});
+    quarantine_order_.push_back(first);
+    quarantine_total_ += bytes;
+    while (quarantine_total_ > settings_.quarantine_bytes && quarantine_order_.size() > 1) {
+      const auto it = quarantine_.find(quarantine_order_.front());
+      quarantine_order_.pop_front();
+      if (it == quarantine_.end()) continue;
+      quarantine_total_ -= it->second.bytes;
+      evicted.push_back(std::move(it->second.release));
+      quarantine_.erase(it);
+    }
+  }
+  for (auto& release_now : evicted) release_now();
+}
+
+void EmulatedContext::check_live(const void* p, std::size_t bytes, const char* function, const char* what) const {
+  if (bytes == 0) return;
+  const auto first = reinterpret_cast<std::uintptr_t>(p);
+  std::lock_guard lock(mutex_);
+  auto it = quarantine_.upper_bound(first + bytes - 1);  // the first range starting after ours
+  if (it == quarantine_.begin()) return;
+  --it;
+  if (it->first + it->second.bytes <= first) return;
+  throw Error(ErrorCode::system, std::string("tutti::device::") + function + " (emulated, strict): " + what + " (" +
+                                     std::to_string(bytes) + " bytes at " + hex(p) + ") touches memory freed by " +
+                                     it->second.what + " (" + std::to_string(it->second.bytes) + " bytes at " +
+                                     hex(reinterpret_cast<void*>(it->first)) +
+                                     "), kept poisoned in quarantine: a stream used it after it was freed");
+}
+
+void EmulatedContext::report(const std::string& what) {
+  core::log(core::LogLevel::warn, -1, "tutti::device (emulated, strict): " + what);
+  std::lock_guard lock(mutex_);
+  reports_.push_back(what);
+}
+
+std::vector<std::string> EmulatedContext::reports() const {
+  std::lock_guard lock(mutex_);
+  return reports_;
+}
+
+}  // namespace tutti::device::detail
