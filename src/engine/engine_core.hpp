@@ -1,5 +1,7 @@
 // The engine's inside: the tensors' shared state, and the background thread that negotiates,
-// fuses and runs the collectives.
+// fuses and runs the collectives. EngineCore is defined by purpose in engine_core.cpp (lifetime,
+// enqueue, join), engine_cycle.cpp (the thread's loop and negotiation), engine_execute.cpp
+// (fusion and the collectives), engine_recording.cpp (stats, timeline) and engine_stream.cpp.
 #pragma once
 
 #include <atomic>
@@ -25,6 +27,8 @@
 namespace tutti::engine_detail {
 
 using Clock = std::chrono::steady_clock;
+
+inline double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 /// Wakes the background thread early (a flush, or a waiting caller).
 struct Doorbell {
