@@ -3,7 +3,7 @@
 // Ranks that compute at the same speed behave alike, so they are simulated as one class: the
 // ordinary ranks, and each straggler on its own. The engine's negotiation is a collective, which
 // keeps every rank's engine in step: a round starts when the last rank's engine joins it. Each
-// rank's engine joins at its own wake-up, which follows the engine's loop (engine_core.cpp run()):
+// rank's engine joins at its own wake-up, which follows the engine's loop (engine_cycle.cpp run()):
 // a cycle after its previous wake-up, kIdleCycles cycles when nothing was pending anywhere, at
 // once when a caller waits in step() (Handle::wait rings) or when it enqueues into an idle engine
 // or while another rank waits. What a round decides is the engine's own Table's decision on the
