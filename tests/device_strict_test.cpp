@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -59,6 +60,37 @@ TEST(EmulatedStrict, OptInAndNamed) {
   EmulatedDevice strict(settings(8), 101);
   EXPECT_TRUE(strict.strict());
   EXPECT_EQ(strict.name(), "emulated (strict)");
+}
+
+// make_device reads TUTTI_EMULATED_STRICT; the settings read CUDA_DEVICE_MAX_CONNECTIONS. A
+// malformed value is refused by name. (No other thread runs here: setenv is safe.)
+TEST(EmulatedStrict, FromTheEnvironment) {
+  const char* before = std::getenv("TUTTI_EMULATED_STRICT");
+  const std::string saved = before ? before : "";
+  ::setenv("TUTTI_EMULATED_STRICT", "1", 1);
+  EXPECT_EQ(tutti::device::make_device(tutti::device::Kind::emulated, 110)->name(), "emulated (strict)");
+  ::setenv("TUTTI_EMULATED_STRICT", "0", 1);
+  EXPECT_EQ(tutti::device::make_device(tutti::device::Kind::emulated, 110)->name(), "emulated");
+  ::setenv("TUTTI_EMULATED_STRICT", "yes", 1);
+  std::string message;
+  EXPECT_EQ(error_code_of([&] { tutti::device::make_device(tutti::device::Kind::emulated); }, &message),
+            ErrorCode::invalid_argument);
+  EXPECT_TRUE(contains(message, "TUTTI_EMULATED_STRICT")) << message;
+  if (before)
+    ::setenv("TUTTI_EMULATED_STRICT", saved.c_str(), 1);
+  else
+    ::unsetenv("TUTTI_EMULATED_STRICT");
+  const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const std::string saved_connections = connections ? connections : "";
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "3", 1);
+  EXPECT_EQ(StrictSettings::from_env().queues, 3);
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "33", 1);
+  EXPECT_EQ(error_code_of([] { StrictSettings::from_env(); }, &message), ErrorCode::invalid_argument);
+  EXPECT_TRUE(contains(message, "CUDA_DEVICE_MAX_CONNECTIONS")) << message;
+  if (connections)
+    ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", saved_connections.c_str(), 1);
+  else
+    ::unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
 }
 
 // Streams take the queues round-robin: with 2 queues, streams 0 and 2 share queue 0. A held wait
