@@ -331,7 +331,7 @@ TEST(InvalidArguments, NamedAndNothingSent) {
       expect_error([&] { comm.scatter(a.data(), b.data(), 1, DataType::f32, -2, o); }, ErrorCode::invalid_argument,
                    "root -2");
       expect_error([&] { comm.send(a.data(), 1, DataType::f32, 3); }, ErrorCode::invalid_argument, "peer 3");
-      expect_error([&] { comm.recv(a.data(), 1, DataType::f32, -1); }, ErrorCode::invalid_argument, "peer -1");
+      expect_error([&] { comm.recv(a.data(), 1, DataType::f32, -2); }, ErrorCode::invalid_argument, "peer -2");
       expect_error([&] { comm.send(a.data(), 1, DataType::f32, 0, -5); }, ErrorCode::invalid_argument, "tag");
       expect_error([&] { comm.allgatherv(a.data(), 1, b.data(), short_counts, DataType::f32, o); },
                    ErrorCode::invalid_argument, "recv_counts has 2 entries");

@@ -4,10 +4,14 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <functional>
 #include <string>
 
+#include "any_source_cases.hpp"
 #include "transport/mpi/mpi_transport.hpp"
 #include "transport_cases.hpp"
+#include "tutti/mpi.hpp"
+#include "tutti/tutti.hpp"
 
 namespace tutti::testing {
 namespace {
@@ -51,6 +55,34 @@ TEST(MpiConformance, SplitGivesAnIsolatedSubTransport) { run_case(conformance::s
 TEST(MpiConformance, CancelWithdrawsAPostedReceive) { run_case(conformance::cancel_posted_receive); }
 
 TEST(MpiConformance, AbortWakesAWaiterAndReachesEveryRank) { run_case(conformance::abort_reaches_every_rank); }
+
+// Receives from any source through a Communicator over MPI (the cases of any_source_cases.hpp).
+void run_on_world(const std::function<void(Communicator&)>& fn) {
+  std::string mine;
+  Communicator world = from_mpi(MPI_COMM_WORLD);
+  try {
+    fn(world);
+    world.barrier();
+  } catch (const std::exception& e) {
+    mine = e.what();
+  }
+  if (!mine.empty()) ADD_FAILURE() << "rank " << world.rank() << ": " << mine;
+  int bad = mine.empty() ? 0 : 1, any = 0;
+  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any && mine.empty()) ADD_FAILURE() << "failed on another rank";
+}
+
+TEST(MpiConformance, AnySourceTakesEveryMessageOnceInOrderPerSender) {
+  run_on_world(any_source_cases::senders_to_one_receiver);
+  run_on_world(any_source_cases::from_itself);
+}
+
+TEST(MpiConformance, AnySourceMixedWithNamedReceives) {
+  int p = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  if (p < 3) GTEST_SKIP() << "needs ranks 1 and 2";
+  run_on_world(any_source_cases::mixed_with_named_receives);
+}
 
 }  // namespace
 }  // namespace tutti::testing

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "any_source_cases.hpp"
 #include "comm/comm_impl.hpp"
 #include "shm_names.hpp"
 #include "tcp_mesh.hpp"
@@ -284,6 +285,61 @@ TYPED_TEST(TransportConformance, SizeMismatchedSendRecvRaisesOnBothRanks) {
       EXPECT_NE(e.find(want), std::string::npos) << e;
     }
   }
+}
+
+// ---- receives from any source ----
+
+TYPED_TEST(TransportConformance, AnySourceTakesEveryMessageOnceInOrderPerSender) {
+  for (int p : {2, 3, 4})
+    EXPECT_EQ(run_communicators<TypeParam>(p, any_source_cases::senders_to_one_receiver), "") << "p=" << p;
+}
+
+TYPED_TEST(TransportConformance, AnySourceMixedWithNamedReceives) {
+  for (int round = 0; round < 3; ++round)
+    EXPECT_EQ(run_communicators<TypeParam>(3, any_source_cases::mixed_with_named_receives), "") << "round " << round;
+}
+
+TYPED_TEST(TransportConformance, AnySourceTakesAMessageToItself) {
+  for (int p : {1, 3}) EXPECT_EQ(run_communicators<TypeParam>(p, any_source_cases::from_itself), "") << "p=" << p;
+}
+
+// Nobody sends: the receive raises Error(timeout) at the communicator's deadline.
+TYPED_TEST(TransportConformance, AnySourceTimesOutWhenNobodySends) {
+  ::setenv("TUTTI_TIMEOUT_MS", "300", 1);
+  std::string error = "no error";
+  const auto start = std::chrono::steady_clock::now();
+  const std::string failures = run_communicators<TypeParam>(3, [&](Communicator& comm) {
+    if (comm.rank() != 0) return;
+    std::int32_t in = 0;
+    try {
+      comm.recv(&in, 1, DataType::i32, any_source, 4);
+    } catch (const Error& e) {
+      error = std::string(to_string(e.code())) + ": " + e.what();
+    }
+  });
+  ::setenv("TUTTI_TIMEOUT_MS", "60000", 1);
+  EXPECT_EQ(failures, "");
+  EXPECT_EQ(error.rfind("timeout: ", 0), 0u) << error;
+  EXPECT_NE(error.find("from rank any, tag 4"), std::string::npos) << error;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+}
+
+// A message longer than the receive's buffer: Error(mismatch) on both ranks, as a named receive.
+TYPED_TEST(TransportConformance, AnySourceOfAnotherSizeRaisesMismatchOnBothRanks) {
+  std::vector<std::string> errors(2, "no error");
+  const std::string failures = run_communicators<TypeParam>(2, [&](Communicator& comm) {
+    std::vector<std::int32_t> data(8, 1);
+    try {
+      if (comm.rank() == 1)
+        comm.send(data.data(), 8, DataType::i32, 0, 3);
+      else
+        comm.recv(data.data(), 4, DataType::i32, any_source, 3);
+    } catch (const Error& e) {
+      errors[static_cast<std::size_t>(comm.rank())] = std::string(to_string(e.code())) + ": " + e.what();
+    }
+  });
+  EXPECT_EQ(failures, "");
+  for (const std::string& e : errors) EXPECT_EQ(e.rfind("mismatch: ", 0), 0u) << e;
 }
 
 // Even and odd ranks split apart, each in reverse order, then split again and split off a

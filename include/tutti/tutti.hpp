@@ -48,6 +48,9 @@ class SharedBuffer {
   std::size_t size_ = 0;
 };
 
+/// The `peer` of a receive that takes the first message from any rank (Communicator::recv).
+inline constexpr int any_source = -1;
+
 /// The handle of a nonblocking operation. Copies share the same operation.
 /// The buffers passed to the operation must stay valid until it completes.
 class Request {
@@ -65,6 +68,9 @@ class Request {
   /// Like `wait_for`, but the operation's timeout counts from `since` (say, when it was issued)
   /// rather than from this call, so that polling in short slices still reaches the deadline.
   bool wait_for(std::chrono::milliseconds duration, std::chrono::steady_clock::time_point since);
+  /// For a receive that completed: the rank whose message it took (the sender, for a receive
+  /// from `any_source`). -1 before it completed, and for every other operation.
+  int source() const;
 
   explicit Request(std::shared_ptr<detail::RequestState> op) : op_(std::move(op)) {}
 
@@ -120,9 +126,16 @@ class Communicator {
                const Options& options = {});
   /// Returns on any rank only after every rank has entered it.
   void barrier(const Options& options = {});
-  /// Point to point; messages between two ranks with the same tag arrive in order.
+  /// Point to point; messages between two ranks with the same tag arrive in order (a receive
+  /// takes the earliest message not yet taken). A receive's count must equal the send's
+  /// (otherwise Error(mismatch) on both sides). `peer` of a receive may be `any_source`: it takes
+  /// the first message with `tag` to arrive from any rank (this one included), as MPI_ANY_SOURCE;
+  /// the others stay, in order, for later receives. Receives of one tag match in the order
+  /// issued, so a named receive issued after an unfinished any_source receive of its tag waits
+  /// for it. An any_source receive holds size() staging buffers of the message's size while it
+  /// waits. Returns the sender's rank. Errors: timeout, peer_failure, mismatch, as collectives.
   void send(const void* data, std::size_t count, DataType type, int peer, int tag = 0);
-  void recv(void* data, std::size_t count, DataType type, int peer, int tag = 0);
+  int recv(void* data, std::size_t count, DataType type, int peer, int tag = 0);
 
   // ---- nonblocking twins: same arguments, return at once ----
 
@@ -146,6 +159,7 @@ class Communicator {
                    const Options& options = {});
   Request ibarrier(const Options& options = {});
   Request isend(const void* data, std::size_t count, DataType type, int peer, int tag = 0);
+  /// As recv; Request::source() gives the sender once it completed.
   Request irecv(void* data, std::size_t count, DataType type, int peer, int tag = 0);
 
   // ---- typed conveniences ----

@@ -1,5 +1,7 @@
 #include "comm/comm_impl.hpp"
 
+#include "exec/matched_recv.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <new>
@@ -8,6 +10,7 @@
 #include "comm/tuning.hpp"
 #include "core/copy.hpp"
 #include "core/env.hpp"
+#include "exec/matched_recv.hpp"
 #include "exec/request.hpp"
 #include "reduce/reduce.hpp"
 
@@ -275,13 +278,22 @@ Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size
   const char* name = is_send ? "send" : "recv";
   if (size_ <= 0) throw Error(ErrorCode::invalid_argument, std::string(name) + ": the communicator is empty");
   queue_->check_usable(false);
-  validate_point_to_point(is_send, data, count, type, peer, tag, size_);
-  const auto key = queue_->next_p2p_key(is_send, peer, tag);
+  const bool any = !is_send && peer == any_source;
+  validate_point_to_point(is_send, data, count, type, any ? 0 : peer, tag, size_);
   std::string description = std::string(name) + "(count=" + std::to_string(count) + ", " +
                             std::string(to_string(type)) + (is_send ? ", to rank " : ", from rank ") +
-                            std::to_string(peer) + ", tag " + std::to_string(tag) + ")";
-  auto op = exec::Operation::point_to_point(queue_->transport(), is_send, const_cast<void*>(data), count, type, peer,
-                                            key, std::move(description));
+                            (any ? std::string("any") : std::to_string(peer)) + ", tag " + std::to_string(tag) + ")";
+  std::unique_ptr<exec::Operation> op;
+  if (is_send) {
+    op = exec::Operation::point_to_point(queue_->transport(), true, const_cast<void*>(data), count, type, peer,
+                                         queue_->next_send_key(peer, tag), std::move(description));
+  } else if (auto key = any ? std::nullopt : queue_->take_direct_recv_key(peer, tag)) {
+    op = exec::Operation::point_to_point(queue_->transport(), false, const_cast<void*>(data), count, type, peer, *key,
+                                         std::move(description));
+  } else {
+    op = queue_->make_matched_recv(const_cast<void*>(data), count, type, any ? exec::MatchedRecv::any_peer : peer, tag,
+                                   std::move(description));
+  }
   op->timeout = default_timeout_;
   auto shared = queue_->submit(std::move(op), blocking);
   return Request(std::make_shared<detail::RequestState>(queue_, std::move(shared)));

@@ -170,8 +170,10 @@ void Communicator::barrier(const Options& options) {
 void Communicator::send(const void* data, std::size_t count, DataType type, int peer, int tag) {
   checked().start_point_to_point(true, data, count, type, peer, tag, blocking).wait();
 }
-void Communicator::recv(void* data, std::size_t count, DataType type, int peer, int tag) {
-  checked().start_point_to_point(false, data, count, type, peer, tag, blocking).wait();
+int Communicator::recv(void* data, std::size_t count, DataType type, int peer, int tag) {
+  Request request = checked().start_point_to_point(false, data, count, type, peer, tag, blocking);
+  request.wait();
+  return request.source();
 }
 
 Communicator Communicator::split(int color, int key) const { return checked().split(color, key); }

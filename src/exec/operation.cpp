@@ -105,10 +105,12 @@ ScheduleOperation::ScheduleOperation(transport::Transport& transport, bool is_se
       elem_size_(size_of(type)),
       description_(std::move(description)) {
   const schedule::Region region{Buffer::output, 0, count};
-  if (is_send)
+  if (is_send) {
     schedule_.send(peer, region);
-  else
+  } else {
     schedule_.recv(peer, region);
+    on_success([this, peer] { set_source(peer); });
+  }
   output_ = static_cast<std::byte*>(data);
   keys_ = {key};
   build_graph();

@@ -6,6 +6,7 @@
 // Not thread-safe: the owning OperationQueue serializes calls under its lock.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <functional>
@@ -64,6 +65,10 @@ class Operation {
   /// How often a waiter must progress it (NativeCollective::poll_period); nullopt: wake-ups suffice.
   virtual std::optional<std::chrono::microseconds> poll_period() const { return std::nullopt; }
 
+  /// A receive's sender (for a receive from any source, the rank whose message it took); -1
+  /// until it completed, and for every other operation.
+  int source() const { return source_.load(std::memory_order_acquire); }
+
   bool finished() const { return finished_; }
   const std::optional<Error>& error() const { return error_; }
   std::uint64_t ordinal = 0;             // issue order within the queue
@@ -76,6 +81,7 @@ class Operation {
   void succeed();
   /// Finishes with `error`.
   void finish_with(const Error& error);
+  void set_source(int rank) { source_.store(rank, std::memory_order_release); }
 
   transport::Signature signature_;
 
@@ -85,6 +91,7 @@ class Operation {
   std::optional<Error> error_;
   std::function<void()> finalize_;
   std::vector<std::unique_ptr<std::byte[]>> owned_;
+  std::atomic<int> source_{-1};
 };
 
 /// A schedule run over a transport: a collective (with its signature check) or point to point.

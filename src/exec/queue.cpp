@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/log.hpp"
+#include "exec/matched_recv.hpp"
 #include "exec/progress.hpp"
 
 namespace tutti::exec {
@@ -31,10 +32,21 @@ void OperationQueue::check_usable(bool collective) {
   throw Error(ErrorCode::aborted, "communicator was aborted earlier: " + std::string(aborted_->error.what()));
 }
 
-transport::MessageKey OperationQueue::next_p2p_key(bool is_send, int peer, int tag) {
+transport::MessageKey OperationQueue::next_send_key(int peer, int tag) {
   std::lock_guard lock(mutex_);
-  const std::uint32_t index = p2p_counters_[{is_send, peer, tag}]++;
+  const std::uint32_t index = send_counters_[{peer, tag}]++;
   return transport::MessageKey{transport::Channel::point_to_point, static_cast<std::uint64_t>(tag), index};
+}
+
+std::optional<transport::MessageKey> OperationQueue::take_direct_recv_key(int peer, int tag) {
+  std::lock_guard lock(mutex_);
+  if (!matcher_.direct(peer, tag)) return std::nullopt;
+  return matcher_.take_key(peer, tag);
+}
+
+std::unique_ptr<Operation> OperationQueue::make_matched_recv(void* data, std::size_t count, DataType type, int peer,
+                                                             int tag, std::string description) {
+  return std::make_unique<MatchedRecv>(*transport_, matcher_, data, count, type, peer, tag, std::move(description));
 }
 
 std::shared_ptr<Operation> OperationQueue::submit(std::unique_ptr<Operation> op, bool blocking) {

@@ -11,9 +11,12 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "exec/operation.hpp"
+#include "exec/recv_matcher.hpp"
 #include "transport/transport.hpp"
 
 namespace tutti::exec {
@@ -32,8 +35,15 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   void check_usable(bool collective);
   /// The next collective sequence number (same on every rank when calls are issued in the same order).
   std::uint64_t next_seq() { return next_seq_++; }
-  /// The key of the next point-to-point message to (is_send) or from `peer` with `tag`.
-  transport::MessageKey next_p2p_key(bool is_send, int peer, int tag);
+  /// The key of the next point-to-point message to `peer` with `tag`.
+  transport::MessageKey next_send_key(int peer, int tag);
+  /// The key of the next message from `peer` with `tag`, taken, when a receive may post it at
+  /// once; nullopt when it must go through the matcher (make_matched_recv): a receive from any
+  /// source of that tag is unresolved, or a message from `peer` was kept by one.
+  std::optional<transport::MessageKey> take_direct_recv_key(int peer, int tag);
+  /// A receive through the matcher: from `peer`, or from any source (peer = MatchedRecv::any_peer).
+  std::unique_ptr<Operation> make_matched_recv(void* data, std::size_t count, DataType type, int peer, int tag,
+                                               std::string description);
 
   /// Announces (collectives) and starts `op`; returns the shared handle. Unless `blocking` (the
   /// caller waits at once), the progress engine takes over what remains.
@@ -89,7 +99,8 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   std::vector<std::shared_ptr<Operation>> unordered_;
   std::uint64_t next_seq_ = 0;
   std::uint64_t next_ordinal_ = 1;
-  std::map<std::tuple<bool, int, int>, std::uint32_t> p2p_counters_;
+  std::map<std::pair<int, int>, std::uint32_t> send_counters_;  // (peer, tag)
+  RecvMatcher matcher_;
   std::optional<transport::Failure> aborted_;
   std::atomic<bool> failed_{false};  // aborted_ is set (read without the lock)
   bool reported_ = false;            // the failure reached the user (through a call or a wait)

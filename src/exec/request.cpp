@@ -16,4 +16,6 @@ bool Request::wait_for(std::chrono::milliseconds duration, std::chrono::steady_c
   return !op_ || op_->queue->wait(*op_->op, duration, since);
 }
 
+int Request::source() const { return op_ ? op_->op->source() : -1; }
+
 }  // namespace tutti

@@ -173,6 +173,15 @@ class Transport {
                                 DataType type, ReduceOp op, Completion* done) = 0;
   /// Withdraws a posted operation; returns once the transport no longer touches its buffer.
   virtual void cancel(Completion* done) = 0;
+  /// Withdraws a posted point-to-point receive whose message has not begun to arrive, so that the
+  /// message goes to a later receive of the same key (a receive from any source gives up the
+  /// peers it did not take). Returns true once withdrawn (state cancelled); false when its
+  /// message has arrived or begun to (it then completes, or fails, as usual, into its buffer).
+  /// The default suits transports whose `cancel` never drops part of a matched message.
+  virtual bool withdraw_recv(Completion* done) {
+    cancel(done);
+    return done->state() == Completion::cancelled;
+  }
 
   /// Generation counter of this rank's completions; `wait` returns when it differs from `seen`
   /// (or at the deadline). Lets the executor sleep instead of spinning.

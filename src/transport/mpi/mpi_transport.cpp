@@ -450,6 +450,35 @@ void MpiTransport::cancel(Completion* done) {
   wake();
 }
 
+// MPI cancels a receive only while no message matched it; a matched one completes (its message
+// in flight finishes arriving) and is reported as done, so nothing is lost.
+bool MpiTransport::withdraw_recv(Completion* done) {
+  std::lock_guard lock(mutex_);
+  const auto it = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.done == done; });
+  if (it == pending_.end() || it->collective != nullptr || done->is_send) return false;
+  const auto i = static_cast<std::size_t>(it - pending_.begin());
+  MPI_Request request = requests_[i];
+  Pending pending = *it;
+  requests_[i] = requests_.back();
+  requests_.pop_back();
+  pending_[i] = pending_.back();
+  pending_.pop_back();
+  MPI_Status status{};
+  int cancelled = 0;
+  int rc = MPI_SUCCESS;
+  {
+    auto mpi_lock = serialize();
+    MPI_Cancel(&request);
+    rc = MPI_Wait(&request, &status);
+    MPI_Test_cancelled(&status, &cancelled);
+    if (!cancelled) finish_locked(pending, status, rc);
+    release_locked(pending);
+  }
+  if (cancelled) done->set(Completion::cancelled);
+  wake();
+  return cancelled != 0;
+}
+
 void MpiTransport::wait(std::uint64_t seen, clock::time_point deadline) {
   // MPI has no blocking wait with a deadline: poll, spinning briefly, then napping (50 to 200 µs)
   // so that more ranks than cores still run well.

@@ -74,6 +74,7 @@ class MpiTransport final : public Transport {
     return false;  // the executor receives into staging memory and reduces
   }
   void cancel(Completion* done) override;
+  bool withdraw_recv(Completion* done) override;
   std::uint64_t generation() const override { return generation_.load(std::memory_order_acquire); }
   void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) override;
   void wake() override { generation_.fetch_add(1, std::memory_order_acq_rel); }

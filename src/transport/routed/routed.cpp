@@ -79,6 +79,9 @@ class RoutedTransport final : public Transport {
     else
       remote_->cancel(done);
   }
+  bool withdraw_recv(Completion* done) override {
+    return done->route == via_local && local_ ? local_->withdraw_recv(done) : remote_->withdraw_recv(done);
+  }
   std::uint64_t generation() const override { return local_ ? local_->generation() : remote_->generation(); }
   void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) override {
     if (local_)

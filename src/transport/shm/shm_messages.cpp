@@ -361,4 +361,15 @@ void ShmTransport::cancel(Completion* done) {
   done->set(Completion::cancelled);
 }
 
+// A receive with part of its message in place cannot give it up: the rest would be dropped.
+bool ShmTransport::withdraw_recv(Completion* done) {
+  if (done->state() != Completion::posted) return false;
+  const auto it = recvs_.find(Key{done->peer, done->key.channel, done->key.seq, done->key.index});
+  if (it == recvs_.end() || it->second.done != done || it->second.received > 0)
+    return false;  // arrived (held) or arriving
+  recvs_.erase(it);
+  done->set(Completion::cancelled);
+  return true;
+}
+
 }  // namespace tutti::transport::shm

@@ -51,6 +51,7 @@ class ShmTransport final : public Transport {
   bool post_recv_reduce(int peer, const MessageKey& key, void* dst, const void* operand, std::size_t count,
                         DataType type, ReduceOp op, Completion* done) override;
   void cancel(Completion* done) override;
+  bool withdraw_recv(Completion* done) override;
   std::uint64_t generation() const override;
   void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) override;
   void wake() override;

@@ -170,6 +170,8 @@ class Hub {
   /// A receive (recv.operand == nullptr) or a receive-and-reduce.
   void post_recv(std::uint64_t id, int peer, const MessageKey& key, const PostedRecv& recv);
   void cancel(std::uint64_t id, Completion* done);
+  /// Transport::withdraw_recv: false once its message is being read into its buffer.
+  bool withdraw_recv(std::uint64_t id, Completion* done);
   std::optional<Failure> failure(const CommState& state) const;
   void abort(std::uint64_t id, const Error& error, std::uint64_t seq);
 

@@ -234,6 +234,22 @@ void Hub::cancel(std::uint64_t id, Completion* done) {
   done->set(Completion::cancelled);
 }
 
+bool Hub::withdraw_recv(std::uint64_t id, Completion* done) {
+  std::lock_guard lock(mutex_);
+  if (done->state() != Completion::posted) return false;
+  auto found = comms_.find(id);
+  if (found == comms_.end()) return false;
+  CommState& c = *found->second;
+  const int g = c.members.at(static_cast<std::size_t>(done->peer));
+  const Inbound& in = peers_[static_cast<std::size_t>(g)].in;
+  if (in.stage != Inbound::Stage::header && in.done == done) return false;  // being read into its buffer
+  auto it = c.posted.find(match_key(g, done->key));
+  if (it == c.posted.end() || it->second.done != done) return false;
+  c.posted.erase(it);
+  done->set(Completion::cancelled);
+  return true;
+}
+
 std::optional<Failure> Hub::failure(const CommState& state) const {
   if (!state.has_failure.load(std::memory_order_acquire)) return std::nullopt;
   std::lock_guard lock(mutex_);
