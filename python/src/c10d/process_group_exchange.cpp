@@ -231,9 +231,16 @@ WorkPtr ProcessGroupTutti::recv(std::vector<at::Tensor>& tensors, int src, int t
       tensors, {staged->buffer()}, [staged] { staged->copy_back(); }, src);
 }
 
-WorkPtr ProcessGroupTutti::recvAnysource(std::vector<at::Tensor>&, int) {
-  throw Error(ErrorCode::unsupported,
-              prefix("recv") + "a receive from any source is not supported by tutti (name the source rank)");
+// The first message with `tag` from any rank (tutti::any_source); the Work's sourceRank() names it.
+WorkPtr ProcessGroupTutti::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const char* what = "recv";
+  auto staged = std::make_shared<Staged>(single(tensors, what), what);
+  return run(
+      OpType::RECVANYSOURCE, ::c10d::kUnsetTimeout,
+      [&](tutti::Communicator& c, const tutti::Options&) {
+        return c.irecv(staged->data(), staged->count(), staged->type(), tutti::any_source, tag);
+      },
+      tensors, {staged->buffer()}, [staged] { staged->copy_back(); }, WorkTutti::source_of_request);
 }
 
 }  // namespace tutti::c10d_backend

@@ -40,6 +40,8 @@ const char* profiling_title(::c10d::OpType type) {
       return "tutti:send";
     case OpType::RECV:
       return "tutti:recv";
+    case OpType::RECVANYSOURCE:
+      return "tutti:recvAnySource";
     case OpType::BARRIER:
       return "tutti:barrier";
 #if TORCH_VERSION_MAJOR >= 2
@@ -155,6 +157,11 @@ bool WorkTutti::wait(std::chrono::milliseconds timeout) {
 }
 
 int WorkTutti::sourceRank() const {
+  if (source_rank_ == source_of_request) {
+    const int source = request_.source();
+    TORCH_CHECK(source >= 0, "tutti: sourceRank() of a receive from any source that has not completed (wait first)");
+    return source;
+  }
   if (source_rank_ < 0) return ::c10d::Work::sourceRank();  // raises: not a receive
   return source_rank_;
 }

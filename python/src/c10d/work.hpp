@@ -32,11 +32,13 @@ const char* profiling_title(::c10d::OpType type);
 
 class WorkTutti : public ::c10d::Work {
  public:
+  /// The `source_rank` of a receive from any source: the sender is the request's once it completed.
+  static constexpr int source_of_request = -2;
   /// `outputs` become the future's value; the storages of `keep` (the buffers `request` uses:
   /// staging buffers, or the caller's tensors themselves) are pinned until the work completes, so
   /// that their memory stays valid whatever the caller does to the tensors meanwhile (set_, del;
   /// resize_ raises); `finalize` runs once the request has succeeded. `source_rank` is the peer of
-  /// a receive (-1 otherwise).
+  /// a receive (-1 otherwise; source_of_request for a receive from any source).
   WorkTutti(int rank, ::c10d::OpType type, tutti::Request request, std::vector<at::Tensor> outputs,
             std::vector<at::Tensor> keep, std::function<void()> finalize, int source_rank = -1);
   /// What a work waits on when it is not one tutti::Request (a sparse allreduce, which runs on a

@@ -344,6 +344,25 @@ def check_point_to_point():
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     expect_equal("batch_isend_irecv", got, data(left, 4, torch.float64, 1))
+    check_recv_from_any_source()
+
+
+def check_recv_from_any_source():
+    """dist.recv with src=None takes the first message from any rank and returns its sender: rank 0
+    takes two messages from every other rank, each sender's in order, each message once."""
+    if RANK != 0:
+        for k in range(2):
+            dist.send(data(RANK, 3, torch.int64, offset=k), dst=0, tag=7)
+        return
+    taken = {}
+    for _ in range(2 * (P - 1)):
+        got = torch.full((3,), POISON, dtype=torch.int64)
+        sender = dist.recv(got, tag=7)
+        k = taken.get(sender, 0)
+        expect_equal(f"recv from any source: message {k} of rank {sender}", got, data(sender, 3, torch.int64, offset=k))
+        taken[sender] = k + 1
+    expect_equal("recv from any source: senders", torch.tensor(sorted(taken.items())),
+                 torch.tensor([[r, 2] for r in range(1, P)]))
 
 
 def check_async_and_futures():
@@ -432,7 +451,6 @@ def check_errors():
                      torch.tensor(True))
         expect_raises("a tensor not on the CPU", tutti.Unsupported, "CPU tensors only",
                       lambda: backend.allreduce([torch.ones(2, device="meta")]))
-    expect_raises("recv from any source", tutti.Unsupported, "any source", lambda: dist.recv(torch.ones(1)))
     expect_raises("allgather into a wrong size", tutti.InvalidArgument, "elements",
                   lambda: dist.all_gather_into_tensor(torch.ones(P * 2 + 1), torch.ones(2)))
     # ("ProcessGroup tutti ..." on torch 1.x, "Backend tutti ..." on 2.x)

@@ -41,8 +41,6 @@ if replicated_tensor_ddp is not None:
 if os.environ.get("BACKEND") == "tutti":
     for feature in ("ddp", "subgroup", "plugin"):
         DistTestCases.backend_feature[feature].add("tutti")
-    # Tutti receives from a named rank only (recvAnysource raises "not supported by tutti"), as NCCL.
-    DistTestCases.skip_collective["sendrecv anysource"].add("tutti")
 
 # Tests PyTorch gates by backend name to Gloo (and NCCL, MPI) or to MPI for features of any CPU
 # backend that tutti has too (DDP, get_future, batch_isend_irecv, alltoall on the CPU): run against
