@@ -19,6 +19,7 @@
 
 #include "settings.hpp"
 #include "tutti/sim.hpp"
+#include "tutti/torch_optimizer.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::train {
@@ -64,7 +65,7 @@ class ComputeTimer {
     std::string name;
     std::size_t count = 0;
     DataType type = DataType::f32;
-    std::shared_ptr<::torch::autograd::Node> accumulator;  // kept alive: the hook lives on it
+    tutti::torch::detail::GradAccumulatorPtr accumulator;  // kept alive: the hook lives on it
     std::uintptr_t hook_key = 0;
   };
 
