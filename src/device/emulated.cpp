@@ -10,7 +10,6 @@
 
 #include <unistd.h>
 
-#include "core/log.hpp"
 #include "core/shared_memory.hpp"
 #include "device/checks.hpp"
 #include "reduce/reduce.hpp"
