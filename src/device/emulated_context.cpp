@@ -277,12 +277,18 @@ void EmulatedContext::wait_until(const std::function<bool()>& done,
     if (done()) return;
     raise_if_faulted(call.c_str());
     if (HardwareQueue* queue = const_cast<HardwareQueue*>(blocker())) {
-      std::lock_guard lock(queue->mutex);
-      const auto now = Clock::now();
-      if (queue->held_stream != nullptr && now - std::max(queue->held_since, start) >= settings_.hold_limit)
-        throw Error(ErrorCode::timeout, "tutti::device::" + call +
-                                            " (emulated, strict) would hang: " + queue->held_description(now) +
-                                            ", and on CUDA this call waits until that wait is satisfied");
+      std::string hang;
+      {
+        std::lock_guard lock(queue->mutex);
+        const auto now = Clock::now();
+        if (queue->held_stream != nullptr && now - std::max(queue->held_since, start) >= settings_.hold_limit)
+          hang = "tutti::device::" + call + " (emulated, strict) would hang: " + queue->held_description(now) +
+                 ", and on CUDA this call waits until that wait is satisfied";
+      }
+      if (!hang.empty()) {
+        report(hang);  // logged too: raised in a destructor it ends the process, its text maybe lost
+        throw Error(ErrorCode::timeout, hang);
+      }
     }
     if (Clock::now() - start > implicit_wait_limit)
       throw Error(ErrorCode::timeout,
