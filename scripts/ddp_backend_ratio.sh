@@ -18,7 +18,8 @@ build=$(cd "${1:-$root/build}" && pwd)
 python=${PYTHON:-/usr/bin/python3}
 rounds=${2:-3}
 samples=${3:-6400}
-export PYTHONPATH=$build/python PYTHONDONTWRITEBYTECODE=1
+export PYTHONDONTWRITEBYTECODE=1
+[[ -n ${PYTHON:-} ]] || export PYTHONPATH=$build/python  # a venv's interpreter uses its installed package
 results=$(mktemp)
 allreduce=$(mktemp --suffix .py)
 trap 'rm -f "$results" "$allreduce"' EXIT

@@ -119,4 +119,15 @@ PYTHON=$python bash "$root/tests/python/c10d/torch_subset.sh" "$work" >"$work/to
   { tail -n 30 "$work/torch_subset.log"; fail "PyTorch's DistributedTest subset on torch $torch_version"; }
 tail -n 1 "$work/torch_subset.log" | sed 's/^/  /'
 took "PyTorch's DistributedTest subset"
+# 4. The package of TUTTI_RUN's build, when built against another torch (Debian's 1.13): importing
+# its torch modules here raises ImportError naming both versions, rather than ending the process.
+other=$(dirname "$(dirname "$tutti_run")")/python
+if [[ -f $other/tutti/_torch_version.py ]] && ! grep -q "\"${torch_version%%.*}\." "$other/tutti/_torch_version.py"; then
+  for module in tutti.distributed tutti.horovod.torch; do
+    out=$(PYTHONPATH=$other timeout 60 "$python" -c "import $module" 2>&1)
+    grep -q "ImportError: $module was built against torch .*, but this process imports torch $torch_version" <<<"$out" ||
+      { echo "$out" | tail -n 5; fail "import $module of a build for another torch: no ImportError naming both"; }
+  done
+  took "a build for another torch refused at import (ImportError naming both)"
+fi
 echo "torch2_check: passed on torch $torch_version in $(($(date +%s) - start)) s"

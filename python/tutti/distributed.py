@@ -18,7 +18,10 @@ import os
 
 import torch.distributed as dist
 
-from tutti import _c10d
+from tutti._torch_build import require_built_torch
+
+require_built_torch("tutti.distributed")
+from tutti import _c10d  # noqa: E402  (after the check: a module of another torch ends the process)
 
 __all__ = ["BACKEND", "ProcessGroupTutti", "init_process_group", "launcher_rank_size", "register"]
 

@@ -17,7 +17,10 @@ import sys
 
 import torch  # noqa: F401  (loads libtorch and its Python bindings before the extension)
 
-from tutti._launcher import torchrun_store
+from tutti._torch_build import require_built_torch
+
+require_built_torch("tutti.horovod.torch")
+from tutti._launcher import torchrun_store  # noqa: E402
 from tutti.horovod import _horovod
 from tutti._errors import InvalidArgument, Unsupported
 import tutti
