@@ -348,9 +348,30 @@ void EmulatedContext::fault(const StrictStream& stream, const std::exception_ptr
   report(message);
 }
 
+namespace {
+
+// Fills [p, p + bytes) with poison_byte: the 4-byte-aligned words by relaxed atomic stores (flags
+// are such words), the unaligned ends byte by byte.
+void poison_range(void* p, std::size_t bytes) {
+  auto* byte = static_cast<unsigned char*>(p);
+  unsigned char* const end = byte + bytes;
+  std::uint32_t word = 0;
+  std::memset(&word, poison_byte, sizeof word);
+  for (; byte < end && reinterpret_cast<std::uintptr_t>(byte) % alignof(std::uint32_t) != 0; ++byte)
+    std::atomic_ref<unsigned char>(*byte).store(poison_byte, std::memory_order_relaxed);
+  for (; end - byte >= static_cast<std::ptrdiff_t>(sizeof word); byte += sizeof word)
+    std::atomic_ref<std::uint32_t>(*reinterpret_cast<std::uint32_t*>(byte)).store(word, std::memory_order_relaxed);
+  for (; byte < end; ++byte) std::atomic_ref<unsigned char>(*byte).store(poison_byte, std::memory_order_relaxed);
+}
+
+}  // namespace
+
 void EmulatedContext::quarantine(void* p, std::size_t bytes, std::string what, bool poison,
                                  std::function<void()> release) {
-  if (poison) std::memset(p, poison_byte, bytes);
+  // Poisoned by atomic stores where words are whole: a wait that CUDA keeps pending may still be
+  // reading a flag in this range on its queue's thread (a device destroyed with a held stream),
+  // and a plain memset beside that atomic load is a data race.
+  if (poison) poison_range(p, bytes);
   std::vector<std::function<void()>> evicted;
   {
     std::lock_guard lock(mutex_);
