@@ -414,18 +414,22 @@ void MpiTransport::progress() {
   test_locked();
 }
 
+std::pair<MPI_Request, MpiTransport::Pending> MpiTransport::take_locked(std::vector<Pending>::iterator it) {
+  const auto i = static_cast<std::size_t>(it - pending_.begin());
+  std::pair<MPI_Request, Pending> taken{requests_[i], *it};
+  requests_[i] = requests_.back();
+  requests_.pop_back();
+  pending_[i] = pending_.back();
+  pending_.pop_back();
+  return taken;
+}
+
 void MpiTransport::cancel(Completion* done) {
   std::lock_guard lock(mutex_);
   const auto it = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.done == done; });
   if (it == pending_.end()) return;       // completed (or never reached MPI)
   if (it->collective != nullptr) return;  // MPI cannot cancel a collective: it stays (see post_collective)
-  const auto i = static_cast<std::size_t>(it - pending_.begin());
-  MPI_Request request = requests_[i];
-  Pending pending = *it;
-  requests_[i] = requests_.back();
-  requests_.pop_back();
-  pending_[i] = pending_.back();
-  pending_.pop_back();
+  auto [request, pending] = take_locked(it);
   {
     auto mpi_lock = serialize();
     MPI_Cancel(&request);
@@ -456,13 +460,7 @@ bool MpiTransport::withdraw_recv(Completion* done) {
   std::lock_guard lock(mutex_);
   const auto it = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.done == done; });
   if (it == pending_.end() || it->collective != nullptr || done->is_send) return false;
-  const auto i = static_cast<std::size_t>(it - pending_.begin());
-  MPI_Request request = requests_[i];
-  Pending pending = *it;
-  requests_[i] = requests_.back();
-  requests_.pop_back();
-  pending_[i] = pending_.back();
-  pending_.pop_back();
+  auto [request, pending] = take_locked(it);
   MPI_Status status{};
   int cancelled = 0;
   int rc = MPI_SUCCESS;

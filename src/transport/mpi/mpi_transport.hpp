@@ -35,6 +35,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "transport/mpi/mpi_control.hpp"
@@ -123,6 +124,8 @@ class MpiTransport final : public Transport {
   void test_locked();
   void finish_locked(const Pending& pending, MPI_Status& status, int error);
   void release_locked(Pending& pending);
+  /// Removes the pending operation at `it` (and its MPI request) from the lists; mutex_ held.
+  std::pair<MPI_Request, Pending> take_locked(std::vector<Pending>::iterator it);
   void poll_control_locked() const;
 
   MPI_Comm collective_ = MPI_COMM_NULL;
