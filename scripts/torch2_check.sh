@@ -12,6 +12,7 @@
 #   - Horovod's API (tests/python/horovod/collectives_test.py) at p = 2, and tutti.init() under
 #     torchrun at p = 3 (tests/python/core/test_processes.py);
 #   - ZeroRedundancyOptimizer and FSDP at p = 2 (tests/python/c10d/zero_fsdp_test.py);
+#   - a script that exits without destroy_process_group() at p = 4 (tests/python/c10d/exit_test.py);
 #   - the CI subset of PyTorch's own DistributedTest (tests/python/c10d/torch_subset.sh).
 # Ranks start under TUTTI_RUN (tutti-run of any build: it does not depend on torch).
 #
@@ -109,6 +110,8 @@ took "collectives at p = 2 (with the profiler: tutti:all_reduce in the trace)"
 run_ranks ddp "${tutti_run2[@]}" "$root/tests/python/c10d/ddp_test.py"
 took "DDP at p = 2, parameters equal to gloo's"
 run_ranks zero_fsdp "${tutti_run2[@]}" "$root/tests/python/c10d/zero_fsdp_test.py" && took "ZeRO and FSDP at p = 2, parameters equal to gloo's"
+run_ranks exit "$tutti_run" -n 4 --timeout-ms 60000 "$python" "$root/tests/python/c10d/exit_test.py"
+took "exit without destroy_process_group at p = 4, works in flight"
 run_ranks collectives_torchrun "${torchrun3[@]}" "$root/tests/python/c10d/collectives_test.py"
 took "collectives at p = 3 under torch $torch_version's torchrun"
 run_ranks core_torchrun "${torchrun3[@]}" "$root/tests/python/core/test_processes.py"

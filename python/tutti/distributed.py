@@ -13,6 +13,7 @@ Tutti's nonblocking collectives on CPU tensors (docs/torch-distributed.md). Work
 and torch 2.x, each with a build of tutti made against it.
 """
 
+import atexit
 import inspect
 import os
 
@@ -56,6 +57,12 @@ def register():
 
 
 register()
+
+# Each group's progress thread may drop the last reference to a tensor, which takes the GIL: once
+# the interpreter is finalizing, that ends the process (std::terminate). Stop them while it is
+# whole. atexit runs handlers last-registered first: a later handler that destroys process groups
+# runs before this one.
+atexit.register(_c10d._stop_progress)
 
 # The rank and size variables of the launchers Tutti knows, in the order tutti::init() reads them.
 _LAUNCHERS = (

@@ -92,6 +92,9 @@ PYBIND11_MODULE(_c10d, m) {
         py::call_guard<py::gil_scoped_release>(),
         "Joins the group of `size` ranks as `rank` through the c10d `store` and returns its ProcessGroupTutti; "
         "`timeout` (a timedelta) bounds the rendezvous and every operation.");
+  m.def("_stop_progress", &tutti::c10d_backend::WorkProgress::stop_all, py::call_guard<py::gil_scoped_release>(),
+        "Stops and joins every group's progress thread (tutti.distributed calls it at exit, before the "
+        "interpreter finalizes); works are then completed by whoever waits on them.");
   m.def("create_from", &tutti::c10d_backend::create_from, py::arg("communicator"), py::arg("rank"), py::arg("size"),
         py::arg("timeout"),
         "The ProcessGroupTutti over `communicator` (a tutti.Communicator, whose rank and size must be torch's); "

@@ -1,6 +1,8 @@
 #include "c10d/work.hpp"
 
 #include <exception>
+#include <set>
+#include <thread>
 #include <string>
 
 #include <ATen/core/jit_type.h>
@@ -166,20 +168,62 @@ int WorkTutti::sourceRank() const {
   return source_rank_;
 }
 
-WorkProgress::WorkProgress() : thread_([this] { run(); }) {}
+namespace {
+
+// Every live WorkProgress, for stop_all(); `stopped_all` once it ran.
+struct Registry {
+  std::mutex mutex;
+  std::set<WorkProgress*> live;
+  bool stopped_all = false;
+};
+
+Registry& registry() {
+  static auto* const instance = new Registry;  // never destroyed: groups may outlive static destruction
+  return *instance;
+}
+
+}  // namespace
+
+WorkProgress::WorkProgress() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  if (r.stopped_all) {
+    stop_ = true;
+  } else {
+    thread_ = std::thread([this] { run(); });
+  }
+  r.live.insert(this);
+}
 
 WorkProgress::~WorkProgress() {
+  {
+    Registry& r = registry();
+    std::lock_guard lock(r.mutex);
+    r.live.erase(this);
+  }
+  stop();
+}
+
+void WorkProgress::stop() {
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
   }
   wake_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
+}
+
+void WorkProgress::stop_all() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.stopped_all = true;
+  for (WorkProgress* progress : r.live) progress->stop();
 }
 
 void WorkProgress::add(c10::intrusive_ptr<WorkTutti> work) {
   {
     std::lock_guard lock(mutex_);
+    if (stop_) return;
     pending_.push_back(std::move(work));
   }
   wake_.notify_one();

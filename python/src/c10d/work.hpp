@@ -85,6 +85,12 @@ class WorkTutti : public ::c10d::Work {
 /// (DDP's buckets, torch.futures callbacks) complete without the caller polling. It sleeps in
 /// Tutti's own wait on the oldest work, then sweeps the rest; with no work it sleeps on a
 /// condition variable.
+///
+/// The thread may drop the last reference to a work, and with it to tensors that have Python
+/// objects: that takes the GIL. Once the interpreter is finalizing, taking the GIL ends the thread
+/// by a forced unwind, which std::terminate()s at the first noexcept frame (a destructor). So
+/// tutti.distributed calls stop_all() at exit (Python's atexit, while the interpreter is whole):
+/// every thread is joined, and none starts after.
 class WorkProgress {
  public:
   WorkProgress();
@@ -92,11 +98,17 @@ class WorkProgress {
   WorkProgress(const WorkProgress&) = delete;
   WorkProgress& operator=(const WorkProgress&) = delete;
 
-  /// Takes `work` until it completes.
+  /// Takes `work` until it completes. Once stopped, it does not: a work is then completed by
+  /// whoever waits on it or tests it.
   void add(c10::intrusive_ptr<WorkTutti> work);
+
+  /// Stops and joins every group's thread, and no later group starts one (call it without the GIL:
+  /// a thread may need it to finish).
+  static void stop_all();
 
  private:
   void run();
+  void stop();
 
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -28,6 +28,9 @@ if(TARGET tutti-run)
     tutti_c10d_test(zero_fsdp_p${p} mp timeout 240 $<TARGET_FILE:tutti-run> -n ${p} --timeout-ms 60000
                     ${Python_EXECUTABLE} ${tutti_c10d_tests}/zero_fsdp_test.py)
   endforeach()
+  # A script that ends without destroy_process_group(), works in flight: every rank exits with 0.
+  tutti_c10d_test(exit_p4 mp timeout 120 $<TARGET_FILE:tutti-run> -n 4 --timeout-ms 60000 ${Python_EXECUTABLE}
+                  ${tutti_c10d_tests}/exit_test.py)
   # init_process_group's timeout bounds a collective a peer never joins (tutti.Timeout).
   tutti_c10d_test(timeout_p2 mp timeout 120 $<TARGET_FILE:tutti-run> -n 2 ${Python_EXECUTABLE}
                   ${tutti_c10d_tests}/timeout_test.py)
