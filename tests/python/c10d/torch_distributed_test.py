@@ -121,6 +121,8 @@ def main():
     logging.getLogger("torch.testing._internal.common_distributed").setLevel(logging.WARNING)
     loader = unittest.TestLoader()
     patterns = [f"*.{name}" for name in _names(args.tests)] if args.tests else []
+    if args.tests and not patterns:
+        parser.error(f"{args.tests} names no test")
     patterns += [f"*{k}*" for k in args.k]
     if patterns:
         loader.testNamePatterns = patterns
