@@ -17,6 +17,7 @@ import atexit
 import inspect
 import os
 
+import torch
 import torch.distributed as dist
 
 from tutti._torch_build import require_built_torch
@@ -34,19 +35,47 @@ ProcessGroupTutti = _c10d.ProcessGroupTutti
 _handed = None
 
 
+if _c10d.IS_BACKEND:
+
+    class _ProcessGroup(dist.ProcessGroup):
+        """torch 2.x's ProcessGroup over a tutti Backend, that says whose it is.
+
+        torch wraps a Backend registered from Python in a ProcessGroup of type CUSTOM, whose name
+        is "custom": DDP's logging data (``backend_name``) and every message that names the
+        backend would say "custom". A creator may return a ProcessGroup instead (torch's own
+        "threaded" backend does): this one holds the Backend for the CPU, as torch's would, and
+        answers getBackendName() with "tutti".
+        """
+
+        def getBackendName(self):  # noqa: N802 (torch's name)
+            return BACKEND
+
+    def _group(store, rank, world_size, backend):
+        group = _ProcessGroup(store, rank, world_size)
+        kind = dist.ProcessGroup.BackendType.CUSTOM
+        group._set_default_backend(kind)
+        group._register_backend(torch.device("cpu"), kind, backend)
+        return group
+
+else:
+
+    def _group(store, rank, world_size, backend):
+        return backend  # torch 1.x: the backend is the ProcessGroup
+
+
 def _create(store, rank, world_size, timeout):
     global _handed
     if _handed is not None:
         communicator, _handed = _handed, None
-        return _c10d.create_from(communicator, rank, world_size, timeout)
-    return _c10d.create(store, rank, world_size, timeout)
+        return _group(store, rank, world_size, _c10d.create_from(communicator, rank, world_size, timeout))
+    return _group(store, rank, world_size, _c10d.create(store, rank, world_size, timeout))
 
 
 def register():
     """Registers the backend "tutti" with torch.distributed (done at import; again is a no-op).
 
-    On torch 2.x the backend is a c10d Backend for CPU tensors, which torch wraps in a
-    ProcessGroup of its own; on torch 1.x it is the ProcessGroup itself.
+    On torch 2.x the backend is a c10d Backend for CPU tensors in a ProcessGroup named "tutti"; on
+    torch 1.x it is the ProcessGroup itself.
     """
     if BACKEND.upper() in dist.Backend._plugins:
         return

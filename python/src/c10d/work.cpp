@@ -250,10 +250,14 @@ void WorkProgress::run() {
     std::deque<c10::intrusive_ptr<WorkTutti>> still;
     for (auto& work : sweep)
       if (!work->isCompleted()) still.push_back(std::move(work));
+    // The completed works go here, without the lock: the last reference to a work may be this
+    // one, and dropping its tensors may take the GIL, which a caller of add() holds while it
+    // waits for the lock (a collective issued from a Python-side ProcessGroup).
+    sweep.clear();
     lock.lock();
     // Keep issue order: what was added during the sweep goes after what was there before.
     for (auto& work : pending_) still.push_back(std::move(work));
-    pending_.swap(still);
+    pending_.swap(still);  // `still` keeps only moved-from (empty) pointers: nothing to drop under the lock
   }
 }
 
