@@ -3,11 +3,8 @@
 One job, two process groups: the default one over "tutti" and a "gloo" group of the same ranks.
 Two copies of a small network start from the same weights; each trains the same steps on the same
 per-rank data, one under DDP over tutti, the other under DDP over gloo. Afterwards:
-- every rank holds the same parameters under tutti (compared exactly, through gloo);
-- they equal gloo's: exactly at p = 2, where each gradient element is the sum of two numbers
-  (a + b == b + a in floating point, whatever the algorithm), and to 1e-6 relative at p > 2,
-  where the two libraries may add the ranks' gradients in different orders (float32 addition is
-  not associative).
+every rank holds the same parameters under tutti, equal to gloo's (against_gloo.py says how
+exactly).
 Run one process per rank, as collectives_test.py.
 """
 
@@ -19,6 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tutti.distributed
+from against_gloo import agreement, check_parameters  # this file's directory
 
 STEPS = 6
 
@@ -51,24 +49,11 @@ def main():
     over_tutti = train(copy.deepcopy(base), dist.group.WORLD, rank)
     over_gloo = train(copy.deepcopy(base), gloo, rank)
     start = torch.cat([p.detach().reshape(-1) for p in base.parameters()])
-    if torch.equal(over_tutti, start):
-        raise AssertionError(f"rank {rank}: the parameters did not move")
-    everyone = [torch.empty_like(over_tutti) for _ in range(size)]
-    dist.all_gather(everyone, over_tutti, group=gloo)
-    for r, other in enumerate(everyone):
-        if not torch.equal(other, over_tutti):
-            raise AssertionError(f"rank {rank}: rank {r}'s parameters differ from this rank's under tutti")
-    if size == 2:
-        same = torch.equal(over_tutti, over_gloo)
-    else:
-        same = torch.allclose(over_tutti, over_gloo, rtol=1e-6, atol=1e-7)
-    if not same:
-        worst = (over_tutti - over_gloo).abs().max().item()
-        raise AssertionError(f"rank {rank}: DDP over tutti and over gloo differ (largest difference {worst})")
+    check_parameters("ddp_test", rank, size, gloo, start, over_tutti, over_gloo)
     dist.barrier()
     if rank == 0:
         print(f"ddp_test: {STEPS} steps at p = {size}: tutti's parameters equal gloo's "
-              f"({'exactly' if size == 2 else 'to 1e-6 relative'}) and agree on every rank")
+              f"({agreement(size)}) and agree on every rank")
     dist.destroy_process_group()
 
 

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tutti.distributed
+from against_gloo import agreement, check_close, check_parameters  # this file's directory
 
 STEPS = 6
 WARMUP = 2  # iterations the overlapped ZeRO spends learning DDP's buckets, without an update
@@ -211,29 +212,11 @@ CASES = [
 ]
 
 
-def same(a, b, size):
-    return torch.equal(a, b) if size == 2 else torch.allclose(a, b, rtol=1e-6, atol=1e-7)
-
-
 def check(name, rank, size, gloo, start, over_tutti, over_gloo):
     params, extra = over_tutti
-    if params.shape != start.shape:
-        raise AssertionError(f"{name}: rank {rank}: {params.numel()} parameters, not {start.numel()}")
-    if torch.equal(params, start):
-        raise AssertionError(f"{name}: rank {rank}: the parameters did not move")
-    everyone = [torch.empty_like(params) for _ in range(size)]
-    dist.all_gather(everyone, params, group=gloo)
-    for r, other in enumerate(everyone):
-        if not torch.equal(other, params):
-            raise AssertionError(f"{name}: rank {rank}: rank {r}'s parameters differ from this rank's under tutti")
-    if not same(params, over_gloo[0], size):
-        worst = (params - over_gloo[0]).abs().max().item()
-        raise AssertionError(f"{name}: rank {rank}: the parameters over tutti and over gloo differ "
-                             f"(largest difference {worst})")
-    if extra is not None and not same(extra, over_gloo[1], size):
-        worst = (extra - over_gloo[1]).abs().max().item()
-        raise AssertionError(f"{name}: rank {rank}: the consolidated optimizer state over tutti and over gloo "
-                             f"differs (largest difference {worst})")
+    check_parameters(name, rank, size, gloo, start, params, over_gloo[0])
+    if extra is not None:
+        check_close(name, rank, size, "the consolidated optimizer state", extra, over_gloo[1])
 
 
 def main():
@@ -275,7 +258,7 @@ def main():
         passed += 1
         if rank == 0:
             print(f"zero_fsdp_test: {name}: {what}: {STEPS} steps at p = {size} on torch {torch.__version__}: "
-                  f"tutti's parameters equal gloo's ({'exactly' if size == 2 else 'to 1e-6 relative'}) and agree "
+                  f"tutti's parameters equal gloo's ({agreement(size)}) and agree "
                   f"on every rank ({operations} operations over tutti): passed", flush=True)
     dist.barrier(group=gloo)
     if rank == 0:
