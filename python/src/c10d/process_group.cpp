@@ -167,7 +167,8 @@ WorkPtr ProcessGroupTutti::allgather_coalesced(std::vector<std::vector<at::Tenso
       throw Error(ErrorCode::invalid_argument, prefix(what) +
                                                    "every output list must have as many tensors as the inputs (" +
                                                    std::to_string(inputs.size()) + ")");
-    for (std::size_t i = 0; i < list.size(); ++i) check_like({list[i]}, inputs[i], inputs[i].numel(), "output", what);
+    for (std::size_t i = 0; i < list.size(); ++i)
+      check_tensor(list[i], i, inputs[i], inputs[i].numel(), "output", what);
   }
   const DataType type = data_type_of(inputs.front(), what);
   at::Tensor send = flatten(inputs);
@@ -189,13 +190,7 @@ WorkPtr ProcessGroupTutti::allgather_into_tensor_coalesced(std::vector<at::Tenso
   // Every rank's inputs end to end, one allgather: rank r's block holds its input i at the
   // offset of input i, which goes to block r of outputs[i].
   const char* what = "allgather_into_tensor_coalesced";
-  if (inputs.empty() || inputs.size() != outputs.size())
-    throw Error(ErrorCode::invalid_argument, prefix(what) + "expected as many outputs as inputs (at least one), got " +
-                                                 std::to_string(outputs.size()) + " and " +
-                                                 std::to_string(inputs.size()));
-  check_like(inputs, inputs.front(), -1, "inputs", what);
-  for (std::size_t i = 0; i < inputs.size(); ++i)
-    check_like({outputs[i]}, inputs[i], inputs[i].numel() * size_, "output", what);
+  check_pairs(inputs, outputs, size_, "inputs", "outputs", what);
   const DataType type = data_type_of(inputs.front(), what);
   at::Tensor send = flatten(inputs);
   at::Tensor recv = at::empty({size_, send.numel()}, send.options());

@@ -102,16 +102,9 @@ WorkPtr ProcessGroupTutti::reduce_scatter_tensor_coalesced(std::vector<at::Tenso
                                                            const ::c10d::ReduceScatterOptions& opts) {
   // One reduce_scatter: the block for rank r holds block r of every input, end to end.
   const char* what = "reduce_scatter_tensor_coalesced";
-  if (outputs.empty() || inputs.size() != outputs.size())
-    throw Error(ErrorCode::invalid_argument, prefix(what) + "expected as many inputs as outputs (at least one), got " +
-                                                 std::to_string(inputs.size()) + " and " +
-                                                 std::to_string(outputs.size()));
-  check_like(outputs, outputs.front(), -1, "outputs", what);
+  check_pairs(outputs, inputs, size_, "outputs", "inputs", what);
   std::vector<at::Tensor> blocks;  // inputs[i] as rows of one block per rank
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    check_like({inputs[i]}, outputs[i], outputs[i].numel() * size_, "input", what);
-    blocks.push_back(inputs[i].reshape({size_, outputs[i].numel()}));
-  }
+  for (std::size_t i = 0; i < outputs.size(); ++i) blocks.push_back(inputs[i].reshape({size_, outputs[i].numel()}));
   const ReduceOp op = reduce_op_of(opts.reduceOp, outputs.front().scalar_type(), what);
   const DataType type = data_type_of(outputs.front(), what);
   at::Tensor send = at::cat(blocks, 1).contiguous();

@@ -1,5 +1,7 @@
 #include "c10d/tensors.hpp"
 
+#include <cstring>
+
 #include "tutti/torch_dtype.hpp"
 
 namespace tutti::c10d_backend {
@@ -60,20 +62,35 @@ const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* wha
   return tensors.front();
 }
 
+void check_tensor(const at::Tensor& t, std::size_t index, const at::Tensor& reference, long numel, const char* role,
+                  const char* what) {
+  data_type_of(t, what);
+  if (t.scalar_type() != reference.scalar_type())
+    throw Error(ErrorCode::invalid_argument, prefix(what) + role + "[" + std::to_string(index) + "] is " +
+                                                 c10::toString(t.scalar_type()) + ", expected " +
+                                                 c10::toString(reference.scalar_type()));
+  if (numel >= 0 && t.numel() != numel)
+    throw Error(ErrorCode::invalid_argument, prefix(what) + role + "[" + std::to_string(index) + "] has " +
+                                                 std::to_string(t.numel()) + " elements, expected " +
+                                                 std::to_string(numel));
+}
+
 void check_like(const std::vector<at::Tensor>& tensors, const at::Tensor& reference, long numel, const char* role,
                 const char* what) {
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const at::Tensor& t = tensors[i];
-    data_type_of(t, what);
-    if (t.scalar_type() != reference.scalar_type())
-      throw Error(ErrorCode::invalid_argument, prefix(what) + role + "[" + std::to_string(i) + "] is " +
-                                                   c10::toString(t.scalar_type()) + ", expected " +
-                                                   c10::toString(reference.scalar_type()));
-    if (numel >= 0 && t.numel() != numel)
-      throw Error(ErrorCode::invalid_argument, prefix(what) + role + "[" + std::to_string(i) + "] has " +
-                                                   std::to_string(t.numel()) + " elements, expected " +
-                                                   std::to_string(numel));
-  }
+  for (std::size_t i = 0; i < tensors.size(); ++i) check_tensor(tensors[i], i, reference, numel, role, what);
+}
+
+void check_pairs(const std::vector<at::Tensor>& small, const std::vector<at::Tensor>& big, int size,
+                 const char* small_role, const char* big_role, const char* what) {
+  if (small.empty() || small.size() != big.size())
+    throw Error(ErrorCode::invalid_argument, prefix(what) + "expected as many " + big_role + " as " + small_role +
+                                                 " (at least one), got " + std::to_string(big.size()) + " and " +
+                                                 std::to_string(small.size()));
+  check_like(small, small.front(), -1, small_role, what);
+  // Each against its own small tensor; a message names it in the singular ("output[1]").
+  const std::string one(big_role, std::strlen(big_role) - 1);
+  for (std::size_t i = 0; i < small.size(); ++i)
+    check_tensor(big[i], i, small[i], small[i].numel() * size, one.c_str(), what);
 }
 
 Staged::Staged(const at::Tensor& tensor, const char* what)

@@ -28,10 +28,23 @@ ReduceOp reduce_op_of(const ::c10d::ReduceOp& op, at::ScalarType type, const cha
 /// Exactly one tensor (the per-rank list of torch's API); Error(invalid_argument) otherwise.
 const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* what);
 
+/// Tensor `role`[`index`] has `reference`'s scalar type and `numel` elements (a negative `numel`:
+/// any); Error(invalid_argument) naming both otherwise.
+void check_tensor(const at::Tensor& tensor, std::size_t index, const at::Tensor& reference, long numel,
+                  const char* role, const char* what);
+
 /// Every tensor of `tensors` has `reference`'s scalar type and `numel` elements (a negative
 /// `numel`: any); Error(invalid_argument) naming `role` and the index otherwise.
 void check_like(const std::vector<at::Tensor>& tensors, const at::Tensor& reference, long numel, const char* role,
                 const char* what);
+
+/// The pairs of torch 2.x's coalesced tensor collectives: `small[i]` (an input of an allgather,
+/// an output of a reduce_scatter) goes with `big[i]`, `size` times as large. Error(invalid_argument)
+/// naming `what` unless there is at least one pair, every small tensor has the first one's type,
+/// and each big one its small one's type and `size` times its elements. `small_role` and
+/// `big_role` ("inputs", "outputs") name the lists in messages.
+void check_pairs(const std::vector<at::Tensor>& small, const std::vector<at::Tensor>& big, int size,
+                 const char* small_role, const char* big_role, const char* what);
 
 /// A tensor's data as Tutti sees it: a contiguous buffer, the tensor itself when it is
 /// contiguous, else a contiguous copy that copy_back() writes into the tensor (as Gloo does).

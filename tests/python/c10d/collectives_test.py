@@ -264,6 +264,24 @@ def check_coalesced_tensors():
         want = torch.stack([data(r, P * n, torch.int64, offset=7 * i) for r in range(P)]).sum(0)[RANK * n:(RANK + 1) * n]
         expect_equal(f"reduce_scatter_tensor_coalesced {i}", outputs[i], want)
 
+    # A pair whose big tensor is not P times its small one is refused on every rank, before any
+    # rank sends: the message names the list, the index and both counts.
+    def gather_one_too_many():
+        with _coalescing_manager(async_ops=True) as cm:
+            dist.all_gather_into_tensor(torch.empty(P * 2, dtype=torch.int32), torch.ones(2, dtype=torch.int32))
+            dist.all_gather_into_tensor(torch.empty(P * 3 + 1, dtype=torch.int32), torch.ones(3, dtype=torch.int32))
+        cm.wait()
+
+    def scatter_one_too_few():
+        with _coalescing_manager(async_ops=True) as cm:
+            dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.int64), torch.ones(P * 2 - 1, dtype=torch.int64))
+        cm.wait()
+
+    expect_raises("allgather_into_tensor_coalesced, an output too large", tutti.InvalidArgument,
+                  f"output[1] has {P * 3 + 1} elements, expected {P * 3}", gather_one_too_many)
+    expect_raises("reduce_scatter_tensor_coalesced, an input too small", tutti.InvalidArgument,
+                  f"input[0] has {P * 2 - 1} elements, expected {P * 2}", scatter_one_too_few)
+
 
 def check_profiler():
     """The works' profiling titles reach torch.profiler and its Chrome trace, as Gloo's
