@@ -3,9 +3,11 @@
 // operation is done; a CUDA call that waits for such a stream, on a thread the operation needs,
 // hangs it. Each probe holds a stream, makes one call, and has a watchdog release the stream after
 // 2 s: a call that returned only then waits for held streams. Some probes put a copy to pageable
-// memory (another thread waits in it) or a host function behind the wait. The last probe holds
-// one stream and counts how many of 24 other streams, each given a small memset, finish it within
-// a second: a stream that does not shares a hardware queue with the held one
+// memory (another thread waits in it) or a host function behind the wait. Three probe the
+// kernels: a kernel's first launch (CUDA's lazy loading loads it then), loading the rest as the
+// CUDA device does when it is created (load_kernels), and a loaded kernel's first launch. The
+// last probe holds one stream and counts how many of 24 other streams, each given a small memset,
+// finish it within a second: a stream that does not shares a hardware queue with the held one
 // (CUDA_DEVICE_MAX_CONNECTIONS, read when CUDA starts; 8 by default). Prints one line per probe;
 // exit status 1 if CUDA fails.
 //   cuda-waits [DEVICE]        (scripts/gpu_check.sh runs it with and without the variable set)
@@ -19,6 +21,8 @@
 #include <functional>
 #include <thread>
 #include <vector>
+
+#include "device/cuda/kernels.hpp"
 
 namespace {
 
@@ -136,6 +140,21 @@ int main(int argc, char** argv) {
   probe(held, "cudaEventCreate", [&] {
     cudaEvent_t e = nullptr;
     cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  });
+  // Kernels: CUDA loads a kernel at its first launch (lazy module loading, the default since
+  // CUDA 12.2) unless something loaded it before; the CUDA device loads its own when it is created
+  // (load_kernels). Which of the two waits for a held stream?
+  float* numbers = static_cast<float*>(device);
+  const tutti::device::kernels::DefaultNan nan{};
+  probe(held, "first launch of a kernel + sync, other stream", [&] {
+    tutti::device::cuda::launch_reduce(numbers, numbers, numbers, 1024, tutti::DataType::f32, tutti::ReduceOp::sum, nan,
+                                       1, other);
+    cudaStreamSynchronize(other);
+  });
+  probe(held, "load_kernels (the rest, unlaunched)", [&] { tutti::device::cuda::load_kernels(); });
+  probe(held, "first launch of a loaded kernel + sync, other", [&] {
+    tutti::device::cuda::launch_divide(numbers, 1024, tutti::DataType::f64, 2, 1, other);
+    cudaStreamSynchronize(other);
   });
   const auto busy = [&](const char* name, const std::function<void()>& call) {
     probe(held, name, call, Behind::pageable_copy, device, host_a.data());

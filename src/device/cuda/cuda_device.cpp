@@ -113,6 +113,8 @@ class CudaDevice final : public Device {
     check(cudaGetDeviceProperties(&properties, ordinal), "make_device");
     name_ = "cuda:" + std::to_string(ordinal) + " (" + properties.name + ")";
     max_blocks_ = properties.multiProcessorCount * 8;
+    // Now, not at a first launch inside a collective, where loading could wait behind a held stream.
+    check(load_kernels(), "make_device: loading the reduction kernels");
     write_value32_ = driver_entry<WriteValue32>("cuStreamWriteValue32");
     wait_value32_ = driver_entry<WaitValue32>("cuStreamWaitValue32");
   }

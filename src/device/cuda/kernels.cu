@@ -156,4 +156,25 @@ cudaError_t launch_divide(void* data, std::size_t count, DataType type, int divi
   });
 }
 
+cudaError_t load_kernels() {
+  const auto load = [](const void* kernel) {
+    cudaFuncAttributes attributes{};
+    return cudaFuncGetAttributes(&attributes, kernel);
+  };
+  for (const DataType type : {DataType::i8, DataType::u8, DataType::i32, DataType::u32, DataType::i64, DataType::u64,
+                              DataType::f16, DataType::bf16, DataType::f32, DataType::f64}) {
+    const cudaError_t status = with_type(type, [&]<class T>() {
+      for (const void* kernel : {reinterpret_cast<const void*>(&reduce_kernel<Op::sum, T>),
+                                 reinterpret_cast<const void*>(&reduce_kernel<Op::prod, T>),
+                                 reinterpret_cast<const void*>(&reduce_kernel<Op::min, T>),
+                                 reinterpret_cast<const void*>(&reduce_kernel<Op::max, T>),
+                                 reinterpret_cast<const void*>(&divide_kernel<T>)})
+        if (const cudaError_t loaded = load(kernel); loaded != cudaSuccess) return loaded;
+      return cudaSuccess;
+    });
+    if (status != cudaSuccess) return status;
+  }
+  return cudaSuccess;
+}
+
 }  // namespace tutti::device::cuda

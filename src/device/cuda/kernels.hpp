@@ -21,4 +21,11 @@ cudaError_t launch_reduce(void* dst, const void* a, const void* b, std::size_t c
 cudaError_t launch_divide(void* data, std::size_t count, DataType type, int divisor, int max_blocks,
                           cudaStream_t stream);
 
+/// Loads every kernel above into the current device's context (cudaFuncGetAttributes loads a
+/// kernel that CUDA's lazy module loading, the default since CUDA 12.2, would load at its first
+/// launch). A first launch's loading may wait for every stream of the context, held ones
+/// included: done when the device is created, no launch inside a collective loads anything.
+/// The first error, if any.
+cudaError_t load_kernels();
+
 }  // namespace tutti::device::cuda
