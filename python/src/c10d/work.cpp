@@ -2,8 +2,8 @@
 
 #include <exception>
 #include <set>
-#include <thread>
 #include <string>
+#include <thread>
 
 #include <ATen/core/jit_type.h>
 
