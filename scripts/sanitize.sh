@@ -34,8 +34,11 @@ case $preset in
     #                   cores: 2 and 4 minutes of spinning ranks under ASan on 2 cores
     #   soak            a minute of repeated jobs under ASan; its code is the mp suites' (which
     #                   run), and the normal suite runs it
+    #   gpu_strict_diagnostic  a diagnostic (cases expected to fail, ranks as threads, each waiting
+    #                   out a timeout): 72 s under ASan; the strict emulated device's code runs
+    #                   under ASan in gpu_test.strict* and gpu_collectives_test.strict*
     labels='unit|mp|fault|hostile|emulated'
-    exclude='^(mpi_|tutti_bench$|plot_|mp_tcp_two_hosts$|cluster_2x2$|mp_shm_direct_p[58]$|soak$)'
+    exclude='^(mpi_|tutti_bench$|plot_|mp_tcp_two_hosts$|cluster_2x2$|mp_shm_direct_p[58]$|soak$|gpu_strict_diagnostic$)'
     ;;
   tsan)
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=$supp/tsan.supp"
