@@ -394,7 +394,13 @@ TEST(Engine, AJoinedRankReducesZerosAndRefusesGathersUntilEveryRankJoined) {
         EXPECT_EQ(e.code(), ErrorCode::mismatch);
         EXPECT_NE(std::string(e.what()).find("rank 0 joined"), std::string::npos) << e.what();
       }
-      if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 2 joins last
+      if (r == 2) {
+        // Rank 2 joins last, whatever the timing: an allreduce of its own completes only once ranks
+        // 0 and 1 have joined (they give zeros), so their joins were decided before rank 2's.
+        std::vector<std::int32_t> alone(4, 7);
+        engine.enqueue_allreduce("alone", alone.data(), alone.size(), DataType::i32, ReduceOp::sum).wait();
+        EXPECT_EQ(alone, std::vector<std::int32_t>(4, 7));
+      }
       engine.join().wait();
     }
     EXPECT_EQ(engine.last_joined(), 2);
