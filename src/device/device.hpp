@@ -60,6 +60,11 @@ class Device {
   virtual Kind kind() const = 0;
   /// Names the device for messages, e.g. "emulated" or "cuda:0 (NVIDIA H100)".
   virtual std::string name() const = 0;
+  /// The hardware queues this device's streams run on, where other devices of this process share
+  /// them: CUDA's context of an ordinal (every rank that is a thread of this process on that GPU
+  /// uses it), a strict emulated context. A held wait on one stream there holds the streams that
+  /// share its queue, whoever made them. 0: the streams share queues with no other device.
+  virtual std::uintptr_t queue_domain() const { return 0; }
 
   // ---- memory ----
 

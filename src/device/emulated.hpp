@@ -49,6 +49,7 @@ class EmulatedDevice final : public Device {
 
   Kind kind() const override { return Kind::emulated; }
   std::string name() const override { return context_ ? "emulated (strict)" : "emulated"; }
+  std::uintptr_t queue_domain() const override { return reinterpret_cast<std::uintptr_t>(context_.get()); }
   bool strict() const { return context_ != nullptr; }
   /// The strict context (nullptr when not strict): its reports, for tests and tools.
   const detail::EmulatedContext* context() const { return context_.get(); }

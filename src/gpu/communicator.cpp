@@ -15,11 +15,13 @@ Impl::Impl(tutti::Communicator& host, device::Kind kind, int ordinal)
   if (size_ <= 0) throw Error(ErrorCode::invalid_argument, "gpu::Communicator: the host communicator is empty");
   device_ = device::make_device(kind, ordinal);
   tuning_transport_ = "gpu:" + std::string(device::to_string(device_->kind()));
+  // Ranks that are threads of this process on this GPU submit their device work in order.
+  order_ = LocalOrder::join(host, device_->queue_domain());
   // A private duplicate: only the progress thread calls it, so `host` stays the caller's.
-  backend_ = std::make_unique<HostTransfer>(device_, host.split(0, host.rank()));
+  backend_ = std::make_unique<HostTransfer>(device_, host.split(0, host.rank()), order_);
   // Another duplicate for ipc's watchdog; the backend refuses alike on every rank.
   try {
-    ipc_ = std::make_unique<Ipc>(device_, host.split(0, host.rank()), Ipc::default_capacity());
+    ipc_ = std::make_unique<Ipc>(device_, host.split(0, host.rank()), Ipc::default_capacity(), order_);
   } catch (const Error& error) {
     if (error.code() != ErrorCode::unsupported) throw;
     ipc_refusal_ = error.what();

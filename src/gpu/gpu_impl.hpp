@@ -7,6 +7,7 @@
 #include "device/device.hpp"
 #include "gpu/host_transfer.hpp"
 #include "gpu/ipc.hpp"
+#include "gpu/local_order.hpp"
 #include "gpu/nccl.hpp"
 #include "tutti/gpu.hpp"
 
@@ -46,7 +47,8 @@ class Impl {
   int rank_;
   int size_;
   std::shared_ptr<device::Device> device_;
-  std::string tuning_transport_;  // "gpu:<device kind>": the tuning table's name for it
+  std::string tuning_transport_;       // "gpu:<device kind>": the tuning table's name for it
+  std::shared_ptr<LocalOrder> order_;  // with the ranks sharing this GPU's queues, if any
   std::unique_ptr<HostTransfer> backend_;
   std::unique_ptr<Ipc> ipc_;
   std::string ipc_refusal_;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/env.hpp"
 #include "core/log.hpp"
 
 namespace tutti::gpu::detail {
@@ -84,13 +85,15 @@ std::size_t chunks_of(std::size_t bytes, std::size_t element, std::size_t& chunk
   return (bytes + chunk_bytes - 1) / chunk_bytes;
 }
 
-HostTransfer::HostTransfer(std::shared_ptr<device::Device> device, tutti::Communicator host)
-    : device_(std::move(device)), host_(std::move(host)) {
+HostTransfer::HostTransfer(std::shared_ptr<device::Device> device, tutti::Communicator host,
+                           std::shared_ptr<LocalOrder> order)
+    : device_(std::move(device)), host_(std::move(host)), order_(std::move(order)) {
   done_ = static_cast<std::uint32_t*>(device_->allocate_pinned(sizeof(std::uint32_t)));
   thread_ = std::thread([this] { run(); });
 }
 
 HostTransfer::~HostTransfer() {
+  if (order_) order_->leave(host_.rank());
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
@@ -217,6 +220,10 @@ void HostTransfer::enqueue(const DeviceCall& call, device::Stream stream) {
       enqueued_any = true;
       device_->write_value(staging.ready(i), first + static_cast<std::uint32_t>(i), stream);
     }
+    if (order_ && call.kind == DeviceCall::Kind::collective)
+      if (auto late = order_->pass(host_.rank(), call.call.options.timeout.count() > 0 ? call.call.options.timeout
+                                                                                       : core::default_timeout()))
+        record(*late, Operation{first, call, 0, true, staging.ready(0), staging.data()});
     for (std::size_t i = 0; i < chunks; ++i) {
       device_->wait_value(done_, first + static_cast<std::uint32_t>(i), stream);
       if (l.out != nullptr && out_bytes(i) > 0)
@@ -290,8 +297,10 @@ void HostTransfer::run() {
       }
       if (complete) {
         if (stop_.load(std::memory_order_acquire)) break;  // the destructor released every stream
-        device_->set_flag(done_, f.op.n);
+        // Counted before the stream sees it: a caller that saw its stream pass and destroys the
+        // communicator must not find the operation in flight (a false `aborted`).
         completed_.store(f.op.n, std::memory_order_release);
+        device_->set_flag(done_, f.op.n);
         flight.pop_front();
         moved = true;
       }

@@ -20,6 +20,10 @@
 // out after `done`, so starting it early is invisible, and a send followed by a receive on one
 // stream does not wait for the peer's send to complete first (which would deadlock a ring).
 // A barrier has no input but waits: it is what orders the streams.
+// Ranks that share hardware queues (threads of one process on one GPU) pass a point of their
+// LocalOrder between steps 2 and 3 of a collective, so that no rank's step 3 is submitted ahead of
+// another's step 2 in a queue they share. Point-to-point operations pass none (the other ranks do
+// not call them).
 // The ready words live in the staging header (two streams may reach step 2 out of order); `done`
 // is one word per communicator, raised in order of n.
 // Failures: the first host collective that throws is recorded; `done` is still raised, and every
@@ -44,6 +48,7 @@
 
 #include "comm/comm_impl.hpp"
 #include "device/device.hpp"
+#include "gpu/local_order.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::gpu::detail {
@@ -97,8 +102,10 @@ std::size_t chunks_of(std::size_t bytes, std::size_t element, std::size_t& chunk
 
 class HostTransfer {
  public:
-  /// `host` is the private duplicate only the progress thread calls.
-  HostTransfer(std::shared_ptr<device::Device> device, tutti::Communicator host);
+  /// `host` is the private duplicate only the progress thread calls. `order`: the ranks this
+  /// one shares hardware queues with (local_order.hpp), nullptr for none.
+  HostTransfer(std::shared_ptr<device::Device> device, tutti::Communicator host,
+               std::shared_ptr<LocalOrder> order = nullptr);
   /// Releases every stream waiting on an operation of this communicator, then stops the thread.
   /// An operation issued and not completed is failed first (ErrorCode::aborted, in failures()):
   /// its stream completes without a result.
@@ -159,6 +166,7 @@ class HostTransfer {
 
   std::shared_ptr<device::Device> device_;
   tutti::Communicator host_;
+  std::shared_ptr<LocalOrder> order_;
   std::uint32_t* done_ = nullptr;                  // pinned: the flag streams wait on
   std::uint32_t issued_ = 0;                       // the last operation number (host thread)
   std::vector<std::unique_ptr<Staging>> staging_;  // the pool; host thread only

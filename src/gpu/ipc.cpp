@@ -48,9 +48,11 @@ std::size_t Ipc::default_capacity() {
   return capacity;
 }
 
-Ipc::Ipc(std::shared_ptr<device::Device> device, tutti::Communicator host, std::size_t capacity)
+Ipc::Ipc(std::shared_ptr<device::Device> device, tutti::Communicator host, std::size_t capacity,
+         std::shared_ptr<LocalOrder> order)
     : device_(std::move(device)),
       host_(std::move(host)),
+      order_(std::move(order)),
       rank_(host_.rank()),
       size_(host_.size()),
       capacity_(capacity) {
@@ -128,6 +130,7 @@ Ipc::Ipc(std::shared_ptr<device::Device> device, tutti::Communicator host, std::
 }
 
 Ipc::~Ipc() {
+  if (order_) order_->leave(rank_);
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
@@ -200,6 +203,19 @@ void Ipc::check() {
   throw *failure_;
 }
 
+void Ipc::pass(const DeviceCall& call) {
+  if (!order_) return;
+  // Once failed (here or on another rank), every stream is released: order no longer matters, and
+  // a rank that is late would only be waited for again.
+  if (!failed_.load(std::memory_order_acquire))
+    if (auto error = published_failure()) fail(*error);
+  if (failed_.load(std::memory_order_acquire)) return;
+  if (auto late = order_->pass(
+          rank_, call.call.options.timeout.count() > 0 ? call.call.options.timeout : core::default_timeout()))
+    fail(Error(late->code(), "ipc: " + std::string(to_string(call.call.collective)) + " (operation " +
+                                 std::to_string(issued_) + "): " + late->what()));
+}
+
 void Ipc::wait_all(Flag f, std::uint32_t value, device::Stream stream, bool including_self) {
   for (int j = 0; j < size_; ++j)
     if (including_self || j != rank_) device_->wait_value(flag(j, f), value, stream);
@@ -221,6 +237,7 @@ void Ipc::enqueue(const DeviceCall& call, device::Stream stream) {
   step_ = first + static_cast<std::uint32_t>(steps) - 1;
   last_issued_.store(step_);
   issued_ = n;
+  bool half_enqueued = false;
   try {
     for (std::size_t k = 0; k < steps; ++k) {
       const std::size_t offset = k * per_step;
@@ -235,13 +252,16 @@ void Ipc::enqueue(const DeviceCall& call, device::Stream stream) {
     device_->write_value(done_, n, stream);
   } catch (const Error& error) {
     fail(Error(error.code(), "ipc: operation " + std::to_string(n) + " half enqueued: " + error.what()));
+    half_enqueued = true;
   }
   {
     std::lock_guard lock(mutex_);
     queue_.push_back(Operation{n, call, first, step_});
   }
   wake_.notify_one();
-  check();
+  // A failure while enqueuing is the call's own; one recorded meanwhile (a late rank, a peer's)
+  // is raised by check() and the next call, as after any call that returned.
+  if (half_enqueued) check();
 }
 
 void Ipc::enqueue_step(const DeviceCall& dc, std::uint32_t s, std::size_t offset, std::size_t count,
@@ -257,6 +277,7 @@ void Ipc::enqueue_step(const DeviceCall& dc, std::uint32_t s, std::size_t offset
   const ReduceOp op = c.op && *c.op == ReduceOp::avg ? ReduceOp::sum : c.op.value_or(ReduceOp::sum);
   const bool average = c.op && *c.op == ReduceOp::avg;
   if (offset != 0) device_->write_value(flag(rank_, reached), s, stream);  // the first: enqueue wrote it
+  pass(dc);                                                                // every rank's consumed[s - 1] is submitted
   auto slice = [&](std::size_t j) { return std::pair{count * j / p, count * (j + 1) / p}; };
 
   switch (c.collective) {
@@ -265,12 +286,14 @@ void Ipc::enqueue_step(const DeviceCall& dc, std::uint32_t s, std::size_t offset
       wait_all(consumed, s - 1, stream, true);
       device_->copy(own, in + at, bytes, stream);
       device_->write_value(flag(rank_, ready), s, stream);
+      pass(dc);
       wait_all(ready, s, stream, false);
       const auto [lo, hi] = slice(r);
       for (std::size_t j = 0; j < p; ++j)
         if (j != r) device_->reduce(own + lo * es, own + lo * es, staging_[j] + lo * es, hi - lo, c.type, op, stream);
       if (average) device_->divide(own + lo * es, hi - lo, c.type, size_, stream);
       device_->write_value(flag(rank_, reduced), s, stream);
+      pass(dc);
       if (c.collective == Collective::allreduce || rank_ == c.root)
         for (std::size_t j = 0; j < p; ++j) {
           device_->wait_value(flag(static_cast<int>(j), reduced), s, stream);
@@ -285,10 +308,13 @@ void Ipc::enqueue_step(const DeviceCall& dc, std::uint32_t s, std::size_t offset
         wait_all(consumed, s - 1, stream, true);
         device_->copy(own, out + at, bytes, stream);
         device_->write_value(flag(rank_, ready), s, stream);
+        pass(dc);
       } else {
+        pass(dc);
         device_->wait_value(flag(c.root, ready), s, stream);
         device_->copy(out + at, root, bytes, stream);
       }
+      pass(dc);
       break;
     }
     case Collective::allgather: {
@@ -297,6 +323,7 @@ void Ipc::enqueue_step(const DeviceCall& dc, std::uint32_t s, std::size_t offset
       wait_all(consumed, s - 1, stream, true);
       device_->copy(own, input, bytes, stream);
       device_->write_value(flag(rank_, ready), s, stream);
+      pass(dc);
       for (std::size_t j = 0; j < p; ++j) {
         if (j == r) {
           if (input != out + r * bytes) device_->copy(out + r * bytes, input, bytes, stream);
@@ -305,17 +332,20 @@ void Ipc::enqueue_step(const DeviceCall& dc, std::uint32_t s, std::size_t offset
         device_->wait_value(flag(static_cast<int>(j), ready), s, stream);
         device_->copy(out + j * bytes, staging_[j], bytes, stream);
       }
+      pass(dc);
       break;
     }
     case Collective::reduce_scatter: {
       wait_all(consumed, s - 1, stream, true);
       device_->copy(own, in, p * bytes, stream);
       device_->write_value(flag(rank_, ready), s, stream);
+      pass(dc);
       wait_all(ready, s, stream, false);
       device_->copy(out, own + r * bytes, bytes, stream);
       for (std::size_t j = 0; j < p; ++j)
         if (j != r) device_->reduce(out, out, staging_[j] + r * bytes, count, c.type, op, stream);
       if (average) device_->divide(out, count, c.type, size_, stream);
+      pass(dc);
       break;
     }
     default:
@@ -355,10 +385,20 @@ void Ipc::run() {
 }
 
 void Ipc::exchange(const Operation& op) {
-  // Every rank's watchdog exchanges every operation's descriptor, in order, failed or stopping or
-  // not: it is a collective of the private communicator, which peers wait for.
+  // Every rank's watchdog exchanges every operation's descriptor, in order, stopping or not: it is
+  // a collective of the private communicator, which peers wait for. Once a failure is known here
+  // (this rank's, or one a peer published, which every peer then sees) the exchanges stop: a peer
+  // may never issue the operation, and the verdict is raised past every operation already.
+  if (!failed_.load(std::memory_order_acquire))
+    if (auto error = published_failure()) fail(*error);
+  if (failed_.load(std::memory_order_acquire)) {
+    device_->set_flag(validated_, last_issued_.load() + release_lead);
+    return;
+  }
   if (auto error = check_same_call(host_, op.call, describe_operation(op)); error && !failed_.load()) fail(*error);
   device_->set_flag(validated_, op.n);  // after a failure too: so that the released stream can finish
+  // A failure recorded meanwhile raised the verdict past every operation: keep it there.
+  if (failed_.load(std::memory_order_acquire)) device_->set_flag(validated_, last_issued_.load() + release_lead);
 }
 
 std::string Ipc::describe_operation(const Operation& op) {
@@ -452,6 +492,9 @@ void Ipc::release_all() {
   const std::uint32_t value = last_issued_.load() + release_lead;
   for (int j = 0; j < size_; ++j)
     for (int f = 0; f < flags; ++f) device_->set_flag(flag(j, static_cast<Flag>(f)), value);
+  // And this rank's verdict: a stream must not wait for the exchange of an operation that a
+  // failed peer never issued (that exchange ends only at the host communicator's timeout).
+  device_->set_flag(validated_, value);
 }
 
 }  // namespace tutti::gpu::detail

@@ -13,7 +13,10 @@
 //   5. write consumed[r] = s
 // reduce is the same with only the root gathering; broadcast copies the root's staging; allgather
 // copies every staging[j] to block j; reduce_scatter reduces block r of every staging[j]. reached[r]
-// is written first, so that a watchdog knows when the stream got to the step.
+// is written first, so that a watchdog knows when the stream got to the step. Ranks that share
+// hardware queues (threads of one process on one GPU) pass three points of their LocalOrder in
+// every step, on every rank alike: before step 1, after step 2 and after step 4's write, so that
+// each flag's write is submitted ahead of every wait for it in any queue they share.
 //
 // A watchdog thread per rank checks, for each operation in order, that every rank called the same
 // one (an allgather of a small descriptor over the private host communicator: mismatches are
@@ -43,6 +46,7 @@
 
 #include "device/device.hpp"
 #include "gpu/host_transfer.hpp"
+#include "gpu/local_order.hpp"
 
 namespace tutti::gpu::detail {
 
@@ -50,7 +54,9 @@ class Ipc {
  public:
   /// Collective over `host` (a private duplicate that only this backend calls). Error(unsupported)
   /// on every rank alike when the ranks are not all on one host or the memory cannot be shared.
-  Ipc(std::shared_ptr<device::Device> device, tutti::Communicator host, std::size_t capacity);
+  /// `order`: the ranks this one shares hardware queues with (local_order.hpp), nullptr for none.
+  Ipc(std::shared_ptr<device::Device> device, tutti::Communicator host, std::size_t capacity,
+      std::shared_ptr<LocalOrder> order = nullptr);
   /// Fails (and so releases) the operations still in flight, else waits (bounded) for the peers
   /// to finish reading this rank's staging; never waits for a held stream.
   ~Ipc();
@@ -98,8 +104,13 @@ class Ipc {
   std::optional<Error> published_failure() const;
   void release_all();
 
+  /// Passes the next point of order_ (if any): the signals this rank submitted so far come before
+  /// the waits any rank submits after the point.
+  void pass(const DeviceCall& call);
+
   std::shared_ptr<device::Device> device_;
   tutti::Communicator host_;
+  std::shared_ptr<LocalOrder> order_;
   int rank_ = 0, size_ = 1;
   std::size_t capacity_ = 0;
   std::vector<std::int64_t> pids_;

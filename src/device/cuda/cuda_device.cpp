@@ -135,6 +135,7 @@ class CudaDevice final : public Device {
 
   Kind kind() const override { return Kind::cuda; }
   std::string name() const override { return name_; }
+  std::uintptr_t queue_domain() const override { return static_cast<std::uintptr_t>(ordinal_) + 1; }
 
   // Device memory comes from the stream-ordered pool, allocated and freed on a stream of the
   // device's own: cudaMalloc may, and cudaFree does, wait for every stream of the context, and a
