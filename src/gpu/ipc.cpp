@@ -178,17 +178,15 @@ bool Ipc::serves(const DeviceCall& dc, std::string* why) const {
   };
   if (dc.kind != DeviceCall::Kind::collective) return refuse("point-to-point operations use host_transfer");
   const auto& c = dc.call;
-  const std::size_t block = c.count * size_of(c.type);
   switch (c.collective) {
-    case Collective::allreduce:
+    case Collective::allreduce:  // larger than the staging: several steps, here and below
     case Collective::reduce:
     case Collective::broadcast:
-      return true;
     case Collective::allgather:
-      return block <= capacity_ || refuse("a block larger than the ipc staging (TUTTI_GPU_IPC_BYTES)");
-    case Collective::reduce_scatter:
-      return block <= capacity_ / static_cast<std::size_t>(size_) ||
-             refuse("an input larger than the ipc staging (TUTTI_GPU_IPC_BYTES)");
+      return true;
+    case Collective::reduce_scatter:  // each step stages one piece of every block
+      return capacity_ / (static_cast<std::size_t>(size_) * size_of(c.type)) > 0 ||
+             refuse("the ipc staging (TUTTI_GPU_IPC_BYTES) holds less than one element per rank");
     default:
       return refuse(std::string(to_string(c.collective)) + " is not an ipc collective");
   }
@@ -227,9 +225,13 @@ void Ipc::enqueue(const DeviceCall& call, device::Stream stream) {
   const std::size_t element = size_of(c.type);
   const bool elementwise = c.collective == Collective::allreduce || c.collective == Collective::reduce ||
                            c.collective == Collective::broadcast;
-  // Steps: an elementwise operation in pieces of at most capacity bytes; the others in one.
-  const std::size_t per_step = elementwise ? capacity_ / element : c.count;
-  const std::size_t steps = elementwise && c.count > 0 ? (c.count + per_step - 1) / per_step : 1;
+  // Steps: what a rank stages in pieces of at most capacity bytes: an elementwise operation's data,
+  // an allgather's block, or a piece of each of a reduce_scatter's p blocks.
+  const std::size_t per_step = elementwise || c.collective == Collective::allgather ? capacity_ / element
+                               : c.collective == Collective::reduce_scatter
+                                   ? capacity_ / (static_cast<std::size_t>(size_) * element)
+                                   : c.count;
+  const std::size_t steps = c.count > 0 && per_step > 0 ? (c.count + per_step - 1) / per_step : 1;
   const std::uint32_t first = step_ + 1, n = issued_ + 1;
   // The first enqueue checks the stream: if it throws, nothing was enqueued. A later one leaves
   // the protocol half enqueued: every rank fails (and is released).
@@ -318,33 +320,43 @@ void Ipc::enqueue_step(const DeviceCall& dc, std::uint32_t s, std::size_t offset
       break;
     }
     case Collective::allgather: {
-      // In place as MPI_IN_PLACE (send == recv): this rank's block is already at its place.
-      const std::byte* input = in == out ? out + r * bytes : in;
+      // Piece [at, at + bytes) of every block. In place as MPI_IN_PLACE (send == recv): this
+      // rank's block is already at its place.
+      const std::size_t block = c.count * es;
+      const std::byte* input = in == out ? out + r * block : in;
       wait_all(consumed, s - 1, stream, true);
-      device_->copy(own, input, bytes, stream);
+      device_->copy(own, input + at, bytes, stream);
       device_->write_value(flag(rank_, ready), s, stream);
       pass(dc);
       for (std::size_t j = 0; j < p; ++j) {
         if (j == r) {
-          if (input != out + r * bytes) device_->copy(out + r * bytes, input, bytes, stream);
+          if (input != out + r * block) device_->copy(out + r * block + at, input + at, bytes, stream);
           continue;
         }
         device_->wait_value(flag(static_cast<int>(j), ready), s, stream);
-        device_->copy(out + j * bytes, staging_[j], bytes, stream);
+        device_->copy(out + j * block + at, staging_[j], bytes, stream);
       }
       pass(dc);
       break;
     }
     case Collective::reduce_scatter: {
+      // Piece [at, at + bytes) of every block: staged as p pieces side by side, piece j from block
+      // j; this rank reduces piece r of every staging into its output. In place, the output
+      // overlaps input that earlier steps staged already.
+      const std::size_t block = c.count * es;
       wait_all(consumed, s - 1, stream, true);
-      device_->copy(own, in, p * bytes, stream);
+      if (bytes == block) {
+        device_->copy(own, in, p * block, stream);
+      } else {
+        for (std::size_t j = 0; j < p; ++j) device_->copy(own + j * bytes, in + j * block + at, bytes, stream);
+      }
       device_->write_value(flag(rank_, ready), s, stream);
       pass(dc);
       wait_all(ready, s, stream, false);
-      device_->copy(out, own + r * bytes, bytes, stream);
+      device_->copy(out + at, own + r * bytes, bytes, stream);
       for (std::size_t j = 0; j < p; ++j)
-        if (j != r) device_->reduce(out, out, staging_[j] + r * bytes, count, c.type, op, stream);
-      if (average) device_->divide(out, count, c.type, size_, stream);
+        if (j != r) device_->reduce(out + at, out + at, staging_[j] + r * bytes, count, c.type, op, stream);
+      if (average) device_->divide(out + at, count, c.type, size_, stream);
       pass(dc);
       break;
     }

@@ -12,7 +12,9 @@
 //   4. write reduced[r] = s; wait reduced[j] >= s, copy slice j of staging[j] -> output, for all j
 //   5. write consumed[r] = s
 // reduce is the same with only the root gathering; broadcast copies the root's staging; allgather
-// copies every staging[j] to block j; reduce_scatter reduces block r of every staging[j]. reached[r]
+// copies every staging[j] to block j; reduce_scatter reduces block r of every staging[j]. Any
+// collective larger than the staging takes several steps: an allgather one piece of its block
+// per step, a reduce_scatter one piece of each of its p blocks (side by side in the staging). reached[r]
 // is written first, so that a watchdog knows when the stream got to the step. Ranks that share
 // hardware queues (threads of one process on one GPU) pass three points of their LocalOrder in
 // every step, on every rank alike: before step 1, after step 2 and after step 4's write, so that
