@@ -86,45 +86,38 @@ void Impl::validate(const DeviceCall& dc) const {
   device_memory(call.recv, extents.recv, call.collective == Collective::broadcast ? "buffer" : "recv");
 }
 
+Backend* Impl::backend(Algorithm id, std::string& refusal) {
+  switch (id) {
+    case Algorithm::ipc:
+      refusal = ipc_refusal_;
+      return ipc_.get();
+    case Algorithm::nccl:
+      return nccl(refusal);
+    default:
+      return backend_.get();
+  }
+}
+
 void Impl::enqueue(DeviceCall call, device::Stream stream) {
   check();
-  // The backend: what the options name; automatic takes ipc where it runs the call (all ranks on
-  // one host, a collective it has), else host_transfer; a host algorithm means host_transfer
-  // with that algorithm for its host collective.
+  // The backend: what the options name; automatic takes what automatic_backend says; a host
+  // algorithm means host_transfer with that algorithm for its host collective.
   const Algorithm asked = call.call.options.algorithm;
   if (is_gpu_backend(asked)) call.call.options.algorithm = Algorithm::automatic;
   validate(call);
-  std::string why;
-  switch (asked) {
-    case Algorithm::ipc:
-      if (!ipc_ || !ipc_->serves(call, &why))
-        throw Error(ErrorCode::unsupported, "tutti::gpu: the ipc backend cannot run this " +
-                                                std::string(to_string(call.call.collective)) + ": " +
-                                                (ipc_ ? why : ipc_refusal_));
-      return ipc_->enqueue(call, stream);
-    case Algorithm::nccl: {
-      std::string refusal;
-      Nccl* backend = nccl(refusal);
-      if (backend == nullptr) throw Error(ErrorCode::unsupported, refusal);
-      if (!backend->serves(call, &why))
-        throw Error(ErrorCode::unsupported, "tutti::gpu: the nccl backend cannot run this " +
-                                                std::string(to_string(call.call.collective)) + ": " + why);
-      return backend->enqueue(call, stream);
-    }
-    case Algorithm::automatic:
-      switch (automatic_backend(call)) {
-        case Algorithm::ipc:
-          return ipc_->enqueue(call, stream);
-        case Algorithm::nccl:
-          return nccl_->enqueue(call, stream);
-        default:
-          break;
-      }
-      break;
-    default:
-      break;
+  std::string refusal;
+  Backend* chosen = backend_.get();
+  if (is_gpu_backend(asked)) {
+    chosen = backend(asked, refusal);
+    if (chosen != nullptr && !chosen->serves(call, &refusal)) chosen = nullptr;
+    if (chosen == nullptr)
+      throw Error(ErrorCode::unsupported, "tutti::gpu: the " + std::string(to_string(asked)) +
+                                              " backend cannot run this " +
+                                              std::string(to_string(call.call.collective)) + ": " + refusal);
+  } else if (asked == Algorithm::automatic) {
+    chosen = backend(automatic_backend(call), refusal);  // one that serves the call
   }
-  backend_->enqueue(call, stream);
+  chosen->enqueue(call, stream);
 }
 
 Algorithm Impl::automatic_backend(const DeviceCall& call) {

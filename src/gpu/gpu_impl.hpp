@@ -1,5 +1,6 @@
-// What is behind a gpu::Communicator: its device and its backend (host_transfer for now). Kept
-// apart from the public header so that no device type leaks into <tutti/gpu.hpp>.
+// What is behind a gpu::Communicator: its device and its backends (gpu/backend.hpp: host_transfer,
+// ipc where the ranks share a host, nccl made at first use). Kept apart from the public header so
+// that no device type leaks into <tutti/gpu.hpp>.
 #pragma once
 
 #include <memory>
@@ -23,7 +24,9 @@ class Impl {
   device::Device& device() { return *device_; }
   /// The device, kept alive by whoever holds it after this communicator is gone (tests).
   std::shared_ptr<device::Device> shared_device() const { return device_; }
-  HostTransfer& backend() { return *backend_; }
+  /// The backend `id` names (host_transfer for a host algorithm), or nullptr with `refusal`
+  /// saying why it is not available (ipc, nccl).
+  Backend* backend(Algorithm id, std::string& refusal);
   /// host_transfer's failures; they outlive the communicator (destroying it with operations in
   /// flight records ErrorCode::aborted there).
   std::shared_ptr<const FailureRecord> host_transfer_failures() const { return backend_->failures(); }

@@ -48,20 +48,11 @@
 
 #include "comm/comm_impl.hpp"
 #include "device/device.hpp"
+#include "gpu/backend.hpp"
 #include "gpu/local_order.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::gpu::detail {
-
-/// One operation as the host call describes it (validated before it is enqueued): a collective
-/// (`call`), or a point-to-point send or receive of call.send / call.recv with `peer` and `tag`.
-struct DeviceCall {
-  enum class Kind { collective, send, recv };
-  Kind kind = Kind::collective;
-  tutti::detail::Call call;
-  int peer = -1;
-  int tag = 0;
-};
 
 /// What the stream copies in and out of the staging for one operation, and what is pipelined.
 struct Layout {
@@ -100,7 +91,7 @@ Layout layout_of(const DeviceCall& call, int rank, int size);
 /// size of every chunk but the last, a multiple of `element`.
 std::size_t chunks_of(std::size_t bytes, std::size_t element, std::size_t& chunk_bytes);
 
-class HostTransfer {
+class HostTransfer final : public Backend {
  public:
   /// `host` is the private duplicate only the progress thread calls. `order`: the ranks this
   /// one shares hardware queues with (local_order.hpp), nullptr for none.
@@ -114,11 +105,14 @@ class HostTransfer {
   HostTransfer& operator=(const HostTransfer&) = delete;
 
   /// Raises the recorded failure, if any.
-  void check() const { failures_->check(); }
+  void check() override { failures_->check(); }
+  Algorithm id() const override { return Algorithm::host_transfer; }
+  /// Every collective and point-to-point operation.
+  bool serves(const DeviceCall&, std::string*) const override { return true; }
   /// This backend's failures; it outlives the backend (see the destructor).
   std::shared_ptr<const FailureRecord> failures() const { return failures_; }
   /// Enqueues `call` on `stream` (the protocol above); returns at once.
-  void enqueue(const DeviceCall& call, device::Stream stream);
+  void enqueue(const DeviceCall& call, device::Stream stream) override;
 
   /// At most this many chunks per operation (one ready word each in the staging header).
   static constexpr std::size_t max_chunks = 64;

@@ -52,7 +52,7 @@
 
 namespace tutti::gpu::detail {
 
-class Ipc {
+class Ipc final : public Backend {
  public:
   /// Collective over `host` (a private duplicate that only this backend calls). Error(unsupported)
   /// on every rank alike when the ranks are not all on one host or the memory cannot be shared.
@@ -66,10 +66,11 @@ class Ipc {
   Ipc& operator=(const Ipc&) = delete;
 
   /// Whether this backend runs `call`; else `why` says why not.
-  bool serves(const DeviceCall& call, std::string* why = nullptr) const;
+  bool serves(const DeviceCall& call, std::string* why) const override;
+  Algorithm id() const override { return Algorithm::ipc; }
   /// Raises this rank's failure, or one another rank published (which it then records).
-  void check();
-  void enqueue(const DeviceCall& call, device::Stream stream);
+  void check() override;
+  void enqueue(const DeviceCall& call, device::Stream stream) override;
 
   /// TUTTI_GPU_IPC_BYTES, else 32 MiB: the staging each rank shares.
   static std::size_t default_capacity();

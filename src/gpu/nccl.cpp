@@ -233,7 +233,7 @@ class NcclBackend final : public Nccl {
     }
   }
 
-  void check() const override {
+  void check() override {
     if (!failed_.load(std::memory_order_acquire)) return;
     std::lock_guard lock(mutex_);
     throw *failure_;

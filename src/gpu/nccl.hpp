@@ -11,23 +11,18 @@
 #include <string>
 
 #include "device/device.hpp"
-#include "gpu/host_transfer.hpp"
+#include "gpu/backend.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::gpu::detail {
 
-class Nccl {
+class Nccl : public Backend {
  public:
-  virtual ~Nccl() = default;
   /// Collective over `host` (a private duplicate only this backend calls). Error(unsupported) on
   /// every rank alike when this build has no NCCL, the device is not CUDA, libnccl cannot be
   /// loaded, or NCCL cannot make the communicator (it refuses two ranks on one GPU).
   static std::unique_ptr<Nccl> create(std::shared_ptr<device::Device> device, tutti::Communicator host);
-
-  /// Whether this backend runs `call`; else `why` says why not.
-  virtual bool serves(const DeviceCall& call, std::string* why) const = 0;
-  virtual void check() const = 0;
-  virtual void enqueue(const DeviceCall& call, device::Stream stream) = 0;
+  Algorithm id() const override { return Algorithm::nccl; }
 };
 
 }  // namespace tutti::gpu::detail

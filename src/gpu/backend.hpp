@@ -1,0 +1,42 @@
+// What every GPU backend is to a gpu::Communicator (docs/gpu.md, "Backends"): host_transfer (a
+// host collective between copies to and from pinned staging, any host transport), ipc (device to
+// device through mapped staging, one host) and nccl (NCCL on CUDA). Each says which operations it
+// runs, enqueues them on a stream without waiting, and keeps its own progress thread or watchdog,
+// which records the first failure of its operations and releases their streams; check() raises it.
+// The communicator picks one per operation (Options::algorithm, or automatic) and talks to it
+// only through this interface.
+#pragma once
+
+#include <string>
+
+#include "comm/comm_impl.hpp"
+#include "device/device.hpp"
+#include "tutti/tutti.hpp"
+
+namespace tutti::gpu::detail {
+
+/// One operation as the host call describes it (validated before it is enqueued): a collective
+/// (`call`), or a point-to-point send or receive of call.send / call.recv with `peer` and `tag`.
+struct DeviceCall {
+  enum class Kind { collective, send, recv };
+  Kind kind = Kind::collective;
+  tutti::detail::Call call;
+  int peer = -1;
+  int tag = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// Which backend this is: Algorithm::host_transfer, ipc or nccl.
+  virtual Algorithm id() const = 0;
+  /// Whether it runs `call` here; else `why` (where not null) says why not.
+  virtual bool serves(const DeviceCall& call, std::string* why) const = 0;
+  /// Enqueues `call` (validated, served) on `stream` and returns without waiting for the stream;
+  /// raises a failure recorded earlier instead (nothing enqueued).
+  virtual void enqueue(const DeviceCall& call, device::Stream stream) = 0;
+  /// Raises the first failure of an operation this backend ran, if any; never blocks for long.
+  virtual void check() = 0;
+};
+
+}  // namespace tutti::gpu::detail
