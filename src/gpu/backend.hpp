@@ -7,9 +7,11 @@
 // only through this interface.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include "comm/comm_impl.hpp"
+#include "core/env.hpp"
 #include "device/device.hpp"
 #include "tutti/tutti.hpp"
 
@@ -24,6 +26,11 @@ struct DeviceCall {
   int peer = -1;
   int tag = 0;
 };
+
+/// The operation's timeout: Options::timeout, else the default (TUTTI_TIMEOUT_MS).
+inline std::chrono::milliseconds timeout_of(const DeviceCall& call) {
+  return call.call.options.timeout.count() > 0 ? call.call.options.timeout : core::default_timeout();
+}
 
 class Backend {
  public:

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <string>
 
-#include "core/env.hpp"
 #include "core/log.hpp"
 
 namespace tutti::gpu::detail {
@@ -221,8 +220,7 @@ void HostTransfer::enqueue(const DeviceCall& call, device::Stream stream) {
       device_->write_value(staging.ready(i), first + static_cast<std::uint32_t>(i), stream);
     }
     if (order_ && call.kind == DeviceCall::Kind::collective)
-      if (auto late = order_->pass(host_.rank(), call.call.options.timeout.count() > 0 ? call.call.options.timeout
-                                                                                       : core::default_timeout()))
+      if (auto late = order_->pass(host_.rank(), timeout_of(call)))
         record(*late, Operation{first, call, 0, true, staging.ready(0), staging.data()});
     for (std::size_t i = 0; i < chunks; ++i) {
       device_->wait_value(done_, first + static_cast<std::uint32_t>(i), stream);

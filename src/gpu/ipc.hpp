@@ -103,6 +103,8 @@ class Ipc final : public Backend {
   static std::string describe_operation(const Operation& op);
   /// Records `error` (first wins), publishes it and releases every stream of every rank.
   void fail(const Error& error);
+  /// Whether this backend failed, taking up a failure another rank published first.
+  bool failed_here();
   /// An error published by another rank, if any.
   std::optional<Error> published_failure() const;
   void release_all();

@@ -331,8 +331,7 @@ class NcclBackend final : public Nccl {
   // Follows operation `op` on this rank's stream until it is done, failed, or the backend stops.
   void watch(const Operation& op) {
     using clock = std::chrono::steady_clock;
-    const auto timeout =
-        op.call.call.options.timeout.count() > 0 ? op.call.call.options.timeout : core::default_timeout();
+    const auto timeout = timeout_of(op.call);
     std::optional<clock::time_point> reached_at;
     auto next_liveness = clock::now() + liveness_period;
     std::chrono::microseconds nap{1};
