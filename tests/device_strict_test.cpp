@@ -6,6 +6,8 @@
 // that must time out, never with a timing of work that runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -266,6 +268,71 @@ TEST(EmulatedStrict, DestroyingAHeldStreamKeepsItPendingAndSaysSo) {
   EXPECT_TRUE(named) << "destroying a device with a held stream was not reported";
   keeper.set_flag(never, 1);
   keeper.destroy_stream(behind);
+}
+
+// A copy from pageable host memory reads it at the call, as the CUDA device's pinned bounce
+// blocks do; registered memory is read when the stream gets there. A copy to pageable memory is
+// written by a host function once the stream gets there, chunk by chunk.
+TEST(EmulatedStrict, PageableMemoryIsReadAtTheCallAndWrittenByAHostFunction) {
+  EmulatedDevice device(settings(2), 111);
+  std::uint32_t* gate = flag_of(device);
+  const Stream s = device.create_stream();
+  constexpr std::size_t bytes = (std::size_t{5} << 20) / 2;  // 2.5 chunks
+  auto* d = static_cast<std::uint8_t*>(device.allocate(bytes));
+  std::vector<std::uint8_t> pageable(bytes, 1), registered(bytes, 2), back(bytes, 0);
+  device.register_pinned(registered.data(), registered.size());
+  device.wait_value(gate, 1, s);
+  device.copy(d, pageable.data(), bytes, s);
+  std::fill(pageable.begin(), pageable.end(), 9);  // after the call: not seen
+  device.copy(back.data(), d, bytes, s);
+  EXPECT_FALSE(blocked(device, s).empty());
+  EXPECT_EQ(back[0], 0) << "the copy to pageable memory ran past the held wait";
+  device.set_flag(gate, 1);
+  device.synchronize(s, long_wait);
+  EXPECT_EQ(std::count(back.begin(), back.end(), 1), static_cast<std::ptrdiff_t>(bytes));
+
+  device.wait_value(gate, 2, s);
+  device.copy(d, registered.data(), bytes, s);
+  std::fill(registered.begin(), registered.end(), 3);  // before the stream gets there: seen
+  device.copy(back.data(), d, bytes, s);
+  device.set_flag(gate, 2);
+  device.synchronize(s, long_wait);
+  EXPECT_EQ(std::count(back.begin(), back.end(), 3), static_cast<std::ptrdiff_t>(bytes));
+  device.unregister_pinned(registered.data());
+  device.free(d);
+  device.destroy_stream(s);
+}
+
+// Host functions run on one thread of the context, one at a time: one that has not returned
+// holds another stream's (on another queue), and its own queue while it runs.
+TEST(EmulatedStrict, HostFunctionsRunOneAtATime) {
+  EmulatedDevice device(settings(2), 112);
+  const Stream s0 = device.create_stream(), s1 = device.create_stream(), s2 = device.create_stream();
+  auto strict = [](Stream s) {
+    return static_cast<tutti::device::detail::StrictStream*>(
+        static_cast<tutti::device::detail::EmulatedStream*>(s.handle));
+  };
+  std::atomic<bool> release{false}, first_ran{false}, second_ran{false};
+  std::uint32_t* mark = flag_of(device);
+  strict(s0)->enqueue_host_function(
+      [&] {
+        first_ran = true;
+        tutti::testing::eventually([&] { return release.load(); }, long_wait);
+      },
+      "the first host function");
+  strict(s1)->enqueue_host_function([&] { second_ran = true; }, "the second host function");
+  device.write_value(mark, 1, s2);  // queue 0, behind the first host function
+  ASSERT_TRUE(tutti::testing::eventually([&] { return first_ran.load(); }, long_wait));
+  const std::string message = blocked(device, s1);
+  EXPECT_TRUE(contains(message, "the second host function")) << message;
+  EXPECT_FALSE(second_ran) << "two host functions ran at once";
+  EXPECT_TRUE(contains(blocked(device, s2), "the first host function")) << "a host function did not hold its queue";
+  EXPECT_EQ(Device::load_flag(mark), 0u);
+  release = true;
+  for (Stream s : {s0, s1, s2}) device.synchronize(s, long_wait);
+  EXPECT_TRUE(second_ran);
+  EXPECT_EQ(Device::load_flag(mark), 1u);
+  for (Stream s : {s0, s1, s2}) device.destroy_stream(s);
 }
 
 }  // namespace device_strict_test

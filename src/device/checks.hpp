@@ -9,6 +9,10 @@
 
 namespace tutti::device::detail {
 
+/// A copy from or to pageable host memory goes through pinned blocks of this size (the CUDA
+/// device; the strict emulated device models it), one host function each.
+inline constexpr std::size_t pageable_chunk_bytes = std::size_t{1} << 20;
+
 /// Error(invalid_argument) unless `flag` is non-null and 4-byte aligned.
 void check_flag(const void* flag, const char* function);
 

@@ -210,8 +210,27 @@ void EmulatedDevice::close_shared(void* pointer) {
     release(address(pointer), allocation);
 }
 
-void EmulatedDevice::unregister_pinned(void*) {
+void EmulatedDevice::register_pinned(void* pointer, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  registered_[address(pointer)] = bytes;
+}
+
+void EmulatedDevice::unregister_pinned(void* pointer) {
   if (context_) context_->wait_for_device("unregister_pinned: cudaHostUnregister");
+  std::lock_guard lock(mutex_);
+  registered_.erase(address(pointer));
+}
+
+bool EmulatedDevice::pageable(const void* p) const {
+  auto inside = [a = address(p)](const auto& ranges, auto bytes_of) {
+    auto it = ranges.upper_bound(a);
+    if (it == ranges.begin()) return false;
+    --it;
+    return a < it->first + bytes_of(it->second);
+  };
+  std::lock_guard lock(mutex_);
+  return !inside(allocations_, [](const Allocation& allocation) { return allocation.bytes; }) &&
+         !inside(registered_, [](std::size_t bytes) { return bytes; });
 }
 
 void* EmulatedDevice::allocate(std::size_t bytes) { return allocate_as(bytes, Memory::device, "allocate"); }
@@ -318,8 +337,34 @@ void EmulatedDevice::copy(void* dst, const void* src, std::size_t bytes, Stream 
   detail::check_copy(dst, src, bytes);
   auto w = worker(stream, "copy");
   if (bytes == 0 || dst == src) return;
+  if (context_) {
+    const bool from_pageable = pageable(src), to_pageable = pageable(dst);
+    if (from_pageable || to_pageable)
+      return copy_pageable(dst, src, bytes, static_cast<detail::StrictStream&>(*w), from_pageable, to_pageable);
+  }
   w->enqueue(checked_task("copy", {{dst, bytes, "dst"}, {src, bytes, "src"}},
                           [dst, src, bytes] { std::memcpy(dst, src, bytes); }));
+}
+
+// As the CUDA device (cuda_device.cpp, copy): per chunk, a block read from pageable memory at
+// the call, or filled by the stream; then the stream copies it on, or a host function copies it
+// to pageable memory. The stream still checks that neither range is freed memory.
+void EmulatedDevice::copy_pageable(void* dst, const void* src, std::size_t bytes, detail::StrictStream& stream,
+                                   bool from_pageable, bool to_pageable) {
+  for (std::size_t offset = 0; offset < bytes; offset += detail::pageable_chunk_bytes) {
+    const std::size_t n = std::min(detail::pageable_chunk_bytes, bytes - offset);
+    auto* out = static_cast<std::byte*>(dst) + offset;
+    const auto* in = static_cast<const std::byte*>(src) + offset;
+    std::shared_ptr<std::byte[]> block(new std::byte[n]);
+    if (from_pageable) std::memcpy(block.get(), in, n);
+    stream.enqueue(checked_task("copy", {{out, n, "dst"}, {in, n, "src"}}, [=] {
+      if (!from_pageable) std::memcpy(block.get(), in, n);
+      if (!to_pageable) std::memcpy(out, block.get(), n);
+    }));
+    if (to_pageable)
+      stream.enqueue_host_function([=] { std::memcpy(out, block.get(), n); },
+                                   "a host function (the copy of " + std::to_string(n) + " bytes to pageable memory)");
+  }
 }
 
 void EmulatedDevice::reduce(void* dst, const void* a, const void* b, std::size_t count, DataType type, ReduceOp op,

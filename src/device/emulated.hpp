@@ -16,7 +16,10 @@
 // stream takes a hardware queue, as on CUDA); free of allocate_shared memory (cudaFree),
 // unregister_pinned (cudaHostUnregister), close_shared of a peer's memory
 // (cudaIpcCloseMemHandle) and destroying the device (cudaFreeHost of its pinned blocks) wait for
-// every stream of the context; free_pinned returns the block to a cache (no wait).
+// every stream of the context; free_pinned returns the block to a cache (no wait). A copy from
+// pageable host memory (neither this device's nor registered) reads it at the call, and one to
+// it is written by a host function on the context's host-function thread, chunk by chunk, as
+// the CUDA device's pinned bounce blocks do.
 #pragma once
 
 #include <cstddef>
@@ -66,10 +69,10 @@ class EmulatedDevice final : public Device {
   void* allocate_shared(std::size_t bytes, IpcHandle& handle) override;
   void* open_shared(const IpcHandle& handle, std::size_t bytes) override;
   void close_shared(void* pointer) override;
-  /// Host memory already serves as pinned memory here: nothing to do (strict: unregister_pinned
-  /// waits for every stream of the context, as cudaHostUnregister).
-  void register_pinned(void*, std::size_t) override {}
-  void unregister_pinned(void*) override;
+  /// Host memory already serves as pinned memory here: only noted, for the strict mode's copies
+  /// (strict: unregister_pinned waits for every stream of the context, as cudaHostUnregister).
+  void register_pinned(void* pointer, std::size_t bytes) override;
+  void unregister_pinned(void* pointer) override;
 
   Stream create_stream() override;
   void destroy_stream(Stream stream) override;
@@ -129,11 +132,17 @@ class EmulatedDevice final : public Device {
   // Strict: the quarantine takes what free, free_pinned, close_shared or the destructor let go.
   void quarantine(std::uintptr_t first, Allocation allocation, const char* function);
   std::shared_ptr<detail::EventState> event_state(Event event, const char* function) const;
+  // Whether `p` is pageable host memory: not this device's, not registered.
+  bool pageable(const void* p) const;
+  // Strict: a copy from or to pageable memory, as the CUDA device makes it.
+  void copy_pageable(void* dst, const void* src, std::size_t bytes, detail::StrictStream& stream, bool from_pageable,
+                     bool to_pageable);
 
   std::shared_ptr<detail::EmulatedContext> context_;  // strict mode only
   mutable std::mutex mutex_;
   std::shared_ptr<detail::StrictStream> pool_stream_;
   std::map<std::uintptr_t, Allocation> allocations_;  // by first address
+  std::map<std::uintptr_t, std::size_t> registered_;  // register_pinned's ranges, by first address
   std::map<void*, std::shared_ptr<detail::EmulatedStream>> streams_;
   std::map<void*, std::shared_ptr<detail::EventState>> events_;
 };

@@ -206,6 +206,19 @@ void StrictStream::enqueue_wait_event(std::shared_ptr<EventState> event, std::ui
       PendingWait{0, false, what, satisfied});
 }
 
+void StrictStream::enqueue_host_function(std::function<void()> function, std::string what) {
+  submit(
+      [this, function = std::move(function), what = std::move(what)]() mutable {
+        queue_.hold(this, what, nullptr);
+        struct Unhold {
+          HardwareQueue& queue;
+          ~Unhold() { queue.unhold(); }
+        } unhold{queue_};
+        context_.run_host_function(std::move(function));
+      },
+      std::nullopt);
+}
+
 bool StrictStream::synchronize(std::chrono::milliseconds timeout) {
   std::unique_lock lock(queue_.mutex);
   const std::uint64_t target = enqueued_;
@@ -252,6 +265,7 @@ std::shared_ptr<EmulatedContext> EmulatedContext::acquire(int ordinal, std::opti
 
 EmulatedContext::EmulatedContext(int ordinal, StrictSettings settings) : ordinal_(ordinal), settings_(settings) {
   for (int q = 0; q < settings_.queues; ++q) queues_.push_back(std::make_unique<HardwareQueue>(*this, q));
+  host_thread_ = std::thread([this] { run_host_functions(); });
 }
 
 EmulatedContext::~EmulatedContext() {
@@ -260,8 +274,58 @@ EmulatedContext::~EmulatedContext() {
     std::lock_guard lock(queue->mutex);
     if (queue->held_flag != nullptr) wake_flag(queue->held_flag);
   }
+  {
+    std::lock_guard lock(host_mutex_);
+    host_stopping_ = true;  // drops what was not run; a queue waiting for it returns
+  }
+  host_work_.notify_all();
+  host_done_.notify_all();
   queues_.clear();  // each ends its thread once its held wait gave up and the rest was dropped
+  host_thread_.join();
   for (auto& [first, quarantined] : quarantine_) quarantined.release();
+}
+
+// ---- host functions: one thread, one at a time ----
+
+struct EmulatedContext::HostFunction {
+  std::function<void()> function;
+  std::exception_ptr error;
+  bool done = false;
+};
+
+void EmulatedContext::run_host_function(std::function<void()> function) {
+  auto posted = std::make_shared<HostFunction>();
+  posted->function = std::move(function);
+  std::unique_lock lock(host_mutex_);
+  if (host_stopping_ || faulted()) return;
+  host_functions_.push_back(posted);
+  host_work_.notify_one();
+  host_done_.wait(lock, [&] { return posted->done || host_stopping_; });
+  if (posted->done && posted->error) std::rethrow_exception(posted->error);
+}
+
+void EmulatedContext::run_host_functions() {
+  pthread_setname_np(pthread_self(), "tutti-hostfn");
+  std::unique_lock lock(host_mutex_);
+  for (;;) {
+    host_work_.wait(lock, [&] { return !host_functions_.empty() || host_stopping_; });
+    if (host_stopping_) return;
+    std::shared_ptr<HostFunction> next = std::move(host_functions_.front());
+    host_functions_.pop_front();
+    lock.unlock();
+    // After a fault (sticky) nothing more runs, as on the queues.
+    if (!faulted()) {
+      try {
+        next->function();
+      } catch (...) {
+        next->error = std::current_exception();
+      }
+    }
+    next->function = nullptr;
+    lock.lock();
+    next->done = true;
+    host_done_.notify_all();
+  }
 }
 
 std::shared_ptr<StrictStream> EmulatedContext::create_stream() {

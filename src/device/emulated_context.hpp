@@ -13,6 +13,9 @@
 //   touches it faults.
 // - A fault (an error in a stream's work) is sticky: every later call on the context raises it,
 //   and the queued work is dropped, as a CUDA context's sticky error does.
+// - Host functions (the CUDA device's copies to pageable memory end in one, and read pageable
+//   memory at the call: emulated.cpp does the same here) run on one thread of the context, one at
+//   a time, as CUDA may serialise them; a stream at a host function holds its queue until it ran.
 // - A destroyed stream's work stays queued (CUDA's cudaStreamDestroy returns at once and the work
 //   stays pending); held waits are reported, not released. Only the end of the context releases
 //   them (so that its threads end), and it reports what it released.
@@ -24,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -60,6 +64,9 @@ class StrictStream final : public EmulatedStream, public std::enable_shared_from
   void enqueue(std::function<void()> task) override;
   void enqueue_wait_flag(const std::uint32_t* flag, std::uint32_t value) override;
   void enqueue_wait_event(std::shared_ptr<EventState> event, std::uint64_t target) override;
+  /// Appends a host function (cudaLaunchHostFunc): when the stream gets there, `function` runs on
+  /// the context's host-function thread, and the queue waits until it has run. `what` names it.
+  void enqueue_host_function(std::function<void()> function, std::string what);
   bool synchronize(std::chrono::milliseconds timeout) override;
   /// Destroys the stream as CUDA does: returns at once, its work stays queued. See detach.
   void close() override { detach(); }
@@ -117,6 +124,11 @@ class EmulatedContext {
   /// longer than the hold limit; Error(timeout) after 60 s of waiting.
   void wait_for_device(const std::string& call);
 
+  /// Runs `function` on the context's one host-function thread, after the host functions posted
+  /// before it, and returns once it ran (rethrowing what it raised); returns at once, without
+  /// running it, if the context faults or ends first. Called on a queue's thread.
+  void run_host_function(std::function<void()> function);
+
   /// Raises the context's sticky error, if a fault happened; `function` says which call.
   void raise_if_faulted(const char* function) const;
   bool faulted() const;
@@ -156,6 +168,14 @@ class EmulatedContext {
   std::deque<std::uintptr_t> quarantine_order_;
   std::size_t quarantine_total_ = 0;
   std::vector<std::string> reports_;
+  // The host-function thread and what was posted to it (guarded by host_mutex_).
+  struct HostFunction;
+  void run_host_functions();
+  std::mutex host_mutex_;
+  std::condition_variable host_work_, host_done_;
+  std::deque<std::shared_ptr<HostFunction>> host_functions_;
+  bool host_stopping_ = false;
+  std::thread host_thread_;  // last: starts once the rest is built
 };
 
 }  // namespace tutti::device::detail

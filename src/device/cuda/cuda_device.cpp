@@ -393,7 +393,7 @@ class CudaDevice final : public Device {
     std::byte* out = nullptr;
     std::size_t bytes = 0;
   };
-  static constexpr std::size_t bounce_bytes = std::size_t{1} << 20;
+  static constexpr std::size_t bounce_bytes = detail::pageable_chunk_bytes;
 
   static bool pageable(const void* pointer) {
     cudaPointerAttributes attributes{};
