@@ -320,9 +320,9 @@ TEST(EmulatedStrict, HostFunctionsRunOneAtATime) {
         tutti::testing::eventually([&] { return release.load(); }, long_wait);
       },
       "the first host function");
-  strict(s1)->enqueue_host_function([&] { second_ran = true; }, "the second host function");
   device.write_value(mark, 1, s2);  // queue 0, behind the first host function
   ASSERT_TRUE(tutti::testing::eventually([&] { return first_ran.load(); }, long_wait));
+  strict(s1)->enqueue_host_function([&] { second_ran = true; }, "the second host function");
   const std::string message = blocked(device, s1);
   EXPECT_TRUE(contains(message, "the second host function")) << message;
   EXPECT_FALSE(second_ran) << "two host functions ran at once";
