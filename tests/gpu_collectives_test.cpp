@@ -1,12 +1,14 @@
 // gpu::Communicator beyond the first four collectives, on the emulated device (label emulated):
 // reduce, alltoall, barrier, send/recv, the pipelined (chunked) path of large elementwise
-// collectives, and the backend choice through Options::algorithm. Results are checked exactly on
+// collectives, and the backend choice through gpu::Options. Results are checked exactly on
 // every element of every rank; stream order is checked with flags, never with timings.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -21,6 +23,7 @@ namespace {
 
 using namespace tutti::testing::gpu;
 using tutti::Algorithm;
+using tutti::gpu::Backend;
 using tutti::testing::error_code_of;
 using tutti::testing::input_value;
 using tutti::testing::reference_reduction;
@@ -275,56 +278,170 @@ TEST(GpuCollectives, PipelinedLargeElementwiseCollectives) {
   }
 }
 
-// Options::algorithm: host_transfer or ipc by name, or a host algorithm for host_transfer's host
-// collective, all run; a backend this build lacks (nccl), or ipc for a collective it does not
-// have, is Error(unsupported) from the call and enqueues nothing (the next operation's numbering
-// is intact on every rank). A host algorithm the host collective
-// refuses (bruck has no allreduce) fails there: the stream is released and check() raises it.
+// gpu::Options::backend (automatic, host_transfer or ipc; a backend's Algorithm value in
+// Options::algorithm with backend automatic or the same backend), and a host algorithm for
+// host_transfer's host collective (backend automatic or host_transfer), all run exactly; so does
+// the tutti::Options spelling. A backend this build lacks (nccl), or ipc for a collective it does
+// not have, is Error(unsupported) from the call, whichever spelling names it, and enqueues nothing
+// (the next operation's numbering is intact on every rank). A host algorithm the host collective
+// refuses (bruck has no allreduce) fails there, with backend automatic or host_transfer (so the
+// algorithm reaches the host collective): the stream is released and check() raises it.
 TEST(GpuCollectives, BackendFromOptions) {
   run_gpu_ranks(2, [&](tutti::gpu::Communicator& gpu, int r) {
     const Stream stream = gpu.create_stream();
     const DataType type = DataType::i32;
     const std::size_t count = 300;
+    const auto timeout = options.timeout;
     const Bytes input = values(type, count, [&](std::size_t i) { return input_value(type, ReduceOp::sum, r, i); });
     const Bytes expected =
         values(type, count, [&](std::size_t i) { return reference_reduction(type, ReduceOp::sum, 2, i); });
     DeviceBuffer data(gpu, input.size());
-    for (Algorithm algorithm : {Algorithm::automatic, Algorithm::host_transfer, Algorithm::ipc, Algorithm::ring,
-                                Algorithm::recursive_doubling}) {
-      for (Algorithm missing : {Algorithm::nccl}) {
-        std::string message;
-        if (error_code_of(
-                [&] {
-                  gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, {missing, options.timeout});
-                },
-                &message) != tutti::ErrorCode::unsupported ||
-            message.find(std::string(tutti::to_string(missing))) == std::string::npos)
-          throw std::runtime_error("backend " + std::string(tutti::to_string(missing)) + ": " + message);
-      }
+    const tutti::gpu::Options runs[] = {
+        {Backend::automatic, timeout},
+        {Backend::host_transfer, timeout},
+        {Backend::ipc, timeout},
+        {Backend::automatic, Algorithm::ring, timeout},
+        {Backend::host_transfer, Algorithm::ring, timeout},
+        {Backend::host_transfer, Algorithm::recursive_doubling, timeout},
+        {Backend::automatic, Algorithm::ipc, timeout},
+        {Backend::ipc, Algorithm::ipc, timeout},
+        {Backend::host_transfer, Algorithm::host_transfer, timeout},
+        tutti::Options{Algorithm::host_transfer, timeout},
+        tutti::Options{Algorithm::ipc, timeout},
+        tutti::Options{Algorithm::ring, timeout},
+    };
+    const auto expect_unsupported = [](const std::function<void()>& call, const std::string& names,
+                                       const std::string& what) {
       std::string message;
-      if (error_code_of(
-              [&] {
-                gpu.alltoall(data.data, data.data, 1, type, stream, {Algorithm::ipc, options.timeout});
-              },
-              &message) != tutti::ErrorCode::unsupported ||
-          message.find("ipc") == std::string::npos)
-        throw std::runtime_error("alltoall on ipc: " + message);
+      if (error_code_of(call, &message) != ErrorCode::unsupported || message.find(names) == std::string::npos)
+        throw std::runtime_error(what + ": " + message);
+    };
+    for (const tutti::gpu::Options& run : runs) {
+      const std::string what = std::string(tutti::gpu::to_string(run.backend)) + " with host algorithm " +
+                               std::string(tutti::to_string(run.algorithm));
+      for (const tutti::gpu::Options& nccl :
+           {tutti::gpu::Options{Backend::nccl, timeout}, tutti::gpu::Options{tutti::Options{Algorithm::nccl, timeout}}})
+        expect_unsupported([&] { gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, nccl); },
+                           "nccl backend", "nccl");
+      for (const tutti::gpu::Options& ipc :
+           {tutti::gpu::Options{Backend::ipc, timeout}, tutti::gpu::Options{tutti::Options{Algorithm::ipc, timeout}}})
+        expect_unsupported([&] { gpu.alltoall(data.data, data.data, 1, type, stream, ipc); },
+                           "the ipc backend cannot run this alltoall", "alltoall on ipc");
       Bytes result(input.size());
       gpu.copy(data.data, input.data(), input.size(), stream);
-      gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, {algorithm, options.timeout});
+      gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, run);
       gpu.copy(result.data(), data.data, result.size(), stream);
       synchronize_checked(gpu, stream);
-      expect_equal(result, expected, type, "algorithm " + std::string(tutti::to_string(algorithm)));
+      expect_equal(result, expected, type, what);
     }
     gpu.check();
-    gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, {Algorithm::bruck, options.timeout});
-    gpu.synchronize(stream, deadline);  // released
-    std::string message;
-    if (error_code_of([&] { gpu.check(); }, &message) != tutti::ErrorCode::unsupported ||
-        message.find("bruck") == std::string::npos)
-      throw std::runtime_error("bruck: " + message);
     gpu.destroy_stream(stream);
   });
+  // The failure is recorded for good: one pair of communicators per backend.
+  for (Backend backend : {Backend::automatic, Backend::host_transfer}) {
+    run_gpu_ranks(2, [&](tutti::gpu::Communicator& gpu, int) {
+      const Stream stream = gpu.create_stream();
+      DeviceBuffer data(gpu, 64 * sizeof(std::int32_t));
+      gpu.allreduce(data.data, data.data, 64, DataType::i32, ReduceOp::sum, stream,
+                    {backend, Algorithm::bruck, options.timeout});
+      gpu.synchronize(stream, deadline);  // released
+      std::string message;
+      if (error_code_of([&] { gpu.check(); }, &message) != ErrorCode::unsupported ||
+          message.find("bruck") == std::string::npos)
+        throw std::runtime_error("bruck on " + std::string(tutti::gpu::to_string(backend)) + ": " + message);
+      gpu.destroy_stream(stream);
+    });
+  }
+}
+
+// The rules of gpu::Options, each broken on one rank only: Error(invalid_argument) from the call,
+// naming what it refuses, before a backend is chosen (so also where the backend could not run the
+// call anyway: nccl here, ipc's alltoall). Nothing is enqueued: the rank's stream is idle at once
+// (an operation waiting for its peer would hold it), check() raises nothing, and the collective
+// both ranks then call is exact.
+TEST(GpuCollectives, OptionRulesRefusedBeforeAnythingIsEnqueued) {
+  std::atomic<bool> refused{false};
+  run_gpu_ranks(2, [&](tutti::gpu::Communicator& gpu, int r) {
+    const Stream stream = gpu.create_stream();
+    const DataType type = DataType::i32;
+    const std::size_t count = 300;
+    const auto timeout = options.timeout;
+    DeviceBuffer data(gpu, count * sizeof(std::int32_t));
+    if (r == 1) {
+      struct Rule {
+        tutti::gpu::Options options;
+        std::vector<std::string> names;  // what the message must name
+      };
+      const Rule rules[] = {
+          {{Backend::ipc, Algorithm::ring, timeout}, {"options.backend ipc", "ring"}},
+          {{Backend::nccl, Algorithm::direct, timeout}, {"options.backend nccl", "direct"}},
+          {{Backend::ipc, Algorithm::recursive_doubling, timeout}, {"options.backend ipc", "recursive_doubling"}},
+          {{Backend::host_transfer, Algorithm::ipc, timeout}, {"options.algorithm ipc", "host_transfer"}},
+          {{Backend::ipc, Algorithm::nccl, timeout}, {"options.algorithm nccl", "options.backend ipc"}},
+          {{Backend::nccl, Algorithm::host_transfer, timeout}, {"options.algorithm host_transfer", "nccl"}},
+          {{static_cast<Backend>(4), timeout}, {"gpu::Backend (4)"}},
+          {{static_cast<Backend>(-1), timeout}, {"gpu::Backend (-1)"}},
+      };
+      for (const Rule& rule : rules) {
+        const std::function<void()> calls[] = {
+            [&] { gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, rule.options); },
+            [&] { gpu.alltoall(data.data, data.data, 1, type, stream, rule.options); },
+            [&] { gpu.broadcast(data.data, count, type, 0, stream, rule.options); },
+            [&] { gpu.barrier(stream, rule.options); },
+        };
+        for (const auto& call : calls) {
+          std::string message;
+          const ErrorCode code = error_code_of(call, &message);
+          bool named = true;
+          for (const std::string& name : rule.names) named = named && message.find(name) != std::string::npos;
+          if (code != ErrorCode::invalid_argument || !named)
+            throw std::runtime_error(std::string("raised ") + std::string(tutti::to_string(code)) + ": " + message);
+        }
+      }
+      gpu.synchronize(stream, std::chrono::milliseconds(2000));  // Error(timeout) if anything was enqueued
+      gpu.check();
+      refused = true;
+    } else if (!tutti::testing::eventually([&] { return refused.load(); }, deadline)) {
+      throw std::runtime_error("rank 1 did not finish its refused calls");
+    }
+    const Bytes input = values(type, count, [&](std::size_t i) { return input_value(type, ReduceOp::sum, r, i); });
+    Bytes result(input.size());
+    gpu.copy(data.data, input.data(), input.size(), stream);
+    gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, options);
+    gpu.copy(result.data(), data.data, result.size(), stream);
+    synchronize_checked(gpu, stream);
+    gpu.check();
+    expect_equal(result,
+                 values(type, count, [&](std::size_t i) { return reference_reduction(type, ReduceOp::sum, 2, i); }),
+                 type, "the allreduce after the refused calls");
+    gpu.destroy_stream(stream);
+  });
+}
+
+// The tutti::Options spelling converts to gpu::Options: a backend's Algorithm value names that
+// backend (host algorithm automatic), any other algorithm stays the host algorithm; the timeout
+// is kept. to_string and backend_from_name are each other's inverse.
+TEST(GpuOptions, TuttiOptionsSpellingNamesTheSameBackend) {
+  const auto timeout = std::chrono::milliseconds(1234);
+  for (int a = 0; a <= static_cast<int>(Algorithm::nccl); ++a) {
+    const auto algorithm = static_cast<Algorithm>(a);
+    const tutti::gpu::Options converted = tutti::Options{algorithm, timeout};
+    SCOPED_TRACE(std::string(tutti::to_string(algorithm)));
+    EXPECT_EQ(converted.timeout, timeout);
+    if (tutti::is_gpu_backend(algorithm)) {
+      EXPECT_EQ(tutti::gpu::to_string(converted.backend), tutti::to_string(algorithm));
+      EXPECT_EQ(converted.algorithm, Algorithm::automatic);
+    } else {
+      EXPECT_EQ(converted.backend, Backend::automatic);
+      EXPECT_EQ(converted.algorithm, algorithm);
+    }
+  }
+  for (Backend backend : {Backend::automatic, Backend::host_transfer, Backend::ipc, Backend::nccl})
+    EXPECT_EQ(tutti::gpu::backend_from_name(tutti::gpu::to_string(backend)), backend);
+  EXPECT_EQ(tutti::gpu::to_string(Backend::host_transfer), "host_transfer");
+  EXPECT_EQ(tutti::gpu::to_string(static_cast<Backend>(9)), "invalid");
+  EXPECT_EQ(tutti::gpu::backend_from_name("ring"), std::nullopt);
+  EXPECT_EQ(tutti::gpu::backend_from_name("invalid"), std::nullopt);
 }
 
 // ipc: every rank called the collective, but rank 1's stream never reaches it (held by a flag
@@ -340,7 +457,7 @@ TEST(GpuCollectives, IpcStreamThatNeverArrivesTimesOutOnEveryRank) {
     DeviceBuffer data(gpu, 64 * 4);
     if (r == 1) device.wait_value(hold, 1, {stream});
     gpu.allreduce(data.data, data.data, 64, DataType::f32, ReduceOp::sum, stream,
-                  {Algorithm::ipc, std::chrono::milliseconds(300)});
+                  {Backend::ipc, std::chrono::milliseconds(300)});
     std::string message;
     if (r == 0) {
       gpu.synchronize(stream, deadline);  // released: Error(timeout) from synchronize itself if not
@@ -429,7 +546,7 @@ TEST(GpuCollectives, HostTransferBurstLargerThanItsStagingPool) {
     gpu.copy(data.data, input.data(), input.size(), stream);
     for (int k = 0; k < rounds; ++k)
       gpu.allreduce(data.data, data.data, count, DataType::i64, ReduceOp::sum, stream,
-                    {Algorithm::host_transfer, options.timeout});
+                    {Backend::host_transfer, options.timeout});
     gpu.copy(result.data(), data.data, result.size(), stream);
     device.set_flag(hold, 1);
     synchronize_checked(gpu, stream);
@@ -475,17 +592,17 @@ TEST(GpuCollectives, AutomaticTakesTheTuningTablesBackend) {
               collective == tutti::Collective::broadcast ? 0 : -1, {})};
     };
     auto& impl = *gpu.impl();
-    const auto expect = [&](Algorithm got, Algorithm want, const std::string& what) {
+    const auto expect = [&](Backend got, Backend want, const std::string& what) {
       if (got != want)
-        throw std::runtime_error(what + ": " + std::string(tutti::to_string(got)) + ", expected " +
-                                 std::string(tutti::to_string(want)));
+        throw std::runtime_error(what + ": " + std::string(tutti::gpu::to_string(got)) + ", expected " +
+                                 std::string(tutti::gpu::to_string(want)));
     };
-    expect(impl.automatic_backend(call(tutti::Collective::allreduce, 250)), Algorithm::host_transfer,
+    expect(impl.automatic_backend(call(tutti::Collective::allreduce, 250)), Backend::host_transfer,
            "1000 bytes, the table's host_transfer");
-    expect(impl.automatic_backend(call(tutti::Collective::allreduce, 251)), Algorithm::ipc, "past the entry: ipc");
-    expect(impl.automatic_backend(call(tutti::Collective::broadcast, 100)), Algorithm::ipc,
+    expect(impl.automatic_backend(call(tutti::Collective::allreduce, 251)), Backend::ipc, "past the entry: ipc");
+    expect(impl.automatic_backend(call(tutti::Collective::broadcast, 100)), Backend::ipc,
            "nccl cannot run on the emulated device: ipc");
-    expect(impl.automatic_backend(call(tutti::Collective::alltoall, 10)), Algorithm::host_transfer,
+    expect(impl.automatic_backend(call(tutti::Collective::alltoall, 10)), Backend::host_transfer,
            "ipc has no alltoall: host_transfer");
   });
   choice::set_active(choice::Table{});

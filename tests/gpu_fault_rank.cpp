@@ -16,7 +16,7 @@
 //   MODE held     hold the stream (wait_value on a flag of their own) before the allreduce,
 //                 write DIR/ready.R, wait for DIR/killed, and only then lift the hold: the
 //                 stream reaches the collective after the victim died.
-// Every allreduce asks for BACKEND (automatic, host_transfer or ipc) in Options::algorithm.
+// Every allreduce asks for BACKEND (automatic, host_transfer or ipc) in gpu::Options::backend.
 // The driver kills the victim (SIGKILL), then writes DIR/killed holding the kill's time
 // (CLOCK_REALTIME, ns). A survivor passes when synchronize returns within its 10 s bound after the
 // kill, a marker enqueued after the collective ran, check() and the next call raise peer_failure
@@ -52,7 +52,7 @@ constexpr auto release_limit = 10s;     // synchronize's bound: only a stream ne
 constexpr auto release_bound = 5000ms;  // from the kill to the release: hang detection, not speed
 constexpr auto victim_limit = 30s;      // a victim nobody kills gives up
 
-tutti::Options options;  // the backend (main sets it)
+tutti::gpu::Options options;  // the backend (main sets it)
 
 // TUTTI_TEST_GPU_DEVICE: cuda (every rank on GPU 0; scripts/gpu_check.sh) or emulated (the default).
 tutti::gpu::DeviceKind device_kind() {
@@ -206,14 +206,14 @@ int survive(tutti::gpu::Communicator& gpu, tutti::gpu::Stream stream, const std:
 
 int main(int argc, char** argv) {
   const std::string backend = argc > 4 ? argv[4] : "";
-  if (backend == "host_transfer") options.algorithm = tutti::Algorithm::host_transfer;
-  if (backend == "ipc") options.algorithm = tutti::Algorithm::ipc;
+  const auto named = tutti::gpu::backend_from_name(backend);
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (argc != 5 || (mode != "waiting" && mode != "issued" && mode != "held") ||
-      (backend != "automatic" && backend != "host_transfer" && backend != "ipc")) {
+  if (argc != 5 || (mode != "waiting" && mode != "issued" && mode != "held") || !named ||
+      *named == tutti::gpu::Backend::nccl) {
     std::fprintf(stderr, "usage: gpu_fault_rank waiting|issued|held DIR COUNT automatic|host_transfer|ipc\n");
     return 2;
   }
+  options.backend = *named;
   const std::string dir = argv[2];
   const std::size_t count = std::strtoull(argv[3], nullptr, 10);
   int rank = -1;

@@ -76,7 +76,7 @@ struct Expectation {
 // streams are synchronised, then every expectation is compared.
 class Batch {
  public:
-  Batch(tutti::gpu::Communicator& gpu, const Stream (&streams)[2], tutti::Options options)
+  Batch(tutti::gpu::Communicator& gpu, const Stream (&streams)[2], tutti::gpu::Options options)
       : gpu_(gpu), streams_(streams), options_(options) {}
   ~Batch() {
     for (void* p : buffers_) gpu_.free(p);
@@ -84,7 +84,7 @@ class Batch {
   Batch(const Batch&) = delete;
   Batch& operator=(const Batch&) = delete;
 
-  const tutti::Options& options() const { return options_; }
+  const tutti::gpu::Options& options() const { return options_; }
   // The stream of the next call: the two alternate.
   Stream next() { return streams_[turn_++ % 2]; }
   // A device buffer holding `host` (nullptr for none), copied in on `stream`.
@@ -129,7 +129,7 @@ class Batch {
 
   tutti::gpu::Communicator& gpu_;
   const Stream (&streams_)[2];
-  tutti::Options options_;
+  tutti::gpu::Options options_;
   std::size_t turn_ = 0;
   std::vector<void*> buffers_;
   std::deque<Bytes> inputs_;
@@ -253,7 +253,7 @@ void ring(Batch& b, tutti::gpu::Communicator& gpu, std::size_t count) {
 
 // Every collective `backend` serves at `count`, on both streams; returns the results compared.
 std::size_t sweep(tutti::gpu::Communicator& gpu, const Stream (&streams)[2], const std::string& backend,
-                  tutti::Options options, std::size_t count) {
+                  tutti::gpu::Options options, std::size_t count) {
   const int p = gpu.size();
   const bool host_transfer = backend == "host_transfer", nccl = backend == "nccl";
   Batch b(gpu, streams, options);
@@ -283,7 +283,7 @@ std::size_t sweep(tutti::gpu::Communicator& gpu, const Stream (&streams)[2], con
 
 // The pipelined 24 MiB f64 allreduce (chunks of host_transfer, steps of a smaller ipc staging)
 // beside a 12 MiB f32 one on the other stream.
-std::size_t pipelined(tutti::gpu::Communicator& gpu, const Stream (&streams)[2], tutti::Options options) {
+std::size_t pipelined(tutti::gpu::Communicator& gpu, const Stream (&streams)[2], tutti::gpu::Options options) {
   Batch b(gpu, streams, options);
   allreduce(b, gpu, DataType::f64, ReduceOp::sum, std::size_t{3} << 20, false);
   allreduce(b, gpu, DataType::f32, ReduceOp::sum, std::size_t{3} << 20, true);
@@ -300,7 +300,8 @@ int say(int rank, const char* verdict, const std::string& text) {
 
 int main(int argc, char** argv) {
   const std::string backend = argc == 2 ? argv[1] : "";
-  if (backend != "host_transfer" && backend != "ipc" && backend != "nccl") {
+  const auto named = tutti::gpu::backend_from_name(backend);
+  if (!named || *named == tutti::gpu::Backend::automatic) {
     std::fprintf(stderr, "usage: gpu_gate_rank host_transfer|ipc|nccl\n");
     return 2;
   }
@@ -313,10 +314,7 @@ int main(int argc, char** argv) {
     say(rank, "job", job != nullptr ? job : "unknown");
     tutti::gpu::Communicator gpu(world, kind);
     const int p = gpu.size();
-    tutti::Options options{.timeout = 30s};
-    options.algorithm = backend == "ipc"    ? tutti::Algorithm::ipc
-                        : backend == "nccl" ? tutti::Algorithm::nccl
-                                            : tutti::Algorithm::host_transfer;
+    const tutti::gpu::Options options{*named, 30s};
     const Stream streams[2] = {gpu.create_stream(), gpu.create_stream()};
     // nccl cannot run on the emulated device, nor with two ranks on GPU 0: the first call refuses
     // on every rank alike, naming why, and enqueues nothing.

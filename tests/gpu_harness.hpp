@@ -34,11 +34,10 @@ using namespace std::chrono_literals;
 inline constexpr auto deadline = 60s;  // only a hang reaches it
 // The backend the collective tests ask for: TUTTI_TEST_GPU_BACKEND (host_transfer or ipc; ctest
 // runs the binaries once per backend), else automatic (which takes ipc where it serves the call).
-inline tutti::Algorithm test_backend() {
+inline tutti::gpu::Backend test_backend() {
   const char* name = std::getenv("TUTTI_TEST_GPU_BACKEND");
-  if (name == nullptr || *name == '\0') return tutti::Algorithm::automatic;
-  if (std::string(name) == "host_transfer") return tutti::Algorithm::host_transfer;
-  if (std::string(name) == "ipc") return tutti::Algorithm::ipc;
+  if (name == nullptr || *name == '\0') return tutti::gpu::Backend::automatic;
+  if (const auto backend = tutti::gpu::backend_from_name(name)) return *backend;
   throw std::invalid_argument(std::string("TUTTI_TEST_GPU_BACKEND: unknown backend ") + name);
 }
 // The device the collective tests run on: TUTTI_TEST_GPU_DEVICE=cuda puts every rank (thread) on
@@ -50,7 +49,7 @@ inline DeviceKind test_device_kind() {
   if (std::string(name) == "cuda") return DeviceKind::cuda;
   throw std::invalid_argument(std::string("TUTTI_TEST_GPU_DEVICE: unknown device ") + name);
 }
-inline const tutti::Options options{.algorithm = test_backend(), .timeout = std::chrono::milliseconds(30000)};
+inline const tutti::gpu::Options options{test_backend(), std::chrono::milliseconds(30000)};
 
 inline constexpr DataType all_types[] = {DataType::i8,  DataType::u8,  DataType::i32,  DataType::u32, DataType::i64,
                                          DataType::u64, DataType::f16, DataType::bf16, DataType::f32, DataType::f64};

@@ -332,7 +332,7 @@ TEST(GpuHostTransfer, SilentPeerTimesOutAndReleasesTheStream) {
     }
     const Stream stream = gpu.create_stream();
     DeviceBuffer data(gpu, 64 * 4);
-    const tutti::Options short_timeout{.timeout = std::chrono::milliseconds(300)};
+    const tutti::gpu::Options short_timeout{tutti::gpu::Backend::automatic, std::chrono::milliseconds(300)};
     gpu.allreduce(data.data, data.data, 64, DataType::f32, ReduceOp::sum, stream, short_timeout);
     gpu.synchronize(stream, deadline);  // released: Error(timeout) from synchronize itself if not
     const ErrorCode code = error_code_of([&] { gpu.check(); });
@@ -451,8 +451,7 @@ TEST(GpuHostTransfer, DestroyWithAnOperationInFlightRecordsAborted) {
     gpu->copy(send, input.data(), count * sizeof(float), stream);
     gpu->copy(recv, poison.data(), count * sizeof(float), stream);
     gpu->synchronize(stream, deadline);
-    const tutti::Options short_timeout{.algorithm = tutti::Algorithm::host_transfer,
-                                       .timeout = std::chrono::milliseconds(2000)};
+    const tutti::gpu::Options short_timeout{tutti::gpu::Backend::host_transfer, std::chrono::milliseconds(2000)};
     gpu->allreduce(send, recv, count, DataType::f32, ReduceOp::sum, stream, short_timeout);
     EXPECT_FALSE(record->failed());
     const auto start = std::chrono::steady_clock::now();

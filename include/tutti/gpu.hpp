@@ -18,11 +18,21 @@
 //   collective call, which then enqueues nothing. The stream is always released: the failed
 //   operation and every operation still queued behind it complete on their streams, with
 //   undefined contents in their output buffers.
-// - Options::algorithm picks the backend: Algorithm::host_transfer, ipc or nccl, or automatic
-//   (which chooses among those this build and placement have; today host_transfer). A host
-//   algorithm (ring, direct, ...) means host_transfer with that algorithm for the host collective.
-//   Options::timeout bounds the host collective, counted from when the stream reached it.
-//   A backend this build lacks is Error(unsupported) from the call, and nothing is enqueued.
+// - Options::backend picks the backend: host_transfer, ipc or nccl, or automatic (the tuning
+//   table's choice for transport "gpu:<device kind>" where that backend runs the call, else ipc
+//   where it serves the call, else host_transfer). Options::algorithm is host_transfer's host
+//   collective algorithm (ring, direct, ...; automatic: the cost model); with backend automatic, a
+//   host algorithm means host_transfer. Options::timeout bounds the operation, counted from when
+//   the stream reached it.
+// - The options are checked with the arguments (Error(invalid_argument), nothing enqueued): a
+//   Backend value out of range; backend ipc or nccl with a host algorithm (they run no host
+//   collective); Options::algorithm holding a backend's name (Algorithm::host_transfer, ipc, nccl)
+//   while Options::backend names another backend (with backend automatic or the same backend it
+//   means that backend). A backend this build or placement lacks, or one that cannot run the
+//   call, is Error(unsupported) from the call, and nothing is enqueued.
+// - The earlier spelling is still accepted: a tutti::Options converts to Options, its
+//   Algorithm::host_transfer, ipc or nccl naming that backend and any other algorithm kept as the
+//   host algorithm.
 //
 // Backend host_transfer (docs/gpu.md): the stream copies the input to pinned host staging and
 // raises a flag; a progress thread of this communicator runs the host collective on the staging
@@ -33,6 +43,8 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
+#include <string_view>
 
 #include "tutti/tutti.hpp"
 
@@ -42,6 +54,38 @@ namespace tutti::gpu {
 using Stream = void*;
 
 enum class DeviceKind { emulated, cuda };
+
+/// Which backend runs a collective (docs/gpu.md, "Backends").
+enum class Backend {
+  automatic,      ///< chosen per call (the contract at the top of this file)
+  host_transfer,  ///< a host collective between copies to and from pinned staging; any host transport
+  ipc,            ///< device to device through mapped staging; ranks on one host
+  nccl,           ///< NCCL; CUDA devices, one GPU per rank
+};
+
+/// "automatic", "host_transfer", "ipc" or "nccl" (the names tuning files and --backend use);
+/// "invalid" for a value out of range.
+std::string_view to_string(Backend backend);
+/// The backend `to_string` spells `name`, if any.
+std::optional<Backend> backend_from_name(std::string_view name);
+
+/// Per-call options of the collectives of gpu::Communicator.
+struct Options {
+  Backend backend = Backend::automatic;
+  /// host_transfer's host collective algorithm (ring, direct, ...); automatic: the cost model.
+  Algorithm algorithm = Algorithm::automatic;
+  /// Deadline of the operation from when the stream reaches it; 0 = the default (TUTTI_TIMEOUT_MS).
+  std::chrono::milliseconds timeout{0};
+
+  Options() = default;
+  Options(Backend backend, std::chrono::milliseconds timeout = {}) : backend(backend), timeout(timeout) {}
+  Options(Backend backend, Algorithm algorithm, std::chrono::milliseconds timeout = {})
+      : backend(backend), algorithm(algorithm), timeout(timeout) {}
+  /// The earlier spelling, still accepted: Algorithm::host_transfer, ipc or nccl in
+  /// options.algorithm name that backend (the host algorithm is then automatic); any other
+  /// algorithm is kept as the host algorithm, with backend automatic.
+  Options(const tutti::Options& options);
+};
 
 namespace detail {
 class Impl;

@@ -32,10 +32,13 @@ enum class Algorithm {
   bruck,
   pairwise,
   linear,
-  direct,         // shared-memory algorithms (multi-process runtime)
-  hierarchical,   // intra-host + inter-host (multi-process runtime)
-  mpi,            // MPI's own collective (multi-process runtime)
-  host_transfer,  // GPU backends: tutti::gpu::Communicator only (docs/gpu.md)
+  direct,        // shared-memory algorithms (multi-process runtime)
+  hierarchical,  // intra-host + inter-host (multi-process runtime)
+  mpi,           // MPI's own collective (multi-process runtime)
+  // The names of tutti::gpu::Communicator's backends, as tuning files and the earlier
+  // tutti::Options spelling of its calls use them; its API is gpu::Options::backend
+  // (<tutti/gpu.hpp>, docs/gpu.md). A host collective refuses them.
+  host_transfer,
   ipc,
   nccl,
 };

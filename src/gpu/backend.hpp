@@ -3,40 +3,53 @@
 // device through mapped staging, one host) and nccl (NCCL on CUDA). Each says which operations it
 // runs, enqueues them on a stream without waiting, and keeps its own progress thread or watchdog,
 // which records the first failure of its operations and releases their streams; check() raises it.
-// The communicator picks one per operation (Options::algorithm, or automatic) and talks to it
+// The communicator picks one per operation (gpu::Options::backend, or automatic) and talks to it
 // only through this interface.
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include "comm/comm_impl.hpp"
 #include "core/env.hpp"
 #include "device/device.hpp"
+#include "tutti/gpu.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::gpu::detail {
 
 /// One operation as the host call describes it (validated before it is enqueued): a collective
 /// (`call`), or a point-to-point send or receive of call.send / call.recv with `peer` and `tag`.
+/// gpu::Options travel split: `backend`, and call.options with the host algorithm and timeout.
 struct DeviceCall {
   enum class Kind { collective, send, recv };
   Kind kind = Kind::collective;
   tutti::detail::Call call;
   int peer = -1;
   int tag = 0;
+  Backend backend = Backend::automatic;
 };
+
+/// The backend a GPU backend's Algorithm value names (tuning files, the tutti::Options spelling):
+/// Algorithm::host_transfer, ipc or nccl; nullopt for a host algorithm.
+std::optional<Backend> backend_of(Algorithm algorithm);
+
+/// Applies the option rules of <tutti/gpu.hpp> to `call` (Error(invalid_argument) where they are
+/// broken): afterwards call.backend is automatic or the backend asked for, and
+/// call.call.options.algorithm is a host algorithm or automatic, never a backend's name.
+void resolve_backend(DeviceCall& call);
 
 /// The operation's timeout: Options::timeout, else the default (TUTTI_TIMEOUT_MS).
 inline std::chrono::milliseconds timeout_of(const DeviceCall& call) {
   return call.call.options.timeout.count() > 0 ? call.call.options.timeout : core::default_timeout();
 }
 
-class Backend {
+class DeviceBackend {
  public:
-  virtual ~Backend() = default;
-  /// Which backend this is: Algorithm::host_transfer, ipc or nccl.
-  virtual Algorithm id() const = 0;
+  virtual ~DeviceBackend() = default;
+  /// Which backend this is: host_transfer, ipc or nccl.
+  virtual Backend id() const = 0;
   /// Whether it runs `call` here; else `why` (where not null) says why not.
   virtual bool serves(const DeviceCall& call, std::string* why) const = 0;
   /// Enqueues `call` (validated, served) on `stream` and returns without waiting for the stream;

@@ -86,12 +86,12 @@ void Impl::validate(const DeviceCall& dc) const {
   device_memory(call.recv, extents.recv, call.collective == Collective::broadcast ? "buffer" : "recv");
 }
 
-Backend* Impl::backend(Algorithm id, std::string& refusal) {
+DeviceBackend* Impl::backend(Backend id, std::string& refusal) {
   switch (id) {
-    case Algorithm::ipc:
+    case Backend::ipc:
       refusal = ipc_refusal_;
       return ipc_.get();
-    case Algorithm::nccl:
+    case Backend::nccl:
       return nccl(refusal);
     default:
       return backend_.get();
@@ -100,41 +100,41 @@ Backend* Impl::backend(Algorithm id, std::string& refusal) {
 
 void Impl::enqueue(DeviceCall call, device::Stream stream) {
   check();
-  // The backend: what the options name; automatic takes what automatic_backend says; a host
-  // algorithm means host_transfer with that algorithm for its host collective.
-  const Algorithm asked = call.call.options.algorithm;
-  if (is_gpu_backend(asked)) call.call.options.algorithm = Algorithm::automatic;
+  resolve_backend(call);
   validate(call);
+  // The backend: the one the options name; automatic takes what automatic_backend says, or
+  // host_transfer where the options name a host algorithm for its host collective.
   std::string refusal;
-  Backend* chosen = backend_.get();
-  if (is_gpu_backend(asked)) {
-    chosen = backend(asked, refusal);
+  DeviceBackend* chosen = backend_.get();
+  if (call.backend != Backend::automatic) {
+    chosen = backend(call.backend, refusal);
     if (chosen != nullptr && !chosen->serves(call, &refusal)) chosen = nullptr;
     if (chosen == nullptr)
-      throw Error(ErrorCode::unsupported, "tutti::gpu: the " + std::string(to_string(asked)) +
+      throw Error(ErrorCode::unsupported, "tutti::gpu: the " + std::string(to_string(call.backend)) +
                                               " backend cannot run this " +
                                               std::string(to_string(call.call.collective)) + ": " + refusal);
-  } else if (asked == Algorithm::automatic) {
+  } else if (call.call.options.algorithm == Algorithm::automatic) {
     chosen = backend(automatic_backend(call), refusal);  // one that serves the call
   }
   chosen->enqueue(call, stream);
 }
 
-Algorithm Impl::automatic_backend(const DeviceCall& call) {
+Backend Impl::automatic_backend(const DeviceCall& call) {
   const bool ipc_serves = ipc_ && ipc_->serves(call, nullptr);
   if (call.kind == DeviceCall::Kind::collective) {
     namespace choice = tutti::detail::choice;
     choice::load_from_environment();
     const std::size_t bytes = call.call.count * size_of(call.call.type);
-    if (const auto tuned = choice::active().lookup(call.call.collective, tuning_transport_, size_, bytes)) {
-      std::string refusal;
-      if (*tuned == Algorithm::host_transfer) return Algorithm::host_transfer;
-      if (*tuned == Algorithm::ipc && ipc_serves) return Algorithm::ipc;
-      if (*tuned == Algorithm::nccl)
-        if (Nccl* backend = nccl(refusal); backend != nullptr && backend->serves(call, nullptr)) return Algorithm::nccl;
-    }
+    // Tuning files name the backends by their Algorithm values.
+    const auto tuned = choice::active().lookup(call.call.collective, tuning_transport_, size_, bytes);
+    const std::optional<Backend> named = tuned ? backend_of(*tuned) : std::nullopt;
+    std::string refusal;
+    if (named == Backend::host_transfer) return Backend::host_transfer;
+    if (named == Backend::ipc && ipc_serves) return Backend::ipc;
+    if (named == Backend::nccl)
+      if (Nccl* backend = nccl(refusal); backend != nullptr && backend->serves(call, nullptr)) return Backend::nccl;
   }
-  return ipc_serves ? Algorithm::ipc : Algorithm::host_transfer;
+  return ipc_serves ? Backend::ipc : Backend::host_transfer;
 }
 
 }  // namespace detail
@@ -147,8 +147,13 @@ device::Kind kind_of(DeviceKind kind) {
   return kind == DeviceKind::emulated ? device::Kind::emulated : device::Kind::cuda;
 }
 
-void run(detail::Impl& impl, const tutti::detail::Call& call, Stream stream) {
-  impl.enqueue(detail::DeviceCall{.call = call}, device::Stream{stream});
+// A collective with its gpu::Options split as DeviceCall carries them.
+void run(detail::Impl& impl, Collective collective, const void* send, void* recv, std::size_t count, DataType type,
+         std::optional<ReduceOp> op, int root, Stream stream, const Options& options) {
+  const tutti::Options host{.algorithm = options.algorithm, .timeout = options.timeout};
+  impl.enqueue(detail::DeviceCall{.call = make_call(collective, send, recv, count, type, op, root, host),
+                                  .backend = options.backend},
+               device::Stream{stream});
 }
 
 }  // namespace
@@ -171,31 +176,31 @@ int Communicator::size() const { return impl_ ? impl_->size() : 0; }
 
 void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, Stream stream,
                              const Options& options) {
-  run(checked(), make_call(Collective::allreduce, send, recv, count, type, op, -1, options), stream);
+  run(checked(), Collective::allreduce, send, recv, count, type, op, -1, stream, options);
 }
 void Communicator::broadcast(void* buffer, std::size_t count, DataType type, int root, Stream stream,
                              const Options& options) {
-  run(checked(), make_call(Collective::broadcast, buffer, buffer, count, type, std::nullopt, root, options), stream);
+  run(checked(), Collective::broadcast, buffer, buffer, count, type, std::nullopt, root, stream, options);
 }
 void Communicator::allgather(const void* send, void* recv, std::size_t send_count, DataType type, Stream stream,
                              const Options& options) {
-  run(checked(), make_call(Collective::allgather, send, recv, send_count, type, std::nullopt, -1, options), stream);
+  run(checked(), Collective::allgather, send, recv, send_count, type, std::nullopt, -1, stream, options);
 }
 void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType type, ReduceOp op,
                                   Stream stream, const Options& options) {
-  run(checked(), make_call(Collective::reduce_scatter, send, recv, recv_count, type, op, -1, options), stream);
+  run(checked(), Collective::reduce_scatter, send, recv, recv_count, type, op, -1, stream, options);
 }
 
 void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
                           Stream stream, const Options& options) {
-  run(checked(), make_call(Collective::reduce, send, recv, count, type, op, root, options), stream);
+  run(checked(), Collective::reduce, send, recv, count, type, op, root, stream, options);
 }
 void Communicator::alltoall(const void* send, void* recv, std::size_t count_per_rank, DataType type, Stream stream,
                             const Options& options) {
-  run(checked(), make_call(Collective::alltoall, send, recv, count_per_rank, type, std::nullopt, -1, options), stream);
+  run(checked(), Collective::alltoall, send, recv, count_per_rank, type, std::nullopt, -1, stream, options);
 }
 void Communicator::barrier(Stream stream, const Options& options) {
-  run(checked(), make_call(Collective::barrier, nullptr, nullptr, 0, DataType::u8, std::nullopt, -1, options), stream);
+  run(checked(), Collective::barrier, nullptr, nullptr, 0, DataType::u8, std::nullopt, -1, stream, options);
 }
 void Communicator::send(const void* data, std::size_t count, DataType type, int peer, Stream stream, int tag) {
   detail::DeviceCall call{.kind = detail::DeviceCall::Kind::send,

@@ -24,9 +24,9 @@ class Impl {
   device::Device& device() { return *device_; }
   /// The device, kept alive by whoever holds it after this communicator is gone (tests).
   std::shared_ptr<device::Device> shared_device() const { return device_; }
-  /// The backend `id` names (host_transfer for a host algorithm), or nullptr with `refusal`
-  /// saying why it is not available (ipc, nccl).
-  Backend* backend(Algorithm id, std::string& refusal);
+  /// The backend `id` names (host_transfer for automatic), or nullptr with `refusal` saying why it
+  /// is not available (ipc, nccl).
+  DeviceBackend* backend(Backend id, std::string& refusal);
   /// host_transfer's failures; they outlive the communicator (destroying it with operations in
   /// flight records ErrorCode::aborted there).
   std::shared_ptr<const FailureRecord> host_transfer_failures() const { return backend_->failures(); }
@@ -38,13 +38,13 @@ class Impl {
 
   /// Checks `call` as the host API does, plus: every buffer it touches is device memory.
   void validate(const DeviceCall& call) const;
-  /// Raises a recorded failure, validates `call`, picks its backend from call.options.algorithm
-  /// and enqueues it on `stream`.
+  /// Raises a recorded failure, checks call.backend against call.call.options (resolve_backend),
+  /// validates `call`, picks its backend and enqueues it on `stream`.
   void enqueue(DeviceCall call, device::Stream stream);
   /// The backend `automatic` takes for `call`: the tuning table's entry for transport
   /// "gpu:<device kind>" where it names a backend that runs the call here, else ipc where it
   /// serves the call, else host_transfer. Collective where it makes the nccl backend.
-  Algorithm automatic_backend(const DeviceCall& call);
+  Backend automatic_backend(const DeviceCall& call);
 
  private:
   int rank_;

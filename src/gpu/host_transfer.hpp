@@ -91,7 +91,7 @@ Layout layout_of(const DeviceCall& call, int rank, int size);
 /// size of every chunk but the last, a multiple of `element`.
 std::size_t chunks_of(std::size_t bytes, std::size_t element, std::size_t& chunk_bytes);
 
-class HostTransfer final : public Backend {
+class HostTransfer final : public DeviceBackend {
  public:
   /// `host` is the private duplicate only the progress thread calls. `order`: the ranks this
   /// one shares hardware queues with (local_order.hpp), nullptr for none.
@@ -106,7 +106,7 @@ class HostTransfer final : public Backend {
 
   /// Raises the recorded failure, if any.
   void check() override { failures_->check(); }
-  Algorithm id() const override { return Algorithm::host_transfer; }
+  Backend id() const override { return Backend::host_transfer; }
   /// Every collective and point-to-point operation.
   bool serves(const DeviceCall&, std::string*) const override { return true; }
   /// This backend's failures; it outlives the backend (see the destructor).

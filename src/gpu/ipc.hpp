@@ -52,7 +52,7 @@
 
 namespace tutti::gpu::detail {
 
-class Ipc final : public Backend {
+class Ipc final : public DeviceBackend {
  public:
   /// Collective over `host` (a private duplicate that only this backend calls). Error(unsupported)
   /// on every rank alike when the ranks are not all on one host or the memory cannot be shared.
@@ -67,7 +67,7 @@ class Ipc final : public Backend {
 
   /// Whether this backend runs `call`; else `why` says why not.
   bool serves(const DeviceCall& call, std::string* why) const override;
-  Algorithm id() const override { return Algorithm::ipc; }
+  Backend id() const override { return Backend::ipc; }
   /// Raises this rank's failure, or one another rank published (which it then records).
   void check() override;
   void enqueue(const DeviceCall& call, device::Stream stream) override;

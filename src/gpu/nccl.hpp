@@ -16,13 +16,13 @@
 
 namespace tutti::gpu::detail {
 
-class Nccl : public Backend {
+class Nccl : public DeviceBackend {
  public:
   /// Collective over `host` (a private duplicate only this backend calls). Error(unsupported) on
   /// every rank alike when this build has no NCCL, the device is not CUDA, libnccl cannot be
   /// loaded, or NCCL cannot make the communicator (it refuses two ranks on one GPU).
   static std::unique_ptr<Nccl> create(std::shared_ptr<device::Device> device, tutti::Communicator host);
-  Algorithm id() const override { return Algorithm::nccl; }
+  Backend id() const override { return Backend::nccl; }
 };
 
 }  // namespace tutti::gpu::detail

@@ -14,7 +14,7 @@ namespace tutti::bench {
 
 /// Enqueues the case's collective on `stream` (device pointers `send` and `recv`, as Buffers lays them out).
 using DeviceEnqueue = void (*)(gpu::Communicator& gpu, const Case& c, const void* send, void* recv, gpu::Stream stream,
-                               const Options& options);
+                               const gpu::Options& options);
 
 struct DeviceCollective {
   Collective kind;
@@ -29,10 +29,10 @@ std::vector<Kind> device_kinds();
 /// "allreduce, broadcast, ..." for messages.
 std::string device_collective_names();
 
-/// Accepts the backends gpu::Communicator has; throws std::invalid_argument naming them otherwise.
+/// Accepts the names of gpu::Backend; throws std::invalid_argument naming them otherwise.
 void check_backend(const std::string& backend);
-/// The Options every device call gets for --backend `backend` (the one place a backend reaches
+/// The options every device call gets for --backend `backend` (the one place a backend reaches
 /// gpu::Communicator).
-Options device_options(const std::string& backend);
+gpu::Options device_options(const std::string& backend);
 
 }  // namespace tutti::bench

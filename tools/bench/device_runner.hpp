@@ -25,7 +25,7 @@ struct DeviceContext {
   gpu::Communicator& gpu;
   gpu::Stream stream;
   const BenchOptions& options;
-  Options call_options;  // what every device collective gets (device_options(--backend))
+  gpu::Options call_options;  // what every device collective gets (device_options(--backend))
   void synchronize() { gpu.synchronize(stream, stream_deadline); }
 };
 
