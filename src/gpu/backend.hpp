@@ -7,7 +7,9 @@
 // only through this interface.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -44,6 +46,24 @@ void resolve_backend(DeviceCall& call);
 inline std::chrono::milliseconds timeout_of(const DeviceCall& call) {
   return call.call.options.timeout.count() > 0 ? call.call.options.timeout : core::default_timeout();
 }
+
+/// The first failure of a backend's operations (the first recorded wins). Shared, so that whoever
+/// keeps it learns the outcome of operations whose backend was destroyed with them in flight.
+class FailureRecord {
+ public:
+  /// Records `error` unless a failure is recorded already.
+  void record(Error error);
+  /// Raises the recorded failure, if any (never blocks for long: one uncontended lock).
+  void check() const;
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  /// The recorded failure, if any.
+  std::optional<Error> failure() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::atomic<bool> failed_{false};
+  std::optional<Error> error_;  // under mutex_
+};
 
 class DeviceBackend {
  public:

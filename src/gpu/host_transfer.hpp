@@ -66,24 +66,6 @@ struct Layout {
   bool elementwise = false;  // element i of the result depends only on element i: may be chunked
 };
 
-/// The first failure of a backend's operations (the first recorded wins). Shared, so that whoever
-/// keeps it learns the outcome of operations whose backend was destroyed with them in flight.
-class FailureRecord {
- public:
-  /// Records `error` unless a failure is recorded already.
-  void record(Error error);
-  /// Raises the recorded failure, if any (never blocks for long: one uncontended lock).
-  void check() const;
-  bool failed() const { return failed_.load(std::memory_order_acquire); }
-  /// The recorded failure, if any.
-  std::optional<Error> failure() const;
-
- private:
-  mutable std::mutex mutex_;
-  std::atomic<bool> failed_{false};
-  std::optional<Error> error_;  // under mutex_
-};
-
 /// The layout of `call` on rank `rank` of `size`.
 Layout layout_of(const DeviceCall& call, int rank, int size);
 

@@ -126,29 +126,24 @@ Ipc::Ipc(std::shared_ptr<device::Device> device, tutti::Communicator host, std::
   for (const Entry& e : all) pids_.push_back(e.pid);
   done_ = static_cast<std::uint32_t*>(device_->allocate_pinned(2 * sizeof(std::uint32_t)));
   validated_ = done_ + 1;
-  thread_ = std::thread([this] { run(); });
+  watchdog_ = std::make_unique<Watchdog>(static_cast<Watchdog::Watched&>(*this), host_, pids_);
 }
 
 Ipc::~Ipc() {
   if (order_) order_->leave(rank_);
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
-  wake_.notify_all();
-  thread_.join();
+  watchdog_->stop();
   const std::uint32_t last = last_issued_.load();
   const bool idle = device::Device::reached(device::Device::load_flag(done_), issued_);
-  if (!idle && !failed_.load())
+  if (!idle && !watchdog_->recorded())
     fail(Error(ErrorCode::aborted,
                "ipc: rank " + std::to_string(rank_) + " destroyed its gpu::Communicator with operations in flight"));
   // The peers may still read this rank's staging: wait for them (bounded, and not for the dead).
   bool peers_done = true;
-  if (idle && !failed_.load()) {
+  if (idle && !watchdog_->recorded()) {
     const auto deadline = std::chrono::steady_clock::now() + core::default_timeout();
     for (int j = 0; j < size_; ++j)
       while (!device::Device::reached(device::Device::load_flag(flag(j, consumed)), last)) {
-        if (published_failure() || std::chrono::steady_clock::now() > deadline ||
+        if (noticed(nullptr) || std::chrono::steady_clock::now() > deadline ||
             process_dead(pids_[static_cast<std::size_t>(j)])) {
           peers_done = false;
           break;
@@ -171,110 +166,38 @@ std::uint32_t* Ipc::flag(int rank, Flag f) const {
          static_cast<std::size_t>(f) * words_per_line;
 }
 
-bool Ipc::failed_here() {
-  if (!failed_.load(std::memory_order_acquire))
-    if (auto error = published_failure()) fail(*error);
-  return failed_.load(std::memory_order_acquire);
-}
+void Ipc::check() { watchdog_->check(); }
 
-void Ipc::check() {
-  // Another rank's failure counts as soon as it is published, before this rank's watchdog looks.
-  if (!failed_here()) return;
-  std::lock_guard lock(mutex_);
-  throw *failure_;
-}
-
-void Ipc::run() {
-  std::deque<Watch> watching;  // exchanged, not yet done on this rank's stream
-  std::chrono::microseconds nap{1};
-  for (;;) {
-    std::deque<Operation> fresh;
-    bool stopping = false;
-    {
-      std::unique_lock lock(mutex_);
-      if (watching.empty()) wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      fresh.swap(queue_);
-      stopping = stopping_;
-    }
-    // Exchanges first (the streams wait for their verdict at the end of each operation); when
-    // stopping, only those: they are owed to the peers, the destructor deals with the streams.
-    for (const Operation& op : fresh) {
-      exchange(op);
-      if (!stopping) watching.push_back(Watch{op, std::nullopt, std::chrono::steady_clock::now()});
-    }
-    if (stopping) return;
-    if (watching.empty()) continue;
-    if (poll(watching.front())) {
-      watching.pop_front();
-      nap = std::chrono::microseconds{1};
-      continue;
-    }
-    std::this_thread::sleep_for(nap);
-    nap = std::min(nap * 2, std::chrono::microseconds{1000});
-  }
-}
-
-void Ipc::exchange(const Operation& op) {
-  // Every rank's watchdog exchanges every operation's descriptor, in order, stopping or not: it is
-  // a collective of the private communicator, which peers wait for. Once a failure is known here
-  // (this rank's, or one a peer published, which every peer then sees) the exchanges stop: a peer
-  // may never issue the operation, and the verdict is raised past every operation already.
-  if (failed_here()) {
-    device_->set_flag(validated_, last_issued_.load() + release_lead);
-    return;
-  }
-  if (auto error = check_same_call(host_, op.call, describe_operation(op)); error && !failed_.load()) fail(*error);
-  device_->set_flag(validated_, op.n);  // after a failure too: so that the released stream can finish
-  // A failure recorded meanwhile raised the verdict past every operation: keep it there.
-  if (failed_.load(std::memory_order_acquire)) device_->set_flag(validated_, last_issued_.load() + release_lead);
-}
-
-std::string Ipc::describe_operation(const Operation& op) {
+std::string Ipc::describe(const Operation& op) const {
   return "ipc " + std::string(to_string(op.call.call.collective)) + " (operation " + std::to_string(op.n) + ")";
 }
 
-bool Ipc::poll(Watch& w) {
-  using clock = std::chrono::steady_clock;
-  const Operation& op = w.op;
-  if (device::Device::reached(device::Device::load_flag(done_), op.n)) {
-    // Done, perhaps because another rank failed and raised every flag: then its failure is ours.
-    failed_here();
-    return true;
-  }
-  if (failed_.load()) {
-    release_all();  // until this rank's stream is through: a peer's stream may write a flag back
-    return false;
-  }
-  if (auto error = published_failure()) {
-    fail(*error);
-    return false;
-  }
-  const auto timeout = timeout_of(op.call);
-  const auto now = clock::now();
-  const std::uint32_t at = device::Device::load_flag(flag(rank_, reached));
-  if (!w.reached_at && device::Device::reached(at, op.first)) w.reached_at = now;
-  if (w.reached_at && now - *w.reached_at > timeout) {
-    std::string late;
-    for (int j = 0; j < size_; ++j)
-      if (!device::Device::reached(device::Device::load_flag(flag(j, reached)), at))
-        late += (late.empty() ? "" : ", ") + std::to_string(j);
-    fail(Error(ErrorCode::timeout,
-               describe_operation(op) + " timed out after " + std::to_string(timeout.count()) +
-                   " ms on this rank's stream" +
-                   (late.empty() ? "" : "; the streams of rank(s) " + late + " had not reached it")));
-  } else if (now >= w.next_liveness) {
-    w.next_liveness = now + liveness_period;
-    for (int j = 0; j < size_; ++j)
-      if (j != rank_ && process_dead(pids_[static_cast<std::size_t>(j)])) {
-        fail(Error(ErrorCode::peer_failure, describe_operation(op) + ": rank " + std::to_string(j) + " (pid " +
-                                                std::to_string(pids_[static_cast<std::size_t>(j)]) + ") died"));
-        break;
-      }
-  }
-  return false;
+bool Ipc::stream_reached(const Operation& op) const {
+  return device::Device::reached(device::Device::load_flag(flag(rank_, reached)), op.first);
 }
 
-std::optional<Error> Ipc::published_failure() const {
+bool Ipc::stream_done(const Operation& op) const {
+  return device::Device::reached(device::Device::load_flag(done_), op.n);
+}
+
+void Ipc::compared(const Operation& op, bool failed) {
+  // Once a failure is known the verdict goes past every operation: a stream must not wait for the
+  // comparison of an operation that a failed peer never issued. After a failure recorded
+  // meanwhile too: keep it there.
+  if (!failed) device_->set_flag(validated_, op.n);
+  if (failed || watchdog_->recorded()) device_->set_flag(validated_, last_issued_.load() + release_lead);
+}
+
+std::string Ipc::late(const Operation&) const {
+  const std::uint32_t at = device::Device::load_flag(flag(rank_, reached));
+  std::string late;
+  for (int j = 0; j < size_; ++j)
+    if (!device::Device::reached(device::Device::load_flag(flag(j, reached)), at))
+      late += (late.empty() ? "" : ", ") + std::to_string(j);
+  return late.empty() ? "" : "; the streams of rank(s) " + late + " had not reached it";
+}
+
+std::optional<Error> Ipc::noticed(const Operation*) {
   const auto* word = reinterpret_cast<std::uint32_t*>(control_ + static_cast<std::size_t>(size_) * block_bytes);
   const std::uint32_t packed =
       std::atomic_ref<std::uint32_t>(*const_cast<std::uint32_t*>(word)).load(std::memory_order_acquire);
@@ -287,14 +210,7 @@ std::optional<Error> Ipc::published_failure() const {
                "ipc: rank " + std::to_string(by) + " failed: " + std::string(text, strnlen(text, failure_text_bytes)));
 }
 
-void Ipc::fail(const Error& error) {
-  {
-    std::lock_guard lock(mutex_);
-    if (!failure_) {
-      failure_.emplace(error.code(), std::string("tutti::gpu: ") + error.what());
-      failed_.store(true, std::memory_order_release);
-    }
-  }
+void Ipc::release(const Error& error) {
   // The first rank to fail publishes its code, its rank and its text (so that every rank names
   // the dead peer or the late ones): it claims the word, writes the text, then the word's value
   // (code + 1) | rank << 8. All before the release, so a rank whose stream was released by it

@@ -20,39 +20,33 @@
 // every step, on every rank alike: before step 1, after step 2 and after step 4's write, so that
 // each flag's write is submitted ahead of every wait for it in any queue they share.
 //
-// A watchdog thread per rank checks, for each operation in order, that every rank called the same
-// one (an allgather of a small descriptor over the private host communicator: mismatches are
-// named, silent ranks time out there), as soon as it is issued; each operation's stream waits for
-// that verdict before it completes, so check() after a synchronize knows of a mismatch, and then
-// for the operation before it to be done (operations on different streams raise `done` in issue
-// order, so that it never goes back). Then the
-// watchdog follows its own stream's progress (pinned flags of this rank alone): a peer process
-// that died (its pid is gone), a step that does not complete within the timeout after this rank's
-// stream reached it, or a failure another rank published ends the operation. Failing means
-// writing the failure word and raising every flag of every rank far ahead, so that no stream of
-// any rank waits for ever; the error is raised by the next call and by check() on every rank.
+// The watchdog (watchdog.hpp, shared with nccl) checks, for each operation in order, that every
+// rank called the same one, as soon as it is issued; each operation's stream waits for that
+// verdict (the `validated` flag) before it completes, so check() after a synchronize knows of a
+// mismatch, and then for the operation before it to be done (operations on different streams
+// raise `done` in issue order, so that it never goes back). Then the watchdog follows this rank's
+// stream (pinned flags of this rank alone: `reached`, `done`): a peer process that died, a step
+// that does not complete within the timeout after this rank's stream reached it, or a failure
+// another rank published ends the operation. Failing means writing the failure word and raising
+// every flag of every rank far ahead, so that no stream of any rank waits for ever; the error is
+// raised by the next call and by check() on every rank.
 #pragma once
 
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "device/device.hpp"
-#include "gpu/host_transfer.hpp"
 #include "gpu/local_order.hpp"
+#include "gpu/watchdog.hpp"
 
 namespace tutti::gpu::detail {
 
-class Ipc final : public DeviceBackend {
+class Ipc final : public DeviceBackend, private Watchdog::Watched {
  public:
   /// Collective over `host` (a private duplicate that only this backend calls). Error(unsupported)
   /// on every rank alike when the ranks are not all on one host or the memory cannot be shared.
@@ -76,37 +70,33 @@ class Ipc final : public DeviceBackend {
   static std::size_t default_capacity();
 
  private:
-  struct Operation {
-    std::uint32_t n = 0;  // operation number (for messages)
-    DeviceCall call;
-    std::uint32_t first = 0, last = 0;  // its steps
-  };
+  using Operation = Watchdog::Operation;  // first and last: its steps
   enum Flag { reached, ready, reduced, consumed, flags };
 
   std::uint32_t* flag(int rank, Flag f) const;
   void wait_all(Flag f, std::uint32_t value, device::Stream stream, bool including_self);
   void enqueue_step(const DeviceCall& call, std::uint32_t s, std::size_t offset, std::size_t count,
                     device::Stream stream);
-  void run();
-  /// An operation the watchdog follows on this rank's stream.
-  struct Watch {
-    Operation op;
-    std::optional<std::chrono::steady_clock::time_point> reached_at;  // when the stream got to it
-    std::chrono::steady_clock::time_point next_liveness = std::chrono::steady_clock::now();
-  };
-  /// Checks that every rank called what this rank called for `op` (fails on a mismatch), then
-  /// raises the validated flag to op.n (whatever the verdict: a failure releases the streams).
-  void exchange(const Operation& op);
-  /// One look at `w`: true once this rank's stream finished it; fails on a dead peer, a timeout
-  /// or a failure another rank published.
-  bool poll(Watch& w);
-  static std::string describe_operation(const Operation& op);
+  // What the watchdog asks (watchdog.hpp).
+  std::string describe(const Operation& op) const override;
+  bool stream_reached(const Operation& op) const override;
+  bool stream_done(const Operation& op) const override;
+  /// A failure another rank published, if any.
+  std::optional<Error> noticed(const Operation*) override;
+  /// Raises the validated flag to op.n, or far ahead once failed (the streams are released).
+  void compared(const Operation& op, bool failed) override;
+  /// The ranks whose streams had not reached the step this rank's stream is at.
+  std::string late(const Operation& op) const override;
+  /// Publishes the failure (the first one of any rank wins) and raises every flag of every rank.
+  void release(const Error& error) override;
+  /// Yes: a peer's stream may write a flag back after a release, so release until this rank's
+  /// stream is through.
+  bool follow_after_failure() const override { return true; }
+
   /// Records `error` (first wins), publishes it and releases every stream of every rank.
-  void fail(const Error& error);
+  void fail(const Error& error) { watchdog_->fail(error); }
   /// Whether this backend failed, taking up a failure another rank published first.
-  bool failed_here();
-  /// An error published by another rank, if any.
-  std::optional<Error> published_failure() const;
+  bool failed_here() { return watchdog_->failed(); }
   void release_all();
 
   /// Passes the next point of order_ (if any): the signals this rank submitted so far come before
@@ -127,15 +117,8 @@ class Ipc final : public DeviceBackend {
   std::uint32_t* validated_ = nullptr;  // pinned: the last operation whose descriptors were exchanged
   std::uint32_t step_ = 0;              // the last step issued (host thread)
   std::atomic<std::uint32_t> last_issued_{0};
-  std::uint32_t issued_ = 0;  // operations
-
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<Operation> queue_;
-  bool stopping_ = false;
-  std::atomic<bool> failed_{false};
-  std::optional<Error> failure_;  // under mutex_
-  std::thread thread_;
+  std::uint32_t issued_ = 0;            // operations
+  std::unique_ptr<Watchdog> watchdog_;  // last: its thread calls the above
 };
 
 }  // namespace tutti::gpu::detail

@@ -83,11 +83,7 @@ void Ipc::enqueue(const DeviceCall& call, device::Stream stream) {
     fail(Error(error.code(), "ipc: operation " + std::to_string(n) + " half enqueued: " + error.what()));
     half_enqueued = true;
   }
-  {
-    std::lock_guard lock(mutex_);
-    queue_.push_back(Operation{n, call, first, step_});
-  }
-  wake_.notify_one();
+  watchdog_->post(Operation{n, call, first, step_});
   // A failure while enqueuing is the call's own; one recorded meanwhile (a late rank, a peer's)
   // is raised by check() and the next call, as after any call that returned.
   if (half_enqueued) check();

@@ -1,24 +1,21 @@
 // The nccl backend (nccl.hpp), built with the CUDA toolkit's nccl.h; libnccl.so.2 is loaded at run
 // time. Operation n on stream S: write_value(reached, n); the NCCL call(s); write_value(done, n).
-// The watchdog compares each operation's call across ranks, then follows `done`.
+// Its watchdog (watchdog.hpp) compares each operation's call across ranks, then follows `done`.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <mutex>
+#include <memory>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "core/env.hpp"
 #include "gpu/nccl.hpp"
 #include "gpu/verdict.hpp"
+#include "gpu/watchdog.hpp"
 
 namespace tutti::gpu::detail {
 
@@ -130,7 +127,7 @@ ErrorCode code_of(ncclResult_t result) {
   }
 }
 
-class NcclBackend final : public Nccl {
+class NcclBackend final : public Nccl, private Watchdog::Watched {
  public:
   NcclBackend(std::shared_ptr<device::Device> device, tutti::Communicator host, const Api& api)
       : device_(std::move(device)), host_(std::move(host)), api_(api), rank_(host_.rank()), size_(host_.size()) {
@@ -185,16 +182,11 @@ class NcclBackend final : public Nccl {
                       (result == ncclSuccess ? "another rank failed" : api_.error_string(result)) +
                       "; NCCL refuses two ranks on one GPU)");
     }
-    thread_ = std::thread([this] { run(); });
+    watchdog_ = std::make_unique<Watchdog>(static_cast<Watchdog::Watched&>(*this), host_, local_pids_);
   }
 
   ~NcclBackend() override {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
+    watchdog_->stop();
     const bool idle = device::Device::load_flag(done()) == issued_;
     if (!aborted_.exchange(true)) {
       if (idle)
@@ -233,11 +225,7 @@ class NcclBackend final : public Nccl {
     }
   }
 
-  void check() override {
-    if (!failed_.load(std::memory_order_acquire)) return;
-    std::lock_guard lock(mutex_);
-    throw *failure_;
-  }
+  void check() override { watchdog_->check(); }
 
   void enqueue(const DeviceCall& dc, device::Stream stream) override {
     check();
@@ -252,18 +240,11 @@ class NcclBackend final : public Nccl {
       device_->divide(c.recv, c.count, c.type, size_, stream);  // Tutti's rounding, not NCCL's
     device_->write_value(done(), n, stream);
     issued_ = n;
-    {
-      std::lock_guard lock(mutex_);
-      queue_.push_back(Operation{n, dc});
-    }
-    wake_.notify_one();
+    watchdog_->post(Operation{n, dc, n, n});
   }
 
  private:
-  struct Operation {
-    std::uint32_t n = 0;
-    DeviceCall call;
-  };
+  using Operation = Watchdog::Operation;
 
   std::uint32_t* reached() const { return flags_; }
   std::uint32_t* done() const { return flags_ + 1; }
@@ -306,81 +287,32 @@ class NcclBackend final : public Nccl {
     }
   }
 
-  static std::string describe_operation(const Operation& op) {
+  // What the watchdog asks (watchdog.hpp).
+  std::string describe(const Operation& op) const override {
     return "nccl " + std::string(to_string(op.call.call.collective)) + " (operation " + std::to_string(op.n) + ")";
   }
-
-  void run() {
-    for (;;) {
-      Operation op;
-      bool stopping = false;
-      {
-        std::unique_lock lock(mutex_);
-        wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        op = queue_.front();
-        queue_.pop_front();
-        stopping = stopping_;
-      }
-      // The comparison is owed to the peers even when stopping or failed.
-      if (auto error = check_same_call(host_, op.call, describe_operation(op)); error && !failed_.load()) fail(*error);
-      if (!stopping) watch(op);
-    }
+  bool stream_reached(const Operation& op) const override {
+    return device::Device::reached(device::Device::load_flag(reached()), op.n);
   }
-
-  // Follows operation `op` on this rank's stream until it is done, failed, or the backend stops.
-  void watch(const Operation& op) {
-    using clock = std::chrono::steady_clock;
-    const auto timeout = timeout_of(op.call);
-    std::optional<clock::time_point> reached_at;
-    auto next_liveness = clock::now() + liveness_period;
-    std::chrono::microseconds nap{1};
-    for (;;) {
-      if (device::Device::reached(device::Device::load_flag(done()), op.n) || failed_.load()) return;
-      {
-        std::lock_guard lock(mutex_);
-        if (stopping_) return;
-      }
-      const auto now = clock::now();
-      ncclResult_t async = ncclSuccess;
-      if (api_.async_error(comm_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
-        fail(Error(code_of(async), describe_operation(op) + ": " + api_.error_string(async)));
-        return;
-      }
-      if (!reached_at && device::Device::reached(device::Device::load_flag(reached()), op.n)) reached_at = now;
-      if (reached_at && now - *reached_at > timeout) {
-        fail(Error(ErrorCode::timeout, describe_operation(op) + " timed out after " + std::to_string(timeout.count()) +
-                                           " ms on this rank's stream"));
-        return;
-      }
-      if (now >= next_liveness) {
-        next_liveness = now + liveness_period;
-        for (int j = 0; j < size_; ++j) {
-          const auto pid = static_cast<pid_t>(local_pids_[static_cast<std::size_t>(j)]);
-          if (j != rank_ && pid > 0 && process_dead(pid)) {
-            fail(Error(ErrorCode::peer_failure, describe_operation(op) + ": rank " + std::to_string(j) + " (pid " +
-                                                    std::to_string(pid) + ") died"));
-            return;
-          }
-        }
-      }
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, std::chrono::microseconds{1000});
-    }
+  bool stream_done(const Operation& op) const override {
+    return device::Device::reached(device::Device::load_flag(done()), op.n);
   }
-
-  // Records the first failure and aborts the NCCL communicator: its pending kernels return, so
-  // every stream waiting in an NCCL call moves on.
-  void fail(const Error& error) {
-    {
-      std::lock_guard lock(mutex_);
-      if (!failure_) {
-        failure_.emplace(error.code(), std::string("tutti::gpu: ") + error.what());
-        failed_.store(true, std::memory_order_release);
-      }
-    }
+  // NCCL's asynchronous error, while the watchdog follows an operation.
+  std::optional<Error> noticed(const Operation* op) override {
+    ncclResult_t async = ncclSuccess;
+    if (op == nullptr || aborted_.load() || api_.async_error(comm_, &async) != ncclSuccess || async == ncclSuccess ||
+        async == ncclInProgress)
+      return std::nullopt;
+    return Error(code_of(async), describe(*op) + ": " + api_.error_string(async));
+  }
+  void compared(const Operation&, bool) override {}
+  std::string late(const Operation&) const override { return ""; }
+  // Aborts the NCCL communicator: its pending kernels return, so every stream waiting in an NCCL
+  // call moves on.
+  void release(const Error&) override {
     if (!aborted_.exchange(true)) api_.abort(comm_);
   }
+  bool follow_after_failure() const override { return false; }
 
   std::shared_ptr<device::Device> device_;
   tutti::Communicator host_;
@@ -392,14 +324,7 @@ class NcclBackend final : public Nccl {
   std::uint32_t* flags_ = nullptr;  // pinned: reached, done
   std::uint32_t issued_ = 0;        // host thread
   std::atomic<bool> aborted_{false};
-
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<Operation> queue_;
-  bool stopping_ = false;
-  std::atomic<bool> failed_{false};
-  std::optional<Error> failure_;
-  std::thread thread_;
+  std::unique_ptr<Watchdog> watchdog_;  // last: its thread calls the above
 };
 
 }  // namespace
