@@ -1,6 +1,6 @@
-// Bootstrap layer: SHA-256/HMAC vectors, the token handshake, the file and TCP stores, and job
-// detection from each launcher's variables. Every wait has a deadline; every socket, thread and
-// temporary directory a test makes is closed, joined or removed by the test.
+// Bootstrap layer: SHA-256/HMAC known-answer vectors (through the library's calls into libcrypto),
+// the token handshake, the file and TCP stores, and job detection from each launcher's variables. Every wait has a
+// deadline; every socket, thread and temporary directory a test makes is closed, joined or removed by the test.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netdb.h>
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bootstrap/auth.hpp"
+#include "bootstrap/crypto.hpp"
 #include "bootstrap/job.hpp"
 #include "bootstrap/store.hpp"
 #include "test_waits.hpp"
@@ -82,6 +83,28 @@ TEST(HmacSha256, Rfc4231Vectors) {
                             "This is a test using a larger than block-size key and a larger than block-size data. The "
                             "key needs to be hashed before being used by the HMAC algorithm.")),
             "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2");
+  // Test case 5 gives the output truncated to 128 bits.
+  EXPECT_EQ(hex(hmac_sha256(std::string(20, '\x0c'), "Test With Truncation")).substr(0, 32),
+            "a3b6167473100ee06e0c796c2955552b");
+}
+
+TEST(HmacSha256, EmptyKeyAndMessage) {
+  // Empty views (null data) included: libcrypto must still be given a key. Values from Python's hmac.
+  EXPECT_EQ(hex(hmac_sha256(std::string_view(), std::string_view())),
+            "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad");
+  EXPECT_EQ(hex(hmac_sha256("key", "")), "5d5d139563c95b5967b9bd9a8c9b233a9dedb45072794cd232dc1b74832607d0");
+}
+
+TEST(SameBytes, ComparesEveryByte) {
+  const Digest a = sha256("a");
+  Digest b = a;
+  EXPECT_TRUE(same_bytes(a.data(), b.data(), a.size()));
+  for (const std::size_t at : {std::size_t{0}, std::size_t{17}, a.size() - 1}) {
+    b = a;
+    b[at] ^= 0x01;
+    EXPECT_FALSE(same_bytes(a.data(), b.data(), a.size())) << "differing at byte " << at;
+  }
+  EXPECT_TRUE(same_bytes(a.data(), b.data(), 0));
 }
 
 TEST(RandomHex, LengthAndDigits) {

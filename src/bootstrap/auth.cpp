@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "bootstrap/auth.hpp"
+#include "bootstrap/crypto.hpp"
 #include "bootstrap/socket_io.hpp"
 #include "core/env.hpp"
 #include "core/log.hpp"
@@ -29,7 +30,6 @@ constexpr char magic[4] = {'T', 'U', 'T', '2'};
 constexpr std::size_t nonce_size = 32;
 constexpr char confirmation = 'K';
 using Nonce = std::array<std::uint8_t, nonce_size>;
-using Digest = std::array<std::uint8_t, 32>;
 
 void fill_random(std::uint8_t* out, std::size_t size) {
   while (size > 0) {
@@ -47,13 +47,6 @@ Digest answer_for(const std::string& token, std::string_view nonce, char role) {
   std::string message(nonce);
   message.push_back(role);
   return hmac_sha256(token, message);
-}
-
-// Constant time, so the answer cannot be found byte by byte from response timing.
-bool same_digest(const Digest& a, const Digest& b) {
-  std::uint8_t difference = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) difference |= static_cast<std::uint8_t>(a[i] ^ b[i]);
-  return difference == 0;
 }
 
 std::size_t step_size(int step) {
@@ -117,9 +110,8 @@ Handshaker::State Handshaker::feed(const void* data, std::size_t size) {
       break;
     }
     case Step::answer: {
-      Digest peer_answer{};
-      std::memcpy(peer_answer.data(), input_.data(), peer_answer.size());
-      if (!same_digest(peer_answer, answer_for(token_, mine_, peer_role)))
+      const Digest expected = answer_for(token_, mine_, peer_role);
+      if (!same_bytes(input_.data(), expected.data(), expected.size()))
         return finish(HandshakeFailure::wrong_token, "wrong token (the peer's answer does not match)");
       session_ = initiator_ ? derive_session_key(token_, mine_, theirs_) : derive_session_key(token_, theirs_, mine_);
       output_.push_back(confirmation);

@@ -11,9 +11,6 @@
 
 namespace tutti::bootstrap {
 
-std::array<std::uint8_t, 32> sha256(std::string_view data);
-std::array<std::uint8_t, 32> hmac_sha256(std::string_view key, std::string_view message);
-
 /// A key both ends of one connection share after the handshake, and nobody else: derived from the
 /// token and both nonces, so it is fresh for every connection.
 using SessionKey = std::array<std::uint8_t, 32>;

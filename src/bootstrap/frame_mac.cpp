@@ -1,23 +1,14 @@
 #include "bootstrap/frame_mac.hpp"
 
-#include <openssl/crypto.h>
 #include <openssl/evp.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstring>
 
-#include "tutti/types.hpp"
+#include "bootstrap/crypto.hpp"
 
 namespace tutti::bootstrap {
-
-namespace {
-
-[[noreturn]] void crypto_failure(const char* what) {
-  throw Error(ErrorCode::system, std::string("libcrypto failed in ") + what);
-}
-
-}  // namespace
 
 FrameMac::FrameMac(const SessionKey& key, bool from_initiator)
     : ctx_(EVP_CIPHER_CTX_new()), direction_(from_initiator ? 'I' : 'A') {
@@ -59,6 +50,6 @@ Tag FrameMac::finish() {
   return tag;
 }
 
-bool FrameMac::same(const Tag& a, const Tag& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+bool FrameMac::same(const Tag& a, const Tag& b) { return same_bytes(a.data(), b.data(), a.size()); }
 
 }  // namespace tutti::bootstrap

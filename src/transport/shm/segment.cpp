@@ -17,7 +17,7 @@
 #include <new>
 #include <thread>
 
-#include "bootstrap/auth.hpp"
+#include "bootstrap/crypto.hpp"
 #include "core/env.hpp"
 
 namespace tutti::transport::shm {
