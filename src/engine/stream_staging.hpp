@@ -12,20 +12,20 @@
 //                                                    and other device tensors) on the staging
 //   4. copy staging -> device recv              <-   set_flag(done, n): when t completes, with a
 //   5. write_value(copied, n)                        result or with an error, always
-// Handle::wait returns once copied >= n: the result is in recv. The three flags are the first
-// words of the tensor's staging buffer, so every tensor has its own (two streams may reach step 2
-// in either order). A staging buffer is reused once its copied flag reached its latest ticket:
-// the stream is then past every step that touches it.
+// Handle::wait returns once copied >= n: the result is in recv. The three flags are in the header
+// of the tensor's staging buffer (device/staging_pool.hpp; `copied` is the pool's `released`), so
+// every tensor has its own (two streams may reach step 2 in either order). A staging buffer is
+// reused once its copied flag reached its latest ticket: the stream is then past every step that
+// touches it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <optional>
-#include <vector>
 
 #include "device/device.hpp"
+#include "device/staging_pool.hpp"
 
 namespace tutti::engine_detail {
 
@@ -33,7 +33,7 @@ struct TensorState;
 
 class StreamStaging {
  public:
-  explicit StreamStaging(device::Device& device) : device_(device) {}
+  explicit StreamStaging(device::Device& device) : device_(device), pool_(device, 3) {}
   /// Frees the staging buffers the streams are done with. A buffer a stream has not yet copied
   /// back from (a stream held before its step 4) stays allocated: the device frees it when it
   /// goes. Every tensor's done flag must have been raised before (the engine completes them all).
@@ -55,27 +55,16 @@ class StreamStaging {
   void release(const TensorState& t);
 
  private:
-  struct Buffer {
-    std::byte* memory = nullptr;        // the flags (ready, done, copied), then the data at header_bytes
-    std::size_t capacity = 0;           // data bytes
-    std::optional<std::uint32_t> last;  // the ticket of its latest use
-    std::weak_ptr<TensorState> user;    // that use's tensor (its handle reads `copied`)
-    bool retired = false;               // a use half enqueued: its stream may never copy back
-    std::uint32_t* flag(int i) const { return reinterpret_cast<std::uint32_t*>(memory + 64 * i); }
-    std::byte* data() const { return memory + header_bytes; }
-  };
-  static constexpr std::size_t header_bytes = 256;  // keeps the data 256-byte aligned
-
-  /// A free buffer of at least `bytes` (under mutex_).
-  Buffer& take(std::size_t bytes);
-  bool is_free(const Buffer& b) const;
-  /// The latest user's handle stops reading the buffer's flags: its copy back is done.
-  static void forget_user(Buffer& b);
+  using Buffer = device::StagingPool::Buffer;
+  // Header lines: 0 copied (the pool's released), 1 ready, 2 done.
+  static std::uint32_t* copied(const Buffer& b) { return b.line(0); }
+  static std::uint32_t* ready(const Buffer& b) { return b.line(1); }
+  static std::uint32_t* done(const Buffer& b) { return b.line(2); }
 
   device::Device& device_;
   std::mutex mutex_;  // enqueues may come from several threads
   std::uint32_t issued_ = 0;
-  std::vector<std::unique_ptr<Buffer>> buffers_;
+  device::StagingPool pool_;
 };
 
 }  // namespace tutti::engine_detail

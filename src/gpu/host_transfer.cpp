@@ -88,6 +88,7 @@ HostTransfer::HostTransfer(std::shared_ptr<device::Device> device, tutti::Commun
                            std::shared_ptr<LocalOrder> order)
     : device_(std::move(device)), host_(std::move(host)), order_(std::move(order)) {
   done_ = static_cast<std::uint32_t*>(device_->allocate_pinned(sizeof(std::uint32_t)));
+  staging_ = std::make_unique<device::StagingPool>(*device_, staging_lines, max_staging);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -120,8 +121,9 @@ HostTransfer::~HostTransfer() {
   device_->set_flag(done_, issued_);
   thread_.join();
   device_->set_flag(done_, issued_);
-  // The staging and the flag stay allocated: a held stream may still copy through them. The
-  // device frees them when it goes (the emulated device runs its streams' queued work first).
+  // The flag, and the staging a held stream may still copy through, stay allocated (the pool
+  // frees only what the streams released): the device frees them when it goes (the emulated
+  // device runs its streams' queued work first).
 }
 
 void FailureRecord::record(Error error) {
@@ -142,46 +144,6 @@ std::optional<Error> FailureRecord::failure() const {
   return error_;
 }
 
-HostTransfer::Staging& HostTransfer::take_staging(std::size_t bytes, std::uint32_t n, device::Stream stream,
-                                                  bool may_chain, bool& chained) {
-  // Free: its last copy back completed (a fresh event counts as complete). Take the smallest that
-  // fits; else grow the pool; else chain onto the least recently used one that fits; else replace
-  // a free one that is too small; else (every buffer busy and too small) grow past the cap.
-  Staging* best = nullptr;
-  Staging* small = nullptr;
-  Staging* oldest = nullptr;
-  for (auto& s : staging_) {
-    if (s->capacity >= bytes && (oldest == nullptr || s->last_use < oldest->last_use)) oldest = s.get();
-    if (!device_->query(s->event)) continue;
-    if (s->capacity >= bytes && (best == nullptr || s->capacity < best->capacity)) best = s.get();
-    if (s->capacity < bytes) small = s.get();
-  }
-  chained = false;
-  Staging* chosen = best;
-  if (chosen == nullptr && may_chain && staging_.size() >= max_staging && oldest != nullptr) {
-    device_->wait_event(stream, oldest->event);  // the stream, not the host, waits for it to be free
-    chained = true;
-    chosen = oldest;
-  }
-  if (chosen == nullptr) {
-    const std::size_t capacity = std::max<std::size_t>(bytes, 4096);
-    auto* memory = static_cast<std::byte*>(device_->allocate_pinned(header_bytes + capacity));
-    if (small != nullptr) {
-      device_->free_pinned(small->memory);
-    } else {
-      auto fresh = std::make_unique<Staging>();
-      fresh->event = device_->create_event();
-      staging_.push_back(std::move(fresh));
-      small = staging_.back().get();
-    }
-    small->memory = memory;
-    small->capacity = capacity;
-    chosen = small;
-  }
-  chosen->last_use = n;
-  return *chosen;
-}
-
 void HostTransfer::enqueue(const DeviceCall& call, device::Stream stream) {
   check();
   const Layout l = layout_of(call, host_.rank(), host_.size());
@@ -194,15 +156,16 @@ void HostTransfer::enqueue(const DeviceCall& call, device::Stream stream) {
   // onto a buffer an earlier operation still copies out of (only that stream waits for it).
   const bool waits = (l.in != nullptr && l.in_bytes > 0) ||
                      (call.kind == DeviceCall::Kind::collective && call.call.collective == Collective::barrier);
-  bool chained = false;
-  Staging& staging = take_staging(l.staged, first, stream, waits, chained);
+  const device::StagingPool::Taken taken = staging_->take(l.staged, first, stream, waits);
+  const bool chained = taken.chained;
+  Staging& staging = *taken.buffer;
   // A free buffer's ready words are set just below this operation's numbers (so even after the
   // counter wrapped). A chained one's still belong to the operation before, which the progress
   // thread may not have started: they stay, below ours (numbers only grow), and are overwritten
   // by the stream.
   if (!chained)
     for (std::size_t i = 0; i < chunks; ++i)
-      device_->set_flag(staging.ready(i), first + static_cast<std::uint32_t>(i) - 1);
+      device_->set_flag(ready(staging, i), first + static_cast<std::uint32_t>(i) - 1);
 
   // Chunk i covers [offset, offset + bytes) of what is copied in and out (all of it when whole).
   const auto offset = [&](std::size_t i) { return i * chunk; };
@@ -217,29 +180,33 @@ void HostTransfer::enqueue(const DeviceCall& call, device::Stream stream) {
         device_->copy(staging.data() + l.in_offset + offset(i), static_cast<const std::byte*>(l.in) + offset(i),
                       in_bytes(i), stream);
       enqueued_any = true;
-      device_->write_value(staging.ready(i), first + static_cast<std::uint32_t>(i), stream);
+      device_->write_value(ready(staging, i), first + static_cast<std::uint32_t>(i), stream);
     }
     if (order_ && call.kind == DeviceCall::Kind::collective)
       if (auto late = order_->pass(host_.rank(), timeout_of(call)))
-        record(*late, Operation{first, call, 0, true, staging.ready(0), staging.data()});
+        record(*late, Operation{first, call, 0, true, ready(staging, 0), staging.data()});
     for (std::size_t i = 0; i < chunks; ++i) {
       device_->wait_value(done_, first + static_cast<std::uint32_t>(i), stream);
       if (l.out != nullptr && out_bytes(i) > 0)
         device_->copy(static_cast<std::byte*>(l.out) + offset(i), staging.data() + l.out_offset + offset(i),
                       out_bytes(i), stream);
     }
-    device_->record(staging.event, stream);
+    staging_->release(staging, stream);
   } catch (const Error& error) {
     // The first enqueue checks the stream: if it threw, nothing was enqueued. Else the stream may
     // wait for these numbers, so they must run (and fail at once).
-    if (!enqueued_any) throw;
-    record(error, Operation{first, call, 0, true, staging.ready(0), staging.data()});
+    if (!enqueued_any) {
+      staging_->cancel(taken);
+      throw;
+    }
+    device::StagingPool::retire(staging);  // its stream may never get to the release
+    record(error, Operation{first, call, 0, true, ready(staging, 0), staging.data()});
     half_enqueued = true;
   }
   {
     std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < chunks; ++i) {
-      Operation op{first + static_cast<std::uint32_t>(i), call, offset(i), waits, staging.ready(i), staging.data()};
+      Operation op{first + static_cast<std::uint32_t>(i), call, offset(i), waits, ready(staging, i), staging.data()};
       if (chunks > 1) op.call.call.count = in_bytes(i) / element;
       queue_.push_back(op);
     }

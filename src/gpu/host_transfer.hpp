@@ -10,7 +10,7 @@
 //                                                         on the staging, with the private host
 //                                                         communicator; once it completed:
 //   4. copy staging -> device output                  <-   set_flag(done, n)
-//   5. record(staging.event)  (the staging is reused once this event completed)
+//   5. write_value(staging.released, n)  (the staging is reused once the stream got there)
 // A large allreduce, reduce or broadcast is pipelined: it is cut into chunks, each its own
 // operation number with its own ready word, and the stream enqueues every chunk's steps 1-2 before
 // the first chunk's steps 3-4, so that copies in, host collectives and copies back overlap.
@@ -48,6 +48,7 @@
 
 #include "comm/comm_impl.hpp"
 #include "device/device.hpp"
+#include "device/staging_pool.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/local_order.hpp"
 #include "tutti/tutti.hpp"
@@ -100,15 +101,11 @@ class HostTransfer final : public DeviceBackend {
   static constexpr std::size_t max_chunks = 64;
 
  private:
-  static constexpr std::size_t header_bytes = max_chunks * sizeof(std::uint32_t);  // 256: data stays aligned
-  struct Staging {
-    std::byte* memory = nullptr;  // header (the ready words) then data
-    std::size_t capacity = 0;     // data bytes
-    device::Event event;          // recorded after the copy back: complete = free to reuse
-    std::uint32_t last_use = 0;   // the operation number that used it last
-    std::uint32_t* ready(std::size_t chunk) const { return reinterpret_cast<std::uint32_t*>(memory) + chunk; }
-    std::byte* data() const { return memory + header_bytes; }
-  };
+  // A staging buffer (device/staging_pool.hpp): its header holds the pool's `released` line,
+  // then the ready words of the chunks, one after the other from line 1.
+  using Staging = device::StagingPool::Buffer;
+  static std::uint32_t* ready(const Staging& staging, std::size_t chunk) { return staging.line(1) + chunk; }
+  static constexpr std::size_t staging_lines = 1 + max_chunks * sizeof(std::uint32_t) / 64;
   /// What the progress thread runs for operation n: the host side of one chunk on the staging.
   struct Operation {
     std::uint32_t n = 0;
@@ -125,13 +122,10 @@ class HostTransfer final : public DeviceBackend {
     std::chrono::steady_clock::time_point started;
   };
 
-  /// A staging buffer of at least `bytes` for operation `n`: a free one, else a new one while the
-  /// pool has fewer than max_staging, else the least recently used one that fits, which `stream`
-  /// then waits for (its event) before it copies in: the host never waits, and a burst of calls
-  /// does not allocate without bound. `chained` says which of the last two it was. Without
-  /// `may_chain` (an operation whose host side starts before its stream gets there) it grows the
-  /// pool instead of chaining.
-  Staging& take_staging(std::size_t bytes, std::uint32_t n, device::Stream stream, bool may_chain, bool& chained);
+  /// The pool makes at most this many staging buffers before an operation's stream waits for the
+  /// least recently used one that fits (StagingPool::take): the host never waits, and a burst of
+  /// calls does not allocate without bound. An operation whose host side starts before its stream
+  /// gets there (no input on this rank) may not chain: the pool grows instead.
   static constexpr std::size_t max_staging = 8;
   void run();
   /// Starts operation `op`'s host side; an empty request when it has none.
@@ -143,9 +137,9 @@ class HostTransfer final : public DeviceBackend {
   std::shared_ptr<device::Device> device_;
   tutti::Communicator host_;
   std::shared_ptr<LocalOrder> order_;
-  std::uint32_t* done_ = nullptr;                  // pinned: the flag streams wait on
-  std::uint32_t issued_ = 0;                       // the last operation number (host thread)
-  std::vector<std::unique_ptr<Staging>> staging_;  // the pool; host thread only
+  std::uint32_t* done_ = nullptr;                 // pinned: the flag streams wait on
+  std::uint32_t issued_ = 0;                      // the last operation number (host thread)
+  std::unique_ptr<device::StagingPool> staging_;  // host thread only
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
