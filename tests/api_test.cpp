@@ -351,12 +351,12 @@ TEST(InvalidArguments, NamedAndNothingSent) {
                    ErrorCode::invalid_argument, "DataType");
       expect_error([&] { comm.allreduce(a.data(), b.data(), 4, DataType::f32, static_cast<ReduceOp>(42), o); },
                    ErrorCode::invalid_argument, "ReduceOp");
-      for (Algorithm backend : {Algorithm::host_transfer, Algorithm::ipc, Algorithm::nccl})
-        expect_error(
-            [&] {
-              comm.allreduce(a.data(), b.data(), 4, DataType::f32, ReduceOp::sum, {backend, test_timeout});
-            },
-            ErrorCode::invalid_argument, std::string(to_string(backend)) + " is a GPU backend");
+      expect_error(
+          [&] {
+            comm.allreduce(a.data(), b.data(), 4, DataType::f32, ReduceOp::sum,
+                           {static_cast<Algorithm>(static_cast<int>(Algorithm::mpi) + 1), test_timeout});
+          },
+          ErrorCode::invalid_argument, "not a valid Algorithm (11)");
       expect_error([&] { comm.allreduce(a.data(), b.data(), SIZE_MAX / 2, DataType::f32, ReduceOp::sum, o); },
                    ErrorCode::invalid_argument, "overflows");
       expect_error(

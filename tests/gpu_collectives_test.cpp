@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/tuning.hpp"
+#include "core/names.hpp"
 #include "device/device.hpp"
 #include "gpu/host_transfer.hpp"
 #include "gpu_harness.hpp"
@@ -278,11 +279,10 @@ TEST(GpuCollectives, PipelinedLargeElementwiseCollectives) {
   }
 }
 
-// gpu::Options::backend (automatic, host_transfer or ipc; a backend's Algorithm value in
-// Options::algorithm with backend automatic or the same backend), and a host algorithm for
+// gpu::Options::backend (automatic, host_transfer or ipc), and a host algorithm for
 // host_transfer's host collective (backend automatic or host_transfer), all run exactly; so does
-// the tutti::Options spelling. A backend this build lacks (nccl), or ipc for a collective it does
-// not have, is Error(unsupported) from the call, whichever spelling names it, and enqueues nothing
+// a tutti::Options. A backend this build lacks (nccl), or ipc for a collective it does not have,
+// is Error(unsupported) from the call, and enqueues nothing
 // (the next operation's numbering is intact on every rank). A host algorithm the host collective
 // refuses (bruck has no allreduce) fails there, with backend automatic or host_transfer (so the
 // algorithm reaches the host collective): the stream is released and check() raises it.
@@ -303,11 +303,6 @@ TEST(GpuCollectives, BackendFromOptions) {
         {Backend::automatic, Algorithm::ring, timeout},
         {Backend::host_transfer, Algorithm::ring, timeout},
         {Backend::host_transfer, Algorithm::recursive_doubling, timeout},
-        {Backend::automatic, Algorithm::ipc, timeout},
-        {Backend::ipc, Algorithm::ipc, timeout},
-        {Backend::host_transfer, Algorithm::host_transfer, timeout},
-        tutti::Options{Algorithm::host_transfer, timeout},
-        tutti::Options{Algorithm::ipc, timeout},
         tutti::Options{Algorithm::ring, timeout},
     };
     const auto expect_unsupported = [](const std::function<void()>& call, const std::string& names,
@@ -319,14 +314,16 @@ TEST(GpuCollectives, BackendFromOptions) {
     for (const tutti::gpu::Options& run : runs) {
       const std::string what = std::string(tutti::gpu::to_string(run.backend)) + " with host algorithm " +
                                std::string(tutti::to_string(run.algorithm));
-      for (const tutti::gpu::Options& nccl :
-           {tutti::gpu::Options{Backend::nccl, timeout}, tutti::gpu::Options{tutti::Options{Algorithm::nccl, timeout}}})
-        expect_unsupported([&] { gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, nccl); },
-                           "nccl backend", "nccl");
-      for (const tutti::gpu::Options& ipc :
-           {tutti::gpu::Options{Backend::ipc, timeout}, tutti::gpu::Options{tutti::Options{Algorithm::ipc, timeout}}})
-        expect_unsupported([&] { gpu.alltoall(data.data, data.data, 1, type, stream, ipc); },
-                           "the ipc backend cannot run this alltoall", "alltoall on ipc");
+      expect_unsupported(
+          [&] {
+            gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, {Backend::nccl, timeout});
+          },
+          "nccl backend", "nccl");
+      expect_unsupported(
+          [&] {
+            gpu.alltoall(data.data, data.data, 1, type, stream, {Backend::ipc, timeout});
+          },
+          "the ipc backend cannot run this alltoall", "alltoall on ipc");
       Bytes result(input.size());
       gpu.copy(data.data, input.data(), input.size(), stream);
       gpu.allreduce(data.data, data.data, count, type, ReduceOp::sum, stream, run);
@@ -376,9 +373,6 @@ TEST(GpuCollectives, OptionRulesRefusedBeforeAnythingIsEnqueued) {
           {{Backend::ipc, Algorithm::ring, timeout}, {"options.backend ipc", "ring"}},
           {{Backend::nccl, Algorithm::direct, timeout}, {"options.backend nccl", "direct"}},
           {{Backend::ipc, Algorithm::recursive_doubling, timeout}, {"options.backend ipc", "recursive_doubling"}},
-          {{Backend::host_transfer, Algorithm::ipc, timeout}, {"options.algorithm ipc", "host_transfer"}},
-          {{Backend::ipc, Algorithm::nccl, timeout}, {"options.algorithm nccl", "options.backend ipc"}},
-          {{Backend::nccl, Algorithm::host_transfer, timeout}, {"options.algorithm host_transfer", "nccl"}},
           {{static_cast<Backend>(4), timeout}, {"gpu::Backend (4)"}},
           {{static_cast<Backend>(-1), timeout}, {"gpu::Backend (-1)"}},
       };
@@ -418,29 +412,25 @@ TEST(GpuCollectives, OptionRulesRefusedBeforeAnythingIsEnqueued) {
   });
 }
 
-// The tutti::Options spelling converts to gpu::Options: a backend's Algorithm value names that
-// backend (host algorithm automatic), any other algorithm stays the host algorithm; the timeout
-// is kept. to_string and backend_from_name are each other's inverse.
-TEST(GpuOptions, TuttiOptionsSpellingNamesTheSameBackend) {
+// A tutti::Options converts to gpu::Options: its algorithm is the host algorithm, the backend
+// automatic, the timeout kept. to_string and backend_from_name are each other's inverse.
+TEST(GpuOptions, TuttiOptionsConvertToTheHostAlgorithm) {
   const auto timeout = std::chrono::milliseconds(1234);
-  for (int a = 0; a <= static_cast<int>(Algorithm::nccl); ++a) {
+  for (int a = 0; a <= static_cast<int>(Algorithm::mpi); ++a) {
     const auto algorithm = static_cast<Algorithm>(a);
     const tutti::gpu::Options converted = tutti::Options{algorithm, timeout};
     SCOPED_TRACE(std::string(tutti::to_string(algorithm)));
     EXPECT_EQ(converted.timeout, timeout);
-    if (tutti::is_gpu_backend(algorithm)) {
-      EXPECT_EQ(tutti::gpu::to_string(converted.backend), tutti::to_string(algorithm));
-      EXPECT_EQ(converted.algorithm, Algorithm::automatic);
-    } else {
-      EXPECT_EQ(converted.backend, Backend::automatic);
-      EXPECT_EQ(converted.algorithm, algorithm);
-    }
+    EXPECT_EQ(converted.backend, Backend::automatic);
+    EXPECT_EQ(converted.algorithm, algorithm);
   }
   for (Backend backend : {Backend::automatic, Backend::host_transfer, Backend::ipc, Backend::nccl})
     EXPECT_EQ(tutti::gpu::backend_from_name(tutti::gpu::to_string(backend)), backend);
   EXPECT_EQ(tutti::gpu::to_string(Backend::host_transfer), "host_transfer");
   EXPECT_EQ(tutti::gpu::to_string(static_cast<Backend>(9)), "invalid");
   EXPECT_EQ(tutti::gpu::backend_from_name("ring"), std::nullopt);
+  for (const char* backend : {"host_transfer", "ipc", "nccl"})
+    EXPECT_EQ(tutti::core::algorithm_from_name(backend), std::nullopt) << backend;
   EXPECT_EQ(tutti::gpu::backend_from_name("invalid"), std::nullopt);
 }
 
@@ -558,8 +548,9 @@ TEST(GpuCollectives, HostTransferBurstLargerThanItsStagingPool) {
 }
 
 // automatic follows the tuning table's entries for the device "transports" (gpu:emulated here)
-// where the backend they name runs the call, else ipc where it serves, else host_transfer; GPU
-// backends are refused for host transports and host algorithms for device ones.
+// where the backend they name ("backend", or "algorithm" as earlier files have it) runs the call,
+// else ipc where it serves, else host_transfer; GPU backends are refused for host transports and
+// host algorithms for device ones.
 TEST(GpuCollectives, AutomaticTakesTheTuningTablesBackend) {
   namespace choice = tutti::detail::choice;
   const std::string head = R"({"version": 1, "entries": [)";
@@ -578,10 +569,18 @@ TEST(GpuCollectives, AutomaticTakesTheTuningTablesBackend) {
   };
   EXPECT_TRUE(refused(entry("allreduce", "shm", "ipc", 100)));
   EXPECT_TRUE(refused(entry("allreduce", "gpu:emulated", "ring", 100)));
-  choice::set_active(choice::Table::parse(head + entry("allreduce", "gpu:emulated", "host_transfer", 1000) + "," +
-                                              entry("broadcast", "gpu:emulated", "nccl", 1 << 20) + "," +
-                                              entry("alltoall", "gpu:emulated", "ipc", 1 << 20) + "]}",
-                                          "test"));
+  EXPECT_TRUE(refused(entry("allreduce", "gpu:emulated", "automatic", 100)));
+  std::string alltoall = entry("alltoall", "gpu:emulated", "ipc", 1 << 20);
+  alltoall.replace(alltoall.find("\"algorithm\""), 11, "\"backend\"");
+  const choice::Table table =
+      choice::Table::parse(head + entry("allreduce", "gpu:emulated", "host_transfer", 1000) + "," +
+                               entry("broadcast", "gpu:emulated", "nccl", 1 << 20) + "," + alltoall + "]}",
+                           "test");
+  EXPECT_TRUE(table.entries.empty());
+  ASSERT_EQ(table.backend_entries.size(), 3u);
+  EXPECT_EQ(table.backend_entries[2].backend, Backend::ipc);
+  EXPECT_EQ(choice::Table::parse(table.to_json(), "written").backend_entries.size(), 3u);
+  choice::set_active(table);
   run_gpu_ranks(2, [&](tutti::gpu::Communicator& gpu, int) {
     DeviceBuffer data(gpu, 4096 * 4);
     auto call = [&](tutti::Collective collective, std::size_t count) {

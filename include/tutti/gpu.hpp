@@ -26,13 +26,10 @@
 //   the stream reached it.
 // - The options are checked with the arguments (Error(invalid_argument), nothing enqueued): a
 //   Backend value out of range; backend ipc or nccl with a host algorithm (they run no host
-//   collective); Options::algorithm holding a backend's name (Algorithm::host_transfer, ipc, nccl)
-//   while Options::backend names another backend (with backend automatic or the same backend it
-//   means that backend). A backend this build or placement lacks, or one that cannot run the
-//   call, is Error(unsupported) from the call, and nothing is enqueued.
-// - The earlier spelling is still accepted: a tutti::Options converts to Options, its
-//   Algorithm::host_transfer, ipc or nccl naming that backend and any other algorithm kept as the
-//   host algorithm.
+//   collective). A backend this build or placement lacks, or one that cannot run the call, is
+//   Error(unsupported) from the call, and nothing is enqueued.
+// - A tutti::Options converts to Options: its algorithm is the host algorithm, with backend
+//   automatic.
 //
 // Backend host_transfer (docs/gpu.md): the stream copies the input to pinned host staging and
 // raises a flag; a progress thread of this communicator runs the host collective on the staging
@@ -55,19 +52,7 @@ using Stream = void*;
 
 enum class DeviceKind { emulated, cuda };
 
-/// Which backend runs a collective (docs/gpu.md, "Backends").
-enum class Backend {
-  automatic,      ///< chosen per call (the contract at the top of this file)
-  host_transfer,  ///< a host collective between copies to and from pinned staging; any host transport
-  ipc,            ///< device to device through mapped staging; ranks on one host
-  nccl,           ///< NCCL; CUDA devices, one GPU per rank
-};
-
-/// "automatic", "host_transfer", "ipc" or "nccl" (the names tuning files and --backend use);
-/// "invalid" for a value out of range.
-std::string_view to_string(Backend backend);
-/// The backend `to_string` spells `name`, if any.
-std::optional<Backend> backend_from_name(std::string_view name);
+// gpu::Backend, its to_string and backend_from_name are declared in <tutti/types.hpp>.
 
 /// Per-call options of the collectives of gpu::Communicator.
 struct Options {
@@ -81,9 +66,7 @@ struct Options {
   Options(Backend backend, std::chrono::milliseconds timeout = {}) : backend(backend), timeout(timeout) {}
   Options(Backend backend, Algorithm algorithm, std::chrono::milliseconds timeout = {})
       : backend(backend), algorithm(algorithm), timeout(timeout) {}
-  /// The earlier spelling, still accepted: Algorithm::host_transfer, ipc or nccl in
-  /// options.algorithm name that backend (the host algorithm is then automatic); any other
-  /// algorithm is kept as the host algorithm, with backend automatic.
+  /// The host options: options.algorithm is the host algorithm, the backend automatic.
   Options(const tutti::Options& options);
 };
 

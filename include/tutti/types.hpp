@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -35,18 +36,26 @@ enum class Algorithm {
   direct,        // shared-memory algorithms (multi-process runtime)
   hierarchical,  // intra-host + inter-host (multi-process runtime)
   mpi,           // MPI's own collective (multi-process runtime)
-  // The names of tutti::gpu::Communicator's backends, as tuning files and the earlier
-  // tutti::Options spelling of its calls use them; its API is gpu::Options::backend
-  // (<tutti/gpu.hpp>, docs/gpu.md). A host collective refuses them.
-  host_transfer,
-  ipc,
-  nccl,
 };
 
-/// Whether `algorithm` names a backend of tutti::gpu::Communicator rather than a host algorithm.
-constexpr bool is_gpu_backend(Algorithm algorithm) {
-  return algorithm == Algorithm::host_transfer || algorithm == Algorithm::ipc || algorithm == Algorithm::nccl;
-}
+namespace gpu {
+
+/// Which backend of tutti::gpu::Communicator runs a collective (<tutti/gpu.hpp>, docs/gpu.md,
+/// "Backends"). Declared here, beside Algorithm, because tuning files name backends too.
+enum class Backend {
+  automatic,      ///< chosen per call (the contract at the top of <tutti/gpu.hpp>)
+  host_transfer,  ///< a host collective between copies to and from pinned staging; any host transport
+  ipc,            ///< device to device through mapped staging; ranks on one host
+  nccl,           ///< NCCL; CUDA devices, one GPU per rank
+};
+
+/// "automatic", "host_transfer", "ipc" or "nccl" (the names tuning files and --backend use);
+/// "invalid" for a value out of range.
+std::string_view to_string(Backend backend);
+/// The backend `to_string` spells `name`, if any.
+std::optional<Backend> backend_from_name(std::string_view name);
+
+}  // namespace gpu
 
 /// The collectives. One name each, as `to_string` spells it (TUTTI_ALGO, tuning files, errors).
 enum class Collective {

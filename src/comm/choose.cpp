@@ -20,7 +20,7 @@ namespace tutti::detail::choice {
 namespace {
 
 Algorithm parse_algorithm(const std::string& name) {
-  if (const auto a = core::algorithm_from_name(name); a && !is_gpu_backend(*a)) return *a;
+  if (const auto a = core::algorithm_from_name(name); a) return *a;
   throw Error(ErrorCode::invalid_argument, "TUTTI_ALGO: unknown algorithm '" + name + "'");
 }
 

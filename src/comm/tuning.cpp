@@ -58,30 +58,32 @@ class Reader {
     return v.get<std::string>();
   }
 
-  Entry entry(const Json& e, const std::string& where) const {
+  // Reads entry `e` into table.entries, or table.backend_entries for a GPU transport.
+  void entry(const Json& e, const std::string& where, Table& table) const {
     if (!e.is_object()) fail(where, "an entry must be an object");
-    Entry out;
-    const std::string collective = text(e, "collective", where), algorithm = text(e, "algorithm", where);
+    const std::string collective = text(e, "collective", where), transport = text(e, "transport", where);
     const auto c = core::collective_from_name(collective);
     if (!c) fail(where, "unknown collective '" + collective + "'");
-    const auto a = core::algorithm_from_name(algorithm);
-    out.transport = text(e, "transport", where);
-    // GPU backends belong to the device "transports" (gpu:emulated, gpu:cuda), host algorithms to
-    // the others.
-    const bool device = out.transport.starts_with("gpu:");
-    if (!a || *a == Algorithm::automatic || is_gpu_backend(*a) != device)
-      fail(where, "unknown algorithm '" + algorithm + "'" +
-                      (a && is_gpu_backend(*a) != device ? std::string(" for transport '") + out.transport + "'"
-                                                         : std::string()));
-    out.collective = *c;
-    out.algorithm = *a;
     const std::size_t ranks = size(e, "ranks", where);
     if (ranks < 1 || ranks > 1u << 30) fail(where, "'ranks' must be at least 1");
-    out.ranks = static_cast<int>(ranks);
-    out.min_bytes = size(e, "min_bytes", where);
-    out.max_bytes = size(e, "max_bytes", where);
-    if (out.min_bytes > out.max_bytes) fail(where, "min_bytes is greater than max_bytes");
-    return out;
+    const std::size_t min_bytes = size(e, "min_bytes", where), max_bytes = size(e, "max_bytes", where);
+    if (min_bytes > max_bytes) fail(where, "min_bytes is greater than max_bytes");
+    // GPU backends belong to the device "transports" (gpu:emulated, gpu:cuda), host algorithms to
+    // the others; a device entry may name its backend as "algorithm" too.
+    const bool device = transport.starts_with("gpu:");
+    const std::string name = text(e, device && e.contains("backend") ? "backend" : "algorithm", where);
+    const auto a = core::algorithm_from_name(name);
+    const auto b = gpu::backend_from_name(name);
+    const std::string for_transport = " for transport '" + transport + "'";
+    if (device) {
+      if (!b || *b == gpu::Backend::automatic)
+        fail(where, "unknown backend '" + name + "'" + (a ? for_transport : std::string()));
+      table.backend_entries.push_back({*c, transport, static_cast<int>(ranks), min_bytes, max_bytes, *b});
+    } else {
+      if (!a || *a == Algorithm::automatic)
+        fail(where, "unknown algorithm '" + name + "'" + (b ? for_transport : std::string()));
+      table.entries.push_back({*c, transport, static_cast<int>(ranks), min_bytes, max_bytes, *a});
+    }
   }
 
  private:
@@ -114,7 +116,7 @@ Table Table::parse(const std::string& text, const std::string& origin) {
   if (const auto entries = doc.find("entries"); entries != doc.end()) {
     if (!entries->is_array()) read.fail("entries", "must be an array");
     for (std::size_t i = 0; i < entries->size(); ++i)
-      table.entries.push_back(read.entry((*entries)[i], "entries[" + std::to_string(i) + "]"));
+      read.entry((*entries)[i], "entries[" + std::to_string(i) + "]", table);
   }
   return table;
 }
@@ -127,23 +129,44 @@ std::string Table::to_json() const {
     doc["cost_model"][transport] = {
         {"alpha_s", c.alpha}, {"beta_s_per_byte", c.beta}, {"gamma_s_per_element", c.gamma}};
   doc["entries"] = nlohmann::ordered_json::array();
-  for (const Entry& e : entries)
+  const auto write = [&](const auto& e, const char* field, std::string_view name) {
     doc["entries"].push_back({{"collective", std::string(to_string(e.collective))},
                               {"transport", e.transport},
                               {"ranks", e.ranks},
                               {"min_bytes", e.min_bytes},
                               {"max_bytes", e.max_bytes},
-                              {"algorithm", std::string(to_string(e.algorithm))}});
+                              {field, std::string(name)}});
+  };
+  for (const Entry& e : entries) write(e, "algorithm", to_string(e.algorithm));
+  for (const BackendEntry& e : backend_entries) write(e, "backend", gpu::to_string(e.backend));
   return doc.dump(2) + "\n";
 }
 
-std::optional<Algorithm> Table::lookup(Collective collective, std::string_view transport, int ranks,
-                                       std::size_t bytes) const {
-  for (const Entry& e : entries)
+namespace {
+
+// The first of `entries` for (collective, transport, ranks) whose range holds `bytes`.
+template <typename E>
+const E* first_match(const std::vector<E>& entries, Collective collective, std::string_view transport, int ranks,
+                     std::size_t bytes) {
+  for (const E& e : entries)
     if (e.collective == collective && e.transport == transport && e.ranks == ranks && e.min_bytes <= bytes &&
         bytes <= e.max_bytes)
-      return e.algorithm;
-  return std::nullopt;
+      return &e;
+  return nullptr;
+}
+
+}  // namespace
+
+std::optional<Algorithm> Table::lookup(Collective collective, std::string_view transport, int ranks,
+                                       std::size_t bytes) const {
+  const Entry* e = first_match(entries, collective, transport, ranks, bytes);
+  return e ? std::optional(e->algorithm) : std::nullopt;
+}
+
+std::optional<gpu::Backend> Table::lookup_backend(Collective collective, std::string_view transport, int ranks,
+                                                  std::size_t bytes) const {
+  const BackendEntry* e = first_match(backend_entries, collective, transport, ranks, bytes);
+  return e ? std::optional(e->backend) : std::nullopt;
 }
 
 // ---- the active table and the choices cached from it ----

@@ -9,7 +9,9 @@
 //
 // Byte ranges are inclusive at both ends and count bytes as choose_algorithm does (the total over
 // ranks for allgather, reduce_scatter and alltoall). Where entries overlap, the first one wins.
-// Names are to_string(Collective) and to_string(Algorithm).
+// Names are to_string(Collective) and to_string(Algorithm). Entries for the GPU "transports"
+// (gpu:cuda, gpu:emulated: gpu::Communicator's automatic backend) name a gpu::Backend instead, as
+// "backend": "ipc" (files that give it as "algorithm" read the same).
 //
 // Every rank of a communicator must choose alike, so the choice reads only the call, the active
 // table and the cost parameters; ranks of one job must therefore see the same file.
@@ -36,18 +38,32 @@ struct Entry {
   Algorithm algorithm = Algorithm::ring;
 };
 
+/// An entry for a GPU "transport" (its name starts with "gpu:"): a gpu::Communicator backend.
+struct BackendEntry {
+  Collective collective = Collective::allreduce;
+  std::string transport;
+  int ranks = 1;
+  std::size_t min_bytes = 0, max_bytes = 0;  // inclusive
+  gpu::Backend backend = gpu::Backend::host_transfer;
+};
+
 struct Table {
-  std::vector<Entry> entries;
+  std::vector<Entry> entries;                     // host transports
+  std::vector<BackendEntry> backend_entries;      // GPU transports
   std::map<std::string, CostParams> cost_models;  // by transport name
   std::string origin;                             // the file it came from ("" if none)
 
   /// The algorithm of the first entry for (collective, transport, ranks) whose range holds `bytes`.
   std::optional<Algorithm> lookup(Collective collective, std::string_view transport, int ranks,
                                   std::size_t bytes) const;
+  /// The backend of the first backend entry for (collective, transport, ranks) whose range holds `bytes`.
+  std::optional<gpu::Backend> lookup_backend(Collective collective, std::string_view transport, int ranks,
+                                             std::size_t bytes) const;
   /// The file format above, pretty-printed (origin is not written).
   std::string to_json() const;
   /// Parses the file format. Throws Error(invalid_argument) naming `origin` and what is wrong
-  /// (bad JSON, unknown version, collective or algorithm, a missing or negative field, min > max).
+  /// (bad JSON, unknown version, collective, algorithm or backend, a backend for a host transport
+  /// or a host algorithm for a GPU one, a missing or negative field, min > max).
   static Table parse(const std::string& text, const std::string& origin);
 };
 

@@ -36,11 +36,8 @@ void check_enums(const Call& call) {
       invalid(call, "op is not a valid ReduceOp (" + std::to_string(op) + ")");
   }
   const auto algorithm = static_cast<int>(call.options.algorithm);
-  if (algorithm < static_cast<int>(Algorithm::automatic) || algorithm > static_cast<int>(Algorithm::nccl))
+  if (algorithm < static_cast<int>(Algorithm::automatic) || algorithm > static_cast<int>(Algorithm::mpi))
     invalid(call, "options.algorithm is not a valid Algorithm (" + std::to_string(algorithm) + ")");
-  if (is_gpu_backend(call.options.algorithm))
-    invalid(call, "options.algorithm " + std::string(to_string(call.options.algorithm)) +
-                      " is a GPU backend (tutti::gpu::Communicator), not a host algorithm");
   if (call.options.timeout.count() < 0) invalid(call, "options.timeout is negative");
 }
 

@@ -48,8 +48,10 @@ namespace {
 // The one name table of each vocabulary enum, in enumerator order.
 constexpr std::string_view algorithm_names[] = {
     "automatic", "ring",   "recursive_doubling", "rabenseifner", "binomial_tree", "bruck", "pairwise",
-    "linear",    "direct", "hierarchical",       "mpi",          "host_transfer", "ipc",   "nccl"};
-static_assert(std::size(algorithm_names) == static_cast<std::size_t>(Algorithm::nccl) + 1);
+    "linear",    "direct", "hierarchical",       "mpi"};
+static_assert(std::size(algorithm_names) == static_cast<std::size_t>(Algorithm::mpi) + 1);
+constexpr std::string_view backend_names[] = {"automatic", "host_transfer", "ipc", "nccl"};
+static_assert(std::size(backend_names) == static_cast<std::size_t>(gpu::Backend::nccl) + 1);
 constexpr std::string_view collective_names[] = {"allreduce",  "reduce",    "reduce_scatter", "allgather",
                                                  "allgatherv", "broadcast", "alltoall",       "alltoallv",
                                                  "gather",     "scatter",   "barrier"};
@@ -75,6 +77,10 @@ std::optional<Enum> value_in(const std::string_view (&names)[N], std::string_vie
 std::string_view to_string(Algorithm algorithm) { return name_in(algorithm_names, algorithm); }
 std::string_view to_string(Collective collective) { return name_in(collective_names, collective); }
 std::string_view to_string(DataType type) { return name_in(data_type_names, type); }
+std::string_view gpu::to_string(Backend backend) { return name_in(backend_names, backend); }
+std::optional<gpu::Backend> gpu::backend_from_name(std::string_view name) {
+  return value_in<Backend>(backend_names, name);
+}
 
 namespace core {
 

@@ -33,14 +33,9 @@ struct DeviceCall {
   Backend backend = Backend::automatic;
 };
 
-/// The backend a GPU backend's Algorithm value names (tuning files, the tutti::Options spelling):
-/// Algorithm::host_transfer, ipc or nccl; nullopt for a host algorithm.
-std::optional<Backend> backend_of(Algorithm algorithm);
-
 /// Applies the option rules of <tutti/gpu.hpp> to `call` (Error(invalid_argument) where they are
-/// broken): afterwards call.backend is automatic or the backend asked for, and
-/// call.call.options.algorithm is a host algorithm or automatic, never a backend's name.
-void resolve_backend(DeviceCall& call);
+/// broken): call.backend is valid, and ipc and nccl carry no host algorithm.
+void check_backend_options(const DeviceCall& call);
 
 /// The operation's timeout: Options::timeout, else the default (TUTTI_TIMEOUT_MS).
 inline std::chrono::milliseconds timeout_of(const DeviceCall& call) {

@@ -100,7 +100,7 @@ DeviceBackend* Impl::backend(Backend id, std::string& refusal) {
 
 void Impl::enqueue(DeviceCall call, device::Stream stream) {
   check();
-  resolve_backend(call);
+  check_backend_options(call);
   validate(call);
   // The backend: the one the options name; automatic takes what automatic_backend says, or
   // host_transfer where the options name a host algorithm for its host collective.
@@ -125,9 +125,8 @@ Backend Impl::automatic_backend(const DeviceCall& call) {
     namespace choice = tutti::detail::choice;
     choice::load_from_environment();
     const std::size_t bytes = call.call.count * size_of(call.call.type);
-    // Tuning files name the backends by their Algorithm values.
-    const auto tuned = choice::active().lookup(call.call.collective, tuning_transport_, size_, bytes);
-    const std::optional<Backend> named = tuned ? backend_of(*tuned) : std::nullopt;
+    const std::optional<Backend> named =
+        choice::active().lookup_backend(call.call.collective, tuning_transport_, size_, bytes);
     std::string refusal;
     if (named == Backend::host_transfer) return Backend::host_transfer;
     if (named == Backend::ipc && ipc_serves) return Backend::ipc;

@@ -38,7 +38,7 @@ class Impl {
 
   /// Checks `call` as the host API does, plus: every buffer it touches is device memory.
   void validate(const DeviceCall& call) const;
-  /// Raises a recorded failure, checks call.backend against call.call.options (resolve_backend),
+  /// Raises a recorded failure, checks call.backend against call.call.options (check_backend_options),
   /// validates `call`, picks its backend and enqueues it on `stream`.
   void enqueue(DeviceCall call, device::Stream stream);
   /// The backend `automatic` takes for `call`: the tuning table's entry for transport

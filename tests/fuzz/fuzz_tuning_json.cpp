@@ -33,5 +33,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     require(table.lookup(entry.collective, entry.transport, entry.ranks, entry.max_bytes).has_value(),
             "an entry is not found inside its own range");
   }
+  for (const auto& entry : table.backend_entries) {
+    require(entry.min_bytes <= entry.max_bytes, "a backend entry with min_bytes > max_bytes was accepted");
+    require(table.lookup_backend(entry.collective, entry.transport, entry.ranks, entry.max_bytes).has_value(),
+            "a backend entry is not found inside its own range");
+  }
   return 0;
 }

@@ -113,7 +113,7 @@ PYBIND11_MODULE(_tutti, m) {
 
   bind_enum(m, "DataType", tutti::DataType::f64, "Element types (taken from the buffers' dtypes).");
   bind_enum(m, "ReduceOp", tutti::ReduceOp::avg, "Element-wise reductions; avg truncates toward zero for integers.");
-  bind_enum(m, "Algorithm", tutti::Algorithm::nccl, "Collective algorithms (automatic: the cost model chooses).");
+  bind_enum(m, "Algorithm", tutti::Algorithm::mpi, "Collective algorithms (automatic: the cost model chooses).");
 
   py::class_<tutti_python::PyRequest>(m, "Request", "The handle of a nonblocking call; it keeps the buffers alive.")
       .def("wait", &tutti_python::PyRequest::wait, py::arg("timeout") = py::none(),

@@ -38,7 +38,7 @@ tutti::ReduceOp reduce_op_of(const py::handle& op, const char* operation) {
 
 tutti::Options options_of(const py::handle& algorithm, const py::handle& timeout, const char* operation) {
   tutti::Options options;
-  if (!algorithm.is_none()) options.algorithm = enum_of(algorithm, tutti::Algorithm::nccl, "Algorithm", operation);
+  if (!algorithm.is_none()) options.algorithm = enum_of(algorithm, tutti::Algorithm::mpi, "Algorithm", operation);
   options.timeout = milliseconds_of(timeout, operation);
   return options;
 }
