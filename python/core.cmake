@@ -2,6 +2,7 @@
 tutti_python_extension(_tutti tutti src/core/module.cpp src/core/buffer.cpp src/core/call.cpp
                        src/core/collectives.cpp src/core/names.cpp src/core/torch_storage.cpp)
 target_compile_definitions(_tutti PRIVATE TUTTI_VERSION="${PROJECT_VERSION}")
+target_link_libraries(_tutti PRIVATE dlpack::dlpack)  # <dlpack/dlpack.h>: the tensors it takes (src/core/buffer.cpp)
 # tutti.__version__ is CMake's project version; pip's metadata comes from pyproject.toml: one number.
 file(STRINGS ${PROJECT_SOURCE_DIR}/pyproject.toml tutti_pyproject_version REGEX "^version = ")
 if(NOT tutti_pyproject_version STREQUAL "version = \"${PROJECT_VERSION}\"")

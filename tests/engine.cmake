@@ -2,6 +2,9 @@
 tutti_add_gtest(engine_test unit engine_test.cpp)
 # The timeline started and stopped while the engine runs (Horovod's dynamic timeline).
 tutti_add_gtest(engine_timeline_test unit engine_timeline_test.cpp)
+# Both read the timeline's JSON back.
+target_link_libraries(engine_test PRIVATE nlohmann_json::nlohmann_json)
+target_link_libraries(engine_timeline_test PRIVATE nlohmann_json::nlohmann_json)
 
 if(TARGET tutti-run)
   add_executable(engine_mp engine_mp.cpp)

@@ -1,9 +1,12 @@
 #include "core/buffer.hpp"
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string_view>
+
+#include <dlpack/dlpack.h>
 
 #include "core/torch_storage.hpp"
 
@@ -11,31 +14,11 @@ namespace tutti_python {
 
 namespace {
 
-// DLPack's ABI (dlpack.h, versions 0.x, which torch 1.13 and NumPy export; no header on Debian).
-struct DLDevice {
-  std::int32_t device_type;  // 1: CPU
-  std::int32_t device_id;
-};
-struct DLDataType {
-  std::uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat
-  std::uint8_t bits;
-  std::uint16_t lanes;
-};
-struct DLTensor {
-  void* data;
-  DLDevice device;
-  std::int32_t ndim;
-  DLDataType dtype;
-  std::int64_t* shape;
-  std::int64_t* strides;  // in elements; null: C-contiguous
-  std::uint64_t byte_offset;
-};
-struct DLManagedTensor {
-  DLTensor dl_tensor;
-  void* manager_ctx;
-  void (*deleter)(DLManagedTensor*);
-};
-constexpr std::int32_t dl_cpu = 1;
+// A "dltensor" capsule (torch 1.13 and 2.x, NumPy) holds a DLManagedTensor in the layout of DLPack
+// 0.5 and later (1.0 keeps it, and adds a versioned struct under another capsule name): the layout
+// the installed dlpack.h (Debian's libdlpack-dev, 0.6) must have on this 64-bit ABI.
+static_assert(sizeof(DLDevice) == 8 && sizeof(DLDataType) == 4, "DLPack's DLDevice and DLDataType");
+static_assert(offsetof(DLTensor, byte_offset) == 40 && sizeof(DLManagedTensor) == 64, "DLPack's DLManagedTensor");
 
 const char* const supported_types = "int8, uint8, int32, uint32, int64, uint64, float16, bfloat16, float32, float64";
 
@@ -89,13 +72,13 @@ std::optional<tutti::DataType> type_of_dlpack(const DLDataType& t) {
   if (t.lanes != 1 || t.bits % 8 != 0) return std::nullopt;
   const std::size_t bytes = t.bits / 8;
   switch (t.code) {
-    case 0:
+    case kDLInt:
       return integer_type(true, bytes);
-    case 1:
+    case kDLUInt:
       return integer_type(false, bytes);
-    case 2:
+    case kDLFloat:
       return float_type(bytes);
-    case 4:
+    case kDLBfloat:
       return bytes == 2 ? std::optional(tutti::DataType::bf16) : std::nullopt;
     default:
       return std::nullopt;
@@ -157,7 +140,7 @@ Buffer from_dlpack(py::handle object, const Role& role) {
     invalid(prefix(role) + role.argument + " is a DLPack capsule already consumed (its name is not 'dltensor')");
   }
   const DLTensor& t = managed->dl_tensor;
-  if (t.device.device_type != dl_cpu)
+  if (t.device.device_type != kDLCPU)
     invalid(prefix(role) + role.argument + " is in memory of DLPack device type " +
             std::to_string(t.device.device_type) + ", not the host (CPU = 1); tutti works on host memory");
   const auto type = type_of_dlpack(t.dtype);
