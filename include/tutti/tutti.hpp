@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tutti/types.hpp"
+#include "tutti/version.hpp"
 
 namespace tutti {
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# An installed Tutti, used the two ways its users use it: `cmake --install` into a temporary
+# prefix, then a separate CMake project with find_package(Tutti) (tests/consumer), and the same
+# program compiled and linked with nothing but `pkg-config --cflags --libs tutti`. Each runs a
+# 3-rank allreduce on threads, checks the result exactly and that its headers are the library's.
+#   install_test.sh BUILD_DIR SOURCE_DIR CXX VERSION
+set -euo pipefail
+build=$1 source=$2 cxx=$3 version=$4
+work=$(mktemp -d /tmp/tutti-install-test.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+prefix=$work/prefix
+cmake --install "$build" --prefix "$prefix" >/dev/null
+test -f "$prefix/include/tutti/version.hpp" || { echo "install_test: no tutti/version.hpp installed"; exit 1; }
+
+echo "== find_package(Tutti)"
+cmake -S "$source/tests/consumer" -B "$work/cmake" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$work/cmake" >/dev/null
+"$work/cmake/consumer"
+
+echo "== pkg-config tutti"
+pc=$(find "$prefix" -path '*/pkgconfig/tutti.pc' | head -n 1)
+[[ -n $pc ]] || { echo "install_test: no pkgconfig/tutti.pc installed"; exit 1; }
+export PKG_CONFIG_PATH=${pc%/tutti.pc}
+found=$(pkg-config --modversion tutti)
+[[ $found == "$version" ]] || { echo "install_test: tutti.pc says $found, the project $version"; exit 1; }
+flags=$(pkg-config --cflags --libs tutti)
+echo "pkg-config --cflags --libs tutti: $flags"
+# shellcheck disable=SC2086 # the flags are words
+"$cxx" -std=c++20 -o "$work/pkgconfig_consumer" "$source/tests/consumer/main.cpp" $flags
+"$work/pkgconfig_consumer"
