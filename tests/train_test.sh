@@ -133,7 +133,25 @@ case_compression() {
   ((all_ok)) && ok compression
 }
 
+# --log-interval: rank 0 alone prints a line every N steps of an epoch (8 steps here: 512 samples
+# over 2 ranks of 32); without a terminal no progress line is drawn; a negative interval is a
+# usage error.
+case_log_interval() {
+  train_run 2 --epochs 1 --train-samples 512 --test-samples 256 --batch-size 32 --data "$data" --log-interval 3
+  [[ $status -eq 0 ]] || { fail log-interval "exit status $status"; return; }
+  local steps
+  steps=$(grep -E '^\[0\] epoch 1/1  step [0-9]+/8  loss [0-9]+\.[0-9]{4}  samples/s [0-9]+  eta [0-9]+\.[0-9] s$' "$tmp/out" |
+    awk '{ split($5, a, "/"); printf "%s ", a[1] }')
+  [[ $steps == "3 6 " ]] || { fail log-interval "step lines at '$steps', expected '3 6 '"; return; }
+  ! grep -q '^\[1\] epoch 1/1  step' "$tmp/out" || { fail log-interval "rank 1 printed step lines"; return; }
+  ! grep -q $'\033\\[K' "$tmp/out" "$tmp/err" || { fail log-interval "a progress line without a terminal"; return; }
+  train_run 1 --log-interval -1
+  [[ $status -eq 2 ]] || { fail log-interval "--log-interval -1: exit status $status, expected 2"; return; }
+  ok log-interval
+}
+
 case_overlap
+case_log_interval
 case_no_overlap
 case_compression
 case_bad_flag

@@ -1,21 +1,10 @@
 #include "bench/report.hpp"
 
-#include <unistd.h>
-
-#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
 namespace tutti::bench {
-
-namespace {
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 void print_measure(const Row& row, int ranks, const Measure& m) {
   if (!m.measured()) {
@@ -157,40 +146,6 @@ void Report::write_json(const std::string& path, const std::string& command, con
   std::ofstream out(path);
   out << doc.dump(1) << "\n";
   if (!out) throw std::runtime_error("--json: cannot write " + path);
-}
-
-// Under a launcher (tutti-run tags every line) stderr is a pipe, so the line goes to the
-// controlling terminal instead, when there is one.
-Progress::Progress(bool enabled, double total_work) : total_(total_work), start_(now_seconds()) {
-  if (!enabled) return;
-  if (::isatty(STDERR_FILENO)) {
-    out_ = stderr;
-  } else if ((out_ = std::fopen("/dev/tty", "w")) != nullptr) {
-    owned_ = true;
-  }
-}
-
-Progress::~Progress() {
-  finish();
-  if (owned_) std::fclose(out_);
-}
-
-void Progress::update(const std::string& what, double work_done) {
-  if (out_ == nullptr) return;
-  const double elapsed = now_seconds() - start_;
-  if (elapsed < 3 || work_done <= 0) return;  // short sweeps stay quiet
-  const double eta = elapsed * (total_ - work_done) / work_done;
-  std::fprintf(out_, "\r\033[K%s  %3.0f%%  ETA %.0f s", what.c_str(), 100 * work_done / total_, eta);
-  std::fflush(out_);
-  shown_ = true;
-}
-
-void Progress::finish() {
-  if (shown_) {
-    std::fprintf(out_, "\r\033[K");
-    std::fflush(out_);
-  }
-  shown_ = false;
 }
 
 }  // namespace tutti::bench

@@ -10,6 +10,7 @@
 
 #include "bench/cases.hpp"
 #include "bench/ceiling.hpp"
+#include "common/progress.hpp"
 
 namespace tutti::bench {
 
@@ -81,24 +82,8 @@ class Report {
   int busbw_cells_ = 0;
 };
 
-/// The progress line on stderr ("allreduce 4 MiB  12/30  ETA 14 s"), shown only on a terminal
-/// and once the sweep has run for a few seconds.
-class Progress {
- public:
-  Progress(bool enabled, double total_work);
-  ~Progress();
-  Progress(const Progress&) = delete;
-  Progress& operator=(const Progress&) = delete;
-  void update(const std::string& what, double work_done);
-  void finish();
-
- private:
-  std::FILE* out_ = nullptr;  // the terminal, or null (no progress line)
-  bool owned_ = false;        // out_ is /dev/tty, opened here
-  double total_;
-  double start_;
-  bool shown_ = false;
-};
+/// The progress line (tools/common/progress.hpp).
+using Progress = tools::Progress;
 
 /// "4 B", "64 KiB", "256 MiB".
 std::string human_bytes(std::size_t bytes);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "checkpointing.hpp"
+#include "common/progress.hpp"
 #include "settings.hpp"
 #include "trainer.hpp"
 #include "tutti/compress.hpp"
@@ -35,6 +36,53 @@ const char* message_of(const std::exception& e) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
   return e.what();
 }
+
+// Rank 0's view of an epoch while it runs: the progress line on a terminal (--no-progress: none)
+// and, every --log-interval steps, a line on stdout: the step, the loss of its own batch (where
+// rank 0 computes the loss: the last pipeline stage), the samples per second so far over every
+// data-parallel rank, and the epoch's ETA. Nothing on the other ranks, nor any communication.
+class EpochProgress {
+ public:
+  EpochProgress(bool root, const Settings& s, const tutti::train::Trainer& trainer, int epoch, std::int64_t first)
+      : s_(s),
+        epoch_(epoch),
+        first_(first),
+        steps_(trainer.steps_per_epoch()),
+        global_batch_(trainer.layout().data * s.batch_size),
+        holds_loss_(trainer.layout().last_stage() && trainer.layout().t == 0),
+        root_(root),
+        line_(root && s.progress, static_cast<double>(steps_ - first)),
+        start_(std::chrono::steady_clock::now()) {}
+
+  void step_done(std::int64_t step, double loss) {
+    if (!root_) return;
+    const double done = static_cast<double>(step + 1 - first_);
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const double samples_per_second = elapsed > 0 ? done * static_cast<double>(global_batch_) / elapsed : 0;
+    char what[160];
+    std::snprintf(what, sizeof what, "epoch %d/%d  step %lld/%lld  samples/s %.0f", epoch_, s_.epochs,
+                  static_cast<long long>(step + 1), static_cast<long long>(steps_), samples_per_second);
+    if (s_.log_interval > 0 && (step + 1) % s_.log_interval == 0) {
+      line_.finish();
+      const double eta = elapsed * (static_cast<double>(steps_ - first_) - done) / done;
+      std::printf("epoch %d/%d  step %lld/%lld", epoch_, s_.epochs, static_cast<long long>(step + 1),
+                  static_cast<long long>(steps_));
+      if (holds_loss_) std::printf("  loss %.4f", loss);
+      std::printf("  samples/s %.0f  eta %.1f s\n", samples_per_second, eta);
+      std::fflush(stdout);
+    }
+    line_.update(what, done);
+  }
+  void finish() { line_.finish(); }
+
+ private:
+  const Settings& s_;
+  const int epoch_;
+  const std::int64_t first_, steps_, global_batch_;
+  const bool holds_loss_, root_;
+  tutti::tools::Progress line_;
+  const std::chrono::steady_clock::time_point start_;
+};
 
 void print_epoch(int epoch, const Settings& s, const EpochResult& r) {
   std::printf(
@@ -158,9 +206,13 @@ int train(tutti::Communicator& comm, const Settings& s) {
   try {
     const tutti::train::ResumePoint start = checkpointing ? checkpointing->resume(comm) : tutti::train::ResumePoint{};
     for (int epoch = start.epoch; epoch <= s.epochs; ++epoch) {
-      last = trainer.run_epoch(epoch, epoch == start.epoch ? start.step : 0, [&](std::int64_t step) {
+      const std::int64_t first = epoch == start.epoch ? start.step : 0;
+      EpochProgress progress(root, s, trainer, epoch, first);
+      last = trainer.run_epoch(epoch, first, [&](std::int64_t step, double loss) {
         if (checkpointing) checkpointing->after_step(epoch, step);
+        progress.step_done(step, loss);
       });
+      progress.finish();
       if (std::isnan(last.train_loss)) {
         std::fprintf(stderr, "tutti-train: error: the training loss is NaN in epoch %d (try a smaller --lr)\n", epoch);
         return 1;

@@ -91,6 +91,7 @@ std::string usage() {
          "                   [--checkpoint DIR --checkpoint-every N [--checkpoint-blocking]] [--resume DIR]\n"
          "                   [--width W] [--pipeline N [--micro-batches M] [--schedule gpipe|1f1b]]\n"
          "                   [--tensor-parallel T] [--zero 1|2] [--device-memory MB [--no-swap]] [--loss-log FILE]\n"
+         "                   [--log-interval N] [--no-progress]\n"
          "Trains a small CNN on Fashion-MNIST over the ranks of the job (run it under tutti-run -n P,\n"
          "mpirun or srun; alone, it is one rank): data parallel, or a grid of data x pipeline x tensor\n"
          "parallel ranks; and reports per epoch the loss, the test accuracy, the throughput and how much\n"
@@ -133,7 +134,10 @@ std::string usage() {
          "                          or 2 (and gradients)\n"
          "  --device-memory MB      train within MB of emulated device memory, swapping activations and\n"
          "                          optimizer state to host memory (--no-swap: an error instead)\n"
-         "  --loss-log FILE         rank 0 writes each step's loss over the global batch to FILE\n";
+         "  --loss-log FILE         rank 0 writes each step's loss over the global batch to FILE\n"
+         "  --log-interval N        rank 0 prints a line every N steps of an epoch (step, loss of its\n"
+         "                          own batch, samples/s so far, ETA of the epoch); default 0: none\n"
+         "  --no-progress           no progress line (on a terminal, rank 0 shows one within each epoch)\n";
 }
 
 Settings parse_settings(int argc, char** argv) {
@@ -208,6 +212,10 @@ Settings parse_settings(int argc, char** argv) {
       s.swap = false;
     else if (flag == "--loss-log")
       s.loss_log = value();
+    else if (flag == "--log-interval")
+      s.log_interval = at_least<std::int64_t>(flag, number<std::int64_t>(flag, value()), 0);
+    else if (flag == "--no-progress")
+      s.progress = false;
     else if (flag == "-h" || flag == "--help")
       s.help = true;
     else

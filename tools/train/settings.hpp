@@ -47,6 +47,8 @@ struct Settings {
   std::size_t device_memory = 0;       // --device-memory MB, in bytes; 0: no budget
   bool swap = true;                    // --no-swap: over the budget is an error
   std::string loss_log;                // --loss-log FILE: every step's global loss, by rank 0
+  std::int64_t log_interval = 0;       // --log-interval N: a line every N steps, by rank 0; 0: none
+  bool progress = true;                // --no-progress: no progress line on the terminal
   bool help = false;
 };
 

@@ -197,7 +197,7 @@ void Trainer::log_loss(int epoch, std::int64_t step, double loss) {
 }
 
 EpochResult Trainer::run_epoch(int epoch, std::int64_t first_step,
-                               const std::function<void(std::int64_t)>& after_step) {
+                               const std::function<void(std::int64_t step, double loss)>& after_step) {
   const std::vector<std::int64_t> shard = shard_of_epoch(epoch);
   if (optimizer_) optimizer_->reset_overlap_stats();
   double loss_sum = 0, timed_seconds = 0, all_seconds = 0;
@@ -217,7 +217,7 @@ EpochResult Trainer::run_epoch(int epoch, std::int64_t first_step,
     const double loss = forward_backward(images, labels, t0);
     const auto before = overlap_stats();
     optimizer_step();
-    if (after_step) after_step(step);  // a checkpoint's copy (or blocking write) counts in the step
+    if (after_step) after_step(step, loss);  // a checkpoint's copy (or blocking write) counts in the step
     const auto t3 = Clock::now();
     const auto after = overlap_stats();
     waits.push_back(after.wait_seconds - before.wait_seconds);

@@ -74,10 +74,10 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   /// Collective: trains epoch `epoch` (1-based) from loop step `first_step` on (a resumed run),
-  /// calling `after_step(step)` after each step's optimizer step (within the step's time), and
-  /// evaluates.
+  /// calling `after_step(step, loss)` after each step's optimizer step (within the step's time;
+  /// `loss`: this rank's batch loss, 0 where it computes none), and evaluates.
   EpochResult run_epoch(int epoch, std::int64_t first_step = 0,
-                        const std::function<void(std::int64_t)>& after_step = {});
+                        const std::function<void(std::int64_t step, double loss)>& after_step = {});
 
   /// FNV-1a 64 of this rank's parameters' bytes, in named_parameters order.
   std::uint64_t parameter_checksum() const;
