@@ -10,13 +10,17 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "comm/comm_impl.hpp"
 #include "comm/tuning.hpp"
 #include "core/env.hpp"
+#include "core/names.hpp"
 #include "harness.hpp"
+#include "transport/shm/direct.hpp"
 
 namespace tutti::detail::choice {
 namespace {
@@ -156,9 +160,43 @@ TEST_F(Tuning, PredictCoversDirectAndRejectsWhatDoesNotServe) {
   EXPECT_THROW(predict(Algorithm::hierarchical, Collective::allreduce, 4, 8, shm), Error);
 }
 
+// The kind of the transport Transport::name() spells `name`.
+transport::Kind kind_named(std::string_view name) {
+  using transport::Kind;
+  const std::pair<std::string_view, Kind> kinds[] = {
+      {"inproc", Kind::inproc}, {"shm", Kind::shm}, {"tcp", Kind::tcp}, {"mpi", Kind::mpi}, {"shm+tcp", Kind::routed}};
+  for (const auto& [spelled, kind] : kinds)
+    if (spelled == name) return kind;
+  ADD_FAILURE() << "no transport is named " << name;
+  return Kind::tcp;
+}
+
 Algorithm choose(Collective c, const char* transport, int p, bool direct, std::size_t bytes,
                  Algorithm requested = Algorithm::automatic) {
-  return choose_algorithm(c, requested, ChoiceContext{transport, p, direct}, bytes);
+  return choose_algorithm(c, requested, ChoiceContext{kind_named(transport), transport, p, direct}, bytes);
+}
+
+// The choices are those recorded before transports owned their kind and their costs
+// (automatic_choices.inc), for every transport, collective, p and size there.
+TEST_F(Tuning, AutomaticChoicesAreThoseRecordedBeforeTransportsOwnedTheirCosts) {
+  struct Recorded {
+    const char* transport;
+    const char* collective;
+    int ranks;
+    std::size_t bytes;
+    const char* algorithm;
+  };
+  const Recorded recorded[] = {
+#include "automatic_choices.inc"
+  };
+  ASSERT_EQ(std::size(recorded), 5u * 11 * 4 * 4);
+  for (const Recorded& r : recorded) {
+    const auto collective = core::collective_from_name(r.collective);
+    ASSERT_TRUE(collective) << r.collective;
+    const bool direct = std::string_view(r.transport) == "shm" && transport::shm::serves(*collective);
+    EXPECT_EQ(to_string(choose(*collective, r.transport, r.ranks, direct, r.bytes)), r.algorithm)
+        << r.transport << " " << r.collective << " p=" << r.ranks << " " << r.bytes << " B";
+  }
 }
 
 TEST_F(Tuning, CostModelPicksLatencyAlgorithmsSmallAndBandwidthAlgorithmsLarge) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <string_view>
 
+#include "transport/kind.hpp"
 #include "tutti/types.hpp"
 
 namespace tutti::detail::choice {
@@ -21,7 +22,8 @@ Algorithm requested_algorithm(Collective collective, Algorithm requested);
 /// What the algorithm choice may depend on besides the collective and its size: the same on
 /// every rank of a communicator, so that every rank chooses alike.
 struct ChoiceContext {
-  std::string_view transport;     // Transport::name(): "inproc", "shm", "tcp", "mpi", "shm+tcp"
+  transport::Kind kind = transport::Kind::tcp;  // Transport::kind(): what decides
+  std::string_view transport;     // Transport::name(): "inproc", "shm", "tcp", "mpi", "shm+tcp" (logs, tuning files)
   int ranks = 1;                  // communicator size
   bool direct_available = false;  // the shared-memory direct algorithms can serve this call
 };

@@ -77,7 +77,7 @@ Algorithm CommImpl::chosen_algorithm(Collective collective, Algorithm requested,
   if (m.valid && m.collective == collective && m.requested == requested && m.bytes == bytes &&
       m.version == choice::active_version())
     return m.algorithm;
-  const choice::ChoiceContext context{transport_name(), size_, direct_serves(collective)};
+  const choice::ChoiceContext context{transport_kind(), transport_name(), size_, direct_serves(collective)};
   const Algorithm algorithm = choice::choose_algorithm(collective, requested, context, bytes);
   memo_ = {collective, requested, bytes, choice::active_version(), algorithm, true};
   return algorithm;
@@ -251,7 +251,7 @@ Request CommImpl::start_native(const Call& call, Algorithm algorithm, bool block
       throw Error(ErrorCode::unsupported, what +
                                               "needs a communicator over MPI (tutti::from_mpi, or init() under "
                                               "mpirun, with Tutti built with MPI)");
-    if (transport.name() != "shm")
+    if (transport.kind() != transport::Kind::shm)
       throw Error(ErrorCode::unsupported, what + "needs the shared-memory transport (processes on one host)");
     throw Error(ErrorCode::unsupported, what + "serves allreduce, reduce_scatter, allgather and broadcast only");
   }

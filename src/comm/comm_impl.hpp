@@ -56,6 +56,7 @@ class CommImpl {
   bool progressed_by_caller_only() { return queue_->transport().progressed_by_caller_only(); }
   /// The transport's name ("inproc", "shm", "tcp", "mpi").
   std::string_view transport_name() const { return queue_->transport().name(); }
+  transport::Kind transport_kind() const { return queue_->transport().kind(); }
   /// Whether the shared-memory direct algorithms serve `collective` on this communicator.
   bool direct_serves(Collective collective) const;
   /// What `requested` resolves to for a call of `collective` of `bytes` (the total over ranks for

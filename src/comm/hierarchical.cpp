@@ -174,7 +174,8 @@ Request CommImpl::start_hierarchical(const Call& call, bool blocking) {
   const auto timeout = timeout_of(call);
   const StepOptions options = [timeout](Collective collective, const Communicator& comm, std::size_t bytes) {
     const CommImpl& impl = *comm.impl();
-    const choice::ChoiceContext context{impl.transport_name(), comm.size(), impl.direct_serves(collective)};
+    const choice::ChoiceContext context{impl.transport_kind(), impl.transport_name(), comm.size(),
+                                        impl.direct_serves(collective)};
     return Options{choice::step_algorithm(collective, context, bytes), timeout};
   };
   const ReduceOp step_op = op == ReduceOp::avg ? ReduceOp::sum : op;  // avg: one division, at the end

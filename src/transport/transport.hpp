@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "transport/kind.hpp"
 #include "tutti/types.hpp"
 
 namespace tutti::transport {
@@ -150,6 +151,8 @@ class Transport {
   /// The transport's name as TUTTI_TRANSPORT spells it: "inproc", "shm", "tcp" or "mpi"; or
   /// "shm+tcp" (routed: shared memory within a host, TCP between hosts; the default, not a setting).
   virtual std::string_view name() const = 0;
+  /// What this transport is: the decisions about a call (native algorithms, default costs) key on it.
+  virtual Kind kind() const = 0;
   /// This rank's transport of a sub-communicator `id` made of `ranks` (in this communicator's
   /// numbering, in the new order); this rank is ranks[new_rank]. Every member calls it alike.
   virtual std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) = 0;

@@ -29,6 +29,7 @@ class InprocTransport final : public Transport {
   int size() const override { return static_cast<int>(members_.size()); }
   std::uint64_t id() const override { return comm_id_; }
   std::string_view name() const override { return "inproc"; }
+  Kind kind() const override { return Kind::inproc; }
   std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) override;
   bool detects_every_mismatch() const override { return true; }
   void announce(const Signature& signature) override;

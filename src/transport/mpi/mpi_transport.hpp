@@ -64,6 +64,7 @@ class MpiTransport final : public Transport {
   int size() const override { return size_; }
   std::uint64_t id() const override { return id_; }
   std::string_view name() const override { return "mpi"; }
+  Kind kind() const override { return Kind::mpi; }
   /// Throws the communicator's first error when it was aborted, Error(timeout) (after aborting
   /// this communicator) when a member has not arrived within the timeout, Error(system) when MPI fails.
   std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) override;

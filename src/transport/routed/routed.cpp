@@ -55,6 +55,7 @@ class RoutedTransport final : public Transport {
   int size() const override { return static_cast<int>(host_of_.size()); }
   std::uint64_t id() const override { return remote_->id(); }
   std::string_view name() const override { return "shm+tcp"; }
+  Kind kind() const override { return Kind::routed; }
   std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) override;
   void announce(const Signature& signature) override {
     if (local_) local_->announce(signature);

@@ -79,7 +79,7 @@ std::unique_ptr<NativeCollective> ShmTransport::start_native(Algorithm algorithm
   return start_direct(*this, call.collective, call.send, call.recv, call.count, call.type, call.op, call.root, timeout);
 }
 
-// By name, not dynamic_cast: this is on every direct call's path.
-bool is_shm(const Transport& transport) { return transport.name() == "shm"; }
+// By kind, not dynamic_cast: this is on every direct call's path.
+bool is_shm(const Transport& transport) { return transport.kind() == Kind::shm; }
 
 }  // namespace tutti::transport::shm

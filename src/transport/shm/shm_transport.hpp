@@ -43,6 +43,7 @@ class ShmTransport final : public Transport {
   int size() const override { return size_; }
   std::uint64_t id() const override { return comm_id_; }
   std::string_view name() const override { return "shm"; }
+  Kind kind() const override { return Kind::shm; }
   std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) override;
   bool detects_every_mismatch() const override { return true; }  // signature slots in the segment
   void announce(const Signature& signature) override;

@@ -22,6 +22,7 @@ class TcpTransport final : public Transport {
   int size() const override { return static_cast<int>(members_.size()); }
   std::uint64_t id() const override { return id_; }
   std::string_view name() const override { return "tcp"; }
+  Kind kind() const override { return Kind::tcp; }
   std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) override;
   void announce(const Signature& signature) override { hub_->announce(id_, signature); }
   void post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) override {
