@@ -111,7 +111,7 @@ TEST(SparseCostModel, ExpectedUnionAtTheExtremes) {
 }
 
 TEST(SparseCostModel, ChoicesAtClearExtremes) {
-  const auto tcp = tutti::detail::choice::default_cost("tcp");
+  const auto tcp = tutti::transport::default_cost(tutti::transport::Kind::tcp);
   // One pair per rank in a huge vector: latency only, and the allgather has the fewest rounds.
   EXPECT_EQ(choose(workload(8, 100000000, 1), tcp), Algorithm::allgather);
   // Half of a large vector on every rank: every rank alone is past the threshold, the result is
@@ -149,7 +149,7 @@ TEST(SparseCostModel, ChoicesAtClearExtremes) {
 // candidate (nothing to merge first, or nothing to cross).
 TEST(SparseCostModel, HierarchicalWhereHostsShareALink) {
   const tutti::detail::choice::CostParams gigabit{60e-6, 8e-9, 2e-10};
-  const auto shm = tutti::detail::choice::default_cost("shm");
+  const auto shm = tutti::transport::default_cost(tutti::transport::Kind::shm);
   auto hosts = [&](int count, int local, std::size_t per_rank) {
     Workload w = workload(count * local, 16000000, per_rank);
     w.hosts = count;

@@ -497,7 +497,8 @@ TEST(SparseAllreduce, AutomaticUsesTheCalibratedCostModel) {
   };
   choice::Table slow;  // a link of 1 MB/s with 10 ms of latency
   slow.cost_models["inproc"] = {1e-2, 1e-6, 2e-10};
-  const Algorithm by_default = tutti::sparse::detail::choose(w, choice::default_cost("inproc"));
+  const Algorithm by_default =
+      tutti::sparse::detail::choose(w, tutti::transport::default_cost(tutti::transport::Kind::inproc));
   const Algorithm by_table = tutti::sparse::detail::choose(w, slow.cost_models["inproc"]);
   ASSERT_NE(by_default, by_table) << "pick a workload the two cost models decide differently";
   EXPECT_EQ(chosen_with(slow), by_table);

@@ -126,16 +126,20 @@ TEST_F(Tuning, LookupMatchesRangeTransportAndRanks) {
 }
 
 TEST_F(Tuning, CostForPrefersTheTable) {
-  EXPECT_EQ(cost_for("shm").alpha, default_cost("shm").alpha);
+  using transport::Kind;
+  EXPECT_EQ(cost_for("shm", Kind::shm).alpha, transport::default_cost(Kind::shm).alpha);
   set_active(sample_table());
-  EXPECT_EQ(cost_for("shm").alpha, 2.0e-6);
-  EXPECT_EQ(cost_for("tcp").gamma, 0);
-  EXPECT_EQ(cost_for("inproc").beta, default_cost("inproc").beta);
-  for (const char* t : {"inproc", "shm", "tcp", "mpi"}) EXPECT_GT(default_cost(t).alpha, 0) << t;
+  EXPECT_EQ(cost_for("shm", Kind::shm).alpha, 2.0e-6);
+  EXPECT_EQ(cost_for("tcp", Kind::tcp).gamma, 0);
+  EXPECT_EQ(cost_for("inproc", Kind::inproc).beta, transport::default_cost(Kind::inproc).beta);
+  for (Kind kind : {Kind::inproc, Kind::shm, Kind::tcp, Kind::mpi, Kind::routed})
+    EXPECT_GT(transport::default_cost(kind).alpha, 0) << static_cast<int>(kind);
+  // The routed transport is priced by its slowest link.
+  EXPECT_EQ(transport::default_cost(Kind::routed).alpha, transport::default_cost(Kind::tcp).alpha);
 }
 
 TEST_F(Tuning, PredictCoversDirectAndRejectsWhatDoesNotServe) {
-  const CostParams shm = default_cost("shm");
+  const CostParams shm = transport::default_cost(transport::Kind::shm);
   for (Collective c : {Collective::allreduce, Collective::reduce_scatter, Collective::allgather, Collective::broadcast})
     for (std::size_t bytes : {std::size_t{8}, 64 * MiB}) EXPECT_GT(predict(Algorithm::direct, c, 4, bytes, shm), 0);
   // Direct allreduce: one step up to 16 KiB, two barriers per 256 KiB chunk above; a barrier is

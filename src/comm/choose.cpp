@@ -13,7 +13,7 @@
 #include "core/log.hpp"
 #include "core/names.hpp"
 #include "schedule/schedule.hpp"
-#include "transport/shm/direct.hpp"
+#include "transport/cost.hpp"
 
 namespace tutti::detail::choice {
 
@@ -94,7 +94,8 @@ Algorithm step_algorithm(Collective collective, const ChoiceContext& context, st
   const Algorithm forced = requested_algorithm(collective, Algorithm::automatic);
   if (schedule::applies(forced, collective)) return forced;
   load_from_environment();
-  return automatic_choice(collective, context.transport, context.ranks, context.direct_available, bytes).algorithm;
+  return automatic_choice(collective, context.kind, context.transport, context.ranks, context.direct_available, bytes)
+      .algorithm;
 }
 
 Algorithm choose_algorithm(Collective collective, Algorithm requested, const ChoiceContext& context,
@@ -106,12 +107,13 @@ Algorithm choose_algorithm(Collective collective, Algorithm requested, const Cho
   if (!forced) {
     load_from_environment();
     // Every collective has schedule candidates, so the model always names one.
-    choice = automatic_choice(collective, context.transport, p, context.direct_available, bytes);
+    choice = automatic_choice(collective, context.kind, context.transport, p, context.direct_available, bytes);
     algorithm = choice.algorithm;
   }
-  const bool direct_serves =
-      algorithm == Algorithm::direct && context.direct_available && transport::shm::serves(collective);
-  if (!direct_serves && !schedule::applies(algorithm, collective)) {
+  const std::vector<Algorithm> native = transport::native_candidates(context.kind, collective);
+  const bool native_serves =
+      context.direct_available && std::find(native.begin(), native.end(), algorithm) != native.end();
+  if (!native_serves && !schedule::applies(algorithm, collective)) {
     // CommImpl::start runs hierarchical allreduce and mpi itself; anything else that reaches
     // here has no schedule.
     std::string serves;

@@ -173,8 +173,9 @@ std::optional<gpu::Backend> Table::lookup_backend(Collective collective, std::st
 
 namespace {
 
-// (collective, transport, ranks, direct_available, size class); the transport views a State::transports name.
-using CacheKey = std::tuple<Collective, std::string_view, int, bool, int>;
+// (collective, kind, transport, ranks, direct_available, size class); the transport views a
+// State::transports name.
+using CacheKey = std::tuple<Collective, transport::Kind, std::string_view, int, bool, int>;
 
 // A cached decision: the cost model's choice for the class, and the table entries that may
 // override it for some sizes of the class (only those that match and can serve the call).
@@ -216,9 +217,9 @@ State& state() {
   return *current.load(std::memory_order_acquire);
 }
 
-CostParams cost_in(const Table& table, std::string_view transport) {
+CostParams cost_in(const Table& table, std::string_view transport, transport::Kind kind) {
   const auto it = table.cost_models.find(std::string(transport));
-  return it != table.cost_models.end() ? it->second : default_cost(transport);
+  return it != table.cost_models.end() ? it->second : transport::default_cost(kind);
 }
 
 Table read_file(const std::string& path) {
@@ -229,19 +230,20 @@ Table read_file(const std::string& path) {
   return Table::parse(text.str(), path);
 }
 
-Decision decide(const State& s, Collective collective, std::string_view transport, int ranks, bool direct, int klass) {
+Decision decide(const State& s, Collective collective, transport::Kind kind, std::string_view transport, int ranks,
+                bool direct, int klass) {
   Decision d;
   const std::size_t low = class_size(klass);
   const std::size_t high = klass == 0                                          ? 0
                            : klass >= std::numeric_limits<std::size_t>::digits ? std::numeric_limits<std::size_t>::max()
                                                                                : (std::size_t{1} << klass) - 1;
-  const std::vector<Algorithm> serving = candidates(collective, direct);
+  const std::vector<Algorithm> serving = candidates(kind, collective, direct);
   for (const Entry& e : s.table.entries)
     if (e.collective == collective && e.transport == transport && e.ranks == ranks && e.min_bytes <= high &&
         low <= e.max_bytes && std::find(serving.begin(), serving.end(), e.algorithm) != serving.end())
       d.entries.push_back(e);
-  d.model.cost = cost_in(s.table, transport);
-  d.model.algorithm = cheapest(collective, ranks, low, direct, d.model.cost);
+  d.model.cost = cost_in(s.table, transport, kind);
+  d.model.algorithm = cheapest(kind, collective, ranks, low, direct, d.model.cost);
   return d;
 }
 
@@ -279,28 +281,28 @@ const Table& active() { return state().table; }
 
 const void* active_version() { return current.load(std::memory_order_acquire); }
 
-CostParams cost_for(std::string_view transport) { return cost_in(active(), transport); }
+CostParams cost_for(std::string_view transport, transport::Kind kind) { return cost_in(active(), transport, kind); }
 
 int size_class(std::size_t bytes) { return static_cast<int>(std::bit_width(bytes)); }
 
 std::size_t class_size(int size_class) { return size_class == 0 ? 0 : std::size_t{1} << (size_class - 1); }
 
-Choice automatic_choice(Collective collective, std::string_view transport, int ranks, bool direct_available,
-                        std::size_t bytes) {
+Choice automatic_choice(Collective collective, transport::Kind kind, std::string_view transport, int ranks,
+                        bool direct_available, std::size_t bytes) {
   State& s = state();
   const int klass = size_class(bytes);
   const Decision* found = nullptr;
   {
     std::shared_lock lock(s.mutex);
-    const auto it = s.cache.find(CacheKey{collective, transport, ranks, direct_available, klass});
+    const auto it = s.cache.find(CacheKey{collective, kind, transport, ranks, direct_available, klass});
     if (it != s.cache.end()) found = &it->second;
   }
   if (found == nullptr) {
-    Decision d = decide(s, collective, transport, ranks, direct_available, klass);  // slow: outside the lock
+    Decision d = decide(s, collective, kind, transport, ranks, direct_available, klass);  // slow: outside the lock
     std::unique_lock lock(s.mutex);
     const std::string_view name = *s.transports.emplace(transport).first;  // outlives the key
-    found =
-        &s.cache.try_emplace(CacheKey{collective, name, ranks, direct_available, klass}, std::move(d)).first->second;
+    found = &s.cache.try_emplace(CacheKey{collective, kind, name, ranks, direct_available, klass}, std::move(d))
+                 .first->second;
   }
   // Map nodes are stable and never erased while the state lives, so `found` stays valid.
   for (const Entry& e : found->entries)

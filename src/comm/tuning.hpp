@@ -90,8 +90,9 @@ const Table& active();
 /// that memoize choices compare it.
 const void* active_version();
 
-/// The active table's cost_model entry for `transport`, else default_cost(transport).
-CostParams cost_for(std::string_view transport);
+/// The active table's cost_model entry for `transport` (a Transport::name()), else the compiled-in
+/// costs of its kind (transport::default_cost).
+CostParams cost_for(std::string_view transport, transport::Kind kind);
 
 /// Where an automatic choice came from.
 struct Choice {
@@ -102,13 +103,14 @@ struct Choice {
 };
 
 /// What `automatic` resolves to when TUTTI_ALGO is silent: the first active-table entry that
-/// matches and can serve the call (`direct` only when `direct_available`; never mpi or
+/// matches and can serve the call on a transport of `kind` named `transport` (`direct` only when
+/// `direct_available`; never mpi or
 /// hierarchical), else the cost model's cheapest candidate for the size class of `bytes` (the
 /// powers of two: a class [2^k, 2^(k+1)) is decided at 2^k, whatever size came first). Cached
-/// per (collective, transport, ranks, direct_available, class); thread-safe; below a microsecond
+/// per (collective, kind, transport, ranks, direct_available, class); thread-safe; below a microsecond
 /// once cached.
-Choice automatic_choice(Collective collective, std::string_view transport, int ranks, bool direct_available,
-                        std::size_t bytes);
+Choice automatic_choice(Collective collective, transport::Kind kind, std::string_view transport, int ranks,
+                        bool direct_available, std::size_t bytes);
 
 /// The size class of `bytes` (0 for 0, else 1 + floor(log2 bytes)) and the size it is decided at.
 int size_class(std::size_t bytes);

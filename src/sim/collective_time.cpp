@@ -127,7 +127,7 @@ CollectiveTimes::Timed CollectiveTimes::cheapest(Collective collective, int rank
   const Levels levels{per_host,      network_.alpha, network_.beta * sharing, network_.intra_alpha, network_.intra_beta,
                       network_.gamma};
   bool first = true;
-  for (Algorithm a : detail::choice::candidates(collective, one_host)) {
+  for (Algorithm a : detail::choice::candidates(transport::Kind::shm, collective, one_host)) {
     double t = 0;
     if (a == Algorithm::direct) {
       const detail::choice::CostParams cost{network_.intra_alpha, network_.intra_beta, network_.gamma};

@@ -146,14 +146,15 @@ Workload workload_of(const Context& ctx) {
 
 // The transport's calibrated cost model where the tuning file has one (tutti-bench --calibrate
 // measures a link's real rate, which the defaults cannot know), else the defaults.
-CostParams cost_of(std::string_view transport) {
+CostParams cost_of(std::string_view transport, tutti::transport::Kind kind) {
   tutti::detail::choice::load_from_environment();
-  return tutti::detail::choice::cost_for(transport);
+  return tutti::detail::choice::cost_for(transport, kind);
 }
 
-std::string_view transport_of(const Context& ctx) {
+// The cost model of the communicator's own transport (tcp's where it has none).
+CostParams transport_cost(const Context& ctx) {
   const auto* impl = ctx.comm.impl();
-  return impl ? impl->transport_name() : "tcp";
+  return impl ? cost_of(impl->transport_name(), impl->transport_kind()) : cost_of("tcp", tutti::transport::Kind::tcp);
 }
 
 Algorithm chosen(const Context& ctx, const Options& options) {
@@ -164,10 +165,10 @@ Algorithm chosen(const Context& ctx, const Options& options) {
     if (topology.uniform()) {
       w.hosts = topology.host_count();
       w.local_size = topology.max_local_size();
-      w.local_cost = cost_of("shm");
+      w.local_cost = cost_of("shm", tutti::transport::Kind::shm);
     }
   }
-  return choose(w, cost_of(transport_of(ctx)));
+  return choose(w, transport_cost(ctx));
 }
 
 }  // namespace
@@ -259,7 +260,7 @@ sparse::Result sparse_allreduce(Communicator& comm, const sparse::Vector& input,
   else if (dense_way)
     merged = run_flat(ctx, sparse::Algorithm::dense_allreduce, take_mine(prepared, input));
   else if (algorithm == sparse::Algorithm::hierarchical)
-    merged = hierarchical(ctx, take_mine(prepared, input), cost_of(transport_of(ctx)));
+    merged = hierarchical(ctx, take_mine(prepared, input), transport_cost(ctx));
   else
     merged = run_flat(ctx, algorithm, take_mine(prepared, input));
   return result_of(std::move(merged), ctx, op, algorithm);

@@ -1,7 +1,12 @@
 #include "transport/transport.hpp"
 
+#include "transport/cost.hpp"
+#include "transport/shm/direct.hpp"
+
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace tutti::transport {
 
@@ -48,6 +53,35 @@ void finish(NativeCollective& run, Transport& transport, const Signature& signat
     const auto nap = run.poll_period() ? std::min<clock::duration>(*run.poll_period(), longest_nap) : longest_nap;
     transport.wait(seen, std::min(deadline, now + nap));
   }
+}
+
+// ---- costs by kind (transport/cost.hpp) ----
+
+CostParams default_cost(Kind kind) {
+  switch (kind) {
+    case Kind::inproc:
+      return {2.0e-6, 1.5e-10, 2.0e-10};
+    case Kind::shm:
+      return {3.0e-6, 3.0e-10, 2.0e-10};
+    case Kind::mpi:
+      return {2.0e-6, 3.0e-10, 2.0e-10};
+    case Kind::tcp:
+    case Kind::routed:
+      break;
+  }
+  return {50.0e-6, 6.5e-10, 2.0e-10};  // tcp, the routed transport's slowest link, and any other
+}
+
+std::vector<Algorithm> native_candidates(Kind kind, Collective collective) {
+  if (kind == Kind::shm && shm::serves(collective)) return {Algorithm::direct};
+  return {};
+}
+
+std::optional<double> native_price(Algorithm algorithm, Collective collective, int ranks, std::size_t bytes,
+                                   const CostParams& cost) {
+  if (algorithm == Algorithm::direct && shm::serves(collective))
+    return shm::direct_price(collective, ranks, bytes, cost);
+  return std::nullopt;
 }
 
 }  // namespace tutti::transport

@@ -10,11 +10,12 @@
 #include <string_view>
 #include <vector>
 
+#include "transport/cost.hpp"
 #include "transport/transport.hpp"
 
 namespace tutti::transport::shm {
 
-/// The shape of the direct algorithms, which the cost model (comm/cost_model.cpp) prices: an
+/// The shape of the direct algorithms, which direct_price prices: an
 /// allreduce of at most `small_allreduce_bytes` runs in one step (every rank reduces all parts);
 /// from `streaming_bytes` of results on all ranks together (about a last-level cache), an
 /// out-of-place allreduce or allgather and a broadcast's receivers write them with stores that
@@ -78,6 +79,11 @@ bool direct_collective(Transport& transport, Collective kind, const void* send, 
 /// Whether the direct algorithms serve collective `kind` (allreduce, reduce_scatter, allgather,
 /// broadcast).
 bool serves(Collective kind);
+
+/// Predicted seconds of the direct algorithm for `collective` (one it serves) on `p` ranks, for a
+/// call of `bytes` (the total over ranks for reduce_scatter and allgather), from its copies,
+/// barriers and reductions under `cost` (transport/cost.hpp's native_price asks).
+double direct_price(Collective collective, int p, std::size_t bytes, const CostParams& cost);
 
 /// Whether `transport` is a shared-memory transport (the direct algorithms serve only those).
 bool is_shm(const Transport& transport);

@@ -1,7 +1,10 @@
 // The entry points of the direct collectives: start_direct (arguments checked, in-place forms
-// mapped onto what DirectRun takes), direct_collective, and the shm transport's native collectives.
+// mapped onto what DirectRun takes), direct_collective, the shm transport's native collectives, and
+// their price for the cost model (direct_price).
 #include "transport/shm/direct_run.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 namespace tutti::transport::shm {
@@ -81,5 +84,69 @@ std::unique_ptr<NativeCollective> ShmTransport::start_native(Algorithm algorithm
 
 // By kind, not dynamic_cast: this is on every direct call's path.
 bool is_shm(const Transport& transport) { return transport.kind() == Kind::shm; }
+
+// ---- the price of the direct algorithms (transport/cost.hpp asks) ----
+
+namespace {
+
+// The model's element: f32 (the choice depends on bytes, not on the type), and bytes per rank
+// per step (direct.cpp's chunk, which also bounds the one-step allreduce).
+constexpr std::size_t price_elem_size = 4;
+constexpr double direct_chunk = 256.0 * 1024;
+// A direct copy is one memcpy into or out of the shared data area; a shared-memory message, which
+// β prices, is two (into the ring slot, out of it) plus its chunking, acknowledgements and
+// doorbells. Measured side by side (p = 2, 2026-11-25, tutti-bench --all-algorithms, no tuning
+// file): a 2 MiB direct allreduce took 233-250 µs where ring took 620 µs and the model, with a
+// direct byte at half a message byte and a barrier at half a round, said 706 and 632 µs, so that
+// `automatic` chose ring. A direct byte costs a fifth of a message byte, and a byte copied out
+// with streaming stores (streaming_bytes), which skip reading the destination line first, an
+// eighth (2 MiB: 390 µs predicted; 16 MiB: 2,100 µs predicted, 3,000-3,560 µs measured, ring
+// 5,040 µs predicted).
+constexpr double direct_copy_share = 0.2;
+constexpr double direct_streamed_share = 0.125;
+// A direct barrier is one store and a poll of p flags, about 0.3 µs here (an 8-byte inline
+// allreduce is one such exchange); a message round, which α prices at 3 µs for shm, also fills a
+// ring slot, rings a doorbell and returns an acknowledgement.
+constexpr double direct_barrier_share = 0.1;
+
+}  // namespace
+
+// Barriers (each ≈ α/10), copied bytes and reduced elements on one rank's path; ranks run alike.
+double direct_price(Collective c, int p, std::size_t bytes, const CostParams& cost) {
+  // Bytes per rank: `bytes` is the total over ranks for reduce_scatter and allgather.
+  const std::size_t parts =
+      c == Collective::reduce_scatter || c == Collective::allgather ? static_cast<std::size_t>(p) : 1;
+  const std::size_t count = (bytes + price_elem_size * parts - 1) / (price_elem_size * parts);
+  const double n = static_cast<double>(count) * price_elem_size;
+  const double up = static_cast<double>(p), elements = n / price_elem_size;
+  const double copy = cost.beta * direct_copy_share, barrier = cost.alpha * direct_barrier_share;
+  // Copying results out: streamed from streaming_bytes of them on all ranks (`bytes` is one
+  // rank's here).
+  const double copy_out =
+      cost.beta * (bytes * static_cast<std::size_t>(p) >= streaming_bytes ? direct_streamed_share : direct_copy_share);
+  const auto steps = [](double data, double per_step) { return std::max(1.0, std::ceil(data / per_step)); };
+  switch (c) {
+    case Collective::allreduce:
+      // Small: copy in, barrier, every rank reduces all p parts into its output.
+      if (bytes <= small_allreduce_bytes)
+        return barrier + copy * n * (p == 1 ? 2 : 1) + cost.gamma * (up - 1) * elements;
+      // Per chunk: copy in the others' slices, barrier, reduce my 1/p slice into my output and
+      // publish it, barrier, copy the others' slices out.
+      return 2 * steps(n, direct_chunk) * barrier + copy * n + copy_out * n * (up - 1) / up +
+             cost.gamma * (up - 1) / up * elements;
+    case Collective::reduce_scatter:
+      // Per chunk: copy my chunk of the others' p - 1 blocks in, barrier, reduce my block from
+      // my input and the others' parts.
+      return steps(n, direct_chunk / up) * barrier + copy * n * (up - 1) + cost.gamma * (up - 1) * elements;
+    case Collective::allgather:
+      // Per chunk: copy my block in, barrier, copy the p blocks out.
+      return steps(n, direct_chunk) * barrier + copy * n + copy_out * n * up;
+    case Collective::broadcast:
+      // Per chunk of p slots: the root copies in, barrier, the others copy out.
+      return steps(n, direct_chunk * up) * barrier + copy * n + copy_out * n;
+    default:
+      throw Error(ErrorCode::unsupported, "cost model: direct does not serve " + std::string(to_string(c)));
+  }
+}
 
 }  // namespace tutti::transport::shm
