@@ -37,8 +37,10 @@ case $preset in
     #   gpu_strict_diagnostic  a diagnostic (cases expected to fail, ranks as threads, each waiting
     #                   out a timeout): 72 s under ASan; the strict emulated device's code runs
     #                   under ASan in gpu_test.strict* and gpu_collectives_test.strict*
+    #   package.install installs this build (instrumented) and links a plain consumer against it,
+    #                   which has no ASan runtime; it tests packaging, and the normal suite runs it
     labels='unit|mp|fault|hostile|emulated'
-    exclude='^(mpi_|tutti_bench$|plot_|mp_tcp_two_hosts$|cluster_2x2$|mp_shm_direct_p[58]$|soak$|gpu_strict_diagnostic$)'
+    exclude='^(mpi_|tutti_bench$|plot_|mp_tcp_two_hosts$|cluster_2x2$|mp_shm_direct_p[58]$|soak$|gpu_strict_diagnostic$|package\.install$)'
     ;;
   tsan)
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=$supp/tsan.supp"

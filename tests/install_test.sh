@@ -13,8 +13,10 @@ cmake --install "$build" --prefix "$prefix" >/dev/null
 test -f "$prefix/include/tutti/version.hpp" || { echo "install_test: no tutti/version.hpp installed"; exit 1; }
 
 echo "== find_package(Tutti)"
-cmake -S "$source/tests/consumer" -B "$work/cmake" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
-cmake --build "$work/cmake" >/dev/null
+# Quiet unless it fails: then its output says why.
+quiet() { "$@" >"$work/log" 2>&1 || { cat "$work/log"; echo "install_test: failed: $*"; exit 1; }; }
+quiet cmake -S "$source/tests/consumer" -B "$work/cmake" -G Ninja -DCMAKE_PREFIX_PATH="$prefix"
+quiet cmake --build "$work/cmake"
 "$work/cmake/consumer"
 
 echo "== pkg-config tutti"
