@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "comm/comm_impl.hpp"
 #include "core/env.hpp"
@@ -36,6 +37,18 @@ struct DeviceCall {
 /// Applies the option rules of <tutti/gpu.hpp> to `call` (Error(invalid_argument) where they are
 /// broken): call.backend is valid, and ipc and nccl carry no host algorithm.
 void check_backend_options(const DeviceCall& call);
+
+/// For a backend's serves(): records `reason` in `why` (where not null) and returns false.
+inline bool refuse(std::string* why, std::string reason) {
+  if (why != nullptr) *why = std::move(reason);
+  return false;
+}
+
+/// For the serves() of a backend that runs collectives only (ipc, nccl): whether `call` is one;
+/// point-to-point is refused, saying that host_transfer runs it.
+inline bool collective_only(const DeviceCall& call, std::string* why) {
+  return call.kind == DeviceCall::Kind::collective || refuse(why, "point-to-point operations use host_transfer");
+}
 
 /// The operation's timeout: Options::timeout, else the default (TUTTI_TIMEOUT_MS).
 inline std::chrono::milliseconds timeout_of(const DeviceCall& call) {

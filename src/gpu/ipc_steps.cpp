@@ -11,11 +11,7 @@
 namespace tutti::gpu::detail {
 
 bool Ipc::serves(const DeviceCall& dc, std::string* why) const {
-  const auto refuse = [&](const std::string& reason) {
-    if (why != nullptr) *why = reason;
-    return false;
-  };
-  if (dc.kind != DeviceCall::Kind::collective) return refuse("point-to-point operations use host_transfer");
+  if (!collective_only(dc, why)) return false;
   const auto& c = dc.call;
   switch (c.collective) {
     case Collective::allreduce:  // larger than the staging: several steps, here and below
@@ -25,9 +21,9 @@ bool Ipc::serves(const DeviceCall& dc, std::string* why) const {
       return true;
     case Collective::reduce_scatter:  // each step stages one piece of every block
       return capacity_ / (static_cast<std::size_t>(size_) * size_of(c.type)) > 0 ||
-             refuse("the ipc staging (TUTTI_GPU_IPC_BYTES) holds less than one element per rank");
+             refuse(why, "the ipc staging (TUTTI_GPU_IPC_BYTES) holds less than one element per rank");
     default:
-      return refuse(std::string(to_string(c.collective)) + " is not an ipc collective");
+      return refuse(why, std::string(to_string(c.collective)) + " is not an ipc collective");
   }
 }
 

@@ -202,11 +202,7 @@ class NcclBackend final : public Nccl, private Watchdog::Watched {
   }
 
   bool serves(const DeviceCall& dc, std::string* why) const override {
-    const auto refuse = [&](const std::string& reason) {
-      if (why != nullptr) *why = reason;
-      return false;
-    };
-    if (dc.kind != DeviceCall::Kind::collective) return refuse("point-to-point operations use host_transfer");
+    if (!collective_only(dc, why)) return false;
     const auto& c = dc.call;
     switch (c.collective) {
       case Collective::allreduce:
@@ -217,11 +213,11 @@ class NcclBackend final : public Nccl, private Watchdog::Watched {
         return true;
       case Collective::reduce_scatter:
         return (c.send != c.recv || size_ == 1) ||
-               refuse("NCCL has no reduce_scatter with its result at the start of send");
+               refuse(why, "NCCL has no reduce_scatter with its result at the start of send");
       case Collective::alltoall:
-        return c.send != c.recv || refuse("NCCL has no alltoall in place");
+        return c.send != c.recv || refuse(why, "NCCL has no alltoall in place");
       default:
-        return refuse(std::string(to_string(c.collective)) + " is not an nccl collective");
+        return refuse(why, std::string(to_string(c.collective)) + " is not an nccl collective");
     }
   }
 
