@@ -30,17 +30,17 @@ mpi() {  # mpi RANKS TUNING_FILE ARGS...
 }
 
 [[ -s $tuning ]] || build/tools/tutti-run -n 2 "$bench" --no-progress --tune -b 4 -e 64M -f 4 -o "$tuning" | tee "$out/tune.log"
-mpi 2 "$tuning" -t allreduce,reduce_scatter,allgather,broadcast -b 4 -e 256M -f 4 --peers mpi,gloo --ceiling \
+mpi 2 "$tuning" --collective allreduce,reduce_scatter,allgather,broadcast -b 4 -e 256M -f 4 --peers mpi,gloo --ceiling \
   --json "$out/peers.json" | tee "$out/peers.log"
-mpi 2 "$tuning" -t allreduce -b 4 -e 256M -f 4 --all-algorithms --json "$out/automatic.json" >"$out/automatic.log"
+mpi 2 "$tuning" --collective allreduce -b 4 -e 256M -f 4 --all-algorithms --json "$out/automatic.json" >"$out/automatic.log"
 for pass in 1 2 3 4 5; do
-  mpi 2 "$empty" -t allreduce,reduce_scatter,allgather,broadcast -b 64K -e 16M -f 2 -c 0 --all-algorithms \
+  mpi 2 "$empty" --collective allreduce,reduce_scatter,allgather,broadcast -b 64K -e 16M -f 2 -c 0 --all-algorithms \
     --json "$out/automatic-model-$pass.json" >"$out/automatic-model-$pass.log"
 done
 for p in 4 8; do
-  mpi "$p" "$empty" -t allreduce -b 4 -e 64M -f 4 --peers mpi --json "$out/p$p.json" | tee "$out/p$p.log"
+  mpi "$p" "$empty" --collective allreduce -b 4 -e 64M -f 4 --peers mpi --json "$out/p$p.json" | tee "$out/p$p.log"
 done
-mpi 2 "$tuning" -t allreduce -b 16K -e 256M -f 4 --peers mpi --ceiling --shared-buffers --json "$out/shared.json" |
+mpi 2 "$tuning" --collective allreduce -b 16K -e 256M -f 4 --peers mpi --ceiling --shared-buffers --json "$out/shared.json" |
   tee "$out/shared.log"
 for f in peers p4 p8 shared; do /usr/bin/python3 tools/bench_table.py peers "$out/$f.json" >"$out/$f.md"; done
 /usr/bin/python3 tools/bench_table.py automatic "$out/automatic.json" >"$out/automatic.md"

@@ -57,7 +57,7 @@ if [[ ${1:-} == --stage ]]; then
     shift 2
     echo "== tutti-bench --device cuda --backend $backend at p = $p"
     out=$(timeout -k 5 60 "$run" -n "$p" --timeout-ms 45000 "$bench" --no-progress --device "$device" --backend "$backend" \
-      -t allreduce --peers sync -c 1 "$@" 2>&1)
+      --collective allreduce --peers sync -c 1 "$@" 2>&1)
     status=$?
     echo "$out"
     ((status == 0)) || { echo "FAIL: tutti-bench $backend at p = $p: exit status $status"; return 1; }

@@ -7,7 +7,7 @@
 # Needs the targets tutti-run, tutti-bench and _tutti built in BUILD_DIR.
 #
 # Each side times BLOCKS blocks of ITERS back-to-back calls (after warm-up) and takes the mean of
-# each block, as tutti-bench does for one row (tutti-bench -t allreduce,allreduce,... prints one
+# each block, as tutti-bench does for one row (tutti-bench --collective allreduce,allreduce,... prints one
 # row per block). A round reports the median and the minimum of its block means: on a loaded
 # machine a rank that spins is preempted now and then, which moves the median of a round but
 # rarely its minimum (the cost of a call when both ranks run). Then, over rounds, the median with
@@ -55,7 +55,7 @@ echo "# 8-byte allreduce (2 x f32 sum, out of place), p = 2 under tutti-run: $bl
 echo "# per round, the median and the minimum of the block means (us)"
 echo "# round  C++ median  Python median  C++ min  Python min  Python-C++ (medians)  Python-C++ (mins)"
 for round in $(seq "$rounds"); do
-  cpp=$("$run" -n 2 "$bench" -t "$collectives" -b 8 -e 8 -n "$iters" -w 200 -c 0 --no-progress |
+  cpp=$("$run" -n 2 "$bench" --collective "$collectives" -b 8 -e 8 -n "$iters" -w 200 -c 0 --no-progress |
         awk '$1 == "[0]" && $2 == "8" { print $7 }' | stats)
   py=$("$run" -n 2 "$python" -c "$python_loop" "$blocks" "$iters" | awk '$1 == "[0]" { print $2 }' | stats)
   echo "$round $cpp $py"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sparse collectives on the emulated cluster: tutti-bench -t sparse_allreduce (every sparse
+# The sparse collectives on the emulated cluster: tutti-bench --collective sparse_allreduce (every sparse
 # algorithm, automatic and the dense allreduce, each result checked) for each cluster layout and
 # link rate, one run after the other. Prints each run's table under a header naming its layout.
 #
@@ -49,7 +49,7 @@ for layout in "${layout_list[@]}"; do
       grep 'cost model for' "$work/calibrate.log" || true
       export TUTTI_TUNING_FILE=$work/cost-$layout-$rate.json
     fi
-    "${cluster[@]}" "$bench" -t sparse_allreduce --density "$density" --dim "$dim" "$@" || failed=1
+    "${cluster[@]}" "$bench" --collective sparse_allreduce --density "$density" --dim "$dim" "$@" || failed=1
     echo
   done
 done

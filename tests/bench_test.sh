@@ -47,7 +47,7 @@ rows_parse_clean() {
 }
 
 # 1. Every collective, two types, every op, checked, at 3 ranks (a non-power of two).
-bench 3 -t all -b 1 -e 64K -f 8 -n 2 -w 1 -d f32,i32 -o all -c 1 --json "$tmp/all.json"
+bench 3 --collective all -b 1 -e 64K -f 8 -n 2 -w 1 -d f32,i32 -o all -c 1 --json "$tmp/all.json"
 if [[ $status -ne 0 ]]; then
   fail "all collectives" "exit status $status"
 elif ! why=$(rows_parse_clean 80); then
@@ -71,7 +71,8 @@ else
 fi
 
 # 2. Every algorithm, the Gloo peer and the ceiling, at 4 ranks; all types for allreduce.
-bench 4 -t allreduce,allgather,broadcast -b 4 -e 256K -f 16 -n 2 -w 1 --all-algorithms --peers gloo --ceiling -c 1
+bench 4 --collective allreduce,allgather,broadcast -b 4 -e 256K -f 16 -n 2 -w 1 --all-algorithms --peers gloo \
+  --ceiling -c 1
 if [[ $status -ne 0 ]]; then
   fail "all algorithms" "exit status $status"
 elif ! why=$(rows_parse_clean 30); then
@@ -100,7 +101,7 @@ else
   ok "a corrupted result is counted as #wrong and fails the run"
 fi
 
-# 4. Bad flags are refused with a message naming the flag.
+# 4. Bad flags are refused with a message naming the flag (tool_options_test checks the messages).
 # refuse ARGS...: each argument (a command line) must exit 2 with a tutti-bench: message.
 refuse() {
   local args
@@ -115,16 +116,18 @@ refuse() {
     fi
   done
 }
-refuse "-b 1M -e 1K" "-d float17" "-t allsum" "--peers nccl" "-n 0" "--frobnicate"
+refuse "-b 1M -e 1K" "-d float17" "--collective allsum" "--peers nccl" "-n 0" "--frobnicate"
+# The size syntax, and the short flags nccl-tests gives other meanings (-t threads, -a average mode).
+refuse "-b 1.5K" "--maxbytes=64KB" "-e 17179869184G" "-t allreduce" "-a ring" "--collective"
 
 # 5. --calibrate and --tune write a tuning file; a run that loads it checks clean.
-bench 2 --calibrate -o "$tmp/tuning.json"
+bench 2 --calibrate --output "$tmp/tuning.json"
 if [[ $status -ne 0 ]] || ! grep -q '"cost_model"' "$tmp/tuning.json" 2>/dev/null; then
   fail "calibrate" "status $status; no cost_model in the file"
 else
   ok "--calibrate writes the cost model"
 fi
-bench 2 --tune -t allreduce,allgather -b 8 -e 1M -f 32 -n 2 -w 1 -o "$tmp/tuning.json"
+bench 2 --tune --collective allreduce,allgather -b 8 -e 1M -f 32 -n 2 -w 1 --output "$tmp/tuning.json"
 # Every size's line names the table's entry: a forced algorithm only where it beat automatic by
 # 5% (automatic's time / its time >= 1.05 as printed), else automatic; the file holds exactly the
 # forced ones, each range covering its size, and no entry covers a size automatic won.
@@ -156,7 +159,7 @@ EOF
 else
   ok "--tune writes an entry exactly where a forced algorithm beat automatic by 5%"
 fi
-TUTTI_TUNING_FILE="$tmp/tuning.json" bench 2 -t allreduce,allgather -b 8 -e 1M -f 32 -n 2 -w 1 -c 1
+TUTTI_TUNING_FILE="$tmp/tuning.json" bench 2 --collective allreduce,allgather -b 8 -e 1M -f 32 -n 2 -w 1 -c 1
 if [[ $status -ne 0 ]] || ! rows_parse_clean 8 >/dev/null; then
   fail "tuned run" "status $status; no clean run with the tuning file"
 else
@@ -167,7 +170,7 @@ cat >"$tmp/ring.json" <<EOF
 {"version": 1, "entries": [{"collective": "allreduce", "transport": "$transport", "ranks": 2, "min_bytes": 0,
   "max_bytes": 18446744073709551615, "algorithm": "ring"}]}
 EOF
-TUTTI_TUNING_FILE="$tmp/ring.json" TUTTI_DEBUG=info bench 2 -t allreduce -b 8 -e 64K -f 32 -n 2 -w 1 -c 1
+TUTTI_TUNING_FILE="$tmp/ring.json" TUTTI_DEBUG=info bench 2 --collective allreduce -b 8 -e 64K -f 32 -n 2 -w 1 -c 1
 if [[ $status -ne 0 ]] || ! rows_parse_clean 3 >/dev/null || ! grep -q "ring.*tuning file" "$tmp/err"; then
   fail "table run" "status $status; the table's entry was not chosen, or the run was not clean"
 else
@@ -177,7 +180,8 @@ fi
 # 6. Under mpirun: the MPI peer beside Tutti (Tutti over shared memory), and Gloo.
 if [[ -n $mpirun ]]; then
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -s KILL 120 "$mpirun" --oversubscribe -np 2 \
-    "$bench" --no-progress -t allreduce,reduce_scatter,alltoall -b 8 -e 64K -f 16 -n 2 -w 1 --peers mpi,gloo -c 1 \
+    "$bench" --no-progress --collective allreduce,reduce_scatter,alltoall -b 8 -e 64K -f 16 -n 2 -w 1 \
+    --peers mpi,gloo -c 1 \
     >"$tmp/out" 2>"$tmp/err"
   status=$?
   if [[ $status -ne 0 ]] || ! rows_parse_clean 9 >/dev/null; then
@@ -220,7 +224,7 @@ assert primary and all(r["peers"]["sync"]["wrong"] == 0 and r["peers"]["sync"]["
 EOF
 }
 for p in 1 2; do
-  bench $p --device emulated -t all -b 8 -e 4K -f 8 -n 3 -w 1 -d f32,bf16 -o all --peers sync -c 1 \
+  bench $p --device emulated --collective all -b 8 -e 4K -f 8 -n 3 -w 1 -d f32,bf16 -o all --peers sync -c 1 \
     --json "$tmp/device.json"
   if [[ $status -ne 0 ]]; then
     fail "device emulated p=$p" "exit status $status"
@@ -237,14 +241,16 @@ for p in 1 2; do
     ok "device mode on the emulated device at p=$p: every collective checked, sync peer, D2D copy"
   fi
 done
-bench 3 --device emulated --backend host_transfer -t allreduce,allgather -b 1 -e 64K -f 16 -n 2 -w 1 -d bf16 \
+bench 3 --device emulated --backend host_transfer --collective allreduce,allgather -b 1 -e 64K -f 16 -n 2 -w 1 \
+  -d bf16 \
   --peers sync -c 1
 if [[ $status -ne 0 ]] || ! why=$(device_rows_clean 6); then
   fail "device emulated p=3 host_transfer" "status $status ${why:-}"
 else
   ok "device mode at p=3, --backend host_transfer, bf16, counts 0 and up"
 fi
-bench 3 --device emulated --backend ipc -t allreduce,reduce_scatter,allgather,broadcast,reduce -b 1 -e 64K -f 16 \
+bench 3 --device emulated --backend ipc --collective allreduce,reduce_scatter,allgather,broadcast,reduce \
+  -b 1 -e 64K -f 16 \
   -n 2 -w 1 -d f64 --peers sync -c 1
 if [[ $status -ne 0 ]] || ! why=$(device_rows_clean 10); then
   fail "device emulated p=3 ipc" "status $status ${why:-}"
@@ -256,7 +262,7 @@ fi
 # shellcheck disable=SC2016 # expanded by the rank's shell
 timeout -s KILL 120 "$run" -n 2 --timeout-ms 60000 bash -c \
   'TUTTI_HOST=host$TUTTI_RANK exec "$0" --no-progress "$@"' "$bench" --device emulated --backend ipc \
-  -t allreduce -b 64 -e 1K -f 4 -n 1 -w 0 -c 1 >"$tmp/out" 2>"$tmp/err"
+  --collective allreduce -b 64 -e 1K -f 4 -n 1 -w 0 -c 1 >"$tmp/out" 2>"$tmp/err"
 status=$?
 if [[ $status -eq 0 ]] || ! grep -q "ipc backend is not available: ranks 0 and 1 are on different hosts" "$tmp/out" "$tmp/err"; then
   fail "device ipc across hosts" "status $status: $(head -c 400 "$tmp/err")"
@@ -265,7 +271,8 @@ else
 fi
 # shellcheck disable=SC2016 # expanded by the rank's shell
 timeout -s KILL 120 "$run" -n 2 --timeout-ms 60000 bash -c \
-  'TUTTI_HOST=host$TUTTI_RANK exec "$0" --no-progress "$@"' "$bench" --device emulated -t allreduce,broadcast \
+  'TUTTI_HOST=host$TUTTI_RANK exec "$0" --no-progress "$@"' "$bench" --device emulated \
+  --collective allreduce,broadcast \
   -b 64 -e 64K -f 8 -n 2 -w 1 -c 1 >"$tmp/out" 2>"$tmp/err"
 status=$?
 if [[ $status -ne 0 ]] || ! why=$(rows_parse_clean 4); then
@@ -274,7 +281,7 @@ else
   ok "device mode: automatic across (emulated) hosts runs on host_transfer, exact"
 fi
 # nccl needs a CUDA device: on the emulated one, every rank stops and the reason is given.
-bench 2 --device emulated --backend nccl -t allreduce -b 64 -e 1K -f 4 -n 1 -w 0 -c 1
+bench 2 --device emulated --backend nccl --collective allreduce -b 64 -e 1K -f 4 -n 1 -w 0 -c 1
 if [[ $status -eq 0 ]] || ! grep -q "the nccl backend is not available: it needs a CUDA device" "$tmp/out" "$tmp/err"; then
   fail "device nccl on the emulated device" "status $status: $(head -c 400 "$tmp/err")"
 else
@@ -346,8 +353,9 @@ else
 fi
 for args in "--device tpu" \
   "--device emulated --backend carrier-pigeon" "--backend host_transfer" "--device emulated --peers mpi" \
-  "--device emulated -t sendrecv" "--device emulated -a ring" "--device emulated --ceiling" "--peers sync" \
-  "--kernels" "--device emulated --kernels -t allreduce" "--device emulated --kernels --peers sync"; do
+  "--device emulated --collective sendrecv" "--device emulated --algorithm ring" "--device emulated --ceiling" \
+  "--peers sync" \
+  "--kernels" "--device emulated --kernels --collective allreduce" "--device emulated --kernels --peers sync"; do
   # shellcheck disable=SC2086
   timeout 20 "$bench" $args >"$tmp/out" 2>"$tmp/err"
   status=$?
@@ -360,7 +368,7 @@ done
 # --device cuda: where nvidia-smi sees a GPU it runs and checks clean; elsewhere every rank stops,
 # and rank 0 says why in one line.
 if nvidia-smi -L >/dev/null 2>&1; then
-  bench 2 --device cuda -t all -b 8 -e 64K -f 8 -n 3 -w 1 --peers sync -c 1
+  bench 2 --device cuda --collective all -b 8 -e 64K -f 8 -n 3 -w 1 --peers sync -c 1
   if [[ $status -ne 0 ]] || ! why=$(device_rows_clean 12); then
     fail "device cuda" "status $status ${why:-}"
   else
@@ -380,7 +388,8 @@ else
 fi
 if [[ -n $mpirun ]]; then
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -s KILL 120 "$mpirun" --oversubscribe -np 2 \
-    "$bench" --no-progress --device emulated -t allreduce,broadcast -b 8 -e 64K -f 16 -n 2 -w 1 --peers sync -c 1 \
+    "$bench" --no-progress --device emulated --collective allreduce,broadcast -b 8 -e 64K -f 16 -n 2 -w 1 \
+    --peers sync -c 1 \
     >"$tmp/out" 2>"$tmp/err"
   status=$?
   if [[ $status -ne 0 ]] || ! why=$(device_rows_clean 6); then
@@ -393,7 +402,7 @@ fi
 # 8. The sparse table: every sparse algorithm, the densify+allreduce row and the dense allreduce,
 # checked, at 3 ranks, on both sides of the dense switch (dense_allreduce gives the sparse form
 # below it); and its flags refused where they do not apply.
-bench 3 -t sparse_allreduce --density 0.01,0.6 --dim 20000 -n 2 -w 1 -d f32,i32 -o max
+bench 3 --collective sparse_allreduce --density 0.01,0.6 --dim 20000 -n 2 -w 1 -d f32,i32 -o max
 sparse_rows=$(sed -E 's/^\[[0-9]+\] ?//' "$tmp/out" | grep -E '^ +[0-9.]+ +[0-9]+ +[0-9]+ ' || true)
 if [[ $status -ne 0 ]]; then
   fail "sparse table" "exit status $status"
@@ -407,12 +416,13 @@ elif ! grep -q "dense_allreduce  *dense" <<<"$sparse_rows" || ! grep -q "dense_a
 else
   ok "sparse_allreduce: every algorithm and dense allreduce, checked, both forms, at p=3"
 fi
-refuse "-t sparse_allreduce --density 2" "-t sparse_allreduce --density x" "-t sparse_allreduce --dim 0" \
-  "-t allreduce --density 0.1" "-t sparse_allreduce --peers gloo"
+refuse "--collective sparse_allreduce --density 2" "--collective sparse_allreduce --density x" \
+  "--collective sparse_allreduce --dim 0" "--collective allreduce --density 0.1" \
+  "--collective sparse_allreduce --peers gloo"
 
 # 9. --values qsgd:4: one more row per f32 sum (8 + 1 rows), checked against every rank's encoding
 # decoded and summed the same way (not the exact sum, which QSGD does not give).
-bench 2 -t sparse_allreduce --density 0.05 --dim 20000 -n 2 -w 1 --values qsgd:4
+bench 2 --collective sparse_allreduce --density 0.05 --dim 20000 -n 2 -w 1 --values qsgd:4
 qsgd_rows=$(sed -E 's/^\[[0-9]+\] ?//' "$tmp/out" | grep -E '^ +[0-9.]+ +[0-9]+ +[0-9]+ ' || true)
 if [[ $status -ne 0 ]]; then
   fail "sparse table with qsgd values" "exit status $status"
@@ -422,7 +432,8 @@ elif [[ $(wc -l <<<"$qsgd_rows") -ne 9 ]] || ! awk '$NF != "0" { exit 1 }' <<<"$
 else
   ok "sparse_allreduce --values qsgd:4: the QSGD row checked against its reference, at p=2"
 fi
-refuse "-t sparse_allreduce --values qsgd:3" "-t sparse_allreduce --values fp16" "-t allreduce --values qsgd:8"
+refuse "--collective sparse_allreduce --values qsgd:3" "--collective sparse_allreduce --values fp16" \
+  "--collective allreduce --values qsgd:8"
 
 echo "bench_test: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Plot the sparse collectives' time against density, from scripts/sparse_study.sh's output.
 
-Reads the text that sparse_study.sh (or one `tutti-bench -t sparse_allreduce` run) printed: a
+Reads the text that sparse_study.sh (or one `tutti-bench --collective sparse_allreduce` run) printed: a
 section per "## LAYOUT (hosts x ranks), links at RATE" header (a lone run is one section), and
 in it the table rows of tutti-bench (density, max nnz, union, type, op, algorithm, form,
 time(us), dense(us), speedup, #wrong), with or without a launcher's "[RANK] " prefix. Rows of

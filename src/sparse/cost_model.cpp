@@ -18,7 +18,7 @@ namespace {
 using tutti::detail::choice::CostParams;
 
 // Handling one pair (checking and unpacking it, a merge step that branches on which side holds
-// the index, packing it again) costs about 10 ns here (tutti-bench -t sparse_allreduce --density
+// the index, packing it again) costs about 10 ns here (tutti-bench --collective sparse_allreduce --density
 // 0.5 --dim 1M at p = 1 and 2 over shm, 2026-11-26), 50 times the default γ. It is branchy work
 // on a core, so it is priced on its own rather than as a multiple of γ: a calibrated γ (the sum
 // kernel over 48 MiB of memory on every rank at once) grows with memory contention, 8-10 times

@@ -1,58 +1,21 @@
 #include "bench/options.hpp"
 
+#include <charconv>
 #include <cmath>
-#include <cstdio>
+#include <cstdint>
 #include <stdexcept>
 #include <string_view>
+#include <system_error>
 
 #include "bench/device_collectives.hpp"
 #include "comm/tuning.hpp"
+#include "common/cli.hpp"
 #include "core/names.hpp"
 #include "tutti/compress.hpp"
 
 namespace tutti::bench {
 
 namespace {
-
-constexpr const char* usage_text = R"(usage: tutti-bench [flags]   (run under tutti-run or mpirun)
-
-  -t, --collective NAME   allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall,
-                          sendrecv, a comma-separated list, or all (default allreduce);
-                          or sparse_allreduce: every sparse algorithm beside dense allreduce
-      --density D[,D...]  with sparse_allreduce: nnz / dim per rank, in (0, 1] (default 0.01)
-      --dim N             with sparse_allreduce: the vector's dimension, e.g. 1M (default 1M)
-      --values qsgd:BITS  with sparse_allreduce: also a row of QSGD values (4 or 8 bits, f32, sum
-                          or avg), checked against every rank's encoding decoded and summed
-  -b, --minbytes SIZE     smallest size, e.g. 8, 64K, 1M (default 8)
-  -e, --maxbytes SIZE     largest size (default 64M)
-  -f, --stepfactor F      size multiplier between rows (default 2)
-  -n, --iters N           timed iterations per size (default: enough for ~50 ms, at least 5)
-  -w, --warmup_iters N    warm-up iterations per size (default 5)
-  -d, --datatype TYPE     f32, f16, bf16, f64, i8, u8, i32, u32, i64, u64, or all (default f32)
-  -o, --op OP             sum, prod, min, max, avg, or all (default sum)
-                          (with --tune/--calibrate: -o FILE is the tuning file to write)
-  -r, --root R            root of broadcast and reduce (default 0)
-  -c, --check 0|1         check results in separate iterations (default 1)
-  -a, --algorithm NAME    force an algorithm (ring, recursive_doubling, rabenseifner, direct, ...)
-      --all-algorithms    one row group per algorithm that serves the collective
-      --json FILE         also write the results as JSON (for tools/plot_bench.py)
-      --peers LIST        time peers in the same run: mpi, gloo (comma-separated);
-                          with --device: sync (synchronize, copy to the host, host collective,
-                          copy back, synchronize: the MPI + CUDA way)
-      --device KIND       host (default), or emulated or cuda: the collectives of
-                          gpu::Communicator on device buffers, enqueued on a stream
-      --backend NAME      with --device: automatic (default), host_transfer, ipc, nccl
-      --kernels           with --device, on one rank: the device's reduction kernel
-                          (dst = a op b) beside a device-to-device copy, per -d, -o and size
-      --ceiling           measure memory bandwidth and flag latency; show t_bound / t
-      --shared-buffers    allocate the buffers with Communicator::allocate (shared
-                          memory the peers read in place: zero copy on shm)
-      --calibrate         measure the cost model's alpha, beta, gamma for this transport
-      --tune              sweep every algorithm and write a tuning table (with --calibrate's model)
-      --output FILE       the tuning file --tune/--calibrate write (default: the per-user path)
-      --no-progress       no progress line on stderr
-  -h, --help              this text
-)";
 
 std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> out;
@@ -63,26 +26,6 @@ std::vector<std::string> split_list(const std::string& text) {
     start = end + 1;
   }
   return out;
-}
-
-// `convert` (std::stol, std::stod) over the whole of `text`, else invalid_argument naming the flag.
-template <class Convert>
-auto parse_number(const std::string& text, const char* flag, const char* what, Convert convert) {
-  std::size_t used = 0;
-  decltype(convert(text, &used)) value{};
-  try {
-    value = convert(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty())
-    throw std::invalid_argument(std::string(flag) + ": expected " + what + ", got '" + text + "'");
-  return value;
-}
-
-long parse_int(const std::string& text, const char* flag) {
-  return parse_number(text, flag, "an integer",
-                      [](const std::string& t, std::size_t* used) { return std::stol(t, used); });
 }
 
 // "qsgd:BITS" as compress::Compression reads it; the bits.
@@ -96,8 +39,11 @@ int parse_values(const std::string& text) {
 }
 
 double parse_density(const std::string& text) {
-  return parse_number(text, "--density", "a number",
-                      [](const std::string& t, std::size_t* used) { return std::stod(t, used); });
+  double value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
+    throw std::invalid_argument("--density: expected a number, got '" + text + "'");
+  return value;
 }
 
 std::vector<Kind> parse_kinds(const std::string& text) {
@@ -127,7 +73,7 @@ std::vector<DataType> parse_types(const std::string& text) {
   }
   for (const std::string& name : split_list(text)) {
     const auto type = parse_type(name);
-    if (!type) throw std::invalid_argument("-d: unknown type '" + name + "'");
+    if (!type) throw std::invalid_argument("-d/--datatype: unknown type '" + name + "'");
     out.push_back(*type);
   }
   return out;
@@ -137,13 +83,13 @@ std::vector<ReduceOp> parse_ops(const std::string& text) {
   std::vector<ReduceOp> out;
   for (int o = 0; o <= static_cast<int>(ReduceOp::avg); ++o)
     if (text == "all" || text == to_string(static_cast<ReduceOp>(o))) out.push_back(static_cast<ReduceOp>(o));
-  if (out.empty()) throw std::invalid_argument("-o: unknown op '" + text + "' (sum, prod, min, max, avg, all)");
+  if (out.empty()) throw std::invalid_argument("-o/--op: unknown op '" + text + "' (sum, prod, min, max, avg, all)");
   return out;
 }
 
 Algorithm parse_algorithm(const std::string& name) {
   if (const auto a = core::algorithm_from_name(name)) return *a;
-  throw std::invalid_argument("-a: unknown algorithm '" + name + "'");
+  throw std::invalid_argument("--algorithm: unknown algorithm '" + name + "'");
 }
 
 // Device mode runs what gpu::Communicator has, on the backends it has, beside the sync peer.
@@ -152,13 +98,14 @@ void validate_device(const BenchOptions& o) {
     throw std::invalid_argument("--device: unknown device '" + o.device + "' (host, emulated, cuda)");
   check_backend(o.backend);
   if (o.kernels) {
-    if (o.kinds_given) throw std::invalid_argument("--kernels: times the reduction kernels, not a collective (no -t)");
+    if (o.kinds_given)
+      throw std::invalid_argument("--kernels: times the reduction kernels, not a collective (no --collective)");
     if (!o.peers.empty()) throw std::invalid_argument("--kernels: no peers (every row times the D2D copy beside it)");
     if (o.backend != "automatic")
       throw std::invalid_argument("--kernels: no --backend (the kernels run on the device, not through a backend)");
   }
   if (o.algorithm != Algorithm::automatic || o.all_algorithms)
-    throw std::invalid_argument("-a/--all-algorithms: host mode only (with --device, choose a --backend)");
+    throw std::invalid_argument("--algorithm/--all-algorithms: host mode only (with --device, choose a --backend)");
   if (o.tune || o.calibrate) throw std::invalid_argument("--tune/--calibrate: host mode only");
   if (o.ceiling)
     throw std::invalid_argument("--ceiling: host mode only (with --device every row has the D2D copy ceiling)");
@@ -177,7 +124,8 @@ void validate_sparse(const BenchOptions& o) {
   if (device_mode(o) || o.tune || o.calibrate || o.ceiling || !o.peers.empty() || o.all_algorithms ||
       o.algorithm != Algorithm::automatic || !o.json_path.empty())
     throw std::invalid_argument(
-        "-t sparse_allreduce: host mode only, without peers, --ceiling, --json, -a or --tune (every sparse "
+        "--collective sparse_allreduce: host mode only, without peers, --ceiling, --json, --algorithm or --tune (every "
+        "sparse "
         "algorithm is timed)");
   if (o.sparse_dim == 0 || o.sparse_dim > (std::size_t{1} << 32))
     throw std::invalid_argument("--dim: must be in [1, 2^32] (u32 indices)");
@@ -187,13 +135,14 @@ void validate_sparse(const BenchOptions& o) {
 
 void validate(const BenchOptions& o) {
   if (o.sparse) return validate_sparse(o);
-  if (!o.densities.empty()) throw std::invalid_argument("--density: only with -t sparse_allreduce");
-  if (o.sparse_qsgd_bits != 0) throw std::invalid_argument("--values: only with -t sparse_allreduce");
-  if (o.min_bytes > o.max_bytes) throw std::invalid_argument("-b must not exceed -e");
-  if (o.factor <= 1.0 && o.min_bytes != o.max_bytes) throw std::invalid_argument("-f must be greater than 1");
-  if (o.iterations && *o.iterations < 1) throw std::invalid_argument("-n must be at least 1");
-  if (o.warmup < 0) throw std::invalid_argument("-w must not be negative");
-  if (o.root < 0) throw std::invalid_argument("-r must not be negative");
+  if (!o.densities.empty()) throw std::invalid_argument("--density: only with --collective sparse_allreduce");
+  if (o.sparse_qsgd_bits != 0) throw std::invalid_argument("--values: only with --collective sparse_allreduce");
+  if (o.min_bytes > o.max_bytes) throw std::invalid_argument("-b/--minbytes must not exceed -e/--maxbytes");
+  if (o.factor <= 1.0 && o.min_bytes != o.max_bytes)
+    throw std::invalid_argument("-f/--stepfactor must be greater than 1");
+  if (o.iterations && *o.iterations < 1) throw std::invalid_argument("-n/--iters must be at least 1");
+  if (o.warmup < 0) throw std::invalid_argument("-w/--warmup_iters must not be negative");
+  if (o.root < 0) throw std::invalid_argument("-r/--root must not be negative");
   if (o.kernels && !device_mode(o)) throw std::invalid_argument("--kernels: only with --device emulated or cuda");
   if (device_mode(o)) return validate_device(o);
   if (o.backend != "automatic") throw std::invalid_argument("--backend: only with --device emulated or cuda");
@@ -239,32 +188,6 @@ std::optional<DataType> parse_type(const std::string& name) {
   return std::nullopt;
 }
 
-std::size_t parse_bytes(const std::string& text, const char* flag) {
-  if (text.empty()) throw std::invalid_argument(std::string(flag) + ": expected a size");
-  std::size_t multiplier = 1;
-  std::string digits = text;
-  switch (text.back()) {
-    case 'K':
-    case 'k':
-      multiplier = std::size_t{1} << 10;
-      break;
-    case 'M':
-    case 'm':
-      multiplier = std::size_t{1} << 20;
-      break;
-    case 'G':
-    case 'g':
-      multiplier = std::size_t{1} << 30;
-      break;
-    default:
-      break;
-  }
-  if (multiplier != 1) digits.pop_back();
-  const long value = parse_int(digits, flag);
-  if (value < 0) throw std::invalid_argument(std::string(flag) + ": size must not be negative");
-  return static_cast<std::size_t>(value) * multiplier;
-}
-
 std::vector<std::size_t> sweep_sizes(const BenchOptions& options) {
   std::vector<std::size_t> sizes;
   double size = static_cast<double>(options.min_bytes);
@@ -278,82 +201,109 @@ std::vector<std::size_t> sweep_sizes(const BenchOptions& options) {
   return sizes;
 }
 
+namespace {
+
+// The flags whose text is read after parsing (lists, names), as given.
+struct Text {
+  std::string collective, datatype, op, algorithm, density, values, peers;
+  std::int64_t factor = 2;
+  std::int64_t check = 1;
+  int iterations = 0;
+};
+
+// The sweep's flags: nccl-tests' short flags where they mean what they mean there; long names only
+// where nccl-tests' letter means something else (its -t is threads, its -a the average mode).
+void add_sweep_flags(CLI::App& app, BenchOptions& o, Text& t) {
+  app.add_option("--collective", t.collective,
+                 "allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, sendrecv, a comma-separated "
+                 "list, or all (default allreduce); or sparse_allreduce: every sparse algorithm beside dense "
+                 "allreduce");
+  tools::add_size(app, "-b,--minbytes", o.min_bytes, "smallest size, e.g. 8, 64K, 1MiB (default 8)");
+  tools::add_size(app, "-e,--maxbytes", o.max_bytes, "largest size (default 64M)");
+  app.add_option("-f,--stepfactor", t.factor, "size multiplier between rows (default 2)")
+      ->transform(tools::number<std::int64_t>());
+  app.add_option("-n,--iters", t.iterations, "timed iterations per size (default: enough for ~50 ms, at least 5)")
+      ->transform(tools::number<int>());
+  app.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations per size (default 5)")
+      ->transform(tools::number<int>());
+  app.add_option("-d,--datatype", t.datatype,
+                 "f32, f16, bf16, f64, i8, u8, i32, u32, i64, u64, a list, or all (default f32)");
+  app.add_option("-o,--op", t.op, "sum, prod, min, max, avg, or all (default sum)");
+  app.add_option("-r,--root", o.root, "root of broadcast and reduce (default 0)")->transform(tools::number<int>());
+  app.add_option("-c,--check", t.check, "0|1: check results in separate iterations (default 1)")
+      ->transform(tools::number<std::int64_t>());
+  app.add_option("--algorithm", t.algorithm,
+                 "force an algorithm (ring, recursive_doubling, rabenseifner, direct, ...)");
+  app.add_flag("--all-algorithms", o.all_algorithms, "one row group per algorithm that serves the collective");
+  app.add_option("--json", o.json_path, "also write the results as JSON (for tools/plot_bench.py)")->type_name("FILE");
+  app.add_option("--peers", t.peers,
+                 "time peers in the same run: mpi, gloo (comma-separated); with --device: sync (synchronize, "
+                 "copy to the host, host collective, copy back, synchronize: the MPI + CUDA way)");
+  app.add_flag("--ceiling", o.ceiling, "measure memory bandwidth and flag latency; show t_bound / t");
+  app.add_flag("--shared-buffers", o.shared_buffers,
+               "allocate the buffers with Communicator::allocate (shared memory the peers read in place)");
+  app.add_flag("--no-progress", o.quiet_progress, "no progress line on stderr");
+  app.add_flag("--corrupt-for-testing", o.corrupt_for_testing)->group("");  // proves the check can fail
+}
+
+// The other modes: sparse, device, tuning.
+void add_mode_flags(CLI::App& app, BenchOptions& o, Text& t) {
+  app.add_option("--density", t.density,
+                 "with --collective sparse_allreduce: nnz / dim per rank, in (0, 1], a comma-separated list "
+                 "(default 0.01)");
+  tools::add_size(app, "--dim", o.sparse_dim,
+                  "with --collective sparse_allreduce: the vector's dimension, e.g. 1M (default 1M)");
+  app.add_option("--values", t.values,
+                 "with --collective sparse_allreduce: qsgd:BITS, also a row of QSGD values (4 or 8 bits, f32, sum "
+                 "or avg), checked against every rank's encoding decoded and summed");
+  app.add_option("--device", o.device,
+                 "host (default), or emulated or cuda: the collectives of gpu::Communicator on device buffers, "
+                 "enqueued on a stream");
+  app.add_option("--backend", o.backend, "with --device: automatic (default), host_transfer, ipc, nccl");
+  app.add_flag("--kernels", o.kernels,
+               "with --device, on one rank: the device's reduction kernel (dst = a op b) beside a "
+               "device-to-device copy, per -d, -o and size");
+  app.add_flag("--calibrate", o.calibrate, "measure the cost model's alpha, beta, gamma for this transport");
+  app.add_flag("--tune", o.tune, "sweep every algorithm and write a tuning table (with --calibrate's model)");
+  app.add_option("--output", o.output_path, "the tuning file --tune/--calibrate write (default: the per-user path)")
+      ->type_name("FILE");
+}
+
+// The flags read as text: into the options.
+void read_text(const CLI::App& app, const Text& t, BenchOptions& o) {
+  o.factor = static_cast<double>(t.factor);
+  o.check = t.check != 0;
+  if (app.count("-n") > 0) o.iterations = t.iterations;
+  if (app.count("--collective") > 0) {
+    o.kinds_given = true;
+    o.sparse = t.collective == "sparse_allreduce";
+    o.all_kinds = t.collective == "all";
+    if (!o.sparse) o.kinds = parse_kinds(t.collective);
+  }
+  if (app.count("-d") > 0) o.types = parse_types(t.datatype);
+  if (app.count("-o") > 0) o.ops = parse_ops(t.op);
+  if (app.count("--algorithm") > 0) o.algorithm = parse_algorithm(t.algorithm);
+  if (app.count("--density") > 0)
+    for (const std::string& d : split_list(t.density)) o.densities.push_back(parse_density(d));
+  if (app.count("--values") > 0) o.sparse_qsgd_bits = parse_values(t.values);
+  if (app.count("--peers") > 0) o.peers = split_list(t.peers);
+}
+
+}  // namespace
+
 std::optional<BenchOptions> parse_options(int argc, char** argv) {
   BenchOptions o;
   for (int i = 0; i < argc; ++i) o.command_line += (i ? " " : "") + std::string(argv[i]);
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (const std::string& a : args)
-    if (a == "--tune" || a == "--calibrate")
-      o.tune = o.tune || a == "--tune", o.calibrate = o.calibrate || a == "--calibrate";
-  const bool tuning = o.tune || o.calibrate;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& flag = args[i];
-    auto value = [&]() -> const std::string& {
-      if (i + 1 >= args.size()) throw std::invalid_argument(flag + ": missing value");
-      return args[++i];
-    };
-    if (flag == "-h" || flag == "--help") {
-      std::fputs(usage_text, stdout);
-      return std::nullopt;
-    } else if (flag == "-t" || flag == "--collective") {
-      const std::string& text = value();
-      o.sparse = text == "sparse_allreduce";
-      o.all_kinds = text == "all";
-      if (!o.sparse) o.kinds = parse_kinds(text);
-      o.kinds_given = true;
-    } else if (flag == "-b" || flag == "--minbytes") {
-      o.min_bytes = parse_bytes(value(), "-b");
-    } else if (flag == "-e" || flag == "--maxbytes") {
-      o.max_bytes = parse_bytes(value(), "-e");
-    } else if (flag == "-f" || flag == "--stepfactor") {
-      o.factor = static_cast<double>(parse_int(value(), "-f"));
-    } else if (flag == "-n" || flag == "--iters") {
-      o.iterations = static_cast<int>(parse_int(value(), "-n"));
-    } else if (flag == "-w" || flag == "--warmup_iters") {
-      o.warmup = static_cast<int>(parse_int(value(), "-w"));
-    } else if (flag == "-d" || flag == "--datatype") {
-      o.types = parse_types(value());
-    } else if ((flag == "-o" && tuning) || flag == "--output") {
-      o.output_path = value();
-    } else if (flag == "-o" || flag == "--op") {
-      o.ops = parse_ops(value());
-    } else if (flag == "-r" || flag == "--root") {
-      o.root = static_cast<int>(parse_int(value(), "-r"));
-    } else if (flag == "-c" || flag == "--check") {
-      o.check = parse_int(value(), "-c") != 0;
-    } else if (flag == "-a" || flag == "--algorithm") {
-      o.algorithm = parse_algorithm(value());
-    } else if (flag == "--density") {
-      for (const std::string& d : split_list(value())) o.densities.push_back(parse_density(d));
-    } else if (flag == "--dim") {
-      o.sparse_dim = parse_bytes(value(), "--dim");
-    } else if (flag == "--values") {
-      o.sparse_qsgd_bits = parse_values(value());
-    } else if (flag == "--all-algorithms") {
-      o.all_algorithms = true;
-    } else if (flag == "--json") {
-      o.json_path = value();
-    } else if (flag == "--peers") {
-      o.peers = split_list(value());
-    } else if (flag == "--device") {
-      o.device = value();
-    } else if (flag == "--backend") {
-      o.backend = value();
-    } else if (flag == "--kernels") {
-      o.kernels = true;
-    } else if (flag == "--ceiling") {
-      o.ceiling = true;
-    } else if (flag == "--shared-buffers") {
-      o.shared_buffers = true;
-    } else if (flag == "--tune" || flag == "--calibrate") {
-    } else if (flag == "--corrupt-for-testing") {  // proves the check can fail; not in --help
-      o.corrupt_for_testing = true;
-    } else if (flag == "--no-progress") {
-      o.quiet_progress = true;
-    } else {
-      throw std::invalid_argument("unknown flag '" + flag + "' (see --help)");
-    }
-  }
+  CLI::App app("Tutti's collectives measured the way nccl-tests measures them (run under tutti-run or mpirun).",
+               "tutti-bench");
+  tools::configure(app);
+  Text text;
+  add_sweep_flags(app, o, text);
+  add_mode_flags(app, o, text);
+  app.footer("Sizes: bytes, or a whole number with K, M, G, KiB, MiB or GiB (powers of 1024, any case).");
+  const std::vector<tools::Renamed> renamed = {{"-t", "--collective"}, {"-a", "--algorithm"}};
+  if (!tools::parse(app, argc, argv, renamed)) return std::nullopt;
+  read_text(app, text, o);
   if (o.sparse && o.densities.empty()) o.densities = {0.01};
   validate(o);
   if (device_mode(o) && o.all_kinds) o.kinds = device_kinds();

@@ -1,4 +1,5 @@
-// tutti-bench's command line, in the spirit of nccl-tests (-b/-e/-f, -n/-w, -d, -o, -r, -c, -a).
+// tutti-bench's command line, in the spirit of nccl-tests (-b/-e/-f, -n/-w, -d, -o, -r, -c; --collective
+// and --algorithm have no letter: nccl-tests' -t and -a mean threads and the average mode).
 #pragma once
 
 #include <cstddef>
@@ -24,8 +25,8 @@ bool reduces(Kind kind);
 
 struct BenchOptions {
   std::vector<Kind> kinds{Collective::allreduce};
-  bool kinds_given = false;  // -t was on the command line
-  bool all_kinds = false;    // -t all (device mode: every collective gpu::Communicator has)
+  bool kinds_given = false;  // --collective was given
+  bool all_kinds = false;    // --collective all (device mode: every collective gpu::Communicator has)
   std::size_t min_bytes = 8;
   std::size_t max_bytes = 64 << 20;
   double factor = 2;
@@ -48,11 +49,10 @@ struct BenchOptions {
   bool tune = false;
   std::string output_path;  // --calibrate/--tune: the tuning file ("" = the per-user default)
   bool quiet_progress = false;
-  bool corrupt_for_testing = false;
-  bool primary_only = false;  // time only the form peers compare (the tuner's sweeps)  // --corrupt-for-testing: rank 0
-                              // flips a result byte in checks
-  bool sparse = false;        // -t sparse_allreduce: the sparse table (bench/sparse_bench.hpp)
-  std::vector<double> densities;                  // --density: nnz / dim per rank
+  bool corrupt_for_testing = false;  // --corrupt-for-testing: rank 0 flips a result byte in checks
+  bool primary_only = false;         // time only the form peers compare (the tuner's sweeps)
+  bool sparse = false;               // --collective sparse_allreduce: the sparse table (bench/sparse_bench.hpp)
+  std::vector<double> densities;     // --density: nnz / dim per rank
   std::size_t sparse_dim = std::size_t{1} << 20;  // --dim
   int sparse_qsgd_bits = 0;                       // --values qsgd:BITS (0: exact values only)
   std::string command_line;
@@ -61,8 +61,8 @@ struct BenchOptions {
 /// Whether the run goes through gpu::Communicator on device buffers (--device emulated|cuda).
 inline bool device_mode(const BenchOptions& options) { return options.device != "host"; }
 
-/// Parses argv; throws std::invalid_argument with a message naming the flag on bad input.
-/// Returns nullopt after printing the usage for -h/--help.
+/// Parses argv (flags, or --config FILE); throws std::invalid_argument with a message naming the
+/// flag on bad input. Returns nullopt after printing the usage for -h/--help.
 std::optional<BenchOptions> parse_options(int argc, char** argv);
 
 /// "f32" → DataType::f32 (also the nccl-tests names float, half, bfloat16, double, int8, uint8,
@@ -71,8 +71,5 @@ std::optional<DataType> parse_type(const std::string& name);
 
 /// The sizes of the sweep: min, min·f, … up to max (max included when f reaches it).
 std::vector<std::size_t> sweep_sizes(const BenchOptions& options);
-
-/// "64K", "8M", "1G", "256" → bytes.
-std::size_t parse_bytes(const std::string& text, const char* flag);
 
 }  // namespace tutti::bench

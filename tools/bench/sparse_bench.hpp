@@ -1,4 +1,4 @@
-// tutti-bench -t sparse_allreduce: every sparse algorithm (and automatic) per density, beside a
+// tutti-bench --collective sparse_allreduce: every sparse algorithm (and automatic) per density, beside a
 // dense allreduce of the same vector, each result checked against the dense one.
 #pragma once
 

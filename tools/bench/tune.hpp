@@ -13,7 +13,7 @@ namespace tutti::bench {
 int calibrate(Communicator& world, const BenchOptions& options);
 
 /// Sweeps every applicable algorithm of each collective (allreduce, reduce_scatter, allgather,
-/// broadcast, reduce, alltoall unless -t says otherwise) over the sizes, and writes the fastest
+/// broadcast, reduce, alltoall unless --collective says otherwise) over the sizes, and writes the fastest
 /// per size as tuning entries for (collective, transport, ranks), with the calibrated cost model,
 /// replacing the file's entries for this transport and rank count. Returns 0, or 1.
 int tune(Communicator& world, const BenchOptions& options);
