@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# tutti-sim's command line: bad flags and inputs exit 2 naming the problem; a VGG-16 step at
-# 16,384 ranks (4 per host) completes and its row holds together (step >= compute, exposed =
-# step - compute, speedups at most ideal); --compare prints the three policies; the timeline is
-# a complete JSON array with the phases of a real run.
+# tutti-sim's command line: bad flags and inputs exit 2 naming the problem; --config and
+# --opt=value give what the plain flags give; a VGG-16 step at 16,384 ranks (4 per host)
+# completes and its row holds together (step >= compute, exposed = step - compute, speedups at
+# most ideal); --compare prints the three policies; the timeline is a complete JSON array with
+# the phases of a real run.
 # Usage: sim_cli_test.sh TUTTI_SIM PROFILES_DIR
 set -u
 sim=${1:?usage: sim_cli_test.sh TUTTI_SIM PROFILES_DIR}
@@ -26,6 +27,10 @@ expect_usage "cannot open profile" --profile "$work/none.profile"
 expect_usage "--ranks-per-host 3 does not divide 8" --profile "$profiles/vgg16.profile" --ranks 8 --ranks-per-host 3
 expect_usage "--straggler: FACTOR must be >= 1" --profile "$profiles/vgg16.profile" --straggler 1:0.5
 expect_usage "--overlap: expected on or off" --profile "$profiles/vgg16.profile" --overlap maybe
+expect_usage "--fusion-threshold: expected a size" --profile "$profiles/vgg16.profile" --fusion-threshold 1.5M
+expect_usage "--first-bucket: '17179869184G' is too large" --profile "$profiles/vgg16.profile" --first-bucket=17179869184G
+printf 'profile = "%s"\nfusion-threshold = "1KiB"\nbogus = 1\n' "$profiles/vgg16.profile" >"$work/bad.toml"
+expect_usage "--config: unknown key 'bogus'" --config "$work/bad.toml"
 printf 'alpha 1e-6\nlatency 3\n' >"$work/bad.network"
 expect_usage "bad.network:2: unknown key" --profile "$profiles/vgg16.profile" --network "$work/bad.network"
 
@@ -44,6 +49,16 @@ for r in rows:
     assert 0 < r["speedup"] <= r["ranks"] * (1 + 1e-9), r
 assert rows[0]["speedup"] == 1 and rows[1]["allreduce_s"] > 0 and rows[1]["ranks_per_host"] == 4, rows
 PY
+
+# --opt=value and --config give what the plain flags give, the command line winning over the file.
+"$sim" --profile "$profiles/resnet50.profile" --ranks 1,8 --ranks-per-host 2 --fusion-threshold 1M --json \
+  >"$work/plain" 2>"$work/err" || fail "plain flags: exit $? ($(cat "$work/err"))"
+printf 'profile = "%s"\nranks = "1,8"\nranks-per-host = 4\nfusion-threshold = "64M"\njson = true\n' \
+  "$profiles/resnet50.profile" >"$work/run.toml"
+"$sim" --config "$work/run.toml" --ranks-per-host=2 --fusion-threshold=1MiB >"$work/config" 2>"$work/err" ||
+  fail "--config: exit $? ($(cat "$work/err"))"
+cmp -s "$work/plain" "$work/config" || fail "--config with --opt=value overrides differs from the plain flags"
+[[ $(wc -l <"$work/plain") == 2 ]] || fail "plain flags: not 2 rows"
 
 "$sim" --profile "$profiles/resnet50.profile" --ranks 8 --ranks-per-host 2 --compare --timeline "$work/t.json" \
   >"$work/compare" 2>"$work/err" || fail "--compare: exit $? ($(cat "$work/err"))"

@@ -1,17 +1,15 @@
-// tutti-sim: the training-step simulator's command line (docs/scaling.md).
+// tutti-sim: the training-step simulator (docs/scaling.md); its flags are sim/options.hpp's.
 //
 //   tutti-sim --profile profiles/vgg16.profile --network profiles/aries.network --ranks 64,512,8192 --compare
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <iostream>
-#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "sim/options.hpp"
 #include "tutti/sim.hpp"
 
 namespace {
@@ -20,162 +18,7 @@ using tutti::sim::Policy;
 using tutti::sim::SimulationResult;
 using tutti::sim::SimulationSetup;
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-const char* const usage_text = R"(usage: tutti-sim --profile FILE [options]
-Simulates training steps of Tutti's engine under an alpha-beta network model (docs/scaling.md).
-  --profile FILE          model profile (tutti-train --profile, or profiles/*.profile)
-  --network FILE          network (alpha, beta, intra_alpha, intra_beta, gamma, copy_beta)
-  --alpha S --beta S      across hosts: seconds per message, per byte (override the file)
-  --intra-alpha S --intra-beta S --gamma S
-  --ranks LIST            ranks, or a comma list to sweep (default 1)
-  --ranks-per-host R      (default 1; must divide every entry of --ranks)
-  --overlap on|off        enqueue each gradient when ready (on, default) or all after backward
-  --cycle-time-ms X       negotiation cycle (default 1)
-  --fusion-threshold B    bytes, K/M/G suffixes (default 64M; 0: no fusion)
-  --first-bucket B        cap of a step's first fused call (default 1M)
-  --fp16                  gradients travel as f16
-  --straggler RANK:FACTOR that rank computes FACTOR times slower (repeatable)
-  --jitter CV             each rank's compute in each step varies by a log-normal factor of
-                          mean 1 and this standard deviation (default: the profile's jitter)
-  --seed N                of the jitter's draws (default 1)
-  --steps N               simulated steps, the first a warm-up (default 4)
-  --timeline FILE         Chrome trace of rank 0 ("{rank}": one per compute speed)
-  --compare               three policies side by side: (a) allreduce after backward, no
-                          fusion; (b) overlapped, no fusion; (c) overlapped with fusion
-  --global-batch N        strong scaling: N samples per step over all ranks, each rank's compute
-                          scaled from the profile's batch linearly (N/p per rank; default: the
-                          profile's batch on every rank, weak scaling)
-  --algorithms            under each row, how each distinct call size was run
-  --json                  one JSON object per line instead of the table
-)";
-
-double number(const std::string& text, const char* flag) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !(v >= 0)) throw UsageError(std::string(flag) + ": expected a number >= 0");
-  return v;
-}
-
-std::size_t bytes(const std::string& text, const char* flag) {
-  if (text.empty()) throw UsageError(std::string(flag) + ": expected a size");
-  std::string digits = text;
-  std::size_t unit = 1;
-  const char last = text.back();
-  if (last == 'K' || last == 'M' || last == 'G') {
-    unit = std::size_t{1} << (last == 'K' ? 10 : last == 'M' ? 20 : 30);
-    digits.pop_back();
-  }
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(digits.c_str(), &end, 10);
-  if (digits.empty() || *end != '\0' || digits[0] == '-') throw UsageError(std::string(flag) + ": expected a size");
-  return static_cast<std::size_t>(v) * unit;
-}
-
-int integer(const std::string& text, const char* flag, int least) {
-  char* end = nullptr;
-  const long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || v < least || v > (1 << 24))
-    throw UsageError(std::string(flag) + ": expected an integer >= " + std::to_string(least));
-  return static_cast<int>(v);
-}
-
-struct Options {
-  SimulationSetup setup;
-  std::vector<int> ranks{1};
-  bool compare = false, json = false, algorithms = false;
-  std::int64_t global_batch = 0;  // strong scaling: this many samples per step over all ranks
-};
-
-Options parse(int argc, char** argv) {
-  Options o;
-  std::string profile, network;
-  struct Override {
-    const char* flag;
-    double tutti::sim::Network::*field;
-    std::string value;
-  };
-  std::vector<Override> overrides = {{"--alpha", &tutti::sim::Network::alpha, {}},
-                                     {"--beta", &tutti::sim::Network::beta, {}},
-                                     {"--intra-alpha", &tutti::sim::Network::intra_alpha, {}},
-                                     {"--intra-beta", &tutti::sim::Network::intra_beta, {}},
-                                     {"--gamma", &tutti::sim::Network::gamma, {}}};
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw UsageError(flag + " needs a value");
-      return argv[++i];
-    };
-    bool matched = false;
-    for (auto& x : overrides)
-      if (flag == x.flag) x.value = value(), matched = true;
-    if (matched) continue;
-    if (flag == "--help" || flag == "-h") {
-      std::cout << usage_text;
-      std::exit(0);
-    } else if (flag == "--profile") {
-      profile = value();
-    } else if (flag == "--network") {
-      network = value();
-    } else if (flag == "--ranks") {
-      o.ranks.clear();
-      std::stringstream list(value());
-      for (std::string item; std::getline(list, item, ',');) o.ranks.push_back(integer(item, "--ranks", 1));
-    } else if (flag == "--ranks-per-host") {
-      o.setup.ranks_per_host = integer(value(), "--ranks-per-host", 1);
-    } else if (flag == "--overlap") {
-      const std::string v = value();
-      if (v != "on" && v != "off") throw UsageError("--overlap: expected on or off");
-      o.setup.policy.overlap = v == "on";
-    } else if (flag == "--cycle-time-ms") {
-      o.setup.policy.cycle_time =
-          std::chrono::microseconds(static_cast<long long>(number(value(), "--cycle-time-ms") * 1000.0 + 0.5));
-    } else if (flag == "--fusion-threshold") {
-      o.setup.policy.fusion_threshold = bytes(value(), "--fusion-threshold");
-    } else if (flag == "--first-bucket") {
-      o.setup.policy.first_bucket_bytes = bytes(value(), "--first-bucket");
-    } else if (flag == "--fp16") {
-      o.setup.policy.fp16 = true;
-    } else if (flag == "--straggler") {
-      const std::string v = value();
-      const auto colon = v.find(':');
-      if (colon == std::string::npos) throw UsageError("--straggler: expected RANK:FACTOR");
-      const double factor = number(v.substr(colon + 1), "--straggler");
-      if (factor < 1) throw UsageError("--straggler: FACTOR must be >= 1");
-      o.setup.stragglers.push_back({integer(v.substr(0, colon), "--straggler", 0), factor});
-    } else if (flag == "--jitter") {
-      o.setup.jitter = number(value(), "--jitter");
-    } else if (flag == "--seed") {
-      o.setup.seed = static_cast<std::uint64_t>(integer(value(), "--seed", 0));
-    } else if (flag == "--steps") {
-      o.setup.steps = integer(value(), "--steps", 2);
-    } else if (flag == "--timeline") {
-      o.setup.timeline_path = value();
-    } else if (flag == "--compare") {
-      o.compare = true;
-    } else if (flag == "--global-batch") {
-      o.global_batch = integer(value(), "--global-batch", 1);
-    } else if (flag == "--algorithms") {
-      o.algorithms = true;
-    } else if (flag == "--json") {
-      o.json = true;
-    } else {
-      throw UsageError("unknown option " + flag);
-    }
-  }
-  if (profile.empty()) throw UsageError("--profile is required");
-  o.setup.profile = tutti::sim::read_profile_file(profile);
-  if (!network.empty()) o.setup.network = tutti::sim::read_network_file(network);
-  for (const auto& x : overrides)
-    if (!x.value.empty()) o.setup.network.*(x.field) = number(x.value, x.flag);
-  for (int p : o.ranks)
-    if (p % o.setup.ranks_per_host != 0 && p != 1)
-      throw UsageError("--ranks-per-host " + std::to_string(o.setup.ranks_per_host) + " does not divide " +
-                       std::to_string(p));
-  return o;
-}
+using Options = tutti::sim::SimOptions;
 
 struct Variant {
   const char* name;
@@ -236,11 +79,10 @@ void print(const Options& o, const char* variant, int ranks, const SimulationRes
 int main(int argc, char** argv) {
   Options o;
   try {
-    o = parse(argc, argv);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "tutti-sim: %s\n%s", e.what(), usage_text);
-    return 2;
-  } catch (const std::exception& e) {
+    auto parsed = tutti::sim::parse_options(argc, argv);
+    if (!parsed) return 0;  // --help
+    o = std::move(*parsed);
+  } catch (const std::exception& e) {  // a bad flag, or a profile or network file that does not read
     std::fprintf(stderr, "tutti-sim: %s\n", e.what());
     return 2;
   }
