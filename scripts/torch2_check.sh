@@ -19,10 +19,9 @@
 #   torch2_check.sh [--work DIR] [--venv DIR] [--tutti-run PATH]
 #
 # WORK (default build/torch2-check) keeps the venv (unless --venv names one) and pip's CMake build
-# directory (WORK/pip-build): a second run downloads nothing and recompiles only what changed. The
-# package is built with CMake's build type None (no optimisation, no debug information; pip's
-# --config-settings, as a user may pass them): the check is functional, and that halves its
-# compile time on 2 cores. Exits 77 (skipped, said why) when the venv lacks torch and PyPI cannot
+# directory (WORK/pip-build): a second run downloads nothing and recompiles only what changed. How
+# the package is built (build type None, ccache shared with python.pip_install): scripts/
+# pip_settings.sh. Exits 77 (skipped, said why) when the venv lacks torch and PyPI cannot
 # be reached.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -72,8 +71,8 @@ took "venv $venv with torch $torch_version"
 # A copy of the sources without any build tree, as a user has them.
 rm -rf "$work/src" && mkdir "$work/src" || fail "mkdir $work/src"
 (cd "$root" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$work/src") || fail "copying the sources"
-settings=(--config-settings=cmake.build-type=None --config-settings=build-dir="$work/pip-build")
-if ! (cd "$work" && env -u PYTHONPATH timeout 1800 "$python" -m pip install --quiet "${settings[@]}" "$work/src" \
+source "$root/scripts/pip_settings.sh"
+if ! (cd "$work" && env -u PYTHONPATH timeout 1800 "$python" -m pip install --quiet "${pip_settings[@]}" "$work/src" \
   >"$work/pip.log" 2>&1); then
   grep -B2 -A12 "error" "$work/pip.log" | head -n 60
   fail "pip install $work/src into $venv"

@@ -29,8 +29,11 @@ fi
 mkdir "$work/src"
 (cd "$source_dir" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$work/src") ||
   fail "copying the sources"
+# Build type None, WORK/pip-build, ccache shared with scripts/torch2_check.sh (scripts/pip_settings.sh).
+source "$source_dir/scripts/pip_settings.sh"
 start=$(date +%s)
-if ! (cd "$work" && timeout 1500 "$venv_python" -m pip install --quiet "$work/src" >"$work/pip.log" 2>&1); then
+if ! (cd "$work" && timeout 1500 "$venv_python" -m pip install --quiet "${pip_settings[@]}" "$work/src" \
+  >"$work/pip.log" 2>&1); then
   tail -n 40 "$work/pip.log"
   fail "pip install"
 fi
