@@ -59,9 +59,28 @@ std::string run_ranks(int p, const std::function<void(Rank&)>& fn) {
   });
 }
 
+// Runs a direct collective to completion on the caller's thread (start_direct, then the transport's
+// finish, as the executor would). False, and nothing done, if `transport` is not shared memory.
+bool direct_collective(transport::Transport& transport, Collective kind, const void* send, void* recv,
+                       std::size_t count, DataType type, std::optional<ReduceOp> op, int root,
+                       std::chrono::milliseconds limit) {
+  auto run = transport::shm::start_direct(transport, kind, send, recv, count, type, op, root, limit);
+  if (!run) return false;
+  transport::Signature signature;  // for the errors only: nothing was announced
+  signature.seq = transport::no_seq;
+  signature.collective = kind;
+  signature.count = count;
+  signature.type = type;
+  signature.op = op;
+  signature.root = root;
+  signature.algorithm = Algorithm::direct;
+  transport::finish(*run, transport, signature, limit);
+  return true;
+}
+
 void direct(Rank& rank, Collective kind, const void* send, void* recv, std::size_t count, DataType type,
             std::optional<ReduceOp> op = std::nullopt, int root = -1, std::chrono::milliseconds limit = timeout) {
-  if (!transport::shm::direct_collective(*rank.transport, kind, send, recv, count, type, op, root, limit))
+  if (!direct_collective(*rank.transport, kind, send, recv, count, type, op, root, limit))
     throw std::runtime_error("direct_collective declined a shm transport");
 }
 
@@ -382,8 +401,8 @@ TEST_F(ShmDirect, UnsupportedKindAndOtherTransports) {
             "");
   auto group = transport::inproc::make_group(1);
   float x = 1.0f;
-  EXPECT_FALSE(transport::shm::direct_collective(*group[0], Collective::allreduce, &x, &x, 1, DataType::f32,
-                                                 ReduceOp::sum, -1, timeout));
+  EXPECT_FALSE(
+      direct_collective(*group[0], Collective::allreduce, &x, &x, 1, DataType::f32, ReduceOp::sum, -1, timeout));
 }
 
 // ---- a mismatch among many outstanding collectives ----
@@ -947,8 +966,8 @@ TEST_F(ShmDirect, ARootRunningAheadWaitsForFreeSlotsAndGetsThem) {
     auto t = transport::shm::open(name, r, 3, 13, 20000ms);
     std::vector<float> data(100000, 1.0f);
     for (int i = 0; i < (r == 2 ? 1 : 1000000); ++i)
-      if (!transport::shm::direct_collective(*t, Collective::allreduce, data.data(), data.data(), data.size(),
-                                             DataType::f32, ReduceOp::max, -1, 20000ms))
+      if (!direct_collective(*t, Collective::allreduce, data.data(), data.data(), data.size(), DataType::f32,
+                             ReduceOp::max, -1, 20000ms))
         _exit(2);
     if (r == 2) _exit(0);
   } catch (const Error& e) {

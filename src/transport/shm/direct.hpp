@@ -20,9 +20,8 @@ namespace tutti::transport::shm {
 /// from `streaming_bytes` of results on all ranks together (about a last-level cache), an
 /// out-of-place allreduce or allgather and a broadcast's receivers write them with stores that
 /// bypass the cache (sparing a read of every destination line before it is written); below, where
-/// results stay in the cache, ordinary stores are faster (at p = 2, alternating passes: a 4 MiB
-/// broadcast 222-321 us against 360-400 streamed, a 4 MiB allgather 324 against 464; from 16 MiB
-/// streaming is faster, 1798 against 2685 and 1870 against 3592).
+/// results stay in the cache, ordinary stores are faster. Where each threshold here comes from:
+/// docs/performance.md, "Where the shared-memory thresholds come from".
 inline constexpr std::size_t small_allreduce_bytes = 16 * 1024;
 /// An allgather block, a broadcast or a reduce_scatter block of at least this many bytes is read
 /// by each rank straight from the peer's buffer (process_vm_readv), where the segment allows it
@@ -32,7 +31,7 @@ inline constexpr std::size_t small_allreduce_bytes = 16 * 1024;
 /// copy is slower than ours, which from the limit on wins by pipelining (a broadcast's root and
 /// receivers copy at once), by streaming stores (an allgather's result of streaming_bytes or
 /// more), or by reducing in the large chunks of the two-copy path (a reduce_scatter input of
-/// 128 KiB or more). Measured at p = 2 (docs/performance.md, 2026-11-26).
+/// 128 KiB or more).
 inline constexpr std::size_t single_copy_bytes = 16 * 1024;
 inline constexpr std::size_t single_copy_broadcast_limit = 1024 * 1024;
 inline constexpr std::size_t single_copy_reduce_scatter_limit = 128 * 1024;  // the whole input
@@ -43,9 +42,8 @@ inline constexpr std::size_t streaming_bytes = std::size_t{32} << 20;
 /// each rank's slice straight from every input into its result, then copies the other slices
 /// from the peers' results (three barriers, no data set); a reduce_scatter reduces its block from
 /// every input, an allgather copies every peer's block from its input, a broadcast the root's
-/// buffer (two barriers). Nothing is copied into the segment and out again: at p = 2 out of place, 16 KiB
-/// took 3.9-4.2 us against 6.0-6.4 with two copies, 64 MiB 12.7-13.3 ms against 16.0-19.3
-/// (docs/performance.md, 2026-11-27). Below 16 KiB the small and inline paths are faster.
+/// buffer (two barriers). Nothing is copied into the segment and out again. Below 16 KiB the small
+/// and inline paths are faster.
 inline constexpr std::size_t zero_copy_bytes = 16 * 1024;
 
 /// One direct collective in progress on this rank. `progress` runs every step whose barrier all
@@ -68,13 +66,6 @@ using DirectCollective = NativeCollective;
 std::unique_ptr<DirectCollective> start_direct(Transport& transport, Collective kind, const void* send, void* recv,
                                                std::size_t count, DataType type, std::optional<ReduceOp> op, int root,
                                                std::chrono::milliseconds timeout);
-
-/// Runs a direct collective to completion on the caller's thread (start_direct, then progress and
-/// the transport's wait in turn). Returns false (and does nothing) if `transport` is not a
-/// shared-memory transport. The caller guarantees that no other operation of this communicator
-/// is in flight. Errors as for start_direct and DirectCollective::progress.
-bool direct_collective(Transport& transport, Collective kind, const void* send, void* recv, std::size_t count,
-                       DataType type, std::optional<ReduceOp> op, int root, std::chrono::milliseconds timeout);
 
 /// Whether the direct algorithms serve collective `kind` (allreduce, reduce_scatter, allgather,
 /// broadcast).

@@ -1,7 +1,7 @@
 // One direct collective in progress on this rank, as DirectRun: internal to the shared-memory
 // direct algorithms. direct.cpp holds the barrier path (chunks through the data sets) and the
 // run's life, direct_inline.cpp the inline path (inputs in the signature slots), direct_start.cpp
-// the entry points (start_direct, direct_collective, ShmTransport::start_native).
+// the entry points (start_direct, ShmTransport::start_native).
 #pragma once
 
 #include <algorithm>
@@ -73,7 +73,7 @@ class DirectRun final : public DirectCollective {
   DirectRun(ShmTransport& transport, Collective kind, const std::byte* send, std::byte* recv, std::size_t count,
             DataType type, ReduceOp op, int root, std::chrono::milliseconds timeout);
   /// The signature this rank announces for it: its seq is the one whose comparison the collective
-  /// waits for (a collective run without one, by direct_collective, stays unchecked).
+  /// waits for (a collective run without one stays unchecked).
   void bind(const Signature& signature) override;
   /// Takes over an inline collective that ShmTransport::run_now published (and files as reading)
   /// but whose peers were late: it goes on as a bound one would after its announce.

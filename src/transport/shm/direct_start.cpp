@@ -1,5 +1,5 @@
 // The entry points of the direct collectives: start_direct (arguments checked, in-place forms
-// mapped onto what DirectRun takes), direct_collective, the shm transport's native collectives, and
+// mapped onto what DirectRun takes), the shm transport's native collectives, and
 // their price for the cost model (direct_price).
 #include "transport/shm/direct_run.hpp"
 
@@ -56,22 +56,6 @@ bool serves(Collective kind) {
          kind == Collective::broadcast;
 }
 
-bool direct_collective(Transport& transport, Collective kind, const void* send, void* recv, std::size_t count,
-                       DataType type, std::optional<ReduceOp> op, int root, std::chrono::milliseconds timeout) {
-  auto run = start_direct(transport, kind, send, recv, count, type, op, root, timeout);
-  if (!run) return false;
-  Signature signature;  // for the errors only: nothing was announced
-  signature.seq = no_seq;
-  signature.collective = kind;
-  signature.count = count;
-  signature.type = type;
-  signature.op = op;
-  signature.root = root;
-  signature.algorithm = Algorithm::direct;
-  transport::finish(*run, transport, signature, timeout);
-  return true;
-}
-
 bool ShmTransport::serves_natively(Algorithm algorithm, Collective collective) const {
   return algorithm == Algorithm::direct && serves(collective);
 }
@@ -95,17 +79,14 @@ constexpr std::size_t price_elem_size = 4;
 constexpr double direct_chunk = 256.0 * 1024;
 // A direct copy is one memcpy into or out of the shared data area; a shared-memory message, which
 // β prices, is two (into the ring slot, out of it) plus its chunking, acknowledgements and
-// doorbells. Measured side by side (p = 2, 2026-11-25, tutti-bench --all-algorithms, no tuning
-// file): a 2 MiB direct allreduce took 233-250 µs where ring took 620 µs and the model, with a
-// direct byte at half a message byte and a barrier at half a round, said 706 and 632 µs, so that
-// `automatic` chose ring. A direct byte costs a fifth of a message byte, and a byte copied out
-// with streaming stores (streaming_bytes), which skip reading the destination line first, an
-// eighth (2 MiB: 390 µs predicted; 16 MiB: 2,100 µs predicted, 3,000-3,560 µs measured, ring
-// 5,040 µs predicted).
+// doorbells: a direct byte costs a fifth of a message byte, and a byte copied out with streaming
+// stores (streaming_bytes), which skip reading the destination line first, an eighth. The
+// measurements behind these shares: docs/performance.md, "Where the shared-memory thresholds
+// come from".
 constexpr double direct_copy_share = 0.2;
 constexpr double direct_streamed_share = 0.125;
-// A direct barrier is one store and a poll of p flags, about 0.3 µs here (an 8-byte inline
-// allreduce is one such exchange); a message round, which α prices at 3 µs for shm, also fills a
+// A direct barrier is one store and a poll of p flags (an 8-byte inline allreduce is one such
+// exchange); a message round, which α prices at 3 µs for shm, also fills a
 // ring slot, rings a doorbell and returns an acknowledgement.
 constexpr double direct_barrier_share = 0.1;
 
