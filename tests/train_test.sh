@@ -68,7 +68,7 @@ case_no_overlap() {
 case_bad_flag() {
   train_run 2 --no-such-flag
   [[ $status -eq 2 ]] || { fail bad-flag "exit status $status, expected 2"; return; }
-  grep -q 'unknown argument --no-such-flag' "$tmp/err" || { fail bad-flag "no message naming the flag"; return; }
+  grep -q 'unknown option --no-such-flag' "$tmp/err" || { fail bad-flag "no message naming the flag"; return; }
   train_run 1 --epochs zero
   [[ $status -eq 2 ]] || { fail bad-flag "--epochs zero: exit status $status, expected 2"; return; }
   ok bad-flag

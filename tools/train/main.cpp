@@ -17,6 +17,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "checkpointing.hpp"
@@ -252,13 +253,11 @@ int main(int argc, char** argv) {
   try {
     settings = tutti::train::parse_settings(argc, argv);
   } catch (const tutti::train::UsageError& e) {
-    std::fprintf(stderr, "tutti-train: %s (see --help)\n", e.what());
+    const bool named = std::string_view(e.what()).find("--help") != std::string_view::npos;  // unknown flags
+    std::fprintf(stderr, "tutti-train: %s%s\n", e.what(), named ? "" : " (see --help)");
     return 2;
   }
-  if (settings.help) {
-    std::fputs(tutti::train::usage().c_str(), stdout);
-    return 0;
-  }
+  if (settings.help) return 0;  // parse_settings printed the flags
   try {
     tutti::Communicator comm = tutti::init();
     return train(comm, settings);

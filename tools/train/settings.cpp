@@ -2,9 +2,11 @@
 
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <string_view>
 #include <system_error>
 
+#include "common/cli.hpp"
 #include "tutti/compress.hpp"
 #include "tutti/torch_pipeline.hpp"
 
@@ -83,144 +85,139 @@ bool beyond_data_parallel(const Settings& s) {
   return s.pipeline > 1 || s.tensor_parallel > 1 || s.zero > 0 || s.device_memory > 0;
 }
 
-std::string usage() {
-  return "usage: tutti-train [--epochs N] [--batch-size B] [--lr X] [--threads T] [--seed S] [--no-overlap]\n"
-         "                   [--timeline FILE] [--fusion-threshold BYTES] [--backward-passes N]\n"
-         "                   [--train-samples N] [--test-samples N] [--data DIR] [--compression C]\n"
-         "                   [--profile FILE] [--straggler RANK:FACTOR]\n"
-         "                   [--checkpoint DIR --checkpoint-every N [--checkpoint-blocking]] [--resume DIR]\n"
-         "                   [--width W] [--pipeline N [--micro-batches M] [--schedule gpipe|1f1b]]\n"
-         "                   [--tensor-parallel T] [--zero 1|2] [--device-memory MB [--no-swap]] [--loss-log FILE]\n"
-         "                   [--log-interval N] [--no-progress]\n"
-         "Trains a small CNN on Fashion-MNIST over the ranks of the job (run it under tutti-run -n P,\n"
-         "mpirun or srun; alone, it is one rank): data parallel, or a grid of data x pipeline x tensor\n"
-         "parallel ranks; and reports per epoch the loss, the test accuracy, the throughput and how much\n"
-         "of the allreduce time backward hid.\n"
-         "  --epochs N              epochs (default 2)\n"
-         "  --batch-size B          samples per rank per step (default 64)\n"
-         "  --lr X                  SGD learning rate, momentum 0.9 (default 0.05)\n"
-         "  --threads T             torch threads per rank (default 1)\n"
-         "  --seed S                initialization and shuffling seed (default 42)\n"
-         "  --no-overlap            reduce all gradients after backward instead of during it\n"
-         "  --timeline FILE         write the engine's Chrome trace to FILE\n"
-         "  --fusion-threshold B    largest fused allreduce in bytes (default TUTTI_FUSION_THRESHOLD or 64 MiB)\n"
-         "  --backward-passes N     backward passes accumulated per optimizer step (default 1)\n"
-         "  --train-samples N       use the first N training samples (default 0: all 60000)\n"
-         "  --test-samples N        evaluate on the first N test samples (default 0: all 10000)\n"
-         "  --data DIR              the Fashion-MNIST files (default " +
-         std::string(default_fashion_mnist_dir) +
-         ")\n"
-         "  --compression C         how gradients travel: none (default), fp16, bf16, qsgd:BITS (4 or 8),\n"
-         "                          powersgd:RANK or topk:RATIO[:WARMUP] (0 < RATIO <= 1; over the first\n"
-         "                          WARMUP steps the share sent falls from all to RATIO); qsgd and topk with\n"
-         "                          error feedback; all but fp16 and bf16 are reduced after backward\n"
-         "  --profile FILE          write the run's model profile (forward, each gradient's backward\n"
-         "                          segment, optimizer; means after warm-up) to FILE, by rank 0, or by\n"
-         "                          every rank when FILE holds {rank}\n"
-         "  --straggler RANK:F      RANK's compute (forward, each backward segment, optimizer) takes F >= 1\n"
-         "                          times as long: it sleeps (F-1) times each segment after it\n"
-         "  --checkpoint DIR        with --checkpoint-every N: every N optimizer steps, a checkpoint of\n"
-         "                          parameters and optimizer state into DIR/step-NNNNNNNN, written in the\n"
-         "                          background while training goes on (--checkpoint-blocking: before)\n"
-         "  --resume DIR            go on from the latest complete checkpoint in DIR (epoch, step,\n"
-         "                          parameters, optimizer state); none there: start afresh\n"
-         "  --width W               channels and hidden units times W (default 1: 16, 32, 128)\n"
-         "  --pipeline N            N pipeline stages (1 to 4: conv1 | conv2 | fc1 | fc2 split evenly)\n"
-         "  --micro-batches M       micro-batches per step, M divides --batch-size (default 1)\n"
-         "  --schedule S            gpipe (all forwards, then all backwards) or 1f1b (default)\n"
-         "  --tensor-parallel T     fc1 split by columns and fc2 by rows over T ranks (T divides 128W)\n"
-         "                          ranks: data x pipeline x tensor, tensor fastest; data = P / (N T)\n"
-         "  --zero S                ZeRO stage 1 (optimizer state sharded over the data-parallel ranks)\n"
-         "                          or 2 (and gradients)\n"
-         "  --device-memory MB      train within MB of emulated device memory, swapping activations and\n"
-         "                          optimizer state to host memory (--no-swap: an error instead)\n"
-         "  --loss-log FILE         rank 0 writes each step's loss over the global batch to FILE\n"
-         "  --log-interval N        rank 0 prints a line every N steps of an epoch (step, loss of its\n"
-         "                          own batch, samples/s so far, ETA of the epoch); default 0: none\n"
-         "  --no-progress           no progress line (on a terminal, rank 0 shows one within each epoch)\n";
+namespace {
+
+// A numeric flag of type T, at least `least`, read with number() and at_least()'s messages.
+template <class T>
+CLI::Option* add_number(CLI::App& app, const char* flag, T& target, T least, const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          flag,
+          [flag, &target, least](const std::string& text) { target = at_least(flag, number<T>(flag, text), least); },
+          help)
+      ->type_name("N");
 }
+
+template <class T>
+CLI::Option* add_number(CLI::App& app, const char* flag, T& target, const std::string& help) {
+  return add_number(app, flag, target, std::numeric_limits<T>::lowest(), help);
+}
+
+void add_run_flags(CLI::App& app, Settings& s) {
+  add_number(app, "--epochs", s.epochs, 1, "epochs (default 2)");
+  add_number<std::int64_t>(app, "--batch-size", s.batch_size, 1, "samples per rank per step (default 64)");
+  add_number(app, "--lr", s.lr, "SGD learning rate, momentum 0.9 (default 0.05)")->type_name("X");
+  add_number(app, "--threads", s.threads, 1, "torch threads per rank (default 1)");
+  add_number(app, "--seed", s.seed, "initialization and shuffling seed (default 42)");
+  app.add_flag(
+      "--no-overlap", [&s](std::int64_t) { s.overlap = false; },
+      "reduce all gradients after backward instead of during it");
+  app.add_option("--timeline", s.timeline, "write the engine's Chrome trace to FILE")->type_name("FILE");
+  tools::add_size(app, "--fusion-threshold", s.fusion_threshold,
+                  "largest fused allreduce (default TUTTI_FUSION_THRESHOLD or 64 MiB)");
+  add_number(app, "--backward-passes", s.backward_passes, 1,
+             "backward passes accumulated per optimizer step (default 1)");
+  add_number(app, "--train-samples", s.train_samples, "use the first N training samples (default 0: all 60000)");
+  add_number(app, "--test-samples", s.test_samples, "evaluate on the first N test samples (default 0: all 10000)");
+  app.add_option("--data", s.data, "the Fashion-MNIST files (default " + std::string(default_fashion_mnist_dir) + ")")
+      ->type_name("DIR");
+  app.add_option_function<std::string>(
+         "--compression",
+         [&s](const std::string& text) {
+           s.compression = text;
+           try {
+             tutti::compress::Compression::parse(s.compression);
+           } catch (const tutti::Error& e) {
+             throw UsageError(std::string("--compression: ") + e.what());
+           }
+         },
+         "how gradients travel: none (default), fp16, bf16, qsgd:BITS (4 or 8), powersgd:RANK or "
+         "topk:RATIO[:WARMUP] (0 < RATIO <= 1; over the first WARMUP steps the share sent falls from all to "
+         "RATIO); qsgd and topk with error feedback; all but fp16 and bf16 are reduced after backward")
+      ->type_name("C");
+  app.add_option("--profile", s.profile,
+                 "write the run's model profile (forward, each gradient's backward segment, optimizer; means "
+                 "after warm-up) to FILE, by rank 0, or by every rank when FILE holds {rank}")
+      ->type_name("FILE");
+  app.add_option_function<std::string>(
+         "--straggler", [&s](const std::string& text) { s.straggler = straggler("--straggler", text); },
+         "RANK's compute (forward, each backward segment, optimizer) takes F >= 1 times as long: it sleeps (F-1) "
+         "times each segment after it")
+      ->type_name("RANK:F");
+  app.add_option("--loss-log", s.loss_log, "rank 0 writes each step's loss over the global batch to FILE")
+      ->type_name("FILE");
+  add_number<std::int64_t>(app, "--log-interval", s.log_interval, 0,
+                           "rank 0 prints a line every N steps of an epoch (step, loss of its own batch, samples/s "
+                           "so far, ETA of the epoch); default 0: none");
+  app.add_flag(
+      "--no-progress", [&s](std::int64_t) { s.progress = false; },
+      "no progress line (on a terminal, rank 0 shows one within each epoch)");
+}
+
+void add_layout_flags(CLI::App& app, Settings& s) {
+  app.add_option("--checkpoint", s.checkpoint_dir,
+                 "with --checkpoint-every N: every N optimizer steps, a checkpoint of parameters and optimizer "
+                 "state into DIR/step-NNNNNNNN, written in the background while training goes on")
+      ->type_name("DIR");
+  add_number<std::int64_t>(app, "--checkpoint-every", s.checkpoint_every, 1, "optimizer steps between checkpoints");
+  app.add_flag("--checkpoint-blocking", s.checkpoint_blocking, "write each checkpoint before training goes on");
+  app.add_option("--resume", s.resume,
+                 "go on from the latest complete checkpoint in DIR (epoch, step, parameters, optimizer state); "
+                 "none there: start afresh")
+      ->type_name("DIR");
+  add_number(app, "--width", s.width, 1, "channels and hidden units times W (default 1: 16, 32, 128)");
+  add_number(app, "--pipeline", s.pipeline, 1, "N pipeline stages (1 to 4: conv1 | conv2 | fc1 | fc2 split evenly)");
+  add_number(app, "--micro-batches", s.micro_batches, 1, "micro-batches per step, M divides --batch-size (default 1)");
+  app.add_option_function<std::string>(
+         "--schedule",
+         [&s](const std::string& text) {
+           s.schedule = text;
+           if (!tutti::torch::pipeline_schedule_from_name(s.schedule))
+             throw UsageError("--schedule takes gpipe or 1f1b, not '" + s.schedule + "'");
+         },
+         "gpipe (all forwards, then all backwards) or 1f1b (default)")
+      ->type_name("S");
+  add_number(app, "--tensor-parallel", s.tensor_parallel, 1,
+             "fc1 split by columns and fc2 by rows over T ranks (T divides 128W); ranks: data x pipeline x "
+             "tensor, tensor fastest; data = P / (N T)");
+  app.add_option_function<std::string>(
+         "--zero",
+         [&s](const std::string& text) {
+           s.zero = number<int>("--zero", text);
+           if (s.zero != 1 && s.zero != 2) throw UsageError("--zero takes 1 or 2");
+         },
+         "ZeRO stage 1 (optimizer state sharded over the data-parallel ranks) or 2 (and gradients)")
+      ->type_name("S");
+  tools::add_size(app, "--device-memory", s.device_memory,
+                  "train within this much emulated device memory (a plain number counts MiB), swapping "
+                  "activations and optimizer state to host memory (--no-swap: an error instead)",
+                  std::size_t{1} << 20);
+  app.add_flag(
+      "--no-swap", [&s](std::int64_t) { s.swap = false; }, "over the --device-memory budget is an error");
+}
+
+}  // namespace
 
 Settings parse_settings(int argc, char** argv) {
   Settings s;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    auto value = [&]() -> std::string_view {
-      if (i + 1 >= argc) throw UsageError(std::string(flag) + " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--epochs")
-      s.epochs = at_least(flag, number<int>(flag, value()), 1);
-    else if (flag == "--batch-size")
-      s.batch_size = at_least<std::int64_t>(flag, number<std::int64_t>(flag, value()), 1);
-    else if (flag == "--lr")
-      s.lr = number<double>(flag, value());
-    else if (flag == "--threads")
-      s.threads = at_least(flag, number<int>(flag, value()), 1);
-    else if (flag == "--seed")
-      s.seed = number<std::uint64_t>(flag, value());
-    else if (flag == "--no-overlap")
-      s.overlap = false;
-    else if (flag == "--timeline")
-      s.timeline = value();
-    else if (flag == "--fusion-threshold")
-      s.fusion_threshold = number<std::size_t>(flag, value());
-    else if (flag == "--backward-passes")
-      s.backward_passes = at_least(flag, number<int>(flag, value()), 1);
-    else if (flag == "--train-samples")
-      s.train_samples = number<std::size_t>(flag, value());
-    else if (flag == "--test-samples")
-      s.test_samples = number<std::size_t>(flag, value());
-    else if (flag == "--data")
-      s.data = value();
-    else if (flag == "--compression") {
-      s.compression = value();
-      try {
-        tutti::compress::Compression::parse(s.compression);
-      } catch (const tutti::Error& e) {
-        throw UsageError(std::string("--compression: ") + e.what());
-      }
-    } else if (flag == "--profile")
-      s.profile = value();
-    else if (flag == "--straggler")
-      s.straggler = straggler(flag, value());
-    else if (flag == "--checkpoint")
-      s.checkpoint_dir = value();
-    else if (flag == "--checkpoint-every")
-      s.checkpoint_every = at_least<std::int64_t>(flag, number<std::int64_t>(flag, value()), 1);
-    else if (flag == "--checkpoint-blocking")
-      s.checkpoint_blocking = true;
-    else if (flag == "--resume")
-      s.resume = value();
-    else if (flag == "--width")
-      s.width = at_least(flag, number<int>(flag, value()), 1);
-    else if (flag == "--pipeline")
-      s.pipeline = at_least(flag, number<int>(flag, value()), 1);
-    else if (flag == "--micro-batches")
-      s.micro_batches = at_least(flag, number<int>(flag, value()), 1);
-    else if (flag == "--schedule") {
-      s.schedule = value();
-      if (!tutti::torch::pipeline_schedule_from_name(s.schedule))
-        throw UsageError("--schedule takes gpipe or 1f1b, not '" + s.schedule + "'");
-    } else if (flag == "--tensor-parallel")
-      s.tensor_parallel = at_least(flag, number<int>(flag, value()), 1);
-    else if (flag == "--zero") {
-      s.zero = number<int>(flag, value());
-      if (s.zero != 1 && s.zero != 2) throw UsageError("--zero takes 1 or 2");
-    } else if (flag == "--device-memory")
-      s.device_memory = at_least<std::size_t>(flag, number<std::size_t>(flag, value()), 1) << 20;
-    else if (flag == "--no-swap")
-      s.swap = false;
-    else if (flag == "--loss-log")
-      s.loss_log = value();
-    else if (flag == "--log-interval")
-      s.log_interval = at_least<std::int64_t>(flag, number<std::int64_t>(flag, value()), 0);
-    else if (flag == "--no-progress")
-      s.progress = false;
-    else if (flag == "-h" || flag == "--help")
+  CLI::App app(
+      "Trains a small CNN on Fashion-MNIST over the ranks of the job (run it under tutti-run -n P, mpirun or srun; "
+      "alone, it is one rank): data parallel, or a grid of data x pipeline x tensor parallel ranks; and reports "
+      "per epoch the loss, the test accuracy, the throughput and how much of the allreduce time backward hid.",
+      "tutti-train");
+  tools::configure(app);
+  add_run_flags(app, s);
+  add_layout_flags(app, s);
+  app.footer("Sizes: bytes, or a whole number with K, M, G, KiB, MiB or GiB (powers of 1024, any case).");
+  try {
+    if (!tools::parse(app, argc, argv)) {
       s.help = true;
-    else
-      throw UsageError("unknown argument " + std::string(flag));
+      return s;
+    }
+  } catch (const tools::UsageError& e) {
+    throw UsageError(e.what());
   }
+  if (app.count("--device-memory") > 0 && s.device_memory == 0) throw UsageError("--device-memory must be at least 1");
   if (!(s.lr > 0)) throw UsageError("--lr must be positive");
   check_checkpoint_settings(s);
   check_parallel_settings(s);

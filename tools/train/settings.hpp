@@ -44,12 +44,12 @@ struct Settings {
   std::string schedule = "1f1b";       // --schedule gpipe|1f1b
   int tensor_parallel = 1;             // --tensor-parallel T
   int zero = 0;                        // --zero 1|2: sharded optimizer state (and gradients); 0: off
-  std::size_t device_memory = 0;       // --device-memory MB, in bytes; 0: no budget
+  std::size_t device_memory = 0;       // --device-memory SIZE (a plain number: MiB), in bytes; 0: no budget
   bool swap = true;                    // --no-swap: over the budget is an error
   std::string loss_log;                // --loss-log FILE: every step's global loss, by rank 0
   std::int64_t log_interval = 0;       // --log-interval N: a line every N steps, by rank 0; 0: none
   bool progress = true;                // --no-progress: no progress line on the terminal
-  bool help = false;
+  bool help = false;                   // -h/--help: the flags were printed
 };
 
 /// A malformed command line (tutti-train exits 2).
@@ -61,10 +61,8 @@ struct UsageError : std::runtime_error {
 /// device-memory budget): what --profile and --checkpoint do not cover.
 bool beyond_data_parallel(const Settings& s);
 
-/// Parses argv; throws UsageError naming the flag.
+/// Parses argv (flags, or --config FILE); throws UsageError naming the flag. For -h/--help it
+/// prints the flags and returns settings with `help` set.
 Settings parse_settings(int argc, char** argv);
-
-/// The --help text.
-std::string usage();
 
 }  // namespace tutti::train
