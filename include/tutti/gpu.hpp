@@ -50,9 +50,7 @@ namespace tutti::gpu {
 /// A device stream: a cudaStream_t on CUDA, or a stream create_stream made.
 using Stream = void*;
 
-enum class DeviceKind { emulated, cuda };
-
-// gpu::Backend, its to_string and backend_from_name are declared in <tutti/types.hpp>.
+// gpu::DeviceKind, gpu::Backend, its to_string and backend_from_name are declared in <tutti/types.hpp>.
 
 /// Per-call options of the collectives of gpu::Communicator.
 struct Options {

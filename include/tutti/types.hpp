@@ -40,6 +40,11 @@ enum class Algorithm {
 
 namespace gpu {
 
+/// Which device a tutti::gpu::Communicator (and an offload pool) uses: the emulated device (host
+/// memory, a worker per stream; docs/gpu.md) or CUDA. The one device-kind enum: the device layer's
+/// device::Kind is this type.
+enum class DeviceKind { emulated, cuda };
+
 /// Which backend of tutti::gpu::Communicator runs a collective (<tutti/gpu.hpp>, docs/gpu.md,
 /// "Backends"). Declared here, beside Algorithm, because tuning files name backends too.
 enum class Backend {

@@ -41,7 +41,8 @@ struct Event {
   friend bool operator==(Event, Event) = default;
 };
 
-enum class Kind { emulated, cuda };
+/// Which implementation a Device is: the public gpu::DeviceKind (one enum for both layers).
+using Kind = gpu::DeviceKind;
 
 /// Names a shared device allocation to other processes on this host (allocate_shared): on CUDA a
 /// cudaIpcMemHandle_t, on the emulated device the owner's pid and memfd.

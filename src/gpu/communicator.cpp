@@ -142,10 +142,6 @@ namespace {
 
 using tutti::detail::make_call;
 
-device::Kind kind_of(DeviceKind kind) {
-  return kind == DeviceKind::emulated ? device::Kind::emulated : device::Kind::cuda;
-}
-
 // A collective with its gpu::Options split as DeviceCall carries them.
 void run(detail::Impl& impl, Collective collective, const void* send, void* recv, std::size_t count, DataType type,
          std::optional<ReduceOp> op, int root, Stream stream, const Options& options) {
@@ -160,7 +156,7 @@ void run(detail::Impl& impl, Collective collective, const void* send, void* recv
 Communicator::Communicator(tutti::Communicator& host, int device)
     : impl_(std::make_unique<detail::Impl>(host, device::kind_from_env(device::Kind::cuda), device)) {}
 Communicator::Communicator(tutti::Communicator& host, DeviceKind kind, int device)
-    : impl_(std::make_unique<detail::Impl>(host, kind_of(kind), device)) {}
+    : impl_(std::make_unique<detail::Impl>(host, kind, device)) {}
 Communicator::~Communicator() = default;
 Communicator::Communicator(Communicator&&) noexcept = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;

@@ -25,7 +25,7 @@ namespace {
 
 device::Kind kind_of(const Options& options) {
   if (!options.device) return device::kind_from_env(device::Kind::emulated);
-  return *options.device == gpu::DeviceKind::cuda ? device::Kind::cuda : device::Kind::emulated;
+  return *options.device;
 }
 
 }  // namespace
