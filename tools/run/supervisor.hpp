@@ -21,7 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tutti_run_output.hpp"
+#include "output.hpp"
 
 namespace tutti::launcher {
 

@@ -3,7 +3,7 @@
 //   tutti-run -n N [--transport shm|tcp] [--timeout-ms T] [--grace-period S]
 //             [--tag-output | --no-tag-output] PROGRAM ARGS...
 //
-// See usage_text below for everything it promises; tutti_run_supervisor.hpp for how.
+// See usage_text below for everything it promises; supervisor.hpp for how.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -18,10 +18,10 @@
 #include <string_view>
 #include <vector>
 
-#include "tutti_run_job.hpp"
-#include "tutti_run_output.hpp"
-#include "tutti_run_supervisor.hpp"
-#include "tutti_run_watchdog.hpp"
+#include "job.hpp"
+#include "output.hpp"
+#include "supervisor.hpp"
+#include "watchdog.hpp"
 
 namespace {
 

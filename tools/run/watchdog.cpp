@@ -1,4 +1,4 @@
-#include "tutti_run_watchdog.hpp"
+#include "watchdog.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -16,8 +16,8 @@
 #include <system_error>
 #include <utility>
 
-#include "tutti_run_output.hpp"
-#include "tutti_run_process.hpp"
+#include "output.hpp"
+#include "process.hpp"
 
 namespace tutti::launcher {
 

@@ -1,4 +1,4 @@
-#include "tutti_run_job.hpp"
+#include "job.hpp"
 
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <system_error>
 
-#include "tutti_run_output.hpp"
+#include "output.hpp"
 
 extern char** environ;
 

@@ -1,4 +1,4 @@
-#include "tutti_run_output.hpp"
+#include "output.hpp"
 
 #include <poll.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "tutti_run_supervisor.hpp"
+#include "supervisor.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -16,7 +16,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "tutti_run_process.hpp"
+#include "process.hpp"
 
 namespace tutti::launcher {
 

@@ -1,4 +1,4 @@
-#include "tutti_run_process.hpp"
+#include "process.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

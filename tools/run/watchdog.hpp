@@ -17,7 +17,7 @@
 
 #include <string>
 
-#include "tutti_run_job.hpp"
+#include "job.hpp"
 
 namespace tutti::launcher {
 
