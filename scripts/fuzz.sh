@@ -16,7 +16,7 @@ launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
 
 cmake --preset fuzz "${launcher[@]}" >/dev/null
-cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]/#/fuzz_}" | tail -n 1
+build_quietly fuzz build-fuzz --target "${targets[@]/#/fuzz_}" || exit 1
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -16,3 +16,18 @@ run_parallel() {
   done
   wait
 }
+
+# build_quietly NAME DIR [cmake --build arguments...]: builds DIR, printing only ninja's last line;
+# if the build fails, prints the failing commands' errors and "NAME: the build failed" (a line the
+# stage summaries of scripts/test.sh pick up), and returns 1.
+build_quietly() {
+  local name=$1 dir=$2
+  shift 2
+  if cmake --build "$dir" -j "$(nproc)" "$@" >"$dir/build.log" 2>&1; then
+    tail -n 1 "$dir/build.log"
+    return 0
+  fi
+  grep -E -A8 "^FAILED|error:" "$dir/build.log" | head -n 80
+  echo "$name: the build failed (all of its output: $dir/build.log)"
+  return 1
+}

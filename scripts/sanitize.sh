@@ -87,13 +87,13 @@ cmake --preset "$preset" "${launcher[@]}" >/dev/null
 log=$root/build-$preset/sanitize.log
 status=0
 if [[ $preset == asan ]]; then
-  cmake --build "build-$preset" -j "$(nproc)" | tail -n 1
+  build_quietly "sanitize $preset" "build-$preset" || exit 1
   built=$(date +%s)
   (cd "build-$preset" && ctest --output-on-failure -j "$(nproc)" --timeout 900 -L "$labels" -E "$exclude" "$@") |
     tee "$log" || status=$?
   summary=$(grep -E 'tests passed|tests failed' "$log" | tail -n 1)
 else
-  cmake --build "build-$preset" -j "$(nproc)" --target "${binaries[@]/gpu_test.strict/gpu_test}" | tail -n 1
+  build_quietly "sanitize $preset" "build-$preset" --target "${binaries[@]/gpu_test.strict/gpu_test}" || exit 1
   built=$(date +%s)
   : >"$log"
   # As many binaries at once as there are cores, the longest first (the list's order, measured

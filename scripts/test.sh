@@ -38,7 +38,7 @@ stage() {
   start=$(date +%s)
   "$@" 2>&1 | tee "build/$name.log" || status=$?
   local last
-  last=$(grep -E '^(sanitize|fuzz)' "build/$name.log" | tail -n 1)
+  last=$(grep -E '^(sanitize|fuzz)' "build/$name.log" | tail -n 1 || true)
   if ((status == 0)); then passed=$((passed + 1)); else failed=$((failed + 1)); fi
   summary+=("$name: $([[ $status -eq 0 ]] && echo ok || echo FAILED) ($(($(date +%s) - start)) s) ${last}")
 }
