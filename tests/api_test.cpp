@@ -556,7 +556,7 @@ TEST(Executor, StagedReceiveAndReduce) {
   for (int p : {2, 3, 5, 8}) {
     std::vector<Communicator> comms;
     for (auto& t : transport::inproc::make_group(p, false))
-      comms.emplace_back(std::make_shared<detail::CommImpl>(std::move(t)));
+      comms.emplace_back(std::make_shared<comm::CommImpl>(std::move(t)));
     std::vector<std::thread> threads;
     std::atomic<int> wrong{0};
     for (int r = 0; r < p; ++r)

@@ -22,9 +22,9 @@
 namespace tutti {
 namespace {
 
-using engine_detail::Descriptor;
-using engine_detail::Message;
-using engine_detail::Table;
+using engine::Descriptor;
+using engine::Message;
+using engine::Table;
 using testing::run_ranks;
 using Clock = std::chrono::steady_clock;
 

@@ -552,7 +552,7 @@ TEST(GpuCollectives, HostTransferBurstLargerThanItsStagingPool) {
 // else ipc where it serves, else host_transfer; GPU backends are refused for host transports and
 // host algorithms for device ones.
 TEST(GpuCollectives, AutomaticTakesTheTuningTablesBackend) {
-  namespace choice = tutti::detail::choice;
+  namespace choice = tutti::comm::choice;
   const std::string head = R"({"version": 1, "entries": [)";
   const auto entry = [](const char* collective, const char* transport, const char* algorithm, int max) {
     return std::string(R"({"collective": ")") + collective + R"(", "transport": ")" + transport +
@@ -585,7 +585,7 @@ TEST(GpuCollectives, AutomaticTakesTheTuningTablesBackend) {
     DeviceBuffer data(gpu, 4096 * 4);
     auto call = [&](tutti::Collective collective, std::size_t count) {
       return tutti::gpu::detail::DeviceCall{
-          .call = tutti::detail::make_call(
+          .call = tutti::comm::make_call(
               collective, data.data, data.data, count, DataType::f32,
               collective == tutti::Collective::allreduce ? std::optional<ReduceOp>(ReduceOp::sum) : std::nullopt,
               collective == tutti::Collective::broadcast ? 0 : -1, {})};

@@ -1,5 +1,5 @@
 // Algorithm::hierarchical for allreduce, with ranks as threads that each claim a host
-// (detail::set_host_for_testing): one, two and three emulated hosts, with equal and unequal
+// (comm::set_host_for_testing): one, two and three emulated hosts, with equal and unequal
 // ranks per host, every ReduceOp on i32 and f32, in place and out of place, counts around the
 // local size; and the topology that decides it.
 #include <numeric>
@@ -13,7 +13,7 @@
 namespace tutti::testing {
 namespace {
 
-using detail::Topology;
+using comm::Topology;
 
 // A placement of p ranks on hosts: the host name of each rank.
 using Layout = std::vector<std::string>;
@@ -77,7 +77,7 @@ TEST_P(HierarchicalSweep, EveryLayoutOpTypeCountAndPlace) {
   const auto up = static_cast<std::size_t>(p);
   for (const Layout& layout : layouts_for(p)) {
     const std::string failures = run_ranks(p, [&](Communicator& comm) {
-      detail::set_host_for_testing(comm, layout[static_cast<std::size_t>(comm.rank())]);
+      comm::set_host_for_testing(comm, layout[static_cast<std::size_t>(comm.rank())]);
       for (std::size_t count : {std::size_t{0}, std::size_t{1}, up - 1, up + 1, std::size_t{1000}, std::size_t{100003}})
         for (DataType type : {DataType::i32, DataType::f32})
           for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg})
@@ -96,7 +96,7 @@ INSTANTIATE_TEST_SUITE_P(P, HierarchicalSweep, ::testing::Range(2, 9));
 // communicator, nonblocking ones included, still complete in order with the right results.
 TEST(Hierarchical, InterleavesWithOtherOperations) {
   const std::string failures = run_ranks(5, [](Communicator& comm) {
-    detail::set_host_for_testing(comm, comm.rank() < 3 ? "a" : "b");
+    comm::set_host_for_testing(comm, comm.rank() < 3 ? "a" : "b");
     const Options ring{Algorithm::ring, test_timeout}, hierarchical{Algorithm::hierarchical, test_timeout};
     std::vector<std::int32_t> a(1000, comm.rank() + 1), b(1000, 2 * comm.rank()), c(10, 1);
     Request first = comm.iallreduce(a.data(), a.data(), a.size(), DataType::i32, ReduceOp::sum, ring);
@@ -121,8 +121,8 @@ TEST(Hierarchical, AutomaticChoosesItForLargeCallsAcrossHosts) {
     auto* impl = comm.impl();
     std::vector<std::string> hosts{"a", "a", "b", "b"};
     std::vector<std::uint64_t> hashed;
-    for (const auto& h : hosts) hashed.push_back(detail::hash_host(h));
-    detail::set_host_for_testing(comm, hosts[static_cast<std::size_t>(comm.rank())]);
+    for (const auto& h : hosts) hashed.push_back(comm::hash_host(h));
+    comm::set_host_for_testing(comm, hosts[static_cast<std::size_t>(comm.rank())]);
     EXPECT_NE(impl->chosen_algorithm(Collective::allreduce, Algorithm::automatic, 1 << 20), Algorithm::hierarchical);
     impl->set_topology(Topology(hashed));  // what init() does when it learned every rank's host
     EXPECT_EQ(impl->chosen_algorithm(Collective::allreduce, Algorithm::automatic, 1 << 20), Algorithm::hierarchical);
@@ -143,7 +143,7 @@ TEST(Hierarchical, AutomaticChoosesItForLargeCallsAcrossHosts) {
 // A communicator split from one with known hosts inherits them: hierarchical works on it.
 TEST(Hierarchical, OnASplitCommunicator) {
   const std::string failures = run_ranks(7, [](Communicator& comm) {
-    detail::set_host_for_testing(comm, "h" + std::to_string(comm.rank() % 2));
+    comm::set_host_for_testing(comm, "h" + std::to_string(comm.rank() % 2));
     Communicator part = comm.split(comm.rank() % 3 == 0 ? -1 : 0, comm.rank());
     if (part.size() == 0) return;
     ASSERT_EQ(part.size(), 4);  // ranks 1, 2, 4, 5: hosts h1, h0, h0, h1
@@ -183,7 +183,7 @@ TEST(Hierarchical, OtherCollectivesAreUnsupported) {
 
 std::vector<std::uint64_t> hashes(std::initializer_list<const char*> hosts) {
   std::vector<std::uint64_t> out;
-  for (const char* h : hosts) out.push_back(detail::hash_host(h));
+  for (const char* h : hosts) out.push_back(comm::hash_host(h));
   return out;
 }
 
@@ -206,7 +206,7 @@ TEST(Topology, HostsAndLocalIndices) {
   EXPECT_EQ(sub.local_index(1), 1);
   EXPECT_EQ(sub.host_index(2), 1);
   EXPECT_TRUE(Topology(hashes({"x", "y", "y", "x"})).uniform());
-  EXPECT_NE(detail::hash_host("node1"), detail::hash_host("node2"));
+  EXPECT_NE(comm::hash_host("node1"), comm::hash_host("node2"));
 }
 
 // The public face of the topology: every rank sees the same hosts, numbered by their lowest rank,
@@ -214,7 +214,7 @@ TEST(Topology, HostsAndLocalIndices) {
 TEST(Topology, HostLayoutOfEveryRank) {
   const std::vector<std::string> hosts{"b", "a", "b", "c", "a", "b"};
   const std::string failures = run_ranks(6, [&](Communicator& comm) {
-    detail::set_host_for_testing(comm, hosts[static_cast<std::size_t>(comm.rank())]);
+    comm::set_host_for_testing(comm, hosts[static_cast<std::size_t>(comm.rank())]);
     const HostLayout layout = host_layout(comm);
     const std::vector<int> host_of_rank{0, 1, 0, 2, 1, 0};
     const int local_rank[] = {0, 0, 1, 0, 1, 2};
@@ -233,24 +233,24 @@ TEST(Topology, HostLayoutOfEveryRank) {
     }
   });
   EXPECT_EQ(failures, "");
-  EXPECT_EQ(error_code_of([] { (void)host_layout(Communicator(std::shared_ptr<detail::CommImpl>{})); }),
+  EXPECT_EQ(error_code_of([] { (void)host_layout(Communicator(std::shared_ptr<comm::CommImpl>{})); }),
             ErrorCode::invalid_argument);
 }
 
 TEST(Topology, AutomaticChoiceNeedsSeveralHostsSharedHostsAndLargeMessages) {
   const Topology spread(hashes({"a", "a", "b", "b"})), one_host(hashes({"a", "a"})), one_each(hashes({"a", "b"}));
-  EXPECT_TRUE(detail::prefers_hierarchical(spread, 64 * 1024));
-  EXPECT_FALSE(detail::prefers_hierarchical(spread, 64 * 1024 - 1));
-  EXPECT_FALSE(detail::prefers_hierarchical(one_host, 1 << 24));
-  EXPECT_FALSE(detail::prefers_hierarchical(one_each, 1 << 24));
+  EXPECT_TRUE(comm::prefers_hierarchical(spread, 64 * 1024));
+  EXPECT_FALSE(comm::prefers_hierarchical(spread, 64 * 1024 - 1));
+  EXPECT_FALSE(comm::prefers_hierarchical(one_host, 1 << 24));
+  EXPECT_FALSE(comm::prefers_hierarchical(one_each, 1 << 24));
 }
 
 // TUTTI_HOST names this process's host for topology.
 TEST(Topology, HostNameFromTheEnvironment) {
   ::setenv("TUTTI_HOST", "emulated-7", 1);
-  EXPECT_EQ(detail::topology_host_name(), "emulated-7");
+  EXPECT_EQ(comm::topology_host_name(), "emulated-7");
   ::unsetenv("TUTTI_HOST");
-  EXPECT_FALSE(detail::topology_host_name().empty());
+  EXPECT_FALSE(comm::topology_host_name().empty());
 }
 
 }  // namespace

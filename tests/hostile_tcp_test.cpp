@@ -108,7 +108,7 @@ class RankThread {
     thread_.join();
     EXPECT_EQ(error_, "");
     if (!transport_) return Communicator();
-    return Communicator(std::make_shared<detail::CommImpl>(std::move(transport_)));
+    return Communicator(std::make_shared<comm::CommImpl>(std::move(transport_)));
   }
 
  private:

@@ -36,7 +36,7 @@ constexpr std::chrono::milliseconds attach_timeout{20000};
 const int bounded_default_timeout = setenv("TUTTI_TIMEOUT_MS", "30000", 0);
 
 Communicator communicator(std::unique_ptr<transport::Transport> transport) {
-  return Communicator(std::make_shared<detail::CommImpl>(std::move(transport)));
+  return Communicator(std::make_shared<comm::CommImpl>(std::move(transport)));
 }
 
 // Runs fn(comm) on p threads, rank r attaching to a fresh segment as rank r; returns the failures.

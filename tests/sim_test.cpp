@@ -157,8 +157,8 @@ TEST(SimCollectiveTime, HierarchicalWhereTheLibraryChoosesIt) {
   EXPECT_EQ(alone.allreduce(1 << 20, DataType::f32).seconds, 0);
 }
 
-engine_detail::Descriptor allreduce_of(const std::string& name, std::size_t count, DataType type = DataType::f32) {
-  engine_detail::Descriptor d;
+engine::Descriptor allreduce_of(const std::string& name, std::size_t count, DataType type = DataType::f32) {
+  engine::Descriptor d;
   d.name = name;
   d.count = count;
   d.type = type;
@@ -166,10 +166,10 @@ engine_detail::Descriptor allreduce_of(const std::string& name, std::size_t coun
 }
 
 TEST(SimFusionPlan, BucketsByThresholdFirstBucketAndType) {
-  using engine_detail::plan_fusion;
-  const std::vector<engine_detail::Descriptor> ready = {allreduce_of("a", 100), allreduce_of("b", 100),
-                                                        allreduce_of("c", 100, DataType::f64), allreduce_of("d", 300),
-                                                        allreduce_of("e", 50)};
+  using engine::plan_fusion;
+  const std::vector<engine::Descriptor> ready = {allreduce_of("a", 100), allreduce_of("b", 100),
+                                                 allreduce_of("c", 100, DataType::f64), allreduce_of("d", 300),
+                                                 allreduce_of("e", 50)};
   using Jobs = std::vector<std::vector<std::size_t>>;
   // 1000 bytes per bucket: a+b (800), c alone (f64), d starts a new f32 bucket (800 + 1200 > 1000), e joins it? no:
   // d is 1200 bytes alone, e (200) joins d's open bucket only if 1200 + 200 <= 1000: no.
@@ -180,7 +180,7 @@ TEST(SimFusionPlan, BucketsByThresholdFirstBucketAndType) {
   EXPECT_EQ(plan_fusion(ready, 0, 1 << 20, false), (Jobs{{0}, {1}, {2}, {3}, {4}}));
   auto broadcast = allreduce_of("f", 10);
   broadcast.kind = Collective::broadcast;
-  const std::vector<engine_detail::Descriptor> mixed = {allreduce_of("a", 10), broadcast, allreduce_of("b", 10)};
+  const std::vector<engine::Descriptor> mixed = {allreduce_of("a", 10), broadcast, allreduce_of("b", 10)};
   EXPECT_EQ(plan_fusion(mixed, 4000, 4000, false), (Jobs{{0, 2}, {1}}));
 }
 
@@ -206,7 +206,7 @@ TEST(SimStep, AllreduceAfterBackwardAddsRoundAndCalls) {
   auto s = setup_of(4, 2);
   s.policy.overlap = false;
   CollectiveTimes times(s.network, 4, 2);
-  const double round = times.allgather(engine_detail::kSlot).seconds;
+  const double round = times.allgather(engine::kSlot).seconds;
   const double calls = times.allreduce(1000, DataType::f32).seconds + times.allreduce(250000, DataType::f32).seconds;
   const auto r = simulate(s);
   EXPECT_NEAR(r.step_seconds, s.profile.compute_seconds() + round + calls, 1e-12);
@@ -220,7 +220,7 @@ TEST(SimStep, AllreduceAfterBackwardAddsRoundAndCalls) {
 TEST(SimStep, OverlapHidesTheCallsThatBackwardOutlasts) {
   auto s = setup_of(4, 2);
   CollectiveTimes times(s.network, 4, 2);
-  const double round = times.allgather(engine_detail::kSlot).seconds;
+  const double round = times.allgather(engine::kSlot).seconds;
   const double first = times.allreduce(1000, DataType::f32).seconds;
   const double second = times.allreduce(250000, DataType::f32).seconds;
   ASSERT_LT(round + first, 0.006);
@@ -237,7 +237,7 @@ TEST(SimStep, AStragglerSetsThePaceAndOthersWaitForIt) {
   s.policy.overlap = false;
   s.stragglers = {{1, 3.0}};
   CollectiveTimes times(s.network, 2, 1);
-  const double comm = times.allgather(engine_detail::kSlot).seconds + times.allreduce(1000, DataType::f32).seconds +
+  const double comm = times.allgather(engine::kSlot).seconds + times.allreduce(1000, DataType::f32).seconds +
                       times.allreduce(250000, DataType::f32).seconds;
   const auto& p = s.profile;
   const auto r = simulate(s);

@@ -124,7 +124,7 @@ TEST(SparseCostModel, ChoicesAtClearExtremes) {
   // of a large vector, f32 and u32: dense from 1/2). On a link of 1 Gbit/s, where bytes cost
   // more than handling pairs: the dense allgather of the reduced ranges, which moves the fewest.
   // At the default TCP's 1.5 GB/s: the dense allreduce (with the bitmaps), which handles no pairs.
-  const tutti::detail::choice::CostParams gigabit{60e-6, 8e-9, 2e-10};
+  const tutti::comm::choice::CostParams gigabit{60e-6, 8e-9, 2e-10};
   EXPECT_EQ(choose(workload(8, 10000000, 2500000), gigabit), Algorithm::dsar_split_allgather);
   EXPECT_EQ(choose(workload(8, 10000000, 2500000), tcp), Algorithm::dense_allreduce);
   // Sparse enough for a sparse result, but too many pairs for one round of latency to matter:
@@ -148,7 +148,7 @@ TEST(SparseCostModel, ChoicesAtClearExtremes) {
 // where the flat algorithms send each rank's pairs; with one rank a host, or one host, it is no
 // candidate (nothing to merge first, or nothing to cross).
 TEST(SparseCostModel, HierarchicalWhereHostsShareALink) {
-  const tutti::detail::choice::CostParams gigabit{60e-6, 8e-9, 2e-10};
+  const tutti::comm::choice::CostParams gigabit{60e-6, 8e-9, 2e-10};
   const auto shm = tutti::transport::default_cost(tutti::transport::Kind::shm);
   auto hosts = [&](int count, int local, std::size_t per_rank) {
     Workload w = workload(count * local, 16000000, per_rank);

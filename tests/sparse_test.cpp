@@ -213,7 +213,7 @@ TEST(SparseAllreduce, HierarchicalAcrossHosts) {
                                .algorithm = a});
     }
     const std::string error = run_all(p, cases, [&](Communicator& comm) {
-      tutti::detail::set_host_for_testing(comm, "host" + std::to_string(placement.host[comm.rank()]));
+      tutti::comm::set_host_for_testing(comm, "host" + std::to_string(placement.host[comm.rank()]));
     });
     std::string hosts;
     for (int h : placement.host) hosts += std::to_string(h);
@@ -475,7 +475,7 @@ TEST(SparseAllreduce, DenseAllreduceGivesTheFormTheUnionCalls) {
 // automatic prices the transport with the tuning file's calibrated cost model (as tutti-bench
 // --calibrate writes it) where it has one: a slow link there changes the algorithm chosen.
 TEST(SparseAllreduce, AutomaticUsesTheCalibratedCostModel) {
-  namespace choice = tutti::detail::choice;
+  namespace choice = tutti::comm::choice;
   const int p = 4;
   const std::size_t dim = 4096, nnz = 400;
   tutti::sparse::detail::Workload w;

@@ -45,7 +45,7 @@ const bool timeout_set = [] { return ::setenv("TUTTI_TIMEOUT_MS", "60000", 0) ==
 
 std::vector<Communicator> to_communicators(Transports& transports) {
   std::vector<Communicator> comms;
-  for (auto& t : transports) comms.emplace_back(std::make_shared<detail::CommImpl>(std::move(t)));
+  for (auto& t : transports) comms.emplace_back(std::make_shared<comm::CommImpl>(std::move(t)));
   return comms;
 }
 

@@ -194,7 +194,7 @@ template <class Group>
 std::string run_communicators(int p, const std::function<void(Communicator&)>& fn) {
   Transports transports = Group::make(p);
   std::vector<Communicator> comms;
-  for (auto& t : transports) comms.emplace_back(std::make_shared<detail::CommImpl>(std::move(t)));
+  for (auto& t : transports) comms.emplace_back(std::make_shared<comm::CommImpl>(std::move(t)));
   const std::string failures = on_threads(p, [&](int r) { fn(comms[static_cast<std::size_t>(r)]); });
   comms.clear();
   EXPECT_EQ(Group::leftovers(), "");

@@ -22,7 +22,7 @@
 #include "harness.hpp"
 #include "transport/shm/direct.hpp"
 
-namespace tutti::detail::choice {
+namespace tutti::comm::choice {
 namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
@@ -383,4 +383,4 @@ TEST_F(Tuning, TableChoicesRunExactlyThroughCollectives) {
 }
 
 }  // namespace
-}  // namespace tutti::detail::choice
+}  // namespace tutti::comm::choice

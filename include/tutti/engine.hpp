@@ -39,10 +39,10 @@
 
 namespace tutti {
 
-namespace engine_detail {
+namespace engine {
 struct TensorState;
 class EngineCore;
-}  // namespace engine_detail
+}  // namespace engine
 
 struct EngineOptions {
   /// How often the background thread negotiates (TUTTI_CYCLE_TIME_MS, may be fractional).
@@ -88,10 +88,10 @@ class Handle {
   /// Like wait, but gives up after `duration` and returns false.
   bool wait_for(std::chrono::milliseconds duration);
 
-  explicit Handle(std::shared_ptr<engine_detail::TensorState> state) : state_(std::move(state)) {}
+  explicit Handle(std::shared_ptr<engine::TensorState> state) : state_(std::move(state)) {}
 
  private:
-  std::shared_ptr<engine_detail::TensorState> state_;
+  std::shared_ptr<engine::TensorState> state_;
 };
 
 /// Cumulative counters of an engine's work (since construction).
@@ -212,7 +212,7 @@ class Engine {
   const EngineOptions& options() const;
 
  private:
-  std::unique_ptr<engine_detail::EngineCore> core_;
+  std::unique_ptr<engine::EngineCore> core_;
 };
 
 }  // namespace tutti

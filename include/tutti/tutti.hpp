@@ -17,11 +17,16 @@
 
 namespace tutti {
 
-namespace detail {
+// The implementations behind Request, Communicator and SharedBuffer, in their layers' namespaces.
+namespace exec {
 class RequestState;
+}  // namespace exec
+namespace comm {
 class CommImpl;
+}  // namespace comm
+namespace core {
 class SharedRegion;
-}  // namespace detail
+}  // namespace core
 
 /// Memory from Tutti (Communicator::allocate) that the other processes on this host can map:
 /// a `direct` allreduce, reduce_scatter, allgather or broadcast whose buffers lie in such memory
@@ -41,10 +46,10 @@ class SharedBuffer {
   }
   explicit operator bool() const noexcept { return data_ != nullptr; }
 
-  explicit SharedBuffer(std::shared_ptr<detail::SharedRegion> region);
+  explicit SharedBuffer(std::shared_ptr<core::SharedRegion> region);
 
  private:
-  std::shared_ptr<detail::SharedRegion> region_;
+  std::shared_ptr<core::SharedRegion> region_;
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
 };
@@ -73,10 +78,10 @@ class Request {
   /// from `any_source`). -1 before it completed, and for every other operation.
   int source() const;
 
-  explicit Request(std::shared_ptr<detail::RequestState> op) : op_(std::move(op)) {}
+  explicit Request(std::shared_ptr<exec::RequestState> op) : op_(std::move(op)) {}
 
  private:
-  std::shared_ptr<detail::RequestState> op_;
+  std::shared_ptr<exec::RequestState> op_;
 };
 
 /// A group of ranks that run collectives together. Copies are handles to the same
@@ -204,13 +209,13 @@ class Communicator {
   /// Collective over this communicator. A negative color gives an empty communicator.
   Communicator split(int color, int key) const;
 
-  explicit Communicator(std::shared_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}
-  detail::CommImpl* impl() const { return impl_.get(); }
+  explicit Communicator(std::shared_ptr<comm::CommImpl> impl) : impl_(std::move(impl)) {}
+  comm::CommImpl* impl() const { return impl_.get(); }
 
  private:
   static void check_span_sizes(std::size_t a, std::size_t b, std::size_t factor, const char* message);
-  detail::CommImpl& checked() const;
-  std::shared_ptr<detail::CommImpl> impl_;
+  comm::CommImpl& checked() const;
+  std::shared_ptr<comm::CommImpl> impl_;
 };
 
 /// Joins the job described by the environment. Without a launcher, a job of one rank.

@@ -10,7 +10,7 @@
 #include "transport/kind.hpp"
 #include "tutti/types.hpp"
 
-namespace tutti::detail::choice {
+namespace tutti::comm::choice {
 
 /// Parses TUTTI_ALGO's syntax, "allreduce:ring,allgather:bruck" (a later item for the same
 /// collective wins). Throws Error(invalid_argument) naming TUTTI_ALGO and the item that is wrong.
@@ -40,4 +40,4 @@ Algorithm choose_algorithm(Collective collective, Algorithm requested, const Cho
 /// transport (so a step inside one host may run shared memory's `direct`).
 Algorithm step_algorithm(Collective collective, const ChoiceContext& context, std::size_t bytes);
 
-}  // namespace tutti::detail::choice
+}  // namespace tutti::comm::choice

@@ -15,7 +15,7 @@
 #include "schedule/schedule.hpp"
 #include "transport/cost.hpp"
 
-namespace tutti::detail::choice {
+namespace tutti::comm::choice {
 
 namespace {
 
@@ -133,4 +133,4 @@ Algorithm choose_algorithm(Collective collective, Algorithm requested, const Cho
   return algorithm;
 }
 
-}  // namespace tutti::detail::choice
+}  // namespace tutti::comm::choice

@@ -14,7 +14,7 @@
 #include "exec/request.hpp"
 #include "reduce/reduce.hpp"
 
-namespace tutti::detail {
+namespace tutti::comm {
 
 CommImpl::CommImpl(std::unique_ptr<transport::Transport> transport)
     : rank_(transport->rank()), size_(transport->size()), default_timeout_(core::default_timeout()) {
@@ -211,7 +211,7 @@ Request CommImpl::start_schedule(const Call& call, Algorithm algorithm, const Ex
 
 Request CommImpl::submit(std::unique_ptr<exec::Operation> op, bool blocking) {
   auto shared = queue_->submit(std::move(op), blocking);
-  return Request(std::make_shared<detail::RequestState>(queue_, std::move(shared)));
+  return Request(std::make_shared<exec::RequestState>(queue_, std::move(shared)));
 }
 
 std::chrono::milliseconds CommImpl::timeout_of(const Call& call) const {
@@ -296,7 +296,7 @@ Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size
   }
   op->timeout = default_timeout_;
   auto shared = queue_->submit(std::move(op), blocking);
-  return Request(std::make_shared<detail::RequestState>(queue_, std::move(shared)));
+  return Request(std::make_shared<exec::RequestState>(queue_, std::move(shared)));
 }
 
 Communicator CommImpl::split(int color, int key) {
@@ -327,4 +327,4 @@ Communicator CommImpl::split(int color, int key) {
   return Communicator(std::move(child));
 }
 
-}  // namespace tutti::detail
+}  // namespace tutti::comm

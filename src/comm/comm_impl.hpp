@@ -16,7 +16,7 @@
 #include "schedule/schedule.hpp"
 #include "tutti/tutti.hpp"
 
-namespace tutti::detail {
+namespace tutti::comm {
 
 /// One collective call as the user made it: the arguments (as transports that run collectives
 /// themselves take them too) and the call's options.
@@ -151,4 +151,4 @@ inline constexpr std::size_t plain_count_limit = std::size_t{1} << 20;
 void validate_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer, int tag,
                              int size);
 
-}  // namespace tutti::detail
+}  // namespace tutti::comm

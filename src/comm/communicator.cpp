@@ -5,12 +5,12 @@
 
 namespace tutti {
 
-using detail::Call;
-using detail::make_call;
+using comm::Call;
+using comm::make_call;
 
-Call detail::make_call(Collective collective, const void* send, void* recv, std::size_t count, DataType type,
-                       std::optional<ReduceOp> op, int root, const Options& options,
-                       std::span<const std::size_t> counts, std::span<const std::size_t> recv_counts) {
+Call comm::make_call(Collective collective, const void* send, void* recv, std::size_t count, DataType type,
+                     std::optional<ReduceOp> op, int root, const Options& options, std::span<const std::size_t> counts,
+                     std::span<const std::size_t> recv_counts) {
   Call call;
   call.counts = counts;
   call.recv_counts = recv_counts;
@@ -33,7 +33,7 @@ constexpr bool blocking = true, nonblocking = false;
 
 }  // namespace
 
-detail::CommImpl& Communicator::checked() const {
+comm::CommImpl& Communicator::checked() const {
   if (!impl_) throw Error(ErrorCode::invalid_argument, "the communicator is empty (split with a negative color)");
   return *impl_;
 }
@@ -178,18 +178,16 @@ int Communicator::recv(void* data, std::size_t count, DataType type, int peer, i
 
 Communicator Communicator::split(int color, int key) const { return checked().split(color, key); }
 
-SharedBuffer::SharedBuffer(std::shared_ptr<detail::SharedRegion> region)
+SharedBuffer::SharedBuffer(std::shared_ptr<core::SharedRegion> region)
     : region_(std::move(region)), data_(region_ ? region_->base() : nullptr), size_(region_ ? region_->bytes() : 0) {}
 
-SharedBuffer Communicator::allocate(std::size_t bytes) const {
-  return SharedBuffer(detail::SharedRegion::create(bytes));
-}
+SharedBuffer Communicator::allocate(std::size_t bytes) const { return SharedBuffer(core::SharedRegion::create(bytes)); }
 
 std::vector<Communicator> local_group(int p) {
   if (p < 1) throw Error(ErrorCode::invalid_argument, "local_group: p must be at least 1, got " + std::to_string(p));
   std::vector<Communicator> out;
   for (auto& transport : transport::inproc::make_group(p))
-    out.emplace_back(std::make_shared<detail::CommImpl>(std::move(transport)));
+    out.emplace_back(std::make_shared<comm::CommImpl>(std::move(transport)));
   return out;
 }
 

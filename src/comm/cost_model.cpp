@@ -7,7 +7,7 @@
 #include <cmath>
 #include <string>
 
-namespace tutti::detail::choice {
+namespace tutti::comm::choice {
 
 namespace {
 
@@ -91,4 +91,4 @@ Algorithm cheapest(transport::Kind kind, Collective collective, int ranks, std::
   return best;
 }
 
-}  // namespace tutti::detail::choice
+}  // namespace tutti::comm::choice

@@ -10,7 +10,7 @@
 #include "transport/cost.hpp"
 #include "tutti/types.hpp"
 
-namespace tutti::detail::choice {
+namespace tutti::comm::choice {
 
 /// One transport's costs (α, β, γ); transport::default_cost(kind) gives the compiled-in ones.
 using CostParams = transport::CostParams;
@@ -37,4 +37,4 @@ double predict(Algorithm algorithm, Collective collective, int ranks, std::size_
 Algorithm cheapest(transport::Kind kind, Collective collective, int ranks, std::size_t bytes, bool direct_available,
                    const CostParams& cost);
 
-}  // namespace tutti::detail::choice
+}  // namespace tutti::comm::choice

@@ -6,7 +6,7 @@
 namespace tutti {
 
 Communicator from_mpi(MPI_Comm comm) {
-  return Communicator(std::make_shared<detail::CommImpl>(std::make_unique<transport::mpi::MpiTransport>(comm)));
+  return Communicator(std::make_shared<comm::CommImpl>(std::make_unique<transport::mpi::MpiTransport>(comm)));
 }
 
 }  // namespace tutti

@@ -24,7 +24,7 @@
 #include "exec/request.hpp"
 #include "reduce/reduce.hpp"
 
-namespace tutti::detail {
+namespace tutti::comm {
 
 namespace {
 
@@ -197,4 +197,4 @@ Request CommImpl::start_hierarchical(const Call& call, bool blocking) {
   return submit(std::move(operation), blocking);
 }
 
-}  // namespace tutti::detail
+}  // namespace tutti::comm

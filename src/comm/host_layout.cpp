@@ -7,7 +7,7 @@ namespace tutti {
 HostLayout host_layout(const Communicator& comm) {
   if (comm.impl() == nullptr || comm.size() < 1)
     throw Error(ErrorCode::invalid_argument, "host_layout: the communicator is empty");
-  const detail::Topology& topology = comm.impl()->topology();
+  const comm::Topology& topology = comm.impl()->topology();
   const int rank = comm.rank();
   HostLayout out;
   out.host_count = topology.host_count();

@@ -135,7 +135,7 @@ Communicator init(KeyValueStore& store, int rank, int size, std::chrono::millise
   if (size < 1 || rank < 0 || rank >= size)
     throw Error(ErrorCode::invalid_argument, "init(store): rank " + std::to_string(rank) + " is not in 0.." +
                                                  std::to_string(size - 1) + " (size " + std::to_string(size) + ")");
-  detail::choice::load_from_environment();
+  comm::choice::load_from_environment();
   if (size == 1) return local_group(1).front();
   // The token, transport and job id still come from the environment; rank and size are the
   // caller's (a subgroup's differ from the launcher's).
@@ -148,7 +148,7 @@ Communicator init(KeyValueStore& store, int rank, int size, std::chrono::millise
 }
 
 Communicator init() {
-  detail::choice::load_from_environment();  // a bad TUTTI_TUNING_FILE fails here, before any connection
+  comm::choice::load_from_environment();  // a bad TUTTI_TUNING_FILE fails here, before any connection
   bootstrap::JobInfo job = bootstrap::detect_job();
 #ifdef TUTTI_WITH_MPI
   const bool mpi_bootstraps = job.launcher == "mpirun" && job.store.empty();
@@ -295,7 +295,7 @@ Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& jo
   // The real host decides the transport (shared memory works within it); the topology host
   // (TUTTI_HOST, which may emulate several hosts on one) decides hierarchical algorithms.
   // Published together as "real" or "real<TAB>topology".
-  const std::string real_host = host_name(), topology_host = detail::topology_host_name();
+  const std::string real_host = host_name(), topology_host = comm::topology_host_name();
   store.set("host/" + std::to_string(job.rank),
             topology_host == real_host ? real_host : real_host + "\t" + topology_host);
   // Ranks that published the same value share a host for both purposes: shared memory among
@@ -308,11 +308,11 @@ Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& jo
     const std::size_t tab = value.find('\t');
     hosts.insert(value.substr(0, tab));
     places.push_back(value);
-    topology_hosts.push_back(detail::hash_host(tab == std::string::npos ? value : value.substr(tab + 1)));
+    topology_hosts.push_back(comm::hash_host(tab == std::string::npos ? value : value.substr(tab + 1)));
   }
   auto transport = connect_world(job, store, places, hosts.size() == 1, private_store, timeout);
-  auto impl = std::make_shared<detail::CommImpl>(std::move(transport));
-  impl->set_topology(detail::Topology(std::move(topology_hosts)));  // known: automatic may pick hierarchical
+  auto impl = std::make_shared<comm::CommImpl>(std::move(transport));
+  impl->set_topology(comm::Topology(std::move(topology_hosts)));  // known: automatic may pick hierarchical
   Communicator world(impl);
   world.barrier();
   return world;

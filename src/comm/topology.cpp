@@ -7,7 +7,7 @@
 
 #include "core/env.hpp"
 
-namespace tutti::detail {
+namespace tutti::comm {
 
 namespace {
 // Below this, latency dominates and the flat algorithms' fewer rounds win.
@@ -55,4 +55,4 @@ bool prefers_hierarchical(const Topology& topology, std::size_t bytes) {
   return topology.host_count() >= 2 && topology.max_local_size() >= 2 && bytes >= hierarchical_min_bytes;
 }
 
-}  // namespace tutti::detail
+}  // namespace tutti::comm

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-namespace tutti::detail {
+namespace tutti::comm {
 
 /// This process's host as topology sees it: TUTTI_HOST if set (emulates several hosts on one
 /// machine), else gethostname().
@@ -46,4 +46,4 @@ class Topology {
 /// host has several ranks, and the message is large enough for bandwidth to dominate.
 bool prefers_hierarchical(const Topology& topology, std::size_t bytes);
 
-}  // namespace tutti::detail
+}  // namespace tutti::comm

@@ -21,7 +21,7 @@
 #include "core/log.hpp"
 #include "core/names.hpp"
 
-namespace tutti::detail::choice {
+namespace tutti::comm::choice {
 
 using Json = nlohmann::json;
 
@@ -315,4 +315,4 @@ void reset_for_testing(bool reload) {
   if (reload) loaded.store(false, std::memory_order_release);
 }
 
-}  // namespace tutti::detail::choice
+}  // namespace tutti::comm::choice

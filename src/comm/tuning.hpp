@@ -28,7 +28,7 @@
 #include "schedule/schedule.hpp"
 #include "tutti/types.hpp"
 
-namespace tutti::detail::choice {
+namespace tutti::comm::choice {
 
 struct Entry {
   Collective collective = Collective::allreduce;
@@ -120,4 +120,4 @@ std::size_t class_size(int size_class);
 /// environment was loaded (the next load_from_environment reads it again).
 void reset_for_testing(bool reload = false);
 
-}  // namespace tutti::detail::choice
+}  // namespace tutti::comm::choice

@@ -5,7 +5,7 @@
 #include "comm/comm_impl.hpp"
 #include "core/names.hpp"
 
-namespace tutti::detail {
+namespace tutti::comm {
 
 namespace {
 
@@ -211,4 +211,4 @@ bool plainly_valid(const Call& call, int size) {
   return s + send <= r || r + recv <= s;
 }
 
-}  // namespace tutti::detail
+}  // namespace tutti::comm

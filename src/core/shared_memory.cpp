@@ -14,7 +14,7 @@
 #include <string>
 #include <utility>
 
-namespace tutti::detail {
+namespace tutti::core {
 
 namespace {
 
@@ -74,11 +74,11 @@ SharedRegion::~SharedRegion() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-}  // namespace tutti::detail
+}  // namespace tutti::core
 
 namespace tutti::core {
 
-SharedLocation location_of(const detail::SharedRegion& region, std::size_t offset) {
+SharedLocation location_of(const core::SharedRegion& region, std::size_t offset) {
   SharedLocation where;
   where.id = region.id();
   where.inode = region.inode();
@@ -91,12 +91,12 @@ SharedLocation location_of(const detail::SharedRegion& region, std::size_t offse
 std::optional<SharedLocation> locate_shared(const void* address, std::size_t bytes) {
   if (bytes == 0 || address == nullptr) return std::nullopt;
   const auto begin = reinterpret_cast<std::uintptr_t>(address);
-  auto& reg = detail::registry();
+  auto& reg = registry();
   std::lock_guard lock(reg.mutex);
   auto it = reg.regions.upper_bound(begin);
   if (it == reg.regions.begin()) return std::nullopt;
   --it;
-  const detail::SharedRegion& region = *it->second;
+  const core::SharedRegion& region = *it->second;
   const std::uintptr_t offset = begin - it->first;
   if (offset >= region.mapped() || bytes > region.mapped() - offset) return std::nullopt;
   return location_of(region, offset);
@@ -124,12 +124,12 @@ std::shared_ptr<PeerRegion> open_peer_region(int pid, const SharedLocation& wher
   const std::string what = "mapping process " + std::to_string(pid) + "'s shared buffer (" + path + ")";
   const bool write = access == PeerAccess::read_write;
   const int fd = ::open(path.c_str(), (write ? O_RDWR : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) throw detail::system_error(what, errno);
+  if (fd < 0) throw system_error(what, errno);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int error = errno;
     ::close(fd);
-    throw detail::system_error(what, error);
+    throw system_error(what, error);
   }
   if (static_cast<std::uint64_t>(st.st_ino) != where.inode || st.st_size < 0 ||
       static_cast<std::uint64_t>(st.st_size) < where.region_bytes) {
@@ -143,7 +143,7 @@ std::shared_ptr<PeerRegion> open_peer_region(int pid, const SharedLocation& wher
       ::mmap(nullptr, where.region_bytes, write ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
   const int error = errno;
   ::close(fd);
-  if (base == MAP_FAILED) throw detail::system_error(what, error);
+  if (base == MAP_FAILED) throw system_error(what, error);
   return std::make_shared<PeerRegion>(static_cast<std::byte*>(base), where.region_bytes);
 }
 

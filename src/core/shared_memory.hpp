@@ -11,7 +11,7 @@
 
 #include "tutti/types.hpp"
 
-namespace tutti::detail {
+namespace tutti::core {
 
 /// One buffer: a memfd of `bytes` (whole pages) mapped read-write, zero-filled and faulted in.
 /// Known to locate_shared for as long as it lives.
@@ -38,7 +38,7 @@ class SharedRegion {
   std::uint64_t id_ = 0, inode_ = 0;
 };
 
-}  // namespace tutti::detail
+}  // namespace tutti::core
 
 namespace tutti::core {
 
@@ -54,7 +54,7 @@ struct SharedLocation {
 };
 
 /// Where the byte at `offset` of `region` lies (offset < region.mapped()).
-SharedLocation location_of(const detail::SharedRegion& region, std::size_t offset = 0);
+SharedLocation location_of(const core::SharedRegion& region, std::size_t offset = 0);
 
 /// The region that holds all of [address, address + bytes) (bytes > 0), if one does.
 std::optional<SharedLocation> locate_shared(const void* address, std::size_t bytes);

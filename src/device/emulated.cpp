@@ -156,9 +156,9 @@ static_assert(sizeof(SharedName) <= sizeof(IpcHandle::bytes));
 
 void* EmulatedDevice::allocate_shared(std::size_t bytes, IpcHandle& handle) {
   if (bytes == 0) invalid("allocate_shared", "0 bytes requested");
-  std::shared_ptr<tutti::detail::SharedRegion> region;
+  std::shared_ptr<tutti::core::SharedRegion> region;
   try {
-    region = tutti::detail::SharedRegion::create(bytes);
+    region = tutti::core::SharedRegion::create(bytes);
   } catch (const Error& e) {
     throw Error(e.code(), std::string("tutti::device::allocate_shared (emulated): ") + e.what());
   }

@@ -63,7 +63,7 @@ class EmulatedDevice final : public Device {
   void free_pinned(void* pointer) override;
   bool is_device_pointer(const void* pointer) const override;
 
-  /// Shared memory is core's (detail::SharedRegion, a memfd); the handle names the owner's pid and
+  /// Shared memory is core's (core::SharedRegion, a memfd); the handle names the owner's pid and
   /// the memfd's descriptor and inode, which a peer (of the same user) opens through /proc
   /// (core::open_peer_region, read-write), checking the inode and size.
   void* allocate_shared(std::size_t bytes, IpcHandle& handle) override;
@@ -104,7 +104,7 @@ class EmulatedDevice final : public Device {
   struct Allocation {
     std::size_t bytes;
     Memory memory;
-    // Shared and opened memory (a tutti::detail::SharedRegion, a core::PeerRegion): unmapped when
+    // Shared and opened memory (a tutti::core::SharedRegion, a core::PeerRegion): unmapped when
     // dropped, not freed.
     std::shared_ptr<void> mapping = nullptr;
     bool peer = false;  // opened: another process's memory (CUDA maps it; its own it does not)

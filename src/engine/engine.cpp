@@ -12,7 +12,7 @@
 
 namespace tutti {
 
-using engine_detail::Descriptor;
+using engine::Descriptor;
 
 namespace {
 
@@ -58,11 +58,11 @@ EngineOptions EngineOptions::from_environment() {
 
 namespace {
 
-using engine_detail::TensorState;
+using engine::TensorState;
 
 // Waits until the tensor completed and its result is in place (a device tensor: its stream
 // copied it back); false if `deadline` passed first. Throws the tensor's error.
-bool wait_until(TensorState& s, std::optional<engine_detail::Clock::time_point> deadline) {
+bool wait_until(TensorState& s, std::optional<engine::Clock::time_point> deadline) {
   std::unique_lock lock(s.mutex);
   if (!s.done) {
     lock.unlock();
@@ -85,7 +85,7 @@ bool wait_until(TensorState& s, std::optional<engine_detail::Clock::time_point> 
   // busy with earlier work. Naps that grow to 200 µs: a busy stream costs the host almost nothing.
   std::chrono::microseconds nap{1};
   while (!s.copied_back()) {
-    if (deadline && engine_detail::Clock::now() >= *deadline) return false;
+    if (deadline && engine::Clock::now() >= *deadline) return false;
     lock.unlock();
     std::this_thread::sleep_for(nap);
     nap = std::min(nap * 2, std::chrono::microseconds{200});
@@ -109,13 +109,13 @@ bool Handle::test() {
 
 bool Handle::wait_for(std::chrono::milliseconds duration) {
   if (!state_) return true;
-  return wait_until(*state_, engine_detail::Clock::now() + duration);
+  return wait_until(*state_, engine::Clock::now() + duration);
 }
 
 // ---- Engine ----
 
 Engine::Engine(Communicator& comm, EngineOptions options)
-    : core_(std::make_unique<engine_detail::EngineCore>(comm, std::move(options))) {}
+    : core_(std::make_unique<engine::EngineCore>(comm, std::move(options))) {}
 
 namespace {
 
@@ -127,7 +127,7 @@ device::Device& device_of(gpu::Communicator& gpu) {
 }  // namespace
 
 Engine::Engine(Communicator& comm, gpu::Communicator& gpu, EngineOptions options)
-    : core_(std::make_unique<engine_detail::EngineCore>(comm, std::move(options), &device_of(gpu))) {}
+    : core_(std::make_unique<engine::EngineCore>(comm, std::move(options), &device_of(gpu))) {}
 
 Engine::~Engine() = default;
 
@@ -142,10 +142,10 @@ Handle Engine::enqueue_allreduce(std::string_view name, const void* send, void* 
 
 Handle Engine::enqueue_allreduce(std::string_view name, const void* send, void* recv,
                                  std::span<const std::int64_t> dims, DataType type, ReduceOp op) {
-  if (dims.size() > engine_detail::kMaxDims)
+  if (dims.size() > engine::kMaxDims)
     throw Error(ErrorCode::invalid_argument, "engine: enqueue_allreduce '" + std::string(name) +
                                                  "': " + std::to_string(dims.size()) + " dimensions (at most " +
-                                                 std::to_string(engine_detail::kMaxDims) + ")");
+                                                 std::to_string(engine::kMaxDims) + ")");
   std::uint64_t count = 1;
   for (auto n : dims) {
     if (n < 0)

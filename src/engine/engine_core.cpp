@@ -6,7 +6,7 @@
 
 #include "comm/comm_impl.hpp"
 
-namespace tutti::engine_detail {
+namespace tutti::engine {
 
 EngineCore::EngineCore(Communicator& comm, EngineOptions options, device::Device* device)
     : comm_(comm.split(0, comm.rank())),
@@ -137,4 +137,4 @@ void EngineCore::fail_everything(std::exception_ptr error) {
   for (auto& t : left) complete(t, error);
 }
 
-}  // namespace tutti::engine_detail
+}  // namespace tutti::engine

@@ -24,7 +24,7 @@
 #include "engine/timeline.hpp"
 #include "tutti/engine.hpp"
 
-namespace tutti::engine_detail {
+namespace tutti::engine {
 
 using Clock = std::chrono::steady_clock;
 
@@ -187,4 +187,4 @@ class EngineCore {
   std::thread thread_;
 };
 
-}  // namespace tutti::engine_detail
+}  // namespace tutti::engine

@@ -7,7 +7,7 @@
 #include "core/log.hpp"
 #include "engine/engine_core.hpp"
 
-namespace tutti::engine_detail {
+namespace tutti::engine {
 
 void EngineCore::run() {
   auto next = Clock::now() + options_.cycle_time;
@@ -189,4 +189,4 @@ void EngineCore::finish_join(const Decision& decision) {
   if (t) t->finish(nullptr);
 }
 
-}  // namespace tutti::engine_detail
+}  // namespace tutti::engine

@@ -5,7 +5,7 @@
 #include "core/copy.hpp"
 #include "engine/engine_core.hpp"
 
-namespace tutti::engine_detail {
+namespace tutti::engine {
 
 namespace {
 
@@ -179,4 +179,4 @@ std::byte* EngineCore::fusion_buffer(std::size_t bytes) {
   }
 }
 
-}  // namespace tutti::engine_detail
+}  // namespace tutti::engine

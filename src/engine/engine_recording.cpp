@@ -6,7 +6,7 @@
 
 #include "engine/engine_core.hpp"
 
-namespace tutti::engine_detail {
+namespace tutti::engine {
 
 void EngineCore::count(std::size_t tensors, std::size_t bytes, Clock::time_point start, Clock::time_point end,
                        bool allreduce) {
@@ -63,4 +63,4 @@ void EngineCore::stop_timeline() {
   if (previous) previous->close();
 }
 
-}  // namespace tutti::engine_detail
+}  // namespace tutti::engine

@@ -5,7 +5,7 @@
 #include "comm/comm_impl.hpp"
 #include "engine/engine_core.hpp"
 
-namespace tutti::engine_detail {
+namespace tutti::engine {
 
 Handle EngineCore::enqueue_on_stream(Descriptor d, const void* send, void* recv, device::Stream stream) {
   const std::string what = "engine: enqueue_allreduce '" + d.name + "' on a stream";
@@ -16,10 +16,9 @@ Handle EngineCore::enqueue_on_stream(Descriptor d, const void* send, void* recv,
   std::size_t bytes = 0;
   try {
     // The host API's checks: enums, null buffers, count overflow, partial overlap.
-    tutti::detail::validate(
-        tutti::detail::make_call(Collective::allreduce, send, recv, d.count, d.type, d.op, -1, Options{}), rank_,
-        size_);
-    bytes = tutti::detail::checked_bytes("allreduce", d.count, d.type);
+    tutti::comm::validate(
+        tutti::comm::make_call(Collective::allreduce, send, recv, d.count, d.type, d.op, -1, Options{}), rank_, size_);
+    bytes = tutti::comm::checked_bytes("allreduce", d.count, d.type);
   } catch (const Error& e) {
     throw Error(e.code(), what + ": " + e.what());
   }
@@ -88,4 +87,4 @@ void EngineCore::check() {
   if (stream_failure_) std::rethrow_exception(stream_failure_);
 }
 
-}  // namespace tutti::engine_detail
+}  // namespace tutti::engine

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-namespace tutti::engine_detail {
+namespace tutti::engine {
 
 std::string Descriptor::shape() const {
   std::string text =
@@ -360,4 +360,4 @@ std::vector<std::vector<std::size_t>> plan_fusion(std::span<const Descriptor> re
   return jobs;
 }
 
-}  // namespace tutti::engine_detail
+}  // namespace tutti::engine

@@ -22,7 +22,7 @@
 
 #include "tutti/types.hpp"
 
-namespace tutti::engine_detail {
+namespace tutti::engine {
 
 /// The collectives the engine runs on named tensors.
 inline bool engine_collective(Collective c) {
@@ -147,4 +147,4 @@ class Table {
 /// "rank 2" or "ranks 0, 1, 3": how the engine's messages name ranks.
 std::string rank_list(const std::vector<int>& ranks);
 
-}  // namespace tutti::engine_detail
+}  // namespace tutti::engine

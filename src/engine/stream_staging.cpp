@@ -4,7 +4,7 @@
 
 #include "engine/engine_core.hpp"
 
-namespace tutti::engine_detail {
+namespace tutti::engine {
 
 StreamStaging::~StreamStaging() {
   // Every done flag up (already raised: never leave one down); the pool then frees what the
@@ -69,4 +69,4 @@ void StreamStaging::release(const TensorState& t) {
   if (t.on_stream) device_.set_flag(t.done_flag, t.ticket);
 }
 
-}  // namespace tutti::engine_detail
+}  // namespace tutti::engine

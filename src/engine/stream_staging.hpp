@@ -27,7 +27,7 @@
 #include "device/device.hpp"
 #include "device/staging_pool.hpp"
 
-namespace tutti::engine_detail {
+namespace tutti::engine {
 
 struct TensorState;
 
@@ -67,4 +67,4 @@ class StreamStaging {
   device::StagingPool pool_;
 };
 
-}  // namespace tutti::engine_detail
+}  // namespace tutti::engine

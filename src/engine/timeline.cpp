@@ -5,7 +5,7 @@
 
 #include "tutti/types.hpp"
 
-namespace tutti::engine_detail {
+namespace tutti::engine {
 
 std::string json_string(std::string_view text) {
   std::string out = "\"";
@@ -101,4 +101,4 @@ std::string timeline_file_for(const std::string& path, int rank) {
   return mine.replace(at, 6, std::to_string(rank));
 }
 
-}  // namespace tutti::engine_detail
+}  // namespace tutti::engine

@@ -18,7 +18,7 @@
 #include <string_view>
 #include <unordered_map>
 
-namespace tutti::engine_detail {
+namespace tutti::engine {
 
 class Timeline {
  public:
@@ -63,4 +63,4 @@ std::string timeline_file_for(const std::string& path, int rank);
 /// `text` as a JSON string literal (with quotes).
 std::string json_string(std::string_view text);
 
-}  // namespace tutti::engine_detail
+}  // namespace tutti::engine

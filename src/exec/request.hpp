@@ -6,7 +6,7 @@
 
 #include "exec/queue.hpp"
 
-namespace tutti::detail {
+namespace tutti::exec {
 
 class RequestState {
  public:
@@ -16,4 +16,4 @@ class RequestState {
   std::shared_ptr<exec::Operation> op;
 };
 
-}  // namespace tutti::detail
+}  // namespace tutti::exec

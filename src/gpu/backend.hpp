@@ -28,7 +28,7 @@ namespace tutti::gpu::detail {
 struct DeviceCall {
   enum class Kind { collective, send, recv };
   Kind kind = Kind::collective;
-  tutti::detail::Call call;
+  tutti::comm::Call call;
   int peer = -1;
   int tag = 0;
   Backend backend = Backend::automatic;

@@ -61,7 +61,7 @@ Nccl* Impl::nccl(std::string& refusal) {
 }
 
 void Impl::validate(const DeviceCall& dc) const {
-  const tutti::detail::Call& call = dc.call;
+  const tutti::comm::Call& call = dc.call;
   const std::size_t elem = size_of(call.type);
   const std::string what = dc.kind == DeviceCall::Kind::send   ? "send"
                            : dc.kind == DeviceCall::Kind::recv ? "recv"
@@ -77,11 +77,11 @@ void Impl::validate(const DeviceCall& dc) const {
   if (dc.kind != DeviceCall::Kind::collective) {
     const bool is_send = dc.kind == DeviceCall::Kind::send;
     const void* data = is_send ? call.send : call.recv;
-    tutti::detail::validate_point_to_point(is_send, data, call.count, call.type, dc.peer, dc.tag, size_);
+    tutti::comm::validate_point_to_point(is_send, data, call.count, call.type, dc.peer, dc.tag, size_);
     device_memory(data, call.count, "data");
     return;
   }
-  const tutti::detail::Extents extents = tutti::detail::validate(call, rank_, size_);
+  const tutti::comm::Extents extents = tutti::comm::validate(call, rank_, size_);
   if (call.collective != Collective::broadcast) device_memory(call.send, extents.send, "send");
   device_memory(call.recv, extents.recv, call.collective == Collective::broadcast ? "buffer" : "recv");
 }
@@ -122,7 +122,7 @@ void Impl::enqueue(DeviceCall call, device::Stream stream) {
 Backend Impl::automatic_backend(const DeviceCall& call) {
   const bool ipc_serves = ipc_ && ipc_->serves(call, nullptr);
   if (call.kind == DeviceCall::Kind::collective) {
-    namespace choice = tutti::detail::choice;
+    namespace choice = tutti::comm::choice;
     choice::load_from_environment();
     const std::size_t bytes = call.call.count * size_of(call.call.type);
     const std::optional<Backend> named =
@@ -140,7 +140,7 @@ Backend Impl::automatic_backend(const DeviceCall& call) {
 
 namespace {
 
-using tutti::detail::make_call;
+using tutti::comm::make_call;
 
 // A collective with its gpu::Options split as DeviceCall carries them.
 void run(detail::Impl& impl, Collective collective, const void* send, void* recv, std::size_t count, DataType type,

@@ -33,7 +33,7 @@ const char* name_of(const DeviceCall& call) {
 }  // namespace
 
 Layout layout_of(const DeviceCall& dc, int rank, int size) {
-  const tutti::detail::Call& c = dc.call;
+  const tutti::comm::Call& c = dc.call;
   const auto p = static_cast<std::size_t>(size);
   const std::size_t block = c.count * size_of(c.type);  // validated: no overflow
   if (dc.kind == DeviceCall::Kind::send) return {.staged = block, .in = c.send, .in_bytes = block};
@@ -294,7 +294,7 @@ void HostTransfer::drain(std::deque<InFlight>& flight) {
 
 tutti::Request HostTransfer::start_host(const Operation& op) {
   const DeviceCall& dc = op.call;
-  const tutti::detail::Call& c = dc.call;
+  const tutti::comm::Call& c = dc.call;
   std::byte* data = op.data + op.offset;
   if (dc.kind == DeviceCall::Kind::send) return host_.isend(data, c.count, c.type, dc.peer, dc.tag);
   if (dc.kind == DeviceCall::Kind::recv) return host_.irecv(data, c.count, c.type, dc.peer, dc.tag);

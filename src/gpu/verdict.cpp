@@ -83,7 +83,7 @@ bool process_dead(std::int64_t pid) {
 std::string host_identity() {
   std::string boot;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  return tutti::detail::topology_host_name().substr(0, 120) + "/" + boot;
+  return tutti::comm::topology_host_name().substr(0, 120) + "/" + boot;
 }
 
 }  // namespace tutti::gpu::detail

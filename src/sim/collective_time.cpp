@@ -108,10 +108,10 @@ double schedule_seconds(Algorithm algorithm, Collective collective, int ranks, s
 namespace {
 
 // Consecutive ranks share a host, `per_host` to each.
-detail::Topology hosts_of(int ranks, int per_host) {
+comm::Topology hosts_of(int ranks, int per_host) {
   std::vector<std::uint64_t> host_of(static_cast<std::size_t>(ranks));
   for (int r = 0; r < ranks; ++r) host_of[static_cast<std::size_t>(r)] = static_cast<std::uint64_t>(r / per_host);
-  return detail::Topology(std::move(host_of));
+  return comm::Topology(std::move(host_of));
 }
 
 }  // namespace
@@ -127,13 +127,13 @@ CollectiveTimes::Timed CollectiveTimes::cheapest(Collective collective, int rank
   const Levels levels{per_host,      network_.alpha, network_.beta * sharing, network_.intra_alpha, network_.intra_beta,
                       network_.gamma};
   bool first = true;
-  for (Algorithm a : detail::choice::candidates(transport::Kind::shm, collective, one_host)) {
+  for (Algorithm a : comm::choice::candidates(transport::Kind::shm, collective, one_host)) {
     double t = 0;
     if (a == Algorithm::direct) {
-      const detail::choice::CostParams cost{network_.intra_alpha, network_.intra_beta, network_.gamma};
-      const bool total = detail::choice::bytes_are_total(collective);
+      const comm::choice::CostParams cost{network_.intra_alpha, network_.intra_beta, network_.gamma};
+      const bool total = comm::choice::bytes_are_total(collective);
       const std::size_t bytes = count * elem * (total ? static_cast<std::size_t>(ranks) : 1);
-      t = detail::choice::predict(a, collective, ranks, bytes, cost);
+      t = comm::choice::predict(a, collective, ranks, bytes, cost);
     } else {
       t = schedule_seconds(a, collective, ranks, count, elem, levels);
     }
@@ -149,7 +149,7 @@ const CollectiveTimes::Timed& CollectiveTimes::allreduce(std::size_t count, Data
   const std::size_t elem = size_of(type);
   const int hosts = ranks_ / per_host_;
   Timed timed;
-  if (detail::prefers_hierarchical(topology_, count * elem)) {
+  if (comm::prefers_hierarchical(topology_, count * elem)) {
     // Equal ranks per host: reduce_scatter inside each host, per_host concurrent allreduces of
     // one block across the hosts (sharing each host's link), allgather inside each host.
     const std::size_t block = (count + static_cast<std::size_t>(per_host_) - 1) / static_cast<std::size_t>(per_host_);

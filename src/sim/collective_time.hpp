@@ -64,7 +64,7 @@ class CollectiveTimes {
 
   Network network_;
   int ranks_, per_host_;
-  detail::Topology topology_;  // what prefers_hierarchical asks about, built once
+  comm::Topology topology_;  // what prefers_hierarchical asks about, built once
   std::map<std::pair<std::size_t, DataType>, Timed> allreduce_;
   std::map<std::size_t, Timed> allgather_;
 };

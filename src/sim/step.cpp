@@ -28,9 +28,9 @@ namespace tutti::sim {
 
 namespace {
 
-using engine_detail::Descriptor;
-using engine_detail::Message;
-using engine_detail::Table;
+using engine::Descriptor;
+using engine::Message;
+using engine::Table;
 using Clock = std::chrono::steady_clock;
 constexpr double never = std::numeric_limits<double>::infinity();
 
@@ -54,7 +54,7 @@ struct Class {
   bool peer_waiting = false;
   std::vector<double> step_starts;  // per step
   double waited = 0;                // in step(), over the measured steps
-  std::unique_ptr<engine_detail::Timeline> timeline;
+  std::unique_ptr<engine::Timeline> timeline;
 
   bool done(int steps) const { return step >= steps; }
   bool unfinished(std::size_t gradients) const { return completed < gradients; }
@@ -137,8 +137,8 @@ class StepSimulation {
 
   void open_timelines() {
     for (auto& c : classes_)
-      if (const auto file = engine_detail::timeline_file_for(s_.timeline_path, c.representative); !file.empty())
-        c.timeline = std::make_unique<engine_detail::Timeline>(file, c.representative);
+      if (const auto file = engine::timeline_file_for(s_.timeline_path, c.representative); !file.empty())
+        c.timeline = std::make_unique<engine::Timeline>(file, c.representative);
   }
 
   void begin_step(Class& c, double start) {
@@ -170,7 +170,7 @@ class StepSimulation {
     if (c.done(s_.steps)) return free;
     const std::size_t n = descriptors_.size();
     const double timer =
-        c.wake + std::chrono::duration<double>(s_.policy.cycle_time).count() * (idle_ ? engine_detail::kIdleCycles : 1);
+        c.wake + std::chrono::duration<double>(s_.policy.cycle_time).count() * (idle_ ? engine::kIdleCycles : 1);
     double ring = never;
     if (c.unfinished(n)) ring = c.backward_end;  // step() waits, which rings
     if ((idle_ || c.peer_waiting) && c.announced < n) ring = std::min(ring, c.enqueue[c.announced]);
@@ -206,8 +206,8 @@ class StepSimulation {
     }
     std::size_t longest = 0;
     for (const auto& m : messages) longest = std::max(longest, m.encode(table_.cache_size()).size());
-    double round = times_.allgather(engine_detail::kSlot).seconds;
-    if (longest > engine_detail::kSlotPayload) round += times_.allgather(longest - engine_detail::kSlotPayload).seconds;
+    double round = times_.allgather(engine::kSlot).seconds;
+    if (longest > engine::kSlotPayload) round += times_.allgather(longest - engine::kSlotPayload).seconds;
     const double decided = start + round;
     const auto decision = table_.apply(messages, Clock::time_point{});
     add_if_measured(start, decided, negotiation_);
@@ -232,8 +232,7 @@ class StepSimulation {
       if (table_.idle()) step_start_ = true;
       return t;
     }
-    const auto jobs =
-        engine_detail::plan_fusion(ready, s_.policy.fusion_threshold, s_.policy.first_bucket_bytes, step_start_);
+    const auto jobs = engine::plan_fusion(ready, s_.policy.fusion_threshold, s_.policy.first_bucket_bytes, step_start_);
     step_start_ = false;
     for (const auto& members : jobs) {
       std::size_t count = 0, bytes = 0;

@@ -15,7 +15,7 @@
 
 namespace tutti::sparse::detail {
 
-using tutti::detail::choice::CostParams;
+using tutti::comm::choice::CostParams;
 
 struct Context {
   explicit Context(tutti::Communicator& c) : comm(c) {}

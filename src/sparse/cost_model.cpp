@@ -15,7 +15,7 @@ namespace tutti::sparse::detail {
 
 namespace {
 
-using tutti::detail::choice::CostParams;
+using tutti::comm::choice::CostParams;
 
 // Handling one pair (checking and unpacking it, a merge step that branches on which side holds
 // the index, packing it again) costs about 10 ns here (tutti-bench --collective sparse_allreduce --density

@@ -27,7 +27,7 @@ struct Workload {
   /// link shared by its ranks, and dense_allreduce's as the hierarchical dense allreduce's.
   int hosts = 1;
   int local_size = 1;
-  tutti::detail::choice::CostParams local_cost{};
+  tutti::comm::choice::CostParams local_cost{};
 };
 
 /// Expected size of the union of m ranks' index sets: dim·(1 − (1 − n/dim)^m) with n the mean
@@ -37,12 +37,12 @@ double expected_union(const Workload& w, int m);
 /// Predicted seconds of `algorithm` (not automatic); `cost` prices the links between hosts
 /// (between every two ranks for the flat algorithms). Error(invalid_argument) for automatic, and
 /// for hierarchical on a workload whose hosts and local_size do not make up its ranks.
-double predict(Algorithm algorithm, const Workload& w, const tutti::detail::choice::CostParams& cost);
+double predict(Algorithm algorithm, const Workload& w, const tutti::comm::choice::CostParams& cost);
 
 /// The algorithm with the least predicted time; the earlier one in the enum on a tie. p = 1 or
 /// an empty workload: allgather (it sends nothing then). Every algorithm is a candidate: where
 /// the result may be sparse, dense_allreduce is priced with the gather of the index bitmaps;
 /// hierarchical where the workload's hosts say it may run.
-Algorithm choose(const Workload& w, const tutti::detail::choice::CostParams& cost);
+Algorithm choose(const Workload& w, const tutti::comm::choice::CostParams& cost);
 
 }  // namespace tutti::sparse::detail

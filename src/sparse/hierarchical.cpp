@@ -29,7 +29,7 @@ namespace tutti::sparse::detail {
 
 namespace {
 
-using Hierarchy = tutti::detail::CommImpl::Hierarchy;
+using Hierarchy = tutti::comm::CommImpl::Hierarchy;
 
 // A context on `comm` (part of ctx.comm) with ctx's op, deadline and element types.
 Context part_of(const Context& ctx, tutti::Communicator& comm, const Layout& layout, Form form, const char* operation) {
@@ -111,7 +111,7 @@ Piece by_leaders(Context& ctx, Hierarchy& h, Piece mine, const CostParams& cost)
 }  // namespace
 
 Piece hierarchical(Context& ctx, Piece mine, const CostParams& cost) {
-  tutti::detail::CommImpl& impl = *ctx.comm.impl();
+  tutti::comm::CommImpl& impl = *ctx.comm.impl();
   const bool uniform = impl.topology().uniform();
   Hierarchy& h = impl.caller_hierarchy();
   return uniform ? by_ranges(ctx, h, std::move(mine), cost) : by_leaders(ctx, h, std::move(mine), cost);

@@ -147,8 +147,8 @@ Workload workload_of(const Context& ctx) {
 // The transport's calibrated cost model where the tuning file has one (tutti-bench --calibrate
 // measures a link's real rate, which the defaults cannot know), else the defaults.
 CostParams cost_of(std::string_view transport, tutti::transport::Kind kind) {
-  tutti::detail::choice::load_from_environment();
-  return tutti::detail::choice::cost_for(transport, kind);
+  tutti::comm::choice::load_from_environment();
+  return tutti::comm::choice::cost_for(transport, kind);
 }
 
 // The cost model of the communicator's own transport (tcp's where it has none).
@@ -161,7 +161,7 @@ Algorithm chosen(const Context& ctx, const Options& options) {
   if (options.algorithm != Algorithm::automatic) return options.algorithm;
   Workload w = workload_of(ctx);
   if (ctx.size > 1 && w.total_nnz > 0) {  // where the ranks live (collective the first time; cached)
-    const tutti::detail::Topology& topology = ctx.comm.impl()->topology();
+    const tutti::comm::Topology& topology = ctx.comm.impl()->topology();
     if (topology.uniform()) {
       w.hosts = topology.host_count();
       w.local_size = topology.max_local_size();

@@ -88,7 +88,7 @@ struct Failure {
 };
 inline constexpr std::uint64_t no_seq = ~std::uint64_t{0};
 
-/// One collective call in the public API's terms (the arguments of detail::Call), as the
+/// One collective call in the public API's terms (the arguments of comm::Call), as the
 /// collectives a transport runs itself take it:
 /// counts in elements of `type`; broadcast's buffer is `recv`; in place is send == recv, in the
 /// MPI forms (allgather: this rank's block already in its slot of recv; reduce_scatter: the

@@ -108,7 +108,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       "TUTTI_TIMEOUT_MS: an error other than invalid_argument");
   expect_valid_or_named(
       [] {
-        if (const auto algo = tutti::core::env("TUTTI_ALGO")) tutti::detail::choice::parse_forced_algorithms(*algo);
+        if (const auto algo = tutti::core::env("TUTTI_ALGO")) tutti::comm::choice::parse_forced_algorithms(*algo);
       },
       "TUTTI_ALGO: an error other than invalid_argument");
   expect_valid_or_named(

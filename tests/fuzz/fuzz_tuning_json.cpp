@@ -7,7 +7,7 @@
 #include "comm/tuning.hpp"
 #include "fuzz_support.hpp"
 
-using tutti::detail::choice::Table;
+using tutti::comm::choice::Table;
 using tutti::fuzz::require;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

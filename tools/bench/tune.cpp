@@ -20,7 +20,7 @@ namespace tutti::bench {
 
 namespace {
 
-namespace choice = tutti::detail::choice;
+namespace choice = tutti::comm::choice;
 using clock = std::chrono::steady_clock;
 
 // One-way time of a `bytes` message between ranks 0 and 1 (ping-pong), the same on every rank.

@@ -30,7 +30,7 @@ namespace tutti::transport {
 /// ranks it waits for, so none are named.
 using MpiCollective = NativeCollective;
 
-/// Prepares collective `kind` (any) with the arguments of a Tutti call (detail::Call: counts in elements;
+/// Prepares collective `kind` (any) with the arguments of a Tutti call (comm::Call: counts in elements;
 /// broadcast's buffer is `recv`; `counts` = allgatherv's recv_counts or alltoallv's send_counts,
 /// `recv_counts` = alltoallv's; the spans are copied). Tutti's in-place forms map onto
 /// MPI_IN_PLACE; avg is MPI_SUM then reduce::divide; f16 and bf16 reduce through user-defined MPI
