@@ -20,10 +20,7 @@ using tutti::bench::BenchOptions;
 using tutti::bench::Kind;
 
 BenchOptions parse(std::vector<std::string> args) {
-  tutti::testing::Argv a("tutti-bench", std::move(args));
-  auto options = tutti::bench::parse_options(a.argc(), a.argv());
-  if (!options) throw std::logic_error("help printed");
-  return *options;
+  return tutti::testing::parsed("tutti-bench", std::move(args), tutti::bench::parse_options);
 }
 
 std::string refusal(std::vector<std::string> args) {

@@ -19,10 +19,7 @@ const std::string vgg16 = std::string(TUTTI_PROFILES_DIR) + "/vgg16.profile";
 const std::string aries = std::string(TUTTI_PROFILES_DIR) + "/aries.network";
 
 SimOptions parse_sim(std::vector<std::string> args) {
-  tutti::testing::Argv a("tutti-sim", std::move(args));
-  auto options = tutti::sim::parse_options(a.argc(), a.argv());
-  if (!options) throw std::logic_error("help printed");
-  return *options;
+  return tutti::testing::parsed("tutti-sim", std::move(args), tutti::sim::parse_options);
 }
 
 std::string sim_refusal(std::vector<std::string> args) {

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,20 @@ class TempFile {
  private:
   std::filesystem::path path_;
 };
+
+/// What `parse` (a callable taking argc, argv) returns for `args`: the options themselves, or, from
+/// a parser that returns them as an optional, the value (std::logic_error if it printed the help).
+template <class Parse>
+auto parsed(const char* program, std::vector<std::string> args, Parse parse) {
+  Argv a(program, std::move(args));
+  auto result = parse(a.argc(), a.argv());
+  if constexpr (requires { result.has_value(); }) {
+    if (!result) throw std::logic_error("help printed");
+    return *std::move(result);
+  } else {
+    return result;
+  }
+}
 
 /// What `parse` (a callable taking argc, argv) throws, as text; "accepted" when it throws nothing.
 template <class Exception, class Parse>

@@ -18,8 +18,7 @@ using tutti::train::UsageError;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
 Settings parse(std::vector<std::string> args) {
-  tutti::testing::Argv a("tutti-train", std::move(args));
-  return tutti::train::parse_settings(a.argc(), a.argv());
+  return tutti::testing::parsed("tutti-train", std::move(args), tutti::train::parse_settings);
 }
 
 std::string refusal(std::vector<std::string> args) {
