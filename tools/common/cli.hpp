@@ -36,19 +36,27 @@ CLI::Option* add_size(CLI::App& app, const std::string& names, std::size_t& targ
 CLI::Option* add_size(CLI::App& app, const std::string& names, std::optional<std::size_t>& target,
                       const std::string& help, std::size_t unit = 1);
 
-/// A CLI11 check for a numeric flag of type T: base 10 only, the whole text (CLI11 alone would read
-/// 010 as octal and 0x10 as hex, and wrap -1 into an unsigned type).
+/// `text` as a T: base 10 only, the whole text, in range (std::from_chars); nothing otherwise.
+template <class T>
+std::optional<T> read_number(std::string_view text) {
+  T value{};
+  const char* end = text.data() + text.size();
+  const auto [last, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || last != end) return std::nullopt;
+  return value;
+}
+
+/// A CLI11 check for a numeric flag of type T, read as read_number reads it (CLI11 alone would
+/// read 010 as octal and 0x10 as hex, and wrap -1 into an unsigned type).
 template <class T>
 CLI::Validator number() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
-        T value{};
-        const char* end = text.data() + text.size();
-        const auto [last, ec] = std::from_chars(text.data(), end, value);
-        if (text.empty() || ec != std::errc() || last != end)
+        const std::optional<T> value = read_number<T>(text);
+        if (!value)
           return std::string(std::is_integral_v<T> ? "expected an integer" : "expected a number") + ", got '" + text +
                  "'";
-        if constexpr (std::is_integral_v<T>) text = std::to_string(value);  // what CLI11 converts again
+        if constexpr (std::is_integral_v<T>) text = std::to_string(*value);  // what CLI11 converts again
         return {};
       },
       "");

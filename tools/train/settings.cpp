@@ -1,10 +1,9 @@
 #include "settings.hpp"
 
-#include <charconv>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string_view>
-#include <system_error>
 
 #include "common/cli.hpp"
 #include "tutti/compress.hpp"
@@ -16,11 +15,9 @@ namespace {
 
 template <class T>
 T number(std::string_view flag, std::string_view text) {
-  T value{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || text.empty())
-    throw UsageError(std::string(flag) + " needs a number, not '" + std::string(text) + "'");
-  return value;
+  const std::optional<T> value = tools::read_number<T>(text);
+  if (!value) throw UsageError(std::string(flag) + " needs a number, not '" + std::string(text) + "'");
+  return *value;
 }
 
 template <class T>
