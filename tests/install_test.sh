@@ -3,9 +3,11 @@
 # prefix, then a separate CMake project with find_package(Tutti) (tests/consumer), and the same
 # program compiled and linked with nothing but `pkg-config --cflags --libs tutti`. Each runs a
 # 3-rank allreduce on threads, checks the result exactly and that its headers are the library's.
-#   install_test.sh BUILD_DIR SOURCE_DIR CXX VERSION
+# With TORCH_DIR (where libtorch's TorchConfig.cmake is; given when Tutti::torch was built), a
+# third project uses find_package(Tutti COMPONENTS torch) and Tutti::torch (tests/consumer_torch).
+#   install_test.sh BUILD_DIR SOURCE_DIR CXX VERSION [TORCH_DIR]
 set -euo pipefail
-build=$1 source=$2 cxx=$3 version=$4
+build=$1 source=$2 cxx=$3 version=$4 torch_dir=${5:-}
 work=$(mktemp -d /tmp/tutti-install-test.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
@@ -30,3 +32,14 @@ echo "pkg-config --cflags --libs tutti: $flags"
 # shellcheck disable=SC2086 # the flags are words
 "$cxx" -std=c++20 -o "$work/pkgconfig_consumer" "$source/tests/consumer/main.cpp" $flags
 "$work/pkgconfig_consumer"
+
+if [[ -n $torch_dir ]]; then
+  echo "== find_package(Tutti COMPONENTS torch)"
+  test ! -e "$prefix/include/tutti/torch_checkpoint_bytes.hpp" || { echo "install_test: a private header is installed"; exit 1; }
+  quiet cmake -S "$source/tests/consumer_torch" -B "$work/torch" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
+    -DTorch_DIR="$torch_dir"
+  quiet cmake --build "$work/torch"
+  "$work/torch/torch_consumer"
+else
+  echo "== Tutti::torch not built: its consumer is not tested"
+fi

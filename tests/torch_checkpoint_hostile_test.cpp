@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "libtorch/checkpoint.hpp"  // read_checkpoint, decode_shard: the internals under attack
 #include "torch_checkpoint_support.hpp"
 #include "tutti/torch.hpp"
 
@@ -35,7 +36,7 @@ namespace {
 
 using namespace testing;
 namespace fs = std::filesystem;
-namespace cd = tutti::torch::detail;
+namespace cd = tutti::libtorch::detail;
 
 // What `fn` did in a child process given `seconds` and `extra_mb` more address space than this
 // process has: "error CODE: WHAT", "exception: WHAT", "returned", "timed out" or "signal N".
@@ -184,7 +185,7 @@ TEST(TorchCheckpointHostile, FifoManifestIsRefusedAtOnce) {
   EXPECT_EQ(read.rfind("error invalid_argument", 0), 0u) << read;
   EXPECT_NE(read.find(manifest), std::string::npos) << read;
   const auto scan = in_child([&] {
-    if (tutti::torch::latest_checkpoint(dir.path)) throw std::runtime_error("a FIFO made a checkpoint");
+    if (tutti::libtorch::latest_checkpoint(dir.path)) throw std::runtime_error("a FIFO made a checkpoint");
   });
   EXPECT_EQ(scan, "returned") << scan;
 }
@@ -220,7 +221,7 @@ TEST(TorchCheckpointHostile, DamagedNewestManifestIsNamedAndTheOlderOneUsed) {
     f.put('X');
   }
   ::testing::internal::CaptureStderr();
-  const auto latest = tutti::torch::latest_checkpoint(dir.path);
+  const auto latest = tutti::libtorch::latest_checkpoint(dir.path);
   const std::string warnings = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(latest.value_or(""), dir.path + "/a");
   EXPECT_NE(warnings.find(dir.path + "/b/MANIFEST"), std::string::npos) << warnings;
@@ -232,8 +233,8 @@ template <class Body>
 std::string with_optimizers(std::vector<Net>& nets, Body body) {
   return run_ranks(2, [&](Communicator& comm) {
     auto& net = nets[static_cast<std::size_t>(comm.rank())];
-    ::torch::optim::SGD sgd(net->parameters(), ::torch::optim::SGDOptions(0.1));
-    tutti::torch::DistributedOptimizer optimizer(comm, sgd, net->named_parameters().pairs());
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    tutti::libtorch::DistributedOptimizer optimizer(comm, sgd, net->named_parameters().pairs());
     body(comm, optimizer, net);
   });
 }
@@ -265,7 +266,7 @@ TEST(TorchCheckpointHostile, RanksLoadTheCheckpointRankZeroChose) {
                                 std::this_thread::sleep_for(std::chrono::milliseconds(50));
                                 fs::rename(dir.path + "/staging/step-4", dir.path + "/ck/step-4");
                               }
-                              paths[r] = tutti::torch::latest_checkpoint(comm, dir.path + "/ck").value_or("");
+                              paths[r] = tutti::libtorch::latest_checkpoint(comm, dir.path + "/ck").value_or("");
                               optimizer.load_checkpoint(paths[r]);
                               steps[r] = optimizer.optimizer_steps();
                             }),
@@ -309,7 +310,7 @@ TEST(TorchCheckpointHostile, MissingDirectoryIsEveryRanksError) {
   ASSERT_EQ(run_ranks(2,
                       [&](Communicator& comm) {
                         try {
-                          tutti::torch::latest_checkpoint(comm, dir.path + "/missing");
+                          tutti::libtorch::latest_checkpoint(comm, dir.path + "/missing");
                         } catch (const Error& e) {
                           errors[static_cast<std::size_t>(comm.rank())] = e.what();
                         }

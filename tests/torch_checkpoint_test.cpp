@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "libtorch/checkpoint_format.hpp"  // the parsers, directly
 #include "torch_checkpoint_support.hpp"
 #include "tutti/torch.hpp"
 
@@ -29,16 +30,16 @@ template <class Optimizer, class Options>
 void check_resume(const Options& options) {
   TempDir dir;
   const std::string path = dir.path + "/step-3";
-  std::vector<::torch::Tensor> saved(2), continued(2), resumed(2);
-  ::torch::manual_seed(7);
+  std::vector<torch::Tensor> saved(2), continued(2), resumed(2);
+  torch::manual_seed(7);
   std::vector<Net> models{Net(), Net()};
-  ::torch::manual_seed(8);  // other weights: load must overwrite them
+  torch::manual_seed(8);  // other weights: load must overwrite them
   std::vector<Net> fresh{Net(), Net()};
   const auto failures = run_ranks(2, [&](Communicator& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
-    tutti::torch::broadcast_parameters(comm, *models[r], 0);
+    tutti::libtorch::broadcast_parameters(comm, *models[r], 0);
     Optimizer opt(models[r]->parameters(), options);
-    tutti::torch::DistributedOptimizer optimizer(comm, opt, models[r]->named_parameters().pairs());
+    tutti::libtorch::DistributedOptimizer optimizer(comm, opt, models[r]->named_parameters().pairs());
     train(optimizer, models[r], comm.rank(), 0, 3);
     saved[r] = state_of(models[r], opt);
     optimizer.checkpoint_async(path, {{"epoch", "2"}});
@@ -47,16 +48,16 @@ void check_resume(const Options& options) {
     continued[r] = state_of(models[r], opt);
 
     Optimizer opt2(fresh[r]->parameters(), options);
-    tutti::torch::DistributedOptimizer optimizer2(comm, opt2, fresh[r]->named_parameters().pairs());
+    tutti::libtorch::DistributedOptimizer optimizer2(comm, opt2, fresh[r]->named_parameters().pairs());
     const auto metadata = optimizer2.load_checkpoint(path);
     EXPECT_EQ(metadata.at("epoch"), "2");
     EXPECT_EQ(optimizer2.optimizer_steps(), 3u);
-    EXPECT_TRUE(::torch::equal(state_of(fresh[r], opt2), saved[r])) << "rank " << r << ": restored state";
+    EXPECT_TRUE(torch::equal(state_of(fresh[r], opt2), saved[r])) << "rank " << r << ": restored state";
     train(optimizer2, fresh[r], comm.rank(), 3, 6);
     resumed[r] = state_of(fresh[r], opt2);
   });
   ASSERT_EQ(failures, "");
-  for (std::size_t r = 0; r < 2; ++r) EXPECT_TRUE(::torch::equal(resumed[r], continued[r])) << "rank " << r;
+  for (std::size_t r = 0; r < 2; ++r) EXPECT_TRUE(torch::equal(resumed[r], continued[r])) << "rank " << r;
   EXPECT_TRUE(fs::exists(path + "/MANIFEST"));
   EXPECT_TRUE(fs::exists(path + "/shard-0-of-2") && fs::exists(path + "/shard-1-of-2"));
   // Each rank wrote a part: neither shard holds everything.
@@ -64,23 +65,23 @@ void check_resume(const Options& options) {
 }
 
 TEST(TorchCheckpoint, SgdMomentumResumesBitwise) {
-  ::torch::set_num_threads(1);
-  check_resume<::torch::optim::SGD>(::torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::set_num_threads(1);
+  check_resume<torch::optim::SGD>(torch::optim::SGDOptions(0.1).momentum(0.9));
 }
 
 TEST(TorchCheckpoint, AdamResumesBitwise) {
-  ::torch::set_num_threads(1);
-  check_resume<::torch::optim::Adam>(::torch::optim::AdamOptions(0.01));
+  torch::set_num_threads(1);
+  check_resume<torch::optim::Adam>(torch::optim::AdamOptions(0.01));
 }
 
 // Loads dir into a fresh 1-rank model (hidden units `hidden`); expects `code` and `text` in the
 // error, and the model and optimizer untouched.
 void expect_refused(const std::string& dir, ErrorCode code, const std::string& text, std::int64_t hidden = 4) {
   auto comms = local_group(1);
-  ::torch::manual_seed(11);
+  torch::manual_seed(11);
   Net model(hidden);
-  ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
-  tutti::torch::DistributedOptimizer optimizer(comms[0], sgd, model->named_parameters().pairs());
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  tutti::libtorch::DistributedOptimizer optimizer(comms[0], sgd, model->named_parameters().pairs());
   const auto before = state_of(model, sgd);
   try {
     optimizer.load_checkpoint(dir);
@@ -89,7 +90,7 @@ void expect_refused(const std::string& dir, ErrorCode code, const std::string& t
     EXPECT_EQ(e.code(), code) << e.what();
     EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
   }
-  EXPECT_TRUE(::torch::equal(state_of(model, sgd), before)) << "the refused load changed the model";
+  EXPECT_TRUE(torch::equal(state_of(model, sgd), before)) << "the refused load changed the model";
   EXPECT_TRUE(sgd.state().empty());
 }
 
@@ -126,8 +127,8 @@ TEST(TorchCheckpoint, RefusesIncompleteDamagedAndForeignCheckpoints) {
   ASSERT_EQ(run_ranks(2,
                       [&](Communicator& comm) {
                         auto& model = models[static_cast<std::size_t>(comm.rank())];
-                        ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
-                        tutti::torch::DistributedOptimizer optimizer(comm, sgd, model->named_parameters().pairs());
+                        torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+                        tutti::libtorch::DistributedOptimizer optimizer(comm, sgd, model->named_parameters().pairs());
                         optimizer.checkpoint(dir.path + "/two");
                       }),
             "");
@@ -139,8 +140,8 @@ TEST(TorchCheckpoint, RefusesToOverwriteAndBadMetadata) {
   write_one(dir.path, "a");
   auto comms = local_group(1);
   Net model;
-  ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1));
-  tutti::torch::DistributedOptimizer optimizer(comms[0], sgd, model->named_parameters().pairs());
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  tutti::libtorch::DistributedOptimizer optimizer(comms[0], sgd, model->named_parameters().pairs());
   EXPECT_THROW(optimizer.checkpoint_async(dir.path + "/a"), Error);
   EXPECT_THROW(optimizer.checkpoint_async(dir.path + "/b", {{"epoch", "two words"}}), Error);
   EXPECT_THROW(optimizer.checkpoint_async(dir.path + "/b", {{"optimizer_steps", "1"}}), Error);
@@ -164,8 +165,8 @@ TEST(TorchCheckpoint, FailedWriteSurfacesOnEveryRankAndPublishesNothing) {
   ASSERT_EQ(run_ranks(2,
                       [&](Communicator& comm) {
                         auto& model = models[static_cast<std::size_t>(comm.rank())];
-                        ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1));
-                        tutti::torch::DistributedOptimizer optimizer(comm, sgd, model->named_parameters().pairs());
+                        torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+                        tutti::libtorch::DistributedOptimizer optimizer(comm, sgd, model->named_parameters().pairs());
                         optimizer.checkpoint_async(path);
                         try {
                           optimizer.wait_checkpoint();
@@ -178,7 +179,7 @@ TEST(TorchCheckpoint, FailedWriteSurfacesOnEveryRankAndPublishesNothing) {
   EXPECT_NE(errors[1].find("cannot create " + path + "/shard-1-of-2.tmp"), std::string::npos) << errors[1];
   EXPECT_NE(errors[0].find("rank(s) 1 could not write their shards"), std::string::npos) << errors[0];
   EXPECT_FALSE(fs::exists(path + "/MANIFEST"));
-  EXPECT_FALSE(tutti::torch::latest_checkpoint(dir.path).has_value());
+  EXPECT_FALSE(tutti::libtorch::latest_checkpoint(dir.path).has_value());
 }
 
 // Rank 1's snapshot fails (its directory cannot be made): it gets the error at once, rank 0 from
@@ -192,8 +193,8 @@ TEST(TorchCheckpoint, FailedSnapshotOnOneRankFailsTheCheckpointOnTheOthers) {
                       [&](Communicator& comm) {
                         const auto r = static_cast<std::size_t>(comm.rank());
                         auto& model = models[r];
-                        ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1));
-                        tutti::torch::DistributedOptimizer optimizer(comm, sgd, model->named_parameters().pairs());
+                        torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+                        tutti::libtorch::DistributedOptimizer optimizer(comm, sgd, model->named_parameters().pairs());
                         try {
                           optimizer.checkpoint_async(r == 0 ? dir.path + "/a" : dir.path + "/file/a");
                           optimizer.wait_checkpoint();
@@ -211,27 +212,27 @@ TEST(TorchCheckpoint, FailedSnapshotOnOneRankFailsTheCheckpointOnTheOthers) {
 
 TEST(TorchCheckpoint, LatestIsTheCompleteOneWithMostSteps) {
   TempDir dir;
-  EXPECT_FALSE(tutti::torch::latest_checkpoint(dir.path).has_value());
-  EXPECT_FALSE(tutti::torch::latest_checkpoint(dir.path + "/nonexistent").has_value());
+  EXPECT_FALSE(tutti::libtorch::latest_checkpoint(dir.path).has_value());
+  EXPECT_FALSE(tutti::libtorch::latest_checkpoint(dir.path + "/nonexistent").has_value());
   write_one(dir.path, "b");
   fs::create_directories(dir.path + "/z-never-completed");
-  EXPECT_EQ(tutti::torch::latest_checkpoint(dir.path), dir.path + "/b");
+  EXPECT_EQ(tutti::libtorch::latest_checkpoint(dir.path), dir.path + "/b");
   fs::copy(dir.path + "/b", dir.path + "/a");
-  EXPECT_EQ(tutti::torch::latest_checkpoint(dir.path).value_or("").back(), 'b');  // same steps: either; not z
+  EXPECT_EQ(tutti::libtorch::latest_checkpoint(dir.path).value_or("").back(), 'b');  // same steps: either; not z
 }
 
 // Every truncation of a shard and of a MANIFEST is refused with an Error (never a crash or a
 // partial read); so is any one flipped byte of the MANIFEST.
 TEST(TorchCheckpoint, ParsersRefuseEveryTruncation) {
-  using namespace tutti::torch::detail;
-  std::vector<CheckpointEntry> entries{{"param/w", ::torch::arange(6, ::torch::kFloat32).reshape({2, 3})},
-                                       {"state/w/step", ::torch::full({1}, 5, ::torch::kInt64)}};
+  using namespace tutti::libtorch::detail;
+  std::vector<CheckpointEntry> entries{{"param/w", torch::arange(6, torch::kFloat32).reshape({2, 3})},
+                                       {"state/w/step", torch::full({1}, 5, torch::kInt64)}};
   const std::string shard = encode_shard(1, 2, entries);
   const auto back = decode_shard(shard, "s", 1, 2);
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(back[0].name, "param/w");
-  EXPECT_TRUE(::torch::equal(back[0].tensor, entries[0].tensor));
-  EXPECT_TRUE(::torch::equal(back[1].tensor, entries[1].tensor));
+  EXPECT_TRUE(torch::equal(back[0].tensor, entries[0].tensor));
+  EXPECT_TRUE(torch::equal(back[1].tensor, entries[1].tensor));
   EXPECT_THROW(decode_shard(shard, "s", 0, 2), Error);
   for (std::size_t n = 0; n < shard.size(); ++n) EXPECT_THROW(decode_shard(shard.substr(0, n), "s", 1, 2), Error) << n;
 

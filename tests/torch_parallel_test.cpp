@@ -19,9 +19,9 @@ namespace tutti {
 namespace {
 
 using testing::run_ranks;
-using tutti::torch::pipeline_schedule;
-using tutti::torch::PipelineAction;
-using tutti::torch::PipelineSchedule;
+using tutti::libtorch::pipeline_schedule;
+using tutti::libtorch::PipelineAction;
+using tutti::libtorch::PipelineSchedule;
 
 std::string spell(const std::vector<PipelineAction>& actions) {
   std::string s;
@@ -78,8 +78,8 @@ TEST(PipelineSchedule, CompleteOrderedBoundedAndDeadlockFree) {
   for (auto schedule : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b})
     for (int stages = 1; stages <= 5; ++stages)
       for (int m = 1; m <= 9; ++m) {
-        const std::string where =
-            std::string(tutti::torch::to_string(schedule)) + " N=" + std::to_string(stages) + " M=" + std::to_string(m);
+        const std::string where = std::string(tutti::libtorch::to_string(schedule)) + " N=" + std::to_string(stages) +
+                                  " M=" + std::to_string(m);
         for (int s = 0; s < stages; ++s) {
           const auto actions = pipeline_schedule(schedule, stages, s, m);
           ASSERT_EQ(actions.size(), static_cast<std::size_t>(2 * m)) << where;
@@ -105,38 +105,38 @@ TEST(PipelineSchedule, CompleteOrderedBoundedAndDeadlockFree) {
 }
 
 TEST(PipelineSchedule, BubbleTheory) {
-  EXPECT_DOUBLE_EQ(tutti::torch::pipeline_bubble_theory(1, 4), 0.0);
-  EXPECT_DOUBLE_EQ(tutti::torch::pipeline_bubble_theory(2, 4), 1.0 / 5.0);
-  EXPECT_DOUBLE_EQ(tutti::torch::pipeline_bubble_theory(4, 8), 3.0 / 11.0);
-  EXPECT_EQ(tutti::torch::pipeline_schedule_from_name("1f1b"), PipelineSchedule::one_f_one_b);
-  EXPECT_EQ(tutti::torch::pipeline_schedule_from_name("gpipe"), PipelineSchedule::gpipe);
-  EXPECT_FALSE(tutti::torch::pipeline_schedule_from_name("GPipe"));
+  EXPECT_DOUBLE_EQ(tutti::libtorch::pipeline_bubble_theory(1, 4), 0.0);
+  EXPECT_DOUBLE_EQ(tutti::libtorch::pipeline_bubble_theory(2, 4), 1.0 / 5.0);
+  EXPECT_DOUBLE_EQ(tutti::libtorch::pipeline_bubble_theory(4, 8), 3.0 / 11.0);
+  EXPECT_EQ(tutti::libtorch::pipeline_schedule_from_name("1f1b"), PipelineSchedule::one_f_one_b);
+  EXPECT_EQ(tutti::libtorch::pipeline_schedule_from_name("gpipe"), PipelineSchedule::gpipe);
+  EXPECT_FALSE(tutti::libtorch::pipeline_schedule_from_name("GPipe"));
 }
 
 // Three linear layers with tanh between, one per stage; an MSE loss on the last.
 struct Chain {
-  std::vector<::torch::nn::Linear> layers;
+  std::vector<torch::nn::Linear> layers;
   explicit Chain(std::uint64_t seed) {
-    ::torch::manual_seed(seed);
+    torch::manual_seed(seed);
     for (auto [in, out] : {std::pair{6, 5}, {5, 4}, {4, 3}}) layers.emplace_back(in, out);
   }
-  ::torch::Tensor stage_forward(int stage, const ::torch::Tensor& x) {
+  torch::Tensor stage_forward(int stage, const torch::Tensor& x) {
     auto y = layers[static_cast<std::size_t>(stage)]->forward(x);
-    return stage < 2 ? ::torch::tanh(y) : y;
+    return stage < 2 ? torch::tanh(y) : y;
   }
 };
 
-::torch::Tensor data_of(int index, std::vector<std::int64_t> shape) {
+torch::Tensor data_of(int index, std::vector<std::int64_t> shape) {
   auto generator = ::at::detail::createCPUGenerator(500 + static_cast<std::uint64_t>(index));
-  return ::torch::randn(shape, generator);
+  return torch::randn(shape, generator);
 }
 
 void pipeline_matches_whole_network(PipelineSchedule schedule, int m) {
   constexpr std::int64_t micro = 4;
   const auto inputs = data_of(0, {m * micro, 6}).chunk(m);
   const auto targets = data_of(1, {m * micro, 3}).chunk(m);
-  auto loss_of = [&](const ::torch::Tensor& out, int k) {
-    return ::torch::mse_loss(out, targets[static_cast<std::size_t>(k)]) / m;
+  auto loss_of = [&](const torch::Tensor& out, int k) {
+    return torch::mse_loss(out, targets[static_cast<std::size_t>(k)]) / m;
   };
   // The reference: the same micro-batches through the whole chain, in one thread, twice (two steps).
   Chain whole(7);
@@ -157,10 +157,10 @@ void pipeline_matches_whole_network(PipelineSchedule schedule, int m) {
     const int s = comm.rank();
     Chain& chain = chains[static_cast<std::size_t>(s)];
     const std::vector<std::int64_t> shape{s == 0 ? 6 : s == 1 ? 5 : 4};
-    tutti::torch::PipelineStage stage(
-        comm, [&](const ::torch::Tensor& x) { return chain.stage_forward(s, x); }, shape, schedule, m);
-    std::vector<::torch::Tensor> mine =
-        s == 0 ? std::vector<::torch::Tensor>(inputs.begin(), inputs.end()) : std::vector<::torch::Tensor>{};
+    tutti::libtorch::PipelineStage stage(
+        comm, [&](const torch::Tensor& x) { return chain.stage_forward(s, x); }, shape, schedule, m);
+    std::vector<torch::Tensor> mine =
+        s == 0 ? std::vector<torch::Tensor>(inputs.begin(), inputs.end()) : std::vector<torch::Tensor>{};
     double loss = 0;
     for (int step = 0; step < 2; ++step) loss = stage.run(micro, mine, loss_of);
     EXPECT_EQ(stage.stats().steps, 2u);
@@ -174,8 +174,8 @@ void pipeline_matches_whole_network(PipelineSchedule schedule, int m) {
   for (int s = 0; s < 3; ++s) {
     const auto& layer = chains[static_cast<std::size_t>(s)].layers[static_cast<std::size_t>(s)];
     const auto& reference = whole.layers[static_cast<std::size_t>(s)];
-    EXPECT_TRUE(::torch::equal(layer->weight.grad(), reference->weight.grad())) << "stage " << s;
-    EXPECT_TRUE(::torch::equal(layer->bias.grad(), reference->bias.grad())) << "stage " << s;
+    EXPECT_TRUE(torch::equal(layer->weight.grad(), reference->weight.grad())) << "stage " << s;
+    EXPECT_TRUE(torch::equal(layer->bias.grad(), reference->bias.grad())) << "stage " << s;
   }
 }
 
@@ -187,16 +187,16 @@ TEST(PipelineStage, OneMicroBatch) { pipeline_matches_whole_network(PipelineSche
 
 TEST(PipelineStage, WrongInputsOnTheFirstStage) {
   const auto failures = run_ranks(1, [&](Communicator& comm) {
-    tutti::torch::PipelineStage stage(
-        comm, [](const ::torch::Tensor& x) { return x; }, {3}, PipelineSchedule::gpipe, 2);
-    const auto loss = [](const ::torch::Tensor& out, int) { return out.sum(); };
-    EXPECT_THROW(stage.run(4, {::torch::zeros({4, 3})}, loss), Error);                          // one, not two
-    EXPECT_THROW(stage.run(4, {::torch::zeros({4, 3}), ::torch::zeros({3, 3})}, loss), Error);  // 3 samples
+    tutti::libtorch::PipelineStage stage(
+        comm, [](const torch::Tensor& x) { return x; }, {3}, PipelineSchedule::gpipe, 2);
+    const auto loss = [](const torch::Tensor& out, int) { return out.sum(); };
+    EXPECT_THROW(stage.run(4, {torch::zeros({4, 3})}, loss), Error);                        // one, not two
+    EXPECT_THROW(stage.run(4, {torch::zeros({4, 3}), torch::zeros({3, 3})}, loss), Error);  // 3 samples
   });
   EXPECT_EQ(failures, "");
 }
 
-void expect_close(const ::torch::Tensor& got, const ::torch::Tensor& want, const std::string& what) {
+void expect_close(const torch::Tensor& got, const torch::Tensor& want, const std::string& what) {
   ASSERT_EQ(got.sizes(), want.sizes()) << what;
   const double scale = std::max(1.0, want.abs().max().item<double>());
   EXPECT_LE((got - want).abs().max().item<double>(), 1e-6 * scale) << what;
@@ -204,20 +204,20 @@ void expect_close(const ::torch::Tensor& got, const ::torch::Tensor& want, const
 
 // fc2(relu(fc1(x))) split over T ranks against the whole pair.
 void tensor_parallel_matches(int t) {
-  ::torch::manual_seed(3);
-  ::torch::nn::Linear fc1(8, 12), fc2(12, 5);
+  torch::manual_seed(3);
+  torch::nn::Linear fc1(8, 12), fc2(12, 5);
   const auto x = data_of(2, {7, 8});
   const auto target = data_of(3, {7, 5});
   auto whole_x = x.clone().requires_grad_(true);
-  auto want = fc2->forward(::torch::relu(fc1->forward(whole_x)));
-  ::torch::mse_loss(want, target).backward();
+  auto want = fc2->forward(torch::relu(fc1->forward(whole_x)));
+  torch::mse_loss(want, target).backward();
   const std::int64_t share = 12 / t;
   const auto failures = run_ranks(t, [&](Communicator& comm) {
-    tutti::torch::ColumnParallelLinear column(comm, fc1);
-    tutti::torch::RowParallelLinear row(comm, fc2);
+    tutti::libtorch::ColumnParallelLinear column(comm, fc1);
+    tutti::libtorch::RowParallelLinear row(comm, fc2);
     auto mine = x.clone().requires_grad_(true);
-    auto got = row->forward(::torch::relu(column->forward(mine)));
-    ::torch::mse_loss(got, target).backward();
+    auto got = row->forward(torch::relu(column->forward(mine)));
+    torch::mse_loss(got, target).backward();
     const auto r = comm.rank();
     expect_close(got, want.detach(), "output");
     expect_close(mine.grad(), whole_x.grad(), "input gradient");  // summed over the ranks in backward
@@ -233,10 +233,10 @@ TEST(TensorParallel, TwoRanks) { tensor_parallel_matches(2); }
 TEST(TensorParallel, FourRanks) { tensor_parallel_matches(4); }
 
 TEST(TensorParallel, FeaturesThatDoNotSplit) {
-  ::torch::nn::Linear fc(8, 10), wide(10, 4);  // on this thread: the global generator is not for threads
+  torch::nn::Linear fc(8, 10), wide(10, 4);  // on this thread: the global generator is not for threads
   const auto failures = run_ranks(3, [&](Communicator& comm) {
-    EXPECT_THROW(tutti::torch::ColumnParallelLinear(comm, fc), Error);  // 10 outputs over 3
-    EXPECT_THROW(tutti::torch::RowParallelLinear(comm, wide), Error);   // 10 inputs over 3
+    EXPECT_THROW(tutti::libtorch::ColumnParallelLinear(comm, fc), Error);  // 10 outputs over 3
+    EXPECT_THROW(tutti::libtorch::RowParallelLinear(comm, wide), Error);   // 10 inputs over 3
   });
   EXPECT_EQ(failures, "");
 }

@@ -20,21 +20,20 @@ namespace tutti {
 namespace {
 
 using testing::run_ranks;
-using NamedTensors = std::vector<std::pair<std::string, ::torch::Tensor>>;
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // 5*4 + 4 + 4*2 + 2 = 34 parameters: no padding at p = 1 and 2, two padding elements at p = 3
 // (shards of 12) and p = 4 (shards of 9); every p > 1 cuts fc1.weight between two ranks.
-struct NetImpl : ::torch::nn::Module {
+struct NetImpl : torch::nn::Module {
   NetImpl()
-      : fc1(register_module("fc1", ::torch::nn::Linear(5, 4))),
-        fc2(register_module("fc2", ::torch::nn::Linear(4, 2))) {}
-  ::torch::Tensor forward(const ::torch::Tensor& x) { return fc2->forward(::torch::tanh(fc1->forward(x))); }
-  ::torch::nn::Linear fc1, fc2;
+      : fc1(register_module("fc1", torch::nn::Linear(5, 4))), fc2(register_module("fc2", torch::nn::Linear(4, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2->forward(torch::tanh(fc1->forward(x))); }
+  torch::nn::Linear fc1, fc2;
 };
-// TORCH_MODULE(Net) by hand: the macro says `torch::`, which is tutti::torch in here.
-class Net : public ::torch::nn::ModuleHolder<NetImpl> {
+// TORCH_MODULE(Net) by hand: the macro says `torch::`, which is tutti::libtorch in here.
+class Net : public torch::nn::ModuleHolder<NetImpl> {
  public:
-  using ::torch::nn::ModuleHolder<NetImpl>::ModuleHolder;
+  using torch::nn::ModuleHolder<NetImpl>::ModuleHolder;
 };
 
 constexpr std::int64_t parameters_in_net = 34;
@@ -45,38 +44,38 @@ constexpr int steps = 4;
 std::vector<Net> identical_models(int count) {
   std::vector<Net> models;
   for (int i = 0; i < count; ++i) {
-    ::torch::manual_seed(7);
+    torch::manual_seed(7);
     models.emplace_back();
   }
   return models;
 }
 
 // The batch of step `step`: (inputs [24, 5], targets [24, 2]).
-std::pair<::torch::Tensor, ::torch::Tensor> batch(int step) {
+std::pair<torch::Tensor, torch::Tensor> batch(int step) {
   auto generator = ::at::detail::createCPUGenerator(500 + static_cast<std::uint64_t>(step));
-  return {::torch::randn({batch_size, 5}, generator), ::torch::randn({batch_size, 2}, generator)};
+  return {torch::randn({batch_size, 5}, generator), torch::randn({batch_size, 2}, generator)};
 }
 
-::torch::Tensor flat_parameters(Net& model) {
-  std::vector<::torch::Tensor> flat;
+torch::Tensor flat_parameters(Net& model) {
+  std::vector<torch::Tensor> flat;
   for (const auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}).clone());
-  return ::torch::cat(flat);
+  return torch::cat(flat);
 }
 
-bool same_bytes(const ::torch::Tensor& a, const ::torch::Tensor& b) {
+bool same_bytes(const torch::Tensor& a, const torch::Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
 }
 
 // The parameters after each step of torch's SGD on the whole batch, in one process.
-std::vector<::torch::Tensor> reference_run(const tutti::torch::ShardedOptions& o) {
+std::vector<torch::Tensor> reference_run(const tutti::libtorch::ShardedOptions& o) {
   Net model = identical_models(1)[0];
-  ::torch::optim::SGD sgd(model->parameters(),
-                          ::torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
-  std::vector<::torch::Tensor> after;
+  torch::optim::SGD sgd(model->parameters(),
+                        torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+  std::vector<torch::Tensor> after;
   for (int step = 0; step < steps; ++step) {
     sgd.zero_grad();
     auto [x, y] = batch(step);
-    ::torch::mse_loss(model->forward(x), y).backward();
+    torch::mse_loss(model->forward(x), y).backward();
     sgd.step();
     after.push_back(flat_parameters(model));
   }
@@ -90,18 +89,18 @@ std::vector<::torch::Tensor> reference_run(const tutti::torch::ShardedOptions& o
 // that on; 1e-6 relative is a few hundred times the rounding of f32 at these magnitudes.
 // With overlap, buckets of 4 elements (16 bytes), so that every shard has several.
 void check_against_sgd(int stage, int p, double weight_decay, bool overlap = false) {
-  ::torch::set_num_threads(1);
-  const tutti::torch::ShardedOptions options{
+  torch::set_num_threads(1);
+  const tutti::libtorch::ShardedOptions options{
       .stage = stage, .lr = 0.1, .momentum = 0.9, .weight_decay = weight_decay, .overlap = overlap, .bucket_bytes = 16};
   const auto reference = reference_run(options);
   auto models = identical_models(p);
   const auto initial = flat_parameters(models[0]);
-  std::vector<std::vector<::torch::Tensor>> after(static_cast<std::size_t>(p));  // [rank][step]
+  std::vector<std::vector<torch::Tensor>> after(static_cast<std::size_t>(p));  // [rank][step]
   const std::int64_t share = batch_size / p;
   const auto shard = (parameters_in_net + p - 1) / p;
   const auto failures = run_ranks(p, [&](Communicator& comm) {
     auto& model = models[static_cast<std::size_t>(comm.rank())];
-    tutti::torch::ShardedOptimizer optimizer(comm, model->named_parameters().pairs(), options);
+    tutti::libtorch::ShardedOptimizer optimizer(comm, model->named_parameters().pairs(), options);
     EXPECT_EQ(optimizer.parameter_count(), static_cast<std::size_t>(parameters_in_net));
     EXPECT_EQ(optimizer.shard_size(), static_cast<std::size_t>(shard));
     EXPECT_EQ(optimizer.optimizer_state_bytes(), static_cast<std::size_t>(shard) * 4);
@@ -113,8 +112,7 @@ void check_against_sgd(int stage, int p, double weight_decay, bool overlap = fal
     for (int step = 0; step < steps; ++step) {
       optimizer.zero_grad();
       auto [x, y] = batch(step);
-      ::torch::mse_loss(model->forward(x.narrow(0, comm.rank() * share, share)),
-                        y.narrow(0, comm.rank() * share, share))
+      torch::mse_loss(model->forward(x.narrow(0, comm.rank() * share, share)), y.narrow(0, comm.rank() * share, share))
           .backward();
       optimizer.step();
       after[static_cast<std::size_t>(comm.rank())].push_back(flat_parameters(model));
@@ -130,7 +128,7 @@ void check_against_sgd(int stage, int p, double weight_decay, bool overlap = fal
     EXPECT_EQ(optimizer.gradient_bytes_held(), gradient_bytes);
   });
   ASSERT_EQ(failures, "");
-  ASSERT_FALSE(::torch::equal(reference[0], initial));  // the reference moved: a no-op cannot pass
+  ASSERT_FALSE(torch::equal(reference[0], initial));  // the reference moved: a no-op cannot pass
   for (int r = 0; r < p; ++r) {
     ASSERT_EQ(after[static_cast<std::size_t>(r)].size(), static_cast<std::size_t>(steps));
     for (int step = 0; step < steps; ++step) {
@@ -166,14 +164,14 @@ TEST(TorchZero, Stage2OverlappedFourRanksWithPaddingMatchSgd) { check_against_sg
 // the buckets holding fc2 (and, in the fixed order, every bucket after them) in step(). The
 // buckets must still pair up: the result is the run without overlap's, and the same on every rank.
 TEST(TorchZero, OverlapWithAParameterWithoutGradientOnOneRank) {
-  ::torch::set_num_threads(1);
+  torch::set_num_threads(1);
   constexpr int p = 3;
-  std::vector<::torch::Tensor> results;
+  std::vector<torch::Tensor> results;
   for (bool overlap : {false, true}) {
     auto models = identical_models(p);
     const auto failures = run_ranks(p, [&](Communicator& comm) {
       auto& model = models[static_cast<std::size_t>(comm.rank())];
-      tutti::torch::ShardedOptimizer optimizer(
+      tutti::libtorch::ShardedOptimizer optimizer(
           comm, model->named_parameters().pairs(),
           {.stage = 2, .lr = 0.1, .momentum = 0.9, .overlap = overlap, .bucket_bytes = 8});
       for (int step = 0; step < 3; ++step) {
@@ -181,8 +179,8 @@ TEST(TorchZero, OverlapWithAParameterWithoutGradientOnOneRank) {
         auto [x, y] = batch(step);
         x = x.narrow(0, comm.rank() * 8, 8);
         y = y.narrow(0, comm.rank() * 8, 8);
-        auto out = comm.rank() == 1 ? ::torch::tanh(model->fc1->forward(x)).narrow(1, 0, 2) : model->forward(x);
-        ::torch::mse_loss(out, y).backward();
+        auto out = comm.rank() == 1 ? torch::tanh(model->fc1->forward(x)).narrow(1, 0, 2) : model->forward(x);
+        torch::mse_loss(out, y).backward();
         optimizer.step();
       }
     });
@@ -197,13 +195,13 @@ TEST(TorchZero, OverlapWithAParameterWithoutGradientOnOneRank) {
 // With overlap, a second backward before step() would be lost (its gradients were copied at the
 // first); zero_grad() between backward and step() would drop reduces in flight. Both are refused.
 TEST(TorchZero, OverlapRefusesTwoBackwardPassesAndZeroGradBeforeStep) {
-  ::torch::set_num_threads(1);
+  torch::set_num_threads(1);
   auto model = identical_models(1)[0];
   const auto failures = run_ranks(1, [&](Communicator& comm) {
-    tutti::torch::ShardedOptimizer optimizer(comm, model->named_parameters().pairs(),
-                                             {.stage = 2, .lr = 0.1, .overlap = true});
+    tutti::libtorch::ShardedOptimizer optimizer(comm, model->named_parameters().pairs(),
+                                                {.stage = 2, .lr = 0.1, .overlap = true});
     auto [x, y] = batch(0);
-    ::torch::mse_loss(model->forward(x), y).backward();
+    torch::mse_loss(model->forward(x), y).backward();
     try {
       optimizer.zero_grad();
       ADD_FAILURE() << "zero_grad between backward and step";
@@ -212,7 +210,7 @@ TEST(TorchZero, OverlapRefusesTwoBackwardPassesAndZeroGradBeforeStep) {
       EXPECT_NE(std::string(e.what()).find("being reduced"), std::string::npos) << e.what();
     }
     try {
-      ::torch::mse_loss(model->forward(x), y).backward();
+      torch::mse_loss(model->forward(x), y).backward();
       ADD_FAILURE() << "a second backward before step";
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find("was produced twice before step()"), std::string::npos) << e.what();
@@ -225,21 +223,21 @@ TEST(TorchZero, OverlapRefusesTwoBackwardPassesAndZeroGradBeforeStep) {
 
 // Without momentum SGD keeps no state, and neither does the sharded optimizer.
 TEST(TorchZero, WithoutMomentumKeepsNoState) {
-  ::torch::set_num_threads(1);
+  torch::set_num_threads(1);
   auto models = identical_models(2);
   const auto failures = run_ranks(2, [&](Communicator& comm) {
     auto& model = models[static_cast<std::size_t>(comm.rank())];
-    tutti::torch::ShardedOptimizer optimizer(comm, model->named_parameters().pairs(), {.stage = 2, .lr = 0.1});
+    tutti::libtorch::ShardedOptimizer optimizer(comm, model->named_parameters().pairs(), {.stage = 2, .lr = 0.1});
     EXPECT_EQ(optimizer.optimizer_state_bytes(), 0u);
     auto [x, y] = batch(0);
-    ::torch::mse_loss(model->forward(x.narrow(0, comm.rank() * 12, 12)), y.narrow(0, comm.rank() * 12, 12)).backward();
+    torch::mse_loss(model->forward(x.narrow(0, comm.rank() * 12, 12)), y.narrow(0, comm.rank() * 12, 12)).backward();
     optimizer.step();
   });
   ASSERT_EQ(failures, "");
   Net reference = identical_models(1)[0];
-  ::torch::optim::SGD sgd(reference->parameters(), ::torch::optim::SGDOptions(0.1));
+  torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.1));
   auto [x, y] = batch(0);
-  ::torch::mse_loss(reference->forward(x), y).backward();
+  torch::mse_loss(reference->forward(x), y).backward();
   sgd.step();
   const auto want = flat_parameters(reference);
   EXPECT_TRUE(same_bytes(flat_parameters(models[0]), flat_parameters(models[1])));
@@ -250,7 +248,7 @@ TEST(TorchZero, WithoutMomentumKeepsNoState) {
 // Error(invalid_argument) (none may wait in a collective the others never make) whose message
 // holds that rank's expected text.
 void expect_error_on_every_rank(int p, const std::function<NamedTensors(int rank)>& parameters,
-                                const std::function<tutti::torch::ShardedOptions(int rank)>& options,
+                                const std::function<tutti::libtorch::ShardedOptions(int rank)>& options,
                                 const std::function<std::string(int rank)>& expected) {
   std::vector<NamedTensors> named;
   for (int r = 0; r < p; ++r) named.push_back(parameters(r));  // on this thread: torch's generator
@@ -258,8 +256,8 @@ void expect_error_on_every_rank(int p, const std::function<NamedTensors(int rank
   int errors = 0;
   const auto failures = run_ranks(p, [&](Communicator& comm) {
     try {
-      tutti::torch::ShardedOptimizer optimizer(comm, named[static_cast<std::size_t>(comm.rank())],
-                                               options(comm.rank()));
+      tutti::libtorch::ShardedOptimizer optimizer(comm, named[static_cast<std::size_t>(comm.rank())],
+                                                  options(comm.rank()));
       ADD_FAILURE() << "rank " << comm.rank() << ": no error";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
@@ -274,36 +272,38 @@ void expect_error_on_every_rank(int p, const std::function<NamedTensors(int rank
 }
 
 NamedTensors net_parameters(int /*rank*/) {
-  ::torch::manual_seed(7);
+  torch::manual_seed(7);
   return Net()->named_parameters().pairs();
 }
-tutti::torch::ShardedOptions good_options(int /*rank*/) { return {.stage = 1, .lr = 0.1, .momentum = 0.9}; }
+tutti::libtorch::ShardedOptions good_options(int /*rank*/) { return {.stage = 1, .lr = 0.1, .momentum = 0.9}; }
 
 TEST(TorchZero, RefusesStagesOtherThanOneAndTwo) {
   for (int stage : {0, 3}) {
     expect_error_on_every_rank(
-        2, net_parameters, [&](int) { return tutti::torch::ShardedOptions{.stage = stage, .lr = 0.1}; },
+        2, net_parameters, [&](int) { return tutti::libtorch::ShardedOptions{.stage = stage, .lr = 0.1}; },
         [&](int) { return "stage " + std::to_string(stage) + " is not supported"; });
   }
   // On one rank only: the other must fail too, not wait.
   expect_error_on_every_rank(
-      2, net_parameters, [](int rank) { return tutti::torch::ShardedOptions{.stage = rank == 1 ? 3 : 1, .lr = 0.1}; },
+      2, net_parameters,
+      [](int rank) { return tutti::libtorch::ShardedOptions{.stage = rank == 1 ? 3 : 1, .lr = 0.1}; },
       [](int rank) { return rank == 1 ? std::string("stage 3 is not supported") : "rank(s) 1 failed their checks"; });
 }
 
 TEST(TorchZero, RefusesNegativeSettingsAndOptionsThatDifferBetweenRanks) {
   expect_error_on_every_rank(
-      2, net_parameters, [](int) { return tutti::torch::ShardedOptions{.stage = 1, .lr = -0.1}; },
+      2, net_parameters, [](int) { return tutti::libtorch::ShardedOptions{.stage = 1, .lr = -0.1}; },
       [](int) { return "lr must be finite and >= 0"; });
   expect_error_on_every_rank(
-      2, net_parameters, [](int) { return tutti::torch::ShardedOptions{.stage = 1, .lr = 0.1, .overlap = true}; },
+      2, net_parameters, [](int) { return tutti::libtorch::ShardedOptions{.stage = 1, .lr = 0.1, .overlap = true}; },
       [](int) { return "overlap needs stage 2"; });
   expect_error_on_every_rank(
       2, net_parameters,
-      [](int) { return tutti::torch::ShardedOptions{.stage = 2, .lr = 0.1, .overlap = true, .bucket_bytes = 3}; },
+      [](int) { return tutti::libtorch::ShardedOptions{.stage = 2, .lr = 0.1, .overlap = true, .bucket_bytes = 3}; },
       [](int) { return "bucket_bytes must be at least 4"; });
   expect_error_on_every_rank(
-      3, net_parameters, [](int rank) { return tutti::torch::ShardedOptions{.stage = 1, .lr = rank == 2 ? 0.2 : 0.1}; },
+      3, net_parameters,
+      [](int rank) { return tutti::libtorch::ShardedOptions{.stage = 1, .lr = rank == 2 ? 0.2 : 0.1}; },
       [](int rank) { return rank == 2 ? std::string("differ from rank 0's") : "rank(s) 2 failed their checks"; });
 }
 
@@ -312,7 +312,7 @@ TEST(TorchZero, RefusesANonFloatParameterOnOneRank) {
       2,
       [](int rank) {
         auto named = net_parameters(rank);
-        if (rank == 1) named[2].second = named[2].second.detach().to(::torch::kDouble).requires_grad_();
+        if (rank == 1) named[2].second = named[2].second.detach().to(torch::kDouble).requires_grad_();
         return named;
       },
       good_options,
@@ -372,22 +372,22 @@ TEST(TorchZero, RefusesDuplicateNames) {
 
 // Frozen parameters are left out of the flat vector and never changed.
 TEST(TorchZero, LeavesParametersWithoutGradAlone) {
-  ::torch::set_num_threads(1);
+  torch::set_num_threads(1);
   auto models = identical_models(2);
   for (auto& m : models) m->fc1->bias.requires_grad_(false);
   const auto frozen = models[0]->fc1->bias.clone();
   const auto failures = run_ranks(2, [&](Communicator& comm) {
     auto& model = models[static_cast<std::size_t>(comm.rank())];
-    tutti::torch::ShardedOptimizer optimizer(comm, model->named_parameters().pairs(),
-                                             {.stage = 2, .lr = 0.1, .momentum = 0.9, .weight_decay = 0.1});
+    tutti::libtorch::ShardedOptimizer optimizer(comm, model->named_parameters().pairs(),
+                                                {.stage = 2, .lr = 0.1, .momentum = 0.9, .weight_decay = 0.1});
     EXPECT_EQ(optimizer.parameter_count(), static_cast<std::size_t>(parameters_in_net - 4));
     auto [x, y] = batch(0);
-    ::torch::mse_loss(model->forward(x.narrow(0, comm.rank() * 12, 12)), y.narrow(0, comm.rank() * 12, 12)).backward();
+    torch::mse_loss(model->forward(x.narrow(0, comm.rank() * 12, 12)), y.narrow(0, comm.rank() * 12, 12)).backward();
     optimizer.step();
   });
   ASSERT_EQ(failures, "");
   for (auto& m : models) EXPECT_TRUE(same_bytes(m->fc1->bias, frozen));
-  EXPECT_FALSE(::torch::equal(models[0]->fc1->weight, identical_models(1)[0]->fc1->weight));
+  EXPECT_FALSE(torch::equal(models[0]->fc1->weight, identical_models(1)[0]->fc1->weight));
 }
 
 }  // namespace

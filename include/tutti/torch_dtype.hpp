@@ -1,43 +1,63 @@
-// libtorch glue: the Tutti DataType of a tensor.
-// Part of <tutti/torch.hpp>, which users include: header-only, CPU tensors only. Inside namespace
-// tutti, `torch::` means tutti::torch: write `::torch::` there.
+// libtorch glue: the Tutti DataType of a tensor, and the FNV-1a hash the ranks' signatures use.
+// Part of <tutti/torch.hpp>. Inline, unlike the rest of Tutti::torch: the Python modules use these
+// two without linking the compiled library (they load one libtutti of their own).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <torch/types.h>
 
 #include "tutti/tutti.hpp"
 
-namespace tutti::torch {
+namespace tutti::libtorch {
+
+namespace detail {
+
+inline constexpr std::uint64_t fnv1a_offset = 14695981039346656037ull;
+
+/// FNV-1a, 64 bits, continued from `hash`.
+inline std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t hash = fnv1a_offset) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
+  return hash;
+}
+
+inline std::uint64_t fnv1a(std::string_view text, std::uint64_t hash = fnv1a_offset) {
+  return fnv1a(text.data(), text.size(), hash);
+}
+
+}  // namespace detail
 
 /// The Tutti type of a tensor's elements: float32/64, float16, bfloat16, int8, uint8, int32,
 /// int64. Any other type (bool, complex, …) or an undefined tensor is an
 /// Error(invalid_argument) naming the type.
-inline DataType dtype_of(const ::torch::Tensor& tensor) {
-  if (!tensor.defined()) throw Error(ErrorCode::invalid_argument, "tutti::torch::dtype_of: the tensor is undefined");
+inline DataType dtype_of(const torch::Tensor& tensor) {
+  if (!tensor.defined()) throw Error(ErrorCode::invalid_argument, "tutti::libtorch::dtype_of: the tensor is undefined");
   switch (tensor.scalar_type()) {
-    case ::torch::kFloat:
+    case torch::kFloat:
       return DataType::f32;
-    case ::torch::kDouble:
+    case torch::kDouble:
       return DataType::f64;
-    case ::torch::kHalf:
+    case torch::kHalf:
       return DataType::f16;
-    case ::torch::kBFloat16:
+    case torch::kBFloat16:
       return DataType::bf16;
-    case ::torch::kChar:
+    case torch::kChar:
       return DataType::i8;
-    case ::torch::kByte:
+    case torch::kByte:
       return DataType::u8;
-    case ::torch::kInt:
+    case torch::kInt:
       return DataType::i32;
-    case ::torch::kLong:
+    case torch::kLong:
       return DataType::i64;
     default:
       throw Error(ErrorCode::invalid_argument,
-                  std::string("tutti::torch::dtype_of: tensor type ") + c10::toString(tensor.scalar_type()) +
+                  std::string("tutti::libtorch::dtype_of: tensor type ") + c10::toString(tensor.scalar_type()) +
                       " has no Tutti DataType (supported: Float, Double, Half, BFloat16, Char, Byte, Int, Long)");
   }
 }
 
-}  // namespace tutti::torch
+}  // namespace tutti::libtorch

@@ -1,4 +1,4 @@
-// A checkpoint's files (tutti/torch_checkpoint_bytes.hpp, the byte-level half of the libtorch
+// A checkpoint's files (src/libtorch/checkpoint_bytes.hpp, the byte-level half of the libtorch
 // checkpoints: the fuzz build has no libtorch): a shard and a MANIFEST, read from a directory
 // anyone with write access to it may have forged. Input: one byte of mode, then the file.
 //   mode & 1: 0 a shard, 1 a MANIFEST;
@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "fuzz_support.hpp"
-#include "tutti/torch_checkpoint_bytes.hpp"
+#include "libtorch/checkpoint_bytes.hpp"
 
-namespace ck = tutti::torch::detail;
+namespace ck = tutti::libtorch::detail;
 using tutti::fuzz::require;
 
 namespace {

@@ -3,7 +3,7 @@
 (tests/fuzz/corpus/tcp_frame/, shm_header/, checkpoint/): valid records and the edge cases named
 after them. Their input layouts are described at the top of fuzz_tcp_frame.cpp, fuzz_shm_header.cpp
 and fuzz_checkpoint.cpp; the structs are those of src/transport/tcp/wire.hpp,
-src/transport/shm/segment.hpp and include/tutti/torch_checkpoint_bytes.hpp on x86-64
+src/transport/shm/segment.hpp and src/libtorch/checkpoint_bytes.hpp on x86-64
 (little-endian).
 Run from anywhere: python3 tests/fuzz/make_seeds.py"""
 
@@ -155,7 +155,7 @@ def shm_seeds():
     }
 
 
-# ---- checkpoint (include/tutti/torch_checkpoint_bytes.hpp; fuzz_checkpoint.cpp's mode byte) ----
+# ---- checkpoint (src/libtorch/checkpoint_bytes.hpp; fuzz_checkpoint.cpp's mode byte) ----
 
 SHARD, MANIFEST, SEAL, OWN_RANK = 0, 1, 2, 4
 FLOAT, LONG, DOUBLE, QINT8 = 6, 4, 7, 12

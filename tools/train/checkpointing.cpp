@@ -11,14 +11,14 @@ namespace {
 
 // The settings that decide which samples each step sees: a run resumed with others would not
 // continue the same training.
-tutti::torch::CheckpointMetadata data_settings(const Settings& s) {
+tutti::libtorch::CheckpointMetadata data_settings(const Settings& s) {
   return {{"batch_size", std::to_string(s.batch_size)},
           {"seed", std::to_string(s.seed)},
           {"backward_passes", std::to_string(s.backward_passes)},
           {"train_samples", std::to_string(s.train_samples)}};
 }
 
-std::int64_t integer(const tutti::torch::CheckpointMetadata& m, const std::string& key, const std::string& dir) {
+std::int64_t integer(const tutti::libtorch::CheckpointMetadata& m, const std::string& key, const std::string& dir) {
   const auto it = m.find(key);
   try {
     if (it != m.end()) return std::stoll(it->second);
@@ -33,7 +33,7 @@ ResumePoint Checkpointing::resume(Communicator& comm) {
   if (s_.resume.empty()) return {};
   // Chosen by rank 0 for all (a checkpoint published meanwhile must not split the ranks); a
   // directory that does not exist is an error on every rank, not a fresh start.
-  const auto latest = tutti::torch::latest_checkpoint(comm, s_.resume);
+  const auto latest = tutti::libtorch::latest_checkpoint(comm, s_.resume);
   if (!latest) {
     if (comm.rank() == 0)
       std::printf("tutti-train: no complete checkpoint in %s: starting from the beginning\n", s_.resume.c_str());

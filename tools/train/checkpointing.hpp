@@ -20,7 +20,7 @@ struct ResumePoint {
 class Checkpointing {
  public:
   /// `steps_per_epoch`: loop steps (backward passes) per epoch, a multiple of s.backward_passes.
-  Checkpointing(const Settings& s, tutti::torch::DistributedOptimizer& optimizer, std::int64_t steps_per_epoch)
+  Checkpointing(const Settings& s, tutti::libtorch::DistributedOptimizer& optimizer, std::int64_t steps_per_epoch)
       : s_(s), optimizer_(optimizer), steps_per_epoch_(steps_per_epoch) {}
 
   /// Collective. With --resume DIR: restores the latest complete checkpoint in DIR (parameters,
@@ -46,7 +46,7 @@ class Checkpointing {
 
  private:
   const Settings& s_;
-  tutti::torch::DistributedOptimizer& optimizer_;
+  tutti::libtorch::DistributedOptimizer& optimizer_;
   std::int64_t steps_per_epoch_;
   std::int64_t taken_ = 0;
   double call_seconds_ = 0;

@@ -166,7 +166,7 @@ void print_parallel_summary(tutti::Communicator& comm, const Settings& s, tutti:
   }
   if (l.pipeline > 1)
     std::printf("tutti-train: pipeline bubble theory (N-1)/(M+N-1) = %.3f for equal stages\n",
-                tutti::torch::pipeline_bubble_theory(l.pipeline, s.micro_batches));
+                tutti::libtorch::pipeline_bubble_theory(l.pipeline, s.micro_batches));
 }
 
 int train(tutti::Communicator& comm, const Settings& s) {
@@ -182,7 +182,7 @@ int train(tutti::Communicator& comm, const Settings& s) {
     if (!problem.empty()) std::fprintf(stderr, "tutti-train: --profile: %s (see --help)\n", problem.c_str());
     if (bad) return 2;
   }
-  ::torch::set_num_threads(s.threads);
+  torch::set_num_threads(s.threads);
   const tutti::train::Data data = tutti::train::load_data(s);
   tutti::train::Trainer trainer(comm, s, data);
   const bool root = comm.rank() == 0;

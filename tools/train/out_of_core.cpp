@@ -16,19 +16,19 @@ OutOfCore::OutOfCore(NetImpl& net, std::size_t budget_bytes, bool swap)
 
 OutOfCore::~OutOfCore() = default;
 
-::torch::Tensor OutOfCore::forward(const ::torch::Tensor& images, const ::torch::Tensor& labels) {
-  if (!::torch::GradMode::is_enabled()) return loss_of(net_.forward(images), labels);
+torch::Tensor OutOfCore::forward(const torch::Tensor& images, const torch::Tensor& labels) {
+  if (!torch::GradMode::is_enabled()) return loss_of(net_.forward(images), labels);
   store_.clear();
   // NetImpl's four units, each through its offloaded twin (NetImpl::forward_unit).
-  auto x = tutti::torch::conv2d_relu_maxpool2d(store_, images, net_.conv1->weight, net_.conv1->bias, 1, 2);
-  x = tutti::torch::conv2d_relu_maxpool2d(store_, x, net_.conv2->weight, net_.conv2->bias, 1, 2).flatten(1);
-  x = tutti::torch::linear(store_, x, net_.fc1->weight, net_.fc1->bias, true);
-  x = tutti::torch::linear(store_, x, net_.fc2->weight, net_.fc2->bias, false);
+  auto x = tutti::libtorch::conv2d_relu_maxpool2d(store_, images, net_.conv1->weight, net_.conv1->bias, 1, 2);
+  x = tutti::libtorch::conv2d_relu_maxpool2d(store_, x, net_.conv2->weight, net_.conv2->bias, 1, 2).flatten(1);
+  x = tutti::libtorch::linear(store_, x, net_.fc1->weight, net_.fc1->bias, true);
+  x = tutti::libtorch::linear(store_, x, net_.fc2->weight, net_.fc2->bias, false);
   return loss_of(x, labels);
 }
 
-std::unique_ptr<tutti::torch::OffloadedSGD> OutOfCore::make_sgd(const ::torch::optim::SGDOptions& options) {
-  return std::make_unique<tutti::torch::OffloadedSGD>(pool_, net_.parameters(), options);
+std::unique_ptr<tutti::libtorch::OffloadedSGD> OutOfCore::make_sgd(const torch::optim::SGDOptions& options) {
+  return std::make_unique<tutti::libtorch::OffloadedSGD>(pool_, net_.parameters(), options);
 }
 
 }  // namespace tutti::train

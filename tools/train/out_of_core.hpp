@@ -37,12 +37,12 @@ class OutOfCore {
   /// unconsumed. With grad mode off (evaluation), the net's own forward (nothing is saved).
   /// Error(system) "out of device memory ..." when a layer's saved tensors cannot fit (with
   /// swapping off: as soon as the budget is full).
-  ::torch::Tensor forward(const ::torch::Tensor& images, const ::torch::Tensor& labels);
+  torch::Tensor forward(const torch::Tensor& images, const torch::Tensor& labels);
 
   /// SGD whose momentum buffers live in the pool (swapped out after each update, prefetched
   /// before use), over the net's parameters; wrap it in DistributedOptimizer like torch's SGD.
-  /// Bit for bit ::torch::optim::SGD's updates. Must not outlive this object.
-  std::unique_ptr<tutti::torch::OffloadedSGD> make_sgd(const ::torch::optim::SGDOptions& options);
+  /// Bit for bit torch::optim::SGD's updates. Must not outlive this object.
+  std::unique_ptr<tutti::libtorch::OffloadedSGD> make_sgd(const torch::optim::SGDOptions& options);
 
   /// Peak device bytes, bytes swapped out and in, time waited for swaps, ... (the pool's).
   offload::Counters counters() const { return pool_.counters(); }
@@ -53,8 +53,8 @@ class OutOfCore {
  private:
   NetImpl& net_;
   offload::Pool pool_;
-  tutti::torch::PooledParameters parameters_;
-  tutti::torch::ActivationStore store_;
+  tutti::libtorch::PooledParameters parameters_;
+  tutti::libtorch::ActivationStore store_;
 };
 
 }  // namespace tutti::train

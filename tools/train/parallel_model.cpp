@@ -36,18 +36,18 @@ Groups::Groups(Communicator& world, const Layout& l)
       tensor(world.split(l.d * l.pipeline + l.p, l.t)) {}
 
 ModelPart::ModelPart(const Settings& s, const Layout& layout, Communicator& tensor) : layout_(layout) {
-  ::torch::manual_seed(s.seed);
+  torch::manual_seed(s.seed);
   net_ = Net(s.width);
   if (layout.tensor > 1) {
-    fc1_ = tutti::torch::ColumnParallelLinear(tensor, net_->fc1);
-    fc2_ = tutti::torch::RowParallelLinear(tensor, net_->fc2);
+    fc1_ = tutti::libtorch::ColumnParallelLinear(tensor, net_->fc1);
+    fc2_ = tutti::libtorch::RowParallelLinear(tensor, net_->fc2);
   }
 }
 
-::torch::Tensor ModelPart::forward(::torch::Tensor x) {
+torch::Tensor ModelPart::forward(torch::Tensor x) {
   for (int unit = layout_.first_unit; unit < layout_.end_unit; ++unit) {
     if (unit == 2 && fc1_)
-      x = ::torch::relu(fc1_->forward(x));
+      x = torch::relu(fc1_->forward(x));
     else if (unit == 3 && fc2_)
       x = fc2_->forward(x);
     else
@@ -56,12 +56,12 @@ ModelPart::ModelPart(const Settings& s, const Layout& layout, Communicator& tens
   return x;
 }
 
-std::vector<std::pair<std::string, ::torch::Tensor>> ModelPart::named_parameters() const {
+std::vector<std::pair<std::string, torch::Tensor>> ModelPart::named_parameters() const {
   static constexpr const char* unit_names[NetImpl::units] = {"conv1", "conv2", "fc1", "fc2"};
-  std::vector<std::pair<std::string, ::torch::Tensor>> out;
+  std::vector<std::pair<std::string, torch::Tensor>> out;
   for (int unit = layout_.first_unit; unit < layout_.end_unit; ++unit) {
     const std::string name = unit_names[unit];
-    const ::torch::nn::Module* module = net_->named_children()[name].get();
+    const torch::nn::Module* module = net_->named_children()[name].get();
     if (unit == 2 && fc1_) module = fc1_.get();
     if (unit == 3 && fc2_) module = fc2_.get();
     for (const auto& item : module->named_parameters()) out.emplace_back(name + "." + item.key(), item.value());
@@ -70,8 +70,8 @@ std::vector<std::pair<std::string, ::torch::Tensor>> ModelPart::named_parameters
 }
 
 std::vector<std::int64_t> ModelPart::input_shape() {
-  ::torch::NoGradGuard no_grad;
-  auto x = ::torch::zeros({1, 1, 28, 28});
+  torch::NoGradGuard no_grad;
+  auto x = torch::zeros({1, 1, 28, 28});
   for (int unit = 0; unit < layout_.first_unit; ++unit) x = net_->forward_unit(unit, x);
   auto shape = x.sizes().vec();
   shape.erase(shape.begin());

@@ -49,9 +49,9 @@ class ModelPart {
   ModelPart(const Settings& s, const Layout& layout, Communicator& tensor);
 
   /// The stage's units applied to x.
-  ::torch::Tensor forward(::torch::Tensor x);
+  torch::Tensor forward(torch::Tensor x);
   /// The part's parameters with the whole network's names (conv1.weight, fc1.bias, …).
-  std::vector<std::pair<std::string, ::torch::Tensor>> named_parameters() const;
+  std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const;
   /// The shape of one sample of the stage's input (what the previous stage's units return).
   std::vector<std::int64_t> input_shape();
   /// The whole network (its units outside this part are not trained here).
@@ -60,8 +60,8 @@ class ModelPart {
  private:
   Layout layout_;
   Net net_{nullptr};
-  tutti::torch::ColumnParallelLinear fc1_{nullptr};  // tensor > 1 only
-  tutti::torch::RowParallelLinear fc2_{nullptr};
+  tutti::libtorch::ColumnParallelLinear fc1_{nullptr};  // tensor > 1 only
+  tutti::libtorch::RowParallelLinear fc2_{nullptr};
 };
 
 }  // namespace tutti::train

@@ -31,18 +31,18 @@ ComputeTimer::~ComputeTimer() {
     if (p.accumulator && p.hook_key) p.accumulator->del_post_hook(p.hook_key);
 }
 
-void ComputeTimer::install(const std::vector<std::pair<std::string, ::torch::Tensor>>& named_parameters) {
+void ComputeTimer::install(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters) {
   for (const auto& [name, tensor] : named_parameters) {
     if (!tensor.requires_grad() || !tensor.is_leaf()) continue;
     Param p;
     p.name = name;
     p.count = static_cast<std::size_t>(tensor.numel());
-    p.type = tutti::torch::dtype_of(tensor);
-    p.accumulator = ::torch::autograd::impl::grad_accumulator(tensor);
+    p.type = tutti::libtorch::dtype_of(tensor);
+    p.accumulator = torch::autograd::impl::grad_accumulator(tensor);
     if (!p.accumulator) continue;
     const std::size_t i = params_.size();
     p.hook_key = p.accumulator->add_post_hook(
-        std::make_unique<tutti::torch::detail::GradReadyHook>([this, i] { gradient_ready(i); }));
+        std::make_unique<tutti::libtorch::detail::GradReadyHook>([this, i] { gradient_ready(i); }));
     params_.push_back(std::move(p));
   }
   for (Sums* s : {&pass_, &all_, &timed_}) s->gradients.assign(params_.size(), 0.0);
@@ -139,9 +139,9 @@ sim::ModelProfile ComputeTimer::profile(const std::string& model, std::int64_t b
   return p;
 }
 
-::torch::Tensor TimedSGD::step(LossClosure closure) {
+torch::Tensor TimedSGD::step(LossClosure closure) {
   const auto start = ComputeTimer::Clock::now();
-  auto loss = ::torch::optim::SGD::step(std::move(closure));
+  auto loss = torch::optim::SGD::step(std::move(closure));
   timer_.optimizer_done(start);
   return loss;
 }

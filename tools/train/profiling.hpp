@@ -36,7 +36,7 @@ class ComputeTimer {
 
   /// Hooks the gradient accumulator of every parameter that requires grad. Call once, before a
   /// DistributedOptimizer is built over the same parameters (hooks run in the order installed).
-  void install(const std::vector<std::pair<std::string, ::torch::Tensor>>& named_parameters);
+  void install(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters);
 
   /// Forward ran from `start` until now: stretches it; returns when the (stretched) forward ends.
   Clock::time_point forward_done(Clock::time_point start);
@@ -65,7 +65,7 @@ class ComputeTimer {
     std::string name;
     std::size_t count = 0;
     DataType type = DataType::f32;
-    tutti::torch::detail::GradAccumulatorPtr accumulator;  // kept alive: the hook lives on it
+    tutti::libtorch::detail::GradAccumulatorPtr accumulator;  // kept alive: the hook lives on it
     std::uintptr_t hook_key = 0;
   };
 
@@ -84,11 +84,11 @@ class ComputeTimer {
 
 /// torch's SGD whose step() is timed (and stretched) by a ComputeTimer, so that the stretch
 /// falls inside the OPTIMIZER phase that DistributedOptimizer::step records.
-class TimedSGD final : public ::torch::optim::SGD {
+class TimedSGD final : public torch::optim::SGD {
  public:
-  TimedSGD(ComputeTimer& timer, std::vector<::torch::Tensor> params, ::torch::optim::SGDOptions options)
-      : ::torch::optim::SGD(std::move(params), options), timer_(timer) {}
-  ::torch::Tensor step(LossClosure closure = nullptr) override;
+  TimedSGD(ComputeTimer& timer, std::vector<torch::Tensor> params, torch::optim::SGDOptions options)
+      : torch::optim::SGD(std::move(params), options), timer_(timer) {}
+  torch::Tensor step(LossClosure closure = nullptr) override;
 
  private:
   ComputeTimer& timer_;

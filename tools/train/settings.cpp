@@ -169,7 +169,7 @@ void add_layout_flags(CLI::App& app, Settings& s) {
          "--schedule",
          [&s](const std::string& text) {
            s.schedule = text;
-           if (!tutti::torch::pipeline_schedule_from_name(s.schedule))
+           if (!tutti::libtorch::pipeline_schedule_from_name(s.schedule))
              throw UsageError("--schedule takes gpipe or 1f1b, not '" + s.schedule + "'");
          },
          "gpipe (all forwards, then all backwards) or 1f1b (default)")

@@ -24,13 +24,13 @@ constexpr std::int64_t eval_batch = 1000;
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // Pixels and labels of a split as tensors (copies: the ImageSet goes away).
-std::pair<::torch::Tensor, ::torch::Tensor> tensors_of(const ImageSet& set) {
+std::pair<torch::Tensor, torch::Tensor> tensors_of(const ImageSet& set) {
   const auto n = static_cast<std::int64_t>(set.count);
-  auto bytes = ::torch::from_blob(const_cast<std::uint8_t*>(set.pixels.data()),
-                                  {n, static_cast<std::int64_t>(set.rows), static_cast<std::int64_t>(set.cols)},
-                                  ::torch::kUInt8);
-  auto labels = ::torch::from_blob(const_cast<std::uint8_t*>(set.labels.data()), {n}, ::torch::kUInt8);
-  return {normalize_images(bytes), labels.to(::torch::kInt64)};
+  auto bytes =
+      torch::from_blob(const_cast<std::uint8_t*>(set.pixels.data()),
+                       {n, static_cast<std::int64_t>(set.rows), static_cast<std::int64_t>(set.cols)}, torch::kUInt8);
+  auto labels = torch::from_blob(const_cast<std::uint8_t*>(set.labels.data()), {n}, torch::kUInt8);
+  return {normalize_images(bytes), labels.to(torch::kInt64)};
 }
 
 }  // namespace
@@ -61,25 +61,26 @@ Trainer::Trainer(Communicator& comm, const Settings& s, const Data& data)
   if (s_.device_memory > 0) out_of_core_ = std::make_unique<OutOfCore>(*part_->net(), s_.device_memory, s_.swap);
   auto named = part_->named_parameters();
   // Identical anyway (every rank seeds alike); the broadcast makes sure.
-  for (auto& item : named) tutti::torch::detail::broadcast_bytes(groups_->data, item.second, 0);
-  std::vector<::torch::Tensor> parameters;
+  for (auto& [name, t] : named)
+    if (t.nbytes() > 0) groups_->data.broadcast(t.data_ptr(), t.nbytes(), DataType::u8, 0);
+  std::vector<torch::Tensor> parameters;
   for (auto& item : named) parameters.push_back(item.second);
   if (s_.zero > 0) {
-    tutti::torch::ShardedOptions options;
+    tutti::libtorch::ShardedOptions options;
     options.stage = s_.zero;
     options.lr = s_.lr;
     options.momentum = s_.momentum;
     // Stage 2 reduces buckets during backward; its overlap takes one backward per step (no pipeline).
     options.overlap = s_.overlap && s_.zero == 2 && layout_.pipeline == 1;
-    zero_ = std::make_unique<tutti::torch::ShardedOptimizer>(groups_->data, named, options);
+    zero_ = std::make_unique<tutti::libtorch::ShardedOptimizer>(groups_->data, named, options);
   } else {
     if (layout_.pipeline == 1) timer_.install(named);  // before optimizer_'s hooks
-    const auto sgd_options = ::torch::optim::SGDOptions(s_.lr).momentum(s_.momentum);
+    const auto sgd_options = torch::optim::SGDOptions(s_.lr).momentum(s_.momentum);
     if (out_of_core_)
       sgd_ = out_of_core_->make_sgd(sgd_options);
     else
       sgd_ = std::make_unique<TimedSGD>(timer_, parameters, sgd_options);
-    tutti::torch::DistributedOptions options;
+    tutti::libtorch::DistributedOptions options;
     options.overlap = s_.overlap;
     // A pipeline's micro-batches each run one backward pass per step.
     options.backward_passes_per_step = s_.backward_passes * s_.micro_batches;
@@ -88,19 +89,21 @@ Trainer::Trainer(Communicator& comm, const Settings& s, const Data& data)
     if (s_.fusion_threshold) options.engine.fusion_threshold = *s_.fusion_threshold;
     options.compression = tutti::compress::Compression::parse(s_.compression);
     options.compression_seed = s_.seed;
-    optimizer_ = std::make_unique<tutti::torch::DistributedOptimizer>(groups_->data, *sgd_, named, std::move(options));
-    tutti::torch::broadcast_optimizer_state(groups_->data, *sgd_, 0);
+    optimizer_ =
+        std::make_unique<tutti::libtorch::DistributedOptimizer>(groups_->data, *sgd_, named, std::move(options));
+    tutti::libtorch::broadcast_optimizer_state(groups_->data, *sgd_, 0);
   }
   if (layout_.pipeline > 1) {
-    stage_ = std::make_unique<tutti::torch::PipelineStage>(
-        groups_->pipeline, [this](const ::torch::Tensor& x) { return part_->forward(x); }, part_->input_shape(),
-        *tutti::torch::pipeline_schedule_from_name(s_.schedule), s_.micro_batches);
+    stage_ = std::make_unique<tutti::libtorch::PipelineStage>(
+        groups_->pipeline, [this](const torch::Tensor& x) { return part_->forward(x); }, part_->input_shape(),
+        *tutti::libtorch::pipeline_schedule_from_name(s_.schedule), s_.micro_batches);
     // The timeline shows each micro-batch's forward (F3) and backward (B3) and each step's
     // pipeline (PIPELINE): tools/analyze_timeline.py --pipeline measures the bubble from them.
     if (optimizer_) {
-      stage_->on_action([this](const tutti::torch::PipelineAction& a, Clock::time_point start, Clock::time_point end) {
-        optimizer_->engine().record_phase((a.forward ? "F" : "B") + std::to_string(a.micro_batch), start, end);
-      });
+      stage_->on_action(
+          [this](const tutti::libtorch::PipelineAction& a, Clock::time_point start, Clock::time_point end) {
+            optimizer_->engine().record_phase((a.forward ? "F" : "B") + std::to_string(a.micro_batch), start, end);
+          });
       stage_->on_step([this](Clock::time_point start, Clock::time_point end) {
         optimizer_->engine().record_phase("PIPELINE", start, end);
       });
@@ -133,10 +136,10 @@ std::vector<std::int64_t> Trainer::shard_of_epoch(int epoch) const {
 }
 
 std::vector<double> Trainer::evaluate_shard() {
-  ::torch::NoGradGuard no_grad;
+  torch::NoGradGuard no_grad;
   part_->net()->eval();
   const std::int64_t n = data_.test_images.size(0);
-  const auto index = ::torch::arange(layout_.d, n, layout_.data, ::torch::kInt64);
+  const auto index = torch::arange(layout_.d, n, layout_.data, torch::kInt64);
   double correct = 0, loss_sum = 0, total = 0;
   for (std::int64_t begin = 0; begin < index.size(0); begin += eval_batch) {
     const auto batch = index.slice(0, begin, std::min(begin + eval_batch, index.size(0)));
@@ -144,7 +147,7 @@ std::vector<double> Trainer::evaluate_shard() {
     const auto logits = stage_ ? stage_->forward_only(batch.size(0), images) : part_->forward(images);
     if (!layout_.last_stage()) continue;
     const auto labels = data_.test_labels.index_select(0, batch);
-    loss_sum += loss_of(logits, labels, ::torch::kSum).item<double>();
+    loss_sum += loss_of(logits, labels, torch::kSum).item<double>();
     correct += static_cast<double>(logits.argmax(1).eq(labels).sum().item<std::int64_t>());
     total += static_cast<double>(batch.size(0));
   }
@@ -152,13 +155,13 @@ std::vector<double> Trainer::evaluate_shard() {
   return {correct, total, loss_sum};
 }
 
-double Trainer::forward_backward(const ::torch::Tensor& images, const ::torch::Tensor& labels,
+double Trainer::forward_backward(const torch::Tensor& images, const torch::Tensor& labels,
                                  Clock::time_point step_start) {
   if (stage_) {
     const auto micro_images = images.chunk(s_.micro_batches);
     const auto micro_labels = labels.chunk(s_.micro_batches);
     // Each micro-batch's mean loss over M: the gradients the stages accumulate are the batch's mean.
-    return stage_->run(s_.batch_size / s_.micro_batches, micro_images, [&](const ::torch::Tensor& output, int k) {
+    return stage_->run(s_.batch_size / s_.micro_batches, micro_images, [&](const torch::Tensor& output, int k) {
       return loss_of(output, micro_labels[static_cast<std::size_t>(k)]) / s_.micro_batches;
     });
   }
@@ -208,8 +211,8 @@ EpochResult Trainer::run_epoch(int epoch, std::int64_t first_step,
   reduces.reserve(static_cast<std::size_t>(steps_per_epoch_));
   const std::int64_t steps = steps_per_epoch_ - first_step;
   for (std::int64_t step = first_step; step < steps_per_epoch_; ++step, ++steps_run_) {
-    const auto index = ::torch::from_blob(const_cast<std::int64_t*>(shard.data()) + step * s_.batch_size,
-                                          {s_.batch_size}, ::torch::kInt64);
+    const auto index = torch::from_blob(const_cast<std::int64_t*>(shard.data()) + step * s_.batch_size, {s_.batch_size},
+                                        torch::kInt64);
     const auto images = data_.train_images.index_select(0, index);
     const auto labels = data_.train_labels.index_select(0, index);
     const auto t0 = Clock::now();
@@ -276,15 +279,15 @@ EpochResult Trainer::run_epoch(int epoch, std::int64_t first_step,
   return r;
 }
 
-tutti::torch::OverlapStats Trainer::overlap_stats() const {
-  return optimizer_ ? optimizer_->overlap_stats() : tutti::torch::OverlapStats{};
+tutti::libtorch::OverlapStats Trainer::overlap_stats() const {
+  return optimizer_ ? optimizer_->overlap_stats() : tutti::libtorch::OverlapStats{};
 }
 
 std::uint64_t Trainer::parameter_checksum() const {
-  std::uint64_t hash = tutti::torch::detail::fnv1a_offset;
+  std::uint64_t hash = tutti::libtorch::detail::fnv1a_offset;
   for (const auto& item : part_->named_parameters()) {
     const auto t = item.second.contiguous();
-    hash = tutti::torch::detail::fnv1a(t.data_ptr(), t.nbytes(), hash);
+    hash = tutti::libtorch::detail::fnv1a(t.data_ptr(), t.nbytes(), hash);
   }
   return hash;
 }
@@ -309,7 +312,7 @@ MemoryUse Trainer::memory_use() const {
       m.optimizer_state = s_.momentum != 0 ? m.parameters : 0;
     else
       for (const auto& item : sgd_->state()) {
-        const auto& buffer = static_cast<const ::torch::optim::SGDParamState&>(*item.second).momentum_buffer();
+        const auto& buffer = static_cast<const torch::optim::SGDParamState&>(*item.second).momentum_buffer();
         if (buffer.defined()) m.optimizer_state += buffer.nbytes();
       }
   }

@@ -22,7 +22,7 @@ namespace tutti::train {
 
 /// The data set as tensors: images [N, 1, 28, 28] normalized, labels [N] int64.
 struct Data {
-  ::torch::Tensor train_images, train_labels, test_images, test_labels;
+  torch::Tensor train_images, train_labels, test_images, test_labels;
 };
 
 /// Reads Fashion-MNIST from s.data (the first s.train_samples / s.test_samples samples).
@@ -34,9 +34,9 @@ struct EpochResult {
   double train_loss = 0;     ///< mean training loss over the epoch's steps and the ranks
   double test_accuracy = 0;  ///< over the whole test set (every rank evaluates a shard)
   double test_loss = 0;
-  double step_seconds = 0;             ///< this rank's mean step (forward+backward+step), warm-up excluded
-  double samples_per_second = 0;       ///< global: size() * batch / step_seconds
-  tutti::torch::OverlapStats overlap;  ///< this rank's, for the epoch
+  double step_seconds = 0;                ///< this rank's mean step (forward+backward+step), warm-up excluded
+  double samples_per_second = 0;          ///< global: size() * batch / step_seconds
+  tutti::libtorch::OverlapStats overlap;  ///< this rank's, for the epoch
   /// The job's communication that backward did not hide, per step: in each step, the wait in
   /// step() of the rank that waited least. That rank finished backward last; the others'
   /// longer waits are for it (skew between ranks), not for communication.
@@ -90,7 +90,7 @@ class Trainer {
   /// Training steps (optimizer step() calls) per epoch on each rank.
   std::int64_t steps_per_epoch() const { return steps_per_epoch_; }
   /// The data-parallel optimizer (not with --zero: nullptr).
-  tutti::torch::DistributedOptimizer* optimizer() { return optimizer_.get(); }
+  tutti::libtorch::DistributedOptimizer* optimizer() { return optimizer_.get(); }
   /// The engine's fusion threshold in bytes (0 with --zero, which has no engine).
   std::size_t fusion_threshold() const { return optimizer_ ? optimizer_->engine().options().fusion_threshold : 0; }
   /// This rank's compute timing (--profile) and stretch (--straggler).
@@ -108,11 +108,11 @@ class Trainer {
   std::vector<double> evaluate_shard();
   /// One step's forward and backward on the batch; returns the batch's loss (last stage: the
   /// global batch's for this data rank; 0 on earlier pipeline stages).
-  double forward_backward(const ::torch::Tensor& images, const ::torch::Tensor& labels, Clock::time_point step_start);
+  double forward_backward(const torch::Tensor& images, const torch::Tensor& labels, Clock::time_point step_start);
   void zero_grad();
   void optimizer_step();
   /// The data-parallel optimizer's (zero with --zero).
-  tutti::torch::OverlapStats overlap_stats() const;
+  tutti::libtorch::OverlapStats overlap_stats() const;
   /// Rank 0 appends the step's loss over the global batch to --loss-log (collective when set).
   void log_loss(int epoch, std::int64_t step, double loss);
 
@@ -124,11 +124,11 @@ class Trainer {
   std::unique_ptr<ModelPart> part_;
   ComputeTimer timer_;                      // before sgd_ and optimizer_, which use it and its hooks run first
   std::unique_ptr<OutOfCore> out_of_core_;  // with --device-memory; before sgd_, which keeps momentum in its pool
-  std::unique_ptr<::torch::optim::Optimizer> sgd_;
-  std::unique_ptr<tutti::torch::DistributedOptimizer> optimizer_;  // without --zero
-  std::unique_ptr<tutti::torch::ShardedOptimizer> zero_;           // with --zero
-  std::unique_ptr<tutti::torch::PipelineStage> stage_;             // with --pipeline
-  std::FILE* loss_log_ = nullptr;                                  // rank 0 with --loss-log
+  std::unique_ptr<torch::optim::Optimizer> sgd_;
+  std::unique_ptr<tutti::libtorch::DistributedOptimizer> optimizer_;  // without --zero
+  std::unique_ptr<tutti::libtorch::ShardedOptimizer> zero_;           // with --zero
+  std::unique_ptr<tutti::libtorch::PipelineStage> stage_;             // with --pipeline
+  std::FILE* loss_log_ = nullptr;                                     // rank 0 with --loss-log
   std::int64_t steps_per_epoch_ = 0;
   std::int64_t steps_run_ = 0;  // over the run, for the warm-up
 };

@@ -18,7 +18,7 @@ DataType data_type_of(const at::Tensor& tensor, const char* what) {
     throw Error(ErrorCode::unsupported, prefix(what) + "sparse tensors are not supported by tutti (strided only)");
   if (tensor.scalar_type() == at::kBool) return DataType::u8;
   try {
-    return tutti::torch::dtype_of(tensor);
+    return tutti::libtorch::dtype_of(tensor);
   } catch (const Error& e) {
     throw Error(e.code(), prefix(what) + e.what());
   }

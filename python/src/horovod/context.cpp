@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "tutti/topology.hpp"
-#include "tutti/torch.hpp"
 
 namespace tutti_python::horovod {
 
@@ -199,7 +198,7 @@ bool Context::poll(int handle) {
   }
 }
 
-std::vector<::torch::Tensor> Context::synchronize(int handle) {
+std::vector<torch::Tensor> Context::synchronize(int handle) {
   PendingOp& op = find(handle);
   for (auto& [id, set] : sets_)  // negotiate now rather than at the next cycle: the caller is waiting
     if (set.engine) set.engine->flush();
@@ -217,7 +216,7 @@ std::vector<::torch::Tensor> Context::synchronize(int handle) {
     forget(handle);
     throw;
   }
-  std::vector<::torch::Tensor> results = op.results();
+  std::vector<torch::Tensor> results = op.results();
   forget(handle);
   return results;
 }

@@ -100,7 +100,7 @@ class Context {
   /// second phase starts when its first completes, whichever handle the caller waits on), then
   /// forgets the handle and returns its results. Throws the operation's error. Called with the GIL
   /// held; releases it while it waits, and a pending signal (Ctrl-C) interrupts the wait.
-  std::vector<::torch::Tensor> synchronize(int handle);
+  std::vector<torch::Tensor> synchronize(int handle);
   /// The handles in flight.
   std::size_t pending() const { return ops_.size(); }
 

@@ -132,7 +132,7 @@ PYBIND11_MODULE(_horovod, m) {
   m.def("cross_size", [] { return ctx().cross_size(); });
   m.def(
       "allreduce_async",
-      [](::torch::Tensor input, ::torch::Tensor output, std::optional<std::string> name, int op, int process_set,
+      [](torch::Tensor input, torch::Tensor output, std::optional<std::string> name, int op, int process_set,
          const std::string& kind) {
         return start(name, kind.c_str(), process_set, [&](ProcessSet& ps, const std::string& n) {
           return start_allreduce(*ps.engine, n, input, output, op);
@@ -142,7 +142,7 @@ PYBIND11_MODULE(_horovod, m) {
       py::arg("kind") = "allreduce");
   m.def(
       "broadcast_async",
-      [](::torch::Tensor tensor, int root, std::optional<std::string> name, int process_set) {
+      [](torch::Tensor tensor, int root, std::optional<std::string> name, int process_set) {
         return start(name, "broadcast", process_set, [&](ProcessSet& ps, const std::string& n) {
           return start_broadcast(*ps.engine, n, tensor, set_root(ps, root, process_set));
         });
@@ -150,17 +150,16 @@ PYBIND11_MODULE(_horovod, m) {
       py::arg("tensor"), py::arg("root_rank"), py::arg("name"), py::arg("process_set") = 0);
   m.def(
       "allgather_async",
-      [](::torch::Tensor tensor, std::optional<std::string> name, int process_set) {
+      [](torch::Tensor tensor, std::optional<std::string> name, int process_set) {
         return start(name, "allgather", process_set,
                      [&](ProcessSet& ps, const std::string& n) { return start_allgather(*ps.engine, n, tensor); });
       },
       py::arg("tensor"), py::arg("name"), py::arg("process_set") = 0);
   m.def(
       "alltoall_async",
-      [](::torch::Tensor tensor, std::optional<::torch::Tensor> splits, std::optional<std::string> name,
-         int process_set) {
+      [](torch::Tensor tensor, std::optional<torch::Tensor> splits, std::optional<std::string> name, int process_set) {
         return start(name, "alltoall", process_set, [&](ProcessSet& ps, const std::string& n) {
-          return start_alltoall(*ps.comm, n, tensor, splits.value_or(::torch::Tensor()));
+          return start_alltoall(*ps.comm, n, tensor, splits.value_or(torch::Tensor()));
         });
       },
       py::arg("tensor"), py::arg("splits"), py::arg("name"), py::arg("process_set") = 0);

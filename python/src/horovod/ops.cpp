@@ -5,7 +5,7 @@
 #include <numeric>
 #include <utility>
 
-#include "tutti/torch.hpp"
+#include "tutti/torch_dtype.hpp"
 
 namespace tutti_python::horovod {
 
@@ -20,37 +20,37 @@ std::string rank_prefix(const std::string& what, const std::string& name, int ra
 
 /// The tensor's Tutti type; Error(invalid_argument) for a tensor that is not in host memory (the
 /// engine reads and writes it through its data pointer) or of a type Tutti does not reduce.
-tutti::DataType checked_type(const ::torch::Tensor& t, const std::string& where) {
+tutti::DataType checked_type(const torch::Tensor& t, const std::string& where) {
   if (t.defined() && !t.device().is_cpu())
     throw Error(ErrorCode::invalid_argument, where + "the tensor is on " + t.device().str() + " (CPU tensors only)");
-  return tutti::torch::dtype_of(t);
+  return tutti::libtorch::dtype_of(t);
 }
 
 /// The type and the dimensions after the first, as one number the ranks compare.
-std::int64_t row_signature(const ::torch::Tensor& t) {
+std::int64_t row_signature(const torch::Tensor& t) {
   std::string text = c10::toString(t.scalar_type());
   for (std::int64_t d = 1; d < t.dim(); ++d) text += "," + std::to_string(t.size(d));
-  return std::bit_cast<std::int64_t>(tutti::torch::detail::fnv1a(text));
+  return std::bit_cast<std::int64_t>(tutti::libtorch::detail::fnv1a(text));
 }
 
-std::string describe(const ::torch::Tensor& t) {
+std::string describe(const torch::Tensor& t) {
   std::string s = std::string(c10::toString(t.scalar_type())) + "[";
   for (std::int64_t d = 0; d < t.dim(); ++d) s += (d ? "," : "") + std::to_string(t.size(d));
   return s + "]";
 }
 
 /// Elements in one row (one index of dim 0).
-std::int64_t row_elements(const ::torch::Tensor& t) {
+std::int64_t row_elements(const torch::Tensor& t) {
   std::int64_t n = 1;
   for (std::int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
   return n;
 }
 
 /// A tensor shaped like `like` but with `rows` rows.
-::torch::Tensor empty_rows(const ::torch::Tensor& like, std::int64_t rows) {
+torch::Tensor empty_rows(const torch::Tensor& like, std::int64_t rows) {
   std::vector<std::int64_t> shape(like.sizes().begin(), like.sizes().end());
   shape[0] = rows;
-  return ::torch::empty(shape, like.options().memory_format(::torch::MemoryFormat::Contiguous));
+  return torch::empty(shape, like.options().memory_format(torch::MemoryFormat::Contiguous));
 }
 
 void ignore_errors_while_waiting(tutti::Handle& handle, std::chrono::milliseconds slice) {
@@ -64,7 +64,7 @@ void ignore_errors_while_waiting(tutti::Handle& handle, std::chrono::millisecond
 /// One engine collective; the result is copied into `output` where the engine worked on a copy.
 class EngineOp final : public PendingOp {
  public:
-  EngineOp(tutti::Handle handle, ::torch::Tensor input, ::torch::Tensor buffer, ::torch::Tensor output)
+  EngineOp(tutti::Handle handle, torch::Tensor input, torch::Tensor buffer, torch::Tensor output)
       : handle_(std::move(handle)), input_(std::move(input)), buffer_(std::move(buffer)), output_(std::move(output)) {
     pin({input_, buffer_});
   }
@@ -77,26 +77,26 @@ class EngineOp final : public PendingOp {
     return true;
   }
   void wait_for(std::chrono::milliseconds slice) override { ignore_errors_while_waiting(handle_, slice); }
-  std::vector<::torch::Tensor> results() override { return {output_}; }
+  std::vector<torch::Tensor> results() override { return {output_}; }
 
  private:
   tutti::Handle handle_;
-  ::torch::Tensor input_, buffer_, output_;  // input_ and buffer_ are held for the engine
+  torch::Tensor input_, buffer_, output_;  // input_ and buffer_ are held for the engine
   bool done_ = false;
 };
 
 /// Horovod's allgather: first dimensions, then the padded blocks, then the compacted result.
 class AllgatherOp final : public PendingOp {
  public:
-  AllgatherOp(tutti::Engine& engine, std::string name, ::torch::Tensor input)
+  AllgatherOp(tutti::Engine& engine, std::string name, torch::Tensor input)
       : engine_(engine), name_(std::move(name)), input_(input.contiguous()) {
     if (input_.dim() == 0)
       throw Error(ErrorCode::invalid_argument, rank_prefix("allgather", name_, engine.rank()) +
                                                    "the tensor is a scalar; allgather needs at least one dimension");
     dtype_ = checked_type(input_, rank_prefix("allgather", name_, engine.rank()));
     pin({input_});  // the data phase may send it as it is
-    meta_ = ::torch::tensor({input_.size(0), row_signature(input_)}, ::torch::kLong);
-    gathered_ = ::torch::empty({2 * engine.size()}, ::torch::kLong);
+    meta_ = torch::tensor({input_.size(0), row_signature(input_)}, torch::kLong);
+    gathered_ = torch::empty({2 * engine.size()}, torch::kLong);
     handle_ = engine.enqueue_allgather(name_, meta_.data_ptr(), gathered_.data_ptr(), 2, tutti::DataType::i64);
   }
 
@@ -112,7 +112,7 @@ class AllgatherOp final : public PendingOp {
     return true;
   }
   void wait_for(std::chrono::milliseconds slice) override { ignore_errors_while_waiting(handle_, slice); }
-  std::vector<::torch::Tensor> results() override { return {output_}; }
+  std::vector<torch::Tensor> results() override { return {output_}; }
 
  private:
   enum class Phase { shapes, data, done };
@@ -136,7 +136,7 @@ class AllgatherOp final : public PendingOp {
     }
     send_ = input_;
     if (input_.size(0) < max_rows_) {  // pad to the largest block: the engine gathers equal blocks
-      send_ = ::torch::zeros_like(empty_rows(input_, max_rows_));
+      send_ = torch::zeros_like(empty_rows(input_, max_rows_));
       send_.narrow(0, 0, input_.size(0)).copy_(input_);
     }
     recv_ = empty_rows(input_, max_rows_ * engine_.size());
@@ -149,17 +149,17 @@ class AllgatherOp final : public PendingOp {
     if (std::all_of(rows_.begin(), rows_.end(), [&](std::int64_t r) { return r == max_rows_; })) {
       output_ = recv_;
     } else {
-      std::vector<::torch::Tensor> blocks;
+      std::vector<torch::Tensor> blocks;
       for (std::size_t r = 0; r < rows_.size(); ++r)
         blocks.push_back(recv_.narrow(0, static_cast<std::int64_t>(r) * max_rows_, rows_[r]));
-      output_ = ::torch::cat(blocks);
+      output_ = torch::cat(blocks);
     }
     phase_ = Phase::done;
   }
 
   tutti::Engine& engine_;
   std::string name_;
-  ::torch::Tensor input_, meta_, gathered_, send_, recv_, output_;
+  torch::Tensor input_, meta_, gathered_, send_, recv_, output_;
   tutti::DataType dtype_ = tutti::DataType::u8;
   tutti::Handle handle_;
   std::vector<std::int64_t> rows_;
@@ -170,7 +170,7 @@ class AllgatherOp final : public PendingOp {
 /// Alltoall's data phase on the world communicator.
 class AlltoallOp final : public PendingOp {
  public:
-  AlltoallOp(tutti::Request request, ::torch::Tensor input, ::torch::Tensor output, ::torch::Tensor received,
+  AlltoallOp(tutti::Request request, torch::Tensor input, torch::Tensor output, torch::Tensor received,
              std::vector<std::size_t> send_counts, std::vector<std::size_t> recv_counts)
       : request_(std::move(request)),
         input_(std::move(input)),
@@ -189,16 +189,16 @@ class AlltoallOp final : public PendingOp {
       // test() raises it.
     }
   }
-  std::vector<::torch::Tensor> results() override { return {output_, received_}; }
+  std::vector<torch::Tensor> results() override { return {output_, received_}; }
 
  private:
   tutti::Request request_;
-  ::torch::Tensor input_, output_, received_;
+  torch::Tensor input_, output_, received_;
   std::vector<std::size_t> send_counts_, recv_counts_;  // held for the request
 };
 
 /// The rows each rank receives from this one: `splits`, or dim 0 split equally.
-std::vector<std::int64_t> send_rows(const ::torch::Tensor& input, const ::torch::Tensor& splits, int size,
+std::vector<std::int64_t> send_rows(const torch::Tensor& input, const torch::Tensor& splits, int size,
                                     const std::string& where) {
   const std::int64_t rows = input.size(0);
   if (!splits.defined()) {
@@ -211,7 +211,7 @@ std::vector<std::int64_t> send_rows(const ::torch::Tensor& input, const ::torch:
   if (splits.is_floating_point() || splits.is_complex() || splits.numel() != size)
     throw Error(ErrorCode::invalid_argument,
                 where + "splits must be " + std::to_string(size) + " integers (one per rank), not " + describe(splits));
-  const ::torch::Tensor s = splits.to(::torch::kLong).contiguous();
+  const torch::Tensor s = splits.to(torch::kLong).contiguous();
   std::vector<std::int64_t> out(s.data_ptr<std::int64_t>(), s.data_ptr<std::int64_t>() + size);
   if (std::any_of(out.begin(), out.end(), [](std::int64_t v) { return v < 0; }) ||
       std::accumulate(out.begin(), out.end(), std::int64_t{0}) != rows)
@@ -243,8 +243,8 @@ tutti::ReduceOp reduce_op_of(int horovod_op, const std::string& name) {
   }
 }
 
-std::unique_ptr<PendingOp> start_allreduce(tutti::Engine& engine, const std::string& name, ::torch::Tensor input,
-                                           ::torch::Tensor output, int horovod_op) {
+std::unique_ptr<PendingOp> start_allreduce(tutti::Engine& engine, const std::string& name, torch::Tensor input,
+                                           torch::Tensor output, int horovod_op) {
   const tutti::ReduceOp op = reduce_op_of(horovod_op, name);
   const tutti::DataType type = checked_type(input, rank_prefix("allreduce", name, engine.rank()));
   checked_type(output, rank_prefix("allreduce", name, engine.rank()));
@@ -252,9 +252,8 @@ std::unique_ptr<PendingOp> start_allreduce(tutti::Engine& engine, const std::str
     throw Error(ErrorCode::invalid_argument, rank_prefix("allreduce", name, engine.rank()) + "output " +
                                                  describe(output) + " does not match input " + describe(input));
   const bool in_place = input.is_same(output);
-  ::torch::Tensor buffer =
-      output.is_contiguous() ? output : ::torch::empty_like(output, ::torch::MemoryFormat::Contiguous);
-  ::torch::Tensor send = in_place && buffer.is_same(output) ? buffer : input.contiguous();
+  torch::Tensor buffer = output.is_contiguous() ? output : torch::empty_like(output, torch::MemoryFormat::Contiguous);
+  torch::Tensor send = in_place && buffer.is_same(output) ? buffer : input.contiguous();
   // The shape travels with the name: ranks whose tensors agree in count but not in shape raise
   // Error(mismatch), as in Horovod.
   const std::vector<std::int64_t> dims(input.sizes().begin(), input.sizes().end());
@@ -262,21 +261,21 @@ std::unique_ptr<PendingOp> start_allreduce(tutti::Engine& engine, const std::str
   return std::make_unique<EngineOp>(std::move(h), std::move(send), std::move(buffer), std::move(output));
 }
 
-std::unique_ptr<PendingOp> start_broadcast(tutti::Engine& engine, const std::string& name, ::torch::Tensor tensor,
+std::unique_ptr<PendingOp> start_broadcast(tutti::Engine& engine, const std::string& name, torch::Tensor tensor,
                                            int root) {
   const tutti::DataType type = checked_type(tensor, rank_prefix("broadcast", name, engine.rank()));
-  ::torch::Tensor buffer = tensor.contiguous();
+  torch::Tensor buffer = tensor.contiguous();
   auto n = static_cast<std::size_t>(buffer.numel());
   tutti::Handle h = engine.enqueue_broadcast(name, buffer.data_ptr(), n, type, root);
-  return std::make_unique<EngineOp>(std::move(h), ::torch::Tensor(), std::move(buffer), std::move(tensor));
+  return std::make_unique<EngineOp>(std::move(h), torch::Tensor(), std::move(buffer), std::move(tensor));
 }
 
-std::unique_ptr<PendingOp> start_allgather(tutti::Engine& engine, const std::string& name, ::torch::Tensor input) {
+std::unique_ptr<PendingOp> start_allgather(tutti::Engine& engine, const std::string& name, torch::Tensor input) {
   return std::make_unique<AllgatherOp>(engine, name, std::move(input));
 }
 
-std::unique_ptr<PendingOp> start_alltoall(tutti::Communicator& world, const std::string& name, ::torch::Tensor input,
-                                          ::torch::Tensor splits) {
+std::unique_ptr<PendingOp> start_alltoall(tutti::Communicator& world, const std::string& name, torch::Tensor input,
+                                          torch::Tensor splits) {
   const std::string where = rank_prefix("alltoall", name, world.rank());
   if (input.dim() == 0)
     throw Error(ErrorCode::invalid_argument, where + "the tensor is a scalar; alltoall needs at least one dimension");
@@ -303,9 +302,9 @@ std::unique_ptr<PendingOp> start_alltoall(tutti::Communicator& world, const std:
     send_counts.push_back(static_cast<std::size_t>(rows[static_cast<std::size_t>(r)]) * row);
     recv_counts.push_back(static_cast<std::size_t>(received[static_cast<std::size_t>(r)]) * row);
   }
-  ::torch::Tensor send = input.contiguous();
-  ::torch::Tensor output = empty_rows(send, std::accumulate(received.begin(), received.end(), std::int64_t{0}));
-  ::torch::Tensor received_tensor = ::torch::tensor(received, ::torch::kInt);
+  torch::Tensor send = input.contiguous();
+  torch::Tensor output = empty_rows(send, std::accumulate(received.begin(), received.end(), std::int64_t{0}));
+  torch::Tensor received_tensor = torch::tensor(received, torch::kInt);
   tutti::Request request = world.ialltoallv(send.data_ptr(), send_counts, output.data_ptr(), recv_counts, type);
   return std::make_unique<AlltoallOp>(std::move(request), std::move(send), std::move(output),
                                       std::move(received_tensor), std::move(send_counts), std::move(recv_counts));

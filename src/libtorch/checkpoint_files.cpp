@@ -1,20 +1,7 @@
-// libtorch glue: the POSIX file steps of checkpoints (torch_checkpoint.hpp), for directories that
-// others may be able to write into (docs/security.md, "Checkpoint directory"). No libtorch here.
-// Part of <tutti/torch.hpp>; header-only.
-//
-// Writing: the directory is opened without following a link and must belong to this user and
-// not be writable by every user (unless sticky); each file is created exclusively
-// (O_EXCL|O_NOFOLLOW) under a temporary name relative to that open directory, a leftover of that
-// name (a crashed attempt's partial file, or a planted link) is unlinked first, never followed;
-// then fsync, rename, fsync of the directory, so a crash leaves the name absent or complete.
-// Reading: only regular files, opened without following a link and without blocking (a FIFO
-// would otherwise block open() forever), their size checked before a byte is read.
-#pragma once
-
+// The checkpoint_files.hpp functions.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -24,39 +11,12 @@
 #include <string_view>
 #include <utility>
 
+#include "libtorch/checkpoint_files.hpp"
 #include "tutti/types.hpp"
 
-namespace tutti::torch::detail {
+namespace tutti::libtorch::detail {
 
-[[noreturn]] inline void throw_system(const std::string& what, const std::string& path, int error) {
-  throw Error(ErrorCode::system, what + " " + path + ": " + std::strerror(error));
-}
-
-/// An open file descriptor, closed once.
-class CheckpointFd {
- public:
-  explicit CheckpointFd(int fd) : fd_(fd) {}
-  ~CheckpointFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  CheckpointFd(CheckpointFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  CheckpointFd(const CheckpointFd&) = delete;
-  CheckpointFd& operator=(const CheckpointFd&) = delete;
-  int get() const { return fd_; }
-  /// Closes it now; the close's errno, or 0.
-  int close() {
-    const int rc = ::close(std::exchange(fd_, -1));
-    return rc == 0 ? 0 : errno;
-  }
-
- private:
-  int fd_;
-};
-
-/// `dir`, opened for writing a checkpoint into: not a link, a directory, owned by this user, not
-/// writable by every user unless sticky. Error(invalid_argument) naming it otherwise;
-/// Error(system) if it cannot be opened.
-inline CheckpointFd open_checkpoint_dir(const std::string& dir) {
+CheckpointFd open_checkpoint_dir(const std::string& dir) {
   CheckpointFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (fd.get() < 0) {
     const int error = errno;
@@ -78,7 +38,7 @@ inline CheckpointFd open_checkpoint_dir(const std::string& dir) {
   return fd;
 }
 
-inline void write_all(int fd, std::string_view bytes, const std::string& path) {
+void write_all(int fd, std::string_view bytes, const std::string& path) {
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -88,11 +48,7 @@ inline void write_all(int fd, std::string_view bytes, const std::string& path) {
   }
 }
 
-/// Writes `bytes` to dir/name atomically (see the top of this file). Throws Error naming the
-/// path and the cause: invalid_argument for a directory refused by open_checkpoint_dir, system
-/// for a missing or unwritable directory, a full disk, or a temporary name someone else created
-/// between the unlink and the exclusive create.
-inline void write_file_atomically(const std::string& dir, const std::string& name, std::string_view bytes) {
+void write_file_atomically(const std::string& dir, const std::string& name, std::string_view bytes) {
   const CheckpointFd dir_fd = open_checkpoint_dir(dir);
   const std::string temporary_name = name + ".tmp", temporary = dir + "/" + temporary_name;
   ::unlinkat(dir_fd.get(), temporary_name.c_str(), 0);  // whatever is there: the create below is exclusive
@@ -112,21 +68,12 @@ inline void write_file_atomically(const std::string& dir, const std::string& nam
   if (::fsync(dir_fd.get()) != 0) throw_system("checkpoint: cannot fsync", dir, errno);
 }
 
-/// The largest MANIFEST read: far more than a model with 10^5 parameters needs.
-inline constexpr std::uint64_t max_manifest_bytes = std::uint64_t{64} << 20;
-
-/// Whether `path` exists as a name (a link counts, followed or not).
-inline bool name_exists(const std::string& path) {
+bool name_exists(const std::string& path) {
   struct stat st;
   return ::lstat(path.c_str(), &st) == 0;
 }
 
-/// The whole regular file at `path`, which must have exactly `expected` bytes if given, and at
-/// most `limit`. Throws Error(invalid_argument) naming it for a missing file, a link, anything not
-/// a regular file (a FIFO, a device), the wrong size, or a file that changes size while read;
-/// Error(system) for a read error or a size no memory holds.
-inline std::string read_checkpoint_file(const std::string& path, std::uint64_t limit,
-                                        std::optional<std::uint64_t> expected = std::nullopt) {
+std::string read_checkpoint_file(const std::string& path, std::uint64_t limit, std::optional<std::uint64_t> expected) {
   auto refuse = [&](const std::string& why) -> void {
     throw Error(ErrorCode::invalid_argument, "checkpoint: cannot read " + path + ": " + why);
   };
@@ -169,4 +116,4 @@ inline std::string read_checkpoint_file(const std::string& path, std::uint64_t l
   return bytes;
 }
 
-}  // namespace tutti::torch::detail
+}  // namespace tutti::libtorch::detail

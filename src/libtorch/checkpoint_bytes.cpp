@@ -1,19 +1,4 @@
-// libtorch glue: the byte layout of a checkpoint's files (docs/training.md, "Checkpoints"), parsed
-// without libtorch, so that the fuzz build (which has none) covers every check on these outside
-// bytes: tests/fuzz/fuzz_checkpoint.cpp. torch_checkpoint_format.hpp turns the parsed entries
-// into tensors. Part of <tutti/torch.hpp>; header-only.
-//
-// Shard: "TUTTICKS", u32 version, u32 rank, u32 world size, u32 entries; per entry u32 name
-// length, name, i32 scalar type (c10::ScalarType), u32 dimensions, i64 sizes, u64 bytes, bytes;
-// then u64 FNV-1a of everything before it. Host byte order (little-endian machines).
-//
-// The checksums find accidental damage (a torn or flipped file, a shard of another attempt),
-// not forgery: anyone who can write the directory can write a consistent checkpoint
-// (docs/security.md, "Checkpoint directory"). What a forged file cannot do is make a reader
-// allocate more than the file holds, read out of bounds, or crash: every count and length below
-// is checked against the bytes that are left before it is used.
-#pragma once
-
+// The checkpoint_bytes.hpp functions.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -24,46 +9,29 @@
 #include <utility>
 #include <vector>
 
+#include "libtorch/checkpoint_bytes.hpp"
 #include "tutti/types.hpp"
 
-namespace tutti::torch::detail {
+namespace tutti::libtorch::detail {
 
-inline constexpr std::string_view shard_magic = "TUTTICKS";
-inline constexpr std::uint32_t checkpoint_version = 1;
-inline constexpr const char* manifest_name = "MANIFEST";
-inline constexpr std::uint32_t max_checkpoint_dims = 16;
-// The least bytes an entry takes: name length, type, dimensions, byte count.
-inline constexpr std::size_t min_entry_bytes = 4 + 4 + 4 + 8;
-
-/// FNV-1a, 64 bits: the files' checksum (the same function as torch_broadcast.hpp's fnv1a, kept
-/// here because this header must not include libtorch).
-inline std::uint64_t checkpoint_checksum(const void* data, std::size_t bytes) {
+std::uint64_t checkpoint_checksum(const void* data, std::size_t bytes) {
   std::uint64_t hash = 14695981039346656037ull;
   const auto* p = static_cast<const unsigned char*>(data);
   for (std::size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
   return hash;
 }
-inline std::uint64_t checkpoint_checksum(std::string_view bytes) {
-  return checkpoint_checksum(bytes.data(), bytes.size());
-}
 
-inline std::string shard_name(int rank, int world) {
-  return "shard-" + std::to_string(rank) + "-of-" + std::to_string(world);
-}
+std::uint64_t checkpoint_checksum(std::string_view bytes) { return checkpoint_checksum(bytes.data(), bytes.size()); }
 
-inline std::string hex64(std::uint64_t v) {
+std::string shard_name(int rank, int world) { return "shard-" + std::to_string(rank) + "-of-" + std::to_string(world); }
+
+std::string hex64(std::uint64_t v) {
   char text[17];
   std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
   return text;
 }
 
-template <class T>
-void put(std::string& out, T value) {
-  out.append(reinterpret_cast<const char*>(&value), sizeof value);
-}
-
-/// The start of a shard file: magic, version, rank, world size, entry count.
-inline std::string shard_header(int rank, int world, std::size_t entries) {
+std::string shard_header(int rank, int world, std::size_t entries) {
   std::string out(shard_magic);
   put<std::uint32_t>(out, checkpoint_version);
   put<std::uint32_t>(out, static_cast<std::uint32_t>(rank));
@@ -72,9 +40,8 @@ inline std::string shard_header(int rank, int world, std::size_t entries) {
   return out;
 }
 
-/// Appends one entry: its name, type, shape and `data`.
-inline void put_shard_entry(std::string& out, std::string_view name, std::int32_t type,
-                            const std::vector<std::int64_t>& sizes, std::string_view data) {
+void put_shard_entry(std::string& out, std::string_view name, std::int32_t type, const std::vector<std::int64_t>& sizes,
+                     std::string_view data) {
   put<std::uint32_t>(out, static_cast<std::uint32_t>(name.size()));
   out += name;
   put<std::int32_t>(out, type);
@@ -84,50 +51,9 @@ inline void put_shard_entry(std::string& out, std::string_view name, std::int32_
   out += data;
 }
 
-/// Appends the checksum trailer: the shard is complete.
-inline void seal_shard(std::string& out) { put<std::uint64_t>(out, checkpoint_checksum(out)); }
+void seal_shard(std::string& out) { put<std::uint64_t>(out, checkpoint_checksum(out)); }
 
-/// Reads a shard's bytes with every length checked against what is left, so that a damaged or
-/// hostile file can only be refused.
-class ShardReader {
- public:
-  ShardReader(std::string_view bytes, std::string path) : bytes_(bytes), path_(std::move(path)) {}
-
-  template <class T>
-  T take() {
-    T value;
-    std::memcpy(&value, need(sizeof value), sizeof value);
-    return value;
-  }
-  const char* need(std::size_t n) {
-    if (n > left()) fail("ends early");
-    const char* p = bytes_.data() + at_;
-    at_ += n;
-    return p;
-  }
-  std::size_t left() const { return bytes_.size() - at_; }
-  [[noreturn]] void fail(const std::string& why) const {
-    throw Error(ErrorCode::invalid_argument, "checkpoint: shard " + path_ + " is damaged: " + why);
-  }
-
- private:
-  std::string_view bytes_;
-  std::string path_;
-  std::size_t at_ = 0;
-};
-
-/// One entry of a shard as parsed: `data` points into the shard's bytes.
-struct ShardEntryView {
-  std::string name;
-  std::int32_t type = 0;
-  std::vector<std::int64_t> sizes;
-  std::string_view data;
-};
-
-/// Bytes of one element of scalar type `type`, 0 for a type a checkpoint may not hold.
-using ElementSize = std::size_t (*)(std::int32_t type);
-
-inline ShardEntryView parse_shard_entry(ShardReader& in, ElementSize element_size) {
+ShardEntryView parse_shard_entry(ShardReader& in, ElementSize element_size) {
   ShardEntryView e;
   const auto length = in.take<std::uint32_t>();
   e.name.assign(in.need(length), length);
@@ -152,11 +78,8 @@ inline ShardEntryView parse_shard_entry(ShardReader& in, ElementSize element_siz
   return e;
 }
 
-/// The entries of a shard file, verified (checksum, every count and length bounded by the bytes
-/// left) before anything is allocated for them. Throws Error(invalid_argument) naming `path` for
-/// a damaged file, Error(mismatch) when it is not the shard `rank` of `world`.
-inline std::vector<ShardEntryView> parse_shard(std::string_view bytes, const std::string& path, int rank, int world,
-                                               ElementSize element_size) {
+std::vector<ShardEntryView> parse_shard(std::string_view bytes, const std::string& path, int rank, int world,
+                                        ElementSize element_size) {
   ShardReader whole(bytes, path);
   if (bytes.size() < shard_magic.size() + 8) whole.fail("too short");
   std::uint64_t stored;
@@ -180,19 +103,7 @@ inline std::vector<ShardEntryView> parse_shard(std::string_view bytes, const std
   return entries;
 }
 
-/// What the MANIFEST says (text, one record a line, the last line the checksum of the others).
-struct Manifest {
-  int world_size = 0;
-  std::string optimizer;                                    // the optimizer's type
-  std::map<std::string, std::string> metadata;              // user's and the optimizer's step count
-  std::vector<std::pair<std::string, std::string>> params;  // name, "type[d0,d1,...]"
-  struct Shard {
-    std::uint64_t bytes = 0, checksum = 0;
-  };
-  std::vector<Shard> shards;  // by rank
-};
-
-inline std::string encode_manifest(const Manifest& m) {
+std::string encode_manifest(const Manifest& m) {
   std::string text = "tutti-checkpoint " + std::to_string(checkpoint_version) + "\nworld_size " +
                      std::to_string(m.world_size) + "\noptimizer " + m.optimizer + "\n";
   for (const auto& [key, value] : m.metadata) text += "meta " + key + " " + value + "\n";
@@ -203,9 +114,7 @@ inline std::string encode_manifest(const Manifest& m) {
   return text + "checksum " + hex64(checkpoint_checksum(text)) + "\n";
 }
 
-/// One line of a MANIFEST into `m`; throws std::logic_error (from std::stoi and friends) for a
-/// malformed number, returns false for a line it does not know.
-inline bool parse_manifest_line(Manifest& m, const std::string& line) {
+bool parse_manifest_line(Manifest& m, const std::string& line) {
   const auto space = line.find(' ');
   const std::string key = line.substr(0, space), rest = space == std::string::npos ? "" : line.substr(space + 1);
   const auto split = rest.find(' ');
@@ -228,9 +137,7 @@ inline bool parse_manifest_line(Manifest& m, const std::string& line) {
   return true;
 }
 
-/// Parses a MANIFEST; Error(invalid_argument) naming `path` and the line for anything malformed.
-/// Everything it holds is bounded by the text: a line adds at most one record.
-inline Manifest decode_manifest(const std::string& text, const std::string& path) {
+Manifest decode_manifest(const std::string& text, const std::string& path) {
   auto fail = [&](const std::string& why) -> void {
     throw Error(ErrorCode::invalid_argument, "checkpoint: " + path + " is damaged: " + why);
   };
@@ -262,4 +169,4 @@ inline Manifest decode_manifest(const std::string& text, const std::string& path
   return m;
 }
 
-}  // namespace tutti::torch::detail
+}  // namespace tutti::libtorch::detail
