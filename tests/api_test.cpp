@@ -9,6 +9,7 @@
 #include <memory>
 #include <numeric>
 
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "harness.hpp"
 #include "transport/inproc/inproc.hpp"
@@ -556,7 +557,7 @@ TEST(Executor, StagedReceiveAndReduce) {
   for (int p : {2, 3, 5, 8}) {
     std::vector<Communicator> comms;
     for (auto& t : transport::inproc::make_group(p, false))
-      comms.emplace_back(std::make_shared<comm::CommImpl>(std::move(t)));
+      comms.push_back(comm::Access::make(std::make_shared<comm::CommImpl>(std::move(t))));
     std::vector<std::thread> threads;
     std::atomic<int> wrong{0};
     for (int r = 0; r < p; ++r)

@@ -16,6 +16,7 @@
 #include "comm/tuning.hpp"
 #include "core/names.hpp"
 #include "device/device.hpp"
+#include "gpu/access.hpp"
 #include "gpu/host_transfer.hpp"
 #include "gpu_harness.hpp"
 #include "tutti/cuda.hpp"
@@ -590,7 +591,7 @@ TEST(GpuCollectives, AutomaticTakesTheTuningTablesBackend) {
               collective == tutti::Collective::allreduce ? std::optional<ReduceOp>(ReduceOp::sum) : std::nullopt,
               collective == tutti::Collective::broadcast ? 0 : -1, {})};
     };
-    auto& impl = *gpu.impl();
+    auto& impl = *tutti::gpu::detail::Access::impl(gpu);
     const auto expect = [&](Backend got, Backend want, const std::string& what) {
       if (got != want)
         throw std::runtime_error(what + ": " + std::string(tutti::gpu::to_string(got)) + ", expected " +

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "device/device.hpp"
+#include "gpu/access.hpp"
 #include "gpu/gpu_impl.hpp"
 #include "tutti/gpu.hpp"
 #include "tutti/tutti.hpp"
@@ -93,7 +94,7 @@ std::int64_t kill_time(const std::string& dir, std::chrono::milliseconds limit) 
 
 // The victim in mode `issued`: issues the allreduce behind a hold that nobody lifts.
 void issue_held(tutti::gpu::Communicator& gpu, tutti::gpu::Stream stream, std::size_t count) {
-  auto& device = gpu.impl()->device();
+  auto& device = tutti::gpu::detail::Access::impl(gpu)->device();
   auto* hold = static_cast<std::uint32_t*>(device.allocate_pinned(sizeof(std::uint32_t)));
   void* data = gpu.allocate(count * 4);
   device.wait_value(hold, 1, {stream});
@@ -132,7 +133,7 @@ int fail(int rank, const std::string& why) {
 int survive(tutti::gpu::Communicator& gpu, tutti::gpu::Stream stream, const std::string& mode, const std::string& dir,
             std::size_t count) {
   const int rank = gpu.rank(), victim = gpu.size() - 1;
-  auto& device = gpu.impl()->device();
+  auto& device = tutti::gpu::detail::Access::impl(gpu)->device();
   auto* flags = static_cast<std::uint32_t*>(device.allocate_pinned(2 * sizeof(std::uint32_t)));
   std::uint32_t* hold = flags;
   std::uint32_t* marker = flags + 1;

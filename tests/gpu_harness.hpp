@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "device/device.hpp"
+#include "gpu/access.hpp"
 #include "gpu/gpu_impl.hpp"
 #include "harness.hpp"
 #include "test_waits.hpp"
@@ -68,7 +69,9 @@ inline void run_gpu_ranks(int p, const std::function<void(tutti::gpu::Communicat
   EXPECT_EQ(failures, "");
 }
 
-inline tutti::device::Device& device_of(tutti::gpu::Communicator& gpu) { return gpu.impl()->device(); }
+inline tutti::device::Device& device_of(tutti::gpu::Communicator& gpu) {
+  return tutti::gpu::detail::Access::impl(gpu)->device();
+}
 
 // Waits for `stream`, then raises a failure recorded since: a result read after a failed operation
 // is whatever the released stream copied back, so the failure is what a case must report.

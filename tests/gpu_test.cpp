@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "device/device.hpp"
+#include "gpu/access.hpp"
 #include "gpu/gpu_impl.hpp"
 #include "gpu_harness.hpp"
 #include "harness.hpp"
@@ -431,7 +432,7 @@ TEST(GpuHostTransfer, DestroyWithAnOperationInFlightRecordsAborted) {
   const std::string failures = tutti::testing::on_threads(2, [&](int r) {
     std::optional<tutti::gpu::Communicator> gpu;
     gpu.emplace(hosts[static_cast<std::size_t>(r)], DeviceKind::emulated);
-    const auto record = gpu->impl()->host_transfer_failures();
+    const auto record = tutti::gpu::detail::Access::impl(*gpu)->host_transfer_failures();
     if (r == 1) {  // never joins: waits (bounded) until rank 0 has destroyed its communicator
       const auto until = std::chrono::steady_clock::now() + deadline;
       while (!rank0_done.load() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
@@ -440,7 +441,7 @@ TEST(GpuHostTransfer, DestroyWithAnOperationInFlightRecordsAborted) {
       EXPECT_FALSE(record->failed());  // nothing was in flight
       return;
     }
-    const auto device = gpu->impl()->shared_device();  // outlives the communicator
+    const auto device = tutti::gpu::detail::Access::impl(*gpu)->shared_device();  // outlives the communicator
     const Stream stream = gpu->create_stream();
     constexpr std::size_t count = 1000;
     std::vector<float> input(count), poison(count), out(count);

@@ -4,6 +4,7 @@
 // local size; and the topology that decides it.
 #include <numeric>
 
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "comm/topology.hpp"
 #include "harness.hpp"
@@ -118,7 +119,7 @@ TEST(Hierarchical, InterleavesWithOtherOperations) {
 // allreduce hierarchically (nonblocking, like any other choice) and a small one as before.
 TEST(Hierarchical, AutomaticChoosesItForLargeCallsAcrossHosts) {
   const std::string failures = run_ranks(4, [](Communicator& comm) {
-    auto* impl = comm.impl();
+    auto* impl = comm::Access::impl(comm);
     std::vector<std::string> hosts{"a", "a", "b", "b"};
     std::vector<std::uint64_t> hashed;
     for (const auto& h : hosts) hashed.push_back(comm::hash_host(h));
@@ -233,7 +234,7 @@ TEST(Topology, HostLayoutOfEveryRank) {
     }
   });
   EXPECT_EQ(failures, "");
-  EXPECT_EQ(error_code_of([] { (void)host_layout(Communicator(std::shared_ptr<comm::CommImpl>{})); }),
+  EXPECT_EQ(error_code_of([] { (void)host_layout(comm::Access::make(std::shared_ptr<comm::CommImpl>{})); }),
             ErrorCode::invalid_argument);
 }
 

@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "bootstrap/store.hpp"
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "core/shared_memory.hpp"
 #include "shm_names.hpp"
@@ -422,7 +423,7 @@ TEST_F(HostileShm, VictimCommunicatorFailsWithANamedError) {
   auto victim_transport = transport::shm::open(name, 1, 2, 3, attach_timeout);
   other.join();
   auto& segment = static_cast<ShmTransport&>(*attacker).segment();
-  Communicator victim(std::make_shared<comm::CommImpl>(std::move(victim_transport)));
+  Communicator victim = comm::Access::make(std::make_shared<comm::CommImpl>(std::move(victim_transport)));
   std::thread scribbler([&] {
     std::this_thread::sleep_for(50ms);
     auto& ring = segment.ring(0, 1);

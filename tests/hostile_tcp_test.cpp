@@ -36,6 +36,7 @@
 #include "bootstrap/frame_mac.hpp"
 #include "bootstrap/socket_io.hpp"
 #include "bootstrap/store.hpp"
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "memory_store.hpp"
 #include "transport/tcp/tcp.hpp"
@@ -108,7 +109,7 @@ class RankThread {
     thread_.join();
     EXPECT_EQ(error_, "");
     if (!transport_) return Communicator();
-    return Communicator(std::make_shared<comm::CommImpl>(std::move(transport_)));
+    return comm::Access::make(std::make_shared<comm::CommImpl>(std::move(transport_)));
   }
 
  private:

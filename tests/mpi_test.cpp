@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "mpi_cases.hpp"
 #include "transport/inproc/inproc.hpp"
@@ -159,7 +160,7 @@ TEST(FromMpi, ThreadLevelDecidesWhoProgresses) {
   MPI_Query_thread(&level);
   Communicator world = from_mpi(MPI_COMM_WORLD);
   const bool caller_only = level < MPI_THREAD_SERIALIZED;
-  EXPECT_EQ(world.impl()->progressed_by_caller_only(), caller_only);
+  EXPECT_EQ(tutti::comm::Access::impl(world)->progressed_by_caller_only(), caller_only);
   std::vector<std::int64_t> a(1000, world.rank() + 1), b(7, 2 * world.rank());
   Request first = world.iallreduce(a.data(), a.data(), a.size(), DataType::i64, ReduceOp::sum);
   Request second = world.iallreduce(b.data(), b.data(), b.size(), DataType::i64, ReduceOp::max);
@@ -183,7 +184,7 @@ TEST(FromMpi, ThreadLevelDecidesWhoProgresses) {
 TEST(Init, UnderMpirunOneHostRunsOverSharedMemory) {
   ASSERT_EQ(std::getenv("TUTTI_STORE"), nullptr);
   Communicator world = init();
-  EXPECT_EQ(world.impl()->transport_name(), "shm");
+  EXPECT_EQ(tutti::comm::Access::impl(world)->transport_name(), "shm");
   EXPECT_EQ(world.rank(), comm_rank(MPI_COMM_WORLD));
   std::vector<std::int32_t> v(100, world.rank() + 1);
   world.allreduce(std::span<std::int32_t>(v), ReduceOp::sum);
@@ -192,7 +193,7 @@ TEST(Init, UnderMpirunOneHostRunsOverSharedMemory) {
   ::setenv("TUTTI_TRANSPORT", "mpi", 1);
   Communicator over_mpi = init();
   ::unsetenv("TUTTI_TRANSPORT");
-  EXPECT_EQ(over_mpi.impl()->transport_name(), "mpi");
+  EXPECT_EQ(tutti::comm::Access::impl(over_mpi)->transport_name(), "mpi");
   over_mpi.allreduce(std::span<std::int32_t>(v), ReduceOp::sum);
   for (auto x : v) ASSERT_EQ(x, p * p * (p + 1) / 2);
 }
@@ -227,7 +228,7 @@ TEST(Init, UnderMpirunSeveralHostsRunsOverSharedMemoryAndTcp) {
   ::setenv("TUTTI_HOST", ("host" + std::to_string(r % 2)).c_str(), 1);
   Communicator world = init();
   ::unsetenv("TUTTI_HOST");
-  EXPECT_EQ(world.impl()->transport_name(), p == 2 ? "tcp" : "shm+tcp");
+  EXPECT_EQ(tutti::comm::Access::impl(world)->transport_name(), p == 2 ? "tcp" : "shm+tcp");
   EXPECT_EQ(world.rank(), r);
   std::vector<std::int64_t> v(100003, world.rank() + 1);
   world.allreduce(std::span<std::int64_t>(v), ReduceOp::sum);

@@ -22,6 +22,7 @@
 
 #include <gtest/gtest.h>
 
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "core/shared_memory.hpp"
 #include "processes.hpp"
@@ -54,7 +55,7 @@ std::string run_ranks(int p, const std::function<void(Rank&)>& fn) {
   return on_threads(p, [&](int r) {
     auto t = transport::shm::open(name, r, p, 11, 20000ms);
     transport::Transport* raw = t.get();
-    Rank rank{raw, Communicator(std::make_shared<comm::CommImpl>(std::move(t)))};
+    Rank rank{raw, comm::Access::make(std::make_shared<comm::CommImpl>(std::move(t)))};
     fn(rank);
   });
 }
@@ -1129,7 +1130,7 @@ TEST_F(ShmDirect, SingleCopyIsAgreedByEveryRankWhenTheyAttach) {
           auto t = transport::shm::open(name, r, 3, 17, 20000ms);
           const bool single = static_cast<transport::shm::ShmTransport&>(*t).segment().single_copy();
           code |= single != (system_allows && refusing < 0) ? 4 : 0;
-          Communicator comm(std::make_shared<comm::CommImpl>(std::move(t)));
+          Communicator comm = comm::Access::make(std::make_shared<comm::CommImpl>(std::move(t)));
           const std::size_t n = 3 * transport::shm::single_copy_bytes / sizeof(float);
           std::vector<float> in(n), out(3 * n, -1.0f);
           for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i);
@@ -1337,7 +1338,8 @@ TEST_F(ShmDirect, ZeroCopyAcrossProcessesWithBuffersReplacedAndCallsChained) {
       p,
       [&](int r) {
         int code = 0;
-        Communicator comm(std::make_shared<comm::CommImpl>(transport::shm::open(name, r, p, 19, 20000ms)));
+        Communicator comm =
+            comm::Access::make(std::make_shared<comm::CommImpl>(transport::shm::open(name, r, p, 19, 20000ms)));
         const std::size_t n = 2 * transport::shm::zero_copy_bytes / sizeof(float) + 3;
         for (int round = 0; round < 3; ++round)
           for (int form : {0, 1, 2}) zero_copy_allreduce(comm, n, form, true);

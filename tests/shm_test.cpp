@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "collective_cases.hpp"
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "processes.hpp"
 #include "shm_names.hpp"
@@ -36,7 +37,7 @@ constexpr std::chrono::milliseconds attach_timeout{20000};
 const int bounded_default_timeout = setenv("TUTTI_TIMEOUT_MS", "30000", 0);
 
 Communicator communicator(std::unique_ptr<transport::Transport> transport) {
-  return Communicator(std::make_shared<comm::CommImpl>(std::move(transport)));
+  return comm::Access::make(std::make_shared<comm::CommImpl>(std::move(transport)));
 }
 
 // Runs fn(comm) on p threads, rank r attaching to a fresh segment as rank r; returns the failures.

@@ -25,6 +25,7 @@
 
 #include "bootstrap/auth.hpp"
 #include "bootstrap/store.hpp"
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "memory_store.hpp"
 #include "tcp_mesh.hpp"
@@ -45,7 +46,7 @@ const bool timeout_set = [] { return ::setenv("TUTTI_TIMEOUT_MS", "60000", 0) ==
 
 std::vector<Communicator> to_communicators(Transports& transports) {
   std::vector<Communicator> comms;
-  for (auto& t : transports) comms.emplace_back(std::make_shared<comm::CommImpl>(std::move(t)));
+  for (auto& t : transports) comms.push_back(comm::Access::make(std::make_shared<comm::CommImpl>(std::move(t))));
   return comms;
 }
 

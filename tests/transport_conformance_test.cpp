@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "any_source_cases.hpp"
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "shm_names.hpp"
 #include "tcp_mesh.hpp"
@@ -194,7 +195,7 @@ template <class Group>
 std::string run_communicators(int p, const std::function<void(Communicator&)>& fn) {
   Transports transports = Group::make(p);
   std::vector<Communicator> comms;
-  for (auto& t : transports) comms.emplace_back(std::make_shared<comm::CommImpl>(std::move(t)));
+  for (auto& t : transports) comms.push_back(comm::Access::make(std::make_shared<comm::CommImpl>(std::move(t))));
   const std::string failures = on_threads(p, [&](int r) { fn(comms[static_cast<std::size_t>(r)]); });
   comms.clear();
   EXPECT_EQ(Group::leftovers(), "");

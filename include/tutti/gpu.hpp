@@ -70,7 +70,8 @@ struct Options {
 
 namespace detail {
 class Impl;
-}
+struct Access;  // the engine's and tests' view of the implementation (src/gpu/access.hpp)
+}  // namespace detail
 
 /// The GPU twin of a host communicator: the same ranks, collectives on device buffers enqueued on
 /// streams. Owns its device (CUDA device `device`, or an emulated one), pinned staging and one
@@ -143,9 +144,8 @@ class Communicator {
   /// Waits until everything enqueued on `stream` is done; Error(timeout) after `timeout`.
   void synchronize(Stream stream, std::chrono::milliseconds timeout);
 
-  detail::Impl* impl() const { return impl_.get(); }
-
  private:
+  friend struct detail::Access;
   detail::Impl& checked() const;
   std::unique_ptr<detail::Impl> impl_;
 };

@@ -8,8 +8,10 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "tutti/types.hpp"
@@ -23,6 +25,7 @@ class RequestState;
 }  // namespace exec
 namespace comm {
 class CommImpl;
+struct Access;  // the layers' and tests' view of the implementation (src/comm/access.hpp)
 }  // namespace comm
 namespace core {
 class SharedRegion;
@@ -209,10 +212,26 @@ class Communicator {
   /// Collective over this communicator. A negative color gives an empty communicator.
   Communicator split(int color, int key) const;
 
-  explicit Communicator(std::shared_ptr<comm::CommImpl> impl) : impl_(std::move(impl)) {}
-  comm::CommImpl* impl() const { return impl_.get(); }
+  // ---- what this communicator runs over (local: no communication) ----
+
+  /// The transport's name, as logs and tuning tables name it: "inproc", "shm", "tcp", "mpi", or
+  /// a combination such as "shm+tcp". Error(invalid_argument) for an empty communicator.
+  std::string_view transport_name() const;
+  /// The algorithm that a call of `collective` moving `bytes` (the total over ranks for
+  /// allgather, reduce_scatter and alltoall) runs when it asks for `requested`: automatic as the
+  /// cost model and the tuning table resolve it, exactly as the call resolves it.
+  Algorithm chosen_algorithm(Collective collective, std::size_t bytes,
+                             Algorithm requested = Algorithm::automatic) const;
+  /// Whether Algorithm::direct (every rank on one host's shared memory) serves `collective` here.
+  bool serves_direct(Collective collective) const;
+
+  /// Whether two handles are copies of one communicator (empty communicators are all equal).
+  friend bool operator==(const Communicator& a, const Communicator& b) { return a.impl_ == b.impl_; }
 
  private:
+  friend struct comm::Access;
+  friend struct std::hash<Communicator>;
+  explicit Communicator(std::shared_ptr<comm::CommImpl> impl) : impl_(std::move(impl)) {}
   static void check_span_sizes(std::size_t a, std::size_t b, std::size_t factor, const char* message);
   comm::CommImpl& checked() const;
   std::shared_ptr<comm::CommImpl> impl_;
@@ -225,3 +244,11 @@ Communicator init();
 std::vector<Communicator> local_group(int p);
 
 }  // namespace tutti
+
+/// Copies of one communicator hash alike (a communicator as a key of an unordered map).
+template <>
+struct std::hash<tutti::Communicator> {
+  std::size_t operator()(const tutti::Communicator& c) const noexcept {
+    return std::hash<const void*>()(c.impl_.get());
+  }
+};

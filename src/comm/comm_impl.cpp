@@ -1,4 +1,5 @@
 #include "comm/comm_impl.hpp"
+#include "comm/access.hpp"
 
 #include "exec/matched_recv.hpp"
 
@@ -324,7 +325,7 @@ Communicator CommImpl::split(int color, int key) {
   auto child = std::make_shared<CommImpl>(queue_->transport().split(id, ranks, new_rank));
   child->host_override_ = host_override_;
   if (topology_) child->topology_ = topology_->subset(ranks);
-  return Communicator(std::move(child));
+  return Access::make(std::move(child));
 }
 
 }  // namespace tutti::comm

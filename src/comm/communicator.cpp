@@ -1,4 +1,5 @@
 // The public Communicator: thin wrappers that describe each call and hand it to CommImpl.
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "core/shared_memory.hpp"
 #include "transport/inproc/inproc.hpp"
@@ -178,6 +179,14 @@ int Communicator::recv(void* data, std::size_t count, DataType type, int peer, i
 
 Communicator Communicator::split(int color, int key) const { return checked().split(color, key); }
 
+std::string_view Communicator::transport_name() const { return checked().transport_name(); }
+
+Algorithm Communicator::chosen_algorithm(Collective collective, std::size_t bytes, Algorithm requested) const {
+  return checked().chosen_algorithm(collective, requested, bytes);
+}
+
+bool Communicator::serves_direct(Collective collective) const { return checked().direct_serves(collective); }
+
 SharedBuffer::SharedBuffer(std::shared_ptr<core::SharedRegion> region)
     : region_(std::move(region)), data_(region_ ? region_->base() : nullptr), size_(region_ ? region_->bytes() : 0) {}
 
@@ -187,7 +196,7 @@ std::vector<Communicator> local_group(int p) {
   if (p < 1) throw Error(ErrorCode::invalid_argument, "local_group: p must be at least 1, got " + std::to_string(p));
   std::vector<Communicator> out;
   for (auto& transport : transport::inproc::make_group(p))
-    out.emplace_back(std::make_shared<comm::CommImpl>(std::move(transport)));
+    out.push_back(comm::Access::make(std::make_shared<comm::CommImpl>(std::move(transport))));
   return out;
 }
 

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "core/copy.hpp"
 #include "core/log.hpp"
@@ -128,9 +129,9 @@ CommImpl::Hierarchy split_hierarchy(CommImpl& comm) {
 }  // namespace
 
 void set_host_for_testing(Communicator& comm, std::string host) {
-  if (comm.impl() == nullptr)
+  if (Access::impl(comm) == nullptr)
     throw Error(ErrorCode::invalid_argument, "set_host_for_testing: the communicator is empty");
-  comm.impl()->set_host_override(std::move(host));
+  Access::impl(comm)->set_host_override(std::move(host));
 }
 
 const Topology& CommImpl::topology() {
@@ -173,7 +174,7 @@ Request CommImpl::start_hierarchical(const Call& call, bool blocking) {
   const ReduceOp op = call.op.value_or(ReduceOp::sum);
   const auto timeout = timeout_of(call);
   const StepOptions options = [timeout](Collective collective, const Communicator& comm, std::size_t bytes) {
-    const CommImpl& impl = *comm.impl();
+    const CommImpl& impl = *Access::impl(comm);
     const choice::ChoiceContext context{impl.transport_kind(), impl.transport_name(), comm.size(),
                                         impl.direct_serves(collective)};
     return Options{choice::step_algorithm(collective, context, bytes), timeout};

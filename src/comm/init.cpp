@@ -25,6 +25,7 @@
 #include "bootstrap/job.hpp"
 #include "bootstrap/run.hpp"
 #include "bootstrap/store.hpp"
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "comm/tuning.hpp"
 #include "core/env.hpp"
@@ -313,7 +314,7 @@ Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& jo
   auto transport = connect_world(job, store, places, hosts.size() == 1, private_store, timeout);
   auto impl = std::make_shared<comm::CommImpl>(std::move(transport));
   impl->set_topology(comm::Topology(std::move(topology_hosts)));  // known: automatic may pick hierarchical
-  Communicator world(impl);
+  Communicator world = comm::Access::make(impl);
   world.barrier();
   return world;
 }

@@ -8,6 +8,7 @@
 
 #include "core/env.hpp"
 #include "engine/engine_core.hpp"
+#include "gpu/access.hpp"
 #include "gpu/gpu_impl.hpp"
 
 namespace tutti {
@@ -120,8 +121,9 @@ Engine::Engine(Communicator& comm, EngineOptions options)
 namespace {
 
 device::Device& device_of(gpu::Communicator& gpu) {
-  if (gpu.impl() == nullptr) throw Error(ErrorCode::invalid_argument, "engine: the gpu::Communicator was moved from");
-  return gpu.impl()->device();
+  if (gpu::detail::Access::impl(gpu) == nullptr)
+    throw Error(ErrorCode::invalid_argument, "engine: the gpu::Communicator was moved from");
+  return gpu::detail::Access::impl(gpu)->device();
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 
 namespace tutti::engine {
@@ -15,7 +16,7 @@ EngineCore::EngineCore(Communicator& comm, EngineOptions options, device::Device
       size_(comm_.size()),
       table_(size_),
       staging_(device != nullptr ? std::make_unique<StreamStaging>(*device) : nullptr) {
-  if (comm_.impl()->progressed_by_caller_only())
+  if (comm::Access::impl(comm_)->progressed_by_caller_only())
     throw Error(ErrorCode::unsupported,
                 "engine: its thread calls the communicator, but MPI was initialized below MPI_THREAD_SERIALIZED "
                 "(plain MPI_Init); use MPI_Init_thread with MPI_THREAD_MULTIPLE");

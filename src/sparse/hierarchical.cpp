@@ -22,6 +22,7 @@
 // caller-thread pair of CommImpl::caller_hierarchy, split at the first hierarchical call.
 #include <string>
 
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "sparse/algorithms.hpp"
 
@@ -111,7 +112,7 @@ Piece by_leaders(Context& ctx, Hierarchy& h, Piece mine, const CostParams& cost)
 }  // namespace
 
 Piece hierarchical(Context& ctx, Piece mine, const CostParams& cost) {
-  tutti::comm::CommImpl& impl = *ctx.comm.impl();
+  tutti::comm::CommImpl& impl = *tutti::comm::Access::impl(ctx.comm);
   const bool uniform = impl.topology().uniform();
   Hierarchy& h = impl.caller_hierarchy();
   return uniform ? by_ranges(ctx, h, std::move(mine), cost) : by_leaders(ctx, h, std::move(mine), cost);

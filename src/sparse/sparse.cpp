@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "comm/tuning.hpp"
 #include "reduce/reduce.hpp"
@@ -153,7 +154,7 @@ CostParams cost_of(std::string_view transport, tutti::transport::Kind kind) {
 
 // The cost model of the communicator's own transport (tcp's where it has none).
 CostParams transport_cost(const Context& ctx) {
-  const auto* impl = ctx.comm.impl();
+  const auto* impl = tutti::comm::Access::impl(ctx.comm);
   return impl ? cost_of(impl->transport_name(), impl->transport_kind()) : cost_of("tcp", tutti::transport::Kind::tcp);
 }
 
@@ -161,7 +162,7 @@ Algorithm chosen(const Context& ctx, const Options& options) {
   if (options.algorithm != Algorithm::automatic) return options.algorithm;
   Workload w = workload_of(ctx);
   if (ctx.size > 1 && w.total_nnz > 0) {  // where the ranks live (collective the first time; cached)
-    const tutti::comm::Topology& topology = ctx.comm.impl()->topology();
+    const tutti::comm::Topology& topology = tutti::comm::Access::impl(ctx.comm)->topology();
     if (topology.uniform()) {
       w.hosts = topology.host_count();
       w.local_size = topology.max_local_size();

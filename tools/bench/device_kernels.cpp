@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "device/device.hpp"
+#include "gpu/access.hpp"
 #include "gpu/gpu_impl.hpp"
 #include "reduce/reduce.hpp"
 
@@ -180,7 +181,7 @@ void write_json(const std::vector<KernelRow>& rows, const BenchOptions& options,
 
 int run_kernels(DeviceContext& context, const std::string& device_name, const std::string& launcher) {
   const BenchOptions& options = context.options;
-  device::Device& device = context.gpu.impl()->device();
+  device::Device& device = gpu::detail::Access::impl(context.gpu)->device();
   print_header(device_name);
   std::vector<KernelRow> rows;
   std::size_t wrong = 0;

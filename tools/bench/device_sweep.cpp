@@ -7,7 +7,6 @@
 #include "bench/device_collectives.hpp"
 #include "bench/device_kernels.hpp"
 #include "bench/device_runner.hpp"
-#include "comm/comm_impl.hpp"
 #include "device/device.hpp"
 
 namespace tutti::bench {
@@ -109,7 +108,7 @@ int run_device(Communicator& world, const BenchOptions& options, const std::stri
     if (printer) std::fprintf(stderr, "tutti-bench: --device %s: %s\n", options.device.c_str(), why.c_str());
     return 1;
   }
-  const std::string transport(world.impl()->transport_name());
+  const std::string transport(world.transport_name());
   if (options.kernels) {
     std::printf("# tutti-bench: device kernels on %s; %s\n", device_name.c_str(), options.command_line.c_str());
     gpu::Communicator gpu(world, kind == device::Kind::cuda ? gpu::DeviceKind::cuda : gpu::DeviceKind::emulated);

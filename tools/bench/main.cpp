@@ -18,7 +18,6 @@
 #include "bench/sweep.hpp"
 #include "bench/tune.hpp"
 #include "bootstrap/job.hpp"
-#include "comm/comm_impl.hpp"
 
 #ifdef TUTTI_WITH_MPI
 #include <mpi.h>
@@ -72,8 +71,8 @@ int run(tutti::Communicator& world, const BenchOptions& options) {
   if (options.calibrate && !options.tune) return calibrate(world, options);
   if (options.tune) return tune(world, options);
   if (world.rank() == 0)
-    std::printf("# tutti-bench: %d ranks over %s; %s\n", world.size(),
-                std::string(world.impl()->transport_name()).c_str(), options.command_line.c_str());
+    std::printf("# tutti-bench: %d ranks over %s; %s\n", world.size(), std::string(world.transport_name()).c_str(),
+                options.command_line.c_str());
   if (options.root >= world.size()) throw std::invalid_argument("-r: root must be below the number of ranks");
   const auto peers = make_peers(world, options);
   std::optional<Ceiling> ceiling;

@@ -16,7 +16,6 @@
 
 #include "bench/cases.hpp"
 #include "bench/runner.hpp"
-#include "comm/comm_impl.hpp"
 #include "reduce/reduce.hpp"
 #include "tutti/compress.hpp"
 #include "tutti/sparse.hpp"
@@ -231,8 +230,7 @@ int run_sparse(Communicator& world, const BenchOptions& options) {
     std::printf(
         "# tutti-bench: sparse_allreduce, %d ranks over %s; dim %zu, u32 indices, each rank's index set drawn "
         "independently (index in the set with probability = density); %s\n",
-        world.size(), std::string(world.impl()->transport_name()).c_str(), options.sparse_dim,
-        options.command_line.c_str());
+        world.size(), std::string(world.transport_name()).c_str(), options.sparse_dim, options.command_line.c_str());
     std::printf(
         "# time(us): max over ranks of the mean per call, every row's calls and the dense allreduce's alternating, "
         "each from a barrier; dense(us): allreduce of the dim values; speedup = dense / time; union: the result's "

@@ -1,6 +1,5 @@
 #include "bench/sweep.hpp"
 
-#include "comm/comm_impl.hpp"
 #include "schedule/schedule.hpp"
 
 namespace tutti::bench {
@@ -28,8 +27,8 @@ std::vector<Algorithm> algorithms_to_sweep(Communicator& world, Kind kind) {
   std::vector<Algorithm> out{Algorithm::automatic};
   if (kind == sendrecv) return out;
   for (Algorithm a : schedule::algorithms_for(*kind)) out.push_back(a);
-  if (world.impl()->direct_serves(*kind)) out.push_back(Algorithm::direct);
-  if (world.impl()->transport_name() == "mpi") out.push_back(Algorithm::mpi);
+  if (world.serves_direct(*kind)) out.push_back(Algorithm::direct);
+  if (world.transport_name() == "mpi") out.push_back(Algorithm::mpi);
   return out;
 }
 
@@ -39,7 +38,7 @@ Row measure_row(Communicator& world, const BenchOptions& options, const Case& ba
   row.c = base;
   row.algorithm = to_string(algorithm);
   if (algorithm == Algorithm::automatic && base.kind != sendrecv)
-    row.chosen = to_string(world.impl()->chosen_algorithm(*base.kind, algorithm, case_bytes(base, world.size())));
+    row.chosen = to_string(world.chosen_algorithm(*base.kind, case_bytes(base, world.size()), algorithm));
   if (ceiling) row.bound = time_bound(base, world.size(), *ceiling);
   const bool primary_in_place = base.kind == Collective::broadcast;
   for (const bool in_place : {false, true}) {
@@ -65,8 +64,7 @@ Report run_sweep(Communicator& world, const BenchOptions& options, const std::ve
                  const std::optional<Ceiling>& ceiling) {
   std::vector<std::string> peer_names;
   for (const auto& peer : peers) peer_names.push_back(peer->name());
-  Report report(world.size(), std::string(world.impl()->transport_name()), peer_names, ceiling.has_value(),
-                world.rank() == 0);
+  Report report(world.size(), std::string(world.transport_name()), peer_names, ceiling.has_value(), world.rank() == 0);
   const bool printer = world.rank() == 0;
   const std::vector<std::size_t> sizes = sweep_sizes(options);
   // Work ~ bytes moved, with a floor for the latency-bound sizes; for the ETA only.

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "bench/sweep.hpp"
-#include "comm/comm_impl.hpp"
+#include "comm/choice.hpp"
 #include "comm/tuning.hpp"
 #include "reduce/reduce.hpp"
 #include "schedule/schedule.hpp"
@@ -198,7 +198,7 @@ std::vector<choice::Entry> entries_for(std::string_view transport, int ranks, co
 }  // namespace
 
 int calibrate(Communicator& world, const BenchOptions& options) {
-  const std::string_view transport = world.impl()->transport_name();
+  const std::string_view transport = world.transport_name();
   const choice::CostParams cost = measure_cost(world);
   if (world.rank() != 0) return 0;
   print_cost(cost, transport);
@@ -211,7 +211,7 @@ int calibrate(Communicator& world, const BenchOptions& options) {
 }
 
 int tune(Communicator& world, const BenchOptions& options) {
-  const std::string transport(world.impl()->transport_name());
+  const std::string transport(world.transport_name());
   const choice::CostParams cost = measure_cost(world);
   if (world.rank() == 0) print_cost(cost, transport);
   // Automatic, the reference every forced algorithm must beat, is the cost model with the

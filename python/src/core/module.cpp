@@ -69,10 +69,10 @@ void bind_communicator(py::module_& m) {
       .def(
           "__eq__",
           [](const tutti::Communicator& a, const py::object& b) {
-            return py::isinstance<tutti::Communicator>(b) && a.impl() == b.cast<const tutti::Communicator&>().impl();
+            return py::isinstance<tutti::Communicator>(b) && a == b.cast<const tutti::Communicator&>();
           },
           "The same group: this communicator or a copy of it (not another group of the same ranks).")
-      .def("__hash__", [](const tutti::Communicator& c) { return std::hash<const void*>()(c.impl()); })
+      .def("__hash__", [](const tutti::Communicator& c) { return std::hash<tutti::Communicator>()(c); })
       .def_property_readonly("rank", &tutti::Communicator::rank, "This rank, 0 <= rank < size (-1 if empty).")
       .def_property_readonly("size", &tutti::Communicator::size, "The number of ranks (0 if empty).")
       .def(
