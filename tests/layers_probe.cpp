@@ -1,5 +1,6 @@
-// Built only by the ctest layers_build, as part of the transport layer (it links tutti_transport
-// and sees only that layer's include roots): including a header of the comm layer above must fail
-// to compile, which is what that test expects.
-#include "comm/comm_impl.hpp"
+// Built only by the ctest layers_build, as part of the schedule layer (it links tutti_schedule and
+// sees only the include roots of schedule and of the layers it declares, src/layers.cmake):
+// including a header of the transport layer, a layer before schedule that schedule does not
+// declare, must fail to compile, which is what that test expects.
+#include "schedule/schedule.hpp"
 #include "transport/transport.hpp"
