@@ -14,6 +14,7 @@
 #include "exec/matched_recv.hpp"
 #include "exec/request.hpp"
 #include "reduce/reduce.hpp"
+#include "transport/in_place.hpp"
 
 namespace tutti::comm {
 
@@ -134,10 +135,8 @@ bool CommImpl::run_now(const Call& call) {
 // output, which `op` then owns.
 exec::Operation::Buffers CommImpl::map_buffers(const Call& call, const Extents& extents, Staging& staging) const {
   const std::size_t elem = size_of(call.type);
-  const auto* send = static_cast<const std::byte*>(call.send);
-  auto* recv = static_cast<std::byte*>(call.recv);
-  exec::Operation::Buffers buffers{send, recv};
-  const std::size_t rank_block = static_cast<std::size_t>(rank_) * call.count * elem;
+  const transport::InPlace in_place = transport::map_in_place(call, rank_);
+  exec::Operation::Buffers buffers{in_place.input, call.recv};
   switch (call.collective) {
     case Collective::broadcast:
       buffers.input = nullptr;
@@ -149,29 +148,17 @@ exec::Operation::Buffers CommImpl::map_buffers(const Call& call, const Extents& 
     case Collective::scatter:
       if (rank_ != call.root) buffers.input = nullptr;
       break;
-    case Collective::alltoall:
-    case Collective::alltoallv:
-      if (send == recv && extents.send > 0) {
-        staging.input = std::make_unique_for_overwrite<std::byte[]>(extents.send * elem);
-        core::copy(staging.input.get(), send, extents.send * elem);
-        buffers.input = staging.input.get();
-      }
-      break;
-    case Collective::reduce_scatter:
-      if (send == recv && rank_block != 0 && extents.recv > 0) {  // MPI form: result at the start
-        staging.output = std::make_unique_for_overwrite<std::byte[]>(extents.recv * elem);
-        buffers.output = staging.output.get();
-      }
-      break;
-    case Collective::allgather:
-      if (send == recv) buffers.input = recv + rank_block;  // MPI_IN_PLACE: the block is in its slot
-      break;
-    case Collective::allgatherv:
-      if (send == recv)
-        buffers.input = recv + std::accumulate(call.counts.begin(), call.counts.begin() + rank_, std::size_t{0}) * elem;
-      break;
     default:
       break;
+  }
+  if (in_place.snapshot_input && extents.send > 0) {
+    staging.input = std::make_unique_for_overwrite<std::byte[]>(extents.send * elem);
+    core::copy(staging.input.get(), call.send, extents.send * elem);
+    buffers.input = staging.input.get();
+  }
+  if (in_place.stage_output) {
+    staging.output = std::make_unique_for_overwrite<std::byte[]>(extents.recv * elem);
+    buffers.output = staging.output.get();
   }
   return buffers;
 }

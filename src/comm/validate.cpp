@@ -4,6 +4,7 @@
 
 #include "comm/comm_impl.hpp"
 #include "core/names.hpp"
+#include "transport/in_place.hpp"
 
 namespace tutti::comm {
 
@@ -100,34 +101,6 @@ void check_counts_spans(const Call& call, int rank, int size) {
   }
 }
 
-// The in-place forms schedule.hpp and CommImpl::start accept, as (send, recv) address pairs.
-bool is_in_place_form(const Call& call, int rank, std::size_t elem) {
-  const auto* s = static_cast<const std::byte*>(call.send);
-  const auto* r = static_cast<const std::byte*>(call.recv);
-  const std::size_t rank_block = static_cast<std::size_t>(rank) * call.count * elem;
-  switch (call.collective) {
-    case Collective::allreduce:
-    case Collective::reduce:
-    case Collective::alltoall:
-    case Collective::alltoallv:
-      return s == r;
-    case Collective::reduce_scatter:
-      return s == r || r == s + rank_block;
-    case Collective::allgather:
-      return s == r || s == r + rank_block;
-    case Collective::allgatherv: {
-      const auto displ = std::accumulate(call.counts.begin(), call.counts.begin() + rank, std::size_t{0});
-      return s == r || s == r + displ * elem;
-    }
-    case Collective::gather:
-      return s == r + rank_block;
-    case Collective::scatter:
-      return r == s + rank_block;
-    default:
-      return false;
-  }
-}
-
 }  // namespace
 
 std::size_t checked_product(std::string_view operation, std::size_t a, std::size_t b, std::string_view what) {
@@ -179,7 +152,7 @@ Extents validate(const Call& call, int rank, int size) {
     const auto s = reinterpret_cast<std::uintptr_t>(call.send);
     const auto r = reinterpret_cast<std::uintptr_t>(call.recv);
     const bool overlap = s < r + e.recv * elem && r < s + e.send * elem;
-    if (overlap && !is_in_place_form(call, rank, elem))
+    if (overlap && !transport::is_in_place_form(call, rank))
       invalid(call, "send and recv overlap but are not in place (see the in-place forms in tutti.hpp)");
   }
   return e;

@@ -1,6 +1,7 @@
 // The inline path of the direct collectives: a collective whose input fits in a signature slot
 // publishes it there with its signature, and each rank computes its result from its peers' slots
 // (see the top of direct.cpp, and carry_inline in shm.cpp).
+#include "transport/in_place.hpp"
 #include "transport/shm/direct_run.hpp"
 
 namespace tutti::transport::shm {
@@ -61,15 +62,14 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
   const Collective kind = call.collective;
   if (algorithm != Algorithm::direct || !serves(kind)) return false;
   const std::size_t p = static_cast<std::size_t>(size_), esize = size_of(call.type);
-  const std::size_t bytes = call.count * esize, block = static_cast<std::size_t>(rank_) * bytes;
+  const std::size_t bytes = call.count * esize;
   const bool scatters = kind == Collective::reduce_scatter, broadcast = kind == Collective::broadcast;
   const bool reduces = kind == Collective::allreduce || scatters;
   if (call.count > inline_bytes || (scatters ? p : 1) * bytes > inline_bytes || (reduces && !call.op) ||
       (scatters && segment_->layout().direct_chunk / esize < p))  // start_direct's refusal
     return false;
-  const auto* send = static_cast<const std::byte*>(call.send);
+  const std::byte* send = map_in_place(call, rank_).input;
   auto* recv = static_cast<std::byte*>(call.recv);
-  if (kind == Collective::allgather && send == recv) send = recv + block;  // in place
   const std::byte* input = broadcast ? (rank_ == call.root ? recv : nullptr) : send;
   const std::size_t input_bytes = input ? (scatters ? p : 1) * bytes : 0;
   // A broadcast's root needs no peer, nor does a collective of no elements (see bind).

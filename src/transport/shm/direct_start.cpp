@@ -1,6 +1,7 @@
 // The entry points of the direct collectives: start_direct (arguments checked, in-place forms
 // mapped onto what DirectRun takes), the shm transport's native collectives, and
 // their price for the cost model (direct_price).
+#include "transport/in_place.hpp"
 #include "transport/shm/direct_run.hpp"
 
 #include <algorithm>
@@ -37,12 +38,17 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, Collective 
   const bool reduces = kind == Collective::allreduce || kind == Collective::reduce_scatter;
   const ReduceOp reduce_op = reduces ? required_op(kind, op) : ReduceOp::sum;
   // The in-place forms, mapped onto the forms DirectRun takes.
-  const auto* in = static_cast<const std::byte*>(send);
+  NativeCall call;
+  call.collective = kind;
+  call.send = send;
+  call.recv = recv;
+  call.count = count;
+  call.type = type;
+  const InPlace in_place = map_in_place(call, shm->rank());
+  const std::byte* in = in_place.input;
   auto* out = static_cast<std::byte*>(recv);
-  const std::size_t block = static_cast<std::size_t>(shm->rank()) * count * size_of(type);
   std::unique_ptr<std::byte[]> staging;
-  if (kind == Collective::allgather && send == recv) in = out + block;
-  if (kind == Collective::reduce_scatter && send == recv && block != 0 && count > 0) {
+  if (in_place.stage_output) {
     staging = std::make_unique_for_overwrite<std::byte[]>(count * size_of(type));
     out = staging.get();
   }
