@@ -43,12 +43,6 @@ std::size_t choice_bytes(const Call& call, int p) {
   }
 }
 
-std::uint64_t hash_counts(std::span<const std::size_t> counts) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (std::size_t c : counts) h = (h ^ c) * 1099511628211ull;
-  return counts.empty() ? 0 : h | 1;
-}
-
 bool has_result(const Call& call, int rank) {
   switch (call.collective) {
     case Collective::allreduce:
@@ -126,7 +120,7 @@ bool CommImpl::run_now(const Call& call) {
                                   ? requested
                                   : chosen_algorithm(call.collective, requested, choice_bytes(call, size_));
   if (algorithm != Algorithm::direct) return false;
-  transport::Signature signature = signature_of(call, algorithm);
+  transport::Signature signature = transport::Signature::of(call, algorithm);
   return queue_->run_now(algorithm, call, signature, timeout_of(call));
 }
 
@@ -208,21 +202,8 @@ std::chrono::milliseconds CommImpl::timeout_of(const Call& call) const {
 
 // The signature of the call about to be submitted: takes the communicator's next sequence number.
 transport::Signature CommImpl::next_signature(const Call& call, Algorithm algorithm) {
-  transport::Signature signature = signature_of(call, algorithm);
+  transport::Signature signature = transport::Signature::of(call, algorithm);
   signature.seq = queue_->next_seq();
-  return signature;
-}
-
-transport::Signature CommImpl::signature_of(const Call& call, Algorithm algorithm) {
-  transport::Signature signature;
-  signature.collective = call.collective;
-  const bool per_rank_counts = call.collective == Collective::alltoallv || call.collective == Collective::allgatherv;
-  signature.count = per_rank_counts ? 0 : call.count;  // v-collectives: counts_hash instead
-  signature.type = call.type;
-  signature.op = call.op;
-  signature.root = call.root;
-  signature.algorithm = algorithm;
-  signature.counts_hash = call.collective == Collective::allgatherv ? hash_counts(call.counts) : 0;
   return signature;
 }
 

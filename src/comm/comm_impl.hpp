@@ -85,8 +85,6 @@ class CommImpl {
  private:
   /// The signature of `call` run with `algorithm`, with the communicator's next sequence number.
   transport::Signature next_signature(const Call& call, Algorithm algorithm);
-  /// The same without a sequence number.
-  static transport::Signature signature_of(const Call& call, Algorithm algorithm);
   /// A blocking call run at once by the transport (OperationQueue::run_now); false: not taken.
   bool run_now(const Call& call);
   /// Memory an in-place call needs besides the caller's buffers.

@@ -1,8 +1,34 @@
+#include <cstddef>
+#include <cstdint>
+#include <span>
 #include <string>
 
 #include "transport/transport.hpp"
 
 namespace tutti::transport {
+
+namespace {
+
+std::uint64_t hash_counts(std::span<const std::size_t> counts) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::size_t c : counts) h = (h ^ c) * 1099511628211ull;
+  return counts.empty() ? 0 : h | 1;
+}
+
+}  // namespace
+
+Signature Signature::of(const NativeCall& call, Algorithm algorithm) {
+  Signature signature;
+  signature.collective = call.collective;
+  const bool per_rank_counts = call.collective == Collective::alltoallv || call.collective == Collective::allgatherv;
+  signature.count = per_rank_counts ? 0 : call.count;
+  signature.type = call.type;
+  signature.op = call.op;
+  signature.root = call.root;
+  signature.algorithm = algorithm;
+  signature.counts_hash = call.collective == Collective::allgatherv ? hash_counts(call.counts) : 0;
+  return signature;
+}
 
 std::string Signature::describe() const {
   std::string out(to_string(collective));

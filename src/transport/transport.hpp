@@ -20,9 +20,16 @@
 
 namespace tutti::transport {
 
+struct NativeCall;
+
 /// What one rank calls, carried with every collective so that ranks that disagree are caught
 /// before any byte is written.
 struct Signature {
+  /// What `call` declares when it runs `algorithm`: every field but `seq` (0; the operation queue
+  /// numbers the call). The v-collectives compare their counts through `counts_hash` (allgatherv's
+  /// recv_counts; alltoallv's differ per rank by design) instead of `count`.
+  static Signature of(const NativeCall& call, Algorithm algorithm);
+
   std::uint64_t seq = 0;
   Collective collective = Collective::allreduce;
   std::size_t count = 0;
