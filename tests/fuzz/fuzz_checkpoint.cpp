@@ -27,7 +27,7 @@ namespace {
 
 // c10::ScalarType's element sizes for the plain numeric types a checkpoint may hold (Byte, Char,
 // Short, Int, Long, Half, Float, Double; ComplexHalf refused; ComplexFloat, ComplexDouble, Bool,
-// BFloat16), 0 for the rest, as torch_checkpoint_format.hpp's checkpoint_element_size.
+// BFloat16), 0 for the rest, as src/libtorch/checkpoint_format.hpp's checkpoint_element_size.
 std::size_t element_size(std::int32_t type) {
   static constexpr std::size_t sizes[] = {1, 1, 2, 4, 8, 2, 4, 8, 0, 8, 16, 1, 0, 0, 0, 2};
   return type >= 0 && type < static_cast<std::int32_t>(std::size(sizes)) ? sizes[type] : 0;
