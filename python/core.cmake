@@ -18,26 +18,26 @@ if(TUTTI_BUILD_TESTS)
   set(tutti_core_env "PYTHONPATH=${TUTTI_PYTHON_DIR}:${tutti_core_tests}" "PYTHONDONTWRITEBYTECODE=1"
                      "TUTTI_TIMEOUT_MS=60000")
   add_test(NAME python.core.threads
-           COMMAND timeout 600 ${Python_EXECUTABLE} ${tutti_core_tests}/test_threads.py -v)
+           COMMAND timeout 600 ${Python_EXECUTABLE} ${tutti_core_tests}/threads_test.py -v)
   set_tests_properties(python.core.threads PROPERTIES LABELS "unit;python" TIMEOUT 660
                        ENVIRONMENT "${tutti_core_env}")
   # A torch tensor keeps its memory while a call uses it (set_, del, resize_), each case in a
   # subprocess of its own, so that a crash fails the case rather than the runner.
   add_test(NAME python.core.buffer_lifetime
-           COMMAND timeout 600 ${Python_EXECUTABLE} ${tutti_core_tests}/test_buffer_lifetime.py -v)
+           COMMAND timeout 600 ${Python_EXECUTABLE} ${tutti_core_tests}/buffer_lifetime_test.py -v)
   set_tests_properties(python.core.buffer_lifetime PROPERTIES LABELS "unit;python" TIMEOUT 660
                        ENVIRONMENT "${tutti_core_env}")
   if(TARGET tutti-run)
     foreach(p 2 4)
       add_test(NAME python.core.processes_p${p}
                COMMAND $<TARGET_FILE:tutti-run> -n ${p} --timeout-ms 60000
-                       ${Python_EXECUTABLE} ${tutti_core_tests}/test_processes.py)
+                       ${Python_EXECUTABLE} ${tutti_core_tests}/processes_test.py)
       set_tests_properties(python.core.processes_p${p} PROPERTIES LABELS "mp;python" TIMEOUT 600
                            ENVIRONMENT "${tutti_core_env}")
     endforeach()
     add_test(NAME python.core.processes_tcp_p3
              COMMAND $<TARGET_FILE:tutti-run> -n 3 --transport tcp --timeout-ms 60000
-                     ${Python_EXECUTABLE} ${tutti_core_tests}/test_processes.py)
+                     ${Python_EXECUTABLE} ${tutti_core_tests}/processes_test.py)
     set_tests_properties(python.core.processes_tcp_p3 PROPERTIES LABELS "mp;python" TIMEOUT 600
                          ENVIRONMENT "${tutti_core_env}")
   endif()
@@ -45,7 +45,7 @@ if(TUTTI_BUILD_TESTS)
   if(TUTTI_WITH_MPI AND MPIEXEC_EXECUTABLE)
     add_test(NAME python.core.mpirun_p2
              COMMAND timeout 300 ${MPIEXEC_EXECUTABLE} --oversubscribe --allow-run-as-root ${MPIEXEC_NUMPROC_FLAG} 2
-                     ${Python_EXECUTABLE} ${tutti_core_tests}/test_processes.py)
+                     ${Python_EXECUTABLE} ${tutti_core_tests}/processes_test.py)
     set_tests_properties(python.core.mpirun_p2 PROPERTIES LABELS "mpi;python" TIMEOUT 360
                          ENVIRONMENT "${tutti_core_env}")
   endif()

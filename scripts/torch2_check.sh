@@ -10,7 +10,7 @@
 #     Chrome trace), and at p = 3 under torch 2.x's own torchrun (env://, its store);
 #   - tests/python/c10d/ddp_test.py at p = 2 (DDP's parameters equal gloo's exactly);
 #   - Horovod's API (tests/python/horovod/collectives_test.py) at p = 2, and tutti.init() under
-#     torchrun at p = 3 (tests/python/core/test_processes.py);
+#     torchrun at p = 3 (tests/python/core/processes_test.py);
 #   - ZeroRedundancyOptimizer and FSDP at p = 2 (tests/python/c10d/zero_fsdp_test.py);
 #   - a script that exits without destroy_process_group() at p = 4 (tests/python/c10d/exit_test.py);
 #   - the CI subset of PyTorch's own DistributedTest (tests/python/c10d/torch_subset.sh).
@@ -113,7 +113,7 @@ run_ranks exit "$tutti_run" -n 4 --timeout-ms 60000 "$python" "$root/tests/pytho
 took "exit without destroy_process_group at p = 4, works in flight"
 run_ranks collectives_torchrun "${torchrun3[@]}" "$root/tests/python/c10d/collectives_test.py"
 took "collectives at p = 3 under torch $torch_version's torchrun"
-run_ranks core_torchrun "${torchrun3[@]}" "$root/tests/python/core/test_processes.py"
+run_ranks core_torchrun "${torchrun3[@]}" "$root/tests/python/core/processes_test.py"
 took "tutti.init() at p = 3 under torch $torch_version's torchrun"
 run_ranks horovod "${tutti_run2[@]}" "$root/tests/python/horovod/collectives_test.py"
 took "Horovod's API at p = 2"

@@ -1,7 +1,7 @@
 """Checks of every collective of tutti.Communicator, run by every rank of a communicator.
 
-Shared by the thread tests (tutti.local_group, test_threads.py) and the process tests (tutti.init()
-under tutti-run, test_processes.py). Each check fills integer-valued inputs, poisons the outputs,
+Shared by the thread tests (tutti.local_group, threads_test.py) and the process tests (tutti.init()
+under tutti-run, processes_test.py). Each check fills integer-valued inputs, poisons the outputs,
 runs the collective (blocking or through its i... twin and Request.wait), and compares every
 element of this rank's result with the value computed here; it raises AssertionError naming the
 collective, type, library, form and rank otherwise.
