@@ -377,8 +377,10 @@ void expect_zero_copy_refused(const std::function<void(core::SharedLocation&)>& 
   signature.type = DataType::f32;
   signature.op = ReduceOp::sum;
   signature.algorithm = Algorithm::direct;
-  auto run = transport::shm::start_direct(*pair.t[1], Collective::allreduce, send.data(), recv.data(), n, DataType::f32,
-                                          ReduceOp::sum, -1, 2000ms);
+  auto run = transport::shm::start_direct(
+      *pair.t[1],
+      comm::make_call(Collective::allreduce, send.data(), recv.data(), n, DataType::f32, ReduceOp::sum, -1, {}),
+      2000ms);
   run->bind(signature);
   pair.t[1]->announce(signature);
   struct {

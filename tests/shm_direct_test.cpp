@@ -65,7 +65,8 @@ std::string run_ranks(int p, const std::function<void(Rank&)>& fn) {
 bool direct_collective(transport::Transport& transport, Collective kind, const void* send, void* recv,
                        std::size_t count, DataType type, std::optional<ReduceOp> op, int root,
                        std::chrono::milliseconds limit) {
-  auto run = transport::shm::start_direct(transport, kind, send, recv, count, type, op, root, limit);
+  auto run =
+      transport::shm::start_direct(transport, comm::make_call(kind, send, recv, count, type, op, root, {}), limit);
   if (!run) return false;
   transport::Signature signature;  // for the errors only: nothing was announced
   signature.seq = transport::no_seq;

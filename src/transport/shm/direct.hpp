@@ -63,8 +63,7 @@ using DirectCollective = NativeCollective;
 /// Every rank must start the same collectives in the same order with the same arguments.
 /// Errors: Error(unsupported) for another kind or too many ranks for the data area;
 /// Error(invalid_argument) for a missing op or a bad root.
-std::unique_ptr<DirectCollective> start_direct(Transport& transport, Collective kind, const void* send, void* recv,
-                                               std::size_t count, DataType type, std::optional<ReduceOp> op, int root,
+std::unique_ptr<DirectCollective> start_direct(Transport& transport, const NativeCall& call,
                                                std::chrono::milliseconds timeout);
 
 /// Whether the direct algorithms serve collective `kind` (allreduce, reduce_scatter, allgather,

@@ -109,7 +109,7 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
     relax();
   }
   lock.unlock();
-  auto run = start_direct(*this, kind, call.send, call.recv, call.count, call.type, call.op, call.root, timeout);
+  auto run = start_direct(*this, call, timeout);
   static_cast<DirectRun&>(*run).adopt_published(signature, wire);
   transport::finish(*run, *this, signature, timeout);
   return true;

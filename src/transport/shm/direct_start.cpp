@@ -21,9 +21,12 @@ ReduceOp required_op(Collective kind, std::optional<ReduceOp> op) {
 
 }  // namespace
 
-std::unique_ptr<DirectCollective> start_direct(Transport& transport, Collective kind, const void* send, void* recv,
-                                               std::size_t count, DataType type, std::optional<ReduceOp> op, int root,
+std::unique_ptr<DirectCollective> start_direct(Transport& transport, const NativeCall& call,
                                                std::chrono::milliseconds timeout) {
+  const Collective kind = call.collective;
+  const std::size_t count = call.count;
+  const DataType type = call.type;
+  const int root = call.root;
   if (!is_shm(transport)) return nullptr;
   auto* shm = static_cast<ShmTransport*>(&transport);
   if (!serves(kind))
@@ -36,24 +39,18 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, Collective 
     throw Error(ErrorCode::invalid_argument, "shm direct broadcast: root " + std::to_string(root) +
                                                  " is out of range for size " + std::to_string(shm->size()));
   const bool reduces = kind == Collective::allreduce || kind == Collective::reduce_scatter;
-  const ReduceOp reduce_op = reduces ? required_op(kind, op) : ReduceOp::sum;
+  const ReduceOp reduce_op = reduces ? required_op(kind, call.op) : ReduceOp::sum;
   // The in-place forms, mapped onto the forms DirectRun takes.
-  NativeCall call;
-  call.collective = kind;
-  call.send = send;
-  call.recv = recv;
-  call.count = count;
-  call.type = type;
   const InPlace in_place = map_in_place(call, shm->rank());
   const std::byte* in = in_place.input;
-  auto* out = static_cast<std::byte*>(recv);
+  auto* out = static_cast<std::byte*>(call.recv);
   std::unique_ptr<std::byte[]> staging;
   if (in_place.stage_output) {
     staging = std::make_unique_for_overwrite<std::byte[]>(count * size_of(type));
     out = staging.get();
   }
   auto run = std::make_unique<DirectRun>(*shm, kind, in, out, count, type, reduce_op, root, timeout);
-  if (staging) run->deliver_to(static_cast<std::byte*>(recv), std::move(staging));
+  if (staging) run->deliver_to(static_cast<std::byte*>(call.recv), std::move(staging));
   return run;
 }
 
@@ -69,7 +66,7 @@ bool ShmTransport::serves_natively(Algorithm algorithm, Collective collective) c
 std::unique_ptr<NativeCollective> ShmTransport::start_native(Algorithm algorithm, const NativeCall& call,
                                                              std::chrono::milliseconds timeout) {
   if (!serves_natively(algorithm, call.collective)) return Transport::start_native(algorithm, call, timeout);
-  return start_direct(*this, call.collective, call.send, call.recv, call.count, call.type, call.op, call.root, timeout);
+  return start_direct(*this, call, timeout);
 }
 
 // By kind, not dynamic_cast: this is on every direct call's path.
