@@ -7,12 +7,12 @@
 #   environment        driver, GPU, NCCL found, the bundle's manifest
 #   cuda_waits         tools/cuda-waits: which CUDA calls wait for a stream held at a wait_value
 #   device_suite       device_gpu_test (the device layer on CUDA; a skipped case fails here)
-#   process_gate       tests/gpu_gate_test.sh: ranks as processes on GPU 0, host_transfer and ipc
+#   process_gate       tests/gpu/gpu_gate_test.sh: ranks as processes on GPU 0, host_transfer and ipc
 #                      at p = 2 and 4 (the gate)
 #   nccl_p1            the same rank program with nccl: runs at p = 1, refused by name at p = 2
 #   thread_diagnostics gpu_test and gpu_collectives_test with every rank a thread on GPU 0
 #                      (a diagnostic, never a gate: its outcome is DIAG_PASS or DIAG_FAIL)
-#   fault_cuda         tests/gpu_fault_test.sh quick: kill -9 a rank, survivors released with
+#   fault_cuda         tests/gpu/gpu_fault_test.sh quick: kill -9 a rank, survivors released with
 #                      peer_failure naming it
 #   engine_suite       engine_gpu_test
 #   kernels            tutti-bench --kernels (f32 and bf16 sum beside a D2D copy, checked)
@@ -71,7 +71,7 @@ if [[ ${1:-} == --stage ]]; then
       ldconfig -p | grep -E "libnccl\.so" || echo "no libnccl in the linker cache (the nccl stage will say so)"
       echo "== bundle"
       cat "$bundle/MANIFEST" || exit 1
-      for f in tests/device_gpu_test tests/gpu_gate_rank tests/gpu_fault_rank tests/gpu_test tests/gpu_collectives_test \
+      for f in tests/device_gpu_test tests/gpu_gate_program tests/gpu_fault_program tests/gpu_test tests/gpu_collectives_test \
         tests/engine_gpu_test tools/tutti-run tools/cuda-waits tools/bench/tutti-bench; do
         [[ -x $bundle/$f ]] || { echo "FAIL: the bundle has no $f"; exit 1; }
       done
@@ -79,11 +79,11 @@ if [[ ${1:-} == --stage ]]; then
     cuda_waits) "$bundle/tools/cuda-waits" ;;
     device_suite) GTEST_CAP=55 gtest device_gpu_test ;;
     process_gate)
-      TUTTI_GPU_GATE_CASE_S=50 bash "$root/tests/gpu_gate_test.sh" "$run" "$bundle/tests/gpu_gate_rank" \
+      TUTTI_GPU_GATE_CASE_S=50 bash "$root/tests/gpu/gpu_gate_test.sh" "$run" "$bundle/tests/gpu_gate_program" \
         host_transfer:2 host_transfer:4 ipc:2 ipc:4
       ;;
     nccl_p1)
-      TUTTI_GPU_GATE_CASE_S=40 bash "$root/tests/gpu_gate_test.sh" "$run" "$bundle/tests/gpu_gate_rank" nccl:1 nccl:2
+      TUTTI_GPU_GATE_CASE_S=40 bash "$root/tests/gpu/gpu_gate_test.sh" "$run" "$bundle/tests/gpu_gate_program" nccl:1 nccl:2
       ;;
     thread_diagnostics)
       s=0
@@ -93,7 +93,7 @@ if [[ ${1:-} == --stage ]]; then
         --gtest_filter='GpuCollectives.ReduceEveryRootTypeAndOp:GpuCollectives.PipelinedLargeElementwiseCollectives' || s=1
       exit $s
       ;;
-    fault_cuda) bash "$root/tests/gpu_fault_test.sh" "$run" "$bundle/tests/gpu_fault_rank" quick ;;
+    fault_cuda) bash "$root/tests/gpu/gpu_fault_test.sh" "$run" "$bundle/tests/gpu_fault_program" quick ;;
     engine_suite) GTEST_CAP=55 gtest engine_gpu_test ;;
     kernels)
       out=$(timeout -k 5 50 "$run" -n 1 --timeout-ms 45000 "$bench" --no-progress --device "$device" --kernels -d f32,bf16 \

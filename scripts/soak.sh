@@ -4,7 +4,7 @@
 # runs (one rank killed with SIGKILL at a random moment) on each transport. Prints the figures:
 # calls/s, RSS at start, after warm-up and at the end, errors, time to detect a kill.
 #   scripts/soak.sh [SMALL [LARGE [KILLS]]]      (default 1000000 10000 3)
-# tests/soak_test.sh is the same test, shorter (ctest runs it as `soak`); its environment
+# tests/comm/soak_test.sh is the same test, shorter (ctest runs it as `soak`); its environment
 # variables (SOAK_SEED, SOAK_TRANSPORTS, SOAK_RSS_BOUND_MIB...) work here too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,7 @@ export SOAK_RUN_LIMIT_S=${SOAK_RUN_LIMIT_S:-7200} SOAK_REPORTS=${SOAK_REPORTS:-2
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-bash tests/soak_test.sh build/tools/tutti-run build/tests/soak_program | tee "$log" || status=$?
+bash tests/comm/soak_test.sh build/tools/tutti-run build/tests/soak_program | tee "$log" || status=$?
 echo "== figures"
 grep '^figure' "$log" | sed 's/^figure //'
 grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log"

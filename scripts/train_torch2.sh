@@ -2,7 +2,7 @@
 # tutti-train and the libtorch pieces (include/tutti/torch*.hpp) built against PyPI's torch 2.x
 # wheel's libtorch (its `torch/share/cmake/Torch`), not Debian's: a CMake build of its own,
 # configured with the venv's interpreter (CMake asks it for torch.utils.cmake_prefix_path and
-# searches there first), then tests/train_test.sh with that tutti-train: training at p = 2 converges
+# searches there first), then tests/tools/train/train_test.sh with that tutti-train: training at p = 2 converges
 # with parameters identical on both ranks, with and without overlap and with every compressor, and
 # the bad inputs are refused. CI builds tutti-train against Debian's libtorch; this is the script
 # for the wheel's (docs/training.md).
@@ -59,7 +59,7 @@ fi
 ldd "$work/tools/train/tutti-train" | grep -q "$venv/.*libtorch" ||
   fail "tutti-train does not load the wheel's libtorch: $(ldd "$work/tools/train/tutti-train" | grep libtorch)"
 echo "ok: built tutti-train against torch $torch_version ($(($(date +%s) - start)) s)"
-bash "$root/tests/train_test.sh" "$work/tools/tutti-run" "$work/tools/train/tutti-train"
+bash "$root/tests/tools/train/train_test.sh" "$work/tools/tutti-run" "$work/tools/train/tutti-train"
 status=$?
 echo "train_torch2: train_test.sh on torch $torch_version exited $status ($(($(date +%s) - start)) s in all)"
 exit $status

@@ -1,4 +1,4 @@
-# What the shell tests share; source it first:  source "$(dirname "$0")/lib.sh"
+# What the shell tests share; source it first:  source "$(dirname "$0")/../lib.sh" (from a folder of tests/)
 #   $scratch   a private directory (mode 0700), removed at exit;
 #   pids+=($!) every process the test starts in the background: killed at exit if still there;
 #   at_exit 'COMMAND'  more cleanup, run at exit before $scratch goes (e.g. /dev/shm segments);
