@@ -1,5 +1,5 @@
 # The layers of src/ and what each may include (docs/architecture.md): the one table that the build
-# (src/CMakeLists.txt) and the ctest layers (tests/layers_test.sh) both read.
+# (src/CMakeLists.txt) and the ctest layers (tests/architecture/layers_test.sh) both read.
 #
 # TUTTI_LAYERS: the layers, lowest first. TUTTI_LAYER_DEPS_<layer>: the layers whose headers the
 # layer's files include, besides its own; each is a layer before it in TUTTI_LAYERS. The build links

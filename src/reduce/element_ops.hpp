@@ -1,6 +1,6 @@
 // What every reduction means, one element at a time. The portable loops (portable_loops.hpp) are
 // these functions auto-vectorized; the hand-written AVX2 / AVX-512 half-precision kernels restate
-// them with intrinsics and must agree bit for bit (tests/reduce_test.cpp compares every path).
+// them with intrinsics and must agree bit for bit (tests/reduce/reduce_test.cpp compares every path).
 //
 // Integers: sum and prod wrap (computed in the unsigned type: no signed-overflow UB).
 // Floating point (f16 and bf16 are computed in f32, then rounded to nearest even):

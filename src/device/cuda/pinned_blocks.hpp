@@ -7,7 +7,7 @@
 // No lock is held across the allocator's calls: a stream's host function gives a block back (it
 // takes the lock) while cudaFreeHost in close() may be waiting for that very stream.
 // No CUDA header here: the allocator comes in as two functions (cudaHostAlloc and cudaFreeHost on
-// the CUDA device; tests/device_pinned_blocks_test.cpp passes its own).
+// the CUDA device; tests/device/device_pinned_blocks_test.cpp passes its own).
 #pragma once
 
 #include <cstddef>
