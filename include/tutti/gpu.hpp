@@ -141,6 +141,11 @@ class Communicator {
   void destroy_stream(Stream stream);
   /// Enqueues a copy of `bytes` on `stream`, in any direction (device, pinned or host memory).
   void copy(void* dst, const void* src, std::size_t bytes, Stream stream);
+  /// Enqueues dst[i] = a[i] op b[i] for i < count on `stream`, all three in device memory, with
+  /// the device's reduction kernel: bit for bit what tutti::reduce_local computes on the host.
+  /// Errors (nothing enqueued) as tutti::reduce_local's, and for a buffer outside device memory.
+  void reduce_local(void* dst, const void* a, const void* b, std::size_t count, DataType type, ReduceOp op,
+                    Stream stream);
   /// Waits until everything enqueued on `stream` is done; Error(timeout) after `timeout`.
   void synchronize(Stream stream, std::chrono::milliseconds timeout);
 
@@ -149,5 +154,10 @@ class Communicator {
   detail::Impl& checked() const;
   std::unique_ptr<detail::Impl> impl_;
 };
+
+/// Opens device `device` of `kind` on its own and returns its name ("emulated", or the CUDA
+/// device's): a check a rank can make before the collective constructor, which every rank must
+/// reach. Error(unsupported) where CUDA is asked for and this build has none or the device is absent.
+std::string device_name(DeviceKind kind, int device = 0);
 
 }  // namespace tutti::gpu

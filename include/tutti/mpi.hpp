@@ -33,4 +33,12 @@ namespace tutti {
 /// use its buffers, which must stay valid until MPI_Finalize.
 Communicator from_mpi(MPI_Comm comm);
 
+/// The MPI datatype of `type`, for a program that calls MPI on the same buffers. f16 and bf16 are
+/// Tutti's own 2-byte MPI types (created at the first call, while MPI is initialized).
+MPI_Datatype mpi_datatype(DataType type);
+/// The MPI reduction of `op` on `type`: MPI's own where it has one; for f16 and bf16, Tutti's own
+/// MPI_Ops, which reduce with Tutti's kernels (created at the first call). avg is MPI_SUM (the
+/// caller divides by the ranks).
+MPI_Op mpi_op(ReduceOp op, DataType type);
+
 }  // namespace tutti

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -224,6 +225,9 @@ class Communicator {
                              Algorithm requested = Algorithm::automatic) const;
   /// Whether Algorithm::direct (every rank on one host's shared memory) serves `collective` here.
   bool serves_direct(Collective collective) const;
+  /// Every algorithm a call of `collective` may ask for here, automatic first: the schedules that
+  /// serve it, then direct where serves_direct, then mpi on an MPI communicator.
+  std::vector<Algorithm> algorithms(Collective collective) const;
 
   /// Whether two handles are copies of one communicator (empty communicators are all equal).
   friend bool operator==(const Communicator& a, const Communicator& b) { return a.impl_ == b.impl_; }
@@ -237,8 +241,18 @@ class Communicator {
   std::shared_ptr<comm::CommImpl> impl_;
 };
 
+/// dst[i] = a[i] op b[i] for i < count on the calling thread, with the kernels the collectives
+/// reduce with (the same bits; f16 and bf16 computed in f32 and rounded to nearest even, integer
+/// sum and prod wrapping, float min and max IEEE 754-2019's). `dst` may alias `a` or `b` exactly.
+/// Error(invalid_argument) for avg (not element-wise: reduce with sum, then divide by the ranks),
+/// an unknown op or type, a null buffer with count > 0 or a partial overlap.
+void reduce_local(void* dst, const void* a, const void* b, std::size_t count, DataType type, ReduceOp op);
+
 /// Joins the job described by the environment. Without a launcher, a job of one rank.
 Communicator init();
+/// The launcher that init() finds in the environment: "tutti-run", "mpirun", "torchrun", "srun"
+/// or "none". Error(invalid_argument) naming the variable where the environment is malformed.
+std::string launcher();
 
 /// `p` communicators over the in-process transport, one per rank: give each to its own thread.
 std::vector<Communicator> local_group(int p);

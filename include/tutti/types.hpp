@@ -106,6 +106,12 @@ std::string_view to_string(Algorithm algorithm);
 std::string_view to_string(Collective collective);
 std::string_view to_string(ErrorCode code);
 
+/// The value `to_string` spells `name` ("ring", "allreduce", "bf16", ...), if any: what command
+/// lines, TUTTI_ALGO and tuning files are read with.
+std::optional<Algorithm> algorithm_from_name(std::string_view name);
+std::optional<Collective> collective_from_name(std::string_view name);
+std::optional<DataType> data_type_from_name(std::string_view name);
+
 /// IEEE 754 half precision, storage only (arithmetic happens in float).
 struct f16 {
   std::uint16_t bits = 0;
@@ -176,6 +182,19 @@ constexpr float f16_bits_to_float(std::uint16_t bits) {
     return std::bit_cast<float>(sign | (static_cast<std::uint32_t>(112 - e) << 23) | ((mantissa & 0x3ffu) << 13));
   }
   return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+/// FNV-1a, 64 bits, over `bytes` bytes, continued from `hash`: the one hash of the ranks'
+/// agreement checks (signatures, host names, counts) and of the checkpoint files' checksum. Not
+/// cryptographic (the frame tags are HMAC-SHA256).
+inline constexpr std::uint64_t fnv1a_offset = 14695981039346656037ull;
+inline std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t hash = fnv1a_offset) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
+  return hash;
+}
+inline std::uint64_t fnv1a(std::string_view text, std::uint64_t hash = fnv1a_offset) {
+  return fnv1a(text.data(), text.size(), hash);
 }
 
 }  // namespace detail

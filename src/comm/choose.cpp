@@ -11,7 +11,6 @@
 #include "comm/tuning.hpp"
 #include "core/env.hpp"
 #include "core/log.hpp"
-#include "core/names.hpp"
 #include "schedule/schedule.hpp"
 #include "transport/cost.hpp"
 
@@ -20,12 +19,12 @@ namespace tutti::comm::choice {
 namespace {
 
 Algorithm parse_algorithm(const std::string& name) {
-  if (const auto a = core::algorithm_from_name(name); a) return *a;
+  if (const auto a = algorithm_from_name(name); a) return *a;
   throw Error(ErrorCode::invalid_argument, "TUTTI_ALGO: unknown algorithm '" + name + "'");
 }
 
 Collective parse_collective(const std::string& name) {
-  if (const auto c = core::collective_from_name(name)) return *c;
+  if (const auto c = collective_from_name(name)) return *c;
   throw Error(ErrorCode::invalid_argument, "TUTTI_ALGO: unknown collective '" + name + "'");
 }
 

@@ -2,6 +2,7 @@
 #include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "core/shared_memory.hpp"
+#include "schedule/schedule.hpp"
 #include "transport/inproc/inproc.hpp"
 
 namespace tutti {
@@ -186,6 +187,15 @@ Algorithm Communicator::chosen_algorithm(Collective collective, std::size_t byte
 }
 
 bool Communicator::serves_direct(Collective collective) const { return checked().direct_serves(collective); }
+
+std::vector<Algorithm> Communicator::algorithms(Collective collective) const {
+  const comm::CommImpl& impl = checked();
+  std::vector<Algorithm> out{Algorithm::automatic};
+  for (Algorithm a : schedule::algorithms_for(collective)) out.push_back(a);
+  if (impl.direct_serves(collective)) out.push_back(Algorithm::direct);
+  if (impl.transport_kind() == transport::Kind::mpi) out.push_back(Algorithm::mpi);
+  return out;
+}
 
 SharedBuffer::SharedBuffer(std::shared_ptr<core::SharedRegion> region)
     : region_(std::move(region)), data_(region_ ? region_->base() : nullptr), size_(region_ ? region_->bytes() : 0) {}

@@ -148,6 +148,8 @@ Communicator init(KeyValueStore& store, int rank, int size, std::chrono::millise
   return join_over_store(job, store, timeout.count() > 0 ? timeout : core::default_timeout());
 }
 
+std::string launcher() { return bootstrap::detect_job().launcher; }
+
 Communicator init() {
   comm::choice::load_from_environment();  // a bad TUTTI_TUNING_FILE fails here, before any connection
   bootstrap::JobInfo job = bootstrap::detect_job();

@@ -1,17 +1,5 @@
-// The tuning table: measured choices (collective, transport, ranks, size range) -> algorithm and
-// measured cost-model parameters per transport, read from a JSON file that `tutti-bench
-// --calibrate`/`--tune` write. The file:
-//
-//   {"version": 1,
-//    "cost_model": {"shm": {"alpha_s": 2e-6, "beta_s_per_byte": 1e-10, "gamma_s_per_element": 2.5e-10}},
-//    "entries": [{"collective": "allreduce", "transport": "shm", "ranks": 2,
-//                 "min_bytes": 0, "max_bytes": 65536, "algorithm": "direct"}]}
-//
-// Byte ranges are inclusive at both ends and count bytes as choose_algorithm does (the total over
-// ranks for allgather, reduce_scatter and alltoall). Where entries overlap, the first one wins.
-// Names are to_string(Collective) and to_string(Algorithm). Entries for the GPU "transports"
-// (gpu:cuda, gpu:emulated: gpu::Communicator's automatic backend) name a gpu::Backend instead, as
-// "backend": "ipc" (files that give it as "algorithm" read the same).
+// The active tuning table (<tutti/tuning.hpp>: the table, its file format) and the automatic
+// choices cached from it.
 //
 // Every rank of a communicator must choose alike, so the choice reads only the call, the active
 // table and the cost parameters; ranks of one job must therefore see the same file.
@@ -26,50 +14,15 @@
 
 #include "comm/cost_model.hpp"
 #include "schedule/schedule.hpp"
+#include "tutti/tuning.hpp"
 #include "tutti/types.hpp"
 
 namespace tutti::comm::choice {
 
-struct Entry {
-  Collective collective = Collective::allreduce;
-  std::string transport;
-  int ranks = 1;
-  std::size_t min_bytes = 0, max_bytes = 0;  // inclusive
-  Algorithm algorithm = Algorithm::ring;
-};
-
-/// An entry for a GPU "transport" (its name starts with "gpu:"): a gpu::Communicator backend.
-struct BackendEntry {
-  Collective collective = Collective::allreduce;
-  std::string transport;
-  int ranks = 1;
-  std::size_t min_bytes = 0, max_bytes = 0;  // inclusive
-  gpu::Backend backend = gpu::Backend::host_transfer;
-};
-
-struct Table {
-  std::vector<Entry> entries;                     // host transports
-  std::vector<BackendEntry> backend_entries;      // GPU transports
-  std::map<std::string, CostParams> cost_models;  // by transport name
-  std::string origin;                             // the file it came from ("" if none)
-
-  /// The algorithm of the first entry for (collective, transport, ranks) whose range holds `bytes`.
-  std::optional<Algorithm> lookup(Collective collective, std::string_view transport, int ranks,
-                                  std::size_t bytes) const;
-  /// The backend of the first backend entry for (collective, transport, ranks) whose range holds `bytes`.
-  std::optional<gpu::Backend> lookup_backend(Collective collective, std::string_view transport, int ranks,
-                                             std::size_t bytes) const;
-  /// The file format above, pretty-printed (origin is not written).
-  std::string to_json() const;
-  /// Parses the file format. Throws Error(invalid_argument) naming `origin` and what is wrong
-  /// (bad JSON, unknown version, collective, algorithm or backend, a backend for a host transport
-  /// or a host algorithm for a GPU one, a missing or negative field, min > max).
-  static Table parse(const std::string& text, const std::string& origin);
-};
-
-/// The per-user table: $XDG_CACHE_HOME/tutti/tuning.json, else $HOME/.cache/tutti/tuning.json
-/// ("" when neither variable is set).
-std::string default_path();
+using tuning::BackendEntry;
+using tuning::default_path;
+using tuning::Entry;
+using tuning::Table;
 
 /// Makes the table TUTTI_TUNING_FILE names (else the default path's, when that file exists) the
 /// active one; does so once per process, and not after set_active. Called by tutti::init() and at

@@ -3,8 +3,6 @@
 #include <iterator>
 #include <optional>
 
-#include "core/names.hpp"
-
 namespace tutti {
 
 std::size_t size_of(DataType type) {
@@ -82,8 +80,6 @@ std::optional<gpu::Backend> gpu::backend_from_name(std::string_view name) {
   return value_in<Backend>(backend_names, name);
 }
 
-namespace core {
-
 std::optional<Algorithm> algorithm_from_name(std::string_view name) {
   return value_in<Algorithm>(algorithm_names, name);
 }
@@ -91,8 +87,6 @@ std::optional<Collective> collective_from_name(std::string_view name) {
   return value_in<Collective>(collective_names, name);
 }
 std::optional<DataType> data_type_from_name(std::string_view name) { return value_in<DataType>(data_type_names, name); }
-
-}  // namespace core
 
 std::string_view to_string(ErrorCode code) {
   switch (code) {

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "comm/comm_impl.hpp"
+#include "comm/reduce_local.hpp"
 #include "comm/tuning.hpp"
 #include "gpu/gpu_impl.hpp"
 
@@ -221,8 +222,15 @@ void Communicator::destroy_stream(Stream stream) { checked().device().destroy_st
 void Communicator::copy(void* dst, const void* src, std::size_t bytes, Stream stream) {
   checked().device().copy(dst, src, bytes, device::Stream{stream});
 }
+void Communicator::reduce_local(void* dst, const void* a, const void* b, std::size_t count, DataType type, ReduceOp op,
+                                Stream stream) {
+  comm::check_local_op(op);
+  checked().device().reduce(dst, a, b, count, type, op, device::Stream{stream});
+}
 void Communicator::synchronize(Stream stream, std::chrono::milliseconds timeout) {
   checked().device().synchronize(device::Stream{stream}, timeout);
 }
+
+std::string device_name(DeviceKind kind, int device) { return device::make_device(kind, device)->name(); }
 
 }  // namespace tutti::gpu

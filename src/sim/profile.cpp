@@ -8,7 +8,6 @@
 #include <set>
 #include <sstream>
 
-#include "core/names.hpp"
 #include "tutti/sim.hpp"
 
 namespace tutti::sim {
@@ -80,7 +79,7 @@ ModelProfile read_profile(std::istream& in, const std::string& source) {
       if (!(fields >> g.name >> count >> type) || count < 1)
         malformed(source, line, "grad needs a name, a count >= 1, a type and backward seconds");
       g.count = static_cast<std::size_t>(count);
-      const auto known = core::data_type_from_name(type);
+      const auto known = data_type_from_name(type);
       if (!known) malformed(source, line, "unknown type \"" + type + "\"");
       g.type = *known;
       g.backward_seconds = seconds_field(fields, source, line, "a gradient's backward time");

@@ -9,16 +9,14 @@
 #include <vector>
 
 #include "transport/kind.hpp"
+#include "tutti/tuning.hpp"
 #include "tutti/types.hpp"
 
 namespace tutti::transport {
 
-/// One transport's costs: α per message (or barrier), β per byte on the wire, γ per reduced element.
-struct CostParams {
-  double alpha = 0;  // s
-  double beta = 0;   // s/byte
-  double gamma = 0;  // s/element
-};
+/// One transport's costs: α per message (or barrier), β per byte on the wire, γ per reduced element
+/// (the tuning file's cost_model, <tutti/tuning.hpp>).
+using CostParams = tuning::CostModel;
 
 /// The compiled-in costs of transports of `kind` (routed: tcp's, its slowest link).
 CostParams default_cost(Kind kind);

@@ -1,6 +1,7 @@
 // The public API beyond the per-collective sweep: nonblocking operations, split communicators,
-// point to point, typed conveniences, invalid arguments, unsupported algorithms, and the errors
-// raised when ranks disagree or stop answering.
+// point to point, typed conveniences, invalid arguments, unsupported algorithms, the errors
+// raised when ranks disagree or stop answering, and the free functions and read-only view
+// (reduce_local, algorithms, the names' readers, launcher).
 #include <sys/resource.h>
 
 #include <atomic>
@@ -8,6 +9,10 @@
 #include <fstream>
 #include <memory>
 #include <numeric>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
@@ -618,6 +623,110 @@ TEST(ProgressEngine, NonblockingAllreduceProceedsWhileCallerIsAway) {
   // A behavior check, not a timing benchmark: without background progress the wait would take
   // about as long as the blocking call, since the ring's later steps are posted by their rank.
   EXPECT_LT(wait_us.load(), blocking_us.load() / 2) << "blocking " << blocking_us << " us, wait " << wait_us << " us";
+}
+
+// reduce_local: dst = a op b with the collectives' kernels, for every type and element-wise op,
+// exactly the reduction of two ranks' inputs; in place on either operand; avg, null buffers and
+// partial overlaps refused before anything is written.
+TEST(ReduceLocal, EveryTypeAndOpExactlyAndInPlace) {
+  constexpr std::size_t count = 1003;
+  for (DataType type : {DataType::i8, DataType::u8, DataType::i32, DataType::u32, DataType::i64, DataType::u64,
+                        DataType::f16, DataType::bf16, DataType::f32, DataType::f64}) {
+    const std::size_t size = size_of(type);
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max}) {
+      std::vector<std::byte> a(count * size), b(count * size), dst(count * size, std::byte{poison});
+      for (std::size_t i = 0; i < count; ++i) {
+        store(type, a.data() + i * size, input_value(type, op, 0, i));
+        store(type, b.data() + i * size, input_value(type, op, 1, i));
+      }
+      reduce_local(dst.data(), a.data(), b.data(), count, type, op);
+      std::vector<std::byte> in_place = b;
+      reduce_local(in_place.data(), a.data(), in_place.data(), count, type, op);
+      for (std::size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(load(type, dst.data() + i * size), reference_reduction(type, op, 2, i))
+            << to_string(type) << " " << to_string(op) << " at " << i;
+      }
+      EXPECT_EQ(in_place, dst) << to_string(type) << " " << to_string(op);
+    }
+  }
+  std::vector<float> a(8, 1.0f), b(8, 2.0f), dst(8, -1.0f);
+  expect_error([&] { reduce_local(dst.data(), a.data(), b.data(), 8, DataType::f32, ReduceOp::avg); },
+               ErrorCode::invalid_argument, "avg");
+  expect_error([&] { reduce_local(nullptr, a.data(), b.data(), 8, DataType::f32, ReduceOp::sum); },
+               ErrorCode::invalid_argument, "dst");
+  expect_error([&] { reduce_local(a.data() + 1, a.data(), b.data(), 4, DataType::f32, ReduceOp::sum); },
+               ErrorCode::invalid_argument, "overlap");
+  EXPECT_EQ(dst, std::vector<float>(8, -1.0f));
+  reduce_local(nullptr, nullptr, nullptr, 0, DataType::f32, ReduceOp::sum);  // nothing to do
+}
+
+// algorithms(c): automatic first, then exactly what a call may force here: each one listed is
+// accepted by chosen_algorithm and runs the collective exactly; direct and mpi are not listed on
+// threads (inproc), and forcing them is refused.
+TEST(PublicView, AlgorithmsListsWhatACallMayForce) {
+  auto comms = local_group(3);
+  for (Collective c : {Collective::allreduce, Collective::allgather, Collective::broadcast, Collective::alltoall,
+                       Collective::reduce_scatter, Collective::reduce}) {
+    const std::vector<Algorithm> listed = comms[0].algorithms(c);
+    ASSERT_GE(listed.size(), 2u) << to_string(c);
+    EXPECT_EQ(listed.front(), Algorithm::automatic);
+    EXPECT_EQ(std::count(listed.begin(), listed.end(), Algorithm::direct), 0) << to_string(c);
+    EXPECT_EQ(std::count(listed.begin(), listed.end(), Algorithm::mpi), 0) << to_string(c);
+    for (Algorithm a : listed) {
+      if (a == Algorithm::automatic) continue;
+      EXPECT_EQ(comms[0].chosen_algorithm(c, 4096, a), a) << to_string(a);
+    }
+    expect_error([&] { (void)comms[0].chosen_algorithm(c, 4096, Algorithm::direct); }, ErrorCode::unsupported,
+                 "direct");
+  }
+  for (Algorithm a : comms[0].algorithms(Collective::allreduce)) {
+    const std::string failures = run_ranks(3, [a](Communicator& comm) {
+      std::vector<std::int64_t> data(1001);
+      for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::int64_t>(i) * (comm.rank() + 1);
+      comm.allreduce(std::span<std::int64_t>(data), ReduceOp::sum, Options{.algorithm = a, .timeout = {}});
+      for (std::size_t i = 0; i < data.size(); ++i)
+        if (data[i] != static_cast<std::int64_t>(i) * 6) throw std::runtime_error("wrong at " + std::to_string(i));
+    });
+    EXPECT_EQ(failures, "") << to_string(a);
+  }
+}
+
+// The names' readers are to_string's inverses, and read nothing else.
+TEST(PublicView, NamesReadBackWhatToStringWrites) {
+  for (int i = 0; i <= static_cast<int>(Algorithm::mpi); ++i) {
+    const auto a = static_cast<Algorithm>(i);
+    EXPECT_EQ(algorithm_from_name(to_string(a)), a) << i;
+  }
+  for (int i = 0; i <= static_cast<int>(DataType::f64); ++i) {
+    const auto t = static_cast<DataType>(i);
+    EXPECT_EQ(data_type_from_name(to_string(t)), t) << i;
+  }
+  for (Collective c : {Collective::allreduce, Collective::reduce_scatter, Collective::alltoallv, Collective::barrier})
+    EXPECT_EQ(collective_from_name(to_string(c)), c);
+  EXPECT_EQ(algorithm_from_name("Ring"), std::nullopt);
+  EXPECT_EQ(data_type_from_name("float32"), std::nullopt);
+  EXPECT_EQ(collective_from_name(""), std::nullopt);
+}
+
+// launcher(): what init() reads the job from, and init()'s errors for a malformed environment.
+TEST(PublicView, LauncherIsWhatInitFinds) {
+  const char* names[] = {"TUTTI_RANK", "TUTTI_SIZE"};
+  std::vector<std::optional<std::string>> saved;
+  for (const char* name : names) {
+    const char* value = std::getenv(name);
+    saved.push_back(value ? std::optional<std::string>(value) : std::nullopt);
+  }
+  ::setenv("TUTTI_RANK", "0", 1);
+  ::setenv("TUTTI_SIZE", "1", 1);
+  EXPECT_EQ(launcher(), "tutti-run");
+  ::setenv("TUTTI_RANK", "zero", 1);
+  expect_error([] { (void)launcher(); }, ErrorCode::invalid_argument, "TUTTI_RANK");
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i])
+      ::setenv(names[i], saved[i]->c_str(), 1);
+    else
+      ::unsetenv(names[i]);
+  }
 }
 
 }  // namespace

@@ -18,7 +18,6 @@
 #include "comm/comm_impl.hpp"
 #include "comm/tuning.hpp"
 #include "core/env.hpp"
-#include "core/names.hpp"
 #include "harness.hpp"
 #include "transport/shm/direct.hpp"
 
@@ -195,7 +194,7 @@ TEST_F(Tuning, AutomaticChoicesAreThoseRecordedBeforeTransportsOwnedTheirCosts) 
   };
   ASSERT_EQ(std::size(recorded), 5u * 11 * 4 * 4);
   for (const Recorded& r : recorded) {
-    const auto collective = core::collective_from_name(r.collective);
+    const auto collective = collective_from_name(r.collective);
     ASSERT_TRUE(collective) << r.collective;
     const bool direct = std::string_view(r.transport) == "shm" && transport::shm::serves(*collective);
     EXPECT_EQ(to_string(choose(*collective, r.transport, r.ranks, direct, r.bytes)), r.algorithm)
@@ -379,6 +378,74 @@ TEST_F(Tuning, TableChoicesRunExactlyThroughCollectives) {
       });
       EXPECT_EQ(failures, "") << "p=" << p << " count=" << count;
     }
+  }
+}
+
+// The public face (<tutti/tuning.hpp>): a table written where folders are missing reads back the
+// same; a missing file and an unwritable path are errors naming them; tuning::use makes a table
+// what automatic chooses from, as Communicator::chosen_algorithm reports and active() returns.
+TEST_F(Tuning, PublicTableReadsWritesAndIsUsed) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tutti_tuning_public_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const std::string path = (dir / "a" / "b" / "tuning.json").string();
+  const tuning::Table written = sample_table();
+  written.write(path);
+  const tuning::Table back = tuning::Table::read(path);
+  EXPECT_EQ(back.origin, path);
+  expect_same(written, back);
+  EXPECT_EQ(back.to_json(), written.to_json());
+  const std::string missing = (dir / "missing.json").string();
+  try {
+    (void)tuning::Table::read(missing);
+    ADD_FAILURE() << "read a missing file";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
+  }
+  try {
+    written.write(dir.string());  // a directory
+    ADD_FAILURE() << "wrote over a directory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::system);
+    EXPECT_NE(std::string(e.what()).find(dir.string()), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+
+  auto comms = local_group(2);
+  constexpr std::size_t bytes = 4096;
+  const Algorithm before = comms[0].chosen_algorithm(Collective::allgather, bytes);
+  Algorithm forced = Algorithm::automatic;
+  for (Algorithm a : comms[0].algorithms(Collective::allgather))
+    if (a != Algorithm::automatic && a != before) forced = a;
+  ASSERT_NE(forced, Algorithm::automatic);
+  tuning::Table table;
+  table.entries.push_back({Collective::allgather, "inproc", 2, 0, 1 << 20, forced});
+  tuning::use(table);
+  EXPECT_EQ(tuning::active().entries.size(), 1u);
+  EXPECT_EQ(comms[0].chosen_algorithm(Collective::allgather, bytes), forced);
+  EXPECT_EQ(comms[1].chosen_algorithm(Collective::allgather, bytes), forced);
+  tuning::use(tuning::Table{});
+  EXPECT_EQ(comms[0].chosen_algorithm(Collective::allgather, bytes), before);
+}
+
+// tuning::measure: α, β and γ, positive where they are measured, the same on every rank.
+TEST_F(Tuning, MeasureGivesEveryRankTheSameModel) {
+  for (int p : {1, 2, 3}) {
+    std::vector<tuning::CostModel> models(static_cast<std::size_t>(p));
+    const std::string failures = tutti::testing::run_ranks(
+        p, [&](Communicator& comm) { models[static_cast<std::size_t>(comm.rank())] = tuning::measure(comm); });
+    ASSERT_EQ(failures, "") << "p=" << p;
+    EXPECT_GT(models[0].gamma, 0) << "p=" << p;
+    if (p == 1) {
+      EXPECT_EQ(models[0].alpha, 0);
+      EXPECT_EQ(models[0].beta, 0);
+    } else {
+      EXPECT_GT(models[0].alpha, 0) << "p=" << p;
+      EXPECT_GE(models[0].beta, 0) << "p=" << p;
+    }
+    for (const tuning::CostModel& m : models)
+      EXPECT_EQ(std::tie(m.alpha, m.beta, m.gamma), std::tie(models[0].alpha, models[0].beta, models[0].gamma));
   }
 }
 

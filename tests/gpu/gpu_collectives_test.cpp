@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "comm/tuning.hpp"
-#include "core/names.hpp"
 #include "device/device.hpp"
 #include "gpu/access.hpp"
 #include "gpu/host_transfer.hpp"
@@ -431,7 +430,7 @@ TEST(GpuOptions, TuttiOptionsConvertToTheHostAlgorithm) {
   EXPECT_EQ(tutti::gpu::to_string(static_cast<Backend>(9)), "invalid");
   EXPECT_EQ(tutti::gpu::backend_from_name("ring"), std::nullopt);
   for (const char* backend : {"host_transfer", "ipc", "nccl"})
-    EXPECT_EQ(tutti::core::algorithm_from_name(backend), std::nullopt) << backend;
+    EXPECT_EQ(tutti::algorithm_from_name(backend), std::nullopt) << backend;
   EXPECT_EQ(tutti::gpu::backend_from_name("invalid"), std::nullopt);
 }
 

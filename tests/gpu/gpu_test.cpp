@@ -488,4 +488,45 @@ TEST(GpuHostTransfer, DeviceKindFromTheEnvironment) {
   ::unsetenv("TUTTI_DEVICE");
 }
 
+// gpu::Communicator::reduce_local: the device's kernel, dst = a op b on the stream, exactly the two
+// ranks' reduction for every type and element-wise op, and bit for bit the host's reduce_local;
+// avg and a host buffer are refused with nothing enqueued. gpu::device_name opens a device alone.
+TEST(GpuDevice, ReduceLocalIsTheHostKernelOnTheStream) {
+  run_gpu_ranks(1, [](tutti::gpu::Communicator& gpu, int) {
+    const Stream stream = gpu.create_stream();
+    constexpr std::size_t count = 777;
+    for (DataType type : all_types) {
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max}) {
+        const Bytes a = values(type, count, [&](std::size_t i) { return input_value(type, op, 0, i); });
+        const Bytes b = values(type, count, [&](std::size_t i) { return input_value(type, op, 1, i); });
+        const Bytes expected = values(type, count, [&](std::size_t i) { return reference_reduction(type, op, 2, i); });
+        Bytes host(a.size()), result(a.size(), std::byte{0x5A});
+        tutti::reduce_local(host.data(), a.data(), b.data(), count, type, op);
+        DeviceBuffer da(gpu, a.size()), db(gpu, b.size()), dst(gpu, a.size());
+        gpu.copy(da.data, a.data(), a.size(), stream);
+        gpu.copy(db.data, b.data(), b.size(), stream);
+        gpu.reduce_local(dst.data, da.data, db.data, count, type, op, stream);
+        gpu.copy(result.data(), dst.data, result.size(), stream);
+        synchronize_checked(gpu, stream);
+        const std::string what =
+            "reduce_local " + std::string(tutti::to_string(type)) + " " + std::string(tutti::to_string(op));
+        expect_equal(result, expected, type, what);
+        EXPECT_EQ(result, host) << what;
+      }
+    }
+    DeviceBuffer d(gpu, 64);
+    std::vector<float> host(16, 1.0f);
+    EXPECT_THROW(gpu.reduce_local(d.data, d.data, d.data, 16, DataType::f32, ReduceOp::avg, stream), tutti::Error);
+    try {
+      gpu.reduce_local(d.data, host.data(), d.data, 16, DataType::f32, ReduceOp::sum, stream);
+      ADD_FAILURE() << "reduced a host buffer on the device";
+    } catch (const tutti::Error& e) {
+      EXPECT_EQ(e.code(), tutti::ErrorCode::invalid_argument) << e.what();
+    }
+    synchronize_checked(gpu, stream);
+    gpu.destroy_stream(stream);
+  });
+  EXPECT_EQ(tutti::gpu::device_name(tutti::gpu::DeviceKind::emulated), "emulated");
+}
+
 }  // namespace

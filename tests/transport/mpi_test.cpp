@@ -152,6 +152,28 @@ TEST(FromMpi, RankAndSizeAreMpis) {
   EXPECT_THROW(from_mpi(MPI_COMM_NULL), Error);
 }
 
+// The public MPI mapping (<tutti/mpi.hpp>): MPI's own Allreduce with mpi_datatype and mpi_op gives
+// the exact reduction for every type (f16 and bf16 through Tutti's own MPI types and ops) and
+// every element-wise op.
+TEST(FromMpi, TypeAndOpMappingReduceExactlyInMpi) {
+  const int rank = comm_rank(MPI_COMM_WORLD), size = comm_size(MPI_COMM_WORLD);
+  constexpr std::size_t count = 257;
+  for (DataType type : {DataType::i8, DataType::u8, DataType::i32, DataType::u32, DataType::i64, DataType::u64,
+                        DataType::f16, DataType::bf16, DataType::f32, DataType::f64}) {
+    const std::size_t es = size_of(type);
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max}) {
+      std::vector<std::byte> send(count * es), recv(count * es, std::byte{poison});
+      for (std::size_t i = 0; i < count; ++i) store(type, send.data() + i * es, input_value(type, op, rank, i));
+      ASSERT_EQ(MPI_Allreduce(send.data(), recv.data(), static_cast<int>(count), mpi_datatype(type), mpi_op(op, type),
+                              MPI_COMM_WORLD),
+                MPI_SUCCESS);
+      for (std::size_t i = 0; i < count; ++i)
+        ASSERT_EQ(load(type, recv.data() + i * es), reference_reduction(type, op, size, i))
+            << to_string(type) << " " << to_string(op) << " at " << i;
+    }
+  }
+}
+
 // Below MPI_THREAD_SERIALIZED (plain MPI_Init) Tutti calls MPI only on the caller's thread: the
 // progress engine leaves the communicator alone, nonblocking calls complete in wait(), and the
 // training engine (whose thread would call MPI) is refused on every rank.

@@ -11,11 +11,6 @@
 #include <stdexcept>
 #include <vector>
 
-#include "device/device.hpp"
-#include "gpu/access.hpp"
-#include "gpu/gpu_impl.hpp"
-#include "reduce/reduce.hpp"
-
 namespace tutti::bench {
 
 namespace {
@@ -76,16 +71,17 @@ std::size_t count_wrong(const std::vector<std::byte>& got, const std::vector<std
   return wrong;
 }
 
-KernelRow measure(DeviceContext& context, device::Device& device, DataType type, ReduceOp op, std::size_t count) {
+KernelRow measure(DeviceContext& context, DataType type, ReduceOp op, std::size_t count) {
   KernelRow row{.bytes = count * size_of(type), .count = count, .type = type, .op = op};
-  const device::Stream stream{context.stream};
+  gpu::Communicator& device = context.gpu;
+  const gpu::Stream stream = context.stream;
   const std::vector<std::byte> a = make_input(type, count, 1), b = make_input(type, count, 2);
   const DeviceMemory da(context.gpu, row.bytes), db(context.gpu, row.bytes), dst(context.gpu, row.bytes);
   device.copy(da.get(), a.data(), row.bytes, stream);
   device.copy(db.get(), b.data(), row.bytes, stream);
   context.synchronize();
 
-  const auto reduce = [&] { device.reduce(dst.get(), da.get(), db.get(), count, type, op, stream); };
+  const auto reduce = [&] { device.reduce_local(dst.get(), da.get(), db.get(), count, type, op, stream); };
   const auto copy = [&] { device.copy(dst.get(), da.get(), row.bytes, stream); };
   const int warmup = context.options.warmup;
   row.reduce = time_stream(context, reduce, warmup, choose_stream_iterations(context, reduce)).time;
@@ -102,7 +98,7 @@ KernelRow measure(DeviceContext& context, device::Device& device, DataType type,
   context.gpu.check();
   if (context.options.corrupt_for_testing) got[0] ^= std::byte{1};
   std::vector<std::byte> want(row.bytes);
-  reduce::apply(op, type, want.data(), a.data(), b.data(), count);
+  reduce_local(want.data(), a.data(), b.data(), count, type, op);
   row.checked = true;
   row.wrong = count_wrong(got, want, size_of(type));
   return row;
@@ -181,7 +177,6 @@ void write_json(const std::vector<KernelRow>& rows, const BenchOptions& options,
 
 int run_kernels(DeviceContext& context, const std::string& device_name, const std::string& launcher) {
   const BenchOptions& options = context.options;
-  device::Device& device = gpu::detail::Access::impl(context.gpu)->device();
   print_header(device_name);
   std::vector<KernelRow> rows;
   std::size_t wrong = 0;
@@ -192,7 +187,7 @@ int run_kernels(DeviceContext& context, const std::string& device_name, const st
         const std::size_t count = bytes / size_of(type);
         if (count == 0 || count == last) continue;  // no element, or rounded to the row before
         last = count;
-        rows.push_back(measure(context, device, type, op, count));
+        rows.push_back(measure(context, type, op, count));
         wrong += rows.back().wrong;
         print_row(rows.back());
       }

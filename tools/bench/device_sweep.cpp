@@ -7,7 +7,6 @@
 #include "bench/device_collectives.hpp"
 #include "bench/device_kernels.hpp"
 #include "bench/device_runner.hpp"
-#include "device/device.hpp"
 
 namespace tutti::bench {
 
@@ -16,12 +15,12 @@ namespace {
 // Every rank opens its device once before the collective gpu::Communicator constructor: a rank
 // that cannot (no CUDA, no GPU) would otherwise leave the others waiting in it. Returns the
 // device's name, or "" on every rank when some rank failed, with that rank's reason in `why`.
-std::string open_everywhere(Communicator& world, device::Kind kind, std::string& why) {
+std::string open_everywhere(Communicator& world, gpu::DeviceKind kind, std::string& why) {
   std::string name;
   char reason[512] = {};
   bool failed = false;
   try {
-    name = device::make_device(kind)->name();
+    name = gpu::device_name(kind);
   } catch (const std::exception& e) {
     failed = true;
     std::snprintf(reason, sizeof(reason), "%s", e.what());
@@ -101,7 +100,7 @@ int run_device(Communicator& world, const BenchOptions& options, const std::stri
     return 2;
   }
   if (options.root >= world.size()) throw std::invalid_argument("-r: root must be below the number of ranks");
-  const device::Kind kind = options.device == "cuda" ? device::Kind::cuda : device::Kind::emulated;
+  const gpu::DeviceKind kind = options.device == "cuda" ? gpu::DeviceKind::cuda : gpu::DeviceKind::emulated;
   std::string why;
   const std::string device_name = open_everywhere(world, kind, why);
   if (device_name.empty()) {
@@ -111,7 +110,7 @@ int run_device(Communicator& world, const BenchOptions& options, const std::stri
   const std::string transport(world.transport_name());
   if (options.kernels) {
     std::printf("# tutti-bench: device kernels on %s; %s\n", device_name.c_str(), options.command_line.c_str());
-    gpu::Communicator gpu(world, kind == device::Kind::cuda ? gpu::DeviceKind::cuda : gpu::DeviceKind::emulated);
+    gpu::Communicator gpu(world, kind);
     gpu::Stream stream = gpu.create_stream();
     DeviceContext context{world, gpu, stream, options, device_options(options.backend)};
     const int status = run_kernels(context, device_name, launcher);
@@ -121,7 +120,7 @@ int run_device(Communicator& world, const BenchOptions& options, const std::stri
   if (printer)
     std::printf("# tutti-bench: %d ranks over %s, device %s, backend %s; %s\n", world.size(), transport.c_str(),
                 device_name.c_str(), options.backend.c_str(), options.command_line.c_str());
-  gpu::Communicator gpu(world, kind == device::Kind::cuda ? gpu::DeviceKind::cuda : gpu::DeviceKind::emulated);
+  gpu::Communicator gpu(world, kind);
   gpu::Stream stream = gpu.create_stream();
   DeviceContext context{world, gpu, stream, options, device_options(options.backend)};
   Report report(world.size(), transport, options.peers, false, printer);

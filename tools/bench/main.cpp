@@ -17,7 +17,6 @@
 #include "bench/sparse_bench.hpp"
 #include "bench/sweep.hpp"
 #include "bench/tune.hpp"
-#include "bootstrap/job.hpp"
 
 #ifdef TUTTI_WITH_MPI
 #include <mpi.h>
@@ -27,13 +26,10 @@ namespace {
 
 using namespace tutti::bench;
 
-// The launcher as init() sees it ("tutti-run", "mpirun", "srun" or "none").
-std::string launcher() { return tutti::bootstrap::detect_job().launcher; }
-
 // MPI up under mpirun (the MPI peer needs it whoever bootstraps Tutti).
 void start_mpi(int& argc, char**& argv) {
 #ifdef TUTTI_WITH_MPI
-  if (launcher() != "mpirun") return;
+  if (tutti::launcher() != "mpirun") return;
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
 #else
@@ -66,7 +62,7 @@ std::vector<std::unique_ptr<Peer>> make_peers(tutti::Communicator& world, const 
 }
 
 int run(tutti::Communicator& world, const BenchOptions& options) {
-  if (device_mode(options)) return run_device(world, options, launcher());
+  if (device_mode(options)) return run_device(world, options, tutti::launcher());
   if (options.sparse) return run_sparse(world, options);
   if (options.calibrate && !options.tune) return calibrate(world, options);
   if (options.tune) return tune(world, options);
@@ -80,7 +76,8 @@ int run(tutti::Communicator& world, const BenchOptions& options) {
   Report report = run_sweep(world, options, peers, ceiling);
   if (world.rank() == 0) {
     report.footer(ceiling);
-    if (!options.json_path.empty()) report.write_json(options.json_path, options.command_line, launcher(), ceiling);
+    if (!options.json_path.empty())
+      report.write_json(options.json_path, options.command_line, tutti::launcher(), ceiling);
   }
   return report.wrong() == 0 ? 0 : 1;
 }

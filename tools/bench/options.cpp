@@ -1,5 +1,6 @@
 #include "bench/options.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -8,9 +9,7 @@
 #include <system_error>
 
 #include "bench/device_collectives.hpp"
-#include "comm/tuning.hpp"
 #include "common/cli.hpp"
-#include "core/names.hpp"
 #include "tutti/compress.hpp"
 
 namespace tutti::bench {
@@ -88,7 +87,7 @@ std::vector<ReduceOp> parse_ops(const std::string& text) {
 }
 
 Algorithm parse_algorithm(const std::string& name) {
-  if (const auto a = core::algorithm_from_name(name)) return *a;
+  if (const auto a = algorithm_from_name(name)) return *a;
   throw std::invalid_argument("--algorithm: unknown algorithm '" + name + "'");
 }
 
@@ -103,6 +102,8 @@ void validate_device(const BenchOptions& o) {
     if (!o.peers.empty()) throw std::invalid_argument("--kernels: no peers (every row times the D2D copy beside it)");
     if (o.backend != "automatic")
       throw std::invalid_argument("--kernels: no --backend (the kernels run on the device, not through a backend)");
+    if (std::find(o.ops.begin(), o.ops.end(), ReduceOp::avg) != o.ops.end())
+      throw std::invalid_argument("--kernels: no avg (an average is a sum divided once: time -o sum)");
   }
   if (o.algorithm != Algorithm::automatic || o.all_algorithms)
     throw std::invalid_argument("--algorithm/--all-algorithms: host mode only (with --device, choose a --backend)");
@@ -182,7 +183,7 @@ std::optional<DataType> parse_type(const std::string& name) {
       {"float", DataType::f32}, {"half", DataType::f16},   {"bfloat16", DataType::bf16}, {"double", DataType::f64},
       {"int8", DataType::i8},   {"uint8", DataType::u8},   {"int32", DataType::i32},     {"uint32", DataType::u32},
       {"int64", DataType::i64}, {"uint64", DataType::u64}, {"int", DataType::i32}};
-  if (auto type = core::data_type_from_name(name)) return type;
+  if (auto type = data_type_from_name(name)) return type;
   for (const auto& [alias, type] : aliases)
     if (name == alias) return type;
   return std::nullopt;
@@ -282,6 +283,7 @@ void read_text(const CLI::App& app, const Text& t, BenchOptions& o) {
   }
   if (app.count("-d") > 0) o.types = parse_types(t.datatype);
   if (app.count("-o") > 0) o.ops = parse_ops(t.op);
+  if (o.kernels && t.op == "all") std::erase(o.ops, ReduceOp::avg);  // the element-wise ops
   if (app.count("--algorithm") > 0) o.algorithm = parse_algorithm(t.algorithm);
   if (app.count("--density") > 0)
     for (const std::string& d : split_list(t.density)) o.densities.push_back(parse_density(d));

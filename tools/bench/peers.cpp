@@ -10,7 +10,7 @@
 #ifdef TUTTI_WITH_MPI
 #include <mpi.h>
 
-#include "transport/mpi/mpi_support.hpp"
+#include "tutti/mpi.hpp"
 #endif
 
 namespace tutti::bench {
@@ -29,8 +29,8 @@ class MpiPeer final : public Peer {
   }
 
   void run(const Case& c, Buffers& b) override {
-    const MPI_Datatype type = transport::mpi::datatype(c.type);
-    const MPI_Op op = transport::mpi::reduction(c.op, c.type);
+    const MPI_Datatype type = mpi_datatype(c.type);
+    const MPI_Op op = mpi_op(c.op, c.type);
     const int n = static_cast<int>(c.count);
     const void* send = b.send();
     void* recv = b.recv();

@@ -1,7 +1,5 @@
 #include "bench/sweep.hpp"
 
-#include "schedule/schedule.hpp"
-
 namespace tutti::bench {
 
 namespace {
@@ -24,12 +22,8 @@ Timed time_and_check(Communicator& world, const BenchOptions& options, Buffers& 
 }  // namespace
 
 std::vector<Algorithm> algorithms_to_sweep(Communicator& world, Kind kind) {
-  std::vector<Algorithm> out{Algorithm::automatic};
-  if (kind == sendrecv) return out;
-  for (Algorithm a : schedule::algorithms_for(*kind)) out.push_back(a);
-  if (world.serves_direct(*kind)) out.push_back(Algorithm::direct);
-  if (world.transport_name() == "mpi") out.push_back(Algorithm::mpi);
-  return out;
+  if (kind == sendrecv) return {Algorithm::automatic};
+  return world.algorithms(*kind);
 }
 
 Row measure_row(Communicator& world, const BenchOptions& options, const Case& base, Algorithm algorithm,

@@ -10,7 +10,6 @@
 #include "bench/options.hpp"
 #include "bench/report.hpp"
 #include "bench/runner.hpp"
-#include "schedule/schedule.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::bench {

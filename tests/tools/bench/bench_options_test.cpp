@@ -155,6 +155,17 @@ TEST(BenchOptions, WhatTheHandParserRefusedIsStillRefused) {
             "--algorithm/--all-algorithms: host mode only (with --device, choose a --backend)");
 }
 
+// --kernels times element-wise kernels: avg (a sum, divided once) is refused, and -o all means the
+// four element-wise ops.
+TEST(BenchOptions, KernelsTakeTheElementWiseOps) {
+  EXPECT_EQ(refusal({"--device", "emulated", "--kernels", "-o", "avg"}),
+            "--kernels: no avg (an average is a sum divided once: time -o sum)");
+  EXPECT_EQ(parse({"--device", "emulated", "--kernels", "-o", "all"}).ops,
+            (std::vector<ReduceOp>{ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max}));
+  EXPECT_EQ(parse({"--device", "emulated", "-o", "all"}).ops,
+            (std::vector<ReduceOp>{ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg}));
+}
+
 TEST(BenchOptions, HelpReturnsNothing) {
   ::testing::internal::CaptureStdout();
   tutti::testing::Argv a("tutti-bench", {"-h"});
