@@ -1,4 +1,4 @@
-// libtorch glue: the Tutti DataType of a tensor, and the FNV-1a hash the ranks' signatures use.
+// libtorch glue: the Tutti DataType of a tensor (and, by name, the FNV-1a hash of <tutti/types.hpp>).
 // Part of <tutti/torch.hpp>. Inline, unlike the rest of Tutti::torch: the Python modules use these
 // two without linking the compiled library (they load one libtutti of their own).
 #pragma once
@@ -16,18 +16,9 @@ namespace tutti::libtorch {
 
 namespace detail {
 
-inline constexpr std::uint64_t fnv1a_offset = 14695981039346656037ull;
-
-/// FNV-1a, 64 bits, continued from `hash`.
-inline std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t hash = fnv1a_offset) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
-  return hash;
-}
-
-inline std::uint64_t fnv1a(std::string_view text, std::uint64_t hash = fnv1a_offset) {
-  return fnv1a(text.data(), text.size(), hash);
-}
+// The ranks' FNV-1a (<tutti/types.hpp>), by the names the torch glue has always used.
+using tutti::detail::fnv1a;
+using tutti::detail::fnv1a_offset;
 
 }  // namespace detail
 

@@ -158,16 +158,7 @@ exec::Operation::Buffers CommImpl::map_buffers(const Call& call, const Extents& 
 }
 
 Request CommImpl::start_schedule(const Call& call, Algorithm algorithm, const Extents& extents, bool blocking) {
-  schedule::Params params;
-  params.collective = call.collective;
-  params.rank = rank_;
-  params.size = size_;
-  params.count = call.count;
-  params.elem_size = size_of(call.type);
-  params.root = call.root;
-  params.counts = call.counts;
-  params.recv_counts = call.recv_counts;
-  schedule::Schedule plan = schedule::make(algorithm, params);
+  schedule::Schedule plan = schedule::make(algorithm, schedule::Params::of(call, rank_, size_));
   Staging staging;
   const exec::Operation::Buffers buffers = map_buffers(call, extents, staging);
   const transport::Signature signature = next_signature(call, algorithm);

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/env.hpp"
+#include "tutti/types.hpp"
 
 namespace tutti::comm {
 
@@ -21,11 +22,7 @@ std::string topology_host_name() {
   return name;
 }
 
-std::uint64_t hash_host(std::string_view name) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
+std::uint64_t hash_host(std::string_view name) { return tutti::detail::fnv1a(name); }
 
 Topology::Topology(std::vector<std::uint64_t> host_of_rank) : host_of_rank_(std::move(host_of_rank)) {
   std::map<std::uint64_t, int> index_of_host;

@@ -14,12 +14,7 @@
 
 namespace tutti::libtorch::detail {
 
-std::uint64_t checkpoint_checksum(const void* data, std::size_t bytes) {
-  std::uint64_t hash = 14695981039346656037ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
-  return hash;
-}
+std::uint64_t checkpoint_checksum(const void* data, std::size_t bytes) { return tutti::detail::fnv1a(data, bytes); }
 
 std::uint64_t checkpoint_checksum(std::string_view bytes) { return checkpoint_checksum(bytes.data(), bytes.size()); }
 

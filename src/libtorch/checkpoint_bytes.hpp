@@ -35,8 +35,7 @@ inline constexpr std::uint32_t max_checkpoint_dims = 16;
 // The least bytes an entry takes: name length, type, dimensions, byte count.
 inline constexpr std::size_t min_entry_bytes = 4 + 4 + 4 + 8;
 
-/// FNV-1a, 64 bits: the files' checksum (the same function as torch_dtype.hpp's fnv1a, kept
-/// here because this header must not include libtorch).
+/// The files' checksum: FNV-1a, 64 bits (tutti::detail::fnv1a).
 std::uint64_t checkpoint_checksum(const void* data, std::size_t bytes);
 std::uint64_t checkpoint_checksum(std::string_view bytes);
 

@@ -89,6 +89,22 @@ struct Params {
   std::span<const std::size_t> counts{};       // allgatherv: recv_counts; alltoallv: send_counts
   std::span<const std::size_t> recv_counts{};  // alltoallv only
   std::size_t chunk_bytes = 1 << 18;           // pipelining granularity of ring and chain algorithms
+
+  /// The parameters of `call` on rank `rank` of `size`: any call description with NativeCall's
+  /// fields (collective, count, type, root, counts, recv_counts), which this layer does not see.
+  template <class Call>
+  static Params of(const Call& call, int rank, int size) {
+    Params params;
+    params.collective = call.collective;
+    params.rank = rank;
+    params.size = size;
+    params.count = call.count;
+    params.elem_size = size_of(call.type);
+    params.root = call.root;
+    params.counts = call.counts;
+    params.recv_counts = call.recv_counts;
+    return params;
+  }
 };
 
 /// Whether `algorithm` serves `collective` (automatic, direct, hierarchical and mpi: false here).

@@ -4,15 +4,14 @@
 #include <string>
 
 #include "transport/transport.hpp"
+#include "tutti/types.hpp"
 
 namespace tutti::transport {
 
 namespace {
 
 std::uint64_t hash_counts(std::span<const std::size_t> counts) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (std::size_t c : counts) h = (h ^ c) * 1099511628211ull;
-  return counts.empty() ? 0 : h | 1;
+  return counts.empty() ? 0 : tutti::detail::fnv1a(counts.data(), counts.size_bytes()) | 1;
 }
 
 }  // namespace

@@ -53,12 +53,9 @@ std::array<std::int64_t, kDescriptor> descriptor_of(const at::Tensor& tensor) {
   d[1] = tensor.dense_dim();
   d[2] = static_cast<std::int64_t>(tensor.scalar_type());
   d[3] = tensor.dim();
-  std::uint64_t hash = 14695981039346656037ull;  // FNV-1a over the sizes
-  for (std::size_t i = 0; i < tensor.sizes().size(); ++i) {
-    hash = (hash ^ static_cast<std::uint64_t>(tensor.sizes()[i])) * 1099511628211ull;
-    if (i < kShown) d[5 + i] = tensor.sizes()[i];
-  }
-  d[4] = static_cast<std::int64_t>(hash);
+  for (std::size_t i = 0; i < tensor.sizes().size() && i < kShown; ++i) d[5 + i] = tensor.sizes()[i];
+  const auto sizes = tensor.sizes();
+  d[4] = static_cast<std::int64_t>(tutti::detail::fnv1a(sizes.data(), sizes.size() * sizeof(std::int64_t)));
   return d;
 }
 
