@@ -110,6 +110,19 @@ class EngineCore {
   EngineStats stats() const;
   std::vector<CollectiveRecord> take_allreduce_records();
 
+  /// The negotiation's own collectives, counted since the engine started (for tests).
+  struct Rounds {
+    std::uint64_t cycles = 0;
+    std::uint64_t allreduces = 0;     // one per cycle: the steady state
+    std::uint64_t exchanges = 0;      // cycles with the full exchange
+    std::uint64_t allgathers = 0;     // the full exchanges' allgathers and allgathervs
+    std::size_t allreduce_bytes = 0;  // the last cycle's allreduce payload
+  };
+  Rounds rounds() const {
+    std::lock_guard lock(rounds_mutex_);
+    return rounds_;
+  }
+
   int rank() const { return rank_; }
   int size() const { return size_; }
   const EngineOptions& options() const { return options_; }
@@ -146,6 +159,9 @@ class EngineCore {
   EngineOptions options_;
   int rank_ = 0, size_ = 1;
   Table table_;
+  Ledger ledger_;  // the background thread's
+  mutable std::mutex rounds_mutex_;
+  Rounds rounds_;
   mutable std::mutex timeline_mutex_;  // guards the pointer; the Timeline serializes its writes
   std::shared_ptr<Timeline> timeline_;
   std::shared_ptr<Doorbell> doorbell_ = std::make_shared<Doorbell>();

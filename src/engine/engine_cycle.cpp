@@ -70,22 +70,37 @@ bool EngineCore::cycle() {
     if (t) held_.push_back(std::move(t));
   fresh.swap(staged);
   for (auto& t : fresh) {
-    if (const auto slot = table_.cached_slot(t->descriptor))
-      mine.cached.push_back(*slot);
-    else
-      mine.described.push_back(t->descriptor);
+    ledger_.enqueue(t->descriptor, table_, t->enqueued);
     announced_[t->descriptor.name] = t;
   }
+  const auto now = Clock::now();
   if (rank_ == 0 && options_.stall_error.count() > 0) {
-    const auto now = Clock::now();
     for (const auto& w : table_.waiting())
       if (now - w.since >= options_.stall_error && expired_.insert(w.name).second) mine.expired.push_back(w.name);
   }
+  // A tensor held on the cached path for half the stall warning (or limit) goes to the full
+  // exchange, where the table sees which ranks have not enqueued it.
+  auto stall = options_.stall_warning.count() > 0 ? options_.stall_warning : options_.stall_error;
+  if (options_.stall_error.count() > 0) stall = std::min(stall, options_.stall_error);
+  const auto stale = stall.count() > 0 ? now - stall / 2 : Clock::time_point::min();
+  const bool full =
+      ledger_.needs_exchange(stale) || mine.shutting_down || mine.aborting || mine.joined || !mine.expired.empty();
 
   const auto start = Clock::now();
   if (const auto tl = timeline()) tl->mark_cycle(start);
-  const auto messages = exchange(mine);
-  const Decision decision = table_.apply(messages, start);
+  // The round: one allreduce; the full exchange only where some rank asks for it.
+  auto sums = ledger_.contribution(table_, full, mine.waiting);
+  comm_.allreduce(sums.data(), sums.data(), sums.size(), DataType::u32, ReduceOp::sum);
+  const Tally tally = table_.tally(sums);
+  std::vector<Message> messages;
+  std::vector<std::pair<std::string, Clock::time_point>> moved;
+  if (tally.exchange > 0) {
+    moved = ledger_.announce(tally, table_, mine);
+    messages = exchange(mine);
+  }
+  const Decision decision = table_.apply(tally, messages, start);
+  for (const auto& [name, since] : moved) table_.backdate(name, since);
+  ledger_.settle(tally, !messages.empty(), static_cast<std::size_t>(size_));
   idle_wait_ = decision.all_waiting && !decision.progress;
   peer_waiting_.store(decision.waiting_ranks > (mine.waiting ? 1 : 0), std::memory_order_relaxed);
   const auto decided = Clock::now();
@@ -93,6 +108,13 @@ bool EngineCore::cycle() {
     std::lock_guard lock(stats_mutex_);
     ++stats_.cycles;
     stats_.negotiation_seconds += seconds(decided - start);
+  }
+  {
+    std::lock_guard lock(rounds_mutex_);
+    ++rounds_.cycles;
+    ++rounds_.allreduces;
+    rounds_.allreduce_bytes = sums.size() * sizeof(std::uint32_t);
+    rounds_.exchanges += messages.empty() ? 0 : 1;
   }
   for (const auto& name : mine.expired) expired_.erase(name);
   if (!decision.aborted_by.empty()) {
@@ -106,7 +128,7 @@ bool EngineCore::cycle() {
   finish_join(decision);
   {
     std::lock_guard lock(mutex_);
-    idle_ = table_.idle() && inbox_.empty() && held_.empty();
+    idle_ = table_.idle() && ledger_.empty() && inbox_.empty() && held_.empty();
   }
   if (decision.shutdown) {
     fail_everything(std::make_exception_ptr(Error(ErrorCode::aborted, "engine: the engine was destroyed")));
@@ -123,6 +145,10 @@ std::vector<Message> EngineCore::exchange(const Message& mine) {
   std::memcpy(slot.data() + sizeof length, bytes.data(), std::min(bytes.size(), kSlotPayload));
   std::vector<std::byte> all(kSlot * static_cast<std::size_t>(size_));
   comm_.allgather(slot.data(), all.data(), kSlot, DataType::u8);
+  {
+    std::lock_guard lock(rounds_mutex_);
+    ++rounds_.allgathers;
+  }
 
   std::vector<std::size_t> lengths(static_cast<std::size_t>(size_)), rest(static_cast<std::size_t>(size_));
   std::size_t total_rest = 0;
@@ -137,6 +163,8 @@ std::vector<Message> EngineCore::exchange(const Message& mine) {
   if (total_rest > 0) {
     const std::size_t my_rest = rest[static_cast<std::size_t>(rank_)];
     comm_.allgatherv(bytes.data() + (my_rest ? kSlotPayload : 0), my_rest, tails.data(), rest, DataType::u8);
+    std::lock_guard lock(rounds_mutex_);
+    ++rounds_.allgathers;
   }
   std::vector<Message> messages;
   messages.reserve(static_cast<std::size_t>(size_));

@@ -72,6 +72,19 @@ class Reader {
   std::size_t at_ = 0;
 };
 
+// The same on every rank and every build (std::hash need not be).
+std::uint32_t slot_hash(std::uint32_t slot, const Descriptor& d) {
+  std::uint64_t h = detail::fnv1a(&slot, sizeof slot);
+  h = detail::fnv1a(d.name, h);
+  const std::uint8_t kind[3] = {static_cast<std::uint8_t>(d.kind), static_cast<std::uint8_t>(d.type),
+                                static_cast<std::uint8_t>(d.op)};
+  h = detail::fnv1a(kind, sizeof kind, h);
+  h = detail::fnv1a(&d.root, sizeof d.root, h);
+  h = detail::fnv1a(&d.count, sizeof d.count, h);
+  h = detail::fnv1a(d.dims.data(), d.dims.size() * sizeof(std::int64_t), h);
+  return static_cast<std::uint32_t>(h ^ (h >> 32));
+}
+
 constexpr std::uint8_t kShuttingDown = 1;
 constexpr std::uint8_t kAborting = 2;
 constexpr std::uint8_t kWaiting = 4;
@@ -192,10 +205,93 @@ std::optional<Decision::Failure> Table::disagreement(const std::string& name, co
   return Decision::Failure{name, ErrorCode::mismatch, message};
 }
 
-Decision Table::apply(const std::vector<Message>& messages, std::chrono::steady_clock::time_point now) {
+Tally Table::tally(std::span<const std::uint32_t> sums) const {
+  if (sums.size() != Tally::kHeader + cache_.size())
+    throw Error(ErrorCode::system, "engine: a negotiation round has the wrong length for this rank's response cache");
+  const auto n = static_cast<std::uint32_t>(size_);
+  // Every rank contributed its cache's size and hash; the sums (mod 2^32) are n times this rank's
+  // exactly when every rank's are this rank's (but for a hash collision).
+  if (sums[3] != n * static_cast<std::uint32_t>(cache_.size()) || sums[4] != n * cache_hash_)
+    throw Error(ErrorCode::system, "engine: the ranks' response caches disagree");
+  Tally t;
+  t.exchange = sums[0];
+  t.waiting = sums[1];
+  t.fresh = sums[2];
+  t.pending.assign(sums.begin() + Tally::kHeader, sums.end());
+  if (t.exchange > n || t.waiting > n || t.fresh > n ||
+      std::any_of(t.pending.begin(), t.pending.end(), [&](std::uint32_t c) { return c > n; }))
+    throw Error(ErrorCode::system, "engine: a negotiation round is damaged");
+  return t;
+}
+
+void Table::backdate(const std::string& name, std::chrono::steady_clock::time_point since) {
+  if (auto it = pending_.find(name); it != pending_.end() && since < it->second.since) it->second.since = since;
+}
+
+void Table::set_slot(std::uint32_t slot, const Descriptor& d) {
+  cache_hash_ ^= slot_hash(slot, cache_[slot]) ^ slot_hash(slot, d);
+  cache_[slot] = d;
+}
+
+void Table::remember(const Descriptor& d) {
+  if (const auto it = cache_slot_.find(d.name); it != cache_slot_.end()) {
+    set_slot(it->second, d);  // the same name, reshaped on every rank alike: never the stale description
+    used_[it->second] = cycle_;
+    return;
+  }
+  if (cache_capacity_ == 0) return;
+  std::uint32_t slot = 0;
+  if (cache_.size() < cache_capacity_) {
+    slot = static_cast<std::uint32_t>(cache_.size());
+    cache_.push_back(d);
+    used_.push_back(cycle_);
+    cache_hash_ ^= slot_hash(slot, d);
+  } else {
+    // Full: the slot ready least recently (the lowest such slot), unless every slot was ready in
+    // this very cycle; then the name goes uncached.
+    slot = static_cast<std::uint32_t>(std::min_element(used_.begin(), used_.end()) - used_.begin());
+    if (used_[slot] == cycle_) return;
+    cache_slot_.erase(cache_[slot].name);
+    set_slot(slot, d);
+    used_[slot] = cycle_;
+  }
+  cache_slot_.emplace(d.name, slot);
+}
+
+Decision Table::apply(const Tally& tally, const std::vector<Message>& messages,
+                      std::chrono::steady_clock::time_point now) {
+  ++cycle_;
+  Decision decision;
+  // The cached path: a slot every rank holds is ready (on every rank alike, in slot order).
+  if (!tally.pending.empty() && tally.pending.size() != cache_.size())
+    throw Error(ErrorCode::system, "engine: a negotiation round has the wrong length for this rank's response cache");
+  bool partial = false;
+  for (std::size_t slot = 0; slot < tally.pending.size(); ++slot) {
+    const auto held = tally.pending[slot];
+    if (held == static_cast<std::uint32_t>(size_)) {
+      used_[slot] = cycle_;
+      decision.ready.push_back(cache_[slot]);
+    } else if (held > 0) {
+      partial = true;
+    }
+  }
+  if (messages.empty()) {  // the steady state: the tally is all there is
+    decision.waiting_ranks = static_cast<int>(tally.waiting);
+    decision.all_waiting = tally.waiting == static_cast<std::uint32_t>(size_);
+    decision.progress = tally.fresh > 0 || !decision.ready.empty();
+    partial_ = partial;
+    return decision;
+  }
+  // A full exchange: every rank moved what it held on the cached path, not ready, into its message.
+  partial_ = false;
+  exchange(messages, now, decision);
+  return decision;
+}
+
+void Table::exchange(const std::vector<Message>& messages, std::chrono::steady_clock::time_point now,
+                     Decision& decision) {
   if (messages.size() != static_cast<std::size_t>(size_))
     throw Error(ErrorCode::system, "engine: expected one negotiation message per rank");
-  Decision decision;
   std::vector<int> leaving;  // ranks shutting down: they will never announce again
   decision.all_waiting = true;
   for (int r = 0; r < size_; ++r) {
@@ -267,13 +363,7 @@ Decision Table::apply(const std::vector<Message>& messages, std::chrono::steady_
   }
   std::sort(ready.begin(), ready.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& [order, d] : ready) {
-    const auto slot = cache_slot_.find(d.name);
-    if (slot != cache_slot_.end()) {
-      cache_[slot->second] = d;  // the same name, reshaped on every rank alike
-    } else if (cache_.size() < cache_capacity_) {
-      cache_slot_.emplace(d.name, static_cast<std::uint32_t>(cache_.size()));
-      cache_.push_back(d);
-    }
+    remember(d);
     decision.ready.push_back(std::move(d));
   }
   decision.shutdown = all_shutting;
@@ -284,7 +374,6 @@ Decision Table::apply(const std::vector<Message>& messages, std::chrono::steady_
     last_joined_ = -1;
   }
   decision.progress = decision.progress || !decision.ready.empty() || !decision.failed.empty();
-  return decision;
 }
 
 void Table::answer_for_joined(Decision& decision) {
@@ -328,6 +417,59 @@ std::vector<Waiting> Table::waiting() const {
     out.push_back(std::move(w));
   }
   return out;
+}
+
+void Ledger::enqueue(const Descriptor& d, const Table& table, Clock::time_point since) {
+  if (!table.has_entry(d.name))
+    if (const auto slot = table.cached_slot(d); slot && held_.emplace(*slot, Held{d, since}).second) {
+      fresh_ = true;
+      return;
+    }
+  unannounced_.push_back(Held{d, since});
+}
+
+bool Ledger::needs_exchange(Clock::time_point stale) const {
+  return !unannounced_.empty() ||
+         std::any_of(held_.begin(), held_.end(), [&](const auto& h) { return h.second.since < stale; });
+}
+
+std::vector<std::uint32_t> Ledger::contribution(const Table& table, bool exchange, bool waiting) const {
+  std::vector<std::uint32_t> v(Tally::kHeader + table.cache_size(), 0);
+  v[0] = exchange ? 1 : 0;
+  v[1] = waiting ? 1 : 0;
+  v[2] = fresh_ ? 1 : 0;
+  v[3] = static_cast<std::uint32_t>(table.cache_size());
+  v[4] = table.cache_hash();
+  for (const auto& [slot, h] : held_) v.at(Tally::kHeader + slot) = 1;
+  return v;
+}
+
+std::vector<std::pair<std::string, Ledger::Clock::time_point>> Ledger::announce(const Tally& tally, const Table& table,
+                                                                                Message& m) {
+  std::vector<std::pair<std::string, Clock::time_point>> moved;
+  for (const auto& [slot, h] : held_) {
+    if (tally.pending.at(slot) == static_cast<std::uint32_t>(table.size())) continue;  // ready everywhere
+    m.cached.push_back(slot);
+    moved.emplace_back(h.descriptor.name, h.since);
+  }
+  for (auto& u : unannounced_) {
+    if (const auto slot = table.cached_slot(u.descriptor))
+      m.cached.push_back(*slot);
+    else
+      m.described.push_back(std::move(u.descriptor));
+  }
+  unannounced_.clear();
+  std::sort(m.cached.begin(), m.cached.end());
+  return moved;
+}
+
+void Ledger::settle(const Tally& tally, bool exchanged, std::size_t ranks) {
+  fresh_ = false;
+  if (exchanged) {
+    held_.clear();  // ready, or moved to the table
+    return;
+  }
+  std::erase_if(held_, [&](const auto& h) { return tally.pending.at(h.first) == ranks; });
 }
 
 std::vector<std::vector<std::size_t>> plan_fusion(std::span<const Descriptor> ready, std::size_t fusion_threshold,
