@@ -2,6 +2,7 @@
 #include "sim/collective_time.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <vector>
 
 #include "comm/cost_model.hpp"
@@ -162,6 +163,10 @@ const CollectiveTimes::Timed& CollectiveTimes::allreduce(std::size_t count, Data
     timed = cheapest(Collective::allreduce, ranks_, per_host_, count, elem, 1);
   }
   return allreduce_.emplace(key, std::move(timed)).first->second;
+}
+
+const CollectiveTimes::Timed& CollectiveTimes::negotiation(std::size_t counts) {
+  return allreduce(std::bit_ceil(std::max(counts, kNegotiationCounts)), DataType::u32);
 }
 
 const CollectiveTimes::Timed& CollectiveTimes::allgather(std::size_t bytes) {

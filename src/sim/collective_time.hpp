@@ -52,8 +52,13 @@ class CollectiveTimes {
 
   /// The engine's allreduce of `count` elements of `type` over all ranks.
   const Timed& allreduce(std::size_t count, DataType type);
-  /// An allgather of `bytes` u8 per rank over all ranks (the engine's negotiation).
+  /// An allgather of `bytes` u8 per rank over all ranks (the engine's full exchange).
   const Timed& allgather(std::size_t bytes);
+  /// The engine's negotiation round: an allreduce (sum) of `counts` u32 (engine::Tally), priced
+  /// at the next power of two of at least kNegotiationCounts counts (at most a few hundred bytes
+  /// more), so that a response cache filling up slot by slot costs few simulations.
+  const Timed& negotiation(std::size_t counts);
+  static constexpr std::size_t kNegotiationCounts = 64;
 
  private:
   // The cheapest candidate for `collective` on a communicator of `ranks` ranks, `per_host` of them

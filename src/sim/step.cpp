@@ -6,9 +6,11 @@
 // rank's engine joins at its own wake-up, which follows the engine's loop (engine_cycle.cpp run()):
 // a cycle after its previous wake-up, kIdleCycles cycles when nothing was pending anywhere, at
 // once when a caller waits in step() (Handle::wait rings) or when it enqueues into an idle engine
-// or while another rank waits. What a round decides is the engine's own Table's decision on the
-// classes' messages, and the calls it makes are the engine's own plan_fusion, run one after the
-// other, each as long as CollectiveTimes says.
+// or while another rank waits. A round costs what the engine's costs: the allreduce of the
+// response cache's counts (engine::Tally), plus the full exchange's allgather where some class has
+// something uncached to announce. What it decides is the engine's own Table's decision on the
+// classes' Ledgers (the engine's own bookkeeping, one per class), and the calls it makes are the
+// engine's own plan_fusion, run one after the other, each as long as CollectiveTimes says.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -70,6 +72,7 @@ class StepSimulation {
         table_(0) {
     make_classes();
     table_ = Table(static_cast<int>(classes_.size()));
+    ledgers_.resize(classes_.size());
     for (const auto& g : s_.profile.gradients) {
       Descriptor d;
       d.name = g.name;
@@ -184,32 +187,45 @@ class StepSimulation {
       c.wake = wake_of(c, free_);
       start = std::max(start, c.wake);
     }
-    std::vector<Message> messages(classes_.size());
+    std::vector<Message> mine(classes_.size());
+    std::vector<bool> waits(classes_.size(), false);
     std::vector<std::vector<std::size_t>> announced(classes_.size());
     int waiting_ranks = 0;
+    // Every class's part of the round's allreduce, summed as the engine's allreduce sums them.
+    std::vector<std::uint32_t> sums(engine::Tally::kHeader + table_.cache_size(), 0);
     for (std::size_t i = 0; i < classes_.size(); ++i) {
       Class& c = classes_[i];
+      auto& ledger = ledgers_[i];
       if (c.done(s_.steps)) {
-        messages[i].waiting = true;  // a finished rank sits in its engine's destructor: always there
-        continue;
+        mine[i].waiting = true;  // a finished rank sits in its engine's destructor: always there
+      } else {
+        mine[i].waiting = c.unfinished(n) && c.wake >= c.backward_end;
+        waits[i] = mine[i].waiting;
+        if (mine[i].waiting) waiting_ranks += c.ranks;
+        while (c.announced < n && c.enqueue[c.announced] <= c.wake) {
+          ledger.enqueue(descriptors_[c.announced], table_, Clock::time_point{});
+          announced[i].push_back(c.announced++);
+        }
       }
-      messages[i].waiting = c.unfinished(n) && c.wake >= c.backward_end;
-      if (messages[i].waiting) waiting_ranks += c.ranks;
-      while (c.announced < n && c.enqueue[c.announced] <= c.wake) {
-        const auto& d = descriptors_[c.announced];
-        if (auto slot = table_.cached_slot(d))
-          messages[i].cached.push_back(*slot);
-        else
-          messages[i].described.push_back(d);
-        announced[i].push_back(c.announced++);
-      }
+      const auto part = ledger.contribution(table_, ledger.needs_exchange(Clock::time_point::min()), mine[i].waiting);
+      for (std::size_t k = 0; k < sums.size(); ++k) sums[k] += part[k];
     }
-    std::size_t longest = 0;
-    for (const auto& m : messages) longest = std::max(longest, m.encode(table_.cache_size()).size());
-    double round = times_.allgather(engine::kSlot).seconds;
-    if (longest > engine::kSlotPayload) round += times_.allgather(longest - engine::kSlotPayload).seconds;
+    const auto tally = table_.tally(sums);
+    double round = times_.negotiation(sums.size()).seconds;
+    std::vector<Message> messages;
+    if (tally.exchange > 0) {  // the full exchange: the allgather of 512-byte slots (plus allgatherv)
+      std::size_t longest = 0;
+      for (std::size_t i = 0; i < classes_.size(); ++i) {
+        ledgers_[i].announce(tally, table_, mine[i]);
+        longest = std::max(longest, mine[i].encode(table_.cache_size()).size());
+      }
+      messages = std::move(mine);
+      round += times_.allgather(engine::kSlot).seconds;
+      if (longest > engine::kSlotPayload) round += times_.allgather(longest - engine::kSlotPayload).seconds;
+    }
     const double decided = start + round;
-    const auto decision = table_.apply(messages, Clock::time_point{});
+    const auto decision = table_.apply(tally, messages, Clock::time_point{});
+    for (auto& ledger : ledgers_) ledger.settle(tally, !messages.empty(), classes_.size());
     add_if_measured(start, decided, negotiation_);
     if (start >= window_start_) ++cycles_;
     for (std::size_t i = 0; i < classes_.size(); ++i)
@@ -219,10 +235,11 @@ class StepSimulation {
     free_ = run_calls(decision.ready, decided);
     bool unannounced = false;
     for (auto& c : classes_) {
-      c.peer_waiting = waiting_ranks > (messages[&c - classes_.data()].waiting && !c.done(s_.steps) ? 1 : 0);
+      c.peer_waiting = waiting_ranks > (waits[static_cast<std::size_t>(&c - classes_.data())] ? 1 : 0);
       if (!c.done(s_.steps) && c.announced < n && c.enqueue[c.announced] <= free_) unannounced = true;
     }
-    idle_ = table_.idle() && !unannounced;
+    idle_ = table_.idle() && !unannounced &&
+            std::all_of(ledgers_.begin(), ledgers_.end(), [](const engine::Ledger& l) { return l.empty(); });
     for (auto& c : classes_) finish_step_if_complete(c);
   }
 
@@ -331,6 +348,7 @@ class StepSimulation {
   std::mt19937_64 random_;
   CollectiveTimes times_;
   Table table_;
+  std::vector<engine::Ledger> ledgers_;  // per class
   std::vector<Descriptor> descriptors_;
   std::vector<Class> classes_;
   double free_ = 0;  // when the engines' previous round and its calls ended

@@ -206,7 +206,8 @@ TEST(SimStep, AllreduceAfterBackwardAddsRoundAndCalls) {
   auto s = setup_of(4, 2);
   s.policy.overlap = false;
   CollectiveTimes times(s.network, 4, 2);
-  const double round = times.allgather(engine::kSlot).seconds;
+  // The measured steps' gradients are cached: a round is the allreduce of the tally alone.
+  const double round = times.negotiation(engine::Tally::kHeader + 2).seconds;
   const double calls = times.allreduce(1000, DataType::f32).seconds + times.allreduce(250000, DataType::f32).seconds;
   const auto r = simulate(s);
   EXPECT_NEAR(r.step_seconds, s.profile.compute_seconds() + round + calls, 1e-12);
@@ -220,7 +221,7 @@ TEST(SimStep, AllreduceAfterBackwardAddsRoundAndCalls) {
 TEST(SimStep, OverlapHidesTheCallsThatBackwardOutlasts) {
   auto s = setup_of(4, 2);
   CollectiveTimes times(s.network, 4, 2);
-  const double round = times.allgather(engine::kSlot).seconds;
+  const double round = times.negotiation(engine::Tally::kHeader + 2).seconds;
   const double first = times.allreduce(1000, DataType::f32).seconds;
   const double second = times.allreduce(250000, DataType::f32).seconds;
   ASSERT_LT(round + first, 0.006);
@@ -230,6 +231,21 @@ TEST(SimStep, OverlapHidesTheCallsThatBackwardOutlasts) {
   EXPECT_NEAR(r.allreduce_seconds, first + second, 1e-12);
 }
 
+// The measured steps' gradients are cached, so every round is the allreduce of the tally (a
+// header and a count per cached gradient): the same few bytes at 4 ranks and at 1,024, whatever
+// the cycles; the full exchange (the allgather of 512-byte slots) ran in the first step only.
+TEST(SimStep, CachedStepsNegotiateWithOneSmallAllreducePerRound) {
+  for (int ranks : {4, 1024}) {
+    auto s = setup_of(ranks, 1);
+    s.policy.cycle_time = std::chrono::milliseconds(1);
+    CollectiveTimes times(s.network, ranks, 1);
+    const auto r = simulate(s);
+    EXPECT_GT(r.cycles, 1);
+    EXPECT_NEAR(r.negotiation_seconds, r.cycles * times.negotiation(engine::Tally::kHeader + 2).seconds, 1e-12)
+        << ranks << " ranks";
+  }
+}
+
 // A straggler three times slower: every step waits for its compute; the others wait in step()
 // for its extra compute (its forward, backward and optimizer being 2x longer) plus the calls.
 TEST(SimStep, AStragglerSetsThePaceAndOthersWaitForIt) {
@@ -237,8 +253,8 @@ TEST(SimStep, AStragglerSetsThePaceAndOthersWaitForIt) {
   s.policy.overlap = false;
   s.stragglers = {{1, 3.0}};
   CollectiveTimes times(s.network, 2, 1);
-  const double comm = times.allgather(engine::kSlot).seconds + times.allreduce(1000, DataType::f32).seconds +
-                      times.allreduce(250000, DataType::f32).seconds;
+  const double comm = times.negotiation(engine::Tally::kHeader + 2).seconds +
+                      times.allreduce(1000, DataType::f32).seconds + times.allreduce(250000, DataType::f32).seconds;
   const auto& p = s.profile;
   const auto r = simulate(s);
   EXPECT_NEAR(r.step_seconds, 3 * p.compute_seconds() + comm, 1e-12);
