@@ -128,8 +128,9 @@ struct Tally {
 /// length, then the message); a longer message sends its rest in a second, allgatherv, call.
 inline constexpr std::size_t kSlot = 512;
 inline constexpr std::size_t kSlotPayload = kSlot - sizeof(std::uint32_t);
-/// An engine with nothing pending on any rank negotiates every kIdleCycles cycles.
-inline constexpr int kIdleCycles = 10;
+/// An engine with nothing pending on any rank negotiates every kIdleCycles cycles (an enqueue
+/// starts a round at once): most of a long step's rounds are these (docs/scaling.md).
+inline constexpr int kIdleCycles = 25;
 
 class Table {
  public:
