@@ -9,7 +9,9 @@
 //   h.wait();                                          // grad now holds the average over ranks
 //
 // Every `cycle_time`, a background thread exchanges with the other ranks which names each rank
-// has enqueued (one allgather; names seen before travel as one bit each). A tensor is ready
+// has enqueued: names seen before (the response cache) as one count each in one small allreduce
+// whose size does not grow with the ranks; new names, new shapes and stalls in a full exchange of
+// descriptions, only in the cycles that have them (docs/training.md). A tensor is ready
 // when every rank has enqueued it; every rank then sees the same list of ready tensors and runs
 // them in the same order, whatever order the ranks enqueued them in. Ready allreduces of the same
 // type and op are packed into a fusion buffer and reduced in one call.
