@@ -46,7 +46,8 @@ if(TUTTI_BUILD_TESTS)
            COMMAND ${CMAKE_COMMAND} -E env ${hvd_env} timeout 200 ${Python_EXECUTABLE}
                    ${PROJECT_SOURCE_DIR}/tests/python/c10d/torchrun.py --standalone --nproc_per_node 3
                    ${hvd_tests}/collectives_test.py)
-  set_tests_properties(python.horovod.collectives.torchrun_p3 PROPERTIES LABELS "python;mp" TIMEOUT 240)
+  set_tests_properties(python.horovod.collectives.torchrun_p3 PROPERTIES LABELS "python;mp" TIMEOUT 240
+                                                                      RESOURCE_LOCK torchrun_port_29400)
   # Ranks spread over emulated hosts (TUTTI_HOST per rank): local and cross ranks, collectives
   # across hosts; p = 3 has an uneven last host.
   foreach(ranks 3 4)

@@ -54,6 +54,8 @@ if(TARGET tutti-run)
 endif()
 tutti_c10d_test(collectives_torchrun_p3 mp timeout 240 ${Python_EXECUTABLE} ${tutti_c10d_tests}/torchrun.py --standalone
                 --nproc_per_node 3 ${tutti_c10d_tests}/collectives_test.py)
+# torch 1.13's --standalone rendezvous listens on port 29400: one torchrun test at a time.
+set_tests_properties(python.c10d.collectives_torchrun_p3 PROPERTIES RESOURCE_LOCK torchrun_port_29400)
 if(TUTTI_WITH_MPI AND MPIEXEC_EXECUTABLE)
   tutti_c10d_test(collectives_mpirun_p2 mpi bash ${tutti_c10d_tests}/mpirun.sh ${MPIEXEC_EXECUTABLE} ${Python_EXECUTABLE}
                   ${tutti_c10d_tests}/collectives_test.py 2)
