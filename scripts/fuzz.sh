@@ -7,6 +7,7 @@
 # (ctest replays every corpus file, label unit) once it is fixed.
 #   FUZZ_SECONDS=600 bash scripts/fuzz.sh            longer
 #   FUZZ_TARGETS="env store_frame" bash scripts/fuzz.sh  some of them
+#   bash scripts/fuzz.sh --build                     only builds them (scripts/test.sh, on idle cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/jobs.sh
@@ -17,6 +18,7 @@ if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=cc
 
 cmake --preset fuzz "${launcher[@]}" >/dev/null
 build_quietly fuzz build-fuzz --target "${targets[@]/#/fuzz_}" || exit 1
+[[ ${1:-} == --build ]] && exit 0
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -4,14 +4,21 @@
 #          suites (the multi-process ones through tutti-run, every rank instrumented)
 #   tsan   TSan, build-tsan/: the suites of the threaded layers (engine, executor, transports,
 #          bootstrap), ranks as threads
-# Usage: bash scripts/sanitize.sh asan|tsan [extra ctest arguments]
+# Usage: bash scripts/sanitize.sh asan|tsan [--build|--test] [extra ctest arguments]
+#   --build only builds (scripts/test.sh builds a later stage's tree on idle cores), --test only
+#   runs the tests of a tree already built; without either it builds, then tests.
 # A report fails its test (halt_on_error / no recovery); the only accepted reports are the
 # suppressions in tests/sanitizers/, each with its reason. Prints one summary line at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/jobs.sh
-preset=${1:?usage: sanitize.sh asan|tsan [ctest arguments]}
+preset=${1:?usage: sanitize.sh asan|tsan [--build|--test] [ctest arguments]}
 shift
+steps=both
+case ${1:-} in
+  --build) steps=build; shift ;;
+  --test) steps=test; shift ;;
+esac
 root=$PWD
 supp=$root/tests/sanitizers
 launcher=()
@@ -54,9 +61,9 @@ case $preset in
     # gpu_test.strict: gpu_test again on the strict emulated device (one context shared by the
     # rank threads, its queue workers, and the order in which those ranks submit; docs/gpu.md),
     # without the two destroy cases that are expected to fail there.
-    binaries=(collectives_test sparse_test shm_test gpu_collectives_test shm_direct_test transport_conformance_test
-              gpu_test hierarchical_test tcp_test api_test engine_gpu_test bootstrap_test engine_test device_test
-              exec_test gpu_test.strict)
+    binaries=(shm_direct_test sparse_test gpu_collectives_test collectives_test shm_test transport_conformance_test
+              gpu_test.strict gpu_test hierarchical_test tcp_test api_test engine_gpu_test device_test bootstrap_test
+              engine_test exec_test)
     # Left out under TSan: the sweeps over data types and ops, and the hierarchical sweep above
     # 4 ranks. They repeat the same threads' interleavings with other values at many times the
     # cost (under TSan on 2 cores: 5 minutes of the 10); the normal and ASan runs run them whole.
@@ -83,21 +90,30 @@ case $preset in
 esac
 
 start=$(date +%s)
-cmake --preset "$preset" "${launcher[@]}" >/dev/null
+if [[ $steps != test ]]; then
+  cmake --preset "$preset" "${launcher[@]}" >/dev/null
+  if [[ $preset == asan ]]; then
+    build_quietly "sanitize $preset" "build-$preset" || exit 1
+  else
+    build_quietly "sanitize $preset" "build-$preset" --target "${binaries[@]/gpu_test.strict/gpu_test}" || exit 1
+  fi
+fi
+built=$(date +%s)
+if [[ $steps == build ]]; then
+  echo "sanitize $preset: built ($((built - start)) s)"
+  exit 0
+fi
 log=$root/build-$preset/sanitize.log
 status=0
 if [[ $preset == asan ]]; then
-  build_quietly "sanitize $preset" "build-$preset" || exit 1
-  built=$(date +%s)
   (cd "build-$preset" && ctest --output-on-failure -j "$(nproc)" --timeout 900 -L "$labels" -E "$exclude" "$@") |
     tee "$log" || status=$?
   summary=$(grep -E 'tests passed|tests failed' "$log" | tail -n 1)
 else
-  build_quietly "sanitize $preset" "build-$preset" --target "${binaries[@]/gpu_test.strict/gpu_test}" || exit 1
-  built=$(date +%s)
   : >"$log"
   # As many binaries at once as there are cores, the longest first (the list's order, measured
-  # 2026-11-28: 134, 129, 103, 91, 89, 61, 57, 55, 39 s two at a time on 2 cores; 397 s in all).
+  # 2026-11-29 two at a time on 2 cores: 84, 82, 79, 64, 62, 59, 55, 47, 44, 36, 18, 10 s and less;
+  # 351 s in all).
   results=$(mktemp -d)
   run_one() {
     local binary=$1 one_start result=ok
@@ -129,5 +145,7 @@ else
   summary="$passed passed, $failed failed (test binaries)"
 fi
 end=$(date +%s)
-echo "sanitize $preset: ${summary:-no tests ran} (build $((built - start)) s, tests $((end - built)) s)"
+built_in=" (build $((built - start)) s, tests $((end - built)) s)"
+[[ $steps == test ]] && built_in=" (tests $((end - built)) s)"
+echo "sanitize $preset: ${summary:-no tests ran}$built_in"
 exit "$status"

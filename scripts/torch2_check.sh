@@ -16,7 +16,10 @@
 #   - the CI subset of PyTorch's own DistributedTest (tests/python/c10d/torch_subset.sh).
 # Ranks start under TUTTI_RUN (tutti-run of any build: it does not depend on torch).
 #
-#   torch2_check.sh [--work DIR] [--venv DIR] [--tutti-run PATH]
+#   torch2_check.sh [--work DIR] [--venv DIR] [--tutti-run PATH] [--venv-only]
+#
+# --venv-only makes the venv and ends (scripts/test.sh fetches PyPI's torch so while it builds);
+# a run holds WORK/venv.lock while it makes the venv, so a later run waits for an earlier one.
 #
 # WORK (default build/torch2-check) keeps the venv (unless --venv names one) and pip's CMake build
 # directory (WORK/pip-build): a second run downloads nothing and recompiles only what changed. How
@@ -28,12 +31,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 work=$root/build/torch2-check
 venv=
 tutti_run=$root/build/tools/tutti-run
+venv_only=0
 while (($#)); do
   case $1 in
     --work) work=$2; shift 2 ;;
     --venv) venv=$2; shift 2 ;;
     --tutti-run) tutti_run=$2; shift 2 ;;
-    *) echo "usage: $0 [--work DIR] [--venv DIR] [--tutti-run PATH]" >&2; exit 2 ;;
+    --venv-only) venv_only=1; shift ;;
+    *) echo "usage: $0 [--work DIR] [--venv DIR] [--tutti-run PATH] [--venv-only]" >&2; exit 2 ;;
   esac
 done
 fail() { echo "FAILED: $*"; exit 1; }
@@ -41,7 +46,7 @@ start=$(date +%s)
 step=$start
 took() { local now; now=$(date +%s); echo "ok: $1 ($((now - step)) s)"; step=$now; }
 [[ $tutti_run == /* ]] || tutti_run=$PWD/$tutti_run
-[[ -x $tutti_run ]] || fail "no tutti-run at $tutti_run (build the target tutti-run, or pass --tutti-run)"
+((venv_only)) || [[ -x $tutti_run ]] || fail "no tutti-run at $tutti_run (build the target tutti-run, or pass --tutti-run)"
 mkdir -p "$work" || fail "mkdir $work"
 work=$(cd "$work" && pwd)
 venv=${venv:-$work/venv}
@@ -49,6 +54,7 @@ venv=${venv:-$work/venv}
 python=$venv/bin/python
 
 # 1. The venv, with PyPI's torch. Python >= 3.10 for torch 2.x; never the system's site-packages.
+exec 9>"$work/venv.lock" && flock 9 || fail "locking $work/venv.lock"
 if [[ ! -x $python ]]; then
   /usr/bin/python3 -m venv "$venv" || fail "python3 -m venv $venv"
 fi
@@ -65,6 +71,8 @@ fi
 torch_version=$(env -u PYTHONPATH "$python" -c "import torch; print(torch.__version__)") || fail "import torch"
 [[ $torch_version == 2.* ]] || fail "the venv's torch is $torch_version, not 2.x"
 took "venv $venv with torch $torch_version"
+exec 9>&-
+((venv_only)) && exit 0
 
 # 2. pip install SOURCE, build isolation on (pip fetches scikit-build-core and pybind11 for the
 # build; the modules that pass torch objects compile against the pybind11 of the venv's torch).

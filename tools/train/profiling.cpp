@@ -14,12 +14,6 @@
 
 namespace tutti::train {
 
-namespace {
-
-double seconds(ComputeTimer::Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-}  // namespace
-
 ComputeTimer::ComputeTimer(double stretch) : stretch_(stretch) {
   // The stretch sleeps (see stretch()); a timer slack of 1 ns instead of Linux's default 50 us
   // keeps the short segments of small layers from being stretched far more than asked.

@@ -24,6 +24,9 @@
 
 namespace tutti::train {
 
+// A duration in seconds, for the tables and the timeline.
+inline double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
 class ComputeTimer {
  public:
   using Clock = std::chrono::steady_clock;

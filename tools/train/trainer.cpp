@@ -21,8 +21,6 @@ using Clock = std::chrono::steady_clock;
 constexpr std::int64_t warm_up_steps = 5;  // left out of the step time: allocations, first negotiations
 constexpr std::int64_t eval_batch = 1000;
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
 // Pixels and labels of a split as tensors (copies: the ImageSet goes away).
 std::pair<torch::Tensor, torch::Tensor> tensors_of(const ImageSet& set) {
   const auto n = static_cast<std::int64_t>(set.count);
