@@ -41,13 +41,10 @@ case $preset in
     #                   cores: 2 and 4 minutes of spinning ranks under ASan on 2 cores
     #   soak            a minute of repeated jobs under ASan; its code is the mp suites' (which
     #                   run), and the normal suite runs it
-    #   gpu_strict_diagnostic  a diagnostic (cases expected to fail, ranks as threads, each waiting
-    #                   out a timeout): 72 s under ASan; the strict emulated device's code runs
-    #                   under ASan in gpu_test.strict* and gpu_collectives_test.strict*
     #   package.install installs this build (instrumented) and links a plain consumer against it,
     #                   which has no ASan runtime; it tests packaging, and the normal suite runs it
     labels='unit|mp|fault|hostile|emulated'
-    exclude='^(mpi_|tutti_bench$|plot_|mp_tcp_two_hosts$|cluster_2x2$|mp_shm_direct_p[58]$|soak$|gpu_strict_diagnostic$|package\.install$)'
+    exclude='^(mpi_|tutti_bench$|plot_|mp_tcp_two_hosts$|cluster_2x2$|mp_shm_direct_p[58]$|soak$|package\.install$)'
     ;;
   tsan)
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=$supp/tsan.supp"
@@ -59,8 +56,7 @@ case $preset in
     # progress thread). Each binary runs in one process (not one per test case):
     # only these are built.
     # gpu_test.strict: gpu_test again on the strict emulated device (one context shared by the
-    # rank threads, its queue workers, and the order in which those ranks submit; docs/gpu.md),
-    # without the two destroy cases that are expected to fail there.
+    # rank threads, its queue workers, and the order in which those ranks submit; docs/gpu.md).
     binaries=(shm_direct_test sparse_test gpu_collectives_test collectives_test shm_test transport_conformance_test
               gpu_test.strict gpu_test hierarchical_test tcp_test api_test engine_gpu_test device_test bootstrap_test
               engine_test exec_test)
@@ -120,7 +116,6 @@ else
     one_start=$(date +%s)
     if [[ $binary == gpu_test.strict ]]; then
       TUTTI_EMULATED_STRICT=1 timeout 900 "build-$preset/tests/gpu_test" --gtest_brief=1 "${extra[@]}" \
-        --gtest_filter=-GpuHostTransfer.DestroyWithAHeldStreamDoesNotHang:GpuHostTransfer.DestroyWithAnOperationInFlightRecordsAborted \
         >"$log.$binary" 2>&1 || result=FAILED
     else
       timeout 900 "build-$preset/tests/$binary" --gtest_brief=1 "$tsan_filter" "${extra[@]}" >"$log.$binary" 2>&1 ||

@@ -113,6 +113,16 @@ class Device {
   /// would leave the work pending for ever, so release every flag first. Error(invalid_argument)
   /// for a stream this device did not create.
   virtual void destroy_stream(Stream stream) = 0;
+  /// The streams of this device whose work is not done after `grace` (at a wait for a flag nobody
+  /// has written, or behind a failure), said in words; "" if none. Never waits longer than
+  /// `grace`. A free waits for every stream of the context on CUDA (cudaFree, cudaFreeHost,
+  /// cudaHostUnregister, cudaIpcCloseMemHandle), for ever behind a held one: while this says
+  /// something, memory is left to the device's end (~Ipc), and the device's destructor leaves its
+  /// memory allocated rather than free it behind them.
+  virtual std::string held_streams(std::chrono::milliseconds grace) const {
+    (void)grace;
+    return "";
+  }
   /// Waits until everything enqueued on `stream` is done. For tests and tools: the collectives
   /// never call it. Error(timeout) if that takes longer than `timeout`; an error the stream's work
   /// raised is raised here.

@@ -1,10 +1,12 @@
 #include "device/emulated.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -46,17 +48,44 @@ EmulatedDevice::~EmulatedDevice() {
     return;
   }
   // As ~CudaDevice: cudaStreamDestroy returns at once (the work stays queued), the pinned blocks
-  // go with cudaFreeHost, which waits for every stream of the context.
+  // go with cudaFreeHost, which waits for every stream of the context; unless a stream of this
+  // device is held, when the memory stays allocated (and live: that stream may still use it)
+  // until the context ends, rather than be freed behind it.
+  bool held = false;
   for (auto& [handle, worker] : streams)
-    if (const std::string pending = static_cast<detail::StrictStream&>(*worker).detach(); !pending.empty())
+    if (const std::string pending = static_cast<detail::StrictStream&>(*worker).detach(); !pending.empty()) {
       context_->report("destroying the device: " + pending);
+      held = true;
+    }
   if (pool_stream_) pool_stream_->detach();
+  if (held) {
+    context_->report("destroying the device: its memory is left allocated, not freed behind its held stream(s)");
+    for (auto& [first, allocation] : allocations_)
+      context_->keep([first, allocation] { release(first, allocation); });
+    return;
+  }
   try {
     context_->wait_for_device("~EmulatedDevice: cudaFreeHost (the device's pinned blocks)");
   } catch (const Error& e) {
     context_->report(e.what());
   }
   for (auto& [first, allocation] : allocations_) quarantine(first, allocation, "the device's destruction");
+}
+
+std::string EmulatedDevice::held_streams(std::chrono::milliseconds grace) const {
+  if (!context_) return "";
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  for (;;) {
+    std::string held;
+    {
+      std::lock_guard lock(mutex_);
+      for (const auto& [handle, worker] : streams_)
+        if (std::string waits = static_cast<const detail::StrictStream&>(*worker).pending(); !waits.empty())
+          held += (held.empty() ? "" : "; ") + static_cast<const detail::StrictStream&>(*worker).describe() + ": " + waits;
+    }
+    if (held.empty() || std::chrono::steady_clock::now() >= deadline) return held;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void EmulatedDevice::release(std::uintptr_t first, const Allocation& allocation) {

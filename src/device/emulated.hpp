@@ -47,13 +47,18 @@ class EmulatedDevice final : public Device {
   EmulatedDevice(const detail::StrictSettings& settings, int ordinal);
   /// Destroys the streams still open (as destroy_stream) and frees the memory still allocated.
   /// Strict: the streams' work stays queued (held waits reported), the memory goes to the
-  /// quarantine, and the device-wide wait of cudaFreeHost is modelled (a hang is reported).
+  /// quarantine, and the device-wide wait of cudaFreeHost is modelled (a hang is reported); but
+  /// if one of its own streams is held, the memory stays allocated and live until the context
+  /// ends, as ~CudaDevice leaves it rather than free it behind that stream.
   ~EmulatedDevice() override;
 
   Kind kind() const override { return Kind::emulated; }
   std::string name() const override { return context_ ? "emulated (strict)" : "emulated"; }
   std::uintptr_t queue_domain() const override { return reinterpret_cast<std::uintptr_t>(context_.get()); }
   bool strict() const { return context_ != nullptr; }
+  /// Strict mode: the streams held at (or with a queued) wait_value whose flag is not written
+  /// (polled until `grace` has passed). Otherwise "": destroying a stream releases its waits.
+  std::string held_streams(std::chrono::milliseconds grace) const override;
   /// The strict context (nullptr when not strict): its reports, for tests and tools.
   const detail::EmulatedContext* context() const { return context_.get(); }
 

@@ -236,18 +236,26 @@ std::string StrictStream::blocked_by() const {
 }
 
 std::string StrictStream::detach() {
+  {
+    std::lock_guard lock(queue_.mutex);
+    if (destroyed_) return "";
+    destroyed_ = true;
+  }
+  const std::string waits = pending();
+  if (waits.empty()) return "";
+  return describe() + " was destroyed with waits pending (" + waits +
+         "): CUDA keeps its work pending, and everything behind it on hardware queue " + std::to_string(queue_.index) +
+         " waits with it until they are satisfied";
+}
+
+std::string StrictStream::pending() const {
   std::lock_guard lock(queue_.mutex);
-  if (destroyed_) return "";
-  destroyed_ = true;
   std::string pending;
   // Flags only: a wait_event's record may still be queued on another stream, and completes.
   if (queue_.held_stream == this && queue_.held_flag != nullptr) pending = queue_.held_description(Clock::now());
   for (const PendingWait& wait : waits_)
     if (wait.flag && !wait.satisfied()) pending += (pending.empty() ? "" : "; ") + std::string("queued: ") + wait.what;
-  if (pending.empty()) return "";
-  return describe() + " was destroyed with waits pending (" + pending +
-         "): CUDA keeps its work pending, and everything behind it on hardware queue " + std::to_string(queue_.index) +
-         " waits with it until they are satisfied";
+  return pending;
 }
 
 // ---- the context ----
@@ -283,6 +291,12 @@ EmulatedContext::~EmulatedContext() {
   queues_.clear();  // each ends its thread once its held wait gave up and the rest was dropped
   host_thread_.join();
   for (auto& [first, quarantined] : quarantine_) quarantined.release();
+  for (auto& release : kept_) release();
+}
+
+void EmulatedContext::keep(std::function<void()> release) {
+  std::lock_guard lock(mutex_);
+  kept_.push_back(std::move(release));
 }
 
 // ---- host functions: one thread, one at a time ----

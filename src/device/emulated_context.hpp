@@ -74,6 +74,9 @@ class StrictStream final : public EmulatedStream, public std::enable_shared_from
   /// wait_values whose flag is not there yet (they will hold its queue until someone writes them;
   /// the interface asks callers to release every flag before they destroy a stream).
   std::string detach();
+  /// The waits left pending: the wait_value it is held at, and queued wait_values whose flag is
+  /// not there yet; "" if none.
+  std::string pending() const;
 
   int id() const { return id_; }
   /// "" or the held wait at the head of this stream's queue, which holds this stream's work.
@@ -138,6 +141,9 @@ class EmulatedContext {
   /// Keeps [p, p + bytes) out of use: `release` frees it once the quarantine holds more than its
   /// limit (oldest first) or the context ends. `poison`: fill it with 0xDB bytes first.
   void quarantine(void* p, std::size_t bytes, std::string what, bool poison, std::function<void()> release);
+  /// Keeps memory that a destroyed device left allocated behind a held stream (live, not poisoned:
+  /// the stream may still use it): `release` frees it when the context ends, after its queues.
+  void keep(std::function<void()> release);
   /// Raises (a fault, on a queue's thread) if [p, p + bytes) touches quarantined memory.
   void check_live(const void* p, std::size_t bytes, const char* function, const char* what) const;
 
@@ -165,6 +171,7 @@ class EmulatedContext {
     std::function<void()> release;
   };
   std::map<std::uintptr_t, Quarantined> quarantine_;
+  std::vector<std::function<void()>> kept_;  // keep()
   std::deque<std::uintptr_t> quarantine_order_;
   std::size_t quarantine_total_ = 0;
   std::vector<std::string> reports_;

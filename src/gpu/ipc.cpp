@@ -152,8 +152,11 @@ Ipc::~Ipc() {
       }
   }
   // Memory a stream of this rank may still touch (operations in flight, or a failure) stays: the
-  // device frees its own allocations when it goes (after its streams' queued work).
-  if (!idle) return;
+  // device frees its own allocations when it goes (after its streams' queued work). So does all
+  // of it while a stream of the device is busy (held by the caller's flag, another backend's
+  // operation): each free below waits for every stream of the context on CUDA, for ever behind a
+  // held one, and the device's destructor leaves its memory allocated if that stream still is.
+  if (!idle || !device_->held_streams(std::chrono::milliseconds(0)).empty()) return;
   for (std::size_t r = 0; r < staging_.size(); ++r)
     if (static_cast<int>(r) != rank_) device_->close_shared(staging_[r]);
   if (peers_done) device_->free(mine_);

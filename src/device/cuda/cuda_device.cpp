@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -15,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/log.hpp"
 #include "device/checks.hpp"
 #include "device/cuda/implicit_sync.hpp"
 #include "device/cuda/kernels.hpp"
@@ -23,6 +25,11 @@
 
 namespace tutti::device::cuda {
 namespace {
+
+// How long a device's destruction waits for its streams to finish their work before it takes one
+// for held (at a wait_value nobody will satisfy) and leaves its memory allocated rather than free
+// it behind that stream; the strict emulated device's hold limit alike.
+constexpr std::chrono::milliseconds held_stream_grace{2000};
 
 [[noreturn]] void invalid(const char* function, const std::string& what) {
   throw Error(ErrorCode::invalid_argument, std::string("tutti::device::") + function + " (cuda): " + what);
@@ -121,8 +128,20 @@ class CudaDevice final : public Device {
 
   ~CudaDevice() override {
     select();
+    const std::string held = held_streams(held_stream_grace);
     for (void* s : streams_) cudaStreamDestroy(static_cast<cudaStream_t>(s));
     for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+    if (!held.empty()) {
+      // Every call below may wait for every stream of the context (implicit_sync.hpp), the held
+      // one included, for ever if nothing releases it: what the device made stays allocated and
+      // mapped for the life of the process instead (the held stream may still touch it).
+      core::log(core::LogLevel::warn, -1,
+                "tutti::device: " + name_ + " destroyed while " + held +
+                    ": its memory is left allocated, not freed behind them (a free would wait for them)");
+      if (pool_stream_) cudaStreamDestroy(pool_stream_);
+      pinned_->abandon();
+      return;
+    }
     for (void* p : opened_) implicit_sync::ipc_close(p);
     for (void* p : registered_) implicit_sync::host_unregister(p);
     for (void* p : device_memory_) {
@@ -131,6 +150,27 @@ class CudaDevice final : public Device {
     }
     if (pool_stream_) cudaStreamDestroy(pool_stream_);
     pinned_->close();
+  }
+
+  // cudaStreamQuery, which never waits, every millisecond until `grace` has passed.
+  std::string held_streams(std::chrono::milliseconds grace) const override {
+    std::vector<void*> streams;
+    {
+      std::lock_guard lock(mutex_);
+      streams.assign(streams_.begin(), streams_.end());
+    }
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    for (;;) {
+      std::size_t busy = 0;
+      for (void* s : streams)
+        if (cudaStreamQuery(static_cast<cudaStream_t>(s)) == cudaErrorNotReady) ++busy;
+      cudaGetLastError();  // cudaErrorNotReady is no failure
+      if (busy == 0) return "";
+      if (std::chrono::steady_clock::now() >= deadline)
+        return std::to_string(busy) + " of its " + std::to_string(streams.size()) +
+               " streams still had work queued after " + std::to_string(grace.count()) + " ms";
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 
   Kind kind() const override { return Kind::cuda; }
@@ -468,7 +508,7 @@ class CudaDevice final : public Device {
   kernels::DefaultNan nan_ = host_default_nan();
   WriteValue32 write_value32_ = nullptr;
   WaitValue32 wait_value32_ = nullptr;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::unordered_set<void*> streams_, events_, device_memory_;
   std::shared_ptr<PinnedBlocks> pinned_ = std::make_shared<PinnedBlocks>(  // allocate_pinned's and copy's
       [](void** block, std::size_t bytes) {

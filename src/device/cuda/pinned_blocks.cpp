@@ -42,6 +42,13 @@ bool PinnedBlocks::give_back(void* block) {
   return true;
 }
 
+void PinnedBlocks::abandon() {
+  std::lock_guard lock(mutex_);
+  closed_ = true;
+  free_.clear();
+  out_.clear();
+}
+
 void PinnedBlocks::close() {
   std::vector<void*> blocks;
   {

@@ -35,6 +35,10 @@ class PinnedBlocks {
   /// stream's host function may still use: they stay allocated for the life of the process. The
   /// frees run without the lock (a host function may give a block back meanwhile).
   void close();
+  /// At the device's end while one of its streams is still held: as close, but frees nothing
+  /// (each cudaFreeHost would wait for that stream): every block stays allocated for the life of
+  /// the process.
+  void abandon();
 
  private:
   struct Out {
