@@ -60,8 +60,7 @@ EmulatedDevice::~EmulatedDevice() {
   if (pool_stream_) pool_stream_->detach();
   if (held) {
     context_->report("destroying the device: its memory is left allocated, not freed behind its held stream(s)");
-    for (auto& [first, allocation] : allocations_)
-      context_->keep([first, allocation] { release(first, allocation); });
+    for (auto& [first, allocation] : allocations_) context_->keep([first, allocation] { release(first, allocation); });
     return;
   }
   try {
@@ -81,7 +80,8 @@ std::string EmulatedDevice::held_streams(std::chrono::milliseconds grace) const 
       std::lock_guard lock(mutex_);
       for (const auto& [handle, worker] : streams_)
         if (std::string waits = static_cast<const detail::StrictStream&>(*worker).pending(); !waits.empty())
-          held += (held.empty() ? "" : "; ") + static_cast<const detail::StrictStream&>(*worker).describe() + ": " + waits;
+          held +=
+              (held.empty() ? "" : "; ") + static_cast<const detail::StrictStream&>(*worker).describe() + ": " + waits;
     }
     if (held.empty() || std::chrono::steady_clock::now() >= deadline) return held;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -473,10 +473,11 @@ TEST(GpuHostTransfer, DestroyWithAnOperationInFlightRecordsAborted) {
     ASSERT_TRUE(error.has_value());
     const ErrorCode expected = ordered ? ErrorCode::timeout : ErrorCode::aborted;
     EXPECT_EQ(error->code(), expected) << error->what();
-    EXPECT_NE(std::string(error->what())
-                  .find(ordered ? "rank(s) 1 (threads of this process on the same device) did not issue it within 2000 ms"
-                                : "destroyed with operations 1 to 1 in flight"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(error->what())
+            .find(ordered ? "rank(s) 1 (threads of this process on the same device) did not issue it within 2000 ms"
+                          : "destroyed with operations 1 to 1 in flight"),
+        std::string::npos)
         << error->what();
     EXPECT_EQ(error_code_of([&] { record->check(); }), expected);
     // No sum of two ranks' inputs can be in the output: rank 1 never sent any.
