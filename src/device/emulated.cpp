@@ -60,7 +60,8 @@ EmulatedDevice::~EmulatedDevice() {
   if (pool_stream_) pool_stream_->detach();
   if (held) {
     context_->report("destroying the device: its memory is left allocated, not freed behind its held stream(s)");
-    for (auto& [first, allocation] : allocations_) context_->keep([first, allocation] { release(first, allocation); });
+    for (const auto& [first, allocation] : allocations_)
+      context_->keep([first = first, allocation = allocation] { release(first, allocation); });
     return;
   }
   try {
