@@ -1,8 +1,10 @@
 // Argument checks shared by the implementations, and the choice of device (TUTTI_DEVICE).
 #include "device/device.hpp"
 
+#include <chrono>
 #include <limits>
 #include <string>
+#include <thread>
 
 #include "core/env.hpp"
 #include "device/checks.hpp"
@@ -12,6 +14,15 @@
 #endif
 
 namespace tutti::device {
+
+std::string Device::held_streams(std::chrono::milliseconds grace) const {
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  for (;;) {
+    std::string held = held_streams_now();
+    if (held.empty() || std::chrono::steady_clock::now() >= deadline) return held;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 namespace detail {
 namespace {
 

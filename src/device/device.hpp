@@ -119,10 +119,7 @@ class Device {
   /// cudaHostUnregister, cudaIpcCloseMemHandle), for ever behind a held one: while this says
   /// something, memory is left to the device's end (~Ipc), and the device's destructor leaves its
   /// memory allocated rather than free it behind them.
-  virtual std::string held_streams(std::chrono::milliseconds grace) const {
-    (void)grace;
-    return "";
-  }
+  std::string held_streams(std::chrono::milliseconds grace) const;
   /// Waits until everything enqueued on `stream` is done. For tests and tools: the collectives
   /// never call it. Error(timeout) if that takes longer than `timeout`; an error the stream's work
   /// raised is raised here.
@@ -182,6 +179,11 @@ class Device {
   /// Work enqueued on `stream` after this call waits until the event's latest record (as of this
   /// call) is complete; the host call returns at once.
   virtual void wait_event(Stream stream, Event event) = 0;
+
+ protected:
+  /// held_streams without waiting: the streams whose work is not done now, in words; "" if none
+  /// (the default: a device whose frees never wait for its streams).
+  virtual std::string held_streams_now() const { return ""; }
 };
 
 /// A device of the given kind: the emulated device, or CUDA device `ordinal`.

@@ -1,12 +1,10 @@
 #include "device/emulated.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -72,21 +70,16 @@ EmulatedDevice::~EmulatedDevice() {
   for (auto& [first, allocation] : allocations_) quarantine(first, allocation, "the device's destruction");
 }
 
-std::string EmulatedDevice::held_streams(std::chrono::milliseconds grace) const {
+std::string EmulatedDevice::held_streams_now() const {
   if (!context_) return "";
-  const auto deadline = std::chrono::steady_clock::now() + grace;
-  for (;;) {
-    std::string held;
-    {
-      std::lock_guard lock(mutex_);
-      for (const auto& [handle, worker] : streams_)
-        if (std::string waits = static_cast<const detail::StrictStream&>(*worker).pending(); !waits.empty())
-          held +=
-              (held.empty() ? "" : "; ") + static_cast<const detail::StrictStream&>(*worker).describe() + ": " + waits;
-    }
-    if (held.empty() || std::chrono::steady_clock::now() >= deadline) return held;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::string held;
+  std::lock_guard lock(mutex_);
+  for (const auto& [handle, worker] : streams_) {
+    const auto& stream = static_cast<const detail::StrictStream&>(*worker);
+    if (std::string waits = stream.pending(); !waits.empty())
+      held += (held.empty() ? "" : "; ") + stream.describe() + ": " + waits;
   }
+  return held;
 }
 
 void EmulatedDevice::release(std::uintptr_t first, const Allocation& allocation) {

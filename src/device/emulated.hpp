@@ -56,9 +56,6 @@ class EmulatedDevice final : public Device {
   std::string name() const override { return context_ ? "emulated (strict)" : "emulated"; }
   std::uintptr_t queue_domain() const override { return reinterpret_cast<std::uintptr_t>(context_.get()); }
   bool strict() const { return context_ != nullptr; }
-  /// Strict mode: the streams held at (or with a queued) wait_value whose flag is not written
-  /// (polled until `grace` has passed). Otherwise "": destroying a stream releases its waits.
-  std::string held_streams(std::chrono::milliseconds grace) const override;
   /// The strict context (nullptr when not strict): its reports, for tests and tools.
   const detail::EmulatedContext* context() const { return context_.get(); }
 
@@ -103,6 +100,11 @@ class EmulatedDevice final : public Device {
   void adopt(void* pointer, std::size_t bytes);
   /// Ends what adopt began; Error(invalid_argument) for a pointer adopt did not get.
   void forget(void* pointer);
+
+ protected:
+  /// Strict mode: the streams held at (or with a queued) wait_value whose flag is not written.
+  /// Otherwise "": destroying a stream releases its waits.
+  std::string held_streams_now() const override;
 
  private:
   enum class Memory { device, pinned, adopted, opened };

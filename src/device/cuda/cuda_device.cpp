@@ -136,7 +136,8 @@ class CudaDevice final : public Device {
       // one included, for ever if nothing releases it: what the device made stays allocated and
       // mapped for the life of the process instead (the held stream may still touch it).
       core::log(core::LogLevel::warn, -1,
-                "tutti::device: " + name_ + " destroyed while " + held +
+                "tutti::device: " + name_ + " destroyed while " + held + " after " +
+                    std::to_string(held_stream_grace.count()) + " ms" +
                     ": its memory is left allocated, not freed behind them (a free would wait for them)");
       if (pool_stream_) cudaStreamDestroy(pool_stream_);
       pinned_->abandon();
@@ -152,25 +153,15 @@ class CudaDevice final : public Device {
     pinned_->close();
   }
 
-  // cudaStreamQuery, which never waits, every millisecond until `grace` has passed.
-  std::string held_streams(std::chrono::milliseconds grace) const override {
-    std::vector<void*> streams;
-    {
-      std::lock_guard lock(mutex_);
-      streams.assign(streams_.begin(), streams_.end());
-    }
-    const auto deadline = std::chrono::steady_clock::now() + grace;
-    for (;;) {
-      std::size_t busy = 0;
-      for (void* s : streams)
-        if (cudaStreamQuery(static_cast<cudaStream_t>(s)) == cudaErrorNotReady) ++busy;
-      cudaGetLastError();  // cudaErrorNotReady is no failure
-      if (busy == 0) return "";
-      if (std::chrono::steady_clock::now() >= deadline)
-        return std::to_string(busy) + " of its " + std::to_string(streams.size()) +
-               " streams still had work queued after " + std::to_string(grace.count()) + " ms";
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+  // cudaStreamQuery, which never waits.
+  std::string held_streams_now() const override {
+    std::lock_guard lock(mutex_);
+    std::size_t busy = 0;
+    for (void* s : streams_)
+      if (cudaStreamQuery(static_cast<cudaStream_t>(s)) == cudaErrorNotReady) ++busy;
+    cudaGetLastError();  // cudaErrorNotReady is no failure
+    if (busy == 0) return "";
+    return std::to_string(busy) + " of its " + std::to_string(streams_.size()) + " streams still had work queued";
   }
 
   Kind kind() const override { return Kind::cuda; }
