@@ -21,7 +21,7 @@
 #include "device/cuda/implicit_sync.hpp"
 #include "device/cuda/kernels.hpp"
 #include "device/cuda/pinned_blocks.hpp"
-#include "reduce/reduce.hpp"
+#include "device/cuda/runtime.hpp"
 
 namespace tutti::device::cuda {
 namespace {
@@ -33,67 +33,6 @@ constexpr std::chrono::milliseconds held_stream_grace{2000};
 
 [[noreturn]] void invalid(const char* function, const std::string& what) {
   throw Error(ErrorCode::invalid_argument, std::string("tutti::device::") + function + " (cuda): " + what);
-}
-
-void check(cudaError_t status, const char* function) {
-  if (status == cudaSuccess) return;
-  cudaGetLastError();  // clears a non-sticky error
-  throw Error(ErrorCode::system, std::string("tutti::device::") + function + " (cuda): " + cudaGetErrorName(status) +
-                                     ": " + cudaGetErrorString(status));
-}
-
-void check(CUresult status, const char* function) {
-  if (status != CUDA_SUCCESS)
-    throw Error(ErrorCode::system,
-                std::string("tutti::device::") + function + " (cuda): driver error " + std::to_string(status));
-}
-
-cudaStream_t native(Stream stream) { return static_cast<cudaStream_t>(stream.handle); }
-cudaEvent_t native(Event event) { return static_cast<cudaEvent_t>(event.handle); }
-
-// The host's default NaN, from the host kernels themselves.
-kernels::DefaultNan host_default_nan() {
-  const float f[2] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
-  const double d[2] = {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
-  float fr = 0;
-  double dr = 0;
-  reduce::apply(ReduceOp::sum, DataType::f32, &fr, &f[0], &f[1], 1);
-  reduce::apply(ReduceOp::sum, DataType::f64, &dr, &d[0], &d[1], 1);
-  return {kernels::bits_as<std::uint32_t>(fr), kernels::bits_as<std::uint64_t>(dr)};
-}
-
-using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-
-template <class F>
-F driver_entry(const char* symbol) {
-  void* entry = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t status = cudaGetDriverEntryPointByVersion(symbol, &entry, 12000, cudaEnableDefault, &found);
-  if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || entry == nullptr)
-    throw Error(ErrorCode::unsupported, std::string("tutti::device (cuda): the driver has no ") + symbol);
-  return reinterpret_cast<F>(entry);
-}
-
-// This process's shared allocations by handle: CUDA cannot open a handle in the process that made
-// it, so ranks that are threads of one process use the owner's pointer instead.
-struct LocalShared {
-  std::mutex mutex;
-  std::vector<std::pair<IpcHandle, void*>> made;
-  void* find(const IpcHandle& handle) {
-    std::lock_guard lock(mutex);
-    for (auto& [h, p] : made)
-      if (std::memcmp(h.bytes, handle.bytes, sizeof(h.bytes)) == 0) return p;
-    return nullptr;
-  }
-  void erase(void* p) {
-    std::lock_guard lock(mutex);
-    std::erase_if(made, [&](const auto& entry) { return entry.second == p; });
-  }
-};
-LocalShared& local_shared() {
-  static LocalShared shared;
-  return shared;
 }
 
 class CudaDevice final : public Device {
