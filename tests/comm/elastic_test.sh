@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Elastic jobs (include/tutti/elastic.hpp) with ranks as processes started by hand, as a launcher
+# would start them, over a private file store:
+#   kill   rank 2 of 4 is killed (SIGKILL) mid-run, a new rank joins while the 3 survivors train:
+#          every rank ends with the exact state, on 4 ranks, in a later generation;
+#   stop   rank 1 of 3 stops (SIGSTOP): the others time out, go on as 2 and finish; continued,
+#          the stopped rank is refused by name;
+#   leave  rank 3 of 4 leaves (Job::leave) and exits: the others go on as 3 at once;
+#   min    with a minimum of 3 ranks, losing 1 of 3 ends the job on every survivor with a clear
+#          error, and the last committed state is in the checkpoint;
+#   bounds a minimum above the maximum is refused.
+# Each case bounds its time; the store and any shared-memory segment of the job are removed.
+#
+#   elastic_test.sh ELASTIC_PROGRAM TRANSPORT
+set -uo pipefail
+program=$1
+transport=$2
+work=$(mktemp -d)
+chmod 700 "$work"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do pkill -KILL -P "$pid" 2>/dev/null; pkill -CONT -P "$pid" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$work"
+  rm -f /dev/shm/tutti-*elastic-$$-* 2>/dev/null
+}
+trap cleanup EXIT
+fail() {
+  echo "FAILED: $*"
+  for f in "$work"/*.out; do [[ -f $f ]] && { echo "--- $(basename "$f")"; cat "$f"; }; done
+  exit 1
+}
+
+export TUTTI_TRANSPORT=$transport TUTTI_TOKEN=elastic-test-token-$$
+case_number=0
+# start NAME [VAR=VALUE...] -- ARGS: one rank in the background, its output in WORK/NAME.out; pid_NAME
+# is its `timeout`, whose child is the rank.
+start() {
+  local name=$1
+  shift
+  local vars=()
+  while [[ $1 != -- ]]; do vars+=("$1"); shift; done
+  shift
+  env -u TUTTI_RANK -u TUTTI_SIZE "${vars[@]}" timeout 120 "$program" "$@" >"$work/$name.out" 2>&1 &
+  pids+=($!)
+  eval "pid_$name=$!"
+}
+# new_job: a store and job id of its own for the next case.
+new_job() {
+  case_number=$((case_number + 1))
+  export TUTTI_JOB_ID=elastic-$$-$case_number
+  mkdir -m 700 "$work/store$case_number"
+  export TUTTI_STORE=file://$work/store$case_number
+}
+expect_exit() {  # NAME CODE
+  local pid_var=pid_$1
+  wait "${!pid_var}"
+  local code=$?
+  [[ $code == "$2" ]] || fail "$1 exited with $code, expected $2"
+}
+expect_line() {  # NAME PATTERN
+  grep -qE "$2" "$work/$1.out" || fail "$1 printed no line matching '$2'"
+}
+await_line() {  # NAME PATTERN: within 60 s
+  for _ in $(seq 600); do grep -qE "$2" "$work/$1.out" && return; sleep 0.1; done
+  fail "$1 printed no line matching '$2' within 60 s"
+}
+
+steps=400
+# ---- kill: 4 ranks, rank 2 killed at step 60; once the 3 others go on, a rank joins ----
+new_job
+for r in 0 1 2 3; do start k$r TUTTI_RANK=$r TUTTI_SIZE=4 TUTTI_TIMEOUT_MS=20000 -- $steps 5 10 2 60 kill; done
+expect_exit k2 137
+await_line k0 "^generation 1: rank 0 of 3 from step 60 after [0-9]+ ms$"
+start kj TUTTI_ELASTIC_JOIN=1 TUTTI_TIMEOUT_MS=20000 -- $steps 5 10
+for r in 0 1 3; do
+  expect_exit k$r 0
+  expect_line k$r "^done rank [0-2] of 4 generation 2 steps $steps recovered_ms [0-9]+"
+done
+expect_exit kj 0
+expect_line kj "^generation 2: rank 3 of 4 from step [0-9]*[05] after -1 ms$"
+expect_line kj "^done rank 3 of 4 generation 2 steps $steps"
+echo "ok: kill -9 one rank of 4, a rank joins: 4 ranks finish with the exact state"
+grep -h "^generation\|^done" "$work"/k0.out "$work"/kj.out
+
+# ---- stop: 3 ranks, rank 1 stops at step 40; 2 go on; continued, rank 1 is refused ----
+new_job
+for r in 0 1 2; do
+  start s$r TUTTI_RANK=$r TUTTI_SIZE=3 TUTTI_TIMEOUT_MS=3000 TUTTI_ELASTIC_TIMEOUT_MS=3000 -- 200 5 10 1 40 stop
+done
+for r in 0 2; do
+  expect_exit s$r 0
+  expect_line s$r "^done rank [01] of 2 generation 1 steps 200"
+done
+pkill -CONT -P "$pid_s1"
+expect_exit s1 1
+expect_line s1 "^error: elastic: .*:[0-9]+:[0-9a-f]+ \(rank 1 of generation 0\) is not a member of generation 1"
+echo "ok: a stopped rank of 3 is left behind after the timeout; continued, it is refused by name"
+
+# ---- leave: rank 3 of 4 leaves at step 30; the others go on as 3 without waiting ----
+new_job
+for r in 0 1 2 3; do
+  start l$r TUTTI_RANK=$r TUTTI_SIZE=4 TUTTI_TIMEOUT_MS=20000 TUTTI_ELASTIC_TIMEOUT_MS=20000 -- 150 5 10 3 30 leave
+done
+expect_exit l3 0
+for r in 0 1 2; do
+  expect_exit l$r 0
+  expect_line l$r "^done rank [0-2] of 3 generation 1 steps 150"
+done
+echo "ok: a rank that leaves is not waited for"
+
+# ---- min: a minimum of 3, rank 0 of 3 killed: the job ends with the state in the checkpoint ----
+new_job
+for r in 0 1 2; do
+  start m$r TUTTI_RANK=$r TUTTI_SIZE=3 TUTTI_TIMEOUT_MS=20000 TUTTI_ELASTIC_MIN_RANKS=3 \
+    ELASTIC_CHECKPOINT="$work/last.state" -- 200 7 10 0 50 kill
+done
+expect_exit m0 137
+for r in 1 2; do
+  expect_exit m$r 1
+  expect_line m$r "^error: elastic: generation 1: 2 rank\(s\); lost .* \(gone\).*fewer than the minimum of 3 ranks, the job ends; the last committed state is in $work/last.state"
+done
+[[ $(stat -c %a "$work/last.state") == 600 ]] || fail "the checkpoint's mode is $(stat -c %a "$work/last.state"), not 600"
+# The checkpoint: step (u64) then 257 doubles, each equal to the step, a multiple of 7 by step 49.
+python3 - "$work/last.state" <<'EOF' || fail "the checkpoint does not hold the last commit"
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+assert len(data) == 8 + 257 * 8, len(data)
+step = struct.unpack_from("<Q", data)[0]
+x = struct.unpack_from("<257d", data, 8)
+assert step == 49, step
+assert all(v == step for v in x), x[:3]
+print(f"ok: the checkpoint holds the commit at step {step}")
+EOF
+echo "ok: below the minimum every survivor ends with a clear error, the last commit in the checkpoint"
+
+# ---- bounds ----
+new_job
+start b0 TUTTI_RANK=0 TUTTI_SIZE=1 TUTTI_ELASTIC_MIN_RANKS=5 TUTTI_ELASTIC_MAX_RANKS=4 -- 10 5 0
+expect_exit b0 1
+expect_line b0 "^error: elastic: min_ranks 5 and max_ranks 4 .* do not bound any size"
+echo "ok: bounds that admit no size are refused"
+
+shopt -s nullglob
+left=(/dev/shm/tutti-*elastic-$$-*)
+((${#left[@]} == 0)) || fail "segments left behind: ${left[*]}"
+echo "PASSED"
