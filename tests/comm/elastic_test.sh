@@ -8,13 +8,16 @@
 #   leave  rank 3 of 4 leaves (Job::leave) and exits: the others go on as 3 at once;
 #   min    with a minimum of 3 ranks, losing 1 of 3 ends the job on every survivor with a clear
 #          error, and the last committed state is in the checkpoint;
-#   bounds a minimum above the maximum is refused.
+#   bounds a minimum above the maximum is refused;
+# and through tutti-run --elastic: a rank killed, SIGUSR1 starts a joiner, a rank started by hand
+# from join.env joins, the usage errors; the job's store directory and segments are gone after.
 # Each case bounds its time; the store and any shared-memory segment of the job are removed.
 #
-#   elastic_test.sh ELASTIC_PROGRAM TRANSPORT
+#   elastic_test.sh ELASTIC_PROGRAM TRANSPORT TUTTI_RUN
 set -uo pipefail
 program=$1
 transport=$2
+tutti_run=$3
 work=$(mktemp -d)
 chmod 700 "$work"
 pids=()
@@ -27,7 +30,7 @@ cleanup() {
 trap cleanup EXIT
 fail() {
   echo "FAILED: $*"
-  for f in "$work"/*.out; do [[ -f $f ]] && { echo "--- $(basename "$f")"; cat "$f"; }; done
+  for f in "$work"/*.out "$work"/*.err; do [[ -f $f ]] && { echo "--- $(basename "$f")"; cat "$f"; }; done
   exit 1
 }
 
@@ -66,7 +69,7 @@ await_line() {  # NAME PATTERN: within 60 s
   fail "$1 printed no line matching '$2' within 60 s"
 }
 
-steps=400
+steps=600
 # ---- kill: 4 ranks, rank 2 killed at step 60; once the 3 others go on, a rank joins ----
 new_job
 for r in 0 1 2 3; do start k$r TUTTI_RANK=$r TUTTI_SIZE=4 TUTTI_TIMEOUT_MS=20000 -- $steps 5 10 2 60 kill; done
@@ -144,4 +147,61 @@ echo "ok: bounds that admit no size are refused"
 shopt -s nullglob
 left=(/dev/shm/tutti-*elastic-$$-*)
 ((${#left[@]} == 0)) || fail "segments left behind: ${left[*]}"
+
+# ---- tutti-run --elastic ----
+unset TUTTI_STORE TUTTI_JOB_ID TUTTI_TOKEN
+export TMPDIR=$work
+# run_job NAME ARGS...: tutti-run in the background, bounded; its stdout in NAME.out, stderr in
+# NAME.err; pid_NAME is the timeout's, tr_NAME tutti-run's own.
+run_job() {
+  local name=$1
+  shift
+  timeout -s KILL 120 "$tutti_run" --transport "$transport" "$@" >"$work/$name.out" 2>"$work/$name.err" &
+  eval "pid_$name=$!"
+  pids+=($!)
+  local timeout_pid=$!
+  for _ in $(seq 100); do
+    tr=$(pgrep -P "$timeout_pid" -x tutti-run) && break
+    sleep 0.05
+  done
+  eval "tr_$name=$tr"
+}
+# The kill case under tutti-run; once the 3 survivors train, SIGUSR1 starts a joiner.
+run_job r1 -n 4 --elastic --min-ranks 2 --max-ranks 4 -x TUTTI_TIMEOUT_MS=20000 -- "$program" 600 5 10 2 60 kill
+await_line r1 "^\[[0-9]\] generation 1: rank 0 of 3 from step 60"
+kill -USR1 "$tr_r1"
+expect_exit r1 0
+[[ $(grep -c "^\[[0-9]\] done rank [0-3] of 4 generation 2 steps 600" "$work/r1.out") == 4 ]] ||
+  fail "tutti-run --elastic: not 4 ranks done in generation 2"
+grep -q "^\[4\] done rank 3 of 4" "$work/r1.out" || fail "the joiner (tagged [4]) did not finish as rank 3"
+grep -q "rank 2 (pid [0-9]*) killed by signal 9 (Killed); the elastic job goes on without it" "$work/r1.err" ||
+  fail "tutti-run did not report the killed rank"
+grep -q "started a rank that joins the job (output tagged \[4\]" "$work/r1.err" || fail "no report of the joiner"
+store=$(sed -n 's|.*env $(cat \(.*\)/join.env) PROGRAM$|\1|p' "$work/r1.err")
+[[ -n $store && ! -e $store ]] || fail "tutti-run's store directory '$store' is left behind"
+echo "ok: tutti-run --elastic: a rank killed, SIGUSR1 starts one that joins, 4 ranks finish"
+
+# A rank started by hand from join.env joins a job of 3.
+run_job r2 -n 3 --elastic -x TUTTI_TIMEOUT_MS=20000 -- "$program" 1000 5 10
+for _ in $(seq 100); do grep -q 'join.env' "$work/r2.err" && break; sleep 0.05; done
+join_file=$(sed -n 's|.*env $(cat \(.*/join.env\)) PROGRAM$|\1|p' "$work/r2.err")
+[[ -f $join_file && $(stat -c %a "$join_file") == 600 ]] || fail "no join.env of mode 600 ('$join_file')"
+grep -q '^TUTTI_ELASTIC_JOIN=1$' "$join_file" || fail "join.env lacks TUTTI_ELASTIC_JOIN=1"
+# shellcheck disable=SC2046
+env -u TUTTI_RANK -u TUTTI_SIZE $(cat "$join_file") timeout 120 "$program" 1000 5 10 >"$work/hand.out" 2>&1 &
+pid_hand=$!
+pids+=($!)
+expect_exit r2 0
+expect_exit hand 0
+expect_line hand "^done rank 3 of 4 generation 1 steps 1000"
+[[ $(grep -c "done rank [0-2] of 4 generation 1 steps 1000" "$work/r2.out") == 3 ]] ||
+  fail "the 3 ranks of tutti-run did not finish with the rank started by hand"
+echo "ok: a rank started by hand with join.env joins"
+
+# Usage.
+"$tutti_run" -n 2 --min-ranks 2 true >"$work/u.out" 2>&1
+[[ $? == 2 ]] && grep -q "need --elastic" "$work/u.out" || fail "--min-ranks without --elastic was not refused"
+"$tutti_run" -n 5 --elastic --max-ranks 4 true >"$work/u.out" 2>&1
+[[ $? == 2 ]] && grep -q "\-n 5 is more than --max-ranks 4" "$work/u.out" || fail "-n above --max-ranks was not refused"
+echo "ok: tutti-run refuses bounds it cannot keep"
 echo "PASSED"

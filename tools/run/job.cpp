@@ -1,5 +1,6 @@
 #include "job.hpp"
 
+#include <fcntl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -60,7 +61,7 @@ std::string temp_base() {
 }
 
 constexpr const char* names_set_by_us[] = {"TUTTI_RANK",   "TUTTI_SIZE",  "TUTTI_LOCAL_RANK", "TUTTI_LOCAL_SIZE",
-                                           "TUTTI_JOB_ID", "TUTTI_TOKEN", "TUTTI_STORE"};
+                                           "TUTTI_JOB_ID", "TUTTI_TOKEN", "TUTTI_STORE",      "TUTTI_ELASTIC_JOIN"};
 
 // Whether the environment entry "NAME=value" is one whose NAME is `name`.
 bool entry_names(const char* entry, const std::string& name) {
@@ -131,34 +132,67 @@ void remove_job_files(const std::string& job_id, const std::string& store_dir) {
   }
 }
 
-std::vector<std::vector<std::string>> rank_environments(const Job& job, const JobSettings& settings) {
+namespace {
+
+// What every rank of the job shares: tutti-run's environment, minus what it sets, plus the job's
+// identity and the settings given; no rank and size.
+std::vector<std::string> job_variables(const Job& job, const JobSettings& settings) {
   std::vector<std::string> common;
+  std::vector<std::string> ours;
+  ours.push_back("TUTTI_JOB_ID=" + job.id());
+  ours.push_back("TUTTI_TOKEN=" + job.token());
+  ours.push_back("TUTTI_STORE=" + job.store_url());
+  if (!settings.transport.empty()) ours.push_back("TUTTI_TRANSPORT=" + settings.transport);
+  if (settings.timeout_ms) ours.push_back("TUTTI_TIMEOUT_MS=" + std::to_string(*settings.timeout_ms));
+  if (settings.min_ranks > 0) ours.push_back("TUTTI_ELASTIC_MIN_RANKS=" + std::to_string(settings.min_ranks));
+  if (settings.max_ranks > 0) ours.push_back("TUTTI_ELASTIC_MAX_RANKS=" + std::to_string(settings.max_ranks));
   for (char** e = environ; *e != nullptr; ++e) {
     const bool exported = std::any_of(settings.exported.begin(), settings.exported.end(), [&](const std::string& x) {
       return x.find('=') != std::string::npos && entry_names(*e, x.substr(0, x.find('=')));
     });
     const bool replaced = is_set_by_us(*e) || exported ||
-                          (!settings.transport.empty() && std::strncmp(*e, "TUTTI_TRANSPORT=", 16) == 0) ||
-                          (settings.timeout_ms && std::strncmp(*e, "TUTTI_TIMEOUT_MS=", 17) == 0);
+                          std::any_of(ours.begin(), ours.end(),
+                                      [&](const std::string& x) { return entry_names(*e, x.substr(0, x.find('='))); });
     if (!replaced) common.emplace_back(*e);
   }
   for (const std::string& x : settings.exported)
     if (x.find('=') != std::string::npos) common.push_back(x);
+  common.insert(common.end(), ours.begin(), ours.end());
+  return common;
+}
+
+}  // namespace
+
+std::vector<std::vector<std::string>> rank_environments(const Job& job, const JobSettings& settings) {
+  std::vector<std::string> common = job_variables(job, settings);
   const std::string size = std::to_string(settings.ranks);
   common.push_back("TUTTI_SIZE=" + size);
   common.push_back("TUTTI_LOCAL_SIZE=" + size);
-  common.push_back("TUTTI_JOB_ID=" + job.id());
-  common.push_back("TUTTI_TOKEN=" + job.token());
-  common.push_back("TUTTI_STORE=" + job.store_url());
-  if (!settings.transport.empty()) common.push_back("TUTTI_TRANSPORT=" + settings.transport);
-  if (settings.timeout_ms) common.push_back("TUTTI_TIMEOUT_MS=" + std::to_string(*settings.timeout_ms));
-
   std::vector<std::vector<std::string>> all(static_cast<std::size_t>(settings.ranks), common);
   for (int r = 0; r < settings.ranks; ++r) {
     all[r].push_back("TUTTI_RANK=" + std::to_string(r));
     all[r].push_back("TUTTI_LOCAL_RANK=" + std::to_string(r));
   }
   return all;
+}
+
+std::vector<std::string> joiner_environment(const Job& job, const JobSettings& settings) {
+  std::vector<std::string> variables = job_variables(job, settings);
+  variables.push_back("TUTTI_ELASTIC_JOIN=1");
+  return variables;
+}
+
+std::string write_join_file(const Job& job, const JobSettings& settings) {
+  std::string text;
+  for (const std::string& entry : joiner_environment(job, settings))
+    if (entry.starts_with("TUTTI_")) text += entry + "\n";
+  const std::string path = job.store_dir() + "/join.env";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot write " + path);
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  if (!written) throw std::system_error(EIO, std::generic_category(), "cannot write " + path);
+  return path;
 }
 
 }  // namespace tutti::launcher

@@ -51,6 +51,9 @@ struct JobSettings {
   std::string transport;                // empty: not set
   std::optional<long long> timeout_ms;  // empty: not set
   std::vector<std::string> exported;    // -x: "NAME=value" (set for every rank) or "NAME" (passed as it is)
+  bool elastic = false;                 // --elastic
+  int min_ranks = 0;                    // --min-ranks (0: not set)
+  int max_ranks = 0;                    // --max-ranks (0: not set)
 };
 
 /// Whether tutti-run sets the variable `name` itself (TUTTI_RANK, TUTTI_STORE, ...).
@@ -58,7 +61,17 @@ bool sets_itself(const std::string& name);
 
 /// The environment ("NAME=value" strings) of every rank: tutti-run's own, minus the variables it
 /// sets, plus TUTTI_RANK, TUTTI_SIZE, TUTTI_LOCAL_RANK, TUTTI_LOCAL_SIZE, TUTTI_JOB_ID,
-/// TUTTI_TOKEN, TUTTI_STORE, and TUTTI_TRANSPORT / TUTTI_TIMEOUT_MS when given.
+/// TUTTI_TOKEN, TUTTI_STORE, and TUTTI_TRANSPORT / TUTTI_TIMEOUT_MS / TUTTI_ELASTIC_MIN_RANKS /
+/// TUTTI_ELASTIC_MAX_RANKS when given.
 std::vector<std::vector<std::string>> rank_environments(const Job& job, const JobSettings& settings);
+
+/// The environment of a rank that joins an elastic job: a rank's, without rank and size, with
+/// TUTTI_ELASTIC_JOIN=1.
+std::vector<std::string> joiner_environment(const Job& job, const JobSettings& settings);
+
+/// Writes STORE_DIR/join.env (mode 0600): the variables a rank started by hand needs to join the
+/// elastic job, one NAME=value per line (`env $(cat join.env) PROGRAM`). Returns its path; throws
+/// std::system_error.
+std::string write_join_file(const Job& job, const JobSettings& settings);
 
 }  // namespace tutti::launcher

@@ -31,7 +31,8 @@ constexpr int max_ranks = 1024;
 
 constexpr std::string_view usage_line =
     "usage: tutti-run -n N [--transport shm|tcp] [--timeout-ms T] [--grace-period S] [-x NAME[=VALUE]]\n"
-    "                 [--tag-output | --no-tag-output] [--] PROGRAM [ARGS...]\n";
+    "                 [--elastic [--min-ranks M] [--max-ranks M]] [--tag-output | --no-tag-output]\n"
+    "                 [--] PROGRAM [ARGS...]\n";
 
 constexpr std::string_view usage_text = R"(
 Starts N ranks of PROGRAM on this host, one process each, and supervises them: their output is
@@ -48,6 +49,12 @@ Options (they end at PROGRAM, or at "--"):
                         Default 10; 0 kills them at once; fractions are allowed
   -x NAME[=VALUE]       as mpirun's -x: set NAME to VALUE for every rank (NAME alone passes
                         tutti-run's own value, which the ranks get anyway); repeatable
+  --elastic             an elastic job (tutti::elastic, docs/elastic.md): a rank that fails does
+                        not end the job, the others go on without it; SIGUSR1 to tutti-run
+                        starts a rank that joins at the job's next commit, and DIR/join.env
+                        (printed at the start) holds what a rank started by hand needs to join
+  --min-ranks M         with --elastic: fewer ranks end the job (sets TUTTI_ELASTIC_MIN_RANKS)
+  --max-ranks M         with --elastic: joiners past M ranks wait (sets TUTTI_ELASTIC_MAX_RANKS)
   --tag-output          prefix every line a rank writes with "[RANK] " (default)
   --no-tag-output       forward the ranks' lines as they are
   -h, --help            print this help and exit
@@ -69,7 +76,8 @@ Input and output:
 
 Failures:
   When a rank exits with a non-zero status or is killed by a signal, tutti-run says so on
-  stderr, gives the other ranks the grace period, then kills those still running.
+  stderr, gives the other ranks the grace period, then kills those still running. With
+  --elastic it says so and the others go on; the job ends when every rank has exited.
   SIGINT, SIGTERM and SIGHUP sent to tutti-run are forwarded to every rank; a second one kills
   the ranks (SIGKILL).
 
@@ -82,7 +90,7 @@ Clean-up, whatever happened:
   those left after 2 s, then removes the same files.
 
 Exit status:
-  0          every rank exited with status 0
+  0          every rank exited with status 0 (with --elastic: some rank did)
   S          the status of the first rank that failed (128+SIG if killed by signal SIG)
   128+SIG    every rank exited with 0, but tutti-run received signal SIG
   1          an error of tutti-run itself
@@ -165,6 +173,15 @@ bool apply_option(Options& o, const std::string& name, Value&& value) {
     o.job.exported.push_back(parse_export(value()));
   } else if (name == "--grace-period") {
     o.grace_period_s = parse_seconds(value());
+  } else if (name == "--elastic") {
+    o.job.elastic = true;
+  } else if (name == "--min-ranks" || name == "--max-ranks") {
+    const std::string text = value();
+    const std::optional<long long> n = parse_integer(text);
+    if (!n || *n < 1 || *n > max_ranks)
+      throw UsageError{name + ": expected a number of ranks from 1 to " + std::to_string(max_ranks) + ", got '" + text +
+                       "'"};
+    (name == "--min-ranks" ? o.job.min_ranks : o.job.max_ranks) = static_cast<int>(*n);
   } else if (name == "--tag-output" || name == "--no-tag-output") {
     o.tag_output = name == "--tag-output";
   } else if (name == "-h" || name == "--help") {
@@ -206,6 +223,17 @@ Options parse_options(int argc, char** argv) {
   o.command.assign(argv + i, argv + argc);
   if (o.job.ranks == 0) throw UsageError{"missing -n N (the number of ranks)"};
   if (o.command.empty()) throw UsageError{"missing PROGRAM"};
+  if (!o.job.elastic && (o.job.min_ranks > 0 || o.job.max_ranks > 0))
+    throw UsageError{"--min-ranks and --max-ranks need --elastic"};
+  if (o.job.max_ranks > 0 && o.job.min_ranks > o.job.max_ranks)
+    throw UsageError{"--min-ranks " + std::to_string(o.job.min_ranks) + " is more than --max-ranks " +
+                     std::to_string(o.job.max_ranks)};
+  if (o.job.max_ranks > 0 && o.job.ranks > o.job.max_ranks)
+    throw UsageError{"-n " + std::to_string(o.job.ranks) + " is more than --max-ranks " +
+                     std::to_string(o.job.max_ranks)};
+  if (o.job.min_ranks > o.job.ranks)
+    throw UsageError{"--min-ranks " + std::to_string(o.job.min_ranks) + " is more than -n " +
+                     std::to_string(o.job.ranks)};
   return o;
 }
 
@@ -224,7 +252,13 @@ int run_job(const Options& options, const sigset_t& original_mask) {
   // Started before the supervisor makes tutti-run a child subreaper, so that it is not adopted by
   // tutti-run; ends after the supervisor, checking that no process of the job is left.
   Watchdog watchdog(job);
-  LaunchSpec spec{options.command, rank_environments(job, options.job), options.grace_period_s, options.tag_output};
+  LaunchSpec spec{options.command, rank_environments(job, options.job), options.grace_period_s, options.tag_output,
+                  options.job.elastic ? joiner_environment(job, options.job) : std::vector<std::string>{}};
+  if (options.job.elastic) {
+    report("elastic job: send SIGUSR1 to tutti-run (pid " + std::to_string(::getpid()) +
+           ") to start a rank that joins, or start one by hand: env $(cat " + write_join_file(job, options.job) +
+           ") PROGRAM");
+  }
   Supervisor supervisor(std::move(spec), original_mask);
   return supervisor.run();
 }

@@ -32,7 +32,7 @@ constexpr std::chrono::seconds leftover_limit{3};
 sigset_t job_signals() {
   sigset_t set;
   sigemptyset(&set);
-  for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&set, signo);
+  for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGUSR1}) sigaddset(&set, signo);
   return set;
 }
 
@@ -124,8 +124,34 @@ int Supervisor::run() {
     poll_once();
     check_deadlines();
   }
-  if (first_failure_) return *first_failure_;
+  if (first_failure_ && !(some_rank_succeeded_ && !spec_.joiner.empty())) return *first_failure_;
   return received_signal_ != 0 ? 128 + received_signal_ : 0;
+}
+
+void Supervisor::spawn_joiner() {
+  if (spec_.joiner.empty()) {
+    report("received SIGUSR1, which starts a rank only in an elastic job (--elastic); ignored");
+    return;
+  }
+  if (received_signal_ != 0 || running_ == 0) return;  // the job is ending
+  const int r = static_cast<int>(ranks_.size());
+  spec_.environments.push_back(spec_.joiner);
+  std::vector<char*> argv;
+  for (std::string& arg : spec_.command) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  int exec_errno = 0;
+  const pid_t pid = spawn_rank(r, argv.data(), &exec_errno);
+  spawned_ = true;
+  if (pid < 0) {
+    ranks_.push_back({});  // its streams are there (they end at once): index r stays taken
+    report("cannot start a rank that joins: " + std::string(std::strerror(exec_errno)));
+    return;
+  }
+  ranks_.push_back({pid, true, false});
+  rank_of_pid_[pid] = r;
+  ++running_;
+  report("started a rank that joins the job (output tagged [" + std::to_string(r) + "], pid " + std::to_string(pid) +
+         ")");
 }
 
 int Supervisor::spawn_all() {
@@ -200,7 +226,9 @@ void Supervisor::poll_once() {
     if (errno == EINTR) return;
     throw_errno("poll");
   }
+  spawned_ = false;
   if (fds[0].revents != 0) handle_signals();
+  if (spawned_) return;  // streams_ grew: the pointers above may be stale; the next poll reads
   for (std::size_t i = 0; i < streams.size(); ++i) {
     // A stream handle_signals drained to its end is closed already (fd -1).
     if (fds[i + 1].revents != 0 && streams[i]->fd >= 0) read_stream(*streams[i]);
@@ -213,6 +241,10 @@ void Supervisor::handle_signals() {
   while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
     if (info.ssi_signo == SIGCHLD) {
       child_exited = true;
+      continue;
+    }
+    if (info.ssi_signo == SIGUSR1) {
+      spawn_joiner();
       continue;
     }
     on_signal(static_cast<int>(info.ssi_signo), info.ssi_code == SI_KERNEL);
@@ -266,10 +298,13 @@ void Supervisor::on_rank_exit(int r, int wait_status) {
   drain_stream(streams_[2 * r]);
   drain_stream(streams_[2 * r + 1]);
   const int code = exit_code(wait_status);
-  if (code != 0 && !rank.killed_by_us) report(describe_exit(r, rank.pid, wait_status));
+  if (code == 0) some_rank_succeeded_ = true;
+  if (code != 0 && !rank.killed_by_us)
+    report(describe_exit(r, rank.pid, wait_status) +
+           (spec_.joiner.empty() || running_ == 0 ? "" : "; the elastic job goes on without it"));
   if (code != 0 && !first_failure_) {
     first_failure_ = code;
-    start_grace_period(r);
+    if (spec_.joiner.empty()) start_grace_period(r);
   }
   if (running_ == 0) {
     grace_deadline_.reset();

@@ -5,7 +5,8 @@
 // one pipe per rank and stream. The life of a job:
 //   1. start the ranks one after the other; if one cannot execute, kill the others (exit 127);
 //   2. run until every rank has exited. The first rank that fails (non-zero status or a
-//      signal) starts the grace period; when it ends, the ranks still running get SIGKILL.
+//      signal) starts the grace period; when it ends, the ranks still running get SIGKILL (an
+//      elastic job goes on instead, and SIGUSR1 starts a rank that joins it).
 //      A first SIGINT/SIGTERM/SIGHUP is forwarded to the ranks; a second one kills them;
 //   3. kill whatever the ranks left behind (tutti-run is a child subreaper, so orphans of the
 //      ranks become its children), then drain the pipes (bounded) and reap every child.
@@ -30,9 +31,12 @@ struct LaunchSpec {
   std::vector<std::vector<std::string>> environments;  // one per rank
   double grace_period_s = 10;
   bool tag_output = true;
+  /// An elastic job's joiner environment (empty: not elastic). A failed rank then does not end the
+  /// job, and SIGUSR1 starts a rank with this environment.
+  std::vector<std::string> joiner;
 };
 
-/// Blocks SIGINT, SIGTERM, SIGHUP and SIGCHLD, so that they wait for the supervisor's signalfd
+/// Blocks SIGINT, SIGTERM, SIGHUP, SIGCHLD and SIGUSR1, so that they wait for the supervisor's signalfd
 /// instead of killing tutti-run before it cleans up. Returns the mask tutti-run started with.
 sigset_t block_job_signals();
 
@@ -67,6 +71,7 @@ class Supervisor {
   void drain_stream(Stream& stream);
   void raise_open_file_limit(std::size_t needed);
   int spawn_all();
+  void spawn_joiner();
   pid_t spawn_rank(int rank, char* const* argv, int* exec_errno);
   void poll_once();
   int poll_timeout_ms() const;
@@ -93,6 +98,8 @@ class Supervisor {
   int running_ = 0;
   int open_streams_ = 0;
   std::optional<int> first_failure_;  // exit code of the first rank that failed
+  bool some_rank_succeeded_ = false;  // an elastic job succeeds when some rank does
+  bool spawned_ = false;              // streams_ grew while handling signals
   int received_signal_ = 0;           // first SIGINT/SIGTERM/SIGHUP received, 0 if none
   std::optional<Clock::time_point> grace_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
