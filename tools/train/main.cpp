@@ -9,11 +9,13 @@
 // or a NaN loss), 2 for a bad command line.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <optional>
 #include <string>
@@ -25,6 +27,7 @@
 #include "settings.hpp"
 #include "trainer.hpp"
 #include "tutti/compress.hpp"
+#include "tutti/elastic.hpp"
 #include "tutti/tutti.hpp"
 
 namespace {
@@ -246,6 +249,102 @@ int train(tutti::Communicator& comm, const Settings& s) {
   return 0;
 }
 
+// --elastic: what the job needs to go on after a change of membership, the same on every rank.
+// The compressor's error feedback is per rank and not in it: it starts again from zero in every
+// generation.
+struct ElasticState final : tutti::elastic::State {
+  std::int32_t epoch = 1;
+  std::int64_t position = 0;       // samples of the epoch's order trained on
+  std::int64_t steps = 0;          // optimizer steps over the run
+  std::vector<std::byte> weights;  // Trainer::save_state; empty: the Trainer's own start
+
+ protected:
+  std::vector<std::byte> save() const override {
+    std::vector<std::byte> bytes(header + weights.size());
+    std::memcpy(bytes.data(), &epoch, sizeof epoch);
+    std::memcpy(bytes.data() + 4, &position, sizeof position);
+    std::memcpy(bytes.data() + 12, &steps, sizeof steps);
+    std::copy(weights.begin(), weights.end(), bytes.begin() + header);
+    return bytes;
+  }
+  void load(std::span<const std::byte> bytes) override {
+    if (bytes.size() < header)
+      throw std::runtime_error("an elastic state of " + std::to_string(bytes.size()) + " bytes");
+    std::memcpy(&epoch, bytes.data(), sizeof epoch);
+    std::memcpy(&position, bytes.data() + 4, sizeof position);
+    std::memcpy(&steps, bytes.data() + 12, sizeof steps);
+    weights.assign(bytes.begin() + header, bytes.end());
+  }
+
+ private:
+  static constexpr std::size_t header = 20;
+};
+
+int train_elastic(const Settings& s) {
+  using Clock = std::chrono::steady_clock;
+  torch::set_num_threads(s.threads);
+  const tutti::train::Data data = tutti::train::load_data(s);
+  tutti::elastic::Job job;
+  ElasticState state;
+  EpochResult last;
+  int status = 0;
+  auto last_step = Clock::now();
+  tutti::elastic::run(job, state, [&](tutti::Communicator& world) {
+    const bool root = world.rank() == 0;
+    const double lost_ms = std::chrono::duration<double, std::milli>(Clock::now() - last_step).count();
+    tutti::train::Trainer trainer(world, s, data);
+    if (!state.weights.empty()) trainer.load_state(state.weights);
+    if (root) {
+      if (job.generation() == 0)
+        std::printf("tutti-train: elastic p=%d batch=%lld/rank lr=%g compression=%s commit-every=%lld\n", world.size(),
+                    static_cast<long long>(s.batch_size), s.lr, s.compression.c_str(),
+                    static_cast<long long>(s.commit_every));
+      else
+        std::printf(
+            "tutti-train: elastic generation %d: %d ranks, from epoch %d sample %lld (step %lld), %.0f ms after "
+            "the last step done\n",
+            job.generation(), world.size(), state.epoch, static_cast<long long>(state.position),
+            static_cast<long long>(state.steps), lost_ms);
+      std::fflush(stdout);
+    }
+    const std::int64_t global_batch = static_cast<std::int64_t>(world.size()) * s.batch_size;
+    while (state.epoch <= s.epochs) {
+      last = trainer.run_epoch(
+          state.epoch, 0,
+          [&](std::int64_t, double loss) {
+            state.position += global_batch;
+            ++state.steps;
+            last_step = Clock::now();
+            if (root && s.log_interval > 0 && state.steps % s.log_interval == 0) {
+              std::printf("tutti-train: step %lld epoch %d loss %.4f\n", static_cast<long long>(state.steps),
+                          state.epoch, loss);
+              std::fflush(stdout);
+            }
+            if (state.steps % s.commit_every == 0) {
+              state.weights = trainer.save_state();
+              state.commit();
+            }
+          },
+          state.position);
+      if (std::isnan(last.train_loss)) throw std::runtime_error("the training loss is NaN (try a smaller --lr)");
+      if (root) print_epoch(state.epoch, s, last);
+      ++state.epoch;
+      state.position = 0;
+      state.weights = trainer.save_state();
+      state.commit();
+    }
+    if (!parameters_identical(world, trainer)) status = 1;
+    if (root) {
+      std::printf(
+          "tutti-train: summary step_ms=%.2f samples_per_s=%.0f test_acc=%.4f loss=%.4f ranks=%d generation=%d\n",
+          1e3 * last.step_seconds, last.samples_per_second, last.test_accuracy, last.train_loss, world.size(),
+          job.generation());
+      std::fflush(stdout);
+    }
+  });
+  return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -259,6 +358,7 @@ int main(int argc, char** argv) {
   }
   if (settings.help) return 0;  // parse_settings printed the flags
   try {
+    if (settings.elastic) return train_elastic(settings);
     tutti::Communicator comm = tutti::init();
     return train(comm, settings);
   } catch (const tutti::train::UsageError& e) {  // a layout the job's ranks do not fit: every rank says so

@@ -54,6 +54,19 @@ void check_checkpoint_settings(const Settings& s) {
                      " keeps state a checkpoint does not hold)");
 }
 
+// An elastic job holds parameters, buffers, momentum and the sampler's position in its state:
+// data parallelism alone, one backward pass per step, no checkpoint directory of its own.
+void check_elastic_settings(const Settings& s) {
+  if (!s.elastic) return;
+  if (beyond_data_parallel(s))
+    throw UsageError(
+        "--elastic is for data parallelism alone (not with --pipeline, --tensor-parallel, --zero or "
+        "--device-memory)");
+  if (s.backward_passes > 1) throw UsageError("--elastic takes one backward pass per step (--backward-passes 1)");
+  if (!s.checkpoint_dir.empty() || !s.resume.empty() || !s.profile.empty())
+    throw UsageError("--elastic keeps its state in memory: not with --checkpoint, --resume or --profile");
+}
+
 // The model-parallel and memory flags: values that fit together, before any rank starts.
 void check_parallel_settings(const Settings& s) {
   if (s.micro_batches > 1 && s.pipeline == 1) throw UsageError("--micro-batches needs --pipeline N (N > 1)");
@@ -157,6 +170,11 @@ void add_layout_flags(CLI::App& app, Settings& s) {
                  "state into DIR/step-NNNNNNNN, written in the background while training goes on")
       ->type_name("DIR");
   add_number<std::int64_t>(app, "--checkpoint-every", s.checkpoint_every, 1, "optimizer steps between checkpoints");
+  app.add_flag("--elastic", s.elastic,
+               "an elastic job (under tutti-run --elastic): a lost rank does not end training, the others go "
+               "back to the last commit and on; ranks that join come in at the next commit");
+  add_number<std::int64_t>(app, "--commit-every", s.commit_every, 1,
+                           "with --elastic: optimizer steps between commits (default 20; epochs end with one)");
   app.add_flag("--checkpoint-blocking", s.checkpoint_blocking, "write each checkpoint before training goes on");
   app.add_option("--resume", s.resume,
                  "go on from the latest complete checkpoint in DIR (epoch, step, parameters, optimizer state); "
@@ -218,6 +236,7 @@ Settings parse_settings(int argc, char** argv) {
   if (!(s.lr > 0)) throw UsageError("--lr must be positive");
   check_checkpoint_settings(s);
   check_parallel_settings(s);
+  check_elastic_settings(s);
   return s;
 }
 

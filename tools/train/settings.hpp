@@ -38,6 +38,8 @@ struct Settings {
   std::int64_t checkpoint_every = 0;   // --checkpoint-every N, in optimizer steps
   bool checkpoint_blocking = false;    // --checkpoint-blocking: written before training goes on
   std::string resume;                  // --resume DIR; empty: a fresh run
+  bool elastic = false;                // --elastic: tutti::elastic, under tutti-run --elastic
+  std::int64_t commit_every = 20;      // --commit-every N: optimizer steps between elastic commits
   int width = 1;                       // --width W: the network's channels and hidden units times W
   int pipeline = 1;                    // --pipeline N: stages
   int micro_batches = 1;               // --micro-batches M (pipeline only)

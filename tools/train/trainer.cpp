@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <span>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -118,7 +120,7 @@ Trainer::~Trainer() {
   if (loss_log_) std::fclose(loss_log_);
 }
 
-std::vector<std::int64_t> Trainer::shard_of_epoch(int epoch) const {
+std::vector<std::int64_t> Trainer::shard_of_epoch(int epoch, std::int64_t from_sample) const {
   // Fisher-Yates over mt19937_64 rather than std::shuffle, whose algorithm the standard leaves
   // open: every rank must compute the same permutation.
   std::vector<std::int64_t> order(static_cast<std::size_t>(data_.train_images.size(0)));
@@ -128,8 +130,9 @@ std::vector<std::int64_t> Trainer::shard_of_epoch(int epoch) const {
   // Rank r takes r, r+p, r+2p…, order.size()/p of them: the tail is dropped, so that every rank
   // runs the same number of steps.
   const std::size_t p = static_cast<std::size_t>(layout_.data);
-  std::vector<std::int64_t> shard(order.size() / p);
-  for (std::size_t k = 0; k < shard.size(); ++k) shard[k] = order[static_cast<std::size_t>(layout_.d) + k * p];
+  const std::size_t from = std::min(order.size(), static_cast<std::size_t>(from_sample));
+  std::vector<std::int64_t> shard((order.size() - from) / p);
+  for (std::size_t k = 0; k < shard.size(); ++k) shard[k] = order[from + static_cast<std::size_t>(layout_.d) + k * p];
   return shard;
 }
 
@@ -198,17 +201,20 @@ void Trainer::log_loss(int epoch, std::int64_t step, double loss) {
 }
 
 EpochResult Trainer::run_epoch(int epoch, std::int64_t first_step,
-                               const std::function<void(std::int64_t step, double loss)>& after_step) {
-  const std::vector<std::int64_t> shard = shard_of_epoch(epoch);
+                               const std::function<void(std::int64_t step, double loss)>& after_step,
+                               std::int64_t from_sample) {
+  const std::vector<std::int64_t> shard = shard_of_epoch(epoch, from_sample);
+  const std::int64_t epoch_steps =
+      from_sample == 0 ? steps_per_epoch_ : static_cast<std::int64_t>(shard.size()) / s_.batch_size;
   if (optimizer_) optimizer_->reset_overlap_stats();
   double loss_sum = 0, timed_seconds = 0, all_seconds = 0;
   std::int64_t timed_steps = 0;
   // Per step: the time step() waited for the allreduces, and the time in allreduce calls.
   std::vector<double> waits, reduces;
-  waits.reserve(static_cast<std::size_t>(steps_per_epoch_));
-  reduces.reserve(static_cast<std::size_t>(steps_per_epoch_));
-  const std::int64_t steps = steps_per_epoch_ - first_step;
-  for (std::int64_t step = first_step; step < steps_per_epoch_; ++step, ++steps_run_) {
+  waits.reserve(static_cast<std::size_t>(epoch_steps));
+  reduces.reserve(static_cast<std::size_t>(epoch_steps));
+  const std::int64_t steps = std::max<std::int64_t>(1, epoch_steps - first_step);
+  for (std::int64_t step = first_step; step < epoch_steps; ++step, ++steps_run_) {
     const auto index = torch::from_blob(const_cast<std::int64_t*>(shard.data()) + step * s_.batch_size, {s_.batch_size},
                                         torch::kInt64);
     const auto images = data_.train_images.index_select(0, index);
@@ -318,6 +324,59 @@ MemoryUse Trainer::memory_use() const {
   getrusage(RUSAGE_SELF, &usage);
   m.max_rss = static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
   return m;
+}
+
+std::vector<std::byte> Trainer::save_state() const {
+  std::vector<std::byte> bytes;
+  auto put = [&](const torch::Tensor& t) {
+    const torch::Tensor c = t.detach().contiguous();
+    const auto* p = static_cast<const std::byte*>(c.data_ptr());
+    bytes.insert(bytes.end(), p, p + c.nbytes());
+  };
+  for (const auto& [name, t] : part_->named_parameters()) put(t);
+  for (const auto& t : part_->net()->buffers()) put(t);
+  // The optimizer's state (momentum) in libtorch's own format, which maps it to the parameters by
+  // their order rather than by address.
+  torch::serialize::OutputArchive archive;
+  sgd_->save(archive);
+  std::ostringstream text;
+  archive.save_to(text);
+  const std::string optimizer = text.str();
+  const std::uint64_t length = optimizer.size();
+  const auto* l = reinterpret_cast<const std::byte*>(&length);
+  bytes.insert(bytes.end(), l, l + sizeof length);
+  const auto* o = reinterpret_cast<const std::byte*>(optimizer.data());
+  bytes.insert(bytes.end(), o, o + optimizer.size());
+  return bytes;
+}
+
+void Trainer::load_state(std::span<const std::byte> bytes) {
+  torch::NoGradGuard no_grad;
+  std::size_t at = 0;
+  auto take = [&](torch::Tensor t) {
+    const std::size_t n = t.nbytes();
+    if (at + n > bytes.size())
+      throw Error(ErrorCode::invalid_argument,
+                  "tutti-train: a state of " + std::to_string(bytes.size()) + " bytes does not hold this model");
+    std::memcpy(t.data_ptr(), bytes.data() + at, n);
+    at += n;
+  };
+  for (auto& [name, t] : part_->named_parameters()) take(t.detach());
+  for (auto& t : part_->net()->buffers()) take(t.detach());
+  std::uint64_t length = 0;
+  if (at + sizeof length <= bytes.size()) std::memcpy(&length, bytes.data() + at, sizeof length);
+  at += sizeof length;
+  if (at > bytes.size() || length > bytes.size() - at)
+    throw Error(ErrorCode::invalid_argument, "tutti-train: a state of " + std::to_string(bytes.size()) +
+                                                 " bytes does not hold this model's optimizer");
+  std::istringstream text(std::string(reinterpret_cast<const char*>(bytes.data() + at), length));
+  at += length;
+  torch::serialize::InputArchive archive;
+  archive.load_from(text);
+  sgd_->load(archive);
+  if (at != bytes.size())
+    throw Error(ErrorCode::invalid_argument, "tutti-train: a state of " + std::to_string(bytes.size()) +
+                                                 " bytes does not hold this model (" + std::to_string(at) + ")");
 }
 
 }  // namespace tutti::train

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "model.hpp"
@@ -76,8 +77,17 @@ class Trainer {
   /// Collective: trains epoch `epoch` (1-based) from loop step `first_step` on (a resumed run),
   /// calling `after_step(step, loss)` after each step's optimizer step (within the step's time;
   /// `loss`: this rank's batch loss, 0 where it computes none), and evaluates.
+  /// `from_sample` > 0 (an elastic job that changed size within the epoch): the epoch goes on
+  /// from that many samples of its order, the rest split among the ranks there are now.
   EpochResult run_epoch(int epoch, std::int64_t first_step = 0,
-                        const std::function<void(std::int64_t step, double loss)>& after_step = {});
+                        const std::function<void(std::int64_t step, double loss)>& after_step = {},
+                        std::int64_t from_sample = 0);
+
+  /// Data parallelism alone (no ZeRO, pipeline, tensor parallelism or --device-memory): the
+  /// parameters, buffers and momentum as bytes, the same layout on every rank; load_state takes
+  /// what some rank's save_state gave (Error(invalid_argument) for another layout).
+  std::vector<std::byte> save_state() const;
+  void load_state(std::span<const std::byte> bytes);
 
   /// FNV-1a 64 of this rank's parameters' bytes, in named_parameters order.
   std::uint64_t parameter_checksum() const;
@@ -100,9 +110,9 @@ class Trainer {
 
  private:
   /// The epoch's order of the training samples: a permutation seeded by seed + epoch, the same on
-  /// every rank; this rank's shard is every data-th sample of it, starting at its data rank d
-  /// (the ranks of a pipeline or tensor group share one).
-  std::vector<std::int64_t> shard_of_epoch(int epoch) const;
+  /// every rank; this rank's shard is every data-th sample of it from `from_sample` on, starting
+  /// at its data rank d (the ranks of a pipeline or tensor group share one).
+  std::vector<std::int64_t> shard_of_epoch(int epoch, std::int64_t from_sample = 0) const;
   /// (correct, total, loss sum) over this rank's strided shard of the test set (zeros on ranks
   /// before the last pipeline stage).
   std::vector<double> evaluate_shard();

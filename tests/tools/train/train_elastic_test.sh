@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# tutti-train --elastic under tutti-run --elastic, 4 ranks: rank 2 is killed (SIGKILL) once
+# training runs, the 3 others go back to their last commit and on; then SIGUSR1 starts a rank that
+# joins at the next commit, and the job ends on 4 ranks with identical parameters, the loss
+# falling. Over shm without compression, over shm with top-k (error feedback), and over TCP.
+# Every run is bounded by `timeout`; the job's store and segments are gone after.
+#
+#   train_elastic_test.sh PATH/TO/tutti-run PATH/TO/tutti-train [DATA_DIR]
+# Exits 77 (skipped) when the Fashion-MNIST files are not installed.
+set -u
+run=$1
+train=$2
+data=${3:-/usr/share/datasets/fashion-mnist}
+source "$(dirname "$0")/train_harness.sh"
+flags=(--elastic --epochs 2 --train-samples 8192 --test-samples 1000 --batch-size 64 --lr 0.05 --threads 1
+  --commit-every 5 --log-interval 1 --data "$data")
+
+# await PATTERN: within 120 s, a line of tutti-run's output.
+await() {
+  for _ in $(seq 1200); do
+    grep -qE "$1" "$tmp/out" "$tmp/err" && return 0
+    sleep 0.1
+  done
+  return 1
+}
+# The pid of the tutti-train process of rank R of generation 0 (by its environment).
+rank_pid() {
+  local p
+  for p in $(pgrep -x tutti-train); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "TUTTI_RANK=$1" &&
+      tr '\0' '\n' <"/proc/$p/environ" | grep -qx "TUTTI_JOB_ID=$2" && echo "$p"
+  done
+}
+
+case_kill_join() {
+  local name=$1
+  shift
+  timeout -s KILL 300 "$run" -n 4 --elastic "$@" "$train" "${flags[@]}" >"$tmp/out" 2>"$tmp/err" &
+  local job=$!
+  await '^\[0\] tutti-train: step 12 ' || { fail "$name" "training did not reach step 12"; wait $job; return; }
+  local id
+  id=$(sed -n 's|.*/tutti-\([0-9a-f]\{16\}\)/join.env.*|\1|p' "$tmp/err")
+  local victim
+  victim=$(rank_pid 2 "$id")
+  [[ -n $victim ]] || { fail "$name" "no process of rank 2"; wait $job; return; }
+  kill -KILL "$victim"
+  await '^\[0\] tutti-train: elastic generation 1: 3 ranks, from epoch 1 sample [0-9]+ \(step (5|10|15)\)' ||
+    { fail "$name" "the 3 survivors did not go on from a commit"; wait $job; return; }
+  local tutti_run
+  tutti_run=$(pgrep -P $job -x tutti-run)
+  kill -USR1 "$tutti_run"
+  wait $job
+  status=$?
+  [[ $status -eq 0 ]] || { fail "$name" "exit status $status"; return; }
+  grep -qE '^\[0\] tutti-train: elastic generation 2: 4 ranks, from epoch [12] sample [0-9]+ \(step [0-9]*[05]\)' \
+    "$tmp/out" || { fail "$name" "the joiner did not come in at a commit"; return; }
+  grep -q '^\[0\] tutti-train: parameters identical on all 4 ranks (checksum 0x[0-9a-f]\{16\})$' "$tmp/out" ||
+    { fail "$name" "no 'parameters identical on all 4 ranks' line"; return; }
+  grep -qE '^\[0\] tutti-train: summary .* ranks=4 generation=2$' "$tmp/out" || { fail "$name" "no summary line"; return; }
+  local loss1 loss2
+  loss1=$(awk '$1 == "[0]" && $2 == "tutti-train:" && $3 == "step" && $4 == "1" { print $8 }' "$tmp/out")
+  loss2=$(awk '$1 == "[0]" && $2 == "epoch" && $3 == "2/2" { print $5 }' "$tmp/out")
+  awk -v a="$loss1" -v b="$loss2" 'BEGIN { exit !(a != "" && b != "" && b < a / 2) }' ||
+    { fail "$name" "the loss did not fall to half: first step $loss1, epoch 2 $loss2"; return; }
+  [[ ! -e /tmp/tutti-$id && -z $(ls /dev/shm | grep "^tutti-$id") ]] ||
+    { fail "$name" "the job's store or segments are left behind"; return; }
+  grep -h 'elastic generation\|test_acc' "$tmp/out"
+  ok "$name"
+}
+
+case_kill_join "kill and join over shm" --transport shm
+flags+=(--compression topk:0.1)
+case_kill_join "kill and join with top-k" --transport shm
+flags=("${flags[@]:0:${#flags[@]}-2}")
+case_kill_join "kill and join over tcp" --transport tcp
+
+# Bad combinations are refused before any rank starts.
+timeout 30 "$train" --elastic --zero 1 >"$tmp/out" 2>&1
+[[ $? -eq 2 ]] && grep -q 'elastic is for data parallelism alone' "$tmp/out" && ok "--elastic --zero refused" ||
+  fail "--elastic --zero" "not refused"
+
+echo "passed $passed, failed $failed"
+[[ $failed -eq 0 ]]
