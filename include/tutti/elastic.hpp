@@ -46,7 +46,9 @@ struct Options {
   /// arrive nor are known to be gone, and bounds every other wait of the rendezvous.
   /// 0: TUTTI_ELASTIC_TIMEOUT_MS, else TUTTI_TIMEOUT_MS.
   std::chrono::milliseconds timeout{0};
-  /// Where the last committed state goes when the job falls below min_ranks ("": nowhere).
+  /// Where the last committed state goes when the job falls below min_ranks ("": nowhere;
+  /// default TUTTI_ELASTIC_CHECKPOINT). When the file exists as a job starts, run() starts from
+  /// it: rank 0 loads it and State::sync gives it to every rank, so the same command goes on.
   std::string checkpoint;
 };
 
@@ -112,6 +114,8 @@ class Job {
   const std::string& name() const;
   /// The members of the current generation, in rank order.
   const std::vector<std::string>& members() const;
+  /// Options::checkpoint, as the job resolved it.
+  const std::string& checkpoint() const;
   /// Ranks waiting to join that the next rebuild would admit (reads the store).
   std::int64_t waiting() const;
 

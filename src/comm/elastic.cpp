@@ -122,6 +122,7 @@ struct Job::Impl {
       options.timeout = text ? milliseconds(core::parse_count(*text, "TUTTI_ELASTIC_TIMEOUT_MS")) : milliseconds(0);
       if (options.timeout.count() == 0) options.timeout = core::default_timeout();
     }
+    if (options.checkpoint.empty()) options.checkpoint = core::env("TUTTI_ELASTIC_CHECKPOINT").value_or("");
     options.min_ranks = bound(options.min_ranks, 1, "TUTTI_ELASTIC_MIN_RANKS");
     options.max_ranks = bound(options.max_ranks, 0, "TUTTI_ELASTIC_MAX_RANKS");
     if (options.min_ranks < 1 || (options.max_ranks != 0 && options.max_ranks < options.min_ranks))
@@ -286,6 +287,7 @@ Communicator& Job::communicator() { return impl_->world; }
 int Job::generation() const { return impl_->generation; }
 const std::string& Job::name() const { return impl_->name; }
 const std::vector<std::string>& Job::members() const { return impl_->members; }
+const std::string& Job::checkpoint() const { return impl_->options.checkpoint; }
 
 std::int64_t Job::waiting() const {
   const std::int64_t size = static_cast<std::int64_t>(impl_->members.size());

@@ -1,5 +1,10 @@
 // The state an elastic job returns to, and the loop that keeps training going over changes of
 // membership (include/tutti/elastic.hpp).
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <optional>
+
 #include "core/log.hpp"
 #include "tutti/elastic.hpp"
 
@@ -11,6 +16,16 @@ namespace {
 // either: the job can go on without it. Anything else is the program's or the user's error.
 bool recoverable(const Error& e) {
   return e.code() == ErrorCode::peer_failure || e.code() == ErrorCode::timeout || e.code() == ErrorCode::aborted;
+}
+
+// The file's bytes; nullopt when it cannot be opened (there is none).
+std::optional<std::vector<std::byte>> read_file(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return std::nullopt;
+  std::vector<char> text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> bytes(text.size());
+  std::memcpy(bytes.data(), text.data(), text.size());
+  return bytes;
 }
 
 }  // namespace
@@ -48,6 +63,15 @@ void State::sync() {
 
 void run(Job& job, State& state, const std::function<void(Communicator&)>& train) {
   state.job_ = &job;
+  // A job that fell below its minimum left its last commit there: rank 0 starts from it, and the
+  // first sync gives it to every rank.
+  if (job.generation() == 0 && job.communicator().rank() == 0 && !job.checkpoint().empty())
+    if (const auto bytes = read_file(job.checkpoint())) {
+      state.load(*bytes);
+      core::log(core::LogLevel::warn, 0,
+                "elastic: starting from the checkpoint " + job.checkpoint() + " (" + std::to_string(bytes->size()) +
+                    " bytes) that a job below its minimum of ranks left");
+    }
   struct Unbind {
     State& state;
     ~Unbind() { state.job_ = nullptr; }

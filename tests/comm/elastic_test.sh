@@ -7,7 +7,8 @@
 #          the stopped rank is refused by name;
 #   leave  rank 3 of 4 leaves (Job::leave) and exits: the others go on as 3 at once;
 #   min    with a minimum of 3 ranks, losing 1 of 3 ends the job on every survivor with a clear
-#          error, and the last committed state is in the checkpoint;
+#          error, and the last committed state is in the checkpoint, from which the job started
+#          again goes on;
 #   bounds a minimum above the maximum is refused;
 # and through tutti-run --elastic: a rank killed, SIGUSR1 starts a joiner, a rank started by hand
 # from join.env joins, the usage errors; the job's store directory and segments are gone after.
@@ -136,6 +137,17 @@ assert all(v == step for v in x), x[:3]
 print(f"ok: the checkpoint holds the commit at step {step}")
 EOF
 echo "ok: below the minimum every survivor ends with a clear error, the last commit in the checkpoint"
+# The same job started again with the checkpoint goes on from it, on the ranks it has.
+new_job
+for r in 0 1; do
+  start c$r TUTTI_RANK=$r TUTTI_SIZE=2 TUTTI_TIMEOUT_MS=20000 TUTTI_ELASTIC_CHECKPOINT="$work/last.state" -- 200 7 10
+done
+for r in 0 1; do
+  expect_exit c$r 0
+  expect_line c$r "^generation 0: rank $r of 2 from step 49 after -1 ms$"
+  expect_line c$r "^done rank $r of 2 generation 0 steps 200"
+done
+echo "ok: a job started with TUTTI_ELASTIC_CHECKPOINT goes on from the last commit"
 
 # ---- bounds ----
 new_job
