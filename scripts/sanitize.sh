@@ -43,8 +43,12 @@ case $preset in
     #                   run), and the normal suite runs it
     #   package.install installs this build (instrumented) and links a plain consumer against it,
     #                   which has no ASan runtime; it tests packaging, and the normal suite runs it
+    #   gpu_test.strict.{one_queue,host_transfer}, gpu_collectives_test.strict.{host_transfer,ipc_1MiB}
+    #                   the strict device's code again with one setting changed; gpu_test.strict
+    #                   (which runs) covers it under ASan, the normal suite runs them all
     labels='unit|mp|fault|hostile|emulated'
-    exclude='^(mpi_|tutti_bench$|plot_|mp_tcp_two_hosts$|cluster_2x2$|mp_shm_direct_p[58]$|soak$|package\.install$)'
+    exclude='^(mpi_|tutti_bench$|plot_|mp_tcp_two_hosts$|cluster_2x2$|mp_shm_direct_p[58]$|soak$|package\.install$'
+    exclude+='|gpu_test\.strict\.(one_queue|host_transfer)$|gpu_collectives_test\.strict\.(host_transfer|ipc_1MiB)$)'
     ;;
   tsan)
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=$supp/tsan.supp"
