@@ -35,6 +35,7 @@
 #include "bootstrap/job.hpp"
 #include "bootstrap/run.hpp"
 #include "bootstrap/store.hpp"
+#include "comm/topology.hpp"
 #include "core/deadline.hpp"
 #include "core/env.hpp"
 #include "core/log.hpp"
@@ -49,14 +50,9 @@ using std::chrono::milliseconds;
 
 [[noreturn]] void ended(const std::string& what) { throw Error(ErrorCode::aborted, "elastic: " + what); }
 
-std::string this_host() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  return name;
-}
-
-// A name is "host:pid:id": whether its process is known to be gone (only on this host: a pid
-// elsewhere says nothing here). A zombie is gone too (its parent has not reaped it yet).
+// A name is "host:pid:id", the host as topology names it (TUTTI_HOST where hosts are emulated):
+// whether its process is known to be gone (only on this host: a pid elsewhere says nothing here). A zombie is gone too
+// (its parent has not reaped it yet).
 bool process_gone(const std::string& name, const std::string& host) {
   const std::size_t last = name.rfind(':');
   const std::size_t middle = last == std::string::npos || last == 0 ? std::string::npos : name.rfind(':', last - 1);
@@ -104,7 +100,7 @@ struct Job::Impl {
   std::unique_ptr<KeyValueStore> owned;
   KeyValueStore* store = nullptr;
   Options options;
-  std::string host = this_host();
+  std::string host = comm::topology_host_name();  // TUTTI_HOST where hosts are emulated
   std::string name;
   std::string prefix;  // E
   int generation = -1;

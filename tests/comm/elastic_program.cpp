@@ -2,16 +2,18 @@
 // launcher's variables (TUTTI_STORE, TUTTI_JOB_ID, TUTTI_RANK and TUTTI_SIZE, or
 // TUTTI_ELASTIC_JOIN=1 for a rank that joins).
 //
-//   elastic_program STEPS COMMIT_EVERY SLEEP_MS [VICTIM DIE_AT kill|stop|leave]
+//   elastic_program STEPS COMMIT_EVERY SLEEP_MS [VICTIMS DIE_AT kill|stop|leave]
 //
 // Each step allreduces a vector of ones and checks every element equals the world's size, then
 // adds sum/size (exactly 1) to the state, so the state after any number of failures, rollbacks
-// and joins is exactly STEPS in every element. At step DIE_AT of generation 0, rank VICTIM kills
-// itself (SIGKILL), stops itself (SIGSTOP) or leaves the job (Job::leave) and exits. At the end every rank checks that
-// all ranks hold the same state, and prints "done rank R of P generation G steps S recovered_ms T...".
+// and joins is exactly STEPS in every element. At step DIE_AT of generation 0, the ranks VICTIMS
+// ("2", or "2,3") kill themselves (SIGKILL), stop themselves (SIGSTOP) or leave the job
+// (Job::leave) and exit. At the end every rank checks that all ranks hold the same state, and
+// prints "done rank R of P generation G steps S recovered_ms T name NAME".
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -55,13 +57,21 @@ struct Counters final : tutti::elastic::State {
 
 int main(int argc, char** argv) {
   if (argc != 4 && argc != 7) {
-    std::fprintf(stderr, "usage: %s STEPS COMMIT_EVERY SLEEP_MS [VICTIM DIE_AT kill|stop|leave]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s STEPS COMMIT_EVERY SLEEP_MS [VICTIMS DIE_AT kill|stop|leave]\n", argv[0]);
     return 2;
   }
   const std::uint64_t steps = std::strtoull(argv[1], nullptr, 10);
   const std::uint64_t commit_every = std::strtoull(argv[2], nullptr, 10);
   const auto pause = std::chrono::milliseconds(std::atoi(argv[3]));
-  const int victim = argc == 7 ? std::atoi(argv[4]) : -1;
+  std::vector<int> victims;  // "2" or "2,3"
+  if (argc == 7) {
+    const std::string list = argv[4];
+    for (std::size_t at = 0; at <= list.size();) {
+      const std::size_t comma = std::min(list.find(',', at), list.size());
+      victims.push_back(std::atoi(list.substr(at, comma - at).c_str()));
+      at = comma + 1;
+    }
+  }
   const std::uint64_t die_at = argc == 7 ? std::strtoull(argv[5], nullptr, 10) : 0;
   const std::string how = argc == 7 ? argv[6] : "";
   using clock = std::chrono::steady_clock;
@@ -82,7 +92,8 @@ int main(int argc, char** argv) {
                   world.size(), static_cast<unsigned long long>(state.step), recovered_ms);
       std::fflush(stdout);
       while (state.step < steps) {
-        if (job.generation() == 0 && world.rank() == victim && state.step == die_at) {
+        if (job.generation() == 0 && state.step == die_at &&
+            std::find(victims.begin(), victims.end(), world.rank()) != victims.end()) {
           if (how == "kill") ::raise(SIGKILL);
           if (how == "stop") ::raise(SIGSTOP);
           if (how == "leave") {

@@ -9,6 +9,7 @@
 #   min    with a minimum of 3 ranks, losing 1 of 3 ends the job on every survivor with a clear
 #          error, and the last committed state is in the checkpoint, from which the job started
 #          again goes on;
+#   host   (tcp) two emulated hosts, one lost whole: the others wait out the timeout, go on;
 #   bounds a minimum above the maximum is refused;
 # and through tutti-run --elastic: a rank killed, SIGUSR1 starts a joiner, a rank started by hand
 # from join.env joins, the usage errors; the job's store directory and segments are gone after.
@@ -148,6 +149,26 @@ for r in 0 1; do
   expect_line c$r "^done rank $r of 2 generation 0 steps 200"
 done
 echo "ok: a job started with TUTTI_ELASTIC_CHECKPOINT goes on from the last commit"
+
+# ---- host (tcp only): two emulated hosts of 2 ranks (TUTTI_HOST; shm within, tcp across), host 1
+# lost (both its ranks killed). A pid on another host says nothing here, so the survivors wait out
+# the rendezvous timeout (3 s), then go on as 2 ----
+if [[ $transport == tcp ]]; then
+  new_job
+  for r in 0 1 2 3; do
+    start h$r TUTTI_RANK=$r TUTTI_SIZE=4 TUTTI_HOST=host$((r / 2)) TUTTI_TRANSPORT= TUTTI_TIMEOUT_MS=20000 \
+      TUTTI_ELASTIC_TIMEOUT_MS=3000 -- 200 5 10 2,3 40 kill
+  done
+  expect_exit h2 137
+  expect_exit h3 137
+  for r in 0 1; do
+    expect_exit h$r 0
+    expect_line h$r "^done rank $r of 2 generation 1 steps 200"
+  done
+  grep -hqE "generation 1: 2 rank\(s\); lost host1:[0-9]+:[0-9a-f]+ \(did not arrive in time\), host1:[0-9]+:[0-9a-f]+ \(did not arrive in time\).*closed in (29[0-9][0-9]|3[0-9]{3}) ms" \
+    "$work/h0.out" "$work/h1.out" || fail "the survivors did not wait out the timeout for host 1's ranks"
+  echo "ok: a whole emulated host lost: the other host's ranks wait out the timeout and go on"
+fi
 
 # ---- bounds ----
 new_job
