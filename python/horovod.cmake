@@ -41,6 +41,11 @@ if(TUTTI_BUILD_TESTS)
       set_tests_properties(python.horovod.${script}.p${ranks} PROPERTIES LABELS "python;mp" TIMEOUT 240)
     endforeach()
   endforeach()
+  # hvd.elastic under tutti-run --elastic: a rank killed, a rank joining (labels python, mp, fault).
+  add_test(NAME python.horovod.elastic
+           COMMAND ${CMAKE_COMMAND} -E env ${hvd_env} bash ${hvd_tests}/elastic_test.sh $<TARGET_FILE:tutti-run>
+                   ${Python_EXECUTABLE})
+  set_tests_properties(python.horovod.elastic PROPERTIES LABELS "python;mp;fault" TIMEOUT 240)
   # Under torchrun (Debian's, through the test's fixed copy): hvd.init() joins through torchrun's store.
   add_test(NAME python.horovod.collectives.torchrun_p3
            COMMAND ${CMAKE_COMMAND} -E env ${hvd_env} timeout 200 ${Python_EXECUTABLE}

@@ -144,6 +144,7 @@ std::vector<std::string> job_variables(const Job& job, const JobSettings& settin
   ours.push_back("TUTTI_STORE=" + job.store_url());
   if (!settings.transport.empty()) ours.push_back("TUTTI_TRANSPORT=" + settings.transport);
   if (settings.timeout_ms) ours.push_back("TUTTI_TIMEOUT_MS=" + std::to_string(*settings.timeout_ms));
+  if (settings.elastic) ours.push_back("TUTTI_ELASTIC=1");
   if (settings.min_ranks > 0) ours.push_back("TUTTI_ELASTIC_MIN_RANKS=" + std::to_string(settings.min_ranks));
   if (settings.max_ranks > 0) ours.push_back("TUTTI_ELASTIC_MAX_RANKS=" + std::to_string(settings.max_ranks));
   for (char** e = environ; *e != nullptr; ++e) {

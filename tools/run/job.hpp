@@ -61,8 +61,8 @@ bool sets_itself(const std::string& name);
 
 /// The environment ("NAME=value" strings) of every rank: tutti-run's own, minus the variables it
 /// sets, plus TUTTI_RANK, TUTTI_SIZE, TUTTI_LOCAL_RANK, TUTTI_LOCAL_SIZE, TUTTI_JOB_ID,
-/// TUTTI_TOKEN, TUTTI_STORE, and TUTTI_TRANSPORT / TUTTI_TIMEOUT_MS / TUTTI_ELASTIC_MIN_RANKS /
-/// TUTTI_ELASTIC_MAX_RANKS when given.
+/// TUTTI_TOKEN, TUTTI_STORE, and TUTTI_TRANSPORT / TUTTI_TIMEOUT_MS / TUTTI_ELASTIC=1 /
+/// TUTTI_ELASTIC_MIN_RANKS / TUTTI_ELASTIC_MAX_RANKS when given.
 std::vector<std::vector<std::string>> rank_environments(const Job& job, const JobSettings& settings);
 
 /// The environment of a rank that joins an elastic job: a rank's, without rank and size, with

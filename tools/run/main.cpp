@@ -68,6 +68,9 @@ Environment of every rank (tutti-run's own environment, plus):
                      tutti-JOBID in $TMPDIR (or /tmp) for the ranks' rendezvous
   TUTTI_TRANSPORT    only with --transport
   TUTTI_TIMEOUT_MS   only with --timeout-ms
+  TUTTI_ELASTIC=1    only with --elastic (hvd.init() then joins the elastic job), and
+                     TUTTI_ELASTIC_MIN_RANKS / TUTTI_ELASTIC_MAX_RANKS with their options;
+                     a rank that joins has TUTTI_ELASTIC_JOIN=1 and no rank or size
 
 Input and output:
   Rank 0 reads tutti-run's standard input; the other ranks read /dev/null. What a rank writes

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/communicator_capsule.hpp"
@@ -15,6 +17,7 @@
 #include "common/py_store.hpp"
 #include "common/storage_pin.hpp"
 #include "horovod/context.hpp"
+#include "tutti/elastic.hpp"
 
 namespace py = pybind11;
 
@@ -26,6 +29,23 @@ namespace {
 // and a rank leaving on an error would wait for peers that are waiting for it (the Python module
 // calls shutdown() at exit unless an exception is on its way out).
 Context* context = nullptr;
+// In an elastic job (tutti-run --elastic sets TUTTI_ELASTIC=1; a joiner has TUTTI_ELASTIC_JOIN=1):
+// the job's membership, and the settings the context is rebuilt with in every generation.
+std::unique_ptr<tutti::elastic::Job> elastic_job;
+HorovodSettings elastic_settings;
+
+bool elastic_environment() {
+  for (const char* name : {"TUTTI_ELASTIC", "TUTTI_ELASTIC_JOIN"})
+    if (const char* value = std::getenv(name); value != nullptr && std::string_view(value) == "1") return true;
+  return false;
+}
+
+tutti::elastic::Job& elastic() {
+  if (!elastic_job)
+    throw tutti::Error(tutti::ErrorCode::invalid_argument,
+                       "tutti.horovod.torch.elastic: not an elastic job (start it with tutti-run --elastic)");
+  return *elastic_job;
+}
 
 Context& ctx() {
   if (!context)
@@ -70,6 +90,13 @@ void init(std::optional<std::size_t> fusion_threshold, std::optional<double> cyc
           std::optional<int> size, const py::object& communicator) {
   if (context) return;  // as Horovod: a second init() is a no-op
   HorovodSettings settings{fusion_threshold, cycle_time_ms, timeline, stall_warning_s, stall_shutdown_s};
+  if (elastic_job || (store.is_none() && communicator.is_none() && elastic_environment())) {
+    py::gil_scoped_release release;  // generation 0's rendezvous, or a joiner's wait to be admitted
+    if (!elastic_job) elastic_job = std::make_unique<tutti::elastic::Job>();
+    elastic_settings = settings;
+    context = new Context(settings, elastic_job->communicator());
+    return;
+  }
   // A tutti.Communicator the program has (the same group), else the job's: waits for the others
   // without the GIL.
   tutti::Communicator world =
@@ -105,6 +132,30 @@ int join() {
   return c.engine().last_joined();
 }
 
+/// hvd.elastic's commit: how many ranks wait to join, rank 0's count given to every rank
+/// (collective over the world); 0 when the job has no room for them.
+std::int64_t elastic_waiting() {
+  tutti::elastic::Job& job = elastic();
+  Context& c = ctx();
+  py::gil_scoped_release release;
+  std::int64_t waiting = c.rank() == 0 ? job.waiting() : 0;
+  c.world().allreduce(&waiting, &waiting, 1, tutti::DataType::i64, tutti::ReduceOp::max);
+  return waiting;
+}
+
+/// hvd.elastic's reset: drops this generation's context (local once its communicator failed;
+/// collective, and met by every rank, when ranks join), meets the survivors in the next
+/// generation (tutti::elastic::Job::rebuild) and builds the context over its world.
+void elastic_rebuild(const std::string& failure) {
+  tutti::elastic::Job& job = elastic();
+  py::gil_scoped_release release;
+  std::unique_ptr<Context> doomed(context);
+  context = nullptr;
+  doomed.reset();
+  job.rebuild(failure);
+  context = new Context(elastic_settings, job.communicator());
+}
+
 }  // namespace
 
 }  // namespace tutti_python::horovod
@@ -123,6 +174,14 @@ PYBIND11_MODULE(_horovod, m) {
         "TUTTI_FUSION_THRESHOLD, TUTTI_CYCLE_TIME_MS, "
         "TUTTI_TIMELINE, TUTTI_STALL_WARNING_S and TUTTI_STALL_SHUTDOWN_S");
   m.def("shutdown", &shutdown, "Stops the engine (collective)");
+  m.def("elastic_waiting", &elastic_waiting, "Ranks waiting to join, the same on every rank (collective)");
+  m.def("elastic_rebuild", &elastic_rebuild, py::arg("failure"),
+        "Meets the survivors in the next generation and rebuilds the context over its world");
+  m.def(
+      "elastic_finish", [] { elastic().finish(); }, "This rank's training ended (tells waiting joiners)");
+  m.def(
+      "elastic_generation", [] { return elastic_job ? elastic_job->generation() : -1; },
+      "The elastic job's generation; -1 outside an elastic job");
   m.def("is_initialized", [] { return context != nullptr; });
   m.def("rank", [] { return ctx().rank(); });
   m.def("size", [] { return ctx().size(); });

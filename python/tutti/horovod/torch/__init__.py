@@ -38,6 +38,7 @@ from tutti.horovod.torch.compression import Compression  # noqa: F401
 from tutti.horovod.torch.functions import (  # noqa: F401
     allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters)
 from tutti.horovod.torch.optimizer import DistributedOptimizer  # noqa: F401
+from tutti.horovod.torch import elastic  # noqa: F401,E402
 
 # Horovod's variable -> (Tutti's, how to read it).
 _VARIABLES = {
