@@ -144,16 +144,10 @@ class TorchState(ObjectState):
         self._save_torch()
 
     def on_reset(self):
-        # A hvd.DistributedOptimizer's handles belong to the job that failed; one made in a job of
-        # one rank has no hooks yet.
-        optimizer = self.optimizer
-        handles = getattr(optimizer, "_handles", None)
-        if handles is not None:
-            handles.clear()
-            for p in optimizer._delay:
-                optimizer._delay[p] = optimizer.backward_passes_per_step
-            if not optimizer._grad_accs and optimizer._included and _horovod.size() > 1:
-                optimizer._register_hooks()
+        # A hvd.DistributedOptimizer drops its handles of the failed job (a plain optimizer has none).
+        rebuilt = getattr(self.optimizer, "_job_rebuilt", None)
+        if rebuilt is not None:
+            rebuilt()
         super().on_reset()
 
 

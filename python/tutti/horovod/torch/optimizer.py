@@ -140,12 +140,24 @@ class _DistributedOptimizer:
         return super().zero_grad(*args, **kwargs)
 
     def load_state_dict(self, *args, **kwargs):
+        self._forget_handles()
+        return super().load_state_dict(*args, **kwargs)
+
+    def _forget_handles(self):
+        """Drops the gradients in flight: the state they would reduce into is replaced, or the job
+        that reduced them is gone."""
         self._handles.clear()
         self._synchronized = False
         self._should_synchronize = True
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
-        return super().load_state_dict(*args, **kwargs)
+
+    def _job_rebuilt(self):
+        """After hvd.elastic rebuilt the job: the failed job's handles are gone, and an optimizer
+        made in a job of one rank gets the hooks it did not need there."""
+        self._forget_handles()
+        if not self._grad_accs and self._included and _size_of(self._process_set) > 1:
+            self._register_hooks()
 
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes
