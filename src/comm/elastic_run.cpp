@@ -1,8 +1,7 @@
 // The state an elastic job returns to, and the loop that keeps training going over changes of
 // membership (include/tutti/elastic.hpp).
-#include <cstring>
+#include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <optional>
 
 #include "core/log.hpp"
@@ -18,13 +17,23 @@ bool recoverable(const Error& e) {
   return e.code() == ErrorCode::peer_failure || e.code() == ErrorCode::timeout || e.code() == ErrorCode::aborted;
 }
 
-// The file's bytes; nullopt when it cannot be opened (there is none).
-std::optional<std::vector<std::byte>> read_file(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return std::nullopt;
-  std::vector<char> text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> bytes(text.size());
-  std::memcpy(bytes.data(), text.data(), text.size());
+// The checkpoint's bytes; nullopt when there is none. One that is there but cannot be read is an
+// error: starting afresh would lose what it holds.
+std::optional<std::vector<std::byte>> read_checkpoint(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::file_type type = fs::status(path, error).type();
+  if (type == fs::file_type::not_found) return std::nullopt;
+  std::vector<std::byte> bytes;
+  std::ifstream file;
+  if (type == fs::file_type::regular) {
+    bytes.resize(static_cast<std::size_t>(fs::file_size(path, error)));
+    file.open(path, std::ios::binary);
+    file.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  if (type != fs::file_type::regular || error || !file)
+    throw Error(ErrorCode::system, "elastic: cannot read the checkpoint " + path +
+                                       " that a job below its minimum of ranks left (remove it to start afresh)");
   return bytes;
 }
 
@@ -66,7 +75,7 @@ void run(Job& job, State& state, const std::function<void(Communicator&)>& train
   // A job that fell below its minimum left its last commit there: rank 0 starts from it, and the
   // first sync gives it to every rank.
   if (job.generation() == 0 && job.communicator().rank() == 0 && !job.checkpoint().empty())
-    if (const auto bytes = read_file(job.checkpoint())) {
+    if (const auto bytes = read_checkpoint(job.checkpoint())) {
       state.load(*bytes);
       core::log(core::LogLevel::warn, 0,
                 "elastic: starting from the checkpoint " + job.checkpoint() + " (" + std::to_string(bytes->size()) +

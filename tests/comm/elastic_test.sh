@@ -8,7 +8,7 @@
 #   leave  rank 3 of 4 leaves (Job::leave) and exits: the others go on as 3 at once;
 #   min    with a minimum of 3 ranks, losing 1 of 3 ends the job on every survivor with a clear
 #          error, and the last committed state is in the checkpoint, from which the job started
-#          again goes on;
+#          again goes on (one that cannot be read is an error, not a fresh start);
 #   host   (tcp) two emulated hosts, one lost whole: the others wait out the timeout, go on;
 #   bounds a minimum above the maximum is refused;
 # and through tutti-run --elastic: a rank killed, SIGUSR1 starts a joiner, a rank started by hand
@@ -149,6 +149,12 @@ for r in 0 1; do
   expect_line c$r "^done rank $r of 2 generation 0 steps 200"
 done
 echo "ok: a job started with TUTTI_ELASTIC_CHECKPOINT goes on from the last commit"
+# A checkpoint there that cannot be read (a directory) is an error, not a fresh start.
+new_job
+start u0 TUTTI_RANK=0 TUTTI_SIZE=1 TUTTI_ELASTIC_CHECKPOINT="$work" -- 10 5 0
+expect_exit u0 1
+expect_line u0 "^error: elastic: cannot read the checkpoint $work that a job below its minimum of ranks left"
+echo "ok: a checkpoint that cannot be read is an error"
 
 # ---- host (tcp only): two emulated hosts of 2 ranks (TUTTI_HOST; shm within, tcp across), host 1
 # lost (both its ranks killed). A pid on another host says nothing here, so the survivors wait out
