@@ -98,6 +98,7 @@ class ErrorFeedback {
   std::span<const float> residual(std::string_view name) const;
 
  private:
+  friend class GradientCompressor;  // its save_state and load_state
   std::vector<float>& slot(std::string_view name, std::size_t count);
   std::unordered_map<std::string, std::vector<float>> residuals_;
 };
@@ -178,6 +179,7 @@ class PowerSgd {
   int rank() const { return rank_; }
 
  private:
+  friend class GradientCompressor;  // its save_state and load_state
   struct State {
     std::size_t rows = 0, cols = 0;
     std::vector<float> q;         // cols x r, warm start
@@ -193,6 +195,17 @@ class PowerSgd {
 void orthogonalize(float* matrix, std::size_t rows, std::size_t cols);
 
 // ---- a compressor for training ----
+
+/// A GradientCompressor's memory as bytes (GradientCompressor::save_state), to go on where it
+/// stopped: after an elastic job's rebuild, or from a checkpoint.
+struct CompressorState {
+  /// The same on every rank: the compression, the step (which keys QSGD's randomness and top-k's
+  /// warm-up) and PowerSGD's warm-started Q of each tensor.
+  std::vector<std::byte> shared;
+  /// This rank's own: the error-feedback residual of each tensor (qsgd, topk, powersgd), what its
+  /// earlier steps did not send.
+  std::vector<std::byte> local;
+};
 
 /// What DistributedOptions::compression and `tutti-train --compression` name.
 struct Compression {
@@ -231,6 +244,19 @@ class GradientCompressor {
   void next_step() { ++step_; }
 
   const Compression& compression() const { return compression_; }
+  std::uint64_t seed() const { return seed_; }
+  std::uint64_t step() const { return step_; }
+  /// Tensors whose residual this rank holds (qsgd, topk, powersgd's compressed matrices).
+  std::size_t residual_count() const { return power_ ? power_->states_.size() : feedback_.residuals_.size(); }
+
+  /// The compressor's memory (CompressorState), tensors in name order: the same bytes for the
+  /// same state.
+  CompressorState save_state() const;
+  /// Goes on from what save_state gave: `shared` from any rank of the job, `local` this rank's
+  /// own, or empty (a rank that joins: its residuals start from zero; PowerSGD's from zero
+  /// against the shared Q). Error(invalid_argument), changing nothing, for bytes that another
+  /// compression wrote or that are damaged, naming what is wrong.
+  void load_state(std::span<const std::byte> shared, std::span<const std::byte> local);
 
  private:
   template <class Reduce>
