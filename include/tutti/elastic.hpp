@@ -82,11 +82,17 @@ class State {
  protected:
   virtual std::vector<std::byte> save() const = 0;
   virtual void load(std::span<const std::byte> bytes) = 0;
+  /// This rank's own part, which differs from rank to rank (a compressor's error-feedback
+  /// residuals): commit() keeps it and restore() gives it back with the rest, but sync() does not
+  /// send it, and neither does the checkpoint below min_ranks. A rank that joins starts from
+  /// load_local of nothing (empty bytes). Default: none.
+  virtual std::vector<std::byte> save_local() const { return {}; }
+  virtual void load_local(std::span<const std::byte> bytes) { (void)bytes; }
 
  private:
   friend void run(Job&, State&, const std::function<void(Communicator&)>&);
   Job* job_ = nullptr;
-  std::vector<std::byte> committed_;
+  std::vector<std::byte> committed_, committed_local_;
   std::uint64_t commits_ = 0;
 };
 

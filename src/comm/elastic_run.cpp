@@ -41,6 +41,7 @@ std::optional<std::vector<std::byte>> read_checkpoint(const std::string& path) {
 
 void State::commit() {
   committed_ = save();
+  committed_local_ = save_local();
   ++commits_;
   if (job_ == nullptr) return;
   Communicator& world = job_->communicator();
@@ -53,7 +54,9 @@ void State::commit() {
 }
 
 void State::restore() {
-  if (commits_ > 0) load(committed_);
+  if (commits_ == 0) return;
+  load(committed_);
+  load_local(committed_local_);
 }
 
 void State::sync() {
@@ -67,6 +70,7 @@ void State::sync() {
   if (size > 0) world.broadcast(bytes.data(), size, DataType::u8, 0);
   if (world.rank() != 0) load(bytes);
   committed_ = std::move(bytes);
+  committed_local_ = save_local();  // this rank's own, as it is: a joiner's is empty
   ++commits_;
 }
 

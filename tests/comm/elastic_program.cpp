@@ -8,8 +8,10 @@
 // adds sum/size (exactly 1) to the state, so the state after any number of failures, rollbacks
 // and joins is exactly STEPS in every element. At step DIE_AT of generation 0, the ranks VICTIMS
 // ("2", or "2,3") kill themselves (SIGKILL), stop themselves (SIGSTOP) or leave the job
-// (Job::leave) and exit. At the end every rank checks that all ranks hold the same state, and
-// prints "done rank R of P generation G steps S recovered_ms T name NAME".
+// (Job::leave) and exit. Each rank also counts the steps it did in a local part of the state
+// (State::save_local), which rollbacks restore and syncs leave alone: it must end as the steps
+// since this process began training. At the end every rank checks that all ranks hold the same
+// state, and prints "done rank R of P generation G steps S recovered_ms T name NAME".
 #include <signal.h>
 #include <unistd.h>
 
@@ -31,6 +33,20 @@ constexpr std::size_t elements = 257;
 struct Counters final : tutti::elastic::State {
   std::uint64_t step = 0;
   std::vector<double> x = std::vector<double>(elements, 0.0);
+  std::uint64_t own = 0;  // the local part: steps this rank did
+
+  std::vector<std::byte> save_local() const override {
+    std::vector<std::byte> bytes(sizeof own);
+    std::memcpy(bytes.data(), &own, sizeof own);
+    return bytes;
+  }
+  void load_local(std::span<const std::byte> bytes) override {
+    if (bytes.size() != sizeof own) {
+      std::fprintf(stderr, "FAILED: a local state of %zu bytes\n", bytes.size());
+      std::exit(3);
+    }
+    std::memcpy(&own, bytes.data(), sizeof own);
+  }
 
   std::vector<std::byte> save() const override {
     std::vector<std::byte> bytes(sizeof(step) + x.size() * sizeof(double));
@@ -83,7 +99,9 @@ int main(int argc, char** argv) {
     auto last_step = clock::now();
     long long recovered_ms = -1;
     int calls = 0;
+    std::uint64_t first_step = 0;  // where this process began training
     tutti::elastic::run(job, state, [&](tutti::Communicator& world) {
+      if (calls == 0) first_step = state.step;
       if (calls++ > 0 && job.generation() > 0)
         recovered_ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - last_step).count();
       // After a failure: the time from the last step done to training again (detection, the
@@ -110,6 +128,7 @@ int main(int argc, char** argv) {
           state.x[i] += ones[i] / world.size();
         }
         ++state.step;
+        ++state.own;
         last_step = clock::now();
         if (state.step % commit_every == 0) state.commit();
         std::this_thread::sleep_for(pause);
@@ -118,6 +137,9 @@ int main(int argc, char** argv) {
         if (state.x[i] != static_cast<double>(steps))
           failed("element " + std::to_string(i) + " of the state is " + std::to_string(state.x[i]) + ", not " +
                  std::to_string(steps));
+      if (state.own != steps - first_step)
+        failed("the local part counts " + std::to_string(state.own) + " steps, this rank did " +
+               std::to_string(steps - first_step));
       // Every rank holds the same state: the sum over ranks is size() times this rank's.
       std::vector<double> sum = state.x;
       world.allreduce(std::span<double>(sum), tutti::ReduceOp::sum);

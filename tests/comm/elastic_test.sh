@@ -72,9 +72,9 @@ await_line() {  # NAME PATTERN: within 60 s
 }
 
 steps=600
-# ---- kill: 4 ranks, rank 2 killed at step 60; once the 3 others go on, a rank joins ----
+# ---- kill: 4 ranks, rank 2 killed at step 62 (back to the commit at 60); once the 3 others go on, a rank joins ----
 new_job
-for r in 0 1 2 3; do start k$r TUTTI_RANK=$r TUTTI_SIZE=4 TUTTI_TIMEOUT_MS=20000 -- $steps 5 10 2 60 kill; done
+for r in 0 1 2 3; do start k$r TUTTI_RANK=$r TUTTI_SIZE=4 TUTTI_TIMEOUT_MS=20000 -- $steps 5 10 2 62 kill; done
 expect_exit k2 137
 await_line k0 "^generation 1: rank 0 of 3 from step 60 after [0-9]+ ms$"
 start kj TUTTI_ELASTIC_JOIN=1 TUTTI_TIMEOUT_MS=20000 -- $steps 5 10
@@ -88,10 +88,10 @@ expect_line kj "^done rank 3 of 4 generation 2 steps $steps"
 echo "ok: kill -9 one rank of 4, a rank joins: 4 ranks finish with the exact state"
 grep -h "^generation\|^done" "$work"/k0.out "$work"/kj.out
 
-# ---- stop: 3 ranks, rank 1 stops at step 40; 2 go on; continued, rank 1 is refused ----
+# ---- stop: 3 ranks, rank 1 stops at step 42; 2 go on from 40; continued, rank 1 is refused ----
 new_job
 for r in 0 1 2; do
-  start s$r TUTTI_RANK=$r TUTTI_SIZE=3 TUTTI_TIMEOUT_MS=3000 TUTTI_ELASTIC_TIMEOUT_MS=3000 -- 200 5 10 1 40 stop
+  start s$r TUTTI_RANK=$r TUTTI_SIZE=3 TUTTI_TIMEOUT_MS=3000 TUTTI_ELASTIC_TIMEOUT_MS=3000 -- 200 5 10 1 42 stop
 done
 for r in 0 2; do
   expect_exit s$r 0
