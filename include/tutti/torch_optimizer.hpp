@@ -150,6 +150,10 @@ class DistributedOptimizer {
 
   Engine& engine() { return engine_; }
   torch::optim::Optimizer& optimizer() { return optimizer_; }
+  /// The compressor that reduces gradients in step() (qsgd, topk, powersgd), whose memory
+  /// (save_state, load_state) a job that goes on needs; nullptr without one (none, fp16, bf16:
+  /// nothing to remember).
+  compress::GradientCompressor* compressor() { return compressor_.get(); }
   const DistributedOptions& options() const { return options_; }
 
   OverlapStats overlap_stats() const { return stats_; }

@@ -249,35 +249,56 @@ int train(tutti::Communicator& comm, const Settings& s) {
   return 0;
 }
 
-// --elastic: what the job needs to go on after a change of membership, the same on every rank.
-// The compressor's error feedback is per rank and not in it: it starts again from zero in every
-// generation.
+// --elastic: what the job needs to go on after a change of membership. The shared part, the same
+// on every rank: the position in training and the Trainer's state (parameters, buffers, momentum,
+// the CPU generator), and the compressor's step and PowerSGD's Q. The local part, this rank's own:
+// its compressor's error-feedback residuals (a rank that joins starts them from zero).
 struct ElasticState final : tutti::elastic::State {
-  std::int32_t epoch = 1;
-  std::int64_t position = 0;       // samples of the epoch's order trained on
-  std::int64_t steps = 0;          // optimizer steps over the run
+  struct Position {
+    std::int64_t epoch = 1;
+    std::int64_t sample = 0;                    // samples of the epoch's order trained on
+    std::int64_t steps = 0;                     // optimizer steps over the run
+    std::uint64_t weights = 0, compressor = 0;  // the bytes that follow, of each
+  } at;
   std::vector<std::byte> weights;  // Trainer::save_state; empty: the Trainer's own start
+  tutti::compress::CompressorState compressor;
+
+  // At a commit point: what the trainer holds now.
+  void take(const tutti::train::Trainer& trainer) {
+    weights = trainer.save_state();
+    compressor = trainer.compressor_state();
+  }
+  // In a new generation: the trainer goes on from here.
+  void give(tutti::train::Trainer& trainer) const {
+    if (!weights.empty()) trainer.load_state(weights);
+    trainer.load_compressor_state(compressor.shared, compressor.local);
+  }
 
  protected:
   std::vector<std::byte> save() const override {
-    std::vector<std::byte> bytes(header + weights.size());
-    std::memcpy(bytes.data(), &epoch, sizeof epoch);
-    std::memcpy(bytes.data() + 4, &position, sizeof position);
-    std::memcpy(bytes.data() + 12, &steps, sizeof steps);
-    std::copy(weights.begin(), weights.end(), bytes.begin() + header);
+    Position header = at;
+    header.weights = weights.size();
+    header.compressor = compressor.shared.size();
+    std::vector<std::byte> bytes(sizeof header);
+    std::memcpy(bytes.data(), &header, sizeof header);
+    bytes.insert(bytes.end(), weights.begin(), weights.end());
+    bytes.insert(bytes.end(), compressor.shared.begin(), compressor.shared.end());
     return bytes;
   }
   void load(std::span<const std::byte> bytes) override {
-    if (bytes.size() < header)
-      throw std::runtime_error("an elastic state of " + std::to_string(bytes.size()) + " bytes");
-    std::memcpy(&epoch, bytes.data(), sizeof epoch);
-    std::memcpy(&position, bytes.data() + 4, sizeof position);
-    std::memcpy(&steps, bytes.data() + 12, sizeof steps);
-    weights.assign(bytes.begin() + header, bytes.end());
+    Position header;
+    if (bytes.size() >= sizeof header) std::memcpy(&header, bytes.data(), sizeof header);
+    const std::uint64_t rest = bytes.size() - std::min(bytes.size(), sizeof header);
+    if (bytes.size() < sizeof header || header.weights > rest || header.compressor != rest - header.weights)
+      throw std::runtime_error("tutti-train: an elastic state of " + std::to_string(bytes.size()) +
+                               " bytes that is not one");
+    at = header;
+    const auto* w = bytes.data() + sizeof header;
+    weights.assign(w, w + header.weights);
+    compressor.shared.assign(w + header.weights, bytes.data() + bytes.size());
   }
-
- private:
-  static constexpr std::size_t header = 20;
+  std::vector<std::byte> save_local() const override { return compressor.local; }
+  void load_local(std::span<const std::byte> bytes) override { compressor.local.assign(bytes.begin(), bytes.end()); }
 };
 
 int train_elastic(const Settings& s) {
@@ -293,7 +314,7 @@ int train_elastic(const Settings& s) {
     const bool root = world.rank() == 0;
     const double lost_ms = std::chrono::duration<double, std::milli>(Clock::now() - last_step).count();
     tutti::train::Trainer trainer(world, s, data);
-    if (!state.weights.empty()) trainer.load_state(state.weights);
+    state.give(trainer);
     if (root) {
       if (job.generation() == 0)
         std::printf("tutti-train: elastic p=%d batch=%lld/rank lr=%g compression=%s commit-every=%lld\n", world.size(),
@@ -303,34 +324,34 @@ int train_elastic(const Settings& s) {
         std::printf(
             "tutti-train: elastic generation %d: %d ranks, from epoch %d sample %lld (step %lld), %.0f ms after "
             "the last step done\n",
-            job.generation(), world.size(), state.epoch, static_cast<long long>(state.position),
-            static_cast<long long>(state.steps), lost_ms);
+            job.generation(), world.size(), static_cast<int>(state.at.epoch), static_cast<long long>(state.at.sample),
+            static_cast<long long>(state.at.steps), lost_ms);
       std::fflush(stdout);
     }
     const std::int64_t global_batch = static_cast<std::int64_t>(world.size()) * s.batch_size;
-    while (state.epoch <= s.epochs) {
+    while (state.at.epoch <= s.epochs) {
       last = trainer.run_epoch(
-          state.epoch, 0,
+          static_cast<int>(state.at.epoch), 0,
           [&](std::int64_t, double loss) {
-            state.position += global_batch;
-            ++state.steps;
+            state.at.sample += global_batch;
+            ++state.at.steps;
             last_step = Clock::now();
-            if (root && s.log_interval > 0 && state.steps % s.log_interval == 0) {
-              std::printf("tutti-train: step %lld epoch %d loss %.4f\n", static_cast<long long>(state.steps),
-                          state.epoch, loss);
+            if (root && s.log_interval > 0 && state.at.steps % s.log_interval == 0) {
+              std::printf("tutti-train: step %lld epoch %d loss %.4f\n", static_cast<long long>(state.at.steps),
+                          static_cast<int>(state.at.epoch), loss);
               std::fflush(stdout);
             }
-            if (state.steps % s.commit_every == 0) {
-              state.weights = trainer.save_state();
+            if (state.at.steps % s.commit_every == 0) {
+              state.take(trainer);
               state.commit();
             }
           },
-          state.position);
+          state.at.sample);
       if (std::isnan(last.train_loss)) throw std::runtime_error("the training loss is NaN (try a smaller --lr)");
-      if (root) print_epoch(state.epoch, s, last);
-      ++state.epoch;
-      state.position = 0;
-      state.weights = trainer.save_state();
+      if (root) print_epoch(static_cast<int>(state.at.epoch), s, last);
+      ++state.at.epoch;
+      state.at.sample = 0;
+      state.take(trainer);
       state.commit();
     }
     if (!parameters_identical(world, trainer)) status = 1;

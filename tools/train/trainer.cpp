@@ -1,8 +1,11 @@
 #include "trainer.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <span>
@@ -342,12 +345,36 @@ std::vector<std::byte> Trainer::save_state() const {
   std::ostringstream text;
   archive.save_to(text);
   const std::string optimizer = text.str();
-  const std::uint64_t length = optimizer.size();
-  const auto* l = reinterpret_cast<const std::byte*>(&length);
-  bytes.insert(bytes.end(), l, l + sizeof length);
-  const auto* o = reinterpret_cast<const std::byte*>(optimizer.data());
-  bytes.insert(bytes.end(), o, o + optimizer.size());
+  auto put_bytes = [&](const void* data, std::uint64_t length) {
+    const auto* l = reinterpret_cast<const std::byte*>(&length);
+    bytes.insert(bytes.end(), l, l + sizeof length);
+    const auto* d = static_cast<const std::byte*>(data);
+    bytes.insert(bytes.end(), d, d + length);
+  };
+  put_bytes(optimizer.data(), optimizer.size());
+  const torch::Tensor rng = cpu_generator_state();
+  put_bytes(rng.data_ptr(), rng.nbytes());
   return bytes;
+}
+
+torch::Tensor Trainer::cpu_generator_state() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard lock(generator.mutex());
+  return generator.get_state();
+}
+
+tutti::compress::CompressorState Trainer::compressor_state() const {
+  const auto* compressor = optimizer_ ? optimizer_->compressor() : nullptr;
+  return compressor ? compressor->save_state() : tutti::compress::CompressorState{};
+}
+
+void Trainer::load_compressor_state(std::span<const std::byte> shared, std::span<const std::byte> local) {
+  if (shared.empty()) return;
+  auto* compressor = optimizer_ ? optimizer_->compressor() : nullptr;
+  if (!compressor)
+    throw Error(ErrorCode::invalid_argument,
+                "tutti-train: a compressor's state, and --compression " + s_.compression + " keeps none");
+  compressor->load_state(shared, local);
 }
 
 void Trainer::load_state(std::span<const std::byte> bytes) {
@@ -374,6 +401,20 @@ void Trainer::load_state(std::span<const std::byte> bytes) {
   torch::serialize::InputArchive archive;
   archive.load_from(text);
   sgd_->load(archive);
+  torch::Tensor rng = cpu_generator_state();
+  if (at + sizeof length <= bytes.size()) std::memcpy(&length, bytes.data() + at, sizeof length);
+  at += sizeof length;
+  if (at > bytes.size() || length != rng.nbytes() || length > bytes.size() - at)
+    throw Error(ErrorCode::invalid_argument, "tutti-train: a state of " + std::to_string(bytes.size()) +
+                                                 " bytes holds no generator state of " + std::to_string(rng.nbytes()) +
+                                                 " bytes");
+  std::memcpy(rng.data_ptr(), bytes.data() + at, length);
+  at += length;
+  {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard lock(generator.mutex());
+    generator.set_state(rng);
+  }
   if (at != bytes.size())
     throw Error(ErrorCode::invalid_argument, "tutti-train: a state of " + std::to_string(bytes.size()) +
                                                  " bytes does not hold this model (" + std::to_string(at) + ")");

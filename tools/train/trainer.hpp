@@ -86,8 +86,14 @@ class Trainer {
   /// Data parallelism alone (no ZeRO, pipeline, tensor parallelism or --device-memory): the
   /// parameters, buffers and momentum as bytes, the same layout on every rank; load_state takes
   /// what some rank's save_state gave (Error(invalid_argument) for another layout).
+  /// The CPU generator's state comes with them.
   std::vector<std::byte> save_state() const;
   void load_state(std::span<const std::byte> bytes);
+  /// With a --compression that keeps memory (qsgd, topk, powersgd): its state; empty otherwise.
+  /// load_compressor_state of empty bytes does nothing; of another compression's state,
+  /// Error(invalid_argument).
+  tutti::compress::CompressorState compressor_state() const;
+  void load_compressor_state(std::span<const std::byte> shared, std::span<const std::byte> local);
 
   /// FNV-1a 64 of this rank's parameters' bytes, in named_parameters order.
   std::uint64_t parameter_checksum() const;
@@ -109,6 +115,8 @@ class Trainer {
   const OutOfCore* out_of_core() const { return out_of_core_.get(); }
 
  private:
+  /// A copy of the CPU generator's state (torch's default generator).
+  static torch::Tensor cpu_generator_state();
   /// The epoch's order of the training samples: a permutation seeded by seed + epoch, the same on
   /// every rank; this rank's shard is every data-th sample of it from `from_sample` on, starting
   /// at its data rank d (the ranks of a pipeline or tensor group share one).
