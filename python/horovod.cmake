@@ -46,6 +46,12 @@ if(TUTTI_BUILD_TESTS)
            COMMAND ${CMAKE_COMMAND} -E env ${hvd_env} bash ${hvd_tests}/elastic_test.sh $<TARGET_FILE:tutti-run>
                    ${Python_EXECUTABLE})
   set_tests_properties(python.horovod.elastic PROPERTIES LABELS "python;mp;fault" TIMEOUT 240)
+  # hvd.elastic.ElasticSampler in one process (a job of one rank; other sizes by the partition
+  # alone, other ranks' processed indices through a stand-in for the allgather): label python.
+  add_test(NAME python.horovod.elastic_sampler
+           COMMAND ${CMAKE_COMMAND} -E env ${hvd_env} timeout 100 ${Python_EXECUTABLE}
+                   ${hvd_tests}/elastic_sampler_test.py)
+  set_tests_properties(python.horovod.elastic_sampler PROPERTIES LABELS "python" TIMEOUT 120)
   # Under torchrun (Debian's, through the test's fixed copy): hvd.init() joins through torchrun's store.
   add_test(NAME python.horovod.collectives.torchrun_p3
            COMMAND ${CMAKE_COMMAND} -E env ${hvd_env} timeout 200 ${Python_EXECUTABLE}
