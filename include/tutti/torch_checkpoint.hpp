@@ -6,6 +6,8 @@
 // can and cannot do.
 #pragma once
 
+#include <torch/types.h>
+
 #include <map>
 #include <optional>
 #include <string>
@@ -13,6 +15,11 @@
 #include "tutti/tutti.hpp"
 
 namespace tutti::libtorch {
+
+/// A copy of the state of torch's default CPU generator (what checkpoints keep of each rank's
+/// randomness), and setting it back.
+torch::Tensor cpu_generator_state();
+void set_cpu_generator_state(const torch::Tensor& state);
 
 /// What a checkpoint carries beside the tensors (an epoch, a position in the data): keys and
 /// values non-empty and without whitespace. "optimizer_steps" is the optimizer's own.

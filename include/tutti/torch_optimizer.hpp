@@ -27,6 +27,7 @@ namespace tutti::libtorch {
 namespace detail {
 
 class CheckpointWriter;
+struct CheckpointExtras;
 
 /// What `grad_accumulator` returns: a std::shared_ptr of the node up to torch 2.x's later releases,
 /// a c10::intrusive_ptr since. Held to keep the node, and the hook on it, alive.
@@ -62,6 +63,13 @@ struct DistributedOptions {
   compress::Compression compression;
   /// Seeds QSGD's coins and PowerSGD's first Q: the same on every rank, so that runs reproduce.
   std::uint64_t compression_seed = 0;
+  /// The module's buffers (running statistics: module->named_buffers()), by name: never reduced,
+  /// but checkpoints save them with the parameters and load_checkpoint restores them (a checkpoint
+  /// without one of them is refused, Error(mismatch)).
+  std::vector<std::pair<std::string, torch::Tensor>> buffers;
+  /// Checkpoints save each rank's CPU generator state (cpu_generator_state) and load_checkpoint
+  /// gives it back, so that randomness (dropout, sampling) goes on as it would have.
+  bool checkpoint_generator = true;
 
   /// The 16-bit wire type of fp16 and bf16; DataType::f32 for the other compressions.
   DataType wire_type() const {
@@ -217,6 +225,7 @@ class DistributedOptimizer {
   void account(std::chrono::steady_clock::time_point backward_end, double wait_seconds);
 
   std::vector<std::pair<std::string, torch::Tensor>> checkpoint_params() const;
+  detail::CheckpointExtras checkpoint_extras();
 
   torch::optim::Optimizer& optimizer_;
   DistributedOptions options_;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -26,7 +27,8 @@ namespace tutti::libtorch {
 namespace detail {
 
 CheckpointJob snapshot_checkpoint(int rank, int world, const std::string& dir, const NamedTensors& params,
-                                  torch::optim::Optimizer& optimizer, const CheckpointMetadata& metadata) {
+                                  torch::optim::Optimizer& optimizer, const CheckpointMetadata& metadata,
+                                  const CheckpointExtras& extras) {
   const std::string where = "tutti::libtorch checkpoint " + dir + " (rank " + std::to_string(rank) + "): ";
   auto plain = [](const std::string& s) { return !s.empty() && s.find_first_of(" \t\r\n\v\f") == std::string::npos; };
   CheckpointJob job{dir, {}, {}};
@@ -48,11 +50,16 @@ CheckpointJob snapshot_checkpoint(int rank, int world, const std::string& dir, c
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error(ErrorCode::system, where + "cannot create the directory: " + ec.message());
   open_checkpoint_dir(dir);  // refused now rather than by the writer thread (which checks again)
-  const auto entries = checkpoint_entries(params, optimizer);
+  for (const auto& [name, t] : extras.buffers)
+    if (!plain(name)) throw Error(ErrorCode::invalid_argument, where + "buffer name '" + name + "' has whitespace");
+  auto entries = checkpoint_entries(params, optimizer);
+  for (auto& e : shared_extra_entries(extras)) entries.push_back(std::move(e));
   const auto owners = shard_owners(entries, world);
   for (std::size_t i = 0; i < entries.size(); ++i)
     if (owners[i] == rank)
       job.mine.push_back({entries[i].name, entries[i].tensor.detach().clone(torch::MemoryFormat::Contiguous)});
+  for (auto& e : rank_extra_entries(extras, rank))
+    job.mine.push_back({e.name, e.tensor.detach().clone(torch::MemoryFormat::Contiguous)});
   return job;
 }
 
@@ -84,7 +91,8 @@ CheckpointContents read_checkpoint(const std::string& dir, int world_size) {
 }
 
 void restore_checkpoint(CheckpointContents c, const std::string& dir, const NamedTensors& params,
-                        torch::optim::Optimizer& optimizer, const std::function<void()>& before_writing) {
+                        torch::optim::Optimizer& optimizer, const std::function<void()>& before_writing,
+                        const CheckpointExtras& extras, int rank) {
   const std::string where = "tutti::libtorch checkpoint " + dir + ": ";
   if (c.manifest.optimizer != optimizer_type(optimizer))
     throw Error(ErrorCode::mismatch,
@@ -126,6 +134,39 @@ void restore_checkpoint(CheckpointContents c, const std::string& dir, const Name
     if (!value.defined()) throw Error(ErrorCode::mismatch, where + "no options for param group " + std::to_string(g));
     groups.emplace_back(value.data_ptr<double>(), value.data_ptr<double>() + value.numel());
   }
+  std::vector<torch::Tensor> buffers;
+  for (const auto& [name, t] : extras.buffers) {
+    buffers.push_back(take("buffer/" + name, t));
+    if (!buffers.back().defined()) throw Error(ErrorCode::mismatch, where + "written without the buffer " + name);
+  }
+  // Bytes (u8, one dimension) of any length.
+  auto take_bytes = [&](const std::string& name) {
+    auto it = c.tensors.find(name);
+    if (it == c.tensors.end()) return torch::Tensor();
+    if (it->second.dim() != 1 || it->second.scalar_type() != torch::kUInt8)
+      throw Error(ErrorCode::invalid_argument, where + "damaged: " + name + " is " + shape_of(it->second));
+    return c.tensors.extract(it).mapped();
+  };
+  auto span_of = [](const torch::Tensor& t) {
+    return t.defined() ? std::span(static_cast<const std::byte*>(t.data_ptr()), t.nbytes())
+                       : std::span<const std::byte>();
+  };
+  const std::string mine = "rank/" + std::to_string(rank) + "/";
+  std::optional<compress::GradientCompressor> compressor;
+  if (extras.compressor) {
+    const std::string text = extras.compressor->compression().to_string();
+    const auto shared = take_bytes("compressor/" + text), local = take_bytes(mine + "compressor/" + text);
+    if (shared.defined()) {
+      compressor.emplace(extras.compressor->compression(), extras.compressor->seed());
+      compressor->load_state(span_of(shared), span_of(local));
+    }
+  }
+  torch::Tensor generator;
+  if (extras.generator) generator = take(mine + "generator", cpu_generator_state());
+  // Another compression's state (a run resumed with another --compression starts its compressor
+  // afresh) and the other ranks' own entries.
+  std::erase_if(c.tensors,
+                [](const auto& e) { return e.first.starts_with("compressor/") || e.first.starts_with("rank/"); });
   if (!c.tensors.empty())
     throw Error(ErrorCode::invalid_argument, where + "entry " + c.tensors.begin()->first + " belongs to nothing here");
   for (std::size_t i = 0; i < states.size(); ++i)
@@ -143,6 +184,9 @@ void restore_checkpoint(CheckpointContents c, const std::string& dir, const Name
   }
   for (std::size_t g = 0; g < groups.size(); ++g)
     set_group_options(kind, optimizer.param_groups()[g].options(), groups[g]);
+  for (std::size_t i = 0; i < buffers.size(); ++i) extras.buffers[i].second.copy_(buffers[i]);
+  if (compressor) *extras.compressor = std::move(*compressor);
+  if (generator.defined()) set_cpu_generator_state(generator);
 }
 
 void agree_on_load(Communicator& comm, const std::string& dir, const std::exception_ptr& failure) {
@@ -187,15 +231,18 @@ void agree_on_load(Communicator& comm, const std::string& dir, const std::except
 }
 
 CheckpointMetadata load_checkpoint(Communicator& comm, const std::string& dir, const NamedTensors& params,
-                                   torch::optim::Optimizer& optimizer) {
+                                   torch::optim::Optimizer& optimizer, const CheckpointExtras& extras) {
   bool agreed = false;
   try {
     auto contents = read_checkpoint(dir, comm.size());
     CheckpointMetadata metadata = contents.manifest.metadata;
-    restore_checkpoint(std::move(contents), dir, params, optimizer, [&] {
-      agreed = true;
-      agree_on_load(comm, dir, nullptr);
-    });
+    restore_checkpoint(
+        std::move(contents), dir, params, optimizer,
+        [&] {
+          agreed = true;
+          agree_on_load(comm, dir, nullptr);
+        },
+        extras, comm.rank());
     return metadata;
   } catch (...) {
     if (agreed) throw;

@@ -50,7 +50,8 @@ struct CheckpointJob {
 /// whitespace, or a `dir` that already holds a checkpoint; Error(system) if `dir` cannot be made;
 /// Error(unsupported) from checkpoint_entries.
 CheckpointJob snapshot_checkpoint(int rank, int world, const std::string& dir, const NamedTensors& params,
-                                  torch::optim::Optimizer& optimizer, const CheckpointMetadata& metadata);
+                                  torch::optim::Optimizer& optimizer, const CheckpointMetadata& metadata,
+                                  const CheckpointExtras& extras = {});
 
 /// Writes checkpoints in a thread of its own, one at a time (see the top of this file).
 class CheckpointWriter {
@@ -165,9 +166,14 @@ CheckpointContents read_checkpoint(const std::string& dir, int world_size);
 /// type and shape, every state field), then copies it into them: nothing is written unless all
 /// of it fits. Error(mismatch) naming the first difference; Error(invalid_argument) for entries
 /// that do not belong (a damaged checkpoint). `before_writing` runs once the checks passed (to
-/// agree with the other ranks first: it may throw, and then nothing is written).
+/// agree with the other ranks first: it may throw, and then nothing is written). Of `extras`
+/// (restored as `rank`): every buffer must be there (Error(mismatch)); the compressor's state is
+/// restored when the checkpoint was written with the same compression, else the compressor is
+/// left as it is; the generator, when the checkpoint has this rank's. Other ranks' entries are
+/// passed over.
 void restore_checkpoint(CheckpointContents c, const std::string& dir, const NamedTensors& params,
-                        torch::optim::Optimizer& optimizer, const std::function<void()>& before_writing);
+                        torch::optim::Optimizer& optimizer, const std::function<void()>& before_writing,
+                        const CheckpointExtras& extras = {}, int rank = 0);
 
 /// Makes the ranks of `comm` agree on whether each could load `dir` (collective): returns if none
 /// failed, else throws on every rank the same Error, the one of the lowest rank that failed (its
@@ -179,7 +185,7 @@ void agree_on_load(Communicator& comm, const std::string& dir, const std::except
 /// the same Error (agree_on_load: the first failing rank's, from read_checkpoint or
 /// restore_checkpoint). Returns the checkpoint's metadata.
 CheckpointMetadata load_checkpoint(Communicator& comm, const std::string& dir, const NamedTensors& params,
-                                   torch::optim::Optimizer& optimizer);
+                                   torch::optim::Optimizer& optimizer, const CheckpointExtras& extras = {});
 
 /// The "optimizer_steps" a MANIFEST records (0 without); Error(invalid_argument) naming `path`
 /// for one that is not a number.

@@ -1,4 +1,5 @@
 // The checkpoint_state.hpp functions.
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Type.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
@@ -7,9 +8,11 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <typeinfo>
@@ -19,6 +22,7 @@
 #include "libtorch/broadcast.hpp"
 #include "libtorch/checkpoint_format.hpp"  // CheckpointEntry
 #include "libtorch/checkpoint_state.hpp"
+#include "tutti/torch_checkpoint.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::libtorch {
@@ -95,5 +99,47 @@ std::vector<int> shard_owners(const std::vector<CheckpointEntry>& entries, int w
   return owners;
 }
 
+namespace {
+
+torch::Tensor bytes_tensor(const std::vector<std::byte>& bytes) {
+  auto t = torch::empty({static_cast<std::int64_t>(bytes.size())}, torch::kUInt8);
+  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+}  // namespace
+
+std::vector<CheckpointEntry> shared_extra_entries(const CheckpointExtras& extras) {
+  std::vector<CheckpointEntry> entries;
+  for (const auto& [name, t] : extras.buffers) entries.push_back({"buffer/" + name, t});
+  if (extras.compressor)
+    entries.push_back({"compressor/" + extras.compressor->compression().to_string(),
+                       bytes_tensor(extras.compressor->save_state().shared)});
+  return entries;
+}
+
+std::vector<CheckpointEntry> rank_extra_entries(const CheckpointExtras& extras, int rank) {
+  const std::string prefix = "rank/" + std::to_string(rank) + "/";
+  std::vector<CheckpointEntry> entries;
+  if (extras.compressor)
+    entries.push_back({prefix + "compressor/" + extras.compressor->compression().to_string(),
+                       bytes_tensor(extras.compressor->save_state().local)});
+  if (extras.generator) entries.push_back({prefix + "generator", cpu_generator_state()});
+  return entries;
+}
+
 }  // namespace detail
+
+torch::Tensor cpu_generator_state() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_cpu_generator_state(const torch::Tensor& state) {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard lock(generator.mutex());
+  generator.set_state(state);
+}
+
 }  // namespace tutti::libtorch

@@ -23,6 +23,7 @@
 
 #include "libtorch/broadcast.hpp"
 #include "libtorch/checkpoint_format.hpp"  // CheckpointEntry
+#include "tutti/compress.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::libtorch {
@@ -78,6 +79,20 @@ std::vector<CheckpointEntry> checkpoint_entries(const NamedTensors& params, torc
 
 /// The rank that writes each entry: greedy by bytes, so that shards are about equal in size.
 std::vector<int> shard_owners(const std::vector<CheckpointEntry>& entries, int world);
+
+/// What a DistributedOptimizer's checkpoint holds beside the parameters and the optimizer.
+struct CheckpointExtras {
+  NamedTensors buffers;                                // "buffer/NAME", written like parameters
+  compress::GradientCompressor* compressor = nullptr;  // "compressor/TEXT" and "rank/R/compressor/TEXT"
+  bool generator = false;                              // "rank/R/generator": the CPU generator's state
+};
+
+/// The entries of `extras` that are the same on every rank (buffers, the compressor's shared
+/// state), in an order every rank shares: sharded like the rest.
+std::vector<CheckpointEntry> shared_extra_entries(const CheckpointExtras& extras);
+/// This rank's own ("rank/R/..."): the compressor's residuals and the generator, which this rank
+/// writes into its shard itself.
+std::vector<CheckpointEntry> rank_extra_entries(const CheckpointExtras& extras, int rank);
 
 }  // namespace detail
 }  // namespace tutti::libtorch

@@ -67,7 +67,8 @@ void DistributedOptimizer::checkpoint_async(const std::string& path, CheckpointM
   checkpoint_writer_->wait();
   detail::CheckpointJob job;
   try {
-    job = detail::snapshot_checkpoint(comm_.rank(), comm_.size(), path, checkpoint_params(), optimizer_, metadata);
+    job = detail::snapshot_checkpoint(comm_.rank(), comm_.size(), path, checkpoint_params(), optimizer_, metadata,
+                                      checkpoint_extras());
   } catch (...) {
     checkpoint_writer_->start_without_shard();  // the other ranks' writers may be under way
     throw;
@@ -86,7 +87,7 @@ void DistributedOptimizer::wait_checkpoint() {
 
 CheckpointMetadata DistributedOptimizer::load_checkpoint(const std::string& path) {
   wait_checkpoint();
-  auto metadata = detail::load_checkpoint(comm_, path, checkpoint_params(), optimizer_);
+  auto metadata = detail::load_checkpoint(comm_, path, checkpoint_params(), optimizer_, checkpoint_extras());
   const auto steps = metadata.find("optimizer_steps");  // written by checkpoint_async
   optimizer_steps_ = steps == metadata.end() ? 0 : std::strtoull(steps->second.c_str(), nullptr, 10);
   return metadata;
@@ -306,6 +307,10 @@ detail::NamedTensors DistributedOptimizer::checkpoint_params() const {
   detail::NamedTensors named;
   for (const auto& p : params_) named.emplace_back(p.name, p.tensor);
   return named;
+}
+
+detail::CheckpointExtras DistributedOptimizer::checkpoint_extras() {
+  return {options_.buffers, compressor_.get(), options_.checkpoint_generator};
 }
 
 }  // namespace tutti::libtorch

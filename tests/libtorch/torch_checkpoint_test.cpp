@@ -94,6 +94,99 @@ void expect_refused(const std::string& dir, ErrorCode code, const std::string& t
   EXPECT_TRUE(sgd.state().empty());
 }
 
+// With a compressor that keeps memory (top-k's residuals, each rank's own) and a module buffer,
+// a resumed run goes on to the same bits: the checkpoint holds the compressor's state and the
+// buffers. A checkpoint without a buffer the model has is refused.
+TEST(TorchCheckpoint, CompressorAndBuffersResumeBitwise) {
+  TempDir dir;
+  const std::string path = dir.path + "/step-3";
+  std::vector<torch::Tensor> continued(2), resumed(2);
+  torch::manual_seed(7);
+  std::vector<Net> models{Net(), Net()};
+  torch::manual_seed(8);
+  std::vector<Net> fresh{Net(), Net()};
+  for (auto* set : {&models, &fresh})
+    for (auto& m : *set) m->register_buffer("seen", torch::zeros({3}));
+  auto train_counting = [](tutti::libtorch::DistributedOptimizer& optimizer, Net& model, int rank, int first,
+                           int last) {
+    for (int step = first; step < last; ++step) {
+      train(optimizer, model, rank, step, step + 1);
+      torch::NoGradGuard no_grad;
+      model->named_buffers()["seen"].add_(static_cast<float>(step + 1));
+    }
+  };
+  auto everything = [](Net& model, torch::optim::Optimizer& opt) {
+    return torch::cat({state_of(model, opt), model->named_buffers()["seen"]}).clone();
+  };
+  const auto failures = run_ranks(2, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    tutti::libtorch::broadcast_parameters(comm, *models[r], 0);
+    auto options = [](Net& model) {
+      tutti::libtorch::DistributedOptions o;
+      o.compression = compress::Compression::parse("topk:0.3");
+      o.buffers = model->named_buffers().pairs();
+      o.checkpoint_generator = false;  // one generator for both threads: tested on one rank below
+      return o;
+    };
+    torch::optim::SGD opt(models[r]->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    tutti::libtorch::DistributedOptimizer optimizer(comm, opt, models[r]->named_parameters().pairs(),
+                                                    options(models[r]));
+    train_counting(optimizer, models[r], comm.rank(), 0, 3);
+    optimizer.checkpoint_async(path);
+    train_counting(optimizer, models[r], comm.rank(), 3, 6);
+    optimizer.wait_checkpoint();
+    continued[r] = everything(models[r], opt);
+
+    torch::optim::SGD opt2(fresh[r]->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    tutti::libtorch::DistributedOptimizer optimizer2(comm, opt2, fresh[r]->named_parameters().pairs(),
+                                                     options(fresh[r]));
+    optimizer2.load_checkpoint(path);
+    EXPECT_TRUE(torch::equal(fresh[r]->named_buffers()["seen"], torch::full({3}, 6.0f))) << "the buffer";
+    train_counting(optimizer2, fresh[r], comm.rank(), 3, 6);
+    resumed[r] = everything(fresh[r], opt2);
+  });
+  ASSERT_EQ(failures, "");
+  for (std::size_t r = 0; r < 2; ++r) EXPECT_TRUE(torch::equal(resumed[r], continued[r])) << "rank " << r;
+
+  // A model with a buffer the checkpoint lacks.
+  write_one(dir.path, "plain");
+  const auto refused = run_ranks(1, [&](Communicator& comm) {
+    Net model;
+    model->register_buffer("seen", torch::zeros({3}));
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    tutti::libtorch::DistributedOptions o;
+    o.buffers = model->named_buffers().pairs();
+    tutti::libtorch::DistributedOptimizer optimizer(comm, sgd, model->named_parameters().pairs(), o);
+    try {
+      optimizer.load_checkpoint(dir.path + "/plain");
+      ADD_FAILURE() << "a checkpoint without the buffer was loaded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::mismatch);
+      EXPECT_NE(std::string(e.what()).find("written without the buffer seen"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_EQ(refused, "");
+}
+
+// The CPU generator: a resumed run draws the numbers the run would have drawn after the checkpoint.
+TEST(TorchCheckpoint, GeneratorResumes) {
+  TempDir dir;
+  const auto failures = run_ranks(1, [&](Communicator& comm) {
+    Net model;
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    tutti::libtorch::DistributedOptimizer optimizer(comm, sgd, model->named_parameters().pairs());
+    train(optimizer, model, 0, 0, 1);
+    torch::manual_seed(11);
+    torch::rand({5});
+    optimizer.checkpoint(dir.path + "/ck");
+    const auto next = torch::rand({5});
+    torch::manual_seed(12);
+    optimizer.load_checkpoint(dir.path + "/ck");
+    EXPECT_TRUE(torch::equal(torch::rand({5}), next));
+  });
+  EXPECT_EQ(failures, "");
+}
+
 TEST(TorchCheckpoint, RefusesIncompleteDamagedAndForeignCheckpoints) {
   TempDir dir;
   write_one(dir.path, "a");

@@ -40,18 +40,10 @@ Straggler straggler(std::string_view flag, std::string_view text) {
   return s;
 }
 
-// The codecs with per-tensor state (error feedback, PowerSGD's Q) keep it outside the optimizer,
-// where a checkpoint does not reach: a resumed run would not continue the same training.
 void check_checkpoint_settings(const Settings& s) {
   if (s.checkpoint_dir.empty() != (s.checkpoint_every == 0))
     throw UsageError("--checkpoint DIR and --checkpoint-every N go together");
   if (s.checkpoint_blocking && s.checkpoint_dir.empty()) throw UsageError("--checkpoint-blocking needs --checkpoint");
-  const auto kind = tutti::compress::Compression::parse(s.compression).kind;
-  using Kind = tutti::compress::Compression::Kind;
-  if ((!s.checkpoint_dir.empty() || !s.resume.empty()) && kind != Kind::none && kind != Kind::fp16 &&
-      kind != Kind::bf16)
-    throw UsageError("--checkpoint and --resume take --compression none, fp16 or bf16 (" + s.compression +
-                     " keeps state a checkpoint does not hold)");
 }
 
 // An elastic job holds parameters, buffers, momentum and the sampler's position in its state:

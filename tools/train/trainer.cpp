@@ -1,11 +1,8 @@
 #include "trainer.hpp"
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <numeric>
 #include <random>
 #include <span>
@@ -92,6 +89,7 @@ Trainer::Trainer(Communicator& comm, const Settings& s, const Data& data)
     if (s_.fusion_threshold) options.engine.fusion_threshold = *s_.fusion_threshold;
     options.compression = tutti::compress::Compression::parse(s_.compression);
     options.compression_seed = s_.seed;
+    for (const auto& item : part_->net()->named_buffers()) options.buffers.emplace_back(item.key(), item.value());
     optimizer_ =
         std::make_unique<tutti::libtorch::DistributedOptimizer>(groups_->data, *sgd_, named, std::move(options));
     tutti::libtorch::broadcast_optimizer_state(groups_->data, *sgd_, 0);
@@ -352,15 +350,9 @@ std::vector<std::byte> Trainer::save_state() const {
     bytes.insert(bytes.end(), d, d + length);
   };
   put_bytes(optimizer.data(), optimizer.size());
-  const torch::Tensor rng = cpu_generator_state();
+  const torch::Tensor rng = tutti::libtorch::cpu_generator_state();
   put_bytes(rng.data_ptr(), rng.nbytes());
   return bytes;
-}
-
-torch::Tensor Trainer::cpu_generator_state() {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard lock(generator.mutex());
-  return generator.get_state();
 }
 
 tutti::compress::CompressorState Trainer::compressor_state() const {
@@ -401,7 +393,7 @@ void Trainer::load_state(std::span<const std::byte> bytes) {
   torch::serialize::InputArchive archive;
   archive.load_from(text);
   sgd_->load(archive);
-  torch::Tensor rng = cpu_generator_state();
+  torch::Tensor rng = tutti::libtorch::cpu_generator_state();
   if (at + sizeof length <= bytes.size()) std::memcpy(&length, bytes.data() + at, sizeof length);
   at += sizeof length;
   if (at > bytes.size() || length != rng.nbytes() || length > bytes.size() - at)
@@ -410,11 +402,7 @@ void Trainer::load_state(std::span<const std::byte> bytes) {
                                                  " bytes");
   std::memcpy(rng.data_ptr(), bytes.data() + at, length);
   at += length;
-  {
-    auto generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard lock(generator.mutex());
-    generator.set_state(rng);
-  }
+  tutti::libtorch::set_cpu_generator_state(rng);
   if (at != bytes.size())
     throw Error(ErrorCode::invalid_argument, "tutti-train: a state of " + std::to_string(bytes.size()) +
                                                  " bytes does not hold this model (" + std::to_string(at) + ")");

@@ -115,8 +115,6 @@ class Trainer {
   const OutOfCore* out_of_core() const { return out_of_core_.get(); }
 
  private:
-  /// A copy of the CPU generator's state (torch's default generator).
-  static torch::Tensor cpu_generator_state();
   /// The epoch's order of the training samples: a permutation seeded by seed + epoch, the same on
   /// every rank; this rank's shard is every data-th sample of it from `from_sample` on, starting
   /// at its data rank d (the ranks of a pipeline or tensor group share one).

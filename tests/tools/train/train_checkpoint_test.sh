@@ -2,6 +2,7 @@
 # tutti-train's checkpoints on 2 processes: a run with checkpoints ends with the same parameters as
 # one without (async and blocking); a run resumed from any of its checkpoints (mid-epoch, at an
 # epoch's end, after a shorter run) ends with the bitwise same parameters as the uninterrupted run;
+# the same with top-k and QSGD (the checkpoint holds the compressor's state);
 # a rank killed (SIGKILL) while writing its shard leaves no complete-looking checkpoint, and
 # --resume goes on from the previous one (and checkpoints over the killed one's leftovers); a
 # damaged shard is refused; a damaged newest MANIFEST is named in a warning and the older
@@ -188,7 +189,7 @@ case_none() {
 case_usage() {
   local args
   for args in "--checkpoint $tmp/u" "--checkpoint-every 3" "--checkpoint-blocking" \
-    "--checkpoint $tmp/u --checkpoint-every 3 --compression qsgd:8" "--resume $tmp/u --compression topk:0.1"; do
+    "--checkpoint $tmp/u --checkpoint-every 3 --elastic"; do
     # shellcheck disable=SC2086
     train_run $args
     [[ $status -eq 2 ]] || { fail usage "$args: exit status $status, expected 2"; return; }
@@ -196,7 +197,27 @@ case_usage() {
   ok usage
 }
 
+# With a compressor that keeps memory (top-k's residuals, QSGD's step): the checkpoint holds it, so
+# a run resumed mid-epoch ends with the bitwise same parameters as the uninterrupted one.
+case_compressed() {
+  local c
+  for c in topk:0.1 qsgd:8; do
+    train_run --epochs 2 --compression "$c"
+    local compressed_reference
+    compressed_reference=$(checksum)
+    [[ $status -eq 0 && -n $compressed_reference ]] || { fail compressed "$c: the uninterrupted run failed"; return; }
+    train_run --epochs 1 --compression "$c" --checkpoint "$tmp/z$c" --checkpoint-every 5
+    [[ $status -eq 0 ]] || { fail compressed "$c: the run with checkpoints failed ($status)"; return; }
+    only "$tmp/z$c" "$tmp/r" 5
+    train_run --epochs 2 --compression "$c" --resume "$tmp/r"
+    [[ $status -eq 0 && $(checksum) == "$compressed_reference" ]] ||
+      { fail compressed "$c: resumed from step 5: checksum $(checksum), uninterrupted $compressed_reference"; return; }
+  done
+  ok compressed
+}
+
 case_resume
+case_compressed
 case_kill_during_write
 case_damaged
 case_damaged_manifest

@@ -5,12 +5,10 @@
 // comes back too. On synthetic data (no files needed), one rank.
 #include <gtest/gtest.h>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -42,9 +40,7 @@ tutti::train::Settings settings(const std::string& compression) {
 }
 
 std::vector<std::uint8_t> generator_bytes() {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard lock(generator.mutex());
-  const torch::Tensor t = generator.get_state();
+  const torch::Tensor t = tutti::libtorch::cpu_generator_state();
   const auto* p = t.data_ptr<std::uint8_t>();
   return {p, p + t.numel()};
 }
