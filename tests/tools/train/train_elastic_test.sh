@@ -2,7 +2,8 @@
 # tutti-train --elastic under tutti-run --elastic, 4 ranks: rank 2 is killed (SIGKILL) once
 # training runs, the 3 others go back to their last commit and on; then SIGUSR1 starts a rank that
 # joins at the next commit, and the job ends on 4 ranks with identical parameters, the loss
-# falling. Over shm without compression, over shm with top-k (error feedback), and over TCP.
+# falling. Over shm without compression, over shm with top-k (error feedback), and over TCP. And a
+# rank stopped (SIGSTOP) is removed after the timeout.
 # Every run is bounded by `timeout`; the job's store and segments are gone after.
 #
 #   train_elastic_test.sh PATH/TO/tutti-run PATH/TO/tutti-train [DATA_DIR]
@@ -73,6 +74,36 @@ flags+=(--compression topk:0.1)
 case_kill_join "kill and join with top-k" --transport shm
 flags=("${flags[@]:0:${#flags[@]}-2}")
 case_kill_join "kill and join over tcp" --transport tcp
+
+# A hung rank: rank 1 of 3 is stopped (SIGSTOP) once training runs. The others time out, leave it
+# behind after the rendezvous timeout and finish on 2 ranks; continued then, it is refused by name.
+case_stop() {
+  local name="a stopped rank is removed after the timeout"
+  timeout -s KILL 300 "$run" -n 3 --elastic -x TUTTI_TIMEOUT_MS=3000 -x TUTTI_ELASTIC_TIMEOUT_MS=3000 "$train" \
+    "${flags[@]}" --epochs 1 >"$tmp/out" 2>"$tmp/err" &
+  local job=$!
+  await '^\[0\] tutti-train: step 12 ' || { fail "$name" "training did not reach step 12"; wait $job; return; }
+  local id victim
+  id=$(sed -n 's|.*/tutti-\([0-9a-f]\{16\}\)/join.env.*|\1|p' "$tmp/err")
+  victim=$(rank_pid 1 "$id")
+  [[ -n $victim ]] || { fail "$name" "no process of rank 1"; wait $job; return; }
+  kill -STOP "$victim"
+  await '^\[0\] tutti-train: summary .* ranks=2 generation=1$' ||
+    { kill -CONT "$victim"; fail "$name" "the 2 others did not finish"; wait $job; return; }
+  kill -CONT "$victim"
+  wait $job
+  status=$?
+  [[ $status -eq 0 ]] || { fail "$name" "exit status $status"; return; }
+  grep -qE '^\[0\] tutti-train: elastic generation 1: 2 ranks, from epoch 1 sample [0-9]+ \(step [0-9]*[05]\), [0-9]+ ms' \
+    "$tmp/out" || { fail "$name" "the 2 survivors did not go on from a commit"; return; }
+  grep -q '^\[0\] tutti-train: parameters identical on all 2 ranks' "$tmp/out" ||
+    { fail "$name" "no 'parameters identical on all 2 ranks' line"; return; }
+  grep -qE '^\[1\] tutti-train: error: elastic: .* \(rank 1 of generation 0\) is not a member of generation 1' \
+    "$tmp/err" || { fail "$name" "the continued rank was not refused by name"; return; }
+  grep -h 'elastic generation\|test_acc\|not a member' "$tmp/out" "$tmp/err"
+  ok "$name"
+}
+case_stop
 
 # Bad combinations are refused before any rank starts.
 timeout 30 "$train" --elastic --zero 1 >"$tmp/out" 2>&1
