@@ -3,7 +3,7 @@
 # training runs, the 3 others go back to their last commit and on; then SIGUSR1 starts a rank that
 # joins at the next commit, and the job ends on 4 ranks with identical parameters, the loss
 # falling. Over shm without compression, over shm with top-k (error feedback), and over TCP. And a
-# rank stopped (SIGSTOP) is removed after the timeout.
+# rank stopped (SIGSTOP) is removed after the timeout, and a whole emulated host lost over TCP.
 # Every run is bounded by `timeout`; the job's store and segments are gone after.
 #
 #   train_elastic_test.sh PATH/TO/tutti-run PATH/TO/tutti-train [DATA_DIR]
@@ -104,6 +104,47 @@ case_stop() {
   ok "$name"
 }
 case_stop
+
+# A whole host lost, over TCP: ranks started by hand as two emulated hosts of 2 (TUTTI_HOST; shm
+# within a host, TCP across), both ranks of host1 killed. A pid on another host says nothing, so
+# the others wait out the rendezvous timeout, then finish on 2 ranks with identical parameters.
+case_host() {
+  local name="a whole emulated host lost over tcp"
+  local store=$tmp/store r
+  mkdir -m 700 "$store"
+  local hpids=()
+  for r in 0 1 2 3; do
+    env TUTTI_STORE="file://$store" TUTTI_JOB_ID="elastic-train-$$" TUTTI_TOKEN="elastic-train-token-$$" \
+      TUTTI_RANK=$r TUTTI_SIZE=4 TUTTI_HOST=host$((r / 2)) TUTTI_TIMEOUT_MS=20000 TUTTI_ELASTIC_TIMEOUT_MS=3000 \
+      timeout -s KILL 300 "$train" "${flags[@]}" --epochs 1 >"$tmp/h$r.out" 2>&1 &
+    hpids+=($!)
+  done
+  local reached=
+  for _ in $(seq 1200); do
+    grep -q '^tutti-train: step 12 ' "$tmp/h0.out" && { reached=1; break; }
+    sleep 0.1
+  done
+  [[ -n $reached ]] || { cat "$tmp"/h*.out >"$tmp/out"; fail "$name" "training did not reach step 12"; kill -KILL "${hpids[@]}"; wait 2>/dev/null; return; }
+  pkill -KILL -P "${hpids[2]}"
+  pkill -KILL -P "${hpids[3]}"
+  wait "${hpids[0]}"
+  local s0=$?
+  wait "${hpids[1]}"
+  local s1=$?
+  wait 2>/dev/null
+  cat "$tmp"/h0.out "$tmp"/h1.out >"$tmp/out"
+  [[ $s0 -eq 0 && $s1 -eq 0 ]] || { fail "$name" "the survivors exited with $s0 and $s1"; return; }
+  grep -qE 'generation 1: 2 rank\(s\); lost host1:[0-9]+:[0-9a-f]+ \(did not arrive in time\), host1:' "$tmp/out" ||
+    { fail "$name" "the survivors did not name host1's ranks as lost after the timeout"; return; }
+  grep -qE '^tutti-train: elastic generation 1: 2 ranks, from epoch 1 sample [0-9]+ \(step [0-9]*[05]\)' "$tmp/h0.out" ||
+    { fail "$name" "the 2 survivors did not go on from a commit"; return; }
+  grep -q '^tutti-train: parameters identical on all 2 ranks' "$tmp/h0.out" ||
+    { fail "$name" "no 'parameters identical on all 2 ranks' line"; return; }
+  [[ -z $(ls /dev/shm | grep "elastic-train-$$") ]] || { fail "$name" "segments left behind"; return; }
+  grep -h 'elastic generation\|test_acc' "$tmp/h0.out"
+  ok "$name"
+}
+case_host
 
 # Bad combinations are refused before any rank starts.
 timeout 30 "$train" --elastic --zero 1 >"$tmp/out" 2>&1
