@@ -33,6 +33,13 @@ rank_pid() {
   done
 }
 
+# expect PATTERN WHY [FILE]: a line of FILE ($tmp/out) matches PATTERN (ERE), else case $name fails.
+expect() {
+  grep -qE "$1" "${3:-$tmp/out}" && return 0
+  fail "$name" "$2"
+  return 1
+}
+
 case_kill_join() {
   local name=$1
   shift
@@ -53,11 +60,11 @@ case_kill_join() {
   wait $job
   status=$?
   [[ $status -eq 0 ]] || { fail "$name" "exit status $status"; return; }
-  grep -qE '^\[0\] tutti-train: elastic generation 2: 4 ranks, from epoch [12] sample [0-9]+ \(step [0-9]*[05]\)' \
-    "$tmp/out" || { fail "$name" "the joiner did not come in at a commit"; return; }
-  grep -q '^\[0\] tutti-train: parameters identical on all 4 ranks (checksum 0x[0-9a-f]\{16\})$' "$tmp/out" ||
-    { fail "$name" "no 'parameters identical on all 4 ranks' line"; return; }
-  grep -qE '^\[0\] tutti-train: summary .* ranks=4 generation=2$' "$tmp/out" || { fail "$name" "no summary line"; return; }
+  expect '^\[0\] tutti-train: elastic generation 2: 4 ranks, from epoch [12] sample [0-9]+ \(step [0-9]*[05]\)' \
+    "the joiner did not come in at a commit" || return
+  expect '^\[0\] tutti-train: parameters identical on all 4 ranks \(checksum 0x[0-9a-f]{16}\)$' \
+    "no 'parameters identical on all 4 ranks' line" || return
+  expect '^\[0\] tutti-train: summary .* ranks=4 generation=2$' "no summary line" || return
   local loss1 loss2
   loss1=$(awk '$1 == "[0]" && $2 == "tutti-train:" && $3 == "step" && $4 == "1" { print $8 }' "$tmp/out")
   loss2=$(awk '$1 == "[0]" && $2 == "epoch" && $3 == "2/2" { print $5 }' "$tmp/out")
@@ -94,12 +101,12 @@ case_stop() {
   wait $job
   status=$?
   [[ $status -eq 0 ]] || { fail "$name" "exit status $status"; return; }
-  grep -qE '^\[0\] tutti-train: elastic generation 1: 2 ranks, from epoch 1 sample [0-9]+ \(step [0-9]*[05]\), [0-9]+ ms' \
-    "$tmp/out" || { fail "$name" "the 2 survivors did not go on from a commit"; return; }
-  grep -q '^\[0\] tutti-train: parameters identical on all 2 ranks' "$tmp/out" ||
-    { fail "$name" "no 'parameters identical on all 2 ranks' line"; return; }
-  grep -qE '^\[1\] tutti-train: error: elastic: .* \(rank 1 of generation 0\) is not a member of generation 1' \
-    "$tmp/err" || { fail "$name" "the continued rank was not refused by name"; return; }
+  expect '^\[0\] tutti-train: elastic generation 1: 2 ranks, from epoch 1 sample [0-9]+ \(step [0-9]*[05]\), [0-9]+ ms' \
+    "the 2 survivors did not go on from a commit" || return
+  expect '^\[0\] tutti-train: parameters identical on all 2 ranks' "no 'parameters identical on all 2 ranks' line" ||
+    return
+  expect '^\[1\] tutti-train: error: elastic: .* \(rank 1 of generation 0\) is not a member of generation 1' \
+    "the continued rank was not refused by name" "$tmp/err" || return
   grep -h 'elastic generation\|test_acc\|not a member' "$tmp/out" "$tmp/err"
   ok "$name"
 }
@@ -134,12 +141,11 @@ case_host() {
   wait 2>/dev/null
   cat "$tmp"/h0.out "$tmp"/h1.out >"$tmp/out"
   [[ $s0 -eq 0 && $s1 -eq 0 ]] || { fail "$name" "the survivors exited with $s0 and $s1"; return; }
-  grep -qE 'generation 1: 2 rank\(s\); lost host1:[0-9]+:[0-9a-f]+ \(did not arrive in time\), host1:' "$tmp/out" ||
-    { fail "$name" "the survivors did not name host1's ranks as lost after the timeout"; return; }
-  grep -qE '^tutti-train: elastic generation 1: 2 ranks, from epoch 1 sample [0-9]+ \(step [0-9]*[05]\)' "$tmp/h0.out" ||
-    { fail "$name" "the 2 survivors did not go on from a commit"; return; }
-  grep -q '^tutti-train: parameters identical on all 2 ranks' "$tmp/h0.out" ||
-    { fail "$name" "no 'parameters identical on all 2 ranks' line"; return; }
+  expect 'generation 1: 2 rank\(s\); lost host1:[0-9]+:[0-9a-f]+ \(did not arrive in time\), host1:' \
+    "the survivors did not name host1's ranks as lost after the timeout" || return
+  expect '^tutti-train: elastic generation 1: 2 ranks, from epoch 1 sample [0-9]+ \(step [0-9]*[05]\)' \
+    "the 2 survivors did not go on from a commit" || return
+  expect '^tutti-train: parameters identical on all 2 ranks' "no 'parameters identical on all 2 ranks' line" || return
   [[ -z $(ls /dev/shm | grep "elastic-train-$$") ]] || { fail "$name" "segments left behind"; return; }
   grep -h 'elastic generation\|test_acc' "$tmp/h0.out"
   ok "$name"
