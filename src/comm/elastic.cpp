@@ -6,10 +6,13 @@
 // "tutti/<job>/elastic" for joiners. Under E:
 //   g<G>/arrived             counter: members of generation G−1 that came to G's rendezvous
 //   g<G>/arrival/<a>         the name of the a-th of them
-//   g<G>/member/<r>          generation G's rank r
-//   g<G>/admitted            how many tickets are admitted up to G
-//   g<G>/size                G's size, written last by the rank that closes G (0: the job ended
-//                            there, g<G>/reason says why)
+//   g<G>/closers             counter: ranks that took on closing G; g<G>/closer/<k>: the k-th
+//   g<G>/c<k>/member/<r>     generation G's rank r, as closer k decided it
+//   g<G>/c<k>/admitted       how many tickets are admitted up to G
+//   g<G>/c<k>/size           G's size, written last by closer k (0: the job ended there,
+//                            g<G>/c<k>/reason says why)
+//   g<G>/decided             counter: the first closer to add to it decided G ...
+//   g<G>/winner              ... and writes its k here: every rank reads G from c<k>
 //   g<G>/world/...           the rendezvous of G's communicator (tutti::init over the store)
 //   tickets                  counter: ranks that asked to join
 //   joiner/<t>               the name of ticket t's rank; joiner/<t>/generation: G that admitted it
@@ -19,7 +22,10 @@
 // The first member of G−1 to arrive at G's rendezvous closes it: once every member of G−1 has
 // arrived, is known gone (a leave marker; or, on this host, its process no longer runs) or the
 // timeout passed. Survivors keep their order; admitted joiners follow in ticket order. A member
-// that arrives after the close finds itself missing from G and is refused by name.
+// that arrives after the close finds itself missing from G and is refused by name. A closer that
+// dies while closing (known gone, or not done by the timeout and a grace) is replaced by the
+// first waiting member to claim the next closers count; it leaves the closers before it out.
+// Several closers may then finish, but only the first to add to `decided` decides G.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -110,7 +116,14 @@ struct Job::Impl {
   Communicator world;
 
   std::string key(int g, const std::string& rest) const { return prefix + "g" + std::to_string(g) + "/" + rest; }
+  // What closer k decided of generation g.
+  std::string decision(int g, std::int64_t k, const std::string& rest) const {
+    return key(g, "c" + std::to_string(k) + "/" + rest);
+  }
   std::int64_t counter(const std::string& k) const { return store->add(k, 0); }
+  bool gone(const std::string& member) const {
+    return counter(prefix + "left/" + member) > 0 || process_gone(member, host);
+  }
 
   void start(const std::string& job_id, int rank, int size) {
     if (options.timeout.count() == 0) {
@@ -132,10 +145,11 @@ struct Job::Impl {
         throw Error(ErrorCode::invalid_argument,
                     "elastic: rank " + std::to_string(rank) + " is not in 0.." + std::to_string(size - 1));
       prefix = bootstrap::join_run(*store, job_id, rank, size, options.timeout) + "elastic/";
-      store->set(key(0, "member/" + std::to_string(rank)), name);
+      store->set(decision(0, 1, "member/" + std::to_string(rank)), name);
       if (rank == 0) {
-        store->set(key(0, "admitted"), "0");
-        store->set(key(0, "size"), std::to_string(size));
+        store->set(decision(0, 1, "admitted"), "0");
+        store->set(decision(0, 1, "size"), std::to_string(size));
+        store->set(key(0, "winner"), "1");
         store->set(pointer, prefix);
       }
       enter(0, "");
@@ -161,39 +175,78 @@ struct Job::Impl {
     }
   }
 
-  // Takes this rank's place in generation g, once g is closed.
-  void enter(int g, const std::string& refused_as) {
-    std::string size_text;
-    try {
-      size_text = store->get(key(g, "size"), 2 * options.timeout + milliseconds(5000));
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::timeout) throw;
-      ended("generation " + std::to_string(g) +
-            "'s rendezvous was never closed (the rank that closes it, the first "
-            "to arrive, may have died): " +
-            e.what());
+  // The closer that decided generation g. A member of g−1 waiting for it takes over from a
+  // closer that is gone, or that has not decided within the timeout and a grace of its own
+  // wait, leaving it out; joiners (admitted by the winner, which wrote it first) never wait.
+  std::int64_t winner(int g, const State* state) {
+    const milliseconds grace = options.timeout + milliseconds(2000);
+    const auto give_up = clock::now() + (static_cast<std::int64_t>(members.size()) + 2) * grace;
+    std::int64_t watched = 0;  // the closer this rank waits for
+    std::string closer;
+    auto since = clock::now();
+    for (;;) {
+      try {
+        return core::parse_count(store->get(key(g, "winner"), milliseconds(100)), "an elastic generation's closer");
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::timeout) throw;
+      }
+      if (clock::now() >= give_up)
+        ended("generation " + std::to_string(g) + "'s rendezvous was never closed: " + std::to_string(watched) +
+              " rank(s) took it on and none finished");
+      const std::int64_t k = counter(key(g, "closers"));
+      if (k != watched) {
+        watched = k;
+        closer.clear();
+        since = clock::now();
+      }
+      if (k > 0 && closer.empty()) {
+        try {
+          closer = store->get(key(g, "closer/" + std::to_string(k)), milliseconds(100));
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::timeout) throw;
+        }
+      }
+      // No closer yet (the first to arrive died before it took it on), or one that is gone or late.
+      const bool closer_gone = !closer.empty() && gone(closer);
+      if (!closer_gone && clock::now() - since < grace) continue;
+      if (store->add(key(g, "closers"), 1) != k + 1) continue;  // another rank took over first
+      core::log(core::LogLevel::warn, -1,
+                "elastic: " + name + " takes over closing generation " + std::to_string(g) + " from " +
+                    (closer.empty() ? std::string("a rank that never began") : closer) +
+                    (closer_gone ? ", which is gone" : ", which did not finish within the timeout"));
+      store->set(key(g, "closer/" + std::to_string(k + 1)), name);
+      close(g, k + 1, std::string(), state, closer);
     }
-    const int size = static_cast<int>(core::parse_count(size_text, "an elastic generation's size"));
-    if (size == 0) ended(store->get(key(g, "reason"), options.timeout));
+  }
+
+  // Takes this rank's place in generation g, once g is decided.
+  void enter(int g, const std::string& refused_as, const State* state = nullptr) {
+    const std::int64_t k = winner(g, state);
+    const int size = static_cast<int>(
+        core::parse_count(store->get(decision(g, k, "size"), options.timeout), "an elastic generation's size"));
+    if (size == 0) ended(store->get(decision(g, k, "reason"), options.timeout));
     std::vector<std::string> roster;
     int rank = -1;
     for (int r = 0; r < size; ++r) {
-      roster.push_back(store->get(key(g, "member/" + std::to_string(r)), options.timeout));
+      roster.push_back(store->get(decision(g, k, "member/" + std::to_string(r)), options.timeout));
       if (roster.back() == name) rank = r;
     }
     if (rank < 0)
       ended(name + refused_as + " is not a member of generation " + std::to_string(g) +
             ": the others went on without it (it arrived after generation " + std::to_string(g) +
             "'s rendezvous closed)");
-    admitted = core::parse_count(store->get(key(g, "admitted"), options.timeout), "admitted");
+    admitted = core::parse_count(store->get(decision(g, k, "admitted"), options.timeout), "admitted");
     generation = g;
     members = std::move(roster);
     worlds.push_back(std::make_unique<bootstrap::PrefixStore>(*store, key(g, "world/")));
     world = tutti::init(*worlds.back(), rank, size, options.timeout);
   }
 
-  // Generation g's rendezvous, closed by the first member of g−1 to arrive.
-  void close(int g, const std::string& failure, const State* state) {
+  // Generation g's rendezvous, closed as its k-th closer (the first member of g−1 to arrive, or
+  // one that took over from `replaced`, which it leaves out).
+  void close(int g, std::int64_t k, const std::string& failure, const State* state, const std::string& replaced = "") {
+    if (core::log_enabled(core::LogLevel::info))
+      core::log(core::LogLevel::info, -1, "elastic: " + name + " closes generation " + std::to_string(g));
     const auto start_time = clock::now();
     const auto deadline = start_time + options.timeout;
     const std::set<std::string> previous(members.begin(), members.end());
@@ -205,15 +258,17 @@ struct Job::Impl {
         if (previous.count(who) > 0) arrived.insert(who);
       }
       for (const std::string& m : members)
-        if (arrived.count(m) == 0 && gone.count(m) == 0 && (counter(prefix + "left/" + m) > 0 || process_gone(m, host)))
+        if (gone.count(m) == 0 && (m == replaced || ((arrived.count(m) == 0 || k > 1) && this->gone(m))))
           gone.insert(m);
-      if (arrived.size() + gone.size() >= members.size() || clock::now() >= deadline) break;
+      std::size_t settled = gone.size();
+      for (const std::string& m : arrived) settled += gone.count(m) == 0;
+      if (settled >= members.size() || clock::now() >= deadline) break;
       std::this_thread::sleep_for(milliseconds(20));
     }
     std::vector<std::string> roster;
     std::string lost;
     for (const std::string& m : members)
-      if (arrived.count(m) > 0)
+      if (arrived.count(m) > 0 && gone.count(m) == 0)
         roster.push_back(m);
       else
         lost += (lost.empty() ? "" : ", ") + m + (gone.count(m) > 0 ? " (gone)" : " (did not arrive in time)");
@@ -239,16 +294,26 @@ struct Job::Impl {
         write_checkpoint(options.checkpoint, state->committed());
         reason += "; the last committed state is in " + options.checkpoint;
       }
-      store->set(key(g, "reason"), reason);
-      store->set(key(g, "size"), "0");
+      store->set(decision(g, k, "reason"), reason);
+      store->set(decision(g, k, "size"), "0");
+      decide(g, k, {});
       return;
     }
-    core::log(core::LogLevel::warn, -1, "elastic: " + what);
-    for (std::size_t r = 0; r < roster.size(); ++r) store->set(key(g, "member/" + std::to_string(r)), roster[r]);
-    store->set(key(g, "admitted"), std::to_string(admitted + admit));
-    store->set(key(g, "size"), std::to_string(roster.size()));
+    for (std::size_t r = 0; r < roster.size(); ++r)
+      store->set(decision(g, k, "member/" + std::to_string(r)), roster[r]);
+    store->set(decision(g, k, "admitted"), std::to_string(admitted + admit));
+    store->set(decision(g, k, "size"), std::to_string(roster.size()));
+    if (decide(g, k, joined)) core::log(core::LogLevel::warn, -1, "elastic: " + what);
+  }
+
+  // Closer k's decision becomes generation g's, unless another closer's did first; the winner
+  // tells its joiners they are admitted.
+  bool decide(int g, std::int64_t k, const std::vector<std::int64_t>& joined) {
+    if (store->add(key(g, "decided"), 1) != 1) return false;
+    store->set(key(g, "winner"), std::to_string(k));
     for (const std::int64_t t : joined)
       store->set(prefix + "joiner/" + std::to_string(t) + "/generation", std::to_string(g));
+    return true;
   }
 };
 
@@ -299,8 +364,11 @@ void Job::rebuild(const std::string& failure, const State* state) {
   job.world = Communicator();
   const std::int64_t arrival = job.store->add(job.key(g, "arrived"), 1);
   job.store->set(job.key(g, "arrival/" + std::to_string(arrival)), job.name);
-  if (arrival == 1) job.close(g, failure, state);
-  job.enter(g, was);
+  if (arrival == 1 && job.store->add(job.key(g, "closers"), 1) == 1) {
+    job.store->set(job.key(g, "closer/1"), job.name);
+    job.close(g, 1, failure, state);
+  }
+  job.enter(g, was, state);
 }
 
 void Job::leave() { impl_->store->add(impl_->prefix + "left/" + impl_->name, 1); }

@@ -5,6 +5,7 @@
 #          every rank ends with the exact state, on 4 ranks, in a later generation;
 #   stop   rank 1 of 3 stops (SIGSTOP): the others time out, go on as 2 and finish; continued,
 #          the stopped rank is refused by name;
+#   closer the rank closing a rendezvous is killed while it waits: another takes over;
 #   leave  rank 3 of 4 leaves (Job::leave) and exits: the others go on as 3 at once;
 #   min    with a minimum of 3 ranks, losing 1 of 3 ends the job on every survivor with a clear
 #          error, and the last committed state is in the checkpoint, from which the job started
@@ -101,6 +102,35 @@ pkill -CONT -P "$pid_s1"
 expect_exit s1 1
 expect_line s1 "^error: elastic: .*:[0-9]+:[0-9a-f]+ \(rank 1 of generation 0\) is not a member of generation 1"
 echo "ok: a stopped rank of 3 is left behind after the timeout; continued, it is refused by name"
+
+# ---- closer: rank 1 of 4 stops at step 42; the first survivor to arrive closes the rendezvous and
+# waits for it; the test kills that closer, and the two others take over, leave both out and go on
+# as 2 ----
+new_job
+for r in 0 1 2 3; do
+  start c$r TUTTI_RANK=$r TUTTI_SIZE=4 TUTTI_TIMEOUT_MS=3000 TUTTI_ELASTIC_TIMEOUT_MS=4000 TUTTI_DEBUG=info \
+    -- 200 5 10 1 42 stop
+done
+closer=
+for _ in $(seq 600); do
+  closer=$(grep -hoE 'elastic: [^ ]+ closes generation 1$' "$work"/c[0-3].out | head -1 | cut -d' ' -f2)
+  [[ -n $closer ]] && break
+  sleep 0.1
+done
+[[ -n $closer ]] || fail "no rank began closing generation 1"
+kill -KILL "$(echo "$closer" | cut -d: -f2)"
+survivors=()
+for r in 0 2 3; do grep -qF "elastic: $closer closes generation 1" "$work/c$r.out" || survivors+=("$r"); done
+((${#survivors[@]} == 2)) || fail "not two survivors besides the closer: ${survivors[*]}"
+for r in "${survivors[@]}"; do
+  expect_exit c$r 0
+  expect_line c$r "^done rank [01] of 2 generation 1 steps 200"
+done
+grep -hqE "takes over closing generation 1 from $closer, which is gone" "$work"/c[0-3].out ||
+  fail "no survivor took over from the closer $closer"
+pkill -CONT -P "$pid_c1"
+expect_exit c1 1
+echo "ok: the rank closing a rendezvous killed while it waits: another takes over and the job goes on"
 
 # ---- leave: rank 3 of 4 leaves at step 30; the others go on as 3 without waiting ----
 new_job
