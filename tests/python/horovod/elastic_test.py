@@ -6,7 +6,8 @@ the middle of epoch 1; the job ends on 3 ranks. Every step is checked exactly: t
 is one weight vector w, the loss sum(w), so each rank's gradient is ones and the averaged one too,
 and SGD with lr 1 takes exactly 1 from every element per step: w = -step on every rank whatever
 was rolled back, lost or joined. A momentum optimizer's state and an ObjectState attribute travel
-with the state.
+with the state. A process set of the last rank is added again after every rebuild and
+reduces exactly; the one from before the rebuild is refused by name.
 
 The data come from an hvd.elastic.ElasticSampler in the TorchState (601 samples, batches of 5 per
 rank, 3 epochs; commits every 5 steps but never at an epoch's last batch, and after set_epoch at
@@ -27,6 +28,7 @@ import time
 
 import torch
 
+import tutti
 import tutti.horovod.torch as hvd
 
 SAMPLES = 601  # 3 ranks: 201 each, 2 of them padding; 2 ranks: 301 each, 1 padding
@@ -61,6 +63,28 @@ state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, step=0, epoch=
 resets = []
 state.register_reset_callbacks([lambda: resets.append((hvd.size(), sampler.num_replicas, len(sampler)))])
 asked_for_joiner = False
+# A process set of the last rank alone (one of two ranks would be the global set), added again after every rebuild (a reset callback;
+# a joiner adds it here, at the point where the others run their callbacks). The one before is
+# dropped by the rebuild: using it is an error that says so.
+pair = None
+
+
+def add_pair():
+    global pair
+    old = pair
+    assert hvd.global_process_set.ranks == list(range(hvd.size())), hvd.global_process_set.ranks
+    if old is not None:
+        assert old.process_set_id is None, old
+        try:
+            hvd.allreduce(torch.ones(1), process_set=old, name="stale")
+            raise AssertionError("a process set from before the rebuild was used")
+        except tutti.InvalidArgument as e:
+            assert "dropped when the elastic job was rebuilt" in str(e), e
+    pair = hvd.add_process_set([hvd.size() - 1])
+
+
+add_pair()
+state.register_reset_callbacks([add_pair])
 
 
 def count(batch_idx, indices):
@@ -108,6 +132,9 @@ def train(state):
             indices = indices.tolist()
             assert indices == state.sampler.get_indices(batch_idx, BATCH), (indices, batch_idx)
             trained = count(batch_idx, indices)
+            if hvd.rank() in pair.ranks:
+                alone = hvd.allreduce(torch.full((1,), 3.0), op=hvd.Sum, process_set=pair, name="pair")
+                assert float(alone) == 3.0 and pair.size() == 1, (float(alone), pair)
             optimizer.zero_grad()
             model().backward()
             optimizer.step()

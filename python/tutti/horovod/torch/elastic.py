@@ -48,6 +48,7 @@ import torch
 
 import tutti
 from tutti.horovod import _horovod
+from tutti.horovod.torch import process_sets
 from tutti.horovod.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                            broadcast_parameters)
 
@@ -418,6 +419,7 @@ def run(func):
                 state.restore()
                 skip_sync = False
             _horovod.elastic_rebuild(failure)
+            process_sets._job_rebuilt()
             state.on_reset()
 
     return wrapper

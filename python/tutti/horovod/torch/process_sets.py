@@ -10,8 +10,13 @@ names are negotiated among its ranks only. Roots (broadcast's root_rank) are job
 Horovod; allgather concatenates in the order of the set's ranks.
 """
 
+import weakref
+
 from tutti.horovod import _horovod
 from tutti._errors import InvalidArgument, Unsupported
+
+# Every set added and not removed: an elastic rebuild drops them all (_job_rebuilt).
+_added = weakref.WeakSet()
 
 
 class ProcessSet:
@@ -31,6 +36,8 @@ class ProcessSet:
         if any(not isinstance(r, int) for r in ranks):
             raise ValueError("ProcessSet should be initialized with a list of process ranks")
         self.ranks = ranks
+
+    _dropped_by_rebuild = False
 
     def _invalidate(self):
         self.process_set_id = None
@@ -77,6 +84,9 @@ def _id_of(process_set):
         raise InvalidArgument("process_set must be a ProcessSet (from hvd.add_process_set), not %s"
                               % type(process_set).__name__)
     if process_set.process_set_id is None:
+        if process_set._dropped_by_rebuild:
+            raise InvalidArgument("%s was dropped when the elastic job was rebuilt (its ranks changed): add it "
+                                  "again, e.g. in a reset callback (state.register_reset_callbacks)" % process_set)
         raise InvalidArgument("%s has not been added (hvd.add_process_set) or was removed" % process_set)
     return process_set.process_set_id
 
@@ -102,6 +112,8 @@ def add_process_set(process_set):
     if process_set_id is None:
         raise ValueError("Attempted to add a duplicate process set: %s" % process_set)
     process_set.process_set_id = process_set_id
+    process_set._dropped_by_rebuild = False
+    _added.add(process_set)
     return process_set
 
 
@@ -112,8 +124,20 @@ def remove_process_set(process_set):
     if process_set_id is None or process_set_id == 0:
         return False
     process_set._invalidate()
+    _added.discard(process_set)
     return _horovod.remove_process_set(process_set_id)
 
 
 def _init_global_process_set():
     global_process_set.ranks = list(range(_horovod.size()))
+
+
+def _job_rebuilt():
+    """After an elastic rebuild (a new context, its ranks renumbered): every set added before is
+    dropped, its object invalidated (using it names the rebuild), and the global set takes the new
+    ranks. Sets are added again by the program, in a reset callback."""
+    for process_set in list(_added):
+        process_set._invalidate()
+        process_set._dropped_by_rebuild = True
+    _added.clear()
+    _init_global_process_set()
