@@ -15,6 +15,13 @@
 #   --timeout S   kills the job after S seconds (default 600); the ranks' operations time out
 #                 after TUTTI_TIMEOUT_MS (default here 60000)
 #   --grace S     seconds the other ranks get once one rank failed (default 10)
+#   --elastic     an elastic job (TUTTI_ELASTIC=1 for every rank): a rank that fails does not end
+#                 the others, and the exit status is 0 if some rank succeeded. Its store must
+#                 outlive any rank: a file:// store in a private directory (the hosts share this
+#                 machine's file system, as a cluster's shared file system), not rank 0's tcp://
+#   --lose-host H:PATTERN  once a rank prints a line matching PATTERN (grep -E, on the "[RANK] "
+#                 prefixed line), host H is lost: its link goes down at both ends, then its
+#                 processes are killed, so that its peers see silence (no connection closes)
 #
 # Host i (0-based) is named host<i> (TUTTI_HOST) at 198.18.0.<i+1>/24; rank i*R+j is its j-th
 # rank. Rank 0 hosts the job's tcp:// store. The veth links have no added latency: tc netem is
@@ -22,7 +29,7 @@
 # 77 with "SKIPPED: ..." where namespaces or tc cannot be used (not root, no iproute2, no tbf).
 set -u
 
-hosts=2 ranks=2 rate=1gbit limit=600 grace=10
+hosts=2 ranks=2 rate=1gbit limit=600 grace=10 elastic= lose_host= lose_pattern=
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2; exit 2; }
 while (($#)); do
   case $1 in
@@ -31,6 +38,8 @@ while (($#)); do
     --rate) rate=${2:-}; shift 2 ;;
     --timeout) limit=${2:-}; shift 2 ;;
     --grace) grace=${2:-}; shift 2 ;;
+    --elastic) elastic=1; shift ;;
+    --lose-host) lose_host=${2%%:*}; lose_pattern=${2#*:}; shift 2 ;;
     --) shift; break ;;
     -h|--help) usage ;;
     *) echo "cluster.sh: unknown option '$1' (the command follows --)" >&2; usage ;;
@@ -41,6 +50,8 @@ done
 [[ $ranks =~ ^[0-9]+$ ]] && ((ranks >= 1 && ranks <= 64)) || { echo "cluster.sh: --ranks: 1 to 64, got '$ranks'" >&2; exit 2; }
 [[ $limit =~ ^[0-9]+$ ]] && ((limit >= 1)) || { echo "cluster.sh: --timeout: seconds, got '$limit'" >&2; exit 2; }
 [[ $grace =~ ^[0-9]+$ ]] || { echo "cluster.sh: --grace: whole seconds, got '$grace'" >&2; exit 2; }
+[[ -z $lose_host ]] || { [[ $lose_host =~ ^[0-9]+$ ]] && ((lose_host < hosts)) && [[ -n $lose_pattern ]]; } ||
+  { echo "cluster.sh: --lose-host: HOST:PATTERN with HOST below --hosts, got '$lose_host:$lose_pattern'" >&2; exit 2; }
 [[ $rate == unlimited || $rate =~ ^[0-9]+(\.[0-9]+)?([kmgt]?bit|[kmgt]?bps)$ ]] ||
   { echo "cluster.sh: --rate: e.g. 1gbit, 10gbit, 500mbit or unlimited, got '$rate'" >&2; exit 2; }
 
@@ -116,6 +127,10 @@ done
 size=$((hosts * ranks))
 token=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 store=tcp://198.18.0.1:29500
+if [[ -n $elastic ]]; then
+  mkdir -m 700 "$work/store"
+  store=file://$work/store
+fi
 echo "cluster.sh: $hosts hosts x $ranks ranks, links at $rate$([[ $rate == unlimited ]] || echo " (tc tbf, both directions)"), store $store" >&2
 
 start_rank() {  # host, local index, command...
@@ -125,28 +140,42 @@ start_rank() {  # host, local index, command...
     ip netns exec "$(host_ns $h)" env TUTTI_RANK=$r TUTTI_SIZE=$size TUTTI_LOCAL_RANK=$j \
       TUTTI_LOCAL_SIZE=$ranks TUTTI_STORE=$store TUTTI_TOKEN="$token" TUTTI_JOB_ID=$job_id \
       TUTTI_HOST=host$h TUTTI_TCP_HOST=198.18.0.$((h + 1)) TUTTI_TIMEOUT_MS="${TUTTI_TIMEOUT_MS:-60000}" \
-      timeout -s KILL "$limit" "$@" </dev/null 2>&1
+      ${elastic:+TUTTI_ELASTIC=1} timeout -s KILL "$limit" "$@" </dev/null 2>&1
     echo $? >"$work/rc$r"
-  } 2>/dev/null | sed -u "s/^/[$r] /" &  # (the rank's stderr is in the pipe; not the shell's "Killed")
+  } 2>/dev/null | sed -u "s/^/[$r] /" | tee -a "$work/output" &  # (stderr in the pipe; not the shell's "Killed")
+}
+lose() {  # host: its link down at both ends (nothing it sends leaves), then its processes killed
+  ip -n "$(host_ns "$1")" link set "tc${1}h$id" down 2>/dev/null
+  ip -n "$bridge_ns" link set "tc${1}b$id" down 2>/dev/null
+  ip netns pids "$(host_ns "$1")" 2>/dev/null | xargs -r kill -9 2>/dev/null
+  echo "cluster.sh: host$1 lost (its link down, its processes killed)" >&2
 }
 for ((i = 0; i < hosts; i++)); do
   for ((j = 0; j < ranks; j++)); do start_rank $i $j "$@"; done
 done
 
-# Waits for every rank; once one fails the others get the grace period, then are killed.
-status=0 failed_at=
+# Waits for every rank; once one fails the others get the grace period, then are killed (not in
+# an elastic job, whose status is 0 if some rank succeeded).
+status=0 failed_at= succeeded=0
 while :; do
   done_count=0
   for ((r = 0; r < size; r++)); do
     [[ -s $work/rc$r ]] || continue
     ((done_count++))
+    [[ -e $work/seen$r ]] && continue
+    : >"$work/seen$r"
     rc=$(<"$work/rc$r")
-    if ((rc != 0 && status == 0)); then
-      status=$rc failed_at=$SECONDS
-      echo "cluster.sh: rank $r exited with status $rc" >&2
-    fi
+    ((rc == 0)) && { succeeded=1; continue; }
+    echo "cluster.sh: rank $r exited with status $rc${elastic:+; the elastic job goes on without it}" >&2
+    ((status == 0)) || continue
+    status=$rc
+    [[ -n $elastic ]] || failed_at=$SECONDS
   done
   ((done_count == size)) && break
+  if [[ -n $lose_pattern ]] && grep -qE -- "$lose_pattern" "$work/output" 2>/dev/null; then
+    lose "$lose_host"
+    lose_pattern=
+  fi
   if [[ -n $failed_at ]] && ((SECONDS - failed_at >= grace)); then
     echo "cluster.sh: killing the ranks still running $grace s after the failure" >&2
     for ((i = 0; i < hosts; i++)); do ip netns pids "$(host_ns $i)" 2>/dev/null | xargs -r kill -9 2>/dev/null; done
@@ -162,4 +191,5 @@ for ((i = 0; i < hosts; i++)); do
   read -r tx rx < <(ip netns exec "$(host_ns $i)" cat $stats/tx_bytes $stats/rx_bytes 2>/dev/null | tr '\n' ' ')
   echo "cluster.sh: host$i link: sent ${tx:-?} bytes, received ${rx:-?} bytes" >&2
 done
+[[ -n $elastic ]] && ((succeeded)) && status=0
 exit "$status"
