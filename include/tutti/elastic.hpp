@@ -142,6 +142,10 @@ class Job {
   std::unique_ptr<Impl> impl_;
 };
 
+/// Whether the launcher started this process as a rank of an elastic job: TUTTI_ELASTIC=1 (what
+/// tutti-run --elastic sets for every rank) or TUTTI_ELASTIC_JOIN=1 (a rank that joins).
+bool launched_elastic();
+
 /// Runs `train(world)` until it returns: on peer_failure, timeout or aborted (and
 /// MembershipChanged) every survivor rebuilds the job (Job::rebuild), goes back to the last commit
 /// (not for MembershipChanged), takes rank 0's state (State::sync) and calls `train` again with

@@ -72,6 +72,9 @@ bool process_gone(const std::string& name, const std::string& host) {
   return close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z';
 }
 
+// A rank that joins a running job (tutti-run's joiners; a rank started by hand from join.env).
+bool joining() { return core::env("TUTTI_ELASTIC_JOIN").value_or("0") == "1"; }
+
 // The option as given, else the variable's value where the option is at its default.
 int bound(int value, int default_value, const char* variable) {
   if (value != default_value) return value;
@@ -326,9 +329,8 @@ Job::Job(Options options) : impl_(std::make_unique<Impl>()) {
                 "its ranks (tutti-run gives one)");
   impl_->owned = bootstrap::connect_store(info.store, info.token, core::default_timeout());
   impl_->store = impl_->owned.get();
-  const bool joiner = core::env("TUTTI_ELASTIC_JOIN").value_or("0") == "1";
   int rank = -1, size = 0;
-  if (!joiner) {
+  if (!joining()) {
     const bootstrap::JobInfo ranks = bootstrap::detect_job();
     rank = ranks.rank;
     size = ranks.size;
@@ -343,6 +345,8 @@ Job::Job(KeyValueStore& store, int rank, int size, Options options) : impl_(std:
 }
 
 Job::~Job() = default;
+
+bool launched_elastic() { return joining() || core::env("TUTTI_ELASTIC").value_or("0") == "1"; }
 
 Communicator& Job::communicator() { return impl_->world; }
 int Job::generation() const { return impl_->generation; }

@@ -136,11 +136,8 @@ void Supervisor::spawn_joiner() {
   if (received_signal_ != 0 || running_ == 0) return;  // the job is ending
   const int r = static_cast<int>(ranks_.size());
   spec_.environments.push_back(spec_.joiner);
-  std::vector<char*> argv;
-  for (std::string& arg : spec_.command) argv.push_back(arg.data());
-  argv.push_back(nullptr);
   int exec_errno = 0;
-  const pid_t pid = spawn_rank(r, argv.data(), &exec_errno);
+  const pid_t pid = spawn_rank(r, &exec_errno);
   spawned_ = true;
   if (pid < 0) {
     ranks_.push_back({});  // its streams are there (they end at once): index r stays taken
@@ -156,14 +153,11 @@ void Supervisor::spawn_joiner() {
 
 int Supervisor::spawn_all() {
   const std::size_t n = spec_.environments.size();
-  std::vector<char*> argv;
-  for (std::string& arg : spec_.command) argv.push_back(arg.data());
-  argv.push_back(nullptr);
   ranks_.resize(n);
   streams_.reserve(2 * n);
   for (std::size_t r = 0; r < n; ++r) {
     int exec_errno = 0;
-    const pid_t pid = spawn_rank(static_cast<int>(r), argv.data(), &exec_errno);
+    const pid_t pid = spawn_rank(static_cast<int>(r), &exec_errno);
     if (pid < 0) {
       // find_program saw the file, so ENOENT here means its "#!" interpreter is missing.
       const std::string hint = exec_errno == ENOENT ? " (is the interpreter on its #! line missing?)" : "";
@@ -178,7 +172,10 @@ int Supervisor::spawn_all() {
   return 0;
 }
 
-pid_t Supervisor::spawn_rank(int r, char* const* argv, int* exec_errno) {
+pid_t Supervisor::spawn_rank(int r, int* exec_errno) {
+  std::vector<char*> argv;
+  for (std::string& arg : spec_.command) argv.push_back(arg.data());
+  argv.push_back(nullptr);
   std::vector<char*> envp;
   for (std::string& entry : spec_.environments[r]) envp.push_back(entry.data());
   envp.push_back(nullptr);
@@ -193,7 +190,7 @@ pid_t Supervisor::spawn_rank(int r, char* const* argv, int* exec_errno) {
     ++open_streams_;
   }
   const ExecSpec exec{.program = spec_.command[0].c_str(),
-                      .argv = argv,
+                      .argv = argv.data(),
                       .envp = envp.data(),
                       .stdin_fd = r == 0 ? -1 : dev_null_,
                       .stdout_fd = out.fd,

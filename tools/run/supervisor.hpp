@@ -72,7 +72,8 @@ class Supervisor {
   void raise_open_file_limit(std::size_t needed);
   int spawn_all();
   void spawn_joiner();
-  pid_t spawn_rank(int rank, char* const* argv, int* exec_errno);
+  /// Starts rank `rank` of the command with its environment; -1 and *exec_errno if it cannot.
+  pid_t spawn_rank(int rank, int* exec_errno);
   void poll_once();
   int poll_timeout_ms() const;
   void handle_signals();

@@ -34,12 +34,6 @@ Context* context = nullptr;
 std::unique_ptr<tutti::elastic::Job> elastic_job;
 HorovodSettings elastic_settings;
 
-bool elastic_environment() {
-  for (const char* name : {"TUTTI_ELASTIC", "TUTTI_ELASTIC_JOIN"})
-    if (const char* value = std::getenv(name); value != nullptr && std::string_view(value) == "1") return true;
-  return false;
-}
-
 tutti::elastic::Job& elastic() {
   if (!elastic_job)
     throw tutti::Error(tutti::ErrorCode::invalid_argument,
@@ -90,7 +84,7 @@ void init(std::optional<std::size_t> fusion_threshold, std::optional<double> cyc
           std::optional<int> size, const py::object& communicator) {
   if (context) return;  // as Horovod: a second init() is a no-op
   HorovodSettings settings{fusion_threshold, cycle_time_ms, timeline, stall_warning_s, stall_shutdown_s};
-  if (elastic_job || (store.is_none() && communicator.is_none() && elastic_environment())) {
+  if (elastic_job || (store.is_none() && communicator.is_none() && tutti::elastic::launched_elastic())) {
     py::gil_scoped_release release;  // generation 0's rendezvous, or a joiner's wait to be admitted
     if (!elastic_job) elastic_job = std::make_unique<tutti::elastic::Job>();
     elastic_settings = settings;
