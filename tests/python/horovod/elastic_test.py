@@ -6,7 +6,8 @@ the middle of epoch 1; the job ends on 3 ranks. Every step is checked exactly: t
 is one weight vector w, the loss sum(w), so each rank's gradient is ones and the averaged one too,
 and SGD with lr 1 takes exactly 1 from every element per step: w = -step on every rank whatever
 was rolled back, lost or joined. A momentum optimizer's state and an ObjectState attribute travel
-with the state. A process set of the last rank is added again after every rebuild and
+with the state. Each rank's generator comes back with a rollback: a replayed step draws
+what it drew before. A process set of the last rank is added again after every rebuild and
 reduces exactly; the one from before the rebuild is refused by name.
 
 The data come from an hvd.elastic.ElasticSampler in the TorchState (601 samples, batches of 5 per
@@ -58,7 +59,9 @@ optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0)
                                      named_parameters=model.named_parameters())
 dataset = torch.utils.data.TensorDataset(torch.arange(SAMPLES))
 sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=11)
-loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler)
+# A generator of its own: a loader without one draws from the global generator for every iterator.
+loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler, generator=torch.Generator())
+draws = {}  # this rank's draw at each step, kept through rollbacks: a replayed step draws the same
 state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, step=0, epoch=0, log=[], epochs=[])
 resets = []
 state.register_reset_callbacks([lambda: resets.append((hvd.size(), sampler.num_replicas, len(sampler)))])
@@ -129,6 +132,8 @@ def train(state):
                 os.kill(os.getppid(), signal.SIGUSR1)  # tutti-run starts a rank that joins
             if hvd.size() == 2 and state.step >= 60:
                 time.sleep(0.2)
+            drawn = torch.rand(1).item()
+            assert draws.setdefault(state.step, drawn) == drawn, (state.step, draws[state.step], drawn)
             indices = indices.tolist()
             assert indices == state.sampler.get_indices(batch_idx, BATCH), (indices, batch_idx)
             trained = count(batch_idx, indices)

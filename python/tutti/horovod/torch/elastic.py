@@ -330,8 +330,10 @@ class _SamplerHandler:
 class TorchState(ObjectState):
     """A model's and an optimizer's state (state_dict, copied at each commit), the ElasticSamplers
     among the keyword arguments (see _SamplerHandler: processed indices unioned over the ranks at
-    each commit and sync, the sampler reset for the new world after every rebuild) and any other
-    attributes given as keyword arguments."""
+    each commit and sync, the sampler reset for the new world after every rebuild), this rank's
+    torch CPU generator (its own: restored with the rest, never synced, so a rank draws after a
+    rollback what it drew after the commit; a joiner keeps its own) and any other attributes given
+    as keyword arguments."""
 
     def __init__(self, model=None, optimizer=None, **kwargs):
         self.model = model
@@ -355,6 +357,7 @@ class TorchState(ObjectState):
         super().__setattr__(name, value)
 
     def _save_torch(self):
+        self._rng = torch.get_rng_state()
         if self.model is not None:
             self._model_state = copy.deepcopy(self.model.state_dict())
         if self.optimizer is not None:
@@ -367,6 +370,7 @@ class TorchState(ObjectState):
         super().save()
 
     def restore(self):
+        torch.set_rng_state(self._rng)
         if self.model is not None:
             self.model.load_state_dict(self._model_state)
         if self.optimizer is not None:
