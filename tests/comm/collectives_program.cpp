@@ -44,7 +44,8 @@ std::vector<Case> direct_cases(int p) {
   std::vector<Case> out;
   for (Case c : sweep_cases({p})) {
     const bool served = c.collective == Collective::allreduce || c.collective == Collective::reduce_scatter ||
-                        c.collective == Collective::allgather || c.collective == Collective::broadcast;
+                        c.collective == Collective::allgather || c.collective == Collective::broadcast ||
+                        c.collective == Collective::alltoall;
     if (!served || c.algorithm != Algorithm::automatic) continue;
     c.algorithm = Algorithm::direct;
     out.push_back(c);
@@ -55,7 +56,8 @@ std::vector<Case> direct_cases(int p) {
     // Zero copy: every rank's buffers in shared memory, on both sides of zero_copy_bytes (4096
     // floats of input or result, whichever is larger).
     c.shared = true;
-    const std::size_t edge = (c.collective == Collective::allgather || c.collective == Collective::reduce_scatter)
+    const std::size_t edge = (c.collective == Collective::allgather || c.collective == Collective::reduce_scatter ||
+                              c.collective == Collective::alltoall)
                                  ? 4096 / static_cast<std::size_t>(p)
                                  : 4096;
     for (std::size_t n : {std::size_t{1}, edge - 1, edge, std::size_t{100003}, std::size_t{1} << 18}) {

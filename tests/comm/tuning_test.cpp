@@ -139,7 +139,8 @@ TEST_F(Tuning, CostForPrefersTheTable) {
 
 TEST_F(Tuning, PredictCoversDirectAndRejectsWhatDoesNotServe) {
   const CostParams shm = transport::default_cost(transport::Kind::shm);
-  for (Collective c : {Collective::allreduce, Collective::reduce_scatter, Collective::allgather, Collective::broadcast})
+  for (Collective c : {Collective::allreduce, Collective::reduce_scatter, Collective::allgather, Collective::broadcast,
+                       Collective::alltoall})
     for (std::size_t bytes : {std::size_t{8}, 64 * MiB}) EXPECT_GT(predict(Algorithm::direct, c, 4, bytes, shm), 0);
   // Direct allreduce: one step up to 16 KiB, two barriers per 256 KiB chunk above; a barrier is
   // priced at a tenth of a message round.
@@ -157,7 +158,7 @@ TEST_F(Tuning, PredictCoversDirectAndRejectsWhatDoesNotServe) {
                    (0.2 + 0.125 * 0.75) * 8 * MiB);
   EXPECT_GT(predict(Algorithm::ring, Collective::allreduce, 4, 256 * MiB, shm),
             predict(Algorithm::ring, Collective::allreduce, 4, 16 * MiB, shm));
-  EXPECT_THROW(predict(Algorithm::direct, Collective::alltoall, 4, 8, shm), Error);
+  EXPECT_THROW(predict(Algorithm::direct, Collective::gather, 4, 8, shm), Error);
   EXPECT_THROW(predict(Algorithm::bruck, Collective::allreduce, 4, 8, shm), Error);
   EXPECT_THROW(predict(Algorithm::mpi, Collective::allreduce, 4, 8, shm), Error);
   EXPECT_THROW(predict(Algorithm::hierarchical, Collective::allreduce, 4, 8, shm), Error);

@@ -81,7 +81,8 @@ void DirectRun::plan() {
   // Every rank makes the same choice: the segment's answer and the call's size are the same on all.
   const std::size_t bytes = count * esize_;
   if (describes_ && plan_zero_copy()) return;
-  const bool single_copy_pays = (kind_ == Collective::allgather && bytes * p < streaming_bytes) ||
+  const bool single_copy_pays = kind_ == Collective::alltoall ||
+                                (kind_ == Collective::allgather && bytes * p < streaming_bytes) ||
                                 (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit) ||
                                 (kind_ == Collective::reduce_scatter && bytes * p < single_copy_reduce_scatter_limit);
   if (single_copy_pays && bytes >= single_copy_bytes && p > 1 && segment_.single_copy()) {
@@ -92,7 +93,7 @@ void DirectRun::plan() {
     small_ = true, per_chunk_ = std::max<std::size_t>(count, 1);
   } else if (kind_ == Collective::allreduce) {
     three_parts_ = true, per_chunk_ = chunk_bytes / esize_;
-  } else if (kind_ == Collective::reduce_scatter) {
+  } else if (kind_ == Collective::reduce_scatter || kind_ == Collective::alltoall) {
     per_chunk_ = chunk_bytes / esize_ / p;
   } else if (kind_ == Collective::allgather) {
     per_chunk_ = chunk_bytes / esize_;
@@ -106,8 +107,10 @@ void DirectRun::plan() {
 
 void DirectRun::choose_copy_out() {
   const std::size_t p = static_cast<std::size_t>(size());
-  const std::size_t written = (kind_ == Collective::allgather ? p : 1) * count_ * esize_;
-  const bool cold = kind_ == Collective::allreduce ? send_ != recv_ && !small_
+  const std::size_t written =
+      (kind_ == Collective::allgather || kind_ == Collective::alltoall ? p : 1) * count_ * esize_;
+  const bool cold = kind_ == Collective::allreduce  ? send_ != recv_ && !small_
+                    : kind_ == Collective::alltoall ? true
                     : kind_ == Collective::allgather
                         ? send_ != recv_ + static_cast<std::size_t>(rank()) * count_ * esize_
                         : kind_ == Collective::broadcast && rank() != root_;
@@ -126,10 +129,12 @@ void DirectRun::run_single_copy_phase(std::size_t phase) {
   }
   if (phase != 1 || (broadcast && r == root_)) return;
   if (kind_ == Collective::reduce_scatter) return reduce_scatter_single_copy();
+  // Alltoall reads block r of each peer's input; allgather the whole input.
+  const std::size_t offset = kind_ == Collective::alltoall ? static_cast<std::size_t>(r) * bytes : 0;
   for (int i = 1; i < p; ++i) {
     const int q = broadcast ? root_ : (r + i) % p;  // each rank starts with a different peer
     std::byte* dst = broadcast ? recv_ : recv_ + static_cast<std::size_t>(q) * bytes;
-    read_input(q, 0, dst, bytes);
+    read_input(q, offset, dst, bytes);
     if (broadcast) return;
   }
 }
@@ -284,10 +289,13 @@ bool DirectRun::progress_barriers() {
       return false;
     }
     // An allgather's own block, out of place, in one copy once the peers' blocks are in: copied
-    // chunk by chunk between the barriers it made every call at 1 MiB up to twice as long.
-    if (kind_ == Collective::allgather && count_ > 0) {
-      std::byte* own = recv_ + static_cast<std::size_t>(rank()) * count_ * esize_;
-      if (own != send_) copy_out_(own, send_, count_ * esize_);
+    // chunk by chunk between the barriers it made every call at 1 MiB up to twice as long. An
+    // alltoall's likewise, from its own block of the input.
+    if ((kind_ == Collective::allgather || kind_ == Collective::alltoall) && count_ > 0) {
+      const std::size_t block = static_cast<std::size_t>(rank()) * count_ * esize_;
+      std::byte* own = recv_ + block;
+      const std::byte* from = kind_ == Collective::alltoall ? send_ + block : send_;
+      if (own != from) copy_out_(own, from, count_ * esize_);
     }
     deliver_staged();
     return true;
@@ -308,8 +316,8 @@ void DirectRun::run_phase(std::size_t phase) {
 void DirectRun::begin(std::size_t chunk) {
   const std::size_t done = chunk * per_chunk_, n = chunk_elems(chunk);
   const int r = rank();
-  if (kind_ == Collective::reduce_scatter) {
-    for (int q = 0; q < size(); ++q)  // the blocks the peers reduce (this rank's own: from send)
+  if (kind_ == Collective::reduce_scatter || kind_ == Collective::alltoall) {
+    for (int q = 0; q < size(); ++q)  // the blocks the peers reduce or take (this rank's own: from send)
       if (q != r)
         core::copy(slot(chunk, r) + static_cast<std::size_t>(q) * n * esize_,
                    send_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, n * esize_);
@@ -358,10 +366,12 @@ void DirectRun::finish(std::size_t chunk) {
       const auto [lo, hi] = slice(n, p, q);
       if (q != r) copy_out_(recv_ + (done + lo) * esize_, slot(chunk, q) + lo * esize_, (hi - lo) * esize_);
     }
-  } else if (kind_ == Collective::allgather) {
+  } else if (kind_ == Collective::allgather || kind_ == Collective::alltoall) {
+    // Alltoall: block r of each peer's part of the set.
+    const std::size_t offset = kind_ == Collective::alltoall ? static_cast<std::size_t>(r) * n * esize_ : 0;
     for (int q = 0; q < p; ++q)
       if (q != r)  // this rank's own block: from its input, at the end (see progress_barriers)
-        copy_out_(recv_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, slot(chunk, q), n * esize_);
+        copy_out_(recv_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, slot(chunk, q) + offset, n * esize_);
   } else if (r != root_) {  // broadcast
     copy_out_(recv_ + done * esize_, slot(chunk, 0), n * esize_);
   }

@@ -45,8 +45,9 @@ void reduce_parts(ReduceOp op, DataType type, int p, std::byte* dst, std::size_t
 
 /// An inline collective's result on rank r of p from the inputs the ranks published (input(q):
 /// rank q's signature slot data), into `recv` (reduce_scatter: this rank's block; allgather in
-/// place, `send` already in its block: that block is left alone). The same on whichever path
-/// (DirectRun, ShmTransport::run_now) each rank takes.
+/// place, `send` already in its block: that block is left alone; alltoall: block q from block r
+/// of rank q's input, in place too, since the inputs are read from the slots). The same on
+/// whichever path (DirectRun, ShmTransport::run_now) each rank takes.
 template <typename Input>
 void combine_inline(Collective kind, const std::byte* send, std::byte* recv, std::size_t count, DataType type,
                     ReduceOp op, int root, int r, int p, const Input& input) {
@@ -55,6 +56,9 @@ void combine_inline(Collective kind, const std::byte* send, std::byte* recv, std
   if (kind == Collective::allreduce || kind == Collective::reduce_scatter) {
     const std::size_t offset = kind == Collective::reduce_scatter ? static_cast<std::size_t>(r) * bytes : 0;
     reduce_parts(op, type, p, recv, count, [&](int q) { return input(q) + offset; });
+  } else if (kind == Collective::alltoall) {
+    for (int q = 0; q < p; ++q)
+      core::copy(recv + static_cast<std::size_t>(q) * bytes, input(q) + static_cast<std::size_t>(r) * bytes, bytes);
   } else if (kind == Collective::allgather) {
     const bool in_place = send == recv + static_cast<std::size_t>(r) * bytes;
     for (int q = 0; q < p; ++q)
@@ -97,6 +101,9 @@ class DirectRun final : public DirectCollective {
     deliver_ = recv;
     staging_ = std::move(staging);
   }
+  /// The input is `snapshot` (alltoall in place, whose result overwrites input still to be read),
+  /// which the run keeps until it ends.
+  void keep_input(std::unique_ptr<std::byte[]> snapshot) { snapshot_ = std::move(snapshot); }
 
  private:
   int rank() const { return transport_.rank(); }
@@ -203,6 +210,7 @@ class DirectRun final : public DirectCollective {
   void (*copy_out_)(std::byte*, const std::byte*, std::size_t) = copy_cached;
   std::byte* deliver_ = nullptr;  // see deliver_to
   std::unique_ptr<std::byte[]> staging_;
+  std::unique_ptr<std::byte[]> snapshot_;  // see keep_input
 };
 
 template <typename Part>

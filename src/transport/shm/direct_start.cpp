@@ -32,9 +32,10 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, const Nativ
   if (!serves(kind))
     throw Error(ErrorCode::unsupported, "shm direct: no direct algorithm for " + std::string(to_string(kind)));
   // A rank's part of a data set must hold one element of each of the p blocks.
-  if (kind == Collective::reduce_scatter &&
+  if ((kind == Collective::reduce_scatter || kind == Collective::alltoall) &&
       shm->segment().layout().direct_chunk / size_of(type) < std::size_t(shm->size()))
-    throw Error(ErrorCode::unsupported, "shm direct reduce_scatter: too many ranks for the data area");
+    throw Error(ErrorCode::unsupported,
+                "shm direct " + std::string(to_string(kind)) + ": too many ranks for the data area");
   if (kind == Collective::broadcast && (root < 0 || root >= shm->size()))
     throw Error(ErrorCode::invalid_argument, "shm direct broadcast: root " + std::to_string(root) +
                                                  " is out of range for size " + std::to_string(shm->size()));
@@ -49,14 +50,22 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, const Nativ
     staging = std::make_unique_for_overwrite<std::byte[]>(count * size_of(type));
     out = staging.get();
   }
+  std::unique_ptr<std::byte[]> snapshot;
+  if (in_place.snapshot_input) {  // alltoall in place: the input, p blocks, before they are overwritten
+    const std::size_t input_bytes = static_cast<std::size_t>(shm->size()) * count * size_of(type);
+    snapshot = std::make_unique_for_overwrite<std::byte[]>(input_bytes);
+    core::copy(snapshot.get(), in, input_bytes);
+    in = snapshot.get();
+  }
   auto run = std::make_unique<DirectRun>(*shm, kind, in, out, count, type, reduce_op, root, timeout);
   if (staging) run->deliver_to(static_cast<std::byte*>(call.recv), std::move(staging));
+  if (snapshot) run->keep_input(std::move(snapshot));
   return run;
 }
 
 bool serves(Collective kind) {
   return kind == Collective::allreduce || kind == Collective::reduce_scatter || kind == Collective::allgather ||
-         kind == Collective::broadcast;
+         kind == Collective::broadcast || kind == Collective::alltoall;
 }
 
 bool ShmTransport::serves_natively(Algorithm algorithm, Collective collective) const {
@@ -98,8 +107,9 @@ constexpr double direct_barrier_share = 0.1;
 // Barriers (each ≈ α/10), copied bytes and reduced elements on one rank's path; ranks run alike.
 double direct_price(Collective c, int p, std::size_t bytes, const CostParams& cost) {
   // Bytes per rank: `bytes` is the total over ranks for reduce_scatter and allgather.
-  const std::size_t parts =
-      c == Collective::reduce_scatter || c == Collective::allgather ? static_cast<std::size_t>(p) : 1;
+  const std::size_t parts = c == Collective::reduce_scatter || c == Collective::allgather || c == Collective::alltoall
+                                ? static_cast<std::size_t>(p)
+                                : 1;
   const std::size_t count = (bytes + price_elem_size * parts - 1) / (price_elem_size * parts);
   const double n = static_cast<double>(count) * price_elem_size;
   const double up = static_cast<double>(p), elements = n / price_elem_size;
@@ -128,6 +138,10 @@ double direct_price(Collective c, int p, std::size_t bytes, const CostParams& co
     case Collective::broadcast:
       // Per chunk of p slots: the root copies in, barrier, the others copy out.
       return steps(n, direct_chunk * up) * barrier + copy * n + copy_out * n;
+    case Collective::alltoall:
+      // n: one block. Per chunk of the p blocks: copy the p - 1 blocks the peers take in, barrier,
+      // copy the p - 1 blocks from the peers out; this rank's own block once, from its input.
+      return steps(n * up, direct_chunk) * barrier + copy * n * (up - 1) + copy_out * n * (up - 1) + copy * n;
     default:
       throw Error(ErrorCode::unsupported, "cost model: direct does not serve " + std::string(to_string(c)));
   }

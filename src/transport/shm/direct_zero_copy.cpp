@@ -17,6 +17,7 @@ namespace tutti::transport::shm {
 // depends only on what every rank agrees on (the compared signature, the segment), so every
 // rank publishes one or none.
 void DirectRun::describe(const Signature& signature) {
+  if (kind_ == Collective::alltoall) return;  // no zero-copy path: single copy or the data sets
   const std::size_t p = static_cast<std::size_t>(size());
   const std::size_t input = (kind_ == Collective::reduce_scatter ? p : 1) * count_ * esize_;
   const std::size_t output = (kind_ == Collective::allgather ? p : 1) * count_ * esize_;
