@@ -220,8 +220,8 @@ TEST_F(Tuning, CostModelPicksLatencyAlgorithmsSmallAndBandwidthAlgorithmsLarge) 
   EXPECT_EQ(choose(Collective::broadcast, "shm", 8, false, 8), Algorithm::binomial_tree);
   EXPECT_EQ(choose(Collective::reduce, "shm", 8, false, 8), Algorithm::binomial_tree);
   EXPECT_EQ(choose(Collective::barrier, "shm", 5, true, 0), Algorithm::bruck);
-  // Direct never applies beyond its four collectives; mpi and hierarchical are never automatic.
-  for (Collective c : {Collective::alltoall, Collective::reduce, Collective::gather, Collective::allgatherv})
+  // Direct never applies beyond its five collectives; mpi and hierarchical are never automatic.
+  for (Collective c : {Collective::reduce, Collective::gather, Collective::allgatherv})
     for (std::size_t bytes : {std::size_t{8}, MiB, 64 * MiB}) {
       const Algorithm a = choose(c, "shm", 4, true, bytes);
       EXPECT_TRUE(schedule::applies(a, c)) << to_string(a);
@@ -250,7 +250,7 @@ TEST_F(Tuning, PrecedenceRequestedThenTableThenCostModel) {
   EXPECT_EQ(choose(Collective::allreduce, "shm", 5, false, 8), choose(Collective::allreduce, "shm", 5, false, 9));
   EXPECT_NE(choose(Collective::allreduce, "tcp", 4, false, 8), Algorithm::binomial_tree);
   EXPECT_THROW(choose(Collective::allreduce, "shm", 4, false, 8, Algorithm::direct), Error);
-  EXPECT_THROW(choose(Collective::alltoall, "shm", 4, true, 8, Algorithm::direct), Error);
+  EXPECT_THROW(choose(Collective::gather, "shm", 4, true, 8, Algorithm::direct), Error);
   EXPECT_EQ(choose(Collective::allreduce, "shm", 4, true, 8, Algorithm::direct), Algorithm::direct);
 }
 
