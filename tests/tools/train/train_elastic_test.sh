@@ -40,6 +40,15 @@ expect() {
   return 1
 }
 
+# succeeded PID: the job PID ends with status 0, else case $name fails.
+succeeded() {
+  wait "$1"
+  status=$?
+  [[ $status -eq 0 ]] && return 0
+  fail "$name" "exit status $status"
+  return 1
+}
+
 case_kill_join() {
   local name=$1
   shift
@@ -57,9 +66,7 @@ case_kill_join() {
   local tutti_run
   tutti_run=$(pgrep -P $job -x tutti-run)
   kill -USR1 "$tutti_run"
-  wait $job
-  status=$?
-  [[ $status -eq 0 ]] || { fail "$name" "exit status $status"; return; }
+  succeeded $job || return
   expect '^\[0\] tutti-train: elastic generation 2: 4 ranks, from epoch [12] sample [0-9]+ \(step [0-9]*[05]\)' \
     "the joiner did not come in at a commit" || return
   expect '^\[0\] tutti-train: parameters identical on all 4 ranks \(checksum 0x[0-9a-f]{16}\)$' \
@@ -98,9 +105,7 @@ case_stop() {
   await '^\[0\] tutti-train: summary .* ranks=2 generation=1$' ||
     { kill -CONT "$victim"; fail "$name" "the 2 others did not finish"; wait $job; return; }
   kill -CONT "$victim"
-  wait $job
-  status=$?
-  [[ $status -eq 0 ]] || { fail "$name" "exit status $status"; return; }
+  succeeded $job || return
   expect '^\[0\] tutti-train: elastic generation 1: 2 ranks, from epoch 1 sample [0-9]+ \(step [0-9]*[05]\), [0-9]+ ms' \
     "the 2 survivors did not go on from a commit" || return
   expect '^\[0\] tutti-train: parameters identical on all 2 ranks' "no 'parameters identical on all 2 ranks' line" ||
