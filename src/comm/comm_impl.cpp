@@ -213,7 +213,8 @@ Request CommImpl::start_native(const Call& call, Algorithm algorithm, bool block
                                               "mpirun, with Tutti built with MPI)");
     if (transport.kind() != transport::Kind::shm)
       throw Error(ErrorCode::unsupported, what + "needs the shared-memory transport (processes on one host)");
-    throw Error(ErrorCode::unsupported, what + "serves allreduce, reduce_scatter, allgather, alltoall and broadcast only");
+    throw Error(ErrorCode::unsupported,
+                what + "serves allreduce, reduce_scatter, allgather, alltoall and broadcast only");
   }
   const auto timeout = timeout_of(call);
   std::unique_ptr<transport::NativeCollective> run = transport.start_native(algorithm, call, timeout);
