@@ -196,6 +196,9 @@ struct Job::Impl {
       if (clock::now() >= give_up)
         ended("generation " + std::to_string(g) + "'s rendezvous was never closed: " + std::to_string(watched) +
               " rank(s) took it on and none finished");
+      // Generation 0 is decided by rank 0 right after the launcher's rendezvous, and a joiner is
+      // admitted only once its generation is decided: they wait, never take over.
+      if (g == 0 || members.empty()) continue;
       const std::int64_t k = counter(key(g, "closers"));
       if (k != watched) {
         watched = k;
