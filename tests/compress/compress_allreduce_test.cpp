@@ -17,6 +17,7 @@
 namespace tc = tutti::compress;
 using tutti::testing::on_threads;
 using tutti::testing::random_vector;
+using tutti::testing::same_bits;
 
 namespace {
 
@@ -25,10 +26,6 @@ const std::vector<std::size_t>& counts_for(int p) {
   auto& c = all[static_cast<std::size_t>(p)];
   if (c.empty()) c = {0, 1, static_cast<std::size_t>(p) + 1, 10007};
   return c;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // Runs fn(comm, rank) -> result on p ranks; returns every rank's result.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -15,6 +16,11 @@ inline std::vector<float> random_vector(std::size_t n, unsigned seed) {
   std::vector<float> v(n);
   for (auto& x : v) x = normal(gen);
   return v;
+}
+
+/// Whether two float vectors hold the same bits (NaNs and signed zeros included).
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 }  // namespace tutti::testing

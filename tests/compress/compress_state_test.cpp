@@ -13,13 +13,14 @@
 namespace tc = tutti::compress;
 using tutti::testing::on_threads;
 using tutti::testing::random_vector;
+using tutti::testing::same_bits;
 
 namespace {
 
 const std::vector<std::int64_t> w_shape = {20, 3, 4}, b_shape = {20};
 
 // One step of a two-tensor model on `rank`: its gradients (a function of rank and step), averaged.
-std::vector<float> step(tc::GradientCompressor& c, tutti::Communicator& comm, int rank, int step) {
+std::vector<float> train_step(tc::GradientCompressor& c, tutti::Communicator& comm, int rank, int step) {
   auto w = random_vector(240, static_cast<unsigned>(rank * 100 + step));
   auto b = random_vector(20, static_cast<unsigned>(rank * 100 + step + 50));
   c.average(comm, "w", w.data(), w_shape);
@@ -29,35 +30,32 @@ std::vector<float> step(tc::GradientCompressor& c, tutti::Communicator& comm, in
   return w;
 }
 
-constexpr int p = 2, first = 3, then = 3;
+constexpr int state_ranks = 2, steps_before = 3, steps_after = 3;
 
-// Steps first..first+then-1 of every rank, by a compressor that ran steps 0..first-1 and then,
-// if `reload`, was replaced by a fresh one loading its state (`local`: with the rank's own part).
+// Steps steps_before.. of every rank (steps_after of them), by a compressor that ran the first
+// steps_before and then, if `reload`, was replaced by a fresh one loading its state (`local`: with the rank's own
+// part).
 std::vector<std::vector<float>> later_steps(const char* text, bool reload, bool local) {
-  auto comms = tutti::local_group(p);
-  std::vector<std::vector<float>> out(p);
-  const auto failures = on_threads(p, [&](int r) {
+  auto comms = tutti::local_group(state_ranks);
+  std::vector<std::vector<float>> out(state_ranks);
+  const auto failures = on_threads(state_ranks, [&](int r) {
     tc::GradientCompressor a(tc::Compression::parse(text), 9);
-    for (int s = 0; s < first; ++s) step(a, comms[r], r, s);
+    for (int s = 0; s < steps_before; ++s) train_step(a, comms[r], r, s);
     tc::GradientCompressor b(tc::Compression::parse(text), 9);
     tc::GradientCompressor* c = &a;
     if (reload) {
       const auto state = a.save_state();
       b.load_state(state.shared, local ? std::span<const std::byte>(state.local) : std::span<const std::byte>());
-      EXPECT_EQ(b.step(), static_cast<std::uint64_t>(first));
+      EXPECT_EQ(b.step(), static_cast<std::uint64_t>(steps_before));
       c = &b;
     }
-    for (int s = first; s < first + then; ++s) {
-      const auto v = step(*c, comms[r], r, s);
+    for (int s = steps_before; s < steps_before + steps_after; ++s) {
+      const auto v = train_step(*c, comms[r], r, s);
       out[static_cast<std::size_t>(r)].insert(out[static_cast<std::size_t>(r)].end(), v.begin(), v.end());
     }
   });
   EXPECT_EQ(failures, "");
   return out;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace
@@ -66,7 +64,7 @@ TEST(CompressorState, RestoredGoesOnBitForBit) {
   for (const char* text : {"qsgd:8", "qsgd:4", "topk:0.1:4", "powersgd:2", "fp16"}) {
     const auto straight = later_steps(text, false, false);
     const auto restored = later_steps(text, true, true);
-    for (int r = 0; r < p; ++r) EXPECT_TRUE(same_bits(straight[r], restored[r])) << text << " rank " << r;
+    for (int r = 0; r < state_ranks; ++r) EXPECT_TRUE(same_bits(straight[r], restored[r])) << text << " rank " << r;
   }
 }
 
@@ -82,7 +80,7 @@ TEST(CompressorState, WithoutTheLocalPartResidualsStartFromZero) {
   const auto failures = on_threads(1, [&](int) {
     auto comm = tutti::local_group(1)[0];
     tc::GradientCompressor a(tc::Compression::parse("qsgd:8"), 1);
-    step(a, comm, 0, 0);
+    train_step(a, comm, 0, 0);
     ASSERT_EQ(a.residual_count(), 2u);
     tc::GradientCompressor b(tc::Compression::parse("qsgd:8"), 1);
     b.load_state(a.save_state().shared, {});
@@ -96,8 +94,8 @@ TEST(CompressorState, RefusesAnotherCompressionOrDamageChangingNothing) {
   const auto failures = on_threads(1, [&](int) {
     auto comm = tutti::local_group(1)[0];
     tc::GradientCompressor q(tc::Compression::parse("qsgd:8"), 1), s(tc::Compression::parse("powersgd:1"), 1);
-    step(q, comm, 0, 0);
-    step(s, comm, 0, 0);
+    train_step(q, comm, 0, 0);
+    train_step(s, comm, 0, 0);
     const auto qs = q.save_state(), ss = s.save_state();
     auto refused = [&](tc::GradientCompressor& c, std::span<const std::byte> shared, std::span<const std::byte> local,
                        const char* why) {
