@@ -54,7 +54,7 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, const Nativ
   if (in_place.snapshot_input) {  // alltoall in place: the input, p blocks, before they are overwritten
     const std::size_t input_bytes = static_cast<std::size_t>(shm->size()) * count * size_of(type);
     snapshot = std::make_unique_for_overwrite<std::byte[]>(input_bytes);
-    core::copy(snapshot.get(), in, input_bytes);
+    if (input_bytes > 0) core::copy(snapshot.get(), in, input_bytes);  // an empty call may pass null
     in = snapshot.get();
   }
   auto run = std::make_unique<DirectRun>(*shm, kind, in, out, count, type, reduce_op, root, timeout);
