@@ -93,7 +93,7 @@ void DirectRun::plan() {
     small_ = true, per_chunk_ = std::max<std::size_t>(count, 1);
   } else if (kind_ == Collective::allreduce) {
     three_parts_ = true, per_chunk_ = chunk_bytes / esize_;
-  } else if (kind_ == Collective::reduce_scatter || kind_ == Collective::alltoall) {
+  } else if (input_blocks(kind_)) {
     per_chunk_ = chunk_bytes / esize_ / p;
   } else if (kind_ == Collective::allgather) {
     per_chunk_ = chunk_bytes / esize_;
@@ -107,8 +107,7 @@ void DirectRun::plan() {
 
 void DirectRun::choose_copy_out() {
   const std::size_t p = static_cast<std::size_t>(size());
-  const std::size_t written =
-      (kind_ == Collective::allgather || kind_ == Collective::alltoall ? p : 1) * count_ * esize_;
+  const std::size_t written = (output_blocks(kind_) ? p : 1) * count_ * esize_;
   const bool cold = kind_ == Collective::allreduce  ? send_ != recv_ && !small_
                     : kind_ == Collective::alltoall ? true
                     : kind_ == Collective::allgather
@@ -291,7 +290,7 @@ bool DirectRun::progress_barriers() {
     // An allgather's own block, out of place, in one copy once the peers' blocks are in: copied
     // chunk by chunk between the barriers it made every call at 1 MiB up to twice as long. An
     // alltoall's likewise, from its own block of the input.
-    if ((kind_ == Collective::allgather || kind_ == Collective::alltoall) && count_ > 0) {
+    if (output_blocks(kind_) && count_ > 0) {
       const std::size_t block = static_cast<std::size_t>(rank()) * count_ * esize_;
       std::byte* own = recv_ + block;
       const std::byte* from = kind_ == Collective::alltoall ? send_ + block : send_;
@@ -316,7 +315,7 @@ void DirectRun::run_phase(std::size_t phase) {
 void DirectRun::begin(std::size_t chunk) {
   const std::size_t done = chunk * per_chunk_, n = chunk_elems(chunk);
   const int r = rank();
-  if (kind_ == Collective::reduce_scatter || kind_ == Collective::alltoall) {
+  if (input_blocks(kind_)) {
     for (int q = 0; q < size(); ++q)  // the blocks the peers reduce or take (this rank's own: from send)
       if (q != r)
         core::copy(slot(chunk, r) + static_cast<std::size_t>(q) * n * esize_,
@@ -366,7 +365,7 @@ void DirectRun::finish(std::size_t chunk) {
       const auto [lo, hi] = slice(n, p, q);
       if (q != r) copy_out_(recv_ + (done + lo) * esize_, slot(chunk, q) + lo * esize_, (hi - lo) * esize_);
     }
-  } else if (kind_ == Collective::allgather || kind_ == Collective::alltoall) {
+  } else if (output_blocks(kind_)) {
     // Alltoall: block r of each peer's part of the set.
     const std::size_t offset = kind_ == Collective::alltoall ? static_cast<std::size_t>(r) * n * esize_ : 0;
     for (int q = 0; q < p; ++q)

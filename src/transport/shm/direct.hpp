@@ -46,6 +46,14 @@ inline constexpr std::size_t streaming_bytes = std::size_t{32} << 20;
 /// and inline paths are faster.
 inline constexpr std::size_t zero_copy_bytes = 16 * 1024;
 
+/// Whether the input of collective `kind` holds p blocks, one per rank (reduce_scatter, alltoall),
+/// rather than one.
+inline bool input_blocks(Collective kind) { return kind == Collective::reduce_scatter || kind == Collective::alltoall; }
+
+/// Whether the result of collective `kind` holds p blocks, one per rank (allgather, alltoall),
+/// rather than one.
+inline bool output_blocks(Collective kind) { return kind == Collective::allgather || kind == Collective::alltoall; }
+
 /// One direct collective in progress on this rank. `progress` runs every step whose barrier all
 /// ranks have reached, without blocking; it throws Error(timeout) naming the ranks still awaited
 /// once it has waited its timeout (counted from its first wait), Error(peer_failure) if one of them died, or the

@@ -16,8 +16,7 @@ namespace tutti::transport::shm {
 void DirectRun::bind(const Signature& signature) {
   seq_ = signature.seq;
   const std::size_t p = static_cast<std::size_t>(size());
-  const std::size_t input =
-      (kind_ == Collective::reduce_scatter || kind_ == Collective::alltoall ? p : 1) * count_ * esize_;
+  const std::size_t input = (input_blocks(kind_) ? p : 1) * count_ * esize_;
   if (seq_ == no_seq) return;
   if (input > inline_bytes) return describe(signature);
   inline_ = true;
@@ -64,8 +63,7 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
   if (algorithm != Algorithm::direct || !serves(kind)) return false;
   const std::size_t p = static_cast<std::size_t>(size_), esize = size_of(call.type);
   const std::size_t bytes = call.count * esize;
-  const bool scatters = kind == Collective::reduce_scatter || kind == Collective::alltoall,
-             broadcast = kind == Collective::broadcast;
+  const bool scatters = input_blocks(kind), broadcast = kind == Collective::broadcast;
   const bool reduces = kind == Collective::allreduce || kind == Collective::reduce_scatter;
   if (call.count > inline_bytes || (scatters ? p : 1) * bytes > inline_bytes || (reduces && !call.op) ||
       (scatters && segment_->layout().direct_chunk / esize < p))  // start_direct's refusal

@@ -32,8 +32,7 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, const Nativ
   if (!serves(kind))
     throw Error(ErrorCode::unsupported, "shm direct: no direct algorithm for " + std::string(to_string(kind)));
   // A rank's part of a data set must hold one element of each of the p blocks.
-  if ((kind == Collective::reduce_scatter || kind == Collective::alltoall) &&
-      shm->segment().layout().direct_chunk / size_of(type) < std::size_t(shm->size()))
+  if (input_blocks(kind) && shm->segment().layout().direct_chunk / size_of(type) < std::size_t(shm->size()))
     throw Error(ErrorCode::unsupported,
                 "shm direct " + std::string(to_string(kind)) + ": too many ranks for the data area");
   if (kind == Collective::broadcast && (root < 0 || root >= shm->size()))
@@ -106,10 +105,8 @@ constexpr double direct_barrier_share = 0.1;
 
 // Barriers (each ≈ α/10), copied bytes and reduced elements on one rank's path; ranks run alike.
 double direct_price(Collective c, int p, std::size_t bytes, const CostParams& cost) {
-  // Bytes per rank: `bytes` is the total over ranks for reduce_scatter and allgather.
-  const std::size_t parts = c == Collective::reduce_scatter || c == Collective::allgather || c == Collective::alltoall
-                                ? static_cast<std::size_t>(p)
-                                : 1;
+  // Bytes per rank: `bytes` is the total over ranks for reduce_scatter, allgather and alltoall.
+  const std::size_t parts = input_blocks(c) || output_blocks(c) ? static_cast<std::size_t>(p) : 1;
   const std::size_t count = (bytes + price_elem_size * parts - 1) / (price_elem_size * parts);
   const double n = static_cast<double>(count) * price_elem_size;
   const double up = static_cast<double>(p), elements = n / price_elem_size;

@@ -19,8 +19,8 @@ namespace tutti::transport::shm {
 void DirectRun::describe(const Signature& signature) {
   if (kind_ == Collective::alltoall) return;  // no zero-copy path: single copy or the data sets
   const std::size_t p = static_cast<std::size_t>(size());
-  const std::size_t input = (kind_ == Collective::reduce_scatter ? p : 1) * count_ * esize_;
-  const std::size_t output = (kind_ == Collective::allgather ? p : 1) * count_ * esize_;
+  const std::size_t input = (input_blocks(kind_) ? p : 1) * count_ * esize_;
+  const std::size_t output = (output_blocks(kind_) ? p : 1) * count_ * esize_;
   if (std::max(input, output) < zero_copy_bytes || p < 2 || !segment_.single_copy()) return;
   if (kind_ != Collective::broadcast)
     if (auto where = core::locate_shared(send_, input)) described_.send = *where;
@@ -47,7 +47,7 @@ bool DirectRun::plan_zero_copy() {
       const Described& d = all[static_cast<std::size_t>(q)];
       if (read(q, recv) && (recv ? d.recv : d.send).id == 0) return false;
     }
-  const std::size_t send_bytes = (kind_ == Collective::reduce_scatter ? static_cast<std::size_t>(p) : 1) * bytes;
+  const std::size_t send_bytes = (input_blocks(kind_) ? static_cast<std::size_t>(p) : 1) * bytes;
   peers_.resize(static_cast<std::size_t>(p));
   for (int q = 0; q < p; ++q) {
     if (q == r) continue;
