@@ -91,18 +91,30 @@ void store(DataType type, void* at, double v) {
 
 bool has_form(Kind kind, bool in_place) {
   if (kind == Collective::broadcast) return in_place;
-  if (kind == sendrecv) return !in_place;
+  if (kind == sendrecv || kind == Collective::barrier || kind == Collective::gather || kind == Collective::scatter ||
+      kind == Collective::allgatherv || kind == Collective::alltoallv)
+    return !in_place;
   return true;
+}
+
+std::size_t uneven_count(std::size_t n, int k, int p) {
+  return 2 * n * static_cast<std::size_t>(k + 1) / static_cast<std::size_t>(p + 1);
 }
 
 Case make_case(Kind kind, DataType type, ReduceOp op, int root, std::size_t bytes, int ranks) {
   Case c{kind, type, op, root, 0, false};
+  if (kind == Collective::barrier) return c;  // no data: one row whatever the sizes
   const std::size_t divisor = size_of(type) * (size_is_total(kind) ? static_cast<std::size_t>(ranks) : 1);
   c.count = bytes / divisor;
   return c;
 }
 
 std::size_t case_elements(const Case& c, int ranks) {
+  if (c.kind == Collective::allgatherv || c.kind == Collective::alltoallv) {  // the blocks received, summed
+    std::size_t total = 0;
+    for (int q = 0; q < ranks; ++q) total += uneven_count(c.count, q, ranks);
+    return total;
+  }
   return c.count * (size_is_total(c.kind) ? static_cast<std::size_t>(ranks) : 1);
 }
 
@@ -120,6 +132,28 @@ Buffers::Buffers(const Case& c, int rank, int ranks, const Communicator* shared)
       break;
     case Collective::alltoall:
       send_elems_ = recv_elems_ = p * c.count;
+      break;
+    case Collective::gather:
+      send_elems_ = c.count, recv_elems_ = p * c.count;
+      break;
+    case Collective::scatter:
+      send_elems_ = p * c.count, recv_elems_ = c.count;
+      break;
+    case Collective::allgatherv:
+      for (int q = 0; q < ranks; ++q) recv_counts_.push_back(uneven_count(c.count, q, ranks));
+      send_counts_ = {recv_counts_[static_cast<std::size_t>(rank)]};
+      send_elems_ = send_counts_[0], recv_elems_ = case_elements(c, ranks);
+      break;
+    case Collective::alltoallv:
+      send_elems_ = recv_elems_ = 0;
+      for (int q = 0; q < ranks; ++q) {
+        send_counts_.push_back(uneven_count(c.count, (rank + q) % ranks, ranks));
+        recv_counts_.push_back(send_counts_.back());  // (q + rank) mod p: what q sends this rank
+        send_elems_ += send_counts_.back(), recv_elems_ += recv_counts_.back();
+      }
+      break;
+    case Collective::barrier:
+      send_elems_ = recv_elems_ = 0;
       break;
     default:
       send_elems_ = recv_elems_ = c.count;
@@ -165,15 +199,21 @@ void Buffers::corrupt() {
 
 std::size_t Buffers::count_wrong() const {
   const Case& c = case_;
-  const std::size_t n = c.count, p = static_cast<std::size_t>(ranks_), r = static_cast<std::size_t>(rank_);
-  if (c.kind == Collective::reduce && rank_ != c.root) return 0;
+  const std::size_t n = c.count, r = static_cast<std::size_t>(rank_);
+  if ((c.kind == Collective::reduce || c.kind == Collective::gather) && rank_ != c.root) return 0;
   auto* out = const_cast<Buffers*>(this)->recv();
-  std::size_t elements = n;
-  if (c.kind == Collective::allgather || c.kind == Collective::alltoall) elements = p * n;
+  const std::size_t elements = c.in_place && c.kind == Collective::reduce_scatter ? n : recv_elems_;
+  // The v-forms' blocks are packed in rank order: block q starts at the sum of the counts before it.
+  std::vector<std::size_t> starts;
+  for (std::size_t q = 0, at = 0; q < recv_counts_.size(); at += recv_counts_[q++]) starts.push_back(at);
   std::size_t wrong = 0;
   std::byte expected[8];
   for (std::size_t i = 0; i < elements; ++i) {
-    const std::size_t block = i / std::max<std::size_t>(n, 1), within = i % std::max<std::size_t>(n, 1);
+    std::size_t block = i / std::max<std::size_t>(n, 1), within = i % std::max<std::size_t>(n, 1);
+    if (!starts.empty()) {
+      block = static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), i) - starts.begin()) - 1;
+      within = i - starts[block];
+    }
     double v = 0;
     if (c.kind == sendrecv) v = value(c, (rank_ + ranks_ - 1) % ranks_, i, ranks_);
     switch (c.kind.value_or(Collective::barrier)) {
@@ -185,10 +225,21 @@ std::size_t Buffers::count_wrong() const {
         v = reduced(c, r * n + i, ranks_);
         break;
       case Collective::allgather:
+      case Collective::allgatherv:
+      case Collective::gather:
         v = value(c, static_cast<int>(block), within, ranks_);
         break;
       case Collective::alltoall:
         v = value(c, static_cast<int>(block), r * n + within, ranks_);
+        break;
+      case Collective::alltoallv: {  // rank `block` sent it from its block r, after its blocks 0..r-1
+        std::size_t from = 0;
+        for (std::size_t t = 0; t < r; ++t) from += uneven_count(n, static_cast<int>(block + t) % ranks_, ranks_);
+        v = value(c, static_cast<int>(block), from + within, ranks_);
+        break;
+      }
+      case Collective::scatter:
+        v = value(c, c.root, r * n + i, ranks_);
         break;
       case Collective::broadcast:
         v = value(c, c.root, i, ranks_);

@@ -88,16 +88,22 @@ double memory_bytes(const Case& c, int ranks) {
   switch (*c.kind) {
     case Collective::allreduce:
     case Collective::alltoall:
+    case Collective::alltoallv:
       return 2 * p * size;
     case Collective::reduce_scatter:
     case Collective::allgather:
+    case Collective::allgatherv:
     case Collective::reduce:
       return (p + 1) * size;
     case Collective::broadcast:
       return p * size;
-    default:
+    case Collective::gather:  // every block read once, the root's result written once
+    case Collective::scatter:
+      return 2 * size;
+    case Collective::barrier:
       return 0;
   }
+  return 0;
 }
 
 }  // namespace

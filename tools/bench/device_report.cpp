@@ -38,11 +38,10 @@ void Report::device_header(Kind kind) const {
 }
 
 void Report::print_device_row(const Row& row) const {
-  const bool rooted = row.c.kind == Collective::broadcast || row.c.kind == Collective::reduce;
   const std::size_t bytes = case_bytes(row.c, ranks_);
-  std::printf("  %10zu %12zu %6s %6s %6d", bytes, case_elements(row.c, ranks_),
-              std::string(to_string(row.c.type)).c_str(),
-              reduces(row.c.kind) ? std::string(to_string(row.c.op)).c_str() : "none", rooted ? row.c.root : -1);
+  std::printf(
+      "  %10zu %12zu %6s %6s %6d", bytes, case_elements(row.c, ranks_), std::string(to_string(row.c.type)).c_str(),
+      reduces(row.c.kind) ? std::string(to_string(row.c.op)).c_str() : "none", rooted(row.c.kind) ? row.c.root : -1);
   print_measure(row, ranks_, row.out_of_place);
   print_measure(row, ranks_, row.in_place);
   const Measure& mine = primary(row);

@@ -46,13 +46,10 @@ double parse_density(const std::string& text) {
 }
 
 std::vector<Kind> parse_kinds(const std::string& text) {
-  constexpr Kind all[] = {Collective::allreduce,
-                          Collective::reduce_scatter,
-                          Collective::allgather,
-                          Collective::broadcast,
-                          Collective::reduce,
-                          Collective::alltoall,
-                          sendrecv};
+  constexpr Kind all[] = {Collective::allreduce,  Collective::reduce_scatter, Collective::allgather,
+                          Collective::broadcast,  Collective::reduce,         Collective::alltoall,
+                          Collective::allgatherv, Collective::alltoallv,      Collective::gather,
+                          Collective::scatter,    Collective::barrier,        sendrecv};
   if (text == "all") return {std::begin(all), std::end(all)};
   std::vector<Kind> out;
   for (const std::string& name : split_list(text)) {
@@ -163,19 +160,31 @@ double bus_factor(Kind kind, int ranks) {
       return ranks > 1 ? 2 * (p - 1) / p : 0;
     case Collective::reduce_scatter:
     case Collective::allgather:
+    case Collective::allgatherv:
     case Collective::alltoall:
+    case Collective::alltoallv:
+    case Collective::gather:
+    case Collective::scatter:
       return (p - 1) / p;
+    case Collective::barrier:
+      return 0;
     default:
       return 1;
   }
 }
 
 bool size_is_total(Kind kind) {
-  return kind == Collective::reduce_scatter || kind == Collective::allgather || kind == Collective::alltoall;
+  return kind && *kind != Collective::allreduce && *kind != Collective::reduce && *kind != Collective::broadcast &&
+         *kind != Collective::barrier;
 }
 
 bool reduces(Kind kind) {
   return kind == Collective::allreduce || kind == Collective::reduce_scatter || kind == Collective::reduce;
+}
+
+bool rooted(Kind kind) {
+  return kind == Collective::broadcast || kind == Collective::reduce || kind == Collective::gather ||
+         kind == Collective::scatter;
 }
 
 std::optional<DataType> parse_type(const std::string& name) {
@@ -215,10 +224,12 @@ struct Text {
 // The sweep's flags: nccl-tests' short flags where they mean what they mean there; long names only
 // where nccl-tests' letter means something else (its -t is threads, its -a the average mode).
 void add_sweep_flags(CLI::App& app, BenchOptions& o, Text& t) {
-  app.add_option("--collective", t.collective,
-                 "allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, sendrecv, a comma-separated "
-                 "list, or all (default allreduce); or sparse_allreduce: every sparse algorithm beside dense "
-                 "allreduce");
+  app.add_option(
+      "--collective", t.collective,
+      "allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, allgatherv, alltoallv, gather, scatter, "
+      "barrier, sendrecv, a comma-separated "
+      "list, or all (default allreduce); or sparse_allreduce: every sparse algorithm beside dense "
+      "allreduce");
   tools::add_size(app, "-b,--minbytes", o.min_bytes, "smallest size, e.g. 8, 64K, 1MiB (default 8)");
   tools::add_size(app, "-e,--maxbytes", o.max_bytes, "largest size (default 64M)");
   app.add_option("-f,--stepfactor", t.factor, "size multiplier between rows (default 2)")

@@ -19,9 +19,12 @@ inline constexpr Kind sendrecv = std::nullopt;
 std::string_view to_string(Kind kind);
 /// busbw = algbw × this factor (BENCHMARKS.md).
 double bus_factor(Kind kind, int ranks);
-/// Whether `size(B)` counts all ranks' blocks (allgather, reduce_scatter, alltoall) rather than one buffer.
+/// Whether `size(B)` counts all ranks' blocks (every collective with blocks: reduce_scatter, the
+/// allgathers, the alltoalls, gather, scatter) rather than one buffer (allreduce, reduce, broadcast).
 bool size_is_total(Kind kind);
 bool reduces(Kind kind);
+/// Whether the collective has a root (broadcast, reduce, gather, scatter).
+bool rooted(Kind kind);
 
 struct BenchOptions {
   std::vector<Kind> kinds{Collective::allreduce};

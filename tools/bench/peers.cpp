@@ -1,8 +1,10 @@
 // The peers tutti-bench times beside Tutti: OpenMPI's own collectives and Gloo's.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+#include <vector>
 
 #include "bench/gloo_peer.hpp"
 #include "bench/runner.hpp"
@@ -61,10 +63,52 @@ class MpiPeer final : public Peer {
       case Collective::alltoall:
         MPI_Alltoall(send, n, type, recv, n, type, MPI_COMM_WORLD);
         break;
-      default:  // tutti-bench times no other collective
+      case Collective::allgatherv: {
+        const Layout& l = layout(b);
+        MPI_Allgatherv(send, l.send[0], type, recv, l.recv.data(), l.recv_displs.data(), type, MPI_COMM_WORLD);
+        break;
+      }
+      case Collective::alltoallv: {
+        const Layout& l = layout(b);
+        MPI_Alltoallv(send, l.send.data(), l.send_displs.data(), type, recv, l.recv.data(), l.recv_displs.data(), type,
+                      MPI_COMM_WORLD);
+        break;
+      }
+      case Collective::gather:
+        MPI_Gather(send, n, type, recv, n, type, c.root, MPI_COMM_WORLD);
+        break;
+      case Collective::scatter:
+        MPI_Scatter(send, n, type, recv, n, type, c.root, MPI_COMM_WORLD);
+        break;
+      case Collective::barrier:
+        MPI_Barrier(MPI_COMM_WORLD);
         break;
     }
   }
+
+ private:
+  // The v-forms' counts and displacements as MPI takes them (int), converted again only when the
+  // counts change (a new size), so that no allocation is timed.
+  struct Layout {
+    std::vector<int> send, send_displs, recv, recv_displs;
+  };
+  static bool same(std::span<const std::size_t> counts, const std::vector<int>& ints) {
+    return std::equal(counts.begin(), counts.end(), ints.begin(), ints.end(),
+                      [](std::size_t a, int b) { return a == static_cast<std::size_t>(b); });
+  }
+  static void to_mpi(std::span<const std::size_t> counts, std::vector<int>& out, std::vector<int>& displs) {
+    out.clear(), displs.clear();
+    int at = 0;
+    for (std::size_t n : counts) out.push_back(static_cast<int>(n)), displs.push_back(at), at += static_cast<int>(n);
+  }
+  const Layout& layout(const Buffers& b) {
+    if (!same(b.send_counts(), layout_.send) || !same(b.recv_counts(), layout_.recv)) {
+      to_mpi(b.send_counts(), layout_.send, layout_.send_displs);
+      to_mpi(b.recv_counts(), layout_.recv, layout_.recv_displs);
+    }
+    return layout_;
+  }
+  Layout layout_;
 };
 #endif
 

@@ -62,10 +62,10 @@ void Report::row(const Row& row) {
 
 void Report::print_row(const Row& row) const {
   if (!device_.empty()) return print_device_row(row);
-  const bool rooted = row.c.kind == Collective::broadcast || row.c.kind == Collective::reduce;
   std::printf("  %10zu %12zu %6s %6s %6d", case_bytes(row.c, ranks_), case_elements(row.c, ranks_),
               std::string(to_string(row.c.type)).c_str(),
-              reduces(row.c.kind) ? std::string(to_string(row.c.op)).c_str() : "none", rooted ? row.c.root : -1);
+              reduces(row.c.kind) ? std::string(to_string(row.c.op)).c_str() : "none",
+              rooted(row.c.kind) ? row.c.root : -1);
   print_measure(row, ranks_, row.out_of_place);
   print_measure(row, ranks_, row.in_place);
   const Measure& mine = primary(row);

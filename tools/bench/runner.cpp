@@ -46,8 +46,16 @@ void run_tutti(Communicator& world, const Case& c, Buffers& buffers, Algorithm a
       return world.reduce(send, recv, c.count, c.type, c.op, c.root, options);
     case Collective::alltoall:
       return world.alltoall(send, recv, c.count, c.type, options);
-    default:  // tutti-bench times no other collective
-      return;
+    case Collective::allgatherv:
+      return world.allgatherv(send, buffers.send_counts()[0], recv, buffers.recv_counts(), c.type, options);
+    case Collective::alltoallv:
+      return world.alltoallv(send, buffers.send_counts(), recv, buffers.recv_counts(), c.type, options);
+    case Collective::gather:
+      return world.gather(send, recv, c.count, c.type, c.root, options);
+    case Collective::scatter:
+      return world.scatter(send, recv, c.count, c.type, c.root, options);
+    case Collective::barrier:
+      return world.barrier(options);
   }
 }
 

@@ -78,7 +78,10 @@ Report run_sweep(Communicator& world, const BenchOptions& options, const std::ve
   for (const auto& [kind, algorithms] : groups) {
     for (Algorithm algorithm : algorithms) {
       if (printer) report.header(kind, std::string(to_string(algorithm)));
-      for (DataType type : options.types) {
+      // A barrier moves no data: one row, whatever the types and sizes.
+      const std::vector<DataType> types =
+          kind == Collective::barrier ? std::vector<DataType>{options.types.front()} : options.types;
+      for (DataType type : types) {
         for (ReduceOp op : reduces(kind) ? options.ops : std::vector<ReduceOp>{ReduceOp::sum}) {
           std::size_t last = ~std::size_t{0};
           for (std::size_t bytes : sizes) {

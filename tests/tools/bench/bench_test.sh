@@ -60,7 +60,9 @@ doc = json.load(open(sys.argv[1]))
 rows = doc["results"]
 assert doc["ranks"] == 3 and doc["tool"] == "tutti-bench", doc
 kinds = {r["collective"] for r in rows}
-assert kinds == {"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "sendrecv"}, kinds
+assert kinds == {"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "allgatherv",
+                 "alltoallv", "gather", "scatter", "barrier", "sendrecv"}, kinds
+assert sum(r["collective"] == "barrier" for r in rows) == 1, "a barrier has one row whatever the sizes and types"
 assert all(r["wrong"] == 0 for r in rows)
 assert all(r["time_us"] > 0 and r["busbw_GBps"] >= 0 for r in rows)
 assert {r["op"] for r in rows if r["collective"] == "allreduce"} == {"sum", "prod", "min", "max", "avg"}
@@ -99,6 +101,13 @@ if [[ $status -eq 0 ]] || ! grep -q "Out of bounds values : [1-9][0-9]* ERROR" "
   fail "corrupted result" "status $status; the damage was not counted"
 else
   ok "a corrupted result is counted as #wrong and fails the run"
+fi
+# Every row of the rooted and uneven collectives counts the damage (root 0 = the rank that damages).
+bench 3 --collective gather,scatter,allgatherv,alltoallv -b 64 -e 1K -f 4 -n 1 -w 0 -c 1 --corrupt-for-testing
+if [[ $status -eq 0 ]] || [[ $(rows | awk '$9 == "0"' | wc -l) -ne 0 ]] || [[ $(rows | wc -l) -ne 12 ]]; then
+  fail "corrupted rooted and uneven results" "status $status; a row did not count the damage"
+else
+  ok "gather, scatter, allgatherv and alltoallv: a corrupted result is counted in every row"
 fi
 
 # 4. Bad flags are refused with a message naming the flag (tool_options_test checks the messages).
@@ -180,14 +189,16 @@ fi
 # 6. Under mpirun: the MPI peer beside Tutti (Tutti over shared memory), and Gloo.
 if [[ -n $mpirun ]]; then
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -s KILL 120 "$mpirun" --oversubscribe -np 2 \
-    "$bench" --no-progress --collective allreduce,reduce_scatter,alltoall -b 8 -e 64K -f 16 -n 2 -w 1 \
-    --peers mpi,gloo -c 1 \
+    "$bench" --no-progress --collective allreduce,reduce_scatter,alltoall,gather,scatter,allgatherv,alltoallv,barrier \
+    -b 8 -e 64K -f 16 -n 2 -w 1 --peers mpi,gloo -c 1 \
     >"$tmp/out" 2>"$tmp/err"
   status=$?
-  if [[ $status -ne 0 ]] || ! rows_parse_clean 9 >/dev/null; then
+  # (The exit status also counts the peers' wrong results: MPI's v-forms are checked like Tutti's.)
+  if [[ $status -ne 0 ]] || ! rows_parse_clean 22 >/dev/null; then
     fail "mpirun" "status $status"
-  elif ! grep -q "mpi (same run)" "$tmp/out" || grep -q "mpi peer skipped" "$tmp/out"; then
-    fail "mpirun" "no MPI columns"
+  elif ! grep -q "mpi (same run)" "$tmp/out" || grep -q "mpi peer skipped" "$tmp/out" ||
+    [[ $(rows | awk '$15 == "-"' | wc -l) -ne 0 ]]; then
+    fail "mpirun" "no MPI columns, or a row without MPI's time"
   elif ! grep -q "over shm" "$tmp/out"; then
     fail "mpirun" "Tutti did not run over shared memory"
   else
