@@ -75,8 +75,11 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, const Nativ
                                                std::chrono::milliseconds timeout);
 
 /// Whether the direct algorithms serve collective `kind` (allreduce, reduce_scatter, allgather,
-/// broadcast).
-bool serves(Collective kind);
+/// broadcast, alltoall). Inline: every small direct call asks.
+inline bool serves(Collective kind) {
+  return kind == Collective::allreduce || kind == Collective::reduce_scatter || kind == Collective::allgather ||
+         kind == Collective::broadcast || kind == Collective::alltoall;
+}
 
 /// Predicted seconds of the direct algorithm for `collective` (one it serves) on `p` ranks, for a
 /// call of `bytes` (the total over ranks for reduce_scatter and allgather), from its copies,

@@ -68,8 +68,9 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
   if (call.count > inline_bytes || (scatters ? p : 1) * bytes > inline_bytes || (reduces && !call.op) ||
       (scatters && segment_->layout().direct_chunk / esize < p))  // start_direct's refusal
     return false;
-  const std::byte* send = map_in_place(call, rank_).input;
   auto* recv = static_cast<std::byte*>(call.recv);
+  // A broadcast has one buffer, which is its input on the root; no in-place form to map.
+  const std::byte* send = broadcast ? recv : map_in_place(call, rank_).input;
   const std::byte* input = broadcast ? (rank_ == call.root ? recv : nullptr) : send;
   const std::size_t input_bytes = input ? (scatters ? p : 1) * bytes : 0;
   // A broadcast's root needs no peer, nor does a collective of no elements (see bind).

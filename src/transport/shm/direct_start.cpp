@@ -62,11 +62,6 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, const Nativ
   return run;
 }
 
-bool serves(Collective kind) {
-  return kind == Collective::allreduce || kind == Collective::reduce_scatter || kind == Collective::allgather ||
-         kind == Collective::broadcast || kind == Collective::alltoall;
-}
-
 bool ShmTransport::serves_natively(Algorithm algorithm, Collective collective) const {
   return algorithm == Algorithm::direct && serves(collective);
 }
