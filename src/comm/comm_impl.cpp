@@ -113,7 +113,7 @@ Request CommImpl::start_call(const Call& call, bool blocking) {
 // with nothing outstanding (the small direct collectives over shm). What the general path would
 // do, without its operation objects.
 bool CommImpl::run_now(const Call& call) {
-  if (!plainly_valid(call, size_)) return false;
+  if (!plainly_valid(call, rank_, size_)) return false;
   const Algorithm requested = choice::requested_algorithm(call.collective, call.options.algorithm);
   if (requested != Algorithm::automatic && requested != Algorithm::direct) return false;
   const Algorithm algorithm = requested == Algorithm::direct
@@ -213,8 +213,7 @@ Request CommImpl::start_native(const Call& call, Algorithm algorithm, bool block
                                               "mpirun, with Tutti built with MPI)");
     if (transport.kind() != transport::Kind::shm)
       throw Error(ErrorCode::unsupported, what + "needs the shared-memory transport (processes on one host)");
-    throw Error(ErrorCode::unsupported,
-                what + "serves allreduce, reduce_scatter, allgather, alltoall and broadcast only");
+    throw Error(ErrorCode::unsupported, what + "serves every collective but reduce and alltoallv");
   }
   const auto timeout = timeout_of(call);
   std::unique_ptr<transport::NativeCollective> run = transport.start_native(algorithm, call, timeout);

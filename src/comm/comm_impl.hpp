@@ -137,11 +137,12 @@ std::size_t checked_product(std::string_view operation, std::size_t a, std::size
 /// count * size_of(type) in bytes, checked as checked_product (`type` must be valid).
 std::size_t checked_bytes(std::string_view operation, std::size_t count, DataType type);
 
-/// True only for a call that validate() accepts, of the kinds and forms the transports' short
-/// ways take (Transport::run_now): allreduce, reduce_scatter, allgather or broadcast of up to
-/// plain_count_limit elements (no product of sizes can overflow), with buffers that do not
-/// overlap or are in place as send == recv. False says nothing: validate() decides.
-bool plainly_valid(const Call& call, int size);
+/// True only for a call that validate() accepts on rank `rank`, of the kinds and forms the
+/// transports' short ways take (Transport::run_now): allreduce, reduce_scatter, allgather,
+/// alltoall, broadcast, gather or scatter of up to plain_count_limit elements (no product of sizes
+/// can overflow), with the buffers this rank uses not overlapping or in place as send == recv
+/// (not a gather's or scatter's in-place form), and barrier. False says nothing: validate() decides.
+bool plainly_valid(const Call& call, int rank, int size);
 inline constexpr std::size_t plain_count_limit = std::size_t{1} << 20;
 
 /// Checks a send's or recv's arguments (type, peer in [0, size), tag >= 0, data for count > 0,

@@ -158,10 +158,12 @@ Extents validate(const Call& call, int rank, int size) {
   return e;
 }
 
-bool plainly_valid(const Call& call, int size) {
+bool plainly_valid(const Call& call, int rank, int size) {
   const Collective c = call.collective;
   const bool reduces = c == Collective::allreduce || c == Collective::reduce_scatter;
-  if (!reduces && c != Collective::allgather && c != Collective::broadcast) return false;
+  const bool rooted = c == Collective::broadcast || c == Collective::gather || c == Collective::scatter;
+  if (!reduces && !rooted && c != Collective::allgather && c != Collective::alltoall && c != Collective::barrier)
+    return false;
   if (call.count > plain_count_limit || size <= 0) return false;
   const auto type = static_cast<int>(call.type);
   if (type < static_cast<int>(DataType::i8) || type > static_cast<int>(DataType::f64)) return false;
@@ -170,16 +172,21 @@ bool plainly_valid(const Call& call, int size) {
   const Algorithm algorithm = call.options.algorithm;
   if ((algorithm != Algorithm::automatic && algorithm != Algorithm::direct) || call.options.timeout.count() < 0)
     return false;
-  if (c == Collective::broadcast && (call.root < 0 || call.root >= size)) return false;
+  if (rooted && (call.root < 0 || call.root >= size)) return false;
+  if (c == Collective::barrier) return call.count == 0;
   if (call.count == 0) return true;  // no buffer is touched
-  if (call.recv == nullptr) return false;
-  if (c == Collective::broadcast) return true;
-  if (call.send == nullptr) return false;
-  if (call.send == call.recv) return true;
+  // The buffers this rank uses: a gather's root's recv, a scatter's root's send.
+  const bool root = rank == call.root;
+  const bool uses_send = c != Collective::broadcast && (c != Collective::scatter || root);
+  const bool uses_recv = c != Collective::gather || root;
+  if ((uses_recv && call.recv == nullptr) || (uses_send && call.send == nullptr)) return false;
+  if (!uses_send || !uses_recv) return true;
+  if (call.send == call.recv) return c != Collective::gather && c != Collective::scatter;
   // Otherwise the buffers must not overlap at all.
   const std::size_t elem = size_of(call.type), p = static_cast<std::size_t>(size);
-  const std::size_t send = (c == Collective::reduce_scatter ? p : 1) * call.count * elem;
-  const std::size_t recv = (c == Collective::allgather ? p : 1) * call.count * elem;
+  const bool p_in = c == Collective::reduce_scatter || c == Collective::alltoall || c == Collective::scatter;
+  const bool p_out = c == Collective::allgather || c == Collective::alltoall || c == Collective::gather;
+  const std::size_t send = (p_in ? p : 1) * call.count * elem, recv = (p_out ? p : 1) * call.count * elem;
   const auto s = reinterpret_cast<std::uintptr_t>(call.send), r = reinterpret_cast<std::uintptr_t>(call.recv);
   return s + send <= r || r + recv <= s;
 }

@@ -12,6 +12,10 @@
 // exit status is non-zero if anything failed on any rank.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -43,21 +47,22 @@ std::vector<Case> with_size(std::vector<Case> cases, int p) {
 std::vector<Case> direct_cases(int p) {
   std::vector<Case> out;
   for (Case c : sweep_cases({p})) {
-    const bool served = c.collective == Collective::allreduce || c.collective == Collective::reduce_scatter ||
-                        c.collective == Collective::allgather || c.collective == Collective::broadcast ||
-                        c.collective == Collective::alltoall;
+    const bool served = c.collective != Collective::reduce && c.collective != Collective::alltoallv;
     if (!served || c.algorithm != Algorithm::automatic) continue;
     c.algorithm = Algorithm::direct;
     out.push_back(c);
+    if (c.collective == Collective::barrier) continue;
     for (std::size_t n : {std::size_t{100003}, std::size_t{1} << 20}) {  // several chunks
       c.count = n;
       out.push_back(c);
     }
+    const bool zero_copy = c.collective == Collective::allreduce || c.collective == Collective::reduce_scatter ||
+                           c.collective == Collective::allgather || c.collective == Collective::broadcast;
+    if (!zero_copy) continue;
     // Zero copy: every rank's buffers in shared memory, on both sides of zero_copy_bytes (4096
     // floats of input or result, whichever is larger).
     c.shared = true;
-    const std::size_t edge = (c.collective == Collective::allgather || c.collective == Collective::reduce_scatter ||
-                              c.collective == Collective::alltoall)
+    const std::size_t edge = (c.collective == Collective::allgather || c.collective == Collective::reduce_scatter)
                                  ? 4096 / static_cast<std::size_t>(p)
                                  : 4096;
     for (std::size_t n : {std::size_t{1}, edge - 1, edge, std::size_t{100003}, std::size_t{1} << 18}) {
@@ -66,6 +71,37 @@ std::vector<Case> direct_cases(int p) {
     }
   }
   return out;
+}
+
+// A barrier lets no rank through before every rank entered it: rank r enters round i after
+// (r + i) mod p ms and leaves a marker file first; past the barrier every marker of the round
+// must be there. With `algorithm` forced (direct) and automatic.
+Tally run_barrier(Communicator& world, Algorithm algorithm) {
+  const int p = world.size(), r = world.rank();
+  char dir[256] = {};
+  if (r == 0) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tutti-barrier-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) != nullptr) std::strncpy(dir, tmpl.c_str(), sizeof(dir) - 1);
+  }
+  world.broadcast(dir, sizeof(dir), DataType::u8, 0);
+  if (dir[0] == '\0') return Tally{0, 1};
+  const auto marker = [&](int round, int q) {
+    return std::filesystem::path(dir) / (std::to_string(round) + "." + std::to_string(q));
+  };
+  int missing = 0;
+  for (int round = 0; round < 20; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds((r + round) % p));
+    std::ofstream(marker(round, r)).put('x');
+    world.barrier({algorithm, test_timeout});
+    for (int q = 0; q < p; ++q) missing += std::filesystem::exists(marker(round, q)) ? 0 : 1;
+  }
+  world.allreduce(std::span<int>(&missing, 1), ReduceOp::sum);
+  world.barrier();  // every rank has looked before the markers go
+  if (r == 0) std::filesystem::remove_all(dir);
+  if (missing > 0 && r == 0)
+    std::printf("barrier (%s): %d markers missing past the barrier\n", std::string(to_string(algorithm)).c_str(),
+                missing);
+  return Tally{missing == 0 ? 1 : 0, missing == 0 ? 0 : 1};
 }
 
 // Allreduces large enough for automatic to choose hierarchical when the ranks span hosts with
@@ -138,9 +174,10 @@ int main(int argc, char** argv) {
     Tally tally;
     if (mode == "sweep")
       tally = run_cases(world, sweep_cases({world.size()}));
-    else if (mode == "direct")
+    else if (mode == "direct") {
       tally = run_cases(world, direct_cases(world.size()));
-    else if (mode == "types")
+      for (Algorithm a : {Algorithm::direct, Algorithm::automatic}) tally += run_barrier(world, a);
+    } else if (mode == "types")
       tally = run_cases(world, with_size(type_cases(), world.size()));
     else if (mode == "split")
       tally = run_split(world);

@@ -420,8 +420,8 @@ TEST_F(ShmDirect, UnsupportedKindAndOtherTransports) {
                       [&](Rank& rank) {
                         float x = 1.0f;
                         try {
-                          direct(rank, Collective::gather, &x, &x, 1, DataType::f32);
-                          throw std::runtime_error("gather did not throw");
+                          direct(rank, Collective::reduce, &x, &x, 1, DataType::f32, ReduceOp::sum, 0);
+                          throw std::runtime_error("reduce did not throw");
                         } catch (const Error& e) {
                           if (e.code() != ErrorCode::unsupported) throw;
                         }
@@ -1083,6 +1083,81 @@ TEST_F(ShmDirect, SingleCopyAllgatherAndBroadcastAroundItsLimits) {
                                 expect_equal(
                                     data, [&](std::size_t i) { return value(root, i); },
                                     "broadcast n=" + std::to_string(n) + " root " + std::to_string(root));
+                              }
+                          }),
+                "")
+          << "TUTTI_SHM_SINGLE_COPY=" << setting << " p=" << p;
+  }
+  unsetenv("TUTTI_SHM_SINGLE_COPY");
+}
+
+// Gather, scatter and allgatherv (uneven blocks, some empty) inline, through the data sets (one
+// and several chunks) and single copy: exact results on both sides of single_copy_bytes and past
+// a chunk, in and out of place, the first and the last rank as root, with single copy on (where
+// the system allows it) and off.
+TEST_F(ShmDirect, GatherScatterAndAllgathervOnEveryPath) {
+  const std::size_t low = transport::shm::single_copy_bytes / sizeof(float);
+  // Element i of rank q's input: distinct everywhere (exact in f32 for these sizes), so that a
+  // block taken from the wrong place or rank shows.
+  const auto value = [](int q, std::size_t i) { return static_cast<float>(static_cast<std::size_t>(q) * 2000000 + i); };
+  for (const char* setting : {"1", "0"}) {
+    setenv("TUTTI_SHM_SINGLE_COPY", setting, 1);
+    for (int p : {2, 3, 5})
+      EXPECT_EQ(run_ranks(p,
+                          [&](Rank& rank) {
+                            const int r = rank.comm.rank();
+                            const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
+                            const Options options{Algorithm::direct, 20000ms};
+                            for (std::size_t n : {std::size_t{3}, low - 1, low, 3 * low + 1, std::size_t{200003}})
+                              for (bool in_place : {false, true})
+                                for (int root : {0, p - 1}) {
+                                  const std::string what = " n=" + std::to_string(n) + " root " + std::to_string(root) +
+                                                           (in_place ? " in place" : "");
+                                  std::vector<float> in(n), out(n * up, -1.0f);
+                                  for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i);
+                                  const bool here = in_place && r == root;
+                                  if (here) std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(ur * n));
+                                  rank.comm.gather(here ? out.data() + ur * n : in.data(),
+                                                   r == root ? out.data() : nullptr, n, DataType::f32, root, options);
+                                  if (r == root)
+                                    for (int q = 0; q < p; ++q)
+                                      expect_equal(
+                                          std::vector<float>(out.begin() + static_cast<long>(q * n),
+                                                             out.begin() + static_cast<long>((q + 1) * n)),
+                                          [&](std::size_t i) { return value(q, i); },
+                                          "gather block " + std::to_string(q) + what);
+                                  std::vector<float> all(n * up), mine(n, -1.0f);
+                                  if (r == root)
+                                    for (std::size_t i = 0; i < n * up; ++i) all[i] = value(root, i);
+                                  rank.comm.scatter(r == root ? all.data() : nullptr,
+                                                    here ? all.data() + ur * n : mine.data(), n, DataType::f32, root,
+                                                    options);
+                                  expect_equal(
+                                      here ? std::vector<float>(all.begin() + static_cast<long>(ur * n),
+                                                                all.begin() + static_cast<long>((ur + 1) * n))
+                                           : mine,
+                                      [&](std::size_t i) { return value(root, ur * n + i); }, "scatter" + what);
+                                }
+                            for (std::size_t n : {std::size_t{3}, low - 1, low, 3 * low + 1, std::size_t{200003}})
+                              for (bool in_place : {false, true}) {
+                                std::vector<std::size_t> counts(up), starts(up + 1, 0);
+                                for (std::size_t q = 0; q < up; ++q) counts[q] = q % 3 == 1 ? 0 : n + q;
+                                for (std::size_t q = 0; q < up; ++q) starts[q + 1] = starts[q] + counts[q];
+                                std::vector<float> in(counts[ur]), out(starts[up], -1.0f);
+                                for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
+                                if (in_place)
+                                  std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(starts[ur]));
+                                rank.comm.allgatherv(in_place ? out.data() + starts[ur] : in.data(), counts[ur],
+                                                     out.data(), counts, DataType::f32, options);
+                                for (int q = 0; q < p; ++q) {
+                                  const auto uq = static_cast<std::size_t>(q);
+                                  expect_equal(
+                                      std::vector<float>(out.begin() + static_cast<long>(starts[uq]),
+                                                         out.begin() + static_cast<long>(starts[uq + 1])),
+                                      [&](std::size_t i) { return value(q, i); },
+                                      "allgatherv n=" + std::to_string(n) + " block " + std::to_string(q) +
+                                          (in_place ? " in place" : ""));
+                                }
                               }
                           }),
                 "")

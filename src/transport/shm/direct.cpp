@@ -61,7 +61,8 @@ void DirectRun::operator delete(void* block, std::size_t bytes) {
 }
 
 DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* send, std::byte* recv,
-                     std::size_t count, DataType type, ReduceOp op, int root, std::chrono::milliseconds timeout)
+                     std::size_t count, std::span<const std::size_t> counts, DataType type, ReduceOp op, int root,
+                     std::chrono::milliseconds timeout)
     : transport_(transport),
       segment_(transport.segment()),
       kind_(kind),
@@ -69,22 +70,34 @@ DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* 
       recv_(recv),
       count_(count),
       esize_(size_of(type)),
+      largest_(count),
       type_(type),
       op_(op),
       root_(root),
-      timeout_(timeout) {}
+      timeout_(timeout) {
+  if (kind != Collective::allgatherv) return;
+  starts_ = block_starts(counts);
+  for (std::size_t n : counts) largest_ = std::max(largest_, n);
+}
 
 // The chunks and phases of the barrier path, once it first runs (an inline call needs none).
 void DirectRun::plan() {
   const std::size_t chunk_bytes = segment_.layout().direct_chunk, p = static_cast<std::size_t>(size());
-  const std::size_t count = count_;
-  // Every rank makes the same choice: the segment's answer and the call's size are the same on all.
+  // Every rank makes the same choice: the segment's answer and the call's size are the same on all
+  // (allgatherv: its largest block).
+  const std::size_t count = largest_;
   const std::size_t bytes = count * esize_;
+  if (kind_ == Collective::barrier) {  // one barrier, no data (a barrier runs inline unless unchecked)
+    phases_ = 2;
+    return;
+  }
   if (describes_ && plan_zero_copy()) return;
-  const bool single_copy_pays = kind_ == Collective::alltoall ||
-                                (kind_ == Collective::allgather && bytes * p < streaming_bytes) ||
-                                (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit) ||
-                                (kind_ == Collective::reduce_scatter && bytes * p < single_copy_reduce_scatter_limit);
+  // A gather's root reads every block, a scatter's receivers their block of the root's input.
+  const bool single_copy_pays =
+      kind_ == Collective::alltoall || kind_ == Collective::gather || kind_ == Collective::scatter ||
+      ((kind_ == Collective::allgather || kind_ == Collective::allgatherv) && bytes * p < streaming_bytes) ||
+      (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit) ||
+      (kind_ == Collective::reduce_scatter && bytes * p < single_copy_reduce_scatter_limit);
   if (single_copy_pays && bytes >= single_copy_bytes && p > 1 && segment_.single_copy()) {
     single_copy_ = true, chunks_ = 0, phases_ = 3;
     return;
@@ -95,10 +108,10 @@ void DirectRun::plan() {
     three_parts_ = true, per_chunk_ = chunk_bytes / esize_;
   } else if (input_blocks(kind_)) {
     per_chunk_ = chunk_bytes / esize_ / p;
-  } else if (kind_ == Collective::allgather) {
-    per_chunk_ = chunk_bytes / esize_;
-  } else {  // broadcast: the root writes a whole data set (the p parts are contiguous)
+  } else if (kind_ == Collective::broadcast) {  // the root writes a whole data set (the p parts are contiguous)
     per_chunk_ = chunk_bytes * p / esize_;
+  } else {  // a block per rank's part; a scatter's root writes all p of them, the whole set
+    per_chunk_ = chunk_bytes / esize_;
   }
   chunks_ = count == 0 ? 0 : (count + per_chunk_ - 1) / per_chunk_;
   phases_ = chunks_ == 0 ? 0 : (three_parts_ ? 2 * chunks_ + 1 : chunks_ + 1);
@@ -107,34 +120,63 @@ void DirectRun::plan() {
 
 void DirectRun::choose_copy_out() {
   const std::size_t p = static_cast<std::size_t>(size());
-  const std::size_t written = (output_blocks(kind_) ? p : 1) * count_ * esize_;
-  const bool cold = kind_ == Collective::allreduce  ? send_ != recv_ && !small_
-                    : kind_ == Collective::alltoall ? true
-                    : kind_ == Collective::allgather
-                        ? send_ != recv_ + static_cast<std::size_t>(rank()) * count_ * esize_
-                        : kind_ == Collective::broadcast && rank() != root_;
-  if (cold && written * p >= streaming_bytes) copy_out_ = core::copy_streaming;
+  // What all ranks together write (the same on every rank).
+  std::size_t written = (output_blocks(kind_) ? p : 1) * count_ * esize_ * p;
+  if (kind_ == Collective::gather || kind_ == Collective::scatter) written = p * count_ * esize_;
+  if (kind_ == Collective::allgatherv) written = elements() * esize_ * p;
+  bool cold = false;  // whether this rank's results are written where it has not just read
+  switch (kind_) {
+    case Collective::allreduce:
+      cold = send_ != recv_ && !small_;
+      break;
+    case Collective::alltoall:
+    case Collective::scatter:
+      cold = true;
+      break;
+    case Collective::allgather:
+    case Collective::allgatherv:
+      cold = send_ != recv_ + block_offset(rank());
+      break;
+    case Collective::gather:  // only the root writes
+      cold = true;
+      break;
+    case Collective::broadcast:
+      cold = rank() != root_;
+      break;
+    default:
+      break;
+  }
+  if (cold && written >= streaming_bytes) copy_out_ = core::copy_streaming;
 }
 
 void DirectRun::run_single_copy_phase(std::size_t phase) {
   const int p = size(), r = rank();
   const std::size_t bytes = count_ * esize_;
-  const bool broadcast = kind_ == Collective::broadcast;
   if (phase == 0) {  // what this rank's peers read: its input (all blocks), or the root's buffer
-    const std::byte* input = broadcast ? recv_ : send_;
-    if (!broadcast || r == root_)
-      segment_.direct_round(r).address.store(reinterpret_cast<std::uintptr_t>(input), std::memory_order_relaxed);
+    const Publication mine = publication(kind_, send_, recv_, count_, esize_, r, p, root_);
+    if (mine.data != nullptr)
+      segment_.direct_round(r).address.store(reinterpret_cast<std::uintptr_t>(mine.data), std::memory_order_relaxed);
     return;
   }
-  if (phase != 1 || (broadcast && r == root_)) return;
-  if (kind_ == Collective::reduce_scatter) return reduce_scatter_single_copy();
-  // Alltoall reads block r of each peer's input; allgather the whole input.
-  const std::size_t offset = kind_ == Collective::alltoall ? static_cast<std::size_t>(r) * bytes : 0;
+  if (phase != 1) return;
+  switch (kind_) {
+    case Collective::reduce_scatter:
+      return reduce_scatter_single_copy();
+    case Collective::broadcast:
+    case Collective::scatter:  // block r of the root's input (the root's own block: copy_own_block)
+      if (r != root_) read_input(root_, kind_ == Collective::scatter ? block_offset(r) : 0, recv_, bytes);
+      return;
+    case Collective::gather:
+      if (r != root_) return;
+      break;
+    default:
+      break;
+  }
+  // Alltoall reads block r of each peer's input; the gathers the whole input, into block q.
+  const std::size_t offset = kind_ == Collective::alltoall ? block_offset(r) : 0;
   for (int i = 1; i < p; ++i) {
-    const int q = broadcast ? root_ : (r + i) % p;  // each rank starts with a different peer
-    std::byte* dst = broadcast ? recv_ : recv_ + static_cast<std::size_t>(q) * bytes;
-    read_input(q, offset, dst, bytes);
-    if (broadcast) return;
+    const int q = (r + i) % p;  // each rank starts with a different peer
+    if (const std::size_t len = block_elems(q) * esize_; len > 0) read_input(q, offset, recv_ + block_offset(q), len);
   }
 }
 
@@ -287,15 +329,7 @@ bool DirectRun::progress_barriers() {
       check_deadline_and_liveness();
       return false;
     }
-    // An allgather's own block, out of place, in one copy once the peers' blocks are in: copied
-    // chunk by chunk between the barriers it made every call at 1 MiB up to twice as long. An
-    // alltoall's likewise, from its own block of the input.
-    if (output_blocks(kind_) && count_ > 0) {
-      const std::size_t block = static_cast<std::size_t>(rank()) * count_ * esize_;
-      std::byte* own = recv_ + block;
-      const std::byte* from = kind_ == Collective::alltoall ? send_ + block : send_;
-      if (own != from) copy_out_(own, from, count_ * esize_);
-    }
+    copy_own_block();
     deliver_staged();
     return true;
   } catch (const Error& error) {
@@ -303,7 +337,37 @@ bool DirectRun::progress_barriers() {
   }
 }
 
+// An allgather's own block, out of place, in one copy once the peers' blocks are in: copied chunk
+// by chunk between the barriers it made every call at 1 MiB up to twice as long. The other
+// gathers', an alltoall's and a scatter's root's likewise, from their block of the input.
+void DirectRun::copy_own_block() {
+  const int r = rank();
+  const std::size_t bytes = block_elems(r) * esize_;
+  if (bytes == 0) return;
+  const std::byte* from = send_;
+  std::byte* to = recv_ + block_offset(r);
+  switch (kind_) {
+    case Collective::allgather:
+    case Collective::allgatherv:
+      break;
+    case Collective::alltoall:
+      from = send_ + block_offset(r);
+      break;
+    case Collective::gather:
+      if (r != root_) return;
+      break;
+    case Collective::scatter:
+      if (r != root_) return;
+      from = send_ + block_offset(r), to = recv_;
+      break;
+    default:
+      return;
+  }
+  if (to != from) copy_out_(to, from, bytes);
+}
+
 void DirectRun::run_phase(std::size_t phase) {
+  if (kind_ == Collective::barrier) return;  // its phases are the barrier itself
   if (single_copy_) return run_single_copy_phase(phase);
   if (zero_copy_) return run_zero_copy_phase(phase);
   if (three_parts_ && phase % 2 == 1) return reduce_slice(phase / 2);
@@ -322,12 +386,20 @@ void DirectRun::begin(std::size_t chunk) {
                    send_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, n * esize_);
   } else if (kind_ == Collective::broadcast) {
     if (r == root_) core::copy(slot(chunk, 0), recv_ + done * esize_, n * esize_);
+  } else if (kind_ == Collective::scatter) {  // the root writes the other blocks' chunks, block q at q · n
+    if (r == root_)
+      for (int q = 0; q < size(); ++q)
+        if (q != r)
+          core::copy(slot(chunk, 0) + static_cast<std::size_t>(q) * n * esize_,
+                     send_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, n * esize_);
+  } else if (kind_ == Collective::gather && r == root_) {
+    // Nothing: no rank reads the root's block (copy_own_block).
   } else if (three_parts_) {  // the slices the peers reduce; this rank reduces its own from send
     const auto [first, last] = slice(n, size(), r);
     core::copy(slot(chunk, r), send_ + done * esize_, first * esize_);
     core::copy(slot(chunk, r) + last * esize_, send_ + (done + last) * esize_, (n - last) * esize_);
-  } else {
-    core::copy(slot(chunk, r), send_ + done * esize_, n * esize_);
+  } else if (const std::size_t mine = chunk_elems(chunk, r); mine > 0) {  // the gathers
+    core::copy(slot(chunk, r), send_ + done * esize_, mine * esize_);
   }
 }
 
@@ -371,6 +443,14 @@ void DirectRun::finish(std::size_t chunk) {
     for (int q = 0; q < p; ++q)
       if (q != r)  // this rank's own block: from its input, at the end (see progress_barriers)
         copy_out_(recv_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, slot(chunk, q) + offset, n * esize_);
+  } else if (kind_ == Collective::gather || kind_ == Collective::allgatherv) {
+    if (kind_ == Collective::gather && r != root_) return;
+    for (int q = 0; q < p; ++q)
+      if (const std::size_t m = chunk_elems(chunk, q); q != r && m > 0)
+        copy_out_(recv_ + block_offset(q) + done * esize_, slot(chunk, q), m * esize_);
+  } else if (kind_ == Collective::scatter) {
+    if (r != root_)
+      copy_out_(recv_ + done * esize_, slot(chunk, 0) + static_cast<std::size_t>(r) * n * esize_, n * esize_);
   } else if (r != root_) {  // broadcast
     copy_out_(recv_ + done * esize_, slot(chunk, 0), n * esize_);
   }

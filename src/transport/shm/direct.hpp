@@ -51,8 +51,29 @@ inline constexpr std::size_t zero_copy_bytes = 16 * 1024;
 inline bool input_blocks(Collective kind) { return kind == Collective::reduce_scatter || kind == Collective::alltoall; }
 
 /// Whether the result of collective `kind` holds p blocks, one per rank (allgather, alltoall),
-/// rather than one.
+/// rather than one. (A gather's root's and an allgatherv's result hold p blocks too, but gathered
+/// apart: see DirectRun.)
 inline bool output_blocks(Collective kind) { return kind == Collective::allgather || kind == Collective::alltoall; }
+
+/// Whether rank `r`'s direct collective reads what rank `q` (another rank) published: a barrier
+/// every rank's signature, though it carries no bytes; otherwise nothing for a call of no
+/// elements (`elements`: the call's on all ranks together), a broadcast's or a scatter's
+/// receivers only the root's input, a gather only at its root (every rank's), the others every
+/// rank's.
+inline bool reads_from(Collective kind, int q, int r, int root, std::size_t elements) {
+  if (kind == Collective::barrier) return true;
+  if (elements == 0) return false;
+  if (kind == Collective::broadcast || kind == Collective::scatter) return q == root && r != root;
+  if (kind == Collective::gather) return r == root;
+  return true;
+}
+
+/// Whether rank `r` of `p` reads any other rank's publication (reads_from for some q != r).
+inline bool reads_any(Collective kind, int r, int root, std::size_t elements, int p) {
+  if (p < 2) return false;
+  if (kind == Collective::broadcast || kind == Collective::scatter) return elements > 0 && r != root;
+  return reads_from(kind, r == 0 ? 1 : 0, r, root, elements);  // the others read every peer or none
+}
 
 /// One direct collective in progress on this rank. `progress` runs every step whose barrier all
 /// ranks have reached, without blocking; it throws Error(timeout) naming the ranks still awaited
@@ -63,27 +84,30 @@ using DirectCollective = NativeCollective;
 
 /// Prepares collective `kind` over the shared-memory segment of `transport` (nothing moves until
 /// the first `progress`). Returns null if `transport` is not a shared-memory transport.
-/// Kinds, with counts in elements of `type` (in place: send == recv, the forms of NativeCall):
+/// Kinds, with counts in elements of `type` (in place: the forms of NativeCall, transport/in_place.hpp):
 ///   allreduce       send, recv: count elements; op required (avg = sum / size)
 ///   reduce_scatter  send: size * count, recv: count (block `rank`); op required
 ///   allgather       send: count, recv: size * count
+///   allgatherv      send: count (= counts[rank]), recv: the sum of counts, blocks packed in rank order
+///   alltoall        send, recv: size * count (block q of send goes to rank q's block `rank`)
 ///   broadcast       recv (== send) of `root`, count elements, to every rank
+///   gather          send: count; recv (root only): size * count
+///   scatter         send (root only): size * count; recv: count (block `rank` of the root's)
+///   barrier         no buffers: returns once every rank has started it
 /// Every rank must start the same collectives in the same order with the same arguments.
 /// Errors: Error(unsupported) for another kind or too many ranks for the data area;
 /// Error(invalid_argument) for a missing op or a bad root.
 std::unique_ptr<DirectCollective> start_direct(Transport& transport, const NativeCall& call,
                                                std::chrono::milliseconds timeout);
 
-/// Whether the direct algorithms serve collective `kind` (allreduce, reduce_scatter, allgather,
-/// broadcast, alltoall). Inline: every small direct call asks.
-inline bool serves(Collective kind) {
-  return kind == Collective::allreduce || kind == Collective::reduce_scatter || kind == Collective::allgather ||
-         kind == Collective::broadcast || kind == Collective::alltoall;
-}
+/// Whether the direct algorithms serve collective `kind` (every collective but reduce and
+/// alltoallv). Inline: every small direct call asks.
+inline bool serves(Collective kind) { return kind != Collective::reduce && kind != Collective::alltoallv; }
 
 /// Predicted seconds of the direct algorithm for `collective` (one it serves) on `p` ranks, for a
-/// call of `bytes` (the total over ranks for reduce_scatter and allgather), from its copies,
-/// barriers and reductions under `cost` (transport/cost.hpp's native_price asks).
+/// call of `bytes` (the total over ranks where the call has a block per rank: comm's
+/// bytes_are_total), from its copies, barriers and reductions under `cost` (transport/cost.hpp's
+/// native_price asks).
 double direct_price(Collective collective, int p, std::size_t bytes, const CostParams& cost);
 
 /// Whether `transport` is a shared-memory transport (the direct algorithms serve only those).

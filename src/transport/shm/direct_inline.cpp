@@ -15,23 +15,23 @@ namespace tutti::transport::shm {
 // call: a receiver compared the root's signature before it copied).
 void DirectRun::bind(const Signature& signature) {
   seq_ = signature.seq;
-  const std::size_t p = static_cast<std::size_t>(size());
-  const std::size_t input = (input_blocks(kind_) ? p : 1) * count_ * esize_;
   if (seq_ == no_seq) return;
-  if (input > inline_bytes) return describe(signature);
+  if (largest_publication(kind_, largest_, esize_, size()) > inline_bytes) return describe(signature);
   inline_ = true;
   wire_ = to_wire(signature);
-  const bool publishes = kind_ != Collective::broadcast || rank() == root_;
-  transport_.carry_inline(seq_, publishes ? (kind_ == Collective::broadcast ? recv_ : send_) : nullptr,
-                          publishes ? input : 0, wire_);
+  const Publication mine = publication(kind_, send_, recv_, count_, esize_, rank(), size(), root_);
+  transport_.carry_inline(seq_, mine.data, mine.bytes, wire_);
 }
 
 bool DirectRun::progress_inline(bool arrange_wake) {
   try {
-    if (const auto failure = transport_.aborted()) throw failure->error;
+    // Complete once every publication it needs is there (each compared with this rank's
+    // signature), even if the communicator was aborted meanwhile: every rank did enter it, and the
+    // abort (a later call's mismatch, another rank's error) is raised by this rank's next call.
     for (; next_peer_ < size(); ++next_peer_) {
       if (!needs(next_peer_)) continue;
       if (!transport_.inline_input(next_peer_, seq_, wire_, arrange_wake)) {
+        if (const auto failure = transport_.aborted()) throw failure->error;
         if (arrange_wake) check_deadline_and_liveness();
         return false;
       }
@@ -46,7 +46,8 @@ bool DirectRun::progress_inline(bool arrange_wake) {
 }
 
 void DirectRun::deliver_inline() {
-  combine_inline(kind_, send_, recv_, count_, type_, op_, root_, rank(), size(), [&](int q) { return input_of(q); });
+  combine_inline(kind_, send_, recv_, count_, starts_, type_, op_, root_, rank(), size(),
+                 [&](int q) { return input_of(q); });
   deliver_staged();
 }
 
@@ -62,19 +63,23 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
   const Collective kind = call.collective;
   if (algorithm != Algorithm::direct || !serves(kind)) return false;
   const std::size_t p = static_cast<std::size_t>(size_), esize = size_of(call.type);
-  const std::size_t bytes = call.count * esize;
-  const bool scatters = input_blocks(kind), broadcast = kind == Collective::broadcast;
   const bool reduces = kind == Collective::allreduce || kind == Collective::reduce_scatter;
-  if (call.count > inline_bytes || (scatters ? p : 1) * bytes > inline_bytes || (reduces && !call.op) ||
-      (scatters && segment_->layout().direct_chunk / esize < p))  // start_direct's refusal
+  const bool uneven = kind == Collective::allgatherv;
+  const std::size_t largest =
+      uneven && !call.counts.empty() ? *std::max_element(call.counts.begin(), call.counts.end()) : call.count;
+  if (largest > inline_bytes || largest_publication(kind, largest, esize, size_) > inline_bytes ||
+      (reduces && !call.op) ||
+      (input_blocks(kind) && segment_->layout().direct_chunk / esize < p))  // start_direct's refusal
     return false;
   auto* recv = static_cast<std::byte*>(call.recv);
   // A broadcast has one buffer, which is its input on the root; no in-place form to map.
-  const std::byte* send = broadcast ? recv : map_in_place(call, rank_).input;
-  const std::byte* input = broadcast ? (rank_ == call.root ? recv : nullptr) : send;
-  const std::size_t input_bytes = input ? (scatters ? p : 1) * bytes : 0;
-  // A broadcast's root needs no peer, nor does a collective of no elements (see bind).
-  const bool reads = call.count > 0 && (!broadcast || rank_ != call.root);
+  const std::byte* send = kind == Collective::broadcast ? recv : map_in_place(call, rank_).input;
+  const Publication mine = publication(kind, send, recv, call.count, esize, rank_, size_, call.root);
+  const std::vector<std::size_t> starts = uneven ? block_starts(call.counts) : std::vector<std::size_t>{};
+  const std::size_t elements = uneven ? starts.back() : call.count;
+  // Whether this rank reads any peer's publication (a broadcast's root does not, nor does a
+  // collective of no elements, see bind).
+  const bool reads = reads_any(kind, rank_, call.root, elements, size_);
   const std::uint64_t seq = signature.seq;
   const WireSignature wire = to_wire(signature);
 
@@ -82,30 +87,33 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
   if (!unpublished_.empty() || !reading_.empty() || !carried_.empty() || !slot_free_locked(seq)) return false;
   announced_[seq % announced_.size()] = {seq, wire};
   if (reads) reading_.push_back(seq);
-  publish_locked(seq, wire, input, input_bytes);
+  publish_locked(seq, wire, mine.data, mine.bytes);
   const auto consumed = [&] {
     reading_.pop_back();
     store_consumed_locked();
   };
   int next = 0;  // ranks below have published
+  // As DirectRun::progress_inline: done once every publication it needs is there; an abort
+  // (a mismatch publish_locked found, or any rank's error) is raised only while it still waits.
   for (int spin = 0; spin < finish_spins; ++spin) {
-    if (const auto failure = aborted()) {  // a mismatch publish_locked found, or any rank's error
-      if (reads) consumed();
-      throw failure->error;
-    }
-    if (!reads) return true;
     try {  // a peer's signature that differs aborts, and is raised (inline_input)
-      for (; next < size_; ++next)
-        if (next != rank_ && (!broadcast || next == call.root) && !inline_input(next, seq, wire, false)) break;
+      for (; reads && next < size_; ++next)
+        if (next != rank_ && reads_from(kind, next, rank_, call.root, elements) &&
+            !inline_input(next, seq, wire, false))
+          break;
     } catch (const Error&) {
       consumed();
       throw;
     }
-    if (next == size_) {
-      combine_inline(kind, send, recv, call.count, call.type, call.op.value_or(ReduceOp::sum), call.root, rank_, size_,
-                     [&](int q) { return segment_->signature_slot(q, seq).data; });
-      consumed();
+    if (!reads || next == size_) {  // (a scatter's root still takes its own block)
+      combine_inline(kind, send, recv, call.count, starts, call.type, call.op.value_or(ReduceOp::sum), call.root, rank_,
+                     size_, [&](int q) { return segment_->signature_slot(q, seq).data; });
+      if (reads) consumed();
       return true;
+    }
+    if (const auto failure = aborted()) {
+      consumed();
+      throw failure->error;
     }
     relax();
   }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -43,27 +44,80 @@ void reduce_parts(ReduceOp op, DataType type, int p, std::byte* dst, std::size_t
   if (op == ReduceOp::avg) reduce::divide(type, dst, n, p);
 }
 
+/// The bytes of its input that rank r publishes for a direct collective, and where they are: all
+/// of its input (reduce_scatter's and alltoall's p blocks), a broadcast's root its buffer, a
+/// scatter's root its p blocks; a broadcast's or scatter's other ranks and a barrier nothing.
+struct Publication {
+  const std::byte* data = nullptr;
+  std::size_t bytes = 0;
+};
+inline Publication publication(Collective kind, const std::byte* send, const std::byte* recv, std::size_t count,
+                               std::size_t esize, int r, int p, int root) {
+  const std::size_t bytes = count * esize, all = static_cast<std::size_t>(p) * bytes;
+  switch (kind) {
+    case Collective::broadcast:
+      return r == root ? Publication{recv, bytes} : Publication{};
+    case Collective::scatter:
+      return r == root ? Publication{send, all} : Publication{};
+    case Collective::barrier:
+      return {};
+    default:
+      return {send, input_blocks(kind) ? all : bytes};
+  }
+}
+
+/// The most that any rank publishes (see publication), the same on every rank: whether the
+/// collective runs inline (at most inline_bytes). `largest`: the call's count, or allgatherv's
+/// largest count.
+inline std::size_t largest_publication(Collective kind, std::size_t largest, std::size_t esize, int p) {
+  if (kind == Collective::barrier) return 0;
+  return (input_blocks(kind) || kind == Collective::scatter ? static_cast<std::size_t>(p) : 1) * largest * esize;
+}
+
+/// allgatherv's blocks: block q is elements [starts[q], starts[q + 1]) of the result (p + 1 entries).
+inline std::vector<std::size_t> block_starts(std::span<const std::size_t> counts) {
+  std::vector<std::size_t> starts(counts.size() + 1, 0);
+  for (std::size_t q = 0; q < counts.size(); ++q) starts[q + 1] = starts[q] + counts[q];
+  return starts;
+}
+
 /// An inline collective's result on rank r of p from the inputs the ranks published (input(q):
 /// rank q's signature slot data), into `recv` (reduce_scatter: this rank's block; allgather in
 /// place, `send` already in its block: that block is left alone; alltoall: block q from block r
-/// of rank q's input, in place too, since the inputs are read from the slots). The same on
-/// whichever path (DirectRun, ShmTransport::run_now) each rank takes.
+/// of rank q's input, in place too, since the inputs are read from the slots; allgatherv: block q
+/// at `starts[q]`, the counts' prefix sums; gather: at the root only; scatter: block r of the
+/// root's). The same on whichever path (DirectRun, ShmTransport::run_now) each rank takes.
 template <typename Input>
-void combine_inline(Collective kind, const std::byte* send, std::byte* recv, std::size_t count, DataType type,
-                    ReduceOp op, int root, int r, int p, const Input& input) {
-  const std::size_t bytes = count * size_of(type);
+void combine_inline(Collective kind, const std::byte* send, std::byte* recv, std::size_t count,
+                    std::span<const std::size_t> starts, DataType type, ReduceOp op, int root, int r, int p,
+                    const Input& input) {
+  const std::size_t esize = size_of(type), bytes = count * esize;
+  const auto at = [](std::size_t q, std::size_t block) { return q * block; };
+  if (kind == Collective::allgatherv) {
+    for (int q = 0; q < p; ++q) {
+      const auto u = static_cast<std::size_t>(q);
+      std::byte* dst = recv + starts[u] * esize;
+      const std::size_t len = (starts[u + 1] - starts[u]) * esize;
+      if (len > 0 && (q != r || send != dst)) core::copy(dst, q == r ? send : input(q), len);
+    }
+    return;
+  }
   if (bytes == 0) return;
+  const auto ur = static_cast<std::size_t>(r);
   if (kind == Collective::allreduce || kind == Collective::reduce_scatter) {
-    const std::size_t offset = kind == Collective::reduce_scatter ? static_cast<std::size_t>(r) * bytes : 0;
+    const std::size_t offset = kind == Collective::reduce_scatter ? at(ur, bytes) : 0;
     reduce_parts(op, type, p, recv, count, [&](int q) { return input(q) + offset; });
   } else if (kind == Collective::alltoall) {
     for (int q = 0; q < p; ++q)
-      core::copy(recv + static_cast<std::size_t>(q) * bytes, input(q) + static_cast<std::size_t>(r) * bytes, bytes);
-  } else if (kind == Collective::allgather) {
-    const bool in_place = send == recv + static_cast<std::size_t>(r) * bytes;
+      core::copy(recv + at(static_cast<std::size_t>(q), bytes), input(q) + at(ur, bytes), bytes);
+  } else if (kind == Collective::allgather || (kind == Collective::gather && r == root)) {
+    const bool in_place = send == recv + at(ur, bytes);
     for (int q = 0; q < p; ++q)
-      if (q != r || !in_place) core::copy(recv + static_cast<std::size_t>(q) * bytes, input(q), bytes);
-  } else if (r != root) {  // broadcast
+      if (q != r || !in_place) core::copy(recv + at(static_cast<std::size_t>(q), bytes), input(q), bytes);
+  } else if (kind == Collective::scatter) {
+    const std::byte* block = (r == root ? send : input(root)) + at(ur, bytes);
+    if (block != recv) core::copy(recv, block, bytes);
+  } else if (kind == Collective::broadcast && r != root) {
     core::copy(recv, input(root), bytes);
   }
 }
@@ -74,8 +128,10 @@ void combine_inline(Collective kind, const std::byte* send, std::byte* recv, std
 class DirectRun final : public DirectCollective {
  public:
   using clock = std::chrono::steady_clock;
+  /// `counts`: allgatherv's, one per rank (`count` is this rank's); empty for the others.
   DirectRun(ShmTransport& transport, Collective kind, const std::byte* send, std::byte* recv, std::size_t count,
-            DataType type, ReduceOp op, int root, std::chrono::milliseconds timeout);
+            std::span<const std::size_t> counts, DataType type, ReduceOp op, int root,
+            std::chrono::milliseconds timeout);
   /// The signature this rank announces for it: its seq is the one whose comparison the collective
   /// waits for (a collective run without one stays unchecked).
   void bind(const Signature& signature) override;
@@ -109,14 +165,33 @@ class DirectRun final : public DirectCollective {
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
   std::byte* slot(std::size_t chunk, int q) const { return segment_.direct_slot(first_use_ + chunk, q); }
-  std::size_t chunk_elems(std::size_t chunk) const { return std::min(per_chunk_, count_ - chunk * per_chunk_); }
+  /// Elements of a block in chunk `chunk` (allgatherv: of rank q's block, 0 past its end).
+  std::size_t chunk_elems(std::size_t chunk) const {
+    const std::size_t done = chunk * per_chunk_;
+    return count_ > done ? std::min(per_chunk_, count_ - done) : 0;
+  }
+  std::size_t chunk_elems(std::size_t chunk, int q) const {
+    if (starts_.empty()) return chunk_elems(chunk);
+    const std::size_t n = block_elems(q), done = chunk * per_chunk_;
+    return n > done ? std::min(per_chunk_, n - done) : 0;
+  }
+  std::size_t block_elems(int q) const {
+    return starts_.empty() ? count_ : starts_[static_cast<std::size_t>(q) + 1] - starts_[static_cast<std::size_t>(q)];
+  }
+  /// Where block q of the result starts, in bytes (allgather, alltoall, gather: q · count).
+  std::size_t block_offset(int q) const {
+    return (starts_.empty() ? static_cast<std::size_t>(q) * count_ : starts_[static_cast<std::size_t>(q)]) * esize_;
+  }
+  /// This rank's own block of the result, from its input, once every peer's is in (see progress_barriers).
+  void copy_own_block();
   bool progress_barriers();
   bool progress_inline(bool arrange_wake);
   void deliver_inline();
   const std::byte* input_of(int q) const { return segment_.signature_slot(q, seq_).data; }
-  /// Whether an inline collective needs rank q's publication: a broadcast only its own and the
-  /// root's, one of no elements only its own (see bind), the others every rank's.
-  bool needs(int q) const { return q == rank() || (count_ > 0 && (kind_ != Collective::broadcast || q == root_)); }
+  /// Whether an inline collective needs rank q's publication: its own, and what reads_from says.
+  bool needs(int q) const { return q == rank() || reads_from(kind_, q, rank(), root_, elements()); }
+  /// The call's elements on all ranks together (allgatherv: the sum of its counts), 0 for none.
+  std::size_t elements() const { return starts_.empty() ? count_ : starts_.back(); }
   /// shm::reduce_parts with this run's op, type and ranks.
   template <typename Part>
   void reduce_parts(std::byte* dst, std::size_t n, const Part& part) const;
@@ -171,6 +246,8 @@ class DirectRun final : public DirectCollective {
   const std::byte* send_;
   std::byte* recv_;
   std::size_t count_, esize_;
+  std::vector<std::size_t> starts_;  // allgatherv: block q is elements [starts_[q], starts_[q + 1]) of recv
+  std::size_t largest_ = 0;          // the largest block of the call in elements (allgatherv's differ)
   DataType type_;
   ReduceOp op_;
   int root_;

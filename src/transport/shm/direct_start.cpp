@@ -35,9 +35,14 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, const Nativ
   if (input_blocks(kind) && shm->segment().layout().direct_chunk / size_of(type) < std::size_t(shm->size()))
     throw Error(ErrorCode::unsupported,
                 "shm direct " + std::string(to_string(kind)) + ": too many ranks for the data area");
-  if (kind == Collective::broadcast && (root < 0 || root >= shm->size()))
-    throw Error(ErrorCode::invalid_argument, "shm direct broadcast: root " + std::to_string(root) +
-                                                 " is out of range for size " + std::to_string(shm->size()));
+  if ((kind == Collective::broadcast || kind == Collective::gather || kind == Collective::scatter) &&
+      (root < 0 || root >= shm->size()))
+    throw Error(ErrorCode::invalid_argument, "shm direct " + std::string(to_string(kind)) + ": root " +
+                                                 std::to_string(root) + " is out of range for size " +
+                                                 std::to_string(shm->size()));
+  if (kind == Collective::allgatherv && call.counts.size() != static_cast<std::size_t>(shm->size()))
+    throw Error(ErrorCode::invalid_argument, "shm direct allgatherv: " + std::to_string(call.counts.size()) +
+                                                 " counts for size " + std::to_string(shm->size()));
   const bool reduces = kind == Collective::allreduce || kind == Collective::reduce_scatter;
   const ReduceOp reduce_op = reduces ? required_op(kind, call.op) : ReduceOp::sum;
   // The in-place forms, mapped onto the forms DirectRun takes.
@@ -56,7 +61,7 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, const Nativ
     if (input_bytes > 0) core::copy(snapshot.get(), in, input_bytes);  // an empty call may pass null
     in = snapshot.get();
   }
-  auto run = std::make_unique<DirectRun>(*shm, kind, in, out, count, type, reduce_op, root, timeout);
+  auto run = std::make_unique<DirectRun>(*shm, kind, in, out, count, call.counts, type, reduce_op, root, timeout);
   if (staging) run->deliver_to(static_cast<std::byte*>(call.recv), std::move(staging));
   if (snapshot) run->keep_input(std::move(snapshot));
   return run;
@@ -101,7 +106,9 @@ constexpr double direct_barrier_share = 0.1;
 // Barriers (each ≈ α/10), copied bytes and reduced elements on one rank's path; ranks run alike.
 double direct_price(Collective c, int p, std::size_t bytes, const CostParams& cost) {
   // Bytes per rank: `bytes` is the total over ranks for reduce_scatter, allgather and alltoall.
-  const std::size_t parts = input_blocks(c) || output_blocks(c) ? static_cast<std::size_t>(p) : 1;
+  const bool blocks = input_blocks(c) || output_blocks(c) || c == Collective::allgatherv || c == Collective::gather ||
+                      c == Collective::scatter;
+  const std::size_t parts = blocks ? static_cast<std::size_t>(p) : 1;
   const std::size_t count = (bytes + price_elem_size * parts - 1) / (price_elem_size * parts);
   const double n = static_cast<double>(count) * price_elem_size;
   const double up = static_cast<double>(p), elements = n / price_elem_size;
@@ -125,8 +132,15 @@ double direct_price(Collective c, int p, std::size_t bytes, const CostParams& co
       // my input and the others' parts.
       return steps(n, direct_chunk / up) * barrier + copy * n * (up - 1) + cost.gamma * (up - 1) * elements;
     case Collective::allgather:
+    case Collective::allgatherv:  // n: the average block
+    case Collective::gather:      // the root's path: copying the p blocks out
       // Per chunk: copy my block in, barrier, copy the p blocks out.
       return steps(n, direct_chunk) * barrier + copy * n + copy_out * n * up;
+    case Collective::scatter:
+      // Per chunk of the p blocks: the root copies the p - 1 others' in, barrier, each copies its out.
+      return steps(n, direct_chunk) * barrier + copy * n * (up - 1) + copy_out * n;
+    case Collective::barrier:  // one exchange of signatures
+      return barrier;
     case Collective::broadcast:
       // Per chunk of p slots: the root copies in, barrier, the others copy out.
       return steps(n, direct_chunk * up) * barrier + copy * n + copy_out * n;

@@ -17,7 +17,10 @@ namespace tutti::transport::shm {
 // depends only on what every rank agrees on (the compared signature, the segment), so every
 // rank publishes one or none.
 void DirectRun::describe(const Signature& signature) {
-  if (kind_ == Collective::alltoall) return;  // no zero-copy path: single copy or the data sets
+  // No zero-copy path: single copy or the data sets.
+  if (kind_ != Collective::allreduce && kind_ != Collective::reduce_scatter && kind_ != Collective::allgather &&
+      kind_ != Collective::broadcast)
+    return;
   const std::size_t p = static_cast<std::size_t>(size());
   const std::size_t input = (input_blocks(kind_) ? p : 1) * count_ * esize_;
   const std::size_t output = (output_blocks(kind_) ? p : 1) * count_ * esize_;
