@@ -213,7 +213,7 @@ Request CommImpl::start_native(const Call& call, Algorithm algorithm, bool block
                                               "mpirun, with Tutti built with MPI)");
     if (transport.kind() != transport::Kind::shm)
       throw Error(ErrorCode::unsupported, what + "needs the shared-memory transport (processes on one host)");
-    throw Error(ErrorCode::unsupported, what + "serves every collective but reduce and alltoallv");
+    throw Error(ErrorCode::unsupported, what + "serves every collective but alltoallv");
   }
   const auto timeout = timeout_of(call);
   std::unique_ptr<transport::NativeCollective> run = transport.start_native(algorithm, call, timeout);

@@ -138,7 +138,7 @@ std::size_t checked_product(std::string_view operation, std::size_t a, std::size
 std::size_t checked_bytes(std::string_view operation, std::size_t count, DataType type);
 
 /// True only for a call that validate() accepts on rank `rank`, of the kinds and forms the
-/// transports' short ways take (Transport::run_now): allreduce, reduce_scatter, allgather,
+/// transports' short ways take (Transport::run_now): allreduce, reduce, reduce_scatter, allgather,
 /// alltoall, broadcast, gather or scatter of up to plain_count_limit elements (no product of sizes
 /// can overflow), with the buffers this rank uses not overlapping or in place as send == recv
 /// (not a gather's or scatter's in-place form), and barrier. False says nothing: validate() decides.

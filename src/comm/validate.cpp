@@ -160,8 +160,9 @@ Extents validate(const Call& call, int rank, int size) {
 
 bool plainly_valid(const Call& call, int rank, int size) {
   const Collective c = call.collective;
-  const bool reduces = c == Collective::allreduce || c == Collective::reduce_scatter;
-  const bool rooted = c == Collective::broadcast || c == Collective::gather || c == Collective::scatter;
+  const bool reduces = c == Collective::allreduce || c == Collective::reduce_scatter || c == Collective::reduce;
+  const bool rooted =
+      c == Collective::broadcast || c == Collective::gather || c == Collective::scatter || c == Collective::reduce;
   if (!reduces && !rooted && c != Collective::allgather && c != Collective::alltoall && c != Collective::barrier)
     return false;
   if (call.count > plain_count_limit || size <= 0) return false;
@@ -178,10 +179,10 @@ bool plainly_valid(const Call& call, int rank, int size) {
   // The buffers this rank uses: a gather's root's recv, a scatter's root's send.
   const bool root = rank == call.root;
   const bool uses_send = c != Collective::broadcast && (c != Collective::scatter || root);
-  const bool uses_recv = c != Collective::gather || root;
+  const bool uses_recv = (c != Collective::gather && c != Collective::reduce) || root;
   if ((uses_recv && call.recv == nullptr) || (uses_send && call.send == nullptr)) return false;
   if (!uses_send || !uses_recv) return true;
-  if (call.send == call.recv) return c != Collective::gather && c != Collective::scatter;
+  if (call.send == call.recv) return c != Collective::gather && c != Collective::scatter;  // (reduce: in place)
   // Otherwise the buffers must not overlap at all.
   const std::size_t elem = size_of(call.type), p = static_cast<std::size_t>(size);
   const bool p_in = c == Collective::reduce_scatter || c == Collective::alltoall || c == Collective::scatter;

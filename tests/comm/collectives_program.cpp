@@ -47,7 +47,7 @@ std::vector<Case> with_size(std::vector<Case> cases, int p) {
 std::vector<Case> direct_cases(int p) {
   std::vector<Case> out;
   for (Case c : sweep_cases({p})) {
-    const bool served = c.collective != Collective::reduce && c.collective != Collective::alltoallv;
+    const bool served = c.collective != Collective::alltoallv;
     if (!served || c.algorithm != Algorithm::automatic) continue;
     c.algorithm = Algorithm::direct;
     out.push_back(c);

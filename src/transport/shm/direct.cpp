@@ -392,8 +392,8 @@ void DirectRun::begin(std::size_t chunk) {
         if (q != r)
           core::copy(slot(chunk, 0) + static_cast<std::size_t>(q) * n * esize_,
                      send_ + (static_cast<std::size_t>(q) * count_ + done) * esize_, n * esize_);
-  } else if (kind_ == Collective::gather && r == root_) {
-    // Nothing: no rank reads the root's block (copy_own_block).
+  } else if ((kind_ == Collective::gather || kind_ == Collective::reduce) && r == root_) {
+    // Nothing: no rank reads the root's input (copy_own_block, finish).
   } else if (three_parts_) {  // the slices the peers reduce; this rank reduces its own from send
     const auto [first, last] = slice(n, size(), r);
     core::copy(slot(chunk, r), send_ + done * esize_, first * esize_);
@@ -448,6 +448,9 @@ void DirectRun::finish(std::size_t chunk) {
     for (int q = 0; q < p; ++q)
       if (const std::size_t m = chunk_elems(chunk, q); q != r && m > 0)
         copy_out_(recv_ + block_offset(q) + done * esize_, slot(chunk, q), m * esize_);
+  } else if (kind_ == Collective::reduce) {  // the root: its own input, then the peers' parts
+    if (r == root_)
+      reduce_own_first(recv_ + done * esize_, send_ + done * esize_, n, [&](int q) { return slot(chunk, q); });
   } else if (kind_ == Collective::scatter) {
     if (r != root_)
       copy_out_(recv_ + done * esize_, slot(chunk, 0) + static_cast<std::size_t>(r) * n * esize_, n * esize_);

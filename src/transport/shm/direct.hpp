@@ -58,13 +58,13 @@ inline bool output_blocks(Collective kind) { return kind == Collective::allgathe
 /// Whether rank `r`'s direct collective reads what rank `q` (another rank) published: a barrier
 /// every rank's signature, though it carries no bytes; otherwise nothing for a call of no
 /// elements (`elements`: the call's on all ranks together), a broadcast's or a scatter's
-/// receivers only the root's input, a gather only at its root (every rank's), the others every
-/// rank's.
+/// receivers only the root's input, a gather and a reduce only at the root (every rank's), the
+/// others every rank's.
 inline bool reads_from(Collective kind, int q, int r, int root, std::size_t elements) {
   if (kind == Collective::barrier) return true;
   if (elements == 0) return false;
   if (kind == Collective::broadcast || kind == Collective::scatter) return q == root && r != root;
-  if (kind == Collective::gather) return r == root;
+  if (kind == Collective::gather || kind == Collective::reduce) return r == root;
   return true;
 }
 
@@ -86,6 +86,7 @@ using DirectCollective = NativeCollective;
 /// the first `progress`). Returns null if `transport` is not a shared-memory transport.
 /// Kinds, with counts in elements of `type` (in place: the forms of NativeCall, transport/in_place.hpp):
 ///   allreduce       send, recv: count elements; op required (avg = sum / size)
+///   reduce          send: count; recv (root only): count, the reduction; op required
 ///   reduce_scatter  send: size * count, recv: count (block `rank`); op required
 ///   allgather       send: count, recv: size * count
 ///   allgatherv      send: count (= counts[rank]), recv: the sum of counts, blocks packed in rank order
@@ -100,9 +101,9 @@ using DirectCollective = NativeCollective;
 std::unique_ptr<DirectCollective> start_direct(Transport& transport, const NativeCall& call,
                                                std::chrono::milliseconds timeout);
 
-/// Whether the direct algorithms serve collective `kind` (every collective but reduce and
-/// alltoallv). Inline: every small direct call asks.
-inline bool serves(Collective kind) { return kind != Collective::reduce && kind != Collective::alltoallv; }
+/// Whether the direct algorithms serve collective `kind` (every collective but alltoallv). Inline:
+/// every small direct call asks.
+inline bool serves(Collective kind) { return kind != Collective::alltoallv; }
 
 /// Predicted seconds of the direct algorithm for `collective` (one it serves) on `p` ranks, for a
 /// call of `bytes` (the total over ranks where the call has a block per rank: comm's

@@ -63,7 +63,8 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
   const Collective kind = call.collective;
   if (algorithm != Algorithm::direct || !serves(kind)) return false;
   const std::size_t p = static_cast<std::size_t>(size_), esize = size_of(call.type);
-  const bool reduces = kind == Collective::allreduce || kind == Collective::reduce_scatter;
+  const bool reduces =
+      kind == Collective::allreduce || kind == Collective::reduce_scatter || kind == Collective::reduce;
   const bool uneven = kind == Collective::allgatherv;
   const std::size_t largest =
       uneven && !call.counts.empty() ? *std::max_element(call.counts.begin(), call.counts.end()) : call.count;

@@ -85,8 +85,8 @@ inline std::vector<std::size_t> block_starts(std::span<const std::size_t> counts
 /// rank q's signature slot data), into `recv` (reduce_scatter: this rank's block; allgather in
 /// place, `send` already in its block: that block is left alone; alltoall: block q from block r
 /// of rank q's input, in place too, since the inputs are read from the slots; allgatherv: block q
-/// at `starts[q]`, the counts' prefix sums; gather: at the root only; scatter: block r of the
-/// root's). The same on whichever path (DirectRun, ShmTransport::run_now) each rank takes.
+/// at `starts[q]`, the counts' prefix sums; gather and reduce: at the root only; scatter: block r
+/// of the root's). The same on whichever path (DirectRun, ShmTransport::run_now) each rank takes.
 template <typename Input>
 void combine_inline(Collective kind, const std::byte* send, std::byte* recv, std::size_t count,
                     std::span<const std::size_t> starts, DataType type, ReduceOp op, int root, int r, int p,
@@ -104,7 +104,8 @@ void combine_inline(Collective kind, const std::byte* send, std::byte* recv, std
   }
   if (bytes == 0) return;
   const auto ur = static_cast<std::size_t>(r);
-  if (kind == Collective::allreduce || kind == Collective::reduce_scatter) {
+  if (kind == Collective::allreduce || kind == Collective::reduce_scatter ||
+      (kind == Collective::reduce && r == root)) {
     const std::size_t offset = kind == Collective::reduce_scatter ? at(ur, bytes) : 0;
     reduce_parts(op, type, p, recv, count, [&](int q) { return input(q) + offset; });
   } else if (kind == Collective::alltoall) {

@@ -35,7 +35,8 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, const Nativ
   if (input_blocks(kind) && shm->segment().layout().direct_chunk / size_of(type) < std::size_t(shm->size()))
     throw Error(ErrorCode::unsupported,
                 "shm direct " + std::string(to_string(kind)) + ": too many ranks for the data area");
-  if ((kind == Collective::broadcast || kind == Collective::gather || kind == Collective::scatter) &&
+  if ((kind == Collective::broadcast || kind == Collective::gather || kind == Collective::scatter ||
+       kind == Collective::reduce) &&
       (root < 0 || root >= shm->size()))
     throw Error(ErrorCode::invalid_argument, "shm direct " + std::string(to_string(kind)) + ": root " +
                                                  std::to_string(root) + " is out of range for size " +
@@ -43,7 +44,8 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, const Nativ
   if (kind == Collective::allgatherv && call.counts.size() != static_cast<std::size_t>(shm->size()))
     throw Error(ErrorCode::invalid_argument, "shm direct allgatherv: " + std::to_string(call.counts.size()) +
                                                  " counts for size " + std::to_string(shm->size()));
-  const bool reduces = kind == Collective::allreduce || kind == Collective::reduce_scatter;
+  const bool reduces =
+      kind == Collective::allreduce || kind == Collective::reduce_scatter || kind == Collective::reduce;
   const ReduceOp reduce_op = reduces ? required_op(kind, call.op) : ReduceOp::sum;
   // The in-place forms, mapped onto the forms DirectRun takes.
   const InPlace in_place = map_in_place(call, shm->rank());
@@ -139,6 +141,9 @@ double direct_price(Collective c, int p, std::size_t bytes, const CostParams& co
     case Collective::scatter:
       // Per chunk of the p blocks: the root copies the p - 1 others' in, barrier, each copies its out.
       return steps(n, direct_chunk) * barrier + copy * n * (up - 1) + copy_out * n;
+    case Collective::reduce:
+      // Per chunk: the others copy their input in, barrier, the root reduces the p parts.
+      return steps(n, direct_chunk) * barrier + copy * n + cost.gamma * (up - 1) * elements;
     case Collective::barrier:  // one exchange of signatures
       return barrier;
     case Collective::broadcast:
