@@ -10,7 +10,11 @@
 #   4. p = 4 and 8 on the same cores, allreduce beside MPI (p4.json, p8.json);
 #   5. p = 2, allreduce on buffers from Communicator::allocate (zero copy) beside MPI on the same
 #      buffers, with the ceiling (shared.json);
-#   6. the tables (bench_table.py) and the plot (plot_bench.py).
+#   6. every collective at p = 2 and p = 4 under plain mpirun, no tuning file, from 8 B to 16 MiB,
+#      beside MPI and Gloo, three runs each (every-p2-*.json, every-p4-*.json), and one table per
+#      p: a row per collective, a column per size, MPI time / Tutti time, median (min-max) of the
+#      runs (every-p2.md, every-p4.md, every-gloo-p2.md);
+#   7. the tables (bench_table.py) and the plot (plot_bench.py).
 #   scripts/bench.sh [DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +46,14 @@ for p in 4 8; do
 done
 mpi 2 "$tuning" --collective allreduce -b 16K -e 256M -f 4 --peers mpi --ceiling --shared-buffers --json "$out/shared.json" |
   tee "$out/shared.log"
+for p in 2 4; do
+  for run in 1 2 3; do
+    mpi "$p" "$empty" --collective all -b 8 -e 16M -f 8 --peers mpi,gloo -c 0 --json "$out/every-p$p-$run.json" \
+      >"$out/every-p$p-$run.log"
+  done
+  /usr/bin/python3 tools/bench_table.py matrix mpi "$out"/every-p$p-?.json >"$out/every-p$p.md"
+done
+/usr/bin/python3 tools/bench_table.py matrix gloo "$out"/every-p2-?.json >"$out/every-gloo-p2.md"
 for f in peers p4 p8 shared; do /usr/bin/python3 tools/bench_table.py peers "$out/$f.json" >"$out/$f.md"; done
 /usr/bin/python3 tools/bench_table.py automatic "$out/automatic.json" >"$out/automatic.md"
 /usr/bin/python3 tools/bench_table.py automatic "$out"/automatic-model-?.json >"$out/automatic-model.md"

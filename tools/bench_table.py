@@ -9,11 +9,15 @@
                                          it with the min-max of that ratio pass by pass
     bench_table.py spread PEER FILE.json...   several runs of one command: per size, each
                                          collective's median Tutti/PEER with the min-max over runs
+    bench_table.py matrix PEER FILE.json...   several runs of one command: one row per
+                                         collective, one column per size, the median PEER time /
+                                         Tutti time (above 1: Tutti faster) with the min-max over runs
 
 Reads the primary form (out of place; in place for broadcast). Exits 1 with a one-line message
 on a malformed file.
 """
 import json
+import math
 import sys
 
 
@@ -97,7 +101,48 @@ def spread_table(peer, docs):
     return lines
 
 
+def size_class(size):
+    """The power of two nearest to `size` (0 stays 0): the uneven collectives' rows, whose sizes
+    round differently (4092 B for 4 KiB), share the column of the size asked for."""
+    return 0 if size <= 0 else 2 ** round(math.log2(size))
+
+
+def matrix_table(peer, docs):
+    ratios = {}  # collective -> bytes -> [PEER time / Tutti time per run]
+    for doc in docs:
+        for row in primary_rows(doc):
+            p = (row.get("peers") or {}).get(peer)
+            if row["algorithm"] == "automatic" and p:
+                ratios.setdefault(row["collective"], {}).setdefault(size_class(row["bytes"]), []).append(p["ratio"])
+    sizes = sorted({size for by in ratios.values() for size in by})
+    lines = ["| collective | " + " | ".join(human(size) for size in sizes) + " |", "|" + " --- |" * (len(sizes) + 1)]
+    for collective in sorted(ratios):
+        cells = []
+        for size in sizes:
+            r = sorted(ratios[collective].get(size, []))
+            if not r:
+                cells.append("-")
+            elif len(r) == 1:
+                cells.append(f"{r[0]:.2f}")
+            else:
+                cells.append(f"{r[len(r) // 2]:.2f} ({r[0]:.2f}–{r[-1]:.2f})")
+        lines.append(f"| {collective} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv):
+    if len(argv) >= 4 and argv[1] == "matrix":
+        try:
+            docs = []
+            for name in argv[3:]:
+                with open(name) as f:
+                    docs.append(json.load(f))
+            lines = matrix_table(argv[2], docs)
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+            print(f"bench_table.py: {' '.join(argv[3:])}: {e}", file=sys.stderr)
+            return 1
+        print("\n".join(lines))
+        return 0
     spread = len(argv) >= 4 and argv[1] == "spread"
     passes = len(argv) >= 3 and argv[1] == "automatic"
     if not spread and not passes and (len(argv) != 3 or argv[1] != "peers"):

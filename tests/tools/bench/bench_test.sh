@@ -190,7 +190,7 @@ fi
 if [[ -n $mpirun ]]; then
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -s KILL 120 "$mpirun" --oversubscribe -np 2 \
     "$bench" --no-progress --collective allreduce,reduce_scatter,alltoall,gather,scatter,allgatherv,alltoallv,barrier \
-    -b 8 -e 64K -f 16 -n 2 -w 1 --peers mpi,gloo -c 1 \
+    -b 8 -e 64K -f 16 -n 2 -w 1 --peers mpi,gloo -c 1 --json "$tmp/mpi.json" \
     >"$tmp/out" 2>"$tmp/err"
   status=$?
   # (The exit status also counts the peers' wrong results: MPI's v-forms are checked like Tutti's.)
@@ -203,6 +203,26 @@ if [[ -n $mpirun ]]; then
     fail "mpirun" "Tutti did not run over shared memory"
   else
     ok "under mpirun with the MPI and Gloo peers"
+  fi
+  # The ratio matrix (scripts/bench.sh's table): a row per collective, a column per size, each cell
+  # the JSON's MPI time / Tutti time (the same file twice: the median of two equal runs).
+  table=$(/usr/bin/python3 "$(dirname "$0")/../../../tools/bench_table.py" matrix mpi "$tmp/mpi.json" "$tmp/mpi.json")
+  if ! /usr/bin/python3 - "$tmp/mpi.json" "$table" <<'EOF'; then
+import json, sys
+doc, table = json.load(open(sys.argv[1])), sys.argv[2].splitlines()
+rows = [r for r in doc["results"] if r["in_place"] == (r["collective"] == "broadcast") and "mpi" in r.get("peers", {})]
+kinds = sorted({r["collective"] for r in rows})
+assert len(table) == 2 + len(kinds), table
+for line, kind in zip(table[2:], kinds):
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[0] == kind, (cells, kind)
+    want = [f"{r['peers']['mpi']['ratio']:.2f} ({r['peers']['mpi']['ratio']:.2f}–{r['peers']['mpi']['ratio']:.2f})"
+            for r in rows if r["collective"] == kind]
+    assert [c for c in cells[1:] if c != "-"] == want, (cells, want)
+EOF
+    fail "bench_table.py matrix" "the table does not hold the JSON's ratios: $table"
+  else
+    ok "bench_table.py matrix: a row per collective with the MPI/Tutti ratios of the JSON"
   fi
 fi
 
