@@ -140,8 +140,8 @@ TEST_F(Tuning, CostForPrefersTheTable) {
 TEST_F(Tuning, PredictCoversDirectAndRejectsWhatDoesNotServe) {
   const CostParams shm = transport::default_cost(transport::Kind::shm);
   for (Collective c : {Collective::allreduce, Collective::reduce, Collective::reduce_scatter, Collective::allgather,
-                       Collective::allgatherv, Collective::broadcast, Collective::alltoall, Collective::gather,
-                       Collective::scatter, Collective::barrier})
+                       Collective::allgatherv, Collective::broadcast, Collective::alltoall, Collective::alltoallv,
+                       Collective::gather, Collective::scatter, Collective::barrier})
     for (std::size_t bytes : {std::size_t{8}, 64 * MiB}) EXPECT_GT(predict(Algorithm::direct, c, 4, bytes, shm), 0);
   // Direct allreduce: one step up to 16 KiB, two barriers per 256 KiB chunk above; a barrier is
   // priced at a tenth of a message round.
@@ -159,7 +159,6 @@ TEST_F(Tuning, PredictCoversDirectAndRejectsWhatDoesNotServe) {
                    (0.2 + 0.125 * 0.75) * 8 * MiB);
   EXPECT_GT(predict(Algorithm::ring, Collective::allreduce, 4, 256 * MiB, shm),
             predict(Algorithm::ring, Collective::allreduce, 4, 16 * MiB, shm));
-  EXPECT_THROW(predict(Algorithm::direct, Collective::alltoallv, 4, 8, shm), Error);
   EXPECT_THROW(predict(Algorithm::bruck, Collective::allreduce, 4, 8, shm), Error);
   EXPECT_THROW(predict(Algorithm::mpi, Collective::allreduce, 4, 8, shm), Error);
   EXPECT_THROW(predict(Algorithm::hierarchical, Collective::allreduce, 4, 8, shm), Error);
@@ -222,10 +221,10 @@ TEST_F(Tuning, CostModelPicksLatencyAlgorithmsSmallAndBandwidthAlgorithmsLarge) 
   EXPECT_EQ(choose(Collective::reduce, "shm", 8, false, 8), Algorithm::binomial_tree);
   EXPECT_EQ(choose(Collective::barrier, "shm", 5, false, 0), Algorithm::bruck);
   EXPECT_EQ(choose(Collective::barrier, "shm", 5, true, 0), Algorithm::direct);
-  // Direct never applies to alltoallv; mpi and hierarchical are never automatic.
-  for (Collective c : {Collective::alltoallv})
+  // Without direct, a schedule: mpi and hierarchical are never automatic.
+  for (Collective c : {Collective::reduce, Collective::alltoallv})
     for (std::size_t bytes : {std::size_t{8}, MiB, 64 * MiB}) {
-      const Algorithm a = choose(c, "shm", 4, true, bytes);
+      const Algorithm a = choose(c, "shm", 4, false, bytes);
       EXPECT_TRUE(schedule::applies(a, c)) << to_string(a);
     }
 }
@@ -252,7 +251,7 @@ TEST_F(Tuning, PrecedenceRequestedThenTableThenCostModel) {
   EXPECT_EQ(choose(Collective::allreduce, "shm", 5, false, 8), choose(Collective::allreduce, "shm", 5, false, 9));
   EXPECT_NE(choose(Collective::allreduce, "tcp", 4, false, 8), Algorithm::binomial_tree);
   EXPECT_THROW(choose(Collective::allreduce, "shm", 4, false, 8, Algorithm::direct), Error);
-  EXPECT_THROW(choose(Collective::alltoallv, "shm", 4, true, 8, Algorithm::direct), Error);
+  EXPECT_THROW(choose(Collective::alltoallv, "shm", 4, false, 8, Algorithm::direct), Error);
   EXPECT_EQ(choose(Collective::allreduce, "shm", 4, true, 8, Algorithm::direct), Algorithm::direct);
 }
 

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <thread>
@@ -415,10 +416,15 @@ TEST_F(ShmDirect, DeadlineWhenARankNeverCalls) {
   EXPECT_EQ(late_failed.load(), 1);
 }
 
+// Alltoallv goes direct only where the segment allows single copy: elsewhere it is refused as
+// unsupported, and the communicator stays usable. Another transport declines altogether.
 TEST_F(ShmDirect, UnsupportedKindAndOtherTransports) {
+  setenv("TUTTI_SHM_SINGLE_COPY", "0", 1);
   EXPECT_EQ(run_ranks(2,
                       [&](Rank& rank) {
                         float x = 1.0f;
+                        if (rank.comm.serves_direct(Collective::alltoallv))
+                          throw std::runtime_error("alltoallv is direct without single copy");
                         try {
                           direct(rank, Collective::alltoallv, &x, &x, 1, DataType::f32);
                           throw std::runtime_error("alltoallv did not throw");
@@ -431,6 +437,7 @@ TEST_F(ShmDirect, UnsupportedKindAndOtherTransports) {
                           throw std::runtime_error("allreduce after unsupported gave " + std::to_string(x));
                       }),
             "");
+  unsetenv("TUTTI_SHM_SINGLE_COPY");
   auto group = transport::inproc::make_group(1);
   float x = 1.0f;
   EXPECT_FALSE(
@@ -1091,11 +1098,11 @@ TEST_F(ShmDirect, SingleCopyAllgatherAndBroadcastAroundItsLimits) {
   unsetenv("TUTTI_SHM_SINGLE_COPY");
 }
 
-// Gather, scatter, reduce and allgatherv (uneven blocks, some empty) inline, through the data sets (one
+// Gather, scatter, reduce, alltoallv and allgatherv (uneven blocks, some empty) inline, through the data sets (one
 // and several chunks) and single copy: exact results on both sides of single_copy_bytes and past
 // a chunk, in and out of place, the first and the last rank as root, with single copy on (where
 // the system allows it) and off.
-TEST_F(ShmDirect, GatherScatterReduceAndAllgathervOnEveryPath) {
+TEST_F(ShmDirect, EveryRootedAndUnevenCollectiveOnEveryPath) {
   const std::size_t low = transport::shm::single_copy_bytes / sizeof(float);
   // Element i of rank q's input: distinct everywhere (exact in f32 for these sizes), so that a
   // block taken from the wrong place or rank shows.
@@ -1103,89 +1110,129 @@ TEST_F(ShmDirect, GatherScatterReduceAndAllgathervOnEveryPath) {
   for (const char* setting : {"1", "0"}) {
     setenv("TUTTI_SHM_SINGLE_COPY", setting, 1);
     for (int p : {2, 3, 5})
-      EXPECT_EQ(run_ranks(p,
-                          [&](Rank& rank) {
-                            const int r = rank.comm.rank();
-                            const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
-                            const Options options{Algorithm::direct, 20000ms};
-                            for (std::size_t n : {std::size_t{3}, low - 1, low, 3 * low + 1, std::size_t{200003}})
-                              for (bool in_place : {false, true})
-                                for (int root : {0, p - 1}) {
-                                  const std::string what = " n=" + std::to_string(n) + " root " + std::to_string(root) +
-                                                           (in_place ? " in place" : "");
-                                  std::vector<float> in(n), out(n * up, -1.0f);
-                                  for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i);
-                                  const bool here = in_place && r == root;
-                                  if (here) std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(ur * n));
-                                  rank.comm.gather(here ? out.data() + ur * n : in.data(),
-                                                   r == root ? out.data() : nullptr, n, DataType::f32, root, options);
-                                  if (r == root)
-                                    for (int q = 0; q < p; ++q)
-                                      expect_equal(
-                                          std::vector<float>(out.begin() + static_cast<long>(q * n),
-                                                             out.begin() + static_cast<long>((q + 1) * n)),
-                                          [&](std::size_t i) { return value(q, i); },
-                                          "gather block " + std::to_string(q) + what);
-                                  std::vector<float> all(n * up), mine(n, -1.0f);
-                                  if (r == root)
-                                    for (std::size_t i = 0; i < n * up; ++i) all[i] = value(root, i);
-                                  rank.comm.scatter(r == root ? all.data() : nullptr,
-                                                    here ? all.data() + ur * n : mine.data(), n, DataType::f32, root,
-                                                    options);
-                                  expect_equal(
-                                      here ? std::vector<float>(all.begin() + static_cast<long>(ur * n),
-                                                                all.begin() + static_cast<long>((ur + 1) * n))
-                                           : mine,
-                                      [&](std::size_t i) { return value(root, ur * n + i); }, "scatter" + what);
-                                }
-                            // Reduce (f64: sums of these values stay exact), the root's result only.
-                            for (std::size_t n : {std::size_t{3}, low - 1, low, 3 * low + 1, std::size_t{200003}})
-                              for (bool in_place : {false, true})
-                                for (int root : {0, p - 1}) {
-                                  std::vector<double> in(n), out(n, -1.0);
-                                  for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i);
-                                  const bool here = in_place && r == root;
-                                  rank.comm.reduce(in.data(),
-                                                   here        ? in.data()
-                                                   : r == root ? out.data()
-                                                               : nullptr,
-                                                   n, DataType::f64, ReduceOp::sum, root, options);
-                                  if (r != root) continue;
-                                  const std::vector<double>& got = here ? in : out;
-                                  std::size_t wrong = 0;
-                                  for (std::size_t i = 0; i < n; ++i) {
-                                    double want = 0;
-                                    for (int q = 0; q < p; ++q) want += value(q, i);
-                                    wrong += got[i] != want;
-                                  }
-                                  if (wrong > 0)
-                                    throw std::runtime_error("reduce n=" + std::to_string(n) + " root " +
-                                                             std::to_string(root) + (in_place ? " in place" : "") +
-                                                             ": " + std::to_string(wrong) + " wrong");
-                                }
-                            for (std::size_t n : {std::size_t{3}, low - 1, low, 3 * low + 1, std::size_t{200003}})
-                              for (bool in_place : {false, true}) {
-                                std::vector<std::size_t> counts(up), starts(up + 1, 0);
-                                for (std::size_t q = 0; q < up; ++q) counts[q] = q % 3 == 1 ? 0 : n + q;
-                                for (std::size_t q = 0; q < up; ++q) starts[q + 1] = starts[q] + counts[q];
-                                std::vector<float> in(counts[ur]), out(starts[up], -1.0f);
-                                for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
-                                if (in_place)
-                                  std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(starts[ur]));
-                                rank.comm.allgatherv(in_place ? out.data() + starts[ur] : in.data(), counts[ur],
-                                                     out.data(), counts, DataType::f32, options);
-                                for (int q = 0; q < p; ++q) {
-                                  const auto uq = static_cast<std::size_t>(q);
-                                  expect_equal(
-                                      std::vector<float>(out.begin() + static_cast<long>(starts[uq]),
-                                                         out.begin() + static_cast<long>(starts[uq + 1])),
-                                      [&](std::size_t i) { return value(q, i); },
-                                      "allgatherv n=" + std::to_string(n) + " block " + std::to_string(q) +
-                                          (in_place ? " in place" : ""));
-                                }
-                              }
-                          }),
-                "")
+      EXPECT_EQ(
+          run_ranks(
+              p,
+              [&](Rank& rank) {
+                const int r = rank.comm.rank();
+                const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
+                const Options options{Algorithm::direct, 20000ms};
+                for (std::size_t n : {std::size_t{3}, low - 1, low, 3 * low + 1, std::size_t{200003}})
+                  for (bool in_place : {false, true})
+                    for (int root : {0, p - 1}) {
+                      const std::string what =
+                          " n=" + std::to_string(n) + " root " + std::to_string(root) + (in_place ? " in place" : "");
+                      std::vector<float> in(n), out(n * up, -1.0f);
+                      for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i);
+                      const bool here = in_place && r == root;
+                      if (here) std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(ur * n));
+                      rank.comm.gather(here ? out.data() + ur * n : in.data(), r == root ? out.data() : nullptr, n,
+                                       DataType::f32, root, options);
+                      if (r == root)
+                        for (int q = 0; q < p; ++q)
+                          expect_equal(
+                              std::vector<float>(out.begin() + static_cast<long>(q * n),
+                                                 out.begin() + static_cast<long>((q + 1) * n)),
+                              [&](std::size_t i) { return value(q, i); }, "gather block " + std::to_string(q) + what);
+                      std::vector<float> all(n * up), mine(n, -1.0f);
+                      if (r == root)
+                        for (std::size_t i = 0; i < n * up; ++i) all[i] = value(root, i);
+                      rank.comm.scatter(r == root ? all.data() : nullptr, here ? all.data() + ur * n : mine.data(), n,
+                                        DataType::f32, root, options);
+                      expect_equal(
+                          here ? std::vector<float>(all.begin() + static_cast<long>(ur * n),
+                                                    all.begin() + static_cast<long>((ur + 1) * n))
+                               : mine,
+                          [&](std::size_t i) { return value(root, ur * n + i); }, "scatter" + what);
+                    }
+                // Reduce (f64: sums of these values stay exact), the root's result only.
+                for (std::size_t n : {std::size_t{3}, low - 1, low, 3 * low + 1, std::size_t{200003}})
+                  for (bool in_place : {false, true})
+                    for (int root : {0, p - 1}) {
+                      std::vector<double> in(n), out(n, -1.0);
+                      for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i);
+                      const bool here = in_place && r == root;
+                      rank.comm.reduce(in.data(),
+                                       here        ? in.data()
+                                       : r == root ? out.data()
+                                                   : nullptr,
+                                       n, DataType::f64, ReduceOp::sum, root, options);
+                      if (r != root) continue;
+                      const std::vector<double>& got = here ? in : out;
+                      std::size_t wrong = 0;
+                      for (std::size_t i = 0; i < n; ++i) {
+                        double want = 0;
+                        for (int q = 0; q < p; ++q) want += value(q, i);
+                        wrong += got[i] != want;
+                      }
+                      if (wrong > 0)
+                        throw std::runtime_error("reduce n=" + std::to_string(n) + " root " + std::to_string(root) +
+                                                 (in_place ? " in place" : "") + ": " + std::to_string(wrong) +
+                                                 " wrong");
+                    }
+                // Alltoallv (uneven blocks, some empty: rank r sends v(r, q) to rank q): direct
+                // where the segment allows single copy, refused as unsupported elsewhere.
+                const bool single_copy = rank.comm.serves_direct(Collective::alltoallv);
+                if (single_copy !=
+                    (std::string(setting) == "1" &&
+                     static_cast<transport::shm::ShmTransport*>(rank.transport)->segment().single_copy()))
+                  throw std::runtime_error("alltoallv direct where single copy is not, or not where it is");
+                for (std::size_t n : {std::size_t{0}, std::size_t{3}, low - 1, low, std::size_t{70001}})
+                  for (bool in_place : {false, true}) {
+                    // In place, symmetric counts: each rank receives as much as it sends.
+                    const auto v = [&](std::size_t from, std::size_t to) {
+                      const std::size_t k = in_place ? from + to : from + 2 * to;
+                      return k % 3 == 1 ? std::size_t{0} : n + from + to;
+                    };
+                    std::vector<std::size_t> sends(up), recvs(up), at(up + 1, 0);
+                    for (std::size_t q = 0; q < up; ++q) sends[q] = v(ur, q), recvs[q] = v(q, ur);
+                    for (std::size_t q = 0; q < up; ++q) at[q + 1] = at[q] + sends[q];
+                    std::vector<float> in(at[up]),
+                        out(std::max(at[up], std::accumulate(recvs.begin(), recvs.end(), std::size_t{0})), -1.0f);
+                    for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
+                    if (in_place) std::copy(in.begin(), in.end(), out.begin());
+                    try {
+                      rank.comm.alltoallv(in_place ? out.data() : in.data(), sends, out.data(), recvs, DataType::f32,
+                                          options);
+                    } catch (const Error& e) {
+                      if (single_copy || e.code() != ErrorCode::unsupported) throw;
+                      continue;
+                    }
+                    if (!single_copy) throw std::runtime_error("alltoallv ran direct without single copy");
+                    std::size_t got = 0;
+                    for (std::size_t q = 0; q < up; ++q) {
+                      std::size_t offset = 0;  // where rank q's block for r starts in its input
+                      for (std::size_t t = 0; t < ur; ++t) offset += v(q, t);
+                      for (std::size_t i = 0; i < recvs[q]; ++i, ++got)
+                        if (out[got] != value(static_cast<int>(q), offset + i))
+                          throw std::runtime_error("alltoallv n=" + std::to_string(n) + (in_place ? " in place" : "") +
+                                                   ": block " + std::to_string(q) + " element " + std::to_string(i) +
+                                                   " = " + std::to_string(out[got]) + ", expected " +
+                                                   std::to_string(value(static_cast<int>(q), offset + i)));
+                    }
+                  }
+                for (std::size_t n : {std::size_t{3}, low - 1, low, 3 * low + 1, std::size_t{200003}})
+                  for (bool in_place : {false, true}) {
+                    std::vector<std::size_t> counts(up), starts(up + 1, 0);
+                    for (std::size_t q = 0; q < up; ++q) counts[q] = q % 3 == 1 ? 0 : n + q;
+                    for (std::size_t q = 0; q < up; ++q) starts[q + 1] = starts[q] + counts[q];
+                    std::vector<float> in(counts[ur]), out(starts[up], -1.0f);
+                    for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
+                    if (in_place) std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(starts[ur]));
+                    rank.comm.allgatherv(in_place ? out.data() + starts[ur] : in.data(), counts[ur], out.data(), counts,
+                                         DataType::f32, options);
+                    for (int q = 0; q < p; ++q) {
+                      const auto uq = static_cast<std::size_t>(q);
+                      expect_equal(
+                          std::vector<float>(out.begin() + static_cast<long>(starts[uq]),
+                                             out.begin() + static_cast<long>(starts[uq + 1])),
+                          [&](std::size_t i) { return value(q, i); },
+                          "allgatherv n=" + std::to_string(n) + " block " + std::to_string(q) +
+                              (in_place ? " in place" : ""));
+                    }
+                  }
+              }),
+          "")
           << "TUTTI_SHM_SINGLE_COPY=" << setting << " p=" << p;
   }
   unsetenv("TUTTI_SHM_SINGLE_COPY");

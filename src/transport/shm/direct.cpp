@@ -61,8 +61,8 @@ void DirectRun::operator delete(void* block, std::size_t bytes) {
 }
 
 DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* send, std::byte* recv,
-                     std::size_t count, std::span<const std::size_t> counts, DataType type, ReduceOp op, int root,
-                     std::chrono::milliseconds timeout)
+                     std::size_t count, std::span<const std::size_t> counts, std::span<const std::size_t> recv_counts,
+                     DataType type, ReduceOp op, int root, std::chrono::milliseconds timeout)
     : transport_(transport),
       segment_(transport.segment()),
       kind_(kind),
@@ -75,6 +75,11 @@ DirectRun::DirectRun(ShmTransport& transport, Collective kind, const std::byte* 
       op_(op),
       root_(root),
       timeout_(timeout) {
+  if (kind == Collective::alltoallv) {
+    send_starts_ = block_starts(counts);
+    starts_ = block_starts(recv_counts);
+    return;
+  }
   if (kind != Collective::allgatherv) return;
   starts_ = block_starts(counts);
   for (std::size_t n : counts) largest_ = std::max(largest_, n);
@@ -89,6 +94,10 @@ void DirectRun::plan() {
   const std::size_t bytes = count * esize_;
   if (kind_ == Collective::barrier) {  // one barrier, no data (a barrier runs inline unless unchecked)
     phases_ = 2;
+    return;
+  }
+  if (kind_ == Collective::alltoallv) {  // one data-set use, for the displacements
+    exchange_ = true, chunks_ = 1, phases_ = 3;
     return;
   }
   if (describes_ && plan_zero_copy()) return;
@@ -130,6 +139,7 @@ void DirectRun::choose_copy_out() {
       cold = send_ != recv_ && !small_;
       break;
     case Collective::alltoall:
+    case Collective::alltoallv:
     case Collective::scatter:
       cold = true;
       break;
@@ -177,6 +187,36 @@ void DirectRun::run_single_copy_phase(std::size_t phase) {
   for (int i = 1; i < p; ++i) {
     const int q = (r + i) % p;  // each rank starts with a different peer
     if (const std::size_t len = block_elems(q) * esize_; len > 0) read_input(q, offset, recv_ + block_offset(q), len);
+  }
+}
+
+void DirectRun::run_exchange_phase(std::size_t phase) {
+  const int p = size(), r = rank();
+  const auto up = static_cast<std::size_t>(p);
+  // A rank's part of the set: [whether its input follows, its p send displacements, its input].
+  const std::size_t header = (1 + up) * sizeof(std::uint64_t), input = send_starts_.back() * esize_;
+  if (phase == 0) {
+    auto* mine = reinterpret_cast<std::uint64_t*>(slot(0, r));
+    const bool inline_input = header + input <= segment_.layout().direct_chunk;
+    mine[0] = inline_input ? 1 : 0;
+    for (std::size_t q = 0; q < up; ++q) mine[1 + q] = send_starts_[q];
+    if (inline_input && input > 0)
+      core::copy(slot(0, r) + header, send_, input);
+    else
+      segment_.direct_round(r).address.store(reinterpret_cast<std::uintptr_t>(send_), std::memory_order_relaxed);
+    return;
+  }
+  if (phase != 1) return;
+  for (int i = 1; i < p; ++i) {
+    const int q = (r + i) % p;  // each rank starts with a different peer
+    const std::size_t len = block_elems(q) * esize_;
+    if (len == 0) continue;
+    const auto* theirs = reinterpret_cast<const std::uint64_t*>(slot(0, q));
+    const std::size_t offset = theirs[1 + static_cast<std::size_t>(r)] * esize_;
+    if (theirs[0] != 0)
+      copy_out_(recv_ + block_offset(q), slot(0, q) + header + offset, len);
+    else
+      read_input(q, offset, recv_ + block_offset(q), len);
   }
 }
 
@@ -350,6 +390,9 @@ void DirectRun::copy_own_block() {
     case Collective::allgather:
     case Collective::allgatherv:
       break;
+    case Collective::alltoallv:
+      from = send_ + send_starts_[static_cast<std::size_t>(r)] * esize_;
+      break;
     case Collective::alltoall:
       from = send_ + block_offset(r);
       break;
@@ -368,6 +411,7 @@ void DirectRun::copy_own_block() {
 
 void DirectRun::run_phase(std::size_t phase) {
   if (kind_ == Collective::barrier) return;  // its phases are the barrier itself
+  if (exchange_) return run_exchange_phase(phase);
   if (single_copy_) return run_single_copy_phase(phase);
   if (zero_copy_) return run_zero_copy_phase(phase);
   if (three_parts_ && phase % 2 == 1) return reduce_slice(phase / 2);

@@ -91,6 +91,8 @@ using DirectCollective = NativeCollective;
 ///   allgather       send: count, recv: size * count
 ///   allgatherv      send: count (= counts[rank]), recv: the sum of counts, blocks packed in rank order
 ///   alltoall        send, recv: size * count (block q of send goes to rank q's block `rank`)
+///   alltoallv       send: counts[q] elements for rank q, recv: recv_counts[q] from rank q, packed
+///                   in rank order (single-copy segments only)
 ///   broadcast       recv (== send) of `root`, count elements, to every rank
 ///   gather          send: count; recv (root only): size * count
 ///   scatter         send (root only): size * count; recv: count (block `rank` of the root's)
@@ -101,9 +103,9 @@ using DirectCollective = NativeCollective;
 std::unique_ptr<DirectCollective> start_direct(Transport& transport, const NativeCall& call,
                                                std::chrono::milliseconds timeout);
 
-/// Whether the direct algorithms serve collective `kind` (every collective but alltoallv). Inline:
-/// every small direct call asks.
-inline bool serves(Collective kind) { return kind != Collective::alltoallv; }
+/// Whether the direct algorithms serve collective `kind` (every collective; alltoallv only where
+/// the segment allows single copy: ShmTransport::serves_natively). Inline: every small direct call asks.
+inline bool serves(Collective /*kind*/) { return true; }
 
 /// Predicted seconds of the direct algorithm for `collective` (one it serves) on `p` ranks, for a
 /// call of `bytes` (the total over ranks where the call has a block per rank: comm's

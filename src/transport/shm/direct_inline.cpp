@@ -16,7 +16,9 @@ namespace tutti::transport::shm {
 void DirectRun::bind(const Signature& signature) {
   seq_ = signature.seq;
   if (seq_ == no_seq) return;
-  if (largest_publication(kind_, largest_, esize_, size()) > inline_bytes) return describe(signature);
+  // (Alltoallv never runs inline: its blocks' sizes are not known alike on every rank.)
+  if (kind_ == Collective::alltoallv || largest_publication(kind_, largest_, esize_, size()) > inline_bytes)
+    return describe(signature);
   inline_ = true;
   wire_ = to_wire(signature);
   const Publication mine = publication(kind_, send_, recv_, count_, esize_, rank(), size(), root_);
@@ -61,7 +63,7 @@ void DirectRun::deliver_inline() {
 bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Signature& signature,
                            std::chrono::milliseconds timeout) {
   const Collective kind = call.collective;
-  if (algorithm != Algorithm::direct || !serves(kind)) return false;
+  if (algorithm != Algorithm::direct || !serves(kind) || kind == Collective::alltoallv) return false;
   const std::size_t p = static_cast<std::size_t>(size_), esize = size_of(call.type);
   const bool reduces =
       kind == Collective::allreduce || kind == Collective::reduce_scatter || kind == Collective::reduce;

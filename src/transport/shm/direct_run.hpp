@@ -129,10 +129,11 @@ void combine_inline(Collective kind, const std::byte* send, std::byte* recv, std
 class DirectRun final : public DirectCollective {
  public:
   using clock = std::chrono::steady_clock;
-  /// `counts`: allgatherv's, one per rank (`count` is this rank's); empty for the others.
+  /// `counts`: allgatherv's, one per rank (`count` is this rank's); alltoallv's send counts, with
+  /// `recv_counts`; empty for the others.
   DirectRun(ShmTransport& transport, Collective kind, const std::byte* send, std::byte* recv, std::size_t count,
-            std::span<const std::size_t> counts, DataType type, ReduceOp op, int root,
-            std::chrono::milliseconds timeout);
+            std::span<const std::size_t> counts, std::span<const std::size_t> recv_counts, DataType type, ReduceOp op,
+            int root, std::chrono::milliseconds timeout);
   /// The signature this rank announces for it: its seq is the one whose comparison the collective
   /// waits for (a collective run without one stays unchecked).
   void bind(const Signature& signature) override;
@@ -207,6 +208,11 @@ class DirectRun final : public DirectCollective {
   /// (after every rank's reads) lets the inputs go.
   void run_single_copy_phase(std::size_t phase);
   void read_input(int q, std::size_t offset, std::byte* dst, std::size_t bytes);
+  /// Alltoallv: phase 0 writes this rank's send displacements into its part of a data set, and
+  /// its whole input after them when it fits (else publishes its address for single copy);
+  /// phase 1 takes block r of every peer's input, from its part of the set or straight from its
+  /// buffer; phase 2 (after every rank's reads) lets the inputs go.
+  void run_exchange_phase(std::size_t phase);
   /// Zero copy (zero_copy_bytes): bind publishes where this rank's buffers lie in shared memory
   /// (describe); once every rank's signature is compared, plan_zero_copy reads every rank's
   /// description and maps the peers' buffers if all that are read are shared (allreduce: every
@@ -247,8 +253,9 @@ class DirectRun final : public DirectCollective {
   const std::byte* send_;
   std::byte* recv_;
   std::size_t count_, esize_;
-  std::vector<std::size_t> starts_;  // allgatherv: block q is elements [starts_[q], starts_[q + 1]) of recv
-  std::size_t largest_ = 0;          // the largest block of the call in elements (allgatherv's differ)
+  std::vector<std::size_t> starts_;  // allgatherv, alltoallv: block q is elements [starts_[q], starts_[q + 1]) of recv
+  std::vector<std::size_t> send_starts_;  // alltoallv: rank q's block is elements [send_starts_[q], ...) of send
+  std::size_t largest_ = 0;               // the largest block of the call in elements (allgatherv's differ)
   DataType type_;
   ReduceOp op_;
   int root_;
@@ -258,6 +265,7 @@ class DirectRun final : public DirectCollective {
   bool small_ = false;        // allreduce in one step: every rank reduces everything
   bool three_parts_ = false;  // allreduce in chunks: begin, reduce_slice, finish
   bool single_copy_ = false;  // allgather, broadcast, reduce_scatter read the peers' buffers (see plan)
+  bool exchange_ = false;     // alltoallv: displacements (and small inputs) through the data set (see plan)
   bool describes_ = false;    // zero copy: this rank published a Described (see describe)
   bool zero_copy_ = false;    // and every rank's buffers are shared: runs zero copy
   struct Described {          // what describe publishes: where send and recv lie (id 0: not shared)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 
 namespace tutti::transport::shm {
@@ -41,7 +42,13 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, const Nativ
     throw Error(ErrorCode::invalid_argument, "shm direct " + std::string(to_string(kind)) + ": root " +
                                                  std::to_string(root) + " is out of range for size " +
                                                  std::to_string(shm->size()));
-  if (kind == Collective::allgatherv && call.counts.size() != static_cast<std::size_t>(shm->size()))
+  if (kind == Collective::alltoallv && !shm->segment().single_copy())
+    throw Error(ErrorCode::unsupported,
+                "shm direct alltoallv: needs single copy (process_vm_readv), which this "
+                "segment does not allow");
+  if ((kind == Collective::alltoallv && (call.counts.size() != static_cast<std::size_t>(shm->size()) ||
+                                         call.recv_counts.size() != call.counts.size())) ||
+      (kind == Collective::allgatherv && call.counts.size() != static_cast<std::size_t>(shm->size())))
     throw Error(ErrorCode::invalid_argument, "shm direct allgatherv: " + std::to_string(call.counts.size()) +
                                                  " counts for size " + std::to_string(shm->size()));
   const bool reduces =
@@ -57,20 +64,25 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, const Nativ
     out = staging.get();
   }
   std::unique_ptr<std::byte[]> snapshot;
-  if (in_place.snapshot_input) {  // alltoall in place: the input, p blocks, before they are overwritten
-    const std::size_t input_bytes = static_cast<std::size_t>(shm->size()) * count * size_of(type);
+  if (in_place.snapshot_input) {  // alltoall(v) in place: the input, p blocks, before they are overwritten
+    const std::size_t input_bytes =
+        (kind == Collective::alltoallv ? std::accumulate(call.counts.begin(), call.counts.end(), std::size_t{0})
+                                       : static_cast<std::size_t>(shm->size()) * count) *
+        size_of(type);
     snapshot = std::make_unique_for_overwrite<std::byte[]>(input_bytes);
     if (input_bytes > 0) core::copy(snapshot.get(), in, input_bytes);  // an empty call may pass null
     in = snapshot.get();
   }
-  auto run = std::make_unique<DirectRun>(*shm, kind, in, out, count, call.counts, type, reduce_op, root, timeout);
+  auto run = std::make_unique<DirectRun>(*shm, kind, in, out, count, call.counts, call.recv_counts, type, reduce_op,
+                                         root, timeout);
   if (staging) run->deliver_to(static_cast<std::byte*>(call.recv), std::move(staging));
   if (snapshot) run->keep_input(std::move(snapshot));
   return run;
 }
 
 bool ShmTransport::serves_natively(Algorithm algorithm, Collective collective) const {
-  return algorithm == Algorithm::direct && serves(collective);
+  return algorithm == Algorithm::direct && serves(collective) &&
+         (collective != Collective::alltoallv || segment_->single_copy());
 }
 
 std::unique_ptr<NativeCollective> ShmTransport::start_native(Algorithm algorithm, const NativeCall& call,
@@ -150,6 +162,7 @@ double direct_price(Collective c, int p, std::size_t bytes, const CostParams& co
       // Per chunk of p slots: the root copies in, barrier, the others copy out.
       return steps(n, direct_chunk * up) * barrier + copy * n + copy_out * n;
     case Collective::alltoall:
+    case Collective::alltoallv:  // (priced as alltoall: its size is not known alike on every rank)
       // n: one block. Per chunk of the p blocks: copy the p - 1 blocks the peers take in, barrier,
       // copy the p - 1 blocks from the peers out; this rank's own block once, from its input.
       return steps(n * up, direct_chunk) * barrier + copy * n * (up - 1) + copy_out * n * (up - 1) + copy * n;
