@@ -384,29 +384,30 @@ void DirectRun::copy_own_block() {
   const int r = rank();
   const std::size_t bytes = block_elems(r) * esize_;
   if (bytes == 0) return;
-  const std::byte* from = send_;
-  std::byte* to = recv_ + block_offset(r);
+  // (Offsets are added only to buffers this rank has: a gather's or reduce's other ranks may pass
+  // no recv, a scatter's no send.)
+  std::size_t from = 0, to = block_offset(r);
   switch (kind_) {
     case Collective::allgather:
     case Collective::allgatherv:
       break;
     case Collective::alltoallv:
-      from = send_ + send_starts_[static_cast<std::size_t>(r)] * esize_;
+      from = send_starts_[static_cast<std::size_t>(r)] * esize_;
       break;
     case Collective::alltoall:
-      from = send_ + block_offset(r);
+      from = block_offset(r);
       break;
     case Collective::gather:
       if (r != root_) return;
       break;
     case Collective::scatter:
       if (r != root_) return;
-      from = send_ + block_offset(r), to = recv_;
+      from = block_offset(r), to = 0;
       break;
     default:
       return;
   }
-  if (to != from) copy_out_(to, from, bytes);
+  if (recv_ + to != send_ + from) copy_out_(recv_ + to, send_ + from, bytes);
 }
 
 void DirectRun::run_phase(std::size_t phase) {
