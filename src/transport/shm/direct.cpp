@@ -101,9 +101,11 @@ void DirectRun::plan() {
     return;
   }
   if (describes_ && plan_zero_copy()) return;
-  // A gather's root reads every block, a scatter's receivers their block of the root's input.
+  // Not gather and scatter: one rank would do all the reading (a gather's root) or wait idle (a
+  // scatter's), where through the data sets the root and the others copy at once, chunk after
+  // chunk (faster at every size from 16 KiB at p = 2 and 4: docs/performance.md, 2026-11-30, last).
   const bool single_copy_pays =
-      kind_ == Collective::alltoall || kind_ == Collective::gather || kind_ == Collective::scatter ||
+      kind_ == Collective::alltoall ||
       ((kind_ == Collective::allgather || kind_ == Collective::allgatherv) && bytes * p < streaming_bytes) ||
       (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit) ||
       (kind_ == Collective::reduce_scatter && bytes * p < single_copy_reduce_scatter_limit);
@@ -173,16 +175,12 @@ void DirectRun::run_single_copy_phase(std::size_t phase) {
     case Collective::reduce_scatter:
       return reduce_scatter_single_copy();
     case Collective::broadcast:
-    case Collective::scatter:  // block r of the root's input (the root's own block: copy_own_block)
-      if (r != root_) read_input(root_, kind_ == Collective::scatter ? block_offset(r) : 0, recv_, bytes);
+      if (r != root_) read_input(root_, 0, recv_, bytes);
       return;
-    case Collective::gather:
-      if (r != root_) return;
-      break;
     default:
       break;
   }
-  // Alltoall reads block r of each peer's input; the gathers the whole input, into block q.
+  // Alltoall reads block r of each peer's input; the allgathers the whole input, into block q.
   const std::size_t offset = kind_ == Collective::alltoall ? block_offset(r) : 0;
   for (int i = 1; i < p; ++i) {
     const int q = (r + i) % p;  // each rank starts with a different peer
