@@ -1,7 +1,9 @@
 // One direct collective in progress on this rank, as DirectRun: internal to the shared-memory
 // direct algorithms. direct.cpp holds the barrier path (chunks through the data sets) and the
-// run's life, direct_inline.cpp the inline path (inputs in the signature slots), direct_start.cpp
-// the entry points (start_direct, ShmTransport::start_native).
+// run's life, direct_inline.cpp the inline path (inputs in the signature slots),
+// direct_single_copy.cpp the paths that read the peers' buffers (single copy, alltoallv's
+// exchange), direct_zero_copy.cpp the zero-copy path, direct_start.cpp the entry points
+// (start_direct, ShmTransport::start_native).
 #pragma once
 
 #include <algorithm>

@@ -27,8 +27,6 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-// Peers are checked for death at most this often (kill(pid, 0) per peer).
-constexpr auto liveness_period = std::chrono::milliseconds(100);
 // A sleeping rank wakes at least this often, so that its caller progresses and checks peers.
 constexpr auto longest_sleep = std::chrono::milliseconds(100);
 

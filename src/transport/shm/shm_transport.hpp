@@ -33,6 +33,10 @@
 
 namespace tutti::transport::shm {
 
+/// Peers are checked for death at most this often (kill(pid, 0) per peer): by the transport's
+/// waits and by a direct collective that waits.
+inline constexpr auto liveness_period = std::chrono::milliseconds(100);
+
 class ShmTransport final : public Transport {
  public:
   /// Takes over an attached segment; `attach_timeout` bounds the attach of split communicators.

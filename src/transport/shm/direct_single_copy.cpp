@@ -1,0 +1,111 @@
+// The direct collectives that read their peers' buffers: single copy (process_vm_readv straight
+// from a peer's input into this rank's result, or for reduce_scatter into a scratch piece it
+// reduces from) and alltoallv's exchange (displacements, and inputs that fit, through a data set;
+// larger blocks read from the peer). See direct.hpp, single_copy_bytes, and DirectRun::plan.
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "transport/shm/direct_run.hpp"
+
+namespace tutti::transport::shm {
+
+void DirectRun::run_single_copy_phase(std::size_t phase) {
+  const int p = size(), r = rank();
+  const std::size_t bytes = count_ * esize_;
+  if (phase == 0) {  // what this rank's peers read: its input (all blocks), or the root's buffer
+    const Publication mine = publication(kind_, send_, recv_, count_, esize_, r, p, root_);
+    if (mine.data != nullptr)
+      segment_.direct_round(r).address.store(reinterpret_cast<std::uintptr_t>(mine.data), std::memory_order_relaxed);
+    return;
+  }
+  if (phase != 1) return;
+  switch (kind_) {
+    case Collective::reduce_scatter:
+      return reduce_scatter_single_copy();
+    case Collective::broadcast:
+      if (r != root_) read_input(root_, 0, recv_, bytes);
+      return;
+    default:
+      break;
+  }
+  // Alltoall reads block r of each peer's input; the allgathers the whole input, into block q.
+  const std::size_t offset = kind_ == Collective::alltoall ? block_offset(r) : 0;
+  for (int i = 1; i < p; ++i) {
+    const int q = (r + i) % p;  // each rank starts with a different peer
+    if (const std::size_t len = block_elems(q) * esize_; len > 0) read_input(q, offset, recv_ + block_offset(q), len);
+  }
+}
+
+void DirectRun::run_exchange_phase(std::size_t phase) {
+  const int p = size(), r = rank();
+  const auto up = static_cast<std::size_t>(p);
+  // A rank's part of the set: [whether its input follows, its p send displacements, its input].
+  const std::size_t header = (1 + up) * sizeof(std::uint64_t), input = send_starts_.back() * esize_;
+  if (phase == 0) {
+    auto* mine = reinterpret_cast<std::uint64_t*>(slot(0, r));
+    const bool inline_input = header + input <= segment_.layout().direct_chunk;
+    mine[0] = inline_input ? 1 : 0;
+    for (std::size_t q = 0; q < up; ++q) mine[1 + q] = send_starts_[q];
+    if (inline_input && input > 0)
+      core::copy(slot(0, r) + header, send_, input);
+    else
+      segment_.direct_round(r).address.store(reinterpret_cast<std::uintptr_t>(send_), std::memory_order_relaxed);
+    return;
+  }
+  if (phase != 1) return;
+  for (int i = 1; i < p; ++i) {
+    const int q = (r + i) % p;  // each rank starts with a different peer
+    const std::size_t len = block_elems(q) * esize_;
+    if (len == 0) continue;
+    const auto* theirs = reinterpret_cast<const std::uint64_t*>(slot(0, q));
+    const std::size_t offset = theirs[1 + static_cast<std::size_t>(r)] * esize_;
+    if (theirs[0] != 0)
+      copy_out_(recv_ + block_offset(q), slot(0, q) + header + offset, len);
+    else
+      read_input(q, offset, recv_ + block_offset(q), len);
+  }
+}
+
+// Bytes [offset, offset + bytes) of rank q's published input, into dst.
+void DirectRun::read_input(int q, std::size_t offset, std::byte* dst, std::size_t bytes) {
+  const std::uint64_t address = segment_.direct_round(q).address.load(std::memory_order_relaxed) + offset;
+  const int failure =
+      read_process_memory(segment_.rank_block(q).pid.load(std::memory_order_relaxed), dst, address, bytes);
+  if (failure == ESRCH) fail(Error(ErrorCode::peer_failure, where() + ": rank " + std::to_string(q) + " died"));
+  if (failure != 0)
+    fail(Error(ErrorCode::system, where() + ": reading rank " + std::to_string(q) + "'s input (" +
+                                      std::to_string(bytes) + " bytes) failed: " + std::strerror(failure)));
+}
+
+// This rank's block of every rank's input, reduced piece by piece: each peer's piece is read into
+// a scratch buffer on this core and reduced from there while it is in the cache, in the same
+// order as the two-copy path (reduce_parts).
+void DirectRun::reduce_scatter_single_copy() {
+  constexpr std::size_t piece_bytes = 32 * 1024;
+  const int p = size(), r = rank();
+  const std::size_t block = count_ * esize_, piece = std::min(block, piece_bytes / esize_ * esize_);
+  const std::byte* own = send_ + static_cast<std::size_t>(r) * block;
+  const int first = recv_ == own ? r : 0;  // in place the result overwrites own: read it first
+  auto scratch = std::make_unique_for_overwrite<std::byte[]>(piece);
+  for (std::size_t offset = 0; offset < block; offset += piece) {
+    const std::size_t len = std::min(piece, block - offset), n = len / esize_;
+    std::byte* dst = recv_ + offset;
+    for (int i = 0; i < p; ++i) {
+      const int q = (first + i) % p;
+      const std::byte* part = own + offset;
+      if (q != r) {
+        read_input(q, static_cast<std::size_t>(r) * block + offset, scratch.get(), len);
+        part = scratch.get();
+      }
+      if (i == 0) {
+        if (dst != part) core::copy(dst, part, len);
+      } else {
+        reduce::apply(op_, type_, dst, dst, part, n);
+      }
+    }
+    if (op_ == ReduceOp::avg) reduce::divide(type_, dst, n, p);
+  }
+}
+
+}  // namespace tutti::transport::shm
