@@ -22,6 +22,11 @@
 #   --lose-host H:PATTERN  once a rank prints a line matching PATTERN (grep -E, on the "[RANK] "
 #                 prefixed line), host H is lost: its link goes down at both ends, then its
 #                 processes are killed, so that its peers see silence (no connection closes)
+#   --mpirun      starts the job with Open MPI's mpirun instead, as on a cluster: mpirun runs in
+#                 host 0, and its daemons are started in each host's namespace (an rsh agent that
+#                 enters the namespace in place of ssh); MPI's own traffic takes vader within a host
+#                 and tcp over the links. The ranks get TUTTI_HOST and TUTTI_TCP_HOST (no store:
+#                 Tutti bootstraps through MPI), so Tutti and MPI cross the same links
 #
 # Host i (0-based) is named host<i> (TUTTI_HOST) at 198.18.0.<i+1>/24; rank i*R+j is its j-th
 # rank. Rank 0 hosts the job's tcp:// store. The veth links have no added latency: tc netem is
@@ -29,7 +34,7 @@
 # 77 with "SKIPPED: ..." where namespaces or tc cannot be used (not root, no iproute2, no tbf).
 set -u
 
-hosts=2 ranks=2 rate=1gbit limit=600 grace=10 elastic= lose_host= lose_pattern=
+hosts=2 ranks=2 rate=1gbit limit=600 grace=10 elastic= lose_host= lose_pattern= mpirun=
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2; exit 2; }
 while (($#)); do
   case $1 in
@@ -39,6 +44,7 @@ while (($#)); do
     --timeout) limit=${2:-}; shift 2 ;;
     --grace) grace=${2:-}; shift 2 ;;
     --elastic) elastic=1; shift ;;
+    --mpirun) mpirun=1; shift ;;
     --lose-host) lose_host=${2%%:*}; lose_pattern=${2#*:}; shift 2 ;;
     --) shift; break ;;
     -h|--help) usage ;;
@@ -52,11 +58,17 @@ done
 [[ $grace =~ ^[0-9]+$ ]] || { echo "cluster.sh: --grace: whole seconds, got '$grace'" >&2; exit 2; }
 [[ -z $lose_host ]] || { [[ $lose_host =~ ^[0-9]+$ ]] && ((lose_host < hosts)) && [[ -n $lose_pattern ]]; } ||
   { echo "cluster.sh: --lose-host: HOST:PATTERN with HOST below --hosts, got '$lose_host:$lose_pattern'" >&2; exit 2; }
+[[ -z $mpirun ]] || { [[ -z $elastic && -z $lose_host ]] ||
+  { echo "cluster.sh: --mpirun takes neither --elastic nor --lose-host" >&2; exit 2; }; }
 [[ $rate == unlimited || $rate =~ ^[0-9]+(\.[0-9]+)?([kmgt]?bit|[kmgt]?bps)$ ]] ||
   { echo "cluster.sh: --rate: e.g. 1gbit, 10gbit, 500mbit or unlimited, got '$rate'" >&2; exit 2; }
 
 if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
   echo "SKIPPED: needs root, ip and tc (iproute2) to build the emulated cluster"
+  exit 77
+fi
+if [[ -n $mpirun ]] && ! command -v mpirun >/dev/null; then
+  echo "SKIPPED: --mpirun needs Open MPI's mpirun"
   exit 77
 fi
 
@@ -131,7 +143,7 @@ if [[ -n $elastic ]]; then
   mkdir -m 700 "$work/store"
   store=file://$work/store
 fi
-echo "cluster.sh: $hosts hosts x $ranks ranks, links at $rate$([[ $rate == unlimited ]] || echo " (tc tbf, both directions)"), store $store" >&2
+echo "cluster.sh: $hosts hosts x $ranks ranks, links at $rate$([[ $rate == unlimited ]] || echo " (tc tbf, both directions)"), $([[ -n $mpirun ]] && echo "under mpirun" || echo "store $store")" >&2
 
 start_rank() {  # host, local index, command...
   local h=$1 j=$2 r=$(($1 * ranks + $2))
@@ -150,9 +162,43 @@ lose() {  # host: its link down at both ends (nothing it sends leaves), then its
   ip netns pids "$(host_ns "$1")" 2>/dev/null | xargs -r kill -9 2>/dev/null
   echo "cluster.sh: host$1 lost (its link down, its processes killed)" >&2
 }
-for ((i = 0; i < hosts; i++)); do
-  for ((j = 0; j < ranks; j++)); do start_rank $i $j "$@"; done
-done
+# Under mpirun: one mpirun in host 0's namespace; an rsh agent (called as AGENT [OPTIONS] HOST
+# COMMAND, in place of ssh) starts each host's daemon in that host's namespace, with a host name of
+# its own (a UTS namespace: Open MPI names its session directories and shared-memory files by host
+# name, and two hosts' files must not meet) and the host's address, which the daemon's ranks inherit. The job's status is mpirun's, kept as rank
+# 0's; each rank's lines get the "[RANK] " prefix from a wrapper that keeps the rank's status.
+start_mpirun() {
+  local agent=$work/agent hostfile=$work/hosts
+  for ((i = 0; i < hosts; i++)); do echo "host$i slots=$ranks"; done >"$hostfile"
+  cat >"$agent" <<AGENT
+#!/usr/bin/env bash
+while [[ \$1 == -* ]]; do shift; done
+host=\$1; shift
+i=\${host#host}
+exec ip netns exec tutti-cl$id-h\$i unshare --uts env TUTTI_HOST=host\$i TUTTI_TCP_HOST=198.18.0.\$((i + 1)) \\
+  sh -c "hostname host\$i && \$*"
+AGENT
+  chmod +x "$agent"
+  local exports=() name
+  export TUTTI_TIMEOUT_MS=${TUTTI_TIMEOUT_MS:-60000}
+  for name in $(compgen -e); do [[ $name == TUTTI_* ]] && exports+=(-x "$name"); done
+  {
+    ip netns exec "$(host_ns 0)" timeout -s KILL "$limit" \
+      mpirun --allow-run-as-root -np "$size" --hostfile "$hostfile" --mca plm_rsh_agent "$agent" \
+      --mca plm_rsh_no_tree_spawn 1 --mca mpi_yield_when_idle 1 --mca btl self,vader,tcp --mca btl_tcp_if_include 198.18.0.0/24 \
+      --mca oob_tcp_if_include 198.18.0.0/24 "${exports[@]}" \
+      bash -c 'set -o pipefail; "$@" 2>&1 | sed -u "s/^/[$OMPI_COMM_WORLD_RANK] /"' rank "$@" </dev/null 2>&1
+    echo $? >"$work/rc0"
+  } 2>/dev/null | tee -a "$work/output" &
+  for ((r = 1; r < size; r++)); do echo 0 >"$work/rc$r"; done
+}
+if [[ -n $mpirun ]]; then
+  start_mpirun "$@"
+else
+  for ((i = 0; i < hosts; i++)); do
+    for ((j = 0; j < ranks; j++)); do start_rank $i $j "$@"; done
+  done
+fi
 
 # Waits for every rank; once one fails the others get the grace period, then are killed (not in
 # an elastic job, whose status is 0 if some rank succeeded).
