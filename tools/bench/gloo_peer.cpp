@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 #endif
 
@@ -166,7 +167,9 @@ GlooPeer::GlooPeer(int rank, int size, const std::string& directory, std::chrono
     throw std::runtime_error("gloo peer: rank " + std::to_string(rank) + " of " + std::to_string(size) + " is invalid");
   try {
     gloo::transport::tcp::attr attr;
-    attr.hostname = "127.0.0.1";
+    // This host's address where the job spans hosts (TUTTI_TCP_HOST, as Tutti's own TCP takes it).
+    const char* host = std::getenv("TUTTI_TCP_HOST");
+    attr.hostname = host != nullptr && *host != '\0' ? host : "127.0.0.1";
     attr.ai_family = AF_INET;
     state_->device = gloo::transport::tcp::CreateDevice(attr);
     state_->timeout = timeout;
