@@ -61,7 +61,8 @@ ScheduleOperation::ScheduleOperation(transport::Transport& transport, schedule::
     auto& counter = step.kind == StepKind::send ? sends[step.peer] : recvs[step.peer];
     keys_[i] = transport::MessageKey{transport::Channel::collective, signature_.seq, counter++};
   }
-  if (!transport_.detects_every_mismatch() && transport_.size() > 1) add_signature_exchange();
+  if (!transport_.detects_every_mismatch() && transport_.size() > 1 && !messages_carry_signatures())
+    add_signature_exchange();
   build_graph();
   if (signature_recv_ != ~std::uint32_t{0}) {
     const transport::WireSignature mine = transport::to_wire(signature_);
@@ -86,6 +87,18 @@ void ScheduleOperation::add_signature_exchange() {
   const transport::MessageKey key{transport::Channel::collective, signature_.seq, signature_index};
   keys_.push_back(key);
   keys_.push_back(key);
+}
+
+// Whether the call's own messages do the signature ring's work: the transport checks the
+// sender's signature on every message it delivers, and every rank's schedule of this call sends to
+// rank + 1 and receives from rank - 1 with nothing before (schedule::opens_with_ring_exchange,
+// decided from the signature alone, so that no rank waits for a signature message another does
+// not send). Where two ranks disagree, each one's first message still carries its signature to
+// the next rank, which aborts all on the difference, as the ring's message would.
+bool ScheduleOperation::messages_carry_signatures() const {
+  return transport_.checks_message_signatures() &&
+         schedule::opens_with_ring_exchange(signature_.algorithm, signature_.collective, signature_.count,
+                                            transport_.size());
 }
 
 std::optional<Error> ScheduleOperation::check_signature() const {

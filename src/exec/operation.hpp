@@ -110,6 +110,7 @@ class ScheduleOperation final : public Operation {
  private:
   void build_graph();
   void add_signature_exchange();
+  bool messages_carry_signatures() const;
   std::optional<Error> check_signature() const;
   std::byte* address(const schedule::Region& region) const;
   void start_step(std::uint32_t index);

@@ -90,4 +90,19 @@ Schedule make(Algorithm algorithm, const Params& params) {
   return entry->generator(params);
 }
 
+bool opens_with_ring_exchange(Algorithm algorithm, Collective collective, std::size_t count, int size) {
+  if (size < 2 || count == 0) return false;
+  switch (collective) {
+    case Collective::allreduce:  // the ring's reduce-scatter sends block r - k: none may be empty
+      return (algorithm == Algorithm::ring && count >= static_cast<std::size_t>(size)) ||
+             (algorithm == Algorithm::recursive_doubling && size == 2);
+    case Collective::reduce_scatter:  // count: each rank's block
+      return algorithm == Algorithm::ring;
+    case Collective::allgather:  // (recursive doubling copies its own block first)
+      return algorithm == Algorithm::ring;
+    default:
+      return false;
+  }
+}
+
 }  // namespace tutti::schedule

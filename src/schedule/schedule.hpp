@@ -116,6 +116,12 @@ std::vector<Algorithm> algorithms_for(Collective collective);
 /// This rank's schedule. Throws Error(unsupported) if the algorithm does not serve the collective.
 Schedule make(Algorithm algorithm, const Params& params);
 
+/// Whether every rank's schedule of this call opens with a message to rank + 1 and one from
+/// rank - 1, both with nothing before them: the ring's first step with no empty block, or a
+/// pairwise exchange at p = 2. A function of the call alone (not of the rank), so that all ranks
+/// of a call decide alike; schedule_test checks it against the generators.
+bool opens_with_ring_exchange(Algorithm algorithm, Collective collective, std::size_t count, int size);
+
 /// Counts on the critical path of a whole call (all ranks' schedules together), under the
 /// α-β-γ model: time = α·rounds + β·bytes + γ·elements.
 struct Cost {

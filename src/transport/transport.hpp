@@ -168,6 +168,11 @@ class Transport {
   /// the executor adds to every collective a 40-byte message carrying the caller's signature to
   /// the next rank on a ring, so that any disagreement is caught by some rank, which aborts all.
   virtual bool detects_every_mismatch() const { return false; }
+  /// True when every message carries its sender's signature and the receiving rank compares it with
+  /// its own on arrival, whether or not a receive for it is posted (TCP's frame headers). A
+  /// collective whose every rank sends to the next one at once then needs no signature message:
+  /// its first message does that work (see ScheduleOperation::messages_carry_signatures).
+  virtual bool checks_message_signatures() const { return false; }
 
   /// Starts a collective: registers this rank's signature. When ranks disagree the communicator
   /// is aborted with Error(mismatch) naming both ranks and signatures (see `aborted`).

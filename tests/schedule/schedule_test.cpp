@@ -73,6 +73,52 @@ INSTANTIATE_TEST_SUITE_P(Schedules, Sweep,
                            return n;
                          });
 
+// Where opens_with_ring_exchange says so, every rank's schedule sends to rank + 1 and receives
+// from rank - 1 with no step before them (the executor then leaves out the signature ring, and
+// a rank that did not would wait forever for a signature message); and it says so for the ring
+// at every size with nonempty blocks, so that the exception is worth having.
+TEST(RingExchange, EveryRankOpensWithItWhereTheRuleSaysSo) {
+  int admitted = 0;
+  for (const Case c :
+       {Case{Collective::allreduce, Algorithm::ring}, Case{Collective::allreduce, Algorithm::recursive_doubling},
+        Case{Collective::reduce_scatter, Algorithm::ring}, Case{Collective::allgather, Algorithm::ring},
+        Case{Collective::allgather, Algorithm::recursive_doubling},
+        Case{Collective::allreduce, Algorithm::rabenseifner}, Case{Collective::allgather, Algorithm::bruck}})
+    for (int p : kSizes)
+      for (std::size_t count : counts_for(p))
+        for (std::size_t chunk_bytes : {std::size_t{8}, std::size_t{1} << 18}) {
+          const bool rule = opens_with_ring_exchange(c.algorithm, c.collective, count, p);
+          const bool ring = c.algorithm == Algorithm::ring && p > 1 &&
+                            count >= (c.collective == Collective::allreduce ? static_cast<std::size_t>(p) : 1);
+          EXPECT_EQ(rule, ring || (rule && p == 2)) << name_of(c) << " p=" << p << " count=" << count;
+          if (!rule) continue;
+          ++admitted;
+          for (int r = 0; r < p; ++r) {
+            Params params;
+            params.collective = c.collective;
+            params.rank = r;
+            params.size = p;
+            params.count = count;
+            params.chunk_bytes = chunk_bytes;
+            const Schedule s = make(c.algorithm, params);
+            bool sends = false, receives = false;
+            for (const Step& step : s.steps) {
+              if (!step.deps.empty()) continue;
+              sends = sends || (step.kind == StepKind::send && step.peer == (r + 1) % p);
+              receives = receives || ((step.kind == StepKind::recv || step.kind == StepKind::recv_reduce) &&
+                                      step.peer == (r + p - 1) % p);
+            }
+            EXPECT_TRUE(sends && receives)
+                << name_of(c) << " p=" << p << " count=" << count << " rank " << r << " chunk_bytes=" << chunk_bytes;
+          }
+        }
+  EXPECT_GT(admitted, 100);
+  // Recursive doubling beyond p = 2, and every algorithm but these, keep the ring.
+  EXPECT_FALSE(opens_with_ring_exchange(Algorithm::recursive_doubling, Collective::allreduce, 100, 4));
+  EXPECT_FALSE(opens_with_ring_exchange(Algorithm::ring, Collective::broadcast, 100, 4));
+  EXPECT_TRUE(opens_with_ring_exchange(Algorithm::recursive_doubling, Collective::allreduce, 1, 2));
+}
+
 TEST(Allgatherv, IrregularCountsWithZeros) {
   for (int p : kSizes) {
     const auto n = static_cast<std::size_t>(p);

@@ -289,6 +289,40 @@ TEST(TcpConnect, TimesOutNamingTheMissingRanks) {
   }
 }
 
+// A ring allreduce (and one at p = 2 by recursive doubling) sends no signature message over TCP:
+// its first message to the next rank carries the signature in its frame. A rank that calls with
+// another count, or with a count that keeps the signature ring (fewer elements than ranks), is
+// still caught, on every rank, at once and as a mismatch, with no rank left waiting for a
+// signature message that was never sent.
+TEST(TcpFailure, MismatchedRingCallsAreCaughtWithoutTheSignatureRing) {
+  struct Odd {
+    int p;
+    Algorithm algorithm;
+    std::size_t count, odd_count;
+  };
+  for (const Odd c : {Odd{3, Algorithm::ring, 40, 41}, Odd{3, Algorithm::ring, 40, 2}, Odd{4, Algorithm::ring, 2, 40},
+                      Odd{2, Algorithm::recursive_doubling, 8, 9}, Odd{2, Algorithm::recursive_doubling, 8, 0}}) {
+    auto comms = make_group(c.p);
+    std::atomic<int> caught{0};
+    const auto start = Clock::now();
+    const std::string failures = run_ranks(comms, [&](Communicator& comm) {
+      const std::size_t n = comm.rank() == 1 ? c.odd_count : c.count;
+      std::vector<float> v(n + 1, 1.0f);
+      try {
+        comm.allreduce(v.data(), v.data(), n, DataType::f32, ReduceOp::sum, {c.algorithm, op_timeout});
+        ADD_FAILURE() << "rank " << comm.rank() << ": the mismatched allreduce succeeded";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::mismatch) << "p=" << c.p << " counts " << c.count << "/" << c.odd_count
+                                                 << " rank " << comm.rank() << ": " << e.what();
+        caught.fetch_add(1);
+      }
+    });
+    EXPECT_EQ(failures, "");
+    EXPECT_EQ(caught.load(), c.p) << "p=" << c.p << " counts " << c.count << "/" << c.odd_count;
+    EXPECT_LT(Clock::now() - start, 10s);  // at once, not at the 60 s deadline
+  }
+}
+
 TEST(TcpFailure, DeadPeerIsReportedQuicklyByName) {
   MemoryStore store;
   std::vector<std::string> errors;
