@@ -28,6 +28,8 @@
 #include "transport/tcp/wire.hpp"
 #include "transport/transport.hpp"
 
+struct epoll_event;
+
 namespace tutti::transport::tcp {
 
 using bootstrap::FrameMac;
@@ -176,7 +178,13 @@ class Hub {
   void abort(std::uint64_t id, const Error& error, std::uint64_t seq);
 
   std::uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
+  /// Spins for a moment, polling the sockets from this thread, then sleeps until the generation
+  /// differs from `seen` or the deadline.
   void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline);
+  /// Handles what the sockets hold now from the calling thread, without blocking: a waiting
+  /// caller completes an arrived message itself instead of waiting for the I/O thread to wake
+  /// (one thread hand-off less on every message). The I/O thread still handles whatever is left.
+  void poll();
   void ring();
   /// Has `bell` called each time this hub rings (a completion, an abort, a wake) until
   /// remove_bell(owner), so that a transport whose ranks sleep elsewhere (routed: on a shared-
@@ -194,6 +202,8 @@ class Hub {
  private:
   // I/O thread, writes and connection loss (hub_io.cpp).
   void run();
+  /// Handles `n` events of epoll_wait (the wake-up eventfd's excepted). False once crashed.
+  bool dispatch(const epoll_event* events, int n);
   void handle_peer_locked(int g, bool write = false);
   void flush_locked(int g);
   void after_write_locked(int g, std::size_t written);
@@ -259,6 +269,15 @@ class Hub {
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::thread thread_;
+  // While a caller waits it polls the sockets itself (poll()), and the I/O thread stays off them
+  // until the time below (steady clock, ns): a message then costs no wake-up of the I/O thread and
+  // no hand-off to the caller. A caller that stops polling to sleep sets it to 0 and wakes the
+  // I/O thread (park_cv_) if it is parked; otherwise the I/O thread returns by itself then.
+  std::atomic<std::int64_t> polled_until_{0};
+  std::atomic<bool> parked_{false};
+  std::mutex park_mutex_;
+  std::condition_variable park_cv_;
+  void unpark();
 
   std::mutex bell_mutex_;
   std::condition_variable bell_cv_;

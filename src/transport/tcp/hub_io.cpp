@@ -20,6 +20,14 @@ namespace {
 
 constexpr std::uint32_t wake_tag = 0xffffffffu;
 constexpr auto flush_limit = std::chrono::seconds(5);  // how long shutdown waits for queued frames to leave
+// How long a waiting caller's polling keeps the I/O thread off the sockets. A caller that returns
+// and computes leaves its messages to the I/O thread again after this, at the latest.
+constexpr auto polling_lease = std::chrono::milliseconds(1);
+
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 std::size_t max_unexpected_from_env() {
   const auto text = core::env("TUTTI_TCP_MAX_UNEXPECTED");
@@ -94,7 +102,15 @@ Hub::~Hub() {
 void Hub::stop_thread() {
   const std::uint64_t one = 1;
   [[maybe_unused]] const auto written = ::write(wake_fd_, &one, sizeof(one));
+  unpark();
   if (thread_.joinable()) thread_.join();
+}
+
+void Hub::unpark() {
+  polled_until_.store(0);
+  if (!parked_.load()) return;  // seq_cst on both sides: a thread about to park sees the 0
+  { std::lock_guard lock(park_mutex_); }
+  park_cv_.notify_one();
 }
 
 void Hub::crash_for_testing() {
@@ -136,6 +152,15 @@ void Hub::run() {
       std::lock_guard lock(mutex_);
       more = std::any_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.more && !p.closed; });
     }
+    if (!more && polled_until_.load() > steady_ns()) {
+      // A caller polls the sockets: off them until it stops (or its lease runs out).
+      std::unique_lock lock(park_mutex_);
+      parked_.store(true);
+      for (std::int64_t until; (until = polled_until_.load()) > steady_ns();)
+        park_cv_.wait_for(lock, std::chrono::nanoseconds(until - steady_ns()));
+      parked_.store(false);
+      continue;
+    }
     const int n = ::epoll_wait(epoll_fd_, events, 64, more ? 0 : 50);
     if (more) {
       for (int g = 0; g < size(); ++g) {
@@ -144,19 +169,44 @@ void Hub::run() {
         handle_peer_locked(g);
       }
     }
-    for (int i = 0; i < n; ++i) {
+    for (int i = 0; i < n; ++i)
       if (events[i].data.u32 == wake_tag) {
         std::uint64_t count = 0;
         [[maybe_unused]] const auto got = ::read(wake_fd_, &count, sizeof(count));
-        continue;
       }
-      const int g = static_cast<int>(events[i].data.u32);
-      std::lock_guard lock(mutex_);
-      if (crashed_) return;
-      if (peers_[static_cast<std::size_t>(g)].closed) continue;
-      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) handle_peer_locked(g);
-      if (!peers_[static_cast<std::size_t>(g)].closed && (events[i].events & EPOLLOUT)) handle_peer_locked(g, true);
-    }
+    if (!dispatch(events, n)) return;
+  }
+}
+
+bool Hub::dispatch(const epoll_event* events, int n) {
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.u32 == wake_tag) continue;
+    const int g = static_cast<int>(events[i].data.u32);
+    std::lock_guard lock(mutex_);
+    if (crashed_) return false;
+    if (peers_[static_cast<std::size_t>(g)].closed) continue;
+    if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) handle_peer_locked(g);
+    if (!peers_[static_cast<std::size_t>(g)].closed && (events[i].events & EPOLLOUT)) handle_peer_locked(g, true);
+  }
+  return true;
+}
+
+void Hub::poll() {
+  epoll_event events[64];
+  const int n = ::epoll_wait(epoll_fd_, events, 64, 0);
+  if (n <= 0) return;
+  // Level-triggered: the I/O thread may see these events too, and finds the sockets drained. The
+  // wake-up eventfd is its own to read; and a peer left with more to read than one turn allows
+  // is its to finish, so it is woken for it.
+  dispatch(events, n);
+  bool more = false;
+  {
+    std::lock_guard lock(mutex_);
+    more = std::any_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.more && !p.closed; });
+  }
+  if (more) {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const auto written = ::write(wake_fd_, &one, sizeof(one));
   }
 }
 
@@ -339,10 +389,14 @@ void Hub::drop_peer_locked(int g, const std::string& log_text, const std::string
 }
 
 void Hub::wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) {
+  polled_until_.store(steady_ns() + std::chrono::nanoseconds(polling_lease).count());
   for (int i = 0; i < 64; ++i) {
+    if (generation() != seen) return;
+    poll();
     if (generation() != seen) return;
     std::this_thread::yield();
   }
+  unpark();  // this thread sleeps: the I/O thread takes the sockets back at once
   std::unique_lock lock(bell_mutex_);
   bell_cv_.wait_until(lock, deadline, [&] { return generation() != seen; });
 }
