@@ -13,9 +13,10 @@
 // us; so one sleep wakes on the completions of either transport at once, without a polling
 // thread or a time slice, and the shared-memory wait keeps its deadline (it also wakes at least
 // every 100 ms by itself). The generation is the shared-memory one for the same reason. Before it
-// sleeps, the wait polls for a moment yielding the core between polls, since the I/O thread that
-// completes the TCP half needs one. A rank alone on its host has no shared-memory part and waits
-// on TCP alone.
+// sleeps, the wait polls for a moment yielding the core between polls, and polls the TCP sockets
+// too (Hub::poll), so that a message from another host completes on the waiting thread, with no
+// wake-up of the I/O thread, which stays off the sockets meanwhile. A rank alone on its host has
+// no shared-memory part and waits on TCP alone.
 //
 // Failures: an abort goes to both transports; one that reaches either (a peer's abort, a dead
 // peer) is passed on to the other by `progress`, so that every rank sees it whichever way it came.
@@ -47,7 +48,10 @@ class RoutedTransport final : public Transport {
  public:
   RoutedTransport(std::vector<int> host_of, int rank, std::unique_ptr<Transport> local,
                   std::unique_ptr<tcp::TcpTransport> remote);
-  ~RoutedTransport() override { remote_->hub().remove_bell(this); }
+  ~RoutedTransport() override {
+    if (auto* shm = dynamic_cast<shm::ShmTransport*>(local_.get())) shm->poll_while_waiting(nullptr);
+    remote_->hub().remove_bell(this);
+  }
   RoutedTransport(const RoutedTransport&) = delete;
   RoutedTransport& operator=(const RoutedTransport&) = delete;
 
@@ -163,6 +167,13 @@ RoutedTransport::RoutedTransport(std::vector<int> host_of, int rank, std::unique
   if (auto* shm = dynamic_cast<shm::ShmTransport*>(local_.get())) {
     shm->set_rank_names(std::move(names));
     shm->yield_while_waiting();
+    tcp::Hub* hub = &remote_->hub();
+    shm->poll_while_waiting([hub](bool polling) {
+      if (polling)
+        hub->poll();
+      else
+        hub->stop_polling();
+    });
   }
   Transport* sleeper = local_.get();
   remote_->hub().add_bell(this, [sleeper] { sleeper->wake(); });

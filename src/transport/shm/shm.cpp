@@ -400,12 +400,14 @@ void ShmTransport::wait(std::uint64_t seen, clock::time_point deadline) {
   for (const auto until = std::min(deadline, clock::now() + wait_policy_.budget); clock::now() < until;) {
     for (int i = 0; i < 32; ++i) {
       if (self_.generation.load(std::memory_order_acquire) != expected) return;
+      if (wait_hook_) wait_hook_(true);
       if (wait_policy_.yield)
         sched_yield();
       else
         cpu_relax();
     }
   }
+  if (wait_hook_) wait_hook_(false);
   const auto now = clock::now();
   if (now >= deadline) return;
   sleep_on_doorbell(self_, expected, std::min<clock::duration>(deadline - now, longest_sleep));

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -85,6 +86,9 @@ class ShmTransport final : public Transport {
   /// whose completions also come from a thread of its own process (routed: the TCP I/O thread),
   /// which spinning would keep from running where cores are few.
   void yield_while_waiting() { wait_policy_.yield = true; }
+  /// Has wait() call `hook(true)` between its polls and `hook(false)` before it sleeps (routed:
+  /// the TCP half polled by the waiting thread too); null: none.
+  void poll_while_waiting(std::function<void(bool)> hook) { wait_hook_ = std::move(hook); }
   /// Reserves the data-set uses (taken modulo 2) of the next `n` chunks of direct algorithms and
   /// returns the first; every rank counts alike.
   std::uint64_t reserve_direct_uses(std::uint64_t n) {
@@ -225,9 +229,10 @@ class ShmTransport final : public Transport {
   std::chrono::steady_clock::time_point next_liveness_check_{};
   std::vector<int> pidfds_;  // per peer process, -1 where unavailable (or a thread of ours)
   std::uint64_t direct_uses_ = 0;
-  WaitPolicy wait_policy_;  // how wait() passes the time before it sleeps
-  bool corrupt_ = false;    // a peer wrote garbage into the rings: they are no longer read
-  std::vector<int> names_;  // set_rank_names; empty: ranks are named by their own numbers
+  WaitPolicy wait_policy_;               // how wait() passes the time before it sleeps
+  std::function<void(bool)> wait_hook_;  // poll_while_waiting
+  bool corrupt_ = false;                 // a peer wrote garbage into the rings: they are no longer read
+  std::vector<int> names_;               // set_rank_names; empty: ranks are named by their own numbers
 
   // Signatures announced but not yet published (their table slot still holds one that some rank
   // has not compared yet), in seq order; and what is known published by every rank.

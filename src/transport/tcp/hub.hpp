@@ -183,8 +183,11 @@ class Hub {
   void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline);
   /// Handles what the sockets hold now from the calling thread, without blocking: a waiting
   /// caller completes an arrived message itself instead of waiting for the I/O thread to wake
-  /// (one thread hand-off less on every message). The I/O thread still handles whatever is left.
+  /// (one thread hand-off less on every message). The I/O thread stays off the sockets for a
+  /// moment after each call (it would only wake to find them drained), or until stop_polling().
   void poll();
+  /// The caller polls no more (it goes to sleep): the I/O thread takes the sockets back at once.
+  void stop_polling();
   void ring();
   /// Has `bell` called each time this hub rings (a completion, an abort, a wake) until
   /// remove_bell(owner), so that a transport whose ranks sleep elsewhere (routed: on a shared-
@@ -272,12 +275,12 @@ class Hub {
   // While a caller waits it polls the sockets itself (poll()), and the I/O thread stays off them
   // until the time below (steady clock, ns): a message then costs no wake-up of the I/O thread and
   // no hand-off to the caller. A caller that stops polling to sleep sets it to 0 and wakes the
-  // I/O thread (park_cv_) if it is parked; otherwise the I/O thread returns by itself then.
+  // I/O thread (park_cv_) if it is parked (stop_polling); otherwise the I/O thread returns by
+  // itself then.
   std::atomic<std::int64_t> polled_until_{0};
   std::atomic<bool> parked_{false};
   std::mutex park_mutex_;
   std::condition_variable park_cv_;
-  void unpark();
 
   std::mutex bell_mutex_;
   std::condition_variable bell_cv_;

@@ -102,11 +102,11 @@ Hub::~Hub() {
 void Hub::stop_thread() {
   const std::uint64_t one = 1;
   [[maybe_unused]] const auto written = ::write(wake_fd_, &one, sizeof(one));
-  unpark();
+  stop_polling();
   if (thread_.joinable()) thread_.join();
 }
 
-void Hub::unpark() {
+void Hub::stop_polling() {
   polled_until_.store(0);
   if (!parked_.load()) return;  // seq_cst on both sides: a thread about to park sees the 0
   { std::lock_guard lock(park_mutex_); }
@@ -192,6 +192,7 @@ bool Hub::dispatch(const epoll_event* events, int n) {
 }
 
 void Hub::poll() {
+  polled_until_.store(steady_ns() + std::chrono::nanoseconds(polling_lease).count());
   epoll_event events[64];
   const int n = ::epoll_wait(epoll_fd_, events, 64, 0);
   if (n <= 0) return;
@@ -389,14 +390,13 @@ void Hub::drop_peer_locked(int g, const std::string& log_text, const std::string
 }
 
 void Hub::wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) {
-  polled_until_.store(steady_ns() + std::chrono::nanoseconds(polling_lease).count());
   for (int i = 0; i < 64; ++i) {
     if (generation() != seen) return;
     poll();
     if (generation() != seen) return;
     std::this_thread::yield();
   }
-  unpark();  // this thread sleeps: the I/O thread takes the sockets back at once
+  stop_polling();  // this thread sleeps: the I/O thread takes the sockets back at once
   std::unique_lock lock(bell_mutex_);
   bell_cv_.wait_until(lock, deadline, [&] { return generation() != seen; });
 }
