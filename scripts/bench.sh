@@ -14,7 +14,9 @@
 #      beside MPI and Gloo, three runs each (every-p2-*.json, every-p4-*.json), and one table per
 #      p: a row per collective, a column per size, MPI time / Tutti time, median (min-max) of the
 #      runs (every-p2.md, every-p4.md, every-gloo-p2.md);
-#   7. the tables (bench_table.py) and the plot (plot_bench.py).
+#   7. the tables (bench_table.py) and the plot (plot_bench.py);
+#   8. across hosts on the emulated cluster, beside MPI and Gloo on the same links
+#      (scripts/bench_cluster.sh DIR: cluster-*.md), where namespaces can be made (root).
 #   scripts/bench.sh [DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,4 +60,5 @@ for f in peers p4 p8 shared; do /usr/bin/python3 tools/bench_table.py peers "$ou
 /usr/bin/python3 tools/bench_table.py automatic "$out/automatic.json" >"$out/automatic.md"
 /usr/bin/python3 tools/bench_table.py automatic "$out"/automatic-model-?.json >"$out/automatic-model.md"
 /usr/bin/python3 tools/plot_bench.py --ratio --out "$out/peers.png" "$out/peers.json"
+bash scripts/bench_cluster.sh "$out" || echo "bench.sh: no cluster table (scripts/bench_cluster.sh exited $?)"
 echo "results in $out/"

@@ -17,6 +17,7 @@ Reads the primary form (out of place; in place for broadcast). Exits 1 with a on
 on a malformed file.
 """
 import json
+import statistics
 import math
 import sys
 
@@ -82,13 +83,19 @@ def automatic_table(docs):
     return lines
 
 
-def spread_table(peer, docs):
-    ratios = {}
+def automatic_ratios(peer, docs):
+    """(row, PEER time / Tutti time) of every automatic row the peer ran too."""
     for doc in docs:
         for row in primary_rows(doc):
             p = (row.get("peers") or {}).get(peer)
             if row["algorithm"] == "automatic" and p:
-                ratios.setdefault(row["bytes"], {}).setdefault(row["collective"], []).append(p["ratio"])
+                yield row, p["ratio"]
+
+
+def spread_table(peer, docs):
+    ratios = {}
+    for row, ratio in automatic_ratios(peer, docs):
+        ratios.setdefault(row["bytes"], {}).setdefault(row["collective"], []).append(ratio)
     collectives = sorted({c for by in ratios.values() for c in by})
     lines = ["| size | " + " | ".join(f"{c} Tutti/{peer}" for c in collectives) + " |",
              "|" + " --- |" * (len(collectives) + 1)]
@@ -109,11 +116,8 @@ def size_class(size):
 
 def matrix_table(peer, docs):
     ratios = {}  # collective -> bytes -> [PEER time / Tutti time per run]
-    for doc in docs:
-        for row in primary_rows(doc):
-            p = (row.get("peers") or {}).get(peer)
-            if row["algorithm"] == "automatic" and p:
-                ratios.setdefault(row["collective"], {}).setdefault(size_class(row["bytes"]), []).append(p["ratio"])
+    for row, ratio in automatic_ratios(peer, docs):
+        ratios.setdefault(row["collective"], {}).setdefault(size_class(row["bytes"]), []).append(ratio)
     sizes = sorted({size for by in ratios.values() for size in by})
     lines = ["| collective | " + " | ".join(human(size) for size in sizes) + " |", "|" + " --- |" * (len(sizes) + 1)]
     for collective in sorted(ratios):
@@ -125,7 +129,7 @@ def matrix_table(peer, docs):
             elif len(r) == 1:
                 cells.append(f"{r[0]:.2f}")
             else:
-                cells.append(f"{r[len(r) // 2]:.2f} ({r[0]:.2f}–{r[-1]:.2f})")
+                cells.append(f"{statistics.median(r):.2f} ({r[0]:.2f}–{r[-1]:.2f})")
         lines.append(f"| {collective} | " + " | ".join(cells) + " |")
     return lines
 

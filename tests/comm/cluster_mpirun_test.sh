@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The emulated cluster under Open MPI's mpirun (scripts/cluster.sh --mpirun): 2 hosts x 2 ranks at
+# 1 Gbit/s. First `collectives_program cluster` (every collective and algorithm, every result
+# checked exactly), bootstrapped through MPI: each rank must name its host's ranks for shared
+# memory and the other host's for TCP, so the daemons really ran in their hosts' namespaces with
+# their names and addresses. Then tutti-bench beside MPI and Gloo on the same links, which exits
+# non-zero on any wrong result of Tutti or of a peer.
+# Usage: cluster_mpirun_test.sh CLUSTER_SH MP_COLLECTIVES TUTTI_BENCH. Exits 77 where the cluster
+# cannot be built (not root, no iproute2 or tbf) or Open MPI is missing.
+set -u
+cluster=$1 program=$2 bench=$3
+unset TUTTI_TRANSPORT TUTTI_ALGO TUTTI_STORE
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+failed=0
+expect() {  # what, extended regular expression
+  grep -qE "$2" "$out" || { echo "FAIL: $1 (no line matching '$2')"; failed=1; }
+}
+# TERM, not KILL: cluster.sh then removes what it made.
+TUTTI_DEBUG=info timeout -k 10 170 bash "$cluster" --mpirun --hosts 2 --ranks 2 --rate 1gbit --timeout 150 \
+  -- "$program" cluster >"$out" 2>&1
+status=$?
+if [[ $status -eq 77 ]]; then
+  grep SKIPPED "$out"
+  exit 77
+fi
+[[ $status -eq 0 ]] || { echo "FAIL: collectives_program exited with status $status"; failed=1; }
+expect "every case passed" '^\[0\] [1-9][0-9]* passed, 0 failed$'
+for r in 0 1 2 3; do
+  mine=$([[ $r -lt 2 ]] && echo 0,1 || echo 2,3)
+  expect "rank $r: shared memory with ranks $mine, TCP to the other host" \
+    "^\[$r\] tutti\[$r\] INFO: init: transport shm\+tcp: shared memory with ranks $mine \(this host\), TCP to the other 2 ranks on 1 other host$"
+done
+passed=$(grep -E '^\[0\] [0-9]+ passed' "$out" | sed 's/^\[0\] //')
+((failed)) && { echo "--- output (last 40 lines) ---"; tail -n 40 "$out"; }
+
+timeout -k 10 120 bash "$cluster" --mpirun --hosts 2 --ranks 2 --rate 1gbit --timeout 100 -- "$bench" --no-progress \
+  --collective allreduce,alltoall,broadcast -b 8 -e 64K -f 64 -n 2 -w 1 --peers mpi,gloo >"$out" 2>&1
+status=$?
+[[ $status -eq 0 ]] || { echo "FAIL: tutti-bench beside MPI and Gloo exited with status $status"; failed=1; }
+expect "tutti-bench ran on 4 ranks over shm+tcp" '^\[0\] # tutti-bench: 4 ranks over shm\+tcp'
+rows=$(grep -cE '^\[0\] +[0-9]+ +[0-9]+ ' "$out")
+((rows == 9)) || { echo "FAIL: expected 9 rows (3 collectives x 3 sizes: 8 B, 512 B, 32 KiB), got $rows"; failed=1; }
+# Each row's last columns: MPI's bus bandwidth and tutti/mpi, then Gloo's (a dash where Gloo has
+# no such collective), then the algorithm: MPI ran every row.
+if grep -E '^\[0\] +[0-9]+ +[0-9]+ ' "$out" | awk '{ if ($(NF-4) == "-" || $(NF-3) == "-") bad = 1 } END { exit !bad }'; then
+  echo "FAIL: a row without MPI's time"
+  failed=1
+fi
+if ((failed)); then
+  echo "--- output (last 40 lines) ---"
+  tail -n 40 "$out"
+else
+  echo "under mpirun on 2 hosts x 2 ranks: $passed; tutti-bench beside MPI and Gloo: $rows rows, every result right"
+fi
+exit "$failed"
