@@ -8,7 +8,8 @@
 # memory within a host and TCP across, MPI vader and tcp, Gloo TCP), into DIR (default
 # bench-results/): cluster-HxR-RATE-RUN.json and .log, and per layout and rate one table per peer,
 # a row per collective, a column per size, the peer's time / Tutti's, median (min-max) of the runs
-# (cluster-HxR-RATE.md, cluster-HxR-RATE-gloo.md). Also one run with unlimited links (the
+# (cluster-HxR-RATE.md, cluster-HxR-RATE-gloo.md), and a plot per collective of bus bandwidth and
+# Tutti / peer by size (cluster-HxR-RATE-COLLECTIVE.png). Also one run with unlimited links (the
 # machine's own ceiling for TCP between namespaces: a rate above it is not emulated).
 #   scripts/bench_cluster.sh [DIR] [RUNS]
 # Needs root, iproute2 and Open MPI (exits 77 with SKIPPED otherwise, as cluster.sh does).
@@ -44,6 +45,10 @@ for layout in 2x2 4x1; do
     /usr/bin/python3 tools/bench_table.py matrix mpi "$out"/cluster-$layout-$rate-?.json >"$out/cluster-$layout-$rate.md"
     /usr/bin/python3 tools/bench_table.py matrix gloo "$out"/cluster-$layout-$rate-?.json \
       >"$out/cluster-$layout-$rate-gloo.md"
+    for collective in allreduce allgather reduce_scatter alltoall broadcast; do  # a plot per collective
+      /usr/bin/python3 tools/plot_bench.py --ratio --collective "$collective" $([[ $collective == broadcast ]] && echo --in-place) \
+        --out "$out/cluster-$layout-$rate-$collective.png" "$out"/cluster-$layout-$rate-?.json >/dev/null
+    done
   done
   one "$hosts" "$ranks" unlimited "cluster-$layout-unlimited"
 done
