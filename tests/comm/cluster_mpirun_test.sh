@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The emulated cluster under Open MPI's mpirun (scripts/cluster.sh --mpirun): 2 hosts x 2 ranks at
 # 1 Gbit/s. First `collectives_program cluster` (every collective and algorithm, every result
-# checked exactly), bootstrapped through MPI: each rank must name its host's ranks for shared
-# memory and the other host's for TCP, so the daemons really ran in their hosts' namespaces with
-# their names and addresses. Then tutti-bench beside MPI and Gloo on the same links, which exits
-# non-zero on any wrong result of Tutti or of a peer.
+# checked exactly), bootstrapped through MPI. Then tutti-bench beside MPI and Gloo on the same
+# links, which exits non-zero on any wrong result of Tutti or of a peer: it must report 4 ranks
+# over shm+tcp (shared memory inside a host, TCP across, so each daemon ran in its host's namespace
+# with its name), and both hosts' links must have carried its traffic. (Each rank's init line, as
+# cluster_test.sh checks it, is not read here: mpirun forwards each daemon's output in chunks that
+# may cut a line of a rank that prints a lot, and another rank's chunk can land in between.)
 # Usage: cluster_mpirun_test.sh CLUSTER_SH MP_COLLECTIVES TUTTI_BENCH. Exits 77 where the cluster
 # cannot be built (not root, no iproute2 or tbf) or Open MPI is missing.
 set -u
@@ -17,7 +19,7 @@ expect() {  # what, extended regular expression
   grep -qE "$2" "$out" || { echo "FAIL: $1 (no line matching '$2')"; failed=1; }
 }
 # TERM, not KILL: cluster.sh then removes what it made.
-TUTTI_DEBUG=info timeout -k 10 170 bash "$cluster" --mpirun --hosts 2 --ranks 2 --rate 1gbit --timeout 150 \
+timeout -k 10 170 bash "$cluster" --mpirun --hosts 2 --ranks 2 --rate 1gbit --timeout 150 \
   -- "$program" cluster >"$out" 2>&1
 status=$?
 if [[ $status -eq 77 ]]; then
@@ -26,11 +28,6 @@ if [[ $status -eq 77 ]]; then
 fi
 [[ $status -eq 0 ]] || { echo "FAIL: collectives_program exited with status $status"; failed=1; }
 expect "every case passed" '^\[0\] [1-9][0-9]* passed, 0 failed$'
-for r in 0 1 2 3; do
-  mine=$([[ $r -lt 2 ]] && echo 0,1 || echo 2,3)
-  expect "rank $r: shared memory with ranks $mine, TCP to the other host" \
-    "^\[$r\] tutti\[$r\] INFO: init: transport shm\+tcp: shared memory with ranks $mine \(this host\), TCP to the other 2 ranks on 1 other host$"
-done
 passed=$(grep -E '^\[0\] [0-9]+ passed' "$out" | sed 's/^\[0\] //')
 ((failed)) && { echo "--- output (last 40 lines) ---"; tail -n 40 "$out"; }
 
@@ -47,6 +44,14 @@ if grep -E '^\[0\] +[0-9]+ +[0-9]+ ' "$out" | awk '{ if ($(NF-4) == "-" || $(NF-
   echo "FAIL: a row without MPI's time"
   failed=1
 fi
+for h in 0 1; do  # 3 collectives of up to 32 KiB blocks beside 2 peers: well over 100 kB each way
+  line=$(grep -E "^cluster.sh: host$h link: sent [0-9]+ bytes, received [0-9]+ bytes$" "$out")
+  read -r sent received < <(sed -E 's/.*sent ([0-9]+) bytes, received ([0-9]+) bytes/\1 \2/' <<<"$line")
+  if [[ -z ${sent:-} ]] || ((sent < 100000 || received < 100000)); then
+    echo "FAIL: host$h's link carried too little: '${line:-no line}'"
+    failed=1
+  fi
+done
 if ((failed)); then
   echo "--- output (last 40 lines) ---"
   tail -n 40 "$out"
