@@ -12,6 +12,7 @@
 #include "bootstrap/auth.hpp"
 
 struct evp_cipher_ctx_st;
+struct gcm128_context;
 
 namespace tutti::bootstrap {
 
@@ -46,7 +47,12 @@ class FrameMac {
   static bool same(const Tag& a, const Tag& b);
 
  private:
-  evp_cipher_ctx_st* ctx_ = nullptr;
+  // The tags are AES-256-GCM's over the bytes as associated data, computed with OpenSSL's GCM
+  // (CRYPTO_gcm128_*, GHASH with carry-less multiplication) around one AES block per tag from an
+  // ECB context keyed once (AES-NI): the same tags as EVP's AES-256-GCM, without EVP's
+  // re-initialisation per nonce (about 2,400 instructions a tag, against a few hundred).
+  evp_cipher_ctx_st* block_ = nullptr;  // AES-256-ECB under the key, no padding
+  gcm128_context* gcm_ = nullptr;
   std::uint8_t direction_;
 };
 

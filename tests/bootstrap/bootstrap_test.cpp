@@ -1,10 +1,12 @@
 // Bootstrap layer: SHA-256/HMAC known-answer vectors (through the library's calls into libcrypto),
-// the token handshake, the file and TCP stores, and job detection from each launcher's variables. Every wait has a
-// deadline; every socket, thread and temporary directory a test makes is closed, joined or removed by the test.
+// frame tags against EVP's AES-256-GCM, the token handshake, the file and TCP stores, and job
+// detection from each launcher's variables. Every wait has a deadline; every socket, thread and
+// temporary directory a test makes is closed, joined or removed by the test.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <openssl/evp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -19,12 +21,14 @@
 #include <future>
 #include <map>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bootstrap/auth.hpp"
 #include "bootstrap/crypto.hpp"
+#include "bootstrap/frame_mac.hpp"
 #include "bootstrap/job.hpp"
 #include "bootstrap/store.hpp"
 #include "test_waits.hpp"
@@ -105,6 +109,52 @@ TEST(SameBytes, ComparesEveryByte) {
     EXPECT_FALSE(same_bytes(a.data(), b.data(), a.size())) << "differing at byte " << at;
   }
   EXPECT_TRUE(same_bytes(a.data(), b.data(), 0));
+}
+
+// A frame's tag is AES-256-GCM's, over the bytes as associated data, with the nonce (direction,
+// part, 0, 0, counter little-endian): checked against libcrypto's EVP AES-256-GCM, whatever the
+// size and however the bytes are split into updates, for random keys, counters and parts.
+TEST(FrameMac, TagsAreAes256GcmOverTheBytesAsAssociatedData) {
+  std::mt19937_64 random(20261130);
+  const auto byte = [&] { return static_cast<std::uint8_t>(random()); };
+  for (int trial = 0; trial < 300; ++trial) {
+    SessionKey key;
+    for (auto& b : key) b = byte();
+    const bool initiator = trial % 2 == 0;
+    const std::uint64_t counter = trial < 4 ? static_cast<std::uint64_t>(trial) : random();
+    const auto part = static_cast<FrameMac::Part>(trial % 4);
+    std::vector<std::uint8_t> data(trial < 10 ? static_cast<std::size_t>(trial) : random() % 5000);
+    for (auto& b : data) b = byte();
+
+    unsigned char nonce[12] = {static_cast<unsigned char>(initiator ? 'I' : 'A'), static_cast<unsigned char>(part), 0,
+                               0};
+    for (int i = 0; i < 8; ++i) nonce[4 + i] = static_cast<unsigned char>(counter >> (8 * i));
+    EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+    ASSERT_NE(ctx, nullptr);
+    int n = 0;
+    unsigned char none[16];
+    Tag want{};
+    ASSERT_EQ(EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), nullptr, key.data(), nonce), 1);
+    if (!data.empty()) {
+      ASSERT_EQ(EVP_EncryptUpdate(ctx, nullptr, &n, data.data(), static_cast<int>(data.size())), 1);
+    }
+    ASSERT_EQ(EVP_EncryptFinal_ex(ctx, none, &n), 1);
+    ASSERT_EQ(EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, static_cast<int>(want.size()), want.data()), 1);
+    EVP_CIPHER_CTX_free(ctx);
+
+    FrameMac mac(key, initiator);
+    EXPECT_EQ(mac.tag(counter, part, data.data(), data.size()), want) << "trial " << trial;
+    // The same again in pieces of random sizes (the payload arrives as it arrives), after another
+    // tag on the same object: nothing of one tag leaks into the next.
+    (void)mac.tag(counter + 1, part, data.data(), data.size() / 2);
+    mac.begin(counter, part);
+    for (std::size_t at = 0; at < data.size();) {
+      const std::size_t piece = std::min<std::size_t>(data.size() - at, 1 + random() % 40);
+      mac.update(data.data() + at, piece);
+      at += piece;
+    }
+    EXPECT_EQ(mac.finish(), want) << "trial " << trial << " in pieces";
+  }
 }
 
 TEST(RandomHex, LengthAndDigits) {
