@@ -207,6 +207,10 @@ class Hub {
   void run();
   /// Handles `n` events of epoll_wait (the wake-up eventfd's excepted). False once crashed.
   bool dispatch(const epoll_event* events, int n);
+  /// Whether a peer's last turn ran out of read budget (Peer::more), and reading on from those.
+  /// read_on is false once crashed.
+  bool more_to_read() const;
+  bool read_on();
   void handle_peer_locked(int g, bool write = false);
   void flush_locked(int g);
   void after_write_locked(int g, std::size_t written);

@@ -147,11 +147,7 @@ void Hub::run() {
         if (flushed || std::chrono::steady_clock::now() >= stop_deadline_) return;
       }
     }
-    bool more = false;
-    {
-      std::lock_guard lock(mutex_);
-      more = std::any_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.more && !p.closed; });
-    }
+    const bool more = more_to_read();
     if (!more && polled_until_.load() > steady_ns()) {
       // A caller polls the sockets: off them until it stops (or its lease runs out).
       std::unique_lock lock(park_mutex_);
@@ -162,13 +158,7 @@ void Hub::run() {
       continue;
     }
     const int n = ::epoll_wait(epoll_fd_, events, 64, more ? 0 : 50);
-    if (more) {
-      for (int g = 0; g < size(); ++g) {
-        std::lock_guard lock(mutex_);
-        if (!peers_[static_cast<std::size_t>(g)].more || peers_[static_cast<std::size_t>(g)].closed) continue;
-        handle_peer_locked(g);
-      }
-    }
+    if (more && !read_on()) return;
     for (int i = 0; i < n; ++i)
       if (events[i].data.u32 == wake_tag) {
         std::uint64_t count = 0;
@@ -191,24 +181,31 @@ bool Hub::dispatch(const epoll_event* events, int n) {
   return true;
 }
 
+bool Hub::more_to_read() const {
+  std::lock_guard lock(mutex_);
+  return std::any_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.more && !p.closed; });
+}
+
+bool Hub::read_on() {
+  for (int g = 0; g < size(); ++g) {
+    std::lock_guard lock(mutex_);
+    if (crashed_) return false;
+    const Peer& peer = peers_[static_cast<std::size_t>(g)];
+    if (peer.more && !peer.closed) handle_peer_locked(g);
+  }
+  return true;
+}
+
 void Hub::poll() {
   polled_until_.store(steady_ns() + std::chrono::nanoseconds(polling_lease).count());
   epoll_event events[64];
   const int n = ::epoll_wait(epoll_fd_, events, 64, 0);
-  if (n <= 0) return;
-  // Level-triggered: the I/O thread may see these events too, and finds the sockets drained. The
-  // wake-up eventfd is its own to read; and a peer left with more to read than one turn allows
-  // is its to finish, so it is woken for it.
-  dispatch(events, n);
-  bool more = false;
-  {
-    std::lock_guard lock(mutex_);
-    more = std::any_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.more && !p.closed; });
-  }
-  if (more) {
-    const std::uint64_t one = 1;
-    [[maybe_unused]] const auto written = ::write(wake_fd_, &one, sizeof(one));
-  }
+  // Level-triggered: the I/O thread may see these events too, and finds the sockets drained (the
+  // wake-up eventfd is its own to read).
+  if (n > 0 && !dispatch(events, n)) return;
+  // A peer whose turn ran out of budget may have the rest in the read-ahead buffer, which wakes no
+  // epoll: read on here, as the I/O thread would, since it stays off the sockets while this polls.
+  if (more_to_read()) read_on();
 }
 
 // Nothing a peer sends may end the I/O thread: whatever goes wrong with its frames (an
