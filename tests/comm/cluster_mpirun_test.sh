@@ -14,10 +14,7 @@ cluster=$1 program=$2 bench=$3
 unset TUTTI_TRANSPORT TUTTI_ALGO TUTTI_STORE
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-failed=0
-expect() {  # what, extended regular expression
-  grep -qE "$2" "$out" || { echo "FAIL: $1 (no line matching '$2')"; failed=1; }
-}
+source "$(dirname "$0")/cluster_checks.sh"
 # TERM, not KILL: cluster.sh then removes what it made.
 timeout -k 10 170 bash "$cluster" --mpirun --hosts 2 --ranks 2 --rate 1gbit --timeout 150 \
   -- "$program" cluster >"$out" 2>&1
@@ -44,14 +41,8 @@ if grep -E '^\[0\] +[0-9]+ +[0-9]+ ' "$out" | awk '{ if ($(NF-4) == "-" || $(NF-
   echo "FAIL: a row without MPI's time"
   failed=1
 fi
-for h in 0 1; do  # 3 collectives of up to 32 KiB blocks beside 2 peers: well over 100 kB each way
-  line=$(grep -E "^cluster.sh: host$h link: sent [0-9]+ bytes, received [0-9]+ bytes$" "$out")
-  read -r sent received < <(sed -E 's/.*sent ([0-9]+) bytes, received ([0-9]+) bytes/\1 \2/' <<<"$line")
-  if [[ -z ${sent:-} ]] || ((sent < 100000 || received < 100000)); then
-    echo "FAIL: host$h's link carried too little: '${line:-no line}'"
-    failed=1
-  fi
-done
+# 3 collectives of up to 32 KiB blocks beside 2 peers: well over 100 kB each way on each link.
+links_carried 100000
 if ((failed)); then
   echo "--- output (last 40 lines) ---"
   tail -n 40 "$out"

@@ -19,10 +19,7 @@ if [[ $status -eq 77 ]]; then
   grep SKIPPED "$out"
   exit 77
 fi
-failed=0
-expect() {  # what, extended regular expression
-  grep -qE "$2" "$out" || { echo "FAIL: $1 (no line matching '$2')"; failed=1; }
-}
+source "$(dirname "$0")/cluster_checks.sh"
 [[ $status -eq 0 ]] || { echo "FAIL: the job exited with status $status"; failed=1; }
 expect "every case passed" '^\[0\] [1-9][0-9]* passed, 0 failed$'
 for r in 0 1; do
@@ -35,14 +32,7 @@ for r in 2 3; do
 done
 expect "automatic chose hierarchical across the hosts" 'INFO: hierarchical: 2 hosts, 2 ranks on mine, equal on every host'
 # The large allreduces alone move megabytes between the hosts: at least 1 MB each way on each link.
-for h in 0 1; do
-  line=$(grep -E "^cluster.sh: host$h link: sent [0-9]+ bytes, received [0-9]+ bytes$" "$out")
-  read -r sent received < <(sed -E 's/.*sent ([0-9]+) bytes, received ([0-9]+) bytes/\1 \2/' <<<"$line")
-  if [[ -z ${sent:-} ]] || ((sent < 1000000 || received < 1000000)); then
-    echo "FAIL: host$h's link carried too little: '${line:-no line}'"
-    failed=1
-  fi
-done
+links_carried 1000000
 if ((failed)); then
   echo "--- output (last 60 lines) ---"
   tail -n 60 "$out"
