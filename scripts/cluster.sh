@@ -165,8 +165,9 @@ lose() {  # host: its link down at both ends (nothing it sends leaves), then its
 # Under mpirun: one mpirun in host 0's namespace; an rsh agent (called as AGENT [OPTIONS] HOST
 # COMMAND, in place of ssh) starts each host's daemon in that host's namespace, with a host name of
 # its own (a UTS namespace: Open MPI names its session directories and shared-memory files by host
-# name, and two hosts' files must not meet) and the host's address, which the daemon's ranks inherit. The job's status is mpirun's, kept as rank
-# 0's; each rank's lines get the "[RANK] " prefix from a wrapper that keeps the rank's status.
+# name, and two hosts' files must not meet) and the host's address, which the daemon's ranks
+# inherit. The job's status is mpirun's, kept as rank 0's; each rank's lines get the "[RANK] "
+# prefix from a wrapper that keeps the rank's status.
 start_mpirun() {
   local agent=$work/agent hostfile=$work/hosts
   for ((i = 0; i < hosts; i++)); do echo "host$i slots=$ranks"; done >"$hostfile"

@@ -96,9 +96,8 @@ bool opens_with_ring_exchange(Algorithm algorithm, Collective collective, std::s
     case Collective::allreduce:  // the ring's reduce-scatter sends block r - k: none may be empty
       return (algorithm == Algorithm::ring && count >= static_cast<std::size_t>(size)) ||
              (algorithm == Algorithm::recursive_doubling && size == 2);
-    case Collective::reduce_scatter:  // count: each rank's block
-      return algorithm == Algorithm::ring;
-    case Collective::allgather:  // (recursive doubling copies its own block first)
+    case Collective::reduce_scatter:  // count: each rank's block, so none is empty
+    case Collective::allgather:       // (recursive doubling copies its own block first)
       return algorithm == Algorithm::ring;
     default:
       return false;
