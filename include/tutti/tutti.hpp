@@ -144,8 +144,16 @@ class Communicator {
   /// issued, so a named receive issued after an unfinished any_source receive of its tag waits
   /// for it. An any_source receive holds size() staging buffers of the message's size while it
   /// waits. Returns the sender's rank. Errors: timeout, peer_failure, mismatch, as collectives.
+  /// A send may return only once its receive was posted (over shared memory and TCP it does,
+  /// as MPI_Ssend): ranks that send to each other at once use sendrecv.
   void send(const void* data, std::size_t count, DataType type, int peer, int tag = 0);
   int recv(void* data, std::size_t count, DataType type, int peer, int tag = 0);
+  /// Sends `send` to `dest` and receives into `recv` from `source` at once, as MPI_Sendrecv: the
+  /// exchange of a ring's or a pipeline's neighbours, where each rank's send first would wait for
+  /// the other's. The messages match the peers' send and recv calls as the two calls would; the
+  /// buffers must not overlap. `source` may be `any_source`. Returns the sender's rank.
+  int sendrecv(const void* send, std::size_t send_count, int dest, void* recv, std::size_t recv_count, int source,
+               DataType type, int send_tag = 0, int recv_tag = 0);
 
   // ---- nonblocking twins: same arguments, return at once ----
 

@@ -4,6 +4,7 @@
 #include "exec/matched_recv.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <new>
 #include <numeric>
@@ -233,30 +234,72 @@ Request CommImpl::start_native(const Call& call, Algorithm algorithm, bool block
   return submit(std::move(op), blocking);
 }
 
+namespace {
+
+exec::PointToPoint message_of(bool is_send, const void* data, std::size_t count, DataType type, int peer, int tag,
+                              int size) {
+  const char* name = is_send ? "send" : "recv";
+  if (size <= 0) throw Error(ErrorCode::invalid_argument, std::string(name) + ": the communicator is empty");
+  const bool any = !is_send && peer == any_source;
+  validate_point_to_point(is_send, data, count, type, any ? 0 : peer, tag, size);
+  return {.is_send = is_send,
+          .data = const_cast<void*>(data),
+          .count = count,
+          .type = type,
+          .peer = any ? exec::PointToPoint::any_peer : peer,
+          .tag = tag};
+}
+
+}  // namespace
+
 Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer,
                                        int tag, bool blocking) {
-  const char* name = is_send ? "send" : "recv";
-  if (size_ <= 0) throw Error(ErrorCode::invalid_argument, std::string(name) + ": the communicator is empty");
+  const exec::PointToPoint message = message_of(is_send, data, count, type, peer, tag, size_);
   queue_->check_usable(false);
-  const bool any = !is_send && peer == any_source;
-  validate_point_to_point(is_send, data, count, type, any ? 0 : peer, tag, size_);
-  std::string description = std::string(name) + "(count=" + std::to_string(count) + ", " +
-                            std::string(to_string(type)) + (is_send ? ", to rank " : ", from rank ") +
-                            (any ? std::string("any") : std::to_string(peer)) + ", tag " + std::to_string(tag) + ")";
+  return start_message(message, blocking);
+}
+
+Request CommImpl::start_message(const exec::PointToPoint& message, bool blocking) {
   std::unique_ptr<exec::Operation> op;
-  if (is_send) {
-    op = exec::Operation::point_to_point(queue_->transport(), true, const_cast<void*>(data), count, type, peer,
-                                         queue_->next_send_key(peer, tag), std::move(description));
-  } else if (auto key = any ? std::nullopt : queue_->take_direct_recv_key(peer, tag)) {
-    op = exec::Operation::point_to_point(queue_->transport(), false, const_cast<void*>(data), count, type, peer, *key,
-                                         std::move(description));
+  if (message.is_send) {
+    op =
+        exec::Operation::point_to_point(queue_->transport(), message, queue_->next_send_key(message.peer, message.tag));
+  } else if (auto key = message.peer == exec::PointToPoint::any_peer
+                            ? std::nullopt
+                            : queue_->take_direct_recv_key(message.peer, message.tag)) {
+    op = exec::Operation::point_to_point(queue_->transport(), message, *key);
   } else {
-    op = queue_->make_matched_recv(const_cast<void*>(data), count, type, any ? exec::MatchedRecv::any_peer : peer, tag,
-                                   std::move(description));
+    op = queue_->make_matched_recv(message);
   }
   op->timeout = default_timeout_;
-  auto shared = queue_->submit(std::move(op), blocking);
-  return Request(std::make_shared<exec::RequestState>(queue_, std::move(shared)));
+  return submit(std::move(op), blocking);
+}
+
+int CommImpl::run_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer, int tag) {
+  const exec::PointToPoint message = message_of(is_send, data, count, type, peer, tag, size_);
+  queue_->check_usable(false);
+  if (queue_->run_messages({&message, 1}, default_timeout_)) return is_send ? -1 : message.peer;
+  Request request = start_message(message, true);
+  request.wait();
+  return request.source();
+}
+
+int CommImpl::sendrecv(const void* send, std::size_t send_count, int dest, void* recv, std::size_t recv_count,
+                       int source, DataType type, int send_tag, int recv_tag) {
+  const std::array<exec::PointToPoint, 2> messages{message_of(true, send, send_count, type, dest, send_tag, size_),
+                                                   message_of(false, recv, recv_count, type, source, recv_tag, size_)};
+  const auto* s = static_cast<const std::byte*>(send);
+  const auto* r = static_cast<const std::byte*>(recv);
+  if (messages[0].bytes() > 0 && messages[1].bytes() > 0 && s < r + messages[1].bytes() && r < s + messages[0].bytes())
+    throw Error(ErrorCode::invalid_argument, "sendrecv: the send and receive buffers overlap");
+  queue_->check_usable(false);
+  if (queue_->run_messages(messages, default_timeout_)) return messages[1].peer;
+  // A receive through the matcher (from any source, or behind one): two operations.
+  Request received = start_message(messages[1], true);
+  Request sent = start_message(messages[0], true);
+  sent.wait();
+  received.wait();
+  return received.source();
 }
 
 Communicator CommImpl::split(int color, int key) {

@@ -47,6 +47,11 @@ class CommImpl {
   Request start(const Call& call, bool blocking = false);
   Request start_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer, int tag,
                                bool blocking);
+  /// A blocking send or receive: run by the caller (OperationQueue::run_messages) where it can
+  /// be; returns the sender of a receive.
+  int run_point_to_point(bool is_send, const void* data, std::size_t count, DataType type, int peer, int tag);
+  int sendrecv(const void* send, std::size_t send_count, int dest, void* recv, std::size_t recv_count, int source,
+               DataType type, int send_tag, int recv_tag);
   Communicator split(int color, int key);
 
   std::chrono::milliseconds default_timeout() const { return default_timeout_; }
@@ -95,6 +100,7 @@ class CommImpl {
   exec::Operation::Buffers map_buffers(const Call& call, const Extents& extents, Staging& staging) const;
   std::chrono::milliseconds timeout_of(const Call& call) const;
   Request submit(std::unique_ptr<exec::Operation> op, bool blocking);
+  Request start_message(const exec::PointToPoint& message, bool blocking);
   /// The three ways a call runs: a schedule over the transport, a collective the transport runs
   /// itself (direct, mpi), or hierarchical's steps on the intra- and inter-host communicators.
   Request start_call(const Call& call, bool blocking);  // start(), but for turning std::bad_alloc into an Error

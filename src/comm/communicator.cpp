@@ -170,12 +170,15 @@ void Communicator::barrier(const Options& options) {
       .wait();
 }
 void Communicator::send(const void* data, std::size_t count, DataType type, int peer, int tag) {
-  checked().start_point_to_point(true, data, count, type, peer, tag, blocking).wait();
+  checked().run_point_to_point(true, data, count, type, peer, tag);
 }
 int Communicator::recv(void* data, std::size_t count, DataType type, int peer, int tag) {
-  Request request = checked().start_point_to_point(false, data, count, type, peer, tag, blocking);
-  request.wait();
-  return request.source();
+  return checked().run_point_to_point(false, data, count, type, peer, tag);
+}
+
+int Communicator::sendrecv(const void* send, std::size_t send_count, int dest, void* recv, std::size_t recv_count,
+                           int source, DataType type, int send_tag, int recv_tag) {
+  return checked().sendrecv(send, send_count, dest, recv, recv_count, source, type, send_tag, recv_tag);
 }
 
 Communicator Communicator::split(int color, int key) const { return checked().split(color, key); }

@@ -9,16 +9,15 @@ namespace tutti::exec {
 
 using transport::Completion;
 
-MatchedRecv::MatchedRecv(transport::Transport& transport, RecvMatcher& matcher, void* data, std::size_t count,
-                         DataType type, int peer, int tag, std::string description)
+MatchedRecv::MatchedRecv(transport::Transport& transport, RecvMatcher& matcher, const PointToPoint& message)
     : Operation(Kind::point_to_point, transport::Signature{}),
       transport_(transport),
       matcher_(matcher),
-      data_(static_cast<std::byte*>(data)),
-      bytes_(count * size_of(type)),
-      peer_(peer),
-      tag_(tag),
-      description_(std::move(description)) {}
+      data_(static_cast<std::byte*>(message.data)),
+      bytes_(message.bytes()),
+      peer_(message.peer),
+      tag_(message.tag),
+      message_(message) {}
 
 void MatchedRecv::start() {
   matcher_.enqueue(tag_, this);
@@ -36,7 +35,7 @@ void MatchedRecv::leave() {
 }
 
 void MatchedRecv::fail_with(const std::string& transport_error) {
-  fail(Error(ErrorCode::mismatch, description_ + ": " + transport_error));
+  fail(Error(ErrorCode::mismatch, describe() + ": " + transport_error));
 }
 
 bool MatchedRecv::take_kept() {
@@ -54,7 +53,7 @@ bool MatchedRecv::take_kept() {
   if (!message) return false;
   leave();
   if (message->bytes != bytes_) {
-    fail(Error(ErrorCode::mismatch, description_ + ": rank " + std::to_string(from) + " sent " +
+    fail(Error(ErrorCode::mismatch, describe() + ": rank " + std::to_string(from) + " sent " +
                                         std::to_string(message->bytes) + " bytes where " + std::to_string(bytes_) +
                                         " were expected"));
     return true;
@@ -74,7 +73,7 @@ void MatchedRecv::post_candidates() {
       candidate.staging = std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(bytes_, 1));
   } catch (const std::bad_alloc&) {
     leave();
-    finish_with(Error(ErrorCode::system, description_ + ": out of memory for " + std::to_string(p) +
+    finish_with(Error(ErrorCode::system, describe() + ": out of memory for " + std::to_string(p) +
                                              " staging buffers of " + std::to_string(bytes_) + " bytes"));
     return;
   }

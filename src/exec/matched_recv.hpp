@@ -15,15 +15,14 @@ namespace tutti::exec {
 
 class MatchedRecv final : public Operation {
  public:
-  /// `peer` is a rank, or any_peer for the first message from any rank.
-  static constexpr int any_peer = -1;
-  MatchedRecv(transport::Transport& transport, RecvMatcher& matcher, void* data, std::size_t count, DataType type,
-              int peer, int tag, std::string description);
+  /// `message.peer` is a rank, or any_peer for the first message from any rank.
+  static constexpr int any_peer = PointToPoint::any_peer;
+  MatchedRecv(transport::Transport& transport, RecvMatcher& matcher, const PointToPoint& message);
   void start() override;
   bool progress() override;
   void fail(const Error& error) override;
   std::vector<int> waiting_for() const override;
-  std::string describe() const override { return description_; }
+  std::string describe() const override { return message_.describe(); }
 
  private:
   enum class Phase { queued, posted, settling };
@@ -45,7 +44,7 @@ class MatchedRecv final : public Operation {
   std::size_t bytes_;
   int peer_;
   int tag_;
-  std::string description_;
+  PointToPoint message_;
   Phase phase_ = Phase::queued;
   bool queued_ = false;
   transport::Completion direct_;  // a named peer: the receive into the caller's buffer

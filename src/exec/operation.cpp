@@ -31,10 +31,15 @@ std::unique_ptr<Operation> Operation::collective(transport::Transport& transport
   return std::make_unique<ScheduleOperation>(transport, std::move(schedule), buffers, type, op, signature);
 }
 
-std::unique_ptr<Operation> Operation::point_to_point(transport::Transport& transport, bool is_send, void* data,
-                                                     std::size_t count, DataType type, int peer,
-                                                     transport::MessageKey key, std::string description) {
-  return std::make_unique<ScheduleOperation>(transport, is_send, data, count, type, peer, key, std::move(description));
+std::string PointToPoint::describe() const {
+  return std::string(is_send ? "send" : "recv") + "(count=" + std::to_string(count) + ", " +
+         std::string(to_string(type)) + (is_send ? ", to rank " : ", from rank ") +
+         (peer == any_peer ? std::string("any") : std::to_string(peer)) + ", tag " + std::to_string(tag) + ")";
+}
+
+std::unique_ptr<Operation> Operation::point_to_point(transport::Transport& transport, const PointToPoint& message,
+                                                     transport::MessageKey key) {
+  return std::make_unique<ScheduleOperation>(transport, message, key);
 }
 
 std::unique_ptr<Operation> Operation::native(transport::Signature signature,
@@ -109,22 +114,22 @@ std::optional<Error> ScheduleOperation::check_signature() const {
   return transport::collective_mismatch((r + p - 1) % p, transport::from_wire(theirs), r, signature_);
 }
 
-ScheduleOperation::ScheduleOperation(transport::Transport& transport, bool is_send, void* data, std::size_t count,
-                                     DataType type, int peer, transport::MessageKey key, std::string description)
+ScheduleOperation::ScheduleOperation(transport::Transport& transport, const PointToPoint& message,
+                                     transport::MessageKey key)
     : Operation(Kind::point_to_point, transport::Signature{}),
       transport_(transport),
-      type_(type),
+      type_(message.type),
       op_(ReduceOp::sum),
-      elem_size_(size_of(type)),
-      description_(std::move(description)) {
-  const schedule::Region region{Buffer::output, 0, count};
-  if (is_send) {
-    schedule_.send(peer, region);
+      elem_size_(size_of(message.type)),
+      message_(message) {
+  const schedule::Region region{Buffer::output, 0, message.count};
+  if (message.is_send) {
+    schedule_.send(message.peer, region);
   } else {
-    schedule_.recv(peer, region);
-    on_success([this, peer] { set_source(peer); });
+    schedule_.recv(message.peer, region);
+    on_success([this, peer = message.peer] { set_source(peer); });
   }
-  output_ = static_cast<std::byte*>(data);
+  output_ = static_cast<std::byte*>(message.data);
   keys_ = {key};
   build_graph();
 }

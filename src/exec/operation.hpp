@@ -20,6 +20,20 @@
 
 namespace tutti::exec {
 
+/// One send or receive of a point-to-point call, in the caller's terms.
+struct PointToPoint {
+  static constexpr int any_peer = -1;  // a receive from any source
+  bool is_send = false;
+  void* data = nullptr;
+  std::size_t count = 0;
+  DataType type = DataType::u8;
+  int peer = 0;
+  int tag = 0;
+  std::size_t bytes() const { return count * size_of(type); }
+  /// "send(count=10, f32, to rank 1, tag 3)": how errors name it (built only for one).
+  std::string describe() const;
+};
+
 class Operation {
  public:
   enum class Kind { collective, point_to_point, native };
@@ -33,9 +47,8 @@ class Operation {
                                                Buffers buffers, DataType type, ReduceOp op,
                                                transport::Signature signature);
   /// Point to point: one send or receive with an explicit key.
-  static std::unique_ptr<Operation> point_to_point(transport::Transport& transport, bool is_send, void* data,
-                                                   std::size_t count, DataType type, int peer,
-                                                   transport::MessageKey key, std::string description);
+  static std::unique_ptr<Operation> point_to_point(transport::Transport& transport, const PointToPoint& message,
+                                                   transport::MessageKey key);
   /// A collective the transport runs itself (Transport::start_native) or a composite of
   /// collectives on other communicators.
   static std::unique_ptr<Operation> native(transport::Signature signature,
@@ -99,13 +112,12 @@ class ScheduleOperation final : public Operation {
  public:
   ScheduleOperation(transport::Transport& transport, schedule::Schedule schedule, Buffers buffers, DataType type,
                     ReduceOp op, transport::Signature signature);
-  ScheduleOperation(transport::Transport& transport, bool is_send, void* data, std::size_t count, DataType type,
-                    int peer, transport::MessageKey key, std::string description);
+  ScheduleOperation(transport::Transport& transport, const PointToPoint& message, transport::MessageKey key);
   void start() override;
   bool progress() override;
   void fail(const Error& error) override;
   std::vector<int> waiting_for() const override;
-  std::string describe() const override { return description_.empty() ? signature_.describe() : description_; }
+  std::string describe() const override { return message_ ? message_->describe() : signature_.describe(); }
 
  private:
   void build_graph();
@@ -121,7 +133,7 @@ class ScheduleOperation final : public Operation {
   DataType type_;
   ReduceOp op_;
   std::size_t elem_size_;
-  std::string description_;  // point to point
+  std::optional<PointToPoint> message_;  // point to point
   const std::byte* input_ = nullptr;
   std::byte* output_ = nullptr;
   std::unique_ptr<std::byte[]> scratch_;

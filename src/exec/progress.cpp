@@ -95,7 +95,7 @@ class Engine {
     if (!busy) return false;
     const auto nap =
         std::min(polled, busy_count > 1 ? std::chrono::microseconds(200) : std::chrono::microseconds(50000));
-    busy->transport().wait(seen, std::chrono::steady_clock::now() + nap);
+    busy->transport().wait_in_background(seen, std::chrono::steady_clock::now() + nap);
     return true;
   }
 

@@ -1,6 +1,7 @@
 #include "exec/queue.hpp"
 
 #include <algorithm>
+#include <array>
 
 #include "core/log.hpp"
 #include "exec/matched_recv.hpp"
@@ -44,9 +45,68 @@ std::optional<transport::MessageKey> OperationQueue::take_direct_recv_key(int pe
   return matcher_.take_key(peer, tag);
 }
 
-std::unique_ptr<Operation> OperationQueue::make_matched_recv(void* data, std::size_t count, DataType type, int peer,
-                                                             int tag, std::string description) {
-  return std::make_unique<MatchedRecv>(*transport_, matcher_, data, count, type, peer, tag, std::move(description));
+std::unique_ptr<Operation> OperationQueue::make_matched_recv(const PointToPoint& message) {
+  return std::make_unique<MatchedRecv>(*transport_, matcher_, message);
+}
+
+bool OperationQueue::run_messages(std::span<const PointToPoint> messages, std::chrono::milliseconds timeout) {
+  using clock = std::chrono::steady_clock;
+  constexpr std::size_t most = 2;
+  if (messages.size() > most) throw Error(ErrorCode::invalid_argument, "run_messages: more than two messages");
+  std::array<transport::Completion, most> done;
+  const std::size_t n = messages.size();
+  std::unique_lock lock(mutex_);
+  for (const PointToPoint& m : messages)
+    if (!m.is_send && (m.peer == PointToPoint::any_peer || !matcher_.direct(m.peer, m.tag))) return false;
+  const auto deadline = clock::now() + timeout;
+  for (std::size_t i = 0; i < n; ++i) {
+    const PointToPoint& m = messages[i];
+    if (m.is_send) {
+      const std::uint32_t index = send_counters_[{m.peer, m.tag}]++;
+      transport_->post_send(m.peer, {transport::Channel::point_to_point, static_cast<std::uint64_t>(m.tag), index},
+                            m.data, m.bytes(), &done[i]);
+    } else {
+      transport_->post_recv(m.peer, matcher_.take_key(m.peer, m.tag), m.data, m.bytes(), &done[i]);
+    }
+  }
+  // What is still posted is withdrawn before an error leaves: the buffers are the caller's.
+  const auto withdraw = [&] {
+    for (std::size_t i = 0; i < n; ++i)
+      if (done[i].state() == transport::Completion::posted) transport_->cancel(&done[i]);
+  };
+  for (;;) {
+    const std::uint64_t seen = transport_->generation();  // read first: no wake-up is lost
+    progress_locked();
+    bool pending = false;
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto state = done[i].state();
+      pending = pending || state == transport::Completion::posted;
+      if (state != transport::Completion::failed) continue;
+      withdraw();
+      const Error error(ErrorCode::mismatch, messages[i].describe() + ": " + done[i].error);
+      if (!aborted_) abort_locked(error, transport::no_seq);
+      reported_ = true;
+      throw error;
+    }
+    if (!pending) return true;
+    if (aborted_) {
+      withdraw();
+      reported_ = true;
+      throw aborted_->error;
+    }
+    if (clock::now() >= deadline) {
+      std::vector<int> peers;
+      for (std::size_t i = 0; i < n; ++i)
+        if (done[i].state() == transport::Completion::posted && !std::ranges::count(peers, messages[i].peer))
+          peers.push_back(messages[i].peer);
+      const std::size_t first_pending = done[0].state() == transport::Completion::posted ? 0 : 1;
+      withdraw();
+      raise_timeout_locked(messages[first_pending].describe(), peers, timeout, transport::no_seq);
+    }
+    lock.unlock();
+    transport_->wait(seen, deadline);
+    lock.lock();
+  }
 }
 
 std::shared_ptr<Operation> OperationQueue::submit(std::unique_ptr<Operation> op, bool blocking) {
@@ -185,13 +245,19 @@ void OperationQueue::raise_timeout_locked(const Operation& op) {
   // Blame the earliest unfinished operation this one waits behind: that is what is stuck.
   const Operation* stuck = &op;
   if (op.ordered() && !active_.empty() && active_.front()->ordinal < op.ordinal) stuck = active_.front().get();
-  std::string peers;
-  for (int peer : stuck->waiting_for()) peers += (peers.empty() ? "" : ", ") + std::to_string(peer);
-  Error error(ErrorCode::timeout, "rank " + std::to_string(rank()) + ": " + stuck->describe() + " timed out after " +
-                                      std::to_string(op.timeout.count()) + " ms" +
-                                      (peers.empty() ? "" : "; still waiting for rank(s) " + peers));
+  raise_timeout_locked(stuck->describe(), stuck->waiting_for(), op.timeout,
+                       stuck->ordered() ? stuck->signature().seq : transport::no_seq);
+}
+
+void OperationQueue::raise_timeout_locked(const std::string& what, const std::vector<int>& peers,
+                                          std::chrono::milliseconds timeout, std::uint64_t seq) {
+  std::string named;
+  for (int peer : peers) named += (named.empty() ? "" : ", ") + std::to_string(peer);
+  Error error(ErrorCode::timeout, "rank " + std::to_string(rank()) + ": " + what + " timed out after " +
+                                      std::to_string(timeout.count()) + " ms" +
+                                      (named.empty() ? "" : "; still waiting for rank(s) " + named));
   core::log(core::LogLevel::warn, rank(), error.what());
-  abort_locked(error, stuck->ordered() ? stuck->signature().seq : transport::no_seq);
+  abort_locked(error, seq);
   reported_ = true;
   throw error;
 }

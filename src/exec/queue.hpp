@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,8 +43,14 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   /// source of that tag is unresolved, or a message from `peer` was kept by one.
   std::optional<transport::MessageKey> take_direct_recv_key(int peer, int tag);
   /// A receive through the matcher: from `peer`, or from any source (peer = MatchedRecv::any_peer).
-  std::unique_ptr<Operation> make_matched_recv(void* data, std::size_t count, DataType type, int peer, int tag,
-                                               std::string description);
+  std::unique_ptr<Operation> make_matched_recv(const PointToPoint& message);
+
+  /// A blocking send, receive or both (sendrecv) that the caller runs itself, without an
+  /// operation object: posts them (each receive from a named peer that no receive from any source
+  /// could take), then progresses the queue, and with it every operation in flight, until both
+  /// are done. Errors as a waited operation's: a failed message aborts the communicator. false:
+  /// declined (a receive must go through the matcher), nothing posted.
+  bool run_messages(std::span<const PointToPoint> messages, std::chrono::milliseconds timeout);
 
   /// Announces (collectives) and starts `op`; returns the shared handle. Unless `blocking` (the
   /// caller waits at once), the progress engine takes over what remains.
@@ -92,6 +99,9 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   void fail_all_locked(const transport::Failure& failure);
   void abort_locked(const Error& error, std::uint64_t seq);
   [[noreturn]] void raise_timeout_locked(const Operation& op);
+  /// Error(timeout) for `what`, waited on for `timeout`, naming `peers`; aborts the communicator.
+  [[noreturn]] void raise_timeout_locked(const std::string& what, const std::vector<int>& peers,
+                                         std::chrono::milliseconds timeout, std::uint64_t seq);
 
   std::unique_ptr<transport::Transport> transport_;
   std::mutex mutex_;

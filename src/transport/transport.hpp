@@ -202,6 +202,11 @@ class Transport {
   /// (or at the deadline). Lets the executor sleep instead of spinning.
   virtual std::uint64_t generation() const = 0;
   virtual void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) = 0;
+  /// `wait` for a thread that nobody waits on (the progress engine): sleeps at once where `wait`
+  /// would first spin, so that it leaves the cores to the callers and the peers.
+  virtual void wait_in_background(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) {
+    wait(seen, deadline);
+  }
   /// Bumps the generation and wakes this rank's waiters (an operation finished on another thread).
   virtual void wake() = 0;
   /// Passes a moment between two polls of a spinning caller: a pause of the core, or giving it up

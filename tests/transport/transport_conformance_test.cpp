@@ -343,6 +343,141 @@ TYPED_TEST(TransportConformance, AnySourceOfAnotherSizeRaisesMismatchOnBothRanks
   for (const std::string& e : errors) EXPECT_EQ(e.rfind("mismatch: ", 0), 0u) << e;
 }
 
+// sendrecv: each rank exchanges with both ring neighbours at once, where a send first would wait
+// for the peer's (sizes from empty to several ring-fulls, so that both directions stream at
+// once), against peers that use sendrecv, send and recv, or isend and irecv; every element
+// is the sender's, the index's and the tag's; from any source it returns the sender.
+TYPED_TEST(TransportConformance, SendrecvExchangesWithBothNeighboursExactly) {
+  for (int p : {2, 3, 4}) {
+    const std::string failures = run_communicators<TypeParam>(p, [](Communicator& comm) {
+      const int r = comm.rank(), n = comm.size();
+      const int next = (r + 1) % n, prev = (r + n - 1) % n;
+      const auto value = [](int from, std::size_t i, int tag) {
+        return static_cast<std::int32_t>(from * 1'000'003 + static_cast<int>(i % 100'000) * 7 + tag);
+      };
+      const auto fill = [&](std::vector<std::int32_t>& v, int tag) {
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = value(r, i, tag);
+      };
+      const auto check = [&](const std::vector<std::int32_t>& v, int from, int tag, const char* what) {
+        for (std::size_t i = 0; i < v.size(); ++i)
+          if (v[i] != value(from, i, tag)) {
+            ADD_FAILURE() << what << ": element " << i << " of " << v.size() << " from rank " << from << " is " << v[i];
+            return;
+          }
+      };
+      for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{700'001}}) {
+        std::vector<std::int32_t> out(count), in(count, -1);
+        // Forward: to next, from prev, every rank at once.
+        fill(out, 1);
+        EXPECT_EQ(comm.sendrecv(out.data(), count, next, in.data(), count, prev, DataType::i32, 1, 1), prev);
+        check(in, prev, 1, "forward");
+        // Backward, each rank sending with a tag of its own.
+        fill(out, 10 + r);
+        std::fill(in.begin(), in.end(), -1);
+        EXPECT_EQ(comm.sendrecv(out.data(), count, prev, in.data(), count, next, DataType::i32, 10 + r, 10 + next),
+                  next);
+        check(in, next, 10 + next, "backward");
+        // Ranks 0 and 1: rank 0 uses sendrecv, rank 1 answers with recv then send, then with
+        // irecv and isend, then with a send to a receive from any source.
+        if (r > 1) continue;
+        const int other = 1 - r;
+        for (int round = 0; round < 3; ++round) {
+          const int tag = 20 + round;
+          fill(out, tag);
+          std::fill(in.begin(), in.end(), -1);
+          if (r == 0) {
+            const int from = round == 2 ? any_source : other;
+            EXPECT_EQ(comm.sendrecv(out.data(), count, other, in.data(), count, from, DataType::i32, tag, tag), other);
+          } else if (round == 1) {
+            Request sent = comm.isend(out.data(), count, DataType::i32, other, tag);
+            Request received = comm.irecv(in.data(), count, DataType::i32, other, tag);
+            received.wait();
+            sent.wait();
+            EXPECT_EQ(received.source(), other);
+          } else {
+            EXPECT_EQ(comm.recv(in.data(), count, DataType::i32, other, tag), other);
+            comm.send(out.data(), count, DataType::i32, other, tag);
+          }
+          check(in, other, tag, "with rank 0");
+        }
+      }
+    });
+    EXPECT_EQ(failures, "") << "p=" << p;
+  }
+}
+
+// sendrecv's arguments are checked before anything is sent (buffers that overlap, a peer out of
+// range, a negative tag, a null buffer); then a receive shorter than its message raises
+// Error(mismatch) on both ranks.
+TYPED_TEST(TransportConformance, SendrecvRefusesBadArgumentsAndRaisesMismatchOnBothRanks) {
+  std::vector<std::string> errors(2, "no error");
+  const std::string failures = run_communicators<TypeParam>(2, [&](Communicator& comm) {
+    const int r = comm.rank(), other = 1 - r;
+    std::vector<std::int32_t> data(16, r + 1), in(16, 0);
+    const auto refused = [&](const std::function<void()>& call, const std::string& needle) {
+      try {
+        call();
+        ADD_FAILURE() << "accepted: " << needle;
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      }
+    };
+    refused([&] { comm.sendrecv(data.data(), 8, other, data.data() + 4, 8, other, DataType::i32); }, "overlap");
+    refused([&] { comm.sendrecv(data.data(), 8, 2, in.data(), 8, other, DataType::i32); }, "send: peer 2");
+    refused([&] { comm.sendrecv(data.data(), 8, other, in.data(), 8, -5, DataType::i32); }, "recv: peer -5");
+    refused([&] { comm.sendrecv(data.data(), 8, other, in.data(), 8, other, DataType::i32, 0, -1); }, "tag");
+    refused([&] { comm.sendrecv(nullptr, 8, other, in.data(), 8, other, DataType::i32); }, "send: data is null");
+    // Nothing was sent: the same tag exchanges as usual (an overlap of zero bytes is none).
+    EXPECT_EQ(comm.sendrecv(data.data(), 8, other, in.data(), 8, other, DataType::i32), other);
+    EXPECT_EQ(in[0], other + 1);
+    EXPECT_EQ(in[8], 0);
+    EXPECT_EQ(comm.sendrecv(data.data(), 0, other, data.data(), 0, other, DataType::i32), other);
+    try {
+      comm.sendrecv(data.data(), r == 0 ? 8 : 10, other, in.data(), 8, other, DataType::i32, 3, 3);
+    } catch (const Error& e) {
+      errors[static_cast<std::size_t>(r)] = std::string(to_string(e.code())) + ": " + e.what();
+    }
+  });
+  EXPECT_EQ(failures, "");
+  const std::string want = transport::size_mismatch(1, 40, 0, 32, {transport::Channel::point_to_point, 3, 0});
+  for (const std::string& e : errors) {
+    EXPECT_EQ(e.rfind("mismatch: ", 0), 0u) << e;
+    EXPECT_NE(e.find(want), std::string::npos) << e;
+  }
+}
+
+// A blocking recv, and a sendrecv, whose peer never answers: Error(timeout) at the deadline,
+// naming the message and the rank waited for.
+TYPED_TEST(TransportConformance, BlockingPointToPointTimesOutNamingThePeer) {
+  ::setenv("TUTTI_TIMEOUT_MS", "300", 1);
+  std::vector<std::string> errors(2, "no error");
+  const auto start = std::chrono::steady_clock::now();
+  for (int call = 0; call < 2; ++call) {
+    const std::string failures = run_communicators<TypeParam>(2, [&](Communicator& comm) {
+      if (comm.rank() != 0) return;
+      std::int32_t out = 1, in = 0;
+      try {
+        if (call == 0)
+          comm.recv(&in, 1, DataType::i32, 1, 5);
+        else
+          comm.sendrecv(&out, 1, 1, &in, 1, 1, DataType::i32, 4, 4);
+      } catch (const Error& e) {
+        errors[static_cast<std::size_t>(call)] = std::string(to_string(e.code())) + ": " + e.what();
+      }
+    });
+    EXPECT_EQ(failures, "");
+  }
+  ::setenv("TUTTI_TIMEOUT_MS", "60000", 1);
+  EXPECT_EQ(errors[0],
+            "timeout: rank 0: recv(count=1, i32, from rank 1, tag 5) timed out after 300 ms; still "
+            "waiting for rank(s) 1");
+  EXPECT_EQ(errors[1],
+            "timeout: rank 0: send(count=1, i32, to rank 1, tag 4) timed out after 300 ms; still "
+            "waiting for rank(s) 1");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+}
+
 // Even and odd ranks split apart, each in reverse order, then split again and split off a
 // communicator without rank 0: sizes, orders and results on every level.
 TYPED_TEST(TransportConformance, SplitCommunicators) {

@@ -27,10 +27,7 @@ void run_tutti(Communicator& world, const Case& c, Buffers& buffers, Algorithm a
   void* recv = buffers.recv();
   if (c.kind == sendrecv) {
     const int next = (world.rank() + 1) % world.size(), prev = (world.rank() + world.size() - 1) % world.size();
-    Request r = world.irecv(recv, c.count, c.type, prev);
-    Request s = world.isend(send, c.count, c.type, next);
-    s.wait();
-    r.wait();
+    world.sendrecv(send, c.count, next, recv, c.count, prev, c.type);
     return;
   }
   switch (*c.kind) {

@@ -413,6 +413,13 @@ void ShmTransport::wait(std::uint64_t seen, clock::time_point deadline) {
   sleep_on_doorbell(self_, expected, std::min<clock::duration>(deadline - now, longest_sleep));
 }
 
+void ShmTransport::wait_in_background(std::uint64_t seen, clock::time_point deadline) {
+  const auto now = clock::now();
+  if (now < deadline)
+    sleep_on_doorbell(self_, static_cast<std::uint32_t>(seen),
+                      std::min<clock::duration>(deadline - now, longest_sleep));
+}
+
 void ShmTransport::wake() { ring_doorbell(self_); }
 
 void ShmTransport::relax() {

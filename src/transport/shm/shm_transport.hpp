@@ -60,6 +60,7 @@ class ShmTransport final : public Transport {
   bool withdraw_recv(Completion* done) override;
   std::uint64_t generation() const override;
   void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) override;
+  void wait_in_background(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) override;
   void wake() override;
   void relax() override;
   void progress() override;
