@@ -238,6 +238,59 @@ TEST_F(HostileShm, ChunkWithAnInvalidChannel) {
       "invalid chunk header");
 }
 
+// A chunk by reference must be the whole of a large point-to-point message, its payload the
+// 8-byte address: any other form is refused before anything is read.
+TEST_F(HostileShm, ChunkByReferenceOfAnotherForm) {
+  const std::uint64_t big = transport::shm::reference_bytes;
+  const auto by_reference = [](std::uint64_t total, std::uint64_t offset, std::uint32_t bytes) {
+    auto h = chunk(total, offset, bytes);
+    h.by_reference = 1;
+    return h;
+  };
+  expect_victim_fails([&](const Pair& p) { p.write_chunk(by_reference(big, 0, 400)); }, "invalid chunk header");
+  expect_victim_fails([&](const Pair& p) { p.write_chunk(by_reference(400, 0, 8)); }, "invalid chunk header");
+  expect_victim_fails([&](const Pair& p) { p.write_chunk(by_reference(big, 4096, 8)); }, "invalid chunk header");
+  expect_victim_fails(
+      [&](const Pair& p) {
+        auto h = by_reference(big, 0, 8);
+        h.channel = static_cast<std::uint8_t>(Channel::collective);
+        p.write_chunk(h);
+      },
+      "invalid chunk header");
+  expect_victim_fails(
+      [&](const Pair& p) {
+        auto h = chunk(400, 0, 400);
+        h.by_reference = 2;
+        p.write_chunk(h);
+      },
+      "invalid chunk header");
+}
+
+// A chunk by reference whose address is not in the sender's memory: the posted receive's rank is
+// aborted with peer_failure naming the sender, and nothing lands in its buffer.
+TEST_F(HostileShm, ChunkByReferenceToAnAddressThatIsNotThere) {
+  Pair pair;
+  const std::size_t bytes = transport::shm::reference_bytes;
+  std::vector<std::byte> buffer(bytes, std::byte{0x5a});
+  Completion received;
+  pair.t[1]->post_recv(0, MessageKey{Channel::point_to_point, 5, 0}, buffer.data(), bytes, &received);
+  auto h = chunk(bytes, 0, 8);
+  h.by_reference = 1;
+  const std::uint64_t nowhere = 4096;  // the first page is never mapped
+  std::memcpy(pair.segment().payload(0, 1, pair.segment().ring(0, 1).head.load()), &nowhere, sizeof nowhere);
+  pair.write_chunk(h);
+  for (int i = 0; i < 10; ++i) pair.t[1]->progress();
+  const auto failure = pair.t[1]->aborted();
+  ASSERT_TRUE(failure.has_value());
+  EXPECT_EQ(failure->error.code(), ErrorCode::peer_failure) << failure->error.what();
+  EXPECT_NE(std::string(failure->error.what())
+                .find("shm: rank 0 wrote the address of a 4194304-byte message that its memory does not hold"),
+            std::string::npos)
+      << failure->error.what();
+  EXPECT_EQ(std::count(buffer.begin(), buffer.end(), std::byte{0x5a}), static_cast<std::ptrdiff_t>(bytes));
+  pair.t[1]->cancel(&received);
+}
+
 // A chunk claiming to continue the message where nothing arrived yet (an offset the receive has
 // not reached), and one claiming another total than the first chunk did.
 TEST_F(HostileShm, ChunksOutOfOrder) {

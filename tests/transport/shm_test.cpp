@@ -8,9 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -20,8 +22,10 @@
 #include "processes.hpp"
 #include "shm_names.hpp"
 #include "threads.hpp"
+#include "transport/matching.hpp"
 #include "transport/shm/segment.hpp"
 #include "transport/shm/shm.hpp"
+#include "transport/shm/shm_transport.hpp"
 
 namespace tutti::testing {
 namespace {
@@ -189,6 +193,109 @@ TEST_F(Shm, SendRecvLargeEmptyAndUnexpected) {
   EXPECT_EQ(failures, "");
 }
 
+// Messages of reference_bytes and more (where the segment allows single copy, as between threads
+// of one process): one chunk, read by the receiver from the sender's buffer; received before and
+// after its receive was posted, from any source, to itself, by sendrecv around the ring; every
+// element is the sender's and the index's. Then the same calls where single copy is off.
+TEST_F(Shm, LargeMessagesTravelByReferenceExactly) {
+  const std::size_t n = transport::shm::reference_bytes / sizeof(std::int32_t) + 13;
+  const auto value = [](int from, std::size_t i, int tag) {
+    return static_cast<std::int32_t>(static_cast<std::size_t>(from) * 1'000'003 + i * 7 +
+                                     static_cast<std::size_t>(tag));
+  };
+  for (const char* single_copy : {"1", "0"}) {
+    setenv("TUTTI_SHM_SINGLE_COPY", single_copy, 1);
+    const std::string failures = run_shm(3, [&](Communicator& comm) {
+      const int r = comm.rank(), p = comm.size();
+      const int right = (r + 1) % p, left = (r + p - 1) % p;
+      std::vector<std::int32_t> out(n), in(n);
+      const auto fill = [&](int tag) {
+        for (std::size_t i = 0; i < n; ++i) out[i] = value(r, i, tag);
+        std::fill(in.begin(), in.end(), -1);
+      };
+      const auto check = [&](int from, int tag, const std::string& what) {
+        for (std::size_t i = 0; i < n; ++i)
+          if (in[i] != value(from, i, tag))
+            throw std::runtime_error(what + ": element " + std::to_string(i) + " is " + std::to_string(in[i]));
+      };
+      fill(1);  // the receive posted first
+      Request received = comm.irecv(in.data(), n, DataType::i32, left, 1);
+      comm.barrier();
+      comm.send(out.data(), n, DataType::i32, right, 1);
+      received.wait();
+      check(left, 1, "posted first");
+      fill(2);  // the message first: kept as unexpected until its receive
+      Request sent = comm.isend(out.data(), n, DataType::i32, right, 2);
+      std::this_thread::sleep_for(20ms);
+      comm.barrier();
+      comm.recv(in.data(), n, DataType::i32, left, 2);
+      sent.wait();
+      check(left, 2, "unexpected");
+      fill(3);
+      if (comm.sendrecv(out.data(), n, right, in.data(), n, any_source, DataType::i32, 3, 3) != left)
+        throw std::runtime_error("any source: another sender");
+      check(left, 3, "any source");
+      fill(4);
+      comm.sendrecv(out.data(), n, r, in.data(), n, r, DataType::i32, 4, 4);
+      check(r, 4, "to itself");
+    });
+    EXPECT_EQ(failures, "") << "TUTTI_SHM_SINGLE_COPY=" << single_copy;
+  }
+  unsetenv("TUTTI_SHM_SINGLE_COPY");
+}
+
+// Transport level: a message of reference_bytes is one chunk that says so and carries the
+// sender's address; the send completes only once the receiver has read it; a receive of another
+// size fails both sides with the sizes, and nothing is read into it.
+TEST_F(Shm, AMessageByReferenceIsOneChunkReadBeforeItsAck) {
+  const std::string name = unique_shm_name();
+  std::unique_ptr<transport::Transport> t[2];
+  std::thread other([&] { t[1] = transport::shm::open(name, 1, 2, 3, attach_timeout); });
+  t[0] = transport::shm::open(name, 0, 2, 3, attach_timeout);
+  other.join();
+  auto& segment = static_cast<transport::shm::ShmTransport&>(*t[0]).segment();
+  ASSERT_TRUE(segment.single_copy());
+  const std::size_t bytes = transport::shm::reference_bytes;
+  std::vector<std::byte> out(bytes), in(bytes + 64, std::byte{0x5a});
+  for (std::size_t i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>(i * 13 % 251);
+  Completion sent, received;
+  const MessageKey key{transport::Channel::point_to_point, 9, 0};
+  t[0]->post_send(1, key, out.data(), bytes, &sent);
+  auto& ring = segment.ring(0, 1);
+  ASSERT_EQ(ring.head.load(), 1u);
+  const auto header = transport::shm::read_chunk(segment, 0, 1, 0);
+  EXPECT_EQ(header.by_reference, 1);
+  EXPECT_EQ(header.total, bytes);
+  std::uint64_t address = 0;
+  std::memcpy(&address, segment.payload(0, 1, 0), sizeof address);
+  EXPECT_EQ(address, reinterpret_cast<std::uintptr_t>(out.data()));
+  for (int i = 0; i < 5; ++i) t[0]->progress();
+  EXPECT_EQ(sent.state(), Completion::posted);  // nobody read it yet
+  t[1]->progress();                             // unexpected: only the address is kept
+  t[1]->post_recv(0, key, in.data(), bytes, &received);
+  EXPECT_EQ(received.state(), Completion::done);
+  for (int i = 0; i < 5 && sent.state() == Completion::posted; ++i) t[0]->progress();
+  EXPECT_EQ(sent.state(), Completion::done);
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), in.begin()));
+  EXPECT_EQ(std::count(in.begin() + static_cast<std::ptrdiff_t>(bytes), in.end(), std::byte{0x5a}), 64);
+  // Another size: both sides fail, naming both sizes; the receive is left as it was.
+  std::fill(in.begin(), in.end(), std::byte{0x5a});
+  Completion sent2, received2;
+  const MessageKey key2{transport::Channel::point_to_point, 9, 1};
+  t[1]->post_recv(0, key2, in.data(), bytes + 64, &received2);
+  t[0]->post_send(1, key2, out.data(), bytes, &sent2);
+  for (int i = 0; i < 5; ++i) {
+    t[1]->progress();
+    t[0]->progress();
+  }
+  const std::string want = transport::size_mismatch(0, bytes, 1, bytes + 64, key2);
+  ASSERT_EQ(received2.state(), Completion::failed);
+  ASSERT_EQ(sent2.state(), Completion::failed);
+  EXPECT_NE(received2.error.find(want), std::string::npos) << received2.error;
+  EXPECT_NE(sent2.error.find(want), std::string::npos) << sent2.error;
+  EXPECT_EQ(std::count(in.begin(), in.end(), std::byte{0x5a}), static_cast<std::ptrdiff_t>(in.size()));
+}
+
 TEST_F(Shm, TimeoutAbortsForEveryRank) {
   std::atomic<int> timeouts{0};
   const std::string failures = run_shm(2, [&](Communicator& comm) {
@@ -213,7 +320,8 @@ TEST_F(Shm, CancelStopsAPartialReceive) {
   std::thread other([&] { t[1] = transport::shm::open(name, 1, 2, 3, attach_timeout); });
   t[0] = transport::shm::open(name, 0, 2, 3, attach_timeout);
   other.join();
-  const std::size_t bytes = 4 << 20;  // 8 times the ring
+  const std::size_t bytes = 3 << 20;  // 6 times the ring; below reference_bytes, so in chunks
+  static_assert((3 << 20) < transport::shm::reference_bytes);
   std::vector<std::byte> out(bytes, std::byte{1}), in(bytes, std::byte{0});
   Completion sent, received;
   const MessageKey key{transport::Channel::point_to_point, 9, 0};

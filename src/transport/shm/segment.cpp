@@ -287,13 +287,19 @@ ChunkHeader read_chunk(const Segment& segment, int from, int to, std::uint64_t n
   std::memcpy(&h, &segment.chunk(from, to, n), sizeof h);  // once: the peer may change it meanwhile
   const std::uint64_t payload = segment.layout().payload;
   // The sender cuts a message of `total` bytes into chunks of `payload` bytes, the last one shorter.
-  const bool cut_right =
-      h.offset <= h.total && h.offset % payload == 0 && h.bytes == std::min<std::uint64_t>(payload, h.total - h.offset);
+  // A message by reference is one chunk whose payload is the address of its bytes in the sender.
+  const bool cut_right = h.by_reference == 1
+                             ? h.offset == 0 && h.bytes == sizeof(std::uint64_t) && h.total >= reference_bytes &&
+                                   h.channel == static_cast<std::uint8_t>(Channel::point_to_point)
+                             : h.by_reference == 0 && h.offset <= h.total && h.offset % payload == 0 &&
+                                   h.bytes == std::min<std::uint64_t>(payload, h.total - h.offset);
   if (!cut_right || h.channel > static_cast<std::uint8_t>(Channel::point_to_point) || h.has_signature > 1)
     throw corrupt_segment(segment, from,
                           "an invalid chunk header (total " + std::to_string(h.total) + ", offset " +
-                              std::to_string(h.offset) + ", bytes " + std::to_string(h.bytes) + ", channel " +
-                              std::to_string(h.channel) + ", chunk payload " + std::to_string(payload) + ")");
+                              std::to_string(h.offset) + ", bytes " + std::to_string(h.bytes) +
+                              (h.by_reference != 0 ? ", by reference " + std::to_string(h.by_reference) : "") +
+                              ", channel " + std::to_string(h.channel) + ", chunk payload " + std::to_string(payload) +
+                              ")");
   return h;
 }
 

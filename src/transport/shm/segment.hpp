@@ -31,7 +31,7 @@ namespace tutti::transport::shm {
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free &&
               std::atomic<std::int32_t>::is_always_lock_free);
 
-inline constexpr std::uint64_t ready_magic = 0x33736974747574ull;  // "tuttis3", set once initialized
+inline constexpr std::uint64_t ready_magic = 0x34736974747574ull;  // "tuttis4", set once initialized
 // Announced signatures kept per rank. A rank short of slots waits until slot_slack of them are
 // free (so that it meets its peers once per slot_slack collectives, not at every one); with the
 // rest, a rank whose collectives complete without its peers (a broadcast's root) can always run
@@ -41,6 +41,11 @@ inline constexpr std::size_t slot_slack = 32;
 inline constexpr std::size_t signature_slots = run_ahead + slot_slack;
 inline constexpr std::size_t ack_entries = 1024;  // acknowledgements in flight per pair
 inline constexpr std::size_t chunk_header_bytes = 128;
+/// A point-to-point message from this size travels by reference where the segment allows single
+/// copy: one chunk carries the address of its bytes in the sender, the receiver reads them from
+/// there (process_vm_readv) once it matched the message, and only then acks it, which completes
+/// the send. One copy instead of two, and no ring slots.
+inline constexpr std::size_t reference_bytes = 4 * 1024 * 1024;
 inline constexpr std::size_t abort_text_bytes = 1024;
 inline constexpr std::size_t secret_bytes = 32;
 /// Bytes of input a signature slot carries for a small direct collective (the first 16 share the
@@ -140,7 +145,8 @@ struct ChunkHeader {
   std::uint32_t bytes;  // of this chunk
   std::uint8_t channel;
   std::uint8_t has_signature;
-  WireSignature signature;  // the sender's collective (has_signature)
+  std::uint8_t by_reference;  // the payload is the address of the whole message in the sender (see reference_bytes)
+  WireSignature signature;    // the sender's collective (has_signature)
 };
 static_assert(sizeof(ChunkHeader) <= chunk_header_bytes);
 

@@ -1,6 +1,7 @@
 // Moving messages through the rings: posting, matching, chunking, acknowledgements, cancel.
 // The protocol is described in shm_transport.hpp.
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "core/copy.hpp"
@@ -24,6 +25,12 @@ void reserve(std::unique_ptr<std::byte[]>& data, std::size_t& capacity, std::siz
   if (kept > 0) core::copy(bigger.get(), data.get(), kept);
   data = std::move(bigger);
   capacity = grown;
+}
+
+std::uint64_t address_in(const std::byte* payload) {
+  std::uint64_t address;
+  std::memcpy(&address, payload, sizeof address);
+  return address;
 }
 
 }  // namespace
@@ -101,22 +108,23 @@ bool ShmTransport::post_recv_reduce(int peer, const MessageKey& key, void* dst, 
 void ShmTransport::post_recv_op(int peer, const MessageKey& key, RecvOp op) {
   prepare(op.done, peer, key, false);
   const Key k{peer, key.channel, key.seq, key.index};
-  if (auto it = unexpected_.find(k); it != unexpected_.end()) {
-    Unexpected message = std::move(it->second);
-    unexpected_.erase(it);
-    if (accept(k, op, message.total, message.has_signature, message.signature)) {
-      deliver(op, 0, message.data.get(), message.received);
-      if (op.received == op.bytes)
-        complete_recv(k, op);
-      else
-        recvs_.emplace(k, op);  // the rest goes straight into the buffer
-    }
-  } else if (!recvs_.try_emplace(k, op).second) {
-    finish(op.done, Completion::failed,
-           "receive posted twice: seq " + std::to_string(key.seq) + " index " + std::to_string(key.index) +
-               " from rank " + std::to_string(named(peer)));
-  }
   try {
+    if (auto it = unexpected_.find(k); it != unexpected_.end()) {
+      Unexpected message = std::move(it->second);
+      unexpected_.erase(it);
+      if (accept(k, op, message.total, message.has_signature, message.signature)) {
+        const bool read = message.by_reference ? read_reference(peer, op, message.reference)
+                                               : (deliver(op, 0, message.data.get(), message.received), true);
+        if (read && op.received == op.bytes)
+          complete_recv(k, op);
+        else
+          recvs_.emplace(k, op);  // the rest goes straight into the buffer
+      }
+    } else if (!recvs_.try_emplace(k, op).second) {
+      finish(op.done, Completion::failed,
+             "receive posted twice: seq " + std::to_string(key.seq) + " index " + std::to_string(key.index) +
+                 " from rank " + std::to_string(named(peer)));
+    }
     end_round();
   } catch (const Error& error) {
     corrupted(error);
@@ -149,6 +157,30 @@ bool ShmTransport::accept(const Key& key, RecvOp& op, std::size_t total, bool ha
     finish(op.done, Completion::failed,
            size_mismatch(named(key.peer), total, named(rank_), op.bytes, message_key(key)));
   return ok;
+}
+
+bool ShmTransport::read_reference(int src, RecvOp& op, std::uint64_t address) {
+  std::unique_ptr<std::byte[]> staging;
+  if (op.reduce) staging = std::make_unique_for_overwrite<std::byte[]>(op.bytes);
+  std::byte* into = op.reduce ? staging.get() : op.dst;
+  const int failure =
+      read_process_memory(segment_->rank_block(src).pid.load(std::memory_order_relaxed), into, address, op.bytes);
+  const std::string what = "the " + std::to_string(op.bytes) + "-byte message of rank " + std::to_string(named(src));
+  if (failure == EFAULT)
+    throw corrupt_segment(*segment_, named(src),
+                          "the address of a " + std::to_string(op.bytes) +
+                              "-byte message that its memory does not hold (" + std::strerror(failure) + ")");
+  if (failure == ESRCH) throw Error(ErrorCode::peer_failure, "shm: rank " + std::to_string(named(src)) + " died");
+  if (failure != 0)
+    throw Error(ErrorCode::system, "shm: reading " + what + " from its memory failed: " + std::strerror(failure));
+  // A sender gives its buffer back only after its communicator was aborted (a cancelled send):
+  // if that happened, what was read may be anything.
+  if (segment_->header().abort.state.load(std::memory_order_acquire) != 0) return false;
+  if (op.reduce)
+    deliver(op, 0, staging.get(), op.bytes);
+  else
+    op.received = op.bytes;
+  return true;
 }
 
 void ShmTransport::deliver(RecvOp& op, std::size_t offset, const std::byte* data, std::size_t bytes) {
@@ -197,7 +229,11 @@ void ShmTransport::handle_chunk(int src, const ChunkHeader& header, const std::b
       recvs_.erase(it);
       return;
     }
-    deliver(op, header.offset, payload, header.bytes);
+    if (header.by_reference != 0) {
+      if (!read_reference(src, op, address_in(payload))) return;
+    } else {
+      deliver(op, header.offset, payload, header.bytes);
+    }
     if (op.received == op.bytes) {
       complete_recv(key, op);
       recvs_.erase(it);
@@ -207,9 +243,15 @@ void ShmTransport::handle_chunk(int src, const ChunkHeader& header, const std::b
   if (header.offset == 0) {  // unexpected: keep it until its receive is posted
     Unexpected message;
     message.total = header.total;
-    reserve(message.data, message.capacity, 0, header.bytes, header.total);
-    if (header.bytes > 0) core::copy(message.data.get(), payload, header.bytes);
-    message.received = header.bytes;
+    if (header.by_reference != 0) {
+      message.by_reference = true;
+      message.reference = address_in(payload);
+      message.received = header.total;
+    } else {
+      reserve(message.data, message.capacity, 0, header.bytes, header.total);
+      if (header.bytes > 0) core::copy(message.data.get(), payload, header.bytes);
+      message.received = header.bytes;
+    }
     message.has_signature = header.has_signature != 0;
     message.signature = header.signature;
     unexpected_.insert_or_assign(key, std::move(message));
@@ -261,7 +303,9 @@ void ShmTransport::push_sends(int dst) {
       if (ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst) >= slots) break;
     }
     SendOp& op = *queue.front();
-    const std::size_t n = std::min(payload, op.bytes - op.offset);
+    const bool by_reference = op.offset == 0 && op.bytes >= reference_bytes &&
+                              op.key.channel == Channel::point_to_point && segment_->single_copy();
+    const std::size_t n = by_reference ? sizeof(std::uint64_t) : std::min(payload, op.bytes - op.offset);
     ChunkHeader& chunk = segment_->chunk(rank_, dst, head);
     chunk.seq = op.key.seq;
     chunk.total = op.bytes;
@@ -270,9 +314,16 @@ void ShmTransport::push_sends(int dst) {
     chunk.bytes = static_cast<std::uint32_t>(n);
     chunk.channel = static_cast<std::uint8_t>(op.key.channel);
     chunk.has_signature = op.has_signature ? 1 : 0;
+    chunk.by_reference = by_reference ? 1 : 0;
     chunk.signature = op.signature;
-    if (n > 0) core::copy(segment_->payload(rank_, dst, head), op.data + op.offset, n);
-    op.offset += n;
+    if (by_reference) {
+      const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(op.data));
+      std::memcpy(segment_->payload(rank_, dst, head), &address, sizeof address);
+      op.offset = op.bytes;  // read by the receiver before it acks
+    } else {
+      if (n > 0) core::copy(segment_->payload(rank_, dst, head), op.data + op.offset, n);
+      op.offset += n;
+    }
     ring.head.store(++head, std::memory_order_release);
     wake_peer_[static_cast<std::size_t>(dst)] = true;
     if (op.offset < op.bytes) continue;

@@ -12,6 +12,9 @@
 //   - when j matches the message (first chunk, or post of its receive) it answers with an Ack
 //     in ring i->j's ack ring: ok, or the size it expected. The send completes once all chunks
 //     are in the ring and the ack said ok; a size disagreement fails both sides.
+//   - a point-to-point message of reference_bytes or more, where the segment allows single copy,
+//     is one chunk that carries the address of its bytes in i; j reads them from there when it
+//     matches the message, before the ack (segment.hpp).
 //   - every write into a ring is followed by ringing the consumer's doorbell, every slot freed by
 //     ringing the producer's, so that a rank may sleep on its futex until something happens.
 #pragma once
@@ -160,11 +163,17 @@ class ShmTransport final : public Transport {
     std::size_t received = 0;
     bool has_signature = false;
     WireSignature signature;
+    std::uint64_t reference = 0;  // by reference: the address of its `total` bytes in the sender
+    bool by_reference = false;
   };
 
   void post_recv_op(int peer, const MessageKey& key, RecvOp op);
   bool accept(const Key& key, RecvOp& op, std::size_t total, bool has_signature, const WireSignature& theirs);
   void deliver(RecvOp& op, std::size_t offset, const std::byte* data, std::size_t bytes);
+  /// Reads a message sent by reference (the whole of op.bytes) from `src`'s memory at `address`
+  /// into the receive. False: the communicator was aborted meanwhile, so the sender may have let
+  /// the bytes go while they were read; the receive stays posted and fails with the abort.
+  bool read_reference(int src, RecvOp& op, std::uint64_t address);
   void finish(Completion* done, Completion::State state, std::string error = {});
   void complete_recv(const Key& key, RecvOp& op);
   void release_held();
