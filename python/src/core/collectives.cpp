@@ -269,6 +269,16 @@ PreparedCall recv(Comm& comm, py::object buffer, int peer, int tag) {
           }};
 }
 
+// Both at once (no nonblocking twin): returns the sender of what was received.
+int sendrecv(Comm& comm, py::object send, int dest, py::object recv, int source, int send_tag, int recv_tag) {
+  const Site site{"sendrecv", comm};
+  const Buffer s = buffer_of(send, site.role("send", false));
+  const Buffer r = buffer_of(recv, site.role("recv", true));
+  expect_type(r, s, site.role("recv", true), "send");
+  py::gil_scoped_release release;  // s and r, which keep the buffers alive, outlive it
+  return comm.sendrecv(s.data, s.count, dest, r.data, r.count, source, s.type, send_tag, recv_tag);
+}
+
 // Binds `build` twice: `name` runs the call and returns None; `iname` returns its Request.
 template <class... A, class... Extra>
 void def_twin(py::class_<Comm>& cls, const char* name, const char* iname, PreparedCall (*build)(Comm&, A...),
@@ -316,6 +326,10 @@ void bind_collectives(py::class_<tutti::Communicator>& cls) {
            "Sends buffer to peer; messages between two ranks with the same tag arrive in order.");
   def_twin(cls, "recv", "irecv", &recv, arg("buffer"), arg("peer"), arg("tag") = 0,
            "Receives peer's message with this tag into buffer (its size and type must match the send).");
+  cls.def("sendrecv", &sendrecv, arg("send"), arg("dest"), arg("recv"), arg("source"), arg("send_tag") = 0,
+          arg("recv_tag") = 0,
+          "Sends send to dest and receives source's message into recv at once (as MPI_Sendrecv: neighbours "
+          "that exchange); returns the sender.");
 }
 
 }  // namespace tutti_python

@@ -223,15 +223,20 @@ def check_scatter(comm, lib, dtype, n, nonblocking, in_place):
 
 
 def check_send_recv(comm, lib, dtype, n, nonblocking, in_place):
-    """A ring: every rank sends to the next and receives from the previous (tag 5)."""
-    what = f"send/recv {lib} {dtype} n={n} nb={nonblocking} rank {comm.rank}"
+    """A ring: every rank sends to the next and receives from the previous (tag 5). Point to point
+    has no in-place form: `in_place` runs sendrecv instead (blocking whatever `nonblocking` says:
+    it has no nonblocking twin), with a tag of each sender's own."""
+    what = f"send/recv {lib} {dtype} n={n} nb={nonblocking} sendrecv={in_place} rank {comm.rank}"
     p, r = comm.size, comm.rank
     if p == 1:
         return
     out = make(lib, dtype, [block(r, 0, i) for i in range(n)])
     got = poison(lib, dtype, n)
     prev, nxt = (r - 1) % p, (r + 1) % p
-    if nonblocking:
+    if in_place:
+        sender = comm.sendrecv(out, nxt, got, prev, send_tag=10 + r, recv_tag=10 + prev)
+        assert sender == prev, f"{what}: sendrecv returned {sender}, want {prev}"
+    elif nonblocking:
         receiving = comm.irecv(got, prev, tag=5)
         sending = comm.isend(out, nxt, 5)
         assert sending.wait() and receiving.wait()

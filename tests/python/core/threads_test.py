@@ -222,6 +222,11 @@ class Errors(unittest.TestCase):
     def test_type_mismatch_and_bad_types(self):
         self.assertRaisesWith(tutti.InvalidArgument, ["recv has type i32 but send has f32"], self.comm.allreduce,
                               np.ones(3, np.float32), np.ones(3, np.int32))
+        self.assertRaisesWith(tutti.InvalidArgument, ["sendrecv (rank 0)", "recv has type i32 but send has f32"],
+                              self.comm.sendrecv, np.ones(3, np.float32), 0, np.ones(3, np.int32), 0)
+        shared = np.zeros(8, np.int32)
+        self.assertRaisesWith(tutti.InvalidArgument, ["sendrecv: the send and receive buffers overlap"],
+                              self.comm.sendrecv, shared[:5], 0, shared[3:], 0)
         self.assertRaisesWith(tutti.InvalidArgument, ["format 'h'", "no Tutti type"], self.comm.allreduce,
                               np.ones(3, np.int16))
         self.assertRaisesWith(tutti.InvalidArgument, ["no Tutti type"], self.comm.allreduce, np.ones(3, np.bool_))
