@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -51,6 +52,16 @@ std::string run_shm(int p, const std::function<void(Communicator&)>& fn) {
     Communicator comm = communicator(transport::shm::open(name, r, p, 7, attach_timeout));
     fn(comm);
   });
+}
+
+// Two ranks of a fresh segment, for one thread to drive both (transport level).
+std::array<std::unique_ptr<transport::Transport>, 2> open_pair() {
+  const std::string name = unique_shm_name();
+  std::array<std::unique_ptr<transport::Transport>, 2> t;
+  std::thread other([&] { t[1] = transport::shm::open(name, 1, 2, 3, attach_timeout); });
+  t[0] = transport::shm::open(name, 0, 2, 3, attach_timeout);
+  other.join();
+  return t;
 }
 
 class Shm : public ::testing::Test {
@@ -248,11 +259,7 @@ TEST_F(Shm, LargeMessagesTravelByReferenceExactly) {
 // sender's address; the send completes only once the receiver has read it; a receive of another
 // size fails both sides with the sizes, and nothing is read into it.
 TEST_F(Shm, AMessageByReferenceIsOneChunkReadBeforeItsAck) {
-  const std::string name = unique_shm_name();
-  std::unique_ptr<transport::Transport> t[2];
-  std::thread other([&] { t[1] = transport::shm::open(name, 1, 2, 3, attach_timeout); });
-  t[0] = transport::shm::open(name, 0, 2, 3, attach_timeout);
-  other.join();
+  auto t = open_pair();
   auto& segment = static_cast<transport::shm::ShmTransport&>(*t[0]).segment();
   ASSERT_TRUE(segment.single_copy());
   const std::size_t bytes = transport::shm::reference_bytes;
@@ -315,11 +322,7 @@ TEST_F(Shm, TimeoutAbortsForEveryRank) {
 
 // Transport level: a receive cancelled while its message is half received gets no more bytes.
 TEST_F(Shm, CancelStopsAPartialReceive) {
-  const std::string name = unique_shm_name();
-  std::unique_ptr<transport::Transport> t[2];
-  std::thread other([&] { t[1] = transport::shm::open(name, 1, 2, 3, attach_timeout); });
-  t[0] = transport::shm::open(name, 0, 2, 3, attach_timeout);
-  other.join();
+  auto t = open_pair();
   const std::size_t bytes = 3 << 20;  // 6 times the ring; below reference_bytes, so in chunks
   static_assert((3 << 20) < transport::shm::reference_bytes);
   std::vector<std::byte> out(bytes, std::byte{1}), in(bytes, std::byte{0});
