@@ -732,6 +732,46 @@ void expect_mismatch_everywhere(const std::vector<std::string>& first, const std
   }
 }
 
+// Alltoallv counts on which two ranks disagree (rank 0 sends rank 1 one element more, or one
+// fewer, than rank 1 expects), with inputs small enough for the data set and too large for it
+// (read from the peer): the direct exchange raises mismatch on every rank from that call, naming
+// both counts, and the rank that expected another count finds nothing written into its buffer
+// (it used to return with its peer's next block, or bytes past its input, in its result).
+TEST_F(ShmDirect, AlltoallvCountsThatDisagreeRaiseMismatchOnEveryRankBeforeAnythingIsRead) {
+  const int p = 3;
+  for (const std::size_t n : {std::size_t{2}, std::size_t{100'000}})
+    for (const int extra : {1, -1}) {
+      std::vector<std::string> errors(p);
+      std::vector<int> untouched(p, 0);
+      EXPECT_EQ(
+          run_ranks(
+              p,
+              [&](Rank& rank) {
+                const int r = rank.comm.rank();
+                std::vector<std::size_t> send(p, n), recv(p, n);
+                if (r == 1) recv[0] = n + static_cast<std::size_t>(static_cast<long>(extra));
+                std::vector<float> in(p * n + 1, static_cast<float>(r)), out(p * n + 1, -1.0f);
+                try {
+                  rank.comm.alltoallv(in.data(), send, out.data(), recv, DataType::f32, {Algorithm::direct, timeout});
+                  errors[static_cast<std::size_t>(r)] = "ok";
+                } catch (const Error& e) {
+                  errors[static_cast<std::size_t>(r)] = std::string(to_string(e.code())) + ": " + e.what();
+                }
+                untouched[static_cast<std::size_t>(r)] = static_cast<int>(std::count(out.begin(), out.end(), -1.0f));
+              }),
+          "");
+      const std::string want = "rank 0 sends " + std::to_string(n) + " elements to rank 1, which expects " +
+                               std::to_string(n + static_cast<std::size_t>(static_cast<long>(extra))) +
+                               " (recv_counts[0])";
+      for (int r = 0; r < p; ++r) {
+        const std::string& e = errors[static_cast<std::size_t>(r)];
+        EXPECT_EQ(e.rfind("mismatch: ", 0), 0u) << "n=" << n << " extra=" << extra << " rank " << r << ": " << e;
+        EXPECT_NE(e.find(want), std::string::npos) << e;
+      }
+      EXPECT_EQ(untouched[1], static_cast<int>(p * n + 1)) << "n=" << n << " extra=" << extra;
+    }
+}
+
 // An inline broadcast waits for the root only, so a rank may return from a broadcast that another
 // rank mismatched; the communicator is aborted all the same, and that rank's next call raises it.
 // The rank that disagrees with the root fails in the broadcast itself, its buffer untouched.

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "transport/shm/direct_run.hpp"
 
@@ -40,13 +41,14 @@ void DirectRun::run_single_copy_phase(std::size_t phase) {
 void DirectRun::run_exchange_phase(std::size_t phase) {
   const int p = size(), r = rank();
   const auto up = static_cast<std::size_t>(p);
-  // A rank's part of the set: [whether its input follows, its p send displacements, its input].
-  const std::size_t header = (1 + up) * sizeof(std::uint64_t), input = send_starts_.back() * esize_;
+  // A rank's part of the set: [whether its input follows, its p + 1 send displacements (the last
+  // one the input's end), its input].
+  const std::size_t header = (2 + up) * sizeof(std::uint64_t), input = send_starts_.back() * esize_;
   if (phase == 0) {
     auto* mine = reinterpret_cast<std::uint64_t*>(slot(0, r));
     const bool inline_input = header + input <= segment_.layout().direct_chunk;
     mine[0] = inline_input ? 1 : 0;
-    for (std::size_t q = 0; q < up; ++q) mine[1 + q] = send_starts_[q];
+    for (std::size_t q = 0; q <= up; ++q) mine[1 + q] = send_starts_[q];
     if (inline_input && input > 0)
       core::copy(slot(0, r) + header, send_, input);
     else
@@ -54,13 +56,40 @@ void DirectRun::run_exchange_phase(std::size_t phase) {
     return;
   }
   if (phase != 1) return;
+  // Every block is checked before any is read: what rank q sends here must be what this rank
+  // expects from q (recv_counts[q]), and lie within q's input as q published it (a rank's block
+  // to itself was checked by validate).
+  std::vector<std::uint64_t> theirs(2 + up);
+  const auto disagree = [&](int q, std::uint64_t sent) {
+    fail(Error(ErrorCode::mismatch, where() + ": rank " + std::to_string(q) + " sends " + std::to_string(sent) +
+                                        " elements to rank " + std::to_string(r) + ", which expects " +
+                                        std::to_string(block_elems(q)) + " (recv_counts[" + std::to_string(q) + "])"));
+  };
+  const auto ur = static_cast<std::size_t>(r);
+  std::vector<std::uint64_t> offsets(up, 0);
+  std::vector<bool> inline_inputs(up, false);
+  for (int q = 0; q < p; ++q) {
+    if (q == r) continue;
+    std::memcpy(theirs.data(), slot(0, q), theirs.size() * sizeof(std::uint64_t));  // once: q may change it
+    const std::uint64_t begin = theirs[1 + ur], end = theirs[2 + ur];
+    const std::uint64_t total = theirs[1 + up];
+    const bool inline_input = theirs[0] == 1;
+    const bool well_formed = theirs[0] <= 1 && begin <= end && end <= total &&
+                             (!inline_input || total <= (segment_.layout().direct_chunk - header) / esize_);
+    if (!well_formed)
+      fail(corrupt_segment(segment_, q,
+                           "alltoallv displacements that do not fit its input (block " + std::to_string(begin) +
+                               " to " + std::to_string(end) + " of " + std::to_string(total) + " elements)"));
+    if (end - begin != block_elems(q)) disagree(q, end - begin);
+    offsets[static_cast<std::size_t>(q)] = begin * esize_;
+    inline_inputs[static_cast<std::size_t>(q)] = inline_input;
+  }
   for (int i = 1; i < p; ++i) {
     const int q = (r + i) % p;  // each rank starts with a different peer
     const std::size_t len = block_elems(q) * esize_;
     if (len == 0) continue;
-    const auto* theirs = reinterpret_cast<const std::uint64_t*>(slot(0, q));
-    const std::size_t offset = theirs[1 + static_cast<std::size_t>(r)] * esize_;
-    if (theirs[0] != 0)
+    const std::size_t offset = offsets[static_cast<std::size_t>(q)];
+    if (inline_inputs[static_cast<std::size_t>(q)])
       copy_out_(recv_ + block_offset(q), slot(0, q) + header + offset, len);
     else
       read_input(q, offset, recv_ + block_offset(q), len);
