@@ -1079,8 +1079,9 @@ TEST_F(ShmDirect, ExitedProcessIsReportedToTheOthers) {
 // Allgather, reduce_scatter and broadcast from single_copy_bytes on read the peers' buffers in
 // place (process_vm_readv) up to their limits: exact results on both sides of each limit, in and
 // out of place, every root, with single copy on (where the system allows it) and off.
-// (Broadcast no longer single copies; its sizes around the former limit, 1 MiB, stay covered.)
-TEST_F(ShmDirect, SingleCopyAllgatherAndReduceScatterAroundTheirLimitsAndBroadcast) {
+// Reduce_scatter around its single-copy limits; allgather and broadcast, which no longer single
+// copy, around their former limits (16 KiB, 1 MiB).
+TEST_F(ShmDirect, SizesAroundTheSingleCopyLimits) {
   const std::size_t low = transport::shm::single_copy_bytes / sizeof(float);
   const std::size_t high = (std::size_t{1} << 20) / sizeof(float);
   for (const char* setting : {"1", "0"}) {

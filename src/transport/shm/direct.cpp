@@ -97,14 +97,11 @@ void DirectRun::plan() {
     return;
   }
   if (describes_ && plan_zero_copy()) return;
-  // Not gather, scatter and broadcast: one rank would do all the reading (a gather's root) or wait
-  // idle (a scatter's or a broadcast's root), where through the data sets the root and the others
-  // copy at once, chunk after chunk (faster at every size from 16 KiB at p = 2 and 4:
-  // docs/performance.md).
-  const bool single_copy_pays =
-      kind_ == Collective::alltoall ||
-      ((kind_ == Collective::allgather || kind_ == Collective::allgatherv) && bytes * p < streaming_bytes) ||
-      (kind_ == Collective::reduce_scatter && bytes * p < single_copy_reduce_scatter_limit);
+  // Only a small reduce_scatter: for the others the data sets, where every rank copies in and out
+  // at once, chunk after chunk, in the cache, were faster than the kernel's copy straight from the
+  // peers' buffers at every size measured (gather, scatter and broadcast from 16 KiB; allgather,
+  // allgatherv and alltoall from 32 KiB to 16 MiB, at p = 2 and 4: docs/performance.md).
+  const bool single_copy_pays = kind_ == Collective::reduce_scatter && bytes * p < single_copy_reduce_scatter_limit;
   if (single_copy_pays && bytes >= single_copy_bytes && p > 1 && segment_.single_copy()) {
     single_copy_ = true, chunks_ = 0, phases_ = 3;
     return;

@@ -23,16 +23,14 @@ namespace tutti::transport::shm {
 /// results stay in the cache, ordinary stores are faster. Where each threshold here comes from:
 /// docs/performance.md, "Where the shared-memory thresholds come from".
 inline constexpr std::size_t small_allreduce_bytes = 16 * 1024;
-/// An allgather block or a reduce_scatter block of at least this many bytes is read by each rank
-/// straight from the peer's buffer (process_vm_readv), where the segment allows it
-/// (Segment::single_copy): into its result (one copy instead of two), or for reduce_scatter into
-/// a scratch piece it reduces from while the piece is in its cache (instead of reading lines a
-/// peer has just written), at the price of a system call per peer. Up to a limit: the kernel's
-/// copy is slower than ours, which from the limit on wins by streaming stores (an allgather's
-/// result of streaming_bytes or more) or by reducing in the large chunks of the two-copy path (a
-/// reduce_scatter input of 128 KiB or more). A broadcast never reads the root's buffer this way:
-/// through the data sets the root and the receivers copy at once, chunk after chunk, which was
-/// faster at every size measured (as for gather and scatter; docs/performance.md).
+/// A reduce_scatter block of at least this many bytes is read by each rank straight from the
+/// peers' buffers (process_vm_readv), where the segment allows it (Segment::single_copy), into a
+/// scratch piece it reduces from while the piece is in its cache (instead of reading lines a peer
+/// has just written), at the price of a system call per peer; up to an input of
+/// single_copy_reduce_scatter_limit, from which the two-copy path's large chunks win. No other
+/// collective reads its peers' buffers this way (but alltoallv's larger inputs): through the data
+/// sets every rank copies in and out at once, chunk after chunk, which was faster at every size
+/// measured (docs/performance.md).
 inline constexpr std::size_t single_copy_bytes = 16 * 1024;
 inline constexpr std::size_t single_copy_reduce_scatter_limit = 128 * 1024;  // the whole input
 inline constexpr std::size_t streaming_bytes = std::size_t{32} << 20;
