@@ -408,9 +408,7 @@ void ShmTransport::wait(std::uint64_t seen, clock::time_point deadline) {
     }
   }
   if (wait_hook_) wait_hook_(false);
-  const auto now = clock::now();
-  if (now >= deadline) return;
-  sleep_on_doorbell(self_, expected, std::min<clock::duration>(deadline - now, longest_sleep));
+  wait_in_background(seen, deadline);
 }
 
 void ShmTransport::wait_in_background(std::uint64_t seen, clock::time_point deadline) {

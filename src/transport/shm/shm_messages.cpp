@@ -159,27 +159,24 @@ bool ShmTransport::accept(const Key& key, RecvOp& op, std::size_t total, bool ha
   return ok;
 }
 
+// (Only point-to-point messages travel by reference, read_chunk makes sure, and a receive that
+// reduces is only ever posted for a collective's message: this one lands as it is.)
 bool ShmTransport::read_reference(int src, RecvOp& op, std::uint64_t address) {
-  std::unique_ptr<std::byte[]> staging;
-  if (op.reduce) staging = std::make_unique_for_overwrite<std::byte[]>(op.bytes);
-  std::byte* into = op.reduce ? staging.get() : op.dst;
   const int failure =
-      read_process_memory(segment_->rank_block(src).pid.load(std::memory_order_relaxed), into, address, op.bytes);
-  const std::string what = "the " + std::to_string(op.bytes) + "-byte message of rank " + std::to_string(named(src));
+      read_process_memory(segment_->rank_block(src).pid.load(std::memory_order_relaxed), op.dst, address, op.bytes);
   if (failure == EFAULT)
     throw corrupt_segment(*segment_, named(src),
                           "the address of a " + std::to_string(op.bytes) +
                               "-byte message that its memory does not hold (" + std::strerror(failure) + ")");
   if (failure == ESRCH) throw Error(ErrorCode::peer_failure, "shm: rank " + std::to_string(named(src)) + " died");
   if (failure != 0)
-    throw Error(ErrorCode::system, "shm: reading " + what + " from its memory failed: " + std::strerror(failure));
+    throw Error(ErrorCode::system, "shm: reading the " + std::to_string(op.bytes) + "-byte message of rank " +
+                                       std::to_string(named(src)) +
+                                       " from its memory failed: " + std::strerror(failure));
   // A sender gives its buffer back only after its communicator was aborted (a cancelled send):
   // if that happened, what was read may be anything.
   if (segment_->header().abort.state.load(std::memory_order_acquire) != 0) return false;
-  if (op.reduce)
-    deliver(op, 0, staging.get(), op.bytes);
-  else
-    op.received = op.bytes;
+  op.received = op.bytes;
   return true;
 }
 
