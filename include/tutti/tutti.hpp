@@ -138,14 +138,18 @@ class Communicator {
   void barrier(const Options& options = {});
   /// Point to point; messages between two ranks with the same tag arrive in order (a receive
   /// takes the earliest message not yet taken). A receive's count must equal the send's
-  /// (otherwise Error(mismatch) on both sides). `peer` of a receive may be `any_source`: it takes
-  /// the first message with `tag` to arrive from any rank (this one included), as MPI_ANY_SOURCE;
+  /// (otherwise Error(mismatch) on both sides: the receive raises it and aborts the communicator;
+  /// a send that returned before, being eager, leaves it to the sender's next call). `peer` of a
+  /// receive may be `any_source`: it takes the first message with `tag` to arrive from any rank
+  /// (this one included), as MPI_ANY_SOURCE;
   /// the others stay, in order, for later receives. Receives of one tag match in the order
   /// issued, so a named receive issued after an unfinished any_source receive of its tag waits
   /// for it. An any_source receive holds size() staging buffers of the message's size while it
   /// waits. Returns the sender's rank. Errors: timeout, peer_failure, mismatch, as collectives.
-  /// A send may return only once its receive was posted (over shared memory and TCP it does,
-  /// as MPI_Ssend): ranks that send to each other at once use sendrecv.
+  /// A send may return only once its receive was posted (as MPI_Ssend; over TCP it does, and over
+  /// shared memory from 4 KiB): ranks that send to each other at once use sendrecv. Over shared
+  /// memory a send of up to 4 KiB is eager (as MPI's standard send): it returns once its bytes are
+  /// in the pair's ring, before the receive is posted.
   void send(const void* data, std::size_t count, DataType type, int peer, int tag = 0);
   int recv(void* data, std::size_t count, DataType type, int peer, int tag = 0);
   /// Sends `send` to `dest` and receives into `recv` from `source` at once, as MPI_Sendrecv: the

@@ -136,6 +136,15 @@ class NativeCollective {
   virtual std::optional<std::chrono::microseconds> poll_period() const { return std::nullopt; }
 };
 
+/// A pause of the core between two polls of a spinning wait.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 class Transport;
 
 /// Polls of a small collective before finish() first reads the clock or arranges a wake-up: its
@@ -211,11 +220,7 @@ class Transport {
   virtual void wake() = 0;
   /// Passes a moment between two polls of a spinning caller: a pause of the core, or giving it up
   /// where ranks outnumber cores (the peer being waited for may need it).
-  virtual void relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-  }
+  virtual void relax() { cpu_relax(); }
   /// True when only the threads that call the communicator may progress it (MPI below
   /// MPI_THREAD_SERIALIZED): the progress engine then leaves it alone, and nonblocking operations
   /// advance only inside the caller's test, wait and later calls.

@@ -103,13 +103,18 @@ void check_chunk(const shm::Segment& segment, int from, int to, std::uint64_t sl
   const std::uint64_t payload = segment.layout().payload;
   // What the sender's chunking gives: the message cut into chunks of `payload` bytes, the last
   // shorter; or a point-to-point message of reference_bytes or more by reference, one chunk whose
-  // payload is an 8-byte address.
+  // payload is an 8-byte address; either may be eager (below).
   const bool cut = written.by_reference == 0 && written.offset <= written.total && written.offset % payload == 0 &&
                    written.bytes == std::min<std::uint64_t>(payload, written.total - written.offset);
   const bool by_reference = written.by_reference == 1 && written.offset == 0 && written.bytes == 8 &&
                             written.total >= shm::reference_bytes &&
                             written.channel == static_cast<std::uint8_t>(transport::Channel::point_to_point);
-  const bool valid = (cut || by_reference) &&
+  // An eager message: a whole point-to-point message of at most eager_bytes, in one chunk.
+  const bool eager =
+      written.eager == 0 || (written.eager == 1 && written.by_reference == 0 && written.offset == 0 &&
+                             written.bytes == written.total && written.total <= shm::eager_bytes &&
+                             written.channel == static_cast<std::uint8_t>(transport::Channel::point_to_point));
+  const bool valid = (cut || by_reference) && eager &&
                      written.channel <= static_cast<std::uint8_t>(transport::Channel::point_to_point) &&
                      written.has_signature <= 1;
   shm::ChunkHeader h;
@@ -123,7 +128,7 @@ void check_chunk(const shm::Segment& segment, int from, int to, std::uint64_t sl
   require(valid, "read_chunk accepted an invalid chunk header");
   require(h.seq == written.seq && h.total == written.total && h.offset == written.offset && h.index == written.index &&
               h.bytes == written.bytes && h.channel == written.channel && h.has_signature == written.has_signature &&
-              h.by_reference == written.by_reference && h.signature == written.signature,
+              h.by_reference == written.by_reference && h.eager == written.eager && h.signature == written.signature,
           "read_chunk returned other fields than were written");
   // What the receiver then relies on: the chunk fits the slot's payload and the message.
   require(h.bytes <= payload && h.offset <= h.total && h.bytes <= h.total - h.offset,

@@ -99,10 +99,14 @@ def tcp_seeds():
 ACK_ENTRIES = 1024
 SLOTS = 8
 PAYLOAD = 64 * 1024
+EAGER_BYTES = 4096  # segment.hpp: eager_bytes
+REFERENCE_BYTES = 4 * 1024 * 1024  # segment.hpp: reference_bytes
 
 
-def chunk(seq=5, total=0, offset=0, index=0, bytes_=0, channel=P2P, has_signature=0, sig=None):
-    return struct.pack("<QQQIIBB6x", seq, total, offset, index, bytes_, channel, has_signature) + (
+def chunk(seq=5, total=0, offset=0, index=0, bytes_=0, channel=P2P, has_signature=0, by_reference=0, eager=0,
+          sig=None):
+    return struct.pack("<QQQIIBBBB4x", seq, total, offset, index, bytes_, channel, has_signature, by_reference,
+                       eager) + (
         sig if sig is not None else signature())
 
 
@@ -135,6 +139,12 @@ def shm_seeds():
         "chunk_total_max": shm_input(chunk_=chunk(total=(1 << 64) - 1, offset=(1 << 64) - PAYLOAD, bytes_=PAYLOAD - 1)),
         "chunk_bad_channel": shm_input(chunk_=chunk(total=400, bytes_=400, channel=7)),
         "chunk_bad_signature_flag": shm_input(chunk_=chunk(total=400, bytes_=400, has_signature=2)),
+        "chunk_by_reference": shm_input(chunk_=chunk(total=REFERENCE_BYTES, bytes_=8, by_reference=1)),
+        "chunk_eager": shm_input(chunk_=chunk(total=EAGER_BYTES, bytes_=EAGER_BYTES, eager=1)),
+        "chunk_eager_beyond_its_limit": shm_input(chunk_=chunk(total=EAGER_BYTES + 1, bytes_=EAGER_BYTES + 1, eager=1)),
+        "chunk_eager_collective": shm_input(chunk_=chunk(channel=COLLECTIVE, total=8, bytes_=8, eager=1)),
+        "chunk_eager_by_reference": shm_input(chunk_=chunk(total=REFERENCE_BYTES, bytes_=8, by_reference=1, eager=1)),
+        "chunk_eager_flag_2": shm_input(chunk_=chunk(total=8, bytes_=8, eager=2)),
         "ack_bad_ok": shm_input(ack_=ack(ok=2)),
         "ack_bad_channel": shm_input(ack_=ack(channel=9)),
         "slot_indices_max": shm_input(slot=(1 << 64) - 1, ack_index=(1 << 64) - 1),

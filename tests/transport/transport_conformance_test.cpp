@@ -5,6 +5,7 @@
 // (mpi_conformance_test.cpp). Every call has a deadline, and shm leaves no segment behind.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <functional>
@@ -21,6 +22,7 @@
 #include "threads.hpp"
 #include "transport/inproc/inproc.hpp"
 #include "transport/routed/routed.hpp"
+#include "transport/shm/segment.hpp"
 #include "transport/shm/shm.hpp"
 #include "transport_cases.hpp"
 #include "tutti/tutti.hpp"
@@ -48,7 +50,7 @@ struct InprocGroup {
 };
 
 struct ShmGroup {
-  static constexpr Traits traits{};
+  static constexpr Traits traits{.eager_bytes = transport::shm::eager_bytes};
   // Ranks attach to one fresh segment, each from its own thread as a process would.
   static Transports make(int p) {
     const std::string name = unique_shm_name();
@@ -265,17 +267,22 @@ TYPED_TEST(TransportConformance, SizeMismatchedSendRecvRaisesOnBothRanks) {
     std::size_t sent, expected;
     int tag;
   };
-  for (const Setup s : {Setup{DataType::f32, 10, 12, 3}, Setup{DataType::i32, 10, 9, 0}}) {
+  // Larger than an eager message (4 KiB over shm), the send raises; a small one, where it is
+  // eager, returned, and the sender's next call raises with the receiver's text (it aborted).
+  for (const Setup s :
+       {Setup{DataType::f32, 1100, 1200, 3}, Setup{DataType::i32, 1100, 1099, 0}, Setup{DataType::i32, 10, 12, 5}}) {
     const std::string want = transport::size_mismatch(
         0, s.sent * 4, 1, s.expected * 4, {transport::Channel::point_to_point, static_cast<std::uint64_t>(s.tag), 0});
     std::vector<std::string> errors(2, "no error");
     const std::string failures = run_communicators<TypeParam>(2, [&](Communicator& comm) {
-      std::vector<std::int32_t> data(12, 1);
+      std::vector<std::int32_t> data(1200, 1);
       try {
-        if (comm.rank() == 0)
+        if (comm.rank() == 0) {
           comm.send(data.data(), s.sent, s.type, 1, s.tag);
-        else
+          comm.barrier({Algorithm::automatic, op_timeout});
+        } else {
           comm.recv(data.data(), s.expected, s.type, 0, s.tag);
+        }
       } catch (const Error& e) {
         errors[static_cast<std::size_t>(comm.rank())] = std::string(to_string(e.code())) + ": " + e.what();
       }
@@ -286,6 +293,25 @@ TYPED_TEST(TransportConformance, SizeMismatchedSendRecvRaisesOnBothRanks) {
       EXPECT_NE(e.find(want), std::string::npos) << e;
     }
   }
+}
+
+// Small sends are eager over shared memory (Traits::eager_bytes): a send completes before its
+// receive is posted, so two ranks that both send first do not wait for each other, and a
+// receive posted after several messages arrived takes each by its tag. Elsewhere: skipped.
+TYPED_TEST(TransportConformance, EagerSendsCompleteBeforeTheirReceive) {
+  if (TypeParam::traits.eager_bytes == 0) GTEST_SKIP() << "this transport sends no message eagerly";
+  const std::size_t n = TypeParam::traits.eager_bytes / 4;
+  const std::string failures = run_communicators<TypeParam>(2, [&](Communicator& comm) {
+    const int r = comm.rank(), other = 1 - r;
+    std::vector<std::int32_t> first(n, 10 * r + 1), second(1, 10 * r + 2), got_first(n, -1), got_second(1, -1);
+    comm.send(first.data(), n, DataType::i32, other, 1);  // both send before either receives
+    comm.send(second.data(), 1, DataType::i32, other, 2);
+    EXPECT_EQ(comm.recv(got_second.data(), 1, DataType::i32, other, 2), other);  // the later one first
+    EXPECT_EQ(comm.recv(got_first.data(), n, DataType::i32, other, 1), other);
+    EXPECT_EQ(got_second[0], 10 * other + 2);
+    EXPECT_EQ(std::count(got_first.begin(), got_first.end(), 10 * other + 1), static_cast<std::ptrdiff_t>(n));
+  });
+  EXPECT_EQ(failures, "");
 }
 
 // ---- receives from any source ----
@@ -329,12 +355,12 @@ TYPED_TEST(TransportConformance, AnySourceTimesOutWhenNobodySends) {
 TYPED_TEST(TransportConformance, AnySourceOfAnotherSizeRaisesMismatchOnBothRanks) {
   std::vector<std::string> errors(2, "no error");
   const std::string failures = run_communicators<TypeParam>(2, [&](Communicator& comm) {
-    std::vector<std::int32_t> data(8, 1);
+    std::vector<std::int32_t> data(1100, 1);  // larger than an eager message
     try {
       if (comm.rank() == 1)
-        comm.send(data.data(), 8, DataType::i32, 0, 3);
+        comm.send(data.data(), 1100, DataType::i32, 0, 3);
       else
-        comm.recv(data.data(), 4, DataType::i32, any_source, 3);
+        comm.recv(data.data(), 1050, DataType::i32, any_source, 3);
     } catch (const Error& e) {
       errors[static_cast<std::size_t>(comm.rank())] = std::string(to_string(e.code())) + ": " + e.what();
     }
@@ -433,14 +459,16 @@ TYPED_TEST(TransportConformance, SendrecvRefusesBadArgumentsAndRaisesMismatchOnB
     EXPECT_EQ(in[0], other + 1);
     EXPECT_EQ(in[8], 0);
     EXPECT_EQ(comm.sendrecv(data.data(), 0, other, data.data(), 0, other, DataType::i32), other);
+    // Larger than an eager message: the send waits for its receive.
+    std::vector<std::int32_t> large(1200, r), large_in(1100, 0);
     try {
-      comm.sendrecv(data.data(), r == 0 ? 8 : 10, other, in.data(), 8, other, DataType::i32, 3, 3);
+      comm.sendrecv(large.data(), r == 0 ? 1100 : 1200, other, large_in.data(), 1100, other, DataType::i32, 3, 3);
     } catch (const Error& e) {
       errors[static_cast<std::size_t>(r)] = std::string(to_string(e.code())) + ": " + e.what();
     }
   });
   EXPECT_EQ(failures, "");
-  const std::string want = transport::size_mismatch(1, 40, 0, 32, {transport::Channel::point_to_point, 3, 0});
+  const std::string want = transport::size_mismatch(1, 4800, 0, 4400, {transport::Channel::point_to_point, 3, 0});
   for (const std::string& e : errors) {
     EXPECT_EQ(e.rfind("mismatch: ", 0), 0u) << e;
     EXPECT_NE(e.find(want), std::string::npos) << e;
@@ -456,12 +484,13 @@ TYPED_TEST(TransportConformance, BlockingPointToPointTimesOutNamingThePeer) {
   for (int call = 0; call < 2; ++call) {
     const std::string failures = run_communicators<TypeParam>(2, [&](Communicator& comm) {
       if (comm.rank() != 0) return;
-      std::int32_t out = 1, in = 0;
+      std::vector<std::int32_t> out(2000, 1);  // larger than an eager message: the send waits too
+      std::int32_t in = 0;
       try {
         if (call == 0)
           comm.recv(&in, 1, DataType::i32, 1, 5);
         else
-          comm.sendrecv(&out, 1, 1, &in, 1, 1, DataType::i32, 4, 4);
+          comm.sendrecv(out.data(), out.size(), 1, &in, 1, 1, DataType::i32, 4, 4);
       } catch (const Error& e) {
         errors[static_cast<std::size_t>(call)] = std::string(to_string(e.code())) + ": " + e.what();
       }
@@ -473,7 +502,7 @@ TYPED_TEST(TransportConformance, BlockingPointToPointTimesOutNamingThePeer) {
             "timeout: rank 0: recv(count=1, i32, from rank 1, tag 5) timed out after 300 ms; still "
             "waiting for rank(s) 1");
   EXPECT_EQ(errors[1],
-            "timeout: rank 0: send(count=1, i32, to rank 1, tag 4) timed out after 300 ms; still "
+            "timeout: rank 0: send(count=2000, i32, to rank 1, tag 4) timed out after 300 ms; still "
             "waiting for rank(s) 1");
   EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
 }

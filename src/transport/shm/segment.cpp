@@ -293,13 +293,18 @@ ChunkHeader read_chunk(const Segment& segment, int from, int to, std::uint64_t n
                                    h.channel == static_cast<std::uint8_t>(Channel::point_to_point)
                              : h.by_reference == 0 && h.offset <= h.total && h.offset % payload == 0 &&
                                    h.bytes == std::min<std::uint64_t>(payload, h.total - h.offset);
-  if (!cut_right || h.channel > static_cast<std::uint8_t>(Channel::point_to_point) || h.has_signature > 1)
+  // An eager message is a whole small point-to-point message in one chunk.
+  const bool eager_right =
+      h.eager == 0 || (h.eager == 1 && h.by_reference == 0 && h.offset == 0 && h.bytes == h.total &&
+                       h.total <= eager_bytes && h.channel == static_cast<std::uint8_t>(Channel::point_to_point));
+  if (!cut_right || !eager_right || h.channel > static_cast<std::uint8_t>(Channel::point_to_point) ||
+      h.has_signature > 1)
     throw corrupt_segment(segment, from,
                           "an invalid chunk header (total " + std::to_string(h.total) + ", offset " +
                               std::to_string(h.offset) + ", bytes " + std::to_string(h.bytes) +
                               (h.by_reference != 0 ? ", by reference " + std::to_string(h.by_reference) : "") +
-                              ", channel " + std::to_string(h.channel) + ", chunk payload " + std::to_string(payload) +
-                              ")");
+                              (h.eager != 0 ? ", eager " + std::to_string(h.eager) : "") + ", channel " +
+                              std::to_string(h.channel) + ", chunk payload " + std::to_string(payload) + ")");
   return h;
 }
 
@@ -377,14 +382,58 @@ void ring_doorbell(RankBlock& block) {
   if (block.sleepers.load(std::memory_order_seq_cst) != 0) futex(block.generation, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
-void sleep_on_doorbell(RankBlock& block, std::uint32_t seen, std::chrono::nanoseconds timeout) {
+// seq_cst on both sides (here and in sleep_on_doorbell), as ring_doorbell: either the sleeper
+// sees the local generation move, or we see it counted and ring the shared doorbell, whose
+// generation the sleeper's FUTEX_WAIT compares.
+void ring_local(LocalBell& bell, RankBlock& block) {
+  bell.generation.fetch_add(1, std::memory_order_seq_cst);
+  if (bell.sleepers.load(std::memory_order_seq_cst) != 0) ring_doorbell(block);
+}
+
+void ring_if_sleeping(Segment& segment, int to) {
+  RankBlock& block = segment.rank_block(to);
+  if (block.sleepers.load(std::memory_order_seq_cst) != 0) ring_doorbell(block);
+}
+
+namespace {
+
+std::uint32_t token_low(const Segment& segment, int rank, std::uint32_t generation, bool rings) {
+  if (!rings) return generation;
+  std::uint64_t sum = generation;
+  for (int r = 0; r < segment.layout().size; ++r) {
+    const RingHeader& in = segment.ring(r, rank);
+    const RingHeader& out = segment.ring(rank, r);
+    sum += in.head.load(std::memory_order_seq_cst) + in.ack_tail.load(std::memory_order_seq_cst) +
+           out.tail.load(std::memory_order_seq_cst) + out.ack_head.load(std::memory_order_seq_cst);
+  }
+  return static_cast<std::uint32_t>(sum);
+}
+
+}  // namespace
+
+std::uint64_t doorbell_token(const Segment& segment, int rank, const LocalBell& bell, bool rings) {
+  const std::uint32_t generation = segment.rank_block(rank).generation.load(std::memory_order_acquire);
+  return std::uint64_t{bell.generation.load(std::memory_order_acquire)} << 32 |
+         token_low(segment, rank, generation, rings);
+}
+
+void sleep_on_doorbell(Segment& segment, int rank, LocalBell& bell, std::uint64_t seen, bool rings,
+                       std::chrono::nanoseconds timeout) {
   if (timeout.count() <= 0) return;
   timespec ts{};
   ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
   ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  RankBlock& block = segment.rank_block(rank);
+  bell.sleepers.fetch_add(1, std::memory_order_seq_cst);
   block.sleepers.fetch_add(1, std::memory_order_seq_cst);
-  if (block.generation.load(std::memory_order_seq_cst) == seen) futex(block.generation, FUTEX_WAIT, seen, &ts);
+  // Counted first, then read: a peer that moved a counter after these reads sees us counted and
+  // rings, which moves the generation FUTEX_WAIT compares.
+  const std::uint32_t generation = block.generation.load(std::memory_order_seq_cst);
+  const std::uint64_t now = std::uint64_t{bell.generation.load(std::memory_order_seq_cst)} << 32 |
+                            token_low(segment, rank, generation, rings);
+  if (now == seen) futex(block.generation, FUTEX_WAIT, generation, &ts);
   block.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  bell.sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 }  // namespace tutti::transport::shm

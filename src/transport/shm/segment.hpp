@@ -31,7 +31,7 @@ namespace tutti::transport::shm {
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free &&
               std::atomic<std::int32_t>::is_always_lock_free);
 
-inline constexpr std::uint64_t ready_magic = 0x34736974747574ull;  // "tuttis4", set once initialized
+inline constexpr std::uint64_t ready_magic = 0x35736974747574ull;  // "tuttis5", set once initialized
 // Announced signatures kept per rank. A rank short of slots waits until slot_slack of them are
 // free (so that it meets its peers once per slot_slack collectives, not at every one); with the
 // rest, a rank whose collectives complete without its peers (a broadcast's root) can always run
@@ -46,6 +46,10 @@ inline constexpr std::size_t chunk_header_bytes = 128;
 /// there (process_vm_readv) once it matched the message, and only then acks it, which completes
 /// the send. One copy instead of two, and no ring slots.
 inline constexpr std::size_t reference_bytes = 4 * 1024 * 1024;
+/// A point-to-point message of up to this many bytes is eager: one chunk, complete for its sender
+/// once it is in the ring, and never acknowledged (a receiver that expected another size fails its
+/// receive, which aborts the communicator). Within every layout's chunk payload (at least 4 KiB).
+inline constexpr std::size_t eager_bytes = 4096;
 inline constexpr std::size_t abort_text_bytes = 1024;
 inline constexpr std::size_t secret_bytes = 32;
 /// Bytes of input a signature slot carries for a small direct collective (the first 16 share the
@@ -146,6 +150,7 @@ struct ChunkHeader {
   std::uint8_t channel;
   std::uint8_t has_signature;
   std::uint8_t by_reference;  // the payload is the address of the whole message in the sender (see reference_bytes)
+  std::uint8_t eager;         // the whole message, not acknowledged (see eager_bytes)
   WireSignature signature;    // the sender's collective (has_signature)
 };
 static_assert(sizeof(ChunkHeader) <= chunk_header_bytes);
@@ -278,7 +283,30 @@ std::string split_segment_name(const Segment& parent, std::uint64_t id);
 
 /// Bumps `rank`'s generation and wakes its sleepers (a FUTEX_WAKE only when some sleep).
 void ring_doorbell(RankBlock& block);
-/// Sleeps while `block`'s generation equals `seen`, at most `timeout` (FUTEX_WAIT, process-shared).
-void sleep_on_doorbell(RankBlock& block, std::uint32_t seen, std::chrono::nanoseconds timeout);
+
+/// A rank's own side of its doorbell, in its process's memory: what one of its threads finds for
+/// another (a completion, more to drain, a wake-up) bumps `generation` here, a line no peer
+/// writes, and rings the shared doorbell only while one of its threads sleeps on it.
+struct LocalBell {
+  alignas(64) std::atomic<std::uint32_t> generation{0};
+  std::atomic<std::uint32_t> sleepers{0};
+};
+void ring_local(LocalBell& bell, RankBlock& block);
+
+/// Rings `to`'s doorbell for what this rank wrote into or freed in the rings between them, but
+/// only while one of its threads sleeps: a waiter that spins polls the rings (doorbell_token).
+/// The caller has stored the rings' counters before (a seq_cst fence orders them before the
+/// sleeper count read here; sleep_on_doorbell orders its count before its reads of the rings).
+void ring_if_sleeping(Segment& segment, int to);
+
+/// What a waiter of rank `rank` compares while it waits: its local bell's generation (high half)
+/// and, in the low half, its doorbell's, plus with `rings` every counter its peers move for it in
+/// the rings (data heads toward it, tails and ack heads of its rings toward them, ack tails of
+/// theirs): these only grow, so their sum changes whenever one of them does.
+std::uint64_t doorbell_token(const Segment& segment, int rank, const LocalBell& bell, bool rings);
+/// Sleeps while doorbell_token equals `seen`, at most `timeout` (FUTEX_WAIT on the shared
+/// doorbell, process-shared).
+void sleep_on_doorbell(Segment& segment, int rank, LocalBell& bell, std::uint64_t seen, bool rings,
+                       std::chrono::nanoseconds timeout);
 
 }  // namespace tutti::transport::shm

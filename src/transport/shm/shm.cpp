@@ -30,14 +30,6 @@ using clock = std::chrono::steady_clock;
 // A sleeping rank wakes at least this often, so that its caller progresses and checks peers.
 constexpr auto longest_sleep = std::chrono::milliseconds(100);
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 // Seqlock write: readers that overlap it see the busy tag (or a changed one) and ignore the slot.
 // The inline input goes in before the tag that publishes it.
 void write_slot(SignatureSlot& slot, std::uint64_t seq, const WireSignature& signature, const std::byte* input,
@@ -388,18 +380,17 @@ std::vector<int> ShmTransport::unpublished_ranks(std::uint64_t seq) const {
   return ranks;
 }
 
-std::uint64_t ShmTransport::generation() const { return self_.generation.load(std::memory_order_acquire); }
+std::uint64_t ShmTransport::generation() const { return doorbell_token(*segment_, rank_, bell_, polls_rings()); }
 
 void ShmTransport::wait(std::uint64_t seen, clock::time_point deadline) {
-  const auto expected = static_cast<std::uint32_t>(seen);
   // A peer that answers within a few microseconds is cheaper to catch spinning than sleeping.
   for (int i = 0; i < 64; ++i) {
-    if (self_.generation.load(std::memory_order_acquire) != expected) return;
+    if (generation() != seen) return;
     cpu_relax();
   }
   for (const auto until = std::min(deadline, clock::now() + wait_policy_.budget); clock::now() < until;) {
     for (int i = 0; i < 32; ++i) {
-      if (self_.generation.load(std::memory_order_acquire) != expected) return;
+      if (generation() != seen) return;
       if (wait_hook_) wait_hook_(true);
       if (wait_policy_.yield)
         sched_yield();
@@ -414,11 +405,11 @@ void ShmTransport::wait(std::uint64_t seen, clock::time_point deadline) {
 void ShmTransport::wait_in_background(std::uint64_t seen, clock::time_point deadline) {
   const auto now = clock::now();
   if (now < deadline)
-    sleep_on_doorbell(self_, static_cast<std::uint32_t>(seen),
+    sleep_on_doorbell(*segment_, rank_, bell_, seen, polls_rings(),
                       std::min<clock::duration>(deadline - now, longest_sleep));
 }
 
-void ShmTransport::wake() { ring_doorbell(self_); }
+void ShmTransport::wake() { ring_local(bell_, self_); }
 
 void ShmTransport::relax() {
   if (wait_policy_.yield)

@@ -41,31 +41,48 @@ void ShmTransport::finish(Completion* done, Completion::State state, std::string
   completed_ = true;
 }
 
-// Publishes what this round produced: acks that wait for room, and the doorbells of every rank
-// whose rings we wrote into or freed, then our own when one of our completions changed.
+// Publishes what this round produced: acks that wait for room, the doorbells of the ranks whose
+// rings we wrote into or freed (where one of their threads sleeps), then our local bell when one
+// of our completions changed.
 void ShmTransport::end_round() {
+  for (int r = 0; r < size_; ++r) flush_acks(r);
+  const bool polled = polls_rings();
+  if (polled) std::atomic_thread_fence(std::memory_order_seq_cst);  // the rings' counters before the sleeper counts
   for (int r = 0; r < size_; ++r) {
-    flush_acks(r);
-    if (wake_peer_[static_cast<std::size_t>(r)]) ring_doorbell(segment_->rank_block(r));  // r == rank_: to self
+    if (!wake_peer_[static_cast<std::size_t>(r)]) continue;
     wake_peer_[static_cast<std::size_t>(r)] = false;
+    if (r == rank_)
+      completed_ = true;  // a message to ourselves: our other threads may wait for it
+    else if (polled)
+      ring_if_sleeping(*segment_, r);
+    else
+      ring_doorbell(segment_->rank_block(r));
   }
-  if (completed_) ring_doorbell(self_);
+  if (completed_) ring_local(bell_, self_);
   completed_ = false;
 }
 
 void ShmTransport::post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) {
   prepare(done, peer, key, true);
-  auto op = std::make_unique<SendOp>();
-  op->key = key;
-  op->data = static_cast<const std::byte*>(data);
-  op->bytes = bytes;
-  op->done = done;
-  if (key.channel == Channel::collective) {
-    if (const WireSignature* mine = announced(key.seq)) {
-      op->has_signature = true;
-      op->signature = *mine;
+  SendOp message;
+  message.key = key;
+  message.data = static_cast<const std::byte*>(data);
+  message.bytes = bytes;
+  message.done = done;
+  if (key.channel == Channel::point_to_point && bytes <= eager_bytes) {
+    try {
+      if (send_eager(peer, message)) return end_round();
+    } catch (const Error& error) {
+      return corrupted(error);
     }
   }
+  if (key.channel == Channel::collective) {
+    if (const WireSignature* mine = announced(key.seq)) {
+      message.has_signature = true;
+      message.signature = *mine;
+    }
+  }
+  auto op = std::make_unique<SendOp>(message);
   SendOp* raw = op.get();
   if (!sends_.try_emplace(Key{peer, key.channel, key.seq, key.index}, std::move(op)).second) {
     finish(done, Completion::failed,
@@ -112,7 +129,7 @@ void ShmTransport::post_recv_op(int peer, const MessageKey& key, RecvOp op) {
     if (auto it = unexpected_.find(k); it != unexpected_.end()) {
       Unexpected message = std::move(it->second);
       unexpected_.erase(it);
-      if (accept(k, op, message.total, message.has_signature, message.signature)) {
+      if (accept(k, op, message.total, message.has_signature, message.signature, message.eager)) {
         const bool read = message.by_reference ? read_reference(peer, op, message.reference)
                                                : (deliver(op, 0, message.data.get(), message.received), true);
         if (read && op.received == op.bytes)
@@ -134,7 +151,7 @@ void ShmTransport::post_recv_op(int peer, const MessageKey& key, RecvOp op) {
 // Called once per message, when its first chunk meets its receive: checks that both ranks run
 // the same collective and that the sizes agree, and answers the sender. False: `op` failed.
 bool ShmTransport::accept(const Key& key, RecvOp& op, std::size_t total, bool has_signature,
-                          const WireSignature& theirs) {
+                          const WireSignature& theirs, bool eager) {
   if (key.channel == Channel::collective) {
     const WireSignature* mine = announced(key.seq);
     op.unchecked = !has_signature || mine == nullptr;  // then the signature table decides (announce)
@@ -152,7 +169,7 @@ bool ShmTransport::accept(const Key& key, RecvOp& op, std::size_t total, bool ha
   ack.channel = static_cast<std::uint8_t>(key.channel);
   ack.ok = ok ? 1 : 0;
   ack.expected = op.bytes;
-  pending_acks_[static_cast<std::size_t>(key.peer)].push_back(ack);
+  if (!eager) pending_acks_[static_cast<std::size_t>(key.peer)].push_back(ack);
   if (!ok)
     finish(op.done, Completion::failed,
            size_mismatch(named(key.peer), total, named(rank_), op.bytes, message_key(key)));
@@ -222,7 +239,8 @@ void ShmTransport::handle_chunk(int src, const ChunkHeader& header, const std::b
     RecvOp& op = it->second;
     if (header.offset != op.received || (header.offset != 0 && header.total != op.bytes))
       throw out_of_order(op.received, op.bytes);
-    if (header.offset == 0 && !accept(key, op, header.total, header.has_signature != 0, header.signature)) {
+    if (header.offset == 0 &&
+        !accept(key, op, header.total, header.has_signature != 0, header.signature, header.eager != 0)) {
       recvs_.erase(it);
       return;
     }
@@ -251,6 +269,7 @@ void ShmTransport::handle_chunk(int src, const ChunkHeader& header, const std::b
     }
     message.has_signature = header.has_signature != 0;
     message.signature = header.signature;
+    message.eager = header.eager != 0;
     unexpected_.insert_or_assign(key, std::move(message));
     return;
   }
@@ -290,7 +309,6 @@ void ShmTransport::push_sends(int dst) {
   if (queue.empty()) return;
   RingHeader& ring = segment_->ring(rank_, dst);
   const std::uint64_t slots = segment_->layout().slots;
-  const std::size_t payload = segment_->layout().payload;
   std::uint64_t head = ring.head.load(std::memory_order_relaxed);
   std::uint64_t tail = ring.tail.load(std::memory_order_acquire);
   ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst);
@@ -302,25 +320,7 @@ void ShmTransport::push_sends(int dst) {
     SendOp& op = *queue.front();
     const bool by_reference = op.offset == 0 && op.bytes >= reference_bytes &&
                               op.key.channel == Channel::point_to_point && segment_->single_copy();
-    const std::size_t n = by_reference ? sizeof(std::uint64_t) : std::min(payload, op.bytes - op.offset);
-    ChunkHeader& chunk = segment_->chunk(rank_, dst, head);
-    chunk.seq = op.key.seq;
-    chunk.total = op.bytes;
-    chunk.offset = op.offset;
-    chunk.index = op.key.index;
-    chunk.bytes = static_cast<std::uint32_t>(n);
-    chunk.channel = static_cast<std::uint8_t>(op.key.channel);
-    chunk.has_signature = op.has_signature ? 1 : 0;
-    chunk.by_reference = by_reference ? 1 : 0;
-    chunk.signature = op.signature;
-    if (by_reference) {
-      const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(op.data));
-      std::memcpy(segment_->payload(rank_, dst, head), &address, sizeof address);
-      op.offset = op.bytes;  // read by the receiver before it acks
-    } else {
-      if (n > 0) core::copy(segment_->payload(rank_, dst, head), op.data + op.offset, n);
-      op.offset += n;
-    }
+    write_chunk(dst, head, op, by_reference, false);
     ring.head.store(++head, std::memory_order_release);
     wake_peer_[static_cast<std::size_t>(dst)] = true;
     if (op.offset < op.bytes) continue;
@@ -331,6 +331,44 @@ void ShmTransport::push_sends(int dst) {
       sends_.erase(Key{dst, op.key.channel, op.key.seq, op.key.index});
     }
   }
+}
+
+void ShmTransport::write_chunk(int dst, std::uint64_t head, SendOp& op, bool by_reference, bool eager) {
+  const std::size_t n =
+      by_reference ? sizeof(std::uint64_t) : std::min<std::size_t>(segment_->layout().payload, op.bytes - op.offset);
+  ChunkHeader& chunk = segment_->chunk(rank_, dst, head);
+  chunk.seq = op.key.seq;
+  chunk.total = op.bytes;
+  chunk.offset = op.offset;
+  chunk.index = op.key.index;
+  chunk.bytes = static_cast<std::uint32_t>(n);
+  chunk.channel = static_cast<std::uint8_t>(op.key.channel);
+  chunk.has_signature = op.has_signature ? 1 : 0;
+  chunk.by_reference = by_reference ? 1 : 0;
+  chunk.eager = eager ? 1 : 0;
+  chunk.signature = op.signature;
+  if (by_reference) {
+    const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(op.data));
+    std::memcpy(segment_->payload(rank_, dst, head), &address, sizeof address);
+    op.offset = op.bytes;  // read by the receiver before it acks
+  } else {
+    if (n > 0) core::copy(segment_->payload(rank_, dst, head), op.data + op.offset, n);
+    op.offset += n;
+  }
+}
+
+bool ShmTransport::send_eager(int dst, SendOp& op) {
+  if (corrupt_ || !outbox_[static_cast<std::size_t>(dst)].empty()) return false;
+  RingHeader& ring = segment_->ring(rank_, dst);
+  const std::uint64_t head = ring.head.load(std::memory_order_relaxed);
+  const std::uint64_t tail = ring.tail.load(std::memory_order_acquire);
+  if (ring_fill(*segment_, head, tail, segment_->layout().slots, dst, "data", rank_, dst) >= segment_->layout().slots)
+    return false;
+  write_chunk(dst, head, op, false, true);
+  ring.head.store(head + 1, std::memory_order_release);
+  wake_peer_[static_cast<std::size_t>(dst)] = true;
+  finish(op.done, Completion::done);
+  return true;
 }
 
 void ShmTransport::drain_acks(int dst) {
@@ -371,7 +409,7 @@ void ShmTransport::flush_acks(int src) {
     queue.pop_front();
   }
   ring.ack_head.store(head, std::memory_order_release);
-  ring_doorbell(segment_->rank_block(src));
+  wake_peer_[static_cast<std::size_t>(src)] = true;
 }
 
 void ShmTransport::progress() {

@@ -15,8 +15,14 @@
 //   - a point-to-point message of reference_bytes or more, where the segment allows single copy,
 //     is one chunk that carries the address of its bytes in i; j reads them from there when it
 //     matches the message, before the ack (segment.hpp).
-//   - every write into a ring is followed by ringing the consumer's doorbell, every slot freed by
-//     ringing the producer's, so that a rank may sleep on its futex until something happens.
+//   - waking: a waiting rank first spins on the counters its peers move in the rings (data
+//     heads toward it, tails and ack heads of its own rings, doorbell_token), then sleeps on its
+//     futex doorbell. A round that wrote into or freed a peer's rings rings that peer's doorbell
+//     only if one of its threads sleeps (a seq_cst fence between the counters and the sleeper
+//     count on our side, the count before the counters on the sleeper's), so a spinning peer
+//     pays no contended write per message. Where ranks outnumber cores (polls_rings false) the
+//     waiter watches its doorbell alone and every such round rings it. Our own completions bump
+//     a local bell (segment.hpp).
 #pragma once
 
 #include <array>
@@ -165,10 +171,12 @@ class ShmTransport final : public Transport {
     WireSignature signature;
     std::uint64_t reference = 0;  // by reference: the address of its `total` bytes in the sender
     bool by_reference = false;
+    bool eager = false;  // not to be acknowledged
   };
 
   void post_recv_op(int peer, const MessageKey& key, RecvOp op);
-  bool accept(const Key& key, RecvOp& op, std::size_t total, bool has_signature, const WireSignature& theirs);
+  bool accept(const Key& key, RecvOp& op, std::size_t total, bool has_signature, const WireSignature& theirs,
+              bool eager);
   void deliver(RecvOp& op, std::size_t offset, const std::byte* data, std::size_t bytes);
   /// Reads a message sent by reference (the whole of op.bytes) from `src`'s memory at `address`
   /// into the receive. False: the communicator was aborted meanwhile, so the sender may have let
@@ -184,6 +192,12 @@ class ShmTransport final : public Transport {
   void handle_ack(int dst, const Ack& ack);
   void flush_acks(int src);
   void push_sends(int dst);
+  /// Writes the next chunk of `op` (n bytes of it, or its address) into slot `head` of our ring
+  /// toward `dst`, and advances `op.offset`; the caller publishes the head.
+  void write_chunk(int dst, std::uint64_t head, SendOp& op, bool by_reference, bool eager);
+  /// Sends a small point-to-point message eagerly when nothing waits before it and its ring has
+  /// room: written now, complete now, never acknowledged. False: it takes the ordinary way.
+  bool send_eager(int dst, SendOp& op);
   void check_peers();
   bool waits_on(int peer) const;
   void corrupted(const Error& error);
@@ -207,6 +221,10 @@ class ShmTransport final : public Transport {
   void store_consumed_locked();
   void ring_awaiting_ranks();
   bool peer_dead(int peer, std::int32_t pid) const;
+  /// Whether waiters poll the rings' counters, so that peers ring only sleepers (doorbell_token):
+  /// where every rank has a core of its own. Where ranks outnumber cores, a waiter yields between
+  /// polls and every round rings: polling p rings between yields cost more than the rings saved.
+  bool polls_rings() const { return !wait_policy_.yield; }
   /// Rank r as error texts name it (set_rank_names).
   int named(int r) const { return names_.empty() ? r : names_[static_cast<std::size_t>(r)]; }
 
@@ -216,6 +234,7 @@ class ShmTransport final : public Transport {
   std::uint64_t comm_id_;
   std::chrono::milliseconds attach_timeout_;
   RankBlock& self_;
+  LocalBell bell_;  // this rank's own completions wake its other threads here (segment.hpp)
 
   // The recent collectives of this rank, by seq modulo the size (a fixed ring: no allocation).
   struct Announced {
