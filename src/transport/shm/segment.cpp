@@ -397,24 +397,23 @@ void ring_if_sleeping(Segment& segment, int to) {
 
 namespace {
 
-std::uint32_t token_low(const Segment& segment, int rank, std::uint32_t generation, bool rings) {
-  if (!rings) return generation;
+// doorbell_token for a doorbell generation read already (sleep_on_doorbell compares the token
+// with the generation it then waits on).
+std::uint64_t token_of(const Segment& segment, int rank, const LocalBell& bell, std::uint32_t generation, bool rings) {
   std::uint64_t sum = generation;
-  for (int r = 0; r < segment.layout().size; ++r) {
+  for (int r = 0; rings && r < segment.layout().size; ++r) {
     const RingHeader& in = segment.ring(r, rank);
     const RingHeader& out = segment.ring(rank, r);
     sum += in.head.load(std::memory_order_seq_cst) + in.ack_tail.load(std::memory_order_seq_cst) +
            out.tail.load(std::memory_order_seq_cst) + out.ack_head.load(std::memory_order_seq_cst);
   }
-  return static_cast<std::uint32_t>(sum);
+  return std::uint64_t{bell.generation.load(std::memory_order_seq_cst)} << 32 | static_cast<std::uint32_t>(sum);
 }
 
 }  // namespace
 
 std::uint64_t doorbell_token(const Segment& segment, int rank, const LocalBell& bell, bool rings) {
-  const std::uint32_t generation = segment.rank_block(rank).generation.load(std::memory_order_acquire);
-  return std::uint64_t{bell.generation.load(std::memory_order_acquire)} << 32 |
-         token_low(segment, rank, generation, rings);
+  return token_of(segment, rank, bell, segment.rank_block(rank).generation.load(std::memory_order_seq_cst), rings);
 }
 
 void sleep_on_doorbell(Segment& segment, int rank, LocalBell& bell, std::uint64_t seen, bool rings,
@@ -429,9 +428,7 @@ void sleep_on_doorbell(Segment& segment, int rank, LocalBell& bell, std::uint64_
   // Counted first, then read: a peer that moved a counter after these reads sees us counted and
   // rings, which moves the generation FUTEX_WAIT compares.
   const std::uint32_t generation = block.generation.load(std::memory_order_seq_cst);
-  const std::uint64_t now = std::uint64_t{bell.generation.load(std::memory_order_seq_cst)} << 32 |
-                            token_low(segment, rank, generation, rings);
-  if (now == seen) futex(block.generation, FUTEX_WAIT, generation, &ts);
+  if (token_of(segment, rank, bell, generation, rings) == seen) futex(block.generation, FUTEX_WAIT, generation, &ts);
   block.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   bell.sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }

@@ -392,10 +392,7 @@ void ShmTransport::wait(std::uint64_t seen, clock::time_point deadline) {
     for (int i = 0; i < 32; ++i) {
       if (generation() != seen) return;
       if (wait_hook_) wait_hook_(true);
-      if (wait_policy_.yield)
-        sched_yield();
-      else
-        cpu_relax();
+      relax();
     }
   }
   if (wait_hook_) wait_hook_(false);
