@@ -104,6 +104,10 @@ std::vector<std::size_t> counts_for(int p, std::size_t large) {
   return {0, 1, up - 1, up + 1, 1000, large};
 }
 
+// TUTTI_SHM_SINGLE_COPY and TUTTI_SHM_COLLECTIVE_COPY settings that together reach every path:
+// the collectives single copy, through the data sets, and single copy off (which wins).
+constexpr std::pair<const char*, const char*> copy_settings[] = {{"1", "single"}, {"1", "sets"}, {"0", "single"}};
+
 class ShmDirect : public ::testing::Test {
  protected:
   void TearDown() override { EXPECT_EQ(shm_leftovers(), std::vector<std::string>{}); }
@@ -178,33 +182,38 @@ TEST_F(ShmDirect, AllgatherCountsSizesAndPlaces) {
 }
 
 // Alltoall: inline (p blocks within a signature slot), through the data sets in chunks, and
-// single copy (blocks of 16 KiB or more); in place (a snapshot of the input) and not. Block q of
-// rank r's result is block r of rank q's input, exactly.
+// single copy (blocks of 16 KiB or more, where the collectives single copy); in place (a snapshot
+// of the input) and not. Block q of rank r's result is block r of rank q's input, exactly.
 TEST_F(ShmDirect, AlltoallCountsSizesAndPlaces) {
   // Every element of every rank's input distinct (exact in f32: below 2^24).
   const auto unique = [](int q, std::size_t i) { return static_cast<float>(q * 200000 + static_cast<int>(i)); };
-  for (int p : {1, 2, 3, 5, 8})
-    EXPECT_EQ(run_ranks(p,
-                        [&](Rank& rank) {
-                          const int r = rank.comm.rank();
-                          const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
-                          // 4096: single copy's first block; 20000: several chunks of the data sets.
-                          for (std::size_t n : {std::size_t{0}, std::size_t{1}, up + 1, std::size_t{100},
-                                                std::size_t{4095}, std::size_t{4096}, std::size_t{20000}})
-                            for (bool in_place : {false, true}) {
-                              // Block q of rank r's input: value(r, q * n + i).
-                              std::vector<float> send(up * n), recv(up * n, std::nanf(""));
-                              for (std::size_t i = 0; i < up * n; ++i) send[i] = unique(r, i);
-                              if (in_place) recv = send;
-                              direct(rank, Collective::alltoall, in_place ? recv.data() : send.data(), recv.data(), n,
-                                     DataType::f32);
-                              expect_equal(
-                                  recv, [&](std::size_t i) { return unique(static_cast<int>(i / n), ur * n + i % n); },
-                                  "alltoall n=" + std::to_string(n) + (in_place ? " in place" : ""));
-                            }
-                        }),
-              "")
-        << "p=" << p;
+  for (const char* copy : {"single", "sets"}) {
+    setenv("TUTTI_SHM_COLLECTIVE_COPY", copy, 1);
+    for (int p : {1, 2, 3, 5, 8})
+      EXPECT_EQ(run_ranks(p,
+                          [&](Rank& rank) {
+                            const int r = rank.comm.rank();
+                            const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
+                            // 4096: single copy's first block; 20000: several chunks of the data sets.
+                            for (std::size_t n : {std::size_t{0}, std::size_t{1}, up + 1, std::size_t{100},
+                                                  std::size_t{4095}, std::size_t{4096}, std::size_t{20000}})
+                              for (bool in_place : {false, true}) {
+                                // Block q of rank r's input: value(r, q * n + i).
+                                std::vector<float> send(up * n), recv(up * n, std::nanf(""));
+                                for (std::size_t i = 0; i < up * n; ++i) send[i] = unique(r, i);
+                                if (in_place) recv = send;
+                                direct(rank, Collective::alltoall, in_place ? recv.data() : send.data(), recv.data(), n,
+                                       DataType::f32);
+                                expect_equal(
+                                    recv,
+                                    [&](std::size_t i) { return unique(static_cast<int>(i / n), ur * n + i % n); },
+                                    "alltoall n=" + std::to_string(n) + (in_place ? " in place" : ""));
+                              }
+                          }),
+                "")
+          << "p=" << p << " TUTTI_SHM_COLLECTIVE_COPY=" << copy;
+  }
+  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
 }
 
 TEST_F(ShmDirect, BroadcastCountsSizesAndRoots) {
@@ -1078,14 +1087,14 @@ TEST_F(ShmDirect, ExitedProcessIsReportedToTheOthers) {
 
 // Allgather, reduce_scatter and broadcast from single_copy_bytes on read the peers' buffers in
 // place (process_vm_readv) up to their limits: exact results on both sides of each limit, in and
-// out of place, every root, with single copy on (where the system allows it) and off.
-// Reduce_scatter around its single-copy limits; allgather and broadcast, which no longer single
-// copy, around their former limits (16 KiB, 1 MiB).
+// out of place, every root, with single copy on (where the system allows it) and off, and with
+// the collectives' copy forced each way (TUTTI_SHM_COLLECTIVE_COPY).
 TEST_F(ShmDirect, SizesAroundTheSingleCopyLimits) {
   const std::size_t low = transport::shm::single_copy_bytes / sizeof(float);
-  const std::size_t high = (std::size_t{1} << 20) / sizeof(float);
-  for (const char* setting : {"1", "0"}) {
+  const std::size_t high = transport::shm::single_copy_broadcast_limit / sizeof(float);
+  for (const auto& [setting, copy] : copy_settings) {
     setenv("TUTTI_SHM_SINGLE_COPY", setting, 1);
+    setenv("TUTTI_SHM_COLLECTIVE_COPY", copy, 1);
     for (int p : {2, 3, 5})
       EXPECT_EQ(run_ranks(p,
                           [&](Rank& rank) {
@@ -1135,9 +1144,10 @@ TEST_F(ShmDirect, SizesAroundTheSingleCopyLimits) {
                               }
                           }),
                 "")
-          << "TUTTI_SHM_SINGLE_COPY=" << setting << " p=" << p;
+          << "TUTTI_SHM_SINGLE_COPY=" << setting << " TUTTI_SHM_COLLECTIVE_COPY=" << copy << " p=" << p;
   }
   unsetenv("TUTTI_SHM_SINGLE_COPY");
+  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
 }
 
 // Gather, scatter, reduce, alltoallv and allgatherv (uneven blocks, some empty) inline, through the data sets (one
@@ -1149,8 +1159,9 @@ TEST_F(ShmDirect, EveryRootedAndUnevenCollectiveOnEveryPath) {
   // Element i of rank q's input: distinct everywhere (exact in f32 for these sizes), so that a
   // block taken from the wrong place or rank shows.
   const auto value = [](int q, std::size_t i) { return static_cast<float>(static_cast<std::size_t>(q) * 2000000 + i); };
-  for (const char* setting : {"1", "0"}) {
+  for (const auto& [setting, copy] : copy_settings) {
     setenv("TUTTI_SHM_SINGLE_COPY", setting, 1);
+    setenv("TUTTI_SHM_COLLECTIVE_COPY", copy, 1);
     for (int p : {2, 3, 5})
       EXPECT_EQ(
           run_ranks(
@@ -1275,9 +1286,10 @@ TEST_F(ShmDirect, EveryRootedAndUnevenCollectiveOnEveryPath) {
                   }
               }),
           "")
-          << "TUTTI_SHM_SINGLE_COPY=" << setting << " p=" << p;
+          << "TUTTI_SHM_SINGLE_COPY=" << setting << " TUTTI_SHM_COLLECTIVE_COPY=" << copy << " p=" << p;
   }
   unsetenv("TUTTI_SHM_SINGLE_COPY");
+  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
 }
 
 // The promise behind a broadcast root's early return: it can run run_ahead calls past the slowest
@@ -1365,6 +1377,62 @@ TEST_F(ShmDirect, SingleCopyIsAgreedByEveryRankWhenTheyAttach) {
           << "rank " << r << ", refusing rank " << refusing
           << " (-1: hung or crashed, 2: an error, 4: wrong single-copy answer, 8: wrong result)";
   }
+}
+
+// How the collectives copy is rank 1's verdict on every rank: measured by the probe where every
+// rank has a core (2 ranks here), through the data sets where they do not (3 ranks on fewer
+// cores), or as TUTTI_SHM_COLLECTIVE_COPY on rank 1 alone says; never single copy where single
+// copy is off. A setting that is none of auto, single and sets is refused.
+TEST_F(ShmDirect, CollectiveCopyIsRankOnesVerdictOnEveryRank) {
+  const bool system_allows = can_read_other_processes();
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  struct Case {
+    int p;
+    const char* rank_one;  // its TUTTI_SHM_COLLECTIVE_COPY (null: unset, auto)
+    int single;            // the verdict expected: 1 single copy, 0 the data sets, -1 either (measured)
+  };
+  const std::vector<Case> cases = {
+      {2, nullptr, -1}, {2, "sets", 0}, {3, "single", 1}, {3, "sets", 0}, {3, nullptr, cores >= 3 ? -1 : 0}};
+  for (const Case& c : cases) {
+    const std::string name = unique_shm_name();
+    const std::vector<int> codes = on_processes(
+        c.p,
+        [&](int r) {
+          if (r == 1 && c.rank_one != nullptr)
+            setenv("TUTTI_SHM_COLLECTIVE_COPY", c.rank_one, 1);
+          else
+            unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
+          auto t = transport::shm::open(name, r, c.p, 19, 20000ms);
+          return static_cast<transport::shm::ShmTransport&>(*t).segment().single_copy_collectives() ? 16 : 32;
+        },
+        30s);
+    const std::string what = "p=" + std::to_string(c.p) + " rank 1: " + (c.rank_one ? c.rank_one : "auto");
+    for (int r = 0; r < c.p; ++r) {
+      EXPECT_EQ(codes[static_cast<std::size_t>(r)], codes[0]) << what << ", rank " << r << " differs from rank 0";
+      EXPECT_TRUE(codes[static_cast<std::size_t>(r)] == 16 || codes[static_cast<std::size_t>(r)] == 32)
+          << what << ", rank " << r << ": " << codes[static_cast<std::size_t>(r)]
+          << " (-1: hung or crashed, 2: an error)";
+    }
+    if (c.single >= 0)
+      EXPECT_EQ(codes[0], c.single == 1 && system_allows ? 16 : 32) << what;
+    else
+      std::printf("[ NOTE ] %s: the probe chose %s\n", what.c_str(), codes[0] == 16 ? "single copy" : "the data sets");
+  }
+  setenv("TUTTI_SHM_SINGLE_COPY", "0", 1);  // single copy off: forcing it is moot
+  setenv("TUTTI_SHM_COLLECTIVE_COPY", "single", 1);
+  EXPECT_FALSE(static_cast<transport::shm::ShmTransport&>(*transport::shm::open(unique_shm_name(), 0, 1, 19, 20000ms))
+                   .segment()
+                   .single_copy_collectives());
+  unsetenv("TUTTI_SHM_SINGLE_COPY");
+  setenv("TUTTI_SHM_COLLECTIVE_COPY", "always", 1);
+  try {
+    (void)transport::shm::open(unique_shm_name(), 0, 1, 19, 20000ms);
+    ADD_FAILURE() << "TUTTI_SHM_COLLECTIVE_COPY=always was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("TUTTI_SHM_COLLECTIVE_COPY"), std::string::npos) << e.what();
+  }
+  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
 }
 
 // ---- zero copy: allreduce on SharedBuffer memory (direct.hpp, zero_copy_bytes) ----

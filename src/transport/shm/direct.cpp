@@ -97,11 +97,17 @@ void DirectRun::plan() {
     return;
   }
   if (describes_ && plan_zero_copy()) return;
-  // Only a small reduce_scatter: for the others the data sets, where every rank copies in and out
-  // at once, chunk after chunk, in the cache, were faster than the kernel's copy straight from the
-  // peers' buffers at every size measured (gather, scatter and broadcast from 16 KiB; allgather,
-  // allgatherv and alltoall from 32 KiB to 16 MiB, at p = 2 and 4: docs/performance.md).
-  const bool single_copy_pays = kind_ == Collective::reduce_scatter && bytes * p < single_copy_reduce_scatter_limit;
+  // A small reduce_scatter; allgather(v), alltoall and a broadcast up to its limit where the
+  // segment's probe found single copy faster on this machine (Segment::single_copy_collectives);
+  // not gather and scatter, where one rank would do all the reading (a gather's root) or wait
+  // idle (a scatter's), where through the data sets the root and the others copy at once.
+  const bool by_probe =
+      segment_.single_copy_collectives() &&
+      (kind_ == Collective::alltoall ||
+       ((kind_ == Collective::allgather || kind_ == Collective::allgatherv) && bytes * p < streaming_bytes) ||
+       (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit));
+  const bool single_copy_pays =
+      by_probe || (kind_ == Collective::reduce_scatter && bytes * p < single_copy_reduce_scatter_limit);
   if (single_copy_pays && bytes >= single_copy_bytes && p > 1 && segment_.single_copy()) {
     single_copy_ = true, chunks_ = 0, phases_ = 3;
     return;

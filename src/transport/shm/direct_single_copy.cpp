@@ -1,7 +1,7 @@
-// The direct collectives that read their peers' buffers: a small reduce_scatter's single copy
-// (process_vm_readv straight from a peer's input into a scratch piece it reduces from) and
-// alltoallv's exchange (displacements, and inputs that fit, through a data set; larger blocks read
-// from the peer). See direct.hpp, single_copy_bytes, and DirectRun::plan.
+// The direct collectives that read their peers' buffers: single copy (process_vm_readv straight
+// from a peer's input into this rank's result, or for a small reduce_scatter into a scratch piece
+// it reduces from) and alltoallv's exchange (displacements, and inputs that fit, through a data
+// set; larger blocks read from the peer). See direct.hpp, single_copy_bytes, and DirectRun::plan.
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -11,16 +11,28 @@
 
 namespace tutti::transport::shm {
 
-// (Only a small reduce_scatter single copies: DirectRun::plan.)
+// (Which collectives single copy, and when: DirectRun::plan.)
 void DirectRun::run_single_copy_phase(std::size_t phase) {
-  if (phase == 0) {  // what this rank's peers read: its input (all blocks)
-    const Publication mine = publication(kind_, send_, recv_, count_, esize_, rank(), size(), root_);
+  const int p = size(), r = rank();
+  if (phase == 0) {  // what this rank's peers read: its input (all blocks), or the root's buffer
+    const Publication mine = publication(kind_, send_, recv_, count_, esize_, r, p, root_);
     if (mine.data != nullptr)
-      segment_.direct_round(rank()).address.store(reinterpret_cast<std::uintptr_t>(mine.data),
-                                                  std::memory_order_relaxed);
+      segment_.direct_round(r).address.store(reinterpret_cast<std::uintptr_t>(mine.data), std::memory_order_relaxed);
     return;
   }
-  if (phase == 1) reduce_scatter_single_copy();
+  if (phase != 1) return;
+  if (kind_ == Collective::reduce_scatter) return reduce_scatter_single_copy();
+  if (kind_ == Collective::broadcast) {
+    if (r != root_) read_input(root_, 0, recv_, count_ * esize_);
+    return;
+  }
+  // Alltoall reads block r of each peer's input; the allgathers the whole input, into block q (its
+  // own block: copy_own_block, at the end).
+  const std::size_t offset = kind_ == Collective::alltoall ? block_offset(r) : 0;
+  for (int i = 1; i < p; ++i) {
+    const int q = (r + i) % p;  // each rank starts with a different peer
+    if (const std::size_t len = block_elems(q) * esize_; len > 0) read_input(q, offset, recv_ + block_offset(q), len);
+  }
 }
 
 void DirectRun::run_exchange_phase(std::size_t phase) {

@@ -232,6 +232,7 @@ std::unique_ptr<Segment> Segment::attach(const std::string& name, int rank, int 
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   segment->decide_single_copy(rank, deadline);
+  segment->decide_collective_copy(rank, deadline);
   return segment;
 }
 

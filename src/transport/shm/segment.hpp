@@ -31,7 +31,7 @@ namespace tutti::transport::shm {
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free &&
               std::atomic<std::int32_t>::is_always_lock_free);
 
-inline constexpr std::uint64_t ready_magic = 0x35736974747574ull;  // "tuttis5", set once initialized
+inline constexpr std::uint64_t ready_magic = 0x36736974747574ull;  // "tuttis6", set once initialized
 // Announced signatures kept per rank. A rank short of slots waits until slot_slack of them are
 // free (so that it meets its peers once per slot_slack collectives, not at every one); with the
 // rest, a rank whose collectives complete without its peers (a broadcast's root) can always run
@@ -85,6 +85,12 @@ struct alignas(64) RankBlock {
   // its peers' (0: not yet, 1: could read every peer, 2: could not, or TUTTI_SHM_SINGLE_COPY=0).
   std::atomic<std::uint64_t> probe_address;
   std::atomic<std::uint32_t> reads_peers;
+  // The copy probe (Segment::decide_collective_copy), between ranks 0 and 1 as they attach: the
+  // step each has reached, rank 0's probe buffer, and rank 1's verdict (0: not yet, 1: collectives
+  // single copy, 2: through the data sets, 3: probing, rank 0 to join).
+  std::atomic<std::uint32_t> probe_step;
+  std::atomic<std::uint32_t> collective_copy;
+  std::atomic<std::uint64_t> probe_buffer;
   alignas(64) std::atomic<std::uint32_t> generation;  // the futex word
   std::atomic<std::uint32_t> sleepers;                // ranks' threads in FUTEX_WAIT on it
   // One past the highest seq whose signature this rank published and compared, and one past the
@@ -232,6 +238,12 @@ class Segment {
   /// permission to ptrace it: the same user, and no Yama or seccomp rule against it), as every
   /// rank found when it attached and before attach returned; the same answer on every rank.
   bool single_copy() const { return single_copy_; }
+  /// Whether allgather(v), alltoall and broadcast from single_copy_bytes read the peers' buffers
+  /// (single copy) rather than copy through the data sets: where single copy is allowed and every
+  /// rank has a core, ranks 0 and 1 time both ways of moving 128 KiB between them as they attach
+  /// (decide_collective_copy); TUTTI_SHM_COLLECTIVE_COPY=single or sets (on rank 1) decides
+  /// instead. The same answer on every rank.
+  bool single_copy_collectives() const { return single_copy_collectives_; }
   /// Rank `rank`'s part of data set `use` (taken modulo 2); the parts of one set are contiguous.
   std::byte* direct_slot(std::uint64_t use, int rank) const {
     const std::size_t index = (use % 2) * static_cast<std::size_t>(layout_.size) + static_cast<std::size_t>(rank);
@@ -241,6 +253,7 @@ class Segment {
  private:
   Segment(std::string name, Layout layout, std::byte* base) : name_(std::move(name)), layout_(layout), base_(base) {}
   void decide_single_copy(int rank, std::chrono::steady_clock::time_point deadline);
+  void decide_collective_copy(int rank, std::chrono::steady_clock::time_point deadline);
   std::byte* ring_base(int from, int to) const {
     return base_ + layout_.rings + (static_cast<std::size_t>(from) * layout_.size + to) * layout_.ring_stride;
   }
@@ -251,6 +264,7 @@ class Segment {
   Layout layout_;
   std::byte* base_;
   bool single_copy_ = false;
+  bool single_copy_collectives_ = false;
 };
 
 /// Reads `bytes` at `remote` in process `pid` into `local` (process_vm_readv, looping over
