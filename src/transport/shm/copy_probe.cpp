@@ -1,9 +1,9 @@
-// Whether the direct collectives that move whole blocks (allgather(v), alltoall, broadcast) read
-// the peers' buffers (single copy) or copy through the segment's data sets: measured between
-// ranks 0 and 1 as they attach. Which is faster depends on the machine, not on the code: on one
-// of this project's machines the data sets were 1.3-3x faster from 32 KiB to 2 MiB, on another
-// single copy was 1.3-2x faster over the same range (docs/performance.md), so neither can be
-// fixed here.
+// Whether the direct collectives that move whole blocks (allgather(v), alltoall, gather, scatter,
+// broadcast) read the peers' buffers (single copy) or copy through the segment's data sets:
+// measured between ranks 0 and 1 as they attach. Which is faster depends on the machine, not on
+// the code: on one of this project's machines the data sets were 1.3-3x faster from 32 KiB to
+// 2 MiB, on another single copy was 1.3-2x faster over the same range (docs/performance.md), so
+// neither can be fixed here.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -69,9 +69,10 @@ void Segment::decide_collective_copy(int rank, clock::time_point deadline) {
   RankBlock &zero = rank_block(0), &one = rank_block(1);
   const std::size_t bytes = std::min(probe_bytes, static_cast<std::size_t>(size) * layout_.direct_chunk);
   if (rank == 1) {
-    Verdict verdict = forced != undecided ? forced : static_cast<Verdict>(measured.load(std::memory_order_relaxed));
     const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    Verdict verdict = forced;
     if (verdict == undecided && online > 0 && size > online) verdict = sets;  // no core each: no probe
+    if (verdict == undecided) verdict = static_cast<Verdict>(measured.load(std::memory_order_relaxed));
     if (verdict != undecided) {
       one.collective_copy.store(verdict, std::memory_order_release);
     } else {

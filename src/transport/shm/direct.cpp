@@ -97,13 +97,13 @@ void DirectRun::plan() {
     return;
   }
   if (describes_ && plan_zero_copy()) return;
-  // A small reduce_scatter; allgather(v), alltoall and a broadcast up to its limit where the
-  // segment's probe found single copy faster on this machine (Segment::single_copy_collectives);
-  // not gather and scatter, where one rank would do all the reading (a gather's root) or wait
-  // idle (a scatter's), where through the data sets the root and the others copy at once.
+  // A small reduce_scatter (not a reduce: its root reading every input measured slower at p = 2
+  // and 4 from 16 to 64 KiB); allgather(v), alltoall, gather, scatter and a broadcast up to its
+  // limit where the segment's probe found single copy faster on this machine
+  // (Segment::single_copy_collectives).
   const bool by_probe =
       segment_.single_copy_collectives() &&
-      (kind_ == Collective::alltoall ||
+      (kind_ == Collective::alltoall || kind_ == Collective::gather || kind_ == Collective::scatter ||
        ((kind_ == Collective::allgather || kind_ == Collective::allgatherv) && bytes * p < streaming_bytes) ||
        (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit));
   const bool single_copy_pays =

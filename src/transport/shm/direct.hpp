@@ -27,13 +27,14 @@ inline constexpr std::size_t small_allreduce_bytes = 16 * 1024;
 /// peers' buffers (process_vm_readv), where the segment allows it (Segment::single_copy), into a
 /// scratch piece it reduces from while the piece is in its cache (instead of reading lines a peer
 /// has just written), at the price of a system call per peer; up to an input of
-/// single_copy_reduce_scatter_limit, from which the two-copy path's large chunks win. An allgather
-/// or alltoall block and a broadcast of at least this many bytes are read the same way, straight
-/// into the result (one copy instead of two), only where the segment's probe found that faster
-/// than the data sets, where every rank copies in and out at once, chunk after chunk
-/// (Segment::single_copy_collectives: which wins depends on the machine, docs/performance.md);
-/// then an allgather while its result is under streaming_bytes, a broadcast under
-/// single_copy_broadcast_limit (from which the data sets' pipelining wins), an alltoall always.
+/// single_copy_reduce_scatter_limit, from which the two-copy path's large chunks win. An
+/// allgather, alltoall, gather or scatter block and a broadcast of at least this many bytes are
+/// read the same way, straight into the result (one copy instead of two), only where the
+/// segment's probe found that faster than the data sets, where every rank copies in and out at
+/// once, chunk after chunk (Segment::single_copy_collectives: which wins depends on the machine,
+/// docs/performance.md); then an allgather while its result is under streaming_bytes, a
+/// broadcast under single_copy_broadcast_limit (from which the data sets' pipelining wins), the
+/// others always.
 inline constexpr std::size_t single_copy_bytes = 16 * 1024;
 inline constexpr std::size_t single_copy_broadcast_limit = 1024 * 1024;
 inline constexpr std::size_t single_copy_reduce_scatter_limit = 128 * 1024;  // the whole input

@@ -21,10 +21,21 @@ void DirectRun::run_single_copy_phase(std::size_t phase) {
     return;
   }
   if (phase != 1) return;
-  if (kind_ == Collective::reduce_scatter) return reduce_scatter_single_copy();
-  if (kind_ == Collective::broadcast) {
-    if (r != root_) read_input(root_, 0, recv_, count_ * esize_);
-    return;
+  const std::size_t bytes = count_ * esize_;
+  switch (kind_) {
+    case Collective::reduce_scatter:
+      return reduce_scatter_single_copy();
+    case Collective::broadcast:
+      if (r != root_) read_input(root_, 0, recv_, bytes);
+      return;
+    case Collective::scatter:  // block r of the root's input (the root's own: copy_own_block)
+      if (r != root_) read_input(root_, block_offset(r), recv_, bytes);
+      return;
+    case Collective::gather:  // the root reads the others' inputs into their blocks
+      if (r != root_) return;
+      break;
+    default:
+      break;
   }
   // Alltoall reads block r of each peer's input; the allgathers the whole input, into block q (its
   // own block: copy_own_block, at the end).

@@ -238,11 +238,11 @@ class Segment {
   /// permission to ptrace it: the same user, and no Yama or seccomp rule against it), as every
   /// rank found when it attached and before attach returned; the same answer on every rank.
   bool single_copy() const { return single_copy_; }
-  /// Whether allgather(v), alltoall and broadcast from single_copy_bytes read the peers' buffers
-  /// (single copy) rather than copy through the data sets: where single copy is allowed and every
-  /// rank has a core, ranks 0 and 1 time both ways of moving 128 KiB between them as they attach
-  /// (decide_collective_copy); TUTTI_SHM_COLLECTIVE_COPY=single or sets (on rank 1) decides
-  /// instead. The same answer on every rank.
+  /// Whether allgather(v), alltoall, gather, scatter and broadcast from single_copy_bytes read
+  /// the peers' buffers (single copy) rather than copy through the data sets: where single copy
+  /// is allowed and every rank has a core, ranks 0 and 1 time both ways of moving 128 KiB between
+  /// them as they attach (decide_collective_copy); TUTTI_SHM_COLLECTIVE_COPY=single or sets (on
+  /// rank 1) decides instead. The same answer on every rank.
   bool single_copy_collectives() const { return single_copy_collectives_; }
   /// Rank `rank`'s part of data set `use` (taken modulo 2); the parts of one set are contiguous.
   std::byte* direct_slot(std::uint64_t use, int rank) const {
