@@ -268,7 +268,7 @@ bool DirectRun::progress_barriers() {
       check_deadline_and_liveness();
       return false;
     }
-    copy_own_block();
+    if (!single_copy_) copy_own_block();  // (single copy: in its reading phase)
     deliver_staged();
     return true;
   } catch (const Error& error) {

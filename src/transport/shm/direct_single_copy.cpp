@@ -21,6 +21,9 @@ void DirectRun::run_single_copy_phase(std::size_t phase) {
     return;
   }
   if (phase != 1) return;
+  // This rank's own block (the allgathers, alltoall, a gather's or scatter's root) in this phase,
+  // not after the last barrier: a scatter's root copies it while the others read theirs.
+  copy_own_block();
   const std::size_t bytes = count_ * esize_;
   switch (kind_) {
     case Collective::reduce_scatter:
@@ -28,7 +31,7 @@ void DirectRun::run_single_copy_phase(std::size_t phase) {
     case Collective::broadcast:
       if (r != root_) read_input(root_, 0, recv_, bytes);
       return;
-    case Collective::scatter:  // block r of the root's input (the root's own: copy_own_block)
+    case Collective::scatter:  // block r of the root's input
       if (r != root_) read_input(root_, block_offset(r), recv_, bytes);
       return;
     case Collective::gather:  // the root reads the others' inputs into their blocks
@@ -37,8 +40,7 @@ void DirectRun::run_single_copy_phase(std::size_t phase) {
     default:
       break;
   }
-  // Alltoall reads block r of each peer's input; the allgathers the whole input, into block q (its
-  // own block: copy_own_block, at the end).
+  // Alltoall reads block r of each peer's input; the allgathers the whole input, into block q.
   const std::size_t offset = kind_ == Collective::alltoall ? block_offset(r) : 0;
   for (int i = 1; i < p; ++i) {
     const int q = (r + i) % p;  // each rank starts with a different peer
