@@ -102,12 +102,12 @@ void check_chunk(const shm::Segment& segment, int from, int to, std::uint64_t sl
   std::memcpy(&segment.chunk(from, to, slot), &written, sizeof written);
   const std::uint64_t payload = segment.layout().payload;
   // What the sender's chunking gives: the message cut into chunks of `payload` bytes, the last
-  // shorter; or a point-to-point message of reference_bytes or more by reference, one chunk whose
+  // shorter; or a point-to-point message of reference_from() or more by reference, one chunk whose
   // payload is an 8-byte address; either may be eager (below).
   const bool cut = written.by_reference == 0 && written.offset <= written.total && written.offset % payload == 0 &&
                    written.bytes == std::min<std::uint64_t>(payload, written.total - written.offset);
   const bool by_reference = written.by_reference == 1 && written.offset == 0 && written.bytes == 8 &&
-                            written.total >= shm::reference_bytes &&
+                            written.total >= segment.reference_from() &&
                             written.channel == static_cast<std::uint8_t>(transport::Channel::point_to_point);
   // An eager message: a whole point-to-point message of at most eager_bytes, in one chunk.
   const bool eager =

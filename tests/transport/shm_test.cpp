@@ -303,6 +303,42 @@ TEST_F(Shm, AMessageByReferenceIsOneChunkReadBeforeItsAck) {
   EXPECT_EQ(std::count(in.begin(), in.end(), std::byte{0x5a}), static_cast<std::ptrdiff_t>(in.size()));
 }
 
+// Where the attach probe chose single copy, messages travel by reference from
+// probed_reference_bytes; where it chose the data sets, from reference_bytes. Either way the
+// bytes arrive exactly, on both sides of the threshold.
+TEST_F(Shm, MessagesTravelByReferenceFromTheProbedThreshold) {
+  for (const char* copy : {"single", "sets"}) {
+    setenv("TUTTI_SHM_COLLECTIVE_COPY", copy, 1);
+    auto t = open_pair();
+    unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
+    auto& segment = static_cast<transport::shm::ShmTransport&>(*t[0]).segment();
+    ASSERT_TRUE(segment.single_copy());
+    const bool single = std::string(copy) == "single";
+    EXPECT_EQ(segment.reference_from(),
+              single ? transport::shm::probed_reference_bytes : transport::shm::reference_bytes);
+    std::uint32_t tag = 0;
+    for (std::size_t bytes : {transport::shm::probed_reference_bytes - 1, transport::shm::probed_reference_bytes}) {
+      std::vector<std::byte> out(bytes), in(bytes, std::byte{0});
+      for (std::size_t i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>((i * 7 + bytes) % 253);
+      Completion sent, received;
+      const MessageKey key{transport::Channel::point_to_point, 9, tag++};
+      const std::uint64_t head = segment.ring(0, 1).head.load();
+      t[0]->post_send(1, key, out.data(), bytes, &sent);
+      EXPECT_EQ(transport::shm::read_chunk(segment, 0, 1, head).by_reference,
+                single && bytes >= transport::shm::probed_reference_bytes ? 1 : 0)
+          << copy << ", " << bytes << " bytes";
+      t[1]->post_recv(0, key, in.data(), bytes, &received);
+      for (int i = 0; i < 100 && (sent.state() == Completion::posted || received.state() == Completion::posted); ++i) {
+        t[1]->progress();
+        t[0]->progress();
+      }
+      EXPECT_EQ(sent.state(), Completion::done) << copy << ", " << bytes << " bytes: " << sent.error;
+      EXPECT_EQ(received.state(), Completion::done) << copy << ", " << bytes << " bytes: " << received.error;
+      EXPECT_TRUE(out == in) << copy << ", " << bytes << " bytes";
+    }
+  }
+}
+
 TEST_F(Shm, TimeoutAbortsForEveryRank) {
   std::atomic<int> timeouts{0};
   const std::string failures = run_shm(2, [&](Communicator& comm) {
@@ -322,7 +358,9 @@ TEST_F(Shm, TimeoutAbortsForEveryRank) {
 
 // Transport level: a receive cancelled while its message is half received gets no more bytes.
 TEST_F(Shm, CancelStopsAPartialReceive) {
+  setenv("TUTTI_SHM_COLLECTIVE_COPY", "sets", 1);  // messages by reference from reference_bytes
   auto t = open_pair();
+  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
   const std::size_t bytes = 3 << 20;  // 6 times the ring; below reference_bytes, so in chunks
   static_assert((3 << 20) < transport::shm::reference_bytes);
   std::vector<std::byte> out(bytes, std::byte{1}), in(bytes, std::byte{0});

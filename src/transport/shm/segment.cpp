@@ -289,11 +289,11 @@ ChunkHeader read_chunk(const Segment& segment, int from, int to, std::uint64_t n
   const std::uint64_t payload = segment.layout().payload;
   // The sender cuts a message of `total` bytes into chunks of `payload` bytes, the last one shorter.
   // A message by reference is one chunk whose payload is the address of its bytes in the sender.
-  const bool cut_right = h.by_reference == 1
-                             ? h.offset == 0 && h.bytes == sizeof(std::uint64_t) && h.total >= reference_bytes &&
-                                   h.channel == static_cast<std::uint8_t>(Channel::point_to_point)
-                             : h.by_reference == 0 && h.offset <= h.total && h.offset % payload == 0 &&
-                                   h.bytes == std::min<std::uint64_t>(payload, h.total - h.offset);
+  const bool cut_right = h.by_reference == 1 ? h.offset == 0 && h.bytes == sizeof(std::uint64_t) &&
+                                                   h.total >= segment.reference_from() &&
+                                                   h.channel == static_cast<std::uint8_t>(Channel::point_to_point)
+                                             : h.by_reference == 0 && h.offset <= h.total && h.offset % payload == 0 &&
+                                                   h.bytes == std::min<std::uint64_t>(payload, h.total - h.offset);
   // An eager message is a whole small point-to-point message in one chunk.
   const bool eager_right =
       h.eager == 0 || (h.eager == 1 && h.by_reference == 0 && h.offset == 0 && h.bytes == h.total &&

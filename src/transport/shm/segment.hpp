@@ -44,8 +44,10 @@ inline constexpr std::size_t chunk_header_bytes = 128;
 /// A point-to-point message from this size travels by reference where the segment allows single
 /// copy: one chunk carries the address of its bytes in the sender, the receiver reads them from
 /// there (process_vm_readv) once it matched the message, and only then acks it, which completes
-/// the send. One copy instead of two, and no ring slots.
+/// the send. One copy instead of two, and no ring slots. From probed_reference_bytes instead where
+/// the segment's probe found single copy faster than the data sets (Segment::reference_from).
 inline constexpr std::size_t reference_bytes = 4 * 1024 * 1024;
+inline constexpr std::size_t probed_reference_bytes = 8 * 1024;
 /// A point-to-point message of up to this many bytes is eager: one chunk, complete for its sender
 /// once it is in the ring, and never acknowledged (a receiver that expected another size fails its
 /// receive, which aborts the communicator). Within every layout's chunk payload (at least 4 KiB).
@@ -244,6 +246,9 @@ class Segment {
   /// them as they attach (decide_collective_copy); TUTTI_SHM_COLLECTIVE_COPY=single or sets (on
   /// rank 1) decides instead. The same answer on every rank.
   bool single_copy_collectives() const { return single_copy_collectives_; }
+  /// The size from which a point-to-point message travels by reference (where single_copy()):
+  /// probed_reference_bytes where the probe chose single copy, else reference_bytes.
+  std::size_t reference_from() const { return single_copy_collectives_ ? probed_reference_bytes : reference_bytes; }
   /// Rank `rank`'s part of data set `use` (taken modulo 2); the parts of one set are contiguous.
   std::byte* direct_slot(std::uint64_t use, int rank) const {
     const std::size_t index = (use % 2) * static_cast<std::size_t>(layout_.size) + static_cast<std::size_t>(rank);

@@ -318,7 +318,7 @@ void ShmTransport::push_sends(int dst) {
       if (ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst) >= slots) break;
     }
     SendOp& op = *queue.front();
-    const bool by_reference = op.offset == 0 && op.bytes >= reference_bytes &&
+    const bool by_reference = op.offset == 0 && op.bytes >= segment_->reference_from() &&
                               op.key.channel == Channel::point_to_point && segment_->single_copy();
     write_chunk(dst, head, op, by_reference, false);
     ring.head.store(++head, std::memory_order_release);
