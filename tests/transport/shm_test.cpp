@@ -339,6 +339,46 @@ TEST_F(Shm, MessagesTravelByReferenceFromTheProbedThreshold) {
   }
 }
 
+// A sender whose ring is full asks its receiver to ring it once there is room (waiters do not
+// poll their own rings' tails): the receiver that frees slots clears the request and rings the
+// sender's doorbell, and every message then arrives exactly. Where ranks outnumber cores every
+// write rings anyway, and the request is not made.
+TEST_F(Shm, AFullRingAsksItsReceiverToRingWhenItFreesRoom) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "one core: every write rings, no request to test";
+  setenv("TUTTI_SHM_COLLECTIVE_COPY", "sets", 1);  // these messages go through the ring either way
+  auto t = open_pair();
+  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
+  auto& segment = static_cast<transport::shm::ShmTransport&>(*t[0]).segment();
+  const std::size_t slots = segment.layout().slots, bytes = transport::shm::eager_bytes + 100, n = slots + 3;
+  std::vector<std::vector<std::byte>> out(n), in(n);
+  std::vector<Completion> sent(n), received(n);
+  for (std::size_t m = 0; m < n; ++m) {
+    out[m].assign(bytes, static_cast<std::byte>(m + 1));
+    in[m].assign(bytes, std::byte{0});
+    t[0]->post_send(1, MessageKey{transport::Channel::point_to_point, 9, static_cast<std::uint32_t>(m)}, out[m].data(),
+                    bytes, &sent[m]);
+  }
+  auto& ring = segment.ring(0, 1);
+  EXPECT_EQ(ring.head.load(), slots);  // full: the rest wait in the sender's queue
+  EXPECT_EQ(ring.wants_room.load(), 1u);
+  const std::uint32_t generation = segment.rank_block(0).generation.load();
+  for (std::size_t m = 0; m < n; ++m)
+    t[1]->post_recv(0, MessageKey{transport::Channel::point_to_point, 9, static_cast<std::uint32_t>(m)}, in[m].data(),
+                    bytes, &received[m]);
+  t[1]->progress();
+  EXPECT_EQ(ring.wants_room.load(), 0u);
+  EXPECT_GT(segment.rank_block(0).generation.load(), generation) << "the full sender was not rung";
+  for (int i = 0; i < 100 && sent[n - 1].state() == Completion::posted; ++i) {
+    t[0]->progress();
+    t[1]->progress();
+  }
+  for (std::size_t m = 0; m < n; ++m) {
+    EXPECT_EQ(sent[m].state(), Completion::done) << "message " << m << ": " << sent[m].error;
+    EXPECT_EQ(received[m].state(), Completion::done) << "message " << m << ": " << received[m].error;
+    EXPECT_TRUE(in[m] == out[m]) << "message " << m;
+  }
+}
+
 TEST_F(Shm, TimeoutAbortsForEveryRank) {
   std::atomic<int> timeouts{0};
   const std::string failures = run_shm(2, [&](Communicator& comm) {

@@ -406,7 +406,7 @@ std::uint64_t token_of(const Segment& segment, int rank, const LocalBell& bell, 
     const RingHeader& in = segment.ring(r, rank);
     const RingHeader& out = segment.ring(rank, r);
     sum += in.head.load(std::memory_order_seq_cst) + in.ack_tail.load(std::memory_order_seq_cst) +
-           out.tail.load(std::memory_order_seq_cst) + out.ack_head.load(std::memory_order_seq_cst);
+           out.ack_head.load(std::memory_order_seq_cst);
   }
   return std::uint64_t{bell.generation.load(std::memory_order_seq_cst)} << 32 | static_cast<std::uint32_t>(sum);
 }

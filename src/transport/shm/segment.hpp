@@ -176,6 +176,10 @@ struct Ack {
 struct RingHeader {
   alignas(64) std::atomic<std::uint64_t> head;
   alignas(64) std::atomic<std::uint64_t> tail;
+  // Nonzero: the producer found the ring full and waits for room; the consumer, having freed
+  // slots, clears it and rings the producer's doorbell (waiters do not poll their own rings' tails:
+  // doorbell_token). On the tail's line, which the consumer writes anyway.
+  std::atomic<std::uint32_t> wants_room;
   alignas(64) std::atomic<std::uint64_t> ack_head;
   alignas(64) std::atomic<std::uint64_t> ack_tail;
   alignas(64) Ack acks[ack_entries];
@@ -320,8 +324,10 @@ void ring_if_sleeping(Segment& segment, int to);
 
 /// What a waiter of rank `rank` compares while it waits: its local bell's generation (high half)
 /// and, in the low half, its doorbell's, plus with `rings` every counter its peers move for it in
-/// the rings (data heads toward it, tails and ack heads of its rings toward them, ack tails of
-/// theirs): these only grow, so their sum changes whenever one of them does.
+/// the rings (data heads toward it, ack heads of its rings toward them, ack tails of theirs):
+/// these only grow, so their sum changes whenever one of them does. Not the tails of its own
+/// rings, which move at every message its peers take: a producer short of room asks to be rung
+/// instead (RingHeader::wants_room).
 std::uint64_t doorbell_token(const Segment& segment, int rank, const LocalBell& bell, bool rings);
 /// Sleeps while doorbell_token equals `seen`, at most `timeout` (FUTEX_WAIT on the shared
 /// doorbell, process-shared).

@@ -109,6 +109,7 @@ ShmTransport::ShmTransport(std::unique_ptr<Segment> segment, int rank, std::chro
       self_(segment_->rank_block(rank)),
       outbox_(static_cast<std::size_t>(size_)),
       pending_acks_(static_cast<std::size_t>(size_)),
+      tail_seen_(static_cast<std::size_t>(size_), 0),
       wake_peer_(static_cast<std::size_t>(size_), false),
       pidfds_(static_cast<std::size_t>(size_), -1),
       wait_policy_(wait_policy(size_)) {

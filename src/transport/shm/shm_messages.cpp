@@ -53,7 +53,7 @@ void ShmTransport::end_round() {
     wake_peer_[static_cast<std::size_t>(r)] = false;
     if (r == rank_)
       completed_ = true;  // a message to ourselves: our other threads may wait for it
-    else if (polled)
+    else if (polled && !room_asked(r))
       ring_if_sleeping(*segment_, r);
     else
       ring_doorbell(segment_->rank_block(r));
@@ -304,19 +304,35 @@ void ShmTransport::drain(int src) {
   if (tail != head) completed_ = true;  // more to drain: keep our caller from sleeping
 }
 
+// Whether rank r, whose ring to this rank was full, asked to be rung once it has room (which this
+// round may have made): answered once. The flag is on the tail's line, which this rank writes.
+bool ShmTransport::room_asked(int r) {
+  std::atomic<std::uint32_t>& asked = segment_->ring(r, rank_).wants_room;
+  return asked.load(std::memory_order_relaxed) != 0 && asked.exchange(0, std::memory_order_relaxed) != 0;
+}
+
+std::uint64_t ShmTransport::free_slots(int dst, std::uint64_t head) {
+  const std::uint64_t slots = segment_->layout().slots;
+  std::uint64_t& tail = tail_seen_[static_cast<std::size_t>(dst)];
+  if (head - tail < slots) return slots - (head - tail);  // room by the tail last read: no miss
+  RingHeader& ring = segment_->ring(rank_, dst);
+  tail = ring.tail.load(std::memory_order_acquire);
+  if (ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst) < slots) return slots - (head - tail);
+  if (polls_rings()) {  // full: ask dst to ring once it frees a slot, then look once more (see end_round)
+    ring.wants_room.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    tail = ring.tail.load(std::memory_order_acquire);
+  }
+  return slots - ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst);
+}
+
 void ShmTransport::push_sends(int dst) {
   auto& queue = outbox_[static_cast<std::size_t>(dst)];
   if (queue.empty()) return;
   RingHeader& ring = segment_->ring(rank_, dst);
-  const std::uint64_t slots = segment_->layout().slots;
   std::uint64_t head = ring.head.load(std::memory_order_relaxed);
-  std::uint64_t tail = ring.tail.load(std::memory_order_acquire);
-  ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst);
   while (!queue.empty()) {
-    if (head - tail >= slots) {
-      tail = ring.tail.load(std::memory_order_acquire);
-      if (ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst) >= slots) break;
-    }
+    if (free_slots(dst, head) == 0) break;
     SendOp& op = *queue.front();
     const bool by_reference = op.offset == 0 && op.bytes >= segment_->reference_from() &&
                               op.key.channel == Channel::point_to_point && segment_->single_copy();
@@ -361,9 +377,7 @@ bool ShmTransport::send_eager(int dst, SendOp& op) {
   if (corrupt_ || !outbox_[static_cast<std::size_t>(dst)].empty()) return false;
   RingHeader& ring = segment_->ring(rank_, dst);
   const std::uint64_t head = ring.head.load(std::memory_order_relaxed);
-  const std::uint64_t tail = ring.tail.load(std::memory_order_acquire);
-  if (ring_fill(*segment_, head, tail, segment_->layout().slots, dst, "data", rank_, dst) >= segment_->layout().slots)
-    return false;
+  if (free_slots(dst, head) == 0) return false;
   write_chunk(dst, head, op, false, true);
   ring.head.store(head + 1, std::memory_order_release);
   wake_peer_[static_cast<std::size_t>(dst)] = true;

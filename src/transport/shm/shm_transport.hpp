@@ -198,6 +198,11 @@ class ShmTransport final : public Transport {
   /// Sends a small point-to-point message eagerly when nothing waits before it and its ring has
   /// room: written now, complete now, never acknowledged. False: it takes the ordinary way.
   bool send_eager(int dst, SendOp& op);
+  /// Free slots in this rank's ring to dst for a head of `head`, by the tail last read while that
+  /// showed room (no miss); else read again, and where still none, dst is asked to ring this rank
+  /// once it frees one (RingHeader::wants_room).
+  std::uint64_t free_slots(int dst, std::uint64_t head);
+  bool room_asked(int r);
   void check_peers();
   bool waits_on(int peer) const;
   void corrupted(const Error& error);
@@ -253,8 +258,9 @@ class ShmTransport final : public Transport {
   MatchTable<Unexpected> unexpected_;
   std::vector<std::deque<Ack>> pending_acks_;                // per source, when its ack ring is full
   std::vector<std::pair<std::uint64_t, Completion*>> held_;  // unchecked receives, by seq (see announce)
-  std::vector<bool> wake_peer_;                              // doorbells to ring at the end of this progress
-  bool completed_ = false;                                   // a completion changed: ring our own doorbell
+  std::vector<std::uint64_t> tail_seen_;  // per destination: its ring's tail as last read (free_slots)
+  std::vector<bool> wake_peer_;           // doorbells to ring at the end of this progress
+  bool completed_ = false;                // a completion changed: ring our own doorbell
   std::chrono::steady_clock::time_point next_liveness_check_{};
   std::vector<int> pidfds_;  // per peer process, -1 where unavailable (or a thread of ours)
   std::uint64_t direct_uses_ = 0;
