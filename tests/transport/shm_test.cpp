@@ -379,6 +379,34 @@ TEST_F(Shm, AFullRingAsksItsReceiverToRingWhenItFreesRoom) {
   }
 }
 
+// An eager message of up to header_payload_bytes travels in its chunk header's first line (the
+// slot's payload is not written), a larger one after the header; every byte arrives either way.
+TEST_F(Shm, SmallEagerMessagesTravelInTheirChunkHeader) {
+  auto t = open_pair();
+  auto& segment = static_cast<transport::shm::ShmTransport&>(*t[0]).segment();
+  const std::size_t small = transport::shm::header_payload_bytes;
+  std::uint32_t index = 0;
+  for (std::size_t bytes : {std::size_t{1}, small - 1, small, small + 1, transport::shm::eager_bytes}) {
+    const std::uint64_t head = segment.ring(0, 1).head.load();
+    std::byte* after = segment.payload(0, 1, head);
+    std::memset(after, 0x77, 64);
+    std::vector<std::byte> out(bytes), in(bytes, std::byte{0});
+    for (std::size_t i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>(i * 11 + bytes);
+    Completion sent, received;
+    const MessageKey key{transport::Channel::point_to_point, 4, index++};
+    t[0]->post_send(1, key, out.data(), bytes, &sent);
+    EXPECT_EQ(sent.state(), Completion::done) << bytes << " bytes: eager";
+    const auto header = transport::shm::read_chunk(segment, 0, 1, head);
+    EXPECT_EQ(header.eager, 1) << bytes << " bytes";
+    EXPECT_EQ(std::count(after, after + 64, std::byte{0x77}) == 64, bytes <= small)
+        << bytes << " bytes: the payload after the header was " << (bytes <= small ? "" : "not ") << "written";
+    t[1]->post_recv(0, key, in.data(), bytes, &received);
+    for (int i = 0; i < 10 && received.state() == Completion::posted; ++i) t[1]->progress();
+    EXPECT_EQ(received.state(), Completion::done) << bytes << " bytes: " << received.error;
+    EXPECT_TRUE(in == out) << bytes << " bytes";
+  }
+}
+
 TEST_F(Shm, TimeoutAbortsForEveryRank) {
   std::atomic<int> timeouts{0};
   const std::string failures = run_shm(2, [&](Communicator& comm) {

@@ -284,8 +284,12 @@ Error corrupt_segment(const Segment& segment, int writer, const std::string& wha
 }
 
 ChunkHeader read_chunk(const Segment& segment, int from, int to, std::uint64_t n) {
-  ChunkHeader h;
-  std::memcpy(&h, &segment.chunk(from, to, n), sizeof h);  // once: the peer may change it meanwhile
+  // Once: the peer may change it meanwhile. The signature only where there is one (its line is
+  // otherwise not touched, and a small eager message's payload lies there: header_payload_bytes).
+  ChunkHeader h{};
+  const ChunkHeader& written = segment.chunk(from, to, n);
+  std::memcpy(static_cast<void*>(&h), &written, header_fields_bytes);
+  if (h.has_signature == 1) std::memcpy(&h.signature, &written.signature, sizeof h.signature);
   const std::uint64_t payload = segment.layout().payload;
   // The sender cuts a message of `total` bytes into chunks of `payload` bytes, the last one shorter.
   // A message by reference is one chunk whose payload is the address of its bytes in the sender.

@@ -31,7 +31,7 @@ namespace tutti::transport::shm {
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free &&
               std::atomic<std::int32_t>::is_always_lock_free);
 
-inline constexpr std::uint64_t ready_magic = 0x36736974747574ull;  // "tuttis6", set once initialized
+inline constexpr std::uint64_t ready_magic = 0x37736974747574ull;  // "tuttis7", set once initialized
 // Announced signatures kept per rank. A rank short of slots waits until slot_slack of them are
 // free (so that it meets its peers once per slot_slack collectives, not at every one); with the
 // rest, a rank whose collectives complete without its peers (a broadcast's root) can always run
@@ -162,6 +162,11 @@ struct ChunkHeader {
   WireSignature signature;    // the sender's collective (has_signature)
 };
 static_assert(sizeof(ChunkHeader) <= chunk_header_bytes);
+/// An eager message of up to this many bytes travels in its chunk header's first cache line, after
+/// the fields, where a collective's signature would be: one line carries the whole message.
+inline constexpr std::size_t header_payload_bytes = 24;
+inline constexpr std::size_t header_fields_bytes = offsetof(ChunkHeader, signature);
+static_assert(header_fields_bytes + header_payload_bytes <= 64);
 
 /// Receiver's answer to a message's first chunk: matched (ok) or the size it expected.
 struct Ack {
@@ -237,6 +242,11 @@ class Segment {
     return *reinterpret_cast<ChunkHeader*>(slot_base(from, to, n));
   }
   std::byte* payload(int from, int to, std::uint64_t n) const { return slot_base(from, to, n) + chunk_header_bytes; }
+  /// Where the payload of slot n's chunk lies, by its header's `eager` and `bytes`: in the header
+  /// (header_payload_bytes), or after it.
+  std::byte* payload(int from, int to, std::uint64_t n, bool eager, std::size_t bytes) const {
+    return eager && bytes <= header_payload_bytes ? slot_base(from, to, n) + header_fields_bytes : payload(from, to, n);
+  }
   DirectRound& direct_round(int rank) const {
     return reinterpret_cast<DirectRound*>(base_ + layout_.direct_rounds)[rank];
   }

@@ -293,7 +293,8 @@ void ShmTransport::drain(int src) {
   ring_fill(*segment_, head, tail, slots, src, "data", src, rank_);
   const std::uint64_t limit = tail + 4 * slots;  // bounds one round
   while (tail != head && tail != limit) {
-    handle_chunk(src, read_chunk(*segment_, src, rank_, tail), segment_->payload(src, rank_, tail));
+    const ChunkHeader header = read_chunk(*segment_, src, rank_, tail);
+    handle_chunk(src, header, segment_->payload(src, rank_, tail, header.eager == 1, header.bytes));
     ring.tail.store(++tail, std::memory_order_release);  // frees the slot at once: the sender refills it
     if (tail == head) {
       head = ring.head.load(std::memory_order_acquire);
@@ -362,13 +363,13 @@ void ShmTransport::write_chunk(int dst, std::uint64_t head, SendOp& op, bool by_
   chunk.has_signature = op.has_signature ? 1 : 0;
   chunk.by_reference = by_reference ? 1 : 0;
   chunk.eager = eager ? 1 : 0;
-  chunk.signature = op.signature;
+  if (op.has_signature) chunk.signature = op.signature;
   if (by_reference) {
     const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(op.data));
     std::memcpy(segment_->payload(rank_, dst, head), &address, sizeof address);
     op.offset = op.bytes;  // read by the receiver before it acks
   } else {
-    if (n > 0) core::copy(segment_->payload(rank_, dst, head), op.data + op.offset, n);
+    if (n > 0) core::copy(segment_->payload(rank_, dst, head, eager, n), op.data + op.offset, n);
     op.offset += n;
   }
 }
