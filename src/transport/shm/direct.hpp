@@ -36,6 +36,11 @@ inline constexpr std::size_t small_allreduce_bytes = 16 * 1024;
 /// broadcast under single_copy_broadcast_limit (from which the data sets' pipelining wins), the
 /// others always.
 inline constexpr std::size_t single_copy_bytes = 16 * 1024;
+/// A reduce's root whose chunk holds at most this many bytes copies each peer's part of the data
+/// set into a scratch piece before it reduces from it: reducing straight from the lines a peer
+/// has just written measured slower there (0.63-0.74 of OpenMPI at 32 and 64 KiB against
+/// 0.81-0.90 staged), and faster beyond (docs/performance.md).
+inline constexpr std::size_t staged_reduce_bytes = 64 * 1024;
 inline constexpr std::size_t single_copy_broadcast_limit = 1024 * 1024;
 inline constexpr std::size_t single_copy_reduce_scatter_limit = 128 * 1024;  // the whole input
 inline constexpr std::size_t streaming_bytes = std::size_t{32} << 20;

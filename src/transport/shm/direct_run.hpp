@@ -242,6 +242,21 @@ class DirectRun final : public DirectCollective {
     const int r = rank();
     reduce_parts(dst, n, [&](int i) -> const std::byte* { return i == 0 ? own : peer(i <= r ? i - 1 : i); });
   }
+  /// reduce_own_first, but each peer's part is first copied, piece by piece, into a scratch
+  /// buffer on this core and reduced from there (staged_reduce_bytes).
+  template <typename Peer>
+  void reduce_staged(std::byte* dst, const std::byte* own, std::size_t n, const Peer& peer) const {
+    constexpr std::size_t piece_bytes = 16 * 1024;
+    const std::size_t bytes = n * esize_, piece = std::min(bytes, piece_bytes / esize_ * esize_);
+    auto scratch = std::make_unique_for_overwrite<std::byte[]>(piece);
+    for (std::size_t offset = 0; offset < bytes; offset += piece) {
+      const std::size_t len = std::min(piece, bytes - offset);
+      reduce_own_first(dst + offset, own + offset, len / esize_, [&](int q) {
+        core::copy(scratch.get(), peer(q) + offset, len);
+        return static_cast<const std::byte*>(scratch.get());
+      });
+    }
+  }
   void finish(std::size_t chunk);
   void arrive();
   bool all_arrived() const;
