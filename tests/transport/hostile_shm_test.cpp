@@ -357,14 +357,18 @@ TEST_F(HostileShm, AckRingHeadFarBeyondTheTail) {
   pair.t[1]->cancel(&sent);
 }
 
-// The tail rank 0 keeps of ring 1->0 (its consumer index) moved past rank 1's head.
+// The tail rank 0 keeps of ring 1->0 (its consumer index) moved past rank 1's head. Rank 1 reads
+// the tail again only when the ring looks full by the one it read last: by then at the latest
+// (its slots' worth of eager messages, nothing read meanwhile) the bad tail is refused.
 TEST_F(HostileShm, RingTailPastTheHead) {
   Pair pair;
   auto& ring = pair.segment().ring(1, 0);
-  ring.tail.store(ring.head.load() + 3);
+  ring.tail.store(ring.head.load() + 1000);  // still past the head once rank 1 has filled its slots
   std::vector<std::byte> data(64);
-  Completion sent;
-  pair.t[1]->post_send(0, MessageKey{Channel::point_to_point, 5, 0}, data.data(), data.size(), &sent);
+  const std::size_t slots = pair.segment().layout().slots;
+  std::vector<Completion> sent(slots + 1);
+  for (std::uint32_t m = 0; m <= slots && !pair.t[1]->aborted(); ++m)
+    pair.t[1]->post_send(0, MessageKey{Channel::point_to_point, 5, m}, data.data(), data.size(), &sent[m]);
   const auto failure = pair.t[1]->aborted();
   ASSERT_TRUE(failure.has_value());
   EXPECT_EQ(failure->error.code(), ErrorCode::peer_failure);
@@ -372,7 +376,8 @@ TEST_F(HostileShm, RingTailPastTheHead) {
                 .find("shm: rank 0 wrote invalid indices of the data ring from rank 1 to rank 0"),
             std::string::npos)
       << failure->error.what();
-  pair.t[1]->cancel(&sent);
+  for (auto& completion : sent)
+    if (completion.state() == Completion::posted) pair.t[1]->cancel(&completion);
 }
 
 // An abort record whose text length is far beyond its buffer, and one with an invalid code.
