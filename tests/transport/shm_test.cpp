@@ -54,13 +54,16 @@ std::string run_shm(int p, const std::function<void(Communicator&)>& fn) {
   });
 }
 
-// Two ranks of a fresh segment, for one thread to drive both (transport level).
-std::array<std::unique_ptr<transport::Transport>, 2> open_pair() {
+// Two ranks of a fresh segment, for one thread to drive both (transport level); `collective_copy`,
+// where given, is the TUTTI_SHM_COLLECTIVE_COPY they attach with (unset again afterwards).
+std::array<std::unique_ptr<transport::Transport>, 2> open_pair(const char* collective_copy = nullptr) {
+  if (collective_copy != nullptr) setenv("TUTTI_SHM_COLLECTIVE_COPY", collective_copy, 1);
   const std::string name = unique_shm_name();
   std::array<std::unique_ptr<transport::Transport>, 2> t;
   std::thread other([&] { t[1] = transport::shm::open(name, 1, 2, 3, attach_timeout); });
   t[0] = transport::shm::open(name, 0, 2, 3, attach_timeout);
   other.join();
+  if (collective_copy != nullptr) unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
   return t;
 }
 
@@ -308,9 +311,7 @@ TEST_F(Shm, AMessageByReferenceIsOneChunkReadBeforeItsAck) {
 // bytes arrive exactly, on both sides of the threshold.
 TEST_F(Shm, MessagesTravelByReferenceFromTheProbedThreshold) {
   for (const char* copy : {"single", "sets"}) {
-    setenv("TUTTI_SHM_COLLECTIVE_COPY", copy, 1);
-    auto t = open_pair();
-    unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
+    auto t = open_pair(copy);
     auto& segment = static_cast<transport::shm::ShmTransport&>(*t[0]).segment();
     ASSERT_TRUE(segment.single_copy());
     const bool single = std::string(copy) == "single";
@@ -345,9 +346,7 @@ TEST_F(Shm, MessagesTravelByReferenceFromTheProbedThreshold) {
 // write rings anyway, and the request is not made.
 TEST_F(Shm, AFullRingAsksItsReceiverToRingWhenItFreesRoom) {
   if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "one core: every write rings, no request to test";
-  setenv("TUTTI_SHM_COLLECTIVE_COPY", "sets", 1);  // these messages go through the ring either way
-  auto t = open_pair();
-  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
+  auto t = open_pair("sets");  // these messages go through the ring either way
   auto& segment = static_cast<transport::shm::ShmTransport&>(*t[0]).segment();
   const std::size_t slots = segment.layout().slots, bytes = transport::shm::eager_bytes + 100, n = slots + 3;
   std::vector<std::vector<std::byte>> out(n), in(n);
@@ -426,9 +425,7 @@ TEST_F(Shm, TimeoutAbortsForEveryRank) {
 
 // Transport level: a receive cancelled while its message is half received gets no more bytes.
 TEST_F(Shm, CancelStopsAPartialReceive) {
-  setenv("TUTTI_SHM_COLLECTIVE_COPY", "sets", 1);  // messages by reference from reference_bytes
-  auto t = open_pair();
-  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
+  auto t = open_pair("sets");         // messages by reference from reference_bytes
   const std::size_t bytes = 3 << 20;  // 6 times the ring; below reference_bytes, so in chunks
   static_assert((3 << 20) < transport::shm::reference_bytes);
   std::vector<std::byte> out(bytes, std::byte{1}), in(bytes, std::byte{0});

@@ -393,10 +393,12 @@ void DirectRun::finish(std::size_t chunk) {
       if (const std::size_t m = chunk_elems(chunk, q); q != r && m > 0)
         copy_out_(recv_ + block_offset(q) + done * esize_, slot(chunk, q), m * esize_);
   } else if (kind_ == Collective::reduce) {  // the root: its own input, then the peers' parts
-    if (r == root_ && n * esize_ <= staged_reduce_bytes) {
-      reduce_staged(recv_ + done * esize_, send_ + done * esize_, n, [&](int q) { return slot(chunk, q); });
-    } else if (r == root_) {
-      reduce_own_first(recv_ + done * esize_, send_ + done * esize_, n, [&](int q) { return slot(chunk, q); });
+    if (r == root_) {
+      const auto part = [&](int q) { return slot(chunk, q); };
+      if (n * esize_ <= staged_reduce_bytes)
+        reduce_staged(recv_ + done * esize_, send_ + done * esize_, n, part);
+      else
+        reduce_own_first(recv_ + done * esize_, send_ + done * esize_, n, part);
     }
   } else if (kind_ == Collective::scatter) {
     if (r != root_)

@@ -318,13 +318,14 @@ std::uint64_t ShmTransport::free_slots(int dst, std::uint64_t head) {
   if (head - tail < slots) return slots - (head - tail);  // room by the tail last read: no miss
   RingHeader& ring = segment_->ring(rank_, dst);
   tail = ring.tail.load(std::memory_order_acquire);
-  if (ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst) < slots) return slots - (head - tail);
-  if (polls_rings()) {  // full: ask dst to ring once it frees a slot, then look once more (see end_round)
+  std::uint64_t fill = ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst);
+  if (fill >= slots && polls_rings()) {  // full: ask dst to ring once it frees a slot, then look once more (end_round)
     ring.wants_room.store(1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     tail = ring.tail.load(std::memory_order_acquire);
+    fill = ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst);
   }
-  return slots - ring_fill(*segment_, head, tail, slots, dst, "data", rank_, dst);
+  return slots - fill;
 }
 
 void ShmTransport::push_sends(int dst) {
