@@ -384,8 +384,9 @@ std::vector<int> ShmTransport::unpublished_ranks(std::uint64_t seq) const {
 std::uint64_t ShmTransport::generation() const { return doorbell_token(*segment_, rank_, bell_, polls_rings()); }
 
 void ShmTransport::wait(std::uint64_t seen, clock::time_point deadline) {
-  // A peer that answers within a few microseconds is cheaper to catch spinning than sleeping.
-  for (int i = 0; i < 64; ++i) {
+  // A peer that answers within a few microseconds is cheaper to catch spinning than sleeping;
+  // where ranks outnumber cores, the peer may need this very core, so each poll yields it.
+  for (int i = 0; i < (wait_policy_.yield ? 0 : 64); ++i) {
     if (generation() != seen) return;
     cpu_relax();
   }
