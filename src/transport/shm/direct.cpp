@@ -100,12 +100,14 @@ void DirectRun::plan() {
   // A small reduce_scatter (not a reduce: its root reading every input measured slower at p = 2
   // and 4 from 16 to 64 KiB); allgather(v), alltoall, gather, scatter and a broadcast up to its
   // limit where the segment's probe found single copy faster on this machine
-  // (Segment::single_copy_collectives).
+  // (Segment::single_copy_collectives); where ranks share cores, only alltoall and a large scatter.
   const bool by_probe =
       segment_.single_copy_collectives() &&
-      (kind_ == Collective::alltoall || kind_ == Collective::gather || kind_ == Collective::scatter ||
-       ((kind_ == Collective::allgather || kind_ == Collective::allgatherv) && bytes * p < streaming_bytes) ||
-       (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit));
+      (segment_.crowded()
+           ? kind_ == Collective::alltoall || (kind_ == Collective::scatter && bytes >= crowded_scatter_bytes)
+           : kind_ == Collective::alltoall || kind_ == Collective::gather || kind_ == Collective::scatter ||
+                 ((kind_ == Collective::allgather || kind_ == Collective::allgatherv) && bytes * p < streaming_bytes) ||
+                 (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit));
   const bool single_copy_pays =
       by_probe || (kind_ == Collective::reduce_scatter && bytes * p < single_copy_reduce_scatter_limit);
   if (single_copy_pays && bytes >= single_copy_bytes && p > 1 && segment_.single_copy()) {

@@ -56,10 +56,11 @@ void DirectRun::run_exchange_phase(std::size_t phase) {
   const std::size_t header = (2 + up) * sizeof(std::uint64_t), input = send_starts_.back() * esize_;
   if (phase == 0) {
     auto* mine = reinterpret_cast<std::uint64_t*>(slot(0, r));
-    // Read in place instead where it fits too, but the probe found single copy faster (each rank
-    // decides for its own input, and says which in mine[0]).
-    const bool inline_input = header + input <= segment_.layout().direct_chunk &&
-                              !(segment_.single_copy_collectives() && input >= single_copy_bytes);
+    // Read in place instead where it fits too, but the probe found single copy faster and every
+    // rank has a core (each rank decides for its own input, and says which in mine[0]).
+    const bool inline_input =
+        header + input <= segment_.layout().direct_chunk &&
+        !(segment_.single_copy_collectives() && !segment_.crowded() && input >= single_copy_bytes);
     mine[0] = inline_input ? 1 : 0;
     for (std::size_t q = 0; q <= up; ++q) mine[1 + q] = send_starts_[q];
     if (inline_input && input > 0)

@@ -31,7 +31,7 @@ namespace tutti::transport::shm {
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free &&
               std::atomic<std::int32_t>::is_always_lock_free);
 
-inline constexpr std::uint64_t ready_magic = 0x37736974747574ull;  // "tuttis7", set once initialized
+inline constexpr std::uint64_t ready_magic = 0x38736974747574ull;  // "tuttis8", set once initialized
 // Announced signatures kept per rank. A rank short of slots waits until slot_slack of them are
 // free (so that it meets its peers once per slot_slack collectives, not at every one); with the
 // rest, a rank whose collectives complete without its peers (a broadcast's root) can always run
@@ -88,10 +88,12 @@ struct alignas(64) RankBlock {
   std::atomic<std::uint64_t> probe_address;
   std::atomic<std::uint32_t> reads_peers;
   // The copy probe (Segment::decide_collective_copy), between ranks 0 and 1 as they attach: the
-  // step each has reached, rank 0's probe buffer, and rank 1's verdict (0: not yet, 1: collectives
-  // single copy, 2: through the data sets, 3: probing, rank 0 to join).
+  // step each has reached, rank 0's probe buffer and the cpu it ran its last step on, and rank
+  // 1's verdict (0: not yet, 1: collectives single copy, 2: through the data sets, 3: probing,
+  // rank 0 to join, 4: single copy as forced).
   std::atomic<std::uint32_t> probe_step;
   std::atomic<std::uint32_t> collective_copy;
+  std::atomic<std::int32_t> probe_cpu;
   std::atomic<std::uint64_t> probe_buffer;
   alignas(64) std::atomic<std::uint32_t> generation;  // the futex word
   std::atomic<std::uint32_t> sleepers;                // ranks' threads in FUTEX_WAIT on it
@@ -254,12 +256,17 @@ class Segment {
   /// permission to ptrace it: the same user, and no Yama or seccomp rule against it), as every
   /// rank found when it attached and before attach returned; the same answer on every rank.
   bool single_copy() const { return single_copy_; }
-  /// Whether allgather(v), alltoall, gather, scatter and broadcast from single_copy_bytes read
-  /// the peers' buffers (single copy) rather than copy through the data sets: where single copy
-  /// is allowed and every rank has a core, ranks 0 and 1 time both ways of moving 128 KiB between
-  /// them as they attach (decide_collective_copy); TUTTI_SHM_COLLECTIVE_COPY=single or sets (on
-  /// rank 1) decides instead. The same answer on every rank.
+  /// Whether the collectives that move whole blocks read the peers' buffers (single copy) rather
+  /// than copy through the data sets: where single copy is allowed, ranks 0 and 1 time both ways
+  /// of moving 128 KiB between them as they attach (decide_collective_copy);
+  /// TUTTI_SHM_COLLECTIVE_COPY=single or sets (on rank 1) decides instead. The same answer on
+  /// every rank. Which collectives follow it depends on crowded() (DirectRun::plan).
   bool single_copy_collectives() const { return single_copy_collectives_; }
+  /// Whether the probe chose single copy and the ranks outnumber the cores
+  /// (ranks_outnumber_cores): then single copy serves only some of the collectives that move
+  /// whole blocks (DirectRun::plan, docs/algorithms.md); with a core per rank, or where
+  /// TUTTI_SHM_COLLECTIVE_COPY=single forces it, every one. The same answer on every rank.
+  bool crowded() const { return crowded_; }
   /// The size from which a point-to-point message travels by reference (where single_copy()):
   /// probed_reference_bytes where the probe chose single copy, else reference_bytes.
   std::size_t reference_from() const { return single_copy_collectives_ ? probed_reference_bytes : reference_bytes; }
@@ -284,7 +291,13 @@ class Segment {
   std::byte* base_;
   bool single_copy_ = false;
   bool single_copy_collectives_ = false;
+  bool crowded_ = false;
 };
+
+/// Whether `ranks` processes outnumber the machine's online cores (not this process's affinity:
+/// a launcher that binds each rank to one core, as mpirun does, still gives each a core of its
+/// own). Waits then yield the core instead of spinning on it.
+bool ranks_outnumber_cores(int ranks);
 
 /// Reads `bytes` at `remote` in process `pid` into `local` (process_vm_readv, looping over
 /// partial reads). Returns 0, or the errno of the failure.

@@ -90,11 +90,7 @@ std::uint64_t consumed_needed(std::uint64_t seq) { return seq < signature_slots 
 // a small collective takes. With more ranks than cores, spinning would steal the very core the
 // peer needs, so we yield it instead (the peer runs, and we need no wake-up when it answers soon).
 ShmTransport::WaitPolicy wait_policy(int ranks) {
-  // The machine's cores, not this process's affinity: a launcher that binds each rank to one core
-  // (mpirun does) still gives every rank a core of its own.
-  const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  const int cores = online > 0 ? static_cast<int>(online) : static_cast<int>(std::thread::hardware_concurrency());
-  if (ranks <= cores) return {std::chrono::microseconds(50), false};
+  if (!ranks_outnumber_cores(ranks)) return {std::chrono::microseconds(50), false};
   return {std::chrono::microseconds(200), true};
 }
 
