@@ -37,7 +37,7 @@ inline constexpr std::size_t small_allreduce_bytes = 16 * 1024;
 /// others always. Where ranks outnumber cores (Segment::crowded), only an alltoall, and a scatter
 /// block from crowded_scatter_bytes: the others measured slower read straight from the peers there.
 inline constexpr std::size_t single_copy_bytes = 16 * 1024;
-inline constexpr std::size_t crowded_scatter_bytes = 1024 * 1024;
+inline constexpr std::size_t crowded_scatter_bytes = 128 * 1024;
 /// A reduce's root whose chunk holds at most this many bytes copies each peer's part of the data
 /// set into a scratch piece before it reduces from it: reducing straight from the lines a peer
 /// has just written measured slower there (0.63-0.74 of OpenMPI at 32 and 64 KiB against
