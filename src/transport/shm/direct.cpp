@@ -100,12 +100,15 @@ void DirectRun::plan() {
   // A small reduce_scatter (not a reduce: its root reading every input measured slower at p = 2
   // and 4 from 16 to 64 KiB); allgather(v), alltoall, gather, scatter and a broadcast up to its
   // limit where the segment's probe found single copy faster on this machine
-  // (Segment::single_copy_collectives); where ranks share cores, only alltoall and a large scatter.
+  // (Segment::single_copy_collectives); where ranks share cores, only alltoall, gather and a
+  // large scatter. A gather's ranks write into the root's result, where every rank has compared
+  // the call's counts (a bound run: seq_) before any writes.
+  const bool gather = kind_ == Collective::gather && seq_ != no_seq;
   const bool by_probe =
       segment_.single_copy_collectives() &&
       (segment_.crowded()
-           ? kind_ == Collective::alltoall || (kind_ == Collective::scatter && bytes >= crowded_scatter_bytes)
-           : kind_ == Collective::alltoall || kind_ == Collective::gather || kind_ == Collective::scatter ||
+           ? kind_ == Collective::alltoall || gather || (kind_ == Collective::scatter && bytes >= crowded_scatter_bytes)
+           : kind_ == Collective::alltoall || gather || kind_ == Collective::scatter ||
                  ((kind_ == Collective::allgather || kind_ == Collective::allgatherv) && bytes * p < streaming_bytes) ||
                  (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit));
   const bool single_copy_pays =

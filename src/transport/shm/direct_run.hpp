@@ -210,6 +210,7 @@ class DirectRun final : public DirectCollective {
   /// (after every rank's reads) lets the inputs go.
   void run_single_copy_phase(std::size_t phase);
   void read_input(int q, std::size_t offset, std::byte* dst, std::size_t bytes);
+  void write_result(int q, std::size_t offset, const std::byte* src, std::size_t bytes);
   /// Alltoallv: phase 0 writes this rank's send displacements into its part of a data set, and
   /// its whole input after them when it fits (else publishes its address for single copy);
   /// phase 1 takes block r of every peer's input, from its part of the set or straight from its

@@ -15,6 +15,11 @@ namespace tutti::transport::shm {
 void DirectRun::run_single_copy_phase(std::size_t phase) {
   const int p = size(), r = rank();
   if (phase == 0) {  // what this rank's peers read: its input (all blocks), or the root's buffer
+    if (kind_ == Collective::gather) {  // where the others write: the root's result
+      if (r == root_)
+        segment_.direct_round(r).address.store(reinterpret_cast<std::uintptr_t>(recv_), std::memory_order_relaxed);
+      return;
+    }
     const Publication mine = publication(kind_, send_, recv_, count_, esize_, r, p, root_);
     if (mine.data != nullptr)
       segment_.direct_round(r).address.store(reinterpret_cast<std::uintptr_t>(mine.data), std::memory_order_relaxed);
@@ -34,9 +39,9 @@ void DirectRun::run_single_copy_phase(std::size_t phase) {
     case Collective::scatter:  // block r of the root's input
       if (r != root_) read_input(root_, block_offset(r), recv_, bytes);
       return;
-    case Collective::gather:  // the root reads the others' inputs into their blocks
-      if (r != root_) return;
-      break;
+    case Collective::gather:  // each of the others writes its input into its block of the root's result
+      if (r != root_) write_result(root_, block_offset(r), send_, bytes);
+      return;
     default:
       break;
   }
@@ -118,6 +123,17 @@ void DirectRun::read_input(int q, std::size_t offset, std::byte* dst, std::size_
   if (failure == ESRCH) fail(Error(ErrorCode::peer_failure, where() + ": rank " + std::to_string(q) + " died"));
   if (failure != 0)
     fail(Error(ErrorCode::system, where() + ": reading rank " + std::to_string(q) + "'s input (" +
+                                      std::to_string(bytes) + " bytes) failed: " + std::strerror(failure)));
+}
+
+// `bytes` from src into [offset, offset + bytes) of rank q's published result.
+void DirectRun::write_result(int q, std::size_t offset, const std::byte* src, std::size_t bytes) {
+  const std::uint64_t address = segment_.direct_round(q).address.load(std::memory_order_relaxed) + offset;
+  const int failure =
+      write_process_memory(segment_.rank_block(q).pid.load(std::memory_order_relaxed), address, src, bytes);
+  if (failure == ESRCH) fail(Error(ErrorCode::peer_failure, where() + ": rank " + std::to_string(q) + " died"));
+  if (failure != 0)
+    fail(Error(ErrorCode::system, where() + ": writing into rank " + std::to_string(q) + "'s result (" +
                                       std::to_string(bytes) + " bytes) failed: " + std::strerror(failure)));
 }
 

@@ -263,16 +263,30 @@ void Segment::decide_single_copy(int rank, clock::time_point deadline) {
   }
 }
 
-int read_process_memory(std::int32_t pid, std::byte* local, std::uint64_t remote, std::size_t bytes) {
+namespace {
+
+int move_process_memory(std::int32_t pid, std::byte* local, std::uint64_t remote, std::size_t bytes, bool write) {
   while (bytes > 0) {
     iovec mine{local, bytes};
     iovec theirs{reinterpret_cast<void*>(static_cast<std::uintptr_t>(remote)), bytes};
-    const ssize_t n = process_vm_readv(static_cast<pid_t>(pid), &mine, 1, &theirs, 1, 0);
+    const ssize_t n = write ? process_vm_writev(static_cast<pid_t>(pid), &mine, 1, &theirs, 1, 0)
+                            : process_vm_readv(static_cast<pid_t>(pid), &mine, 1, &theirs, 1, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return n < 0 ? errno : EIO;
     local += n, remote += static_cast<std::uint64_t>(n), bytes -= static_cast<std::size_t>(n);
   }
   return 0;
+}
+
+}  // namespace
+
+int read_process_memory(std::int32_t pid, std::byte* local, std::uint64_t remote, std::size_t bytes) {
+  return move_process_memory(pid, local, remote, bytes, false);
+}
+
+int write_process_memory(std::int32_t pid, std::uint64_t remote, const std::byte* local, std::size_t bytes) {
+  // (process_vm_writev only reads the local side.)
+  return move_process_memory(pid, const_cast<std::byte*>(local), remote, bytes, true);
 }
 
 Segment::~Segment() { munmap(base_, layout_.total); }

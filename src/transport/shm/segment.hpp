@@ -302,6 +302,9 @@ bool ranks_outnumber_cores(int ranks);
 /// Reads `bytes` at `remote` in process `pid` into `local` (process_vm_readv, looping over
 /// partial reads). Returns 0, or the errno of the failure.
 int read_process_memory(std::int32_t pid, std::byte* local, std::uint64_t remote, std::size_t bytes);
+/// Writes `bytes` from `local` at `remote` in process `pid` (process_vm_writev, which the same
+/// permission allows). Returns 0, or the errno of the failure.
+int write_process_memory(std::int32_t pid, std::uint64_t remote, const std::byte* local, std::size_t bytes);
 
 // Reading what peers wrote. A peer, buggy or hostile, may write anything into the segment at any
 // time. Every record that we then use as a length, an offset or an index is read through one of
