@@ -157,33 +157,47 @@ TEST_F(ShmDirect, ReduceScatterCountsSizesAndPlaces) {
 }
 
 TEST_F(ShmDirect, AllgatherCountsSizesAndPlaces) {
-  for (int p : {1, 2, 3, 5, 8})
-    EXPECT_EQ(run_ranks(p,
-                        [&](Rank& rank) {
-                          const int r = rank.comm.rank();
-                          const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
-                          for (std::size_t n : counts_for(p, 300007))
-                            for (bool in_place : {false, true}) {
-                              std::vector<float> send(n), recv(up * n, std::nanf(""));
-                              for (std::size_t i = 0; i < n; ++i) send[i] = value(r, i);
-                              const float* in = send.data();
-                              if (in_place) {
-                                std::copy(send.begin(), send.end(), recv.begin() + static_cast<long>(ur * n));
-                                in = recv.data() + ur * n;
+  for (const char* copy : {"single", "sets"}) {
+    setenv("TUTTI_SHM_COLLECTIVE_COPY", copy, 1);
+    for (int p : {1, 2, 3, 5, 8})
+      EXPECT_EQ(run_ranks(p,
+                          [&](Rank& rank) {
+                            const int r = rank.comm.rank();
+                            const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
+                            for (std::size_t n : counts_for(p, 300007))
+                              for (bool in_place : {false, true}) {
+                                std::vector<float> send(n), recv(up * n, std::nanf(""));
+                                for (std::size_t i = 0; i < n; ++i) send[i] = value(r, i);
+                                const float* in = send.data();
+                                if (in_place) {
+                                  std::copy(send.begin(), send.end(), recv.begin() + static_cast<long>(ur * n));
+                                  in = recv.data() + ur * n;
+                                }
+                                direct(rank, Collective::allgather, in, recv.data(), n, DataType::f32);
+                                expect_equal(
+                                    recv, [&](std::size_t i) { return value(static_cast<int>(i / n), i % n); },
+                                    "allgather n=" + std::to_string(n) + (in_place ? " in place" : ""));
+                                // Through the communicator: a bound run, where single copy writes
+                                // into the peers' results instead of reading their inputs.
+                                std::fill(recv.begin(), recv.end(), std::nanf(""));
+                                if (in_place)
+                                  std::copy(send.begin(), send.end(), recv.begin() + static_cast<long>(ur * n));
+                                rank.comm.allgather(in, recv.data(), n, DataType::f32, {Algorithm::direct, timeout});
+                                expect_equal(
+                                    recv, [&](std::size_t i) { return value(static_cast<int>(i / n), i % n); },
+                                    "bound allgather n=" + std::to_string(n) + (in_place ? " in place" : ""));
                               }
-                              direct(rank, Collective::allgather, in, recv.data(), n, DataType::f32);
-                              expect_equal(
-                                  recv, [&](std::size_t i) { return value(static_cast<int>(i / n), i % n); },
-                                  "allgather n=" + std::to_string(n) + (in_place ? " in place" : ""));
-                            }
-                        }),
-              "")
-        << "p=" << p;
+                          }),
+                "")
+          << "p=" << p << " TUTTI_SHM_COLLECTIVE_COPY=" << copy;
+  }
+  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
 }
 
 // Alltoall: inline (p blocks within a signature slot), through the data sets in chunks, and
-// single copy (blocks of 16 KiB or more, where the collectives single copy); in place (a snapshot
-// of the input) and not. Block q of rank r's result is block r of rank q's input, exactly.
+// single copy (blocks of 16 KiB or more, where the collectives single copy: read from the peers
+// in an unbound run, written into them in a bound one, through the communicator); in place (a
+// snapshot of the input) and not. Block q of rank r's result is block r of rank q's input, exactly.
 TEST_F(ShmDirect, AlltoallCountsSizesAndPlaces) {
   // Every element of every rank's input distinct (exact in f32: below 2^24).
   const auto unique = [](int q, std::size_t i) { return static_cast<float>(q * 200000 + static_cast<int>(i)); };
@@ -197,18 +211,23 @@ TEST_F(ShmDirect, AlltoallCountsSizesAndPlaces) {
                             // 4096: single copy's first block; 20000: several chunks of the data sets.
                             for (std::size_t n : {std::size_t{0}, std::size_t{1}, up + 1, std::size_t{100},
                                                   std::size_t{4095}, std::size_t{4096}, std::size_t{20000}})
-                              for (bool in_place : {false, true}) {
-                                // Block q of rank r's input: value(r, q * n + i).
-                                std::vector<float> send(up * n), recv(up * n, std::nanf(""));
-                                for (std::size_t i = 0; i < up * n; ++i) send[i] = unique(r, i);
-                                if (in_place) recv = send;
-                                direct(rank, Collective::alltoall, in_place ? recv.data() : send.data(), recv.data(), n,
-                                       DataType::f32);
-                                expect_equal(
-                                    recv,
-                                    [&](std::size_t i) { return unique(static_cast<int>(i / n), ur * n + i % n); },
-                                    "alltoall n=" + std::to_string(n) + (in_place ? " in place" : ""));
-                              }
+                              for (bool in_place : {false, true})
+                                for (bool bound : {false, true}) {
+                                  // Block q of rank r's input: value(r, q * n + i).
+                                  std::vector<float> send(up * n), recv(up * n, std::nanf(""));
+                                  for (std::size_t i = 0; i < up * n; ++i) send[i] = unique(r, i);
+                                  if (in_place) recv = send;
+                                  const float* in = in_place ? recv.data() : send.data();
+                                  if (bound)
+                                    rank.comm.alltoall(in, recv.data(), n, DataType::f32, {Algorithm::direct, timeout});
+                                  else
+                                    direct(rank, Collective::alltoall, in, recv.data(), n, DataType::f32);
+                                  expect_equal(
+                                      recv,
+                                      [&](std::size_t i) { return unique(static_cast<int>(i / n), ur * n + i % n); },
+                                      std::string(bound ? "bound " : "") + "alltoall n=" + std::to_string(n) +
+                                          (in_place ? " in place" : ""));
+                                }
                           }),
                 "")
           << "p=" << p << " TUTTI_SHM_COLLECTIVE_COPY=" << copy;
@@ -1419,10 +1438,12 @@ TEST_F(ShmDirect, CollectiveCopyIsRankOnesVerdictOnEveryRank) {
     if (c.single >= 0) {
       EXPECT_EQ(codes[0], c.single == 1 && system_allows ? 16 : 32) << what;
     } else if (codes[0] == 16 || codes[0] == 17) {
-      EXPECT_EQ(codes[0], c.p > cores ? 17 : 16) << what << ": single copy measured, crowded where ranks outnumber cores";
+      EXPECT_EQ(codes[0], c.p > cores ? 17 : 16)
+          << what << ": single copy measured, crowded where ranks outnumber cores";
     }
     if (c.single < 0)
-      std::printf("[ NOTE ] %s: the probe chose %s\n", what.c_str(), codes[0] >= 16 && codes[0] < 32 ? "single copy" : "the data sets");
+      std::printf("[ NOTE ] %s: the probe chose %s\n", what.c_str(),
+                  codes[0] >= 16 && codes[0] < 32 ? "single copy" : "the data sets");
   }
   setenv("TUTTI_SHM_SINGLE_COPY", "0", 1);  // single copy off: forcing it is moot
   setenv("TUTTI_SHM_COLLECTIVE_COPY", "single", 1);

@@ -127,7 +127,8 @@ void Segment::decide_collective_copy(int rank, clock::time_point deadline) {
       for (auto& of : best) of[0] = of[1] = clock::duration::max();
       const auto apart = [&] { return best[0][0] != clock::duration::max() && best[0][1] != clock::duration::max(); };
       std::optional<AwayFrom> away;
-      for (std::uint32_t round = 0; round < 2 * probe_rounds || (!apart() && round < 2 * (probe_rounds + extra_rounds)); ++round) {
+      for (std::uint32_t round = 0; round < 2 * probe_rounds || (!apart() && round < 2 * (probe_rounds + extra_rounds));
+           ++round) {
         if (round == (yield ? 0 : 2 * probe_rounds)) away.emplace(zero.probe_cpu.load(std::memory_order_relaxed));
         const bool single_copy = round % 2 == 1;
         const std::uint32_t go = 2 + 2 * round, done = go + 1;
@@ -149,7 +150,8 @@ void Segment::decide_collective_copy(int rank, clock::time_point deadline) {
                      "rank 0 stopped in the copy probe");
         const auto took = clock::now() - start;
         const int way = single_copy ? 1 : 0;
-        if (zero.probe_cpu.load(std::memory_order_relaxed) != sched_getcpu()) best[0][way] = std::min(best[0][way], took);
+        if (zero.probe_cpu.load(std::memory_order_relaxed) != sched_getcpu())
+          best[0][way] = std::min(best[0][way], took);
         best[1][way] = std::min(best[1][way], took);
       }
       const auto& counted = apart() ? best[0] : best[1];

@@ -101,9 +101,8 @@ void DirectRun::plan() {
   // and 4 from 16 to 64 KiB); allgather(v), alltoall, gather, scatter and a broadcast up to its
   // limit where the segment's probe found single copy faster on this machine
   // (Segment::single_copy_collectives); where ranks share cores, only alltoall, gather and a
-  // large scatter. A gather's ranks write into the root's result, where every rank has compared
-  // the call's counts (a bound run: seq_) before any writes.
-  const bool gather = kind_ == Collective::gather && seq_ != no_seq;
+  // large scatter. A gather's ranks write into the root's result (pushes), so only in a bound run.
+  const bool gather = kind_ == Collective::gather && pushes();
   const bool by_probe =
       segment_.single_copy_collectives() &&
       (segment_.crowded()

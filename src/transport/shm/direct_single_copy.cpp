@@ -14,12 +14,13 @@ namespace tutti::transport::shm {
 // (Which collectives single copy, and when: DirectRun::plan.)
 void DirectRun::run_single_copy_phase(std::size_t phase) {
   const int p = size(), r = rank();
-  if (phase == 0) {  // what this rank's peers read: its input (all blocks), or the root's buffer
-    if (kind_ == Collective::gather) {  // where the others write: the root's result
-      if (r == root_)
+  if (phase == 0) {
+    if (pushes()) {  // where the others write: this rank's result (a gather's: the root's)
+      if (kind_ != Collective::gather || r == root_)
         segment_.direct_round(r).address.store(reinterpret_cast<std::uintptr_t>(recv_), std::memory_order_relaxed);
       return;
     }
+    // What this rank's peers read: its input (all blocks), or the root's buffer.
     const Publication mine = publication(kind_, send_, recv_, count_, esize_, r, p, root_);
     if (mine.data != nullptr)
       segment_.direct_round(r).address.store(reinterpret_cast<std::uintptr_t>(mine.data), std::memory_order_relaxed);
@@ -44,6 +45,13 @@ void DirectRun::run_single_copy_phase(std::size_t phase) {
       return;
     default:
       break;
+  }
+  if (pushes()) {  // alltoall writes its block q into rank q's result, allgather its input into every one
+    for (int i = 1; i < p; ++i) {
+      const int q = (r + i) % p;  // each rank starts with a different peer
+      write_result(q, block_offset(r), send_ + (kind_ == Collective::alltoall ? block_offset(q) : 0), bytes);
+    }
+    return;
   }
   // Alltoall reads block r of each peer's input; the allgathers the whole input, into block q.
   const std::size_t offset = kind_ == Collective::alltoall ? block_offset(r) : 0;
