@@ -114,7 +114,11 @@ Request CommImpl::start_call(const Call& call, bool blocking) {
 // with nothing outstanding (the small direct collectives over shm). What the general path would
 // do, without its operation objects.
 bool CommImpl::run_now(const Call& call) {
-  if (!plainly_valid(call, rank_, size_)) return false;
+  // (An alltoallv's counts are checked in full: that is the general way's first step too.)
+  if (call.collective == Collective::alltoallv)
+    (void)validate(call, rank_, size_);
+  else if (!plainly_valid(call, rank_, size_))
+    return false;
   const Algorithm requested = choice::requested_algorithm(call.collective, call.options.algorithm);
   if (requested != Algorithm::automatic && requested != Algorithm::direct) return false;
   const Algorithm algorithm = requested == Algorithm::direct

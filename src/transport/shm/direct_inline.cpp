@@ -1,6 +1,12 @@
 // The inline path of the direct collectives: a collective whose input fits in a signature slot
 // publishes it there with its signature, and each rank computes its result from its peers' slots
 // (see the top of direct.cpp, and carry_inline in shm.cpp).
+#include <array>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/copy.hpp"
 #include "transport/in_place.hpp"
 #include "transport/shm/direct_run.hpp"
 
@@ -16,17 +22,85 @@ namespace tutti::transport::shm {
 void DirectRun::bind(const Signature& signature) {
   seq_ = signature.seq;
   if (seq_ == no_seq) return;
-  // (Alltoallv never runs inline: its blocks' sizes are not known alike on every rank.)
-  if (kind_ == Collective::alltoallv || largest_publication(kind_, largest_, esize_, size()) > inline_bytes)
-    return describe(signature);
+  if (kind_ == Collective::alltoallv) return publish_alltoallv(signature);
+  if (largest_publication(kind_, largest_, esize_, size()) > inline_bytes) return describe(signature);
   inline_ = true;
   wire_ = to_wire(signature);
   const Publication mine = publication(kind_, send_, recv_, count_, esize_, rank(), size(), root_);
   transport_.carry_inline(seq_, mine.data, mine.bytes, wire_);
 }
 
+// An alltoallv's blocks differ in size from rank to rank, so no rank can tell whether all its
+// peers' inputs fit in their slots: each publishes what it can, and all decide from what all
+// published, alike (alltoallv_from_slots); where some rank's did not fit, every rank goes on
+// through the data set (run_exchange_phase).
+void DirectRun::publish_alltoallv(const Signature& signature) {
+  published_.resize(inline_bytes);
+  published_.resize(alltoallv_publication(published_.data(), send_, send_starts_, starts_, esize_));
+  inline_ = true;
+  wire_ = to_wire(signature);
+  transport_.carry_inline(seq_, published_.data(), published_.size(), wire_);
+}
+
+std::size_t alltoallv_publication(std::byte* out, const std::byte* send, std::span<const std::size_t> send_starts,
+                                  std::span<const std::size_t> recv_starts, std::size_t esize) {
+  const std::size_t p = send_starts.size() - 1, header = alltoallv_header_words(p) * sizeof(std::uint64_t);
+  const std::size_t input = send_starts.back() * esize;
+  auto* words = reinterpret_cast<std::uint64_t*>(out);
+  words[0] = header + input <= inline_bytes ? 1 : 0;
+  if (words[0] == 0) return sizeof(std::uint64_t);
+  for (std::size_t q = 0; q <= p; ++q) words[1 + q] = send_starts[q], words[2 + p + q] = recv_starts[q];
+  if (input > 0) core::copy(out + header, send, input);
+  return header + input;
+}
+
+// Every rank checks every pair (what q sends to s against what s expects from q) in the same
+// order, so that a disagreement fails every rank's call alike, before any result is written.
+bool alltoallv_from_slots(const Segment& segment, std::uint64_t seq, int r, std::size_t esize, std::byte* recv,
+                          std::span<const std::size_t> recv_starts) {
+  const std::size_t up = recv_starts.size() - 1, words = alltoallv_header_words(up);
+  const std::size_t header = words * sizeof(std::uint64_t);
+  const int p = static_cast<int>(up);
+  const auto slot = [&](int q) { return segment.signature_slot(q, seq).data; };
+  std::vector<std::uint64_t> all(up * words);  // each rank's header, copied once: a peer may change its slot
+  for (int q = 0; q < p; ++q) {
+    std::uint64_t* theirs = all.data() + static_cast<std::size_t>(q) * words;
+    std::memcpy(theirs, slot(q), sizeof(std::uint64_t));
+    if (theirs[0] > 1) throw corrupt_segment(segment, q, "an alltoallv slot flag of " + std::to_string(theirs[0]));
+    if (theirs[0] == 0) return false;
+    std::memcpy(theirs, slot(q), header);
+    const std::uint64_t *sends = theirs + 1, *recvs = theirs + 2 + up;
+    bool well_formed = sends[0] == 0 && recvs[0] == 0 && sends[up] <= (inline_bytes - header) / esize;
+    for (std::size_t t = 0; t < up && well_formed; ++t)
+      well_formed = sends[t] <= sends[t + 1] && recvs[t] <= recvs[t + 1] && (q != r || recvs[t] == recv_starts[t]);
+    if (!well_formed || (q == r && recvs[up] != recv_starts[up]))
+      throw corrupt_segment(segment, q, "alltoallv displacements that do not fit its slot");
+  }
+  const auto block = [&](int q, int t, std::size_t side) {  // side 1: sends, 2 + p: receives
+    const std::uint64_t* starts = all.data() + static_cast<std::size_t>(q) * words + side;
+    return starts[t + 1] - starts[t];
+  };
+  for (int s = 0; s < p; ++s)
+    for (int q = 0; q < p; ++q)
+      if (const std::uint64_t sent = block(q, s, 1), expected = block(s, q, 2 + up); sent != expected)
+        throw Error(ErrorCode::mismatch, "shm direct alltoallv on rank " + std::to_string(r) + ": rank " +
+                                             std::to_string(q) + " sends " + std::to_string(sent) +
+                                             " elements to rank " + std::to_string(s) + ", which expects " +
+                                             std::to_string(expected) + " (recv_counts[" + std::to_string(q) + "])");
+  // (This rank's own block too comes from its slot: in place, the result may overlap the input.)
+  for (int q = 0; q < p; ++q) {
+    const std::uint64_t from = all[static_cast<std::size_t>(q) * words + 1 + static_cast<std::size_t>(r)];
+    if (const std::size_t len = block(q, r, 1) * esize; len > 0)
+      core::copy(recv + recv_starts[static_cast<std::size_t>(q)] * esize, slot(q) + header + from * esize, len);
+  }
+  return true;
+}
+
 bool DirectRun::progress_inline(bool arrange_wake) {
   try {
+    // An alltoallv whose own input did not fit knows the way already: the data set, which every
+    // rank takes once it sees this rank's slot (its phase 1 waits for every signature anyway).
+    if (kind_ == Collective::alltoallv && published_.size() == sizeof(std::uint64_t)) return go_through_sets();
     // Complete once every publication it needs is there (each compared with this rank's
     // signature), even if the communicator was aborted meanwhile: every rank did enter it, and the
     // abort (a later call's mismatch, another rank's error) is raised by this rank's next call.
@@ -38,7 +112,11 @@ bool DirectRun::progress_inline(bool arrange_wake) {
         return false;
       }
     }
-    deliver_inline();
+    // A rank's alltoallv input did not fit: every rank goes on through the data set, as every rank saw.
+    if (kind_ == Collective::alltoallv && !alltoallv_from_slots(segment_, seq_, rank(), esize_, recv_, starts_))
+      return go_through_sets();
+    if (kind_ != Collective::alltoallv) deliver_inline();
+    deliver_staged();
     consumed_ = true;
     transport_.consumed_inline(seq_);
     return true;
@@ -47,10 +125,15 @@ bool DirectRun::progress_inline(bool arrange_wake) {
   }
 }
 
+bool DirectRun::go_through_sets() {
+  consumed_ = true, inline_ = false;
+  transport_.consumed_inline(seq_);
+  return progress_barriers();
+}
+
 void DirectRun::deliver_inline() {
   combine_inline(kind_, send_, recv_, count_, starts_, type_, op_, root_, rank(), size(),
                  [&](int q) { return input_of(q); });
-  deliver_staged();
 }
 
 // The short way of a blocking small direct collective on an idle communicator: what bind,
@@ -63,26 +146,36 @@ void DirectRun::deliver_inline() {
 bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Signature& signature,
                            std::chrono::milliseconds timeout) {
   const Collective kind = call.collective;
-  if (algorithm != Algorithm::direct || !serves(kind) || kind == Collective::alltoallv) return false;
+  if (!serves_natively(algorithm, kind)) return false;
   const std::size_t p = static_cast<std::size_t>(size_), esize = size_of(call.type);
   const bool reduces =
       kind == Collective::allreduce || kind == Collective::reduce_scatter || kind == Collective::reduce;
-  const bool uneven = kind == Collective::allgatherv;
+  const bool uneven = kind == Collective::allgatherv, v = kind == Collective::alltoallv;
   const std::size_t largest =
       uneven && !call.counts.empty() ? *std::max_element(call.counts.begin(), call.counts.end()) : call.count;
-  if (largest > inline_bytes || largest_publication(kind, largest, esize, size_) > inline_bytes ||
+  if ((!v && (largest > inline_bytes || largest_publication(kind, largest, esize, size_) > inline_bytes)) ||
       (reduces && !call.op) ||
       (input_blocks(kind) && segment_->layout().direct_chunk / esize < p))  // start_direct's refusal
     return false;
   auto* recv = static_cast<std::byte*>(call.recv);
   // A broadcast has one buffer, which is its input on the root; no in-place form to map.
   const std::byte* send = kind == Collective::broadcast ? recv : map_in_place(call, rank_).input;
-  const Publication mine = publication(kind, send, recv, call.count, esize, rank_, size_, call.root);
-  const std::vector<std::size_t> starts = uneven ? block_starts(call.counts) : std::vector<std::size_t>{};
+  Publication mine = publication(kind, send, recv, call.count, esize, rank_, size_, call.root);
+  // Alltoallv: recv's blocks, and what it publishes (alltoallv_publication); an input that does
+  // not fit goes the general way, which publishes that, and the data set serves.
+  const std::vector<std::size_t> starts = uneven ? block_starts(call.counts)
+                                          : v    ? block_starts(call.recv_counts)
+                                                 : std::vector<std::size_t>{};
+  std::array<std::byte, inline_bytes> own;
+  if (v) {
+    mine = {own.data(), alltoallv_publication(own.data(), static_cast<const std::byte*>(call.send),
+                                              block_starts(call.counts), starts, esize)};
+    if (mine.bytes == sizeof(std::uint64_t)) return false;
+  }
   const std::size_t elements = uneven ? starts.back() : call.count;
   // Whether this rank reads any peer's publication (a broadcast's root does not, nor does a
-  // collective of no elements, see bind).
-  const bool reads = reads_any(kind, rank_, call.root, elements, size_);
+  // collective of no elements, see bind; an alltoallv reads every peer's, whose flags decide).
+  const bool reads = v ? size_ > 1 : reads_any(kind, rank_, call.root, elements, size_);
   const std::uint64_t seq = signature.seq;
   const WireSignature wire = to_wire(signature);
 
@@ -101,12 +194,25 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
   for (int spin = 0; spin < finish_spins; ++spin) {
     try {  // a peer's signature that differs aborts, and is raised (inline_input)
       for (; reads && next < size_; ++next)
-        if (next != rank_ && reads_from(kind, next, rank_, call.root, elements) &&
+        if (next != rank_ && (v || reads_from(kind, next, rank_, call.root, elements)) &&
             !inline_input(next, seq, wire, false))
           break;
     } catch (const Error&) {
       consumed();
       throw;
+    }
+    if (v && next == size_) {
+      bool delivered = false;
+      try {
+        delivered = alltoallv_from_slots(*segment_, seq, rank_, esize, recv, starts);
+      } catch (const Error& error) {
+        abort(error, seq);
+        consumed();
+        throw;
+      }
+      if (!delivered) break;  // a rank's input did not fit: the data set, as below
+      consumed();
+      return true;
     }
     if (!reads || next == size_) {  // (a scatter's root still takes its own block)
       combine_inline(kind, send, recv, call.count, starts, call.type, call.op.value_or(ReduceOp::sum), call.root, rank_,

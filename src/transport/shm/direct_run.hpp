@@ -76,6 +76,20 @@ inline std::size_t largest_publication(Collective kind, std::size_t largest, std
   return (input_blocks(kind) || kind == Collective::scatter ? static_cast<std::size_t>(p) : 1) * largest * esize;
 }
 
+/// What an alltoallv publishes with its signature (every alltoallv tries inline: no rank can
+/// tell whether its peers' inputs fit): [1, its p + 1 send displacements, its p + 1 receive
+/// displacements, its input] where that fits in inline_bytes, else [0]. Written into `out`
+/// (inline_bytes); returns its size.
+std::size_t alltoallv_publication(std::byte* out, const std::byte* send, std::span<const std::size_t> send_starts,
+                                  std::span<const std::size_t> recv_starts, std::size_t esize);
+inline std::size_t alltoallv_header_words(std::size_t p) { return 3 + 2 * p; }
+/// Rank r's result of inline alltoallv `seq` from every rank's slot, into `recv` (block q at
+/// recv_starts[q]), after checking every pair of ranks' counts alike on every rank. False, and
+/// nothing written, where some rank's input did not fit (the data set serves then, on every
+/// rank). Throws Error(mismatch) for counts that disagree, or the error of a corrupt slot.
+bool alltoallv_from_slots(const Segment& segment, std::uint64_t seq, int r, std::size_t esize, std::byte* recv,
+                          std::span<const std::size_t> recv_starts);
+
 /// allgatherv's blocks: block q is elements [starts[q], starts[q + 1]) of the result (p + 1 entries).
 inline std::vector<std::size_t> block_starts(std::span<const std::size_t> counts) {
   std::vector<std::size_t> starts(counts.size() + 1, 0);
@@ -191,9 +205,16 @@ class DirectRun final : public DirectCollective {
   bool progress_barriers();
   bool progress_inline(bool arrange_wake);
   void deliver_inline();
+  /// Alltoallv's inline attempt (see alltoallv_publication), and its way on where some rank's
+  /// input did not fit.
+  void publish_alltoallv(const Signature& signature);
+  bool go_through_sets();
   const std::byte* input_of(int q) const { return segment_.signature_slot(q, seq_).data; }
-  /// Whether an inline collective needs rank q's publication: its own, and what reads_from says.
-  bool needs(int q) const { return q == rank() || reads_from(kind_, q, rank(), root_, elements()); }
+  /// Whether an inline collective needs rank q's publication: its own, and what reads_from says
+  /// (alltoallv: every rank's, whose flag decides the way for all).
+  bool needs(int q) const {
+    return q == rank() || kind_ == Collective::alltoallv || reads_from(kind_, q, rank(), root_, elements());
+  }
   /// The call's elements on all ranks together (allgatherv: the sum of its counts), 0 for none.
   std::size_t elements() const { return starts_.empty() ? count_ : starts_.back(); }
   /// shm::reduce_parts with this run's op, type and ranks.
@@ -310,14 +331,15 @@ class DirectRun final : public DirectCollective {
   std::size_t phases_ = 0, phase_ = 0;
   std::uint64_t first_use_ = 0;  // the data-set use of chunk 0 (once reserved_)
   bool reserved_ = false;
-  std::uint64_t round_ = 0;         // the barrier round this rank waits for (0: none)
-  std::uint64_t seq_ = no_seq;      // see bind
-  bool compared_ = false;           // every rank's signature was compared with ours
-  bool awaits_signatures_ = false;  // waiting for that rather than for a barrier
-  bool inline_ = false;             // runs inline (see the top of this file)
-  bool consumed_ = false;           // inline: every peer's input read
-  int next_peer_ = 0;               // inline: ranks below this have published
-  WireSignature wire_{};            // inline: this rank's signature, which the peers' must equal
+  std::uint64_t round_ = 0;           // the barrier round this rank waits for (0: none)
+  std::uint64_t seq_ = no_seq;        // see bind
+  bool compared_ = false;             // every rank's signature was compared with ours
+  bool awaits_signatures_ = false;    // waiting for that rather than for a barrier
+  bool inline_ = false;               // runs inline (see the top of this file)
+  bool consumed_ = false;             // inline: every peer's input read
+  int next_peer_ = 0;                 // inline: ranks below this have published
+  WireSignature wire_{};              // inline: this rank's signature, which the peers' must equal
+  std::vector<std::byte> published_;  // alltoallv: what it publishes (see publish_alltoallv)
   // How results leave the data sets: with streaming stores when the ranks together write at least
   // streaming_bytes of results that they have not read (in place, begin() read them into the cache).
   void (*copy_out_)(std::byte*, const std::byte*, std::size_t) = copy_cached;
