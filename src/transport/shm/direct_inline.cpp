@@ -54,30 +54,30 @@ std::size_t alltoallv_publication(std::byte* out, const std::byte* send, std::sp
   return header + input;
 }
 
-// Every rank checks every pair (what q sends to s against what s expects from q) in the same
-// order, so that a disagreement fails every rank's call alike, before any result is written.
-bool alltoallv_from_slots(const Segment& segment, std::uint64_t seq, int r, std::size_t esize, std::byte* recv,
-                          std::span<const std::size_t> recv_starts) {
-  const std::size_t up = recv_starts.size() - 1, words = alltoallv_header_words(up);
-  const std::size_t header = words * sizeof(std::uint64_t);
-  const int p = static_cast<int>(up);
-  const auto slot = [&](int q) { return segment.signature_slot(q, seq).data; };
-  std::vector<std::uint64_t> all(up * words);  // each rank's header, copied once: a peer may change its slot
-  for (int q = 0; q < p; ++q) {
-    std::uint64_t* theirs = all.data() + static_cast<std::size_t>(q) * words;
-    std::memcpy(theirs, slot(q), sizeof(std::uint64_t));
-    if (theirs[0] > 1) throw corrupt_segment(segment, q, "an alltoallv slot flag of " + std::to_string(theirs[0]));
-    if (theirs[0] == 0) return false;
-    std::memcpy(theirs, slot(q), header);
-    const std::uint64_t *sends = theirs + 1, *recvs = theirs + 2 + up;
-    bool well_formed = sends[0] == 0 && recvs[0] == 0 && sends[up] <= (inline_bytes - header) / esize;
-    for (std::size_t t = 0; t < up && well_formed; ++t)
-      well_formed = sends[t] <= sends[t + 1] && recvs[t] <= recvs[t + 1] && (q != r || recvs[t] == recv_starts[t]);
-    if (!well_formed || (q == r && recvs[up] != recv_starts[up]))
-      throw corrupt_segment(segment, q, "alltoallv displacements that do not fit its slot");
-  }
+std::uint64_t take_alltoallv_header(const Segment& segment, int q, int r, const std::byte* from,
+                                    std::span<const std::size_t> recv_starts, std::size_t room, bool flag_only,
+                                    std::uint64_t* to) {
+  const std::size_t up = recv_starts.size() - 1;
+  std::memcpy(to, from, sizeof(std::uint64_t));
+  if (to[0] > 1) throw corrupt_segment(segment, q, "an alltoallv flag of " + std::to_string(to[0]));
+  if (to[0] == 0 && flag_only) return 0;
+  std::memcpy(to, from, alltoallv_header_words(up) * sizeof(std::uint64_t));
+  const std::uint64_t *sends = to + 1, *recvs = to + 2 + up;
+  bool well_formed = to[0] <= 1 && sends[0] == 0 && recvs[0] == 0 && (to[0] == 0 || sends[up] <= room);
+  for (std::size_t t = 0; t < up && well_formed; ++t)
+    well_formed =
+        sends[t] <= sends[t + 1] && recvs[t] <= recvs[t + 1] && (q != r || recvs[t + 1] == recv_starts[t + 1]);
+  if (!well_formed) throw corrupt_segment(segment, q, "alltoallv displacements that do not fit its input or its call");
+  return to[0];
+}
+
+// Every rank checks every pair in the same order, so that a disagreement fails every rank's call
+// alike, before any result is written (and without a barrier to pass the error on).
+void check_alltoallv_pairs(const std::uint64_t* all, int p, int r) {
+  const auto up = static_cast<std::size_t>(p);
+  const std::size_t words = alltoallv_header_words(up);
   const auto block = [&](int q, int t, std::size_t side) {  // side 1: sends, 2 + p: receives
-    const std::uint64_t* starts = all.data() + static_cast<std::size_t>(q) * words + side;
+    const std::uint64_t* starts = all + static_cast<std::size_t>(q) * words + side;
     return starts[t + 1] - starts[t];
   };
   for (int s = 0; s < p; ++s)
@@ -87,11 +87,26 @@ bool alltoallv_from_slots(const Segment& segment, std::uint64_t seq, int r, std:
                                              std::to_string(q) + " sends " + std::to_string(sent) +
                                              " elements to rank " + std::to_string(s) + ", which expects " +
                                              std::to_string(expected) + " (recv_counts[" + std::to_string(q) + "])");
+}
+
+bool alltoallv_from_slots(const Segment& segment, std::uint64_t seq, int r, std::size_t esize, std::byte* recv,
+                          std::span<const std::size_t> recv_starts) {
+  const std::size_t up = recv_starts.size() - 1, words = alltoallv_header_words(up);
+  const std::size_t header = words * sizeof(std::uint64_t), room = (inline_bytes - header) / esize;
+  const int p = static_cast<int>(up);
+  const auto slot = [&](int q) { return segment.signature_slot(q, seq).data; };
+  std::vector<std::uint64_t> all(up * words);  // each rank's header, copied once: a peer may change its slot
+  for (int q = 0; q < p; ++q)
+    if (take_alltoallv_header(segment, q, r, slot(q), recv_starts, room, true,
+                              &all[static_cast<std::size_t>(q) * words]) == 0)
+      return false;
+  check_alltoallv_pairs(all.data(), p, r);
   // (This rank's own block too comes from its slot: in place, the result may overlap the input.)
   for (int q = 0; q < p; ++q) {
-    const std::uint64_t from = all[static_cast<std::size_t>(q) * words + 1 + static_cast<std::size_t>(r)];
-    if (const std::size_t len = block(q, r, 1) * esize; len > 0)
-      core::copy(recv + recv_starts[static_cast<std::size_t>(q)] * esize, slot(q) + header + from * esize, len);
+    const std::uint64_t* sends = &all[static_cast<std::size_t>(q) * words + 1];
+    const auto ur = static_cast<std::size_t>(r);
+    if (const std::size_t len = (sends[ur + 1] - sends[ur]) * esize; len > 0)
+      core::copy(recv + recv_starts[static_cast<std::size_t>(q)] * esize, slot(q) + header + sends[ur] * esize, len);
   }
   return true;
 }

@@ -83,6 +83,17 @@ inline std::size_t largest_publication(Collective kind, std::size_t largest, std
 std::size_t alltoallv_publication(std::byte* out, const std::byte* send, std::span<const std::size_t> send_starts,
                                   std::span<const std::size_t> recv_starts, std::size_t esize);
 inline std::size_t alltoallv_header_words(std::size_t p) { return 3 + 2 * p; }
+/// Rank q's alltoallv header ([whether its input follows, its p + 1 send displacements, its p + 1
+/// receive displacements]) copied from `from` to `to` (once: a peer may change it) and checked:
+/// a flag of 0 or 1, displacements that start at 0 and grow, an input that follows of at most
+/// `room` elements, and on rank r its own call's receive displacements. Throws the error of a
+/// corrupt segment naming q. Returns the flag; `flag_only`: a header of flag 0 is that word alone.
+std::uint64_t take_alltoallv_header(const Segment& segment, int q, int r, const std::byte* from,
+                                    std::span<const std::size_t> recv_starts, std::size_t room, bool flag_only,
+                                    std::uint64_t* to);
+/// Every pair of ranks' alltoallv counts (p headers, as take_alltoallv_header left them), checked
+/// alike on every rank: throws Error(mismatch) naming the first pair that disagrees.
+void check_alltoallv_pairs(const std::uint64_t* all, int p, int r);
 /// Rank r's result of inline alltoallv `seq` from every rank's slot, into `recv` (block q at
 /// recv_starts[q]), after checking every pair of ranks' counts alike on every rank. False, and
 /// nothing written, where some rank's input did not fit (the data set serves then, on every

@@ -64,9 +64,10 @@ void DirectRun::run_single_copy_phase(std::size_t phase) {
 void DirectRun::run_exchange_phase(std::size_t phase) {
   const int p = size(), r = rank();
   const auto up = static_cast<std::size_t>(p);
-  // A rank's part of the set: [whether its input follows, its p + 1 send displacements (the last
-  // one the input's end), its input].
-  const std::size_t header = (2 + up) * sizeof(std::uint64_t), input = send_starts_.back() * esize_;
+  // A rank's part of the set: its header (take_alltoallv_header: whether its input follows, its
+  // p + 1 send and p + 1 receive displacements), then its input.
+  const std::size_t words = alltoallv_header_words(up), header = words * sizeof(std::uint64_t);
+  const std::size_t input = send_starts_.back() * esize_;
   if (phase == 0) {
     auto* mine = reinterpret_cast<std::uint64_t*>(slot(0, r));
     // Read in place instead where it fits too, but the probe found single copy faster and every
@@ -75,7 +76,7 @@ void DirectRun::run_exchange_phase(std::size_t phase) {
         header + input <= segment_.layout().direct_chunk &&
         !(segment_.single_copy_collectives() && !segment_.crowded() && input >= single_copy_bytes);
     mine[0] = inline_input ? 1 : 0;
-    for (std::size_t q = 0; q <= up; ++q) mine[1 + q] = send_starts_[q];
+    for (std::size_t q = 0; q <= up; ++q) mine[1 + q] = send_starts_[q], mine[2 + up + q] = starts_[q];
     if (inline_input && input > 0)
       core::copy(slot(0, r) + header, send_, input);
     else
@@ -83,40 +84,30 @@ void DirectRun::run_exchange_phase(std::size_t phase) {
     return;
   }
   if (phase != 1) return;
-  // Every block is checked before any is read: what rank q sends here must be what this rank
-  // expects from q (recv_counts[q]), and lie within q's input as q published it (a rank's block
-  // to itself was checked by validate).
-  std::vector<std::uint64_t> theirs(2 + up);
-  const auto disagree = [&](int q, std::uint64_t sent) {
-    fail(Error(ErrorCode::mismatch, where() + ": rank " + std::to_string(q) + " sends " + std::to_string(sent) +
-                                        " elements to rank " + std::to_string(r) + ", which expects " +
-                                        std::to_string(block_elems(q)) + " (recv_counts[" + std::to_string(q) + "])"));
-  };
-  const auto ur = static_cast<std::size_t>(r);
-  std::vector<std::uint64_t> offsets(up, 0);
-  std::vector<bool> inline_inputs(up, false);
-  for (int q = 0; q < p; ++q) {
-    if (q == r) continue;
-    std::memcpy(theirs.data(), slot(0, q), theirs.size() * sizeof(std::uint64_t));  // once: q may change it
-    const std::uint64_t begin = theirs[1 + ur], end = theirs[2 + ur];
-    const std::uint64_t total = theirs[1 + up];
-    const bool inline_input = theirs[0] == 1;
-    const bool well_formed = theirs[0] <= 1 && begin <= end && end <= total &&
-                             (!inline_input || total <= (segment_.layout().direct_chunk - header) / esize_);
-    if (!well_formed)
-      fail(corrupt_segment(segment_, q,
-                           "alltoallv displacements that do not fit its input (block " + std::to_string(begin) +
-                               " to " + std::to_string(end) + " of " + std::to_string(total) + " elements)"));
-    if (end - begin != block_elems(q)) disagree(q, end - begin);
-    offsets[static_cast<std::size_t>(q)] = begin * esize_;
-    inline_inputs[static_cast<std::size_t>(q)] = inline_input;
+  // Every pair's counts are checked, alike on every rank, before any block is read. Where every
+  // input is in the set, no rank reads another's buffer: the run ends after these reads, without
+  // the last barrier (the set is written again only after the next run's barrier), as every rank
+  // sees the same flags.
+  std::vector<std::uint64_t> all(up * words);
+  bool every_input_in_set = true;
+  try {
+    for (int q = 0; q < p; ++q)
+      every_input_in_set &=
+          take_alltoallv_header(segment_, q, r, slot(0, q), starts_, (segment_.layout().direct_chunk - header) / esize_,
+                                false, &all[static_cast<std::size_t>(q) * words]) == 1;
+    check_alltoallv_pairs(all.data(), p, r);
+  } catch (const Error& error) {
+    fail(error);
   }
+  if (every_input_in_set) phases_ = 2;
+  const auto ur = static_cast<std::size_t>(r);
   for (int i = 1; i < p; ++i) {
     const int q = (r + i) % p;  // each rank starts with a different peer
     const std::size_t len = block_elems(q) * esize_;
     if (len == 0) continue;
-    const std::size_t offset = offsets[static_cast<std::size_t>(q)];
-    if (inline_inputs[static_cast<std::size_t>(q)])
+    const std::uint64_t* theirs = &all[static_cast<std::size_t>(q) * words];
+    const std::size_t offset = theirs[1 + ur] * esize_;
+    if (theirs[0] == 1)
       copy_out_(recv_ + block_offset(q), slot(0, q) + header + offset, len);
     else
       read_input(q, offset, recv_ + block_offset(q), len);
