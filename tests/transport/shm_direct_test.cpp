@@ -804,63 +804,85 @@ TEST_F(ShmDirect, AlltoallvCountsThatDisagreeRaiseMismatchOnEveryRankBeforeAnyth
 // takes its blocks from the slots, else every rank goes on through the data set, as it sees the
 // flags. Here one rank's input fits and another's does not (rank `big` sends large blocks), on the
 // short way (blocking) and as a run with others outstanding (nonblocking, several at once); every
-// block exact, in place and not.
+// block exact, in place and not. Large blocks single copy, written into the receivers (bound
+// runs) or read from the senders (unbound).
 TEST_F(ShmDirect, AlltoallvTakesTheSlotsOnlyWhereEveryRanksInputFits) {
   for (int p : {2, 3, 5})
-    EXPECT_EQ(run_ranks(p,
-                        [&](Rank& rank) {
-                          const int r = rank.comm.rank();
-                          const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
-                          const Options options{Algorithm::direct, timeout};
-                          for (int big : {-1, 0, p - 1})  // -1: every input fits
-                            for (bool in_place : {false, true}) {
-                              // Rank q sends v(q, t) elements to rank t; in place, each receives as much as it sends.
-                              const auto v = [&](std::size_t q, std::size_t t) -> std::size_t {
-                                if (in_place)
-                                  return static_cast<int>(q) == big || static_cast<int>(t) == big ? 300 : (q + t) % 3;
-                                return static_cast<int>(q) == big ? 300 : (q + 2 * t) % 4;
-                              };
-                              const int calls = 3;
-                              std::vector<std::vector<float>> ins(calls), outs(calls);
-                              std::vector<std::size_t> sends(up), recvs(up);
-                              for (std::size_t t = 0; t < up; ++t) sends[t] = v(ur, t), recvs[t] = v(t, ur);
-                              const std::size_t total_in = std::accumulate(sends.begin(), sends.end(), std::size_t{0});
-                              const std::size_t total_out = std::accumulate(recvs.begin(), recvs.end(), std::size_t{0});
-                              std::vector<Request> pending;
-                              for (int c = 0; c < calls; ++c) {
-                                ins[c].resize(total_in);
-                                for (std::size_t i = 0; i < total_in; ++i)
-                                  ins[c][i] = static_cast<float>(c * 100000 + r * 10000 + static_cast<int>(i));
-                                outs[c].assign(std::max(total_in, total_out), -1.0f);
-                                if (in_place) std::copy(ins[c].begin(), ins[c].end(), outs[c].begin());
-                                const float* send = in_place ? outs[c].data() : ins[c].data();
-                                if (c == 0)
-                                  rank.comm.alltoallv(send, sends, outs[c].data(), recvs, DataType::f32, options);
-                                else
-                                  pending.push_back(
-                                      rank.comm.ialltoallv(send, sends, outs[c].data(), recvs, DataType::f32, options));
-                              }
-                              for (Request& request : pending) request.wait();
-                              for (int c = 0; c < calls; ++c) {
-                                std::size_t got = 0;
-                                for (std::size_t q = 0; q < up; ++q) {
-                                  std::size_t from = 0;  // where rank q's block for r starts in its input
-                                  for (std::size_t t = 0; t < ur; ++t) from += v(q, t);
-                                  for (std::size_t i = 0; i < recvs[q]; ++i, ++got) {
-                                    const float want = static_cast<float>(c * 100000 + static_cast<int>(q) * 10000 +
-                                                                          static_cast<int>(from + i));
-                                    if (outs[c][got] != want)
-                                      throw std::runtime_error(
-                                          "alltoallv call " + std::to_string(c) + " big " + std::to_string(big) +
-                                          (in_place ? " in place" : "") + ": block " + std::to_string(q) + " element " +
-                                          std::to_string(i) + " = " + std::to_string(outs[c][got]) + ", expected " +
-                                          std::to_string(want));
-                                  }
-                                }
-                              }
-                            }
-                        }),
-              "")
+    EXPECT_EQ(
+        run_ranks(
+            p,
+            [&](Rank& rank) {
+              const int r = rank.comm.rank();
+              const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
+              const Options options{Algorithm::direct, timeout};
+              // Unbound (straight on the transport, no signature: single copy reads
+              // rather than writes), blocks of 20000 elements from each rank.
+              {
+                const std::size_t n = 20000;
+                std::vector<std::size_t> counts(up, n);
+                std::vector<float> in(up * n), out(up * n, -1.0f);
+                for (std::size_t i = 0; i < in.size(); ++i)
+                  in[i] = static_cast<float>(r * 200000 + static_cast<int>(i));
+                auto run =
+                    transport::shm::start_direct(*rank.transport,
+                                                 comm::make_call(Collective::alltoallv, in.data(), out.data(), 0,
+                                                                 DataType::f32, std::nullopt, -1, {}, counts, counts),
+                                                 timeout);
+                transport::Signature signature;
+                signature.seq = transport::no_seq;
+                signature.collective = Collective::alltoallv;
+                transport::finish(*run, *rank.transport, signature, timeout);
+                expect_equal(
+                    out, [&](std::size_t i) { return static_cast<float>((i / n) * 200000 + ur * n + i % n); },
+                    "unbound alltoallv");
+              }
+              for (int big : {-1, 0, p - 1})  // -1: every input fits
+                for (bool in_place : {false, true}) {
+                  // Rank q sends v(q, t) elements to rank t; in place, each receives as much as it sends.
+                  const auto v = [&](std::size_t q, std::size_t t) -> std::size_t {
+                    if (in_place) return static_cast<int>(q) == big || static_cast<int>(t) == big ? 300 : (q + t) % 3;
+                    return static_cast<int>(q) == big ? 300 : (q + 2 * t) % 4;
+                  };
+                  const int calls = 3;
+                  std::vector<std::vector<float>> ins(calls), outs(calls);
+                  std::vector<std::size_t> sends(up), recvs(up);
+                  for (std::size_t t = 0; t < up; ++t) sends[t] = v(ur, t), recvs[t] = v(t, ur);
+                  const std::size_t total_in = std::accumulate(sends.begin(), sends.end(), std::size_t{0});
+                  const std::size_t total_out = std::accumulate(recvs.begin(), recvs.end(), std::size_t{0});
+                  std::vector<Request> pending;
+                  for (int c = 0; c < calls; ++c) {
+                    ins[c].resize(total_in);
+                    for (std::size_t i = 0; i < total_in; ++i)
+                      ins[c][i] = static_cast<float>(c * 100000 + r * 10000 + static_cast<int>(i));
+                    outs[c].assign(std::max(total_in, total_out), -1.0f);
+                    if (in_place) std::copy(ins[c].begin(), ins[c].end(), outs[c].begin());
+                    const float* send = in_place ? outs[c].data() : ins[c].data();
+                    if (c == 0)
+                      rank.comm.alltoallv(send, sends, outs[c].data(), recvs, DataType::f32, options);
+                    else
+                      pending.push_back(
+                          rank.comm.ialltoallv(send, sends, outs[c].data(), recvs, DataType::f32, options));
+                  }
+                  for (Request& request : pending) request.wait();
+                  for (int c = 0; c < calls; ++c) {
+                    std::size_t got = 0;
+                    for (std::size_t q = 0; q < up; ++q) {
+                      std::size_t from = 0;  // where rank q's block for r starts in its input
+                      for (std::size_t t = 0; t < ur; ++t) from += v(q, t);
+                      for (std::size_t i = 0; i < recvs[q]; ++i, ++got) {
+                        const float want =
+                            static_cast<float>(c * 100000 + static_cast<int>(q) * 10000 + static_cast<int>(from + i));
+                        if (outs[c][got] != want)
+                          throw std::runtime_error("alltoallv call " + std::to_string(c) + " big " +
+                                                   std::to_string(big) + (in_place ? " in place" : "") + ": block " +
+                                                   std::to_string(q) + " element " + std::to_string(i) + " = " +
+                                                   std::to_string(outs[c][got]) + ", expected " + std::to_string(want));
+                      }
+                    }
+                  }
+                }
+            }),
+        "")
         << "p=" << p;
 }
 
