@@ -36,7 +36,7 @@ mpi() {  # mpi RANKS TUNING_FILE ARGS...
   TUTTI_TUNING_FILE=$file mpirun --oversubscribe -np "$ranks" -x TUTTI_TUNING_FILE "$bench" --no-progress "$@"
 }
 
-[[ -s $tuning ]] || build/tools/tutti-run -n 2 "$bench" --no-progress --tune -b 4 -e 64M -f 4 -o "$tuning" | tee "$out/tune.log"
+[[ -s $tuning ]] || build/tools/tutti-run -n 2 "$bench" --no-progress --tune -b 4 -e 64M -f 4 --output "$tuning" | tee "$out/tune.log"
 mpi 2 "$tuning" --collective allreduce,reduce_scatter,allgather,broadcast -b 4 -e 256M -f 4 --peers mpi,gloo --ceiling \
   --json "$out/peers.json" | tee "$out/peers.log"
 mpi 2 "$tuning" --collective allreduce -b 4 -e 256M -f 4 --all-algorithms --json "$out/automatic.json" >"$out/automatic.log"
