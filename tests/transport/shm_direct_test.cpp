@@ -156,9 +156,17 @@ TEST_F(ShmDirect, ReduceScatterCountsSizesAndPlaces) {
         << "p=" << p;
 }
 
-TEST_F(ShmDirect, AllgatherCountsSizesAndPlaces) {
+// Runs `body` with each way the block collectives copy forced (TUTTI_SHM_COLLECTIVE_COPY).
+void with_each_collective_copy(const std::function<void(const char* copy)>& body) {
   for (const char* copy : {"single", "sets"}) {
     setenv("TUTTI_SHM_COLLECTIVE_COPY", copy, 1);
+    body(copy);
+  }
+  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
+}
+
+TEST_F(ShmDirect, AllgatherCountsSizesAndPlaces) {
+  with_each_collective_copy([&](const char* copy) {
     for (int p : {1, 2, 3, 5, 8})
       EXPECT_EQ(run_ranks(p,
                           [&](Rank& rank) {
@@ -190,8 +198,7 @@ TEST_F(ShmDirect, AllgatherCountsSizesAndPlaces) {
                           }),
                 "")
           << "p=" << p << " TUTTI_SHM_COLLECTIVE_COPY=" << copy;
-  }
-  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
+  });
 }
 
 // Alltoall: inline (p blocks within a signature slot), through the data sets in chunks, and
@@ -201,8 +208,7 @@ TEST_F(ShmDirect, AllgatherCountsSizesAndPlaces) {
 TEST_F(ShmDirect, AlltoallCountsSizesAndPlaces) {
   // Every element of every rank's input distinct (exact in f32: below 2^24).
   const auto unique = [](int q, std::size_t i) { return static_cast<float>(q * 200000 + static_cast<int>(i)); };
-  for (const char* copy : {"single", "sets"}) {
-    setenv("TUTTI_SHM_COLLECTIVE_COPY", copy, 1);
+  with_each_collective_copy([&](const char* copy) {
     for (int p : {1, 2, 3, 5, 8})
       EXPECT_EQ(run_ranks(p,
                           [&](Rank& rank) {
@@ -231,8 +237,7 @@ TEST_F(ShmDirect, AlltoallCountsSizesAndPlaces) {
                           }),
                 "")
           << "p=" << p << " TUTTI_SHM_COLLECTIVE_COPY=" << copy;
-  }
-  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
+  });
 }
 
 TEST_F(ShmDirect, BroadcastCountsSizesAndRoots) {

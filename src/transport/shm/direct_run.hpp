@@ -243,6 +243,10 @@ class DirectRun final : public DirectCollective {
   void run_single_copy_phase(std::size_t phase);
   void read_input(int q, std::size_t offset, std::byte* dst, std::size_t bytes);
   void write_result(int q, std::size_t offset, const std::byte* src, std::size_t bytes);
+  /// The address rank q published for this run, plus `offset`.
+  std::uint64_t published_at(int q, std::size_t offset) const;
+  /// Fails the run for a read from (or write into) rank q that returned errno `failure`.
+  [[noreturn]] void peer_copy_failed(int q, int failure, bool write, std::size_t bytes);
   /// Whether single copy writes each block into the rank that receives it (gather, allgather,
   /// alltoall) rather than has that rank read it: a gather's root then copies only its own
   /// block while the others write theirs, and an alltoall or allgather measured 1.0-1.3x faster

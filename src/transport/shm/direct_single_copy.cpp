@@ -124,24 +124,27 @@ void DirectRun::run_exchange_phase(std::size_t phase) {
 
 // Bytes [offset, offset + bytes) of rank q's published input, into dst.
 void DirectRun::read_input(int q, std::size_t offset, std::byte* dst, std::size_t bytes) {
-  const std::uint64_t address = segment_.direct_round(q).address.load(std::memory_order_relaxed) + offset;
-  const int failure =
-      read_process_memory(segment_.rank_block(q).pid.load(std::memory_order_relaxed), dst, address, bytes);
-  if (failure == ESRCH) fail(Error(ErrorCode::peer_failure, where() + ": rank " + std::to_string(q) + " died"));
-  if (failure != 0)
-    fail(Error(ErrorCode::system, where() + ": reading rank " + std::to_string(q) + "'s input (" +
-                                      std::to_string(bytes) + " bytes) failed: " + std::strerror(failure)));
+  const int failure = read_process_memory(segment_.rank_block(q).pid.load(std::memory_order_relaxed), dst,
+                                          published_at(q, offset), bytes);
+  if (failure != 0) peer_copy_failed(q, failure, false, bytes);
 }
 
 // `bytes` from src into [offset, offset + bytes) of rank q's published result.
 void DirectRun::write_result(int q, std::size_t offset, const std::byte* src, std::size_t bytes) {
-  const std::uint64_t address = segment_.direct_round(q).address.load(std::memory_order_relaxed) + offset;
-  const int failure =
-      write_process_memory(segment_.rank_block(q).pid.load(std::memory_order_relaxed), address, src, bytes);
+  const int failure = write_process_memory(segment_.rank_block(q).pid.load(std::memory_order_relaxed),
+                                           published_at(q, offset), src, bytes);
+  if (failure != 0) peer_copy_failed(q, failure, true, bytes);
+}
+
+std::uint64_t DirectRun::published_at(int q, std::size_t offset) const {
+  return segment_.direct_round(q).address.load(std::memory_order_relaxed) + offset;
+}
+
+void DirectRun::peer_copy_failed(int q, int failure, bool write, std::size_t bytes) {
   if (failure == ESRCH) fail(Error(ErrorCode::peer_failure, where() + ": rank " + std::to_string(q) + " died"));
-  if (failure != 0)
-    fail(Error(ErrorCode::system, where() + ": writing into rank " + std::to_string(q) + "'s result (" +
-                                      std::to_string(bytes) + " bytes) failed: " + std::strerror(failure)));
+  fail(Error(ErrorCode::system, where() + (write ? ": writing into rank " : ": reading rank ") + std::to_string(q) +
+                                    (write ? "'s result (" : "'s input (") + std::to_string(bytes) +
+                                    " bytes) failed: " + std::strerror(failure)));
 }
 
 // This rank's block of every rank's input, reduced piece by piece: each peer's piece is read into
