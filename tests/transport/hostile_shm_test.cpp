@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -24,6 +26,7 @@
 #include "core/shared_memory.hpp"
 #include "shm_names.hpp"
 #include "transport/shm/direct.hpp"
+#include "transport/shm/direct_run.hpp"
 #include "transport/shm/segment.hpp"
 #include "transport/shm/shm.hpp"
 #include "transport/shm/shm_transport.hpp"
@@ -476,6 +479,64 @@ TEST_F(HostileShm, ZeroCopyBufferDescribedAsAnotherFile) {
 // Through the public API: a receive in progress when rank 0 writes a corrupt chunk fails with
 // peer_failure naming rank 0, and the communicator is aborted (later calls too), well before the
 // deadline.
+// An alltoallv whose peer publishes a slot that no alltoallv writes (see
+// alltoallv_publication): a flag other than 0 or 1, displacements that do not start at 0 or
+// shrink, or an input larger than the slot. The victim fails with peer_failure naming rank 0
+// before it copies anything; counts that are well formed but disagree are a mismatch instead.
+void expect_alltoallv_slot_refused(const std::function<void(std::uint64_t*)>& lie, ErrorCode code,
+                                   const std::string& what) {
+  Pair pair;
+  const std::vector<std::size_t> counts{3, 5};
+  std::vector<float> in(8, 1.0f), out(8, -1.0f);
+  const auto call = comm::make_call(Collective::alltoallv, in.data(), out.data(), 0, DataType::f32, std::nullopt, -1,
+                                    {}, counts, counts);
+  transport::Signature signature = transport::Signature::of(call, Algorithm::direct);
+  signature.seq = 0;
+  auto run = transport::shm::start_direct(*pair.t[1], call, 2000ms);
+  run->bind(signature);
+  pair.t[1]->announce(signature);
+  // Rank 0's honest slot for the same call, then the lie.
+  std::vector<std::byte> slot(transport::shm::inline_bytes);
+  const std::vector<std::size_t> starts{0, 3, 8};
+  slot.resize(transport::shm::alltoallv_publication(slot.data(), reinterpret_cast<const std::byte*>(in.data()), starts,
+                                                    starts, sizeof(float)));
+  lie(reinterpret_cast<std::uint64_t*>(slot.data()));
+  auto& attacker = static_cast<ShmTransport&>(*pair.t[0]);
+  attacker.carry_inline(0, slot.data(), slot.size(), transport::to_wire(signature));
+  attacker.announce(signature);
+  std::string error;
+  try {
+    for (int i = 0; i < 1000 && !run->progress(); ++i) std::this_thread::sleep_for(1ms);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    error = e.what();
+  }
+  EXPECT_NE(error.find(what), std::string::npos) << error;
+  EXPECT_TRUE(pair.t[1]->aborted().has_value());
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == -1.0f; })) << "the victim wrote";
+}
+
+// Words of the slot: [flag, 3 send displacements, 3 receive displacements] (p = 2).
+TEST_F(HostileShm, AlltoallvSlotWithABadFlag) {
+  expect_alltoallv_slot_refused([](std::uint64_t* w) { w[0] = 2; }, ErrorCode::peer_failure,
+                                "rank 0 wrote an alltoallv flag of 2");
+}
+
+TEST_F(HostileShm, AlltoallvSlotWithShrinkingDisplacements) {
+  expect_alltoallv_slot_refused([](std::uint64_t* w) { w[2] = 9; }, ErrorCode::peer_failure,
+                                "rank 0 wrote alltoallv displacements that do not fit");
+}
+
+TEST_F(HostileShm, AlltoallvSlotWithAnInputPastTheSlot) {
+  expect_alltoallv_slot_refused([](std::uint64_t* w) { w[2] = w[3] = 1u << 20; }, ErrorCode::peer_failure,
+                                "rank 0 wrote alltoallv displacements that do not fit");
+}
+
+TEST_F(HostileShm, AlltoallvSlotWhoseCountsDisagree) {
+  expect_alltoallv_slot_refused([](std::uint64_t* w) { w[2] = 4; }, ErrorCode::mismatch,
+                                "rank 0 sends 4 elements to rank 0, which expects 3 (recv_counts[0])");
+}
+
 TEST_F(HostileShm, VictimCommunicatorFailsWithANamedError) {
   const std::string name = unique_shm_name();
   std::unique_ptr<transport::Transport> attacker;
