@@ -58,12 +58,12 @@ std::uint64_t take_alltoallv_header(const Segment& segment, int q, int r, const 
                                     std::span<const std::size_t> recv_starts, std::size_t room, bool flag_only,
                                     std::uint64_t* to) {
   const std::size_t up = recv_starts.size() - 1;
-  std::memcpy(to, from, sizeof(std::uint64_t));
+  std::memcpy(to, from, sizeof(std::uint64_t));  // the flag, read once; then the rest
   if (to[0] > 1) throw corrupt_segment(segment, q, "an alltoallv flag of " + std::to_string(to[0]));
   if (to[0] == 0 && flag_only) return 0;
-  std::memcpy(to, from, alltoallv_header_words(up) * sizeof(std::uint64_t));
+  std::memcpy(to + 1, from + sizeof(std::uint64_t), (alltoallv_header_words(up) - 1) * sizeof(std::uint64_t));
   const std::uint64_t *sends = to + 1, *recvs = to + 2 + up;
-  bool well_formed = to[0] <= 1 && sends[0] == 0 && recvs[0] == 0 && (to[0] == 0 || sends[up] <= room);
+  bool well_formed = sends[0] == 0 && recvs[0] == 0 && (to[0] == 0 || sends[up] <= room);
   for (std::size_t t = 0; t < up && well_formed; ++t)
     well_formed =
         sends[t] <= sends[t + 1] && recvs[t] <= recvs[t + 1] && (q != r || recvs[t + 1] == recv_starts[t + 1]);

@@ -248,13 +248,13 @@ class DirectRun final : public DirectCollective {
   /// Fails the run for a read from (or write into) rank q that returned errno `failure`.
   [[noreturn]] void peer_copy_failed(int q, int failure, bool write, std::size_t bytes);
   /// Whether single copy writes each block into the rank that receives it (gather, allgather,
-  /// alltoall) rather than has that rank read it: a gather's root then copies only its own
-  /// block while the others write theirs, and an alltoall or allgather measured 1.0-1.3x faster
-  /// than reading from 256 KiB at p = 2. Only in a bound run, whose counts every rank compared
-  /// before any rank writes into another.
+  /// alltoall, alltoallv's inputs out of the set) rather than has that rank read it: a gather's
+  /// root then copies only its own block while the others write theirs, and an alltoall or
+  /// allgather measured 1.0-1.3x faster than reading from 256 KiB at p = 2. Only in a bound run,
+  /// whose counts every rank compared before any rank writes into another.
   bool pushes() const {
-    return seq_ != no_seq &&
-           (kind_ == Collective::gather || kind_ == Collective::allgather || kind_ == Collective::alltoall);
+    return seq_ != no_seq && (kind_ == Collective::gather || kind_ == Collective::allgather ||
+                              kind_ == Collective::alltoall || kind_ == Collective::alltoallv);
   }
   /// Alltoallv: phase 0 writes this rank's send displacements into its part of a data set, and
   /// its whole input after them when it fits (else publishes its address for single copy);

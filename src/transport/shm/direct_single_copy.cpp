@@ -80,8 +80,8 @@ void DirectRun::run_exchange_phase(std::size_t phase) {
     if (inline_input && input > 0) core::copy(slot(0, r) + header, send_, input);
     // Where its input stays out of the set, a bound run writes its blocks into the receivers'
     // results (pushes), which every rank publishes; an unbound one has its peers read its input.
-    if (seq_ != no_seq || !inline_input) {
-      const std::byte* published = seq_ != no_seq ? recv_ : send_;
+    if (pushes() || !inline_input) {
+      const std::byte* published = pushes() ? recv_ : send_;
       segment_.direct_round(r).address.store(reinterpret_cast<std::uintptr_t>(published), std::memory_order_relaxed);
     }
     return;
@@ -104,7 +104,7 @@ void DirectRun::run_exchange_phase(std::size_t phase) {
   }
   if (every_input_in_set) phases_ = 2;
   const auto ur = static_cast<std::size_t>(r);
-  const bool pushes = seq_ != no_seq && all[ur * words] == 0;
+  const bool writes = pushes() && all[ur * words] == 0;  // this rank's input is out of the set
   for (int i = 1; i < p; ++i) {
     const int q = (r + i) % p;  // each rank starts with a different peer
     const std::uint64_t* theirs = &all[static_cast<std::size_t>(q) * words];
@@ -112,12 +112,12 @@ void DirectRun::run_exchange_phase(std::size_t phase) {
       const std::size_t offset = theirs[1 + ur] * esize_;
       if (theirs[0] == 1)
         copy_out_(recv_ + block_offset(q), slot(0, q) + header + offset, len);
-      else if (seq_ == no_seq)
+      else if (!pushes())
         read_input(q, offset, recv_ + block_offset(q), len);
     }
     // This rank's block for q, at q's receive displacement for it (the counts agree: checked).
     const auto uq = static_cast<std::size_t>(q);
-    if (const std::size_t len = (send_starts_[uq + 1] - send_starts_[uq]) * esize_; pushes && len > 0)
+    if (const std::size_t len = (send_starts_[uq + 1] - send_starts_[uq]) * esize_; writes && len > 0)
       write_result(q, theirs[2 + up + ur] * esize_, send_ + send_starts_[uq] * esize_, len);
   }
 }
