@@ -99,6 +99,8 @@ bool opens_with_ring_exchange(Algorithm algorithm, Collective collective, std::s
     case Collective::reduce_scatter:  // count: each rank's block, so none is empty
     case Collective::allgather:       // (recursive doubling copies its own block first)
       return algorithm == Algorithm::ring;
+    case Collective::alltoall:  // step 1 of p - 1: block r + 1 out, block r - 1 in (count: each block's)
+      return algorithm == Algorithm::pairwise;
     default:
       return false;
   }

@@ -83,12 +83,13 @@ TEST(RingExchange, EveryRankOpensWithItWhereTheRuleSaysSo) {
        {Case{Collective::allreduce, Algorithm::ring}, Case{Collective::allreduce, Algorithm::recursive_doubling},
         Case{Collective::reduce_scatter, Algorithm::ring}, Case{Collective::allgather, Algorithm::ring},
         Case{Collective::allgather, Algorithm::recursive_doubling},
-        Case{Collective::allreduce, Algorithm::rabenseifner}, Case{Collective::allgather, Algorithm::bruck}})
+        Case{Collective::allreduce, Algorithm::rabenseifner}, Case{Collective::allgather, Algorithm::bruck},
+        Case{Collective::alltoall, Algorithm::pairwise}, Case{Collective::alltoall, Algorithm::bruck}})
     for (int p : kSizes)
       for (std::size_t count : counts_for(p))
         for (std::size_t chunk_bytes : {std::size_t{8}, std::size_t{1} << 18}) {
           const bool rule = opens_with_ring_exchange(c.algorithm, c.collective, count, p);
-          const bool ring = c.algorithm == Algorithm::ring && p > 1 &&
+          const bool ring = (c.algorithm == Algorithm::ring || c.algorithm == Algorithm::pairwise) && p > 1 &&
                             count >= (c.collective == Collective::allreduce ? static_cast<std::size_t>(p) : 1);
           EXPECT_EQ(rule, ring || (rule && p == 2)) << name_of(c) << " p=" << p << " count=" << count;
           if (!rule) continue;
@@ -116,6 +117,8 @@ TEST(RingExchange, EveryRankOpensWithItWhereTheRuleSaysSo) {
   // Recursive doubling beyond p = 2, and every algorithm but these, keep the ring.
   EXPECT_FALSE(opens_with_ring_exchange(Algorithm::recursive_doubling, Collective::allreduce, 100, 4));
   EXPECT_FALSE(opens_with_ring_exchange(Algorithm::ring, Collective::broadcast, 100, 4));
+  EXPECT_FALSE(opens_with_ring_exchange(Algorithm::pairwise, Collective::alltoallv, 100, 4));
+  EXPECT_FALSE(opens_with_ring_exchange(Algorithm::pairwise, Collective::alltoall, 0, 4));
   EXPECT_TRUE(opens_with_ring_exchange(Algorithm::recursive_doubling, Collective::allreduce, 1, 2));
 }
 

@@ -289,36 +289,60 @@ TEST(TcpConnect, TimesOutNamingTheMissingRanks) {
   }
 }
 
-// A ring allreduce (and one at p = 2 by recursive doubling) sends no signature message over TCP:
-// its first message to the next rank carries the signature in its frame. A rank that calls with
-// another count, or with a count that keeps the signature ring (fewer elements than ranks), is
-// still caught, on every rank, at once and as a mismatch, with no rank left waiting for a
+// A ring allreduce (and one at p = 2 by recursive doubling), and a pairwise alltoall, send no
+// signature message over TCP: the first message to the next rank carries the signature in its
+// frame. A rank that calls with another count, with a count that keeps the signature ring (fewer
+// elements than ranks, an empty alltoall), or with another collective that moves the same bytes,
+// is still caught, on every rank, at once and as a mismatch, with no rank left waiting for a
 // signature message that was never sent.
 TEST(TcpFailure, MismatchedRingCallsAreCaughtWithoutTheSignatureRing) {
   struct Odd {
     int p;
+    Collective collective;
     Algorithm algorithm;
     std::size_t count, odd_count;
+    Collective odd_collective = collective;
   };
-  for (const Odd c : {Odd{3, Algorithm::ring, 40, 41}, Odd{3, Algorithm::ring, 40, 2}, Odd{4, Algorithm::ring, 2, 40},
-                      Odd{2, Algorithm::recursive_doubling, 8, 9}, Odd{2, Algorithm::recursive_doubling, 8, 0}}) {
+  const Odd cases[] = {Odd{3, Collective::allreduce, Algorithm::ring, 40, 41},
+                       Odd{3, Collective::allreduce, Algorithm::ring, 40, 2},
+                       Odd{4, Collective::allreduce, Algorithm::ring, 2, 40},
+                       Odd{2, Collective::allreduce, Algorithm::recursive_doubling, 8, 9},
+                       Odd{2, Collective::allreduce, Algorithm::recursive_doubling, 8, 0},
+                       Odd{3, Collective::alltoall, Algorithm::pairwise, 4, 5},
+                       Odd{4, Collective::alltoall, Algorithm::pairwise, 4, 0},
+                       Odd{2, Collective::alltoall, Algorithm::pairwise, 4, 4, Collective::allgather}};
+  for (const Odd c : cases) {
     auto comms = make_group(c.p);
     std::atomic<int> caught{0};
     const auto start = Clock::now();
+    const auto p = static_cast<std::size_t>(c.p);
     const std::string failures = run_ranks(comms, [&](Communicator& comm) {
-      const std::size_t n = comm.rank() == 1 ? c.odd_count : c.count;
-      std::vector<float> v(n + 1, 1.0f);
+      const bool odd = comm.rank() == 1;
+      const std::size_t n = odd ? c.odd_count : c.count;
+      std::vector<float> in(p * n + 1, 1.0f), out(p * n + 1, 0.0f);
+      const Options options{odd && c.odd_collective != c.collective ? Algorithm::ring : c.algorithm, op_timeout};
       try {
-        comm.allreduce(v.data(), v.data(), n, DataType::f32, ReduceOp::sum, {c.algorithm, op_timeout});
-        ADD_FAILURE() << "rank " << comm.rank() << ": the mismatched allreduce succeeded";
+        switch (odd ? c.odd_collective : c.collective) {
+          case Collective::allreduce:
+            comm.allreduce(in.data(), in.data(), n, DataType::f32, ReduceOp::sum, options);
+            break;
+          case Collective::alltoall:
+            comm.alltoall(in.data(), out.data(), n, DataType::f32, options);
+            break;
+          default:
+            comm.allgather(in.data(), out.data(), n, DataType::f32, options);
+            break;
+        }
+        ADD_FAILURE() << "rank " << comm.rank() << ": the mismatched " << to_string(c.collective) << " succeeded";
       } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::mismatch) << "p=" << c.p << " counts " << c.count << "/" << c.odd_count
-                                                 << " rank " << comm.rank() << ": " << e.what();
+        EXPECT_EQ(e.code(), ErrorCode::mismatch) << to_string(c.collective) << " p=" << c.p << " counts " << c.count
+                                                 << "/" << c.odd_count << " rank " << comm.rank() << ": " << e.what();
         caught.fetch_add(1);
       }
     });
     EXPECT_EQ(failures, "");
-    EXPECT_EQ(caught.load(), c.p) << "p=" << c.p << " counts " << c.count << "/" << c.odd_count;
+    EXPECT_EQ(caught.load(), c.p) << to_string(c.collective) << " p=" << c.p << " counts " << c.count << "/"
+                                  << c.odd_count;
     EXPECT_LT(Clock::now() - start, 10s);  // at once, not at the 60 s deadline
   }
 }
