@@ -162,8 +162,25 @@ exec::Operation::Buffers CommImpl::map_buffers(const Call& call, const Extents& 
   return buffers;
 }
 
+std::shared_ptr<const exec::Plan> CommImpl::plan_for(const Call& call, Algorithm algorithm,
+                                                     const transport::Signature& signature) {
+  auto make = [&] {
+    return exec::Plan::collective(queue_->transport(),
+                                  schedule::make(algorithm, schedule::Params::of(call, rank_, size_)), signature,
+                                  size_of(call.type));
+  };
+  if (!call.counts.empty() || !call.recv_counts.empty()) return make();
+  const PlanKey key{algorithm, call.collective, call.count, size_of(call.type), call.root};
+  for (const CachedPlan& cached : plans_)
+    if (cached.plan && cached.key == key) return cached.plan;
+  auto plan = make();
+  plans_[next_plan_] = {key, plan};
+  next_plan_ = (next_plan_ + 1) % kPlans;
+  return plan;
+}
+
 Request CommImpl::start_schedule(const Call& call, Algorithm algorithm, const Extents& extents, bool blocking) {
-  schedule::Schedule plan = schedule::make(algorithm, schedule::Params::of(call, rank_, size_));
+  std::shared_ptr<const exec::Plan> plan = plan_for(call, algorithm, transport::Signature::of(call, algorithm));
   Staging staging;
   const exec::Operation::Buffers buffers = map_buffers(call, extents, staging);
   const transport::Signature signature = next_signature(call, algorithm);

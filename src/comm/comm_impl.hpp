@@ -2,6 +2,7 @@
 // its schedule and hands it to the operation queue. Every collective goes through `start`.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -119,6 +120,25 @@ class CommImpl {
     bool valid = false;
   };
   mutable ChoiceMemo memo_;
+
+  // The plans of the last few schedule-driven calls (calls repeat, as in training): a repeat
+  // skips building its schedule and graph. Calls with per-rank counts are planned each time.
+  struct PlanKey {
+    Algorithm algorithm{};
+    Collective collective{};
+    std::size_t count = 0, elem_size = 0;
+    int root = 0;
+    bool operator==(const PlanKey&) const = default;
+  };
+  std::shared_ptr<const exec::Plan> plan_for(const Call& call, Algorithm algorithm,
+                                             const transport::Signature& signature);
+  static constexpr std::size_t kPlans = 8;
+  struct CachedPlan {
+    PlanKey key;
+    std::shared_ptr<const exec::Plan> plan;
+  };
+  std::array<CachedPlan, kPlans> plans_;
+  std::size_t next_plan_ = 0;  // the slot the next new plan takes (round robin)
 
   std::shared_ptr<exec::OperationQueue> queue_;
   int rank_;

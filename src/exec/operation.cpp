@@ -25,10 +25,17 @@ void Operation::finish_with(const Error& error) {
   finished_ = true;
 }
 
+std::unique_ptr<Operation> Operation::collective(transport::Transport& transport, std::shared_ptr<const Plan> plan,
+                                                 Buffers buffers, DataType type, ReduceOp op,
+                                                 transport::Signature signature) {
+  return std::make_unique<ScheduleOperation>(transport, std::move(plan), buffers, type, op, signature);
+}
+
 std::unique_ptr<Operation> Operation::collective(transport::Transport& transport, schedule::Schedule schedule,
                                                  Buffers buffers, DataType type, ReduceOp op,
                                                  transport::Signature signature) {
-  return std::make_unique<ScheduleOperation>(transport, std::move(schedule), buffers, type, op, signature);
+  return collective(transport, Plan::collective(transport, std::move(schedule), signature, size_of(type)), buffers,
+                    type, op, signature);
 }
 
 std::string PointToPoint::describe() const {
@@ -47,52 +54,9 @@ std::unique_ptr<Operation> Operation::native(transport::Signature signature,
   return std::make_unique<NativeOperation>(signature, std::move(run));
 }
 
-ScheduleOperation::ScheduleOperation(transport::Transport& transport, schedule::Schedule schedule, Buffers buffers,
-                                     DataType type, ReduceOp op, transport::Signature signature)
-    : Operation(Kind::collective, signature),
-      transport_(transport),
-      schedule_(std::move(schedule)),
-      type_(type),
-      op_(op),
-      elem_size_(size_of(type)) {
-  input_ = static_cast<const std::byte*>(buffers.input);
-  output_ = static_cast<std::byte*>(buffers.output);
-  // The k-th message between two ranks in list order is matched by index k on both sides.
-  keys_.resize(schedule_.steps.size());
-  std::map<int, std::uint32_t> sends, recvs;
-  for (std::size_t i = 0; i < schedule_.steps.size(); ++i) {
-    const auto& step = schedule_.steps[i];
-    if (step.kind == StepKind::copy) continue;
-    auto& counter = step.kind == StepKind::send ? sends[step.peer] : recvs[step.peer];
-    keys_[i] = transport::MessageKey{transport::Channel::collective, signature_.seq, counter++};
-  }
-  if (!transport_.detects_every_mismatch() && transport_.size() > 1 && !messages_carry_signatures())
-    add_signature_exchange();
-  build_graph();
-  if (signature_recv_ != ~std::uint32_t{0}) {
-    const transport::WireSignature mine = transport::to_wire(signature_);
-    std::memcpy(address(schedule_.steps[signature_recv_ - 1].region), &mine, sizeof(mine));
-  }
-}
-
 namespace {
-constexpr std::uint32_t signature_index = ~std::uint32_t{0};  // reserved message index
-}
 
-// Sends this rank's signature to the next rank and receives the previous one's: if all ranks do
-// not agree, some neighbours disagree, and the one that sees it aborts the communicator.
-void ScheduleOperation::add_signature_exchange() {
-  static_assert(sizeof(transport::WireSignature) % 8 == 0);
-  const std::size_t elems = sizeof(transport::WireSignature) / elem_size_;
-  const std::size_t base = schedule_.scratch_count;
-  schedule_.scratch_count += 2 * elems;
-  const int p = transport_.size(), r = transport_.rank();
-  schedule_.send((r + 1) % p, schedule::Region{Buffer::scratch, base, elems});
-  signature_recv_ = schedule_.recv((r + p - 1) % p, schedule::Region{Buffer::scratch, base + elems, elems});
-  const transport::MessageKey key{transport::Channel::collective, signature_.seq, signature_index};
-  keys_.push_back(key);
-  keys_.push_back(key);
-}
+constexpr std::uint32_t signature_index = ~std::uint32_t{0};  // reserved message index
 
 // Whether the call's own messages do the signature ring's work: the transport checks the
 // sender's signature on every message it delivers, and every rank's schedule of this call sends to
@@ -100,15 +64,97 @@ void ScheduleOperation::add_signature_exchange() {
 // decided from the signature alone, so that no rank waits for a signature message another does
 // not send). Where two ranks disagree, each one's first message still carries its signature to
 // the next rank, which aborts all on the difference, as the ring's message would.
-bool ScheduleOperation::messages_carry_signatures() const {
-  return transport_.checks_message_signatures() &&
-         schedule::opens_with_ring_exchange(signature_.algorithm, signature_.collective, signature_.count,
-                                            transport_.size());
+bool messages_carry_signatures(const transport::Transport& transport, const transport::Signature& signature) {
+  return transport.checks_message_signatures() &&
+         schedule::opens_with_ring_exchange(signature.algorithm, signature.collective, signature.count,
+                                            transport.size());
+}
+
+}  // namespace
+
+std::shared_ptr<const Plan> Plan::collective(const transport::Transport& transport, schedule::Schedule schedule,
+                                             const transport::Signature& signature, std::size_t elem_size) {
+  auto plan = std::make_shared<Plan>();
+  plan->schedule = std::move(schedule);
+  // The k-th message between two ranks in list order is matched by index k on both sides.
+  const auto& steps = plan->schedule.steps;
+  plan->message_index.resize(steps.size());
+  std::map<int, std::uint32_t> sends, recvs;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].kind == StepKind::copy) continue;
+    auto& counter = steps[i].kind == StepKind::send ? sends[steps[i].peer] : recvs[steps[i].peer];
+    plan->message_index[i] = counter++;
+  }
+  if (!transport.detects_every_mismatch() && transport.size() > 1 && !messages_carry_signatures(transport, signature))
+    plan->add_signature_exchange(transport.rank(), transport.size(), elem_size);
+  plan->build_graph();
+  return plan;
+}
+
+std::shared_ptr<const Plan> Plan::point_to_point(const PointToPoint& message, std::uint32_t index) {
+  auto plan = std::make_shared<Plan>();
+  const schedule::Region region{Buffer::output, 0, message.count};
+  if (message.is_send)
+    plan->schedule.send(message.peer, region);
+  else
+    plan->schedule.recv(message.peer, region);
+  plan->message_index = {index};
+  plan->build_graph();
+  return plan;
+}
+
+// Sends this rank's signature to the next rank and receives the previous one's: if all ranks do
+// not agree, some neighbours disagree, and the one that sees it aborts the communicator. The
+// signature sent is the run's own (ScheduleOperation writes it into the scratch it sends).
+void Plan::add_signature_exchange(int r, int p, std::size_t elem_size) {
+  static_assert(sizeof(transport::WireSignature) % 8 == 0);
+  const std::size_t elems = sizeof(transport::WireSignature) / elem_size;
+  const std::size_t base = schedule.scratch_count;
+  schedule.scratch_count += 2 * elems;
+  schedule.send((r + 1) % p, schedule::Region{Buffer::scratch, base, elems});
+  signature_recv = schedule.recv((r + p - 1) % p, schedule::Region{Buffer::scratch, base + elems, elems});
+  message_index.push_back(signature_index);
+  message_index.push_back(signature_index);
+}
+
+void Plan::build_graph() {
+  const std::size_t n = schedule.steps.size();
+  deps_count.assign(n, 0);
+  dependents_begin.assign(n + 1, 0);
+  for (const auto& step : schedule.steps)
+    for (auto d : step.deps) ++dependents_begin[d + 1];
+  for (std::size_t i = 0; i < n; ++i) dependents_begin[i + 1] += dependents_begin[i];
+  dependents.resize(dependents_begin[n]);
+  std::vector<std::uint32_t> fill(dependents_begin.begin(), dependents_begin.end() - 1);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    deps_count[i] = static_cast<std::uint32_t>(schedule.steps[i].deps.size());
+    for (auto d : schedule.steps[i].deps) dependents[fill[d]++] = i;
+    if (deps_count[i] == 0) first_ready.push_back(i);
+  }
+  std::reverse(first_ready.begin(), first_ready.end());  // pop_back() then starts steps in list order
+}
+
+ScheduleOperation::ScheduleOperation(transport::Transport& transport, std::shared_ptr<const Plan> plan, Buffers buffers,
+                                     DataType type, ReduceOp op, transport::Signature signature)
+    : Operation(Kind::collective, signature),
+      transport_(transport),
+      plan_(std::move(plan)),
+      type_(type),
+      op_(op),
+      elem_size_(size_of(type)),
+      key_{transport::Channel::collective, signature.seq, 0} {
+  input_ = static_cast<const std::byte*>(buffers.input);
+  output_ = static_cast<std::byte*>(buffers.output);
+  start_run();
+  if (plan_->signature_recv != Plan::none) {
+    const transport::WireSignature mine = transport::to_wire(signature_);
+    std::memcpy(address(schedule().steps[plan_->signature_recv - 1].region), &mine, sizeof(mine));
+  }
 }
 
 std::optional<Error> ScheduleOperation::check_signature() const {
   transport::WireSignature theirs;
-  std::memcpy(&theirs, address(schedule_.steps[signature_recv_].region), sizeof(theirs));
+  std::memcpy(&theirs, address(schedule().steps[plan_->signature_recv].region), sizeof(theirs));
   if (theirs == transport::to_wire(signature_)) return std::nullopt;
   const int p = transport_.size(), r = transport_.rank();
   return transport::collective_mismatch((r + p - 1) % p, transport::from_wire(theirs), r, signature_);
@@ -118,41 +164,26 @@ ScheduleOperation::ScheduleOperation(transport::Transport& transport, const Poin
                                      transport::MessageKey key)
     : Operation(Kind::point_to_point, transport::Signature{}),
       transport_(transport),
+      plan_(Plan::point_to_point(message, key.index)),
       type_(message.type),
       op_(ReduceOp::sum),
       elem_size_(size_of(message.type)),
+      key_(key),
       message_(message) {
-  const schedule::Region region{Buffer::output, 0, message.count};
-  if (message.is_send) {
-    schedule_.send(message.peer, region);
-  } else {
-    schedule_.recv(message.peer, region);
-    on_success([this, peer = message.peer] { set_source(peer); });
-  }
+  if (!message.is_send) on_success([this, peer = message.peer] { set_source(peer); });
   output_ = static_cast<std::byte*>(message.data);
-  keys_ = {key};
-  build_graph();
+  start_run();
 }
 
-void ScheduleOperation::build_graph() {
-  const std::size_t n = schedule_.steps.size();
-  remaining_deps_.assign(n, 0);
-  dependents_begin_.assign(n + 1, 0);
-  for (const auto& step : schedule_.steps)
-    for (auto d : step.deps) ++dependents_begin_[d + 1];
-  for (std::size_t i = 0; i < n; ++i) dependents_begin_[i + 1] += dependents_begin_[i];
-  dependents_.resize(dependents_begin_[n]);
-  std::vector<std::uint32_t> fill(dependents_begin_.begin(), dependents_begin_.end() - 1);
-  for (std::uint32_t i = 0; i < n; ++i) {
-    remaining_deps_[i] = static_cast<std::uint32_t>(schedule_.steps[i].deps.size());
-    for (auto d : schedule_.steps[i].deps) dependents_[fill[d]++] = i;
-    if (remaining_deps_[i] == 0) ready_.push_back(i);
-  }
-  std::reverse(ready_.begin(), ready_.end());  // pop_back() then starts steps in list order
+// The state of this run: what its steps still wait for, and their completions and scratch.
+void ScheduleOperation::start_run() {
+  const std::size_t n = schedule().steps.size();
+  remaining_deps_ = plan_->deps_count;
+  ready_ = plan_->first_ready;
+  in_flight_.reserve(ready_.size());
   completions_ = std::make_unique<Completion[]>(n);
-  staging_.resize(n);
-  if (schedule_.scratch_count > 0)
-    scratch_ = std::make_unique_for_overwrite<std::byte[]>(schedule_.scratch_count * elem_size_);
+  if (schedule().scratch_count > 0)
+    scratch_ = std::make_unique_for_overwrite<std::byte[]>(schedule().scratch_count * elem_size_);
 }
 
 std::byte* ScheduleOperation::address(const schedule::Region& region) const {
@@ -172,9 +203,10 @@ std::byte* ScheduleOperation::address(const schedule::Region& region) const {
 }
 
 void ScheduleOperation::start_step(std::uint32_t index) {
-  const auto& step = schedule_.steps[index];
+  const auto& step = schedule().steps[index];
   const std::size_t bytes = step.region.count * elem_size_;
   Completion* done = &completions_[index];
+  const transport::MessageKey key{key_.channel, key_.seq, plan_->message_index[index]};
   switch (step.kind) {
     case StepKind::copy: {
       std::byte* dst = address(step.region);
@@ -185,22 +217,23 @@ void ScheduleOperation::start_step(std::uint32_t index) {
       return;
     }
     case StepKind::send:
-      transport_.post_send(step.peer, keys_[index], address(step.region), bytes, done);
+      transport_.post_send(step.peer, key, address(step.region), bytes, done);
       break;
     case StepKind::recv:
-      transport_.post_recv(step.peer, keys_[index], address(step.region), bytes, done);
+      transport_.post_recv(step.peer, key, address(step.region), bytes, done);
       break;
     case StepKind::recv_reduce:
-      if (!transport_.post_recv_reduce(step.peer, keys_[index], address(step.region), address(step.operand),
-                                       step.region.count, type_, op_, done)) {
+      if (!transport_.post_recv_reduce(step.peer, key, address(step.region), address(step.operand), step.region.count,
+                                       type_, op_, done)) {
         try {
+          if (staging_.empty()) staging_.resize(schedule().steps.size());
           staging_[index] = std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(bytes, 1));
         } catch (const std::bad_alloc&) {  // on the progress thread: the caller hears of it by name
           fail(Error(ErrorCode::system,
                      describe() + ": out of memory for a staging buffer of " + std::to_string(bytes) + " bytes"));
           return;
         }
-        transport_.post_recv(step.peer, keys_[index], staging_[index].get(), bytes, done);
+        transport_.post_recv(step.peer, key, staging_[index].get(), bytes, done);
       }
       break;
   }
@@ -209,12 +242,13 @@ void ScheduleOperation::start_step(std::uint32_t index) {
 
 void ScheduleOperation::complete_step(std::uint32_t index) {
   ++completed_;
-  for (std::uint32_t k = dependents_begin_[index]; k < dependents_begin_[index + 1]; ++k)
-    if (--remaining_deps_[dependents_[k]] == 0) ready_.push_back(dependents_[k]);
+  const Plan& plan = *plan_;
+  for (std::uint32_t k = plan.dependents_begin[index]; k < plan.dependents_begin[index + 1]; ++k)
+    if (--remaining_deps_[plan.dependents[k]] == 0) ready_.push_back(plan.dependents[k]);
 }
 
 void ScheduleOperation::start() {
-  if (schedule_.steps.empty()) return succeed();
+  if (schedule().steps.empty()) return succeed();
   progress();
 }
 
@@ -241,14 +275,14 @@ bool ScheduleOperation::progress() {
         fail(Error(ErrorCode::mismatch, describe() + ": " + completions_[index].error));
         return true;
       }
-      if (index == signature_recv_) {
+      if (index == plan_->signature_recv) {
         if (auto mismatch = check_signature()) {
           fail(*mismatch);
           return true;
         }
       }
-      if (staging_[index]) {  // a staged recv_reduce: combine now
-        const auto& step = schedule_.steps[index];
+      if (!staging_.empty() && staging_[index]) {  // a staged recv_reduce: combine now
+        const auto& step = schedule().steps[index];
         reduce::apply(op_, type_, address(step.region), address(step.operand), staging_[index].get(),
                       step.region.count);
         staging_[index].reset();
@@ -256,7 +290,7 @@ bool ScheduleOperation::progress() {
       complete_step(index);
       changed = true;
     }
-    if (completed_ == schedule_.steps.size()) succeed();
+    if (completed_ == schedule().steps.size()) succeed();
   }
   return finished();
 }
@@ -271,7 +305,7 @@ void ScheduleOperation::fail(const Error& error) {
 
 std::vector<int> ScheduleOperation::waiting_for() const {
   std::vector<int> peers;
-  for (std::uint32_t index : in_flight_) peers.push_back(schedule_.steps[index].peer);
+  for (std::uint32_t index : in_flight_) peers.push_back(schedule().steps[index].peer);
   std::sort(peers.begin(), peers.end());
   peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
   return peers;

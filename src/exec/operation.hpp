@@ -34,6 +34,31 @@ struct PointToPoint {
   std::string describe() const;
 };
 
+/// A schedule ready to run, with what every run of it shares: its steps (and the signature
+/// exchange where the transport needs one), the dependency graph, and each message's index among
+/// those between the same two ranks. Immutable once made, so one serves every repeat of a call
+/// (the communicator keeps the last few): a run adds only its buffers, sequence number and state.
+struct Plan {
+  static constexpr std::uint32_t none = ~std::uint32_t{0};
+  schedule::Schedule schedule;
+  std::vector<std::uint32_t> deps_count;                    // per step
+  std::vector<std::uint32_t> dependents_begin, dependents;  // CSR
+  std::vector<std::uint32_t> first_ready;                   // reversed: pop_back() starts them in list order
+  std::vector<std::uint32_t> message_index;                 // per step (unused by copies)
+  std::uint32_t signature_recv = none;                      // the step receiving the ring neighbour's signature
+
+  /// The plan of a collective with `signature` (its algorithm, collective, count and size decide
+  /// whether a signature exchange is added) over `transport`, elements of `elem_size` bytes.
+  static std::shared_ptr<const Plan> collective(const transport::Transport& transport, schedule::Schedule schedule,
+                                                const transport::Signature& signature, std::size_t elem_size);
+  /// The one-step plan of a point-to-point message (`index`: its key's).
+  static std::shared_ptr<const Plan> point_to_point(const PointToPoint& message, std::uint32_t index);
+
+ private:
+  void add_signature_exchange(int rank, int size, std::size_t elem_size);
+  void build_graph();
+};
+
 class Operation {
  public:
   enum class Kind { collective, point_to_point, native };
@@ -42,7 +67,11 @@ class Operation {
     void* output = nullptr;
   };
 
-  /// A collective: runs `schedule` with message indices numbered per peer in list order.
+  /// A collective: runs `plan` (Plan::collective of the same signature) on `buffers`.
+  static std::unique_ptr<Operation> collective(transport::Transport& transport, std::shared_ptr<const Plan> plan,
+                                               Buffers buffers, DataType type, ReduceOp op,
+                                               transport::Signature signature);
+  /// The same, planning `schedule` for this one run (message indices numbered per peer in list order).
   static std::unique_ptr<Operation> collective(transport::Transport& transport, schedule::Schedule schedule,
                                                Buffers buffers, DataType type, ReduceOp op,
                                                transport::Signature signature);
@@ -110,7 +139,7 @@ class Operation {
 /// A schedule run over a transport: a collective (with its signature check) or point to point.
 class ScheduleOperation final : public Operation {
  public:
-  ScheduleOperation(transport::Transport& transport, schedule::Schedule schedule, Buffers buffers, DataType type,
+  ScheduleOperation(transport::Transport& transport, std::shared_ptr<const Plan> plan, Buffers buffers, DataType type,
                     ReduceOp op, transport::Signature signature);
   ScheduleOperation(transport::Transport& transport, const PointToPoint& message, transport::MessageKey key);
   void start() override;
@@ -120,32 +149,29 @@ class ScheduleOperation final : public Operation {
   std::string describe() const override { return message_ ? message_->describe() : signature_.describe(); }
 
  private:
-  void build_graph();
-  void add_signature_exchange();
-  bool messages_carry_signatures() const;
+  void start_run();
+  const schedule::Schedule& schedule() const { return plan_->schedule; }
   std::optional<Error> check_signature() const;
   std::byte* address(const schedule::Region& region) const;
   void start_step(std::uint32_t index);
   void complete_step(std::uint32_t index);
 
   transport::Transport& transport_;
-  schedule::Schedule schedule_;
+  std::shared_ptr<const Plan> plan_;
   DataType type_;
   ReduceOp op_;
   std::size_t elem_size_;
+  transport::MessageKey key_;            // channel and sequence of every message; the index is the plan's
   std::optional<PointToPoint> message_;  // point to point
   const std::byte* input_ = nullptr;
   std::byte* output_ = nullptr;
   std::unique_ptr<std::byte[]> scratch_;
 
   std::vector<std::uint32_t> remaining_deps_;
-  std::vector<std::uint32_t> dependents_begin_, dependents_;  // CSR
-  std::vector<transport::MessageKey> keys_;
   std::unique_ptr<transport::Completion[]> completions_;
-  std::vector<std::unique_ptr<std::byte[]>> staging_;  // per step, for transports without native recv_reduce
+  std::vector<std::unique_ptr<std::byte[]>> staging_;  // per step once one needs it (no native recv_reduce)
   std::vector<std::uint32_t> ready_, in_flight_;
   std::size_t completed_ = 0;
-  std::uint32_t signature_recv_ = ~std::uint32_t{0};  // the step receiving the ring neighbour's signature
 };
 
 /// A native collective, progressed by its own `progress`.

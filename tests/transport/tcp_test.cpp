@@ -233,6 +233,51 @@ bool closed_by_server(int fd, std::chrono::milliseconds limit) {
   return false;
 }
 
+// A communicator keeps the plans of its last few schedule-driven calls and runs a repeat from
+// its plan: shapes that come back after more than it keeps, two calls of one shape in flight at
+// once (one plan, two runs, each with its own signature exchange), in place and not, and shapes that differ only in
+// type or root each give their own exact result.
+TEST(TcpCollectives, RepeatedShapesReuseTheirPlans) {
+  auto comms = make_group(3);
+  const std::string failures = run_ranks(comms, [](Communicator& comm) {
+    const int p = comm.size(), r = comm.rank();
+    for (int round = 0; round < 3; ++round)
+      for (int shape = 0; shape < 12; ++shape) {
+        const auto n = static_cast<std::size_t>(1 + (shape / 2) * 37);  // 1 < p keeps the signature ring
+        const bool wide = shape % 2 == 1;                               // i64, else i32: the same count, another plan
+        const int root = shape % p;
+        const std::int64_t base = round * 100 + shape;
+        std::vector<std::int64_t> a64(n, base + r), b64(n, base + 2 * r), out64(n * p, -1);
+        std::vector<std::int32_t> a32(n, static_cast<std::int32_t>(base + r)), out32(n, -1);
+        if (wide) {
+          // Two of one shape in flight at once, one in place.
+          Request x =
+              comm.iallreduce(a64.data(), a64.data(), n, DataType::i64, ReduceOp::sum, {Algorithm::ring, op_timeout});
+          Request y =
+              comm.iallreduce(b64.data(), out64.data(), n, DataType::i64, ReduceOp::sum, {Algorithm::ring, op_timeout});
+          y.wait();
+          ASSERT_TRUE(x.test());
+          for (std::size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(a64[i], p * base + p * (p - 1) / 2) << "round " << round << " shape " << shape;
+            ASSERT_EQ(out64[i], p * base + p * (p - 1)) << "round " << round << " shape " << shape;
+          }
+          comm.allgather(b64.data(), out64.data(), n, DataType::i64, {Algorithm::ring, op_timeout});
+          for (std::size_t i = 0; i < n * p; ++i) ASSERT_EQ(out64[i], base + 2 * static_cast<std::int64_t>(i / n));
+        } else {
+          comm.allreduce(a32.data(), out32.data(), n, DataType::i32, ReduceOp::max, {Algorithm::ring, op_timeout});
+          for (auto v : out32) ASSERT_EQ(v, base + p - 1) << "round " << round << " shape " << shape;
+          for (const int from : {root, (root + 1) % p}) {  // one count, two roots: two plans
+            std::vector<std::int32_t> b(n, r == from ? static_cast<std::int32_t>(base * 7 + from) : -1);
+            comm.broadcast(b.data(), n, DataType::i32, from, {Algorithm::binomial_tree, op_timeout});
+            for (auto v : b)
+              ASSERT_EQ(v, base * 7 + from) << "round " << round << " shape " << shape << " root " << from;
+          }
+        }
+      }
+  });
+  EXPECT_EQ(failures, "");
+}
+
 TEST(TcpConnect, RefusesStrangersAndTheMeshStillCompletes) {
   MemoryStore store;
   std::vector<std::string> errors;
