@@ -232,7 +232,18 @@ class Hub {
 
   // Frames as they arrive, and what they make this rank hold (hub_frames.cpp).
   CommState* frame_comm_locked(int g, std::uint64_t id);
-  bool charge_locked(int g, std::size_t bytes, const std::string& what);
+  // `what` names the charge; it is only called (a string built) when the charge is refused.
+  template <class What>
+  bool charge_locked(int g, std::size_t bytes, const What& what) {
+    Peer& peer = peers_[static_cast<std::size_t>(g)];
+    if (bytes <= max_unexpected_ && peer.held <= max_unexpected_ - bytes) {
+      peer.held += bytes;
+      return true;
+    }
+    refuse_charge_locked(g, what());
+    return false;
+  }
+  void refuse_charge_locked(int g, const std::string& what);
   void release_locked(int g, std::size_t bytes);
   std::string check_header(const FrameHeader& h) const;
   bool start_frame_locked(int g);

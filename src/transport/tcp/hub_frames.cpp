@@ -98,17 +98,12 @@ CommState* Hub::frame_comm_locked(int g, std::uint64_t id) {
   return &comm_locked(id);
 }
 
-bool Hub::charge_locked(int g, std::size_t bytes, const std::string& what) {
-  Peer& peer = peers_[static_cast<std::size_t>(g)];
-  if (bytes <= max_unexpected_ && peer.held <= max_unexpected_ - bytes) {
-    peer.held += bytes;
-    return true;
-  }
+void Hub::refuse_charge_locked(int g, const std::string& what) {
+  const Peer& peer = peers_[static_cast<std::size_t>(g)];
   drop_peer_locked(g, "over TUTTI_TCP_MAX_UNEXPECTED", "rank ",
                    " sent more than this rank may hold before its receives are posted: " + what + " on top of " +
                        std::to_string(peer.held) + " bytes held, over TUTTI_TCP_MAX_UNEXPECTED=" +
                        std::to_string(max_unexpected_) + " (post receives earlier or raise it)");
-  return false;
 }
 
 void Hub::release_locked(int g, std::size_t bytes) {
@@ -131,9 +126,10 @@ bool Hub::start_data_locked(int g) {
   auto it = c.posted.find(k);
   if (it == c.posted.end()) {  // unexpected: keep it until the receive is posted
     const std::size_t charge = h.bytes + message_overhead;
-    if (!charge_locked(g, charge,
-                       "a message of " + std::to_string(h.bytes) + " bytes for communicator " +
-                           std::to_string(h.comm_id) + " with no receive posted"))
+    if (!charge_locked(g, charge, [&] {
+          return "a message of " + std::to_string(h.bytes) + " bytes for communicator " + std::to_string(h.comm_id) +
+                 " with no receive posted";
+        }))
       return false;
     in.charged = charge;
     in.heap = Bytes::make(h.bytes);
@@ -162,7 +158,8 @@ bool Hub::check_signature_locked(CommState& c, std::uint64_t id, int g, std::uin
   if (it == c.announced.end()) {  // checked when this rank announces it, every sender's
     const auto [first, last] = c.unchecked.equal_range(seq);
     if (std::none_of(first, last, [g](const auto& entry) { return entry.second.first == g; })) {
-      if (!charge_locked(g, signature_overhead, "a signature for collective #" + std::to_string(seq))) return false;
+      if (!charge_locked(g, signature_overhead, [&] { return "a signature for collective #" + std::to_string(seq); }))
+        return false;
       c.unchecked.emplace(seq, std::pair{g, theirs});
     }
     return true;
