@@ -119,6 +119,33 @@ struct SelfSend {
   Completion* done = nullptr;
 };
 
+/// This rank's signatures of its last `slots` collectives on one communicator, by sequence
+/// number (a newer one takes an older one's slot): fixed storage, no allocation per call.
+class Announced {
+ public:
+  static constexpr std::size_t slots = 1024;
+  void add(std::uint64_t seq, const WireSignature& signature) {
+    if (slots_.empty()) slots_.resize(slots);
+    slots_[seq % slots] = {seq, signature, true};
+    if (!last_ || seq > *last_) last_ = seq;
+  }
+  const WireSignature* find(std::uint64_t seq) const {
+    if (slots_.empty()) return nullptr;
+    const Slot& slot = slots_[seq % slots];
+    return slot.used && slot.seq == seq ? &slot.signature : nullptr;
+  }
+  std::optional<std::uint64_t> last() const { return last_; }
+
+ private:
+  struct Slot {
+    std::uint64_t seq = 0;
+    WireSignature signature{};
+    bool used = false;
+  };
+  std::vector<Slot> slots_;
+  std::optional<std::uint64_t> last_;
+};
+
 /// One communicator's matching state on this rank. Created when this rank joins it, or earlier
 /// when a frame for it arrives first (then `members` stays empty until the join).
 struct CommState {
@@ -129,7 +156,7 @@ struct CommState {
   MatchTable<PostedRecv> posted;
   MatchTable<Bytes> unexpected;
   MatchTable<SelfSend> self_sends;
-  std::map<std::uint64_t, WireSignature> announced;                       // this rank's, by seq
+  Announced announced;                                                    // this rank's, by seq
   std::multimap<std::uint64_t, std::pair<int, WireSignature>> unchecked;  // senders', before announce (one per sender)
   std::set<int> left;  // global ranks that left this communicator (leave frame or goodbye)
   std::optional<Failure> failure;

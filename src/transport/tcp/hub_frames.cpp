@@ -154,8 +154,8 @@ bool Hub::start_data_locked(int g) {
 
 bool Hub::check_signature_locked(CommState& c, std::uint64_t id, int g, std::uint64_t seq,
                                  const WireSignature& theirs) {
-  auto it = c.announced.find(seq);
-  if (it == c.announced.end()) {  // checked when this rank announces it, every sender's
+  const WireSignature* mine = c.announced.find(seq);
+  if (mine == nullptr) {  // checked when this rank announces it, every sender's
     const auto [first, last] = c.unchecked.equal_range(seq);
     if (std::none_of(first, last, [g](const auto& entry) { return entry.second.first == g; })) {
       if (!charge_locked(g, signature_overhead, [&] { return "a signature for collective #" + std::to_string(seq); }))
@@ -164,8 +164,8 @@ bool Hub::check_signature_locked(CommState& c, std::uint64_t id, int g, std::uin
     }
     return true;
   }
-  if (it->second == theirs) return true;
-  report_mismatch_locked(c, id, g, theirs, it->second);
+  if (*mine == theirs) return true;
+  report_mismatch_locked(c, id, g, theirs, *mine);
   return false;
 }
 

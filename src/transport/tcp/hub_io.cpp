@@ -381,7 +381,7 @@ void Hub::drop_peer_locked(int g, const std::string& log_text, const std::string
     if (it == state->rank_of.end()) continue;
     std::string text = before + std::to_string(it->second) + after;
     if (it->second != g) text += " [rank " + std::to_string(g) + " of the root communicator]";
-    const std::uint64_t seq = state->announced.empty() ? no_seq : state->announced.rbegin()->first;
+    const std::uint64_t seq = state->announced.last().value_or(no_seq);
     fail_comm_locked(*state, id, Failure{Error(ErrorCode::peer_failure, text), seq}, true);
   }
 }

@@ -14,8 +14,7 @@ namespace tutti::transport::tcp {
 
 namespace {
 
-constexpr std::size_t max_signatures = 1024;  // announced signatures kept per communicator
-constexpr std::size_t max_left_ids = 4096;    // communicators remembered as left, to drop their late frames
+constexpr std::size_t max_left_ids = 4096;  // communicators remembered as left, to drop their late frames
 
 std::uint8_t wire_channel(Channel channel) { return static_cast<std::uint8_t>(channel); }
 
@@ -90,8 +89,7 @@ void Hub::announce(std::uint64_t id, const Signature& signature) {
   std::lock_guard lock(mutex_);
   CommState& c = comm_locked(id);
   const WireSignature mine = to_wire(signature);
-  c.announced[signature.seq] = mine;
-  while (c.announced.size() > max_signatures) c.announced.erase(c.announced.begin());
+  c.announced.add(signature.seq, mine);
   const auto [first, last] = c.unchecked.equal_range(signature.seq);
   std::optional<std::pair<int, WireSignature>> disagreeing;
   for (auto it = first; it != last; ++it) {
@@ -120,8 +118,7 @@ void Hub::post_send(std::uint64_t id, int peer, const MessageKey& key, const voi
   frame.header.seq = key.seq;
   frame.header.index = key.index;
   if (key.channel == Channel::collective) {
-    auto it = c.announced.find(key.seq);
-    if (it != c.announced.end()) frame.header.signature = it->second;
+    if (const WireSignature* mine = c.announced.find(key.seq)) frame.header.signature = *mine;
   }
   frame.payload = static_cast<const std::byte*>(data);
   frame.bytes = bytes;
@@ -294,8 +291,8 @@ void Hub::send_control_locked(int g, FrameKind kind, std::uint64_t id, const Mat
 
 std::string Hub::operation_name(const CommState& c, const MatchKey& key, bool is_send) const {
   if (key.channel != Channel::point_to_point) {
-    auto it = c.announced.find(key.seq);
-    return it != c.announced.end() ? from_wire(it->second).describe() : "collective #" + std::to_string(key.seq);
+    const WireSignature* mine = c.announced.find(key.seq);
+    return mine != nullptr ? from_wire(*mine).describe() : "collective #" + std::to_string(key.seq);
   }
   auto found = c.rank_of.find(key.peer);
   const int peer = found == c.rank_of.end() ? key.peer : found->second;
