@@ -22,8 +22,8 @@ using Tag = std::array<std::uint8_t, tag_size>;
 class FrameMac {
  public:
   /// What a tag covers: a TCP frame's header, its payload, the Ident sent after the handshake,
-  /// or a whole store frame.
-  enum class Part : std::uint8_t { header = 0, payload = 1, ident = 2, store = 3 };
+  /// a whole store frame, or a compact TCP frame's header and payload together.
+  enum class Part : std::uint8_t { header = 0, payload = 1, ident = 2, store = 3, compact = 4 };
 
   /// Tags of the direction whose sender was the connection's initiator (`from_initiator`) or its
   /// acceptor. Throws Error(system) if libcrypto cannot set up the cipher.

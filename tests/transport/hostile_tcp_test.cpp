@@ -151,6 +151,17 @@ class RogueRank {
     }
   }
 
+  // A compact frame (wire.hpp): header, `header.bytes` of payload, one tag over both.
+  void send_compact(FrameHeader header) {
+    const std::uint64_t number = frames_++;
+    header.flags = transport::tcp::frame_compact;
+    std::vector<std::byte> frame(sizeof(header) + header.bytes, std::byte{0x5a});
+    std::memcpy(frame.data(), &header, sizeof(header));
+    const Tag tag = send_mac_->tag(number, FrameMac::Part::compact, frame.data(), frame.size());
+    write_all(fd_, frame.data(), frame.size());
+    write_all(fd_, tag.data(), tag.size());
+  }
+
  private:
   int fd_ = -1;
   std::unique_ptr<FrameMac> send_mac_;
@@ -194,6 +205,24 @@ TEST(HostileTcp, ImpossibleLengthForAnUnknownCommunicatorFailsThePeerByName) {
   const std::string what = error.what();
   EXPECT_EQ(error.code(), ErrorCode::peer_failure) << what;
   EXPECT_NE(what.find("rank 1 sent a malformed frame"), std::string::npos) << what;
+}
+
+// A compact frame's length is bounded before anything waits for its payload, even from a rank
+// that holds the key; and flags the format does not define are a malformed frame.
+TEST(HostileTcp, CompactFrameOverTheBoundAndUnknownFlagsFailThePeerByName) {
+  Error error = receive_during([](RogueRank& rogue) { rogue.send_compact(data_frame(world_id, 5000)); });
+  std::string what = error.what();
+  EXPECT_EQ(error.code(), ErrorCode::peer_failure) << what;
+  EXPECT_NE(what.find("rank 1 sent a malformed frame (compact with a payload over the bound)"), std::string::npos)
+      << what;
+  error = receive_during([](RogueRank& rogue) {
+    FrameHeader header = data_frame(world_id, 0);
+    header.flags = 2;
+    rogue.send(header);
+  });
+  what = error.what();
+  EXPECT_EQ(error.code(), ErrorCode::peer_failure) << what;
+  EXPECT_NE(what.find("rank 1 sent a malformed frame (unknown flags 2)"), std::string::npos) << what;
 }
 
 TEST(HostileTcp, UnexpectedBytesBeyondTheCapFailThePeerByName) {
@@ -387,6 +416,39 @@ TEST(HostileTcp, InjectedFrameAfterARelayedHandshakeIsRejected) {
   for (float x : target) EXPECT_EQ(x, -1.0f) << "forged data delivered";
 }
 
+// The same forgery as a compact frame, on the collective channel with a signature that
+// disagrees with rank 0's: its one tag is checked before any of it is acted on, so the forged
+// signature raises no mismatch and the forged bytes are delivered nowhere.
+TEST(HostileTcp, InjectedCompactFrameIsRejectedBeforeItsHeaderIsActedOn) {
+  RelayedPair pair;
+  ASSERT_TRUE(pair.rank0.size() > 0 && pair.rank1.size() > 0 && pair.store.relay);
+  // Collective #0 done: rank 0 knows its signature, which a forged header would contradict.
+  std::thread other([&] {
+    float x = 1.0f;
+    pair.rank1.allreduce(&x, &x, 1, DataType::f32, ReduceOp::sum);
+  });
+  float x = 1.0f;
+  pair.rank0.allreduce(&x, &x, 1, DataType::f32, ReduceOp::sum);
+  other.join();
+  EXPECT_EQ(x, 2.0f);
+  FrameHeader forged = data_frame(world_id, 4 * sizeof(float));
+  forged.flags = transport::tcp::frame_compact;
+  forged.channel = static_cast<std::uint8_t>(transport::Channel::collective);
+  forged.seq = 0;
+  forged.signature.count = 0xbad;
+  std::string bytes(reinterpret_cast<const char*>(&forged), sizeof(forged));
+  const std::vector<float> evil(4, 666.0f);
+  bytes.append(reinterpret_cast<const char*>(evil.data()), 4 * sizeof(float));
+  bytes.append(sizeof(Tag), '\x17');
+  std::vector<float> target(4, -1.0f);
+  const Error error = relayed_receive(pair, 6, target, [&] {
+    std::this_thread::sleep_for(100ms);
+    pair.store.relay->inject(bytes);
+  });
+  expect_authentication_failure(error);
+  for (float x : target) EXPECT_EQ(x, -1.0f) << "forged data delivered";
+}
+
 TEST(HostileTcp, ReplayedFrameIsRejected) {
   RelayedPair pair;
   ASSERT_TRUE(pair.rank0.size() > 0 && pair.rank1.size() > 0 && pair.store.relay);
@@ -408,20 +470,29 @@ TEST(HostileTcp, ReplayedFrameIsRejected) {
   for (float x : again) EXPECT_EQ(x, -1.0f) << "a replayed message was delivered";
 }
 
+// One byte of rank 1's next frame changes on the way: in the payload of a frame with a tag for
+// its header and one for its payload (2 KiB), and in the payload or the header of a compact frame
+// (16 bytes, one tag over both).
 TEST(HostileTcp, PayloadAlteredOnTheWayNeverCompletesTheReceive) {
-  RelayedPair pair;
-  ASSERT_TRUE(pair.rank0.size() > 0 && pair.rank1.size() > 0 && pair.store.relay);
-  // One byte of the payload of rank 1's next frame changes on the way (header and its tag pass).
-  pair.store.relay->flip_byte_at(pair.store.relay->forwarded() + sizeof(FrameHeader) + sizeof(Tag) + 2);
-  const std::vector<float> good(4, 2.0f);
-  std::vector<float> buffer(4, -1.0f);
-  const Error error = relayed_receive(pair, 5, buffer, [&] {
-    try {
-      pair.rank1.send(good.data(), good.size(), DataType::f32, 0, 5);
-    } catch (const Error&) {  // rank 0 closes the connection: rank 1's send fails too
-    }
-  });
-  expect_authentication_failure(error);
+  struct Alteration {
+    std::size_t floats, offset;
+  };
+  for (const Alteration a : {Alteration{512, sizeof(FrameHeader) + sizeof(Tag) + 2},
+                             Alteration{4, sizeof(FrameHeader) + 2}, Alteration{4, 40}}) {
+    RelayedPair pair;
+    ASSERT_TRUE(pair.rank0.size() > 0 && pair.rank1.size() > 0 && pair.store.relay);
+    pair.store.relay->flip_byte_at(pair.store.relay->forwarded() + a.offset);
+    const std::vector<float> good(a.floats, 2.0f);
+    std::vector<float> buffer(a.floats, -1.0f);
+    const Error error = relayed_receive(pair, 5, buffer, [&] {
+      try {
+        pair.rank1.send(good.data(), good.size(), DataType::f32, 0, 5);
+      } catch (const Error&) {  // rank 0 closes the connection: rank 1's send fails too
+      }
+    });
+    expect_authentication_failure(error);
+    EXPECT_NE(buffer, good) << a.floats << " floats, byte " << a.offset;
+  }
 }
 
 TEST(HostileTcp, IdleConnectionFloodDuringSetUpUsesFewThreadsAndTheMeshCompletes) {

@@ -68,6 +68,7 @@ struct Inbound {
   Stage stage = Stage::header;
   FrameHeader header;
   std::uint64_t number = 0;  // of the current frame, in this direction
+  bool compact = false;      // the current frame was compact: verified whole before it was acted on
   std::size_t remaining = 0;
   Sink sink = Sink::drain;
   std::byte* target = nullptr;         // next byte of the user's buffer or of `heap`
@@ -255,6 +256,7 @@ class Hub {
   void read_frames_locked(int g);
   bool fill_locked(int g);
   bool header_ready_locked(int g);
+  bool compact_ready_locked(int g);
   void payload_done_locked(int g);
 
   // Frames as they arrive, and what they make this rank hold (hub_frames.cpp).

@@ -19,7 +19,7 @@ constexpr std::size_t max_unjoined = 64;  // communicators created by frames bef
 // Every field of a header, checked before any is used: "" when it is well formed.
 std::string Hub::check_header(const FrameHeader& h) const {
   if (h.magic != frame_magic) return "bad frame magic";
-  if (h.reserved != 0) return "reserved field set";
+  if ((h.flags & ~frame_compact) != 0) return "unknown flags " + std::to_string(h.flags);
   if (h.channel > p2p) return "unknown channel " + std::to_string(h.channel);
   switch (h.kind) {
     case FrameKind::data:
@@ -77,7 +77,7 @@ bool Hub::start_frame_locked(int g) {
     finish_frame_locked(g);
   } else {
     in.stage = Inbound::Stage::payload;
-    if (peer.receive_mac) peer.receive_mac->begin(in.number, FrameMac::Part::payload);
+    if (peer.receive_mac && !in.compact) peer.receive_mac->begin(in.number, FrameMac::Part::payload);
   }
   return !peer.closed;
 }

@@ -237,8 +237,17 @@ void Hub::enqueue_locked(int g, OutFrame frame) {
   if (idle) flush_locked(g);
 }
 
+namespace {
+
+// Whether the frame goes compact (wire.hpp): one tag for header and payload, on a tagged connection.
+bool compact(const Peer& peer, const OutFrame& frame) {
+  return peer.send_mac != nullptr && frame.bytes <= max_compact_payload;
+}
+
+}  // namespace
+
 std::size_t Hub::wire_bytes(const Peer& peer, const OutFrame& frame) const {
-  const std::size_t tags = peer.send_mac ? (frame.bytes > 0 ? 2 * tag_size : tag_size) : 0;
+  const std::size_t tags = !peer.send_mac ? 0 : compact(peer, frame) || frame.bytes == 0 ? tag_size : 2 * tag_size;
   return sizeof(FrameHeader) + frame.bytes + tags;
 }
 
@@ -248,6 +257,15 @@ void Hub::seal_locked(Peer& peer, OutFrame& frame) {
   frame.sealed = true;
   if (!peer.send_mac) return;
   const std::uint64_t number = peer.frames_sent++;
+  if (compact(peer, frame)) {
+    frame.header.flags |= frame_compact;
+    FrameMac& mac = *peer.send_mac;
+    mac.begin(number, FrameMac::Part::compact);
+    mac.update(&frame.header, sizeof(FrameHeader));
+    mac.update(frame.payload, frame.bytes);
+    frame.header_tag = mac.finish();
+    return;
+  }
   frame.header_tag = peer.send_mac->tag(number, FrameMac::Part::header, &frame.header, sizeof(FrameHeader));
   if (frame.bytes > 0)
     frame.payload_tag = peer.send_mac->tag(number, FrameMac::Part::payload, frame.payload, frame.bytes);
@@ -264,12 +282,14 @@ void Hub::flush_locked(int g) {
     for (auto it = peer.out.begin(); it != peer.out.end() && count + 4 <= max_iov; ++it) {
       if (!it->sealed) seal_locked(peer, *it);
       // The frame on the wire: header, its tag, payload, its tag (tags only when tagged, the
-      // payload's only when there is a payload).
+      // payload's only when there is a payload); compact: header, payload, the one tag.
+      const bool one_tag = compact(peer, *it);
       const iovec pieces[4] = {
           {&it->header, sizeof(FrameHeader)},
-          {it->header_tag.data(), tagged ? tag_size : 0},
+          {it->header_tag.data(), tagged && !one_tag ? tag_size : 0},
           {const_cast<std::byte*>(it->payload), it->bytes},
-          {it->payload_tag.data(), tagged && it->bytes > 0 ? tag_size : 0},
+          {one_tag ? it->header_tag.data() : it->payload_tag.data(),
+           one_tag || (tagged && it->bytes > 0) ? tag_size : 0},
       };
       std::size_t skip = it == peer.out.begin() ? it->written : 0;
       for (const iovec& piece : pieces) {

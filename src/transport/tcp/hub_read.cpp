@@ -74,9 +74,12 @@ bool Hub::fill_locked(int g) {
 bool Hub::header_ready_locked(int g) {
   Peer& peer = peers_[static_cast<std::size_t>(g)];
   Inbound& in = peer.in;
+  if (in.end - in.begin < sizeof(FrameHeader)) return false;
+  std::memcpy(&in.header, in.buffer.get() + in.begin, sizeof(FrameHeader));
+  in.compact = (in.header.flags & frame_compact) != 0;
+  if (in.compact) return compact_ready_locked(g);
   const std::size_t wire = sizeof(FrameHeader) + (peer.receive_mac ? tag_size : 0);
   if (in.end - in.begin < wire) return false;
-  std::memcpy(&in.header, in.buffer.get() + in.begin, sizeof(FrameHeader));
   in.number = peer.frames_received++;
   if (peer.receive_mac) {
     Tag tag;
@@ -92,10 +95,44 @@ bool Hub::header_ready_locked(int g) {
   return true;
 }
 
-// The payload is all here: with tags, its own tag must verify before the frame completes.
+// A compact frame (wire.hpp): nothing of it is acted on, not even its length beyond the bound,
+// until all of it is here and its one tag verified. Then its tag is cut out of the read-ahead
+// bytes, so that the header and payload are read on as a frame of an untagged stream's.
+bool Hub::compact_ready_locked(int g) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  Inbound& in = peer.in;
+  const FrameHeader& h = in.header;
+  if (!peer.receive_mac || h.bytes > max_compact_payload) {
+    drop_peer_locked(g, "malformed frame (compact)", "rank ",
+                     " sent a malformed frame (compact " +
+                         std::string(peer.receive_mac ? "with a payload over the bound" : "on an untagged connection") +
+                         "); its connection is closed");
+    return false;
+  }
+  const std::size_t covered = sizeof(FrameHeader) + h.bytes;
+  if (in.end - in.begin < covered + tag_size) return false;
+  std::byte* frame = in.buffer.get() + in.begin;
+  in.number = peer.frames_received++;
+  FrameMac& mac = *peer.receive_mac;
+  mac.begin(in.number, FrameMac::Part::compact);
+  mac.update(frame, covered);
+  Tag tag;
+  std::memcpy(tag.data(), frame + covered, tag_size);
+  if (!FrameMac::same(tag, mac.finish())) {
+    drop_peer_locked(g, "a frame failed authentication", "frame from rank ",
+                     " failed authentication (forged, replayed or altered on the way); its connection is closed");
+    return false;
+  }
+  std::memmove(frame + tag_size, frame, covered);
+  in.begin += tag_size + sizeof(FrameHeader);
+  return true;
+}
+
+// The payload is all here: with tags, its own tag must verify before the frame completes (a
+// compact frame's verified before it started).
 void Hub::payload_done_locked(int g) {
   Peer& peer = peers_[static_cast<std::size_t>(g)];
-  if (peer.receive_mac) {
+  if (peer.receive_mac && !peer.in.compact) {
     peer.in.stage = Inbound::Stage::trailer;
     return;
   }
@@ -119,7 +156,6 @@ void Hub::read_peer_locked(int g) {
 void Hub::read_frames_locked(int g) {
   Peer& peer = peers_[static_cast<std::size_t>(g)];
   Inbound& in = peer.in;
-  FrameMac* const mac = peer.receive_mac.get();
   std::size_t budget = read_budget;
   // Bytes already read ahead raise no epoll event: a peer whose budget runs out is read again
   // on the next round of the I/O loop, whether or not its socket has more.
@@ -145,7 +181,7 @@ void Hub::read_frames_locked(int g) {
       Tag tag;
       std::memcpy(tag.data(), in.buffer.get() + in.begin, tag_size);
       in.begin += tag_size;
-      if (!FrameMac::same(tag, mac->finish())) {
+      if (!FrameMac::same(tag, peer.receive_mac->finish())) {
         drop_peer_locked(g, "a frame's payload failed authentication", "frame from rank ",
                          " failed authentication (forged, replayed or altered on the way); its connection is closed");
         return;
@@ -153,6 +189,7 @@ void Hub::read_frames_locked(int g) {
       finish_frame_locked(g);
       continue;
     }
+    FrameMac* const mac = in.compact ? nullptr : peer.receive_mac.get();  // (a compact frame verified)
     const std::size_t buffered = in.end - in.begin;
     if (buffered > 0 && consume_buffered(in, mac, budget)) {
       // moved what was read ahead

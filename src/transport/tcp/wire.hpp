@@ -6,8 +6,11 @@
 // With a token (the default), every piece carries a 16-byte tag (frame_mac.hpp) under the
 // connection's session key: Ident || tag, then per frame header || tag [|| payload || tag]
 // (the payload's tag only when bytes > 0). A header is acted on only after its tag verified, and
-// a frame's payload completes its receive only after the payload's tag verified. In insecure
-// mode (TUTTI_INSECURE=1, no token) there are no tags.
+// a frame's payload completes its receive only after the payload's tag verified. A compact frame
+// (flags has frame_compact; payload at most max_compact_payload bytes) is header || payload || tag
+// instead, one tag over both: its receiver reads the whole frame before it acts on any of it, and
+// verifies that tag first. In insecure mode (TUTTI_INSECURE=1, no token) there are no tags and
+// no compact frames.
 //
 // Kinds:
 //   data        a message; (comm_id, channel, seq, index) and the connection's peer identify it;
@@ -37,13 +40,18 @@ inline constexpr std::uint64_t max_control_payload = 64 * 1024;
 /// Largest payload of a data frame: no allocation or buffer comes near it; more is a corrupt stream.
 inline constexpr std::uint64_t max_data_payload = std::uint64_t{1} << 48;
 
+/// FrameHeader::flags: one tag after the payload covers header and payload (tagged connections only).
+inline constexpr std::uint16_t frame_compact = 1;
+/// Largest payload a sender puts in a compact frame; a compact frame claiming more is a corrupt stream.
+inline constexpr std::uint64_t max_compact_payload = 1024;
+
 enum class FrameKind : std::uint8_t { data = 1, abort = 2, size_error = 3, ack = 4, goodbye = 5, leave = 6 };
 
 struct FrameHeader {
   std::uint32_t magic = frame_magic;
   FrameKind kind = FrameKind::data;
   std::uint8_t channel = 0;  // transport::Channel
-  std::uint16_t reserved = 0;
+  std::uint16_t flags = 0;   // frame_compact, or 0
   std::uint32_t index = 0;
   std::uint32_t code = 0;  // abort: ErrorCode
   std::uint64_t comm_id = 0;
