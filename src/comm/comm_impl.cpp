@@ -97,8 +97,9 @@ Request CommImpl::start(const Call& call, bool blocking) {
 
 Request CommImpl::start_call(const Call& call, bool blocking) {
   queue_->check_usable(true);
-  if (blocking && run_now(call)) return Request();
-  const Extents extents = validate(call, rank_, size_);
+  std::optional<Extents> validated;
+  if (blocking && run_now(call, validated)) return Request();
+  const Extents extents = validated ? *validated : validate(call, rank_, size_);
   const Algorithm requested = choice::requested_algorithm(call.collective, call.options.algorithm);
   const Algorithm algorithm =
       requested == Algorithm::direct || requested == Algorithm::mpi
@@ -113,10 +114,11 @@ Request CommImpl::start_call(const Call& call, bool blocking) {
 // which names what is wrong) that resolves to a native algorithm the transport can run at once
 // with nothing outstanding (the small direct collectives over shm). What the general path would
 // do, without its operation objects.
-bool CommImpl::run_now(const Call& call) {
-  // (An alltoallv's counts are checked in full: that is the general way's first step too.)
+bool CommImpl::run_now(const Call& call, std::optional<Extents>& validated) {
+  // (An alltoallv's counts are checked in full: that is the general way's first step too, which
+  // then takes `validated` instead of checking them again.)
   if (call.collective == Collective::alltoallv)
-    (void)validate(call, rank_, size_);
+    validated = validate(call, rank_, size_);
   else if (!plainly_valid(call, rank_, size_))
     return false;
   const Algorithm requested = choice::requested_algorithm(call.collective, call.options.algorithm);

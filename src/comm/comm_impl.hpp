@@ -91,8 +91,9 @@ class CommImpl {
  private:
   /// The signature of `call` run with `algorithm`, with the communicator's next sequence number.
   transport::Signature next_signature(const Call& call, Algorithm algorithm);
-  /// A blocking call run at once by the transport (OperationQueue::run_now); false: not taken.
-  bool run_now(const Call& call);
+  /// A blocking call run at once by the transport (OperationQueue::run_now); false: not taken
+  /// (`validated`: the call's extents where it checked them in full).
+  bool run_now(const Call& call, std::optional<Extents>& validated);
   /// Memory an in-place call needs besides the caller's buffers.
   struct Staging {
     std::unique_ptr<std::byte[]> input;   // a snapshot of the input (alltoall(v) in place)
