@@ -54,6 +54,12 @@ class Composite final : public transport::NativeCollective {
   }
   // Its steps complete on other communicators, whose completions do not wake this one's waiters.
   std::optional<std::chrono::microseconds> poll_period() const override { return std::chrono::microseconds(100); }
+  // All of it on the calling thread, each step waited for on its own communicator (whose
+  // completions wake this thread, where polling the composite would wait up to a period a step).
+  void run() {
+    while (next_ < steps_.size()) steps_[next_++]().wait();
+    if (done_) std::exchange(done_, nullptr)();
+  }
 
  private:
   std::vector<Step> steps_;
@@ -193,7 +199,18 @@ Request CommImpl::start_hierarchical(const Call& call, bool blocking) {
     if (op == ReduceOp::avg && count > 0) reduce::divide(type, recv, count, p);
   };
   auto run = std::make_shared<Composite>(std::move(steps), std::move(finish));
-  auto operation = exec::Operation::native(next_signature(call, Algorithm::hierarchical), run);
+  const transport::Signature signature = next_signature(call, Algorithm::hierarchical);
+  if (blocking && queue_->announce_when_idle(signature)) {  // nothing outstanding: no operation
+    try {
+      run->run();
+    } catch (const Error& error) {  // a step failed on its communicator: this one fails with it
+      queue_->transport().abort(error, signature.seq);
+      queue_->mark_reported();
+      throw;
+    }
+    return Request();
+  }
+  auto operation = exec::Operation::native(signature, run);
   operation->timeout = timeout;
   return submit(std::move(operation), blocking);
 }
