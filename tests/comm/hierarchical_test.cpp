@@ -115,6 +115,41 @@ TEST(Hierarchical, InterleavesWithOtherOperations) {
   EXPECT_EQ(failures, "");
 }
 
+// A blocking call runs its steps on the calling thread: a step that fails (here: rank 3 stays
+// away, so the steps that need it time out) fails the call on the ranks that made it, within its
+// timeout, and the communicator with it: every rank's next call on it raises (rank 3's, in the
+// failed call's place, with that call's error).
+TEST(Hierarchical, AStepThatTimesOutFailsTheCallAndTheCommunicator) {
+  const std::string failures = run_ranks(4, [](Communicator& comm) {
+    comm::set_host_for_testing(comm, comm.rank() < 2 ? "a" : "b");
+    std::vector<float> v(64, 1.0f);
+    comm.allreduce(v.data(), v.data(), v.size(), DataType::f32, ReduceOp::sum, {Algorithm::hierarchical, test_timeout});
+    for (float x : v) ASSERT_EQ(x, 4.0f);  // (the hierarchy is made)
+    if (comm.rank() == 3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    } else {
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        comm.allreduce(v.data(), v.data(), v.size(), DataType::f32, ReduceOp::sum,
+                       {Algorithm::hierarchical, std::chrono::milliseconds(300)});
+        ADD_FAILURE() << "rank " << comm.rank() << ": the allreduce without rank 3 succeeded";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::timeout) << "rank " << comm.rank() << ": " << e.what();
+      }
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+    }
+    try {
+      comm.barrier({Algorithm::automatic, test_timeout});
+      ADD_FAILURE() << "rank " << comm.rank() << ": a call after the failed one succeeded";
+    } catch (const Error& e) {
+      // Rank 3's barrier is the failed call's place in its sequence: it raises that call's error.
+      EXPECT_EQ(e.code(), comm.rank() == 3 ? ErrorCode::timeout : ErrorCode::aborted)
+          << "rank " << comm.rank() << ": " << e.what();
+    }
+  });
+  EXPECT_EQ(failures, "");
+}
+
 // Once the topology is known and the ranks span hosts with several on one, automatic runs a large
 // allreduce hierarchically (nonblocking, like any other choice) and a small one as before.
 TEST(Hierarchical, AutomaticChoosesItForLargeCallsAcrossHosts) {
