@@ -390,6 +390,23 @@ void expect_authentication_failure(const Error& error) {
   EXPECT_NE(what.find("frame from rank 1 failed authentication"), std::string::npos) << what;
 }
 
+// The relay injects `forged` with 4 floats of payload and `tags` tags it cannot compute without
+// the session key, while rank 0 waits in a receive (tag 6): the receive fails by name and nothing
+// forged reaches its buffer.
+void expect_forgery_rejected(RelayedPair& pair, const FrameHeader& forged, std::size_t tags) {
+  std::string bytes(reinterpret_cast<const char*>(&forged), sizeof(forged));
+  const std::vector<float> evil(4, 666.0f);
+  bytes.append(reinterpret_cast<const char*>(evil.data()), 4 * sizeof(float));
+  bytes.append(tags * sizeof(Tag), '\x17');
+  std::vector<float> target(4, -1.0f);
+  const Error error = relayed_receive(pair, 6, target, [&] {
+    std::this_thread::sleep_for(100ms);
+    pair.store.relay->inject(bytes);
+  });
+  expect_authentication_failure(error);
+  for (float x : target) EXPECT_EQ(x, -1.0f) << "forged data delivered";
+}
+
 TEST(HostileTcp, InjectedFrameAfterARelayedHandshakeIsRejected) {
   RelayedPair pair;
   ASSERT_TRUE(pair.rank0.size() > 0 && pair.rank1.size() > 0 && pair.store.relay);
@@ -403,17 +420,7 @@ TEST(HostileTcp, InjectedFrameAfterARelayedHandshakeIsRejected) {
   // The relay forges the message rank 0 waits for next, as the pre-authentication format had it.
   FrameHeader forged = data_frame(world_id, 4 * sizeof(float));
   forged.seq = 6;
-  std::string bytes(reinterpret_cast<const char*>(&forged), sizeof(forged));
-  const std::vector<float> evil(4, 666.0f);
-  bytes.append(reinterpret_cast<const char*>(evil.data()), 4 * sizeof(float));
-  bytes.append(2 * sizeof(Tag), '\x17');  // tags it cannot compute without the session key
-  std::vector<float> target(4, -1.0f);
-  const Error error = relayed_receive(pair, 6, target, [&] {
-    std::this_thread::sleep_for(100ms);
-    pair.store.relay->inject(bytes);
-  });
-  expect_authentication_failure(error);
-  for (float x : target) EXPECT_EQ(x, -1.0f) << "forged data delivered";
+  expect_forgery_rejected(pair, forged, 2);
 }
 
 // The same forgery as a compact frame, on the collective channel with a signature that
@@ -436,17 +443,7 @@ TEST(HostileTcp, InjectedCompactFrameIsRejectedBeforeItsHeaderIsActedOn) {
   forged.channel = static_cast<std::uint8_t>(transport::Channel::collective);
   forged.seq = 0;
   forged.signature.count = 0xbad;
-  std::string bytes(reinterpret_cast<const char*>(&forged), sizeof(forged));
-  const std::vector<float> evil(4, 666.0f);
-  bytes.append(reinterpret_cast<const char*>(evil.data()), 4 * sizeof(float));
-  bytes.append(sizeof(Tag), '\x17');
-  std::vector<float> target(4, -1.0f);
-  const Error error = relayed_receive(pair, 6, target, [&] {
-    std::this_thread::sleep_for(100ms);
-    pair.store.relay->inject(bytes);
-  });
-  expect_authentication_failure(error);
-  for (float x : target) EXPECT_EQ(x, -1.0f) << "forged data delivered";
+  expect_forgery_rejected(pair, forged, 1);
 }
 
 TEST(HostileTcp, ReplayedFrameIsRejected) {
