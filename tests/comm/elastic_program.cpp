@@ -11,7 +11,8 @@
 // (Job::leave) and exit. Each rank also counts the steps it did in a local part of the state
 // (State::save_local), which rollbacks restore and syncs leave alone: it must end as the steps
 // since this process began training. At the end every rank checks that all ranks hold the same
-// state, and prints "done rank R of P generation G steps S recovered_ms T name NAME".
+// state, and prints "done rank R of P generation G steps S recovered_ms T name NAME"; with
+// ELASTIC_LINGER_MS set, it then stays that long before it exits (a rank slow to end).
 #include <signal.h>
 #include <unistd.h>
 
@@ -151,6 +152,10 @@ int main(int argc, char** argv) {
   } catch (const tutti::Error& e) {
     std::printf("error: %s\n", e.what());
     return 1;
+  }
+  if (const char* linger = std::getenv("ELASTIC_LINGER_MS")) {
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(linger)));
   }
   return 0;
 }

@@ -250,14 +250,16 @@ store=$(sed -n 's|.*env $(cat \(.*\)/join.env) PROGRAM$|\1|p' "$work/r1.err")
 [[ -n $store && ! -e $store ]] || fail "tutti-run's store directory '$store' is left behind"
 echo "ok: tutti-run --elastic: a rank killed, SIGUSR1 starts one that joins, 4 ranks finish"
 
-# A rank started by hand from join.env joins a job of 3.
+# A rank started by hand from join.env joins a job of 3. It lingers 1 s after the job is done: the
+# end of tutti-run (whose own ranks are gone) leaves it the time to end by itself.
 run_job r2 -n 3 --elastic -x TUTTI_TIMEOUT_MS=20000 -- "$program" 1000 5 10
 for _ in $(seq 100); do grep -q 'join.env' "$work/r2.err" && break; sleep 0.05; done
 join_file=$(sed -n 's|.*env $(cat \(.*/join.env\)) PROGRAM$|\1|p' "$work/r2.err")
 [[ -f $join_file && $(stat -c %a "$join_file") == 600 ]] || fail "no join.env of mode 600 ('$join_file')"
 grep -q '^TUTTI_ELASTIC_JOIN=1$' "$join_file" || fail "join.env lacks TUTTI_ELASTIC_JOIN=1"
 # shellcheck disable=SC2046
-env -u TUTTI_RANK -u TUTTI_SIZE $(cat "$join_file") timeout 120 "$program" 1000 5 10 >"$work/hand.out" 2>&1 &
+env -u TUTTI_RANK -u TUTTI_SIZE $(cat "$join_file") ELASTIC_LINGER_MS=1000 timeout 120 "$program" 1000 5 10 \
+  >"$work/hand.out" 2>&1 &
 pid_hand=$!
 pids+=($!)
 expect_exit r2 0

@@ -85,7 +85,8 @@ Failures:
   the ranks (SIGKILL).
 
 Clean-up, whatever happened:
-  processes the ranks left behind are killed, and every child is waited for; the store
+  processes the ranks left behind are killed (at a normal end, after 3 s for them to end by
+  themselves: a rank started by hand from join.env), and every child is waited for; the store
   directory is removed, and every /dev/shm entry whose name starts with tutti-JOBID.
   If tutti-run itself is killed, even with SIGKILL, the ranks get SIGKILL, and a watchdog
   process (tutti-watchdog) sends SIGTERM to every process of the job still running (each

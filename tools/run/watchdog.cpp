@@ -29,8 +29,12 @@ using Clock = std::chrono::steady_clock;
 constexpr std::chrono::seconds term_grace{2};
 // How long SIGKILL may be repeated (each round finds what the victims of the last one started).
 constexpr std::chrono::seconds kill_limit{3};
+// At a normal end, how long the job's processes still running (a rank started by hand that joined
+// an elastic job, finishing as tutti-run's own did) have to end by themselves before any signal.
+constexpr std::chrono::seconds settle{3};
 // How long tutti-run waits for the watchdog at its normal end: longer than the watchdog's work.
 constexpr int done_wait_ms = 10'000;
+static_assert(settle + term_grace + kill_limit < std::chrono::milliseconds(done_wait_ms));
 // What tutti-run writes before closing the pipe when it ends normally.
 constexpr char normal_end = 'x';
 
@@ -75,6 +79,10 @@ std::string processes(int n) { return std::to_string(n) + (n == 1 ? " process" :
     for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGTTOU}) ::signal(signo, SIG_IGN);
     keep_only(launcher_fd, done_fd);
     const bool normal = wait_for_launcher(launcher_fd);
+    if (normal) {
+      const Clock::time_point until = Clock::now() + settle;
+      while (!find_job_processes(job.token()).empty() && Clock::now() < until) ::poll(nullptr, 0, 20);
+    }
     const int ended = end_job_processes(job.token());
     if (!normal) {
       remove_job_files(job.id(), job.store_dir());

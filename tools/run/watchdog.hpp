@@ -11,7 +11,9 @@
 // tutti-run holds the write end of a pipe, the watchdog its read end: when the pipe reaches EOF
 // without a word from tutti-run first, whatever ended tutti-run, the watchdog sends SIGTERM to the
 // job's processes, SIGKILL to those left after 2 s, removes the store directory and the /dev/shm
-// entries, and exits. It runs in a session of its own and ignores SIGINT, SIGTERM and SIGHUP, so
+// entries, and exits. At a normal end it first gives the job's processes still running up to 3 s
+// to end by themselves (a rank started by hand that joined an elastic job finishes with the
+// others, a moment later), then ends what is left the same way. It runs in a session of its own and ignores SIGINT, SIGTERM and SIGHUP, so
 // that Ctrl-C, or a kill of tutti-run's process group, does not take it away before it acts.
 #pragma once
 
