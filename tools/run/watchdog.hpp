@@ -13,8 +13,9 @@
 // job's processes, SIGKILL to those left after 2 s, removes the store directory and the /dev/shm
 // entries, and exits. At a normal end it first gives the job's processes still running up to 3 s
 // to end by themselves (a rank started by hand that joined an elastic job finishes with the
-// others, a moment later), then ends what is left the same way. It runs in a session of its own and ignores SIGINT, SIGTERM and SIGHUP, so
-// that Ctrl-C, or a kill of tutti-run's process group, does not take it away before it acts.
+// others, a moment later), then ends what is left the same way. It runs in a session of its own
+// and ignores SIGINT, SIGTERM and SIGHUP, so that Ctrl-C, or a kill of tutti-run's process group,
+// does not take it away before it acts.
 #pragma once
 
 #include <string>
