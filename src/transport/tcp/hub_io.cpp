@@ -239,7 +239,9 @@ void Hub::enqueue_locked(int g, OutFrame frame) {
 
 namespace {
 
-// Whether the frame goes compact (wire.hpp): one tag for header and payload, on a tagged connection.
+// Whether the frame goes compact (wire.hpp): one tag for header and payload, on a tagged
+// connection. Every frame of at most max_compact_payload bytes does, so a tagged frame that does
+// not has a payload, and two tags.
 bool compact(const Peer& peer, const OutFrame& frame) {
   return peer.send_mac != nullptr && frame.bytes <= max_compact_payload;
 }
@@ -247,7 +249,7 @@ bool compact(const Peer& peer, const OutFrame& frame) {
 }  // namespace
 
 std::size_t Hub::wire_bytes(const Peer& peer, const OutFrame& frame) const {
-  const std::size_t tags = !peer.send_mac ? 0 : compact(peer, frame) || frame.bytes == 0 ? tag_size : 2 * tag_size;
+  const std::size_t tags = !peer.send_mac ? 0 : compact(peer, frame) ? tag_size : 2 * tag_size;
   return sizeof(FrameHeader) + frame.bytes + tags;
 }
 
@@ -267,8 +269,7 @@ void Hub::seal_locked(Peer& peer, OutFrame& frame) {
     return;
   }
   frame.header_tag = peer.send_mac->tag(number, FrameMac::Part::header, &frame.header, sizeof(FrameHeader));
-  if (frame.bytes > 0)
-    frame.payload_tag = peer.send_mac->tag(number, FrameMac::Part::payload, frame.payload, frame.bytes);
+  frame.payload_tag = peer.send_mac->tag(number, FrameMac::Part::payload, frame.payload, frame.bytes);
 }
 
 void Hub::flush_locked(int g) {
@@ -281,15 +282,14 @@ void Hub::flush_locked(int g) {
     std::size_t count = 0;
     for (auto it = peer.out.begin(); it != peer.out.end() && count + 4 <= max_iov; ++it) {
       if (!it->sealed) seal_locked(peer, *it);
-      // The frame on the wire: header, its tag, payload, its tag (tags only when tagged, the
-      // payload's only when there is a payload); compact: header, payload, the one tag.
+      // The frame on the wire: header, its tag, payload, its tag (tags only when tagged);
+      // compact: header, payload, the one tag.
       const bool one_tag = compact(peer, *it);
       const iovec pieces[4] = {
           {&it->header, sizeof(FrameHeader)},
           {it->header_tag.data(), tagged && !one_tag ? tag_size : 0},
           {const_cast<std::byte*>(it->payload), it->bytes},
-          {one_tag ? it->header_tag.data() : it->payload_tag.data(),
-           one_tag || (tagged && it->bytes > 0) ? tag_size : 0},
+          {one_tag ? it->header_tag.data() : it->payload_tag.data(), tagged ? tag_size : 0},
       };
       std::size_t skip = it == peer.out.begin() ? it->written : 0;
       for (const iovec& piece : pieces) {
