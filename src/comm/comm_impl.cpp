@@ -172,7 +172,9 @@ std::shared_ptr<const exec::Plan> CommImpl::plan_for(const Call& call, Algorithm
                                   size_of(call.type));
   };
   if (!call.counts.empty() || !call.recv_counts.empty()) return make();
-  const PlanKey key{algorithm, call.collective, call.count, size_of(call.type), call.root};
+  const PlanKey key{algorithm,  call.collective,
+                    call.count, size_of(call.type),
+                    call.root,  exec::Plan::runs_ahead(queue_->transport(), signature, size_of(call.type))};
   for (const CachedPlan& cached : plans_)
     if (cached.plan && cached.key == key) return cached.plan;
   auto plan = make();
@@ -182,7 +184,9 @@ std::shared_ptr<const exec::Plan> CommImpl::plan_for(const Call& call, Algorithm
 }
 
 Request CommImpl::start_schedule(const Call& call, Algorithm algorithm, const Extents& extents, bool blocking) {
-  std::shared_ptr<const exec::Plan> plan = plan_for(call, algorithm, transport::Signature::of(call, algorithm));
+  transport::Signature upcoming = transport::Signature::of(call, algorithm);
+  upcoming.seq = queue_->upcoming_seq();  // a broadcast's plan depends on it (exec::Plan::runs_ahead)
+  std::shared_ptr<const exec::Plan> plan = plan_for(call, algorithm, upcoming);
   Staging staging;
   const exec::Operation::Buffers buffers = map_buffers(call, extents, staging);
   const transport::Signature signature = next_signature(call, algorithm);

@@ -63,6 +63,8 @@ class CommImpl {
   /// The transport's name ("inproc", "shm", "tcp", "mpi").
   std::string_view transport_name() const { return queue_->transport().name(); }
   transport::Kind transport_kind() const { return queue_->transport().kind(); }
+  /// The sequence number the next collective takes (the same on every rank).
+  std::uint64_t upcoming_seq() const { return queue_->upcoming_seq(); }
   /// Whether the shared-memory direct algorithms serve `collective` on this communicator.
   bool direct_serves(Collective collective) const;
   /// What `requested` resolves to for a call of `collective` of `bytes` (the total over ranks for
@@ -129,6 +131,7 @@ class CommImpl {
     Collective collective{};
     std::size_t count = 0, elem_size = 0;
     int root = 0;
+    bool runs_ahead = false;  // exec::Plan::runs_ahead (it depends on the sequence number)
     bool operator==(const PlanKey&) const = default;
   };
   std::shared_ptr<const exec::Plan> plan_for(const Call& call, Algorithm algorithm,

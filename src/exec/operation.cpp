@@ -72,6 +72,23 @@ bool messages_carry_signatures(const transport::Transport& transport, const tran
 
 }  // namespace
 
+// Every non-root rank of a tree broadcast receives from its parent a message that carries the
+// parent's signature, and the root sends before it waits for anything: so where ranks disagree,
+// either some message crosses from a rank with one call to a rank with another (its receiver
+// sees it on arrival), or the ranks whose parent sends them nothing name their own call to that
+// parent (notify_signature, below), where it is compared. Without the ring no rank waits for its
+// neighbour, so the root returns once it has sent. What bounds how far it runs ahead is the ring
+// kept at every run_ahead_calls-th call (a rank passes it only once its predecessor entered it),
+// so a rank holds at most size * run_ahead_calls such messages it has not yet asked for.
+bool Plan::runs_ahead(const transport::Transport& transport, const transport::Signature& signature,
+                      std::size_t elem_size) {
+  const int p = transport.size();
+  return transport.checks_message_signatures() && signature.collective == Collective::broadcast &&
+         (signature.algorithm == Algorithm::binomial_tree || signature.algorithm == Algorithm::ring) && p >= 2 &&
+         p <= run_ahead_ranks && signature.count > 0 && signature.count <= run_ahead_bytes / elem_size &&
+         signature.seq % run_ahead_calls != 0;
+}
+
 std::shared_ptr<const Plan> Plan::collective(const transport::Transport& transport, schedule::Schedule schedule,
                                              const transport::Signature& signature, std::size_t elem_size) {
   auto plan = std::make_shared<Plan>();
@@ -85,8 +102,16 @@ std::shared_ptr<const Plan> Plan::collective(const transport::Transport& transpo
     auto& counter = steps[i].kind == StepKind::send ? sends[steps[i].peer] : recvs[steps[i].peer];
     plan->message_index[i] = counter++;
   }
-  if (!transport.detects_every_mismatch() && transport.size() > 1 && !messages_carry_signatures(transport, signature))
+  if (transport.detects_every_mismatch() || transport.size() == 1 || messages_carry_signatures(transport, signature)) {
+    // no signature message
+  } else if (runs_ahead(transport, signature, elem_size)) {
+    const auto first_recv = std::find_if(steps.begin(), steps.end(), [](const schedule::Step& step) {
+      return step.kind == StepKind::recv;
+    });  // a broadcast's non-root receives from its parent only
+    if (first_recv != steps.end()) plan->notice_recv = static_cast<std::uint32_t>(first_recv - steps.begin());
+  } else {
     plan->add_signature_exchange(transport.rank(), transport.size(), elem_size);
+  }
   plan->build_graph();
   return plan;
 }
@@ -221,6 +246,8 @@ void ScheduleOperation::start_step(std::uint32_t index) {
       break;
     case StepKind::recv:
       transport_.post_recv(step.peer, key, address(step.region), bytes, done);
+      if (index == plan_->notice_recv && done->state() == Completion::posted)
+        notice_due_ = std::chrono::steady_clock::now() + Plan::notice_after;
       break;
     case StepKind::recv_reduce:
       if (!transport_.post_recv_reduce(step.peer, key, address(step.region), address(step.operand), step.region.count,
@@ -252,8 +279,22 @@ void ScheduleOperation::start() {
   progress();
 }
 
+std::optional<std::chrono::microseconds> ScheduleOperation::poll_period() const {
+  if (!notice_due_) return std::nullopt;
+  return Plan::notice_after;
+}
+
 bool ScheduleOperation::progress() {
   if (finished()) return true;
+  if (notice_due_) {  // waiting for the parent's message of a broadcast that sends no signature ring
+    const std::uint32_t index = plan_->notice_recv;
+    if (completions_[index].state() != Completion::posted) {
+      notice_due_.reset();
+    } else if (std::chrono::steady_clock::now() >= *notice_due_) {
+      notice_due_.reset();
+      transport_.notify_signature(schedule().steps[index].peer, key_.seq);
+    }
+  }
   for (bool changed = true; changed && !finished();) {
     changed = false;
     while (!ready_.empty()) {

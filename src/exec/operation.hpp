@@ -46,9 +46,25 @@ struct Plan {
   std::vector<std::uint32_t> first_ready;                   // reversed: pop_back() starts them in list order
   std::vector<std::uint32_t> message_index;                 // per step (unused by copies)
   std::uint32_t signature_recv = none;                      // the step receiving the ring neighbour's signature
+  std::uint32_t notice_recv = none;  // a broadcast that runs ahead: the receive from the parent (see collective)
 
-  /// The plan of a collective with `signature` (its algorithm, collective, count and size decide
-  /// whether a signature exchange is added) over `transport`, elements of `elem_size` bytes.
+  /// Over a transport that checks every message's signature, a broadcast of at most
+  /// `run_ahead_bytes` among at most `run_ahead_ranks` ranks sends no signature ring except at
+  /// every `run_ahead_calls`-th sequence number: its root returns once its messages are sent (docs/api.md).
+  static constexpr std::size_t run_ahead_bytes = 64 * 1024;
+  static constexpr int run_ahead_ranks = 32;
+  static constexpr std::uint64_t run_ahead_calls = 16;
+  /// How long such a broadcast's non-root waits for its parent's message before it names its own
+  /// call to the parent (Transport::notify_signature): ranks that all wait, none of them the root
+  /// of what the others called, learn of the mismatch after that long.
+  static constexpr std::chrono::microseconds notice_after{1000};
+  /// Whether a call with `signature` (its sequence number included) is such a broadcast.
+  static bool runs_ahead(const transport::Transport& transport, const transport::Signature& signature,
+                         std::size_t elem_size);
+
+  /// The plan of a collective with `signature` (its algorithm, collective, count, size and, for a
+  /// broadcast, sequence number decide whether a signature exchange is added) over `transport`,
+  /// elements of `elem_size` bytes.
   static std::shared_ptr<const Plan> collective(const transport::Transport& transport, schedule::Schedule schedule,
                                                 const transport::Signature& signature, std::size_t elem_size);
   /// The one-step plan of a point-to-point message (`index`: its key's).
@@ -147,6 +163,7 @@ class ScheduleOperation final : public Operation {
   void fail(const Error& error) override;
   std::vector<int> waiting_for() const override;
   std::string describe() const override { return message_ ? message_->describe() : signature_.describe(); }
+  std::optional<std::chrono::microseconds> poll_period() const override;
 
  private:
   void start_run();
@@ -172,6 +189,8 @@ class ScheduleOperation final : public Operation {
   std::vector<std::unique_ptr<std::byte[]>> staging_;  // per step once one needs it (no native recv_reduce)
   std::vector<std::uint32_t> ready_, in_flight_;
   std::size_t completed_ = 0;
+  // Plan::notice_recv posted and still waiting: when to name this call to the sender.
+  std::optional<std::chrono::steady_clock::time_point> notice_due_;
 };
 
 /// A native collective, progressed by its own `progress`.

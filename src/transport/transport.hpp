@@ -183,6 +183,12 @@ class Transport {
   /// its first message does that work (see ScheduleOperation::messages_carry_signatures).
   virtual bool checks_message_signatures() const { return false; }
 
+  /// Sends this rank's signature of collective `seq` (announced) to `peer`, which compares it with
+  /// its own on arrival and keeps nothing: how a rank waiting for a message of a call that sends no
+  /// signature ring tells its sender which call it is in (Plan::runs_ahead). Only transports that
+  /// check message signatures are asked.
+  virtual void notify_signature(int /*peer*/, std::uint64_t /*seq*/) {}
+
   /// Starts a collective: registers this rank's signature. When ranks disagree the communicator
   /// is aborted with Error(mismatch) naming both ranks and signatures (see `aborted`).
   virtual void announce(const Signature& signature) = 0;

@@ -225,6 +225,29 @@ TEST(HostileTcp, CompactFrameOverTheBoundAndUnknownFlagsFailThePeerByName) {
   EXPECT_NE(what.find("rank 1 sent a malformed frame (unknown flags 2)"), std::string::npos) << what;
 }
 
+// A notice (a collective's signature, compared and dropped) carries no payload and belongs to
+// the collective channel: anything else is a malformed frame, acted on before any of it is kept.
+TEST(HostileTcp, NoticeWithAPayloadOrOutsideTheCollectiveChannelFailsThePeerByName) {
+  Error error = receive_during([](RogueRank& rogue) {
+    FrameHeader header = data_frame(world_id, 16);
+    header.kind = FrameKind::notice;
+    header.channel = static_cast<std::uint8_t>(transport::Channel::collective);
+    rogue.send_compact(header);
+  });
+  std::string what = error.what();
+  EXPECT_EQ(error.code(), ErrorCode::peer_failure) << what;
+  EXPECT_NE(what.find("rank 1 sent a malformed frame (payload on a frame that has none)"), std::string::npos) << what;
+  error = receive_during([](RogueRank& rogue) {
+    FrameHeader header = data_frame(world_id, 0);
+    header.kind = FrameKind::notice;
+    rogue.send(header);
+  });
+  what = error.what();
+  EXPECT_EQ(error.code(), ErrorCode::peer_failure) << what;
+  EXPECT_NE(what.find("rank 1 sent a malformed frame (notice outside the collective channel)"), std::string::npos)
+      << what;
+}
+
 TEST(HostileTcp, UnexpectedBytesBeyondTheCapFailThePeerByName) {
   ::setenv("TUTTI_TCP_MAX_UNEXPECTED", "1000000", 1);
   const Error error = receive_during([](RogueRank& rogue) {

@@ -27,6 +27,7 @@
 #include "bootstrap/store.hpp"
 #include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
+#include "exec/operation.hpp"
 #include "memory_store.hpp"
 #include "tcp_mesh.hpp"
 #include "transport/tcp/tcp.hpp"
@@ -278,6 +279,58 @@ TEST(TcpCollectives, RepeatedShapesReuseTheirPlans) {
   EXPECT_EQ(failures, "");
 }
 
+// Barriers until the next collective is the first after a signature ring that bounds how far a
+// broadcast's root may run ahead (exec::Plan::runs_ahead): the same number of them on every rank.
+void align_to_run_ahead(Communicator& comm) {
+  while (comm::Access::impl(comm)->upcoming_seq() % exec::Plan::run_ahead_calls != 1)
+    comm.barrier({Algorithm::automatic, op_timeout});
+}
+
+// A small broadcast's root returns once it has sent: it finishes the 15 calls between two
+// signature rings before any receiver has made its first; every value still arrives exactly, and
+// roots, counts (one over Plan::run_ahead_bytes, one of 0) and both tree shapes vary after it.
+TEST(TcpCollectives, ABroadcastRootRunsAheadOfItsReceivers) {
+  for (const Algorithm algorithm : {Algorithm::binomial_tree, Algorithm::ring}) {
+    auto comms = make_group(3);
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool root_done = false;
+    const std::string failures = run_ranks(comms, [&](Communicator& comm) {
+      const int p = comm.size(), r = comm.rank();
+      align_to_run_ahead(comm);
+      const auto ahead = static_cast<int>(exec::Plan::run_ahead_calls) - 1;
+      if (r == 0) {
+        for (int k = 0; k < ahead; ++k) {
+          std::vector<std::int32_t> b(static_cast<std::size_t>(1 + k * 97), 1000 + k);
+          comm.broadcast(b.data(), b.size(), DataType::i32, 0, {algorithm, op_timeout});
+        }
+        std::lock_guard lock(mutex);
+        root_done = true;
+        cv.notify_all();
+      } else {
+        std::unique_lock lock(mutex);
+        ASSERT_TRUE(cv.wait_for(lock, 30s, [&] { return root_done; }))
+            << to_string(algorithm) << ": the root waited for its receivers";
+        lock.unlock();
+        for (int k = 0; k < ahead; ++k) {
+          std::vector<std::int32_t> b(static_cast<std::size_t>(1 + k * 97), -1);
+          comm.broadcast(b.data(), b.size(), DataType::i32, 0, {algorithm, op_timeout});
+          for (auto v : b) ASSERT_EQ(v, 1000 + k) << to_string(algorithm) << " call " << k;
+        }
+      }
+      const std::size_t over = exec::Plan::run_ahead_bytes / sizeof(std::int32_t) + 1;
+      for (int k = 0; k < 50; ++k) {
+        const int root = (k * 5 + k / 7) % p;
+        const std::size_t n = k % 10 == 3 ? over : k % 10 == 7 ? 0 : static_cast<std::size_t>(1 + (k * 131) % 4000);
+        std::vector<std::int32_t> b(n, r == root ? 7 * k + root : -1);
+        comm.broadcast(b.data(), n, DataType::i32, root, {algorithm, op_timeout});
+        for (auto v : b) ASSERT_EQ(v, 7 * k + root) << to_string(algorithm) << " call " << k << " root " << root;
+      }
+    });
+    EXPECT_EQ(failures, "") << to_string(algorithm);
+  }
+}
+
 TEST(TcpConnect, RefusesStrangersAndTheMeshStillCompletes) {
   MemoryStore store;
   std::vector<std::string> errors;
@@ -390,6 +443,51 @@ TEST(TcpFailure, MismatchedRingCallsAreCaughtWithoutTheSignatureRing) {
                                   << c.odd_count;
     EXPECT_LT(Clock::now() - start, 10s);  // at once, not at the 60 s deadline
   }
+}
+
+// Broadcasts that send no signature ring still disagree loudly: every rank raises `mismatch`,
+// in the call or, a root that returned once it had sent, in its next one; within seconds, not
+// at the 60 s deadline. Where every rank waits for a parent that is no root (each names another
+// root), the waiting ranks name their call to their parents (Transport::notify_signature).
+TEST(TcpFailure, MismatchedBroadcastsThatRunAheadRaiseOnEveryRank) {
+  struct Case {
+    const char* what;
+    int p;
+    std::function<int(int)> root;   // by rank
+    std::function<int(int)> count;  // by rank
+  };
+  const Case cases[] = {
+      {"no rank is a root", 3, [](int r) { return (r + 1) % 3; }, [](int) { return 8; }},
+      {"two roots", 2, [](int r) { return r; }, [](int) { return 8; }},
+      {"another count", 3, [](int) { return 0; }, [](int r) { return r == 2 ? 9 : 8; }},
+      {"another root", 4, [](int r) { return r == 3 ? 1 : 0; }, [](int) { return 8; }},
+  };
+  for (const Case& c : cases)
+    for (const Algorithm algorithm : {Algorithm::binomial_tree, Algorithm::ring}) {
+      auto comms = make_group(c.p);
+      std::atomic<int> caught{0};
+      const auto start = Clock::now();
+      const std::string failures = run_ranks(comms, [&](Communicator& comm) {
+        const int r = comm.rank();
+        align_to_run_ahead(comm);
+        std::vector<std::int32_t> b(static_cast<std::size_t>(c.count(r)), r);
+        bool returned = false;
+        try {
+          comm.broadcast(b.data(), b.size(), DataType::i32, c.root(r), {algorithm, op_timeout});
+          returned = true;
+          comm.barrier({Algorithm::automatic, op_timeout});
+          ADD_FAILURE() << c.what << ": rank " << r << " went on after the mismatched broadcast";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), ErrorCode::mismatch) << c.what << " " << to_string(algorithm) << " rank " << r
+                                                   << (returned ? " (next call)" : "") << ": " << e.what();
+          EXPECT_NE(std::string(e.what()).find("broadcast"), std::string::npos) << e.what();
+          caught.fetch_add(1);
+        }
+      });
+      EXPECT_EQ(failures, "") << c.what;
+      EXPECT_EQ(caught.load(), c.p) << c.what << " " << to_string(algorithm);
+      EXPECT_LT(Clock::now() - start, 10s) << c.what;
+    }
 }
 
 TEST(TcpFailure, DeadPeerIsReportedQuicklyByName) {

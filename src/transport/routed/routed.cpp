@@ -67,6 +67,10 @@ class RoutedTransport final : public Transport {
     if (local_) local_->announce(signature);
     remote_->announce(signature);
   }
+  // A peer on this host compares signatures through the host's table already.
+  void notify_signature(int peer, std::uint64_t seq) override {
+    if (!is_local(peer)) remote_->notify_signature(peer, seq);
+  }
   void post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) override {
     const auto [transport, there] = route(peer, done);
     transport->post_send(there, key, data, bytes, done);

@@ -195,6 +195,8 @@ class Hub {
   void leave(std::uint64_t id);
 
   void announce(std::uint64_t id, const Signature& signature);
+  /// A notice frame to `peer` of communicator `id` with this rank's signature of call `seq`.
+  void notify_signature(std::uint64_t id, int peer, std::uint64_t seq);
   void post_send(std::uint64_t id, int peer, const MessageKey& key, const void* data, std::size_t bytes,
                  Completion* done);
   /// A receive (recv.operand == nullptr) or a receive-and-reduce.

@@ -31,6 +31,9 @@ std::string Hub::check_header(const FrameHeader& h) const {
     case FrameKind::size_error:
       if (h.bytes > max_control_payload) return "control frame of " + std::to_string(h.bytes) + " bytes";
       return {};
+    case FrameKind::notice:
+      if (h.channel != static_cast<std::uint8_t>(Channel::collective)) return "notice outside the collective channel";
+      [[fallthrough]];
     case FrameKind::ack:
     case FrameKind::goodbye:
     case FrameKind::leave:
@@ -71,6 +74,7 @@ bool Hub::start_frame_locked(int g) {
     case FrameKind::ack:
     case FrameKind::goodbye:
     case FrameKind::leave:
+    case FrameKind::notice:
       break;  // acted on when the frame is complete (authenticated)
   }
   if (in.remaining == 0) {
@@ -227,6 +231,9 @@ void Hub::finish_frame_locked(int g) {
     }
   } else if (h.kind == FrameKind::leave) {
     if (CommState* c = frame_comm_locked(g, h.comm_id)) peer_left_locked(*c, h.comm_id, g);
+  } else if (h.kind == FrameKind::notice) {
+    if (CommState* c = frame_comm_locked(g, h.comm_id); c != nullptr && !c->failure)
+      check_signature_locked(*c, h.comm_id, g, h.seq, h.signature);
   } else if (h.kind == FrameKind::goodbye) {
     peer.departed = true;
     for (auto& [id, state] : comms_)

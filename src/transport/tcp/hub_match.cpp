@@ -100,6 +100,21 @@ void Hub::announce(std::uint64_t id, const Signature& signature) {
   if (disagreeing) report_mismatch_locked(c, id, disagreeing->first, disagreeing->second, mine);
 }
 
+void Hub::notify_signature(std::uint64_t id, int peer, std::uint64_t seq) {
+  std::lock_guard lock(mutex_);
+  CommState& c = comm_locked(id);
+  const WireSignature* mine = c.announced.find(seq);
+  const int g = c.members.at(static_cast<std::size_t>(peer));
+  if (mine == nullptr || g == rank_ || c.failure) return;
+  OutFrame frame;
+  frame.header.kind = FrameKind::notice;
+  frame.header.channel = static_cast<std::uint8_t>(Channel::collective);
+  frame.header.comm_id = id;
+  frame.header.seq = seq;
+  frame.header.signature = *mine;
+  enqueue_locked(g, std::move(frame));
+}
+
 void Hub::post_send(std::uint64_t id, int peer, const MessageKey& key, const void* data, std::size_t bytes,
                     Completion* done) {
   prepare(done, peer, key, true);

@@ -25,6 +25,7 @@ class TcpTransport final : public Transport {
   Kind kind() const override { return Kind::tcp; }
   std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) override;
   void announce(const Signature& signature) override { hub_->announce(id_, signature); }
+  void notify_signature(int peer, std::uint64_t seq) override { hub_->notify_signature(id_, peer, seq); }
   void post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) override {
     hub_->post_send(id_, peer, key, data, bytes, done);
   }

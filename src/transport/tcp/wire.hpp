@@ -23,6 +23,8 @@
 //   goodbye     orderly shutdown: the connection's end that follows is not a failure
 //   leave       this rank left communicator comm_id (destroyed its transport): operations that
 //               wait for it there fail at once
+//   notice      collective: `signature` is the sender's for call `seq` of comm_id, which the
+//               receiver compares with its own and then drops (no payload, nothing kept)
 #pragma once
 
 #include <cstdint>
@@ -45,7 +47,15 @@ inline constexpr std::uint16_t frame_compact = 1;
 /// Largest payload a sender puts in a compact frame; a compact frame claiming more is a corrupt stream.
 inline constexpr std::uint64_t max_compact_payload = 1024;
 
-enum class FrameKind : std::uint8_t { data = 1, abort = 2, size_error = 3, ack = 4, goodbye = 5, leave = 6 };
+enum class FrameKind : std::uint8_t {
+  data = 1,
+  abort = 2,
+  size_error = 3,
+  ack = 4,
+  goodbye = 5,
+  leave = 6,
+  notice = 7
+};
 
 struct FrameHeader {
   std::uint32_t magic = frame_magic;
