@@ -89,6 +89,10 @@ class CommImpl {
   /// hierarchical allreduce), apart from the pair whose queued steps hierarchical allreduce runs:
   /// calls on one pair never interleave with the other's. Collective at the first call (two splits).
   Hierarchy& caller_hierarchy();
+  /// Fails the communicator on every rank with `error` (through its transport: each rank's queue
+  /// fails its operations at its next progress), from outside its operations (a composite whose
+  /// steps run on this communicator learned of a failure elsewhere).
+  void abort_transport(const Error& error) { queue_->transport().abort(error, transport::no_seq); }
 
  private:
   /// The signature of `call` run with `algorithm`, with the communicator's next sequence number.

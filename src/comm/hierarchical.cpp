@@ -35,10 +35,35 @@ using StepOptions = std::function<Options(Collective, const Communicator&, std::
 // one after the other as each completes, then `done` runs. A native operation of this
 // communicator's queue, so it keeps issue order and is progressed (and timed, and aborted) like
 // any other; its steps are progressed by their own queues and by its `progress`.
+//
+// A failure can reach this communicator without reaching a step's: a rank waits on its host for
+// the host's leader while the leader's step across hosts fails (or this rank's own connection to
+// the lost host drops). So a rank waiting on a step also watches this communicator
+// (`parent_failed`), and a composite that goes with a step still outstanding (it failed, or its
+// caller gave up) aborts the steps' communicators, so that no step is left waiting for it or
+// writing into the caller's buffers later.
 class Composite final : public transport::NativeCollective {
  public:
   using Step = std::function<Request()>;
-  Composite(std::vector<Step> steps, std::function<void()> done) : steps_(std::move(steps)), done_(std::move(done)) {}
+  using Watch = std::function<std::optional<transport::Failure>()>;
+  Composite(std::vector<Step> steps, std::function<void()> done, std::vector<Communicator> step_comms,
+            Watch parent_failed)
+      : steps_(std::move(steps)),
+        done_(std::move(done)),
+        step_comms_(std::move(step_comms)),
+        parent_failed_(std::move(parent_failed)) {}
+  Composite(const Composite&) = delete;
+  Composite& operator=(const Composite&) = delete;
+  ~Composite() override {
+    if (!current_) return;
+    const auto failure = parent_failed_();
+    const Error error =
+        failure ? failure->error : Error(ErrorCode::aborted, "hierarchical allreduce: the call was abandoned mid-step");
+    for (const Communicator& comm : step_comms_) try {
+        Access::impl(comm)->abort_transport(error);
+      } catch (...) {  // a destructor: the step's communicator is failed or gone already
+      }
+  }
   bool progress() override {
     for (;;) {
       if (current_) {
@@ -55,15 +80,32 @@ class Composite final : public transport::NativeCollective {
   // Its steps complete on other communicators, whose completions do not wake this one's waiters.
   std::optional<std::chrono::microseconds> poll_period() const override { return std::chrono::microseconds(100); }
   // All of it on the calling thread, each step waited for on its own communicator (whose
-  // completions wake this thread, where polling the composite would wait up to a period a step).
+  // completions wake this thread, where polling the composite would wait up to a period a step),
+  // looking at this communicator every `watch_period` meanwhile: its failure passes to the
+  // step's communicators, whose wait then raises it.
   void run() {
-    while (next_ < steps_.size()) steps_[next_++]().wait();
+    while (next_ < steps_.size()) {
+      current_ = steps_[next_++]();
+      const auto since = std::chrono::steady_clock::now();
+      bool passed = false;
+      while (!current_->wait_for(watch_period, since)) {
+        if (passed) continue;
+        if (const auto failure = parent_failed_()) {
+          for (const Communicator& comm : step_comms_) Access::impl(comm)->abort_transport(failure->error);
+          passed = true;
+        }
+      }
+      current_.reset();
+    }
     if (done_) std::exchange(done_, nullptr)();
   }
 
  private:
+  static constexpr std::chrono::milliseconds watch_period{10};
   std::vector<Step> steps_;
   std::function<void()> done_;
+  std::vector<Communicator> step_comms_;
+  Watch parent_failed_;
   std::size_t next_ = 0;
   std::optional<Request> current_;
 };
@@ -198,7 +240,12 @@ Request CommImpl::start_hierarchical(const Call& call, bool blocking) {
     if (staging && count > 0) core::copy(recv, staging.get(), count * size_of(type));
     if (op == ReduceOp::avg && count > 0) reduce::divide(type, recv, count, p);
   };
-  auto run = std::make_shared<Composite>(std::move(steps), std::move(finish));
+  auto parent_failed = [queue = std::weak_ptr(queue_)]() -> std::optional<transport::Failure> {
+    const auto alive = queue.lock();  // none: the communicator is being destroyed
+    return alive ? alive->transport().aborted() : std::nullopt;
+  };
+  auto run = std::make_shared<Composite>(std::move(steps), std::move(finish),
+                                         std::vector<Communicator>{h.intra, h.inter}, std::move(parent_failed));
   const transport::Signature signature = next_signature(call, Algorithm::hierarchical);
   if (blocking && queue_->announce_when_idle(signature)) {  // nothing outstanding: no operation
     try {

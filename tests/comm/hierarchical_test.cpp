@@ -150,6 +150,44 @@ TEST(Hierarchical, AStepThatTimesOutFailsTheCallAndTheCommunicator) {
   EXPECT_EQ(failures, "");
 }
 
+// A failure that reaches a rank through the communicator but not through the step it waits in:
+// rank 2 (host b, local index 0) stays away; rank 0's step across hosts (with rank 2) times out
+// after 300 ms, while rank 1 has finished its own step across hosts (with rank 3) and waits on
+// host a for rank 0's half of the allgather, and rank 3 waits on host b for rank 2. Ranks 1 and 3
+// gave their call a 60 s timeout, yet both raise rank 0's error within a few seconds: a blocking
+// call watches its communicator while it waits in a step and passes the failure to the step's.
+TEST(Hierarchical, AFailureOnAnotherHostReachesARankWaitingOnItsOwnHost) {
+  const std::string failures = run_ranks(4, [](Communicator& comm) {
+    comm::set_host_for_testing(comm, comm.rank() < 2 ? "a" : "b");
+    std::vector<float> v(64, 1.0f);
+    comm.allreduce(v.data(), v.data(), v.size(), DataType::f32, ReduceOp::sum, {Algorithm::hierarchical, test_timeout});
+    for (float x : v) ASSERT_EQ(x, 4.0f);  // (the hierarchy is made)
+    if (comm.rank() == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    } else {
+      const auto timeout = comm.rank() == 0 ? std::chrono::milliseconds(300) : test_timeout;
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        comm.allreduce(v.data(), v.data(), v.size(), DataType::f32, ReduceOp::sum, {Algorithm::hierarchical, timeout});
+        ADD_FAILURE() << "rank " << comm.rank() << ": the allreduce without rank 2 succeeded";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::timeout) << "rank " << comm.rank() << ": " << e.what();
+        EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos)
+            << "rank " << comm.rank() << ": " << e.what();
+      }
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "rank " << comm.rank();
+    }
+    try {
+      comm.barrier({Algorithm::automatic, test_timeout});
+      ADD_FAILURE() << "rank " << comm.rank() << ": a call after the failed one succeeded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), comm.rank() == 2 ? ErrorCode::timeout : ErrorCode::aborted)
+          << "rank " << comm.rank() << ": " << e.what();
+    }
+  });
+  EXPECT_EQ(failures, "");
+}
+
 // Once the topology is known and the ranks span hosts with several on one, automatic runs a large
 // allreduce hierarchically (nonblocking, like any other choice) and a small one as before.
 TEST(Hierarchical, AutomaticChoosesItForLargeCallsAcrossHosts) {
