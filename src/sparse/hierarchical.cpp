@@ -19,7 +19,8 @@
 // where the topology is known): every way of moving pairs then moves more bytes than the dense
 // vector, and handles millions of pairs besides (at 50% density of 16M values on 2 x 2 hosts this
 // path took 2.0 s a call against the dense allreduce's 0.8). The communicators are the
-// caller-thread pair of CommImpl::caller_hierarchy, split at the first hierarchical call.
+// caller-thread pair of CommImpl::caller_hierarchy, split at the first hierarchical call. A step
+// that fails on one rank fails the pair and the communicator for every rank.
 #include <string>
 
 #include "comm/access.hpp"
@@ -115,7 +116,16 @@ Piece hierarchical(Context& ctx, Piece mine, const CostParams& cost) {
   tutti::comm::CommImpl& impl = *tutti::comm::Access::impl(ctx.comm);
   const bool uniform = impl.topology().uniform();
   Hierarchy& h = impl.caller_hierarchy();
-  return uniform ? by_ranges(ctx, h, std::move(mine), cost) : by_leaders(ctx, h, std::move(mine), cost);
+  try {
+    return uniform ? by_ranges(ctx, h, std::move(mine), cost) : by_leaders(ctx, h, std::move(mine), cost);
+  } catch (const Error& error) {
+    // A step failed here, where this rank's host peers may wait for it in a step of their own (the
+    // host's allgather while this rank's step across hosts failed): the pair and the communicator
+    // fail on every rank, at once rather than at each waiting rank's timeout.
+    for (tutti::Communicator* comm : {&h.intra, &h.inter}) tutti::comm::Access::impl(*comm)->abort_transport(error);
+    impl.abort_transport(error);
+    throw;
+  }
 }
 
 }  // namespace tutti::sparse::detail

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <functional>
 
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "comm/cost_model.hpp"
 #include "comm/tuning.hpp"
@@ -219,6 +220,38 @@ TEST(SparseAllreduce, HierarchicalAcrossHosts) {
     for (int h : placement.host) hosts += std::to_string(h);
     EXPECT_EQ(error, "") << "hosts of the ranks " << hosts;
   }
+}
+
+// A step that fails on one rank fails the hierarchy's pair and the communicator for every rank at
+// once: rank 2's communicator across hosts (with rank 0, local index 0 of hosts a and b) is
+// aborted before the call, so ranks 0 and 2 fail in their step across hosts while ranks 1 and 3,
+// whose step across hosts succeeds, wait inside their hosts for them. Everyone gave the call 60 s;
+// ranks 1 and 3 raise within a few seconds all the same, and the communicator is failed after.
+TEST(SparseAllreduce, HierarchicalStepFailureReachesTheHostPeersAtOnce) {
+  const Case c{.p = 4, .dim = 101, .nnz = 20, .pattern = Pattern::overlapping, .algorithm = Algorithm::hierarchical};
+  const std::string failures = run_ranks(4, [&](Communicator& comm) {
+    tutti::comm::set_host_for_testing(comm, comm.rank() < 2 ? "a" : "b");
+    const Input in = input_of(c, comm.rank());
+    const sparse::Options options{.algorithm = Algorithm::hierarchical, .timeout = test_timeout};
+    const std::string first = check(c, sparse_allreduce(comm, in.vector(), ReduceOp::sum, options), reference_of(c));
+    if (!first.empty()) throw std::runtime_error("before the failure: " + first);  // (the pair is made)
+    comm.barrier();
+    if (comm.rank() == 2)
+      tutti::comm::Access::impl(tutti::comm::Access::impl(comm)->caller_hierarchy().inter)
+          ->abort_transport(Error(ErrorCode::peer_failure, "injected: rank 2's step across hosts fails"));
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      (void)sparse_allreduce(comm, in.vector(), ReduceOp::sum, options);
+      ADD_FAILURE() << "rank " << comm.rank() << ": the allreduce with a failed step succeeded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::peer_failure) << "rank " << comm.rank() << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("injected"), std::string::npos)
+          << "rank " << comm.rank() << ": " << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "rank " << comm.rank();
+    EXPECT_THROW(comm.barrier(), Error) << "rank " << comm.rank();
+  });
+  EXPECT_EQ(failures, "");
 }
 
 // The dense allreduce builds and reduces large vectors in pieces that overlap
