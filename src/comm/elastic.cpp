@@ -225,27 +225,55 @@ struct Job::Impl {
     }
   }
 
-  // Takes this rank's place in generation g, once g is decided.
+  // Takes this rank's place in generation g, once g is decided, and builds g's communicator. A
+  // member of g that dies before it is built (between the rendezvous and tutti::init) fails the
+  // others' init: they meet again in generation g + 1, as after any failure (generation 0, the
+  // launch itself, fails instead).
   void enter(int g, const std::string& refused_as, const State* state = nullptr) {
-    const std::int64_t k = winner(g, state);
-    const int size = static_cast<int>(
-        core::parse_count(store->get(decision(g, k, "size"), options.timeout), "an elastic generation's size"));
-    if (size == 0) ended(store->get(decision(g, k, "reason"), options.timeout));
-    std::vector<std::string> roster;
-    int rank = -1;
-    for (int r = 0; r < size; ++r) {
-      roster.push_back(store->get(decision(g, k, "member/" + std::to_string(r)), options.timeout));
-      if (roster.back() == name) rank = r;
+    std::string was = refused_as;
+    for (;;) {
+      const std::int64_t k = winner(g, state);
+      const int size = static_cast<int>(
+          core::parse_count(store->get(decision(g, k, "size"), options.timeout), "an elastic generation's size"));
+      if (size == 0) ended(store->get(decision(g, k, "reason"), options.timeout));
+      std::vector<std::string> roster;
+      int rank = -1;
+      for (int r = 0; r < size; ++r) {
+        roster.push_back(store->get(decision(g, k, "member/" + std::to_string(r)), options.timeout));
+        if (roster.back() == name) rank = r;
+      }
+      if (rank < 0)
+        ended(name + was + " is not a member of generation " + std::to_string(g) +
+              ": the others went on without it (it arrived after generation " + std::to_string(g) +
+              "'s rendezvous closed)");
+      admitted = core::parse_count(store->get(decision(g, k, "admitted"), options.timeout), "admitted");
+      generation = g;
+      members = std::move(roster);
+      worlds.push_back(std::make_unique<bootstrap::PrefixStore>(*store, key(g, "world/")));
+      try {
+        world = tutti::init(*worlds.back(), rank, size, options.timeout);
+        return;
+      } catch (const Error& e) {
+        const bool lost = e.code() == ErrorCode::peer_failure || e.code() == ErrorCode::timeout;
+        if (g == 0 || !lost) throw;
+        core::log(core::LogLevel::warn, -1,
+                  "elastic: generation " + std::to_string(g) + "'s communicator was not built (" + e.what() +
+                      "): its ranks meet again");
+        was = " (rank " + std::to_string(rank) + " of generation " + std::to_string(g) + ")";
+        const std::string failure = "generation " + std::to_string(g) + " not built: " + e.what();
+        arrive(++g, failure, state);
+      }
     }
-    if (rank < 0)
-      ended(name + refused_as + " is not a member of generation " + std::to_string(g) +
-            ": the others went on without it (it arrived after generation " + std::to_string(g) +
-            "'s rendezvous closed)");
-    admitted = core::parse_count(store->get(decision(g, k, "admitted"), options.timeout), "admitted");
-    generation = g;
-    members = std::move(roster);
-    worlds.push_back(std::make_unique<bootstrap::PrefixStore>(*store, key(g, "world/")));
-    world = tutti::init(*worlds.back(), rank, size, options.timeout);
+  }
+
+  // This rank comes to generation g's rendezvous; the first to come closes it.
+  void arrive(int g, const std::string& failure, const State* state) {
+    const std::int64_t arrival = store->add(key(g, "arrived"), 1);
+    store->set(key(g, "arrival/" + std::to_string(arrival)), name);
+    if (arrival == 1 && store->add(key(g, "closers"), 1) == 1) {
+      store->set(key(g, "closer/1"), name);
+      close(g, 1, failure, state);
+    }
   }
 
   // Generation g's rendezvous, closed as its k-th closer (the first member of g−1 to arrive, or
@@ -369,12 +397,7 @@ void Job::rebuild(const std::string& failure, const State* state) {
   const std::string was =
       " (rank " + std::to_string(job.world.rank()) + " of generation " + std::to_string(job.generation) + ")";
   job.world = Communicator();
-  const std::int64_t arrival = job.store->add(job.key(g, "arrived"), 1);
-  job.store->set(job.key(g, "arrival/" + std::to_string(arrival)), job.name);
-  if (arrival == 1 && job.store->add(job.key(g, "closers"), 1) == 1) {
-    job.store->set(job.key(g, "closer/1"), job.name);
-    job.close(g, 1, failure, state);
-  }
+  job.arrive(g, failure, state);
   job.enter(g, was, state);
 }
 

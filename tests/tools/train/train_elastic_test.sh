@@ -137,6 +137,10 @@ case_host() {
     sleep 0.1
   done
   [[ -n $reached ]] || { cat "$tmp"/h*.out >"$tmp/out"; fail "$name" "training did not reach step 12"; kill -KILL "${hpids[@]}"; wait 2>/dev/null; return; }
+  # Both at once: stopped first (a stopped rank keeps its sockets, so neither sees the other go and
+  # comes to the next rendezvous before it dies too), then killed.
+  pkill -STOP -P "${hpids[2]}"
+  pkill -STOP -P "${hpids[3]}"
   pkill -KILL -P "${hpids[2]}"
   pkill -KILL -P "${hpids[3]}"
   wait "${hpids[0]}"
