@@ -59,14 +59,15 @@ namespace {
 constexpr std::uint32_t signature_index = ~std::uint32_t{0};  // reserved message index
 
 // Whether the call's own messages do the signature ring's work: the transport checks the
-// sender's signature on every message it delivers, and every rank's schedule of this call sends to
-// rank + 1 and receives from rank - 1 with nothing before (schedule::opens_with_ring_exchange,
-// decided from the signature alone, so that no rank waits for a signature message another does
-// not send). Where two ranks disagree, each one's first message still carries its signature to
-// the next rank, which aborts all on the difference, as the ring's message would.
+// sender's signature on every message it delivers (and shared memory compares every pair of a
+// host's ranks), and wherever the ranks divide into some that run this call and others that run
+// another, some rank of this call sends to one of the others before it waits for them
+// (schedule::messages_cross_every_cut, decided from the signature alone, so that no rank waits
+// for a signature message another does not send). That message shows the difference on arrival,
+// and its receiver aborts all, as the ring's message would.
 bool messages_carry_signatures(const transport::Transport& transport, const transport::Signature& signature) {
   return transport.checks_message_signatures() &&
-         schedule::opens_with_ring_exchange(signature.algorithm, signature.collective, signature.count,
+         schedule::messages_cross_every_cut(signature.algorithm, signature.collective, signature.count,
                                             transport.size());
 }
 

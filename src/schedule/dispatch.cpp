@@ -90,17 +90,22 @@ Schedule make(Algorithm algorithm, const Params& params) {
   return entry->generator(params);
 }
 
-bool opens_with_ring_exchange(Algorithm algorithm, Collective collective, std::size_t count, int size) {
-  if (size < 2 || count == 0) return false;
+bool messages_cross_every_cut(Algorithm algorithm, Collective collective, std::size_t count, int size) {
+  if (size < 2) return false;
+  const bool power_of_two = (size & (size - 1)) == 0;
   switch (collective) {
     case Collective::allreduce:  // the ring's reduce-scatter sends block r - k: none may be empty
       return (algorithm == Algorithm::ring && count >= static_cast<std::size_t>(size)) ||
-             (algorithm == Algorithm::recursive_doubling && size == 2);
+             (algorithm == Algorithm::recursive_doubling && power_of_two && count > 0);
     case Collective::reduce_scatter:  // count: each rank's block, so none is empty
-    case Collective::allgather:       // (recursive doubling copies its own block first)
-      return algorithm == Algorithm::ring;
+      return algorithm == Algorithm::ring && count > 0;
+    case Collective::allgather:  // round 0 of Bruck's: the own block to rank - 1, with nothing before
+      return count > 0 && (algorithm == Algorithm::ring || algorithm == Algorithm::bruck ||
+                           (algorithm == Algorithm::recursive_doubling && power_of_two));
     case Collective::alltoall:  // step 1 of p - 1: block r + 1 out, block r - 1 in (count: each block's)
-      return algorithm == Algorithm::pairwise;
+      return algorithm == Algorithm::pairwise && count > 0;
+    case Collective::barrier:  // round 0 signals rank + 1 with nothing before (no data, yet a message)
+      return algorithm == Algorithm::bruck;
     default:
       return false;
   }

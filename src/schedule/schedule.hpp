@@ -116,11 +116,18 @@ std::vector<Algorithm> algorithms_for(Collective collective);
 /// This rank's schedule. Throws Error(unsupported) if the algorithm does not serve the collective.
 Schedule make(Algorithm algorithm, const Params& params);
 
-/// Whether every rank's schedule of this call opens with a message to rank + 1 and one from
-/// rank - 1, both with nothing before them: the ring's first step with no empty block, or a
-/// pairwise exchange at p = 2. A function of the call alone (not of the rank), so that all ranks
-/// of a call decide alike; schedule_test checks it against the generators.
-bool opens_with_ring_exchange(Algorithm algorithm, Collective collective, std::size_t count, int size);
+/// Whether, where ranks run this call and the others anything else, some rank of this call always
+/// sends a message to one of the others before it waits for anything from them: for every way of
+/// dividing the ranks, the ranks on one side, receiving only from each other, still send across.
+/// Where messages carry their sender's signature and are checked on arrival, a call for which this
+/// holds needs no signature ring: ranks that disagree exchange a message that shows it. True for
+/// calls that open with a ring (the ring algorithms with no empty block, a pairwise alltoall,
+/// Bruck's allgather and dissemination barrier: round 0 is a ring) and for recursive doubling over
+/// a power of two (the first round whose partners lie across the division is reached by every rank
+/// on this side, its partners in earlier rounds being on the same side). A function of the call
+/// alone, not of the rank, so that all ranks of a call decide alike; schedule_test checks it
+/// against the generators for every division of up to 9 ranks and 16.
+bool messages_cross_every_cut(Algorithm algorithm, Collective collective, std::size_t count, int size);
 
 /// Counts on the critical path of a whole call (all ranks' schedules together), under the
 /// α-β-γ model: time = α·rounds + β·bytes + γ·elements.

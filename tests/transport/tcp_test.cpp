@@ -387,12 +387,12 @@ TEST(TcpConnect, TimesOutNamingTheMissingRanks) {
   }
 }
 
-// A ring allreduce (and one at p = 2 by recursive doubling), and a pairwise alltoall, send no
-// signature message over TCP: the first message to the next rank carries the signature in its
-// frame. A rank that calls with another count, with a count that keeps the signature ring (fewer
-// elements than ranks, an empty alltoall), or with another collective that moves the same bytes,
-// is still caught, on every rank, at once and as a mismatch, with no rank left waiting for a
-// signature message that was never sent.
+// A ring allreduce, recursive doubling over a power of two, Bruck's allgather and barrier, and a
+// pairwise alltoall send no signature message over TCP: ranks that disagree always exchange a
+// message, whose frame carries the sender's signature. A rank (or half the ranks) that calls with
+// another count, with a count that keeps the signature ring (fewer elements than ranks, an empty
+// call), or with another collective, is still caught, on every rank, at once and as a mismatch,
+// with no rank left waiting for a signature message that was never sent.
 TEST(TcpFailure, MismatchedRingCallsAreCaughtWithoutTheSignatureRing) {
   struct Odd {
     int p;
@@ -400,6 +400,8 @@ TEST(TcpFailure, MismatchedRingCallsAreCaughtWithoutTheSignatureRing) {
     Algorithm algorithm;
     std::size_t count, odd_count;
     Collective odd_collective = collective;
+    int odd_from = 1;  // the odd ranks: odd_from to odd_to (rank 1 alone, or some half)
+    int odd_to = 1;
   };
   const Odd cases[] = {Odd{3, Collective::allreduce, Algorithm::ring, 40, 41},
                        Odd{3, Collective::allreduce, Algorithm::ring, 40, 2},
@@ -408,14 +410,22 @@ TEST(TcpFailure, MismatchedRingCallsAreCaughtWithoutTheSignatureRing) {
                        Odd{2, Collective::allreduce, Algorithm::recursive_doubling, 8, 0},
                        Odd{3, Collective::alltoall, Algorithm::pairwise, 4, 5},
                        Odd{4, Collective::alltoall, Algorithm::pairwise, 4, 0},
-                       Odd{2, Collective::alltoall, Algorithm::pairwise, 4, 4, Collective::allgather}};
+                       Odd{2, Collective::alltoall, Algorithm::pairwise, 4, 4, Collective::allgather},
+                       Odd{4, Collective::allreduce, Algorithm::recursive_doubling, 8, 9},
+                       Odd{4, Collective::allreduce, Algorithm::recursive_doubling, 8, 9, Collective::allreduce, 2, 3},
+                       Odd{8, Collective::allreduce, Algorithm::recursive_doubling, 8, 9, Collective::allreduce, 4, 7},
+                       Odd{4, Collective::allreduce, Algorithm::recursive_doubling, 8, 0, Collective::barrier},
+                       Odd{4, Collective::allgather, Algorithm::recursive_doubling, 4, 5, Collective::allgather, 1, 2},
+                       Odd{3, Collective::allgather, Algorithm::bruck, 4, 5},
+                       Odd{3, Collective::barrier, Algorithm::bruck, 0, 4, Collective::allgather},
+                       Odd{5, Collective::barrier, Algorithm::bruck, 0, 4, Collective::allreduce, 3, 4}};
   for (const Odd c : cases) {
     auto comms = make_group(c.p);
     std::atomic<int> caught{0};
     const auto start = Clock::now();
     const auto p = static_cast<std::size_t>(c.p);
     const std::string failures = run_ranks(comms, [&](Communicator& comm) {
-      const bool odd = comm.rank() == 1;
+      const bool odd = comm.rank() >= c.odd_from && comm.rank() <= c.odd_to;
       const std::size_t n = odd ? c.odd_count : c.count;
       std::vector<float> in(p * n + 1, 1.0f), out(p * n + 1, 0.0f);
       const Options options{odd && c.odd_collective != c.collective ? Algorithm::ring : c.algorithm, op_timeout};
@@ -426,6 +436,9 @@ TEST(TcpFailure, MismatchedRingCallsAreCaughtWithoutTheSignatureRing) {
             break;
           case Collective::alltoall:
             comm.alltoall(in.data(), out.data(), n, DataType::f32, options);
+            break;
+          case Collective::barrier:
+            comm.barrier({Algorithm::bruck, op_timeout});
             break;
           default:
             comm.allgather(in.data(), out.data(), n, DataType::f32, options);
