@@ -96,9 +96,10 @@ bool messages_cross_every_cut(Algorithm algorithm, Collective collective, std::s
   switch (collective) {
     case Collective::allreduce:  // the ring's reduce-scatter sends block r - k: none may be empty
       return (algorithm == Algorithm::ring && count >= static_cast<std::size_t>(size)) ||
-             (algorithm == Algorithm::recursive_doubling && power_of_two && count > 0);
+             (algorithm == Algorithm::recursive_doubling && power_of_two && count > 0) ||
+             (algorithm == Algorithm::rabenseifner && power_of_two && count >= static_cast<std::size_t>(size));
     case Collective::reduce_scatter:  // count: each rank's block, so none is empty
-      return algorithm == Algorithm::ring && count > 0;
+      return (algorithm == Algorithm::ring || (algorithm == Algorithm::rabenseifner && power_of_two)) && count > 0;
     case Collective::allgather:  // round 0 of Bruck's: the own block to rank - 1, with nothing before
       return count > 0 && (algorithm == Algorithm::ring || algorithm == Algorithm::bruck ||
                            (algorithm == Algorithm::recursive_doubling && power_of_two));

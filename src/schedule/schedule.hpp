@@ -122,9 +122,10 @@ Schedule make(Algorithm algorithm, const Params& params);
 /// Where messages carry their sender's signature and are checked on arrival, a call for which this
 /// holds needs no signature ring: ranks that disagree exchange a message that shows it. True for
 /// calls that open with a ring (the ring algorithms with no empty block, a pairwise alltoall,
-/// Bruck's allgather and dissemination barrier: round 0 is a ring) and for recursive doubling over
-/// a power of two (the first round whose partners lie across the division is reached by every rank
-/// on this side, its partners in earlier rounds being on the same side). A function of the call
+/// Bruck's allgather and dissemination barrier: round 0 is a ring) and for the pairwise rounds of
+/// recursive doubling and of Rabenseifner's halving over a power of two, no piece empty (the first
+/// round whose partners lie across the division is reached by every rank on this side, its
+/// partners in earlier rounds being on the same side). A function of the call
 /// alone, not of the rank, so that all ranks of a call decide alike; schedule_test checks it
 /// against the generators for every division of up to 9 ranks and 16.
 bool messages_cross_every_cut(Algorithm algorithm, Collective collective, std::size_t count, int size);

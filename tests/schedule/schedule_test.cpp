@@ -128,8 +128,8 @@ TEST(SignatureRing, LeftOutOnlyWhereEveryDivisionOfTheRanksIsCrossed) {
   std::uint64_t seed = 0x9e3779b97f4a7c15;
   for (const Case c :
        {Case{Collective::allreduce, Algorithm::ring}, Case{Collective::allreduce, Algorithm::recursive_doubling},
-        Case{Collective::reduce_scatter, Algorithm::ring}, Case{Collective::allgather, Algorithm::ring},
-        Case{Collective::allgather, Algorithm::recursive_doubling},
+        Case{Collective::reduce_scatter, Algorithm::ring}, Case{Collective::reduce_scatter, Algorithm::rabenseifner},
+        Case{Collective::allgather, Algorithm::ring}, Case{Collective::allgather, Algorithm::recursive_doubling},
         Case{Collective::allreduce, Algorithm::rabenseifner}, Case{Collective::allgather, Algorithm::bruck},
         Case{Collective::alltoall, Algorithm::pairwise}, Case{Collective::alltoall, Algorithm::bruck},
         Case{Collective::barrier, Algorithm::bruck}})

@@ -387,12 +387,13 @@ TEST(TcpConnect, TimesOutNamingTheMissingRanks) {
   }
 }
 
-// A ring allreduce, recursive doubling over a power of two, Bruck's allgather and barrier, and a
-// pairwise alltoall send no signature message over TCP: ranks that disagree always exchange a
-// message, whose frame carries the sender's signature. A rank (or half the ranks) that calls with
-// another count, with a count that keeps the signature ring (fewer elements than ranks, an empty
-// call), or with another collective, is still caught, on every rank, at once and as a mismatch,
-// with no rank left waiting for a signature message that was never sent.
+// A ring allreduce, recursive doubling and Rabenseifner over a power of two, Bruck's allgather
+// and barrier, and a pairwise alltoall send no signature message over TCP: ranks that disagree
+// always exchange a message, whose frame carries the sender's signature. A rank (or half the
+// ranks) that calls with another count, with a count that keeps the signature ring (fewer
+// elements than ranks, an empty call), or with another collective, is still caught, on every
+// rank, at once and as a mismatch, with no rank left waiting for a signature message that was
+// never sent.
 TEST(TcpFailure, MismatchedRingCallsAreCaughtWithoutTheSignatureRing) {
   struct Odd {
     int p;
@@ -417,6 +418,8 @@ TEST(TcpFailure, MismatchedRingCallsAreCaughtWithoutTheSignatureRing) {
                        Odd{4, Collective::allreduce, Algorithm::recursive_doubling, 8, 0, Collective::barrier},
                        Odd{4, Collective::allgather, Algorithm::recursive_doubling, 4, 5, Collective::allgather, 1, 2},
                        Odd{3, Collective::allgather, Algorithm::bruck, 4, 5},
+                       Odd{4, Collective::allreduce, Algorithm::rabenseifner, 40, 44, Collective::allreduce, 2, 3},
+                       Odd{4, Collective::reduce_scatter, Algorithm::rabenseifner, 4, 5},
                        Odd{3, Collective::barrier, Algorithm::bruck, 0, 4, Collective::allgather},
                        Odd{5, Collective::barrier, Algorithm::bruck, 0, 4, Collective::allreduce, 3, 4}};
   for (const Odd c : cases) {
@@ -439,6 +442,9 @@ TEST(TcpFailure, MismatchedRingCallsAreCaughtWithoutTheSignatureRing) {
             break;
           case Collective::barrier:
             comm.barrier({Algorithm::bruck, op_timeout});
+            break;
+          case Collective::reduce_scatter:
+            comm.reduce_scatter(in.data(), out.data(), n, DataType::f32, ReduceOp::sum, options);
             break;
           default:
             comm.allgather(in.data(), out.data(), n, DataType::f32, options);
