@@ -84,6 +84,9 @@ class CommImpl {
   struct Hierarchy {
     Communicator intra;  // the ranks of my host, in rank order
     Communicator inter;  // the ranks with my local index, one per host
+    /// Fails both on every rank with `error` (a step failed, here or on the caller's communicator,
+    /// or was abandoned), so that no rank waits in a step for this one; never throws.
+    void abort(const Error& error) const noexcept;
   };
   /// A pair of its own for layers that run their steps on the caller's thread (the sparse layer's
   /// hierarchical allreduce), apart from the pair whose queued steps hierarchical allreduce runs:

@@ -46,8 +46,7 @@ class Composite final : public transport::NativeCollective {
  public:
   using Step = std::function<Request()>;
   using Watch = std::function<std::optional<transport::Failure>()>;
-  Composite(std::vector<Step> steps, std::function<void()> done, std::vector<Communicator> step_comms,
-            Watch parent_failed)
+  Composite(std::vector<Step> steps, std::function<void()> done, CommImpl::Hierarchy step_comms, Watch parent_failed)
       : steps_(std::move(steps)),
         done_(std::move(done)),
         step_comms_(std::move(step_comms)),
@@ -57,12 +56,8 @@ class Composite final : public transport::NativeCollective {
   ~Composite() override {
     if (!current_) return;
     const auto failure = parent_failed_();
-    const Error error =
-        failure ? failure->error : Error(ErrorCode::aborted, "hierarchical allreduce: the call was abandoned mid-step");
-    for (const Communicator& comm : step_comms_) try {
-        Access::impl(comm)->abort_transport(error);
-      } catch (...) {  // a destructor: the step's communicator is failed or gone already
-      }
+    step_comms_.abort(failure ? failure->error
+                              : Error(ErrorCode::aborted, "hierarchical allreduce: the call was abandoned mid-step"));
   }
   bool progress() override {
     for (;;) {
@@ -91,7 +86,7 @@ class Composite final : public transport::NativeCollective {
       while (!current_->wait_for(watch_period, since)) {
         if (passed) continue;
         if (const auto failure = parent_failed_()) {
-          for (const Communicator& comm : step_comms_) Access::impl(comm)->abort_transport(failure->error);
+          step_comms_.abort(failure->error);
           passed = true;
         }
       }
@@ -104,7 +99,7 @@ class Composite final : public transport::NativeCollective {
   static constexpr std::chrono::milliseconds watch_period{10};
   std::vector<Step> steps_;
   std::function<void()> done_;
-  std::vector<Communicator> step_comms_;
+  CommImpl::Hierarchy step_comms_;
   Watch parent_failed_;
   std::size_t next_ = 0;
   std::optional<Request> current_;
@@ -176,6 +171,13 @@ CommImpl::Hierarchy split_hierarchy(CommImpl& comm) {
 
 }  // namespace
 
+void CommImpl::Hierarchy::abort(const Error& error) const noexcept {
+  for (const Communicator* comm : {&intra, &inter}) try {
+      Access::impl(*comm)->abort_transport(error);
+    } catch (...) {  // failed or gone already: nothing waits on it
+    }
+}
+
 void set_host_for_testing(Communicator& comm, std::string host) {
   if (Access::impl(comm) == nullptr)
     throw Error(ErrorCode::invalid_argument, "set_host_for_testing: the communicator is empty");
@@ -244,8 +246,7 @@ Request CommImpl::start_hierarchical(const Call& call, bool blocking) {
     const auto alive = queue.lock();  // none: the communicator is being destroyed
     return alive ? alive->transport().aborted() : std::nullopt;
   };
-  auto run = std::make_shared<Composite>(std::move(steps), std::move(finish),
-                                         std::vector<Communicator>{h.intra, h.inter}, std::move(parent_failed));
+  auto run = std::make_shared<Composite>(std::move(steps), std::move(finish), h, std::move(parent_failed));
   const transport::Signature signature = next_signature(call, Algorithm::hierarchical);
   if (blocking && queue_->announce_when_idle(signature)) {  // nothing outstanding: no operation
     try {

@@ -125,9 +125,9 @@ Schedule make(Algorithm algorithm, const Params& params);
 /// Bruck's allgather and dissemination barrier: round 0 is a ring) and for the pairwise rounds of
 /// recursive doubling and of Rabenseifner's halving over a power of two, no piece empty (the first
 /// round whose partners lie across the division is reached by every rank on this side, its
-/// partners in earlier rounds being on the same side). A function of the call
-/// alone, not of the rank, so that all ranks of a call decide alike; schedule_test checks it
-/// against the generators for every division of up to 9 ranks and 16.
+/// partners in earlier rounds being on the same side). A function of the call alone, not of the
+/// rank, so that all ranks of a call decide alike; schedule_test checks it against the generators
+/// for every division of up to 9 ranks and 16.
 bool messages_cross_every_cut(Algorithm algorithm, Collective collective, std::size_t count, int size);
 
 /// Counts on the critical path of a whole call (all ranks' schedules together), under the

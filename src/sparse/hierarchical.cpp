@@ -122,7 +122,7 @@ Piece hierarchical(Context& ctx, Piece mine, const CostParams& cost) {
     // A step failed here, where this rank's host peers may wait for it in a step of their own (the
     // host's allgather while this rank's step across hosts failed): the pair and the communicator
     // fail on every rank, at once rather than at each waiting rank's timeout.
-    for (tutti::Communicator* comm : {&h.intra, &h.inter}) tutti::comm::Access::impl(*comm)->abort_transport(error);
+    h.abort(error);
     impl.abort_transport(error);
     throw;
   }
