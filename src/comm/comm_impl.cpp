@@ -207,12 +207,21 @@ Request CommImpl::start_schedule(const Call& call, Algorithm algorithm, const Ex
   }
   if (staging.input) op->own(std::move(staging.input));
   if (staging.output) op->own(std::move(staging.output));
-  return submit(std::move(op), blocking);
+  return submit_collective(std::move(op), blocking);
 }
 
-Request CommImpl::submit(std::unique_ptr<exec::Operation> op, bool blocking) {
+Request CommImpl::submit(std::shared_ptr<exec::Operation> op, bool blocking) {
   auto shared = queue_->submit(std::move(op), blocking);
   return Request(std::make_shared<exec::RequestState>(queue_, std::move(shared)));
+}
+
+// A blocking collective's caller waits at once (Communicator's blocking forms): it waits here,
+// and the empty Request it gets back returns from wait() at once; no handle is made for it.
+Request CommImpl::submit_collective(std::shared_ptr<exec::Operation> op, bool blocking) {
+  if (!blocking) return submit(std::move(op), blocking);
+  const auto shared = queue_->submit(std::move(op), blocking);
+  queue_->wait(*shared, std::nullopt);
+  return Request();
 }
 
 std::chrono::milliseconds CommImpl::timeout_of(const Call& call) const {
@@ -258,7 +267,7 @@ Request CommImpl::start_native(const Call& call, Algorithm algorithm, bool block
   }
   auto op = exec::Operation::native(signature, std::move(run));
   op->timeout = timeout;
-  return submit(std::move(op), blocking);
+  return submit_collective(std::move(op), blocking);
 }
 
 namespace {
@@ -287,7 +296,7 @@ Request CommImpl::start_point_to_point(bool is_send, const void* data, std::size
 }
 
 Request CommImpl::start_message(const exec::PointToPoint& message, bool blocking) {
-  std::unique_ptr<exec::Operation> op;
+  std::shared_ptr<exec::Operation> op;
   if (message.is_send) {
     op =
         exec::Operation::point_to_point(queue_->transport(), message, queue_->next_send_key(message.peer, message.tag));

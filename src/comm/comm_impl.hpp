@@ -110,7 +110,8 @@ class CommImpl {
   };
   exec::Operation::Buffers map_buffers(const Call& call, const Extents& extents, Staging& staging) const;
   std::chrono::milliseconds timeout_of(const Call& call) const;
-  Request submit(std::unique_ptr<exec::Operation> op, bool blocking);
+  Request submit(std::shared_ptr<exec::Operation> op, bool blocking);
+  Request submit_collective(std::shared_ptr<exec::Operation> op, bool blocking);
   Request start_message(const exec::PointToPoint& message, bool blocking);
   /// The three ways a call runs: a schedule over the transport, a collective the transport runs
   /// itself (direct, mpi), or hierarchical's steps on the intra- and inter-host communicators.

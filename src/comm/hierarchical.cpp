@@ -260,7 +260,7 @@ Request CommImpl::start_hierarchical(const Call& call, bool blocking) {
   }
   auto operation = exec::Operation::native(signature, run);
   operation->timeout = timeout;
-  return submit(std::move(operation), blocking);
+  return submit_collective(std::move(operation), blocking);
 }
 
 }  // namespace tutti::comm

@@ -25,13 +25,13 @@ void Operation::finish_with(const Error& error) {
   finished_ = true;
 }
 
-std::unique_ptr<Operation> Operation::collective(transport::Transport& transport, std::shared_ptr<const Plan> plan,
+std::shared_ptr<Operation> Operation::collective(transport::Transport& transport, std::shared_ptr<const Plan> plan,
                                                  Buffers buffers, DataType type, ReduceOp op,
                                                  transport::Signature signature) {
-  return std::make_unique<ScheduleOperation>(transport, std::move(plan), buffers, type, op, signature);
+  return std::make_shared<ScheduleOperation>(transport, std::move(plan), buffers, type, op, signature);
 }
 
-std::unique_ptr<Operation> Operation::collective(transport::Transport& transport, schedule::Schedule schedule,
+std::shared_ptr<Operation> Operation::collective(transport::Transport& transport, schedule::Schedule schedule,
                                                  Buffers buffers, DataType type, ReduceOp op,
                                                  transport::Signature signature) {
   return collective(transport, Plan::collective(transport, std::move(schedule), signature, size_of(type)), buffers,
@@ -44,14 +44,14 @@ std::string PointToPoint::describe() const {
          (peer == any_peer ? std::string("any") : std::to_string(peer)) + ", tag " + std::to_string(tag) + ")";
 }
 
-std::unique_ptr<Operation> Operation::point_to_point(transport::Transport& transport, const PointToPoint& message,
+std::shared_ptr<Operation> Operation::point_to_point(transport::Transport& transport, const PointToPoint& message,
                                                      transport::MessageKey key) {
-  return std::make_unique<ScheduleOperation>(transport, message, key);
+  return std::make_shared<ScheduleOperation>(transport, message, key);
 }
 
-std::unique_ptr<Operation> Operation::native(transport::Signature signature,
+std::shared_ptr<Operation> Operation::native(transport::Signature signature,
                                              std::shared_ptr<transport::NativeCollective> run) {
-  return std::make_unique<NativeOperation>(signature, std::move(run));
+  return std::make_shared<NativeOperation>(signature, std::move(run));
 }
 
 namespace {
@@ -204,12 +204,19 @@ ScheduleOperation::ScheduleOperation(transport::Transport& transport, const Poin
 // The state of this run: what its steps still wait for, and their completions and scratch.
 void ScheduleOperation::start_run() {
   const std::size_t n = schedule().steps.size();
-  remaining_deps_ = plan_->deps_count;
-  ready_ = plan_->first_ready;
-  in_flight_.reserve(ready_.size());
-  completions_ = std::make_unique<Completion[]>(n);
-  if (schedule().scratch_count > 0)
-    scratch_ = std::make_unique_for_overwrite<std::byte[]>(schedule().scratch_count * elem_size_);
+  remaining_deps_.reset(n);
+  std::copy(plan_->deps_count.begin(), plan_->deps_count.end(), remaining_deps_.data());
+  ready_.reset(n);
+  for (std::uint32_t index : plan_->first_ready) ready_.push_back(index);
+  in_flight_.reset(n);
+  completions_.reset(n);
+  const std::size_t scratch_bytes = schedule().scratch_count * elem_size_;
+  if (scratch_bytes > inline_scratch) {
+    heap_scratch_ = std::make_unique_for_overwrite<std::byte[]>(scratch_bytes);
+    scratch_ = heap_scratch_.get();
+  } else if (scratch_bytes > 0) {
+    scratch_ = inline_scratch_;
+  }
 }
 
 std::byte* ScheduleOperation::address(const schedule::Region& region) const {
@@ -222,7 +229,7 @@ std::byte* ScheduleOperation::address(const schedule::Region& region) const {
       base = output_;
       break;
     case Buffer::scratch:
-      base = scratch_.get();
+      base = scratch_;
       break;
   }
   return base == nullptr ? nullptr : base + region.offset * elem_size_;

@@ -6,6 +6,7 @@
 // Not thread-safe: the owning OperationQueue serializes calls under its lock.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -84,19 +85,19 @@ class Operation {
   };
 
   /// A collective: runs `plan` (Plan::collective of the same signature) on `buffers`.
-  static std::unique_ptr<Operation> collective(transport::Transport& transport, std::shared_ptr<const Plan> plan,
+  static std::shared_ptr<Operation> collective(transport::Transport& transport, std::shared_ptr<const Plan> plan,
                                                Buffers buffers, DataType type, ReduceOp op,
                                                transport::Signature signature);
   /// The same, planning `schedule` for this one run (message indices numbered per peer in list order).
-  static std::unique_ptr<Operation> collective(transport::Transport& transport, schedule::Schedule schedule,
+  static std::shared_ptr<Operation> collective(transport::Transport& transport, schedule::Schedule schedule,
                                                Buffers buffers, DataType type, ReduceOp op,
                                                transport::Signature signature);
   /// Point to point: one send or receive with an explicit key.
-  static std::unique_ptr<Operation> point_to_point(transport::Transport& transport, const PointToPoint& message,
+  static std::shared_ptr<Operation> point_to_point(transport::Transport& transport, const PointToPoint& message,
                                                    transport::MessageKey key);
   /// A collective the transport runs itself (Transport::start_native) or a composite of
   /// collectives on other communicators.
-  static std::unique_ptr<Operation> native(transport::Signature signature,
+  static std::shared_ptr<Operation> native(transport::Signature signature,
                                            std::shared_ptr<transport::NativeCollective> run);
 
   virtual ~Operation() = default;
@@ -152,6 +153,50 @@ class Operation {
   std::atomic<int> source_{-1};
 };
 
+/// `n` default-constructed elements of T fixed at reset(n): inside the object when n <= N (no
+/// allocation: the runs of small calls fit), else on the heap. Never moves (its address is handed out).
+template <class T, std::size_t N>
+class RunArray {
+ public:
+  RunArray() = default;
+  RunArray(const RunArray&) = delete;
+  RunArray& operator=(const RunArray&) = delete;
+  void reset(std::size_t n) {
+    heap_ = n <= N ? nullptr : std::make_unique<T[]>(n);
+    data_ = heap_ ? heap_.get() : inline_.data();
+  }
+  T* data() const { return data_; }
+  T& operator[](std::size_t i) const { return data_[i]; }
+
+ private:
+  std::array<T, N> inline_{};
+  std::unique_ptr<T[]> heap_;
+  T* data_ = inline_.data();
+};
+
+/// A stack of step indices that never holds more than the schedule's steps (each enters once).
+template <std::size_t N>
+class StepStack {
+ public:
+  void reset(std::size_t capacity) {
+    slots_.reset(capacity);
+    size_ = 0;
+  }
+  bool empty() const { return size_ == 0; }
+  std::size_t size() const { return size_; }
+  std::uint32_t& operator[](std::size_t i) const { return slots_[i]; }
+  std::uint32_t back() const { return slots_[size_ - 1]; }
+  void push_back(std::uint32_t index) { slots_[size_++] = index; }
+  void pop_back() { --size_; }
+  void clear() { size_ = 0; }
+  const std::uint32_t* begin() const { return slots_.data(); }
+  const std::uint32_t* end() const { return slots_.data() + size_; }
+
+ private:
+  RunArray<std::uint32_t, N> slots_;
+  std::size_t size_ = 0;
+};
+
 /// A schedule run over a transport: a collective (with its signature check) or point to point.
 class ScheduleOperation final : public Operation {
  public:
@@ -182,12 +227,17 @@ class ScheduleOperation final : public Operation {
   std::optional<PointToPoint> message_;  // point to point
   const std::byte* input_ = nullptr;
   std::byte* output_ = nullptr;
-  std::unique_ptr<std::byte[]> scratch_;
+  // A small call's run allocates nothing beyond the operation: up to `inline_steps` steps and
+  // `inline_scratch` bytes of scratch (the signature ring's two signatures) live inside it.
+  static constexpr std::size_t inline_steps = 8, inline_scratch = 128;
+  alignas(16) std::byte inline_scratch_[inline_scratch];
+  std::unique_ptr<std::byte[]> heap_scratch_;
+  std::byte* scratch_ = nullptr;
 
-  std::vector<std::uint32_t> remaining_deps_;
-  std::unique_ptr<transport::Completion[]> completions_;
+  RunArray<std::uint32_t, inline_steps> remaining_deps_;
+  RunArray<transport::Completion, inline_steps> completions_;
   std::vector<std::unique_ptr<std::byte[]>> staging_;  // per step once one needs it (no native recv_reduce)
-  std::vector<std::uint32_t> ready_, in_flight_;
+  StepStack<inline_steps> ready_, in_flight_;
   std::size_t completed_ = 0;
   // Plan::notice_recv posted and still waiting: when to name this call to the sender.
   std::optional<std::chrono::steady_clock::time_point> notice_due_;

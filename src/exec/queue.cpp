@@ -45,8 +45,8 @@ std::optional<transport::MessageKey> OperationQueue::take_direct_recv_key(int pe
   return matcher_.take_key(peer, tag);
 }
 
-std::unique_ptr<Operation> OperationQueue::make_matched_recv(const PointToPoint& message) {
-  return std::make_unique<MatchedRecv>(*transport_, matcher_, message);
+std::shared_ptr<Operation> OperationQueue::make_matched_recv(const PointToPoint& message) {
+  return std::make_shared<MatchedRecv>(*transport_, matcher_, message);
 }
 
 bool OperationQueue::run_messages(std::span<const PointToPoint> messages, std::chrono::milliseconds timeout) {
@@ -109,8 +109,8 @@ bool OperationQueue::run_messages(std::span<const PointToPoint> messages, std::c
   }
 }
 
-std::shared_ptr<Operation> OperationQueue::submit(std::unique_ptr<Operation> op, bool blocking) {
-  std::shared_ptr<Operation> shared(std::move(op));
+std::shared_ptr<Operation> OperationQueue::submit(std::shared_ptr<Operation> op, bool blocking) {
+  std::shared_ptr<Operation> shared = std::move(op);
   std::lock_guard lock(mutex_);
   if (shared->ordered()) {
     shared->ordinal = next_ordinal_++;

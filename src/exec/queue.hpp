@@ -45,7 +45,7 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   /// source of that tag is unresolved, or a message from `peer` was kept by one.
   std::optional<transport::MessageKey> take_direct_recv_key(int peer, int tag);
   /// A receive through the matcher: from `peer`, or from any source (peer = MatchedRecv::any_peer).
-  std::unique_ptr<Operation> make_matched_recv(const PointToPoint& message);
+  std::shared_ptr<Operation> make_matched_recv(const PointToPoint& message);
 
   /// A blocking send, receive or both (sendrecv) that the caller runs itself, without an
   /// operation object: posts them (each receive from a named peer that no receive from any source
@@ -56,7 +56,7 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
 
   /// Announces (collectives) and starts `op`; returns the shared handle. Unless `blocking` (the
   /// caller waits at once), the progress engine takes over what remains.
-  std::shared_ptr<Operation> submit(std::unique_ptr<Operation> op, bool blocking);
+  std::shared_ptr<Operation> submit(std::shared_ptr<Operation> op, bool blocking);
 
   /// Progresses everything; true when `op` (and, for collectives, every earlier one) completed.
   /// Throws the operation's error.
