@@ -204,12 +204,12 @@ ScheduleOperation::ScheduleOperation(transport::Transport& transport, const Poin
 // The state of this run: what its steps still wait for, and their completions and scratch.
 void ScheduleOperation::start_run() {
   const std::size_t n = schedule().steps.size();
-  remaining_deps_.reset(n);
+  remaining_deps_.place(n);
   std::copy(plan_->deps_count.begin(), plan_->deps_count.end(), remaining_deps_.data());
-  ready_.reset(n);
+  ready_.place(n);
   for (std::uint32_t index : plan_->first_ready) ready_.push_back(index);
-  in_flight_.reset(n);
-  completions_.reset(n);
+  in_flight_.place(n);
+  completions_.place(n);
   const std::size_t scratch_bytes = schedule().scratch_count * elem_size_;
   if (scratch_bytes > inline_scratch) {
     heap_scratch_ = std::make_unique_for_overwrite<std::byte[]>(scratch_bytes);

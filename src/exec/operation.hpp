@@ -153,15 +153,16 @@ class Operation {
   std::atomic<int> source_{-1};
 };
 
-/// `n` default-constructed elements of T fixed at reset(n): inside the object when n <= N (no
-/// allocation: the runs of small calls fit), else on the heap. Never moves (its address is handed out).
+/// `n` default-constructed elements of T, placed once (place(n), on a fresh object): inside the
+/// object when n <= N (no allocation: the runs of small calls fit), else on the heap. Never moves
+/// (its elements' addresses are handed out).
 template <class T, std::size_t N>
 class RunArray {
  public:
   RunArray() = default;
   RunArray(const RunArray&) = delete;
   RunArray& operator=(const RunArray&) = delete;
-  void reset(std::size_t n) {
+  void place(std::size_t n) {
     heap_ = n <= N ? nullptr : std::make_unique<T[]>(n);
     data_ = heap_ ? heap_.get() : inline_.data();
   }
@@ -174,14 +175,12 @@ class RunArray {
   T* data_ = inline_.data();
 };
 
-/// A stack of step indices that never holds more than the schedule's steps (each enters once).
+/// A stack of step indices that never holds more than the schedule's steps (each enters once),
+/// placed once like a RunArray.
 template <std::size_t N>
 class StepStack {
  public:
-  void reset(std::size_t capacity) {
-    slots_.reset(capacity);
-    size_ = 0;
-  }
+  void place(std::size_t capacity) { slots_.place(capacity); }
   bool empty() const { return size_ == 0; }
   std::size_t size() const { return size_; }
   std::uint32_t& operator[](std::size_t i) const { return slots_[i]; }

@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "transport/transport.hpp"
 
@@ -35,9 +38,70 @@ struct MatchKeyHash {
   }
 };
 
-/// Posted operations or early messages, by the message they wait for.
+/// The nodes of a node-based map (std::unordered_map, std::multimap) that entries left, kept for
+/// the next entries (at most `kept` of them), so that a table whose entries come and go a message
+/// at a time stops allocating once it has held its usual number.
+template <class Map, std::size_t kept = 64>
+class SpareNodes {
+ public:
+  using iterator = typename Map::iterator;
+  /// Inserts key -> value into `map` (a key a unique map holds already keeps its entry, as
+  /// emplace does), in a kept node where there is one.
+  iterator insert(Map& map, const typename Map::key_type& key, typename Map::mapped_type value) {
+    if (spare_.empty()) return position(map.emplace(key, std::move(value)));
+    typename Map::node_type node = std::move(spare_.back());
+    spare_.pop_back();
+    node.key() = key;
+    node.mapped() = std::move(value);
+    return position(map.insert(std::move(node)));
+  }
+  /// Removes the entry at `it` from `map`, keeping its node; returns its value.
+  typename Map::mapped_type take(Map& map, iterator it) {
+    typename Map::node_type node = map.extract(it);
+    typename Map::mapped_type value = std::move(node.mapped());
+    if (spare_.size() < kept) {
+      if (spare_.capacity() == 0) spare_.reserve(kept);
+      spare_.push_back(std::move(node));
+    }
+    return value;
+  }
+
+ private:
+  // Where an insertion put its entry: a multimap returns it, a unique map's emplace a pair and its
+  // insertion of a node an insert_return_type.
+  template <class Result>
+  static iterator position(Result&& result) {
+    if constexpr (std::is_same_v<std::decay_t<Result>, iterator>)
+      return result;
+    else if constexpr (requires { result.position; })
+      return result.position;
+    else
+      return result.first;
+  }
+  std::vector<typename Map::node_type> spare_;
+};
+
+/// Posted operations or early messages, by the message they wait for. put/take recycle nodes
+/// (SpareNodes); the map's own members work as ever.
 template <class T>
-using MatchTable = std::unordered_map<MatchKey, T, MatchKeyHash>;
+class MatchTable : public std::unordered_map<MatchKey, T, MatchKeyHash> {
+  using Map = std::unordered_map<MatchKey, T, MatchKeyHash>;
+
+ public:
+  /// (*this)[key] = value.
+  T& put(const MatchKey& key, T value) {
+    if (auto it = this->find(key); it != this->end()) {
+      it->second = std::move(value);
+      return it->second;
+    }
+    return spares_.insert(*this, key, std::move(value))->second;
+  }
+  /// Removes the entry at `it` and returns its value.
+  T take(typename Map::iterator it) { return spares_.take(*this, it); }
+
+ private:
+  SpareNodes<Map> spares_;
+};
 
 inline MatchKey match_key(int peer, const MessageKey& key, std::uint64_t comm = 0) {
   return MatchKey{peer, key.channel, key.seq, key.index, comm};

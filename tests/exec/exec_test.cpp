@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -280,6 +281,75 @@ TEST(ExecKinds, NativeOperationsStartAfterEarlierCollectivesAndFailLikeAny) {
     }
   });
   EXPECT_EQ(failures, "");
+}
+
+// A run's arrays live inside the operation up to N elements and on the heap beyond; either way
+// every element is default-constructed and addressable.
+TEST(RunStorage, SmallRunsLiveInsideTheirOwnerLargerOnTheHeap) {
+  struct Owner {
+    exec::RunArray<transport::Completion, 4> completions;
+    exec::StepStack<4> stack;
+  };
+  for (std::size_t size : {0u, 1u, 4u, 5u, 64u}) {
+    auto owner = std::make_unique<Owner>();
+    const auto* begin = reinterpret_cast<const std::byte*>(owner.get());
+    const auto inside = [&](const void* p) {
+      const auto* b = static_cast<const std::byte*>(p);
+      return b >= begin && b < begin + sizeof(Owner);
+    };
+    owner->completions.place(size);
+    owner->stack.place(size);
+    EXPECT_EQ(inside(owner->completions.data()), size <= 4) << size;
+    EXPECT_EQ(inside(owner->stack.begin()), size <= 4) << size;
+    for (std::size_t i = 0; i < size; ++i) {
+      EXPECT_EQ(owner->completions[i].state(), transport::Completion::idle);
+      owner->completions[i].set(transport::Completion::done);
+      owner->stack.push_back(static_cast<std::uint32_t>(size - i));
+    }
+    ASSERT_EQ(owner->stack.size(), size);
+    std::vector<std::uint32_t> popped;
+    while (!owner->stack.empty()) {
+      popped.push_back(owner->stack.back());
+      owner->stack.pop_back();
+    }
+    std::vector<std::uint32_t> expected;
+    for (std::size_t i = 1; i <= size; ++i) expected.push_back(static_cast<std::uint32_t>(i));
+    EXPECT_EQ(popped, expected);
+  }
+}
+
+// Entries taken out of a match table leave their nodes for the next ones: what goes in comes out
+// under its own key, an entry put again under a present key replaces its value, and duplicates
+// of a multimap keep their own values.
+TEST(SpareNodes, RecycledNodesKeepEveryEntryApart) {
+  transport::MatchTable<std::string> table;
+  const auto key = [](int peer, std::uint64_t seq) {
+    return transport::MatchKey{peer, transport::Channel::collective, seq, 0};
+  };
+  for (std::uint64_t round = 0; round < 200; ++round) {
+    for (int peer = 0; peer < 3; ++peer)
+      table.put(key(peer, round), std::to_string(peer) + "/" + std::to_string(round));
+    table.put(key(1, round), "again " + std::to_string(round));
+    ASSERT_EQ(table.size(), 3u);
+    for (int peer : {2, 0, 1}) {
+      auto it = table.find(key(peer, round));
+      ASSERT_NE(it, table.end());
+      EXPECT_EQ(table.take(it),
+                peer == 1 ? "again " + std::to_string(round) : std::to_string(peer) + "/" + std::to_string(round));
+    }
+    EXPECT_TRUE(table.empty());
+  }
+  using Multi = std::multimap<std::uint64_t, int>;
+  Multi multi;
+  transport::SpareNodes<Multi, 2> spares;
+  for (int round = 0; round < 50; ++round) {
+    for (int i = 0; i < 4; ++i) spares.insert(multi, static_cast<std::uint64_t>(round % 3), round * 10 + i);
+    auto [first, last] = multi.equal_range(static_cast<std::uint64_t>(round % 3));
+    std::vector<int> values;
+    for (auto it = first; it != last;) values.push_back(spares.take(multi, it++));
+    EXPECT_EQ(values, (std::vector<int>{round * 10, round * 10 + 1, round * 10 + 2, round * 10 + 3}));
+    EXPECT_TRUE(multi.empty());
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 // The I/O thread never calls user code: it sets Completions and rings the doorbell.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -40,6 +41,7 @@ using bootstrap::tag_size;
 struct Bytes {
   std::unique_ptr<std::byte[]> data;
   std::size_t size = 0;
+  bool small = false;  // `data` holds small_message_bytes (whatever `size`): the hub may keep it for reuse
   static Bytes make(std::size_t size) { return {std::make_unique_for_overwrite<std::byte[]>(size ? size : 1), size}; }
 };
 
@@ -66,6 +68,10 @@ struct Inbound {
   std::unique_ptr<std::byte[]> buffer;                   // bytes read ahead of the current frame (read_ahead of them)
   std::size_t begin = 0, end = 0;
   Stage stage = Stage::header;
+  // A read of this turn returned less than it asked for: the socket held no more then, so the
+  // turn ends without a read that would only fail with EAGAIN (epoll is level-triggered: bytes
+  // that arrive later wake the next turn).
+  bool drained = false;
   FrameHeader header;
   std::uint64_t number = 0;  // of the current frame, in this direction
   bool compact = false;      // the current frame was compact: verified whole before it was acted on
@@ -157,8 +163,10 @@ struct CommState {
   MatchTable<PostedRecv> posted;
   MatchTable<Bytes> unexpected;
   MatchTable<SelfSend> self_sends;
-  Announced announced;                                                    // this rank's, by seq
-  std::multimap<std::uint64_t, std::pair<int, WireSignature>> unchecked;  // senders', before announce (one per sender)
+  Announced announced;  // this rank's, by seq
+  using Unchecked = std::multimap<std::uint64_t, std::pair<int, WireSignature>>;
+  Unchecked unchecked;  // senders', before announce (one per sender)
+  SpareNodes<Unchecked> unchecked_spares;
   std::set<int> left;  // global ranks that left this communicator (leave frame or goodbye)
   std::optional<Failure> failure;
   std::atomic<bool> has_failure{false};
@@ -170,7 +178,16 @@ struct CommState {
 constexpr std::size_t message_overhead = 256;
 constexpr std::size_t signature_overhead = 128;
 
-inline std::size_t charge_of(const Bytes& message) { return message.size + message_overhead; }
+// An unexpected message of at most this many bytes is kept in a buffer of this size, which the
+// hub reuses for the next once it was delivered (no allocation per small message).
+constexpr std::size_t small_message_bytes = 256;
+// What an unexpected message of `bytes` bytes makes this rank hold.
+inline std::size_t charge_of_message(std::size_t bytes) {
+  return std::max(bytes, small_message_bytes) + message_overhead;
+}
+inline std::size_t charge_of(const Bytes& message) {
+  return (message.small ? small_message_bytes : message.size) + message_overhead;
+}
 
 // The message a frame from global rank `g` carries (its channel was checked by check_header).
 inline MatchKey frame_key(int g, const FrameHeader& h) {
@@ -275,6 +292,10 @@ class Hub {
     return false;
   }
   void refuse_charge_locked(int g, const std::string& what);
+  /// Room for an unexpected message of `size` bytes: one of the kept small buffers where it fits.
+  Bytes message_bytes_locked(std::size_t size);
+  /// Keeps a message's small buffer for the next (the rest are freed).
+  void recycle_locked(Bytes&& bytes);
   void release_locked(int g, std::size_t bytes);
   std::string check_header(const FrameHeader& h) const;
   bool start_frame_locked(int g);
@@ -311,6 +332,10 @@ class Hub {
   std::set<std::uint64_t> left_ids_;
   std::deque<std::uint64_t> left_order_;
   const std::size_t max_unexpected_;  // TUTTI_TCP_MAX_UNEXPECTED: bytes held per peer
+  // Buffers of small unexpected messages that were delivered, kept for the next (a message that
+  // arrives before its receive is the common case of a small call: it then allocates nothing).
+  static constexpr std::size_t small_kept = 64;
+  std::vector<std::unique_ptr<std::byte[]>> small_buffers_;
   bool stopping_ = false;
   bool crashed_ = false;
   std::chrono::steady_clock::time_point stop_deadline_;
@@ -331,6 +356,8 @@ class Hub {
   std::mutex bell_mutex_;
   std::condition_variable bell_cv_;
   std::atomic<std::uint64_t> generation_{0};
+  std::atomic<int> sleepers_{0};  // threads in wait() asleep on bell_cv_, or about to be
+  std::atomic<bool> has_bells_{false};
   std::vector<std::pair<const void*, std::function<void()>>> bells_;  // under bell_mutex_
 };
 

@@ -129,20 +129,19 @@ bool Hub::start_data_locked(int g) {
   const MatchKey k = frame_key(g, h);
   auto it = c.posted.find(k);
   if (it == c.posted.end()) {  // unexpected: keep it until the receive is posted
-    const std::size_t charge = h.bytes + message_overhead;
+    const std::size_t charge = charge_of_message(h.bytes);
     if (!charge_locked(g, charge, [&] {
           return "a message of " + std::to_string(h.bytes) + " bytes for communicator " + std::to_string(h.comm_id) +
                  " with no receive posted";
         }))
       return false;
     in.charged = charge;
-    in.heap = Bytes::make(h.bytes);
+    in.heap = message_bytes_locked(h.bytes);
     in.sink = Inbound::Sink::heap;
     in.target = in.heap.data.get();
     return true;
   }
-  const PostedRecv recv = it->second;
-  c.posted.erase(it);
+  const PostedRecv recv = c.posted.take(it);
   if (recv.bytes != h.bytes) {
     size_mismatch_locked(c, h.comm_id, g, k, h.bytes, recv);
     return true;
@@ -156,6 +155,20 @@ bool Hub::start_data_locked(int g) {
   return true;
 }
 
+Bytes Hub::message_bytes_locked(std::size_t size) {
+  if (size > small_message_bytes) return Bytes::make(size);
+  if (small_buffers_.empty()) return {std::make_unique_for_overwrite<std::byte[]>(small_message_bytes), size, true};
+  Bytes bytes{std::move(small_buffers_.back()), size, true};
+  small_buffers_.pop_back();
+  return bytes;
+}
+
+void Hub::recycle_locked(Bytes&& bytes) {
+  if (!bytes.small || !bytes.data || small_buffers_.size() >= small_kept) return;
+  if (small_buffers_.capacity() == 0) small_buffers_.reserve(small_kept);
+  small_buffers_.push_back(std::move(bytes.data));
+}
+
 bool Hub::check_signature_locked(CommState& c, std::uint64_t id, int g, std::uint64_t seq,
                                  const WireSignature& theirs) {
   const WireSignature* mine = c.announced.find(seq);
@@ -164,7 +177,7 @@ bool Hub::check_signature_locked(CommState& c, std::uint64_t id, int g, std::uin
     if (std::none_of(first, last, [g](const auto& entry) { return entry.second.first == g; })) {
       if (!charge_locked(g, signature_overhead, [&] { return "a signature for collective #" + std::to_string(seq); }))
         return false;
-      c.unchecked.emplace(seq, std::pair{g, theirs});
+      c.unchecked_spares.insert(c.unchecked, seq, std::pair{g, theirs});
     }
     return true;
   }
@@ -204,14 +217,14 @@ void Hub::finish_frame_locked(int g) {
     if (c == nullptr) {
       release_locked(g, in.charged);  // the communicator was left meanwhile
     } else if (auto it = c->posted.find(k); it == c->posted.end()) {
-      Bytes& slot = c->unexpected[k];
-      if (slot.data) release_locked(g, charge_of(slot));  // a peer that repeats a message key
-      slot = std::move(in.heap);
+      if (auto old = c->unexpected.find(k); old != c->unexpected.end())
+        release_locked(g, charge_of(old->second));  // a peer that repeats a message key
+      c->unexpected.put(k, std::move(in.heap));
     } else {  // posted while the payload was arriving
-      const PostedRecv recv = it->second;
-      c->posted.erase(it);
+      const PostedRecv recv = c->posted.take(it);
       release_locked(g, in.charged);
       match_buffered_locked(*c, h.comm_id, g, k, in.heap, recv);
+      recycle_locked(std::move(in.heap));
     }
   } else if (h.kind == FrameKind::abort) {
     // Passed on to every other member before anything else this rank sends them: connections are

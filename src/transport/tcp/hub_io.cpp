@@ -414,14 +414,24 @@ void Hub::wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadlin
     std::this_thread::yield();
   }
   stop_polling();  // this thread sleeps: the I/O thread takes the sockets back at once
-  std::unique_lock lock(bell_mutex_);
-  bell_cv_.wait_until(lock, deadline, [&] { return generation() != seen; });
+  sleepers_.fetch_add(1);
+  {
+    std::unique_lock lock(bell_mutex_);
+    bell_cv_.wait_until(lock, deadline, [&] { return generation_.load() != seen; });
+  }
+  sleepers_.fetch_sub(1);
 }
 
+// Most rings find nobody asleep and no bell (a caller polling for its own message): then they
+// only advance the generation. A sleeper counts itself before it checks the generation under
+// the lock, and a ring advances the generation before it counts the sleepers (both sequentially
+// consistent), so that either the sleeper sees the new generation or the ring sees the sleeper
+// and wakes it under the lock.
 void Hub::ring() {
+  generation_.fetch_add(1);
+  if (sleepers_.load() == 0 && !has_bells_.load()) return;
   {
     std::lock_guard lock(bell_mutex_);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
     for (const auto& bell : bells_) bell.second();
   }
   bell_cv_.notify_all();
@@ -430,11 +440,13 @@ void Hub::ring() {
 void Hub::add_bell(const void* owner, std::function<void()> bell) {
   std::lock_guard lock(bell_mutex_);
   bells_.emplace_back(owner, std::move(bell));
+  has_bells_.store(true);
 }
 
 void Hub::remove_bell(const void* owner) {
   std::lock_guard lock(bell_mutex_);
   std::erase_if(bells_, [owner](const auto& bell) { return bell.first == owner; });
+  has_bells_.store(!bells_.empty());
 }
 
 }  // namespace tutti::transport::tcp

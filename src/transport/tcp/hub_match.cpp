@@ -92,11 +92,11 @@ void Hub::announce(std::uint64_t id, const Signature& signature) {
   c.announced.add(signature.seq, mine);
   const auto [first, last] = c.unchecked.equal_range(signature.seq);
   std::optional<std::pair<int, WireSignature>> disagreeing;
-  for (auto it = first; it != last; ++it) {
+  for (auto it = first; it != last;) {
     if (!disagreeing && it->second.second != mine) disagreeing = it->second;
     release_locked(it->second.first, signature_overhead);
+    c.unchecked_spares.take(c.unchecked, it++);
   }
-  c.unchecked.erase(first, last);
   if (disagreeing) report_mismatch_locked(c, id, disagreeing->first, disagreeing->second, mine);
 }
 
@@ -157,35 +157,33 @@ void Hub::post_recv(std::uint64_t id, int peer, const MessageKey& key, const Pos
   if (g == rank_) {
     auto it = c.self_sends.find(k);
     if (it == c.self_sends.end()) {
-      c.posted[k] = recv;
+      c.posted.put(k, recv);
       return;
     }
-    const SelfSend send = it->second;
-    c.self_sends.erase(it);
-    c.posted[k] = recv;
+    const SelfSend send = c.self_sends.take(it);
+    c.posted.put(k, recv);
     self_send_locked(c, k, send.data, send.bytes, send.done);
     return;
   }
   auto it = c.unexpected.find(k);
   if (it == c.unexpected.end()) {
     if (fail_if_left_locked(c, id, g, k, false)) return;  // what it sent before leaving is matched above
-    c.posted[k] = recv;
+    c.posted.put(k, recv);
     return;
   }
-  Bytes message = std::move(it->second);
-  c.unexpected.erase(it);
+  Bytes message = c.unexpected.take(it);
   release_locked(g, charge_of(message));
   match_buffered_locked(c, id, g, k, message, recv);
+  recycle_locked(std::move(message));
 }
 
 void Hub::self_send_locked(CommState& c, const MatchKey& key, const void* data, std::size_t bytes, Completion* done) {
   auto it = c.posted.find(key);
   if (it == c.posted.end()) {
-    c.self_sends[key] = SelfSend{data, bytes, done};
+    c.self_sends.put(key, SelfSend{data, bytes, done});
     return;
   }
-  const PostedRecv recv = it->second;
-  c.posted.erase(it);
+  const PostedRecv recv = c.posted.take(it);
   if (recv.bytes != bytes) {
     const std::string text = size_mismatch(c.rank, bytes, c.rank, recv.bytes, message_key(key));
     done->error = recv.done->error = text;
@@ -221,7 +219,7 @@ void Hub::cancel(std::uint64_t id, Completion* done) {
     MatchKey k = match_key(g, done->key);
     if (!done->is_send) {
       auto it = c.posted.find(k);
-      if (it != c.posted.end() && it->second.done == done) c.posted.erase(it);
+      if (it != c.posted.end() && it->second.done == done) c.posted.take(it);
       Inbound& in = peers_[static_cast<std::size_t>(g)].in;
       if (in.stage != Inbound::Stage::header && in.done == done) {  // mid-read into its buffer: divert the rest
         in.sink = Inbound::Sink::drain;
@@ -257,7 +255,7 @@ bool Hub::withdraw_recv(std::uint64_t id, Completion* done) {
   if (in.stage != Inbound::Stage::header && in.done == done) return false;  // being read into its buffer
   auto it = c.posted.find(match_key(g, done->key));
   if (it == c.posted.end() || it->second.done != done) return false;
-  c.posted.erase(it);
+  c.posted.take(it);
   done->set(Completion::cancelled);
   return true;
 }

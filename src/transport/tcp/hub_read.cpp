@@ -49,6 +49,7 @@ bool consume_buffered(Inbound& in, FrameMac* mac, std::size_t& budget) {
 bool Hub::fill_locked(int g) {
   Peer& peer = peers_[static_cast<std::size_t>(g)];
   Inbound& in = peer.in;
+  if (in.drained) return false;
   if (in.begin == in.end) {
     in.begin = in.end = 0;
   } else if (in.begin > 0) {
@@ -57,9 +58,11 @@ bool Hub::fill_locked(int g) {
     in.begin = 0;
   }
   for (;;) {
-    const ssize_t got = ::recv(peer.fd, in.buffer.get() + in.end, Inbound::read_ahead - in.end, 0);
+    const std::size_t room = Inbound::read_ahead - in.end;
+    const ssize_t got = ::recv(peer.fd, in.buffer.get() + in.end, room, 0);
     if (got > 0) {
       in.end += static_cast<std::size_t>(got);
+      in.drained = static_cast<std::size_t>(got) < room;
       return true;
     }
     if (got < 0 && errno == EINTR) continue;
@@ -160,6 +163,7 @@ void Hub::read_frames_locked(int g) {
   // Bytes already read ahead raise no epoll event: a peer whose budget runs out is read again
   // on the next round of the I/O loop, whether or not its socket has more.
   peer.more = false;
+  in.drained = false;
   while (!peer.closed) {
     if (budget == 0) {
       peer.more = true;
@@ -195,13 +199,16 @@ void Hub::read_frames_locked(int g) {
       // moved what was read ahead
     } else if (buffered == 0 && in.remaining >= direct_read &&
                (in.sink == Inbound::Sink::user || in.sink == Inbound::Sink::heap)) {
-      const ssize_t got = ::recv(peer.fd, in.target, std::min(in.remaining, budget), 0);
+      if (in.drained) return;
+      const std::size_t wanted = std::min(in.remaining, budget);
+      const ssize_t got = ::recv(peer.fd, in.target, wanted, 0);
       if (got <= 0) {
         if (got < 0 && errno == EINTR) continue;
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
         peer_lost_locked(g, got == 0 ? "end of stream" : bootstrap::detail::errno_text(errno));
         return;
       }
+      in.drained = static_cast<std::size_t>(got) < wanted;
       if (mac != nullptr) mac->update(in.target, static_cast<std::size_t>(got));
       in.target += got;
       in.remaining -= static_cast<std::size_t>(got);
