@@ -115,6 +115,7 @@ Request CommImpl::start_call(const Call& call, bool blocking) {
 // with nothing outstanding (the small direct collectives over shm). What the general path would
 // do, without its operation objects.
 bool CommImpl::run_now(const Call& call, std::optional<Extents>& validated) {
+  if (transport_kind() != transport::Kind::shm) return false;  // the one transport that runs calls at once
   // (An alltoallv's counts are checked in full: that is the general way's first step too, which
   // then takes `validated` instead of checking them again.)
   if (call.collective == Collective::alltoallv)

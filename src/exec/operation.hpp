@@ -226,9 +226,11 @@ class ScheduleOperation final : public Operation {
   std::optional<PointToPoint> message_;  // point to point
   const std::byte* input_ = nullptr;
   std::byte* output_ = nullptr;
-  // A small call's run allocates nothing beyond the operation: up to `inline_steps` steps and
-  // `inline_scratch` bytes of scratch (the signature ring's two signatures) live inside it.
-  static constexpr std::size_t inline_steps = 8, inline_scratch = 128;
+  // A small call's run allocates nothing beyond the operation: up to `inline_steps` steps (a
+  // broadcast, recursive doubling up to p = 4) and `inline_scratch` bytes of scratch (the
+  // signature ring's two signatures) live inside it, which stays small enough for the
+  // allocator's per-thread cache (operation.cpp).
+  static constexpr std::size_t inline_steps = 4, inline_scratch = 2 * sizeof(transport::WireSignature);
   alignas(16) std::byte inline_scratch_[inline_scratch];
   std::unique_ptr<std::byte[]> heap_scratch_;
   std::byte* scratch_ = nullptr;
