@@ -185,9 +185,7 @@ constexpr std::size_t small_message_bytes = 256;
 inline std::size_t charge_of_message(std::size_t bytes) {
   return std::max(bytes, small_message_bytes) + message_overhead;
 }
-inline std::size_t charge_of(const Bytes& message) {
-  return (message.small ? small_message_bytes : message.size) + message_overhead;
-}
+inline std::size_t charge_of(const Bytes& message) { return charge_of_message(message.size); }
 
 // The message a frame from global rank `g` carries (its channel was checked by check_header).
 inline MatchKey frame_key(int g, const FrameHeader& h) {
@@ -310,7 +308,8 @@ class Hub {
   std::string operation_name(const CommState& c, const MatchKey& key, bool is_send) const;
   void report_mismatch_locked(CommState& c, std::uint64_t id, int g, const WireSignature& theirs,
                               const WireSignature& mine);
-  void match_buffered_locked(CommState& c, std::uint64_t id, int g, const MatchKey& key, Bytes& message,
+  /// Lands a message that was kept until its receive was posted, then keeps its buffer for reuse.
+  void match_buffered_locked(CommState& c, std::uint64_t id, int g, const MatchKey& key, Bytes&& message,
                              const PostedRecv& recv);
   void size_mismatch_locked(CommState& c, std::uint64_t id, int g, const MatchKey& key, std::size_t sent,
                             const PostedRecv& recv);

@@ -223,8 +223,7 @@ void Hub::finish_frame_locked(int g) {
     } else {  // posted while the payload was arriving
       const PostedRecv recv = c->posted.take(it);
       release_locked(g, in.charged);
-      match_buffered_locked(*c, h.comm_id, g, k, in.heap, recv);
-      recycle_locked(std::move(in.heap));
+      match_buffered_locked(*c, h.comm_id, g, k, std::move(in.heap), recv);
     }
   } else if (h.kind == FrameKind::abort) {
     // Passed on to every other member before anything else this rank sends them: connections are

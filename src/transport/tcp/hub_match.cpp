@@ -173,8 +173,7 @@ void Hub::post_recv(std::uint64_t id, int peer, const MessageKey& key, const Pos
   }
   Bytes message = c.unexpected.take(it);
   release_locked(g, charge_of(message));
-  match_buffered_locked(c, id, g, k, message, recv);
-  recycle_locked(std::move(message));
+  match_buffered_locked(c, id, g, k, std::move(message), recv);
 }
 
 void Hub::self_send_locked(CommState& c, const MatchKey& key, const void* data, std::size_t bytes, Completion* done) {
@@ -197,13 +196,14 @@ void Hub::self_send_locked(CommState& c, const MatchKey& key, const void* data, 
   ring();
 }
 
-void Hub::match_buffered_locked(CommState& c, std::uint64_t id, int g, const MatchKey& key, Bytes& message,
+void Hub::match_buffered_locked(CommState& c, std::uint64_t id, int g, const MatchKey& key, Bytes&& message,
                                 const PostedRecv& recv) {
   if (message.size != recv.bytes) {
     size_mismatch_locked(c, id, g, key, message.size, recv);
-    return;
+    return recycle_locked(std::move(message));
   }
   recv.land(message.data.get());
+  recycle_locked(std::move(message));
   recv.done->set(Completion::done);
   if (key.channel == Channel::point_to_point) send_control_locked(g, FrameKind::ack, id, key, {});
   ring();
