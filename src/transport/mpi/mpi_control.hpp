@@ -22,7 +22,8 @@ namespace tutti::transport::mpi {
 class ControlChannel {
  public:
   static constexpr int abort_tag = 1;
-  static constexpr int barrier_tag = 2;  // + the barrier's round
+  static constexpr int barrier_tag = 2;      // + phase * barrier_rounds + the barrier's round
+  static constexpr int barrier_rounds = 32;  // a dissemination barrier of up to 2^32 ranks
   static constexpr std::size_t max_abort_text = 1024;
 
   /// Takes `comm` (freed by close) and posts the receive for aborts. Call with serialize() held.

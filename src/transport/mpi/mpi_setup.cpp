@@ -152,8 +152,9 @@ MpiTransport::~MpiTransport() {
 }
 
 // A dissemination barrier of empty messages among the members (parent ranks `ranks`; this rank is
-// ranks[index]) on the control communicator, polled against `deadline` and for an abort.
-void MpiTransport::arrive(const std::vector<int>& ranks, int index, clock::time_point deadline) {
+// ranks[index]) on the control communicator, polled against `deadline` and for an abort; `phase`
+// keeps the tags of split's two barriers apart.
+void MpiTransport::arrive(const std::vector<int>& ranks, int index, int phase, clock::time_point deadline) {
   const int n = static_cast<int>(ranks.size());
   for (int round = 0, step = 1; step < n; ++round, step *= 2) {
     const int to = ranks[static_cast<std::size_t>((index + step) % n)];
@@ -162,7 +163,7 @@ void MpiTransport::arrive(const std::vector<int>& ranks, int index, clock::time_
     {
       std::lock_guard lock(mutex_);  // the control communicator is the transport's
       auto mpi_lock = serialize();
-      const int tag = ControlChannel::barrier_tag + round;
+      const int tag = ControlChannel::barrier_tag + phase * ControlChannel::barrier_rounds + round;
       check(MPI_Isend(nullptr, 0, MPI_BYTE, to, tag, control_.comm(), &requests[0]), "MPI_Isend");
       check(MPI_Irecv(nullptr, 0, MPI_BYTE, from, tag, control_.comm(), &requests[1]), "MPI_Irecv");
     }
@@ -176,7 +177,8 @@ void MpiTransport::arrive(const std::vector<int>& ranks, int index, clock::time_
     if (auto failure = aborted()) throw failure->error;
     Error error(ErrorCode::timeout, "split: rank " + std::to_string(rank_) + " waited " +
                                         std::to_string(timeout_.count()) + " ms (TUTTI_TIMEOUT_MS) for rank " +
-                                        std::to_string(from) + " to arrive; the communicator is aborted");
+                                        std::to_string(from) + (phase == 0 ? " to arrive" : " to confirm") +
+                                        "; the communicator is aborted");
     abort(error, no_seq);
     throw error;
   }
@@ -186,8 +188,15 @@ std::unique_ptr<Transport> MpiTransport::split(std::uint64_t id, const std::vect
   if (auto failure = aborted()) throw failure->error;
   const auto deadline = clock::now() + timeout_;
   // Only the members call split, so the group-collective MPI_Comm_create_group, not
-  // MPI_Comm_split. It has no nonblocking form: every member has arrived before it is called.
-  arrive(ranks, new_rank, deadline);
+  // MPI_Comm_split. It has no nonblocking form, so no member may call it unless every member will.
+  // One barrier cannot promise that: a late member can pass it on messages its peers sent before
+  // they timed out, and would then wait in MPI_Comm_create_group for ever. Hence two. A member
+  // leaves the first only once every member has entered it, and enters the second only after
+  // leaving the first; so a member that leaves the second knows every member left the first and is
+  // waiting in the second, with a fresh deadline that only a member dying now can exhaust. A member
+  // that timed out in the first aborts the communicator instead, which ends the others' second.
+  arrive(ranks, new_rank, 0, deadline);
+  arrive(ranks, new_rank, 1, std::max(deadline, clock::now() + timeout_));
   MPI_Comm sub = MPI_COMM_NULL;
   {
     auto lock = serialize();

@@ -11,8 +11,9 @@
 //
 // Deadlines: nothing here blocks in MPI without one. Set-up duplicates with MPI_Comm_idup and
 // shares the id with MPI_Ibcast, polled against the transport's timeout; split first waits, polled,
-// for every member to arrive (a barrier of point-to-point messages on the control communicator),
-// so that MPI_Comm_create_group, which has no nonblocking form, does not wait for a missing rank.
+// for every member to arrive and then to confirm (two barriers of point-to-point messages on the
+// control communicator), so that MPI_Comm_create_group, which has no nonblocking form, is called by
+// every member or by none.
 // Algorithm::mpi's collectives are nonblocking (post_collective) and progressed with the rest.
 //
 // Aborts reach every rank: `abort` sends the first error to every other rank on the control
@@ -110,7 +111,7 @@ class MpiTransport final : public Transport {
   MpiTransport(MPI_Comm comm, std::uint64_t id, std::chrono::milliseconds timeout,
                std::chrono::steady_clock::time_point deadline);
   void set_up(MPI_Comm comm, std::chrono::steady_clock::time_point deadline, const char* who);
-  void arrive(const std::vector<int>& ranks, int index, std::chrono::steady_clock::time_point deadline);
+  void arrive(const std::vector<int>& ranks, int index, int phase, std::chrono::steady_clock::time_point deadline);
   struct Pending {
     Completion* done = nullptr;
     MPI_Datatype type = MPI_BYTE;  // MPI_BYTE, or a derived type for messages over INT_MAX bytes
