@@ -91,44 +91,58 @@ TUTTI_GHASH_TARGET void prepare(Key& key, const std::uint8_t h[block]) {
   const __m128i h1 = load_reflected(h);
   const __m128i h1_key = times_x_inverse(h1);
   __m128i power = h1;
-  for (std::size_t k = 1; k <= powers; ++k) {  // power[i] holds H^(16 - i): the first block meets H^16
-    _mm_store_si128(reinterpret_cast<__m128i*>(key.power[powers - k]), times_x_inverse(power));
+  for (std::size_t k = 1; k <= powers; ++k) {  // power[i] holds H^(32 - i): the first block meets H^32
+    const __m128i entry = times_x_inverse(power);
+    _mm_store_si128(reinterpret_cast<__m128i*>(key.power[powers - k]), entry);
+    _mm_store_si128(reinterpret_cast<__m128i*>(key.halves[powers - k]),
+                    _mm_xor_si128(entry, _mm_shuffle_epi32(entry, 0x4e)));
     power = multiply(power, h1_key);
   }
 }
 
+namespace {
+
+// Four blocks times four keys, added to the unreduced sums: low and high products, and
+// Karatsuba's (d_lo + d_hi)(k_lo + k_hi), from which the middle is the sum less low and high.
+TUTTI_GHASH_TARGET inline void accumulate(__m512i d, const __m512i& k, const __m512i& halves, __m512i& lo, __m512i& mid,
+                                          __m512i& hi) {
+  const __m512i d_halves = _mm512_xor_si512(d, _mm512_shuffle_epi32(d, _MM_PERM_BADC));
+  lo = _mm512_xor_si512(lo, _mm512_clmulepi64_epi128(d, k, 0x00));
+  hi = _mm512_xor_si512(hi, _mm512_clmulepi64_epi128(d, k, 0x11));
+  mid = _mm512_xor_si512(mid, _mm512_clmulepi64_epi128(d_halves, halves, 0x00));
+}
+
+TUTTI_GHASH_TARGET inline __m128i reduce_sums(__m512i lo, __m512i mid, __m512i hi) {
+  mid = _mm512_ternarylogic_epi64(mid, lo, hi, 0x96);
+  return reduce(fold_lanes(lo), fold_lanes(mid), fold_lanes(hi));
+}
+
+}  // namespace
+
 TUTTI_GHASH_TARGET void absorb(const Key& key, State& state, const std::uint8_t* data, std::size_t blocks) {
+  constexpr std::size_t vectors = powers / 4;
   __m128i y = _mm_load_si128(reinterpret_cast<const __m128i*>(state.y));
-  if (blocks >= powers) {
-    const __m512i reversal = _mm512_broadcast_i32x4(byte_reversal());
-    const auto* table = reinterpret_cast<const __m512i*>(key.power);
-    const __m512i k0 = _mm512_load_si512(table), k1 = _mm512_load_si512(table + 1), k2 = _mm512_load_si512(table + 2),
-                  k3 = _mm512_load_si512(table + 3);
-    for (; blocks >= powers; blocks -= powers, data += powers * block) {
-      // Y' = (Y + X1) H^16 + X2 H^15 + ... + X16 H: sixteen products summed unreduced, one reduction.
-      const __m512i d0 =
-          _mm512_xor_si512(_mm512_shuffle_epi8(_mm512_loadu_si512(data), reversal), _mm512_zextsi128_si512(y));
-      const __m512i d1 = _mm512_shuffle_epi8(_mm512_loadu_si512(data + 64), reversal);
-      const __m512i d2 = _mm512_shuffle_epi8(_mm512_loadu_si512(data + 128), reversal);
-      const __m512i d3 = _mm512_shuffle_epi8(_mm512_loadu_si512(data + 192), reversal);
-      __m512i lo =
-          _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(d0, k0, 0x00), _mm512_clmulepi64_epi128(d1, k1, 0x00),
-                                    _mm512_clmulepi64_epi128(d2, k2, 0x00), 0x96);
-      lo = _mm512_xor_si512(lo, _mm512_clmulepi64_epi128(d3, k3, 0x00));
-      __m512i hi =
-          _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(d0, k0, 0x11), _mm512_clmulepi64_epi128(d1, k1, 0x11),
-                                    _mm512_clmulepi64_epi128(d2, k2, 0x11), 0x96);
-      hi = _mm512_xor_si512(hi, _mm512_clmulepi64_epi128(d3, k3, 0x11));
-      __m512i mi =
-          _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(d0, k0, 0x01), _mm512_clmulepi64_epi128(d0, k0, 0x10),
-                                    _mm512_clmulepi64_epi128(d1, k1, 0x01), 0x96);
-      mi = _mm512_ternarylogic_epi64(mi, _mm512_clmulepi64_epi128(d1, k1, 0x10), _mm512_clmulepi64_epi128(d2, k2, 0x01),
-                                     0x96);
-      mi = _mm512_ternarylogic_epi64(mi, _mm512_clmulepi64_epi128(d2, k2, 0x10), _mm512_clmulepi64_epi128(d3, k3, 0x01),
-                                     0x96);
-      mi = _mm512_xor_si512(mi, _mm512_clmulepi64_epi128(d3, k3, 0x10));
-      y = reduce(fold_lanes(lo), fold_lanes(mi), fold_lanes(hi));
+  const __m512i reversal = _mm512_set4_epi64(0x0001020304050607, 0x08090a0b0c0d0e0f, 0x0001020304050607,
+                                             0x08090a0b0c0d0e0f);  // byte_reversal() in each lane
+  const auto* table = reinterpret_cast<const __m512i*>(key.power);
+  const auto* halves = reinterpret_cast<const __m512i*>(key.halves);
+  // Y' = (Y + X1) H^32 + X2 H^31 + ... + X32 H: 32 products summed unreduced, one reduction.
+  for (; blocks >= powers; blocks -= powers, data += powers * block) {
+    __m512i lo = _mm512_setzero_si512(), mid = lo, hi = lo;
+    for (std::size_t j = 0; j < vectors; ++j) {
+      __m512i d = _mm512_shuffle_epi8(_mm512_loadu_si512(data + 64 * j), reversal);
+      if (j == 0) d = _mm512_xor_si512(d, _mm512_zextsi128_si512(y));
+      accumulate(d, _mm512_load_si512(table + j), _mm512_load_si512(halves + j), lo, mid, hi);
     }
+    y = reduce_sums(lo, mid, hi);
+  }
+  // Then four at a time against H^4 .. H^1, the table's last vector.
+  for (; blocks >= 4; blocks -= 4, data += 4 * block) {
+    __m512i lo = _mm512_setzero_si512(), mid = lo, hi = lo;
+    const __m512i d =
+        _mm512_xor_si512(_mm512_shuffle_epi8(_mm512_loadu_si512(data), reversal), _mm512_zextsi128_si512(y));
+    accumulate(d, _mm512_load_si512(table + vectors - 1), _mm512_load_si512(halves + vectors - 1), lo, mid, hi);
+    y = reduce_sums(lo, mid, hi);
   }
   const __m128i h1_key = _mm_load_si128(reinterpret_cast<const __m128i*>(key.power[powers - 1]));
   for (; blocks > 0; --blocks, data += block) y = multiply(_mm_xor_si128(y, load_reflected(data)), h1_key);

@@ -1,5 +1,5 @@
 // GHASH (NIST SP 800-38D, the hash of GCM and so of the frame tags' GMAC) with carry-less
-// multiplication on 512-bit vectors: sixteen blocks per reduction, four to an instruction. OpenSSL
+// multiplication on 512-bit vectors: 32 blocks per reduction, four to an instruction. OpenSSL
 // 3.0 hashes one 128-bit block per multiplication; where the CPU has VPCLMULQDQ and AVX-512 this
 // is several times faster, and it computes the same function: FrameMac checks it against
 // OpenSSL's GCM in tests (bootstrap_test), tag for tag.
@@ -11,11 +11,13 @@
 namespace tutti::bootstrap::ghash {
 
 inline constexpr std::size_t block = 16;
-inline constexpr std::size_t powers = 16;  // blocks per reduction
+inline constexpr std::size_t powers = 32;  // blocks per reduction
 
-/// The hash key H = E(K, 0^128) prepared: H^16 .. H^1, each bit-reflected and times x^-1.
+/// The hash key H = E(K, 0^128) prepared: H^32 .. H^1, each bit-reflected and times x^-1, and
+/// for each the xor of its two 64-bit halves in both (Karatsuba's middle factor).
 struct alignas(64) Key {
   std::uint8_t power[powers][block];
+  std::uint8_t halves[powers][block];
 };
 
 /// The running hash, bit-reflected (the block's bytes reversed).
