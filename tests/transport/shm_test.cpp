@@ -406,6 +406,59 @@ TEST_F(Shm, SmallEagerMessagesTravelInTheirChunkHeader) {
   }
 }
 
+// A chunk is taken by its stamp, before (and without) its head: the receiver neither waits for the
+// head nor takes a head that lags behind its tail for a bad one. A chunk that only the head
+// publishes (no stamp) is still read, and every sent chunk carries the stamp of its slot.
+TEST_F(Shm, ChunksAreTakenByTheirStampsAndByTheHeadAlone) {
+  auto t = open_pair();
+  auto& segment = static_cast<transport::shm::ShmTransport&>(*t[0]).segment();
+  auto& ring = segment.ring(0, 1);
+  const auto message = [](std::uint32_t index, std::uint32_t bytes) {
+    transport::shm::ChunkHeader h{};
+    h.seq = 6;
+    h.index = index;
+    h.total = bytes;
+    h.bytes = bytes;
+    h.eager = 1;
+    h.channel = static_cast<std::uint8_t>(transport::Channel::point_to_point);
+    return h;
+  };
+  std::vector<std::byte> in(16, std::byte{0});
+  // Slot 0 by its stamp alone: the head stays at 0.
+  auto first = message(0, 16);
+  first.stamp = transport::shm::stamp_for(0);
+  std::memcpy(static_cast<void*>(&segment.chunk(0, 1, 0)), &first, transport::shm::header_fields_bytes);
+  std::memset(segment.payload(0, 1, 0, true, 16), 0x21, 16);
+  Completion received;
+  t[1]->post_recv(0, MessageKey{transport::Channel::point_to_point, 6, 0}, in.data(), 16, &received);
+  for (int i = 0; i < 5; ++i) t[1]->progress();
+  ASSERT_EQ(received.state(), Completion::done) << received.error;
+  EXPECT_EQ(std::count(in.begin(), in.end(), std::byte{0x21}), 16);
+  EXPECT_EQ(ring.tail.load(), 1u);
+  EXPECT_EQ(ring.head.load(), 0u);
+  EXPECT_FALSE(t[1]->aborted().has_value());  // a head behind the tail is not a lie
+  // Slot 1 by the head alone (no stamp): read once the head says so.
+  auto second = message(1, 8);
+  std::memcpy(static_cast<void*>(&segment.chunk(0, 1, 1)), &second, transport::shm::header_fields_bytes);
+  std::memset(segment.payload(0, 1, 1, true, 8), 0x42, 8);
+  Completion received2;
+  t[1]->post_recv(0, MessageKey{transport::Channel::point_to_point, 6, 1}, in.data(), 8, &received2);
+  for (int i = 0; i < 5; ++i) t[1]->progress();
+  EXPECT_EQ(received2.state(), Completion::posted);  // neither stamp nor head yet
+  ring.head.store(2);
+  for (int i = 0; i < 5 && received2.state() == Completion::posted; ++i) t[1]->progress();
+  ASSERT_EQ(received2.state(), Completion::done) << received2.error;
+  EXPECT_EQ(std::count(in.begin(), in.begin() + 8, std::byte{0x42}), 8);
+  EXPECT_EQ(ring.tail.load(), 2u);
+  // What the transport sends is stamped with its slot, head after.
+  std::vector<std::byte> out(40, std::byte{0x63});
+  Completion sent;
+  t[0]->post_send(1, MessageKey{transport::Channel::point_to_point, 7, 0}, out.data(), out.size(), &sent);
+  EXPECT_EQ(ring.head.load(), 3u);
+  EXPECT_EQ(transport::shm::stamp_of(segment.chunk(0, 1, 2)).load(), transport::shm::stamp_for(2));
+  EXPECT_NE(transport::shm::stamp_for(2), transport::shm::stamp_for(2 + segment.layout().slots));
+}
+
 TEST_F(Shm, TimeoutAbortsForEveryRank) {
   std::atomic<int> timeouts{0};
   const std::string failures = run_shm(2, [&](Communicator& comm) {

@@ -423,7 +423,9 @@ std::uint64_t token_of(const Segment& segment, int rank, const LocalBell& bell, 
   for (int r = 0; rings && r < segment.layout().size; ++r) {
     const RingHeader& in = segment.ring(r, rank);
     const RingHeader& out = segment.ring(rank, r);
-    sum += in.head.load(std::memory_order_seq_cst) + in.ack_tail.load(std::memory_order_seq_cst) +
+    // The stamp of the slot the consumer reads next, with the head: both lines travel at once.
+    const std::uint32_t stamp = stamp_of(segment.chunk(r, rank, in.tail.load(std::memory_order_relaxed))).load();
+    sum += in.head.load(std::memory_order_seq_cst) + stamp + in.ack_tail.load(std::memory_order_seq_cst) +
            out.ack_head.load(std::memory_order_seq_cst);
   }
   return std::uint64_t{bell.generation.load(std::memory_order_seq_cst)} << 32 | static_cast<std::uint32_t>(sum);

@@ -161,9 +161,19 @@ struct ChunkHeader {
   std::uint8_t has_signature;
   std::uint8_t by_reference;  // the payload is the address of the whole message in the sender (see reference_bytes)
   std::uint8_t eager;         // the whole message, not acknowledged (see eager_bytes)
-  WireSignature signature;    // the sender's collective (has_signature)
+  // Slot n's chunk is complete once this reads stamp_for(n) (stored last, with release, before the
+  // head): a consumer that polls the slot's first line learns of a chunk and reads it with one
+  // transfer of that line instead of two (the head's, then the chunk's). The head stays the
+  // producer's word of record: a slot without its stamp is read when the head says so.
+  std::uint32_t stamp;
+  WireSignature signature;  // the sender's collective (has_signature)
 };
 static_assert(sizeof(ChunkHeader) <= chunk_header_bytes);
+static_assert(offsetof(ChunkHeader, stamp) % alignof(std::uint32_t) == 0 && offsetof(ChunkHeader, stamp) < 64);
+inline constexpr std::uint32_t stamp_for(std::uint64_t n) { return static_cast<std::uint32_t>(n + 1); }
+inline std::atomic_ref<std::uint32_t> stamp_of(ChunkHeader& chunk) {
+  return std::atomic_ref<std::uint32_t>(chunk.stamp);
+}
 /// An eager message of up to this many bytes travels in its chunk header's first cache line, after
 /// the fields, where a collective's signature would be: one line carries the whole message.
 inline constexpr std::size_t header_payload_bytes = 24;

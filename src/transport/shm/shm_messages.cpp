@@ -284,25 +284,40 @@ void ShmTransport::handle_chunk(int src, const ChunkHeader& header, const std::b
   // Otherwise the rest of a message whose receive failed or was cancelled: dropped.
 }
 
+// A chunk whose stamp is there is taken without reading the head (ChunkHeader::stamp): one line
+// crosses per small message. Where no stamp was found the head decides, checked as the peer's word
+// where it is ahead of the tail (a head behind it has not caught up with its stamps yet).
 void ShmTransport::drain(int src) {
   RingHeader& ring = segment_->ring(src, rank_);
   const std::uint64_t slots = segment_->layout().slots;
-  std::uint64_t tail = ring.tail.load(std::memory_order_relaxed);
-  std::uint64_t head = ring.head.load(std::memory_order_acquire);
-  if (tail == head) return;
-  ring_fill(*segment_, head, tail, slots, src, "data", src, rank_);
-  const std::uint64_t limit = tail + 4 * slots;  // bounds one round
-  while (tail != head && tail != limit) {
+  const std::uint64_t start = ring.tail.load(std::memory_order_relaxed);
+  const std::uint64_t limit = start + 4 * slots;  // bounds one round
+  std::uint64_t tail = start;
+  const auto take = [&] {
     const ChunkHeader header = read_chunk(*segment_, src, rank_, tail);
     handle_chunk(src, header, segment_->payload(src, rank_, tail, header.eager == 1, header.bytes));
     ring.tail.store(++tail, std::memory_order_release);  // frees the slot at once: the sender refills it
-    if (tail == head) {
-      head = ring.head.load(std::memory_order_acquire);
-      ring_fill(*segment_, head, tail, slots, src, "data", src, rank_);
+  };
+  while (tail != limit &&
+         stamp_of(segment_->chunk(src, rank_, tail)).load(std::memory_order_acquire) == stamp_for(tail))
+    take();
+  bool more = tail == limit;
+  if (tail == start) {
+    // The head may still lag behind chunks taken by their stamps: nothing new then.
+    std::uint64_t head = ring.head.load(std::memory_order_acquire);
+    if (static_cast<std::int64_t>(head - tail) <= 0) return;
+    ring_fill(*segment_, head, tail, slots, src, "data", src, rank_);
+    while (tail != head && tail != limit) {
+      take();
+      if (tail == head) {
+        head = ring.head.load(std::memory_order_acquire);
+        ring_fill(*segment_, head, tail, slots, src, "data", src, rank_);
+      }
     }
+    more = tail != head;
   }
   wake_peer_[static_cast<std::size_t>(src)] = true;
-  if (tail != head) completed_ = true;  // more to drain: keep our caller from sleeping
+  if (more) completed_ = true;  // more to drain: keep our caller from sleeping
 }
 
 // Whether rank r, whose ring to this rank was full, asked to be rung once it has room (which this
@@ -373,6 +388,7 @@ void ShmTransport::write_chunk(int dst, std::uint64_t head, SendOp& op, bool by_
     if (n > 0) core::copy(segment_->payload(rank_, dst, head, eager, n), op.data + op.offset, n);
     op.offset += n;
   }
+  stamp_of(chunk).store(stamp_for(head), std::memory_order_release);
 }
 
 bool ShmTransport::send_eager(int dst, SendOp& op) {

@@ -6,6 +6,10 @@
 //   - i copies chunk after chunk into ring i->j as slots free up, messages to j in posting order;
 //     each chunk names its message (channel, seq, index), the total size and the sender's
 //     collective signature.
+//   - a chunk is published by its slot's stamp (written last, release), then the head. j takes
+//     every chunk whose stamp is there without reading the head (one line crosses per small
+//     message, not the head's and then the chunk's); where no stamp is there the head decides,
+//     checked as i's word where it is ahead of j's tail.
 //   - j drains ring i->j whenever it progresses: a chunk of a posted receive goes straight into
 //     the user's buffer (or is reduced from the slot); otherwise into heap memory (unexpected),
 //     which a later receive consumes, so one unmatched message never blocks those behind it.
@@ -16,9 +20,9 @@
 //     is one chunk that carries the address of its bytes in i; j reads them from there when it
 //     matches the message, before the ack (segment.hpp).
 //   - waking: a waiting rank first spins on the counters its peers move in the rings (data
-//     heads toward it, tails and ack heads of its own rings, doorbell_token), then sleeps on its
-//     futex doorbell. A round that wrote into or freed a peer's rings rings that peer's doorbell
-//     only if one of its threads sleeps (a seq_cst fence between the counters and the sleeper
+//     heads toward it and the stamps of the slots it reads next, tails and ack heads of its own
+//     rings, doorbell_token), then sleeps on its futex doorbell. A round that wrote into or
+//     freed a peer's rings rings that peer's doorbell only if one of its threads sleeps (a seq_cst fence between the counters and the sleeper
 //     count on our side, the count before the counters on the sleeper's), so a spinning peer
 //     pays no contended write per message. Where ranks outnumber cores (polls_rings false) the
 //     waiter watches its doorbell alone and every such round rings it. Our own completions bump
