@@ -475,17 +475,20 @@ TYPED_TEST(TransportConformance, SendrecvRefusesBadArgumentsAndRaisesMismatchOnB
   }
 }
 
-// A blocking recv, and a sendrecv, whose peer never answers: Error(timeout) at the deadline,
-// naming the message and the rank waited for.
+// A blocking recv, and a sendrecv, whose peer never answers: Error(timeout) at the deadline (not
+// before it, and within 2 s after it: the clock is read at every 8th wait), naming the message and
+// the rank waited for.
 TYPED_TEST(TransportConformance, BlockingPointToPointTimesOutNamingThePeer) {
   ::setenv("TUTTI_TIMEOUT_MS", "300", 1);
   std::vector<std::string> errors(2, "no error");
+  std::vector<std::chrono::steady_clock::duration> took(2);
   const auto start = std::chrono::steady_clock::now();
   for (int call = 0; call < 2; ++call) {
     const std::string failures = run_communicators<TypeParam>(2, [&](Communicator& comm) {
       if (comm.rank() != 0) return;
       std::vector<std::int32_t> out(2000, 1);  // larger than an eager message: the send waits too
       std::int32_t in = 0;
+      const auto called = std::chrono::steady_clock::now();
       try {
         if (call == 0)
           comm.recv(&in, 1, DataType::i32, 1, 5);
@@ -494,6 +497,7 @@ TYPED_TEST(TransportConformance, BlockingPointToPointTimesOutNamingThePeer) {
       } catch (const Error& e) {
         errors[static_cast<std::size_t>(call)] = std::string(to_string(e.code())) + ": " + e.what();
       }
+      took[static_cast<std::size_t>(call)] = std::chrono::steady_clock::now() - called;
     });
     EXPECT_EQ(failures, "");
   }
@@ -504,6 +508,10 @@ TYPED_TEST(TransportConformance, BlockingPointToPointTimesOutNamingThePeer) {
   EXPECT_EQ(errors[1],
             "timeout: rank 0: send(count=2000, i32, to rank 1, tag 4) timed out after 300 ms; still "
             "waiting for rank(s) 1");
+  for (const auto& t : took) {
+    EXPECT_GE(t, 300ms);
+    EXPECT_LT(t, 2300ms);
+  }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
 }
 

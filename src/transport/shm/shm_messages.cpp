@@ -45,12 +45,25 @@ void ShmTransport::finish(Completion* done, Completion::State state, std::string
 // rings we wrote into or freed (where one of their threads sleeps), then our local bell when one
 // of our completions changed.
 void ShmTransport::end_round() {
-  for (int r = 0; r < size_; ++r) flush_acks(r);
+  if (acks_waiting_) {
+    acks_waiting_ = false;
+    for (int r = 0; r < size_; ++r) {
+      flush_acks(r);
+      acks_waiting_ = acks_waiting_ || !pending_acks_[static_cast<std::size_t>(r)].empty();
+    }
+  }
+  if (wakes_) end_round_wakes();
+  if (completed_) ring_local(bell_, self_);
+  completed_ = false;
+}
+
+void ShmTransport::end_round_wakes() {
+  wakes_ = false;
   const bool polled = polls_rings();
   if (polled) std::atomic_thread_fence(std::memory_order_seq_cst);  // the rings' counters before the sleeper counts
   for (int r = 0; r < size_; ++r) {
-    if (!wake_peer_[static_cast<std::size_t>(r)]) continue;
-    wake_peer_[static_cast<std::size_t>(r)] = false;
+    if (wake_peer_[static_cast<std::size_t>(r)] == 0) continue;
+    wake_peer_[static_cast<std::size_t>(r)] = 0;
     if (r == rank_)
       completed_ = true;  // a message to ourselves: our other threads may wait for it
     else if (polled && !room_asked(r))
@@ -58,8 +71,6 @@ void ShmTransport::end_round() {
     else
       ring_doorbell(segment_->rank_block(r));
   }
-  if (completed_) ring_local(bell_, self_);
-  completed_ = false;
 }
 
 void ShmTransport::post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) {
@@ -127,20 +138,21 @@ void ShmTransport::post_recv_op(int peer, const MessageKey& key, RecvOp op) {
   const Key k{peer, key.channel, key.seq, key.index};
   try {
     if (auto it = unexpected_.find(k); it != unexpected_.end()) {
-      Unexpected message = std::move(it->second);
-      unexpected_.erase(it);
+      const Unexpected message = unexpected_.take(it);
       if (accept(k, op, message.total, message.has_signature, message.signature, message.eager)) {
         const bool read = message.by_reference ? read_reference(peer, op, message.reference)
-                                               : (deliver(op, 0, message.data.get(), message.received), true);
+                                               : (deliver(op, 0, message.bytes(), message.received), true);
         if (read && op.received == op.bytes)
           complete_recv(k, op);
         else
-          recvs_.emplace(k, op);  // the rest goes straight into the buffer
+          recvs_.put(k, op);  // the rest goes straight into the buffer
       }
-    } else if (!recvs_.try_emplace(k, op).second) {
+    } else if (recvs_.contains(k)) {
       finish(op.done, Completion::failed,
              "receive posted twice: seq " + std::to_string(key.seq) + " index " + std::to_string(key.index) +
                  " from rank " + std::to_string(named(peer)));
+    } else {
+      recvs_.put(k, op);
     }
     end_round();
   } catch (const Error& error) {
@@ -169,7 +181,10 @@ bool ShmTransport::accept(const Key& key, RecvOp& op, std::size_t total, bool ha
   ack.channel = static_cast<std::uint8_t>(key.channel);
   ack.ok = ok ? 1 : 0;
   ack.expected = op.bytes;
-  if (!eager) pending_acks_[static_cast<std::size_t>(key.peer)].push_back(ack);
+  if (!eager) {
+    pending_acks_[static_cast<std::size_t>(key.peer)].push_back(ack);
+    acks_waiting_ = true;
+  }
   if (!ok)
     finish(op.done, Completion::failed,
            size_mismatch(named(key.peer), total, named(rank_), op.bytes, message_key(key)));
@@ -241,7 +256,7 @@ void ShmTransport::handle_chunk(int src, const ChunkHeader& header, const std::b
       throw out_of_order(op.received, op.bytes);
     if (header.offset == 0 &&
         !accept(key, op, header.total, header.has_signature != 0, header.signature, header.eager != 0)) {
-      recvs_.erase(it);
+      recvs_.take(it);
       return;
     }
     if (header.by_reference != 0) {
@@ -251,7 +266,7 @@ void ShmTransport::handle_chunk(int src, const ChunkHeader& header, const std::b
     }
     if (op.received == op.bytes) {
       complete_recv(key, op);
-      recvs_.erase(it);
+      recvs_.take(it);
     }
     return;
   }
@@ -263,14 +278,14 @@ void ShmTransport::handle_chunk(int src, const ChunkHeader& header, const std::b
       message.reference = address_in(payload);
       message.received = header.total;
     } else {
-      reserve(message.data, message.capacity, 0, header.bytes, header.total);
-      if (header.bytes > 0) core::copy(message.data.get(), payload, header.bytes);
+      if (header.total > message.small.size()) reserve(message.data, message.capacity, 0, header.bytes, header.total);
+      if (header.bytes > 0) core::copy(message.data ? message.data.get() : message.small.data(), payload, header.bytes);
       message.received = header.bytes;
     }
     message.has_signature = header.has_signature != 0;
     message.signature = header.signature;
     message.eager = header.eager != 0;
-    unexpected_.insert_or_assign(key, std::move(message));
+    unexpected_.put(key, std::move(message));
     return;
   }
   if (auto it = unexpected_.find(key); it != unexpected_.end()) {
@@ -316,7 +331,7 @@ void ShmTransport::drain(int src) {
     }
     more = tail != head;
   }
-  wake_peer_[static_cast<std::size_t>(src)] = true;
+  wake_peer(src);
   if (more) completed_ = true;  // more to drain: keep our caller from sleeping
 }
 
@@ -355,7 +370,7 @@ void ShmTransport::push_sends(int dst) {
                               op.key.channel == Channel::point_to_point && segment_->single_copy();
     write_chunk(dst, head, op, by_reference, false);
     ring.head.store(++head, std::memory_order_release);
-    wake_peer_[static_cast<std::size_t>(dst)] = true;
+    wake_peer(dst);
     if (op.offset < op.bytes) continue;
     queue.pop_front();
     op.written = true;
@@ -398,7 +413,7 @@ bool ShmTransport::send_eager(int dst, SendOp& op) {
   if (free_slots(dst, head) == 0) return false;
   write_chunk(dst, head, op, false, true);
   ring.head.store(head + 1, std::memory_order_release);
-  wake_peer_[static_cast<std::size_t>(dst)] = true;
+  wake_peer(dst);
   finish(op.done, Completion::done);
   return true;
 }
@@ -411,7 +426,7 @@ void ShmTransport::drain_acks(int dst) {
   const bool was_full = ring_fill(*segment_, head, tail, ack_entries, dst, "ack", dst, rank_) >= ack_entries;
   for (; tail != head; ++tail) handle_ack(dst, read_ack(*segment_, rank_, dst, tail));
   ring.ack_tail.store(tail, std::memory_order_release);
-  if (was_full) wake_peer_[static_cast<std::size_t>(dst)] = true;  // it may hold acks waiting for room
+  if (was_full) wake_peer(dst);  // it may hold acks waiting for room
 }
 
 void ShmTransport::handle_ack(int dst, const Ack& ack) {
@@ -441,7 +456,7 @@ void ShmTransport::flush_acks(int src) {
     queue.pop_front();
   }
   ring.ack_head.store(head, std::memory_order_release);
-  wake_peer_[static_cast<std::size_t>(src)] = true;
+  wake_peer(src);
 }
 
 void ShmTransport::progress() {

@@ -22,11 +22,11 @@
 //   - waking: a waiting rank first spins on the counters its peers move in the rings (data
 //     heads toward it and the stamps of the slots it reads next, tails and ack heads of its own
 //     rings, doorbell_token), then sleeps on its futex doorbell. A round that wrote into or
-//     freed a peer's rings rings that peer's doorbell only if one of its threads sleeps (a seq_cst fence between the counters and the sleeper
-//     count on our side, the count before the counters on the sleeper's), so a spinning peer
-//     pays no contended write per message. Where ranks outnumber cores (polls_rings false) the
-//     waiter watches its doorbell alone and every such round rings it. Our own completions bump
-//     a local bell (segment.hpp).
+//     freed a peer's rings rings that peer's doorbell only if one of its threads sleeps (a
+//     seq_cst fence between the counters and the sleeper count on our side, the count before
+//     the counters on the sleeper's), so a spinning peer pays no contended write per message.
+//     Where ranks outnumber cores (polls_rings false) the waiter watches its doorbell alone and
+//     every such round rings it. Our own completions bump a local bell (segment.hpp).
 #pragma once
 
 #include <array>
@@ -167,8 +167,10 @@ class ShmTransport final : public Transport {
     bool unchecked = false;  // a collective's message whose signature could not be compared
   };
   struct Unexpected {
-    std::unique_ptr<std::byte[]> data;
-    std::size_t capacity = 0;  // grows with what arrives, up to total (a peer's total is not trusted)
+    std::unique_ptr<std::byte[]> data;  // null: the message fits `small`
+    std::size_t capacity = 0;           // grows with what arrives, up to total (a peer's total is not trusted)
+    std::array<std::byte, 64> small;    // a small message, without an allocation
+    const std::byte* bytes() const { return data ? data.get() : small.data(); }
     std::size_t total = 0;
     std::size_t received = 0;
     bool has_signature = false;
@@ -190,6 +192,12 @@ class ShmTransport final : public Transport {
   void complete_recv(const Key& key, RecvOp& op);
   void release_held();
   void end_round();
+  void end_round_wakes();  // end_round's doorbells (wake_peer_)
+  /// Rings r's doorbell at the end of this round (where one of its threads sleeps).
+  void wake_peer(int r) {
+    wake_peer_[static_cast<std::size_t>(r)] = 1;
+    wakes_ = true;
+  }
   void handle_chunk(int src, const ChunkHeader& header, const std::byte* payload);
   void drain(int src);
   void drain_acks(int dst);
@@ -263,10 +271,14 @@ class ShmTransport final : public Transport {
   std::vector<std::deque<Ack>> pending_acks_;                // per source, when its ack ring is full
   std::vector<std::pair<std::uint64_t, Completion*>> held_;  // unchecked receives, by seq (see announce)
   std::vector<std::uint64_t> tail_seen_;  // per destination: its ring's tail as last read (free_slots)
-  std::vector<bool> wake_peer_;           // doorbells to ring at the end of this progress
+  std::vector<std::uint8_t> wake_peer_;   // doorbells to ring at the end of this progress
+  bool wakes_ = false;                    // one of wake_peer_ is set
+  bool acks_waiting_ = false;             // one of pending_acks_ holds an ack
   bool completed_ = false;                // a completion changed: ring our own doorbell
   std::chrono::steady_clock::time_point next_liveness_check_{};
-  std::vector<int> pidfds_;  // per peer process, -1 where unavailable (or a thread of ours)
+  std::uint32_t liveness_rounds_ = 0;  // progress rounds: the clock is read every 16th (check_peers)
+  std::atomic<bool> slept_{false};     // a wait slept since: the next round reads the clock
+  std::vector<int> pidfds_;            // per peer process, -1 where unavailable (or a thread of ours)
   std::uint64_t direct_uses_ = 0;
   WaitPolicy wait_policy_;               // how wait() passes the time before it sleeps
   std::function<void(bool)> wait_hook_;  // poll_while_waiting
