@@ -470,7 +470,9 @@ bool ShmTransport::peer_has_died(int peer) const {
 // Reading the clock costs as much as a small message's own work: a caller that polls looks at it
 // every 16th round, and at the first round after a sleep (a sleep may have lasted longest_sleep).
 void ShmTransport::check_peers() {
-  if ((++liveness_rounds_ & 15) != 0 && !slept_.exchange(false, std::memory_order_relaxed)) return;
+  if ((++liveness_rounds_ & 15) != 0 &&
+      !(slept_.load(std::memory_order_relaxed) && slept_.exchange(false, std::memory_order_relaxed)))
+    return;  // (the load first: an exchange is a locked instruction, in every round)
   const auto now = clock::now();
   if (now < next_liveness_check_) return;
   next_liveness_check_ = now + liveness_period;

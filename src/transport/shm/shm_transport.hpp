@@ -170,6 +170,7 @@ class ShmTransport final : public Transport {
     std::unique_ptr<std::byte[]> data;  // null: the message fits `small`
     std::size_t capacity = 0;           // grows with what arrives, up to total (a peer's total is not trusted)
     std::array<std::byte, 64> small;    // a small message, without an allocation
+    std::byte* bytes() { return data ? data.get() : small.data(); }
     const std::byte* bytes() const { return data ? data.get() : small.data(); }
     std::size_t total = 0;
     std::size_t received = 0;
