@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/inline_array.hpp"
 #include "schedule/schedule.hpp"
 #include "transport/transport.hpp"
 
@@ -153,30 +154,8 @@ class Operation {
   std::atomic<int> source_{-1};
 };
 
-/// `n` default-constructed elements of T, placed once (place(n), on a fresh object): inside the
-/// object when n <= N (no allocation: the runs of small calls fit), else on the heap. Never moves
-/// (its elements' addresses are handed out).
-template <class T, std::size_t N>
-class RunArray {
- public:
-  RunArray() = default;
-  RunArray(const RunArray&) = delete;
-  RunArray& operator=(const RunArray&) = delete;
-  void place(std::size_t n) {
-    heap_ = n <= N ? nullptr : std::make_unique<T[]>(n);
-    data_ = heap_ ? heap_.get() : inline_.data();
-  }
-  T* data() const { return data_; }
-  T& operator[](std::size_t i) const { return data_[i]; }
-
- private:
-  std::array<T, N> inline_{};
-  std::unique_ptr<T[]> heap_;
-  T* data_ = inline_.data();
-};
-
 /// A stack of step indices that never holds more than the schedule's steps (each enters once),
-/// placed once like a RunArray.
+/// placed once like a core::InlineArray.
 template <std::size_t N>
 class StepStack {
  public:
@@ -192,7 +171,7 @@ class StepStack {
   const std::uint32_t* end() const { return slots_.data() + size_; }
 
  private:
-  RunArray<std::uint32_t, N> slots_;
+  core::InlineArray<std::uint32_t, N> slots_;
   std::size_t size_ = 0;
 };
 
@@ -235,8 +214,8 @@ class ScheduleOperation final : public Operation {
   std::unique_ptr<std::byte[]> heap_scratch_;
   std::byte* scratch_ = nullptr;
 
-  RunArray<std::uint32_t, inline_steps> remaining_deps_;
-  RunArray<transport::Completion, inline_steps> completions_;
+  core::InlineArray<std::uint32_t, inline_steps> remaining_deps_;
+  core::InlineArray<transport::Completion, inline_steps> completions_;
   std::vector<std::unique_ptr<std::byte[]>> staging_;  // per step once one needs it (no native recv_reduce)
   StepStack<inline_steps> ready_, in_flight_;
   std::size_t completed_ = 0;

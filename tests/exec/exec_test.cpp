@@ -287,7 +287,7 @@ TEST(ExecKinds, NativeOperationsStartAfterEarlierCollectivesAndFailLikeAny) {
 // every element is default-constructed and addressable.
 TEST(RunStorage, SmallRunsLiveInsideTheirOwnerLargerOnTheHeap) {
   struct Owner {
-    exec::RunArray<transport::Completion, 4> completions;
+    core::InlineArray<transport::Completion, 4> completions;
     exec::StepStack<4> stack;
   };
   for (std::size_t size : {0u, 1u, 4u, 5u, 64u}) {

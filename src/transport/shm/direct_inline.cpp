@@ -3,6 +3,7 @@
 // (see the top of direct.cpp, and carry_inline in shm.cpp).
 #include <array>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -35,11 +36,10 @@ void DirectRun::bind(const Signature& signature) {
 // published, alike (alltoallv_from_slots); where some rank's did not fit, every rank goes on
 // through the data set (run_exchange_phase).
 void DirectRun::publish_alltoallv(const Signature& signature) {
-  published_.resize(inline_bytes);
-  published_.resize(alltoallv_publication(published_.data(), send_, send_starts_, starts_, esize_));
+  published_bytes_ = alltoallv_publication(published_.data(), send_, send_starts_, starts_, esize_);
   inline_ = true;
   wire_ = to_wire(signature);
-  transport_.carry_inline(seq_, published_.data(), published_.size(), wire_);
+  transport_.carry_inline(seq_, published_.data(), published_bytes_, wire_);
 }
 
 std::size_t alltoallv_publication(std::byte* out, const std::byte* send, std::span<const std::size_t> send_starts,
@@ -95,7 +95,8 @@ bool alltoallv_from_slots(const Segment& segment, std::uint64_t seq, int r, std:
   const std::size_t header = words * sizeof(std::uint64_t), room = (inline_bytes - header) / esize;
   const int p = static_cast<int>(up);
   const auto slot = [&](int q) { return segment.signature_slot(q, seq).data; };
-  std::vector<std::uint64_t> all(up * words);  // each rank's header, copied once: a peer may change its slot
+  AlltoallvHeaders all;  // each rank's header, copied once: a peer may change its slot
+  all.place(up * words);
   for (int q = 0; q < p; ++q)
     if (take_alltoallv_header(segment, q, r, slot(q), recv_starts, room, true,
                               &all[static_cast<std::size_t>(q) * words]) == 0)
@@ -115,7 +116,7 @@ bool DirectRun::progress_inline(bool arrange_wake) {
   try {
     // An alltoallv whose own input did not fit knows the way already: the data set, which every
     // rank takes once it sees this rank's slot (its phase 1 waits for every signature anyway).
-    if (kind_ == Collective::alltoallv && published_.size() == sizeof(std::uint64_t)) return go_through_sets();
+    if (kind_ == Collective::alltoallv && published_bytes_ == sizeof(std::uint64_t)) return go_through_sets();
     // Complete once every publication it needs is there (each compared with this rank's
     // signature), even if the communicator was aborted meanwhile: every rank did enter it, and the
     // abort (a later call's mismatch, another rank's error) is raised by this rank's next call.
@@ -172,19 +173,24 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
       (reduces && !call.op) ||
       (input_blocks(kind) && segment_->layout().direct_chunk / esize < p))  // start_direct's refusal
     return false;
+  // An alltoallv input that does not fit its slot (alltoallv_publication's test) goes the general
+  // way, which publishes that, and the data set serves.
+  if (v && alltoallv_header_words(p) * sizeof(std::uint64_t) +
+                   std::accumulate(call.counts.begin(), call.counts.end(), std::size_t{0}) * esize >
+               inline_bytes)
+    return false;
   auto* recv = static_cast<std::byte*>(call.recv);
   // A broadcast has one buffer, which is its input on the root; no in-place form to map.
   const std::byte* send = kind == Collective::broadcast ? recv : map_in_place(call, rank_).input;
   Publication mine = publication(kind, send, recv, call.count, esize, rank_, size_, call.root);
-  // Alltoallv: recv's blocks, and what it publishes (alltoallv_publication); an input that does
-  // not fit goes the general way, which publishes that, and the data set serves.
-  const std::vector<std::size_t> starts = uneven ? block_starts(call.counts)
-                                          : v    ? block_starts(call.recv_counts)
-                                                 : std::vector<std::size_t>{};
+  // Alltoallv: recv's blocks, and what it publishes (alltoallv_publication).
+  BlockStarts starts, send_starts;
+  if (uneven) place_block_starts(starts, call.counts);
+  if (v) place_block_starts(starts, call.recv_counts), place_block_starts(send_starts, call.counts);
   std::array<std::byte, inline_bytes> own;
   if (v) {
-    mine = {own.data(), alltoallv_publication(own.data(), static_cast<const std::byte*>(call.send),
-                                              block_starts(call.counts), starts, esize)};
+    mine = {own.data(),
+            alltoallv_publication(own.data(), static_cast<const std::byte*>(call.send), send_starts, starts, esize)};
     if (mine.bytes == sizeof(std::uint64_t)) return false;
   }
   const std::size_t elements = uneven ? starts.back() : call.count;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/copy.hpp"
+#include "core/inline_array.hpp"
 #include "core/shared_memory.hpp"
 #include "reduce/reduce.hpp"
 #include "transport/shm/direct.hpp"
@@ -101,12 +102,19 @@ void check_alltoallv_pairs(const std::uint64_t* all, int p, int r);
 bool alltoallv_from_slots(const Segment& segment, std::uint64_t seq, int r, std::size_t esize, std::byte* recv,
                           std::span<const std::size_t> recv_starts);
 
-/// allgatherv's blocks: block q is elements [starts[q], starts[q + 1]) of the result (p + 1 entries).
-inline std::vector<std::size_t> block_starts(std::span<const std::size_t> counts) {
-  std::vector<std::size_t> starts(counts.size() + 1, 0);
+/// Ranks whose per-call arrays (block starts, alltoallv headers) live inside the run or on the
+/// stack: a call of up to this many ranks allocates none.
+inline constexpr std::size_t inline_ranks = 16;
+using BlockStarts = core::InlineArray<std::size_t, inline_ranks + 1>;
+/// allgatherv's (alltoallv's) blocks: block q is elements [starts[q], starts[q + 1]) of the result
+/// (p + 1 entries), placed into `starts` (a fresh one).
+inline void place_block_starts(BlockStarts& starts, std::span<const std::size_t> counts) {
+  starts.place(counts.size() + 1);
+  starts[0] = 0;
   for (std::size_t q = 0; q < counts.size(); ++q) starts[q + 1] = starts[q] + counts[q];
-  return starts;
 }
+/// Every rank's alltoallv header (alltoallv_header_words each), copied once from its slot.
+using AlltoallvHeaders = core::InlineArray<std::uint64_t, inline_ranks*(3 + 2 * inline_ranks)>;
 
 /// An inline collective's result on rank r of p from the inputs the ranks published (input(q):
 /// rank q's signature slot data), into `recv` (reduce_scatter: this rank's block; allgather in
@@ -171,8 +179,14 @@ class DirectRun final : public DirectCollective {
     wire_ = wire;
     inline_ = true;
   }
-  bool progress() override { return inline_ ? progress_inline(true) : progress_barriers(); }
-  bool poll() override { return inline_ ? progress_inline(false) : progress_barriers(); }
+  bool progress() override {
+    spinning_ = false;
+    return inline_ ? progress_inline(true) : progress_barriers();
+  }
+  bool poll() override {
+    spinning_ = true;
+    return inline_ ? progress_inline(false) : progress_barriers();
+  }
   std::vector<int> waiting_for() const override;
   ~DirectRun() override {
     if ((inline_ || describes_) && !consumed_) transport_.consumed_inline(seq_);
@@ -316,22 +330,24 @@ class DirectRun final : public DirectCollective {
   const std::byte* send_;
   std::byte* recv_;
   std::size_t count_, esize_;
-  std::vector<std::size_t> starts_;  // allgatherv, alltoallv: block q is elements [starts_[q], starts_[q + 1]) of recv
-  std::vector<std::size_t> send_starts_;  // alltoallv: rank q's block is elements [send_starts_[q], ...) of send
-  std::size_t largest_ = 0;               // the largest block of the call in elements (allgatherv's differ)
+  BlockStarts starts_;       // allgatherv, alltoallv: block q is elements [starts_[q], starts_[q + 1]) of recv
+  BlockStarts send_starts_;  // alltoallv: rank q's block is elements [send_starts_[q], ...) of send
+  std::size_t largest_ = 0;  // the largest block of the call in elements (allgatherv's differ)
   DataType type_;
   ReduceOp op_;
   int root_;
   std::chrono::milliseconds timeout_;
   clock::time_point deadline_{};  // timeout_ after the first wait (a call that never waits reads no clock)
   clock::time_point next_liveness_check_{};
-  bool small_ = false;        // allreduce in one step: every rank reduces everything
-  bool three_parts_ = false;  // allreduce in chunks: begin, reduce_slice, finish
-  bool single_copy_ = false;  // a small reduce_scatter reads the peers' buffers (see plan)
-  bool exchange_ = false;     // alltoallv: displacements (and small inputs) through the data set (see plan)
-  bool describes_ = false;    // zero copy: this rank published a Described (see describe)
-  bool zero_copy_ = false;    // and every rank's buffers are shared: runs zero copy
-  struct Described {          // what describe publishes: where send and recv lie (id 0: not shared)
+  bool spinning_ = false;              // progressed by poll: the caller spins (see check_deadline_and_liveness)
+  std::uint32_t unclocked_polls_ = 0;  // polls that did not read the clock
+  bool small_ = false;                 // allreduce in one step: every rank reduces everything
+  bool three_parts_ = false;           // allreduce in chunks: begin, reduce_slice, finish
+  bool single_copy_ = false;           // a small reduce_scatter reads the peers' buffers (see plan)
+  bool exchange_ = false;              // alltoallv: displacements (and small inputs) through the data set (see plan)
+  bool describes_ = false;             // zero copy: this rank published a Described (see describe)
+  bool zero_copy_ = false;             // and every rank's buffers are shared: runs zero copy
+  struct Described {                   // what describe publishes: where send and recv lie (id 0: not shared)
     core::SharedLocation send, recv;
   };
   Described described_{};
@@ -346,15 +362,18 @@ class DirectRun final : public DirectCollective {
   std::size_t phases_ = 0, phase_ = 0;
   std::uint64_t first_use_ = 0;  // the data-set use of chunk 0 (once reserved_)
   bool reserved_ = false;
-  std::uint64_t round_ = 0;           // the barrier round this rank waits for (0: none)
-  std::uint64_t seq_ = no_seq;        // see bind
-  bool compared_ = false;             // every rank's signature was compared with ours
-  bool awaits_signatures_ = false;    // waiting for that rather than for a barrier
-  bool inline_ = false;               // runs inline (see the top of this file)
-  bool consumed_ = false;             // inline: every peer's input read
-  int next_peer_ = 0;                 // inline: ranks below this have published
-  WireSignature wire_{};              // inline: this rank's signature, which the peers' must equal
-  std::vector<std::byte> published_;  // alltoallv: what it publishes (see publish_alltoallv)
+  std::uint64_t round_ = 0;         // the barrier round this rank waits for (0: none)
+  std::uint64_t seq_ = no_seq;      // see bind
+  bool compared_ = false;           // every rank's signature was compared with ours
+  bool awaits_signatures_ = false;  // waiting for that rather than for a barrier
+  bool inline_ = false;             // runs inline (see the top of this file)
+  bool consumed_ = false;           // inline: every peer's input read
+  int next_peer_ = 0;               // inline: ranks below this have published
+  WireSignature wire_{};            // inline: this rank's signature, which the peers' must equal
+  // Alltoallv: what it publishes (see publish_alltoallv), published_bytes_ of it (left
+  // uninitialised: a run is made on every call).
+  std::array<std::byte, inline_bytes> published_;  // NOLINT(cppcoreguidelines-pro-type-member-init)
+  std::size_t published_bytes_ = 0;
   // How results leave the data sets: with streaming stores when the ranks together write at least
   // streaming_bytes of results that they have not read (in place, begin() read them into the cache).
   void (*copy_out_)(std::byte*, const std::byte*, std::size_t) = copy_cached;

@@ -91,7 +91,8 @@ void DirectRun::run_exchange_phase(std::size_t phase) {
   // input is in the set, no rank reads another's buffer: the run ends after these reads, without
   // the last barrier (the set is written again only after the next run's barrier), as every rank
   // sees the same flags.
-  std::vector<std::uint64_t> all(up * words);
+  AlltoallvHeaders all;
+  all.place(up * words);
   bool every_input_in_set = true;
   try {
     for (int q = 0; q < p; ++q)
