@@ -54,9 +54,11 @@ inline constexpr std::size_t probed_reference_bytes = 8 * 1024;
 inline constexpr std::size_t eager_bytes = 4096;
 inline constexpr std::size_t abort_text_bytes = 1024;
 inline constexpr std::size_t secret_bytes = 32;
-/// Bytes of input a signature slot carries for a small direct collective (the first 16 share the
-/// signature's cache line): such a collective is one publication and one read per peer.
-inline constexpr std::size_t inline_bytes = 1040;
+/// Bytes of input a signature slot carries for a small direct collective (4 KiB, and 16 more that
+/// share the signature's cache line): such a collective is one publication and one read per peer,
+/// no barrier. From 1 to 4 KiB that measured 1.2-2x faster than the data sets' copy in, barrier,
+/// copy out (docs/performance.md, 2026-12-03, later).
+inline constexpr std::size_t inline_bytes = 4112;
 
 /// First error of the communicator; the first writer wins (state 0 -> 1 by CAS, then 2 once written).
 struct AbortRecord {
