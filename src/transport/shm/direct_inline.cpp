@@ -47,7 +47,7 @@ std::size_t alltoallv_publication(std::byte* out, const std::byte* send, std::sp
   const std::size_t p = send_starts.size() - 1, header = alltoallv_header_words(p) * sizeof(std::uint64_t);
   const std::size_t input = send_starts.back() * esize;
   auto* words = reinterpret_cast<std::uint64_t*>(out);
-  words[0] = header + input <= inline_bytes ? 1 : 0;
+  words[0] = alltoallv_fits_inline(p, send_starts.back(), esize) ? 1 : 0;
   if (words[0] == 0) return sizeof(std::uint64_t);
   for (std::size_t q = 0; q <= p; ++q) words[1 + q] = send_starts[q], words[2 + p + q] = recv_starts[q];
   if (input > 0) core::copy(out + header, send, input);
@@ -175,9 +175,7 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
     return false;
   // An alltoallv input that does not fit its slot (alltoallv_publication's test) goes the general
   // way, which publishes that, and the data set serves.
-  if (v && alltoallv_header_words(p) * sizeof(std::uint64_t) +
-                   std::accumulate(call.counts.begin(), call.counts.end(), std::size_t{0}) * esize >
-               inline_bytes)
+  if (v && !alltoallv_fits_inline(p, std::accumulate(call.counts.begin(), call.counts.end(), std::size_t{0}), esize))
     return false;
   auto* recv = static_cast<std::byte*>(call.recv);
   // A broadcast has one buffer, which is its input on the root; no in-place form to map.
@@ -191,7 +189,6 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
   if (v) {
     mine = {own.data(),
             alltoallv_publication(own.data(), static_cast<const std::byte*>(call.send), send_starts, starts, esize)};
-    if (mine.bytes == sizeof(std::uint64_t)) return false;
   }
   const std::size_t elements = uneven ? starts.back() : call.count;
   // Whether this rank reads any peer's publication (a broadcast's root does not, nor does a

@@ -83,7 +83,12 @@ inline std::size_t largest_publication(Collective kind, std::size_t largest, std
 /// (inline_bytes); returns its size.
 std::size_t alltoallv_publication(std::byte* out, const std::byte* send, std::span<const std::size_t> send_starts,
                                   std::span<const std::size_t> recv_starts, std::size_t esize);
-inline std::size_t alltoallv_header_words(std::size_t p) { return 3 + 2 * p; }
+inline constexpr std::size_t alltoallv_header_words(std::size_t p) { return 3 + 2 * p; }
+/// Whether an alltoallv input of `elements` on p ranks fits its slot after its header (what
+/// alltoallv_publication publishes inline).
+inline bool alltoallv_fits_inline(std::size_t p, std::size_t elements, std::size_t esize) {
+  return alltoallv_header_words(p) * sizeof(std::uint64_t) + elements * esize <= inline_bytes;
+}
 /// Rank q's alltoallv header ([whether its input follows, its p + 1 send displacements, its p + 1
 /// receive displacements]) copied from `from` to `to` (once: a peer may change it) and checked:
 /// a flag of 0 or 1, displacements that start at 0 and grow, an input that follows of at most
@@ -114,7 +119,7 @@ inline void place_block_starts(BlockStarts& starts, std::span<const std::size_t>
   for (std::size_t q = 0; q < counts.size(); ++q) starts[q + 1] = starts[q] + counts[q];
 }
 /// Every rank's alltoallv header (alltoallv_header_words each), copied once from its slot.
-using AlltoallvHeaders = core::InlineArray<std::uint64_t, inline_ranks*(3 + 2 * inline_ranks)>;
+using AlltoallvHeaders = core::InlineArray<std::uint64_t, inline_ranks * alltoallv_header_words(inline_ranks)>;
 
 /// An inline collective's result on rank r of p from the inputs the ranks published (input(q):
 /// rank q's signature slot data), into `recv` (reduce_scatter: this rank's block; allgather in
