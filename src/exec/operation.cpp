@@ -157,7 +157,11 @@ void Plan::build_graph() {
     for (auto d : schedule.steps[i].deps) dependents[fill[d]++] = i;
     if (deps_count[i] == 0) first_ready.push_back(i);
   }
-  std::reverse(first_ready.begin(), first_ready.end());  // pop_back() then starts steps in list order
+  // Receives first: a peer's message that arrives while this rank is still posting its sends
+  // (a large send may take a while to hand over) then lands in its buffer, not in a copy of it.
+  std::stable_partition(first_ready.begin(), first_ready.end(),
+                        [&](std::uint32_t i) { return schedule.steps[i].kind != StepKind::send; });
+  std::reverse(first_ready.begin(), first_ready.end());  // pop_back() then starts them in that order
 }
 
 ScheduleOperation::ScheduleOperation(transport::Transport& transport, std::shared_ptr<const Plan> plan, Buffers buffers,

@@ -45,7 +45,7 @@ struct Plan {
   schedule::Schedule schedule;
   std::vector<std::uint32_t> deps_count;                    // per step
   std::vector<std::uint32_t> dependents_begin, dependents;  // CSR
-  std::vector<std::uint32_t> first_ready;                   // reversed: pop_back() starts them in list order
+  std::vector<std::uint32_t> first_ready;                   // reversed: pop_back() starts them in order, sends last
   std::vector<std::uint32_t> message_index;                 // per step (unused by copies)
   std::uint32_t signature_recv = none;                      // the step receiving the ring neighbour's signature
   std::uint32_t notice_recv = none;  // a broadcast that runs ahead: the receive from the parent (see collective)
