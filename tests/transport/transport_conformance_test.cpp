@@ -168,6 +168,11 @@ TYPED_TEST(TransportConformance, MatchesDistinctKeysOutOfOrder) {
   for (int p : group_sizes) EXPECT_EQ(run_case<TypeParam>(p, conformance::match_out_of_order), "") << "p=" << p;
 }
 
+TYPED_TEST(TransportConformance, EarlyLargeMessagesRoundAfterRoundLandExactly) {
+  for (int p : {2, 3})
+    EXPECT_EQ(run_case<TypeParam>(p, conformance::early_messages_round_after_round), "") << "p=" << p;
+}
+
 TYPED_TEST(TransportConformance, SizeMismatchFailsBothSidesWithOneText) {
   const auto fn = [](Transport& t) { return conformance::size_mismatch(t, TypeParam::traits); };
   for (int p : {2, 3}) EXPECT_EQ(run_case<TypeParam>(p, fn), "") << "p=" << p;

@@ -41,7 +41,7 @@ using bootstrap::tag_size;
 struct Bytes {
   std::unique_ptr<std::byte[]> data;
   std::size_t size = 0;
-  bool small = false;  // `data` holds small_message_bytes (whatever `size`): the hub may keep it for reuse
+  std::size_t room = 0;  // when nonzero, `data` holds this many bytes (whatever `size`): the hub may keep it for reuse
   static Bytes make(std::size_t size) { return {std::make_unique_for_overwrite<std::byte[]>(size ? size : 1), size}; }
 };
 
@@ -72,6 +72,10 @@ struct Inbound {
   // turn ends without a read that would only fail with EAGAIN (epoll is level-triggered: bytes
   // that arrive later wake the next turn).
   bool drained = false;
+  // The last frame's payload was large (at least direct_read bytes): the next header is read
+  // alone, and a large payload's reads stop at its end, so that a large payload is read straight
+  // into its sink rather than through `buffer` and a copy.
+  bool large = false;
   FrameHeader header;
   std::uint64_t number = 0;  // of the current frame, in this direction
   bool compact = false;      // the current frame was compact: verified whole before it was acted on
@@ -271,7 +275,7 @@ class Hub {
   // Reading a peer's stream (hub_read.cpp).
   void read_peer_locked(int g);
   void read_frames_locked(int g);
-  bool fill_locked(int g);
+  bool fill_locked(int g, std::size_t upto = Inbound::read_ahead);
   bool header_ready_locked(int g);
   bool compact_ready_locked(int g);
   void payload_done_locked(int g);
@@ -335,6 +339,13 @@ class Hub {
   // arrives before its receive is the common case of a small call: it then allocates nothing).
   static constexpr std::size_t small_kept = 64;
   std::vector<std::unique_ptr<std::byte[]>> small_buffers_;
+  // Likewise the buffers of larger ones, up to large_kept_each bytes each and large_kept_bytes in
+  // all: a pipelined collective whose peer runs ahead sends chunks before their receives are
+  // posted, call after call, and fresh memory for each would cost a page fault per 4 KiB.
+  static constexpr std::size_t large_kept_each = std::size_t{1} << 20;
+  static constexpr std::size_t large_kept_bytes = std::size_t{8} << 20;
+  std::vector<std::pair<std::unique_ptr<std::byte[]>, std::size_t>> large_buffers_;  // with their room
+  std::size_t large_buffers_bytes_ = 0;
   bool stopping_ = false;
   bool crashed_ = false;
   std::chrono::steady_clock::time_point stop_deadline_;

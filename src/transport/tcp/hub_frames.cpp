@@ -156,17 +156,38 @@ bool Hub::start_data_locked(int g) {
 }
 
 Bytes Hub::message_bytes_locked(std::size_t size) {
-  if (size > small_message_bytes) return Bytes::make(size);
-  if (small_buffers_.empty()) return {std::make_unique_for_overwrite<std::byte[]>(small_message_bytes), size, true};
-  Bytes bytes{std::move(small_buffers_.back()), size, true};
-  small_buffers_.pop_back();
+  if (size <= small_message_bytes) {
+    if (small_buffers_.empty())
+      return {std::make_unique_for_overwrite<std::byte[]>(small_message_bytes), size, small_message_bytes};
+    Bytes bytes{std::move(small_buffers_.back()), size, small_message_bytes};
+    small_buffers_.pop_back();
+    return bytes;
+  }
+  if (size > large_kept_each) return Bytes::make(size);
+  auto best = large_buffers_.end();  // the smallest kept buffer that holds `size`
+  for (auto it = large_buffers_.begin(); it != large_buffers_.end(); ++it)
+    if (it->second >= size && (best == large_buffers_.end() || it->second < best->second)) best = it;
+  if (best == large_buffers_.end()) {
+    constexpr std::size_t granule = 64 * 1024;  // so that a buffer serves messages of nearly its size
+    const std::size_t room = (size + granule - 1) / granule * granule;
+    return {std::make_unique_for_overwrite<std::byte[]>(room), size, room};
+  }
+  Bytes bytes{std::move(best->first), size, best->second};
+  large_buffers_bytes_ -= best->second;
+  large_buffers_.erase(best);
   return bytes;
 }
 
 void Hub::recycle_locked(Bytes&& bytes) {
-  if (!bytes.small || !bytes.data || small_buffers_.size() >= small_kept) return;
-  if (small_buffers_.capacity() == 0) small_buffers_.reserve(small_kept);
-  small_buffers_.push_back(std::move(bytes.data));
+  if (bytes.room == 0 || !bytes.data) return;
+  if (bytes.room == small_message_bytes) {
+    if (small_buffers_.size() >= small_kept) return;
+    if (small_buffers_.capacity() == 0) small_buffers_.reserve(small_kept);
+    small_buffers_.push_back(std::move(bytes.data));
+  } else if (large_buffers_bytes_ + bytes.room <= large_kept_bytes) {
+    large_buffers_bytes_ += bytes.room;
+    large_buffers_.emplace_back(std::move(bytes.data), bytes.room);
+  }
 }
 
 bool Hub::check_signature_locked(CommState& c, std::uint64_t id, int g, std::uint64_t seq,

@@ -46,7 +46,8 @@ bool consume_buffered(Inbound& in, FrameMac* mac, std::size_t& budget) {
 
 }  // namespace
 
-bool Hub::fill_locked(int g) {
+// Reads what the socket holds into the read-ahead buffer, up to `upto` bytes buffered in all.
+bool Hub::fill_locked(int g, std::size_t upto) {
   Peer& peer = peers_[static_cast<std::size_t>(g)];
   Inbound& in = peer.in;
   if (in.drained) return false;
@@ -58,7 +59,7 @@ bool Hub::fill_locked(int g) {
     in.begin = 0;
   }
   for (;;) {
-    const std::size_t room = Inbound::read_ahead - in.end;
+    const std::size_t room = (upto > in.end && upto < Inbound::read_ahead ? upto : Inbound::read_ahead) - in.end;
     const ssize_t got = ::recv(peer.fd, in.buffer.get() + in.end, room, 0);
     if (got > 0) {
       in.end += static_cast<std::size_t>(got);
@@ -169,17 +170,19 @@ void Hub::read_frames_locked(int g) {
       peer.more = true;
       return;
     }
+    const std::size_t tags = peer.receive_mac ? tag_size : 0;
     if (in.stage == Inbound::Stage::header) {
       if (header_ready_locked(g)) {
+        in.large = in.header.bytes >= direct_read;
         if (!start_frame_locked(g)) return;
-      } else if (peer.closed || !fill_locked(g)) {
+      } else if (peer.closed || !fill_locked(g, in.large ? sizeof(FrameHeader) + tags : Inbound::read_ahead)) {
         return;
       }
       continue;
     }
     if (in.stage == Inbound::Stage::trailer) {
       if (in.end - in.begin < tag_size) {
-        if (!fill_locked(g)) return;
+        if (!fill_locked(g, in.large ? tag_size : Inbound::read_ahead)) return;
         continue;
       }
       Tag tag;
@@ -213,7 +216,7 @@ void Hub::read_frames_locked(int g) {
       in.target += got;
       in.remaining -= static_cast<std::size_t>(got);
       budget -= std::min(budget, static_cast<std::size_t>(got));
-    } else if (!fill_locked(g)) {
+    } else if (!fill_locked(g, in.large ? in.remaining + tags : Inbound::read_ahead)) {
       return;
     }
     if (in.remaining == 0) payload_done_locked(g);
