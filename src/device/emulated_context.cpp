@@ -72,6 +72,7 @@ struct HardwareQueue {
     std::shared_ptr<StrictStream> stream;
     std::function<void()> task;
     bool is_wait = false;
+    std::uint64_t number = 0;  // the stream's task number (PendingWait::position)
   };
 
   HardwareQueue(EmulatedContext& c, int i) : context(c), index(i), thread([this] { run(); }) {}
@@ -84,9 +85,12 @@ struct HardwareQueue {
     thread.join();
   }
 
-  // The wait at the head of the queue, while it is held (called on the queue's thread).
-  void hold(const StrictStream* stream, std::string what, const std::uint32_t* flag) {
+  // The wait at the head of the queue, while it is held (called on the queue's thread). A wait
+  // leaves the stream's queued waits only here, under the same lock, so that it is always either
+  // queued or held to whoever looks (StrictStream::pending).
+  void hold(StrictStream* stream, std::string what, const std::uint32_t* flag, bool queued_wait) {
     std::lock_guard lock(mutex);
+    if (queued_wait && !stream->waits_.empty()) stream->waits_.pop_front();
     held_stream = stream;
     held_what = std::move(what);
     held_flag = flag;
@@ -113,7 +117,6 @@ struct HardwareQueue {
       if (fifo.empty()) return;
       Entry entry = std::move(fifo.front());
       fifo.pop_front();
-      if (entry.is_wait && !entry.stream->waits_.empty()) entry.stream->waits_.pop_front();
       lock.unlock();
       // A faulted context runs nothing more (a sticky error); an ending one drops what is left.
       if (!context.faulted() && !context.releasing()) {
@@ -125,6 +128,9 @@ struct HardwareQueue {
       }
       entry.task = nullptr;
       lock.lock();
+      // A wait that ended before it held (a fault, a dropped task) leaves the queued waits here.
+      auto& waits = entry.stream->waits_;
+      if (entry.is_wait && !waits.empty() && waits.front().position == entry.number) waits.pop_front();
       ++finished;
       ++entry.stream->finished_;
       done.notify_all();
@@ -164,7 +170,7 @@ void StrictStream::submit(std::function<void()> task, std::optional<PendingWait>
       wait->position = enqueued_;
       waits_.push_back(std::move(*wait));
     }
-    queue_.fifo.push_back({shared_from_this(), std::move(task), is_wait});
+    queue_.fifo.push_back({shared_from_this(), std::move(task), is_wait, enqueued_});
     ++enqueued_;
     ++queue_.submitted;
   }
@@ -179,7 +185,7 @@ void StrictStream::enqueue_wait_flag(const std::uint32_t* flag, std::uint32_t va
   submit(
       [this, flag, value, what] {
         context_.check_live(flag, sizeof(*flag), "wait_value", "the flag");
-        queue_.hold(this, what, flag);
+        queue_.hold(this, what, flag, true);
         const bool reached = sleep_on_flag(flag, value, [this] { return context_.releasing() || context_.faulted(); });
         queue_.unhold();
         if (!reached && context_.releasing())
@@ -196,7 +202,7 @@ void StrictStream::enqueue_wait_event(std::shared_ptr<EventState> event, std::ui
   };
   submit(
       [this, event, target, what] {
-        queue_.hold(this, what, nullptr);
+        queue_.hold(this, what, nullptr, true);
         const bool completed =
             sleep_on_event(*event, target, [this] { return context_.releasing() || context_.faulted(); });
         queue_.unhold();
@@ -209,7 +215,7 @@ void StrictStream::enqueue_wait_event(std::shared_ptr<EventState> event, std::ui
 void StrictStream::enqueue_host_function(std::function<void()> function, std::string what) {
   submit(
       [this, function = std::move(function), what = std::move(what)]() mutable {
-        queue_.hold(this, what, nullptr);
+        queue_.hold(this, what, nullptr, false);
         struct Unhold {
           HardwareQueue& queue;
           ~Unhold() { queue.unhold(); }
