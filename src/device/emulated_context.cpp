@@ -1,7 +1,5 @@
 #include "device/emulated_context.hpp"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -11,6 +9,7 @@
 #include "core/env.hpp"
 #include "core/log.hpp"
 #include "device/device.hpp"
+#include "device/emulated_queue.hpp"
 
 namespace tutti::device::detail {
 namespace {
@@ -18,12 +17,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto implicit_wait_limit = std::chrono::seconds(60);  // only a hang reaches it
 constexpr unsigned char poison_byte = 0xDB;
-
-std::string hex(const void* p) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%p", p);
-  return text;
-}
 
 long long env_count(const char* name, long long fallback) {
   const auto text = core::env(name);
@@ -63,205 +56,6 @@ bool strict_from_env() {
   if (!text || *text == "0") return false;
   if (*text == "1") return true;
   throw Error(ErrorCode::invalid_argument, "TUTTI_EMULATED_STRICT: expected 0 or 1, got '" + *text + "'");
-}
-
-// ---- a hardware queue: one worker thread that runs its streams' work in submission order ----
-
-struct HardwareQueue {
-  struct Entry {
-    std::shared_ptr<StrictStream> stream;
-    std::function<void()> task;
-    bool is_wait = false;
-    std::uint64_t number = 0;  // the stream's task number (PendingWait::position)
-  };
-
-  HardwareQueue(EmulatedContext& c, int i) : context(c), index(i), thread([this] { run(); }) {}
-  ~HardwareQueue() {
-    {
-      std::lock_guard lock(mutex);
-      stopping = true;
-    }
-    work.notify_all();
-    thread.join();
-  }
-
-  // The wait at the head of the queue, while it is held (called on the queue's thread). A wait
-  // leaves the stream's queued waits only here, under the same lock, so that it is always either
-  // queued or held to whoever looks (StrictStream::pending).
-  void hold(StrictStream* stream, std::string what, const std::uint32_t* flag, bool queued_wait) {
-    std::lock_guard lock(mutex);
-    if (queued_wait && !stream->waits_.empty()) stream->waits_.pop_front();
-    held_stream = stream;
-    held_what = std::move(what);
-    held_flag = flag;
-    held_since = Clock::now();
-  }
-  void unhold() {
-    std::lock_guard lock(mutex);
-    held_stream = nullptr;
-    held_flag = nullptr;
-  }
-  // "stream 3 (hardware queue 3 of 8) has been held for 12 ms at wait_value ..."; under `mutex`.
-  std::string held_description(Clock::time_point now) const {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - held_since).count();
-    std::string text = held_stream->describe() + " has been held for " + std::to_string(ms) + " ms at " + held_what;
-    if (held_flag != nullptr) text += " (it holds " + std::to_string(Device::load_flag(held_flag)) + ")";
-    return text;
-  }
-
-  void run() {
-    pthread_setname_np(pthread_self(), "tutti-hwqueue");
-    std::unique_lock lock(mutex);
-    for (;;) {
-      work.wait(lock, [&] { return !fifo.empty() || stopping; });
-      if (fifo.empty()) return;
-      Entry entry = std::move(fifo.front());
-      fifo.pop_front();
-      lock.unlock();
-      // A faulted context runs nothing more (a sticky error); an ending one drops what is left.
-      if (!context.faulted() && !context.releasing()) {
-        try {
-          entry.task();
-        } catch (...) {
-          context.fault(*entry.stream, std::current_exception());
-        }
-      }
-      entry.task = nullptr;
-      lock.lock();
-      // A wait that ended before it held (a fault, a dropped task) leaves the queued waits here.
-      auto& waits = entry.stream->waits_;
-      if (entry.is_wait && !waits.empty() && waits.front().position == entry.number) waits.pop_front();
-      ++finished;
-      ++entry.stream->finished_;
-      done.notify_all();
-    }
-  }
-
-  EmulatedContext& context;
-  const int index;
-  std::mutex mutex;
-  std::condition_variable work, done;
-  std::deque<Entry> fifo;
-  std::uint64_t submitted = 0, finished = 0;
-  bool stopping = false;
-  const StrictStream* held_stream = nullptr;
-  std::string held_what;
-  const std::uint32_t* held_flag = nullptr;
-  Clock::time_point held_since;
-  std::thread thread;  // last: starts once the rest is built
-};
-
-// ---- streams ----
-
-StrictStream::StrictStream(EmulatedContext& context, HardwareQueue& queue, int id)
-    : context_(context), queue_(queue), id_(id) {}
-
-std::string StrictStream::describe() const {
-  return "stream " + std::to_string(id_) + " (hardware queue " + std::to_string(queue_.index) + " of " +
-         std::to_string(context_.settings().queues) + ")";
-}
-
-void StrictStream::submit(std::function<void()> task, std::optional<PendingWait> wait) {
-  {
-    std::lock_guard lock(queue_.mutex);
-    if (destroyed_) throw Error(ErrorCode::invalid_argument, "tutti::device: the stream was destroyed");
-    const bool is_wait = wait.has_value();
-    if (wait) {
-      wait->position = enqueued_;
-      waits_.push_back(std::move(*wait));
-    }
-    queue_.fifo.push_back({shared_from_this(), std::move(task), is_wait, enqueued_});
-    ++enqueued_;
-    ++queue_.submitted;
-  }
-  queue_.work.notify_one();
-}
-
-void StrictStream::enqueue(std::function<void()> task) { submit(std::move(task), std::nullopt); }
-
-void StrictStream::enqueue_wait_flag(const std::uint32_t* flag, std::uint32_t value) {
-  const std::string what = "wait_value on flag " + hex(flag) + " until >= " + std::to_string(value);
-  auto satisfied = [flag, value] { return Device::reached(Device::load_flag(flag), value); };
-  submit(
-      [this, flag, value, what] {
-        context_.check_live(flag, sizeof(*flag), "wait_value", "the flag");
-        queue_.hold(this, what, flag, true);
-        const bool reached = sleep_on_flag(flag, value, [this] { return context_.releasing() || context_.faulted(); });
-        queue_.unhold();
-        if (!reached && context_.releasing())
-          context_.report("the context ended with " + describe() + " held at " + what + ": released");
-      },
-      PendingWait{0, true, what, satisfied});
-}
-
-void StrictStream::enqueue_wait_event(std::shared_ptr<EventState> event, std::uint64_t target) {
-  const std::string what = "wait_event on event " + hex(event.get()) + " (record " + std::to_string(target) + ")";
-  auto satisfied = [event, target] {
-    std::lock_guard lock(event->mutex);
-    return event->completed >= target;
-  };
-  submit(
-      [this, event, target, what] {
-        queue_.hold(this, what, nullptr, true);
-        const bool completed =
-            sleep_on_event(*event, target, [this] { return context_.releasing() || context_.faulted(); });
-        queue_.unhold();
-        if (!completed && context_.releasing())
-          context_.report("the context ended with " + describe() + " held at " + what + ": released");
-      },
-      PendingWait{0, false, what, satisfied});
-}
-
-void StrictStream::enqueue_host_function(std::function<void()> function, std::string what) {
-  submit(
-      [this, function = std::move(function), what = std::move(what)]() mutable {
-        queue_.hold(this, what, nullptr, false);
-        struct Unhold {
-          HardwareQueue& queue;
-          ~Unhold() { queue.unhold(); }
-        } unhold{queue_};
-        context_.run_host_function(std::move(function));
-      },
-      std::nullopt);
-}
-
-bool StrictStream::synchronize(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(queue_.mutex);
-  const std::uint64_t target = enqueued_;
-  const bool done = queue_.done.wait_for(lock, timeout, [&] { return finished_ >= target; });
-  lock.unlock();
-  context_.raise_if_faulted("synchronize");
-  return done;
-}
-
-std::string StrictStream::blocked_by() const {
-  std::lock_guard lock(queue_.mutex);
-  if (queue_.held_stream == nullptr || finished_ >= enqueued_) return "";
-  return queue_.held_description(Clock::now()) +
-         (queue_.held_stream == this ? "" : ", ahead of it in its hardware queue");
-}
-
-std::string StrictStream::detach() {
-  {
-    std::lock_guard lock(queue_.mutex);
-    if (destroyed_) return "";
-    destroyed_ = true;
-  }
-  const std::string waits = pending();
-  if (waits.empty()) return "";
-  return describe() + " was destroyed with waits pending (" + waits +
-         "): CUDA keeps its work pending, and everything behind it on hardware queue " + std::to_string(queue_.index) +
-         " waits with it until they are satisfied";
-}
-
-std::string StrictStream::pending() const {
-  std::lock_guard lock(queue_.mutex);
-  std::string pending;
-  // Flags only: a wait_event's record may still be queued on another stream, and completes.
-  if (queue_.held_stream == this && queue_.held_flag != nullptr) pending = queue_.held_description(Clock::now());
-  for (const PendingWait& wait : waits_)
-    if (wait.flag && !wait.satisfied()) pending += (pending.empty() ? "" : "; ") + std::string("queued: ") + wait.what;
-  return pending;
 }
 
 // ---- the context ----
