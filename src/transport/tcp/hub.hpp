@@ -339,7 +339,7 @@ class Hub {
   // arrives before its receive is the common case of a small call: it then allocates nothing).
   static constexpr std::size_t small_kept = 64;
   std::vector<std::unique_ptr<std::byte[]>> small_buffers_;
-  // Likewise the buffers of larger ones, up to large_kept_each bytes each and large_kept_bytes in
+  // Likewise the buffers of those of 64 KiB or more, up to large_kept_each bytes each and large_kept_bytes in
   // all: a pipelined collective whose peer runs ahead sends chunks before their receives are
   // posted, call after call, and fresh memory for each would cost a page fault per 4 KiB.
   static constexpr std::size_t large_kept_each = std::size_t{1} << 20;

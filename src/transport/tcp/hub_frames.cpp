@@ -163,12 +163,14 @@ Bytes Hub::message_bytes_locked(std::size_t size) {
     small_buffers_.pop_back();
     return bytes;
   }
-  if (size > large_kept_each) return Bytes::make(size);
+  // Pooled only from a granule up, so that no message takes more than twice its size (what a
+  // peer makes this rank hold stays near what it is charged).
+  constexpr std::size_t granule = 64 * 1024;
+  if (size < granule || size > large_kept_each) return Bytes::make(size);
   auto best = large_buffers_.end();  // the smallest kept buffer that holds `size`
   for (auto it = large_buffers_.begin(); it != large_buffers_.end(); ++it)
     if (it->second >= size && (best == large_buffers_.end() || it->second < best->second)) best = it;
   if (best == large_buffers_.end()) {
-    constexpr std::size_t granule = 64 * 1024;  // so that a buffer serves messages of nearly its size
     const std::size_t room = (size + granule - 1) / granule * granule;
     return {std::make_unique_for_overwrite<std::byte[]>(room), size, room};
   }
