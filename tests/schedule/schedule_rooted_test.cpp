@@ -5,6 +5,7 @@
 // A few structural tests pin down the round counts that make each algorithm worth having.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <numeric>
 #include <ostream>
@@ -255,16 +256,32 @@ TEST(RootedStructure, BruckAndDisseminationTakeCeilLog2PRounds) {
   }
 }
 
-TEST(RootedStructure, PairwiseTakesPMinusOneChainedRounds) {
-  const Schedule s = alltoall_pairwise(rooted_params(Collective::alltoall, 6, 2, 0, 4));
+// The exchange steps of a pairwise alltoall on rank 2 of 6: step k (to rank 2 + k, from 2 - k)
+// and the peers of the steps it waits for.
+std::vector<std::pair<int, std::vector<int>>> pairwise_waits(std::size_t count) {
+  const Schedule s = alltoall_pairwise(rooted_params(Collective::alltoall, 6, 2, 0, count));
   EXPECT_EQ(count_kind(s, StepKind::send), 5);
   EXPECT_EQ(count_kind(s, StepKind::recv), 5);
-  // Every exchange after the first waits for the previous one.
+  std::vector<std::pair<int, std::vector<int>>> waits;
   for (const Step& step : s.steps) {
-    if (step.kind != StepKind::copy && step.peer != 3 && step.peer != 1) {
-      EXPECT_FALSE(step.deps.empty());
-    }
+    if (step.kind != StepKind::send) continue;
+    std::vector<int> peers;
+    for (std::uint32_t dep : step.deps) peers.push_back(s.steps[dep].peer);
+    std::sort(peers.begin(), peers.end());
+    waits.emplace_back(step.peer, peers);
   }
+  return waits;
+}
+
+TEST(RootedStructure, PairwiseChainsLargeBlocksAndSendsSmallOnesTogether) {
+  using Waits = std::vector<std::pair<int, std::vector<int>>>;
+  // 64 KiB blocks (above the 32 KiB in flight): each exchange waits for the one before (its send
+  // to 2 + k - 1 and its receive from 2 - k + 1).
+  EXPECT_EQ(pairwise_waits(16384), (Waits{{3, {}}, {4, {1, 3}}, {5, {0, 4}}, {0, {5, 5}}, {1, {0, 4}}}));
+  // 8 KiB blocks: four in flight, so step 5 (to rank 1, from 3) waits for step 1 (to 3, from 1).
+  EXPECT_EQ(pairwise_waits(2048), (Waits{{3, {}}, {4, {}}, {5, {}}, {0, {}}, {1, {1, 3}}}));
+  // 16-byte blocks: all five at once.
+  EXPECT_EQ(pairwise_waits(4), (Waits{{3, {}}, {4, {}}, {5, {}}, {0, {}}, {1, {}}}));
 }
 
 }  // namespace
