@@ -197,6 +197,8 @@ class NcclBackend final : public Nccl, private Watchdog::Watched {
     // The scratch and the flags stay with the device when a stream may still touch them.
     if (idle) {
       device_->free(scratch_);
+      device_->free(copy_.memory);
+      for (const Retired& r : retired_) device_->free(r.memory);
       device_->free_pinned(flags_);
     }
   }
@@ -214,8 +216,7 @@ class NcclBackend final : public Nccl, private Watchdog::Watched {
       case Collective::reduce_scatter:
         return (c.send != c.recv || size_ == 1) ||
                refuse(why, "NCCL has no reduce_scatter with its result at the start of send");
-      case Collective::alltoall:
-        return c.send != c.recv || refuse(why, "NCCL has no alltoall in place");
+      case Collective::alltoall:  // in place through a copy of the input (NCCL has no alltoall in place)
       default:
         return refuse(why, std::string(to_string(c.collective)) + " is not an nccl collective");
     }
@@ -227,7 +228,8 @@ class NcclBackend final : public Nccl, private Watchdog::Watched {
     check();
     const std::uint32_t n = issued_ + 1;
     device_->write_value(reached(), n, stream);  // the first enqueue checks the stream
-    const ncclResult_t result = issue(dc, static_cast<cudaStream_t>(stream.handle));
+    const void* input = in_place_input(dc, n, stream);
+    const ncclResult_t result = issue(dc, input, static_cast<cudaStream_t>(stream.handle));
     if (result != ncclSuccess)
       throw Error(code_of(result), std::string("tutti::gpu: nccl ") + std::string(to_string(dc.call.collective)) +
                                        ": " + api_.error_string(result));
@@ -245,7 +247,39 @@ class NcclBackend final : public Nccl, private Watchdog::Watched {
   std::uint32_t* reached() const { return flags_; }
   std::uint32_t* done() const { return flags_ + 1; }
 
-  ncclResult_t issue(const DeviceCall& dc, cudaStream_t s) {
+  // Device memory that the operations up to `last` may use.
+  struct Retired {
+    void* memory = nullptr;
+    std::uint32_t last = 0;
+  };
+
+  // An alltoall in place sends from a copy of its input, made on the stream into a buffer of the
+  // backend's that grows to the largest such input. The stream first waits until the previous
+  // operation that used the buffer is done; a buffer outgrown is freed once the operations that
+  // used it are done (pool memory: its free waits for no stream). Returns what to send from.
+  const void* in_place_input(const DeviceCall& dc, std::uint32_t n, device::Stream stream) {
+    const auto& c = dc.call;
+    const std::size_t bytes = c.count * size_of(c.type) * static_cast<std::size_t>(size_);
+    if (c.collective != Collective::alltoall || c.send != c.recv || bytes == 0) return c.send;
+    const std::uint32_t now = device::Device::load_flag(done());
+    std::erase_if(retired_, [&](const Retired& r) {
+      if (!device::Device::reached(now, r.last)) return false;
+      device_->free(r.memory);
+      return true;
+    });
+    if (bytes > copy_bytes_) {
+      void* grown = device_->allocate(bytes);
+      if (copy_.memory != nullptr) retired_.push_back(copy_);
+      copy_ = Retired{grown, 0};
+      copy_bytes_ = bytes;
+    }
+    if (copy_.last != 0 && copy_.last != n) device_->wait_value(done(), copy_.last, stream);  // n: a retry of n
+    device_->copy(copy_.memory, c.send, bytes, stream);
+    copy_.last = n;
+    return copy_.memory;
+  }
+
+  ncclResult_t issue(const DeviceCall& dc, const void* input, cudaStream_t s) {
     const auto& c = dc.call;
     const ncclDataType_t type = nccl_type(c.type);
     const ncclRedOp_t op = nccl_op(c.op.value_or(ReduceOp::sum));
@@ -269,7 +303,7 @@ class NcclBackend final : public Nccl, private Watchdog::Watched {
       case Collective::alltoall: {
         ncclResult_t result = api_.group_start();
         for (std::size_t j = 0; j < p && result == ncclSuccess; ++j) {
-          result = api_.send(static_cast<const std::byte*>(c.send) + j * bytes, c.count, type, static_cast<int>(j),
+          result = api_.send(static_cast<const std::byte*>(input) + j * bytes, c.count, type, static_cast<int>(j),
                              comm_, s);
           if (result == ncclSuccess) result = api_.recv(out + j * bytes, c.count, type, static_cast<int>(j), comm_, s);
         }
@@ -317,6 +351,9 @@ class NcclBackend final : public Nccl, private Watchdog::Watched {
   std::vector<std::int64_t> local_pids_;  // 0 for a peer on another host
   ncclComm_t comm_ = nullptr;
   void* scratch_ = nullptr;         // device memory: the barrier's allreduce
+  Retired copy_;                    // device memory: the input of an alltoall in place (in_place_input)
+  std::size_t copy_bytes_ = 0;
+  std::vector<Retired> retired_;  // outgrown copy_ buffers
   std::uint32_t* flags_ = nullptr;  // pinned: reached, done
   std::uint32_t issued_ = 0;        // host thread
   std::atomic<bool> aborted_{false};

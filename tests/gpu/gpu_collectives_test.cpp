@@ -570,11 +570,13 @@ TEST(GpuCollectives, AutomaticTakesTheTuningTablesBackend) {
   EXPECT_TRUE(refused(entry("allreduce", "shm", "ipc", 100)));
   EXPECT_TRUE(refused(entry("allreduce", "gpu:emulated", "ring", 100)));
   EXPECT_TRUE(refused(entry("allreduce", "gpu:emulated", "automatic", 100)));
-  std::string alltoall = entry("alltoall", "gpu:emulated", "ipc", 1 << 20);
+  // The entries are the test device's (gpu:emulated, or gpu:cuda with TUTTI_TEST_GPU_DEVICE=cuda).
+  const std::string device = test_device_kind() == DeviceKind::cuda ? "gpu:cuda" : "gpu:emulated";
+  std::string alltoall = entry("alltoall", device.c_str(), "ipc", 1 << 20);
   alltoall.replace(alltoall.find("\"algorithm\""), 11, "\"backend\"");
   const choice::Table table =
-      choice::Table::parse(head + entry("allreduce", "gpu:emulated", "host_transfer", 1000) + "," +
-                               entry("broadcast", "gpu:emulated", "nccl", 1 << 20) + "," + alltoall + "]}",
+      choice::Table::parse(head + entry("allreduce", device.c_str(), "host_transfer", 1000) + "," +
+                               entry("broadcast", device.c_str(), "nccl", 1 << 20) + "," + alltoall + "]}",
                            "test");
   EXPECT_TRUE(table.entries.empty());
   ASSERT_EQ(table.backend_entries.size(), 3u);
@@ -600,7 +602,7 @@ TEST(GpuCollectives, AutomaticTakesTheTuningTablesBackend) {
            "1000 bytes, the table's host_transfer");
     expect(impl.automatic_backend(call(tutti::Collective::allreduce, 251)), Backend::ipc, "past the entry: ipc");
     expect(impl.automatic_backend(call(tutti::Collective::broadcast, 100)), Backend::ipc,
-           "nccl cannot run on the emulated device: ipc");
+           "nccl cannot run here (the emulated device, or two ranks on one GPU): ipc");
     expect(impl.automatic_backend(call(tutti::Collective::alltoall, 10)), Backend::host_transfer,
            "ipc has no alltoall: host_transfer");
   });

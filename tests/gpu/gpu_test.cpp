@@ -371,9 +371,10 @@ TEST(GpuHostTransfer, InvalidArgumentsEnqueueNothing) {
     expect_invalid("allgather recv", [&] { gpu.allgather(data.data, host.data(), 4, f32, stream); });
     expect_invalid("reduce_scatter send too short",
                    [&] { gpu.reduce_scatter(data.data, data.data, 32, f32, sum, stream); });
-    expect_invalid("unknown stream", [&] {
-      gpu.allreduce(data.data, data.data, 1, f32, sum, reinterpret_cast<Stream>(std::uintptr_t{0x1234}));
-    });
+    if (test_device_kind() == DeviceKind::emulated)  // CUDA cannot check a cudaStream_t (see the device's tests)
+      expect_invalid("unknown stream", [&] {
+        gpu.allreduce(data.data, data.data, 1, f32, sum, reinterpret_cast<Stream>(std::uintptr_t{0x1234}));
+      });
     gpu.check();  // argument errors are not the communicator's failures
     allreduce_case(gpu, stream, f32, sum, 64, true);
     (void)r;
