@@ -303,8 +303,8 @@ class NcclBackend final : public Nccl, private Watchdog::Watched {
       case Collective::alltoall: {
         ncclResult_t result = api_.group_start();
         for (std::size_t j = 0; j < p && result == ncclSuccess; ++j) {
-          result = api_.send(static_cast<const std::byte*>(input) + j * bytes, c.count, type, static_cast<int>(j),
-                             comm_, s);
+          result =
+              api_.send(static_cast<const std::byte*>(input) + j * bytes, c.count, type, static_cast<int>(j), comm_, s);
           if (result == ncclSuccess) result = api_.recv(out + j * bytes, c.count, type, static_cast<int>(j), comm_, s);
         }
         const ncclResult_t ended = api_.group_end();
@@ -350,10 +350,10 @@ class NcclBackend final : public Nccl, private Watchdog::Watched {
   int rank_ = 0, size_ = 1;
   std::vector<std::int64_t> local_pids_;  // 0 for a peer on another host
   ncclComm_t comm_ = nullptr;
-  void* scratch_ = nullptr;         // device memory: the barrier's allreduce
-  Retired copy_;                    // device memory: the input of an alltoall in place (in_place_input)
+  void* scratch_ = nullptr;  // device memory: the barrier's allreduce
+  Retired copy_;             // device memory: the input of an alltoall in place (in_place_input)
   std::size_t copy_bytes_ = 0;
-  std::vector<Retired> retired_;  // outgrown copy_ buffers
+  std::vector<Retired> retired_;    // outgrown copy_ buffers
   std::uint32_t* flags_ = nullptr;  // pinned: reached, done
   std::uint32_t issued_ = 0;        // host thread
   std::atomic<bool> aborted_{false};
