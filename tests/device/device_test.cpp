@@ -528,8 +528,8 @@ TEST_P(DeviceTest, DestroyingAHeldStreamDoesNotHang) {
     EXPECT_EQ(Device::load_flag(ran) + Device::load_flag(ran_on_event), 0u)
         << "the destroyed streams' work ran before the flag was written";
     release();
-    EXPECT_TRUE(eventually([&] { return Device::load_flag(ran) == 2 && Device::load_flag(ran_on_event) == 1; },
-                           deadline))
+    EXPECT_TRUE(
+        eventually([&] { return Device::load_flag(ran) == 2 && Device::load_flag(ran_on_event) == 1; }, deadline))
         << "the destroyed streams' work did not run once the flag was written";
     EXPECT_TRUE(device_->query(e));
     return;
