@@ -10,8 +10,9 @@
 #   process_gate       tests/gpu/gpu_gate_test.sh: ranks as processes on GPU 0, host_transfer and ipc
 #                      at p = 2 and 4 (the gate)
 #   nccl_p1            the same rank program with nccl: runs at p = 1, refused by name at p = 2
-#   thread_diagnostics gpu_test and gpu_collectives_test with every rank a thread on GPU 0
-#                      (a diagnostic, never a gate: its outcome is DIAG_PASS or DIAG_FAIL)
+#   thread_diagnostics gpu_test and gpu_collectives_test with every rank a thread on GPU 0, on
+#                      host_transfer and on automatic (a diagnostic, never a gate: its outcome is
+#                      DIAG_PASS or DIAG_FAIL)
 #   fault_cuda         tests/gpu/gpu_fault_test.sh quick: kill -9 a rank, survivors released with
 #                      peer_failure naming it
 #   engine_suite       engine_gpu_test
@@ -86,11 +87,13 @@ if [[ ${1:-} == --stage ]]; then
       TUTTI_GPU_GATE_CASE_S=40 bash "$root/tests/gpu/gpu_gate_test.sh" "$run" "$bundle/tests/gpu_gate_program" nccl:1 nccl:2
       ;;
     thread_diagnostics)
+      # The whole suites, on host_transfer and on automatic (ipc where it serves the call).
       s=0
-      TUTTI_TEST_GPU_BACKEND=host_transfer GTEST_CAP=40 gtest gpu_test \
-        --gtest_filter='GpuHostTransfer.AllreduceCountsAndSizes:GpuHostTransfer.BackToBackOnOneAndTwoStreams' || s=1
-      TUTTI_TEST_GPU_BACKEND=host_transfer GTEST_CAP=40 gtest gpu_collectives_test \
-        --gtest_filter='GpuCollectives.ReduceEveryRootTypeAndOp:GpuCollectives.PipelinedLargeElementwiseCollectives' || s=1
+      for backend in host_transfer ""; do
+        echo "== backend ${backend:-automatic}"
+        TUTTI_TEST_GPU_BACKEND=$backend GTEST_CAP=40 gtest gpu_test || s=1
+        TUTTI_TEST_GPU_BACKEND=$backend GTEST_CAP=40 gtest gpu_collectives_test || s=1
+      done
       exit $s
       ;;
     fault_cuda) bash "$root/tests/gpu/gpu_fault_test.sh" "$run" "$bundle/tests/gpu_fault_program" quick ;;
@@ -134,7 +137,7 @@ stages=(
   "device_suite 60 20 gate"
   "process_gate 210 60 gate"
   "nccl_p1 60 20 gate"
-  "thread_diagnostics 90 30 diagnostic"
+  "thread_diagnostics 120 30 diagnostic"
   "fault_cuda 100 40 gate"
   "engine_suite 60 20 gate"
   "kernels 55 20 gate"

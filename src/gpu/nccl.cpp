@@ -217,6 +217,7 @@ class NcclBackend final : public Nccl, private Watchdog::Watched {
         return (c.send != c.recv || size_ == 1) ||
                refuse(why, "NCCL has no reduce_scatter with its result at the start of send");
       case Collective::alltoall:  // in place through a copy of the input (NCCL has no alltoall in place)
+        return true;
       default:
         return refuse(why, std::string(to_string(c.collective)) + " is not an nccl collective");
     }
