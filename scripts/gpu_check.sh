@@ -107,8 +107,8 @@ if [[ ${1:-} == --stage ]]; then
       ;;
     bench)
       s=0
-      for backend in host_transfer ipc nccl; do bench_run 1 "$backend" -b 8 -e 64M -f 8 || s=1; done
-      for backend in host_transfer ipc; do bench_run 2 "$backend" -b 8 -e 64M -f 8 || s=1; done
+      for backend in host_transfer ipc nccl; do bench_run 1 "$backend" -b 8 -e 128M -f 8 || s=1; done
+      for backend in host_transfer ipc; do bench_run 2 "$backend" -b 8 -e 128M -f 8 || s=1; done
       exit $s
       ;;
     *)

@@ -70,7 +70,12 @@ void Watchdog::run() {
       nap = std::chrono::microseconds{1};
       continue;
     }
-    std::this_thread::sleep_for(nap);
+    // A nap that a newly posted operation ends: its comparison is what its stream waits for (ipc),
+    // so it must not sit out the rest of a nap taken while following an earlier one.
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait_for(lock, nap, [this] { return stopping_ || !posted_.empty(); });
+    }
     nap = std::min(nap * 2, std::chrono::microseconds{1000});
   }
 }
