@@ -496,7 +496,7 @@ void expect_alltoallv_slot_refused(const std::function<void(std::uint64_t*)>& li
   run->bind(signature);
   pair.t[1]->announce(signature);
   // Rank 0's honest slot for the same call, then the lie.
-  std::vector<std::byte> slot(transport::shm::inline_bytes);
+  std::vector<std::byte> slot(transport::shm::slot_data_bytes);
   const std::vector<std::size_t> starts{0, 3, 8};
   slot.resize(transport::shm::alltoallv_publication(slot.data(), reinterpret_cast<const std::byte*>(in.data()), starts,
                                                     starts, sizeof(float)));

@@ -671,6 +671,59 @@ TEST_F(ShmDirect, InlineAndBarrierCollectivesAroundTheLimit) {
         << "p=" << p;
 }
 
+// Alltoallv around the slot's limit (slot_data_bytes: its header of 3 + 2p words, then its input):
+// every rank's input fits (inline), none does (the data sets), and one rank's fits while the
+// others' do not and the reverse (every rank must take the data sets alike). Uneven blocks, exact
+// results, every element distinct. Direct alltoallv needs single copy: refused elsewhere.
+TEST_F(ShmDirect, AlltoallvAroundTheSlotLimit) {
+  for (int p : {2, 3, 5})
+    EXPECT_EQ(
+        run_ranks(
+            p,
+            [&](Rank& rank) {
+              const int r = rank.comm.rank();
+              const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
+              const std::size_t limit = (transport::shm::slot_data_bytes - (3 + 2 * up) * 8) / sizeof(float);
+              const auto distinct = [](std::size_t q, std::size_t i) { return static_cast<float>(q * 1000000 + i); };
+              // Rank q's input of total(q) elements, block t of it: an uneven share (the last block
+              // takes the rest), so that blocks differ in size.
+              const auto block = [&](std::size_t total, std::size_t t) {
+                const std::size_t share = total / (up + 1);
+                return t + 1 < up ? share : total - share * (up - 1);
+              };
+              const std::size_t cases[][2] = {{limit, limit},     {limit + 1, limit + 1}, {limit, limit + 1},
+                                              {limit + 1, limit}, {1024, 1024},           {limit - 1, 3}};
+              for (const auto& [first, rest] : cases) {
+                const auto total = [&](std::size_t q) { return q == 0 ? first : rest; };
+                std::vector<std::size_t> sends(up), recvs(up);
+                for (std::size_t q = 0; q < up; ++q) sends[q] = block(total(ur), q), recvs[q] = block(total(q), ur);
+                std::vector<float> in(total(ur)), out(std::accumulate(recvs.begin(), recvs.end(), std::size_t{0}), -1);
+                for (std::size_t i = 0; i < in.size(); ++i) in[i] = distinct(ur, i);
+                const std::string what = "p=" + std::to_string(p) + " totals " + std::to_string(first) + "/" +
+                                         std::to_string(rest) + " (limit " + std::to_string(limit) + ")";
+                try {
+                  rank.comm.alltoallv(in.data(), sends, out.data(), recvs, DataType::f32,
+                                      Options{Algorithm::direct, 20000ms});
+                } catch (const Error& e) {
+                  if (rank.comm.serves_direct(Collective::alltoallv) || e.code() != ErrorCode::unsupported) throw;
+                  return;
+                }
+                std::size_t got = 0;
+                for (std::size_t q = 0; q < up; ++q) {
+                  std::size_t offset = 0;  // where rank q's block for this rank starts in its input
+                  for (std::size_t t = 0; t < ur; ++t) offset += block(total(q), t);
+                  for (std::size_t i = 0; i < recvs[q]; ++i, ++got)
+                    if (out[got] != distinct(q, offset + i))
+                      throw std::runtime_error(what + ": block " + std::to_string(q) + " element " + std::to_string(i) +
+                                               " = " + std::to_string(out[got]) + ", expected " +
+                                               std::to_string(distinct(q, offset + i)));
+                }
+              }
+            }),
+        "")
+        << "p=" << p;
+}
+
 // Inline and barrier collectives of every kind, mixed at random (the same draw on every rank), in
 // nonblocking batches and blocking calls: every result exact.
 TEST_F(ShmDirect, InlineAndBarrierCollectivesMixed) {

@@ -92,7 +92,7 @@ void check_alltoallv_pairs(const std::uint64_t* all, int p, int r) {
 bool alltoallv_from_slots(const Segment& segment, std::uint64_t seq, int r, std::size_t esize, std::byte* recv,
                           std::span<const std::size_t> recv_starts) {
   const std::size_t up = recv_starts.size() - 1, words = alltoallv_header_words(up);
-  const std::size_t header = words * sizeof(std::uint64_t), room = (inline_bytes - header) / esize;
+  const std::size_t header = words * sizeof(std::uint64_t), room = (slot_data_bytes - header) / esize;
   const int p = static_cast<int>(up);
   const auto slot = [&](int q) { return segment.signature_slot(q, seq).data; };
   AlltoallvHeaders all;  // each rank's header, copied once: a peer may change its slot
@@ -185,7 +185,7 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
   BlockStarts starts, send_starts;
   if (uneven) place_block_starts(starts, call.counts);
   if (v) place_block_starts(starts, call.recv_counts), place_block_starts(send_starts, call.counts);
-  std::array<std::byte, inline_bytes> own;
+  std::array<std::byte, slot_data_bytes> own;
   if (v) {
     mine = {own.data(),
             alltoallv_publication(own.data(), static_cast<const std::byte*>(call.send), send_starts, starts, esize)};

@@ -79,15 +79,15 @@ inline std::size_t largest_publication(Collective kind, std::size_t largest, std
 
 /// What an alltoallv publishes with its signature (every alltoallv tries inline: no rank can
 /// tell whether its peers' inputs fit): [1, its p + 1 send displacements, its p + 1 receive
-/// displacements, its input] where that fits in inline_bytes, else [0]. Written into `out`
-/// (inline_bytes); returns its size.
+/// displacements, its input] where that fits in a slot (slot_data_bytes), else [0]. Written into
+/// `out` (slot_data_bytes); returns its size.
 std::size_t alltoallv_publication(std::byte* out, const std::byte* send, std::span<const std::size_t> send_starts,
                                   std::span<const std::size_t> recv_starts, std::size_t esize);
 inline constexpr std::size_t alltoallv_header_words(std::size_t p) { return 3 + 2 * p; }
 /// Whether an alltoallv input of `elements` on p ranks fits its slot after its header (what
 /// alltoallv_publication publishes inline).
 inline bool alltoallv_fits_inline(std::size_t p, std::size_t elements, std::size_t esize) {
-  return alltoallv_header_words(p) * sizeof(std::uint64_t) + elements * esize <= inline_bytes;
+  return alltoallv_header_words(p) * sizeof(std::uint64_t) + elements * esize <= slot_data_bytes;
 }
 /// Rank q's alltoallv header ([whether its input follows, its p + 1 send displacements, its p + 1
 /// receive displacements]) copied from `from` to `to` (once: a peer may change it) and checked:
@@ -377,7 +377,7 @@ class DirectRun final : public DirectCollective {
   WireSignature wire_{};            // inline: this rank's signature, which the peers' must equal
   // Alltoallv: what it publishes (see publish_alltoallv), published_bytes_ of it (left
   // uninitialised: a run is made on every call).
-  std::array<std::byte, inline_bytes> published_;  // NOLINT(cppcoreguidelines-pro-type-member-init)
+  std::array<std::byte, slot_data_bytes> published_;  // NOLINT(cppcoreguidelines-pro-type-member-init)
   std::size_t published_bytes_ = 0;
   // How results leave the data sets: with streaming stores when the ranks together write at least
   // streaming_bytes of results that they have not read (in place, begin() read them into the cache).
