@@ -182,9 +182,20 @@ void HostTransfer::enqueue(const DeviceCall& call, device::Stream stream) {
       enqueued_any = true;
       device_->write_value(ready(staging, i), first + static_cast<std::uint32_t>(i), stream);
     }
-    if (order_ && call.kind == DeviceCall::Kind::collective)
-      if (auto late = order_->pass(host_.rank(), timeout_of(call)))
-        record(*late, Operation{first, call, 0, true, ready(staging, 0), staging.data()});
+    // Ranks sharing hardware queues submit in order: a collective's signals on every such rank
+    // before its waits on any; a send's before the wait of the receive that matches it.
+    if (order_) {
+      std::optional<Error> late;
+      if (call.kind == DeviceCall::Kind::collective) {
+        late = order_->pass(host_.rank(), timeout_of(call));
+      } else if (call.kind == DeviceCall::Kind::send) {
+        order_->sent(host_.rank(), call.peer, call.tag);
+      } else {
+        const std::uint64_t nth = ++received_[{call.peer, call.tag}];
+        late = order_->await_sent(call.peer, host_.rank(), call.tag, nth, timeout_of(call));
+      }
+      if (late) record(*late, Operation{first, call, 0, true, ready(staging, 0), staging.data()});
+    }
     for (std::size_t i = 0; i < chunks; ++i) {
       device_->wait_value(done_, first + static_cast<std::uint32_t>(i), stream);
       if (l.out != nullptr && out_bytes(i) > 0)
@@ -217,8 +228,9 @@ void HostTransfer::enqueue(const DeviceCall& call, device::Stream stream) {
 }
 
 void HostTransfer::run() {
-  std::deque<Operation> pending;  // issued, not started: waiting for their input to be staged
-  std::deque<InFlight> flight;    // started (or to be completed without a host collective)
+  std::deque<Operation> pending;            // issued, not started: waiting for their input to be staged
+  std::deque<InFlight> flight;              // started (or to be completed without a host collective)
+  std::map<std::uint32_t, InFlight> early;  // receives of `pending` posted ahead of their turn, by n
   std::chrono::microseconds nap{1};
   for (;;) {
     {
@@ -237,7 +249,10 @@ void HostTransfer::run() {
       const bool failed = failures_->failed();
       if (!failed && op.waits && !device::Device::reached(device::Device::load_flag(op.ready), op.n)) break;
       InFlight f{op, {}, std::chrono::steady_clock::now()};
-      if (!failed) {
+      if (const auto it = early.find(op.n); it != early.end()) {
+        f = std::move(it->second);  // even after a failure: it may still write into the staging
+        early.erase(it);
+      } else if (!failed) {
         try {
           f.request = start_host(op);
         } catch (const Error& error) {
@@ -248,6 +263,23 @@ void HostTransfer::run() {
       pending.pop_front();
       moved = true;
     }
+    // A receive waiting behind an operation whose input is not staged yet is posted now: the
+    // peer's send may need it posted before this rank's stream gets to stage that input (its
+    // queue shared with the peer's stream, local_order.hpp). Receives are posted in issue order,
+    // so messages still match in the order the receives were issued.
+    if (!failures_->failed())
+      for (const Operation& op : pending) {
+        if (op.call.kind != DeviceCall::Kind::recv || early.contains(op.n)) continue;
+        InFlight f{op, {}, std::chrono::steady_clock::now()};
+        try {
+          f.request = start_host(op);
+        } catch (const Error& error) {
+          record(error, op);
+          break;
+        }
+        early.emplace(op.n, std::move(f));
+        moved = true;
+      }
     // Complete the oldest, in order: done is raised in order of n.
     if (!flight.empty()) {
       InFlight& f = flight.front();
@@ -278,6 +310,7 @@ void HostTransfer::run() {
       nap = std::min(nap * 2, std::chrono::microseconds{100});
     }
   }
+  for (auto& [n, f] : early) flight.push_back(std::move(f));
   drain(flight);
 }
 

@@ -40,10 +40,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/comm_impl.hpp"
@@ -137,9 +139,10 @@ class HostTransfer final : public DeviceBackend {
   std::shared_ptr<device::Device> device_;
   tutti::Communicator host_;
   std::shared_ptr<LocalOrder> order_;
-  std::uint32_t* done_ = nullptr;                 // pinned: the flag streams wait on
-  std::uint32_t issued_ = 0;                      // the last operation number (host thread)
-  std::unique_ptr<device::StagingPool> staging_;  // host thread only
+  std::uint32_t* done_ = nullptr;                          // pinned: the flag streams wait on
+  std::uint32_t issued_ = 0;                               // the last operation number (host thread)
+  std::map<std::pair<int, int>, std::uint64_t> received_;  // receives issued, by peer and tag (order_)
+  std::unique_ptr<device::StagingPool> staging_;           // host thread only
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

@@ -98,4 +98,25 @@ void LocalOrder::leave(int rank) {
   moved_.notify_all();
 }
 
+void LocalOrder::sent(int from, int to, int tag) {
+  std::lock_guard lock(mutex_);
+  ++sent_[{from, to, tag}];
+  moved_.notify_all();
+}
+
+std::optional<Error> LocalOrder::await_sent(int from, int to, int tag, std::uint64_t nth,
+                                            std::chrono::milliseconds limit) {
+  std::unique_lock lock(mutex_);
+  const auto member = passed_.find(from);
+  if (member == passed_.end()) return std::nullopt;  // its queues are not this rank's
+  const auto submitted = [&] {
+    return member->second == std::numeric_limits<std::uint64_t>::max() || sent_[{from, to, tag}] >= nth;
+  };
+  if (moved_.wait_for(lock, limit, submitted)) return std::nullopt;
+  return Error(ErrorCode::timeout,
+               "rank " + std::to_string(from) + " (a thread of this process on the same device) did not issue send " +
+                   std::to_string(nth) + " to rank " + std::to_string(to) + " with tag " + std::to_string(tag) +
+                   " within " + std::to_string(limit.count()) + " ms of the receive that matches it");
+}
+
 }  // namespace tutti::gpu::detail

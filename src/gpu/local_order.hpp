@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <tuple>
 
 #include "tutti/tutti.hpp"
 
@@ -41,6 +42,14 @@ class LocalOrder {
   /// `rank` passes no more points (its communicator is going): nobody waits for it.
   void leave(int rank);
 
+  /// Point-to-point, which only two members call: `from` has submitted the signals of its next
+  /// send to `to` with `tag` (its staged input; the wait for its completion comes after).
+  void sent(int from, int to, int tag);
+  /// Before a receive submits its wait: returns once `from` has submitted its `nth` send to `to`
+  /// with `tag` (the one the receive matches), at once where `from` shares no queues with this
+  /// rank or left. Error(timeout) after `limit`, as pass: the receive is still submitted.
+  std::optional<Error> await_sent(int from, int to, int tag, std::uint64_t nth, std::chrono::milliseconds limit);
+
   LocalOrder() = default;
   LocalOrder(const LocalOrder&) = delete;
   LocalOrder& operator=(const LocalOrder&) = delete;
@@ -48,7 +57,8 @@ class LocalOrder {
  private:
   std::mutex mutex_;
   std::condition_variable moved_;
-  std::map<int, std::uint64_t> passed_;  // per member: the points it reached (left: the maximum)
+  std::map<int, std::uint64_t> passed_;                      // per member: the points it reached (left: the maximum)
+  std::map<std::tuple<int, int, int>, std::uint64_t> sent_;  // sends submitted, by from, to and tag
 };
 
 }  // namespace tutti::gpu::detail
