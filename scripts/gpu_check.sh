@@ -40,14 +40,16 @@ if [[ ${1:-} == --stage ]]; then
   export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   device=${TUTTI_GPU_CHECK_DEVICE:-cuda}  # emulated: a rehearsal of the machinery, not a check
   export TUTTI_TEST_GPU_DEVICE=$device
-  # gtest BINARY [ARGS...]: a suite on CUDA; a skipped case fails (the GPU is there).
+  # gtest BINARY [ARGS...]: a suite on CUDA; a skipped case fails (the GPU is there). Its output
+  # goes to the log line by line, every case's RUN line included, so that a case that hangs is
+  # named there even when the stage's cap ends it.
   gtest() {
     local out status
-    out=$(timeout -k 5 "${GTEST_CAP:-300}" "$bundle/tests/$1" --gtest_brief=1 "${@:2}" 2>&1)
-    status=$?
-    echo "$out"
+    out=$(mktemp)
+    timeout -k 5 "${GTEST_CAP:-300}" stdbuf -oL -eL "$bundle/tests/$1" "${@:2}" 2>&1 | tee "$out"
+    status=${PIPESTATUS[0]}
     ((status == 0)) || return "$status"
-    if [[ $device == cuda ]] && grep -q "SKIPPED" <<<"$out"; then
+    if [[ $device == cuda ]] && grep -q "SKIPPED" "$out"; then
       echo "FAIL: cases were skipped on a machine with a GPU"
       return 1
     fi
