@@ -48,11 +48,12 @@ if [[ ${1:-} == --stage ]]; then
     out=$(mktemp)
     timeout -k 5 "${GTEST_CAP:-300}" stdbuf -oL -eL "$bundle/tests/$1" "${@:2}" 2>&1 | tee "$out"
     status=${PIPESTATUS[0]}
-    ((status == 0)) || return "$status"
-    if [[ $device == cuda ]] && grep -q "SKIPPED" "$out"; then
+    if ((status == 0)) && [[ $device == cuda ]] && grep -q "SKIPPED" "$out"; then
       echo "FAIL: cases were skipped on a machine with a GPU"
-      return 1
+      status=1
     fi
+    rm -f "$out"
+    return "$status"
   }
   # bench_run P BACKEND ARGS...: tutti-bench's device mode under tutti-run, every result checked.
   bench_run() {
