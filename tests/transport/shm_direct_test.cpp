@@ -30,6 +30,7 @@
 #include "shm_names.hpp"
 #include "threads.hpp"
 #include "transport/inproc/inproc.hpp"
+#include "transport/shm/direct_run.hpp"
 #include "transport/shm/segment.hpp"
 #include "transport/shm/shm.hpp"
 #include "transport/shm/shm_transport.hpp"
@@ -97,6 +98,24 @@ void expect_equal(const std::vector<float>& got, const std::function<float(std::
     if (got[i] != want(i))
       throw std::runtime_error(what + ": element " + std::to_string(i) + " = " + std::to_string(got[i]) +
                                ", expected " + std::to_string(want(i)));
+}
+
+// Throws at the first element of rank r's alltoallv result (the blocks of ranks 0 to p - 1, one
+// after the other, from `out`) that is not what rank q sent it: rank q sends sent(q, t) elements
+// to rank t, its blocks in order of t, and element i of rank q's input is input(q, i).
+void expect_alltoallv_result(const float* out, int p, int r,
+                             const std::function<std::size_t(std::size_t, std::size_t)>& sent,
+                             const std::function<float(std::size_t, std::size_t)>& input, const std::string& what) {
+  const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
+  std::size_t got = 0;
+  for (std::size_t q = 0; q < up; ++q) {
+    std::size_t from = 0;  // where rank q's block for r starts in its input
+    for (std::size_t t = 0; t < ur; ++t) from += sent(q, t);
+    for (std::size_t i = 0; i < sent(q, ur); ++i, ++got)
+      if (out[got] != input(q, from + i))
+        throw std::runtime_error(what + ": block " + std::to_string(q) + " element " + std::to_string(i) + " = " +
+                                 std::to_string(out[got]) + ", expected " + std::to_string(input(q, from + i)));
+  }
 }
 
 std::vector<std::size_t> counts_for(int p, std::size_t large) {
@@ -683,7 +702,9 @@ TEST_F(ShmDirect, AlltoallvAroundTheSlotLimit) {
             [&](Rank& rank) {
               const int r = rank.comm.rank();
               const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
-              const std::size_t limit = (transport::shm::slot_data_bytes - (3 + 2 * up) * 8) / sizeof(float);
+              const std::size_t limit = (transport::shm::slot_data_bytes -
+                                         transport::shm::alltoallv_header_words(up) * sizeof(std::uint64_t)) /
+                                        sizeof(float);
               const auto distinct = [](std::size_t q, std::size_t i) { return static_cast<float>(q * 1000000 + i); };
               // Rank q's input of total(q) elements, block t of it: an uneven share (the last block
               // takes the rest), so that blocks differ in size.
@@ -708,16 +729,8 @@ TEST_F(ShmDirect, AlltoallvAroundTheSlotLimit) {
                   if (rank.comm.serves_direct(Collective::alltoallv) || e.code() != ErrorCode::unsupported) throw;
                   return;
                 }
-                std::size_t got = 0;
-                for (std::size_t q = 0; q < up; ++q) {
-                  std::size_t offset = 0;  // where rank q's block for this rank starts in its input
-                  for (std::size_t t = 0; t < ur; ++t) offset += block(total(q), t);
-                  for (std::size_t i = 0; i < recvs[q]; ++i, ++got)
-                    if (out[got] != distinct(q, offset + i))
-                      throw std::runtime_error(what + ": block " + std::to_string(q) + " element " + std::to_string(i) +
-                                               " = " + std::to_string(out[got]) + ", expected " +
-                                               std::to_string(distinct(q, offset + i)));
-                }
+                expect_alltoallv_result(
+                    out.data(), p, r, [&](std::size_t q, std::size_t t) { return block(total(q), t); }, distinct, what);
               }
             }),
         "")
@@ -866,81 +879,74 @@ TEST_F(ShmDirect, AlltoallvCountsThatDisagreeRaiseMismatchOnEveryRankBeforeAnyth
 // runs) or read from the senders (unbound).
 TEST_F(ShmDirect, AlltoallvTakesTheSlotsOnlyWhereEveryRanksInputFits) {
   for (int p : {2, 3, 5})
-    EXPECT_EQ(
-        run_ranks(
-            p,
-            [&](Rank& rank) {
-              const int r = rank.comm.rank();
-              const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
-              const Options options{Algorithm::direct, timeout};
-              // Unbound (straight on the transport, no signature: single copy reads
-              // rather than writes), blocks of 20000 elements from each rank.
-              {
-                const std::size_t n = 20000;
-                std::vector<std::size_t> counts(up, n);
-                std::vector<float> in(up * n), out(up * n, -1.0f);
-                for (std::size_t i = 0; i < in.size(); ++i)
-                  in[i] = static_cast<float>(r * 200000 + static_cast<int>(i));
-                auto run =
-                    transport::shm::start_direct(*rank.transport,
-                                                 comm::make_call(Collective::alltoallv, in.data(), out.data(), 0,
-                                                                 DataType::f32, std::nullopt, -1, {}, counts, counts),
-                                                 timeout);
-                transport::Signature signature;
-                signature.seq = transport::no_seq;
-                signature.collective = Collective::alltoallv;
-                transport::finish(*run, *rank.transport, signature, timeout);
-                expect_equal(
-                    out, [&](std::size_t i) { return static_cast<float>((i / n) * 200000 + ur * n + i % n); },
-                    "unbound alltoallv");
-              }
-              for (int big : {-1, 0, p - 1})  // -1: every input fits
-                for (bool in_place : {false, true}) {
-                  // Rank q sends v(q, t) elements to rank t; in place, each receives as much as it sends.
-                  const auto v = [&](std::size_t q, std::size_t t) -> std::size_t {
-                    if (in_place) return static_cast<int>(q) == big || static_cast<int>(t) == big ? 300 : (q + t) % 3;
-                    return static_cast<int>(q) == big ? 300 : (q + 2 * t) % 4;
-                  };
-                  const int calls = 3;
-                  std::vector<std::vector<float>> ins(calls), outs(calls);
-                  std::vector<std::size_t> sends(up), recvs(up);
-                  for (std::size_t t = 0; t < up; ++t) sends[t] = v(ur, t), recvs[t] = v(t, ur);
-                  const std::size_t total_in = std::accumulate(sends.begin(), sends.end(), std::size_t{0});
-                  const std::size_t total_out = std::accumulate(recvs.begin(), recvs.end(), std::size_t{0});
-                  std::vector<Request> pending;
-                  for (int c = 0; c < calls; ++c) {
-                    ins[c].resize(total_in);
-                    for (std::size_t i = 0; i < total_in; ++i)
-                      ins[c][i] = static_cast<float>(c * 100000 + r * 10000 + static_cast<int>(i));
-                    outs[c].assign(std::max(total_in, total_out), -1.0f);
-                    if (in_place) std::copy(ins[c].begin(), ins[c].end(), outs[c].begin());
-                    const float* send = in_place ? outs[c].data() : ins[c].data();
-                    if (c == 0)
-                      rank.comm.alltoallv(send, sends, outs[c].data(), recvs, DataType::f32, options);
-                    else
-                      pending.push_back(
-                          rank.comm.ialltoallv(send, sends, outs[c].data(), recvs, DataType::f32, options));
-                  }
-                  for (Request& request : pending) request.wait();
-                  for (int c = 0; c < calls; ++c) {
-                    std::size_t got = 0;
-                    for (std::size_t q = 0; q < up; ++q) {
-                      std::size_t from = 0;  // where rank q's block for r starts in its input
-                      for (std::size_t t = 0; t < ur; ++t) from += v(q, t);
-                      for (std::size_t i = 0; i < recvs[q]; ++i, ++got) {
-                        const float want =
-                            static_cast<float>(c * 100000 + static_cast<int>(q) * 10000 + static_cast<int>(from + i));
-                        if (outs[c][got] != want)
-                          throw std::runtime_error("alltoallv call " + std::to_string(c) + " big " +
-                                                   std::to_string(big) + (in_place ? " in place" : "") + ": block " +
-                                                   std::to_string(q) + " element " + std::to_string(i) + " = " +
-                                                   std::to_string(outs[c][got]) + ", expected " + std::to_string(want));
-                      }
-                    }
-                  }
-                }
-            }),
-        "")
+    EXPECT_EQ(run_ranks(p,
+                        [&](Rank& rank) {
+                          const int r = rank.comm.rank();
+                          const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
+                          const Options options{Algorithm::direct, timeout};
+                          // Unbound (straight on the transport, no signature: single copy reads
+                          // rather than writes), blocks of 20000 elements from each rank.
+                          {
+                            const std::size_t n = 20000;
+                            std::vector<std::size_t> counts(up, n);
+                            std::vector<float> in(up * n), out(up * n, -1.0f);
+                            for (std::size_t i = 0; i < in.size(); ++i)
+                              in[i] = static_cast<float>(r * 200000 + static_cast<int>(i));
+                            auto run = transport::shm::start_direct(
+                                *rank.transport,
+                                comm::make_call(Collective::alltoallv, in.data(), out.data(), 0, DataType::f32,
+                                                std::nullopt, -1, {}, counts, counts),
+                                timeout);
+                            transport::Signature signature;
+                            signature.seq = transport::no_seq;
+                            signature.collective = Collective::alltoallv;
+                            transport::finish(*run, *rank.transport, signature, timeout);
+                            expect_equal(
+                                out,
+                                [&](std::size_t i) { return static_cast<float>((i / n) * 200000 + ur * n + i % n); },
+                                "unbound alltoallv");
+                          }
+                          for (int big : {-1, 0, p - 1})  // -1: every input fits
+                            for (bool in_place : {false, true}) {
+                              // Rank q sends v(q, t) elements to rank t; in place, each receives as much as it sends.
+                              const auto v = [&](std::size_t q, std::size_t t) -> std::size_t {
+                                if (in_place)
+                                  return static_cast<int>(q) == big || static_cast<int>(t) == big ? 300 : (q + t) % 3;
+                                return static_cast<int>(q) == big ? 300 : (q + 2 * t) % 4;
+                              };
+                              const int calls = 3;
+                              std::vector<std::vector<float>> ins(calls), outs(calls);
+                              std::vector<std::size_t> sends(up), recvs(up);
+                              for (std::size_t t = 0; t < up; ++t) sends[t] = v(ur, t), recvs[t] = v(t, ur);
+                              const std::size_t total_in = std::accumulate(sends.begin(), sends.end(), std::size_t{0});
+                              const std::size_t total_out = std::accumulate(recvs.begin(), recvs.end(), std::size_t{0});
+                              std::vector<Request> pending;
+                              for (int c = 0; c < calls; ++c) {
+                                ins[c].resize(total_in);
+                                for (std::size_t i = 0; i < total_in; ++i)
+                                  ins[c][i] = static_cast<float>(c * 100000 + r * 10000 + static_cast<int>(i));
+                                outs[c].assign(std::max(total_in, total_out), -1.0f);
+                                if (in_place) std::copy(ins[c].begin(), ins[c].end(), outs[c].begin());
+                                const float* send = in_place ? outs[c].data() : ins[c].data();
+                                if (c == 0)
+                                  rank.comm.alltoallv(send, sends, outs[c].data(), recvs, DataType::f32, options);
+                                else
+                                  pending.push_back(
+                                      rank.comm.ialltoallv(send, sends, outs[c].data(), recvs, DataType::f32, options));
+                              }
+                              for (Request& request : pending) request.wait();
+                              for (int c = 0; c < calls; ++c)
+                                expect_alltoallv_result(
+                                    outs[c].data(), p, r, v,
+                                    [&](std::size_t q, std::size_t i) {
+                                      return static_cast<float>(c * 100000 + static_cast<int>(q) * 10000 +
+                                                                static_cast<int>(i));
+                                    },
+                                    "alltoallv call " + std::to_string(c) + " big " + std::to_string(big) +
+                                        (in_place ? " in place" : ""));
+                            }
+                        }),
+              "")
         << "p=" << p;
 }
 
@@ -1415,17 +1421,10 @@ TEST_F(ShmDirect, EveryRootedAndUnevenCollectiveOnEveryPath) {
                       continue;
                     }
                     if (!single_copy) throw std::runtime_error("alltoallv ran direct without single copy");
-                    std::size_t got = 0;
-                    for (std::size_t q = 0; q < up; ++q) {
-                      std::size_t offset = 0;  // where rank q's block for r starts in its input
-                      for (std::size_t t = 0; t < ur; ++t) offset += v(q, t);
-                      for (std::size_t i = 0; i < recvs[q]; ++i, ++got)
-                        if (out[got] != value(static_cast<int>(q), offset + i))
-                          throw std::runtime_error("alltoallv n=" + std::to_string(n) + (in_place ? " in place" : "") +
-                                                   ": block " + std::to_string(q) + " element " + std::to_string(i) +
-                                                   " = " + std::to_string(out[got]) + ", expected " +
-                                                   std::to_string(value(static_cast<int>(q), offset + i)));
-                    }
+                    expect_alltoallv_result(
+                        out.data(), p, r, v,
+                        [&](std::size_t q, std::size_t i) { return value(static_cast<int>(q), i); },
+                        "alltoallv n=" + std::to_string(n) + (in_place ? " in place" : ""));
                   }
                 for (std::size_t n : {std::size_t{3}, low - 1, low, 3 * low + 1, std::size_t{200003}})
                   for (bool in_place : {false, true}) {

@@ -61,7 +61,8 @@ inline constexpr std::size_t secret_bytes = 32;
 inline constexpr std::size_t inline_bytes = 4112;
 /// A signature slot's room for input: inline_bytes, and 256 more, so that an alltoallv of up to
 /// inline_bytes of input carries its displacements beside it (its header, alltoallv_header_words:
-/// 56 bytes at p = 2, 256 from p = 15) and still runs inline. At p = 2 a 4 KiB alltoallv through
+/// 56 bytes at p = 2, 248 at p = 14, the most ranks for which it fits beside all 4112) and still
+/// runs inline. At p = 2 a 4 KiB alltoallv through
 /// the data sets took about 1.6 us against 0.7 us inline for 2 KiB (docs/performance.md).
 inline constexpr std::size_t slot_data_bytes = inline_bytes + 256;
 
