@@ -571,7 +571,7 @@ TEST(GpuCollectives, AutomaticTakesTheTuningTablesBackend) {
   EXPECT_TRUE(refused(entry("allreduce", "gpu:emulated", "ring", 100)));
   EXPECT_TRUE(refused(entry("allreduce", "gpu:emulated", "automatic", 100)));
   // The entries are the test device's (gpu:emulated, or gpu:cuda with TUTTI_TEST_GPU_DEVICE=cuda).
-  const std::string device = test_device_kind() == DeviceKind::cuda ? "gpu:cuda" : "gpu:emulated";
+  const std::string device = "gpu:" + std::string(tutti::device::to_string(test_device_kind()));
   std::string alltoall = entry("alltoall", device.c_str(), "ipc", 1 << 20);
   alltoall.replace(alltoall.find("\"algorithm\""), 11, "\"backend\"");
   const choice::Table table =
