@@ -5,7 +5,8 @@
 # Stages, in this order, each under its own time cap (`timeout`); a stage that would not fit in
 # what is left of the budget is skipped, saying so:
 #   environment        driver, GPU, NCCL found, the bundle's manifest
-#   cuda_waits         tools/cuda-waits: which CUDA calls wait for a stream held at a wait_value
+#   cuda_waits         tools/cuda-waits: which CUDA calls wait for a stream held at a wait_value,
+#                      then the latency of a flag seen by a parked stream and the enqueue costs
 #   device_suite       device_gpu_test (the device layer on CUDA; a skipped case fails here)
 #   process_gate       tests/gpu/gpu_gate_test.sh: ranks as processes on GPU 0, host_transfer and ipc
 #                      at p = 2 and 4 (the gate)
