@@ -13,9 +13,9 @@ cd "$(dirname "$0")/.."
 build=${1:-build-gpu-bundle}
 out=${2:-build-bundle}
 targets=(device_gpu_test gpu_test gpu_collectives_test engine_gpu_test gpu_gate_program gpu_fault_program tutti-run tutti-bench
-  cuda-waits)
+  cuda-waits cuda-latency)
 files=(tests/device_gpu_test tests/gpu_test tests/gpu_collectives_test tests/engine_gpu_test tests/gpu_gate_program
-  tests/gpu_fault_program tools/tutti-run tools/bench/tutti-bench tools/cuda-waits)
+  tests/gpu_fault_program tools/tutti-run tools/bench/tutti-bench tools/cuda-waits tools/cuda-latency)
 if [[ ! -f $build/CMakeCache.txt ]]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTUTTI_WERROR=ON -DTUTTI_CUDA_ARCHITECTURES=90 \
     -DTUTTI_PYTHON=OFF -DTUTTI_BUILD_BENCHMARKS=OFF -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON

@@ -77,11 +77,16 @@ if [[ ${1:-} == --stage ]]; then
       echo "== bundle"
       cat "$bundle/MANIFEST" || exit 1
       for f in tests/device_gpu_test tests/gpu_gate_program tests/gpu_fault_program tests/gpu_test tests/gpu_collectives_test \
-        tests/engine_gpu_test tools/tutti-run tools/cuda-waits tools/bench/tutti-bench; do
+        tests/engine_gpu_test tools/tutti-run tools/cuda-waits tools/cuda-latency tools/bench/tutti-bench; do
         [[ -x $bundle/$f ]] || { echo "FAIL: the bundle has no $f"; exit 1; }
       done
       ;;
-    cuda_waits) "$bundle/tools/cuda-waits" ;;
+    cuda_waits)
+      s=0
+      "$bundle/tools/cuda-waits" || s=1
+      "$bundle/tools/cuda-latency" || s=1
+      exit $s
+      ;;
     device_suite) GTEST_CAP=55 gtest device_gpu_test ;;
     process_gate)
       TUTTI_GPU_GATE_CASE_S=50 bash "$root/tests/gpu/gpu_gate_test.sh" "$run" "$bundle/tests/gpu_gate_program" \

@@ -8,19 +8,14 @@
 // CUDA device does when it is created (load_kernels), and a loaded kernel's first launch. The
 // last probe holds one stream and counts how many of 24 other streams, each given a small memset,
 // finish it within a second: a stream that does not shares a hardware queue with the held one
-// (CUDA_DEVICE_MAX_CONNECTIONS, read when CUDA starts; 8 by default). Then what the backends'
-// signalling costs (latencies(), below): how long a stream held at a wait takes to notice a flag,
-// host-written or written by another stream into pinned host memory or device memory, after it
-// waited 0, 50 or 500 us; and the host's time to enqueue each kind of stream operation. Prints
-// one line per probe; exit status 1 if CUDA fails.
+// (CUDA_DEVICE_MAX_CONNECTIONS, read when CUDA starts; 8 by default). Prints one line per probe;
+// exit status 1 if CUDA fails. (What the signalling costs: tools/cuda_latency.cpp.)
 //   cuda-waits [DEVICE]        (scripts/gpu_check.sh runs it with and without the variable set)
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -99,122 +94,6 @@ void probe(Held& held, const char* name, const std::function<void()>& call, Behi
   must(cudaStreamSynchronize(held.stream), "cudaStreamSynchronize (held)");
   const char* tag = busy ? "[copy to pageable on it]" : behind == Behind::host_function ? "[host function on it]" : "";
   std::printf("%-26s %-48s %s (%.1f ms)\n", tag, name, ms > 1500 ? "WAITS for the held stream" : "returns", ms);
-}
-
-// ---- latencies: what a wait on a flag costs the backends' protocols ----
-//
-// One round trip, k = 1, 2, ...: stream s1 waits until A >= k, then writes B = k; where `relay`,
-// stream s2 waits until B >= k and writes C = k (else s1 writes C); the host, after `delay_us`
-// (the stream is parked at its wait by then), writes A = k and spins until it reads C >= k. A
-// and C are pinned host memory; B is pinned host memory (ipc's flags, host_transfer's `done`)
-// or device memory. The median and 90th percentile of `rounds` round trips are printed; a wait
-// that polls slowly, or backs off the longer it waits, shows here.
-struct Flags {
-  volatile unsigned* host = nullptr;  // A at [0], C at [32], B (host) at [64]
-  CUdeviceptr a = 0, b_host = 0, c = 0, b_device = 0;
-  Flags() {
-    void* p = nullptr;
-    must(cudaHostAlloc(&p, 4096, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc (flags)");
-    host = static_cast<volatile unsigned*>(p);
-    for (int i = 0; i < 1024; ++i) host[i] = 0;
-    void* d = nullptr;
-    must(cudaHostGetDevicePointer(&d, p, 0), "cudaHostGetDevicePointer");
-    a = reinterpret_cast<CUdeviceptr>(d);
-    c = a + 32 * sizeof(unsigned);
-    b_host = a + 64 * sizeof(unsigned);
-    void* dev = nullptr;
-    must(cudaMalloc(&dev, 256), "cudaMalloc (flag)");
-    must(cudaMemset(dev, 0, 256), "cudaMemset (flag)");
-    b_device = reinterpret_cast<CUdeviceptr>(dev);
-  }
-};
-
-void driver(CUresult result, const char* what) {
-  if (result == CUDA_SUCCESS) return;
-  std::fprintf(stderr, "cuda-waits: %s failed (%d)\n", what, static_cast<int>(result));
-  std::exit(1);
-}
-
-void round_trips(Flags& f, const char* name, bool relay, bool device_flag, int delay_us, int rounds) {
-  static unsigned k = 0;
-  cudaStream_t s1 = nullptr, s2 = nullptr;
-  must(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), "cudaStreamCreate");
-  must(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), "cudaStreamCreate");
-  const CUdeviceptr b = device_flag ? f.b_device : f.b_host;
-  std::vector<double> us;
-  for (int i = 0; i < rounds; ++i) {
-    ++k;
-    driver(cuStreamWaitValue32(s1, f.a, k, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32");
-    driver(cuStreamWriteValue32(s1, relay ? b : f.c, k, CU_STREAM_WRITE_VALUE_DEFAULT), "cuStreamWriteValue32");
-    if (relay) {
-      driver(cuStreamWaitValue32(s2, b, k, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32");
-      driver(cuStreamWriteValue32(s2, f.c, k, CU_STREAM_WRITE_VALUE_DEFAULT), "cuStreamWriteValue32");
-    }
-    const auto parked = clock_type::now() + std::chrono::microseconds(delay_us);
-    while (clock_type::now() < parked) {
-    }
-    const auto start = clock_type::now();
-    f.host[0] = k;
-    while (f.host[32] < k)
-      if (clock_type::now() - start > std::chrono::seconds(2)) {
-        std::fprintf(stderr, "cuda-waits: %s: no answer within 2 s\n", name);
-        std::exit(1);
-      }
-    us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - start).count());
-  }
-  must(cudaStreamSynchronize(s1), "cudaStreamSynchronize");
-  must(cudaStreamSynchronize(s2), "cudaStreamSynchronize");
-  cudaStreamDestroy(s1);
-  cudaStreamDestroy(s2);
-  std::sort(us.begin(), us.end());
-  std::printf("%-26s %-48s median %7.1f us, p90 %7.1f us\n", "[latency]", name, us[us.size() / 2],
-              us[us.size() * 9 / 10]);
-}
-
-// The host's time per enqueue of one kind of stream operation (mean of `rounds`, stream running).
-void enqueue_cost(const char* name, int rounds, const std::function<void()>& call, cudaStream_t stream) {
-  const auto start = clock_type::now();
-  for (int i = 0; i < rounds; ++i) call();
-  const double us = std::chrono::duration<double, std::micro>(clock_type::now() - start).count() / rounds;
-  must(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  std::printf("%-26s %-48s %7.2f us per call\n", "[enqueue]", name, us);
-}
-
-void latencies(void* device) {
-  Flags f;
-  for (int delay : {0, 50, 500}) {
-    char name[96];
-    std::snprintf(name, sizeof name, "host -> stream -> host, parked %d us", delay);
-    round_trips(f, name, false, false, delay, 200);
-    std::snprintf(name, sizeof name, "+ stream -> stream, host flag, parked %d us", delay);
-    round_trips(f, name, true, false, delay, 200);
-    std::snprintf(name, sizeof name, "+ stream -> stream, device flag, parked %d us", delay);
-    round_trips(f, name, true, true, delay, 200);
-  }
-  cudaStream_t s = nullptr;
-  must(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-  auto* bytes = static_cast<std::byte*>(device);
-  float* numbers = static_cast<float*>(device);
-  const tutti::device::kernels::DefaultNan nan{};
-  enqueue_cost(
-      "cuStreamWriteValue32 (host flag)", 2000,
-      [&] { driver(cuStreamWriteValue32(s, f.b_host, 1, CU_STREAM_WRITE_VALUE_DEFAULT), "write"); }, s);
-  enqueue_cost(
-      "cuStreamWaitValue32 (met)", 2000,
-      [&] { driver(cuStreamWaitValue32(s, f.b_host, 0, CU_STREAM_WAIT_VALUE_GEQ), "wait"); }, s);
-  enqueue_cost(
-      "cudaMemcpyAsync D2D 4 KiB", 2000,
-      [&] { must(cudaMemcpyAsync(bytes, bytes + 8192, 4096, cudaMemcpyDeviceToDevice, s), "copy"); }, s);
-  enqueue_cost(
-      "reduce kernel launch, 1024 f32", 2000,
-      [&] {
-        tutti::device::cuda::launch_reduce(numbers, numbers + 2048, numbers + 4096, 1024, tutti::DataType::f32,
-                                           tutti::ReduceOp::sum, nan, 1, s);
-      },
-      s);
-  enqueue_cost(
-      "cudaLaunchHostFunc", 2000, [&] { must(cudaLaunchHostFunc(s, nothing, nullptr), "host func"); }, s);
-  cudaStreamDestroy(s);
 }
 
 }  // namespace
@@ -315,6 +194,5 @@ int main(int argc, char** argv) {
   must(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   std::printf("%-26s %-48s %d of %d finished within 1 s%s\n", "", "memset on 24 other streams", finished, streams,
               finished < streams ? " (the others share the held stream's hardware queue)" : "");
-  latencies(device);
   return 0;
 }
