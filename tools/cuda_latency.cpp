@@ -10,8 +10,9 @@
 //   - a stream of a second process on the same GPU (ranks as processes sharing one GPU, as the
 //     device check's gate runs them), with B in a shared segment both processes register.
 // Prints the median and 90th percentile of 200 round trips per probe, then the host's time per
-// enqueued stream operation (write, wait, copy, kernel, host function). Exit status 1 if CUDA
-// fails or the second process does not answer.
+// enqueued stream operation (write, wait, copy, kernel, host function) and per query the device
+// layer makes around an enqueue (pointer attributes of device, pinned and pageable memory; the
+// current device). Exit status 1 if CUDA fails or the second process does not answer.
 //   cuda-latency [DEVICE]        (scripts/gpu_check.sh's cuda_waits stage)
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -29,6 +30,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "device/cuda/kernels.hpp"
@@ -243,5 +245,21 @@ int main(int argc, char** argv) {
       s);
   enqueue_cost(
       "[enqueue] cudaLaunchHostFunc", [&] { must(cudaLaunchHostFunc(s, nothing, nullptr), "host func"); }, s);
+  // What the device layer asks on the host around each enqueue (which device, what memory).
+  std::vector<char> pageable(4096);
+  const std::pair<const char*, const void*> pointers[] = {
+      {"[query] cudaPointerGetAttributes, device memory", scratch},
+      {"[query] cudaPointerGetAttributes, pinned memory", page},
+      {"[query] cudaPointerGetAttributes, pageable memory", pageable.data()}};
+  for (const auto& [name, pointer] : pointers)
+    enqueue_cost(
+        name,
+        [&, pointer] {
+          cudaPointerAttributes attributes{};
+          if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) cudaGetLastError();
+        },
+        s);
+  enqueue_cost(
+      "[query] cudaSetDevice (already current)", [&] { must(cudaSetDevice(ordinal), "cudaSetDevice"); }, s);
   return status;
 }
