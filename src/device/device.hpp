@@ -143,6 +143,12 @@ class Device {
   /// data[i] /= divisor, as reduce::divide does on the host (integers truncate toward zero).
   /// Error(invalid_argument) if divisor < 1 or data is not device memory (count > 0).
   virtual void divide(void* data, std::size_t count, DataType type, int divisor, Stream stream) = 0;
+  /// A stand-in for a training step's compute (benchmarks of overlap, tutti-bench --overlap):
+  /// `rounds` times data[i] = fma(data[i], 0.5f, 1.0f) for i < count, f32 in place, each element a
+  /// chain of dependent fused multiply-adds; bit for bit what std::fma gives on the host.
+  /// count == 0 or rounds == 0 enqueues nothing. Error(invalid_argument) for rounds < 0 or data
+  /// not f32-aligned device memory.
+  virtual void compute(float* data, std::size_t count, int rounds, Stream stream) = 0;
   /// Once everything enqueued before it is done, the stream stores `value` into `*flag` (with
   /// release order: a host that sees the value sees the stream's earlier writes).
   /// Error(invalid_argument) for a null or misaligned flag.

@@ -1,6 +1,7 @@
 #include "device/emulated.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -414,6 +415,22 @@ void EmulatedDevice::divide(void* data, std::size_t count, DataType type, int di
   detail::check_element_pointer(data, type, "data", "divide");
   check_device_range(data, bytes, "data", "divide");
   w->enqueue(checked_task("divide", {{data, bytes, "data"}}, [=] { reduce::divide(type, data, count, divisor); }));
+}
+
+void EmulatedDevice::compute(float* data, std::size_t count, int rounds, Stream stream) {
+  if (rounds < 0) invalid("compute", "rounds must not be negative, got " + std::to_string(rounds));
+  const std::size_t bytes = detail::checked_bytes(DataType::f32, nullptr, count, "compute");
+  auto w = worker(stream, "compute");
+  if (count == 0 || rounds == 0) return;
+  detail::check_element_pointer(data, DataType::f32, "data", "compute");
+  check_device_range(data, bytes, "data", "compute");
+  w->enqueue(checked_task("compute", {{data, bytes, "data"}}, [=] {
+    for (std::size_t i = 0; i < count; ++i) {
+      float x = data[i];
+      for (int r = 0; r < rounds; ++r) x = std::fma(x, 0.5f, 1.0f);
+      data[i] = x;
+    }
+  }));
 }
 
 void EmulatedDevice::write_value(std::uint32_t* flag, std::uint32_t value, Stream stream) {

@@ -84,6 +84,7 @@ class EmulatedDevice final : public Device {
   void reduce(void* dst, const void* a, const void* b, std::size_t count, DataType type, ReduceOp op,
               Stream stream) override;
   void divide(void* data, std::size_t count, DataType type, int divisor, Stream stream) override;
+  void compute(float* data, std::size_t count, int rounds, Stream stream) override;
   void write_value(std::uint32_t* flag, std::uint32_t value, Stream stream) override;
   void wait_value(const std::uint32_t* flag, std::uint32_t value, Stream stream) override;
   void set_flag(std::uint32_t* flag, std::uint32_t value) override;

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -442,6 +443,43 @@ TEST_P(DeviceTest, ReduceMatchesTheHostKernelsBitForBit) {
       }
     }
   }
+}
+
+// The overlap benchmark's stand-in compute: `rounds` dependent fmaf(x, 0.5, 1) per element, bit for
+// bit std::fma's on the host, from values of every sign and magnitude (and at an offset that
+// breaks 16-byte alignment); then its refusals.
+TEST_P(DeviceTest, ComputeMatchesStdFmaBitForBit) {
+  const Stream s = stream();
+  std::mt19937_64 rng(29);
+  std::uniform_real_distribution<float> value(-1e6f, 1e6f);
+  for (const int rounds : {1, 3, 200}) {
+    for (const std::size_t count : {std::size_t{1}, std::size_t{1031}}) {
+      SCOPED_TRACE("rounds " + std::to_string(rounds) + " count " + std::to_string(count));
+      std::vector<float> input(count + 1);
+      for (float& x : input) x = value(rng);
+      std::vector<std::uint8_t> bytes(input.size() * sizeof(float));
+      std::memcpy(bytes.data(), input.data(), bytes.size());
+      auto* data = static_cast<float*>(upload(bytes, s)) + 1;
+      device_->compute(data, count, rounds, s);
+      const auto got = download(data, count * sizeof(float), s);
+      for (std::size_t i = 0; i < count; ++i) {
+        float x = input[i + 1];
+        for (int r = 0; r < rounds; ++r) x = std::fma(x, 0.5f, 1.0f);
+        ASSERT_EQ(std::memcmp(got.data() + i * sizeof(float), &x, sizeof(float)), 0) << "element " << i;
+      }
+    }
+  }
+  auto* d = static_cast<float*>(device_buffer(1024));
+  std::vector<float> host(256);
+  EXPECT_EQ(error_code_of([&] { device_->compute(d, 16, -1, s); }), ErrorCode::invalid_argument) << "rounds";
+  EXPECT_EQ(error_code_of([&] { device_->compute(host.data(), 16, 1, s); }), ErrorCode::invalid_argument) << "host";
+  EXPECT_EQ(
+      error_code_of([&] { device_->compute(reinterpret_cast<float*>(reinterpret_cast<char*>(d) + 1), 16, 1, s); }),
+      ErrorCode::invalid_argument)
+      << "misaligned";
+  device_->compute(nullptr, 0, 5, s);  // nothing to compute: not an error
+  device_->compute(d, 16, 0, s);
+  sync(s);
 }
 
 TEST_P(DeviceTest, ReduceErrors) {

@@ -309,6 +309,15 @@ class CudaDevice final : public Device {
     select();
     check(launch_divide(data, count, type, divisor, max_blocks_, native(stream)), "divide");
   }
+  void compute(float* data, std::size_t count, int rounds, Stream stream) override {
+    if (rounds < 0) invalid("compute", "rounds must not be negative, got " + std::to_string(rounds));
+    detail::checked_bytes(DataType::f32, nullptr, count, "compute");
+    if (count == 0 || rounds == 0) return;
+    detail::check_element_pointer(data, DataType::f32, "data", "compute");
+    if (!is_device_pointer(data)) invalid("compute", "data is not device memory");
+    select();
+    check(launch_compute(data, count, rounds, max_blocks_, native(stream)), "compute");
+  }
   void write_value(std::uint32_t* flag, std::uint32_t value, Stream stream) override {
     detail::check_flag(flag, "write_value");
     const CUdeviceptr address = device_address(flag, "write_value");

@@ -80,6 +80,16 @@ __global__ void divide_kernel(T* data, std::size_t count, bool vectors, int divi
       [&](std::size_t i) { data[i] = kernels::divide(data[i], divisor); });
 }
 
+// Device::compute: a chain of `rounds` dependent FMAs per element (compute-bound for large rounds).
+__global__ void compute_kernel(float* data, std::size_t count, int rounds) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    float x = data[i];
+    for (int r = 0; r < rounds; ++r) x = fmaf(x, 0.5f, 1.0f);
+    data[i] = x;
+  }
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 unsigned blocks_for(std::size_t work, int max_blocks) {
@@ -156,6 +166,11 @@ cudaError_t launch_divide(void* data, std::size_t count, DataType type, int divi
   });
 }
 
+cudaError_t launch_compute(float* data, std::size_t count, int rounds, int max_blocks, cudaStream_t stream) {
+  compute_kernel<<<blocks_for(count, max_blocks), threads_per_block, 0, stream>>>(data, count, rounds);
+  return cudaGetLastError();
+}
+
 cudaError_t load_kernels() {
   const auto load = [](const void* kernel) {
     cudaFuncAttributes attributes{};
@@ -174,7 +189,7 @@ cudaError_t load_kernels() {
     });
     if (status != cudaSuccess) return status;
   }
-  return cudaSuccess;
+  return load(reinterpret_cast<const void*>(&compute_kernel));
 }
 
 }  // namespace tutti::device::cuda

@@ -21,6 +21,10 @@ cudaError_t launch_reduce(void* dst, const void* a, const void* b, std::size_t c
 cudaError_t launch_divide(void* data, std::size_t count, DataType type, int divisor, int max_blocks,
                           cudaStream_t stream);
 
+/// Enqueues `rounds` times data[i] = fmaf(data[i], 0.5f, 1.0f) (Device::compute). The launch's
+/// error, if any.
+cudaError_t launch_compute(float* data, std::size_t count, int rounds, int max_blocks, cudaStream_t stream);
+
 /// Loads every kernel above into the current device's context (cudaFuncGetAttributes loads a
 /// kernel that CUDA's lazy module loading, the default since CUDA 12.2, would load at its first
 /// launch). A first launch's loading may wait for every stream of the context, held ones
