@@ -19,7 +19,8 @@
 #   engine_suite       engine_gpu_test
 #   kernels            tutti-bench --kernels (f32 and bf16 sum beside a D2D copy, checked)
 #   bench              tutti-bench --device cuda, allreduce, host_transfer, ipc and nccl at p = 1,
-#                      host_transfer and ipc at p = 2 (checked; enqueue times and bus/d2d reported)
+#                      host_transfer and ipc at p = 2 (checked; enqueue times and bus/d2d reported),
+#                      then --overlap from 1 MiB to 64 MiB (nccl at p = 1, the others at p = 2)
 # Each stage's outcome is appended to $OUT/gpu_check_results.tsv as it ends (stage, status,
 # seconds, reason; status PASS, FAIL, TIMEOUT, SKIP, DIAG_PASS or DIAG_FAIL) and printed; its log
 # goes to $OUT/gpu_check_logs/STAGE.log, cut to its first 64 KiB and last 192 KiB. OUT defaults to
@@ -118,6 +119,9 @@ if [[ ${1:-} == --stage ]]; then
       s=0
       for backend in host_transfer ipc nccl; do bench_run 1 "$backend" -b 8 -e 128M -f 8 || s=1; done
       for backend in host_transfer ipc; do bench_run 2 "$backend" -b 8 -e 128M -f 8 || s=1; done
+      # The overlap target: each allreduce beside a compute kernel of about its length on a second stream.
+      bench_run 1 nccl -b 1M -e 64M -f 8 --overlap || s=1
+      for backend in host_transfer ipc; do bench_run 2 "$backend" -b 1M -e 64M -f 8 --overlap || s=1; done
       exit $s
       ;;
     *)
@@ -150,7 +154,7 @@ stages=(
   "fault_cuda 100 40 gate"
   "engine_suite 60 20 gate"
   "kernels 55 20 gate"
-  "bench 130 40 gate"
+  "bench 160 40 gate"
 )
 
 dry=""

@@ -25,15 +25,19 @@ void Report::device_header(Kind kind) const {
               "in-place (stream)", "host, primary form");
   if (sync) std::printf(" %17s", "sync (same run)");
   std::printf(" %18s", "d2d copy");
+  if (overlap_) std::printf(" %28s", "beside compute (2 streams)");
   std::printf("\n# %10s %12s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s %7s %7s %5s", "size", "count", "type",
               "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "enq", "max",
               "idle");
   if (sync) std::printf(" %8s %8s", "busbw", "tutti/x");
   std::printf(" %9s %8s", "time", "bus/d2d");
+  if (overlap_) std::printf(" %9s %9s %8s", "compute", "both", "both/max");
   std::printf("\n# %10s %12s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s %7s %7s %5s", "(B)", "(elements)", "", "",
               "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "");
   if (sync) std::printf(" %8s %8s", "(GB/s)", "");
-  std::printf(" %9s %8s\n", "(us)", "");
+  std::printf(" %9s %8s", "(us)", "");
+  if (overlap_) std::printf(" %9s %9s %8s", "(us)", "(us)", "");
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -61,9 +65,14 @@ void Report::print_device_row(const Row& row) const {
   else
     std::printf(" %9s", "-");
   if (row.copy > 0 && bytes > 0 && mine.measured())
-    std::printf(" %8.2f\n", busbw(row, ranks_, mine.time) / copy_rate(bytes, row.copy));
+    std::printf(" %8.2f", busbw(row, ranks_, mine.time) / copy_rate(bytes, row.copy));
   else
-    std::printf(" %8s\n", "-");
+    std::printf(" %8s", "-");
+  if (overlap_ && row.both > 0)
+    std::printf(" %9.2f %9.2f %8.2f", row.compute * 1e6, row.both * 1e6, row.overlap());
+  else if (overlap_)
+    std::printf(" %9s %9s %8s", "-", "-", "-");
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -79,6 +88,13 @@ void Report::device_footer() const {
               device_ == "emulated" ? " (functional only: its timings say nothing about a GPU)" : "");
   std::printf("# Host enqueue         : %.2f us per call at most (mean per row), %.2f us the longest call\n",
               enqueue * 1e6, enqueue_max * 1e6);
+  double best = 0, worst = 0;
+  for (const Row& row : rows_)
+    if (const double o = row.overlap(); o > 0) best = best > 0 ? std::min(best, o) : o, worst = std::max(worst, o);
+  if (overlap_ && worst > 0)
+    std::printf(
+        "# Overlap              : both / max(collective, compute) from %.2f to %.2f (1: the shorter is hidden)\n", best,
+        worst);
   if (largest) {
     const double rate = copy_rate(case_bytes(largest->c, ranks_), largest->copy);
     std::printf(

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <vector>
 
 #include "bench/runner.hpp"
+#include "gpu/access.hpp"
 
 namespace tutti::bench {
 
@@ -128,6 +130,56 @@ double time_copy(DeviceContext& context, std::size_t bytes) {
   const DeviceMemory from(context.gpu, bytes), to(context.gpu, bytes);
   const auto copy = [&] { context.gpu.copy(to.get(), from.get(), bytes, context.stream); };
   return time_stream(context, copy, context.options.warmup, choose_stream_iterations(context, copy)).time;
+}
+
+Overlap time_overlap(DeviceContext& context, const std::function<void()>& op, double alone) {
+  device::Device& device = gpu::detail::Access::impl(context.gpu)->device();
+  const gpu::Stream second = context.gpu.create_stream();
+  // Up to 1 Mi f32 elements (enough threads to fill a GPU); the rounds set the time, and where one
+  // round of them all takes longer than `alone` (the emulated device), fewer elements do.
+  constexpr std::size_t most = std::size_t{1} << 20;
+  std::size_t count = most;
+  DeviceMemory memory(context.gpu, most * sizeof(float));
+  auto* data = static_cast<float*>(memory.get());
+  const std::vector<float> ones(most, 1.0f);
+  context.gpu.copy(data, ones.data(), most * sizeof(float), second);
+  const auto wait_second = [&] { context.gpu.synchronize(second, stream_deadline); };
+  wait_second();  // `ones` is read by then
+  // Seconds per call of `calls` back to back (and a synchronize of both streams), max over ranks.
+  const auto timed = [&](int rounds, int calls, bool with_op) {
+    wait_second();
+    context.synchronize();
+    context.world.barrier();
+    const auto start = clock::now();
+    for (int i = 0; i < calls; ++i) {
+      device.compute(data, count, rounds, device::Stream{second});
+      if (with_op) op();
+    }
+    wait_second();
+    context.synchronize();
+    const double each = seconds_since(start) / calls;
+    context.gpu.check();
+    return max_over_ranks(context.world, each);
+  };
+  // Calibration: double the rounds until four computes take a tenth of `alone` each or more, then
+  // scale the work (elements x rounds) to `alone`; the same on every rank (max_over_ranks).
+  int rounds = 16;
+  double took = timed(rounds, 4, false);
+  while (took < alone / 10 && rounds < (1 << 24)) took = timed(rounds *= 2, 4, false);
+  const double work = static_cast<double>(count) * rounds * alone / std::max(took, 1e-9);
+  if (work >= static_cast<double>(count)) {
+    rounds = static_cast<int>(std::min(work / static_cast<double>(count), double{1 << 30}));
+  } else {
+    rounds = 1;
+    count = std::max<std::size_t>(256, static_cast<std::size_t>(work));
+  }
+  const int calls = std::clamp(static_cast<int>(0.05 / std::max(alone, 1e-9)), 3, 200);
+  Overlap result;
+  timed(rounds, 1, true);  // warm-up of the pair
+  result.compute = timed(rounds, calls, false);
+  result.both = timed(rounds, calls, true);
+  context.gpu.destroy_stream(second);
+  return result;
 }
 
 }  // namespace tutti::bench

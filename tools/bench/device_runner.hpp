@@ -89,4 +89,13 @@ void run_sync(DeviceContext& context, const Case& c, Buffers& host, DeviceBuffer
 /// Seconds per device-to-device copy of `bytes` on the stream, timed as time_stream times.
 double time_copy(DeviceContext& context, std::size_t bytes);
 
+/// --overlap: `op` (a collective that takes `alone` seconds per call on the stream) beside the
+/// device's stand-in compute (Device::compute) on a second stream, with as many rounds as make
+/// the compute alone take about `alone` (the same on every rank). Returns seconds per call of the
+/// compute alone and of both together (each call of `op` with one compute; max over ranks).
+struct Overlap {
+  double compute = 0, both = 0;
+};
+Overlap time_overlap(DeviceContext& context, const std::function<void()>& op, double alone);
+
 }  // namespace tutti::bench

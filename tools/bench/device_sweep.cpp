@@ -55,6 +55,10 @@ Row measure_device_row(DeviceContext& context, const Case& base, const DeviceCol
     Measure m = time_stream(context, op, context.options.warmup, choose_stream_iterations(context, op));
     if (check) m.wrong = check_device(context, host, device, op, context.options.corrupt_for_testing);
     (in_place ? row.in_place : row.out_of_place) = m;
+    if (context.options.overlap && in_place == primary_in_place) {
+      const Overlap overlap = time_overlap(context, op, m.time);
+      row.compute = overlap.compute, row.both = overlap.both;
+    }
     if (in_place != primary_in_place || !sync) continue;
     const auto peer = [&] { run_sync(context, c, host, device); };
     Measure s = time_stream(context, peer, context.options.warmup, choose_stream_iterations(context, peer));
@@ -124,7 +128,7 @@ int run_device(Communicator& world, const BenchOptions& options, const std::stri
   gpu::Stream stream = gpu.create_stream();
   DeviceContext context{world, gpu, stream, options, device_options(options.backend)};
   Report report(world.size(), transport, options.peers, false, printer);
-  report.set_device(device_name, options.backend);
+  report.set_device(device_name, options.backend, options.overlap);
   sweep(context, report);  // on an error, ~gpu::Communicator destroys the stream
   gpu.destroy_stream(stream);
   if (printer) {

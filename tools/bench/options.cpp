@@ -101,6 +101,7 @@ void validate_device(const BenchOptions& o) {
       throw std::invalid_argument("--kernels: no --backend (the kernels run on the device, not through a backend)");
     if (std::find(o.ops.begin(), o.ops.end(), ReduceOp::avg) != o.ops.end())
       throw std::invalid_argument("--kernels: no avg (an average is a sum divided once: time -o sum)");
+    if (o.overlap) throw std::invalid_argument("--overlap: times collectives beside compute (not with --kernels)");
   }
   if (o.algorithm != Algorithm::automatic || o.all_algorithms)
     throw std::invalid_argument("--algorithm/--all-algorithms: host mode only (with --device, choose a --backend)");
@@ -142,6 +143,7 @@ void validate(const BenchOptions& o) {
   if (o.warmup < 0) throw std::invalid_argument("-w/--warmup_iters must not be negative");
   if (o.root < 0) throw std::invalid_argument("-r/--root must not be negative");
   if (o.kernels && !device_mode(o)) throw std::invalid_argument("--kernels: only with --device emulated or cuda");
+  if (o.overlap && !device_mode(o)) throw std::invalid_argument("--overlap: only with --device emulated or cuda");
   if (device_mode(o)) return validate_device(o);
   if (o.backend != "automatic") throw std::invalid_argument("--backend: only with --device emulated or cuda");
   for (const std::string& peer : o.peers)
@@ -275,6 +277,9 @@ void add_mode_flags(CLI::App& app, BenchOptions& o, Text& t) {
   app.add_flag("--kernels", o.kernels,
                "with --device, on one rank: the device's reduction kernel (dst = a op b) beside a "
                "device-to-device copy, per -d, -o and size");
+  app.add_flag("--overlap", o.overlap,
+               "with --device: each row also times the collective (primary form) beside a compute kernel of "
+               "about as long on a second stream, and both together (both / max: 1 is perfect overlap)");
   app.add_flag("--calibrate", o.calibrate, "measure the cost model's alpha, beta, gamma for this transport");
   app.add_flag("--tune", o.tune, "sweep every algorithm and write a tuning table (with --calibrate's model)");
   app.add_option("--output", o.output_path, "the tuning file --tune/--calibrate write (default: the per-user path)")

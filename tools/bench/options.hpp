@@ -46,6 +46,7 @@ struct BenchOptions {
   std::string device = "host";        // --device: host, emulated or cuda (device mode: gpu::Communicator)
   std::string backend = "automatic";  // --backend (device mode only)
   bool kernels = false;               // --kernels: the device's reduction kernels beside a D2D copy
+  bool overlap = false;               // --overlap: each row's collective beside compute on a second stream
   bool ceiling = false;
   bool shared_buffers = false;  // --shared-buffers: buffers from Communicator::allocate
   bool calibrate = false;

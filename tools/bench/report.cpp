@@ -1,5 +1,6 @@
 #include "bench/report.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -20,6 +21,11 @@ double algbw(const Row& row, int ranks, double seconds) {
 
 double busbw(const Row& row, int ranks, double seconds) {
   return algbw(row, ranks, seconds) * bus_factor(row.c.kind, ranks);
+}
+
+double Row::overlap() const {
+  const double longer = std::max(primary(*this).time, compute);
+  return both > 0 && longer > 0 ? both / longer : 0;
 }
 
 const Measure& primary(const Row& row) { return row.c.kind == Collective::broadcast ? row.in_place : row.out_of_place; }
@@ -129,6 +135,9 @@ void Report::write_json(const std::string& path, const std::string& command, con
           r["busbw_over_copy"] =
               busbw(row, ranks_, m.time) * row.copy * 1e9 / static_cast<double>(case_bytes(row.c, ranks_));
       }
+      if (&m == &primary(row) && row.both > 0)
+        r["overlap"] = {
+            {"compute_us", row.compute * 1e6}, {"both_us", row.both * 1e6}, {"both_over_max", row.overlap()}};
       if (row.bound > 0) {
         r["bound_fraction"] = row.bound / m.time;
         r["ceiling_busbw_GBps"] = busbw(row, ranks_, row.bound);

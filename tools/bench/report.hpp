@@ -32,6 +32,10 @@ struct Row {
   std::map<std::string, Measure> peers;  // primary form only
   double bound = 0;                      // t_bound (seconds), 0 without --ceiling
   double copy = 0;                       // device mode: seconds per D2D copy of the row's bytes
+  // --overlap (device mode): seconds per call of the compute alone, and of the primary form and
+  // the compute together on two streams (0: not measured).
+  double compute = 0, both = 0;
+  double overlap() const;  // both / max(primary's time, compute); 0 when not measured
 };
 
 /// algbw and busbw in GB/s of `row` at `seconds` per iteration.
@@ -55,9 +59,10 @@ class Report {
   void footer(const std::optional<Ceiling>& ceiling) const;
   /// Device mode (device_report.cpp): the rows are gpu::Communicator's on `device` (as the
   /// device names itself), with the enqueue, idle and D2D copy columns.
-  void set_device(std::string device, std::string backend) {
+  void set_device(std::string device, std::string backend, bool overlap = false) {
     device_ = std::move(device);
     backend_ = std::move(backend);
+    overlap_ = overlap;
   }
   std::size_t wrong() const { return wrong_; }
   const std::vector<Row>& rows() const { return rows_; }
@@ -76,6 +81,7 @@ class Report {
   void device_footer() const;
 
   std::string device_, backend_;  // empty: host mode
+  bool overlap_ = false;          // device mode: the --overlap columns
   std::vector<Row> rows_;
   std::size_t wrong_ = 0;
   double busbw_sum_ = 0;

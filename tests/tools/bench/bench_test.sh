@@ -318,6 +318,31 @@ if [[ $status -eq 0 ]] || ! grep -q "the nccl backend is not available: it needs
 else
   ok "device mode: --backend nccl on the emulated device is refused, saying why"
 fi
+# --overlap: each row's primary form also beside the stand-in compute on a second stream (calibrated
+# to about the collective's time): three more columns (compute, both, both/max), the footer's
+# range, and the JSON's "overlap" on the primary form. The emulated device shares the host's cores,
+# so its ratios are not checked, only that each is measured and consistent.
+bench 2 --device emulated --backend host_transfer --collective allreduce,broadcast --overlap -b 64 -e 4K -f 8 \
+  -n 2 -w 1 -c 1 --json "$tmp/overlap.json"
+if [[ $status -ne 0 ]] || ! rows | awk '{
+    if (NF != 21) { print "not 21 columns: " $0; bad = 1; next }
+    for (i = 19; i <= 21; i++) if ($i !~ /^[0-9.]+$/) { print "not a number: " $0; bad = 1 }
+    if ($19 <= 0 || $20 <= 0 || $21 <= 0) { print "not measured: " $0; bad = 1 }
+  } END { exit bad || NR != 6 }' || ! grep -q "^\[0\] # Overlap *: both / max(collective, compute) from [0-9.]* to [0-9.]*" "$tmp/out" ||
+  ! /usr/bin/python3 - "$tmp/overlap.json" <<'EOF'; then
+import json, sys
+rows = json.load(open(sys.argv[1]))["results"]
+primary = [r for r in rows if r["in_place"] == (r["collective"] == "broadcast")]
+assert len(primary) == 6 and all("overlap" not in r for r in rows if r not in primary), rows
+for r in primary:
+    o = r["overlap"]
+    assert o["compute_us"] > 0 and o["both_us"] > 0, r
+    assert abs(o["both_over_max"] - o["both_us"] / max(o["compute_us"], r["time_us"])) < 1e-6 * o["both_over_max"], r
+EOF
+  fail "device --overlap" "status $status: $(head -c 600 "$tmp/out")"
+else
+  ok "device mode: --overlap times each row's collective beside compute on a second stream (columns, footer, JSON)"
+fi
 bench 2 --device emulated -b 64 -e 1K -f 4 -n 1 -w 0 -c 1 --corrupt-for-testing
 if [[ $status -eq 0 ]] || ! grep -q "Out of bounds values : [1-9][0-9]* ERROR" "$tmp/out"; then
   fail "device corrupted result" "status $status; the damage was not counted"
@@ -386,7 +411,8 @@ for args in "--device tpu" \
   "--device emulated --backend carrier-pigeon" "--backend host_transfer" "--device emulated --peers mpi" \
   "--device emulated --collective sendrecv" "--device emulated --algorithm ring" "--device emulated --ceiling" \
   "--peers sync" \
-  "--kernels" "--device emulated --kernels --collective allreduce" "--device emulated --kernels --peers sync"; do
+  "--kernels" "--device emulated --kernels --collective allreduce" "--device emulated --kernels --peers sync" \
+  "--overlap" "--device emulated --kernels --overlap"; do
   # shellcheck disable=SC2086
   timeout 20 "$bench" $args >"$tmp/out" 2>"$tmp/err"
   status=$?
