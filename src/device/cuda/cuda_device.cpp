@@ -22,6 +22,7 @@
 #include "device/cuda/kernels.hpp"
 #include "device/cuda/pinned_blocks.hpp"
 #include "device/cuda/runtime.hpp"
+#include "device/memory_ranges.hpp"
 
 namespace tutti::device::cuda {
 namespace {
@@ -127,6 +128,7 @@ class CudaDevice final : public Device {
       check(implicit_sync::malloc_device(&p, bytes), "allocate");
     }
     remember(device_memory_, p);
+    known_->add(p, bytes, MemoryRanges::Kind::device, p);
     return p;
   }
   void free(void* pointer) override {
@@ -164,6 +166,7 @@ class CudaDevice final : public Device {
     void* p = nullptr;
     check(cudaIpcOpenMemHandle(&p, ipc, cudaIpcMemLazyEnablePeerAccess), "open_shared");
     remember(opened_, p);
+    known_->add(p, bytes, MemoryRanges::Kind::device, p);
     return p;
   }
   void close_shared(void* pointer) override {
@@ -173,6 +176,7 @@ class CudaDevice final : public Device {
       if (opened_local_.erase(pointer) > 0) return;
     }
     forget(opened_, pointer, "close_shared", "open_shared");
+    known_->remove(pointer);
     select();
     check(implicit_sync::ipc_close(pointer), "close_shared");
   }
@@ -181,9 +185,11 @@ class CudaDevice final : public Device {
     select();
     check(cudaHostRegister(pointer, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped), "register_pinned");
     remember(registered_, pointer);
+    remember_pinned(*known_, pointer, bytes);
   }
   void unregister_pinned(void* pointer) override {
     forget(registered_, pointer, "unregister_pinned", "register_pinned");
+    known_->remove(pointer);
     check(implicit_sync::host_unregister(pointer), "unregister_pinned");
   }
   // Pinned memory comes in blocks that free_pinned keeps for reuse (pinned_blocks.hpp).
@@ -201,6 +207,7 @@ class CudaDevice final : public Device {
   }
   bool is_device_pointer(const void* pointer) const override {
     if (pointer == nullptr) return false;
+    if (const auto found = known_->find(pointer)) return found->kind == MemoryRanges::Kind::device;
     // On a thread that has not used this device yet, no context is current, and the query then
     // knows no allocation (seen on an H100: device memory reported as unregistered host memory).
     select();
@@ -374,7 +381,8 @@ class CudaDevice final : public Device {
   };
   static constexpr std::size_t bounce_bytes = detail::pageable_chunk_bytes;
 
-  static bool pageable(const void* pointer) {
+  bool pageable(const void* pointer) const {
+    if (known_->find(pointer)) return false;
     cudaPointerAttributes attributes{};
     if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
       cudaGetLastError();
@@ -389,6 +397,16 @@ class CudaDevice final : public Device {
     if (b->out != nullptr) std::memcpy(b->out, b->memory, b->bytes);
     b->blocks->give_back(b->memory);
     delete b;
+  }
+
+  // Pinned memory's range, with the address streams use for it (where CUDA gives none, it stays
+  // unknown here and is asked of CUDA).
+  static void remember_pinned(MemoryRanges& known, void* p, std::size_t bytes) {
+    void* mapped = nullptr;
+    if (cudaHostGetDevicePointer(&mapped, p, 0) == cudaSuccess)
+      known.add(p, bytes, MemoryRanges::Kind::pinned, mapped);
+    else
+      cudaGetLastError();
   }
 
   // The calling thread's current device becomes this one (cheap when it already is).
@@ -409,6 +427,7 @@ class CudaDevice final : public Device {
     return pool_stream_;
   }
   void release(void* p, bool checked = true) {
+    known_->remove(p);
     bool pooled = false;
     {
       std::lock_guard lock(mutex_);
@@ -431,6 +450,7 @@ class CudaDevice final : public Device {
   // What a stream memory operation addresses: pinned host memory through its device mapping,
   // device memory as it is. Ordinary host memory is out of the device's reach.
   CUdeviceptr device_address(const void* flag, const char* function) const {
+    if (const auto found = known_->find(flag)) return static_cast<CUdeviceptr>(found->device_address);
     select();  // the query needs this device's context current (is_device_pointer)
     cudaPointerAttributes attributes{};
     if (cudaPointerGetAttributes(&attributes, flag) != cudaSuccess) cudaGetLastError();
@@ -449,11 +469,18 @@ class CudaDevice final : public Device {
   WaitValue32 wait_value32_ = nullptr;
   mutable std::mutex mutex_;
   std::unordered_set<void*> streams_, events_, device_memory_;
+  // What this device made or mapped: pointer questions about it asked of CUDA no more.
+  std::shared_ptr<MemoryRanges> known_ = std::make_shared<MemoryRanges>();
   std::shared_ptr<PinnedBlocks> pinned_ = std::make_shared<PinnedBlocks>(  // allocate_pinned's and copy's
-      [](void** block, std::size_t bytes) {
-        return static_cast<int>(implicit_sync::host_alloc(block, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+      [known = known_](void** block, std::size_t bytes) {
+        const cudaError_t status = implicit_sync::host_alloc(block, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+        if (status == cudaSuccess) remember_pinned(*known, *block, bytes);
+        return static_cast<int>(status);
       },
-      [](void* block) { implicit_sync::free_host(block); });
+      [known = known_](void* block) {
+        known->remove(block);
+        implicit_sync::free_host(block);
+      });
   std::unordered_set<void*> pooled_;  // device memory from the stream-ordered pool
   std::once_flag pool_once_;
   cudaStream_t pool_stream_ = nullptr;
