@@ -11,6 +11,8 @@
 //   3. wait ready[j] >= s for every peer; reduce slice r of every staging[j] into staging[r]
 //   4. write reduced[r] = s; wait reduced[j] >= s, copy slice j of staging[j] -> output, for all j
 //   5. write consumed[r] = s
+// An allreduce step of at most one_shot_bytes skips step 4: in step 3 each rank reduces all of it,
+// staging[0] op staging[1] op ... in rank order (the same bits on every rank), into its output.
 // reduce is the same with only the root gathering; broadcast copies the root's staging; allgather
 // copies every staging[j] to block j; reduce_scatter reduces block r of every staging[j]. Any
 // collective larger than the staging takes several steps: an allgather one piece of its block
@@ -68,6 +70,9 @@ class Ipc final : public DeviceBackend, private Watchdog::Watched {
 
   /// TUTTI_GPU_IPC_BYTES, else 32 MiB: the staging each rank shares.
   static std::size_t default_capacity();
+  /// An allreduce step of at most this many bytes runs in one shot: each rank reduces all of it
+  /// from every rank's staging, in rank order, instead of its slice (then waiting for the others').
+  static constexpr std::size_t one_shot_bytes = 64 * 1024;
 
  private:
   using Operation = Watchdog::Operation;  // first and last: its steps

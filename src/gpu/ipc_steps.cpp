@@ -109,6 +109,16 @@ void Ipc::enqueue_step(const DeviceCall& dc, std::uint32_t s, std::size_t offset
       device_->write_value(flag(rank_, ready), s, stream);
       pass(dc);
       wait_all(ready, s, stream, false);
+      if (c.collective == Collective::allreduce && bytes <= one_shot_bytes) {
+        // One shot: every rank reduces all of it from every staging, in rank order (the same
+        // bits everywhere), so no rank waits for another's reduced slice: one meeting, not two.
+        if (p == 1) device_->copy(out + at, own, bytes, stream);
+        if (p > 1) device_->reduce(out + at, staging_[0], staging_[1], count, c.type, op, stream);
+        for (std::size_t j = 2; j < p; ++j) device_->reduce(out + at, out + at, staging_[j], count, c.type, op, stream);
+        if (average) device_->divide(out + at, count, c.type, size_, stream);
+        pass(dc);
+        break;
+      }
       const auto [lo, hi] = slice(r);
       for (std::size_t j = 0; j < p; ++j)
         if (j != r) device_->reduce(own + lo * es, own + lo * es, staging_[j] + lo * es, hi - lo, c.type, op, stream);
