@@ -57,7 +57,9 @@ TEST(GpuHostTransfer, AllreduceCountsAndSizes) {
     SCOPED_TRACE("p = " + std::to_string(p));
     run_gpu_ranks(p, [&](tutti::gpu::Communicator& gpu, int) {
       const Stream stream = gpu.create_stream();
-      for (std::size_t count : {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(p + 1), std::size_t{1000003}})
+      // 16384 and 16385 f32: ipc's one-shot limit (64 KiB) and one element past it.
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(p + 1), std::size_t{16384},
+                                std::size_t{16385}, std::size_t{1000003}})
         for (bool in_place : {false, true}) allreduce_case(gpu, stream, DataType::f32, ReduceOp::sum, count, in_place);
       gpu.destroy_stream(stream);
     });
