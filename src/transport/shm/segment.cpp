@@ -63,9 +63,25 @@ void construct(std::byte* base, const Layout& layout, std::uint64_t comm_id) {
   header->magic.store(ready_magic, std::memory_order_release);
 }
 
+// Maps the pages every collective touches (the header, rank blocks, signature slots and direct
+// rounds) into this process now, writable, rather than at the first collective that touches each:
+// without it a rank's first hundred or so small collectives each took a page fault or two (a
+// 8-byte allreduce took 2.3 us over its first 110 calls at p = 2, 0.3 us after). The data sets
+// and rings are left to fault in when used (they can be large). A hint: a kernel without
+// MADV_POPULATE_WRITE (before Linux 5.14) faults them in later, as before.
+void populate(std::byte* base, const Layout& layout) {
+#ifdef MADV_POPULATE_WRITE
+  madvise(base, layout.rings, MADV_POPULATE_WRITE);  // rings is page-aligned
+#else
+  (void)base, (void)layout;
+#endif
+}
+
 std::byte* map(int fd, const Layout& layout) {
   void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  return base == MAP_FAILED ? nullptr : static_cast<std::byte*>(base);
+  if (base == MAP_FAILED) return nullptr;
+  populate(static_cast<std::byte*>(base), layout);
+  return static_cast<std::byte*>(base);
 }
 
 std::string octal_mode(mode_t mode) {
