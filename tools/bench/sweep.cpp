@@ -75,27 +75,45 @@ Report run_sweep(Communicator& world, const BenchOptions& options, const std::ve
                static_cast<double>(std::max<std::size_t>(bytes, 1 << 16));
   Progress progress(printer && !options.quiet_progress, total);
   double done = 0;
+  // With more than one algorithm (--all-algorithms) the groups are measured side by side: each
+  // size's row of every algorithm before the next size, the first of them rotating from size to
+  // size, so that no group always runs first (its first row paying for the first touch of the
+  // run's memory and the cache's state that the group before left) and no group's rows come
+  // minutes after another's on a machine whose speed drifts. The rows are then reported group
+  // by group. With one algorithm each row is reported as it is measured.
   for (const auto& [kind, algorithms] : groups) {
-    for (Algorithm algorithm : algorithms) {
-      if (printer) report.header(kind, std::string(to_string(algorithm)));
-      // A barrier moves no data: one row, whatever the types and sizes.
-      const std::vector<DataType> types =
-          kind == Collective::barrier ? std::vector<DataType>{options.types.front()} : options.types;
-      for (DataType type : types) {
-        for (ReduceOp op : reduces(kind) ? options.ops : std::vector<ReduceOp>{ReduceOp::sum}) {
-          std::size_t last = ~std::size_t{0};
-          for (std::size_t bytes : sizes) {
-            const Case base = make_case(kind, type, op, options.root, bytes, world.size());
-            if (case_bytes(base, world.size()) == last) continue;  // rounded to the same size as before
-            last = case_bytes(base, world.size());
-            Row row = measure_row(world, options, base, algorithm, peers, ceiling);
+    const bool one = algorithms.size() == 1;
+    std::vector<std::vector<Row>> measured(algorithms.size());
+    if (one && printer) report.header(kind, std::string(to_string(algorithms.front())));
+    // A barrier moves no data: one row, whatever the types and sizes.
+    const std::vector<DataType> types =
+        kind == Collective::barrier ? std::vector<DataType>{options.types.front()} : options.types;
+    std::size_t turn = 0;
+    for (DataType type : types) {
+      for (ReduceOp op : reduces(kind) ? options.ops : std::vector<ReduceOp>{ReduceOp::sum}) {
+        std::size_t last = ~std::size_t{0};
+        for (std::size_t bytes : sizes) {
+          const Case base = make_case(kind, type, op, options.root, bytes, world.size());
+          if (case_bytes(base, world.size()) == last) continue;  // rounded to the same size as before
+          last = case_bytes(base, world.size());
+          for (std::size_t k = 0; k < algorithms.size(); ++k, ++turn) {
+            const std::size_t a = (k + turn / algorithms.size()) % algorithms.size();
+            Row row = measure_row(world, options, base, algorithms[a], peers, ceiling);
             done += static_cast<double>(std::max<std::size_t>(bytes, 1 << 16));
             progress.finish();
-            report.row(row);
+            if (one)
+              report.row(row);
+            else
+              measured[a].push_back(std::move(row));
             progress.update(std::string(to_string(kind)) + " " + human_bytes(bytes), done);
           }
         }
       }
+    }
+    for (std::size_t a = 0; a < measured.size() && !one; ++a) {
+      progress.finish();
+      if (printer) report.header(kind, std::string(to_string(algorithms[a])));
+      for (const Row& row : measured[a]) report.row(row);
     }
   }
   progress.finish();

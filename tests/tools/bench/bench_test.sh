@@ -72,6 +72,20 @@ else
   ok "every collective, type and op checked at p=3, table and JSON parse"
 fi
 
+# groups_alike KIND: every algorithm group of KIND in the table has the same sizes, in ascending
+# order (the groups are measured side by side and printed group by group).
+groups_alike() {
+  sed -E 's/^\[[0-9]+\] ?//' "$tmp/out" | awk -v kind="$1" '
+    /^# Collective / { on = ($3 == kind ","); if (on) g++; next }
+    on && /^ +[0-9]+ +[0-9]+ / { sizes[g] = sizes[g] " " $1 }
+    END {
+      if (g < 2) { print "fewer than two " kind " groups"; exit 1 }
+      n = split(sizes[1], first, " ")
+      for (i = 2; i <= n; i++) if (first[i] + 0 <= first[i - 1] + 0) { print "sizes not ascending:" sizes[1]; exit 1 }
+      for (k = 2; k <= g; k++) if (sizes[k] != sizes[1]) { print "group " k " has sizes" sizes[k] ", group 1" sizes[1]; exit 1 }
+    }'
+}
+
 # 2. Every algorithm, the Gloo peer and the ceiling, at 4 ranks; all types for allreduce.
 bench 4 --collective allreduce,allgather,broadcast -b 4 -e 256K -f 16 -n 2 -w 1 --all-algorithms --peers gloo \
   --ceiling -c 1
@@ -81,6 +95,8 @@ elif ! why=$(rows_parse_clean 30); then
   fail "all algorithms" "$why"
 elif [[ $(grep -c "# Collective allreduce, algorithm" "$tmp/out") -lt 4 ]]; then
   fail "all algorithms" "fewer than four allreduce algorithm groups"
+elif ! why=$(groups_alike allreduce); then
+  fail "all algorithms" "$why"
 elif ! grep -q "Ceiling  *: memory bandwidth" "$tmp/out"; then
   fail "all algorithms" "no ceiling line"
 elif ! grep -q "gloo" "$tmp/out"; then
