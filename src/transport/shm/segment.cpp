@@ -202,10 +202,11 @@ Layout Layout::for_size(int size) {
   l.rings = round_up(l.direct_rounds + static_cast<std::size_t>(size) * sizeof(DirectRound), 4096);
   l.direct_data = l.rings + pairs * l.ring_stride;
   l.direct_chunk = 256 * 1024;
-  constexpr std::size_t direct_budget = 16u << 20;
+  l.direct_sets = 4;
+  constexpr std::size_t direct_budget = 16u << 20;  // for the two sets that every segment uses
   while (2 * static_cast<std::size_t>(size) * l.direct_chunk > direct_budget && l.direct_chunk > 4096)
     l.direct_chunk /= 2;
-  l.total = l.direct_data + 2 * static_cast<std::size_t>(size) * l.direct_chunk;
+  l.total = l.direct_data + l.direct_sets * static_cast<std::size_t>(size) * l.direct_chunk;
   return l;
 }
 
@@ -249,6 +250,7 @@ std::unique_ptr<Segment> Segment::attach(const std::string& name, int rank, int 
   }
   segment->decide_single_copy(rank, deadline);
   segment->decide_collective_copy(rank, deadline);
+  segment->direct_sets_ = ranks_outnumber_cores(size) ? 2 : segment->layout_.direct_sets;
   return segment;
 }
 

@@ -10,7 +10,9 @@
 //                                       room for a small collective's input (slot_data_bytes)
 //   Ring[p][p]    ring i->j: RingHeader (data head/tail, acks j->i), then `slots` chunk slots
 //   DirectRound[p]                     barrier round each rank has reached (direct algorithms)
-//   direct data[2][p]                  `direct_chunk` bytes per rank, two sets (double buffering)
+//   direct data[direct_sets][p]        `direct_chunk` bytes per rank per set; the sets are used in
+//                                      turn (Segment::direct_slot: all of them, or two where the
+//                                      ranks outnumber the cores)
 #pragma once
 
 #include <atomic>
@@ -226,8 +228,10 @@ struct Layout {
   std::size_t rank_blocks = 0, signatures = 0, rings = 0, ring_stride = 0, slot_stride = 0, total = 0;
   std::size_t direct_rounds = 0, direct_data = 0;
   std::size_t direct_chunk = 0;  // bytes per rank per data slot (a multiple of 4096)
+  std::size_t direct_sets = 0;   // data sets the area holds (Segment::direct_sets uses them)
   /// The geometry for `size` ranks: 8 x 64 KiB per ring, smaller when p^2 rings would pass ~96 MB;
-  /// a direct data area of 2 x p x 256 KiB, smaller when it would pass 16 MiB.
+  /// a direct data area of 4 sets of p x 256 KiB, the chunk smaller where two sets would pass
+  /// 16 MiB (tmpfs pages are taken only where written: two sets where ranks outnumber cores).
   static Layout for_size(int size);
 };
 
@@ -288,9 +292,19 @@ class Segment {
   /// The size from which a point-to-point message travels by reference (where single_copy()):
   /// probed_reference_bytes where the probe chose single copy, else reference_bytes.
   std::size_t reference_from() const { return single_copy_collectives_ ? probed_reference_bytes : reference_bytes; }
-  /// Rank `rank`'s part of data set `use` (taken modulo 2); the parts of one set are contiguous.
+  /// How many data sets the direct collectives use in turn, the same on every rank: all the
+  /// layout's (4) where each rank has a core, 2 where the ranks outnumber the cores. A set is
+  /// written again only `direct_sets()` chunks after it was read, so that a rank writing its part
+  /// finds the lines its peers read out of their caches by then: with two sets at p = 2 the
+  /// writer's stores waited on those lines (a 1 MiB reduce took about 80 us, 35 with four; docs/
+  /// performance.md, 2026-12-05). Where ranks share cores the lines they read are in the same
+  /// caches, and the larger footprint measured slower.
+  std::size_t direct_sets() const { return direct_sets_; }
+  /// Rank `rank`'s part of data set `use` (taken modulo direct_sets()); the parts of one set are
+  /// contiguous.
   std::byte* direct_slot(std::uint64_t use, int rank) const {
-    const std::size_t index = (use % 2) * static_cast<std::size_t>(layout_.size) + static_cast<std::size_t>(rank);
+    const std::size_t index =
+        (use % direct_sets_) * static_cast<std::size_t>(layout_.size) + static_cast<std::size_t>(rank);
     return base_ + layout_.direct_data + index * layout_.direct_chunk;
   }
 
@@ -310,6 +324,7 @@ class Segment {
   bool single_copy_ = false;
   bool single_copy_collectives_ = false;
   bool crowded_ = false;
+  std::size_t direct_sets_ = 2;
 };
 
 /// Whether `ranks` processes outnumber the machine's online cores (not this process's affinity:
