@@ -1284,8 +1284,9 @@ TEST_F(ShmDirect, SizesAroundTheSingleCopyLimits) {
                                       "allgather n=" + std::to_string(n) + " block " + std::to_string(q));
                               }
                             }
-                            const std::size_t rs_high = transport::shm::single_copy_reduce_scatter_limit /
-                                                        sizeof(float) / up;  // elements per block at the limit
+                            // Blocks around 16 KiB and an input around 128 KiB (where reduce_scatter once
+                            // changed paths), through the data sets now.
+                            const std::size_t rs_high = 128 * 1024 / sizeof(float) / up;
                             for (std::size_t n : {low - 1, low, rs_high - 1, rs_high})
                               for (int place : {0, 1, 2}) {  // out of place; in place NCCL's way; MPI's
                                 std::vector<float> in(n * up), out(n, -1.0f);

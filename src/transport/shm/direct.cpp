@@ -97,11 +97,10 @@ void DirectRun::plan() {
     return;
   }
   if (describes_ && plan_zero_copy()) return;
-  // A small reduce_scatter (not a reduce: its root reading every input measured slower at p = 2
-  // and 4 from 16 to 64 KiB); allgather(v), alltoall, gather, scatter and a broadcast up to its
-  // limit where the segment's probe found single copy faster on this machine
-  // (Segment::single_copy_collectives); where ranks share cores, only alltoall, gather and a
-  // large scatter. A gather's ranks write into the root's result (pushes), so only in a bound run.
+  // Allgather(v), alltoall, gather, scatter and a broadcast up to its limit where the segment's
+  // probe found single copy faster on this machine (Segment::single_copy_collectives); where
+  // ranks share cores, only alltoall, gather and a large scatter. A gather's ranks write into the
+  // root's result (pushes), so only in a bound run.
   const bool gather = kind_ == Collective::gather && pushes();
   const bool by_probe =
       segment_.single_copy_collectives() &&
@@ -110,9 +109,7 @@ void DirectRun::plan() {
            : kind_ == Collective::alltoall || gather || kind_ == Collective::scatter ||
                  ((kind_ == Collective::allgather || kind_ == Collective::allgatherv) && bytes * p < streaming_bytes) ||
                  (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit));
-  const bool single_copy_pays =
-      by_probe || (kind_ == Collective::reduce_scatter && bytes * p < single_copy_reduce_scatter_limit);
-  if (single_copy_pays && bytes >= single_copy_bytes && p > 1 && segment_.single_copy()) {
+  if (by_probe && bytes >= single_copy_bytes && p > 1 && segment_.single_copy()) {
     single_copy_ = true, chunks_ = 0, phases_ = 3;
     return;
   }

@@ -23,19 +23,18 @@ namespace tutti::transport::shm {
 /// results stay in the cache, ordinary stores are faster. Where each threshold here comes from:
 /// docs/performance.md, "Where the shared-memory thresholds come from".
 inline constexpr std::size_t small_allreduce_bytes = 16 * 1024;
-/// A reduce_scatter block of at least this many bytes is read by each rank straight from the
-/// peers' buffers (process_vm_readv), where the segment allows it (Segment::single_copy), into a
-/// scratch piece it reduces from while the piece is in its cache (instead of reading lines a peer
-/// has just written), at the price of a system call per peer; up to an input of
-/// single_copy_reduce_scatter_limit, from which the two-copy path's large chunks win. An
-/// allgather, alltoall, gather or scatter block and a broadcast of at least this many bytes are
-/// read the same way, straight into the result (one copy instead of two), only where the
+/// An allgather, alltoall, gather or scatter block and a broadcast of at least this many bytes
+/// are read by each rank straight from the peers' buffers (process_vm_readv), where the segment
+/// allows it (Segment::single_copy), into the result (one copy instead of two), only where the
 /// segment's probe found that faster than the data sets, where every rank copies in and out at
 /// once, chunk after chunk (Segment::single_copy_collectives: which wins depends on the machine,
 /// docs/performance.md); then an allgather while its result is under streaming_bytes, a
 /// broadcast under single_copy_broadcast_limit (from which the data sets' pipelining wins), the
 /// others always. Where ranks outnumber cores (Segment::crowded), only an alltoall, and a scatter
 /// block from crowded_scatter_bytes: the others measured slower read straight from the peers there.
+/// (A reduce_scatter reads no peer's buffer: reading 16-64 KiB blocks into a scratch piece to
+/// reduce from measured 1.2-1.55x slower than the data sets once there were four of them,
+/// docs/performance.md, 2026-12-05.)
 inline constexpr std::size_t single_copy_bytes = 16 * 1024;
 inline constexpr std::size_t crowded_scatter_bytes = 128 * 1024;
 /// A reduce's root whose chunk holds at most this many bytes copies each peer's part of the data
@@ -44,7 +43,6 @@ inline constexpr std::size_t crowded_scatter_bytes = 128 * 1024;
 /// 0.81-0.90 staged), and faster beyond (docs/performance.md).
 inline constexpr std::size_t staged_reduce_bytes = 64 * 1024;
 inline constexpr std::size_t single_copy_broadcast_limit = 1024 * 1024;
-inline constexpr std::size_t single_copy_reduce_scatter_limit = 128 * 1024;  // the whole input
 inline constexpr std::size_t streaming_bytes = std::size_t{32} << 20;
 /// A collective of at least this many bytes (its input or its result, whichever is larger)
 /// whose buffers that peers read are SharedBuffer memory on every rank runs zero copy, where the

@@ -294,7 +294,6 @@ class DirectRun final : public DirectCollective {
   bool plan_zero_copy();
   void run_zero_copy_phase(std::size_t phase);
   void reduce_own_slice();
-  void reduce_scatter_single_copy();
   /// "shm direct <collective> on rank <r>", the start of this run's error texts.
   std::string where() const;
   void begin(std::size_t chunk);

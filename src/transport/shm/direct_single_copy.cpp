@@ -1,7 +1,7 @@
-// The direct collectives that read their peers' buffers: single copy (process_vm_readv straight
-// from a peer's input into this rank's result, or for a small reduce_scatter into a scratch piece
-// it reduces from) and alltoallv's exchange (displacements, and inputs that fit, through a data
-// set; larger blocks read from the peer). See direct.hpp, single_copy_bytes, and DirectRun::plan.
+// The direct collectives that read or write their peers' buffers: single copy (process_vm_readv
+// straight from a peer's input into this rank's result, or process_vm_writev into a peer's) and
+// alltoallv's exchange (displacements, and inputs that fit, through a data set; larger blocks read
+// from the peer). See direct.hpp, single_copy_bytes, and DirectRun::plan.
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -32,8 +32,6 @@ void DirectRun::run_single_copy_phase(std::size_t phase) {
   copy_own_block();
   const std::size_t bytes = count_ * esize_;
   switch (kind_) {
-    case Collective::reduce_scatter:
-      return reduce_scatter_single_copy();
     case Collective::broadcast:
       if (r != root_) read_input(root_, 0, recv_, bytes);
       return;
@@ -146,36 +144,6 @@ void DirectRun::peer_copy_failed(int q, int failure, bool write, std::size_t byt
   fail(Error(ErrorCode::system, where() + (write ? ": writing into rank " : ": reading rank ") + std::to_string(q) +
                                     (write ? "'s result (" : "'s input (") + std::to_string(bytes) +
                                     " bytes) failed: " + std::strerror(failure)));
-}
-
-// This rank's block of every rank's input, reduced piece by piece: each peer's piece is read into
-// a scratch buffer on this core and reduced from there while it is in the cache, in the same
-// order as the two-copy path (reduce_parts).
-void DirectRun::reduce_scatter_single_copy() {
-  constexpr std::size_t piece_bytes = 32 * 1024;
-  const int p = size(), r = rank();
-  const std::size_t block = count_ * esize_, piece = std::min(block, piece_bytes / esize_ * esize_);
-  const std::byte* own = send_ + static_cast<std::size_t>(r) * block;
-  const int first = recv_ == own ? r : 0;  // in place the result overwrites own: read it first
-  auto scratch = std::make_unique_for_overwrite<std::byte[]>(piece);
-  for (std::size_t offset = 0; offset < block; offset += piece) {
-    const std::size_t len = std::min(piece, block - offset), n = len / esize_;
-    std::byte* dst = recv_ + offset;
-    for (int i = 0; i < p; ++i) {
-      const int q = (first + i) % p;
-      const std::byte* part = own + offset;
-      if (q != r) {
-        read_input(q, static_cast<std::size_t>(r) * block + offset, scratch.get(), len);
-        part = scratch.get();
-      }
-      if (i == 0) {
-        if (dst != part) core::copy(dst, part, len);
-      } else {
-        reduce::apply(op_, type_, dst, dst, part, n);
-      }
-    }
-    if (op_ == ReduceOp::avg) reduce::divide(type_, dst, n, p);
-  }
 }
 
 }  // namespace tutti::transport::shm
