@@ -42,7 +42,9 @@ inline constexpr std::size_t crowded_scatter_bytes = 128 * 1024;
 /// has just written measured slower there (0.63-0.74 of OpenMPI at 32 and 64 KiB against
 /// 0.81-0.90 staged), and faster beyond (docs/performance.md).
 inline constexpr std::size_t staged_reduce_bytes = 64 * 1024;
-inline constexpr std::size_t single_copy_broadcast_limit = 1024 * 1024;
+/// (512 KiB: with four data sets a broadcast through them measured 1.6x faster there than single
+/// copy at p = 2, level at 256 KiB, slower below; docs/performance.md, 2026-12-05, later.)
+inline constexpr std::size_t single_copy_broadcast_limit = 512 * 1024;
 inline constexpr std::size_t streaming_bytes = std::size_t{32} << 20;
 /// A collective of at least this many bytes (its input or its result, whichever is larger)
 /// whose buffers that peers read are SharedBuffer memory on every rank runs zero copy, where the

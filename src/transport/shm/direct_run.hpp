@@ -347,7 +347,7 @@ class DirectRun final : public DirectCollective {
   std::uint32_t unclocked_polls_ = 0;  // polls that did not read the clock
   bool small_ = false;                 // allreduce in one step: every rank reduces everything
   bool three_parts_ = false;           // allreduce in chunks: begin, reduce_slice, finish
-  bool single_copy_ = false;           // a small reduce_scatter reads the peers' buffers (see plan)
+  bool single_copy_ = false;           // blocks move straight between the ranks' buffers (see plan)
   bool exchange_ = false;              // alltoallv: displacements (and small inputs) through the data set (see plan)
   bool describes_ = false;             // zero copy: this rank published a Described (see describe)
   bool zero_copy_ = false;             // and every rank's buffers are shared: runs zero copy
