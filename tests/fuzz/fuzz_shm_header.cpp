@@ -229,14 +229,18 @@ void check_abort(const shm::Segment& segment, const AbortFields& f, const std::u
 
 void check_signature_slot(const shm::Segment& segment, std::uint64_t seq, std::uint64_t tag,
                           const std::uint64_t (&words)[5]) {
+  // A slot holds the signature but its seq (the tag says it): words[0] goes to the arrivals word
+  // beside it, which a peer may also fill with anything.
   shm::SignatureSlot& slot = segment.signature_slot(0, seq);
-  for (int i = 0; i < 5; ++i) slot.words[i].store(words[i], std::memory_order_relaxed);
+  for (int i = 0; i < 4; ++i) slot.words[i].store(words[i + 1], std::memory_order_relaxed);
+  slot.arrivals.store(words[0], std::memory_order_relaxed);
   slot.tag.store(tag, std::memory_order_release);
-  if (slot.tag.load(std::memory_order_acquire) != seq + 1) return;  // not (or no longer) seq's: ignored
-  std::uint64_t seen[5];
-  for (int i = 0; i < 5; ++i) seen[i] = slot.words[i].load(std::memory_order_relaxed);
   transport::WireSignature theirs;
-  std::memcpy(&theirs, seen, sizeof theirs);
+  if (!shm::read_slot(slot, seq, theirs)) {  // not (or no longer) seq's: ignored
+    require(tag != seq + 1, "read_slot ignored a slot tagged with its seq");
+    return;
+  }
+  require(theirs.seq == seq, "read_slot gave another seq than the tag's");
   tutti::fuzz::check_signature(theirs);
   transport::Signature mine;
   mine.seq = seq;

@@ -407,8 +407,8 @@ TEST_F(HostileShm, GarbageSignatureSlot) {
   Pair pair;
   auto& slot = pair.segment().signature_slot(0, 0);
   for (auto& word : slot.words) word.store(~std::uint64_t{0});
-  slot.words[0].store(0);  // the seq
   slot.tag.store(1);
+  slot.arrivals.store(std::uint64_t{1} << 32 | 1);  // rank 0 counted in, as its publication would
   transport::Signature mine;
   mine.seq = 0;
   mine.collective = Collective::allreduce;

@@ -831,6 +831,54 @@ void expect_mismatch_everywhere(const std::vector<std::string>& first, const std
   }
 }
 
+// Mismatched calls in which no rank reads another's input (a broadcast's root beside the
+// non-roots of a gather), made by all ranks at the same moment, many times: each pair of ranks
+// is compared by the later of the two to arrive (ShmTransport::arrive), so one of them raises the
+// mismatch and every rank raises it (or the abort) by its next call. With more than 32 ranks the
+// arrivals are counted instead of marked, and the same holds; small collectives stay exact.
+TEST_F(ShmDirect, MismatchOfCallsThatReadNoPeerIsCaughtWhenRanksArriveTogether) {
+  for (const auto& [p, rounds] : {std::pair{2, 40}, std::pair{3, 20}, std::pair{34, 2}}) {
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<std::string> first(static_cast<std::size_t>(p)), second(static_cast<std::size_t>(p));
+      std::atomic<int> arrived{0};
+      EXPECT_EQ(run_ranks(p,
+                          [&](Rank& rank) {
+                            const int r = rank.comm.rank();
+                            const Options o{Algorithm::direct, 20000ms};
+                            if (p > 32) {  // the counted arrivals compare exactly as the marked ones
+                              std::vector<float> in(3), out(3, -1.0f);
+                              for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
+                              rank.comm.allreduce(in.data(), out.data(), in.size(), DataType::f32, ReduceOp::sum, o);
+                              expect_equal(
+                                  out, [&](std::size_t i) { return sum_value(p, i); }, "allreduce");
+                            }
+                            // Every rank leaves this spin within a few microseconds of the others.
+                            arrived.fetch_add(1);
+                            const auto until = clock::now() + 20s;
+                            while (arrived.load() < p && clock::now() < until) std::this_thread::yield();
+                            std::vector<float> b(2, static_cast<float>(r)), all(2 * static_cast<std::size_t>(p));
+                            first[static_cast<std::size_t>(r)] = outcome([&] {
+                              if (r == 0)
+                                rank.comm.broadcast(b.data(), 2, DataType::f32, 0, o);
+                              else
+                                rank.comm.gather(b.data(), all.data(), 2, DataType::f32, 0, o);
+                            });
+                            second[static_cast<std::size_t>(r)] = outcome([&] { rank.comm.barrier(o); });
+                          }),
+                "")
+          << "p=" << p;
+      const bool raised = std::find(first.begin(), first.end(), "mismatch") != first.end() ||
+                          std::find(second.begin(), second.end(), "mismatch") != second.end();
+      EXPECT_TRUE(raised) << "p=" << p << " round " << round << ": no rank raised the mismatch";
+      for (std::size_t u = 0; u < first.size(); ++u) {
+        EXPECT_TRUE(first[u] == "ok" || first[u] == "mismatch" || first[u] == "aborted") << u << ": " << first[u];
+        EXPECT_TRUE(second[u] == "mismatch" || second[u] == "aborted")
+            << "p=" << p << " rank " << u << ": " << second[u];
+      }
+    }
+  }
+}
+
 // Alltoallv counts on which two ranks disagree (rank 0 sends rank 1 one element more, or one
 // fewer, than rank 1 expects), with inputs small enough for the data set and too large for it
 // (read from the peer): the direct exchange raises mismatch on every rank from that call, naming

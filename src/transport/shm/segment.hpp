@@ -123,13 +123,23 @@ struct alignas(64) RankBlock {
 
 /// One announced signature, written under a seqlock: tag = seq + 1 when valid, busy while written.
 /// `data` holds the input of a small direct collective (written before the tag, see shm.cpp).
+///
+/// `arrivals` is used in rank 0's slots only, outside the seqlock: which ranks have published
+/// collective seq (ShmTransport::arrive). Each rank publishing seq adds itself with one atomic
+/// read-modify-write and compares its signature with the slots of the ranks that were there
+/// before it, so that every pair of ranks is compared once, by the later of the two, and the
+/// earlier never reads a slot its peer is about to write. It sits on the line of rank 0's tag,
+/// which a rank reading rank 0's input reads anyway.
 struct alignas(64) SignatureSlot {
   static constexpr std::uint64_t busy = ~std::uint64_t{0};
   std::atomic<std::uint64_t> tag;
-  std::atomic<std::uint64_t> words[5];
+  std::atomic<std::uint64_t> words[4];  // the signature but its seq (which the tag says)
+  std::atomic<std::uint64_t> arrivals;  // (seq + 1) mod 2^32 above, below: a mask of ranks, or a count
   std::byte data[slot_data_bytes];
 };
-static_assert(sizeof(WireSignature) == 5 * sizeof(std::uint64_t));
+static_assert(sizeof(WireSignature) == 5 * sizeof(std::uint64_t) && offsetof(WireSignature, seq) == 0);
+// The first line holds 16 bytes of input: two ranks' blocks of 8 bytes (a scatter's at p = 2).
+static_assert(offsetof(SignatureSlot, data) == 48);
 static_assert(sizeof(SignatureSlot) % 64 == 0);
 
 /// Asks for the lines of `slot` that a publication of `bytes` of input writes, in the exclusive
@@ -152,8 +162,8 @@ inline void prefetch_for_write(const SignatureSlot& slot, std::size_t bytes) {
 inline bool read_slot(const SignatureSlot& slot, std::uint64_t seq, WireSignature& out) {
   const std::uint64_t tag = slot.tag.load(std::memory_order_acquire);
   if (tag != seq + 1) return false;
-  std::uint64_t words[5];
-  for (int i = 0; i < 5; ++i) words[i] = slot.words[i].load(std::memory_order_relaxed);
+  std::uint64_t words[5] = {seq};
+  for (int i = 0; i < 4; ++i) words[i + 1] = slot.words[i].load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (slot.tag.load(std::memory_order_relaxed) != tag) return false;
   std::memcpy(&out, words, sizeof words);

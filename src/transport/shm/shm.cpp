@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -38,7 +39,8 @@ void write_slot(SignatureSlot& slot, std::uint64_t seq, const WireSignature& sig
   std::memcpy(words, &signature, sizeof words);
   slot.tag.store(SignatureSlot::busy, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
-  for (int i = 0; i < 5; ++i) slot.words[i].store(words[i], std::memory_order_relaxed);
+  assert(words[0] == seq);  // the tag says it
+  for (int i = 0; i < 4; ++i) slot.words[i].store(words[i + 1], std::memory_order_relaxed);
   if (bytes > 0) std::memcpy(slot.data, input, bytes);
   slot.tag.store(seq + 1, std::memory_order_release);
 }
@@ -330,12 +332,12 @@ bool ShmTransport::slot_free_locked(std::uint64_t seq) {
 void ShmTransport::publish_locked(std::uint64_t seq, const WireSignature& mine, const std::byte* input,
                                   std::size_t bytes) {
   write_slot(segment_->signature_slot(rank_, seq), seq, mine, input, bytes);
-  // Two ranks publishing the same seq at once: each writes, then reads; the fences make sure at
-  // least one of them sees the other's slot.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Of two ranks publishing the same seq, the later to arrive compares (arrive orders them).
+  const std::uint64_t earlier = size_ > 1 ? arrive(seq) : 0;
   for (int r = 0; r < size_; ++r) {
     WireSignature theirs;
-    if (r == rank_ || !read_slot(segment_->signature_slot(r, seq), seq, theirs)) continue;
+    if (r == rank_ || (earlier >> (r % 64) & 1) == 0 || !read_slot(segment_->signature_slot(r, seq), seq, theirs))
+      continue;
     if (theirs != mine) {
       abort(collective_mismatch(named(r), from_wire(theirs), named(rank_), from_wire(mine)), seq);
       break;
@@ -349,6 +351,27 @@ void ShmTransport::publish_locked(std::uint64_t seq, const WireSignature& mine, 
   // The next publication most likely carries as much: its lines come while this one is used, so
   // that its fence need not wait for them (it would wait for each peer that read them to let go).
   prefetch_for_write(segment_->signature_slot(rank_, seq + 1), bytes);
+}
+
+std::uint64_t ShmTransport::arrive(std::uint64_t seq) {
+  // The word holds (seq + 1) mod 2^32 in its upper half; a value for another seq is the previous
+  // use of the slot (signature_slots collectives ago), which every rank has passed: every rank
+  // has consumed beyond it before anyone publishes into the slot again (slot_free_locked).
+  // Below: up to 32 ranks, a mask of those there; beyond, a count, and a rank that is not
+  // the first compares with every peer whose slot holds seq (one that publishes later compares
+  // with this rank). The read-modify-write is sequentially consistent: it orders the arrivals,
+  // and makes each arriving rank's slot visible to the ranks that arrive after it.
+  std::atomic<std::uint64_t>& word = segment_->signature_slot(0, seq).arrivals;
+  const std::uint64_t tag = ((seq + 1) & 0xffffffffu) << 32;
+  const bool masks = size_ <= 32;
+  const std::uint64_t me = masks ? std::uint64_t{1} << rank_ : 1;
+  std::uint64_t old = word.load(std::memory_order_relaxed);
+  std::uint64_t there = 0;
+  do {
+    there = (old & ~std::uint64_t{0xffffffffu}) == tag ? old & 0xffffffffu : 0;
+  } while (!word.compare_exchange_weak(old, tag | (masks ? there | me : there + me), std::memory_order_seq_cst,
+                                       std::memory_order_relaxed));
+  return masks || there == 0 ? there : ~std::uint64_t{0};
 }
 
 bool ShmTransport::signature_checked(std::uint64_t seq) {

@@ -229,6 +229,10 @@ class ShmTransport final : public Transport {
   bool slot_free_locked(std::uint64_t seq);
   /// Publishes seq's signature (with `bytes` of inline input) and compares it with the peers'.
   void publish_locked(std::uint64_t seq, const WireSignature& mine, const std::byte* input, std::size_t bytes);
+  /// Counts this rank in among those that published collective `seq` (SignatureSlot::arrivals)
+  /// and returns which ranks did before it: bit r for rank r (all bits set where ranks are over 32
+  /// and any was there first).
+  std::uint64_t arrive(std::uint64_t seq);
   std::uint64_t lowest_published() const;
   std::uint64_t lowest_consumed() const;
   void await_publication_locked(bool awaiting);
