@@ -20,8 +20,11 @@
 #include "core/copy.hpp"
 #include "transport/shm/direct_run.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <utility>
 
 namespace tutti::transport::shm {
 
@@ -42,7 +45,35 @@ struct SpareRun {
 };
 thread_local SpareRun spare_run;
 
+// The spare of Scratch: the last block a thread dropped, up to spare_scratch_bytes (above, a
+// call's copying dwarfs what fresh memory costs, and the spare would hold that much for good).
+constexpr std::size_t spare_scratch_bytes = std::size_t{64} << 20;
+
+struct SpareScratch {
+  std::unique_ptr<std::byte[]> block;
+  std::size_t bytes = 0;
+  bool closed = false;  // as SpareRun's
+  ~SpareScratch() { block.reset(), bytes = 0, closed = true; }
+};
+thread_local SpareScratch spare_scratch;
+
 }  // namespace
+
+Scratch::Scratch(std::size_t bytes) {
+  if (spare_scratch.block && spare_scratch.bytes >= bytes) {
+    data_ = std::move(spare_scratch.block), capacity_ = std::exchange(spare_scratch.bytes, 0);
+    return;
+  }
+  data_ = std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(bytes, 1)), capacity_ = bytes;
+}
+
+void Scratch::release() {
+  if (!data_) return;
+  // The larger of the two is kept: the next call of this size then needs no fresh memory.
+  if (!spare_scratch.closed && capacity_ <= spare_scratch_bytes && capacity_ >= spare_scratch.bytes)
+    spare_scratch.block = std::move(data_), spare_scratch.bytes = capacity_;
+  data_.reset(), capacity_ = 0;
+}
 
 void* DirectRun::operator new(std::size_t bytes) {
   if (bytes != sizeof(DirectRun) || spare_run.block == nullptr) return ::operator new(bytes);
@@ -111,6 +142,7 @@ void DirectRun::plan() {
                  (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit));
   if (by_probe && bytes >= single_copy_bytes && p > 1 && segment_.single_copy()) {
     single_copy_ = true, chunks_ = 0, phases_ = 3;
+    if (kind_ == Collective::alltoall && send_ == recv_) snapshot_blocks();
     return;
   }
   if (kind_ == Collective::allreduce && bytes <= small_allreduce_bytes) {
@@ -168,7 +200,7 @@ std::string DirectRun::where() const {
 void DirectRun::deliver_staged() {
   if (!staging_) return;
   core::copy(deliver_, recv_, count_ * esize_);
-  staging_.reset();
+  staging_ = Scratch();
 }
 
 bool DirectRun::signatures_compared() {
@@ -284,6 +316,7 @@ bool DirectRun::progress_barriers() {
 // by chunk between the barriers it made every call at 1 MiB up to twice as long. The other
 // gathers', an alltoall's and a scatter's root's likewise, from their block of the input.
 void DirectRun::copy_own_block() {
+  if (own_block_in_place_) return;
   const int r = rank();
   const std::size_t bytes = block_elems(r) * esize_;
   if (bytes == 0) return;
@@ -311,6 +344,18 @@ void DirectRun::copy_own_block() {
       return;
   }
   if (recv_ + to != send_ + from) copy_out_(recv_ + to, send_ + from, bytes);
+}
+
+// Before this rank first arrives at a barrier, so before any peer may write into its buffer. The
+// data sets need no snapshot: a chunk's blocks are copied into the set before that chunk's results
+// are copied out over them, and the chunks are disjoint.
+void DirectRun::snapshot_blocks() {
+  const int p = size(), r = rank();
+  snapshot_ = Scratch(static_cast<std::size_t>(p) * count_ * esize_);
+  for (int q = 0; q < p; ++q)
+    if (q != r) core::copy(snapshot_.data() + block_offset(q), send_ + block_offset(q), count_ * esize_);
+  send_ = snapshot_.data();
+  own_block_in_place_ = true;
 }
 
 void DirectRun::run_phase(std::size_t phase) {

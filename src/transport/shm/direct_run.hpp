@@ -107,6 +107,34 @@ void check_alltoallv_pairs(const std::uint64_t* all, int p, int r);
 bool alltoallv_from_slots(const Segment& segment, std::uint64_t seq, int r, std::size_t esize, std::byte* recv,
                           std::span<const std::size_t> recv_starts);
 
+/// Memory a run needs for the call (an in-place alltoall's snapshot, an in-place reduce_scatter's
+/// staged result), taken from the calling thread's spare where it is large enough and given back
+/// to the spare of the thread that drops it (see direct.cpp): an in-place call repeats at one
+/// size, and fresh memory costs its first touches every time.
+class Scratch {
+ public:
+  Scratch() = default;
+  explicit Scratch(std::size_t bytes);
+  Scratch(Scratch&& other) noexcept : data_(std::move(other.data_)), capacity_(std::exchange(other.capacity_, 0)) {}
+  Scratch& operator=(Scratch&& other) noexcept {
+    if (this != &other) {
+      release();
+      data_ = std::move(other.data_), capacity_ = std::exchange(other.capacity_, 0);
+    }
+    return *this;
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { release(); }
+  std::byte* data() const { return data_.get(); }
+  explicit operator bool() const { return data_ != nullptr; }
+
+ private:
+  void release();
+  std::unique_ptr<std::byte[]> data_;
+  std::size_t capacity_ = 0;
+};
+
 /// Ranks whose per-call arrays (block starts, alltoallv headers) live inside the run or on the
 /// stack: a call of up to this many ranks allocates none.
 inline constexpr std::size_t inline_ranks = 16;
@@ -201,13 +229,14 @@ class DirectRun final : public DirectCollective {
   static void operator delete(void* block, std::size_t bytes);
   /// The result goes to `staging` and is copied to `recv` at the end (reduce_scatter in place,
   /// whose result is the start of the buffer that holds the input).
-  void deliver_to(std::byte* recv, std::unique_ptr<std::byte[]> staging) {
+  void deliver_to(std::byte* recv, Scratch staging) {
     deliver_ = recv;
     staging_ = std::move(staging);
   }
-  /// The input is `snapshot` (alltoall in place, whose result overwrites input still to be read),
-  /// which the run keeps until it ends.
-  void keep_input(std::unique_ptr<std::byte[]> snapshot) { snapshot_ = std::move(snapshot); }
+  /// The input is `snapshot` (alltoallv in place, whose result overwrites input still to be
+  /// read), which the run keeps until it ends. (An alltoall in place takes its own where it needs
+  /// one: see snapshot_blocks.)
+  void keep_input(Scratch snapshot) { snapshot_ = std::move(snapshot); }
 
  private:
   int rank() const { return transport_.rank(); }
@@ -232,6 +261,10 @@ class DirectRun final : public DirectCollective {
   }
   /// This rank's own block of the result, from its input, once every peer's is in (see progress_barriers).
   void copy_own_block();
+  /// Alltoall in place by single copy: this rank's blocks for its peers into a snapshot, which
+  /// becomes the input (the peers write into this buffer, or this rank into it, while blocks
+  /// still to be sent are there); its own block stays where it is.
+  void snapshot_blocks();
   bool progress_barriers();
   bool progress_inline(bool arrange_wake);
   void deliver_inline();
@@ -382,8 +415,9 @@ class DirectRun final : public DirectCollective {
   // streaming_bytes of results that they have not read (in place, begin() read them into the cache).
   void (*copy_out_)(std::byte*, const std::byte*, std::size_t) = copy_cached;
   std::byte* deliver_ = nullptr;  // see deliver_to
-  std::unique_ptr<std::byte[]> staging_;
-  std::unique_ptr<std::byte[]> snapshot_;  // see keep_input
+  Scratch staging_;
+  Scratch snapshot_;                 // see keep_input and snapshot_blocks
+  bool own_block_in_place_ = false;  // snapshot_blocks: this rank's own block is where it belongs
 };
 
 template <typename Part>

@@ -58,20 +58,21 @@ std::unique_ptr<DirectCollective> start_direct(Transport& transport, const Nativ
   const InPlace in_place = map_in_place(call, shm->rank());
   const std::byte* in = in_place.input;
   auto* out = static_cast<std::byte*>(call.recv);
-  std::unique_ptr<std::byte[]> staging;
+  Scratch staging;
   if (in_place.stage_output) {
-    staging = std::make_unique_for_overwrite<std::byte[]>(count * size_of(type));
-    out = staging.get();
+    staging = Scratch(count * size_of(type));
+    out = staging.data();
   }
-  std::unique_ptr<std::byte[]> snapshot;
-  if (in_place.snapshot_input) {  // alltoall(v) in place: the input, p blocks, before they are overwritten
+  // Alltoallv in place: the input, before it is overwritten (its blocks and results lie anywhere
+  // in the buffer). An alltoall's blocks and results share their places: only its single copy
+  // needs a snapshot, of the blocks for its peers (DirectRun::snapshot_blocks).
+  Scratch snapshot;
+  if (in_place.snapshot_input && kind == Collective::alltoallv) {
     const std::size_t input_bytes =
-        (kind == Collective::alltoallv ? std::accumulate(call.counts.begin(), call.counts.end(), std::size_t{0})
-                                       : static_cast<std::size_t>(shm->size()) * count) *
-        size_of(type);
-    snapshot = std::make_unique_for_overwrite<std::byte[]>(input_bytes);
-    if (input_bytes > 0) core::copy(snapshot.get(), in, input_bytes);  // an empty call may pass null
-    in = snapshot.get();
+        std::accumulate(call.counts.begin(), call.counts.end(), std::size_t{0}) * size_of(type);
+    snapshot = Scratch(input_bytes);
+    if (input_bytes > 0) core::copy(snapshot.data(), in, input_bytes);  // an empty call may pass null
+    in = snapshot.data();
   }
   auto run = std::make_unique<DirectRun>(*shm, kind, in, out, count, call.counts, call.recv_counts, type, reduce_op,
                                          root, timeout);
