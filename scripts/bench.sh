@@ -13,7 +13,8 @@
 #   6. every collective at p = 2 and p = 4 under plain mpirun, no tuning file, from 8 B to 16 MiB,
 #      beside MPI and Gloo, three runs each (every-p2-*.json, every-p4-*.json), and one table per
 #      p: a row per collective, a column per size, MPI time / Tutti time, median (min-max) of the
-#      runs (every-p2.md, every-p4.md, every-gloo-p2.md), and a plot per collective and p of bus
+#      runs (every-p2.md, every-p4.md, every-gloo-p2.md; the in-place forms beside MPI_IN_PLACE in
+#      every-pP-in-place.md), and a plot per collective and p of bus
 #      bandwidth and Tutti / peer by size (every-pP-COLLECTIVE.png);
 #   7. the tables (bench_table.py) and the plot (plot_bench.py);
 #   8. across hosts on the emulated cluster, beside MPI and Gloo on the same links
@@ -55,6 +56,7 @@ for p in 2 4; do
       >"$out/every-p$p-$run.log"
   done
   /usr/bin/python3 tools/bench_table.py matrix mpi "$out"/every-p$p-?.json >"$out/every-p$p.md"
+  /usr/bin/python3 tools/bench_table.py matrix-in-place mpi "$out"/every-p$p-?.json >"$out/every-p$p-in-place.md"
   for collective in allreduce reduce_scatter allgather allgatherv broadcast reduce alltoall alltoallv gather scatter; do
     /usr/bin/python3 tools/plot_bench.py --ratio --collective "$collective" $([[ $collective == broadcast ]] && echo --in-place) \
       --out "$out/every-p$p-$collective.png" "$out"/every-p$p-?.json >/dev/null

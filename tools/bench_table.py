@@ -12,9 +12,11 @@
     bench_table.py matrix PEER FILE.json...   several runs of one command: one row per
                                          collective, one column per size, the median PEER time /
                                          Tutti time (above 1: Tutti faster) with the min-max over runs
+    bench_table.py matrix-in-place PEER FILE.json...   the same of the in-place forms (allreduce,
+                                         allgather, alltoall, reduce against MPI_IN_PLACE)
 
-Reads the primary form (out of place; in place for broadcast). Exits 1 with a one-line message
-on a malformed file.
+Reads the primary form (out of place; in place for broadcast), except matrix-in-place. Exits 1
+with a one-line message on a malformed file.
 """
 import json
 import statistics
@@ -30,9 +32,10 @@ def human(size):
     return str(size)
 
 
-def primary_rows(doc):
+def primary_rows(doc, in_place=False):
+    """The primary form's rows; with in_place, the other form's (no broadcast: it has one form)."""
     for row in doc["results"]:
-        if row["in_place"] == (row["collective"] == "broadcast"):
+        if (row["in_place"] == (row["collective"] == "broadcast")) != in_place:
             yield row
 
 
@@ -83,10 +86,10 @@ def automatic_table(docs):
     return lines
 
 
-def automatic_ratios(peer, docs):
+def automatic_ratios(peer, docs, in_place=False):
     """(row, PEER time / Tutti time) of every automatic row the peer ran too."""
     for doc in docs:
-        for row in primary_rows(doc):
+        for row in primary_rows(doc, in_place):
             p = (row.get("peers") or {}).get(peer)
             if row["algorithm"] == "automatic" and p:
                 yield row, p["ratio"]
@@ -114,9 +117,9 @@ def size_class(size):
     return 0 if size <= 0 else 2 ** round(math.log2(size))
 
 
-def matrix_table(peer, docs):
+def matrix_table(peer, docs, in_place=False):
     ratios = {}  # collective -> bytes -> [PEER time / Tutti time per run]
-    for row, ratio in automatic_ratios(peer, docs):
+    for row, ratio in automatic_ratios(peer, docs, in_place):
         ratios.setdefault(row["collective"], {}).setdefault(size_class(row["bytes"]), []).append(ratio)
     sizes = sorted({size for by in ratios.values() for size in by})
     lines = ["| collective | " + " | ".join(human(size) for size in sizes) + " |", "|" + " --- |" * (len(sizes) + 1)]
@@ -135,13 +138,13 @@ def matrix_table(peer, docs):
 
 
 def main(argv):
-    if len(argv) >= 4 and argv[1] == "matrix":
+    if len(argv) >= 4 and argv[1] in ("matrix", "matrix-in-place"):
         try:
             docs = []
             for name in argv[3:]:
                 with open(name) as f:
                     docs.append(json.load(f))
-            lines = matrix_table(argv[2], docs)
+            lines = matrix_table(argv[2], docs, argv[1] == "matrix-in-place")
         except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
             print(f"bench_table.py: {' '.join(argv[3:])}: {e}", file=sys.stderr)
             return 1

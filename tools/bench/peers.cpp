@@ -27,6 +27,11 @@ class MpiPeer final : public Peer {
   bool supports(const Case& c) const override {
     // No MPI datatype (Tutti's own f16/bf16 types would time Tutti's kernels, not MPI's).
     if (c.type == DataType::f16 || c.type == DataType::bf16) return false;
+    // In place: MPI_IN_PLACE where the buffers mean what Tutti's in-place form means (MPI's
+    // reduce_scatter in place leaves the result at the start of the buffer, not at the rank's block).
+    if (c.in_place && c.kind != Collective::broadcast && c.kind != Collective::allreduce &&
+        c.kind != Collective::allgather && c.kind != Collective::alltoall && c.kind != Collective::reduce)
+      return false;
     return !reduces(c.kind) || c.op != ReduceOp::avg;
   }
 
@@ -36,6 +41,11 @@ class MpiPeer final : public Peer {
     const int n = static_cast<int>(c.count);
     const void* send = b.send();
     void* recv = b.recv();
+    if (c.in_place && c.kind != Collective::broadcast) {  // a reduce's in place is the root's alone
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      if (c.kind != Collective::reduce || rank == c.root) send = MPI_IN_PLACE;
+    }
     if (c.kind == sendrecv) {
       int rank = 0, size = 1;
       MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -120,6 +130,7 @@ class GlooAdapter final : public Peer {
   bool supports(const Case& c) const override {
     if (c.kind != Collective::allreduce && c.kind != Collective::allgather && c.kind != Collective::broadcast)
       return false;
+    if (c.in_place != (c.kind == Collective::broadcast)) return false;  // the primary form only
     return gloo_.supports(to_string(c.kind), c.type, c.op);
   }
   void run(const Case& c, Buffers& b) override {

@@ -62,7 +62,8 @@ void Report::row(const Row& row) {
   if (print_) print_row(row);
   for (const Measure* m : {&row.out_of_place, &row.in_place})
     if (m->measured()) busbw_sum_ += busbw(row, ranks_, m->time), ++busbw_cells_, wrong_ += m->wrong;
-  for (const auto& [name, peer] : row.peers) wrong_ += peer.wrong;
+  for (const auto* form : {&row.peers, &row.peers_in_place})
+    for (const auto& [name, peer] : *form) wrong_ += peer.wrong;
   rows_.push_back(row);
 }
 
@@ -142,13 +143,12 @@ void Report::write_json(const std::string& path, const std::string& command, con
         r["bound_fraction"] = row.bound / m.time;
         r["ceiling_busbw_GBps"] = busbw(row, ranks_, row.bound);
       }
-      if (&m == &primary(row))
-        for (const auto& [name, peer] : row.peers)
-          if (peer.measured())
-            r["peers"][name] = {{"time_us", peer.time * 1e6},
-                                {"busbw_GBps", busbw(row, ranks_, peer.time)},
-                                {"ratio", peer.time / m.time},
-                                {"wrong", peer.wrong}};
+      for (const auto& [name, peer] : &m == &primary(row) ? row.peers : row.peers_in_place)
+        if (peer.measured())
+          r["peers"][name] = {{"time_us", peer.time * 1e6},
+                              {"busbw_GBps", busbw(row, ranks_, peer.time)},
+                              {"ratio", peer.time / m.time},
+                              {"wrong", peer.wrong}};
       doc["results"].push_back(std::move(r));
     }
   }

@@ -29,9 +29,10 @@ struct Row {
   std::string algorithm;  // as asked (automatic or forced)
   std::string chosen;     // what automatic resolved to ("" when forced)
   Measure out_of_place, in_place;
-  std::map<std::string, Measure> peers;  // primary form only
-  double bound = 0;                      // t_bound (seconds), 0 without --ceiling
-  double copy = 0;                       // device mode: seconds per D2D copy of the row's bytes
+  std::map<std::string, Measure> peers;           // primary form
+  std::map<std::string, Measure> peers_in_place;  // the other form, where a peer has it (MPI_IN_PLACE)
+  double bound = 0;                               // t_bound (seconds), 0 without --ceiling
+  double copy = 0;                                // device mode: seconds per D2D copy of the row's bytes
   // --overlap (device mode): seconds per call of the compute alone, and of the primary form and
   // the compute together on two streams (0: not measured).
   double compute = 0, both = 0;

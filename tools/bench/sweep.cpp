@@ -43,12 +43,12 @@ Row measure_row(Communicator& world, const BenchOptions& options, const Case& ba
     const Timed t = time_and_check(
         world, options, buffers, [&] { run_tutti(world, c, buffers, algorithm); }, 0);
     (in_place ? row.in_place : row.out_of_place) = t.measure;
-    if (in_place != primary_in_place) continue;
     for (const auto& peer : peers) {  // each with its own iteration count (Gloo is far slower)
       if (!peer->supports(c)) continue;
-      row.peers[peer->name()] = time_and_check(
-                                    world, options, buffers, [&] { peer->run(c, buffers); }, 0)
-                                    .measure;
+      (in_place == primary_in_place ? row.peers : row.peers_in_place)[peer->name()] =
+          time_and_check(
+              world, options, buffers, [&] { peer->run(c, buffers); }, 0)
+              .measure;
     }
   }
   return row;

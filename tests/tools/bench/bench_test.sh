@@ -240,6 +240,26 @@ EOF
   else
     ok "bench_table.py matrix: a row per collective with the MPI/Tutti ratios of the JSON"
   fi
+  # The in-place forms beside MPI_IN_PLACE (allreduce, alltoall; checked clean with -c 1), none
+  # for reduce_scatter (MPI's in-place result lies elsewhere), and their own matrix.
+  table=$(/usr/bin/python3 "$(dirname "$0")/../../../tools/bench_table.py" matrix-in-place mpi "$tmp/mpi.json")
+  if ! /usr/bin/python3 - "$tmp/mpi.json" "$table" <<'EOF'; then
+import json, sys
+doc, table = json.load(open(sys.argv[1])), sys.argv[2].splitlines()
+in_place = [r for r in doc["results"] if r["in_place"]]
+with_mpi = [r for r in in_place if "mpi" in r.get("peers", {})]
+assert {r["collective"] for r in with_mpi} == {"allreduce", "alltoall"}, sorted({r["collective"] for r in with_mpi})
+assert all(r["peers"]["mpi"]["wrong"] == 0 and r["peers"]["mpi"]["time_us"] > 0 for r in with_mpi), with_mpi
+assert not any("peers" in r for r in in_place if r["collective"] == "reduce_scatter")
+assert [line.split("|")[1].strip() for line in table[2:]] == ["allreduce", "alltoall"], table
+for line, kind in zip(table[2:], ["allreduce", "alltoall"]):
+    cells = [c.strip() for c in line.strip("|").split("|")[1:] if c.strip() != "-"]
+    assert cells == [f"{r['peers']['mpi']['ratio']:.2f}" for r in with_mpi if r["collective"] == kind], (cells, kind)
+EOF
+    fail "bench_table.py matrix-in-place" "the in-place rows' MPI_IN_PLACE times or their table are wrong: $table"
+  else
+    ok "in-place rows beside MPI_IN_PLACE, and bench_table.py matrix-in-place holds their ratios"
+  fi
 fi
 
 # 7. Device mode: gpu::Communicator on the emulated device, with the sync peer and the D2D copy.
