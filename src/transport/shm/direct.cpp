@@ -304,7 +304,7 @@ bool DirectRun::progress_barriers() {
       check_deadline_and_liveness();
       return false;
     }
-    if (!single_copy_) copy_own_block();  // (single copy: in its reading phase)
+    if (!single_copy_ && !exchange_) copy_own_block();  // (single copy, alltoallv: in their reading phase)
     deliver_staged();
     return true;
   } catch (const Error& error) {

@@ -102,6 +102,9 @@ void DirectRun::run_exchange_phase(std::size_t phase) {
     fail(error);
   }
   if (every_input_in_set) phases_ = 2;
+  // This rank's own block here, as single copy does, not after the last barrier: the peers copy
+  // theirs meanwhile (the counts agree, so no peer writes where it goes).
+  copy_own_block();
   const auto ur = static_cast<std::size_t>(r);
   const bool writes = pushes() && all[ur * words] == 0;  // this rank's input is out of the set
   for (int i = 1; i < p; ++i) {
