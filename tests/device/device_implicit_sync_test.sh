@@ -11,7 +11,7 @@ forbidden='cudaFree|cudaFreeHost|cudaHostUnregister|cudaIpcCloseMemHandle|cudaMa
 wrappers='device/cuda/implicit_sync.hpp device/cuda/implicit_sync.cpp'
 # The emulated device includes no CUDA header (it builds without the toolkit), so it cannot call
 # these; its strict mode names them in its messages ("cudaFree ... would hang").
-names_only='device/emulated.cpp device/emulated_context.cpp'
+names_only='device/emulated.cpp device/emulated_memory.cpp device/emulated_context.cpp'
 
 if [[ ${1:-} == --self-test ]]; then
   src=${2:?usage: device_implicit_sync_test.sh --self-test SRC_DIR}

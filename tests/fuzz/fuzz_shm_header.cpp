@@ -17,7 +17,7 @@
 //   signature slot: u64 seq, u64 tag, 5 x u64 words
 //   the rest: the abort record's text (at most abort_text_bytes)
 //
-// The signature slot's own reader (read_slot) is private to shm.cpp: it returns the five words
+// The signature slot's own reader (read_slot) is private to shm_signatures.cpp: it returns the five words
 // when the tag is the slot's seq + 1. What a peer controls there is what they decode to, checked
 // here as the transport uses them: compared with this rank's signature (operator==) and, when
 // they differ, described in a mismatch report.
