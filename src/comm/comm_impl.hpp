@@ -178,8 +178,8 @@ std::size_t checked_bytes(std::string_view operation, std::size_t count, DataTyp
 /// True only for a call that validate() accepts on rank `rank`, of the kinds and forms the
 /// transports' short ways take (Transport::run_now): allreduce, reduce, reduce_scatter, allgather,
 /// alltoall, broadcast, gather or scatter of up to plain_count_limit elements (no product of sizes
-/// can overflow), with the buffers this rank uses not overlapping or in place as send == recv
-/// (not a gather's or scatter's in-place form), and barrier. False says nothing: validate() decides.
+/// can overflow), with the buffers this rank uses not overlapping or in one of the in-place forms
+/// validate() takes (transport/in_place.hpp), and barrier. False says nothing: validate() decides.
 bool plainly_valid(const Call& call, int rank, int size);
 inline constexpr std::size_t plain_count_limit = std::size_t{1} << 20;
 

@@ -182,14 +182,14 @@ bool plainly_valid(const Call& call, int rank, int size) {
   const bool uses_recv = (c != Collective::gather && c != Collective::reduce) || root;
   if ((uses_recv && call.recv == nullptr) || (uses_send && call.send == nullptr)) return false;
   if (!uses_send || !uses_recv) return true;
-  if (call.send == call.recv) return c != Collective::gather && c != Collective::scatter;  // (reduce: in place)
-  // Otherwise the buffers must not overlap at all.
+  // The buffers must not overlap, unless in one of the in-place forms validate takes (the MPI
+  // forms, send == recv, and NCCL's, where this rank's block of the larger buffer is the other).
   const std::size_t elem = size_of(call.type), p = static_cast<std::size_t>(size);
   const bool p_in = c == Collective::reduce_scatter || c == Collective::alltoall || c == Collective::scatter;
   const bool p_out = c == Collective::allgather || c == Collective::alltoall || c == Collective::gather;
   const std::size_t send = (p_in ? p : 1) * call.count * elem, recv = (p_out ? p : 1) * call.count * elem;
   const auto s = reinterpret_cast<std::uintptr_t>(call.send), r = reinterpret_cast<std::uintptr_t>(call.recv);
-  return s + send <= r || r + recv <= s;
+  return s + send <= r || r + recv <= s || transport::is_in_place_form(call, rank);
 }
 
 }  // namespace tutti::comm
