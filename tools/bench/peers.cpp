@@ -22,6 +22,10 @@ namespace {
 #ifdef TUTTI_WITH_MPI
 class MpiPeer final : public Peer {
  public:
+  MpiPeer() {  // (MPI is initialized: make_mpi_peer)
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
   std::string name() const override { return "mpi"; }
 
   bool supports(const Case& c) const override {
@@ -41,16 +45,11 @@ class MpiPeer final : public Peer {
     const int n = static_cast<int>(c.count);
     const void* send = b.send();
     void* recv = b.recv();
-    if (c.in_place && c.kind != Collective::broadcast) {  // a reduce's in place is the root's alone
-      int rank = 0;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      if (c.kind != Collective::reduce || rank == c.root) send = MPI_IN_PLACE;
-    }
+    // A reduce's in place is the root's alone.
+    if (c.in_place && c.kind != Collective::broadcast && (c.kind != Collective::reduce || rank_ == c.root))
+      send = MPI_IN_PLACE;
     if (c.kind == sendrecv) {
-      int rank = 0, size = 1;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      MPI_Comm_size(MPI_COMM_WORLD, &size);
-      MPI_Sendrecv(send, n, type, (rank + 1) % size, 0, recv, n, type, (rank + size - 1) % size, 0, MPI_COMM_WORLD,
+      MPI_Sendrecv(send, n, type, (rank_ + 1) % size_, 0, recv, n, type, (rank_ + size_ - 1) % size_, 0, MPI_COMM_WORLD,
                    MPI_STATUS_IGNORE);
       return;
     }
@@ -119,6 +118,7 @@ class MpiPeer final : public Peer {
     return layout_;
   }
   Layout layout_;
+  int rank_ = 0, size_ = 1;  // in MPI_COMM_WORLD, asked once: not inside the timed calls
 };
 #endif
 

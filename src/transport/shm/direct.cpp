@@ -316,7 +316,7 @@ bool DirectRun::progress_barriers() {
 // by chunk between the barriers it made every call at 1 MiB up to twice as long. The other
 // gathers', an alltoall's and a scatter's root's likewise, from their block of the input.
 void DirectRun::copy_own_block() {
-  if (own_block_in_place_) return;
+  if (kind_ == Collective::alltoall && snapshot_) return;  // (snapshot_blocks left it in place)
   const int r = rank();
   const std::size_t bytes = block_elems(r) * esize_;
   if (bytes == 0) return;
@@ -355,7 +355,6 @@ void DirectRun::snapshot_blocks() {
   for (int q = 0; q < p; ++q)
     if (q != r) core::copy(snapshot_.data() + block_offset(q), send_ + block_offset(q), count_ * esize_);
   send_ = snapshot_.data();
-  own_block_in_place_ = true;
 }
 
 void DirectRun::run_phase(std::size_t phase) {

@@ -416,8 +416,7 @@ class DirectRun final : public DirectCollective {
   void (*copy_out_)(std::byte*, const std::byte*, std::size_t) = copy_cached;
   std::byte* deliver_ = nullptr;  // see deliver_to
   Scratch staging_;
-  Scratch snapshot_;                 // see keep_input and snapshot_blocks
-  bool own_block_in_place_ = false;  // snapshot_blocks: this rank's own block is where it belongs
+  Scratch snapshot_;  // see keep_input and snapshot_blocks
 };
 
 template <typename Part>
