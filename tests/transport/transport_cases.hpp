@@ -32,7 +32,7 @@ struct Traits {
   bool checks_announced_signatures = true;  // MPI: announce keeps no record (the executor checks)
   bool refuses_before_writing = true;       // MPI: a receive of the wrong size has written what fit
   bool splits_alike = true;                 // routed: a split within one host is shm, one rank per host tcp
-  std::size_t eager_bytes = 0;  // shm: a send up to this size completes unmatched; its sender learns no mismatch
+  std::size_t eager_bytes = 0;  // shm, tcp: a send up to this size completes unmatched; its sender learns no mismatch
 };
 
 inline constexpr auto case_limit = 30s;

@@ -24,6 +24,7 @@
 #include "transport/routed/routed.hpp"
 #include "transport/shm/segment.hpp"
 #include "transport/shm/shm.hpp"
+#include "transport/tcp/wire.hpp"
 #include "transport_cases.hpp"
 #include "tutti/tutti.hpp"
 
@@ -35,6 +36,11 @@ using conformance::Traits;
 using transport::Transport;
 
 constexpr std::chrono::milliseconds op_timeout{60000};
+
+// A message of this many i32 is larger than an eager message on every transport (shm 4 KiB, TCP
+// 64 KiB): its send completes only once matched, so the sender learns a size mismatch itself.
+constexpr std::size_t beyond_eager = 17000;
+static_assert(beyond_eager * 4 > transport::shm::eager_bytes && beyond_eager * 4 > transport::tcp::eager_bytes);
 
 // Point-to-point calls take the communicator's default deadline: keep it bounded too.
 const bool timeout_set = [] { return ::setenv("TUTTI_TIMEOUT_MS", "60000", 0) == 0; }();
@@ -69,7 +75,7 @@ struct ShmGroup {
 };
 
 struct TcpGroup {
-  static constexpr Traits traits{};
+  static constexpr Traits traits{.eager_bytes = transport::tcp::eager_bytes};
   static Transports make(int p) {
     MemoryStore store;
     std::vector<std::string> errors;
@@ -84,7 +90,10 @@ struct TcpGroup {
 // (0 | 1 2 | 3 4 | 5 ...), so that ranks of one host are not numbered alike on it (and a host
 // of one rank has no shared memory at all).
 struct RoutedGroup {
-  static constexpr Traits traits{.splits_alike = false};
+  // A send up to the smaller eager limit is eager whichever transport carries it.
+  static constexpr Traits traits{
+      .splits_alike = false,
+      .eager_bytes = std::min<std::size_t>(transport::shm::eager_bytes, transport::tcp::eager_bytes)};
   static int host_of(int r) { return (r + 1) / 2 % 2; }
   static Transports make(int p) {
     MemoryStore store;
@@ -272,15 +281,16 @@ TYPED_TEST(TransportConformance, SizeMismatchedSendRecvRaisesOnBothRanks) {
     std::size_t sent, expected;
     int tag;
   };
-  // Larger than an eager message (4 KiB over shm), the send raises; a small one, where it is
-  // eager, returned, and the sender's next call raises with the receiver's text (it aborted).
-  for (const Setup s :
-       {Setup{DataType::f32, 1100, 1200, 3}, Setup{DataType::i32, 1100, 1099, 0}, Setup{DataType::i32, 10, 12, 5}}) {
+  // Larger than an eager message, the send raises; a small one, where it is eager, returned, and
+  // the sender's next call raises with the receiver's text (it aborted).
+  const std::size_t large = beyond_eager;
+  for (const Setup s : {Setup{DataType::f32, large, large + 100, 3}, Setup{DataType::i32, large, large - 1, 0},
+                        Setup{DataType::i32, 10, 12, 5}}) {
     const std::string want = transport::size_mismatch(
         0, s.sent * 4, 1, s.expected * 4, {transport::Channel::point_to_point, static_cast<std::uint64_t>(s.tag), 0});
     std::vector<std::string> errors(2, "no error");
     const std::string failures = run_communicators<TypeParam>(2, [&](Communicator& comm) {
-      std::vector<std::int32_t> data(1200, 1);
+      std::vector<std::int32_t> data(large + 100, 1);
       try {
         if (comm.rank() == 0) {
           comm.send(data.data(), s.sent, s.type, 1, s.tag);
@@ -300,8 +310,8 @@ TYPED_TEST(TransportConformance, SizeMismatchedSendRecvRaisesOnBothRanks) {
   }
 }
 
-// Small sends are eager over shared memory (Traits::eager_bytes): a send completes before its
-// receive is posted, so two ranks that both send first do not wait for each other, and a
+// Small sends are eager over shared memory and TCP (Traits::eager_bytes): a send completes before
+// its receive is posted, so two ranks that both send first do not wait for each other, and a
 // receive posted after several messages arrived takes each by its tag. Elsewhere: skipped.
 TYPED_TEST(TransportConformance, EagerSendsCompleteBeforeTheirReceive) {
   if (TypeParam::traits.eager_bytes == 0) GTEST_SKIP() << "this transport sends no message eagerly";
@@ -360,12 +370,12 @@ TYPED_TEST(TransportConformance, AnySourceTimesOutWhenNobodySends) {
 TYPED_TEST(TransportConformance, AnySourceOfAnotherSizeRaisesMismatchOnBothRanks) {
   std::vector<std::string> errors(2, "no error");
   const std::string failures = run_communicators<TypeParam>(2, [&](Communicator& comm) {
-    std::vector<std::int32_t> data(1100, 1);  // larger than an eager message
+    std::vector<std::int32_t> data(beyond_eager, 1);  // larger than an eager message
     try {
       if (comm.rank() == 1)
-        comm.send(data.data(), 1100, DataType::i32, 0, 3);
+        comm.send(data.data(), beyond_eager, DataType::i32, 0, 3);
       else
-        comm.recv(data.data(), 1050, DataType::i32, any_source, 3);
+        comm.recv(data.data(), beyond_eager - 50, DataType::i32, any_source, 3);
     } catch (const Error& e) {
       errors[static_cast<std::size_t>(comm.rank())] = std::string(to_string(e.code())) + ": " + e.what();
     }
@@ -465,15 +475,17 @@ TYPED_TEST(TransportConformance, SendrecvRefusesBadArgumentsAndRaisesMismatchOnB
     EXPECT_EQ(in[8], 0);
     EXPECT_EQ(comm.sendrecv(data.data(), 0, other, data.data(), 0, other, DataType::i32), other);
     // Larger than an eager message: the send waits for its receive.
-    std::vector<std::int32_t> large(1200, r), large_in(1100, 0);
+    std::vector<std::int32_t> large(beyond_eager + 100, r), large_in(beyond_eager, 0);
     try {
-      comm.sendrecv(large.data(), r == 0 ? 1100 : 1200, other, large_in.data(), 1100, other, DataType::i32, 3, 3);
+      comm.sendrecv(large.data(), r == 0 ? beyond_eager : beyond_eager + 100, other, large_in.data(), beyond_eager,
+                    other, DataType::i32, 3, 3);
     } catch (const Error& e) {
       errors[static_cast<std::size_t>(r)] = std::string(to_string(e.code())) + ": " + e.what();
     }
   });
   EXPECT_EQ(failures, "");
-  const std::string want = transport::size_mismatch(1, 4800, 0, 4400, {transport::Channel::point_to_point, 3, 0});
+  const std::string want = transport::size_mismatch(1, (beyond_eager + 100) * 4, 0, beyond_eager * 4,
+                                                    {transport::Channel::point_to_point, 3, 0});
   for (const std::string& e : errors) {
     EXPECT_EQ(e.rfind("mismatch: ", 0), 0u) << e;
     EXPECT_NE(e.find(want), std::string::npos) << e;
@@ -491,7 +503,7 @@ TYPED_TEST(TransportConformance, BlockingPointToPointTimesOutNamingThePeer) {
   for (int call = 0; call < 2; ++call) {
     const std::string failures = run_communicators<TypeParam>(2, [&](Communicator& comm) {
       if (comm.rank() != 0) return;
-      std::vector<std::int32_t> out(2000, 1);  // larger than an eager message: the send waits too
+      std::vector<std::int32_t> out(beyond_eager, 1);  // larger than an eager message: the send waits too
       std::int32_t in = 0;
       const auto called = std::chrono::steady_clock::now();
       try {
@@ -510,9 +522,8 @@ TYPED_TEST(TransportConformance, BlockingPointToPointTimesOutNamingThePeer) {
   EXPECT_EQ(errors[0],
             "timeout: rank 0: recv(count=1, i32, from rank 1, tag 5) timed out after 300 ms; still "
             "waiting for rank(s) 1");
-  EXPECT_EQ(errors[1],
-            "timeout: rank 0: send(count=2000, i32, to rank 1, tag 4) timed out after 300 ms; still "
-            "waiting for rank(s) 1");
+  EXPECT_EQ(errors[1], "timeout: rank 0: send(count=" + std::to_string(beyond_eager) +
+                           ", i32, to rank 1, tag 4) timed out after 300 ms; still waiting for rank(s) 1");
   for (const auto& t : took) {
     EXPECT_GE(t, 300ms);
     EXPECT_LT(t, 2300ms);

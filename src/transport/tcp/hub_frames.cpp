@@ -232,7 +232,7 @@ void Hub::finish_frame_locked(int g) {
   }
   if (h.kind == FrameKind::data && (in.sink == Inbound::Sink::user || in.sink == Inbound::Sink::reduce)) {
     in.done->set(Completion::done);
-    if (h.channel == p2p) send_control_locked(g, FrameKind::ack, h.comm_id, frame_key(g, h), {});
+    if (acked(h.channel, h.bytes)) send_control_locked(g, FrameKind::ack, h.comm_id, frame_key(g, h), {});
     ring();
   } else if (h.kind == FrameKind::data && in.sink == Inbound::Sink::heap) {
     CommState* c = frame_comm_locked(g, h.comm_id);

@@ -334,7 +334,7 @@ void Hub::after_write_locked(int g, std::size_t written) {
     written -= take;
     if (frame.written < total) break;
     if (frame.done != nullptr) {
-      if (frame.header.channel == static_cast<std::uint8_t>(Channel::point_to_point)) {
+      if (acked(frame.header.channel, frame.bytes)) {
         // Complete when the receiver matches it (ack), so that a size disagreement fails both sides.
         awaiting_ack_[{frame.header.comm_id, g, frame.header.channel, frame.header.seq, frame.header.index}] =
             frame.done;

@@ -203,9 +203,10 @@ void Hub::match_buffered_locked(CommState& c, std::uint64_t id, int g, const Mat
     return recycle_locked(std::move(message));
   }
   recv.land(message.data.get());
+  const bool ack = acked(wire_channel(key.channel), message.size);
   recycle_locked(std::move(message));
   recv.done->set(Completion::done);
-  if (key.channel == Channel::point_to_point) send_control_locked(g, FrameKind::ack, id, key, {});
+  if (ack) send_control_locked(g, FrameKind::ack, id, key, {});
   ring();
 }
 

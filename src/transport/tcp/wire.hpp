@@ -18,8 +18,9 @@
 //   abort       the communicator comm_id failed: code = ErrorCode, seq = Failure::seq, payload = text
 //   size_error  the receiver of message (comm_id, channel, seq, index) expected another size:
 //               payload = the error text; the sender fails its send with it
-//   ack         point to point: the receiver matched message (comm_id, channel, seq, index) with a
-//               receive of the same size (the send completes then, as a synchronous send)
+//   ack         point to point, larger than eager_bytes: the receiver matched message (comm_id,
+//               channel, seq, index) with a receive of the same size (the send completes then, as a
+//               synchronous send; an eager one completed once written)
 //   goodbye     orderly shutdown: the connection's end that follows is not a failure
 //   leave       this rank left communicator comm_id (destroyed its transport): operations that
 //               wait for it there fail at once
@@ -46,6 +47,14 @@ inline constexpr std::uint64_t max_data_payload = std::uint64_t{1} << 48;
 inline constexpr std::uint16_t frame_compact = 1;
 /// Largest payload a sender puts in a compact frame; a compact frame claiming more is a corrupt stream.
 inline constexpr std::uint64_t max_compact_payload = 1024;
+/// A point-to-point data frame of at most this many payload bytes is eager: complete for its
+/// sender once written to the socket, never acked (OpenMPI's TCP eager limit). A receive of
+/// another size fails and aborts the communicator, which the sender meets at its next call.
+/// Larger messages complete when their receiver acks the match, as a synchronous send.
+inline constexpr std::uint64_t eager_bytes = 64 * 1024;
+inline constexpr bool acked(std::uint8_t channel, std::uint64_t bytes) {
+  return channel == static_cast<std::uint8_t>(Channel::point_to_point) && bytes > eager_bytes;
+}
 
 enum class FrameKind : std::uint8_t {
   data = 1,
