@@ -73,21 +73,44 @@ bool messages_carry_signatures(const transport::Transport& transport, const tran
 
 }  // namespace
 
-// Every non-root rank of a tree broadcast receives from its parent a message that carries the
-// parent's signature, and the root sends before it waits for anything: so where ranks disagree,
-// either some message crosses from a rank with one call to a rank with another (its receiver
-// sees it on arrival), or the ranks whose parent sends them nothing name their own call to that
-// parent (notify_signature, below), where it is compared. Without the ring no rank waits for its
-// neighbour, so the root returns once it has sent. What bounds how far it runs ahead is the ring
-// kept at every run_ahead_calls-th call (a rank passes it only once its predecessor entered it),
-// so a rank holds at most size * run_ahead_calls such messages it has not yet asked for.
+// These calls move their messages along a tree that spans every rank (a broadcast's or scatter's
+// away from the root, a reduce's or gather's towards it): every non-root exchanges one message
+// with its parent, which carries the sender's signature, and a rank waits only for messages
+// from its children (towards the root) or its parent (away from it). So where ranks disagree,
+// some edge of the tree joins a rank with one call to a rank with another: either a message
+// crosses it (its receiver sees the other call on arrival), or the rank that waits on it never
+// hears from the other and, after notice_after, names its own call to it (notify_signature,
+// below), where it is compared. Without the ring no rank waits for a neighbour it has no edge
+// to, so a broadcast's or scatter's root returns once it has sent, a reduce's or gather's leaf
+// once it has sent. What bounds how far a rank runs ahead is the ring kept at every
+// run_ahead_calls-th call (a rank passes it only once its predecessor entered it), so a rank
+// holds at most size * run_ahead_calls such messages it has not yet asked for.
 bool Plan::runs_ahead(const transport::Transport& transport, const transport::Signature& signature,
                       std::size_t elem_size) {
+  static_assert(max_notice_steps <= 64);
   const int p = transport.size();
-  return transport.checks_message_signatures() && signature.collective == Collective::broadcast &&
-         (signature.algorithm == Algorithm::binomial_tree || signature.algorithm == Algorithm::ring) && p >= 2 &&
-         p <= run_ahead_ranks && signature.count > 0 && signature.count <= run_ahead_bytes / elem_size &&
-         signature.seq % run_ahead_calls != 0;
+  if (!transport.checks_message_signatures() || p < 2 || p > run_ahead_ranks || signature.count == 0 ||
+      signature.seq % run_ahead_calls == 0)
+    return false;
+  const Algorithm algorithm = signature.algorithm;
+  // The largest message: a gather's or scatter's tree carries up to every block but the root's.
+  std::size_t blocks = 1;
+  switch (signature.collective) {
+    case Collective::broadcast:
+      if (algorithm != Algorithm::binomial_tree && algorithm != Algorithm::ring) return false;
+      break;
+    case Collective::reduce:
+      if (algorithm != Algorithm::binomial_tree) return false;
+      break;
+    case Collective::gather:
+    case Collective::scatter:
+      if (algorithm != Algorithm::linear && algorithm != Algorithm::binomial_tree) return false;
+      blocks = static_cast<std::size_t>(p);
+      break;
+    default:
+      return false;
+  }
+  return signature.count <= run_ahead_bytes / elem_size / blocks;
 }
 
 std::shared_ptr<const Plan> Plan::collective(const transport::Transport& transport, schedule::Schedule schedule,
@@ -105,11 +128,8 @@ std::shared_ptr<const Plan> Plan::collective(const transport::Transport& transpo
   }
   if (transport.detects_every_mismatch() || transport.size() == 1 || messages_carry_signatures(transport, signature)) {
     // no signature message
-  } else if (runs_ahead(transport, signature, elem_size)) {
-    const auto first_recv = std::find_if(steps.begin(), steps.end(), [](const schedule::Step& step) {
-      return step.kind == StepKind::recv;
-    });  // a broadcast's non-root receives from its parent only
-    if (first_recv != steps.end()) plan->notice_recv = static_cast<std::uint32_t>(first_recv - steps.begin());
+  } else if (runs_ahead(transport, signature, elem_size) && steps.size() <= max_notice_steps) {
+    plan->notices = true;
   } else {
     plan->add_signature_exchange(transport.rank(), transport.size(), elem_size);
   }
@@ -262,8 +282,6 @@ void ScheduleOperation::start_step(std::uint32_t index) {
       break;
     case StepKind::recv:
       transport_.post_recv(step.peer, key, address(step.region), bytes, done);
-      if (index == plan_->notice_recv && done->state() == Completion::posted)
-        notice_due_ = std::chrono::steady_clock::now() + Plan::notice_after;
       break;
     case StepKind::recv_reduce:
       if (!transport_.post_recv_reduce(step.peer, key, address(step.region), address(step.operand), step.region.count,
@@ -280,6 +298,10 @@ void ScheduleOperation::start_step(std::uint32_t index) {
       }
       break;
   }
+  // A receive of a call that runs ahead, still waiting: its sender is named this call once the
+  // earliest such receive has waited notice_after (progress).
+  if (plan_->notices && step.kind != StepKind::send && done->state() == Completion::posted && !notice_due_)
+    notice_due_ = std::chrono::steady_clock::now() + Plan::notice_after;
   in_flight_.push_back(index);
 }
 
@@ -302,12 +324,14 @@ std::optional<std::chrono::microseconds> ScheduleOperation::poll_period() const 
 
 bool ScheduleOperation::progress() {
   if (finished()) return true;
-  if (notice_due_) {  // waiting for the parent's message of a broadcast that sends no signature ring
-    const std::uint32_t index = plan_->notice_recv;
-    if (completions_[index].state() != Completion::posted) {
-      notice_due_.reset();
-    } else if (std::chrono::steady_clock::now() >= *notice_due_) {
-      notice_due_.reset();
+  if (notice_due_ && std::chrono::steady_clock::now() >= *notice_due_) {  // (Plan::notices)
+    notice_due_.reset();
+    for (const std::uint32_t index : in_flight_) {
+      const std::uint64_t bit = std::uint64_t{1} << index;  // (the plan has at most 64 steps)
+      if (schedule().steps[index].kind == StepKind::send || completions_[index].state() != Completion::posted ||
+          (noticed_ & bit) != 0)
+        continue;
+      noticed_ |= bit;
       transport_.notify_signature(schedule().steps[index].peer, key_.seq);
     }
   }

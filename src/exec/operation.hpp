@@ -48,19 +48,25 @@ struct Plan {
   std::vector<std::uint32_t> first_ready;                   // reversed: pop_back() starts them in order, sends last
   std::vector<std::uint32_t> message_index;                 // per step (unused by copies)
   std::uint32_t signature_recv = none;                      // the step receiving the ring neighbour's signature
-  std::uint32_t notice_recv = none;  // a broadcast that runs ahead: the receive from the parent (see collective)
+  // A call that runs ahead (see collective): each receive still waiting after notice_after names
+  // this call to its sender.
+  bool notices = false;
+  static constexpr std::size_t max_notice_steps = 64;  // (ScheduleOperation's noticed_ bits)
 
-  /// Over a transport that checks every message's signature, a broadcast of at most
-  /// `run_ahead_bytes` among at most `run_ahead_ranks` ranks sends no signature ring except at
-  /// every `run_ahead_calls`-th sequence number: its root returns once its messages are sent (docs/api.md).
+  /// Over a transport that checks every message's signature, a tree's rooted collective (a
+  /// broadcast, scatter, reduce or gather whose largest message is at most `run_ahead_bytes`)
+  /// among at most `run_ahead_ranks` ranks sends no signature ring except at every
+  /// `run_ahead_calls`-th sequence number: a rank returns once its own messages are sent and
+  /// those it receives are in (a broadcast's or scatter's root, a reduce's or gather's leaves),
+  /// without waiting for the others (docs/api.md).
   static constexpr std::size_t run_ahead_bytes = 64 * 1024;
   static constexpr int run_ahead_ranks = 32;
   static constexpr std::uint64_t run_ahead_calls = 16;
-  /// How long such a broadcast's non-root waits for its parent's message before it names its own
-  /// call to the parent (Transport::notify_signature): ranks that all wait, none of them the root
-  /// of what the others called, learn of the mismatch after that long.
+  /// How long such a call waits for a peer's message before it names its own call to that peer
+  /// (Transport::notify_signature): ranks that all wait for peers in other calls learn of the
+  /// mismatch after that long.
   static constexpr std::chrono::microseconds notice_after{1000};
-  /// Whether a call with `signature` (its sequence number included) is such a broadcast.
+  /// Whether a call with `signature` (its sequence number included) runs ahead so.
   static bool runs_ahead(const transport::Transport& transport, const transport::Signature& signature,
                          std::size_t elem_size);
 
@@ -219,8 +225,10 @@ class ScheduleOperation final : public Operation {
   std::vector<std::unique_ptr<std::byte[]>> staging_;  // per step once one needs it (no native recv_reduce)
   StepStack<inline_steps> ready_, in_flight_;
   std::size_t completed_ = 0;
-  // Plan::notice_recv posted and still waiting: when to name this call to the sender.
+  // Plan::notices: when receives posted and still waiting name this call to their senders, and
+  // the steps (by index, below 64) whose senders were named already.
   std::optional<std::chrono::steady_clock::time_point> notice_due_;
+  std::uint64_t noticed_ = 0;
 };
 
 /// A native collective, progressed by its own `progress`.

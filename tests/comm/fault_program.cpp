@@ -74,16 +74,18 @@ int leave_early(Communicator& world) {
   return report(world.rank(), "ok", false);
 }
 
-// 2000 elements: above what a direct collective carries inline over shared memory (inline_bytes),
-// where a rooted call's other ranks wait for the root only and learn of a mismatch from their next call.
+// 20000 elements: above what a direct collective carries inline over shared memory (inline_bytes)
+// and what a rooted call over TCP runs ahead with (exec::Plan::run_ahead_bytes), where a rooted
+// call's ranks that return first learn of a mismatch from their next call.
 int mismatch(Communicator& world, const std::string& what) {
-  std::vector<std::int32_t> data(2000, 1);
+  constexpr std::size_t n = 20000;
+  std::vector<std::int32_t> data(n, 1);
   const bool odd = world.rank() == 1;
-  std::size_t count = 2000;
+  std::size_t count = n;
   DataType type = DataType::i32;
   ReduceOp op = ReduceOp::sum;
   int root = 0;
-  if (odd && what == "count") count = 1999;
+  if (odd && what == "count") count = n - 1;
   if (odd && what == "type") type = DataType::u32;
   if (odd && what == "op") op = ReduceOp::max;
   if (odd && what == "root") root = 1;

@@ -331,6 +331,90 @@ TEST(TcpCollectives, ABroadcastRootRunsAheadOfItsReceivers) {
   }
 }
 
+// A rooted call that runs ahead, as the broadcast above: a scatter's root returns once it has
+// sent, a reduce's or gather's leaves (p = 3: both non-roots) once they have sent. The ranks that
+// return first finish the 15 calls between two signature rings before the others make their
+// first; every value still arrives exactly, and roots, counts (one over the bound on the largest
+// message, one of 0) and both trees vary after it.
+TEST(TcpCollectives, RootedCallsRunAheadOfTheRanksTheyWaitFor) {
+  struct Case {
+    Collective collective;
+    Algorithm algorithm;
+  };
+  const Case cases[] = {{Collective::scatter, Algorithm::linear},
+                        {Collective::scatter, Algorithm::binomial_tree},
+                        {Collective::gather, Algorithm::linear},
+                        {Collective::gather, Algorithm::binomial_tree},
+                        {Collective::reduce, Algorithm::binomial_tree}};
+  for (const Case& c : cases) {
+    const std::string name = std::string(to_string(c.collective)) + " " + std::string(to_string(c.algorithm));
+    auto comms = make_group(3);
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool early_done = false;
+    int early_left = c.collective == Collective::scatter ? 1 : 2;  // the ranks that return first
+    // One call, checked: rank r's input is value(r, k, i); a reduce sums them.
+    const auto value = [](int r, int k, std::size_t i) { return static_cast<std::int32_t>(1000 * k + 10 * r + i % 7); };
+    const auto call = [&](Communicator& comm, int k, std::size_t n, int root) {
+      const int p = comm.size(), r = comm.rank();
+      const Options options{c.algorithm, op_timeout};
+      const auto up = static_cast<std::size_t>(p);
+      std::vector<std::int32_t> in, out;
+      switch (c.collective) {
+        case Collective::scatter:
+          for (std::size_t i = 0; r == root && i < n * up; ++i) in.push_back(value(static_cast<int>(i / n), k, i % n));
+          in.resize(std::max<std::size_t>(in.size(), 1));
+          out.assign(std::max<std::size_t>(n, 1), -1);
+          comm.scatter(in.data(), out.data(), n, DataType::i32, root, options);
+          for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], value(r, k, i)) << name << " call " << k << " at " << i;
+          return;
+        case Collective::gather:
+          for (std::size_t i = 0; i < n; ++i) in.push_back(value(r, k, i));
+          in.resize(std::max<std::size_t>(n, 1));
+          out.assign(std::max<std::size_t>(n * up, 1), -1);
+          comm.gather(in.data(), out.data(), n, DataType::i32, root, options);
+          for (std::size_t i = 0; r == root && i < n * up; ++i)
+            ASSERT_EQ(out[i], value(static_cast<int>(i / n), k, i % n)) << name << " call " << k << " at " << i;
+          return;
+        default:
+          for (std::size_t i = 0; i < n; ++i) in.push_back(value(r, k, i));
+          in.resize(std::max<std::size_t>(n, 1));
+          out.assign(std::max<std::size_t>(n, 1), -1);
+          comm.reduce(in.data(), out.data(), n, DataType::i32, ReduceOp::sum, root, options);
+          for (std::size_t i = 0; r == root && i < n; ++i)
+            ASSERT_EQ(out[i], value(0, k, i) + value(1, k, i) + value(2, k, i)) << name << " call " << k << " at " << i;
+          return;
+      }
+    };
+    const std::string failures = run_ranks(comms, [&](Communicator& comm) {
+      const int p = comm.size(), r = comm.rank();
+      align_to_run_ahead(comm);
+      const auto ahead = static_cast<int>(exec::Plan::run_ahead_calls) - 1;
+      const bool early = (c.collective == Collective::scatter) == (r == 0);
+      if (early) {
+        for (int k = 0; k < ahead; ++k) call(comm, k, static_cast<std::size_t>(1 + k * 97), 0);
+        std::lock_guard lock(mutex);
+        if (--early_left == 0) early_done = true;
+        cv.notify_all();
+      } else {
+        std::unique_lock lock(mutex);
+        ASSERT_TRUE(cv.wait_for(lock, 30s, [&] { return early_done; })) << name << ": the early ranks waited";
+        lock.unlock();
+        for (int k = 0; k < ahead; ++k) call(comm, k, static_cast<std::size_t>(1 + k * 97), 0);
+      }
+      const std::size_t over = exec::Plan::run_ahead_bytes / sizeof(std::int32_t) /
+                                   (c.collective == Collective::reduce ? 1 : static_cast<std::size_t>(p)) +
+                               1;
+      for (int k = 0; k < 50; ++k) {
+        const int root = (k * 5 + k / 7) % p;
+        const std::size_t n = k % 10 == 3 ? over : k % 10 == 7 ? 0 : static_cast<std::size_t>(1 + (k * 131) % 1500);
+        call(comm, 100 + k, n, root);
+      }
+    });
+    EXPECT_EQ(failures, "") << name;
+  }
+}
+
 TEST(TcpConnect, RefusesStrangersAndTheMeshStillCompletes) {
   MemoryStore store;
   std::vector<std::string> errors;
@@ -508,6 +592,86 @@ TEST(TcpFailure, MismatchedBroadcastsThatRunAheadRaiseOnEveryRank) {
       EXPECT_EQ(failures, "") << c.what;
       EXPECT_EQ(caught.load(), c.p) << c.what << " " << to_string(algorithm);
       EXPECT_LT(Clock::now() - start, 10s) << c.what;
+    }
+}
+
+// Scatters, gathers and reduces that send no signature ring disagree loudly too: every rank
+// raises `mismatch`, in the call or, a rank that returned once it had sent (a scatter's root, a
+// reduce's or gather's leaf), in its next one; within seconds. Where each rank's tree differs
+// (another root), a rank waits for a child or parent that sends it nothing and names its call
+// to it (Transport::notify_signature); where one rank runs another collective, its messages do.
+TEST(TcpFailure, MismatchedRootedCallsThatRunAheadRaiseOnEveryRank) {
+  struct Case {
+    const char* what;
+    int p;
+    std::function<int(int)> root;   // by rank
+    std::function<int(int)> count;  // by rank
+    std::function<bool(int)> odd;   // by rank: calls `other` instead
+  };
+  const auto none = [](int) { return false; };
+  const Case cases[] = {
+      {"no rank is a root", 3, [](int r) { return (r + 1) % 3; }, [](int) { return 8; }, none},
+      {"two roots", 2, [](int r) { return r; }, [](int) { return 8; }, none},
+      {"another count", 3, [](int) { return 0; }, [](int r) { return r == 2 ? 9 : 8; }, none},
+      {"another root", 4, [](int r) { return r == 3 ? 1 : 0; }, [](int) { return 8; }, none},
+      {"another collective", 3, [](int) { return 0; }, [](int) { return 8; }, [](int r) { return r == 2; }},
+  };
+  struct Kind {
+    Collective collective, other;
+    Algorithm algorithm;
+  };
+  const Kind kinds[] = {{Collective::reduce, Collective::gather, Algorithm::binomial_tree},
+                        {Collective::gather, Collective::reduce, Algorithm::linear},
+                        {Collective::gather, Collective::scatter, Algorithm::binomial_tree},
+                        {Collective::scatter, Collective::broadcast, Algorithm::linear},
+                        {Collective::scatter, Collective::gather, Algorithm::binomial_tree}};
+  for (const Case& c : cases)
+    for (const Kind& kind : kinds) {
+      const std::string name = std::string(c.what) + ", " + std::string(to_string(kind.collective)) + " " +
+                               std::string(to_string(kind.algorithm));
+      auto comms = make_group(c.p);
+      std::atomic<int> caught{0};
+      const auto start = Clock::now();
+      const std::string failures = run_ranks(comms, [&](Communicator& comm) {
+        const int r = comm.rank();
+        const auto n = static_cast<std::size_t>(c.count(r));
+        std::vector<std::int32_t> in(n * static_cast<std::size_t>(c.p) + 1, r), out(in.size(), -1);
+        const Collective mine = c.odd(r) ? kind.other : kind.collective;
+        // (A reduce has no linear tree: the other collective's call then takes the binomial one.)
+        const Options options{mine == kind.collective || mine == Collective::gather || mine == Collective::scatter
+                                  ? kind.algorithm
+                                  : Algorithm::binomial_tree,
+                              op_timeout};
+        bool returned = false;
+        try {
+          // (A rank still finishing the last barrier may raise the mismatch from it, as above.)
+          align_to_run_ahead(comm);
+          switch (mine) {
+            case Collective::reduce:
+              comm.reduce(in.data(), out.data(), n, DataType::i32, ReduceOp::sum, c.root(r), options);
+              break;
+            case Collective::gather:
+              comm.gather(in.data(), out.data(), n, DataType::i32, c.root(r), options);
+              break;
+            case Collective::scatter:
+              comm.scatter(in.data(), out.data(), n, DataType::i32, c.root(r), options);
+              break;
+            default:
+              comm.broadcast(out.data(), n, DataType::i32, c.root(r), options);
+              break;
+          }
+          returned = true;
+          comm.barrier({Algorithm::automatic, op_timeout});
+          ADD_FAILURE() << name << ": rank " << r << " went on after the mismatched call";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), ErrorCode::mismatch)
+              << name << " rank " << r << (returned ? " (next call)" : "") << ": " << e.what();
+          caught.fetch_add(1);
+        }
+      });
+      EXPECT_EQ(failures, "") << name;
+      EXPECT_EQ(caught.load(), c.p) << name;
+      EXPECT_LT(Clock::now() - start, 10s) << name;
     }
 }
 
