@@ -493,9 +493,16 @@ TYPED_TEST(TransportConformance, SendrecvRefusesBadArgumentsAndRaisesMismatchOnB
 }
 
 // A blocking recv, and a sendrecv, whose peer never answers: Error(timeout) at the deadline (not
-// before it, and within 2 s after it: the clock is read at every 8th wait), naming the message and
-// the rank waited for.
+// before it, and within 2 s after it: the clock is read at every 8th wait, and a wait past the
+// deadline returns at once), naming the message and the rank waited for. Under a sanitizer on a
+// loaded machine a thread can stall for seconds (ThreadSanitizer once took 2.38 s here while the
+// CI built other trees beside it): there the bound is 5 s after the deadline.
 TYPED_TEST(TransportConformance, BlockingPointToPointTimesOutNamingThePeer) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  constexpr auto after_deadline = 5000ms;
+#else
+  constexpr auto after_deadline = 2000ms;
+#endif
   ::setenv("TUTTI_TIMEOUT_MS", "300", 1);
   std::vector<std::string> errors(2, "no error");
   std::vector<std::chrono::steady_clock::duration> took(2);
@@ -526,7 +533,7 @@ TYPED_TEST(TransportConformance, BlockingPointToPointTimesOutNamingThePeer) {
                            ", i32, to rank 1, tag 4) timed out after 300 ms; still waiting for rank(s) 1");
   for (const auto& t : took) {
     EXPECT_GE(t, 300ms);
-    EXPECT_LT(t, 2300ms);
+    EXPECT_LT(t, 300ms + after_deadline);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
 }
