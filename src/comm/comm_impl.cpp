@@ -167,15 +167,24 @@ exec::Operation::Buffers CommImpl::map_buffers(const Call& call, const Extents& 
 
 std::shared_ptr<const exec::Plan> CommImpl::plan_for(const Call& call, Algorithm algorithm,
                                                      const transport::Signature& signature) {
+  schedule::Params params = schedule::Params::of(call, rank_, size_);
+  if (schedule::pipelined_chain(algorithm, call.collective)) {
+    // A chain's chunks follow the link's costs, as the cost model priced them.
+    const auto cost = choice::cost_for(queue_->transport().name(), queue_->transport().kind());
+    schedule::fit_chunks(params, algorithm, cost.alpha, cost.beta);
+  }
   auto make = [&] {
-    return exec::Plan::collective(queue_->transport(),
-                                  schedule::make(algorithm, schedule::Params::of(call, rank_, size_)), signature,
+    return exec::Plan::collective(queue_->transport(), schedule::make(algorithm, params), signature,
                                   size_of(call.type));
   };
   if (!call.counts.empty() || !call.recv_counts.empty()) return make();
-  const PlanKey key{algorithm,  call.collective,
-                    call.count, size_of(call.type),
-                    call.root,  exec::Plan::runs_ahead(queue_->transport(), signature, size_of(call.type))};
+  const PlanKey key{algorithm,
+                    call.collective,
+                    call.count,
+                    size_of(call.type),
+                    call.root,
+                    exec::Plan::runs_ahead(queue_->transport(), signature, size_of(call.type)),
+                    params.chunk_bytes};
   for (const CachedPlan& cached : plans_)
     if (cached.plan && cached.key == key) return cached.plan;
   auto plan = make();

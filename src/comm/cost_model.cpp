@@ -34,6 +34,7 @@ double simulate(Algorithm algorithm, Collective c, int p, std::size_t bytes, con
   params.elem_size = elem_size;
   const std::vector<std::size_t> counts(static_cast<std::size_t>(p), params.count);
   if (c == Collective::allgatherv || c == Collective::alltoallv) params.counts = counts;
+  schedule::fit_chunks(params, algorithm, cost.alpha, cost.beta);  // as CommImpl::plan_for cuts them
   return schedule::estimate(algorithm, params, cost.alpha, cost.beta, cost.gamma).time;
 }
 

@@ -258,6 +258,11 @@ std::unique_ptr<transport::Transport> connect_world(bootstrap::JobInfo job, boot
   return transport::routed::make(std::move(host_of), job.rank, std::move(shared), std::move(tcp));
 }
 
+// How many places (hosts, real or emulated) the ranks name.
+std::size_t hosts_of(const std::vector<std::string>& places) {
+  return std::set<std::string>(places.begin(), places.end()).size();
+}
+
 // Through the store: rank 0 may host it (tcp://); the ranks learn each other's hosts, then connect.
 Communicator init_over_store(const bootstrap::JobInfo& job, bool host_store) {
   if (job.store.empty() && job.launcher == "torchrun")
@@ -317,7 +322,16 @@ Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& jo
   auto impl = std::make_shared<comm::CommImpl>(std::move(transport));
   impl->set_topology(comm::Topology(std::move(topology_hosts)));  // known: automatic may pick hierarchical
   Communicator world = comm::Access::make(impl);
-  world.barrier();
+  // Ranks on several hosts measure the link between them for the cost model, unless a tuning file
+  // gives this transport's costs or TUTTI_LINK_PROBE=0; the ranks agree on it in a collective that
+  // is also the barrier after which nobody needs the store.
+  const std::string_view name = impl->transport_name();
+  const transport::Kind kind = impl->transport_kind();
+  int probe = hosts_of(places) > 1 && (kind == transport::Kind::tcp || kind == transport::Kind::routed) &&
+              !comm::choice::active().cost_models.contains(std::string(name)) &&
+              core::env("TUTTI_LINK_PROBE").value_or("1") != "0";
+  world.allreduce(std::span<int>(&probe, 1), ReduceOp::min);
+  if (probe != 0) comm::choice::probe_link(world, name, kind);
   return world;
 }
 

@@ -69,6 +69,14 @@ Choice automatic_choice(Collective collective, transport::Kind kind, std::string
 int size_class(std::size_t bytes);
 std::size_t class_size(int size_class);
 
+/// The short link probe init() runs when the ranks span hosts and nothing names the transport's
+/// costs: rank 0 ping-pongs 8 B with the first rank on another host (else rank 1), the median one
+/// way being α, then streams 1 MiB to it (8 MiB where that took under 5 ms) for β. Every rank gets
+/// rank 0's values (a broadcast), keeps the γ it had, and makes them `transport`'s cost model in the
+/// active table (which forgets cached choices). Collective over `comm`, with no other call in
+/// flight; returns what it installed (nothing with one rank or a clock that measured no time).
+std::optional<CostParams> probe_link(Communicator& comm, std::string_view transport, transport::Kind kind);
+
 /// Test-only: forgets cached choices; with `reload`, also the active table and whether the
 /// environment was loaded (the next load_from_environment reads it again).
 void reset_for_testing(bool reload = false);

@@ -1,6 +1,7 @@
 #include "schedule/schedule.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <utility>
@@ -91,6 +92,21 @@ std::size_t chunks_for(const Params& params, std::size_t count) {
   const std::size_t chunk_elems =
       std::max<std::size_t>(1, params.chunk_bytes / std::max<std::size_t>(1, params.elem_size));
   return std::max<std::size_t>(1, (count + chunk_elems - 1) / chunk_elems);
+}
+
+bool pipelined_chain(Algorithm algorithm, Collective collective) {
+  return algorithm == Algorithm::ring && (collective == Collective::broadcast || collective == Collective::reduce);
+}
+
+void fit_chunks(Params& params, Algorithm algorithm, double alpha, double beta) {
+  const bool chain = pipelined_chain(algorithm, params.collective);
+  constexpr std::size_t smallest = std::size_t{4} << 10;
+  const double bytes = static_cast<double>(params.count) * static_cast<double>(params.elem_size);
+  if (!chain || params.size <= 2 || !(alpha > 0) || !(beta > 0) || bytes <= static_cast<double>(smallest)) return;
+  // The chunk of the optimal k: n/k = sqrt(n·α / ((p−2)·β)).
+  const double best = std::sqrt(bytes * alpha / (static_cast<double>(params.size - 2) * beta));
+  if (best >= static_cast<double>(params.chunk_bytes)) return;
+  params.chunk_bytes = std::max(smallest, static_cast<std::size_t>(best));
 }
 
 std::vector<std::uint32_t> deps_of(std::initializer_list<std::uint32_t> steps) {

@@ -110,6 +110,15 @@ struct Params {
 /// Whether `algorithm` serves `collective` (automatic, direct, hierarchical and mpi: false here).
 bool applies(Algorithm algorithm, Collective collective);
 
+/// Whether `algorithm` runs `collective` as a pipelined chain (ring broadcast and reduce).
+bool pipelined_chain(Algorithm algorithm, Collective collective);
+
+/// Fits `params.chunk_bytes` to a link of α seconds per message and β per byte where `algorithm` is
+/// a pipelined chain (ring broadcast and reduce, (p−2+k)(α + nβ/k) for k chunks): k near
+/// sqrt((p−2)nβ/α), as chunks of 4 KiB up to the default 256 KiB (so it only ever cuts finer).
+/// Other algorithms keep their chunks. Every rank must pass the same costs (the cost model's).
+void fit_chunks(Params& params, Algorithm algorithm, double alpha, double beta);
+
 /// The algorithms that serve `collective`, in a stable order.
 std::vector<Algorithm> algorithms_for(Collective collective);
 

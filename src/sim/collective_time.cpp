@@ -69,6 +69,7 @@ double lockstep_seconds(std::span<const schedule::Schedule> host, std::size_t el
 double simulate(Algorithm algorithm, Collective collective, int ranks, std::size_t count, std::size_t elem_size,
                 const Levels& levels, bool lockstep) {
   schedule::Params params = params_for(collective, ranks, count, elem_size);
+  schedule::fit_chunks(params, algorithm, levels.alpha, levels.beta);  // as the library cuts them for its link
   const int per_host = std::clamp(levels.ranks_per_host, 1, ranks);
   params.rank = 0;
   const schedule::Schedule first = schedule::make(algorithm, params);

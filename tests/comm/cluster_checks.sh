@@ -16,3 +16,17 @@ links_carried() {  # MIN_BYTES: both hosts' links (cluster.sh's closing lines) s
     fi
   done
 }
+link_probed() {  # RANKS MIN_GBIT MAX_GBIT: every rank logged the same link probe, rank 0 to rank 2, within the rates
+  local lines distinct rate
+  lines=$(grep -E '^\[[0-9]+\] tutti\[[0-9]+\] INFO: init: link probe, rank 0 to rank 2: ' "$out" | sed -E 's/^\[[0-9]+\] tutti\[[0-9]+\] //')
+  if [[ $(grep -c . <<<"$lines") -ne $1 ]]; then
+    echo "FAIL: expected the link probe's line on each of $1 ranks, got: '${lines:-none}'"
+    failed=1
+    return
+  fi
+  distinct=$(sort -u <<<"$lines" | grep -c .)
+  ((distinct == 1)) || { echo "FAIL: the ranks installed different link costs: $lines"; failed=1; }
+  rate=$(head -n1 <<<"$lines" | sed -nE 's/.*\(([0-9.e+-]+) Gbit\/s\).*/\1/p')
+  awk -v r="${rate:-0}" -v lo="$2" -v hi="$3" 'BEGIN { exit !(r >= lo && r <= hi) }' ||
+    { echo "FAIL: the link probe measured '${rate:-nothing}' Gbit/s, not $2 to $3: $(head -n1 <<<"$lines")"; failed=1; }
+}

@@ -3,7 +3,8 @@
 # running `collectives_program cluster` (the collective sweep with automatic and every algorithm, large
 # automatic allreduces, splits; every result checked exactly) under TUTTI_DEBUG=info, then checks
 # that the ranks of a host talked through shared memory and the hosts through TCP (the init line
-# of each rank, and bytes on both hosts' links), and that automatic chose hierarchical.
+# of each rank, and bytes on both hosts' links), that init measured the link alike on every rank,
+# and that automatic chose hierarchical.
 # Usage: cluster_test.sh CLUSTER_SH MP_COLLECTIVES. Exits 77 where cluster.sh cannot build the
 # cluster (not root, no iproute2 or tbf).
 set -u
@@ -30,6 +31,9 @@ for r in 2 3; do
   expect "rank $r: shared memory with rank 2 and 3, TCP to 0 and 1" \
     "^\[$r\] tutti\[$r\] INFO: init: transport shm\+tcp: shared memory with ranks 2,3 \(this host\), TCP to the other 2 ranks on 1 other host$"
 done
+# init measured the 1 Gbit/s link (rank 0 to rank 2, the first on the other host) for the cost model,
+# and every rank took rank 0's values.
+link_probed 4 0.5 1.5
 expect "automatic chose hierarchical across the hosts" 'INFO: hierarchical: 2 hosts, 2 ranks on mine, equal on every host'
 # The large allreduces alone move megabytes between the hosts: at least 1 MB each way on each link.
 links_carried 1000000

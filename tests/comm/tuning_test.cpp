@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <string_view>
 #include <tuple>
@@ -448,6 +449,40 @@ TEST_F(Tuning, MeasureGivesEveryRankTheSameModel) {
     }
     for (const tuning::CostModel& m : models)
       EXPECT_EQ(std::tie(m.alpha, m.beta, m.gamma), std::tie(models[0].alpha, models[0].beta, models[0].gamma));
+  }
+}
+
+// probe_link (init's link probe where ranks span hosts): rank 0's α and β on every rank, installed
+// as the transport's cost model beside the table's other costs, γ kept; one rank measures nothing.
+TEST_F(Tuning, LinkProbeInstallsRankZerosCostsOnEveryRank) {
+  const Table before = sample_table();
+  for (int p : {1, 2, 3}) {
+    set_active(before);
+    std::vector<std::optional<CostParams>> got(static_cast<std::size_t>(p));
+    const std::string failures = tutti::testing::run_ranks(p, [&](Communicator& comm) {
+      got[static_cast<std::size_t>(comm.rank())] = probe_link(comm, "probed", transport::Kind::inproc);
+    });
+    ASSERT_EQ(failures, "") << "p=" << p;
+    if (p == 1) {
+      EXPECT_FALSE(got[0].has_value());
+      expect_same(active(), before);
+      continue;
+    }
+    ASSERT_TRUE(got[0].has_value()) << "p=" << p;
+    EXPECT_GT(got[0]->alpha, 0) << "p=" << p;
+    EXPECT_GT(got[0]->beta, 0) << "p=" << p;
+    EXPECT_EQ(got[0]->gamma, transport::default_cost(transport::Kind::inproc).gamma);
+    for (const auto& g : got) {
+      ASSERT_TRUE(g.has_value());
+      EXPECT_EQ(std::tie(g->alpha, g->beta, g->gamma), std::tie(got[0]->alpha, got[0]->beta, got[0]->gamma));
+    }
+    Table expected = before;
+    expected.cost_models["probed"] = *got[0];
+    expect_same(active(), expected);
+    const CostParams used = cost_for("probed", transport::Kind::inproc);
+    EXPECT_EQ(std::tie(used.alpha, used.beta), std::tie(got[0]->alpha, got[0]->beta));
+    EXPECT_EQ(automatic_choice(Collective::reduce, transport::Kind::inproc, "probed", p, false, 1 << 20).cost.beta,
+              got[0]->beta);
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <numeric>
 #include <ostream>
 #include <string>
@@ -198,6 +199,34 @@ TEST(RootedStructure, ChainsForwardEveryChunk) {
   const Schedule r = reduce_ring(params);
   EXPECT_EQ(count_kind(r, StepKind::recv_reduce), 10);
   EXPECT_EQ(count_kind(r, StepKind::send), 10);
+}
+
+// fit_chunks: a chain's chunk is sqrt(n·α / ((p−2)·β)), at least 4 KiB, never above the default;
+// other algorithms, p = 2 and messages of at most 4 KiB keep theirs.
+TEST(RootedStructure, ChainChunksFollowTheLink) {
+  const std::size_t standard = Params{}.chunk_bytes;
+  auto fitted = [](Collective c, Algorithm a, int p, std::size_t count, double alpha, double beta) {
+    Params params = rooted_params(c, p, 0, 0, count);
+    fit_chunks(params, a, alpha, beta);
+    return params.chunk_bytes;
+  };
+  // 1 MiB over a 1 Gbit/s link (β = 8 ns/B) with α = 8 µs on 4 ranks: sqrt(2^20 · 1000 / 2) bytes.
+  const auto expected = static_cast<std::size_t>(std::sqrt(double(1 << 20) * 8e-6 / (2 * 8e-9)));
+  EXPECT_EQ(expected, 22897u);
+  for (Collective c : {Collective::broadcast, Collective::reduce}) {
+    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 18, 8e-6, 8e-9), expected) << to_string(c);
+    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 14, 1e-9, 8e-9), std::size_t{4096}) << to_string(c);  // floor
+    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 18, 1e-3, 1e-12), standard) << to_string(c);        // ceiling
+    EXPECT_EQ(fitted(c, Algorithm::ring, 2, 1 << 18, 8e-6, 8e-9), standard) << to_string(c);         // no chain
+    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1024, 8e-6, 8e-9), standard) << to_string(c);           // 4 KiB
+    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 18, 0, 8e-9), standard) << to_string(c);            // no costs
+    EXPECT_EQ(fitted(c, Algorithm::binomial_tree, 4, 1 << 18, 8e-6, 8e-9), standard) << to_string(c);
+  }
+  EXPECT_EQ(fitted(Collective::allreduce, Algorithm::ring, 4, 1 << 18, 8e-6, 8e-9), standard);
+  // The chain then moves 1 MiB in ceil(2^20 / 22896) = 46 chunks.
+  Params params = rooted_params(Collective::broadcast, 4, 1, 0, 1 << 18);
+  fit_chunks(params, Algorithm::ring, 8e-6, 8e-9);
+  EXPECT_EQ(count_kind(broadcast_ring(params), StepKind::recv), 46);
 }
 
 TEST(RootedStructure, NonRootsOfReduceAndGatherNeverTouchOutput) {
