@@ -17,6 +17,12 @@ constexpr std::size_t elem_size = 4;
 // algorithms are alike (p = 2, where ring and tree broadcast are the same message), rounding
 // must not flip the choice from one size class to the next.
 constexpr double tie_margin = 1e-3;
+// Candidates whose one call is predicted within this (relative) of the fastest are compared by
+// their busiest port instead: on a 1 Gbit/s link the chain and the tree of a 32 KiB reduce take
+// about as long once, but the chain's root receives the buffer once, the tree's twice.
+// Only a busiest port at most this fraction of the other's counts: smaller differences (a few
+// messages' α in a large call) are not worth leaving the fastest single call for.
+constexpr double stream_margin = 0.05, stream_gain = 0.75;
 
 std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
@@ -26,7 +32,12 @@ std::size_t per_rank_count(Collective c, int p, std::size_t bytes) {
   return ceil_div(bytes, elem_size * parts);
 }
 
-double simulate(Algorithm algorithm, Collective c, int p, std::size_t bytes, const CostParams& cost) {
+// A call's predicted time and its busiest port (schedule::Cost).
+struct Prediction {
+  double time = 0, busiest = 0;
+};
+
+Prediction simulate(Algorithm algorithm, Collective c, int p, std::size_t bytes, const CostParams& cost) {
   schedule::Params params;
   params.collective = c;
   params.size = p;
@@ -35,7 +46,8 @@ double simulate(Algorithm algorithm, Collective c, int p, std::size_t bytes, con
   const std::vector<std::size_t> counts(static_cast<std::size_t>(p), params.count);
   if (c == Collective::allgatherv || c == Collective::alltoallv) params.counts = counts;
   schedule::fit_chunks(params, algorithm, cost.alpha, cost.beta);  // as CommImpl::plan_for cuts them
-  return schedule::estimate(algorithm, params, cost.alpha, cost.beta, cost.gamma).time;
+  const schedule::Cost estimated = schedule::estimate(algorithm, params, cost.alpha, cost.beta, cost.gamma);
+  return {estimated.time, estimated.busiest};
 }
 
 // Simulating every chunk of a 256 MiB call on 8 ranks takes tens of milliseconds; by 16 MiB every
@@ -43,12 +55,24 @@ double simulate(Algorithm algorithm, Collective c, int p, std::size_t bytes, con
 // calls are extrapolated along the line through 8 and 16 MiB.
 constexpr std::size_t simulated_bytes = std::size_t{16} << 20;
 
-double predict_schedule(Algorithm algorithm, Collective c, int p, std::size_t bytes, const CostParams& cost) {
+Prediction predict_schedule(Algorithm algorithm, Collective c, int p, std::size_t bytes, const CostParams& cost) {
   if (bytes <= simulated_bytes) return simulate(algorithm, c, p, bytes, cost);
-  const double half = simulate(algorithm, c, p, simulated_bytes / 2, cost);
-  const double full = simulate(algorithm, c, p, simulated_bytes, cost);
-  const double per_byte = (full - half) / static_cast<double>(simulated_bytes / 2);
-  return full + per_byte * static_cast<double>(bytes - simulated_bytes);
+  const Prediction half = simulate(algorithm, c, p, simulated_bytes / 2, cost);
+  const Prediction full = simulate(algorithm, c, p, simulated_bytes, cost);
+  const auto along = [&](double at_half, double at_full) {
+    return at_full + (at_full - at_half) / static_cast<double>(simulated_bytes / 2) * static_cast<double>(bytes - simulated_bytes);
+  };
+  return {along(half.time, full.time), along(half.busiest, full.busiest)};
+}
+
+Prediction predict_both(Algorithm algorithm, Collective collective, int ranks, std::size_t bytes,
+                        const CostParams& cost) {
+  if (ranks < 1) throw Error(ErrorCode::invalid_argument, "cost model: ranks must be at least 1");
+  if (const auto price = transport::native_price(algorithm, collective, ranks, bytes, cost)) return {*price, *price};
+  if (!schedule::applies(algorithm, collective))
+    throw Error(ErrorCode::unsupported, "cost model: " + std::string(to_string(algorithm)) + " does not serve " +
+                                            std::string(to_string(collective)));
+  return predict_schedule(algorithm, collective, ranks, bytes, cost);
 }
 
 }  // namespace
@@ -66,12 +90,7 @@ std::vector<Algorithm> candidates(transport::Kind kind, Collective collective, b
 }
 
 double predict(Algorithm algorithm, Collective collective, int ranks, std::size_t bytes, const CostParams& cost) {
-  if (ranks < 1) throw Error(ErrorCode::invalid_argument, "cost model: ranks must be at least 1");
-  if (const auto price = transport::native_price(algorithm, collective, ranks, bytes, cost)) return *price;
-  if (!schedule::applies(algorithm, collective))
-    throw Error(ErrorCode::unsupported, "cost model: " + std::string(to_string(algorithm)) + " does not serve " +
-                                            std::string(to_string(collective)));
-  return predict_schedule(algorithm, collective, ranks, bytes, cost);
+  return predict_both(algorithm, collective, ranks, bytes, cost).time;
 }
 
 Algorithm cheapest(transport::Kind kind, Collective collective, int ranks, std::size_t bytes, bool direct_available,
@@ -80,16 +99,22 @@ Algorithm cheapest(transport::Kind kind, Collective collective, int ranks, std::
   // bytes, which the model also prices at 0, still runs its rounds).
   if (bytes == 0 && direct_available)
     if (const auto native = transport::native_candidates(kind, collective); !native.empty()) return native.front();
-  Algorithm best = Algorithm::automatic;
-  double best_time = 0;
-  for (Algorithm a : candidates(kind, collective, direct_available)) {
-    const double t = predict(a, collective, ranks, bytes, cost);
-    if (best == Algorithm::automatic || t < best_time * (1 - tie_margin)) {
-      best = a;
-      best_time = t;
-    }
+  const std::vector<Algorithm> all = candidates(kind, collective, direct_available);
+  std::vector<Prediction> predicted;
+  std::size_t best = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    predicted.push_back(predict_both(all[i], collective, ranks, bytes, cost));
+    if (predicted[i].time < predicted[best].time * (1 - tie_margin)) best = i;
   }
-  return best;
+  if (all.empty()) return Algorithm::automatic;
+  // Among those within stream_margin of the fastest call, one whose busiest port is markedly less
+  // busy (stream_gain): in a stream of calls (a training step's buckets, a benchmark's loop) it
+  // goes faster.
+  const double limit = predicted[best].time * (1 + stream_margin);
+  std::size_t chosen = best;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (predicted[i].time <= limit && predicted[i].busiest < predicted[chosen].busiest * stream_gain) chosen = i;
+  return all[chosen];
 }
 
 }  // namespace tutti::comm::choice

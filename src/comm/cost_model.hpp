@@ -32,8 +32,10 @@ std::vector<Algorithm> candidates(transport::Kind kind, Collective collective, b
 /// for ranks < 1.
 double predict(Algorithm algorithm, Collective collective, int ranks, std::size_t bytes, const CostParams& cost);
 
-/// The candidate with the least predicted time (the earlier candidate on a tie), or nullopt-like
-/// Algorithm::automatic when the collective has no candidate.
+/// The candidate with the least predicted time (the earlier candidate on a tie); but among the
+/// candidates within 5% of that time, one whose busiest port is busy at most 3/4 as long per call
+/// (schedule::Cost::busiest), which a stream of calls favours. Algorithm::automatic when the
+/// collective has no candidate.
 Algorithm cheapest(transport::Kind kind, Collective collective, int ranks, std::size_t bytes, bool direct_available,
                    const CostParams& cost);
 

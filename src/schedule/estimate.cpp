@@ -6,6 +6,7 @@
 // them a pipelined schedule's chunks would all travel at once and its critical path would hold
 // one chunk instead of the whole volume a link carries. A message costs α + β·bytes from the
 // start of its send to its arrival when the ports are free, as schedule.hpp says.
+#include <algorithm>
 #include <queue>
 #include <string>
 
@@ -175,7 +176,19 @@ Cost estimate(std::span<const Schedule> schedules, std::size_t elem_size, double
   if (hosts.ranks_per_host < 0) throw Error(ErrorCode::invalid_argument, "schedule estimate: ranks_per_host < 0");
   const Model model{elem_size, alpha, beta, gamma, hosts};
   const Path path = Simulation(schedules, model).run();
-  return Cost{path.rounds, path.bytes, path.elements, path.time};
+  Cost cost{path.rounds, path.bytes, path.elements, path.time};
+  for (std::size_t r = 0; r < schedules.size(); ++r) {
+    double out = 0, in = 0;
+    for (const Step& step : schedules[r].steps) {
+      if (step.kind == StepKind::copy) continue;
+      const bool across = model.host(static_cast<int>(r)) != model.host(step.peer);
+      const double message = model.latency(model.transmit(Path{}, step.region.count, across), across).time;
+      if (step.kind == StepKind::send) out += message;
+      else in += message + (step.kind == StepKind::recv_reduce ? model.reduction(Path{}, step.region.count).time : 0);
+    }
+    cost.busiest = std::max({cost.busiest, out, in});
+  }
+  return cost;
 }
 
 Cost estimate(Algorithm algorithm, Params params, double alpha, double beta, double gamma) {

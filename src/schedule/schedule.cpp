@@ -100,7 +100,10 @@ bool pipelined_chain(Algorithm algorithm, Collective collective) {
 
 void fit_chunks(Params& params, Algorithm algorithm, double alpha, double beta) {
   const bool chain = pipelined_chain(algorithm, params.collective);
-  constexpr std::size_t smallest = std::size_t{4} << 10;
+  // Below 16 KiB a chunk's own costs (a message each way through the transports' queues, which
+  // ranks sharing cores pay more than a ping-pong's α) outweighed the pipelining on the emulated
+  // cluster (docs/performance.md, 2026-12-06, night).
+  constexpr std::size_t smallest = std::size_t{16} << 10;
   const double bytes = static_cast<double>(params.count) * static_cast<double>(params.elem_size);
   if (!chain || params.size <= 2 || !(alpha > 0) || !(beta > 0) || bytes <= static_cast<double>(smallest)) return;
   // The chunk of the optimal k: n/k = sqrt(n·α / ((p−2)·β)).

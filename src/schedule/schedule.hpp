@@ -115,7 +115,7 @@ bool pipelined_chain(Algorithm algorithm, Collective collective);
 
 /// Fits `params.chunk_bytes` to a link of α seconds per message and β per byte where `algorithm` is
 /// a pipelined chain (ring broadcast and reduce, (p−2+k)(α + nβ/k) for k chunks): k near
-/// sqrt((p−2)nβ/α), as chunks of 4 KiB up to the default 256 KiB (so it only ever cuts finer).
+/// sqrt((p−2)nβ/α), as chunks of 16 KiB up to the default 256 KiB (so it only ever cuts finer).
 /// Other algorithms keep their chunks. Every rank must pass the same costs (the cost model's).
 void fit_chunks(Params& params, Algorithm algorithm, double alpha, double beta);
 
@@ -146,13 +146,16 @@ struct Cost {
   double bytes = 0;     // bytes transferred on the critical path
   double elements = 0;  // elements reduced on the critical path
   double time = 0;      // α·rounds + β·bytes + γ·elements along that path
+  // The busiest rank's port: max over ranks of its sends' Σ(α + β·bytes), and of its receives'
+  // Σ(α + β·bytes + γ·reduced). A stream of such calls goes no faster than one per this.
+  double busiest = 0;
 };
 
 /// Critical path through all ranks' schedules (schedules[r] is rank r's), where a message costs
 /// α + β·bytes from the start of its send to the end of its receive, a recv_reduce adds
 /// γ·count, and a copy costs β·bytes. Each rank sends one message at a time and receives one at
 /// a time (the wire time β·bytes is exclusive, the latency α is not), so a pipelined schedule's
-/// chunks share their link's bandwidth. Throws Error(invalid_argument) on mismatched messages
+/// chunks share their link's bandwidth. Also the busiest port (Cost::busiest). Throws Error(invalid_argument) on mismatched messages
 /// or a deadlock.
 Cost estimate(std::span<const Schedule> schedules, std::size_t elem_size, double alpha, double beta, double gamma);
 

@@ -201,8 +201,8 @@ TEST(RootedStructure, ChainsForwardEveryChunk) {
   EXPECT_EQ(count_kind(r, StepKind::send), 10);
 }
 
-// fit_chunks: a chain's chunk is sqrt(n·α / ((p−2)·β)), at least 4 KiB, never above the default;
-// other algorithms, p = 2 and messages of at most 4 KiB keep theirs.
+// fit_chunks: a chain's chunk is sqrt(n·α / ((p−2)·β)), at least 16 KiB, never above the default;
+// other algorithms, p = 2 and messages of at most 16 KiB keep theirs.
 TEST(RootedStructure, ChainChunksFollowTheLink) {
   const std::size_t standard = Params{}.chunk_bytes;
   auto fitted = [](Collective c, Algorithm a, int p, std::size_t count, double alpha, double beta) {
@@ -215,10 +215,10 @@ TEST(RootedStructure, ChainChunksFollowTheLink) {
   EXPECT_EQ(expected, 22897u);
   for (Collective c : {Collective::broadcast, Collective::reduce}) {
     EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 18, 8e-6, 8e-9), expected) << to_string(c);
-    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 14, 1e-9, 8e-9), std::size_t{4096}) << to_string(c);  // floor
+    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 14, 1e-9, 8e-9), std::size_t{16384}) << to_string(c);  // floor
     EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 18, 1e-3, 1e-12), standard) << to_string(c);        // ceiling
     EXPECT_EQ(fitted(c, Algorithm::ring, 2, 1 << 18, 8e-6, 8e-9), standard) << to_string(c);         // no chain
-    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1024, 8e-6, 8e-9), standard) << to_string(c);           // 4 KiB
+    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 4096, 1e-9, 8e-9), standard) << to_string(c);           // 16 KiB
     EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 18, 0, 8e-9), standard) << to_string(c);            // no costs
     EXPECT_EQ(fitted(c, Algorithm::binomial_tree, 4, 1 << 18, 8e-6, 8e-9), standard) << to_string(c);
   }

@@ -449,6 +449,25 @@ TEST(Estimate, OneMessage) {
   EXPECT_DOUBLE_EQ(c.time, 2.0 + 0.5 * 40 + 0.25 * 10);
 }
 
+// The busiest port: a rank's sends, or its receives with their reductions, one after another.
+TEST(Estimate, BusiestPortSumsARanksMessages) {
+  std::vector<Schedule> s(2);
+  s[0].send(1, {Buffer::input, 0, 10});
+  s[1].recv_reduce(0, {Buffer::output, 0, 10}, {Buffer::input, 0, 10});
+  EXPECT_DOUBLE_EQ(estimate(s, 4, 2.0, 0.5, 0.25).busiest, 2.0 + 0.5 * 40 + 0.25 * 10);
+  // A reduce of 1000 f32 on 4 ranks: the tree's root receives the whole buffer twice, a chain's
+  // ranks once each (one chunk: 4000 bytes is below the default chunk).
+  constexpr double alpha = 1, beta = 1e-3, gamma = 1e-4;
+  const double message = alpha + beta * 4000, reduced = gamma * 1000;
+  EXPECT_DOUBLE_EQ(cost(Collective::reduce, Algorithm::binomial_tree, 4, 1000, alpha, beta, gamma).busiest,
+                   2 * (message + reduced));
+  EXPECT_DOUBLE_EQ(cost(Collective::reduce, Algorithm::ring, 4, 1000, alpha, beta, gamma).busiest, message + reduced);
+  // A broadcast's root sends: twice down the tree, once down the chain.
+  EXPECT_DOUBLE_EQ(cost(Collective::broadcast, Algorithm::binomial_tree, 4, 1000, alpha, beta, gamma).busiest,
+                   2 * message);
+  EXPECT_DOUBLE_EQ(cost(Collective::broadcast, Algorithm::ring, 4, 1000, alpha, beta, gamma).busiest, message);
+}
+
 TEST(Estimate, RejectsDeadlockAndMismatch) {
   std::vector<Schedule> s(2);
   for (int r = 0; r < 2; ++r) {
