@@ -7,6 +7,7 @@
 #include <map>
 #include <string_view>
 
+#include "transport/cost.hpp"
 #include "transport/kind.hpp"
 #include "tutti/types.hpp"
 
@@ -26,6 +27,7 @@ struct ChoiceContext {
   std::string_view transport;     // Transport::name(): "inproc", "shm", "tcp", "mpi", "shm+tcp" (logs, tuning files)
   int ranks = 1;                  // communicator size
   bool direct_available = false;  // the shared-memory direct algorithms can serve this call
+  const transport::CostParams* link = nullptr;  // the communicator's measured link (interned), else cost_for's
 };
 
 /// The algorithm `automatic` resolves to (TUTTI_ALGO first, then the tuning table, then the cost

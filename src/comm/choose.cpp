@@ -93,7 +93,8 @@ Algorithm step_algorithm(Collective collective, const ChoiceContext& context, st
   const Algorithm forced = requested_algorithm(collective, Algorithm::automatic);
   if (schedule::applies(forced, collective)) return forced;
   load_from_environment();
-  return automatic_choice(collective, context.kind, context.transport, context.ranks, context.direct_available, bytes)
+  return automatic_choice(collective, context.kind, context.transport, context.ranks, context.direct_available, bytes,
+                          context.link)
       .algorithm;
 }
 
@@ -106,7 +107,8 @@ Algorithm choose_algorithm(Collective collective, Algorithm requested, const Cho
   if (!forced) {
     load_from_environment();
     // Every collective has schedule candidates, so the model always names one.
-    choice = automatic_choice(collective, context.kind, context.transport, p, context.direct_available, bytes);
+    choice = automatic_choice(collective, context.kind, context.transport, p, context.direct_available, bytes,
+                              context.link);
     algorithm = choice.algorithm;
   }
   const std::vector<Algorithm> native = transport::native_candidates(context.kind, collective);

@@ -74,7 +74,8 @@ Algorithm CommImpl::chosen_algorithm(Collective collective, Algorithm requested,
   if (m.valid && m.collective == collective && m.requested == requested && m.bytes == bytes &&
       m.version == choice::active_version())
     return m.algorithm;
-  const choice::ChoiceContext context{transport_kind(), transport_name(), size_, direct_serves(collective)};
+  const choice::ChoiceContext context{transport_kind(), transport_name(), size_, direct_serves(collective),
+                                      link_cost_};
   const Algorithm algorithm = choice::choose_algorithm(collective, requested, context, bytes);
   memo_ = {collective, requested, bytes, choice::active_version(), algorithm, true};
   return algorithm;
@@ -170,7 +171,7 @@ std::shared_ptr<const exec::Plan> CommImpl::plan_for(const Call& call, Algorithm
   schedule::Params params = schedule::Params::of(call, rank_, size_);
   if (schedule::pipelined_chain(algorithm, call.collective)) {
     // A chain's chunks follow the link's costs, as the cost model priced them.
-    const auto cost = choice::cost_for(queue_->transport().name(), queue_->transport().kind());
+    const auto cost = choice::cost_for(queue_->transport().name(), queue_->transport().kind(), link_cost_);
     schedule::fit_chunks(params, algorithm, cost.alpha, cost.beta);
   }
   auto make = [&] {
@@ -373,6 +374,7 @@ Communicator CommImpl::split(int color, int key) {
   auto child = std::make_shared<CommImpl>(queue_->transport().split(id, ranks, new_rank));
   child->host_override_ = host_override_;
   if (topology_) child->topology_ = topology_->subset(ranks);
+  child->link_cost_ = link_cost_;
   return Access::make(std::move(child));
 }
 

@@ -75,6 +75,14 @@ class CommImpl {
   const Topology& topology();
   /// Makes the topology known without a collective (init() learned every rank's host already).
   void set_topology(Topology topology) { topology_ = std::move(topology); }
+  /// The link init() measured (choice::probe_link, interned: choice::intern_cost), which automatic
+  /// choices price with where the tuning table gives no cost_model for the transport (choice::cost_for);
+  /// splits inherit it. Every rank sets the same.
+  void set_link_cost(const transport::CostParams* link) {
+    link_cost_ = link;
+    memo_.valid = false;  // a choice made before priced the transport's costs
+  }
+  const transport::CostParams* link_cost() const { return link_cost_; }
   /// Test-only: this rank's host, instead of TUTTI_HOST or gethostname() (ranks as threads share
   /// one process). Takes effect while the topology is not yet known; inherited by split.
   void set_host_override(std::string host) { host_override_ = std::move(host); }
@@ -159,6 +167,7 @@ class CommImpl {
   std::chrono::milliseconds default_timeout_;
   std::string host_override_;
   std::optional<Topology> topology_;
+  const transport::CostParams* link_cost_ = nullptr;
   std::optional<Hierarchy> hierarchy_;
   std::optional<Hierarchy> caller_hierarchy_;
 };

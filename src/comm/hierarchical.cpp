@@ -226,7 +226,7 @@ Request CommImpl::start_hierarchical(const Call& call, bool blocking) {
   const StepOptions options = [timeout](Collective collective, const Communicator& comm, std::size_t bytes) {
     const CommImpl& impl = *Access::impl(comm);
     const choice::ChoiceContext context{impl.transport_kind(), impl.transport_name(), comm.size(),
-                                        impl.direct_serves(collective)};
+                                        impl.direct_serves(collective), impl.link_cost()};
     return Options{choice::step_algorithm(collective, context, bytes), timeout};
   };
   const ReduceOp step_op = op == ReduceOp::avg ? ReduceOp::sum : op;  // avg: one division, at the end

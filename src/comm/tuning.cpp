@@ -21,9 +21,9 @@ namespace tutti::comm::choice {
 
 namespace {
 
-// (collective, kind, transport, ranks, direct_available, size class); the transport views a
-// State::transports name.
-using CacheKey = std::tuple<Collective, transport::Kind, std::string_view, int, bool, int>;
+// (collective, kind, transport, ranks, direct_available, measured link, size class); the transport
+// views a State::transports name, the link an interned cost.
+using CacheKey = std::tuple<Collective, transport::Kind, std::string_view, int, bool, const CostParams*, int>;
 
 // A cached decision: the cost model's choice for the class, and the table entries that may
 // override it for some sizes of the class (only those that match and can serve the call).
@@ -65,13 +65,14 @@ State& state() {
   return *current.load(std::memory_order_acquire);
 }
 
-CostParams cost_in(const Table& table, std::string_view transport, transport::Kind kind) {
+// The table's costs for the transport, else the communicator's measured link, else the defaults.
+CostParams cost_in(const Table& table, std::string_view transport, transport::Kind kind, const CostParams* link) {
   const auto it = table.cost_models.find(std::string(transport));
-  return it != table.cost_models.end() ? it->second : transport::default_cost(kind);
+  return it != table.cost_models.end() ? it->second : link != nullptr ? *link : transport::default_cost(kind);
 }
 
 Decision decide(const State& s, Collective collective, transport::Kind kind, std::string_view transport, int ranks,
-                bool direct, int klass) {
+                bool direct, const CostParams* link, int klass) {
   Decision d;
   const std::size_t low = class_size(klass);
   const std::size_t high = klass == 0                                          ? 0
@@ -82,7 +83,7 @@ Decision decide(const State& s, Collective collective, transport::Kind kind, std
     if (e.collective == collective && e.transport == transport && e.ranks == ranks && e.min_bytes <= high &&
         low <= e.max_bytes && std::find(serving.begin(), serving.end(), e.algorithm) != serving.end())
       d.entries.push_back(e);
-  d.model.cost = cost_in(s.table, transport, kind);
+  d.model.cost = cost_in(s.table, transport, kind, link);
   d.model.algorithm = cheapest(kind, collective, ranks, low, direct, d.model.cost);
   return d;
 }
@@ -115,27 +116,38 @@ const Table& active() { return state().table; }
 
 const void* active_version() { return current.load(std::memory_order_acquire); }
 
-CostParams cost_for(std::string_view transport, transport::Kind kind) { return cost_in(active(), transport, kind); }
+CostParams cost_for(std::string_view transport, transport::Kind kind, const CostParams* link) {
+  return cost_in(active(), transport, kind, link);
+}
 
 int size_class(std::size_t bytes) { return static_cast<int>(std::bit_width(bytes)); }
 
 std::size_t class_size(int size_class) { return size_class == 0 ? 0 : std::size_t{1} << (size_class - 1); }
 
+const CostParams* intern_cost(const CostParams& cost) {
+  static std::mutex mutex;
+  static std::map<std::tuple<double, double, double>, std::unique_ptr<CostParams>> costs;  // never freed
+  std::lock_guard lock(mutex);
+  auto& slot = costs[{cost.alpha, cost.beta, cost.gamma}];
+  if (!slot) slot = std::make_unique<CostParams>(cost);
+  return slot.get();
+}
+
 Choice automatic_choice(Collective collective, transport::Kind kind, std::string_view transport, int ranks,
-                        bool direct_available, std::size_t bytes) {
+                        bool direct_available, std::size_t bytes, const CostParams* link) {
   State& s = state();
   const int klass = size_class(bytes);
   const Decision* found = nullptr;
   {
     std::shared_lock lock(s.mutex);
-    const auto it = s.cache.find(CacheKey{collective, kind, transport, ranks, direct_available, klass});
+    const auto it = s.cache.find(CacheKey{collective, kind, transport, ranks, direct_available, link, klass});
     if (it != s.cache.end()) found = &it->second;
   }
   if (found == nullptr) {
-    Decision d = decide(s, collective, kind, transport, ranks, direct_available, klass);  // slow: outside the lock
+    Decision d = decide(s, collective, kind, transport, ranks, direct_available, link, klass);  // slow: outside the lock
     std::unique_lock lock(s.mutex);
     const std::string_view name = *s.transports.emplace(transport).first;  // outlives the key
-    found = &s.cache.try_emplace(CacheKey{collective, kind, name, ranks, direct_available, klass}, std::move(d))
+    found = &s.cache.try_emplace(CacheKey{collective, kind, name, ranks, direct_available, link, klass}, std::move(d))
                  .first->second;
   }
   // Map nodes are stable and never erased while the state lives, so `found` stays valid.

@@ -43,9 +43,9 @@ const Table& active();
 /// that memoize choices compare it.
 const void* active_version();
 
-/// The active table's cost_model entry for `transport` (a Transport::name()), else the compiled-in
-/// costs of its kind (transport::default_cost).
-CostParams cost_for(std::string_view transport, transport::Kind kind);
+/// The active table's cost_model entry for `transport` (a Transport::name()), else `link` (a
+/// communicator's measured link), else the compiled-in costs of its kind (transport::default_cost).
+CostParams cost_for(std::string_view transport, transport::Kind kind, const CostParams* link = nullptr);
 
 /// Where an automatic choice came from.
 struct Choice {
@@ -59,11 +59,16 @@ struct Choice {
 /// matches and can serve the call on a transport of `kind` named `transport` (`direct` only when
 /// `direct_available`; never mpi or
 /// hierarchical), else the cost model's cheapest candidate for the size class of `bytes` (the
-/// powers of two: a class [2^k, 2^(k+1)) is decided at 2^k, whatever size came first). Cached
-/// per (collective, kind, transport, ranks, direct_available, class); thread-safe; below a microsecond
-/// once cached.
+/// powers of two: a class [2^k, 2^(k+1)) is decided at 2^k, whatever size came first), priced by
+/// cost_for(transport, kind, link): `link` is the communicator's measured link (probe_link; interned).
+/// Cached per (collective, kind, transport, ranks, direct_available, link, class); thread-safe;
+/// below a microsecond once cached.
 Choice automatic_choice(Collective collective, transport::Kind kind, std::string_view transport, int ranks,
-                        bool direct_available, std::size_t bytes);
+                        bool direct_available, std::size_t bytes, const CostParams* link = nullptr);
+
+/// The one copy of `cost` for the life of the process (equal costs, equal pointers): what a
+/// communicator keeps of its measured link, and what choices are cached by.
+const CostParams* intern_cost(const CostParams& cost);
 
 /// The size class of `bytes` (0 for 0, else 1 + floor(log2 bytes)) and the size it is decided at.
 int size_class(std::size_t bytes);
@@ -72,9 +77,10 @@ std::size_t class_size(int size_class);
 /// The short link probe init() runs when the ranks span hosts and nothing names the transport's
 /// costs: rank 0 ping-pongs 8 B with the first rank on another host (else rank 1), the median one
 /// way being α, then streams 1 MiB to it (8 MiB where that took under 5 ms) for β. Every rank gets
-/// rank 0's values (a broadcast), keeps the γ it had, and makes them `transport`'s cost model in the
-/// active table (which forgets cached choices). Collective over `comm`, with no other call in
-/// flight; returns what it installed (nothing with one rank or a clock that measured no time).
+/// rank 0's values (a broadcast) with the γ of cost_for(transport, kind), so every rank prices
+/// alike; the caller keeps them with the communicator (CommImpl::set_link_cost), whose splits
+/// inherit them. Collective over `comm`, with no other call in flight; nothing with one rank or a
+/// clock that measured no time.
 std::optional<CostParams> probe_link(Communicator& comm, std::string_view transport, transport::Kind kind);
 
 /// Test-only: forgets cached choices; with `reload`, also the active table and whether the

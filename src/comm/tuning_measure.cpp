@@ -178,14 +178,11 @@ std::optional<CostParams> probe_link(Communicator& comm, std::string_view transp
   CostParams cost = cost_for(transport, kind);
   cost.alpha = measured[0];
   cost.beta = std::max(measured[1], 1e-12);
-  Table table = active();
-  table.cost_models[std::string(transport)] = cost;
-  set_active(std::move(table));
   if (core::log_enabled(core::LogLevel::info)) {
     char text[256];
     std::snprintf(text, sizeof(text),
-                  "init: link probe, rank 0 to rank %d: α = %.3g s, β = %.3g s/B (%.3g Gbit/s); the cost model of "
-                  "%.*s uses them",
+                  "init: link probe, rank 0 to rank %d: α = %.3g s, β = %.3g s/B (%.3g Gbit/s); this communicator's "
+                  "cost model (%.*s) uses them",
                   partner, cost.alpha, cost.beta, 8e-9 / cost.beta, static_cast<int>(transport.size()),
                   transport.data());
     core::log(core::LogLevel::info, comm.rank(), text);

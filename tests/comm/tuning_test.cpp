@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/access.hpp"
 #include "comm/comm_impl.hpp"
 #include "comm/tuning.hpp"
 #include "core/env.hpp"
@@ -471,9 +472,10 @@ TEST_F(Tuning, MeasureGivesEveryRankTheSameModel) {
   }
 }
 
-// probe_link (init's link probe where ranks span hosts): rank 0's α and β on every rank, installed
-// as the transport's cost model beside the table's other costs, γ kept; one rank measures nothing.
-TEST_F(Tuning, LinkProbeInstallsRankZerosCostsOnEveryRank) {
+// probe_link (init's link probe where ranks span hosts): rank 0's α and β on every rank, with the
+// transport's γ; the table stays as it was (the communicator keeps the costs); one rank measures
+// nothing.
+TEST_F(Tuning, LinkProbeGivesEveryRankRankZerosCosts) {
   const Table before = sample_table();
   for (int p : {1, 2, 3}) {
     set_active(before);
@@ -482,9 +484,9 @@ TEST_F(Tuning, LinkProbeInstallsRankZerosCostsOnEveryRank) {
       got[static_cast<std::size_t>(comm.rank())] = probe_link(comm, "probed", transport::Kind::inproc);
     });
     ASSERT_EQ(failures, "") << "p=" << p;
+    expect_same(active(), before);
     if (p == 1) {
       EXPECT_FALSE(got[0].has_value());
-      expect_same(active(), before);
       continue;
     }
     ASSERT_TRUE(got[0].has_value()) << "p=" << p;
@@ -495,14 +497,46 @@ TEST_F(Tuning, LinkProbeInstallsRankZerosCostsOnEveryRank) {
       ASSERT_TRUE(g.has_value());
       EXPECT_EQ(std::tie(g->alpha, g->beta, g->gamma), std::tie(got[0]->alpha, got[0]->beta, got[0]->gamma));
     }
-    Table expected = before;
-    expected.cost_models["probed"] = *got[0];
-    expect_same(active(), expected);
-    const CostParams used = cost_for("probed", transport::Kind::inproc);
-    EXPECT_EQ(std::tie(used.alpha, used.beta), std::tie(got[0]->alpha, got[0]->beta));
-    EXPECT_EQ(automatic_choice(Collective::reduce, transport::Kind::inproc, "probed", p, false, 1 << 20).cost.beta,
-              got[0]->beta);
   }
+}
+
+// A communicator's measured link prices its automatic choices, and its splits inherit it; choices
+// without one (another communicator of the process) keep the transport's costs. Interned costs:
+// equal values, one pointer.
+TEST_F(Tuning, AMeasuredLinkPricesItsCommunicatorsChoicesOnly) {
+  const CostParams slow_link{5.5e-6, 7.65e-9, 2e-10};
+  const CostParams* link = intern_cost(slow_link);
+  EXPECT_EQ(intern_cost(CostParams{5.5e-6, 7.65e-9, 2e-10}), link);
+  EXPECT_NE(intern_cost(CostParams{5.5e-6, 7.65e-9, 3e-10}), link);
+  const Choice measured = automatic_choice(Collective::reduce, transport::Kind::inproc, "inproc", 4, false, 32768, link);
+  EXPECT_EQ(std::tie(measured.cost.alpha, measured.cost.beta), std::tie(slow_link.alpha, slow_link.beta));
+  EXPECT_EQ(measured.algorithm, Algorithm::ring);
+  const Choice plain = automatic_choice(Collective::reduce, transport::Kind::inproc, "inproc", 4, false, 32768);
+  EXPECT_EQ(plain.cost.alpha, transport::default_cost(transport::Kind::inproc).alpha);
+  EXPECT_EQ(plain.algorithm, Algorithm::binomial_tree);
+
+  auto comms = local_group(4);
+  auto others = local_group(4);
+  for (Communicator& c : comms) Access::impl(c)->set_link_cost(link);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(comms[static_cast<std::size_t>(r)].chosen_algorithm(Collective::reduce, 32768), Algorithm::ring);
+    EXPECT_EQ(others[static_cast<std::size_t>(r)].chosen_algorithm(Collective::reduce, 32768), Algorithm::binomial_tree);
+  }
+  // A table's cost_model for the transport still wins (tutti-bench --tune compares with its own).
+  Table table;
+  table.cost_models["inproc"] = transport::default_cost(transport::Kind::inproc);
+  set_active(table);
+  EXPECT_EQ(comms[0].chosen_algorithm(Collective::reduce, 32768), Algorithm::binomial_tree);
+  EXPECT_EQ(cost_for("inproc", transport::Kind::inproc, link).alpha, table.cost_models["inproc"].alpha);
+  set_active(Table{});
+  EXPECT_EQ(cost_for("inproc", transport::Kind::inproc, link).alpha, slow_link.alpha);
+  // Splits inherit the link (split is collective: every rank at once).
+  std::vector<Communicator> halves(4);
+  const std::string failures = tutti::testing::on_threads(4, [&](int r) {
+    halves[static_cast<std::size_t>(r)] = comms[static_cast<std::size_t>(r)].split(r % 2, r);
+  });
+  ASSERT_EQ(failures, "");
+  for (const Communicator& half : halves) EXPECT_EQ(Access::impl(half)->link_cost(), link);
 }
 
 }  // namespace
