@@ -107,8 +107,8 @@ Algorithm choose_algorithm(Collective collective, Algorithm requested, const Cho
   if (!forced) {
     load_from_environment();
     // Every collective has schedule candidates, so the model always names one.
-    choice = automatic_choice(collective, context.kind, context.transport, p, context.direct_available, bytes,
-                              context.link);
+    choice =
+        automatic_choice(collective, context.kind, context.transport, p, context.direct_available, bytes, context.link);
     algorithm = choice.algorithm;
   }
   const std::vector<Algorithm> native = transport::native_candidates(context.kind, collective);

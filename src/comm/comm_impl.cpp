@@ -74,8 +74,7 @@ Algorithm CommImpl::chosen_algorithm(Collective collective, Algorithm requested,
   if (m.valid && m.collective == collective && m.requested == requested && m.bytes == bytes &&
       m.version == choice::active_version())
     return m.algorithm;
-  const choice::ChoiceContext context{transport_kind(), transport_name(), size_, direct_serves(collective),
-                                      link_cost_};
+  const choice::ChoiceContext context{transport_kind(), transport_name(), size_, direct_serves(collective), link_cost_};
   const Algorithm algorithm = choice::choose_algorithm(collective, requested, context, bytes);
   memo_ = {collective, requested, bytes, choice::active_version(), algorithm, true};
   return algorithm;
@@ -179,12 +178,9 @@ std::shared_ptr<const exec::Plan> CommImpl::plan_for(const Call& call, Algorithm
                                   size_of(call.type));
   };
   if (!call.counts.empty() || !call.recv_counts.empty()) return make();
-  const PlanKey key{algorithm,
-                    call.collective,
-                    call.count,
-                    size_of(call.type),
-                    call.root,
-                    exec::Plan::runs_ahead(queue_->transport(), signature, size_of(call.type)),
+  const PlanKey key{algorithm,         call.collective,
+                    call.count,        size_of(call.type),
+                    call.root,         exec::Plan::runs_ahead(queue_->transport(), signature, size_of(call.type)),
                     params.chunk_bytes};
   for (const CachedPlan& cached : plans_)
     if (cached.plan && cached.key == key) return cached.plan;

@@ -147,7 +147,7 @@ class CommImpl {
     Collective collective{};
     std::size_t count = 0, elem_size = 0;
     int root = 0;
-    bool runs_ahead = false;  // exec::Plan::runs_ahead (it depends on the sequence number)
+    bool runs_ahead = false;      // exec::Plan::runs_ahead (it depends on the sequence number)
     std::size_t chunk_bytes = 0;  // schedule::fit_chunks (it depends on the cost model)
     bool operator==(const PlanKey&) const = default;
   };

@@ -60,7 +60,8 @@ Prediction predict_schedule(Algorithm algorithm, Collective c, int p, std::size_
   const Prediction half = simulate(algorithm, c, p, simulated_bytes / 2, cost);
   const Prediction full = simulate(algorithm, c, p, simulated_bytes, cost);
   const auto along = [&](double at_half, double at_full) {
-    return at_full + (at_full - at_half) / static_cast<double>(simulated_bytes / 2) * static_cast<double>(bytes - simulated_bytes);
+    return at_full + (at_full - at_half) / static_cast<double>(simulated_bytes / 2) *
+                         static_cast<double>(bytes - simulated_bytes);
   };
   return {along(half.time, full.time), along(half.busiest, full.busiest)};
 }

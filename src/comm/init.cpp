@@ -332,7 +332,8 @@ Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& jo
               core::env("TUTTI_LINK_PROBE").value_or("1") != "0";
   world.allreduce(std::span<int>(&probe, 1), ReduceOp::min);
   if (probe != 0)
-    if (const auto link = comm::choice::probe_link(world, name, kind)) impl->set_link_cost(comm::choice::intern_cost(*link));
+    if (const auto link = comm::choice::probe_link(world, name, kind))
+      impl->set_link_cost(comm::choice::intern_cost(*link));
   return world;
 }
 

@@ -144,7 +144,8 @@ Choice automatic_choice(Collective collective, transport::Kind kind, std::string
     if (it != s.cache.end()) found = &it->second;
   }
   if (found == nullptr) {
-    Decision d = decide(s, collective, kind, transport, ranks, direct_available, link, klass);  // slow: outside the lock
+    Decision d =
+        decide(s, collective, kind, transport, ranks, direct_available, link, klass);  // slow: outside the lock
     std::unique_lock lock(s.mutex);
     const std::string_view name = *s.transports.emplace(transport).first;  // outlives the key
     found = &s.cache.try_emplace(CacheKey{collective, kind, name, ranks, direct_available, link, klass}, std::move(d))

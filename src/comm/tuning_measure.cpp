@@ -134,7 +134,8 @@ void answer_streams(Communicator& comm, std::vector<std::byte>& buffer) {
     if (buffer.size() < size) buffer.resize(size);  // at most 8 MiB: each chunk lands in its own place
     std::vector<Request> receives;
     for (std::size_t done = 0; done < size; done += chunk)
-      receives.push_back(comm.irecv(buffer.data() + done, std::min<std::size_t>(chunk, size - done), DataType::u8, 0, 1));
+      receives.push_back(
+          comm.irecv(buffer.data() + done, std::min<std::size_t>(chunk, size - done), DataType::u8, 0, 1));
     for (Request& r : receives) r.wait();
     comm.send(&size, 1, DataType::u64, 0);
   }

@@ -183,8 +183,10 @@ Cost estimate(std::span<const Schedule> schedules, std::size_t elem_size, double
       if (step.kind == StepKind::copy) continue;
       const bool across = model.host(static_cast<int>(r)) != model.host(step.peer);
       const double message = model.latency(model.transmit(Path{}, step.region.count, across), across).time;
-      if (step.kind == StepKind::send) out += message;
-      else in += message + (step.kind == StepKind::recv_reduce ? model.reduction(Path{}, step.region.count).time : 0);
+      if (step.kind == StepKind::send)
+        out += message;
+      else
+        in += message + (step.kind == StepKind::recv_reduce ? model.reduction(Path{}, step.region.count).time : 0);
     }
     cost.busiest = std::max({cost.busiest, out, in});
   }

@@ -155,8 +155,8 @@ struct Cost {
 /// α + β·bytes from the start of its send to the end of its receive, a recv_reduce adds
 /// γ·count, and a copy costs β·bytes. Each rank sends one message at a time and receives one at
 /// a time (the wire time β·bytes is exclusive, the latency α is not), so a pipelined schedule's
-/// chunks share their link's bandwidth. Also the busiest port (Cost::busiest). Throws Error(invalid_argument) on mismatched messages
-/// or a deadlock.
+/// chunks share their link's bandwidth. Also the busiest port (Cost::busiest). Throws
+/// Error(invalid_argument) on mismatched messages or a deadlock.
 Cost estimate(std::span<const Schedule> schedules, std::size_t elem_size, double alpha, double beta, double gamma);
 
 /// Ranks on hosts, for the estimate of a call that crosses a network: ranks

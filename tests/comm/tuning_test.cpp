@@ -245,7 +245,8 @@ TEST_F(Tuning, NearTiesGoToTheAlgorithmAStreamOfCallsRunsFaster) {
     EXPECT_LT(chain, tree * 1.05) << to_string(c);
     EXPECT_EQ(cheapest(transport::Kind::tcp, c, 4, 32768, false, link), Algorithm::ring) << to_string(c);
     const CostParams fallback = transport::default_cost(transport::Kind::tcp);
-    EXPECT_GT(predict(Algorithm::ring, c, 4, 32768, fallback), 1.05 * predict(Algorithm::binomial_tree, c, 4, 32768, fallback));
+    EXPECT_GT(predict(Algorithm::ring, c, 4, 32768, fallback),
+              1.05 * predict(Algorithm::binomial_tree, c, 4, 32768, fallback));
     EXPECT_EQ(cheapest(transport::Kind::tcp, c, 4, 32768, false, fallback), Algorithm::binomial_tree) << to_string(c);
   }
 }
@@ -508,7 +509,8 @@ TEST_F(Tuning, AMeasuredLinkPricesItsCommunicatorsChoicesOnly) {
   const CostParams* link = intern_cost(slow_link);
   EXPECT_EQ(intern_cost(CostParams{5.5e-6, 7.65e-9, 2e-10}), link);
   EXPECT_NE(intern_cost(CostParams{5.5e-6, 7.65e-9, 3e-10}), link);
-  const Choice measured = automatic_choice(Collective::reduce, transport::Kind::inproc, "inproc", 4, false, 32768, link);
+  const Choice measured =
+      automatic_choice(Collective::reduce, transport::Kind::inproc, "inproc", 4, false, 32768, link);
   EXPECT_EQ(std::tie(measured.cost.alpha, measured.cost.beta), std::tie(slow_link.alpha, slow_link.beta));
   EXPECT_EQ(measured.algorithm, Algorithm::ring);
   const Choice plain = automatic_choice(Collective::reduce, transport::Kind::inproc, "inproc", 4, false, 32768);
@@ -520,7 +522,8 @@ TEST_F(Tuning, AMeasuredLinkPricesItsCommunicatorsChoicesOnly) {
   for (Communicator& c : comms) Access::impl(c)->set_link_cost(link);
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(comms[static_cast<std::size_t>(r)].chosen_algorithm(Collective::reduce, 32768), Algorithm::ring);
-    EXPECT_EQ(others[static_cast<std::size_t>(r)].chosen_algorithm(Collective::reduce, 32768), Algorithm::binomial_tree);
+    EXPECT_EQ(others[static_cast<std::size_t>(r)].chosen_algorithm(Collective::reduce, 32768),
+              Algorithm::binomial_tree);
   }
   // A table's cost_model for the transport still wins (tutti-bench --tune compares with its own).
   Table table;
@@ -532,9 +535,8 @@ TEST_F(Tuning, AMeasuredLinkPricesItsCommunicatorsChoicesOnly) {
   EXPECT_EQ(cost_for("inproc", transport::Kind::inproc, link).alpha, slow_link.alpha);
   // Splits inherit the link (split is collective: every rank at once).
   std::vector<Communicator> halves(4);
-  const std::string failures = tutti::testing::on_threads(4, [&](int r) {
-    halves[static_cast<std::size_t>(r)] = comms[static_cast<std::size_t>(r)].split(r % 2, r);
-  });
+  const std::string failures = tutti::testing::on_threads(
+      4, [&](int r) { halves[static_cast<std::size_t>(r)] = comms[static_cast<std::size_t>(r)].split(r % 2, r); });
   ASSERT_EQ(failures, "");
   for (const Communicator& half : halves) EXPECT_EQ(Access::impl(half)->link_cost(), link);
 }

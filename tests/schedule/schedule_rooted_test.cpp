@@ -216,10 +216,10 @@ TEST(RootedStructure, ChainChunksFollowTheLink) {
   for (Collective c : {Collective::broadcast, Collective::reduce}) {
     EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 18, 8e-6, 8e-9), expected) << to_string(c);
     EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 14, 1e-9, 8e-9), std::size_t{16384}) << to_string(c);  // floor
-    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 18, 1e-3, 1e-12), standard) << to_string(c);        // ceiling
-    EXPECT_EQ(fitted(c, Algorithm::ring, 2, 1 << 18, 8e-6, 8e-9), standard) << to_string(c);         // no chain
-    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 4096, 1e-9, 8e-9), standard) << to_string(c);           // 16 KiB
-    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 18, 0, 8e-9), standard) << to_string(c);            // no costs
+    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 18, 1e-3, 1e-12), standard) << to_string(c);           // ceiling
+    EXPECT_EQ(fitted(c, Algorithm::ring, 2, 1 << 18, 8e-6, 8e-9), standard) << to_string(c);            // no chain
+    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 4096, 1e-9, 8e-9), standard) << to_string(c);               // 16 KiB
+    EXPECT_EQ(fitted(c, Algorithm::ring, 4, 1 << 18, 0, 8e-9), standard) << to_string(c);               // no costs
     EXPECT_EQ(fitted(c, Algorithm::binomial_tree, 4, 1 << 18, 8e-6, 8e-9), standard) << to_string(c);
   }
   EXPECT_EQ(fitted(Collective::allreduce, Algorithm::ring, 4, 1 << 18, 8e-6, 8e-9), standard);
