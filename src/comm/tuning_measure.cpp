@@ -84,7 +84,7 @@ namespace tutti::comm::choice {
 
 namespace {
 
-using clock = std::chrono::steady_clock;
+using tuning::clock;
 
 double seconds_since(clock::time_point start) { return std::chrono::duration<double>(clock::now() - start).count(); }
 
@@ -145,13 +145,7 @@ void answer_streams(Communicator& comm, std::vector<std::byte>& buffer) {
 
 std::optional<CostParams> probe_link(Communicator& comm, std::string_view transport, transport::Kind kind) {
   if (comm.size() < 2) return std::nullopt;
-  const HostLayout layout = host_layout(comm);
-  int partner = 1;
-  for (int r = 1; r < comm.size(); ++r)
-    if (layout.host_of_rank[static_cast<std::size_t>(r)] != layout.host_of_rank[0]) {
-      partner = r;
-      break;
-    }
+  const int partner = tuning::partner_of_rank_0(comm);
   double measured[2] = {0, 0};  // α, β: rank 0's, then every rank's
   if (comm.rank() == 0 || comm.rank() == partner) {
     const double alpha = latency(comm, partner);
