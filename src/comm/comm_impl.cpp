@@ -218,7 +218,9 @@ Request CommImpl::start_schedule(const Call& call, Algorithm algorithm, const Ex
 }
 
 Request CommImpl::submit(std::shared_ptr<exec::Operation> op, bool blocking) {
-  auto shared = queue_->submit(std::move(op), blocking);
+  // A caller that waits on the request at once (CallerWaits) progresses it itself, as a blocking
+  // call's does: waking the progress engine would only add a thread hand-off.
+  auto shared = queue_->submit(std::move(op), blocking || caller_waits_);
   return Request(std::make_shared<exec::RequestState>(queue_, std::move(shared)));
 }
 
@@ -370,7 +372,8 @@ Communicator CommImpl::split(int color, int key) {
   auto child = std::make_shared<CommImpl>(queue_->transport().split(id, ranks, new_rank));
   child->host_override_ = host_override_;
   if (topology_) child->topology_ = topology_->subset(ranks);
-  child->link_cost_ = link_cost_;
+  // The measured link prices calls that cross it: a part within one host (shared memory) has none.
+  if (child->transport_kind() != transport::Kind::shm) child->link_cost_ = link_cost_;
   return Access::make(std::move(child));
 }
 

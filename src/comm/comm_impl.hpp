@@ -100,6 +100,21 @@ class CommImpl {
   /// hierarchical allreduce), apart from the pair whose queued steps hierarchical allreduce runs:
   /// calls on one pair never interleave with the other's. Collective at the first call (two splits).
   Hierarchy& caller_hierarchy();
+  /// While one lives, the nonblocking calls started on `comm` are waited for at once by their
+  /// caller, which progresses them (exec::OperationQueue::wait): the progress engine is not woken
+  /// for them (a composite's steps run on the caller's thread, as a blocking call does, and stay
+  /// requests that the caller can wait on for a while and look elsewhere between waits).
+  class CallerWaits {
+   public:
+    CallerWaits(CommImpl& comm, bool waits) : comm_(comm), before_(comm.caller_waits_) { comm.caller_waits_ = waits; }
+    ~CallerWaits() { comm_.caller_waits_ = before_; }
+    CallerWaits(const CallerWaits&) = delete;
+    CallerWaits& operator=(const CallerWaits&) = delete;
+
+   private:
+    CommImpl& comm_;
+    bool before_;
+  };
   /// Fails the communicator on every rank with `error` (through its transport: each rank's queue
   /// fails its operations at its next progress), from outside its operations (a composite whose
   /// steps run on this communicator learned of a failure elsewhere).
@@ -170,6 +185,7 @@ class CommImpl {
   const transport::CostParams* link_cost_ = nullptr;
   std::optional<Hierarchy> hierarchy_;
   std::optional<Hierarchy> caller_hierarchy_;
+  bool caller_waits_ = false;  // CallerWaits
 };
 
 /// Test-only: gives this in-process rank its own host (see CommImpl::set_host_override).

@@ -44,7 +44,8 @@ using StepOptions = std::function<Options(Collective, const Communicator&, std::
 // writing into the caller's buffers later.
 class Composite final : public transport::NativeCollective {
  public:
-  using Step = std::function<Request()>;
+  // Starts the step's collective; `caller_waits`: run() waits on it at once (CommImpl::CallerWaits).
+  using Step = std::function<Request(bool caller_waits)>;
   using Watch = std::function<std::optional<transport::Failure>()>;
   Composite(std::vector<Step> steps, std::function<void()> done, CommImpl::Hierarchy step_comms, Watch parent_failed)
       : steps_(std::move(steps)),
@@ -69,7 +70,7 @@ class Composite final : public transport::NativeCollective {
         if (done_) std::exchange(done_, nullptr)();
         return true;
       }
-      current_ = steps_[next_++]();
+      current_ = steps_[next_++](false);
     }
   }
   // Its steps complete on other communicators, whose completions do not wake this one's waiters.
@@ -80,7 +81,7 @@ class Composite final : public transport::NativeCollective {
   // step's communicators, whose wait then raises it.
   void run() {
     while (next_ < steps_.size()) {
-      current_ = steps_[next_++]();
+      current_ = steps_[next_++](true);
       const auto since = std::chrono::steady_clock::now();
       bool passed = false;
       while (!current_->wait_for(watch_period, since)) {
@@ -105,6 +106,13 @@ class Composite final : public transport::NativeCollective {
   std::optional<Request> current_;
 };
 
+// Starts a step on `comm` with `start`, to be waited for at once by the caller when `waits`.
+template <class Start>
+Request waited(Communicator& comm, bool waits, Start&& start) {
+  const CommImpl::CallerWaits guard(*Access::impl(comm), waits);
+  return start();
+}
+
 // Equal ranks per host. A count the local size does not divide is padded to equal blocks in a
 // staging buffer: the padding is reduced like data and dropped, which keeps every step a plain
 // equal-block collective.
@@ -126,15 +134,21 @@ std::vector<Composite::Step> by_blocks(Communicator& intra, Communicator& inter,
   std::byte* mine = work + static_cast<std::size_t>(intra.rank()) * block * elem;
   const DataType type = call.type;
   return {
-      [=]() mutable {
-        return intra.ireduce_scatter(send, mine, block, type, op,
-                                     options(Collective::reduce_scatter, intra, block * local * elem));
+      [=](bool waits) mutable {
+        return waited(intra, waits, [&] {
+          return intra.ireduce_scatter(send, mine, block, type, op,
+                                       options(Collective::reduce_scatter, intra, block * local * elem));
+        });
       },
-      [=]() mutable {
-        return inter.iallreduce(mine, mine, block, type, op, options(Collective::allreduce, inter, block * elem));
+      [=](bool waits) mutable {
+        return waited(inter, waits, [&] {
+          return inter.iallreduce(mine, mine, block, type, op, options(Collective::allreduce, inter, block * elem));
+        });
       },
-      [=]() mutable {
-        return intra.iallgather(mine, work, block, type, options(Collective::allgather, intra, block * local * elem));
+      [=](bool waits) mutable {
+        return waited(intra, waits, [&] {
+          return intra.iallgather(mine, work, block, type, options(Collective::allgather, intra, block * local * elem));
+        });
       },
   };
 }
@@ -148,15 +162,24 @@ std::vector<Composite::Step> by_leaders(Communicator& intra, Communicator& inter
   const void* send = call.send;
   void* recv = call.recv;
   return {
-      [=]() mutable {
-        return intra.ireduce(send, recv, count, type, op, 0, options(Collective::reduce, intra, bytes));
+      [=](bool waits) mutable {
+        return waited(intra, waits, [&] {
+          return intra.ireduce(send, recv, count, type, op, 0, options(Collective::reduce, intra, bytes));
+        });
       },
-      [=]() mutable {
-        return intra.rank() == 0
-                   ? inter.iallreduce(recv, recv, count, type, op, options(Collective::allreduce, inter, bytes))
-                   : Request();
+      [=](bool waits) mutable {
+        return intra.rank() == 0 ? waited(inter, waits,
+                                          [&] {
+                                            return inter.iallreduce(recv, recv, count, type, op,
+                                                                    options(Collective::allreduce, inter, bytes));
+                                          })
+                                 : Request();
       },
-      [=]() mutable { return intra.ibroadcast(recv, count, type, 0, options(Collective::broadcast, intra, bytes)); },
+      [=](bool waits) mutable {
+        return waited(intra, waits, [&] {
+          return intra.ibroadcast(recv, count, type, 0, options(Collective::broadcast, intra, bytes));
+        });
+      },
   };
 }
 

@@ -302,22 +302,35 @@ Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& jo
   bootstrap::PrefixStore store(job_store, bootstrap::join_run(job_store, job.job_id, job.rank, job.size, timeout));
   // The real host decides the transport (shared memory works within it); the topology host
   // (TUTTI_HOST, which may emulate several hosts on one) decides hierarchical algorithms.
-  // Published together as "real" or "real<TAB>topology".
+  // Published together as "real" or "real<TAB>topology", then a line with the machine's id: ranks
+  // on one machine share its cores, whatever their host names (an emulated cluster's hosts have
+  // names of their own).
   const std::string real_host = host_name(), topology_host = comm::topology_host_name();
+  const std::string machine = transport::shm::machine_id();
   store.set("host/" + std::to_string(job.rank),
-            topology_host == real_host ? real_host : real_host + "\t" + topology_host);
-  // Ranks that published the same value share a host for both purposes: shared memory among
+            (topology_host == real_host ? real_host : real_host + "\t" + topology_host) + "\n" + machine);
+  // Ranks that published the same place share a host for both purposes: shared memory among
   // them, TCP to the others.
   std::set<std::string> hosts;
   std::vector<std::string> places;
   std::vector<std::uint64_t> topology_hosts;
+  int on_machine = 0;
   for (int r = 0; r < job.size; ++r) {
-    const std::string value = store.get("host/" + std::to_string(r), timeout);
+    const std::string published = store.get("host/" + std::to_string(r), timeout);
+    const std::size_t line = published.find('\n');
+    const std::string value = published.substr(0, line);
+    on_machine += line != std::string::npos && published.substr(line + 1) == machine;
     const std::size_t tab = value.find('\t');
     hosts.insert(value.substr(0, tab));
     places.push_back(value);
     topology_hosts.push_back(comm::hash_host(tab == std::string::npos ? value : value.substr(tab + 1)));
   }
+  transport::shm::set_ranks_on_machine(on_machine);
+  if (core::log_enabled(core::LogLevel::info))
+    core::log(core::LogLevel::info, job.rank,
+              "init: " + std::to_string(on_machine) + (on_machine == 1 ? " rank" : " ranks") +
+                  " of the job on this machine" +
+                  (transport::shm::ranks_outnumber_cores(1) ? ", more than its cores: waits yield them" : ""));
   auto transport = connect_world(job, store, places, hosts.size() == 1, private_store, timeout);
   auto impl = std::make_shared<comm::CommImpl>(std::move(transport));
   impl->set_topology(comm::Topology(std::move(topology_hosts)));  // known: automatic may pick hierarchical

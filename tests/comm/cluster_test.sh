@@ -34,6 +34,11 @@ done
 # init measured the 1 Gbit/s link (rank 0 to rank 2, the first on the other host) for the cost model,
 # and every rank took rank 0's values.
 link_probed 4 0.5 1.5
+# The emulated hosts share this machine's cores: init counted all 4 ranks on it (and so waits
+# yield the cores where 4 outnumber them), whatever the hosts' names.
+for r in 0 1 2 3; do
+  expect "rank $r counted the job's 4 ranks on this machine" "^\[$r\] tutti\[$r\] INFO: init: 4 ranks of the job on this machine"
+done
 expect "automatic chose hierarchical across the hosts" 'INFO: hierarchical: 2 hosts, 2 ranks on mine, equal on every host'
 # The large allreduces alone move megabytes between the hosts: at least 1 MB each way on each link.
 links_carried 1000000

@@ -600,5 +600,67 @@ TEST_F(Shm, ForkedRanksRunCollectives) {
     EXPECT_EQ(codes[static_cast<std::size_t>(r)], 0) << "rank " << r << " (-1: hung or crashed)";
 }
 
+// Waits yield the core where the job's ranks on this machine outnumber its cores, however few
+// ranks a communicator has: a world as init() counts it (ranks_on_machine), and every part split
+// from a communicator whose waits yield. Where ranks fit the cores a 2-rank world spins.
+TEST_F(Shm, CrowdedMachinesAndTheirSplitsYieldWhileWaiting) {
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  ASSERT_GT(cores, 0);
+  EXPECT_EQ(transport::shm::ranks_on_machine(), 0) << "init() never ran in this process";
+  EXPECT_EQ(transport::shm::ranks_outnumber_cores(static_cast<int>(cores) + 1), true);
+  EXPECT_EQ(transport::shm::ranks_outnumber_cores(static_cast<int>(cores)), false);
+  for (const int on_machine : {0, static_cast<int>(cores) + 1}) {
+    const std::string name = unique_shm_name();
+    const std::vector<int> codes = on_processes(
+        2,
+        [&](int r) {
+          transport::shm::set_ranks_on_machine(on_machine);
+          auto world = transport::shm::open(name, r, 2, 23, attach_timeout);
+          auto& shm = static_cast<transport::shm::ShmTransport&>(*world);
+          const bool crowded = on_machine > cores;
+          int code = shm.yields_while_waiting() != crowded ? 1 : 0;
+          code |= transport::shm::ranks_outnumber_cores(1) != crowded ? 2 : 0;
+          // A part of the world (both ranks, split as CommImpl::split does) waits as the world does;
+          // a world told to yield (routed: the TCP I/O thread shares the core) passes that on too.
+          auto part = world->split(101, {0, 1}, r);
+          code |= static_cast<transport::shm::ShmTransport&>(*part).yields_while_waiting() != crowded ? 4 : 0;
+          shm.yield_while_waiting();
+          auto yielding = world->split(102, {0, 1}, r);
+          code |= static_cast<transport::shm::ShmTransport&>(*yielding).yields_while_waiting() ? 0 : 8;
+          return code;
+        },
+        30s);
+    for (int r = 0; r < 2; ++r)
+      EXPECT_EQ(codes[static_cast<std::size_t>(r)], 0)
+          << "ranks on the machine " << on_machine << ", rank " << r
+          << " (-1: hung or crashed, 1: the world's waits, 2: ranks_outnumber_cores, 4: a split's, 8: a "
+             "yielding world's split)";
+  }
+}
+
+// The link init() measured prices the calls that cross it: a communicator over shared memory,
+// split from one that has it, is priced by shared memory's own costs.
+TEST_F(Shm, ASplitWithinOneHostDoesNotInheritTheLink) {
+  const std::string name = unique_shm_name();
+  const std::vector<int> codes = on_processes(
+      2,
+      [&](int r) {
+        Communicator world = communicator(transport::shm::open(name, r, 2, 29, attach_timeout));
+        static const transport::CostParams link{5.5e-6, 7.65e-9, 2e-10};
+        comm::Access::impl(world)->set_link_cost(&link);
+        const Communicator part = world.split(0, r);
+        int code = comm::Access::impl(world)->link_cost() != &link ? 1 : 0;
+        code |= comm::Access::impl(part)->transport_kind() != transport::Kind::shm ? 2 : 0;
+        code |= comm::Access::impl(part)->link_cost() != nullptr ? 4 : 0;
+        return code;
+      },
+      30s);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(codes[static_cast<std::size_t>(r)], 0)
+        << "rank " << r
+        << " (-1: hung or crashed, 1: the world lost its link, 2: the part is not shm, 4: the part "
+           "inherited the link)";
+}
+
 }  // namespace
 }  // namespace tutti::testing

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,6 +20,7 @@
 #include "core/copy.hpp"
 #include "core/env.hpp"
 #include "transport/shm/segment.hpp"
+#include "transport/shm/shm.hpp"
 
 namespace tutti::transport::shm {
 
@@ -83,10 +85,25 @@ Verdict setting() {
 
 }  // namespace
 
+namespace {
+std::atomic<int> machine_ranks{0};
+}  // namespace
+
+void set_ranks_on_machine(int ranks) { machine_ranks.store(std::max(ranks, 0), std::memory_order_relaxed); }
+int ranks_on_machine() { return machine_ranks.load(std::memory_order_relaxed); }
+
+std::string machine_id() {
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (boot && std::getline(boot, id) && !id.empty()) return "boot:" + id;
+  char name[256] = {};
+  return std::string("host:") + (::gethostname(name, sizeof(name) - 1) == 0 ? name : "localhost");
+}
+
 bool ranks_outnumber_cores(int ranks) {
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
   const long cores = online > 0 ? online : static_cast<long>(std::thread::hardware_concurrency());
-  return cores > 0 && ranks > cores;
+  return cores > 0 && std::max(ranks, ranks_on_machine()) > cores;
 }
 
 // Rank 1 decides and every other rank follows its verdict, so that all run the same protocol.

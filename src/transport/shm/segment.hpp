@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 
+#include "transport/shm/shm.hpp"
 #include "transport/transport.hpp"
 
 namespace tutti::transport::shm {
@@ -336,11 +337,6 @@ class Segment {
   bool crowded_ = false;
   std::size_t direct_sets_ = 2;
 };
-
-/// Whether `ranks` processes outnumber the machine's online cores (not this process's affinity:
-/// a launcher that binds each rank to one core, as mpirun does, still gives each a core of its
-/// own). Waits then yield the core instead of spinning on it.
-bool ranks_outnumber_cores(int ranks);
 
 /// Reads `bytes` at `remote` in process `pid` into `local` (process_vm_readv, looping over
 /// partial reads). Returns 0, or the errno of the failure.

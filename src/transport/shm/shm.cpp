@@ -114,7 +114,11 @@ ShmTransport::~ShmTransport() {
 std::unique_ptr<Transport> ShmTransport::split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) {
   auto segment = Segment::attach(split_segment_name(*segment_, id), new_rank, static_cast<int>(ranks.size()), id,
                                  clock::now() + attach_timeout_);
-  return std::make_unique<ShmTransport>(std::move(segment), new_rank, attach_timeout_);
+  auto child = std::make_unique<ShmTransport>(std::move(segment), new_rank, attach_timeout_);
+  // A part of a communicator whose waits yield (crowded, or sharing the core with a TCP I/O thread)
+  // shares those cores too.
+  if (wait_policy_.yield) child->yield_while_waiting();
+  return child;
 }
 
 std::uint64_t ShmTransport::generation() const { return doorbell_token(*segment_, rank_, bell_, polls_rings()); }

@@ -31,4 +31,22 @@ std::string world_segment_name(const std::string& job_id, const std::string& non
 std::unique_ptr<Transport> open_world(bootstrap::Store& store, const std::string& key, const std::string& job_id,
                                       int rank, int size, std::uint64_t comm_id, std::chrono::milliseconds timeout);
 
+/// The job's ranks on this machine: processes that share its kernel, and so its cores, whatever
+/// host names or network namespaces they have (an emulated cluster's hosts, containers). init()
+/// sets it; 0 (unknown) before. Where these ranks outnumber the machine's cores, every shared-
+/// memory communicator of this process waits as a crowded one does, however few its own ranks
+/// (a communicator split from a crowded world is as crowded as the world).
+void set_ranks_on_machine(int ranks);
+int ranks_on_machine();
+
+/// Whether `ranks` processes, or the job's ranks on this machine (ranks_on_machine, shm.hpp) if
+/// more, outnumber the machine's online cores (not this process's affinity: a launcher that binds
+/// each rank to one core, as mpirun does, still gives each a core of its own). Waits then yield
+/// the core instead of spinning on it.
+bool ranks_outnumber_cores(int ranks);
+
+/// What tells processes on one machine from processes on another: the kernel's boot id (equal
+/// across namespaces and containers of one boot), else the host name.
+std::string machine_id();
+
 }  // namespace tutti::transport::shm

@@ -100,6 +100,8 @@ class ShmTransport final : public Transport {
   /// whose completions also come from a thread of its own process (routed: the TCP I/O thread),
   /// which spinning would keep from running where cores are few.
   void yield_while_waiting() { wait_policy_.yield = true; }
+  /// Whether waits give the core up between polls (yield_while_waiting, or ranks_outnumber_cores).
+  bool yields_while_waiting() const { return wait_policy_.yield; }
   /// Has wait() call `hook(true)` between its polls and `hook(false)` before it sleeps (routed:
   /// the TCP half polled by the waiting thread too); null: none.
   void poll_while_waiting(std::function<void(bool)> hook) { wait_hook_ = std::move(hook); }
