@@ -238,7 +238,8 @@ class Communicator {
   /// Whether Algorithm::direct (every rank on one host's shared memory) serves `collective` here.
   bool serves_direct(Collective collective) const;
   /// Every algorithm a call of `collective` may ask for here, automatic first: the schedules that
-  /// serve it, then direct where serves_direct, then mpi on an MPI communicator.
+  /// serve it, then direct where serves_direct, then mpi on an MPI communicator, then for
+  /// allreduce hierarchical where init() learned that the ranks span hosts with several on one.
   std::vector<Algorithm> algorithms(Collective collective) const;
 
   /// Whether two handles are copies of one communicator (empty communicators are all equal).

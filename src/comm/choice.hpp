@@ -28,6 +28,9 @@ struct ChoiceContext {
   int ranks = 1;                  // communicator size
   bool direct_available = false;  // the shared-memory direct algorithms can serve this call
   const transport::CostParams* link = nullptr;  // the communicator's measured link (interned), else cost_for's
+  // The ranks span hosts in blocks of this many (init() learned the topology: ranks
+  // [h·ranks_per_host, (h+1)·ranks_per_host) on host h, 2 or more hosts); 0: not so, or unknown.
+  int ranks_per_host = 0;
 };
 
 /// The algorithm `automatic` resolves to (TUTTI_ALGO first, then the tuning table, then the cost

@@ -93,9 +93,11 @@ Algorithm step_algorithm(Collective collective, const ChoiceContext& context, st
   const Algorithm forced = requested_algorithm(collective, Algorithm::automatic);
   if (schedule::applies(forced, collective)) return forced;
   load_from_environment();
-  return automatic_choice(collective, context.kind, context.transport, context.ranks, context.direct_available, bytes,
-                          context.link)
-      .algorithm;
+  const Algorithm chosen = automatic_choice(collective, context.kind, context.transport, context.ranks,
+                                            context.direct_available, bytes, context.link, context.ranks_per_host)
+                               .algorithm;
+  // A step runs on its own communicator, which cannot itself be hierarchical's.
+  return chosen == Algorithm::hierarchical ? Algorithm::automatic : chosen;
 }
 
 Algorithm choose_algorithm(Collective collective, Algorithm requested, const ChoiceContext& context,
@@ -107,14 +109,16 @@ Algorithm choose_algorithm(Collective collective, Algorithm requested, const Cho
   if (!forced) {
     load_from_environment();
     // Every collective has schedule candidates, so the model always names one.
-    choice =
-        automatic_choice(collective, context.kind, context.transport, p, context.direct_available, bytes, context.link);
+    choice = automatic_choice(collective, context.kind, context.transport, p, context.direct_available, bytes,
+                              context.link, context.ranks_per_host);
     algorithm = choice.algorithm;
   }
   const std::vector<Algorithm> native = transport::native_candidates(context.kind, collective);
   const bool native_serves =
       context.direct_available && std::find(native.begin(), native.end(), algorithm) != native.end();
-  if (!native_serves && !schedule::applies(algorithm, collective)) {
+  if (algorithm == Algorithm::hierarchical && collective == Collective::allreduce && !forced) {
+    // The cost model chose it for ranks that span hosts in blocks: CommImpl::start runs it.
+  } else if (!native_serves && !schedule::applies(algorithm, collective)) {
     // CommImpl::start runs hierarchical allreduce and mpi itself; anything else that reaches
     // here has no schedule.
     std::string serves;

@@ -62,20 +62,32 @@ bool CommImpl::direct_serves(Collective collective) const {
   return queue_->transport().serves_natively(Algorithm::direct, collective);
 }
 
+int CommImpl::host_blocks() const {
+  const transport::Kind kind = transport_kind();
+  if (!topology_ || (kind != transport::Kind::routed && kind != transport::Kind::tcp)) return 0;
+  return blocked_ranks_per_host(*topology_);
+}
+
 Algorithm CommImpl::chosen_algorithm(Collective collective, Algorithm requested, std::size_t bytes) const {
-  // Hierarchical allreduce: forced, or automatic's choice when the topology is known (init()
-  // learned it) and the ranks span hosts with several on one (the same decision on every rank).
   const Algorithm asked = choice::requested_algorithm(collective, requested);
-  if (collective == Collective::allreduce &&
-      (asked == Algorithm::hierarchical ||
-       (asked == Algorithm::automatic && topology_ && prefers_hierarchical(*topology_, bytes))))
-    return Algorithm::hierarchical;
+  if (collective == Collective::allreduce && asked == Algorithm::hierarchical) return Algorithm::hierarchical;
   const ChoiceMemo& m = memo_;
   if (m.valid && m.collective == collective && m.requested == requested && m.bytes == bytes &&
       m.version == choice::active_version())
     return m.algorithm;
-  const choice::ChoiceContext context{transport_kind(), transport_name(), size_, direct_serves(collective), link_cost_};
-  const Algorithm algorithm = choice::choose_algorithm(collective, requested, context, bytes);
+  // Ranks in blocks on hosts over TCP (init() learned the topology): the cost model prices the
+  // hosts' links and weighs hierarchical allreduce. Other layouts that span hosts with several
+  // ranks on one: hierarchical allreduce from hierarchical_min_bytes. The same on every rank.
+  const int blocks = host_blocks();
+  Algorithm algorithm = Algorithm::automatic;
+  if (collective == Collective::allreduce && asked == Algorithm::automatic && topology_ && blocks == 0 &&
+      prefers_hierarchical(*topology_, bytes)) {
+    algorithm = Algorithm::hierarchical;
+  } else {
+    const choice::ChoiceContext context{transport_kind(),          transport_name(), size_,
+                                        direct_serves(collective), link_cost_,       blocks};
+    algorithm = choice::choose_algorithm(collective, requested, context, bytes);
+  }
   memo_ = {collective, requested, bytes, choice::active_version(), algorithm, true};
   return algorithm;
 }

@@ -73,8 +73,16 @@ class CommImpl {
 
   /// The topology, learned at the first call that needs it (a collective: an allgather).
   const Topology& topology();
+  /// Whether the topology is known and spans several hosts with several ranks on one (hierarchical
+  /// allreduce then has something to do).
+  bool spans_hosts_with_neighbours() const {
+    return topology_ && topology_->host_count() >= 2 && topology_->max_local_size() >= 2;
+  }
   /// Makes the topology known without a collective (init() learned every rank's host already).
-  void set_topology(Topology topology) { topology_ = std::move(topology); }
+  void set_topology(Topology topology) {
+    topology_ = std::move(topology);
+    memo_.valid = false;  // a choice made before knew no hosts
+  }
   /// The link init() measured (choice::probe_link, interned: choice::intern_cost), which automatic
   /// choices price with where the tuning table gives no cost_model for the transport (choice::cost_for);
   /// splits inherit it. Every rank sets the same.
@@ -143,6 +151,9 @@ class CommImpl {
   Request start_native(const Call& call, Algorithm algorithm, bool blocking);
   Request start_hierarchical(const Call& call, bool blocking);  // hierarchical.cpp
   Hierarchy& hierarchy();
+  /// blocked_ranks_per_host of the topology where it is known and the transport crosses hosts over
+  /// TCP (routed, tcp); else 0.
+  int host_blocks() const;
 
   // The last choice of `automatic` (calls of one size repeat, as in training): skips the lookup.
   struct ChoiceMemo {

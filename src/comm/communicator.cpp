@@ -197,6 +197,7 @@ std::vector<Algorithm> Communicator::algorithms(Collective collective) const {
   for (Algorithm a : schedule::algorithms_for(collective)) out.push_back(a);
   if (impl.direct_serves(collective)) out.push_back(Algorithm::direct);
   if (impl.transport_kind() == transport::Kind::mpi) out.push_back(Algorithm::mpi);
+  if (collective == Collective::allreduce && impl.spans_hosts_with_neighbours()) out.push_back(Algorithm::hierarchical);
   return out;
 }
 

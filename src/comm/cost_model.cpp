@@ -37,7 +37,8 @@ struct Prediction {
   double time = 0, busiest = 0;
 };
 
-Prediction simulate(Algorithm algorithm, Collective c, int p, std::size_t bytes, const CostParams& cost) {
+Prediction simulate(Algorithm algorithm, Collective c, int p, std::size_t bytes, const CostParams& cost,
+                    const HostBlocks& hosts) {
   schedule::Params params;
   params.collective = c;
   params.size = p;
@@ -46,7 +47,11 @@ Prediction simulate(Algorithm algorithm, Collective c, int p, std::size_t bytes,
   const std::vector<std::size_t> counts(static_cast<std::size_t>(p), params.count);
   if (c == Collective::allgatherv || c == Collective::alltoallv) params.counts = counts;
   schedule::fit_chunks(params, algorithm, cost.alpha, cost.beta);  // as CommImpl::plan_for cuts them
-  const schedule::Cost estimated = schedule::estimate(algorithm, params, cost.alpha, cost.beta, cost.gamma);
+  const schedule::Cost estimated =
+      hosts.spans() && p % hosts.ranks_per_host == 0
+          ? schedule::estimate(algorithm, params, std::max(hosts.local.alpha, cost.alpha), hosts.local.beta, cost.gamma,
+                               {hosts.ranks_per_host, cost.alpha, cost.beta})
+          : schedule::estimate(algorithm, params, cost.alpha, cost.beta, cost.gamma);
   return {estimated.time, estimated.busiest};
 }
 
@@ -55,10 +60,11 @@ Prediction simulate(Algorithm algorithm, Collective c, int p, std::size_t bytes,
 // calls are extrapolated along the line through 8 and 16 MiB.
 constexpr std::size_t simulated_bytes = std::size_t{16} << 20;
 
-Prediction predict_schedule(Algorithm algorithm, Collective c, int p, std::size_t bytes, const CostParams& cost) {
-  if (bytes <= simulated_bytes) return simulate(algorithm, c, p, bytes, cost);
-  const Prediction half = simulate(algorithm, c, p, simulated_bytes / 2, cost);
-  const Prediction full = simulate(algorithm, c, p, simulated_bytes, cost);
+Prediction predict_schedule(Algorithm algorithm, Collective c, int p, std::size_t bytes, const CostParams& cost,
+                            const HostBlocks& hosts) {
+  if (bytes <= simulated_bytes) return simulate(algorithm, c, p, bytes, cost, hosts);
+  const Prediction half = simulate(algorithm, c, p, simulated_bytes / 2, cost, hosts);
+  const Prediction full = simulate(algorithm, c, p, simulated_bytes, cost, hosts);
   const auto along = [&](double at_half, double at_full) {
     return at_full + (at_full - at_half) / static_cast<double>(simulated_bytes / 2) *
                          static_cast<double>(bytes - simulated_bytes);
@@ -67,13 +73,75 @@ Prediction predict_schedule(Algorithm algorithm, Collective c, int p, std::size_
 }
 
 Prediction predict_both(Algorithm algorithm, Collective collective, int ranks, std::size_t bytes,
-                        const CostParams& cost) {
+                        const CostParams& cost, const HostBlocks& hosts);
+
+// The fastest candidate for one call and its prediction (the earlier candidate on a tie), and
+// the one cheapest() returns (stream rule).
+struct Pick {
+  Algorithm fastest = Algorithm::automatic, chosen = Algorithm::automatic;
+  Prediction fastest_time;
+};
+
+Pick pick(transport::Kind kind, Collective collective, int ranks, std::size_t bytes, bool direct_available,
+          const CostParams& cost, const HostBlocks& hosts) {
+  const std::vector<Algorithm> all = candidates(kind, collective, direct_available);
+  if (all.empty()) return {};
+  std::vector<Prediction> predicted;
+  std::size_t best = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    predicted.push_back(predict_both(all[i], collective, ranks, bytes, cost, hosts));
+    if (predicted[i].time < predicted[best].time * (1 - tie_margin)) best = i;
+  }
+  // Among those within stream_margin of the fastest call, one whose busiest port is markedly less
+  // busy (stream_gain): in a stream of calls (a training step's buckets, a benchmark's loop) it
+  // goes faster.
+  const double limit = predicted[best].time * (1 + stream_margin);
+  std::size_t chosen = best;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (predicted[i].time <= limit && predicted[i].busiest < predicted[chosen].busiest * stream_gain) chosen = i;
+  return {all[best], all[chosen], predicted[best]};
+}
+
+// Hierarchical allreduce's three steps (cost_model.hpp, predict), each its cheapest candidate.
+double hierarchical_time(int ranks, std::size_t bytes, const CostParams& cost, const HostBlocks& hosts) {
+  const int local = hosts.ranks_per_host, across = ranks / local;
+  const bool direct = hosts.local_kind == transport::Kind::shm;
+  const std::size_t block = (bytes + static_cast<std::size_t>(local) - 1) / static_cast<std::size_t>(local);
+  const CostParams shared_link{cost.alpha, cost.beta * local, cost.gamma};
+  const CostParams within{hosts.local.alpha, hosts.local.beta, cost.gamma};
+  const auto step = [&](Collective c, int p, std::size_t b, const CostParams& at, transport::Kind kind, bool native) {
+    return pick(kind, c, p, b, native, at, {}).fastest_time.time;
+  };
+  // Each step is a collective call of its own on its own communicator, started once the one before
+  // it completed: besides its messages it pays a call's fixed costs, which the schedules do not
+  // count. Measured on the emulated cluster (2 hosts x 2 ranks, docs/performance.md, 2026-12-07):
+  // hierarchical took 15-17 us longer than recursive doubling at 64 B-1 KiB on links whose α is
+  // 6-7 us, so two of the link's α a step.
+  const double call = 2 * cost.alpha;
+  return step(Collective::reduce_scatter, local, block * static_cast<std::size_t>(local), within, hosts.local_kind,
+              direct) +
+         step(Collective::allreduce, across, block, shared_link, transport::Kind::tcp, false) +
+         step(Collective::allgather, local, block * static_cast<std::size_t>(local), within, hosts.local_kind, direct) +
+         3 * call;
+}
+
+bool hierarchical_serves(Collective collective, int ranks, const HostBlocks& hosts) {
+  return collective == Collective::allreduce && hosts.spans() && ranks % hosts.ranks_per_host == 0 &&
+         ranks / hosts.ranks_per_host >= 2;
+}
+
+Prediction predict_both(Algorithm algorithm, Collective collective, int ranks, std::size_t bytes,
+                        const CostParams& cost, const HostBlocks& hosts) {
   if (ranks < 1) throw Error(ErrorCode::invalid_argument, "cost model: ranks must be at least 1");
+  if (algorithm == Algorithm::hierarchical && hierarchical_serves(collective, ranks, hosts)) {
+    const double time = hierarchical_time(ranks, bytes, cost, hosts);
+    return {time, time};
+  }
   if (const auto price = transport::native_price(algorithm, collective, ranks, bytes, cost)) return {*price, *price};
   if (!schedule::applies(algorithm, collective))
     throw Error(ErrorCode::unsupported, "cost model: " + std::string(to_string(algorithm)) + " does not serve " +
                                             std::string(to_string(collective)));
-  return predict_schedule(algorithm, collective, ranks, bytes, cost);
+  return predict_schedule(algorithm, collective, ranks, bytes, cost, hosts);
 }
 
 }  // namespace
@@ -90,32 +158,23 @@ std::vector<Algorithm> candidates(transport::Kind kind, Collective collective, b
   return out;
 }
 
-double predict(Algorithm algorithm, Collective collective, int ranks, std::size_t bytes, const CostParams& cost) {
-  return predict_both(algorithm, collective, ranks, bytes, cost).time;
+double predict(Algorithm algorithm, Collective collective, int ranks, std::size_t bytes, const CostParams& cost,
+               const HostBlocks& hosts) {
+  return predict_both(algorithm, collective, ranks, bytes, cost, hosts).time;
 }
 
 Algorithm cheapest(transport::Kind kind, Collective collective, int ranks, std::size_t bytes, bool direct_available,
-                   const CostParams& cost) {
+                   const CostParams& cost, const HostBlocks& hosts) {
   // A native collective of no elements waits for no rank: nothing is cheaper (a schedule of no
   // bytes, which the model also prices at 0, still runs its rounds).
   if (bytes == 0 && direct_available)
     if (const auto native = transport::native_candidates(kind, collective); !native.empty()) return native.front();
-  const std::vector<Algorithm> all = candidates(kind, collective, direct_available);
-  std::vector<Prediction> predicted;
-  std::size_t best = 0;
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    predicted.push_back(predict_both(all[i], collective, ranks, bytes, cost));
-    if (predicted[i].time < predicted[best].time * (1 - tie_margin)) best = i;
-  }
-  if (all.empty()) return Algorithm::automatic;
-  // Among those within stream_margin of the fastest call, one whose busiest port is markedly less
-  // busy (stream_gain): in a stream of calls (a training step's buckets, a benchmark's loop) it
-  // goes faster.
-  const double limit = predicted[best].time * (1 + stream_margin);
-  std::size_t chosen = best;
-  for (std::size_t i = 0; i < all.size(); ++i)
-    if (predicted[i].time <= limit && predicted[i].busiest < predicted[chosen].busiest * stream_gain) chosen = i;
-  return all[chosen];
+  const Pick flat = pick(kind, collective, ranks, bytes, direct_available, cost, hosts);
+  // Hierarchical only where it beats the fastest flat call outright (by more than a tie).
+  if (flat.chosen != Algorithm::automatic && hierarchical_serves(collective, ranks, hosts) &&
+      hierarchical_time(ranks, bytes, cost, hosts) < flat.fastest_time.time * (1 - tie_margin))
+    return Algorithm::hierarchical;
+  return flat.chosen;
 }
 
 }  // namespace tutti::comm::choice

@@ -219,6 +219,7 @@ const Topology& CommImpl::topology() {
     call.type = DataType::u64;
     start(call, true).wait();
     topology_.emplace(std::move(all));
+    memo_.valid = false;  // a choice made before knew no hosts
   }
   return *topology_;
 }

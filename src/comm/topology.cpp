@@ -48,6 +48,14 @@ Topology Topology::subset(std::span<const int> ranks) const {
   return Topology(std::move(hosts));
 }
 
+int blocked_ranks_per_host(const Topology& topology) {
+  const int hosts = topology.host_count(), per_host = topology.max_local_size();
+  if (hosts < 2 || per_host < 2 || !topology.uniform()) return 0;
+  for (int r = 0; r < topology.size(); ++r)
+    if (topology.host_index(r) != r / per_host) return 0;
+  return per_host;
+}
+
 bool prefers_hierarchical(const Topology& topology, std::size_t bytes) {
   return topology.host_count() >= 2 && topology.max_local_size() >= 2 && bytes >= hierarchical_min_bytes;
 }

@@ -42,8 +42,13 @@ class Topology {
   std::vector<int> host_sizes_;
 };
 
-/// The automatic choice: hierarchical allreduce pays off when the ranks span several hosts, some
-/// host has several ranks, and the message is large enough for bandwidth to dominate.
+/// L where the ranks span hosts in blocks of L (ranks [h·L, (h+1)·L) on host h) with at least 2 hosts
+/// and L ≥ 2; else 0. Then the cost model prices the hosts' links and chooses hierarchical
+/// allreduce where it pays (choice::ChoiceContext::ranks_per_host).
+int blocked_ranks_per_host(const Topology& topology);
+
+/// The automatic choice where the ranks do not lie in blocks: hierarchical allreduce pays off when the ranks span
+/// several hosts, some host has several ranks, and the message is large enough for bandwidth to dominate.
 bool prefers_hierarchical(const Topology& topology, std::size_t bytes);
 
 }  // namespace tutti::comm

@@ -21,9 +21,9 @@ namespace tutti::comm::choice {
 
 namespace {
 
-// (collective, kind, transport, ranks, direct_available, measured link, size class); the transport
-// views a State::transports name, the link an interned cost.
-using CacheKey = std::tuple<Collective, transport::Kind, std::string_view, int, bool, const CostParams*, int>;
+// (collective, kind, transport, ranks, direct_available, measured link, ranks per host, size class);
+// the transport views a State::transports name, the link an interned cost.
+using CacheKey = std::tuple<Collective, transport::Kind, std::string_view, int, bool, const CostParams*, int, int>;
 
 // A cached decision: the cost model's choice for the class, and the table entries that may
 // override it for some sizes of the class (only those that match and can serve the call).
@@ -71,8 +71,16 @@ CostParams cost_in(const Table& table, std::string_view transport, transport::Ki
   return it != table.cost_models.end() ? it->second : link != nullptr ? *link : transport::default_cost(kind);
 }
 
+// How a transport of `kind` whose ranks span hosts in blocks of `ranks_per_host` carries what stays
+// within a host: the routed transport through shared memory, TCP through the loopback.
+HostBlocks host_blocks(const Table& table, transport::Kind kind, int ranks_per_host) {
+  if (ranks_per_host < 2 || (kind != transport::Kind::routed && kind != transport::Kind::tcp)) return {};
+  const transport::Kind local = kind == transport::Kind::routed ? transport::Kind::shm : transport::Kind::tcp;
+  return {ranks_per_host, cost_in(table, local == transport::Kind::shm ? "shm" : "tcp", local, nullptr), local};
+}
+
 Decision decide(const State& s, Collective collective, transport::Kind kind, std::string_view transport, int ranks,
-                bool direct, const CostParams* link, int klass) {
+                bool direct, const CostParams* link, int ranks_per_host, int klass) {
   Decision d;
   const std::size_t low = class_size(klass);
   const std::size_t high = klass == 0                                          ? 0
@@ -84,7 +92,8 @@ Decision decide(const State& s, Collective collective, transport::Kind kind, std
         low <= e.max_bytes && std::find(serving.begin(), serving.end(), e.algorithm) != serving.end())
       d.entries.push_back(e);
   d.model.cost = cost_in(s.table, transport, kind, link);
-  d.model.algorithm = cheapest(kind, collective, ranks, low, direct, d.model.cost);
+  d.model.algorithm =
+      cheapest(kind, collective, ranks, low, direct, d.model.cost, host_blocks(s.table, kind, ranks_per_host));
   return d;
 }
 
@@ -134,21 +143,24 @@ const CostParams* intern_cost(const CostParams& cost) {
 }
 
 Choice automatic_choice(Collective collective, transport::Kind kind, std::string_view transport, int ranks,
-                        bool direct_available, std::size_t bytes, const CostParams* link) {
+                        bool direct_available, std::size_t bytes, const CostParams* link, int ranks_per_host) {
   State& s = state();
   const int klass = size_class(bytes);
   const Decision* found = nullptr;
   {
     std::shared_lock lock(s.mutex);
-    const auto it = s.cache.find(CacheKey{collective, kind, transport, ranks, direct_available, link, klass});
+    const auto it =
+        s.cache.find(CacheKey{collective, kind, transport, ranks, direct_available, link, ranks_per_host, klass});
     if (it != s.cache.end()) found = &it->second;
   }
   if (found == nullptr) {
     Decision d =
-        decide(s, collective, kind, transport, ranks, direct_available, link, klass);  // slow: outside the lock
+        decide(s, collective, kind, transport, ranks, direct_available, link, ranks_per_host, klass);  // slow: unlocked
     std::unique_lock lock(s.mutex);
     const std::string_view name = *s.transports.emplace(transport).first;  // outlives the key
-    found = &s.cache.try_emplace(CacheKey{collective, kind, name, ranks, direct_available, link, klass}, std::move(d))
+    found = &s.cache
+                 .try_emplace(CacheKey{collective, kind, name, ranks, direct_available, link, ranks_per_host, klass},
+                              std::move(d))
                  .first->second;
   }
   // Map nodes are stable and never erased while the state lives, so `found` stays valid.

@@ -61,10 +61,15 @@ struct Choice {
 /// hierarchical), else the cost model's cheapest candidate for the size class of `bytes` (the
 /// powers of two: a class [2^k, 2^(k+1)) is decided at 2^k, whatever size came first), priced by
 /// cost_for(transport, kind, link): `link` is the communicator's measured link (probe_link; interned).
-/// Cached per (collective, kind, transport, ranks, direct_available, link, class); thread-safe;
-/// below a microsecond once cached.
+/// `ranks_per_host` (ChoiceContext): the ranks span hosts in blocks of that many; the model then
+/// prices messages within a host at the host transport's costs (shared memory's for shm+tcp, cost_for
+/// of it), the others on the hosts' shared links (cost_model.hpp, HostBlocks), and an allreduce
+/// may resolve to `hierarchical`.
+/// Cached per (collective, kind, transport, ranks, direct_available, link, ranks_per_host, class);
+/// thread-safe; below a microsecond once cached.
 Choice automatic_choice(Collective collective, transport::Kind kind, std::string_view transport, int ranks,
-                        bool direct_available, std::size_t bytes, const CostParams* link = nullptr);
+                        bool direct_available, std::size_t bytes, const CostParams* link = nullptr,
+                        int ranks_per_host = 0);
 
 /// The one copy of `cost` for the life of the process (equal costs, equal pointers): what a
 /// communicator keeps of its measured link, and what choices are cached by.

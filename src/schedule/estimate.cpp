@@ -193,7 +193,7 @@ Cost estimate(std::span<const Schedule> schedules, std::size_t elem_size, double
   return cost;
 }
 
-Cost estimate(Algorithm algorithm, Params params, double alpha, double beta, double gamma) {
+Cost estimate(Algorithm algorithm, Params params, double alpha, double beta, double gamma, const Hosts& hosts) {
   std::vector<Schedule> schedules;
   // alltoallv from one rank's view: every rank sends counts[q] to rank q, so receives counts[r].
   std::vector<std::size_t> recv_counts(static_cast<std::size_t>(params.size));
@@ -206,7 +206,7 @@ Cost estimate(Algorithm algorithm, Params params, double alpha, double beta, dou
     }
     schedules.push_back(make(algorithm, p));
   }
-  return estimate(schedules, params.elem_size, alpha, beta, gamma);
+  return estimate(schedules, params.elem_size, alpha, beta, gamma, hosts);
 }
 
 }  // namespace tutti::schedule

@@ -174,7 +174,8 @@ struct Hosts {
 Cost estimate(std::span<const Schedule> schedules, std::size_t elem_size, double alpha, double beta, double gamma,
               const Hosts& hosts);
 
-/// Convenience: generate every rank's schedule for `params` (params.rank is ignored) and estimate.
-Cost estimate(Algorithm algorithm, Params params, double alpha, double beta, double gamma);
+/// Convenience: generate every rank's schedule for `params` (params.rank is ignored) and estimate,
+/// with the messages between hosts as `hosts` says.
+Cost estimate(Algorithm algorithm, Params params, double alpha, double beta, double gamma, const Hosts& hosts = {});
 
 }  // namespace tutti::schedule

@@ -283,6 +283,17 @@ TEST(Topology, HostsAndLocalIndices) {
   EXPECT_NE(comm::hash_host("node1"), comm::hash_host("node2"));
 }
 
+// The cost model prices the hosts' links where the ranks lie in blocks of equal size on two or more
+// hosts, with two or more ranks on each; other layouts keep the size rule.
+TEST(Topology, RanksInBlocksOnHosts) {
+  EXPECT_EQ(comm::blocked_ranks_per_host(Topology(hashes({"x", "x", "y", "y"}))), 2);
+  EXPECT_EQ(comm::blocked_ranks_per_host(Topology(hashes({"x", "x", "x", "y", "y", "y"}))), 3);
+  EXPECT_EQ(comm::blocked_ranks_per_host(Topology(hashes({"x", "y", "x", "y"}))), 0);  // round robin
+  EXPECT_EQ(comm::blocked_ranks_per_host(Topology(hashes({"x", "x", "y"}))), 0);       // unequal
+  EXPECT_EQ(comm::blocked_ranks_per_host(Topology(hashes({"x", "y", "z"}))), 0);       // one rank a host
+  EXPECT_EQ(comm::blocked_ranks_per_host(Topology(hashes({"x", "x", "x"}))), 0);       // one host
+}
+
 // The public face of the topology: every rank sees the same hosts, numbered by their lowest rank,
 // and its own place among its host's ranks; a split communicator keeps its ranks' hosts.
 TEST(Topology, HostLayoutOfEveryRank) {

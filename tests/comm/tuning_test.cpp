@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -249,6 +250,47 @@ TEST_F(Tuning, NearTiesGoToTheAlgorithmAStreamOfCallsRunsFaster) {
               1.05 * predict(Algorithm::binomial_tree, c, 4, 32768, fallback));
     EXPECT_EQ(cheapest(transport::Kind::tcp, c, 4, 32768, false, fallback), Algorithm::binomial_tree) << to_string(c);
   }
+}
+
+// Ranks in blocks of 2 on hosts joined by a 1 Gbit/s link (as init's probe measures the emulated
+// cluster's): a message within a host is priced at shared memory's β (and the larger α), the ranks
+// of a host share its link, and hierarchical allreduce is its three steps, each the cheapest of
+// its candidates, plus two link α a step. It wins a large allreduce, not a small one, and never
+// where the ranks do not lie in blocks.
+TEST_F(Tuning, RanksInBlocksOnHostsPriceTheLinksTheyShare) {
+  const CostParams link{5.5e-6, 7.65e-9, 2e-10};
+  const CostParams shm = transport::default_cost(transport::Kind::shm);
+  const HostBlocks hosts{2, shm, transport::Kind::shm};
+  const std::size_t n = 65536;
+  // Recursive doubling sends the whole buffer across from both ranks of a host at once: the link
+  // carries it twice, one after the other.
+  EXPECT_GE(predict(Algorithm::recursive_doubling, Collective::allreduce, 4, n, link, hosts), 2 * link.beta * n);
+  const auto best = [](Collective c, int p, std::size_t bytes, const CostParams& cost, bool direct) {
+    double t = std::numeric_limits<double>::max();
+    for (Algorithm a : candidates(transport::Kind::shm, c, direct)) t = std::min(t, predict(a, c, p, bytes, cost));
+    return t;
+  };
+  const CostParams within{shm.alpha, shm.beta, link.gamma}, shared{link.alpha, 2 * link.beta, link.gamma};
+  EXPECT_DOUBLE_EQ(predict(Algorithm::hierarchical, Collective::allreduce, 4, n, link, hosts),
+                   best(Collective::reduce_scatter, 2, n, within, true) +
+                       best(Collective::allreduce, 2, n / 2, shared, false) +
+                       best(Collective::allgather, 2, n, within, true) + 6 * link.alpha);
+  EXPECT_THROW(predict(Algorithm::hierarchical, Collective::allreduce, 4, n, link), Error);  // no hosts
+  EXPECT_EQ(cheapest(transport::Kind::routed, Collective::allreduce, 4, n, false, link, hosts),
+            Algorithm::hierarchical);
+  EXPECT_NE(cheapest(transport::Kind::routed, Collective::allreduce, 4, 64, false, link, hosts),
+            Algorithm::hierarchical);
+  EXPECT_NE(cheapest(transport::Kind::routed, Collective::allreduce, 4, n, false, link), Algorithm::hierarchical);
+  EXPECT_NE(cheapest(transport::Kind::routed, Collective::allgather, 4, n, false, link, hosts),
+            Algorithm::hierarchical);
+  // Through the choice: the context's blocks reach the model (cached apart from a context without
+  // them); a step of hierarchical, on its own communicator, never resolves to it.
+  const CostParams* measured = intern_cost(link);
+  const ChoiceContext blocked{transport::Kind::routed, "shm+tcp", 4, false, measured, 2};
+  const ChoiceContext flat{transport::Kind::routed, "shm+tcp", 4, false, measured, 0};
+  EXPECT_EQ(choose_algorithm(Collective::allreduce, Algorithm::automatic, blocked, n), Algorithm::hierarchical);
+  EXPECT_NE(choose_algorithm(Collective::allreduce, Algorithm::automatic, flat, n), Algorithm::hierarchical);
+  EXPECT_NE(step_algorithm(Collective::allreduce, blocked, n), Algorithm::hierarchical);
 }
 
 TEST_F(Tuning, PrecedenceRequestedThenTableThenCostModel) {
