@@ -75,10 +75,10 @@ Prediction predict_schedule(Algorithm algorithm, Collective c, int p, std::size_
 Prediction predict_both(Algorithm algorithm, Collective collective, int ranks, std::size_t bytes,
                         const CostParams& cost, const HostBlocks& hosts);
 
-// The fastest candidate for one call and its prediction (the earlier candidate on a tie), and
-// the one cheapest() returns (stream rule).
+// The candidate cheapest() returns (stream rule), and the prediction of the fastest single call
+// (the earlier candidate on a tie).
 struct Pick {
-  Algorithm fastest = Algorithm::automatic, chosen = Algorithm::automatic;
+  Algorithm chosen = Algorithm::automatic;
   Prediction fastest_time;
 };
 
@@ -99,7 +99,7 @@ Pick pick(transport::Kind kind, Collective collective, int ranks, std::size_t by
   std::size_t chosen = best;
   for (std::size_t i = 0; i < all.size(); ++i)
     if (predicted[i].time <= limit && predicted[i].busiest < predicted[chosen].busiest * stream_gain) chosen = i;
-  return {all[best], all[chosen], predicted[best]};
+  return {all[chosen], predicted[best]};
 }
 
 // Hierarchical allreduce's three steps (cost_model.hpp, predict), each its cheapest candidate.
