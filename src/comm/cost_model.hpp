@@ -56,8 +56,9 @@ double predict(Algorithm algorithm, Collective collective, int ranks, std::size_
 /// candidates within 5% of that time, one whose busiest port is busy at most 3/4 as long per call
 /// (schedule::Cost::busiest), which a stream of calls favours. Algorithm::automatic when the
 /// collective has no candidate.
-/// With `hosts` spanning, messages are priced as HostBlocks says, and an allreduce also weighs
-/// `hierarchical` (predict), which wins only where it is faster than every flat candidate.
+/// With `hosts` spanning, an allreduce also weighs `hierarchical` (predict), which wins where it is
+/// faster than every flat candidate priced as HostBlocks says; else the flat choice is the plain
+/// model's (every message at `cost`).
 Algorithm cheapest(transport::Kind kind, Collective collective, int ranks, std::size_t bytes, bool direct_available,
                    const CostParams& cost, const HostBlocks& hosts = {});
 

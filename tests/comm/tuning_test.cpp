@@ -281,8 +281,15 @@ TEST_F(Tuning, RanksInBlocksOnHostsPriceTheLinksTheyShare) {
   EXPECT_NE(cheapest(transport::Kind::routed, Collective::allreduce, 4, 64, false, link, hosts),
             Algorithm::hierarchical);
   EXPECT_NE(cheapest(transport::Kind::routed, Collective::allreduce, 4, n, false, link), Algorithm::hierarchical);
-  EXPECT_NE(cheapest(transport::Kind::routed, Collective::allgather, 4, n, false, link, hosts),
-            Algorithm::hierarchical);
+  // Otherwise the flat choice is the plain model's, whatever the hosts.
+  for (std::size_t bytes : {std::size_t{64}, std::size_t{4096}, n, std::size_t{1} << 20})
+    for (Collective c :
+         {Collective::allgather, Collective::reduce_scatter, Collective::alltoall, Collective::broadcast})
+      EXPECT_EQ(cheapest(transport::Kind::routed, c, 4, bytes, false, link, hosts),
+                cheapest(transport::Kind::routed, c, 4, bytes, false, link))
+          << to_string(c) << " " << bytes;
+  EXPECT_EQ(cheapest(transport::Kind::routed, Collective::allreduce, 4, 64, false, link, hosts),
+            cheapest(transport::Kind::routed, Collective::allreduce, 4, 64, false, link));
   // Through the choice: the context's blocks reach the model (cached apart from a context without
   // them); a step of hierarchical, on its own communicator, never resolves to it.
   const CostParams* measured = intern_cost(link);
