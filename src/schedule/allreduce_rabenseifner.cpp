@@ -1,7 +1,16 @@
 // Rabenseifner's allreduce: a recursive-halving reduce_scatter (each round a rank sends the half
-// of its current range that its partner keeps, and reduces the half it keeps) leaves virtual
-// rank v with block v of pof2 near-equal blocks; a recursive-doubling allgather in the reverse
-// order of partners assembles the result. Non-powers of two fold (fold.hpp): two extra rounds.
+// of its current range that its partner keeps, and reduces the half it keeps) leaves each active
+// rank with one of pof2 near-equal blocks; a recursive-doubling allgather in the reverse order of
+// partners assembles the result. Non-powers of two fold (fold.hpp): two extra rounds.
+//
+// The halving pairs the nearest ranks first (virtual ranks that differ in bit 0, then bit 1...)
+// and the doubling the farthest first: the first halving round, which moves half the buffer, and
+// the last doubling round stay among neighbours, and the rounds between ranks far apart move the
+// smallest pieces. Where ranks lie in blocks on hosts (ranks 0..L-1 on the first, as launchers
+// place them by default) only 1/L of the buffer leaves a host each way, as with hierarchical; far
+// ranks first sent the whole buffer across from each of a host's ranks. The blocks are numbered in
+// that pairing order (position u = the rank's bits reversed), so that every message is still one
+// contiguous range; which block a rank reduces does not matter to an allreduce.
 //
 // Partial sums live in output. The first reduction of a range reads input (or, on a rank that
 // received a fold, output) and writes output; the halves it sends are never written again until
@@ -32,16 +41,26 @@ std::uint32_t send_if(Schedule& s, int peer, Region r, std::vector<std::uint32_t
   return r.count == 0 ? no_step : s.send(peer, r, std::move(deps));
 }
 
-// Recursive halving then recursive doubling among the pof2 active ranks (a PowerOfTwoPhase).
+// `x`'s low `bits` bits in reverse order.
+int reversed(int x, int bits) {
+  int out = 0;
+  for (int i = 0; i < bits; ++i) out |= ((x >> i) & 1) << (bits - 1 - i);
+  return out;
+}
+
+// Recursive halving then recursive doubling among the pof2 active ranks (a PowerOfTwoPhase), in
+// positions u = reversed(virtual rank): partners u ^ m for m = pof2/2, pof2/4, ... are virtual
+// ranks that differ in bit 0, 1, ... (nearest first).
 std::vector<std::uint32_t> halve_then_double(Schedule& s, const Fold& f, Region from, std::uint32_t ready) {
   const Halving h{f, from.count};
-  const int v = f.vrank;
+  const int v = reversed(f.vrank, f.steps);
+  const auto real = [&f](int u) { return f.real(reversed(u, f.steps)); };
   std::vector<std::uint32_t> rs_sent(static_cast<std::size_t>(f.steps), no_step);
   std::vector<std::pair<int, int>> given(static_cast<std::size_t>(f.steps));  // virtual ranges sent away
   int lo = 0, hi = f.pof2;
   std::uint32_t reduced = ready;
   for (int k = 0; k < f.steps; ++k) {
-    const int m = f.pof2 >> (k + 1), mid = lo + m, peer = f.real(v ^ m);
+    const int m = f.pof2 >> (k + 1), mid = lo + m, peer = real(v ^ m);
     const bool upper = (v & m) != 0;
     const auto keep = upper ? std::pair{mid, hi} : std::pair{lo, mid};
     given[static_cast<std::size_t>(k)] = upper ? std::pair{lo, mid} : std::pair{mid, hi};
@@ -56,7 +75,7 @@ std::vector<std::uint32_t> halve_then_double(Schedule& s, const Fold& f, Region 
   std::vector<std::uint32_t> complete{reduced};
   std::uint32_t sent = no_step, arrived = no_step;
   for (int k = f.steps - 1; k >= 0; --k) {
-    const int peer = f.real(v ^ (f.pof2 >> (k + 1)));
+    const int peer = real(v ^ (f.pof2 >> (k + 1)));
     // What this rank has: its reduced block and every earlier arrival (through the previous send).
     sent = send_if(s, peer, h.range(Buffer::output, lo, hi), deps_of({reduced, sent, arrived}));
     const auto [glo, ghi] = given[static_cast<std::size_t>(k)];

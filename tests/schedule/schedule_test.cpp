@@ -449,6 +449,28 @@ TEST(Estimate, OneMessage) {
   EXPECT_DOUBLE_EQ(c.time, 2.0 + 0.5 * 40 + 0.25 * 10);
 }
 
+// Rabenseifner's allreduce halves with the nearest rank first and doubles with the farthest first,
+// so that where ranks lie in blocks on hosts only 1/L of the buffer leaves a host each way: on 8
+// ranks, rank 0 sends half the buffer to rank 1, a quarter to rank 2, an eighth to rank 4, then the
+// doubling in reverse; and on 2 hosts of 4 ranks (1 byte per unit of time across, nothing within)
+// the hosts' links carry the buffer once each way, where recursive doubling carries it four times.
+TEST(Estimate, RabenseifnerHalvesWithTheNearestRankFirst) {
+  Params params;
+  params.collective = Collective::allreduce;
+  params.size = 8;
+  params.count = 800;
+  params.elem_size = 4;
+  std::vector<std::pair<int, std::size_t>> sends;
+  for (const Step& step : make(Algorithm::rabenseifner, params).steps)
+    if (step.kind == StepKind::send) sends.emplace_back(step.peer, step.region.count);
+  EXPECT_EQ(sends,
+            (std::vector<std::pair<int, std::size_t>>{{1, 400}, {2, 200}, {4, 100}, {4, 100}, {2, 200}, {1, 400}}));
+  const Hosts hosts{4, 0.0, 1.0};
+  const double rab = estimate(Algorithm::rabenseifner, params, 0, 0, 0, hosts).time;
+  EXPECT_DOUBLE_EQ(rab, 2 * 4 * 800 / 4.0 * 2);  // n/4 bytes from each of 4 ranks, each way, twice (RS and AG)
+  EXPECT_DOUBLE_EQ(estimate(Algorithm::recursive_doubling, params, 0, 0, 0, hosts).time, 4 * 4 * 800.0);
+}
+
 // The busiest port: a rank's sends, or its receives with their reductions, one after another.
 TEST(Estimate, BusiestPortSumsARanksMessages) {
   std::vector<Schedule> s(2);
