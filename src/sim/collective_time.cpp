@@ -45,9 +45,22 @@ double lockstep_seconds(std::span<const schedule::Schedule> host, std::size_t el
     if (sends[r].size() != reductions[r].size() || sends[r].size() != sends[0].size()) return -1;
   double total = *std::max_element(copies.begin(), copies.end());
   const int per_host = levels.ranks_per_host;
+  double queued = 0;  // the wire time behind the first message of the last round, where it crossed
   for (std::size_t k = 0; k < sends[0].size(); ++k) {
     int crossing = 0;
     for (std::size_t r = 0; r < host.size(); ++r) crossing += sends[r][k].peer / per_host != 0 ? 1 : 0;
+    // Rounds across hosts back to back (Rabenseifner's, nearest ranks first): a message of this
+    // round waits for one of the last round's, which arrives α after its wire time while the link
+    // still carries the rest of that round; the latency hides behind that queue.
+    if (crossing > 0) total -= std::min(levels.alpha, queued);
+    queued = 0;
+    if (crossing > 0) {
+      double largest = 0;
+      for (std::size_t r = 0; r < host.size(); ++r)
+        if (sends[r][k].peer / per_host != 0)
+          largest = std::max(largest, static_cast<double>(sends[r][k].count * elem_size));
+      queued = levels.beta * largest * (crossing - 1);
+    }
     // A round lasts as long as a message takes on average along the ranks (a ring's data passes
     // every link in turn, so its path holds each link's latency once), but no less than the
     // busiest port is occupied (a slow link's wire time throttles the whole pipeline).

@@ -9,7 +9,9 @@
 // their schedules' k-th send and k-th receive together, in rounds; a round lasts as long as its
 // messages take on average (a ring's data passes every link in turn) but no less than the busiest
 // port is occupied, a message across hosts sharing its host's link with the other ranks of the
-// host that cross in the same round. Rings and recursive doubling/halving are symmetric, so
+// host that cross in the same round; where two rounds in a row cross, the latency of the first
+// hides behind its queue on the link (up to the wire time behind its first message). Rings and
+// recursive doubling/halving are symmetric, so
 // every host behaves as host 0 (an algorithm whose ranks do not send and receive alike, such
 // as a tree, is always simulated exactly). `direct` (shared memory) is timed by the cost model.
 #pragma once
