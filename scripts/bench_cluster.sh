@@ -3,7 +3,9 @@
 # Gloo in one job on the same links. For each layout (2 hosts x 2 ranks, 4 hosts x 1) and link
 # rate (1gbit, 10gbit), RUNS runs (default 2) of
 #   scripts/cluster.sh --mpirun --hosts H --ranks R --rate RATE -- tutti-bench --collective
-#     allreduce,allgather,reduce_scatter,alltoall,broadcast -b 8 -e 16M -f 8 --peers mpi,gloo
+#     allreduce,allgather,reduce_scatter,alltoall,broadcast -b 8 -e 16M -f 8 -w 2 --peers mpi,gloo
+# (tutti-bench's own count of timed calls: about 50 ms a cell, at least 5; with 5 calls a cell,
+# as before 2026-12-07, a small cell swung by 2x from run to run)
 # (mpirun in host 0's namespace starts every rank; Tutti bootstraps through MPI and takes shared
 # memory within a host and TCP across, MPI vader and tcp, Gloo TCP), into DIR (default
 # bench-results/): cluster-HxR-RATE-RUN.json and .log, and per layout and rate one table per peer,
@@ -27,7 +29,7 @@ export TUTTI_TUNING_FILE=$out/empty-tuning.json
 one() {  # HOSTS RANKS RATE NAME
   local log=$out/$4.log
   bash scripts/cluster.sh --mpirun --hosts "$1" --ranks "$2" --rate "$3" --timeout 900 -- "$bench" --no-progress \
-    --collective allreduce,allgather,reduce_scatter,alltoall,broadcast -b 8 -e 16M -f 8 -n 5 -w 1 -c 0 \
+    --collective allreduce,allgather,reduce_scatter,alltoall,broadcast -b 8 -e 16M -f 8 -w 2 -c 0 \
     --peers mpi,gloo --json "$out/$4.json" >"$log" 2>&1
   local status=$?
   if ((status == 77)); then
