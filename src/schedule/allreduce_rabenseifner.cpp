@@ -6,9 +6,10 @@
 // The halving pairs the nearest ranks first (virtual ranks that differ in bit 0, then bit 1...)
 // and the doubling the farthest first: the first halving round, which moves half the buffer, and
 // the last doubling round stay among neighbours, and the rounds between ranks far apart move the
-// smallest pieces. Where ranks lie in blocks on hosts (ranks 0..L-1 on the first, as launchers
-// place them by default) only 1/L of the buffer leaves a host each way, as with hierarchical; far
-// ranks first sent the whole buffer across from each of a host's ranks. The blocks are numbered in
+// smallest pieces. Where ranks lie in blocks of L on hosts (ranks 0..L-1 on the first, as
+// launchers place them by default) the reduce_scatter's rounds across send 1/L of what a rank
+// holds, and the hosts' links carry the buffer once each way over the call, as with hierarchical;
+// far ranks first carried it L times. The blocks are numbered in
 // that pairing order (position u = the rank's bits reversed), so that every message is still one
 // contiguous range; which block a rank reduces does not matter to an allreduce.
 //

@@ -276,7 +276,7 @@ TEST_F(Tuning, RanksInBlocksOnHostsPriceTheLinksTheyShare) {
                        best(Collective::allreduce, 2, n / 2, shared, false) +
                        best(Collective::allgather, 2, n, within, true) + 6 * link.alpha);
   EXPECT_THROW(predict(Algorithm::hierarchical, Collective::allreduce, 4, n, link), Error);  // no hosts
-  // Rabenseifner's halving, nearest ranks first, also lets only half the buffer leave a host each
+  // Rabenseifner's halving, nearest ranks first, also lets the links carry the buffer only once each
   // way: it is priced close to hierarchical (which pays its steps' calls) up to 64 KiB; by 1 MiB
   // hierarchical's fewer rounds across win.
   const std::size_t large = std::size_t{1} << 20;
