@@ -114,7 +114,7 @@ class CommImpl {
   /// requests that the caller can wait on for a while and look elsewhere between waits).
   class CallerWaits {
    public:
-    CallerWaits(CommImpl& comm, bool waits) : comm_(comm), before_(comm.caller_waits_) { comm.caller_waits_ = waits; }
+    explicit CallerWaits(CommImpl& comm) : comm_(comm), before_(comm.caller_waits_) { comm.caller_waits_ = true; }
     ~CallerWaits() { comm_.caller_waits_ = before_; }
     CallerWaits(const CallerWaits&) = delete;
     CallerWaits& operator=(const CallerWaits&) = delete;

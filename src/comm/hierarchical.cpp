@@ -44,8 +44,7 @@ using StepOptions = std::function<Options(Collective, const Communicator&, std::
 // writing into the caller's buffers later.
 class Composite final : public transport::NativeCollective {
  public:
-  // Starts the step's collective; `caller_waits`: run() waits on it at once (CommImpl::CallerWaits).
-  using Step = std::function<Request(bool caller_waits)>;
+  using Step = std::function<Request()>;
   using Watch = std::function<std::optional<transport::Failure>()>;
   Composite(std::vector<Step> steps, std::function<void()> done, CommImpl::Hierarchy step_comms, Watch parent_failed)
       : steps_(std::move(steps)),
@@ -70,7 +69,7 @@ class Composite final : public transport::NativeCollective {
         if (done_) std::exchange(done_, nullptr)();
         return true;
       }
-      current_ = steps_[next_++](false);
+      current_ = steps_[next_++]();
     }
   }
   // Its steps complete on other communicators, whose completions do not wake this one's waiters.
@@ -81,7 +80,12 @@ class Composite final : public transport::NativeCollective {
   // step's communicators, whose wait then raises it.
   void run() {
     while (next_ < steps_.size()) {
-      current_ = steps_[next_++](true);
+      {
+        // This thread waits on the step at once: it progresses it itself (no engine hand-off).
+        const CommImpl::CallerWaits intra(*Access::impl(step_comms_.intra));
+        const CommImpl::CallerWaits inter(*Access::impl(step_comms_.inter));
+        current_ = steps_[next_++]();
+      }
       const auto since = std::chrono::steady_clock::now();
       bool passed = false;
       while (!current_->wait_for(watch_period, since)) {
@@ -106,13 +110,6 @@ class Composite final : public transport::NativeCollective {
   std::optional<Request> current_;
 };
 
-// Starts a step on `comm` with `start`, to be waited for at once by the caller when `waits`.
-template <class Start>
-Request waited(Communicator& comm, bool waits, Start&& start) {
-  const CommImpl::CallerWaits guard(*Access::impl(comm), waits);
-  return start();
-}
-
 // Equal ranks per host. A count the local size does not divide is padded to equal blocks in a
 // staging buffer: the padding is reduced like data and dropped, which keeps every step a plain
 // equal-block collective.
@@ -134,21 +131,15 @@ std::vector<Composite::Step> by_blocks(Communicator& intra, Communicator& inter,
   std::byte* mine = work + static_cast<std::size_t>(intra.rank()) * block * elem;
   const DataType type = call.type;
   return {
-      [=](bool waits) mutable {
-        return waited(intra, waits, [&] {
-          return intra.ireduce_scatter(send, mine, block, type, op,
-                                       options(Collective::reduce_scatter, intra, block * local * elem));
-        });
+      [=]() mutable {
+        return intra.ireduce_scatter(send, mine, block, type, op,
+                                     options(Collective::reduce_scatter, intra, block * local * elem));
       },
-      [=](bool waits) mutable {
-        return waited(inter, waits, [&] {
-          return inter.iallreduce(mine, mine, block, type, op, options(Collective::allreduce, inter, block * elem));
-        });
+      [=]() mutable {
+        return inter.iallreduce(mine, mine, block, type, op, options(Collective::allreduce, inter, block * elem));
       },
-      [=](bool waits) mutable {
-        return waited(intra, waits, [&] {
-          return intra.iallgather(mine, work, block, type, options(Collective::allgather, intra, block * local * elem));
-        });
+      [=]() mutable {
+        return intra.iallgather(mine, work, block, type, options(Collective::allgather, intra, block * local * elem));
       },
   };
 }
@@ -162,24 +153,15 @@ std::vector<Composite::Step> by_leaders(Communicator& intra, Communicator& inter
   const void* send = call.send;
   void* recv = call.recv;
   return {
-      [=](bool waits) mutable {
-        return waited(intra, waits, [&] {
-          return intra.ireduce(send, recv, count, type, op, 0, options(Collective::reduce, intra, bytes));
-        });
+      [=]() mutable {
+        return intra.ireduce(send, recv, count, type, op, 0, options(Collective::reduce, intra, bytes));
       },
-      [=](bool waits) mutable {
-        return intra.rank() == 0 ? waited(inter, waits,
-                                          [&] {
-                                            return inter.iallreduce(recv, recv, count, type, op,
-                                                                    options(Collective::allreduce, inter, bytes));
-                                          })
-                                 : Request();
+      [=]() mutable {
+        return intra.rank() == 0
+                   ? inter.iallreduce(recv, recv, count, type, op, options(Collective::allreduce, inter, bytes))
+                   : Request();
       },
-      [=](bool waits) mutable {
-        return waited(intra, waits, [&] {
-          return intra.ibroadcast(recv, count, type, 0, options(Collective::broadcast, intra, bytes));
-        });
-      },
+      [=]() mutable { return intra.ibroadcast(recv, count, type, 0, options(Collective::broadcast, intra, bytes)); },
   };
 }
 
