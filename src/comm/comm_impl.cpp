@@ -63,9 +63,7 @@ bool CommImpl::direct_serves(Collective collective) const {
 }
 
 int CommImpl::host_blocks() const {
-  const transport::Kind kind = transport_kind();
-  if (!topology_ || (kind != transport::Kind::routed && kind != transport::Kind::tcp)) return 0;
-  return blocked_ranks_per_host(*topology_);
+  return topology_ && choice::within_host(transport_kind()) ? topology_->blocked_ranks_per_host() : 0;
 }
 
 Algorithm CommImpl::chosen_algorithm(Collective collective, Algorithm requested, std::size_t bytes) const {

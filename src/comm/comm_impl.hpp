@@ -151,8 +151,8 @@ class CommImpl {
   Request start_native(const Call& call, Algorithm algorithm, bool blocking);
   Request start_hierarchical(const Call& call, bool blocking);  // hierarchical.cpp
   Hierarchy& hierarchy();
-  /// blocked_ranks_per_host of the topology where it is known and the transport crosses hosts over
-  /// TCP (routed, tcp); else 0.
+  /// Topology::blocked_ranks_per_host where the topology is known and the model prices this
+  /// transport's hosts (choice::within_host: routed, tcp); else 0.
   int host_blocks() const;
 
   // The last choice of `automatic` (calls of one size repeat, as in training): skips the lookup.

@@ -151,6 +151,12 @@ bool bytes_are_total(Collective c) {
          c == Collective::alltoall || c == Collective::gather || c == Collective::scatter;
 }
 
+std::optional<transport::Kind> within_host(transport::Kind kind) {
+  if (kind == transport::Kind::routed) return transport::Kind::shm;
+  if (kind == transport::Kind::tcp) return transport::Kind::tcp;
+  return std::nullopt;
+}
+
 std::vector<Algorithm> candidates(transport::Kind kind, Collective collective, bool direct_available) {
   std::vector<Algorithm> out = schedule::algorithms_for(collective);
   if (direct_available)

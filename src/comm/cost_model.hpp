@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 #include "schedule/schedule.hpp"
@@ -37,6 +38,11 @@ struct HostBlocks {
   transport::Kind local_kind = transport::Kind::shm;  // what carries a host's part (hierarchical's steps)
   bool spans() const { return ranks_per_host >= 2; }
 };
+
+/// What carries the messages within a host for a transport of `kind` whose ranks span hosts:
+/// shared memory under the routed transport, TCP (over the loopback) under tcp; none for the
+/// others, whose choices do not price hosts (HostBlocks).
+std::optional<transport::Kind> within_host(transport::Kind kind);
 
 /// Predicted seconds of `algorithm` for a call of `bytes` on `ranks` ranks (`bytes` as
 /// choose_algorithm takes it: the total over ranks for allgather(v), reduce_scatter, alltoall,

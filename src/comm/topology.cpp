@@ -32,6 +32,10 @@ Topology::Topology(std::vector<std::uint64_t> host_of_rank) : host_of_rank_(std:
     host_index_.push_back(it->second);
     local_index_.push_back(host_sizes_[static_cast<std::size_t>(it->second)]++);
   }
+  const int per_host = max_local_size();
+  bool blocked = host_count() >= 2 && per_host >= 2 && uniform();
+  for (int r = 0; blocked && r < size(); ++r) blocked = host_index(r) == r / per_host;
+  blocked_ = blocked ? per_host : 0;
 }
 
 int Topology::max_local_size() const {
@@ -46,14 +50,6 @@ Topology Topology::subset(std::span<const int> ranks) const {
   std::vector<std::uint64_t> hosts;
   for (int r : ranks) hosts.push_back(host_of_rank_[static_cast<std::size_t>(r)]);
   return Topology(std::move(hosts));
-}
-
-int blocked_ranks_per_host(const Topology& topology) {
-  const int hosts = topology.host_count(), per_host = topology.max_local_size();
-  if (hosts < 2 || per_host < 2 || !topology.uniform()) return 0;
-  for (int r = 0; r < topology.size(); ++r)
-    if (topology.host_index(r) != r / per_host) return 0;
-  return per_host;
 }
 
 bool prefers_hierarchical(const Topology& topology, std::size_t bytes) {

@@ -32,6 +32,10 @@ class Topology {
   int max_local_size() const;
   /// Every host has the same number of ranks.
   bool uniform() const;
+  /// L where the ranks span hosts in blocks of L (ranks [h·L, (h+1)·L) on host h) with at least 2
+  /// hosts and L ≥ 2; else 0. Then the cost model prices the hosts' links and chooses hierarchical
+  /// allreduce where it pays (choice::ChoiceContext::ranks_per_host). Found once, at construction.
+  int blocked_ranks_per_host() const { return blocked_; }
   /// The topology of a communicator made of `ranks` (its rank i is our rank ranks[i]).
   Topology subset(std::span<const int> ranks) const;
 
@@ -40,12 +44,8 @@ class Topology {
   std::vector<int> host_index_;
   std::vector<int> local_index_;
   std::vector<int> host_sizes_;
+  int blocked_ = 0;
 };
-
-/// L where the ranks span hosts in blocks of L (ranks [h·L, (h+1)·L) on host h) with at least 2 hosts
-/// and L ≥ 2; else 0. Then the cost model prices the hosts' links and chooses hierarchical
-/// allreduce where it pays (choice::ChoiceContext::ranks_per_host).
-int blocked_ranks_per_host(const Topology& topology);
 
 /// The automatic choice where the ranks do not lie in blocks: hierarchical allreduce pays off when the ranks span
 /// several hosts, some host has several ranks, and the message is large enough for bandwidth to dominate.

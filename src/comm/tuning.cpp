@@ -72,11 +72,11 @@ CostParams cost_in(const Table& table, std::string_view transport, transport::Ki
 }
 
 // How a transport of `kind` whose ranks span hosts in blocks of `ranks_per_host` carries what stays
-// within a host: the routed transport through shared memory, TCP through the loopback.
+// within a host (within_host), priced by the table's costs for it or its defaults.
 HostBlocks host_blocks(const Table& table, transport::Kind kind, int ranks_per_host) {
-  if (ranks_per_host < 2 || (kind != transport::Kind::routed && kind != transport::Kind::tcp)) return {};
-  const transport::Kind local = kind == transport::Kind::routed ? transport::Kind::shm : transport::Kind::tcp;
-  return {ranks_per_host, cost_in(table, local == transport::Kind::shm ? "shm" : "tcp", local, nullptr), local};
+  const auto local = within_host(kind);
+  if (ranks_per_host < 2 || !local) return {};
+  return {ranks_per_host, cost_in(table, *local == transport::Kind::shm ? "shm" : "tcp", *local, nullptr), *local};
 }
 
 Decision decide(const State& s, Collective collective, transport::Kind kind, std::string_view transport, int ranks,

@@ -286,12 +286,12 @@ TEST(Topology, HostsAndLocalIndices) {
 // The cost model prices the hosts' links where the ranks lie in blocks of equal size on two or more
 // hosts, with two or more ranks on each; other layouts keep the size rule.
 TEST(Topology, RanksInBlocksOnHosts) {
-  EXPECT_EQ(comm::blocked_ranks_per_host(Topology(hashes({"x", "x", "y", "y"}))), 2);
-  EXPECT_EQ(comm::blocked_ranks_per_host(Topology(hashes({"x", "x", "x", "y", "y", "y"}))), 3);
-  EXPECT_EQ(comm::blocked_ranks_per_host(Topology(hashes({"x", "y", "x", "y"}))), 0);  // round robin
-  EXPECT_EQ(comm::blocked_ranks_per_host(Topology(hashes({"x", "x", "y"}))), 0);       // unequal
-  EXPECT_EQ(comm::blocked_ranks_per_host(Topology(hashes({"x", "y", "z"}))), 0);       // one rank a host
-  EXPECT_EQ(comm::blocked_ranks_per_host(Topology(hashes({"x", "x", "x"}))), 0);       // one host
+  EXPECT_EQ(Topology(hashes({"x", "x", "y", "y"})).blocked_ranks_per_host(), 2);
+  EXPECT_EQ(Topology(hashes({"x", "x", "x", "y", "y", "y"})).blocked_ranks_per_host(), 3);
+  EXPECT_EQ(Topology(hashes({"x", "y", "x", "y"})).blocked_ranks_per_host(), 0);  // round robin
+  EXPECT_EQ(Topology(hashes({"x", "x", "y"})).blocked_ranks_per_host(), 0);       // unequal
+  EXPECT_EQ(Topology(hashes({"x", "y", "z"})).blocked_ranks_per_host(), 0);       // one rank a host
+  EXPECT_EQ(Topology(hashes({"x", "x", "x"})).blocked_ranks_per_host(), 0);       // one host
 }
 
 // The public face of the topology: every rank sees the same hosts, numbered by their lowest rank,
