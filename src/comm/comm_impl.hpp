@@ -75,9 +75,7 @@ class CommImpl {
   const Topology& topology();
   /// Whether the topology is known and spans several hosts with several ranks on one (hierarchical
   /// allreduce then has something to do).
-  bool spans_hosts_with_neighbours() const {
-    return topology_ && topology_->host_count() >= 2 && topology_->max_local_size() >= 2;
-  }
+  bool spans_hosts_with_neighbours() const { return topology_ && topology_->spans_hosts_with_neighbours(); }
   /// Makes the topology known without a collective (init() learned every rank's host already).
   void set_topology(Topology topology) {
     topology_ = std::move(topology);

@@ -306,7 +306,7 @@ Communicator join_over_store(const bootstrap::JobInfo& job, bootstrap::Store& jo
   // on one machine share its cores, whatever their host names (an emulated cluster's hosts have
   // names of their own).
   const std::string real_host = host_name(), topology_host = comm::topology_host_name();
-  const std::string machine = transport::shm::machine_id();
+  const std::string machine = transport::shm::machine_id(real_host);
   store.set("host/" + std::to_string(job.rank),
             (topology_host == real_host ? real_host : real_host + "\t" + topology_host) + "\n" + machine);
   // Ranks that published the same place share a host for both purposes: shared memory among

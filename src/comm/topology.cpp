@@ -53,7 +53,7 @@ Topology Topology::subset(std::span<const int> ranks) const {
 }
 
 bool prefers_hierarchical(const Topology& topology, std::size_t bytes) {
-  return topology.host_count() >= 2 && topology.max_local_size() >= 2 && bytes >= hierarchical_min_bytes;
+  return topology.spans_hosts_with_neighbours() && bytes >= hierarchical_min_bytes;
 }
 
 }  // namespace tutti::comm

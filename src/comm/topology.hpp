@@ -36,6 +36,8 @@ class Topology {
   /// hosts and L ≥ 2; else 0. Then the cost model prices the hosts' links and chooses hierarchical
   /// allreduce where it pays (choice::ChoiceContext::ranks_per_host). Found once, at construction.
   int blocked_ranks_per_host() const { return blocked_; }
+  /// Several hosts, and several ranks on one of them: hierarchical allreduce has something to do.
+  bool spans_hosts_with_neighbours() const { return host_count() >= 2 && max_local_size() >= 2; }
   /// The topology of a communicator made of `ranks` (its rank i is our rank ranks[i]).
   Topology subset(std::span<const int> ranks) const;
 

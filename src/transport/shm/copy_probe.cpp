@@ -92,12 +92,11 @@ std::atomic<int> machine_ranks{0};
 void set_ranks_on_machine(int ranks) { machine_ranks.store(std::max(ranks, 0), std::memory_order_relaxed); }
 int ranks_on_machine() { return machine_ranks.load(std::memory_order_relaxed); }
 
-std::string machine_id() {
+std::string machine_id(const std::string& host) {
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
   std::string id;
   if (boot && std::getline(boot, id) && !id.empty()) return "boot:" + id;
-  char name[256] = {};
-  return std::string("host:") + (::gethostname(name, sizeof(name) - 1) == 0 ? name : "localhost");
+  return "host:" + host;
 }
 
 bool ranks_outnumber_cores(int ranks) {

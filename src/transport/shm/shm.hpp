@@ -46,7 +46,7 @@ int ranks_on_machine();
 bool ranks_outnumber_cores(int ranks);
 
 /// What tells processes on one machine from processes on another: the kernel's boot id (equal
-/// across namespaces and containers of one boot), else the host name.
-std::string machine_id();
+/// across namespaces and containers of one boot), else `host` (this machine's host name).
+std::string machine_id(const std::string& host);
 
 }  // namespace tutti::transport::shm
