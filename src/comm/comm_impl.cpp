@@ -178,6 +178,7 @@ exec::Operation::Buffers CommImpl::map_buffers(const Call& call, const Extents& 
 std::shared_ptr<const exec::Plan> CommImpl::plan_for(const Call& call, Algorithm algorithm,
                                                      const transport::Signature& signature) {
   schedule::Params params = schedule::Params::of(call, rank_, size_);
+  params.ranks_per_host = host_blocks();  // the same for the communicator's life: not in the key
   if (schedule::pipelined_chain(algorithm, call.collective)) {
     // A chain's chunks follow the link's costs, as the cost model priced them.
     const auto cost = choice::cost_for(queue_->transport().name(), queue_->transport().kind(), link_cost_);

@@ -47,11 +47,12 @@ Prediction simulate(Algorithm algorithm, Collective c, int p, std::size_t bytes,
   const std::vector<std::size_t> counts(static_cast<std::size_t>(p), params.count);
   if (c == Collective::allgatherv || c == Collective::alltoallv) params.counts = counts;
   schedule::fit_chunks(params, algorithm, cost.alpha, cost.beta);  // as CommImpl::plan_for cuts them
+  const bool spans = hosts.spans() && p % hosts.ranks_per_host == 0;
+  if (spans) params.ranks_per_host = hosts.ranks_per_host;  // the schedule CommImpl::plan_for makes
   const schedule::Cost estimated =
-      hosts.spans() && p % hosts.ranks_per_host == 0
-          ? schedule::estimate(algorithm, params, std::max(hosts.local.alpha, cost.alpha), hosts.local.beta, cost.gamma,
-                               {hosts.ranks_per_host, cost.alpha, cost.beta})
-          : schedule::estimate(algorithm, params, cost.alpha, cost.beta, cost.gamma);
+      spans ? schedule::estimate(algorithm, params, std::max(hosts.local.alpha, cost.alpha), hosts.local.beta,
+                                 cost.gamma, {hosts.ranks_per_host, cost.alpha, cost.beta})
+            : schedule::estimate(algorithm, params, cost.alpha, cost.beta, cost.gamma);
   return {estimated.time, estimated.busiest};
 }
 

@@ -42,13 +42,6 @@ std::uint32_t send_if(Schedule& s, int peer, Region r, std::vector<std::uint32_t
   return r.count == 0 ? no_step : s.send(peer, r, std::move(deps));
 }
 
-// `x`'s low `bits` bits in reverse order.
-int reversed(int x, int bits) {
-  int out = 0;
-  for (int i = 0; i < bits; ++i) out |= ((x >> i) & 1) << (bits - 1 - i);
-  return out;
-}
-
 // Recursive halving then recursive doubling among the pof2 active ranks (a PowerOfTwoPhase), in
 // positions u = reversed(virtual rank): partners u ^ m for m = pof2/2, pof2/4, ... are virtual
 // ranks that differ in bit 0, 1, ... (nearest first).

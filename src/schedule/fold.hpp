@@ -46,6 +46,14 @@ inline Fold fold(int rank, int size) {
   return f;
 }
 
+/// `x`'s low `bits` bits in reverse order: the position of virtual rank x where the rounds pair
+/// the nearest ranks first (bit 0, then bit 1, ...) and the ranges they split stay contiguous.
+inline int reversed(int x, int bits) {
+  int out = 0;
+  for (int i = 0; i < bits; ++i) out |= ((x >> i) & 1) << (bits - 1 - i);
+  return out;
+}
+
 /// The power-of-two phase of an allreduce, run by every rank that does not sit out: `from`
 /// (input, or output on a rank that received a fold) holds this rank's contribution after step
 /// `ready` (no_step: at once). Returns the steps after which output holds the full sum (no_step

@@ -89,6 +89,10 @@ struct Params {
   std::span<const std::size_t> counts{};       // allgatherv: recv_counts; alltoallv: send_counts
   std::span<const std::size_t> recv_counts{};  // alltoallv only
   std::size_t chunk_bytes = 1 << 18;           // pipelining granularity of ring and chain algorithms
+  // Ranks lie in blocks of this many on hosts (ranks [h·L, (h+1)·L) on host h); 0: not known, or
+  // one host. Where it is at least 2 and below size, reduce_scatter's Rabenseifner pairs the
+  // nearest ranks first (reduce_scatter_rabenseifner.cpp). The same on every rank.
+  int ranks_per_host = 0;
 
   /// The parameters of `call` on rank `rank` of `size`: any call description with NativeCall's
   /// fields (collective, count, type, root, counts, recv_counts), which this layer does not see.

@@ -84,6 +84,7 @@ double simulate(Algorithm algorithm, Collective collective, int ranks, std::size
   schedule::Params params = params_for(collective, ranks, count, elem_size);
   schedule::fit_chunks(params, algorithm, levels.alpha, levels.beta);  // as the library cuts them for its link
   const int per_host = std::clamp(levels.ranks_per_host, 1, ranks);
+  params.ranks_per_host = per_host;  // as the library's plan does where ranks lie in blocks on hosts
   params.rank = 0;
   const schedule::Schedule first = schedule::make(algorithm, params);
   const bool exact = !lockstep && first.steps.size() * static_cast<std::size_t>(ranks) <= kExactSteps;

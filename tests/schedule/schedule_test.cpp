@@ -32,22 +32,31 @@ std::string name_of(const Case& c) {
   return std::string(to_string(c.collective)) + "/" + std::string(tutti::to_string(c.algorithm));
 }
 
-// Every p, count, in place or not, and chunking for one collective and algorithm.
+Params params_of(Collective collective, int p, std::size_t count, std::size_t chunk_bytes) {
+  Params params;
+  params.collective = collective;
+  params.size = p;
+  params.count = count;
+  params.chunk_bytes = chunk_bytes;
+  return params;
+}
+
+// Every p, count, in place or not, chunking, and ranks in blocks of 2 on hosts or not, for one
+// collective and algorithm.
 void sweep(const Case& c) {
   for (int p : kSizes)
     for (std::size_t count : counts_for(p))
       for (bool in_place : {false, true})
-        for (std::size_t chunk_bytes : {std::size_t{8}, std::size_t{1} << 18}) {
-          Params params;
-          params.collective = c.collective;
-          params.size = p;
-          params.count = count;
-          params.chunk_bytes = chunk_bytes;
-          std::vector<std::size_t> counts(static_cast<std::size_t>(p), count);
-          params.counts = counts;
-          EXPECT_EQ(check(c.algorithm, params, {.in_place = in_place}), "")
-              << name_of(c) << " p=" << p << " count=" << count << " chunk_bytes=" << chunk_bytes;
-        }
+        for (std::size_t chunk_bytes : {std::size_t{8}, std::size_t{1} << 18})
+          for (int per_host : {0, 2}) {
+            Params params = params_of(c.collective, p, count, chunk_bytes);
+            params.ranks_per_host = per_host;
+            std::vector<std::size_t> counts(static_cast<std::size_t>(p), count);
+            params.counts = counts;
+            EXPECT_EQ(check(c.algorithm, params, {.in_place = in_place}), "")
+                << name_of(c) << " p=" << p << " count=" << count << " chunk_bytes=" << chunk_bytes
+                << " ranks_per_host=" << per_host;
+          }
 }
 
 class Sweep : public ::testing::TestWithParam<Case> {};
@@ -140,12 +149,8 @@ TEST(SignatureRing, LeftOutOnlyWhereEveryDivisionOfTheRanksIsCrossed) {
           ++admitted;
           std::vector<Schedule> schedules;
           for (int r = 0; r < p; ++r) {
-            Params params;
-            params.collective = c.collective;
+            Params params = params_of(c.collective, p, count, chunk_bytes);
             params.rank = r;
-            params.size = p;
-            params.count = count;
-            params.chunk_bytes = chunk_bytes;
             schedules.push_back(make(c.algorithm, params));
           }
           const std::uint32_t all = (1u << p) - 1;
@@ -449,26 +454,50 @@ TEST(Estimate, OneMessage) {
   EXPECT_DOUBLE_EQ(c.time, 2.0 + 0.5 * 40 + 0.25 * 10);
 }
 
+// A schedule's sends in order: (peer, elements).
+std::vector<std::pair<int, std::size_t>> sends_of(const Schedule& s) {
+  std::vector<std::pair<int, std::size_t>> sends;
+  for (const Step& step : s.steps)
+    if (step.kind == StepKind::send) sends.emplace_back(step.peer, step.region.count);
+  return sends;
+}
+
 // Rabenseifner's allreduce halves with the nearest rank first and doubles with the farthest first,
 // so that where ranks lie in blocks on hosts only 1/L of the buffer leaves a host each way: on 8
 // ranks, rank 0 sends half the buffer to rank 1, a quarter to rank 2, an eighth to rank 4, then the
 // doubling in reverse; and on 2 hosts of 4 ranks (1 byte per unit of time across, nothing within)
 // the hosts' links carry the buffer once each way, where recursive doubling carries it four times.
 TEST(Estimate, RabenseifnerHalvesWithTheNearestRankFirst) {
-  Params params;
-  params.collective = Collective::allreduce;
-  params.size = 8;
-  params.count = 800;
-  params.elem_size = 4;
-  std::vector<std::pair<int, std::size_t>> sends;
-  for (const Step& step : make(Algorithm::rabenseifner, params).steps)
-    if (step.kind == StepKind::send) sends.emplace_back(step.peer, step.region.count);
-  EXPECT_EQ(sends,
+  const Params params = params_of(Collective::allreduce, 8, 800, std::size_t{1} << 18);
+  EXPECT_EQ(sends_of(make(Algorithm::rabenseifner, params)),
             (std::vector<std::pair<int, std::size_t>>{{1, 400}, {2, 200}, {4, 100}, {4, 100}, {2, 200}, {1, 400}}));
   const Hosts hosts{4, 0.0, 1.0};
   const double rab = estimate(Algorithm::rabenseifner, params, 0, 0, 0, hosts).time;
   EXPECT_DOUBLE_EQ(rab, 2 * 4 * 800 / 4.0 * 2);  // n/4 bytes from each of 4 ranks, each way, twice (RS and AG)
   EXPECT_DOUBLE_EQ(estimate(Algorithm::recursive_doubling, params, 0, 0, 0, hosts).time, 4 * 4 * 800.0);
+}
+
+// Where ranks lie in blocks on hosts, Rabenseifner's reduce_scatter halves with the nearest rank
+// first too, over a copy of the input in that order: on 2 hosts of 4 ranks, rank 0 copies its 8
+// blocks, sends 4 of them to rank 1, 2 to rank 2 and 1 to rank 4, and the hosts' links carry the
+// other host's blocks once each way (4 ranks × one block), where farthest first carries four
+// times that (4 ranks × four blocks in the first round).
+TEST(Estimate, RabenseifnerReduceScatterHalvesWithTheNearestRankFirstOnHosts) {
+  Params params = params_of(Collective::reduce_scatter, 8, 100, std::size_t{1} << 18);
+  params.ranks_per_host = 4;
+  const Schedule rank0 = make(Algorithm::rabenseifner, params);
+  std::size_t copied = 0;
+  for (const Step& step : rank0.steps)
+    if (step.kind == StepKind::copy) copied += step.region.count;
+  EXPECT_EQ(sends_of(rank0), (std::vector<std::pair<int, std::size_t>>{{1, 400}, {2, 200}, {4, 100}}));
+  EXPECT_EQ(copied, 800u);
+  EXPECT_EQ(rank0.scratch_count, 800u);
+  const Hosts hosts{4, 0.0, 1.0};
+  EXPECT_DOUBLE_EQ(estimate(Algorithm::rabenseifner, params, 0, 0, 0, hosts).time, 4 * 100 * 4.0);
+  params.ranks_per_host = 0;  // farthest first: half the buffer from every rank across at once
+  EXPECT_EQ(sends_of(make(Algorithm::rabenseifner, params)),
+            (std::vector<std::pair<int, std::size_t>>{{4, 400}, {2, 200}, {1, 100}}));
+  EXPECT_DOUBLE_EQ(estimate(Algorithm::rabenseifner, params, 0, 0, 0, hosts).time, 4 * 400 * 4.0);
 }
 
 // The busiest port: a rank's sends, or its receives with their reductions, one after another.

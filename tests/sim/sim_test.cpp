@@ -131,12 +131,18 @@ TEST(SimEstimate, RanksOfAHostShareItsLink) {
 // (latency-bound rings and Rabenseifner's crossing rounds differ most, by 6-8%).
 TEST(SimCollectiveTime, LockstepAgreesWithTheExactPathOnSymmetricAlgorithms) {
   const Levels levels{4, 20e-6, 8e-9, 3e-6, 3e-10, 2e-10};
-  for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::rabenseifner})
+  const std::pair<Collective, Algorithm> cases[] = {{Collective::allreduce, Algorithm::ring},
+                                                    {Collective::allreduce, Algorithm::recursive_doubling},
+                                                    {Collective::allreduce, Algorithm::rabenseifner},
+                                                    {Collective::reduce_scatter, Algorithm::ring},
+                                                    {Collective::reduce_scatter, Algorithm::rabenseifner}};
+  for (const auto& [c, a] : cases)
     for (int p : {8, 16, 32})
       for (std::size_t count : {std::size_t{4096}, std::size_t{1} << 20}) {
-        const double exact = schedule_seconds(a, Collective::allreduce, p, count, 4, levels, false);
-        const double lockstep = schedule_seconds(a, Collective::allreduce, p, count, 4, levels, true);
-        EXPECT_NEAR(lockstep, exact, 0.10 * exact) << to_string(a) << " p=" << p << " count=" << count;
+        const double exact = schedule_seconds(a, c, p, count, 4, levels, false);
+        const double lockstep = schedule_seconds(a, c, p, count, 4, levels, true);
+        EXPECT_NEAR(lockstep, exact, 0.10 * exact)
+            << to_string(c) << " " << to_string(a) << " p=" << p << " count=" << count;
       }
 }
 
