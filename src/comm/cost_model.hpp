@@ -64,7 +64,9 @@ double predict(Algorithm algorithm, Collective collective, int ranks, std::size_
 /// collective has no candidate.
 /// With `hosts` spanning, an allreduce also weighs `hierarchical` (predict), which wins where it is
 /// faster than every flat candidate priced as HostBlocks says; else the flat choice is the plain
-/// model's (every message at `cost`).
+/// model's (every message at `cost`), unless the candidate priced fastest as HostBlocks says is
+/// predicted at least 1.3 times as fast as it, so priced (Rabenseifner's reduce_scatter, whose
+/// halving pairs the nearest ranks first on such layouts, against ring on a slow link).
 Algorithm cheapest(transport::Kind kind, Collective collective, int ranks, std::size_t bytes, bool direct_available,
                    const CostParams& cost, const HostBlocks& hosts = {});
 
