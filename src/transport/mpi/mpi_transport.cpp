@@ -274,9 +274,13 @@ bool MpiTransport::withdraw_recv(Completion* done) {
 }
 
 void MpiTransport::wait(std::uint64_t seen, clock::time_point deadline) {
-  // MPI has no blocking wait with a deadline: poll, spinning briefly, then napping (50 to 200 µs)
-  // so that more ranks than cores still run well.
-  const auto spin_until = clock::now() + std::chrono::microseconds(20);
+  // MPI has no blocking wait with a deadline: poll, yielding the core between polls for up to
+  // 500 µs, then napping (50 to 200 µs) so that more ranks than cores still run well. MPI moves a
+  // message only while some rank polls (its TCP transport reads the socket inside MPI_Test), so a
+  // rank that naps holds up its peers too: with 20 µs before the first nap, an 8-byte allreduce of
+  // 2 ranks on 2 hosts took 173-178 µs a call on average against MPI's own 12; with 500 µs, 38-40
+  // (docs/performance.md, 2026-12-07, later).
+  const auto spin_until = clock::now() + std::chrono::microseconds(500);
   auto nap = std::chrono::microseconds(50);
   while (generation() == seen) {
     {
