@@ -164,16 +164,25 @@ const CollectiveTimes::Timed& CollectiveTimes::allreduce(std::size_t count, Data
   if (auto it = allreduce_.find(key); it != allreduce_.end()) return it->second;
   const std::size_t elem = size_of(type);
   const int hosts = ranks_ / per_host_;
-  Timed timed;
-  if (comm::prefers_hierarchical(topology_, count * elem)) {
+  const auto hierarchical = [&] {
     // Equal ranks per host: reduce_scatter inside each host, per_host concurrent allreduces of
-    // one block across the hosts (sharing each host's link), allgather inside each host.
+    // one block across the hosts (sharing each host's link), allgather inside each host; each step
+    // a call of its own, which the library prices at two of the link's α besides its messages.
     const std::size_t block = (count + static_cast<std::size_t>(per_host_) - 1) / static_cast<std::size_t>(per_host_);
     const Timed rs = cheapest(Collective::reduce_scatter, per_host_, per_host_, block, elem, 1);
     const Timed across = cheapest(Collective::allreduce, hosts, 1, block, elem, per_host_);
     const Timed ag = cheapest(Collective::allgather, per_host_, per_host_, block, elem, 1);
-    timed = Timed{rs.seconds + across.seconds + ag.seconds,
-                  "hierarchical (" + rs.how + ", " + across.how + " across hosts, " + ag.how + ")"};
+    return Timed{rs.seconds + across.seconds + ag.seconds + 3 * 2 * network_.alpha,
+                 "hierarchical (" + rs.how + ", " + across.how + " across hosts, " + ag.how + ")"};
+  };
+  Timed timed;
+  if (topology_.blocked_ranks_per_host() > 0) {
+    // Ranks in blocks on hosts: as the library's cost model decides (comm::choice::cheapest),
+    // hierarchical where it is faster than the fastest flat candidate with the hosts' links priced.
+    timed = cheapest(Collective::allreduce, ranks_, per_host_, count, elem, 1);
+    if (Timed h = hierarchical(); h.seconds < timed.seconds) timed = std::move(h);
+  } else if (comm::prefers_hierarchical(topology_, count * elem)) {
+    timed = hierarchical();
   } else {
     timed = cheapest(Collective::allreduce, ranks_, per_host_, count, elem, 1);
   }

@@ -1,9 +1,11 @@
 // How long one collective call takes at scale, from Tutti's own schedules on a two-level network.
 //
-// Algorithm choice follows the library's rules: allreduce runs `hierarchical` where the ranks
-// span hosts, some host has several ranks and the call is large enough (comm's own
-// prefers_hierarchical); otherwise, and for each step of hierarchical, the candidate
-// (choice::candidates) with the least time here. Each schedule algorithm is timed by the critical
+// Algorithm choice follows the library's rules: where the ranks lie in blocks of several on two
+// or more hosts (as the simulated job always places them), allreduce runs `hierarchical` where its
+// three steps, each the cheapest here, plus two of the link's α a step, take less time than the
+// fastest flat candidate (the library's cost model weighs it so); on other layouts where some
+// host has several ranks, from comm's own prefers_hierarchical size. Otherwise, and for each
+// step of hierarchical, the candidate (choice::candidates) with the least time here. Each schedule algorithm is timed by the critical
 // path of every rank's schedule (schedule::estimate with schedule::Hosts) while that is at most
 // kExactSteps steps in all; beyond, by the lockstep approximation: the ranks of one host run
 // their schedules' k-th send and k-th receive together, in rounds; a round lasts as long as its
@@ -71,7 +73,7 @@ class CollectiveTimes {
 
   Network network_;
   int ranks_, per_host_;
-  comm::Topology topology_;  // what prefers_hierarchical asks about, built once
+  comm::Topology topology_;  // its block layout, or what prefers_hierarchical asks about, built once
   std::map<std::pair<std::size_t, DataType>, Timed> allreduce_;
   std::map<std::size_t, Timed> allgather_;
 };
