@@ -5,17 +5,19 @@
 // three steps, each the cheapest here, plus two of the link's α a step, take less time than the
 // fastest flat candidate (the library's cost model weighs it so); on other layouts where some
 // host has several ranks, from comm's own prefers_hierarchical size. Otherwise, and for each
-// step of hierarchical, the candidate (choice::candidates) with the least time here. Each schedule algorithm is timed by the critical
-// path of every rank's schedule (schedule::estimate with schedule::Hosts) while that is at most
-// kExactSteps steps in all; beyond, by the lockstep approximation: the ranks of one host run
-// their schedules' k-th send and k-th receive together, in rounds; a round lasts as long as its
-// messages take on average (a ring's data passes every link in turn) but no less than the busiest
-// port is occupied, a message across hosts sharing its host's link with the other ranks of the
-// host that cross in the same round; where two rounds in a row cross, the latency of the first
-// hides behind its queue on the link (up to the wire time behind its first message). Rings and
-// recursive doubling/halving are symmetric, so
-// every host behaves as host 0 (an algorithm whose ranks do not send and receive alike, such
-// as a tree, is always simulated exactly). `direct` (shared memory) is timed by the cost model.
+// step of hierarchical, the candidate (choice::candidates) with the least time here.
+//
+// Each schedule algorithm is timed by the critical path of every rank's schedule
+// (schedule::estimate with schedule::Hosts) while that is at most kExactSteps steps in all;
+// beyond, by the lockstep approximation: the ranks of one host run their schedules' k-th send and
+// k-th receive together, in rounds; a round lasts as long as its messages take on average (a
+// ring's data passes every link in turn) but no less than the busiest port is occupied, a message
+// across hosts sharing its host's link with the other ranks of the host that cross in the same
+// round; where two rounds in a row cross, the latency of the first hides behind its queue on the
+// link (up to the wire time behind its first message). Rings and recursive doubling/halving are
+// symmetric, so every host behaves as host 0 (an algorithm whose ranks do not send and receive
+// alike, such as a tree, is always simulated exactly). `direct` (shared memory) is timed by the
+// cost model.
 #pragma once
 
 #include <cstddef>
