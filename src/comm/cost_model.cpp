@@ -25,10 +25,12 @@ constexpr double tie_margin = 1e-3;
 constexpr double stream_margin = 0.05, stream_gain = 0.75;
 // Where ranks lie in blocks on hosts, the flat candidate that the hosts' links price fastest
 // replaces the plain model's choice only where the plain choice, priced on those links too, is
-// predicted this much slower: Rabenseifner's reduce_scatter, nearest ranks first, against ring's
-// three blocks a link at 1 Gbit/s (1.4 predicted, 1.5 measured: docs/performance.md, 2026-12-07,
-// later). Closer calls are the model's error: Bruck's alltoall of 4-64 KiB, priced 1.10-1.23
-// ahead of pairwise, measured 0.67-0.76 of it on the emulated cluster.
+// predicted this much slower: Rabenseifner's reduce_scatter, nearest ranks first, and the
+// recursive-doubling allgather, farthest first, against ring's three blocks a link at 1 Gbit/s
+// (1.35-1.4 predicted, 1.5 measured: docs/performance.md, 2026-12-07, later). Closer calls are the
+// model's error either way: Bruck's alltoall of 4-64 KiB, priced 1.10-1.23 ahead of pairwise,
+// measured 0.67-0.76 of it on the emulated cluster; a 16 KiB allgather, priced 1.25 ahead of ring,
+// measured 1.5 (it stays on ring).
 constexpr double hosts_margin = 1.3;
 
 std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }

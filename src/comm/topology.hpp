@@ -35,8 +35,8 @@ class Topology {
   /// L where the ranks span hosts in blocks of L (ranks [h·L, (h+1)·L) on host h) with at least 2
   /// hosts and L ≥ 2; else 0. Then the cost model prices the hosts' links and chooses hierarchical
   /// allreduce where it pays (choice::ChoiceContext::ranks_per_host), and reduce_scatter's
-  /// Rabenseifner pairs the nearest ranks first (schedule::Params::ranks_per_host). Found once, at
-  /// construction.
+  /// Rabenseifner and allgather's recursive doubling order their rounds so that the links carry
+  /// the least (schedule::Params::ranks_per_host). Found once, at construction.
   int blocked_ranks_per_host() const { return blocked_; }
   /// Several hosts, and several ranks on one of them: hierarchical allreduce has something to do.
   bool spans_hosts_with_neighbours() const { return host_count() >= 2 && max_local_size() >= 2; }

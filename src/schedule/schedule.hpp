@@ -91,7 +91,9 @@ struct Params {
   std::size_t chunk_bytes = 1 << 18;           // pipelining granularity of ring and chain algorithms
   // Ranks lie in blocks of this many on hosts (ranks [h·L, (h+1)·L) on host h); 0: not known, or
   // one host. Where it is at least 2 and below size, reduce_scatter's Rabenseifner pairs the
-  // nearest ranks first (reduce_scatter_rabenseifner.cpp). The same on every rank.
+  // nearest ranks first and the recursive-doubling allgather the farthest first, so that the
+  // hosts' links carry the least (reduce_scatter_rabenseifner.cpp, allgather_recursive_doubling.cpp).
+  // The same on every rank.
   int ranks_per_host = 0;
 
   /// The parameters of `call` on rank `rank` of `size`: any call description with NativeCall's

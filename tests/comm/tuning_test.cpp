@@ -290,16 +290,19 @@ TEST_F(Tuning, RanksInBlocksOnHostsPriceTheLinksTheyShare) {
   // Otherwise the flat choice is the plain model's, unless the hosts' links price another at least
   // 1.3 times as fast: Rabenseifner's reduce_scatter (nearest ranks first: the links carry the
   // other host's blocks once) against ring's three blocks a link, from 1 MiB, where the plain
-  // model takes ring for its pipelined reductions. Bruck's alltoall, which the links price up to
-  // 1.23 times as fast as pairwise at 4-64 KiB, does not displace it.
+  // model takes ring for its pipelined reductions; and its mirror, the recursive-doubling allgather
+  // (farthest first), from 64 KiB. Bruck's alltoall, which the links price up to 1.23 times as fast
+  // as pairwise at 4-64 KiB, does not displace it.
   for (std::size_t bytes : {std::size_t{64}, std::size_t{4096}, n, large})
     for (Collective c :
          {Collective::allgather, Collective::reduce_scatter, Collective::alltoall, Collective::broadcast}) {
       const Algorithm plain = cheapest(transport::Kind::routed, c, 4, bytes, false, link);
       const Algorithm priced = cheapest(transport::Kind::routed, c, 4, bytes, false, link, hosts);
-      if (c == Collective::reduce_scatter && bytes == large) {
-        EXPECT_EQ(plain, Algorithm::ring);
-        EXPECT_EQ(priced, Algorithm::rabenseifner);
+      const bool displaced =
+          (c == Collective::reduce_scatter && bytes == large) || (c == Collective::allgather && bytes >= n);
+      if (displaced) {
+        EXPECT_EQ(plain, Algorithm::ring) << to_string(c) << " " << bytes;
+        EXPECT_EQ(priced, c == Collective::allgather ? Algorithm::recursive_doubling : Algorithm::rabenseifner);
         EXPECT_GT(predict(plain, c, 4, bytes, link, hosts), 1.3 * predict(priced, c, 4, bytes, link, hosts));
       } else {
         EXPECT_EQ(priced, plain) << to_string(c) << " " << bytes;

@@ -500,6 +500,25 @@ TEST(Estimate, RabenseifnerReduceScatterHalvesWithTheNearestRankFirstOnHosts) {
   EXPECT_DOUBLE_EQ(estimate(Algorithm::rabenseifner, params, 0, 0, 0, hosts).time, 4 * 400 * 4.0);
 }
 
+// Its mirror: where ranks lie in blocks on hosts, the recursive-doubling allgather doubles with the
+// farthest rank first, so that on 2 hosts of 4 ranks rank 0 sends its block to rank 4, two blocks to
+// rank 2 and four to rank 1, and the links carry each host's four blocks once each way, where
+// nearest first carries four times that (4 ranks × four blocks in the last round). Scratch holds
+// the blocks by position and is copied into the output at the end.
+TEST(Estimate, RecursiveDoublingAllgatherDoublesWithTheFarthestRankFirstOnHosts) {
+  Params params = params_of(Collective::allgather, 8, 100, std::size_t{1} << 18);
+  params.ranks_per_host = 4;
+  const Schedule rank0 = make(Algorithm::recursive_doubling, params);
+  EXPECT_EQ(sends_of(rank0), (std::vector<std::pair<int, std::size_t>>{{4, 100}, {2, 200}, {1, 400}}));
+  EXPECT_EQ(rank0.scratch_count, 800u);
+  const Hosts hosts{4, 0.0, 1.0};
+  EXPECT_DOUBLE_EQ(estimate(Algorithm::recursive_doubling, params, 0, 0, 0, hosts).time, 4 * 100 * 4.0);
+  params.ranks_per_host = 0;
+  EXPECT_EQ(sends_of(make(Algorithm::recursive_doubling, params)),
+            (std::vector<std::pair<int, std::size_t>>{{1, 100}, {2, 200}, {4, 400}}));
+  EXPECT_DOUBLE_EQ(estimate(Algorithm::recursive_doubling, params, 0, 0, 0, hosts).time, 4 * 400 * 4.0);
+}
+
 // The busiest port: a rank's sends, or its receives with their reductions, one after another.
 TEST(Estimate, BusiestPortSumsARanksMessages) {
   std::vector<Schedule> s(2);
