@@ -135,7 +135,9 @@ TEST(SimCollectiveTime, LockstepAgreesWithTheExactPathOnSymmetricAlgorithms) {
                                                     {Collective::allreduce, Algorithm::recursive_doubling},
                                                     {Collective::allreduce, Algorithm::rabenseifner},
                                                     {Collective::reduce_scatter, Algorithm::ring},
-                                                    {Collective::reduce_scatter, Algorithm::rabenseifner}};
+                                                    {Collective::reduce_scatter, Algorithm::rabenseifner},
+                                                    {Collective::allgather, Algorithm::ring},
+                                                    {Collective::allgather, Algorithm::recursive_doubling}};
   for (const auto& [c, a] : cases)
     for (int p : {8, 16, 32})
       for (std::size_t count : {std::size_t{4096}, std::size_t{1} << 20}) {
