@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <initializer_list>
+#include <utility>
 #include <string>
 
 #include "schedule/schedule.hpp"
@@ -73,6 +74,14 @@ inline constexpr std::uint32_t no_step = ~std::uint32_t{0};
 
 /// The given step indices without `no_step` entries: deps on steps that may have been skipped.
 std::vector<std::uint32_t> deps_of(std::initializer_list<std::uint32_t> steps);
+
+/// A send (a receive) of `region`, or no step (`no_step`) when the region is empty.
+inline std::uint32_t send_if(Schedule& s, int peer, Region region, std::vector<std::uint32_t> deps = {}) {
+  return region.count == 0 ? no_step : s.send(peer, region, std::move(deps));
+}
+inline std::uint32_t recv_if(Schedule& s, int peer, Region region, std::vector<std::uint32_t> deps = {}) {
+  return region.count == 0 ? no_step : s.recv(peer, region, std::move(deps));
+}
 
 /// allgather/allgatherv/gather layout: offsets of the p blocks in the packed output, p+1 entries
 /// (block b is [offsets[b], offsets[b+1])); per-rank Params::counts when set, else count each.

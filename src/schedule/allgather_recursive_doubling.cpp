@@ -30,14 +30,6 @@ void add(std::vector<std::uint32_t>& steps, std::uint32_t step) {
   if (step != no_step) steps.push_back(step);
 }
 
-std::uint32_t send_if(Schedule& s, int peer, Region region, std::vector<std::uint32_t> deps) {
-  return region.count == 0 ? no_step : s.send(peer, region, std::move(deps));
-}
-
-std::uint32_t recv_if(Schedule& s, int peer, Region region, std::vector<std::uint32_t> deps) {
-  return region.count == 0 ? no_step : s.recv(peer, region, std::move(deps));
-}
-
 // Farthest first (see above), on a rank that takes part in the power-of-two phase; `written` holds
 // the copy of its own block into output. Scratch holds the blocks by position.
 void farthest_first(Schedule& s, const Fold& f, const std::vector<std::size_t>& offsets, Region input,

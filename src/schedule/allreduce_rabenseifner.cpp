@@ -38,10 +38,6 @@ struct Halving {
   }
 };
 
-std::uint32_t send_if(Schedule& s, int peer, Region r, std::vector<std::uint32_t> deps) {
-  return r.count == 0 ? no_step : s.send(peer, r, std::move(deps));
-}
-
 // Recursive halving then recursive doubling among the pof2 active ranks (a PowerOfTwoPhase), in
 // positions u = reversed(virtual rank): partners u ^ m for m = pof2/2, pof2/4, ... are virtual
 // ranks that differ in bit 0, 1, ... (nearest first).
