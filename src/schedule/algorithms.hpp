@@ -5,8 +5,8 @@
 
 #include <functional>
 #include <initializer_list>
-#include <utility>
 #include <string>
+#include <utility>
 
 #include "schedule/schedule.hpp"
 
