@@ -86,7 +86,7 @@ Schedule allgather_recursive_doubling(const Params& params) {
   }
   std::vector<std::uint32_t> written;  // the steps that filled what this rank has so far
   if (input.count > 0) written.push_back(s.copy(Region{Buffer::output, offsets[r], input.count}, input));
-  if (params.ranks_per_host >= 2 && params.ranks_per_host < params.size) {
+  if (params.in_host_blocks()) {
     farthest_first(s, f, offsets, input, written);
     return s;
   }

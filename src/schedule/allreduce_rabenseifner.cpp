@@ -70,7 +70,7 @@ std::vector<std::uint32_t> halve_then_double(Schedule& s, const Fold& f, Region 
     sent = send_if(s, peer, h.range(Buffer::output, lo, hi), deps_of({reduced, sent, arrived}));
     const auto [glo, ghi] = given[static_cast<std::size_t>(k)];
     const Region back = h.range(Buffer::output, glo, ghi);
-    arrived = back.count == 0 ? no_step : s.recv(peer, back, deps_of({rs_sent[static_cast<std::size_t>(k)]}));
+    arrived = recv_if(s, peer, back, deps_of({rs_sent[static_cast<std::size_t>(k)]}));
     complete.push_back(arrived);
     lo = std::min(lo, glo);
     hi = std::max(hi, ghi);

@@ -83,7 +83,7 @@ Schedule reduce_scatter_rabenseifner(const Params& params) {
     return s;
   }
   const Fold f = fold(params.rank, params.size);
-  Layout layout(f, c, params.ranks_per_host >= 2 && params.ranks_per_host < params.size);
+  Layout layout(f, c, params.in_host_blocks());
   std::vector<std::uint32_t> placed;
   if (layout.nearest) {
     s.scratch_count = all;

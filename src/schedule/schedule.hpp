@@ -96,6 +96,9 @@ struct Params {
   // The same on every rank.
   int ranks_per_host = 0;
 
+  /// Whether the ranks lie in blocks of several on two or more hosts (ranks_per_host above).
+  bool in_host_blocks() const { return ranks_per_host >= 2 && ranks_per_host < size; }
+
   /// The parameters of `call` on rank `rank` of `size`: any call description with NativeCall's
   /// fields (collective, count, type, root, counts, recv_counts), which this layer does not see.
   template <class Call>
