@@ -176,7 +176,7 @@ exec::Operation::Buffers CommImpl::map_buffers(const Call& call, const Extents& 
 }
 
 std::shared_ptr<const exec::Plan> CommImpl::plan_for(const Call& call, Algorithm algorithm,
-                                                     const transport::Signature& signature) {
+                                                     const transport::Signature& signature, bool run_ahead) {
   schedule::Params params = schedule::Params::of(call, rank_, size_);
   params.ranks_per_host = host_blocks();  // the same for the communicator's life: not in the key
   if (schedule::pipelined_chain(algorithm, call.collective)) {
@@ -185,14 +185,12 @@ std::shared_ptr<const exec::Plan> CommImpl::plan_for(const Call& call, Algorithm
     schedule::fit_chunks(params, algorithm, cost.alpha, cost.beta);
   }
   auto make = [&] {
-    return exec::Plan::collective(queue_->transport(), schedule::make(algorithm, params), signature,
-                                  size_of(call.type));
+    return exec::Plan::collective(queue_->transport(), schedule::make(algorithm, params), signature, size_of(call.type),
+                                  run_ahead);
   };
   if (!call.counts.empty() || !call.recv_counts.empty()) return make();
-  const PlanKey key{algorithm,         call.collective,
-                    call.count,        size_of(call.type),
-                    call.root,         exec::Plan::runs_ahead(queue_->transport(), signature, size_of(call.type)),
-                    params.chunk_bytes};
+  const PlanKey key{algorithm, call.collective, call.count,        size_of(call.type),
+                    call.root, run_ahead,       params.chunk_bytes};
   for (const CachedPlan& cached : plans_)
     if (cached.plan && cached.key == key) return cached.plan;
   auto plan = make();
@@ -202,12 +200,13 @@ std::shared_ptr<const exec::Plan> CommImpl::plan_for(const Call& call, Algorithm
 }
 
 Request CommImpl::start_schedule(const Call& call, Algorithm algorithm, const Extents& extents, bool blocking) {
-  transport::Signature upcoming = transport::Signature::of(call, algorithm);
-  upcoming.seq = queue_->upcoming_seq();  // a broadcast's plan depends on it (exec::Plan::runs_ahead)
-  std::shared_ptr<const exec::Plan> plan = plan_for(call, algorithm, upcoming);
+  const transport::Signature upcoming = transport::Signature::of(call, algorithm);
+  const std::size_t weight = exec::Plan::run_ahead_weight(queue_->transport(), upcoming, size_of(call.type));
+  std::shared_ptr<const exec::Plan> plan = plan_for(call, algorithm, upcoming, run_ahead_.admits(weight));
   Staging staging;
   const exec::Operation::Buffers buffers = map_buffers(call, extents, staging);
   const transport::Signature signature = next_signature(call, algorithm);
+  run_ahead_.record(*plan, weight);  // with the sequence number it takes
   auto op = exec::Operation::collective(queue_->transport(), std::move(plan), buffers, call.type,
                                         call.op.value_or(ReduceOp::sum), signature);
   op->timeout = timeout_of(call);

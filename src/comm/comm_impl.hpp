@@ -63,8 +63,6 @@ class CommImpl {
   /// The transport's name ("inproc", "shm", "tcp", "mpi").
   std::string_view transport_name() const { return queue_->transport().name(); }
   transport::Kind transport_kind() const { return queue_->transport().kind(); }
-  /// The sequence number the next collective takes (the same on every rank).
-  std::uint64_t upcoming_seq() const { return queue_->upcoming_seq(); }
   /// Whether the shared-memory direct algorithms serve `collective` on this communicator.
   bool direct_serves(Collective collective) const;
   /// What `requested` resolves to for a call of `collective` of `bytes` (the total over ranks for
@@ -171,12 +169,13 @@ class CommImpl {
     Collective collective{};
     std::size_t count = 0, elem_size = 0;
     int root = 0;
-    bool runs_ahead = false;      // exec::Plan::runs_ahead (it depends on the sequence number)
+    bool runs_ahead = false;      // the call runs ahead (run_ahead_)
     std::size_t chunk_bytes = 0;  // schedule::fit_chunks (it depends on the cost model)
     bool operator==(const PlanKey&) const = default;
   };
   std::shared_ptr<const exec::Plan> plan_for(const Call& call, Algorithm algorithm,
-                                             const transport::Signature& signature);
+                                             const transport::Signature& signature, bool run_ahead);
+  exec::RunAheadWindow run_ahead_;  // which rooted calls run ahead and which ring (exec::Plan::run_ahead_weight)
   static constexpr std::size_t kPlans = 8;
   struct CachedPlan {
     PlanKey key;

@@ -82,39 +82,39 @@ bool messages_carry_signatures(const transport::Transport& transport, const tran
 // hears from the other and, after notice_after, names its own call to it (notify_signature,
 // below), where it is compared. Without the ring no rank waits for a neighbour it has no edge
 // to, so a broadcast's or scatter's root returns once it has sent, a reduce's or gather's leaf
-// once it has sent. What bounds how far a rank runs ahead is the ring kept at every
-// run_ahead_calls-th call (a rank passes it only once its predecessor entered it), so a rank
-// holds at most size * run_ahead_calls such messages it has not yet asked for.
-bool Plan::runs_ahead(const transport::Transport& transport, const transport::Signature& signature,
-                      std::size_t elem_size) {
+// once it has sent. What bounds how far a rank runs ahead is the ring kept where the
+// communicator's RunAheadWindow is full.
+std::size_t Plan::run_ahead_weight(const transport::Transport& transport, const transport::Signature& signature,
+                                   std::size_t elem_size) {
   static_assert(max_notice_steps <= 64);
   const int p = transport.size();
-  if (!transport.checks_message_signatures() || p < 2 || p > run_ahead_ranks || signature.count == 0 ||
-      signature.seq % run_ahead_calls == 0)
-    return false;
+  if (!transport.checks_message_signatures() || p < 2 || p > run_ahead_ranks || signature.count == 0) return 0;
   const Algorithm algorithm = signature.algorithm;
   // The largest message: a gather's or scatter's tree carries up to every block but the root's.
   std::size_t blocks = 1;
   switch (signature.collective) {
     case Collective::broadcast:
-      if (algorithm != Algorithm::binomial_tree && algorithm != Algorithm::ring) return false;
+      if (algorithm != Algorithm::binomial_tree && algorithm != Algorithm::ring) return 0;
       break;
     case Collective::reduce:
-      if (algorithm != Algorithm::binomial_tree) return false;
+      if (algorithm != Algorithm::binomial_tree) return 0;
       break;
     case Collective::gather:
     case Collective::scatter:
-      if (algorithm != Algorithm::linear && algorithm != Algorithm::binomial_tree) return false;
+      if (algorithm != Algorithm::linear && algorithm != Algorithm::binomial_tree) return 0;
       blocks = static_cast<std::size_t>(p);
       break;
     default:
-      return false;
+      return 0;
   }
-  return signature.count <= run_ahead_bytes / elem_size / blocks;
+  if (signature.count > run_ahead_bytes / elem_size / blocks) return 0;
+  constexpr std::size_t message_bookkeeping = 256;  // what a receiver holds for a message besides its bytes
+  return signature.count * elem_size * blocks + message_bookkeeping;
 }
 
 std::shared_ptr<const Plan> Plan::collective(const transport::Transport& transport, schedule::Schedule schedule,
-                                             const transport::Signature& signature, std::size_t elem_size) {
+                                             const transport::Signature& signature, std::size_t elem_size,
+                                             bool run_ahead) {
   auto plan = std::make_shared<Plan>();
   plan->schedule = std::move(schedule);
   // The k-th message between two ranks in list order is matched by index k on both sides.
@@ -128,7 +128,7 @@ std::shared_ptr<const Plan> Plan::collective(const transport::Transport& transpo
   }
   if (transport.detects_every_mismatch() || transport.size() == 1 || messages_carry_signatures(transport, signature)) {
     // no signature message
-  } else if (runs_ahead(transport, signature, elem_size) && steps.size() <= max_notice_steps) {
+  } else if (run_ahead && steps.size() <= max_notice_steps) {
     plan->notices = true;
   } else {
     plan->add_signature_exchange(transport.rank(), transport.size(), elem_size);

@@ -55,32 +55,67 @@ struct Plan {
 
   /// Over a transport that checks every message's signature, a tree's rooted collective (a
   /// broadcast, scatter, reduce or gather whose largest message is at most `run_ahead_bytes`)
-  /// among at most `run_ahead_ranks` ranks sends no signature ring except at every
-  /// `run_ahead_calls`-th sequence number: a rank returns once its own messages are sent and
-  /// those it receives are in (a broadcast's or scatter's root, a reduce's or gather's leaves),
-  /// without waiting for the others (docs/api.md).
+  /// among at most `run_ahead_ranks` ranks may send no signature ring: a rank returns once its
+  /// own messages are sent and those it receives are in (a broadcast's or scatter's root, a
+  /// reduce's or gather's leaves), without waiting for the others (docs/api.md). Which such calls
+  /// do, and which ring to bound how far ranks run ahead, is the communicator's RunAheadWindow.
   static constexpr std::size_t run_ahead_bytes = 64 * 1024;
   static constexpr int run_ahead_ranks = 32;
-  static constexpr std::uint64_t run_ahead_calls = 16;
   /// How long such a call waits for a peer's message before it names its own call to that peer
   /// (Transport::notify_signature): ranks that all wait for peers in other calls learn of the
   /// mismatch after that long.
   static constexpr std::chrono::microseconds notice_after{1000};
-  /// Whether a call with `signature` (its sequence number included) runs ahead so.
-  static bool runs_ahead(const transport::Transport& transport, const transport::Signature& signature,
-                         std::size_t elem_size);
+  /// What a call with `signature` weighs in a RunAheadWindow where it may run ahead so (its
+  /// largest message's bytes and a message's bookkeeping); 0 where it may not.
+  static std::size_t run_ahead_weight(const transport::Transport& transport, const transport::Signature& signature,
+                                      std::size_t elem_size);
 
   /// The plan of a collective with `signature` (its algorithm, collective, count, size and, for a
   /// broadcast, sequence number decide whether a signature exchange is added) over `transport`,
   /// elements of `elem_size` bytes.
+  /// `run_ahead`: the call runs ahead (RunAheadWindow::admits of its run_ahead_weight).
   static std::shared_ptr<const Plan> collective(const transport::Transport& transport, schedule::Schedule schedule,
-                                                const transport::Signature& signature, std::size_t elem_size);
+                                                const transport::Signature& signature, std::size_t elem_size,
+                                                bool run_ahead = false);
+  /// Whether its runs send the signature ring.
+  bool rings() const { return signature_recv != none; }
   /// The one-step plan of a point-to-point message (`index`: its key's).
   static std::shared_ptr<const Plan> point_to_point(const PointToPoint& message, std::uint32_t index);
 
  private:
   void add_signature_exchange(int rank, int size, std::size_t elem_size);
   void build_graph();
+};
+
+/// How far one communicator's rooted calls run ahead between signature rings (Plan::
+/// run_ahead_weight). A call that may run ahead does while the window since the last ring holds
+/// fewer than max_calls - 1 such calls and at most max_bytes of their weight; the next one rings,
+/// as does every other call that rings, and a new window opens. The decision depends on the
+/// calls alone, so ranks that make the same calls decide alike; where ranks make different calls,
+/// those calls' own messages or notices tell them so (whatever their windows decide next). A rank
+/// passes a ring only once its predecessor entered that call, so a rank holds at most size
+/// windows of messages it has not yet asked for: size * max_bytes of weight.
+class RunAheadWindow {
+ public:
+  static constexpr std::uint64_t max_calls = 256;
+  static constexpr std::size_t max_bytes = std::size_t{1} << 20;
+  /// Whether the next call, weighing `weight` (0: it may not run ahead), runs ahead.
+  bool admits(std::size_t weight) const { return weight > 0 && calls_ + 1 < max_calls && weight <= max_bytes - bytes_; }
+  /// Records the next call by its plan: one that runs ahead fills the window, one that rings
+  /// opens a new one, any other (it neither waits for a ring nor runs ahead) leaves it.
+  void record(const Plan& plan, std::size_t weight) {
+    if (plan.notices) {
+      ++calls_;
+      bytes_ += weight;
+    } else if (plan.rings()) {
+      calls_ = 0;
+      bytes_ = 0;
+    }
+  }
+
+ private:
+  std::uint64_t calls_ = 0;
+  std::size_t bytes_ = 0;
 };
 
 class Operation {

@@ -36,8 +36,6 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   void check_usable(bool collective);
   /// The next collective sequence number (same on every rank when calls are issued in the same order).
   std::uint64_t next_seq() { return next_seq_++; }
-  /// The number the next call to next_seq() returns (collectives are issued by one thread at a time).
-  std::uint64_t upcoming_seq() const { return next_seq_; }
   /// The key of the next point-to-point message to `peer` with `tag`.
   transport::MessageKey next_send_key(int peer, int tag);
   /// The key of the next message from `peer` with `tag`, taken, when a receive may post it at

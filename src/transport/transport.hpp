@@ -185,7 +185,7 @@ class Transport {
 
   /// Sends this rank's signature of collective `seq` (announced) to `peer`, which compares it with
   /// its own on arrival and keeps nothing: how a rank waiting for a message of a call that sends no
-  /// signature ring tells its sender which call it is in (Plan::runs_ahead). Only transports that
+  /// signature ring tells its sender which call it is in (Plan::run_ahead_weight). Only transports that
   /// check message signatures are asked.
   virtual void notify_signature(int /*peer*/, std::uint64_t /*seq*/) {}
 

@@ -352,5 +352,45 @@ TEST(SpareNodes, RecycledNodesKeepEveryEntryApart) {
   }
 }
 
+// A communicator's run-ahead window: calls that may run ahead do until the window holds
+// max_calls - 1 of them or max_bytes of their weight; a call that rings opens a new window, any
+// other call leaves it as it is.
+TEST(ExecRunAhead, TheWindowBoundsCallsAndBytesAndReopensAtARing) {
+  using exec::Plan;
+  using exec::RunAheadWindow;
+  Plan ahead, rings, neither;
+  ahead.notices = true;
+  rings.signature_recv = 0;
+  ASSERT_TRUE(rings.rings());
+  ASSERT_FALSE(ahead.rings());
+  ASSERT_FALSE(neither.rings());
+
+  RunAheadWindow window;
+  EXPECT_FALSE(window.admits(0)) << "a call that may not run ahead";
+  const auto fill = [&](std::size_t weight) {
+    std::uint64_t admitted = 0;
+    while (window.admits(weight)) {
+      window.record(ahead, weight);
+      if (++admitted % 7 == 0) window.record(neither, 0);  // e.g. an allreduce whose messages carry signatures
+      if (admitted > RunAheadWindow::max_calls) break;
+    }
+    return admitted;
+  };
+  // Small calls: max_calls - 1 of them, then the next one rings.
+  EXPECT_EQ(fill(264), RunAheadWindow::max_calls - 1);
+  EXPECT_FALSE(window.admits(1));
+  window.record(rings, 264);
+  // Calls of 64 KiB: as many as max_bytes holds (15 of 65536 + 256 bytes).
+  const std::size_t large = 65536 + 256;
+  EXPECT_EQ(fill(large), RunAheadWindow::max_bytes / large);
+  EXPECT_EQ(fill(large), 0u);
+  EXPECT_TRUE(window.admits(RunAheadWindow::max_bytes - (RunAheadWindow::max_bytes / large) * large));
+  window.record(rings, 0);
+  // Mixed: the bytes of small calls count against the large ones in the same window.
+  for (int k = 0; k < 100; ++k) window.record(ahead, 8192);
+  EXPECT_EQ(fill(large), (RunAheadWindow::max_bytes - 100 * 8192) / large);
+  EXPECT_FALSE(window.admits(RunAheadWindow::max_bytes + 1));
+}
+
 }  // namespace
 }  // namespace tutti::testing

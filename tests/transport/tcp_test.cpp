@@ -279,63 +279,114 @@ TEST(TcpCollectives, RepeatedShapesReuseTheirPlans) {
   EXPECT_EQ(failures, "");
 }
 
-// Barriers until the next collective is the first after a signature ring that bounds how far a
-// broadcast's root may run ahead (exec::Plan::runs_ahead): the same number of them on every rank.
-void align_to_run_ahead(Communicator& comm) {
-  while (comm::Access::impl(comm)->upcoming_seq() % exec::Plan::run_ahead_calls != 1)
-    comm.barrier({Algorithm::automatic, op_timeout});
+// A broadcast over Plan::run_ahead_bytes rings, so the next call opens a new run-ahead window
+// (exec::RunAheadWindow), alike on every rank.
+void open_run_ahead_window(Communicator& comm) {
+  std::vector<std::int32_t> b(exec::Plan::run_ahead_bytes / sizeof(std::int32_t) + 1, 5);
+  comm.broadcast(b.data(), b.size(), DataType::i32, 0, {Algorithm::binomial_tree, op_timeout});
+  for (auto v : b) ASSERT_EQ(v, 5);
 }
 
-// A small broadcast's root returns once it has sent: it finishes the 15 calls between two
-// signature rings before any receiver has made its first; every value still arrives exactly, and
-// roots, counts (one over Plan::run_ahead_bytes, one of 0) and both tree shapes vary after it.
+// Element counts of the calls of one whole run-ahead window, and of the call after them, which
+// rings: max_calls - 1 small calls, or as many of 64 KiB as max_bytes holds.
+std::vector<std::size_t> window_of_small_calls() {
+  std::vector<std::size_t> counts;
+  for (std::uint64_t k = 0; k < exec::RunAheadWindow::max_calls; ++k) counts.push_back(1 + (k * 97) % 200);
+  return counts;
+}
+std::vector<std::size_t> window_of_large_calls(std::size_t blocks) {
+  const std::size_t n = exec::Plan::run_ahead_bytes / sizeof(std::int32_t) / blocks;
+  const std::size_t weight = n * blocks * sizeof(std::int32_t) + 256;
+  return std::vector<std::size_t>(exec::RunAheadWindow::max_bytes / weight + 1, n);
+}
+
+// What the ranks of run_one_window share.
+struct WindowRun {
+  explicit WindowRun(int early) : early_ranks(early) {}
+  const int early_ranks;
+  std::mutex mutex;
+  std::condition_variable cv;
+  int ahead_done = 0;  // early ranks that made every call but the last
+  int last_done = 0;   // early ranks that made the last
+  bool checking = false, checked = false;
+};
+
+// The ranks that return first (`early`) make every call of `counts` but the last before the others
+// make their first; the last one rings, and an early rank whose ring predecessor is not early
+// finishes it only once that rank entered it: not all early ranks finish within half a second
+// while the others hold back (one of them watches, the rest wait for it). `call(comm, k, n)`
+// makes call k of n elements and checks it.
+template <class Call>
+void run_one_window(Communicator& comm, bool early, const std::vector<std::size_t>& counts, const std::string& name,
+                    const Call& call, WindowRun& run) {
+  const int ahead = static_cast<int>(counts.size()) - 1;
+  if (early) {
+    for (int k = 0; k < ahead; ++k) call(comm, k, counts[static_cast<std::size_t>(k)]);
+    {
+      std::lock_guard lock(run.mutex);
+      ++run.ahead_done;
+      run.cv.notify_all();
+    }
+    call(comm, ahead, counts.back());
+    std::lock_guard lock(run.mutex);
+    ++run.last_done;
+    run.cv.notify_all();
+    return;
+  }
+  std::unique_lock lock(run.mutex);
+  ASSERT_TRUE(run.cv.wait_for(lock, 60s, [&] { return run.ahead_done == run.early_ranks; }))
+      << name << ": the early ranks waited within the window";
+  if (!run.checking) {
+    run.checking = true;
+    EXPECT_FALSE(run.cv.wait_for(lock, 500ms, [&] { return run.last_done == run.early_ranks; }))
+        << name << ": call " << ahead << " ran ahead past the window";
+    run.checked = true;
+    run.cv.notify_all();
+  } else {
+    ASSERT_TRUE(run.cv.wait_for(lock, 60s, [&] { return run.checked; })) << name;
+  }
+  lock.unlock();
+  for (int k = 0; k <= ahead; ++k) call(comm, k, counts[static_cast<std::size_t>(k)]);
+}
+
+// A small broadcast's root returns once it has sent: it finishes the calls of a run-ahead window
+// (255 small ones, or 15 of 64 KiB) before any receiver has made its first, and the call after
+// them waits; every value still arrives exactly, and roots, counts (one over
+// Plan::run_ahead_bytes, one of 0) and both tree shapes vary after it.
 TEST(TcpCollectives, ABroadcastRootRunsAheadOfItsReceivers) {
   for (const Algorithm algorithm : {Algorithm::binomial_tree, Algorithm::ring}) {
-    auto comms = make_group(3);
-    std::mutex mutex;
-    std::condition_variable cv;
-    bool root_done = false;
-    const std::string failures = run_ranks(comms, [&](Communicator& comm) {
-      const int p = comm.size(), r = comm.rank();
-      align_to_run_ahead(comm);
-      const auto ahead = static_cast<int>(exec::Plan::run_ahead_calls) - 1;
-      if (r == 0) {
-        for (int k = 0; k < ahead; ++k) {
-          std::vector<std::int32_t> b(static_cast<std::size_t>(1 + k * 97), 1000 + k);
-          comm.broadcast(b.data(), b.size(), DataType::i32, 0, {algorithm, op_timeout});
+    for (const auto& counts : {window_of_small_calls(), window_of_large_calls(1)}) {
+      const std::string name = std::string(to_string(algorithm)) + ", " + std::to_string(counts.size()) + " calls";
+      auto comms = make_group(3);
+      WindowRun run(1);
+      const auto call = [&](Communicator& comm, int k, std::size_t n) {
+        std::vector<std::int32_t> b(n, comm.rank() == 0 ? 1000 + k : -1);
+        comm.broadcast(b.data(), b.size(), DataType::i32, 0, {algorithm, op_timeout});
+        for (auto v : b) ASSERT_EQ(v, 1000 + k) << name << " call " << k;
+      };
+      const std::string failures = run_ranks(comms, [&](Communicator& comm) {
+        const int p = comm.size(), r = comm.rank();
+        open_run_ahead_window(comm);
+        run_one_window(comm, r == 0, counts, name, call, run);
+        const std::size_t over = exec::Plan::run_ahead_bytes / sizeof(std::int32_t) + 1;
+        for (int k = 0; k < 50; ++k) {
+          const int root = (k * 5 + k / 7) % p;
+          const std::size_t n = k % 10 == 3 ? over : k % 10 == 7 ? 0 : static_cast<std::size_t>(1 + (k * 131) % 4000);
+          std::vector<std::int32_t> b(n, r == root ? 7 * k + root : -1);
+          comm.broadcast(b.data(), n, DataType::i32, root, {algorithm, op_timeout});
+          for (auto v : b) ASSERT_EQ(v, 7 * k + root) << name << " call " << k << " root " << root;
         }
-        std::lock_guard lock(mutex);
-        root_done = true;
-        cv.notify_all();
-      } else {
-        std::unique_lock lock(mutex);
-        ASSERT_TRUE(cv.wait_for(lock, 30s, [&] { return root_done; }))
-            << to_string(algorithm) << ": the root waited for its receivers";
-        lock.unlock();
-        for (int k = 0; k < ahead; ++k) {
-          std::vector<std::int32_t> b(static_cast<std::size_t>(1 + k * 97), -1);
-          comm.broadcast(b.data(), b.size(), DataType::i32, 0, {algorithm, op_timeout});
-          for (auto v : b) ASSERT_EQ(v, 1000 + k) << to_string(algorithm) << " call " << k;
-        }
-      }
-      const std::size_t over = exec::Plan::run_ahead_bytes / sizeof(std::int32_t) + 1;
-      for (int k = 0; k < 50; ++k) {
-        const int root = (k * 5 + k / 7) % p;
-        const std::size_t n = k % 10 == 3 ? over : k % 10 == 7 ? 0 : static_cast<std::size_t>(1 + (k * 131) % 4000);
-        std::vector<std::int32_t> b(n, r == root ? 7 * k + root : -1);
-        comm.broadcast(b.data(), n, DataType::i32, root, {algorithm, op_timeout});
-        for (auto v : b) ASSERT_EQ(v, 7 * k + root) << to_string(algorithm) << " call " << k << " root " << root;
-      }
-    });
-    EXPECT_EQ(failures, "") << to_string(algorithm);
+      });
+      EXPECT_EQ(failures, "") << name;
+    }
   }
 }
 
 // A rooted call that runs ahead, as the broadcast above: a scatter's root returns once it has
 // sent, a reduce's or gather's leaves (p = 3: both non-roots) once they have sent. The ranks that
-// return first finish the 15 calls between two signature rings before the others make their
-// first; every value still arrives exactly, and roots, counts (one over the bound on the largest
-// message, one of 0) and both trees vary after it.
+// return first finish the calls of a run-ahead window before the others make their first, and the
+// call after them waits; every value still arrives exactly, and roots, counts (one over the bound
+// on the largest message, one of 0) and both trees vary after it.
 TEST(TcpCollectives, RootedCallsRunAheadOfTheRanksTheyWaitFor) {
   struct Case {
     Collective collective;
@@ -347,71 +398,69 @@ TEST(TcpCollectives, RootedCallsRunAheadOfTheRanksTheyWaitFor) {
                         {Collective::gather, Algorithm::binomial_tree},
                         {Collective::reduce, Algorithm::binomial_tree}};
   for (const Case& c : cases) {
-    const std::string name = std::string(to_string(c.collective)) + " " + std::string(to_string(c.algorithm));
-    auto comms = make_group(3);
-    std::mutex mutex;
-    std::condition_variable cv;
-    bool early_done = false;
-    int early_left = c.collective == Collective::scatter ? 1 : 2;  // the ranks that return first
-    // One call, checked: rank r's input is value(r, k, i); a reduce sums them.
-    const auto value = [](int r, int k, std::size_t i) { return static_cast<std::int32_t>(1000 * k + 10 * r + i % 7); };
-    const auto call = [&](Communicator& comm, int k, std::size_t n, int root) {
-      const int p = comm.size(), r = comm.rank();
-      const Options options{c.algorithm, op_timeout};
-      const auto up = static_cast<std::size_t>(p);
-      std::vector<std::int32_t> in, out;
-      switch (c.collective) {
-        case Collective::scatter:
-          for (std::size_t i = 0; r == root && i < n * up; ++i) in.push_back(value(static_cast<int>(i / n), k, i % n));
-          in.resize(std::max<std::size_t>(in.size(), 1));
-          out.assign(std::max<std::size_t>(n, 1), -1);
-          comm.scatter(in.data(), out.data(), n, DataType::i32, root, options);
-          for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], value(r, k, i)) << name << " call " << k << " at " << i;
-          return;
-        case Collective::gather:
-          for (std::size_t i = 0; i < n; ++i) in.push_back(value(r, k, i));
-          in.resize(std::max<std::size_t>(n, 1));
-          out.assign(std::max<std::size_t>(n * up, 1), -1);
-          comm.gather(in.data(), out.data(), n, DataType::i32, root, options);
-          for (std::size_t i = 0; r == root && i < n * up; ++i)
-            ASSERT_EQ(out[i], value(static_cast<int>(i / n), k, i % n)) << name << " call " << k << " at " << i;
-          return;
-        default:
-          for (std::size_t i = 0; i < n; ++i) in.push_back(value(r, k, i));
-          in.resize(std::max<std::size_t>(n, 1));
-          out.assign(std::max<std::size_t>(n, 1), -1);
-          comm.reduce(in.data(), out.data(), n, DataType::i32, ReduceOp::sum, root, options);
-          for (std::size_t i = 0; r == root && i < n; ++i)
-            ASSERT_EQ(out[i], value(0, k, i) + value(1, k, i) + value(2, k, i)) << name << " call " << k << " at " << i;
-          return;
-      }
-    };
-    const std::string failures = run_ranks(comms, [&](Communicator& comm) {
-      const int p = comm.size(), r = comm.rank();
-      align_to_run_ahead(comm);
-      const auto ahead = static_cast<int>(exec::Plan::run_ahead_calls) - 1;
-      const bool early = (c.collective == Collective::scatter) == (r == 0);
-      if (early) {
-        for (int k = 0; k < ahead; ++k) call(comm, k, static_cast<std::size_t>(1 + k * 97), 0);
-        std::lock_guard lock(mutex);
-        if (--early_left == 0) early_done = true;
-        cv.notify_all();
-      } else {
-        std::unique_lock lock(mutex);
-        ASSERT_TRUE(cv.wait_for(lock, 30s, [&] { return early_done; })) << name << ": the early ranks waited";
-        lock.unlock();
-        for (int k = 0; k < ahead; ++k) call(comm, k, static_cast<std::size_t>(1 + k * 97), 0);
-      }
-      const std::size_t over = exec::Plan::run_ahead_bytes / sizeof(std::int32_t) /
-                                   (c.collective == Collective::reduce ? 1 : static_cast<std::size_t>(p)) +
-                               1;
-      for (int k = 0; k < 50; ++k) {
-        const int root = (k * 5 + k / 7) % p;
-        const std::size_t n = k % 10 == 3 ? over : k % 10 == 7 ? 0 : static_cast<std::size_t>(1 + (k * 131) % 1500);
-        call(comm, 100 + k, n, root);
-      }
-    });
-    EXPECT_EQ(failures, "") << name;
+    for (const bool large : {false, true}) {
+      const std::string name = std::string(to_string(c.collective)) + " " + std::string(to_string(c.algorithm)) +
+                               (large ? ", calls of 64 KiB" : ", small calls");
+      auto comms = make_group(3);
+      WindowRun run(c.collective == Collective::scatter ? 1 : 2);  // the ranks that return first
+      // One call, checked: rank r's input is value(r, k, i); a reduce sums them.
+      const auto value = [](int r, int k, std::size_t i) {
+        return static_cast<std::int32_t>(1000 * k + 10 * r + i % 7);
+      };
+      const auto call = [&](Communicator& comm, int k, std::size_t n, int root) {
+        const int p = comm.size(), r = comm.rank();
+        const Options options{c.algorithm, op_timeout};
+        const auto up = static_cast<std::size_t>(p);
+        std::vector<std::int32_t> in, out;
+        switch (c.collective) {
+          case Collective::scatter:
+            for (std::size_t i = 0; r == root && i < n * up; ++i)
+              in.push_back(value(static_cast<int>(i / n), k, i % n));
+            in.resize(std::max<std::size_t>(in.size(), 1));
+            out.assign(std::max<std::size_t>(n, 1), -1);
+            comm.scatter(in.data(), out.data(), n, DataType::i32, root, options);
+            for (std::size_t i = 0; i < n; ++i)
+              ASSERT_EQ(out[i], value(r, k, i)) << name << " call " << k << " at " << i;
+            return;
+          case Collective::gather:
+            for (std::size_t i = 0; i < n; ++i) in.push_back(value(r, k, i));
+            in.resize(std::max<std::size_t>(n, 1));
+            out.assign(std::max<std::size_t>(n * up, 1), -1);
+            comm.gather(in.data(), out.data(), n, DataType::i32, root, options);
+            for (std::size_t i = 0; r == root && i < n * up; ++i)
+              ASSERT_EQ(out[i], value(static_cast<int>(i / n), k, i % n)) << name << " call " << k << " at " << i;
+            return;
+          default:
+            for (std::size_t i = 0; i < n; ++i) in.push_back(value(r, k, i));
+            in.resize(std::max<std::size_t>(n, 1));
+            out.assign(std::max<std::size_t>(n, 1), -1);
+            comm.reduce(in.data(), out.data(), n, DataType::i32, ReduceOp::sum, root, options);
+            for (std::size_t i = 0; r == root && i < n; ++i)
+              ASSERT_EQ(out[i], value(0, k, i) + value(1, k, i) + value(2, k, i))
+                  << name << " call " << k << " at " << i;
+            return;
+        }
+      };
+      const std::string failures = run_ranks(comms, [&](Communicator& comm) {
+        const int p = comm.size(), r = comm.rank();
+        open_run_ahead_window(comm);
+        const bool early = (c.collective == Collective::scatter) == (r == 0);
+        const auto counts =
+            large ? window_of_large_calls(c.collective == Collective::reduce ? 1 : static_cast<std::size_t>(p))
+                  : window_of_small_calls();
+        run_one_window(
+            comm, early, counts, name, [&](Communicator& cm, int k, std::size_t n) { call(cm, k, n, 0); }, run);
+        const std::size_t over = exec::Plan::run_ahead_bytes / sizeof(std::int32_t) /
+                                     (c.collective == Collective::reduce ? 1 : static_cast<std::size_t>(p)) +
+                                 1;
+        for (int k = 0; k < 50; ++k) {
+          const int root = (k * 5 + k / 7) % p;
+          const std::size_t n = k % 10 == 3 ? over : k % 10 == 7 ? 0 : static_cast<std::size_t>(1 + (k * 131) % 1500);
+          call(comm, 100 + k, n, root);
+        }
+      });
+      EXPECT_EQ(failures, "") << name;
+    }
   }
 }
 
@@ -575,9 +624,9 @@ TEST(TcpFailure, MismatchedBroadcastsThatRunAheadRaiseOnEveryRank) {
         std::vector<std::int32_t> b(static_cast<std::size_t>(c.count(r)), r);
         bool returned = false;
         try {
-          // A rank still finishing the last barrier may raise the mismatch from it: a peer's abort
-          // can overtake that barrier's last message from another peer (docs/failure-semantics.md).
-          align_to_run_ahead(comm);
+          // A rank still finishing the call before may raise the mismatch from it: a peer's abort
+          // can overtake that call's last message from another peer (docs/failure-semantics.md).
+          open_run_ahead_window(comm);
           comm.broadcast(b.data(), b.size(), DataType::i32, c.root(r), {algorithm, op_timeout});
           returned = true;
           comm.barrier({Algorithm::automatic, op_timeout});
@@ -644,8 +693,8 @@ TEST(TcpFailure, MismatchedRootedCallsThatRunAheadRaiseOnEveryRank) {
                               op_timeout};
         bool returned = false;
         try {
-          // (A rank still finishing the last barrier may raise the mismatch from it, as above.)
-          align_to_run_ahead(comm);
+          // (A rank still finishing the call before may raise the mismatch from it, as above.)
+          open_run_ahead_window(comm);
           switch (mine) {
             case Collective::reduce:
               comm.reduce(in.data(), out.data(), n, DataType::i32, ReduceOp::sum, c.root(r), options);
