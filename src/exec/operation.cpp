@@ -94,10 +94,8 @@ std::size_t Plan::run_ahead_weight(const transport::Transport& transport, const 
   std::size_t blocks = 1;
   switch (signature.collective) {
     case Collective::broadcast:
+    case Collective::reduce:  // (ring: the chain, a tree too)
       if (algorithm != Algorithm::binomial_tree && algorithm != Algorithm::ring) return 0;
-      break;
-    case Collective::reduce:
-      if (algorithm != Algorithm::binomial_tree) return 0;
       break;
     case Collective::gather:
     case Collective::scatter:

@@ -392,11 +392,9 @@ TEST(TcpCollectives, RootedCallsRunAheadOfTheRanksTheyWaitFor) {
     Collective collective;
     Algorithm algorithm;
   };
-  const Case cases[] = {{Collective::scatter, Algorithm::linear},
-                        {Collective::scatter, Algorithm::binomial_tree},
-                        {Collective::gather, Algorithm::linear},
-                        {Collective::gather, Algorithm::binomial_tree},
-                        {Collective::reduce, Algorithm::binomial_tree}};
+  const Case cases[] = {{Collective::scatter, Algorithm::linear},       {Collective::scatter, Algorithm::binomial_tree},
+                        {Collective::gather, Algorithm::linear},        {Collective::gather, Algorithm::binomial_tree},
+                        {Collective::reduce, Algorithm::binomial_tree}, {Collective::reduce, Algorithm::ring}};
   for (const Case& c : cases) {
     for (const bool large : {false, true}) {
       const std::string name = std::string(to_string(c.collective)) + " " + std::string(to_string(c.algorithm)) +
@@ -673,7 +671,8 @@ TEST(TcpFailure, MismatchedRootedCallsThatRunAheadRaiseOnEveryRank) {
                         {Collective::gather, Collective::reduce, Algorithm::linear},
                         {Collective::gather, Collective::scatter, Algorithm::binomial_tree},
                         {Collective::scatter, Collective::broadcast, Algorithm::linear},
-                        {Collective::scatter, Collective::gather, Algorithm::binomial_tree}};
+                        {Collective::scatter, Collective::gather, Algorithm::binomial_tree},
+                        {Collective::reduce, Collective::broadcast, Algorithm::ring}};
   for (const Case& c : cases)
     for (const Kind& kind : kinds) {
       const std::string name = std::string(c.what) + ", " + std::string(to_string(kind.collective)) + " " +
