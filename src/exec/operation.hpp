@@ -70,10 +70,9 @@ struct Plan {
   static std::size_t run_ahead_weight(const transport::Transport& transport, const transport::Signature& signature,
                                       std::size_t elem_size);
 
-  /// The plan of a collective with `signature` (its algorithm, collective, count, size and, for a
-  /// broadcast, sequence number decide whether a signature exchange is added) over `transport`,
-  /// elements of `elem_size` bytes.
-  /// `run_ahead`: the call runs ahead (RunAheadWindow::admits of its run_ahead_weight).
+  /// The plan of a collective with `signature` over `transport`, elements of `elem_size` bytes:
+  /// its algorithm, collective, count and size, and `run_ahead` (the call runs ahead:
+  /// RunAheadWindow::admits of its run_ahead_weight), decide whether a signature exchange is added.
   static std::shared_ptr<const Plan> collective(const transport::Transport& transport, schedule::Schedule schedule,
                                                 const transport::Signature& signature, std::size_t elem_size,
                                                 bool run_ahead = false);
