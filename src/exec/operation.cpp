@@ -106,8 +106,7 @@ std::size_t Plan::run_ahead_weight(const transport::Transport& transport, const 
       return 0;
   }
   if (signature.count > run_ahead_bytes / elem_size / blocks) return 0;
-  constexpr std::size_t message_bookkeeping = 256;  // what a receiver holds for a message besides its bytes
-  return signature.count * elem_size * blocks + message_bookkeeping;
+  return signature.count * elem_size * blocks + run_ahead_bookkeeping;
 }
 
 std::shared_ptr<const Plan> Plan::collective(const transport::Transport& transport, schedule::Schedule schedule,

@@ -61,6 +61,8 @@ struct Plan {
   /// do, and which ring to bound how far ranks run ahead, is the communicator's RunAheadWindow.
   static constexpr std::size_t run_ahead_bytes = 64 * 1024;
   static constexpr int run_ahead_ranks = 32;
+  /// What a receiver holds for a message besides its bytes, as a RunAheadWindow counts it.
+  static constexpr std::size_t run_ahead_bookkeeping = 256;
   /// How long such a call waits for a peer's message before it names its own call to that peer
   /// (Transport::notify_signature): ranks that all wait for peers in other calls learn of the
   /// mismatch after that long.

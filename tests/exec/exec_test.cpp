@@ -381,7 +381,8 @@ TEST(ExecRunAhead, TheWindowBoundsCallsAndBytesAndReopensAtARing) {
   EXPECT_FALSE(window.admits(1));
   window.record(rings, 264);
   // Calls of 64 KiB: as many as max_bytes holds (15 of 65536 + 256 bytes).
-  const std::size_t large = 65536 + 256;
+  const std::size_t large = Plan::run_ahead_bytes + Plan::run_ahead_bookkeeping;
+  ASSERT_EQ(large, 65536u + 256u);
   EXPECT_EQ(fill(large), RunAheadWindow::max_bytes / large);
   EXPECT_EQ(fill(large), 0u);
   EXPECT_TRUE(window.admits(RunAheadWindow::max_bytes - (RunAheadWindow::max_bytes / large) * large));

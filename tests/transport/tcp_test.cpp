@@ -296,7 +296,7 @@ std::vector<std::size_t> window_of_small_calls() {
 }
 std::vector<std::size_t> window_of_large_calls(std::size_t blocks) {
   const std::size_t n = exec::Plan::run_ahead_bytes / sizeof(std::int32_t) / blocks;
-  const std::size_t weight = n * blocks * sizeof(std::int32_t) + 256;
+  const std::size_t weight = n * blocks * sizeof(std::int32_t) + exec::Plan::run_ahead_bookkeeping;
   return std::vector<std::size_t>(exec::RunAheadWindow::max_bytes / weight + 1, n);
 }
 
