@@ -7,6 +7,8 @@
 #include <cmath>
 #include <string>
 
+#include "exec/operation.hpp"
+
 namespace tutti::comm::choice {
 
 namespace {
@@ -23,6 +25,21 @@ constexpr double tie_margin = 1e-3;
 // Only a busiest port at most this fraction of the other's counts: smaller differences (a few
 // messages' α in a large call) are not worth leaving the fastest single call for.
 constexpr double stream_margin = 0.05, stream_gain = 0.75;
+// Rooted calls that run ahead (exec::Plan::run_ahead_weight: a small broadcast, reduce, gather or
+// scatter over a transport whose messages carry signatures) overlap from call to call, so a
+// stream of them is priced as such (stream_time): its busiest port a call, and once a window
+// (exec::RunAheadWindow) the whole call that rings. Such a candidate replaces the choice where its
+// stream is cheaper, if its single call is predicted at most this many times the fastest single
+// call: the chain (`ring`) of a broadcast or reduce on 3 or 4 ranks, whose root sends or receives
+// once a call where the tree's does twice, measured 1.7-2 times as fast in a loop on 4 hosts at
+// 1 Gbit/s from 4 to 32 KiB (docs/performance.md, 2026-12-07, night); on 8 ranks its single call
+// is priced 7/3 of the tree's (seven hops against three rounds), and the tree stays. Only where
+// the largest message's wire time (β·bytes) is at least α: below, a message costs about its α on
+// both of its ranks whatever the shape (the chain's middle ranks receive and send, the tree's root
+// sends twice), and the chain's reduce measured up to 1.3 times as slow there. Not where ranks lie
+// in blocks on hosts: one of the tree root's two messages stays within its host, and the hosts'
+// links carry as much either way (the chain measured level or slower on 2 x 2).
+constexpr double run_ahead_latency = 2.0;
 // Where ranks lie in blocks on hosts, the flat candidate that the hosts' links price fastest
 // replaces the plain model's choice only where the plain choice, priced on those links too, is
 // predicted this much slower: Rabenseifner's reduce_scatter, nearest ranks first, and the
@@ -85,6 +102,21 @@ Prediction predict_schedule(Algorithm algorithm, Collective c, int p, std::size_
 Prediction predict_both(Algorithm algorithm, Collective collective, int ranks, std::size_t bytes,
                         const CostParams& cost, const HostBlocks& hosts);
 
+// What a call costs in a stream of like calls (see run_ahead_latency): a call that runs ahead
+// costs its busiest port, and every calls_ahead of them are followed by one that rings and costs
+// its whole time; a call that rings every time, or whose messages cost less on the wire than
+// their α, costs its whole time.
+double stream_time(transport::Kind kind, Algorithm algorithm, Collective collective, int ranks, std::size_t bytes,
+                   const CostParams& cost, const Prediction& predicted) {
+  const std::size_t weight = exec::Plan::run_ahead_weight(kind, collective, algorithm, ranks,
+                                                          per_rank_count(collective, ranks, bytes), elem_size);
+  if (weight == 0) return predicted.time;
+  const auto largest = static_cast<double>(weight - exec::Plan::run_ahead_bookkeeping);
+  if (largest * cost.beta < cost.alpha) return predicted.time;
+  const auto ahead = static_cast<double>(exec::RunAheadWindow::calls_ahead(weight));
+  return (ahead * predicted.busiest + predicted.time) / (ahead + 1);
+}
+
 // The candidate cheapest() returns (stream rule), and the prediction of the fastest single call
 // (the earlier candidate on a tie).
 struct Pick {
@@ -92,8 +124,9 @@ struct Pick {
   Prediction fastest_time;
 };
 
+// `streams`: calls that run ahead may be priced as a stream (run_ahead_latency).
 Pick pick(transport::Kind kind, Collective collective, int ranks, std::size_t bytes, bool direct_available,
-          const CostParams& cost, const HostBlocks& hosts) {
+          const CostParams& cost, const HostBlocks& hosts, bool streams) {
   const std::vector<Algorithm> all = candidates(kind, collective, direct_available);
   if (all.empty()) return {};
   std::vector<Prediction> predicted;
@@ -109,6 +142,18 @@ Pick pick(transport::Kind kind, Collective collective, int ranks, std::size_t by
   std::size_t chosen = best;
   for (std::size_t i = 0; i < all.size(); ++i)
     if (predicted[i].time <= limit && predicted[i].busiest < predicted[chosen].busiest * stream_gain) chosen = i;
+  // A candidate that runs ahead, where its stream is cheaper than the choice's (run_ahead_latency).
+  if (streams && transport::checks_message_signatures(kind)) {
+    const auto stream = [&](std::size_t i) {
+      return stream_time(kind, all[i], collective, ranks, bytes, cost, predicted[i]);
+    };
+    double chosen_stream = stream(chosen);
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (predicted[i].time > predicted[best].time * run_ahead_latency) continue;
+      if (const double s = stream(i); s < predicted[i].time && s < chosen_stream * (1 - tie_margin))
+        chosen = i, chosen_stream = s;
+    }
+  }
   return {all[chosen], predicted[best]};
 }
 
@@ -120,7 +165,7 @@ double hierarchical_time(int ranks, std::size_t bytes, const CostParams& cost, c
   const CostParams shared_link{cost.alpha, cost.beta * local, cost.gamma};
   const CostParams within{hosts.local.alpha, hosts.local.beta, cost.gamma};
   const auto step = [&](Collective c, int p, std::size_t b, const CostParams& at, transport::Kind kind, bool native) {
-    return pick(kind, c, p, b, native, at, {}).fastest_time.time;
+    return pick(kind, c, p, b, native, at, {}, false).fastest_time.time;
   };
   // Each step is a collective call of its own on its own communicator, started once the one before
   // it completed: besides its messages it pays a call's fixed costs, which the schedules do not
@@ -195,9 +240,10 @@ Algorithm cheapest(transport::Kind kind, Collective collective, int ranks, std::
   // (docs/performance.md, 2026-12-07). Hierarchical is weighed against what the flat candidates
   // cost on the hosts' links, and wins only where it is faster than the fastest of them outright
   // (by more than a tie).
-  const Pick flat = pick(kind, collective, ranks, bytes, direct_available, cost, {});
-  if (flat.chosen == Algorithm::automatic || !priced_on_hosts(ranks, hosts)) return flat.chosen;
-  const Pick priced = pick(kind, collective, ranks, bytes, direct_available, cost, hosts);
+  const bool blocks = priced_on_hosts(ranks, hosts);
+  const Pick flat = pick(kind, collective, ranks, bytes, direct_available, cost, {}, !blocks);
+  if (flat.chosen == Algorithm::automatic || !blocks) return flat.chosen;
+  const Pick priced = pick(kind, collective, ranks, bytes, direct_available, cost, hosts, false);
   if (hierarchical_serves(collective, ranks, hosts) &&
       hierarchical_time(ranks, bytes, cost, hosts) < priced.fastest_time.time * (1 - tie_margin))
     return Algorithm::hierarchical;

@@ -86,13 +86,17 @@ bool messages_carry_signatures(const transport::Transport& transport, const tran
 // communicator's RunAheadWindow is full.
 std::size_t Plan::run_ahead_weight(const transport::Transport& transport, const transport::Signature& signature,
                                    std::size_t elem_size) {
+  return run_ahead_weight(transport.kind(), signature.collective, signature.algorithm, transport.size(),
+                          signature.count, elem_size);
+}
+
+std::size_t Plan::run_ahead_weight(transport::Kind kind, Collective collective, Algorithm algorithm, int p,
+                                   std::size_t count, std::size_t elem_size) {
   static_assert(max_notice_steps <= 64);
-  const int p = transport.size();
-  if (!transport.checks_message_signatures() || p < 2 || p > run_ahead_ranks || signature.count == 0) return 0;
-  const Algorithm algorithm = signature.algorithm;
+  if (!transport::checks_message_signatures(kind) || p < 2 || p > run_ahead_ranks || count == 0) return 0;
   // The largest message: a gather's or scatter's tree carries up to every block but the root's.
   std::size_t blocks = 1;
-  switch (signature.collective) {
+  switch (collective) {
     case Collective::broadcast:
     case Collective::reduce:  // (ring: the chain, a tree too)
       if (algorithm != Algorithm::binomial_tree && algorithm != Algorithm::ring) return 0;
@@ -105,8 +109,8 @@ std::size_t Plan::run_ahead_weight(const transport::Transport& transport, const 
     default:
       return 0;
   }
-  if (signature.count > run_ahead_bytes / elem_size / blocks) return 0;
-  return signature.count * elem_size * blocks + run_ahead_bookkeeping;
+  if (count > run_ahead_bytes / elem_size / blocks) return 0;
+  return count * elem_size * blocks + run_ahead_bookkeeping;
 }
 
 std::shared_ptr<const Plan> Plan::collective(const transport::Transport& transport, schedule::Schedule schedule,

@@ -6,6 +6,7 @@
 // Not thread-safe: the owning OperationQueue serializes calls under its lock.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -71,6 +72,11 @@ struct Plan {
   /// largest message's bytes and a message's bookkeeping); 0 where it may not.
   static std::size_t run_ahead_weight(const transport::Transport& transport, const transport::Signature& signature,
                                       std::size_t elem_size);
+  /// The same for a call of `collective` by `algorithm` among `p` ranks, `count` elements of
+  /// `elem_size` bytes each (the signature's count), over a transport of `kind` (the cost model
+  /// prices such calls as a stream: comm/cost_model.cpp).
+  static std::size_t run_ahead_weight(transport::Kind kind, Collective collective, Algorithm algorithm, int p,
+                                      std::size_t count, std::size_t elem_size);
 
   /// The plan of a collective with `signature` over `transport`, elements of `elem_size` bytes:
   /// its algorithm, collective, count and size, and `run_ahead` (the call runs ahead:
@@ -102,6 +108,11 @@ class RunAheadWindow {
   static constexpr std::size_t max_bytes = std::size_t{1} << 20;
   /// Whether the next call, weighing `weight` (0: it may not run ahead), runs ahead.
   bool admits(std::size_t weight) const { return weight > 0 && calls_ + 1 < max_calls && weight <= max_bytes - bytes_; }
+  /// How many calls weighing `weight` (> 0) in a row run ahead from a ring to the next (the call
+  /// after them rings).
+  static std::uint64_t calls_ahead(std::size_t weight) {
+    return std::min<std::uint64_t>(max_calls - 1, max_bytes / weight);
+  }
   /// Records the next call by its plan: one that runs ahead fills the window, one that rings
   /// opens a new one, any other (it neither waits for a ring nor runs ahead) leaves it.
   void record(const Plan& plan, std::size_t weight) {

@@ -13,4 +13,9 @@ enum class Kind {
   routed,  ///< shared memory within a host, TCP between hosts ("shm+tcp")
 };
 
+/// Whether a transport of `kind` checks every message's signature on arrival (TCP's frame
+/// headers; under shm+tcp shared memory compares the host's ranks' by itself;
+/// Transport::checks_message_signatures).
+inline bool checks_message_signatures(Kind kind) { return kind == Kind::tcp || kind == Kind::routed; }
+
 }  // namespace tutti::transport

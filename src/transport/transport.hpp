@@ -181,7 +181,7 @@ class Transport {
   /// its own on arrival, whether or not a receive for it is posted (TCP's frame headers). A
   /// collective whose every rank sends to the next one at once then needs no signature message:
   /// its first message does that work (see ScheduleOperation::messages_carry_signatures).
-  virtual bool checks_message_signatures() const { return false; }
+  bool checks_message_signatures() const { return transport::checks_message_signatures(kind()); }
 
   /// Sends this rank's signature of collective `seq` (announced) to `peer`, which compares it with
   /// its own on arrival and keeps nothing: how a rank waiting for a message of a call that sends no

@@ -60,8 +60,6 @@ class RoutedTransport final : public Transport {
   std::uint64_t id() const override { return remote_->id(); }
   std::string_view name() const override { return "shm+tcp"; }
   Kind kind() const override { return Kind::routed; }
-  // TCP's frames carry the signature; shared memory compares the host's ranks' by itself.
-  bool checks_message_signatures() const override { return true; }
   std::unique_ptr<Transport> split(std::uint64_t id, const std::vector<int>& ranks, int new_rank) override;
   void announce(const Signature& signature) override {
     if (local_) local_->announce(signature);

@@ -41,7 +41,6 @@ class TcpTransport final : public Transport {
   void cancel(Completion* done) override { hub_->cancel(id_, done); }
   bool withdraw_recv(Completion* done) override { return hub_->withdraw_recv(id_, done); }
   std::uint64_t generation() const override { return hub_->generation(); }
-  bool checks_message_signatures() const override { return true; }  // every frame's header
   void wait(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) override { hub_->wait(seen, deadline); }
   void wake() override { hub_->ring(); }
   std::optional<Failure> aborted() const override { return hub_->failure(*state_); }
