@@ -476,6 +476,43 @@ TEST_F(HostileShm, ZeroCopyBufferDescribedAsAnotherFile) {
   expect_zero_copy_refused([](core::SharedLocation& at) { at.inode += 1; }, "it is not the buffer the peer described");
 }
 
+// An alltoall in place whose peer's description carries an in-place flag other than 0 or 1 (see
+// DirectRun::describe): the victim fails with peer_failure naming rank 0 before it moves any block,
+// and its buffer is as it was.
+TEST_F(HostileShm, AlltoallDescribedWithABadInPlaceFlag) {
+  setenv("TUTTI_SHM_COLLECTIVE_COPY", "single", 1);  // where single copy serves it, alltoall describes
+  Pair pair;
+  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
+  if (!pair.segment().single_copy()) GTEST_SKIP() << "process_vm_readv is not permitted here: nothing described";
+  const std::size_t n = transport::shm::single_copy_bytes / sizeof(float);
+  std::vector<float> buffer(2 * n, 1.0f);
+  const auto call =
+      comm::make_call(Collective::alltoall, buffer.data(), buffer.data(), n, DataType::f32, std::nullopt, -1, {});
+  transport::Signature signature = transport::Signature::of(call, Algorithm::direct);
+  signature.seq = 0;
+  auto run = transport::shm::start_direct(*pair.t[1], call, 2000ms);
+  run->bind(signature);
+  pair.t[1]->announce(signature);
+  struct {
+    core::SharedLocation send, recv;
+    std::uint64_t in_place;
+  } described{{}, {}, 7};
+  auto& attacker = static_cast<ShmTransport&>(*pair.t[0]);
+  attacker.carry_inline(0, reinterpret_cast<const std::byte*>(&described), sizeof described,
+                        transport::to_wire(signature));
+  attacker.announce(signature);
+  std::string error;
+  try {
+    for (int i = 0; i < 1000 && !run->progress(); ++i) std::this_thread::sleep_for(1ms);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::peer_failure) << e.what();
+    error = e.what();
+  }
+  EXPECT_NE(error.find("rank 0 wrote an in-place flag of 7"), std::string::npos) << error;
+  EXPECT_TRUE(pair.t[1]->aborted().has_value());
+  EXPECT_TRUE(std::all_of(buffer.begin(), buffer.end(), [](float x) { return x == 1.0f; })) << "the victim wrote";
+}
+
 // Through the public API: a receive in progress when rank 0 writes a corrupt chunk fails with
 // peer_failure naming rank 0, and the communicator is aborted (later calls too), well before the
 // deadline.

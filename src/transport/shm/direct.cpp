@@ -127,7 +127,15 @@ void DirectRun::plan() {
     exchange_ = true, chunks_ = 1, phases_ = 3;
     return;
   }
-  if (describes_ && plan_zero_copy()) return;
+  // An alltoall that every rank runs in place (their descriptions say) takes the data sets below
+  // the limit. A rank out of place knows without reading them that not every rank is.
+  bool sets_in_place = false;
+  if (describes_ && kind_ == Collective::alltoall) {
+    sets_in_place = send_ == recv_ && every_rank_in_place() &&
+                    (segment_.crowded() || bytes * p < in_place_alltoall_single_copy_bytes);
+    if (!consumed_) consumed_ = true, transport_.consumed_inline(seq_);
+  }
+  if (describes_ && kind_ != Collective::alltoall && plan_zero_copy()) return;
   // Allgather(v), alltoall, gather, scatter and a broadcast up to its limit where the segment's
   // probe found single copy faster on this machine (Segment::single_copy_collectives); where
   // ranks share cores, only alltoall, gather and a large scatter. A gather's ranks write into the
@@ -136,8 +144,9 @@ void DirectRun::plan() {
   const bool by_probe =
       segment_.single_copy_collectives() &&
       (segment_.crowded()
-           ? kind_ == Collective::alltoall || gather || (kind_ == Collective::scatter && bytes >= crowded_scatter_bytes)
-           : kind_ == Collective::alltoall || gather || kind_ == Collective::scatter ||
+           ? (kind_ == Collective::alltoall && !sets_in_place) || gather ||
+                 (kind_ == Collective::scatter && bytes >= crowded_scatter_bytes)
+           : (kind_ == Collective::alltoall && !sets_in_place) || gather || kind_ == Collective::scatter ||
                  ((kind_ == Collective::allgather || kind_ == Collective::allgatherv) && bytes * p < streaming_bytes) ||
                  (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit));
   if (by_probe && bytes >= single_copy_bytes && p > 1 && segment_.single_copy()) {
@@ -282,8 +291,9 @@ bool DirectRun::progress_barriers() {
     // an inline one takes none, and a set may be written again only after a barrier that
     // follows its last reads (see the top of this file).
     if (!reserved_) {
-      // Zero copy is chosen from every rank's description, which comes with its signature.
-      if (describes_ && !signatures_compared()) {
+      // Zero copy is chosen from every rank's description, which comes with its signature (an
+      // alltoall in place reads them too, see plan).
+      if (describes_ && (kind_ != Collective::alltoall || send_ == recv_) && !signatures_compared()) {
         check_deadline_and_liveness();
         return false;
       }

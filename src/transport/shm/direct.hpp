@@ -42,6 +42,12 @@ inline constexpr std::size_t crowded_scatter_bytes = 128 * 1024;
 /// has just written measured slower there (0.63-0.74 of OpenMPI at 32 and 64 KiB against
 /// 0.81-0.90 staged), and faster beyond (docs/performance.md).
 inline constexpr std::size_t staged_reduce_bytes = 64 * 1024;
+/// An alltoall that every rank runs in place reads straight from the peers (single copy) only from
+/// this much input per rank, and where ranks have a core each: single copy must first copy aside
+/// the blocks its peers still read (snapshot_blocks), and the two copies through the data sets
+/// measured faster below (p = 2: 32 KiB-8 MiB of input, 1.3-2.2 times; four ranks on two cores:
+/// 256 KiB-16 MiB, 1.3-2 times; docs/performance.md, 2026-12-07, night).
+inline constexpr std::size_t in_place_alltoall_single_copy_bytes = std::size_t{16} << 20;
 /// (512 KiB: with four data sets a broadcast through them measured 1.6x faster there than single
 /// copy at p = 2, level at 256 KiB, slower below; docs/performance.md, 2026-12-05, later.)
 inline constexpr std::size_t single_copy_broadcast_limit = 512 * 1024;

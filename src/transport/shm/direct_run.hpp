@@ -325,6 +325,8 @@ class DirectRun final : public DirectCollective {
   /// buffers go.
   void describe(const Signature& signature);
   bool plan_zero_copy();
+  /// An alltoall's descriptions: whether every rank runs it in place (and their slots consumed).
+  bool every_rank_in_place();
   void run_zero_copy_phase(std::size_t phase);
   void reduce_own_slice();
   /// "shm direct <collective> on rank <r>", the start of this run's error texts.
@@ -382,10 +384,11 @@ class DirectRun final : public DirectCollective {
   bool three_parts_ = false;           // allreduce in chunks: begin, reduce_slice, finish
   bool single_copy_ = false;           // blocks move straight between the ranks' buffers (see plan)
   bool exchange_ = false;              // alltoallv: displacements (and small inputs) through the data set (see plan)
-  bool describes_ = false;             // zero copy: this rank published a Described (see describe)
+  bool describes_ = false;             // this rank published a Described (see describe)
   bool zero_copy_ = false;             // and every rank's buffers are shared: runs zero copy
   struct Described {                   // what describe publishes: where send and recv lie (id 0: not shared)
     core::SharedLocation send, recv;
+    std::uint64_t in_place = 0;  // an alltoall: 1 where this rank runs it in place (see plan)
   };
   Described described_{};
   struct Peer {  // zero copy: a peer's buffers, mapped here

@@ -5,6 +5,7 @@
 // peers' blocks or the root's buffer straight into its result (see direct.hpp, zero_copy_bytes,
 // and DirectRun::describe).
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "transport/shm/direct_run.hpp"
@@ -17,6 +18,18 @@ namespace tutti::transport::shm {
 // depends only on what every rank agrees on (the compared signature, the segment), so every
 // rank publishes one or none.
 void DirectRun::describe(const Signature& signature) {
+  // An alltoall where single copy may serve it says whether it runs in place: where every rank
+  // does, the data sets may serve it instead (plan, in_place_alltoall_single_copy_bytes).
+  if (kind_ == Collective::alltoall) {
+    if (size() < 2 || count_ * esize_ < single_copy_bytes || !segment_.single_copy() ||
+        !segment_.single_copy_collectives())
+      return;
+    described_.in_place = send_ == recv_ ? 1 : 0;
+    describes_ = true;
+    wire_ = to_wire(signature);
+    transport_.carry_inline(seq_, reinterpret_cast<const std::byte*>(&described_), sizeof described_, wire_);
+    return;
+  }
   // No zero-copy path: single copy or the data sets.
   if (kind_ != Collective::allreduce && kind_ != Collective::reduce_scatter && kind_ != Collective::allgather &&
       kind_ != Collective::broadcast)
@@ -31,6 +44,20 @@ void DirectRun::describe(const Signature& signature) {
   describes_ = true;
   wire_ = to_wire(signature);
   transport_.carry_inline(seq_, reinterpret_cast<const std::byte*>(&described_), sizeof described_, wire_);
+}
+
+bool DirectRun::every_rank_in_place() {
+  bool every = true;
+  for (int q = 0; q < size(); ++q) {
+    Described described;
+    std::memcpy(&described, input_of(q), sizeof described);
+    if (described.in_place > 1)
+      throw corrupt_segment(segment_, q, "an in-place flag of " + std::to_string(described.in_place));
+    every = every && described.in_place == 1;
+  }
+  consumed_ = true;
+  transport_.consumed_inline(seq_);
+  return every;
 }
 
 bool DirectRun::plan_zero_copy() {

@@ -112,6 +112,8 @@ class ShmTransport final : public Transport {
     direct_uses_ += n;
     return first;
   }
+  /// The data-set uses reserved so far (none by a call that moves its blocks by single copy).
+  std::uint64_t direct_uses() const { return direct_uses_; }
   /// Whether every rank has published its signature of collective `seq` (and so every pair of
   /// ranks compared theirs, a mismatch having aborted the communicator first). Publishes this
   /// rank's deferred signatures first. Thread-safe. While false, a peer's publication rings
