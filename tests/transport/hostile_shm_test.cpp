@@ -423,6 +423,24 @@ TEST_F(HostileShm, GarbageSignatureSlot) {
       << failure->error.what();
 }
 
+// Rank 0 publishes `bytes` at `description` as its description of collective 0 (`signature`),
+// then rank 1's `run` progresses until it completes or throws: the error's text ("" if none),
+// whose code must be `code`.
+std::string attack_with_description(Pair& pair, transport::shm::DirectCollective& run,
+                                    const transport::Signature& signature, const void* description, std::size_t bytes,
+                                    ErrorCode code) {
+  auto& attacker = static_cast<ShmTransport&>(*pair.t[0]);
+  attacker.carry_inline(0, static_cast<const std::byte*>(description), bytes, transport::to_wire(signature));
+  attacker.announce(signature);
+  try {
+    for (int i = 0; i < 1000 && !run.progress(); ++i) std::this_thread::sleep_for(1ms);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
 // A zero-copy allreduce whose peer describes its buffers falsely (see DirectRun::describe): past
 // the end of its shared buffer, or as another file than the one it names. The victim fails with a
 // named error before it reads anything of the peer's, never maps what was not described.
@@ -448,17 +466,8 @@ void expect_zero_copy_refused(const std::function<void(core::SharedLocation&)>& 
     core::SharedLocation send, recv;
   } described{*core::locate_shared(send.data(), bytes), *core::locate_shared(recv.data(), bytes)};
   lie(described.send);
-  auto& attacker = static_cast<ShmTransport&>(*pair.t[0]);
-  attacker.carry_inline(0, reinterpret_cast<const std::byte*>(&described), sizeof described,
-                        transport::to_wire(signature));
-  attacker.announce(signature);
-  std::string error;
-  try {
-    for (int i = 0; i < 1000 && !run->progress(); ++i) std::this_thread::sleep_for(1ms);
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::system) << e.what();
-    error = e.what();
-  }
+  const std::string error =
+      attack_with_description(pair, *run, signature, &described, sizeof described, ErrorCode::system);
   EXPECT_NE(error.find("shm direct allreduce on rank 1: rank 0"), std::string::npos) << error;
   EXPECT_NE(error.find(what), std::string::npos) << error;
   EXPECT_TRUE(pair.t[1]->aborted().has_value());
@@ -497,17 +506,8 @@ TEST_F(HostileShm, AlltoallDescribedWithABadInPlaceFlag) {
     core::SharedLocation send, recv;
     std::uint64_t in_place;
   } described{{}, {}, 7};
-  auto& attacker = static_cast<ShmTransport&>(*pair.t[0]);
-  attacker.carry_inline(0, reinterpret_cast<const std::byte*>(&described), sizeof described,
-                        transport::to_wire(signature));
-  attacker.announce(signature);
-  std::string error;
-  try {
-    for (int i = 0; i < 1000 && !run->progress(); ++i) std::this_thread::sleep_for(1ms);
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::peer_failure) << e.what();
-    error = e.what();
-  }
+  const std::string error =
+      attack_with_description(pair, *run, signature, &described, sizeof described, ErrorCode::peer_failure);
   EXPECT_NE(error.find("rank 0 wrote an in-place flag of 7"), std::string::npos) << error;
   EXPECT_TRUE(pair.t[1]->aborted().has_value());
   EXPECT_TRUE(std::all_of(buffer.begin(), buffer.end(), [](float x) { return x == 1.0f; })) << "the victim wrote";
