@@ -128,13 +128,11 @@ void DirectRun::plan() {
     return;
   }
   // An alltoall that every rank runs in place (their descriptions say) takes the data sets below
-  // the limit. A rank out of place knows without reading them that not every rank is.
-  bool sets_in_place = false;
-  if (describes_ && kind_ == Collective::alltoall) {
-    sets_in_place = send_ == recv_ && every_rank_in_place() &&
-                    (segment_.crowded() || bytes * p < in_place_alltoall_single_copy_bytes);
-    if (!consumed_) consumed_ = true, transport_.consumed_inline(seq_);
-  }
+  // the limit. A rank out of place knows without reading them that not every rank is (it lets the
+  // peers' slots go when it is done, as its own description may not be published yet: consuming
+  // the call would drop it).
+  const bool sets_in_place = describes_ && kind_ == Collective::alltoall && send_ == recv_ && every_rank_in_place() &&
+                             (segment_.crowded() || bytes * p < in_place_alltoall_single_copy_bytes);
   if (describes_ && kind_ != Collective::alltoall && plan_zero_copy()) return;
   // Allgather(v), alltoall, gather, scatter and a broadcast up to its limit where the segment's
   // probe found single copy faster on this machine (Segment::single_copy_collectives); where

@@ -324,6 +324,8 @@ class DirectRun final : public DirectCollective {
   /// the other slices from the peers' results; the last phase (after every rank's reads) lets the
   /// buffers go.
   void describe(const Signature& signature);
+  /// Publishes described_ with the signature (as an inline input is carried).
+  void publish_description(const Signature& signature);
   bool plan_zero_copy();
   /// An alltoall's descriptions: whether every rank runs it in place (and their slots consumed).
   bool every_rank_in_place();

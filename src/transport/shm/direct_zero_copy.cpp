@@ -25,10 +25,7 @@ void DirectRun::describe(const Signature& signature) {
         !segment_.single_copy_collectives())
       return;
     described_.in_place = send_ == recv_ ? 1 : 0;
-    describes_ = true;
-    wire_ = to_wire(signature);
-    transport_.carry_inline(seq_, reinterpret_cast<const std::byte*>(&described_), sizeof described_, wire_);
-    return;
+    return publish_description(signature);
   }
   // No zero-copy path: single copy or the data sets.
   if (kind_ != Collective::allreduce && kind_ != Collective::reduce_scatter && kind_ != Collective::allgather &&
@@ -41,6 +38,10 @@ void DirectRun::describe(const Signature& signature) {
   if (kind_ != Collective::broadcast)
     if (auto where = core::locate_shared(send_, input)) described_.send = *where;
   if (auto where = core::locate_shared(recv_, output)) described_.recv = *where;
+  publish_description(signature);
+}
+
+void DirectRun::publish_description(const Signature& signature) {
   describes_ = true;
   wire_ = to_wire(signature);
   transport_.carry_inline(seq_, reinterpret_cast<const std::byte*>(&described_), sizeof described_, wire_);
