@@ -350,6 +350,56 @@ TEST_F(ShmDirect, AlltoallEveryRankInPlaceTakesTheDataSets) {
   unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
 }
 
+// A rank whose alltoall is out of place while its peer's is in place, the rank's description of
+// it waiting to be published (the rank ran ahead: broadcasts it roots fill its signature slots, the
+// peer asleep), and the slot it will take holding an earlier in-place alltoall's description: the
+// rank must publish its own (not in place) before the peer decides, so that both move the blocks
+// by single copy. Every block exact, well within the deadline.
+TEST_F(ShmDirect, AnAlltoallOutOfPlaceWaitingToBePublishedStillSaysSo) {
+  if (!can_read_other_processes()) GTEST_SKIP() << "process_vm_readv is not permitted here: nothing described";
+  const auto unique = [](int q, std::size_t i) { return static_cast<float>(q * 200000 + static_cast<int>(i)); };
+  constexpr auto slots = static_cast<int>(transport::shm::signature_slots);
+  setenv("TUTTI_SHM_COLLECTIVE_COPY", "single", 1);
+  EXPECT_EQ(
+      run_ranks(
+          2,
+          [&](Rank& rank) {
+            const int r = rank.comm.rank();
+            const Options options{Algorithm::direct, 10000ms};
+            const std::size_t n = transport::shm::single_copy_bytes / sizeof(float);
+            std::vector<float> buffer(2 * n);
+            const auto fill = [&] {
+              for (std::size_t i = 0; i < 2 * n; ++i) buffer[i] = unique(r, i);
+            };
+            // Every slot of both ranks once holds an in-place alltoall's description.
+            for (int i = 0; i < slots; ++i) {
+              fill();
+              rank.comm.alltoall(buffer.data(), buffer.data(), n, DataType::f32, options);
+            }
+            if (r == 1) std::this_thread::sleep_for(200ms);
+            std::vector<std::uint64_t> got(static_cast<std::size_t>(slots));
+            std::vector<Request> pending;
+            for (int i = 0; i < slots; ++i) {
+              got[static_cast<std::size_t>(i)] = r == 0 ? 7000 + static_cast<std::uint64_t>(i) : 0;
+              pending.push_back(rank.comm.ibroadcast(&got[static_cast<std::size_t>(i)], 1, DataType::u64, 0, options));
+            }
+            fill();
+            std::vector<float> out(2 * n, std::nanf(""));
+            pending.push_back(
+                rank.comm.ialltoall(buffer.data(), r == 0 ? out.data() : buffer.data(), n, DataType::f32, options));
+            for (Request& request : pending) request.wait();
+            for (int i = 0; i < slots; ++i)
+              if (got[static_cast<std::size_t>(i)] != 7000 + static_cast<std::uint64_t>(i))
+                throw std::runtime_error("broadcast " + std::to_string(i));
+            expect_equal(
+                r == 0 ? out : buffer,
+                [&](std::size_t i) { return unique(static_cast<int>(i / n), static_cast<std::size_t>(r) * n + i % n); },
+                "rank " + std::to_string(r) + " alltoall");
+          }),
+      "");
+  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
+}
+
 TEST_F(ShmDirect, BroadcastCountsSizesAndRoots) {
   for (int p : {1, 2, 3, 5, 8})
     EXPECT_EQ(run_ranks(p,
