@@ -1831,8 +1831,6 @@ TEST_F(ShmDirect, SharedBuffersAreZeroedPageAlignedAndFoundByAddress) {
   EXPECT_FALSE(core::locate_shared(address, 16));
 }
 
-bool can_read_other_processes();
-
 // Rank r's share of an allreduce of n floats: `form` 0 out of place in two buffers, 1 in place,
 // 2 send and recv in one shared buffer at offsets that are not page-aligned; `shared` false gives
 // plain memory. Runs it, direct, and checks every element.

@@ -131,9 +131,10 @@ void DirectRun::plan() {
   // the limit. A rank out of place knows without reading them that not every rank is (it lets the
   // peers' slots go when it is done, as its own description may not be published yet: consuming
   // the call would drop it).
-  const bool sets_in_place = describes_ && kind_ == Collective::alltoall && send_ == recv_ && every_rank_in_place() &&
+  const bool alltoall = kind_ == Collective::alltoall;
+  const bool sets_in_place = reads_descriptions() && alltoall && every_rank_in_place() &&
                              (segment_.crowded() || bytes * p < in_place_alltoall_single_copy_bytes);
-  if (describes_ && kind_ != Collective::alltoall && plan_zero_copy()) return;
+  if (reads_descriptions() && !alltoall && plan_zero_copy()) return;
   // Allgather(v), alltoall, gather, scatter and a broadcast up to its limit where the segment's
   // probe found single copy faster on this machine (Segment::single_copy_collectives); where
   // ranks share cores, only alltoall, gather and a large scatter. A gather's ranks write into the
@@ -142,14 +143,13 @@ void DirectRun::plan() {
   const bool by_probe =
       segment_.single_copy_collectives() &&
       (segment_.crowded()
-           ? (kind_ == Collective::alltoall && !sets_in_place) || gather ||
-                 (kind_ == Collective::scatter && bytes >= crowded_scatter_bytes)
-           : (kind_ == Collective::alltoall && !sets_in_place) || gather || kind_ == Collective::scatter ||
+           ? (alltoall && !sets_in_place) || gather || (kind_ == Collective::scatter && bytes >= crowded_scatter_bytes)
+           : (alltoall && !sets_in_place) || gather || kind_ == Collective::scatter ||
                  ((kind_ == Collective::allgather || kind_ == Collective::allgatherv) && bytes * p < streaming_bytes) ||
                  (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit));
   if (by_probe && bytes >= single_copy_bytes && p > 1 && segment_.single_copy()) {
     single_copy_ = true, chunks_ = 0, phases_ = 3;
-    if (kind_ == Collective::alltoall && send_ == recv_) snapshot_blocks();
+    if (alltoall && send_ == recv_) snapshot_blocks();
     return;
   }
   if (kind_ == Collective::allreduce && bytes <= small_allreduce_bytes) {
@@ -291,7 +291,7 @@ bool DirectRun::progress_barriers() {
     if (!reserved_) {
       // Zero copy is chosen from every rank's description, which comes with its signature (an
       // alltoall in place reads them too, see plan).
-      if (describes_ && (kind_ != Collective::alltoall || send_ == recv_) && !signatures_compared()) {
+      if (reads_descriptions() && !signatures_compared()) {
         check_deadline_and_liveness();
         return false;
       }

@@ -239,6 +239,11 @@ class DirectRun final : public DirectCollective {
   void keep_input(Scratch snapshot) { snapshot_ = std::move(snapshot); }
 
  private:
+  struct Described {  // what describe publishes: where send and recv lie (id 0: not shared)
+    core::SharedLocation send, recv;
+    std::uint64_t in_place = 0;  // an alltoall: 1 where this rank runs it in place (see plan)
+  };
+
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
   std::byte* slot(std::size_t chunk, int q) const { return segment_.direct_slot(first_use_ + chunk, q); }
@@ -327,8 +332,13 @@ class DirectRun final : public DirectCollective {
   /// Publishes described_ with the signature (as an inline input is carried).
   void publish_description(const Signature& signature);
   bool plan_zero_copy();
+  /// Every rank's description of this call, copied out of the slots (which are then consumed).
+  std::vector<Described> take_descriptions();
   /// An alltoall's descriptions: whether every rank runs it in place (and their slots consumed).
   bool every_rank_in_place();
+  /// Whether this call chooses its way from every rank's description, read once every signature
+  /// is compared: zero copy, and an alltoall in place (see plan).
+  bool reads_descriptions() const { return describes_ && (kind_ != Collective::alltoall || send_ == recv_); }
   void run_zero_copy_phase(std::size_t phase);
   void reduce_own_slice();
   /// "shm direct <collective> on rank <r>", the start of this run's error texts.
@@ -388,10 +398,6 @@ class DirectRun final : public DirectCollective {
   bool exchange_ = false;              // alltoallv: displacements (and small inputs) through the data set (see plan)
   bool describes_ = false;             // this rank published a Described (see describe)
   bool zero_copy_ = false;             // and every rank's buffers are shared: runs zero copy
-  struct Described {                   // what describe publishes: where send and recv lie (id 0: not shared)
-    core::SharedLocation send, recv;
-    std::uint64_t in_place = 0;  // an alltoall: 1 where this rank runs it in place (see plan)
-  };
   Described described_{};
   struct Peer {  // zero copy: a peer's buffers, mapped here
     std::shared_ptr<const core::PeerRegion> send_region, recv_region;

@@ -47,27 +47,29 @@ void DirectRun::publish_description(const Signature& signature) {
   transport_.carry_inline(seq_, reinterpret_cast<const std::byte*>(&described_), sizeof described_, wire_);
 }
 
-bool DirectRun::every_rank_in_place() {
-  bool every = true;
-  for (int q = 0; q < size(); ++q) {
-    Described described;
-    std::memcpy(&described, input_of(q), sizeof described);
-    if (described.in_place > 1)
-      throw corrupt_segment(segment_, q, "an in-place flag of " + std::to_string(described.in_place));
-    every = every && described.in_place == 1;
-  }
+std::vector<DirectRun::Described> DirectRun::take_descriptions() {
+  std::vector<Described> all(static_cast<std::size_t>(size()));
+  for (int q = 0; q < size(); ++q) std::memcpy(&all[static_cast<std::size_t>(q)], input_of(q), sizeof(Described));
   consumed_ = true;
   transport_.consumed_inline(seq_);
+  return all;
+}
+
+bool DirectRun::every_rank_in_place() {
+  bool every = true;
+  const std::vector<Described> all = take_descriptions();
+  for (std::size_t q = 0; q < all.size(); ++q) {
+    if (all[q].in_place > 1)
+      throw corrupt_segment(segment_, static_cast<int>(q), "an in-place flag of " + std::to_string(all[q].in_place));
+    every = every && all[q].in_place == 1;
+  }
   return every;
 }
 
 bool DirectRun::plan_zero_copy() {
   const int p = size(), r = rank();
   const std::size_t bytes = count_ * esize_;
-  std::vector<Described> all(static_cast<std::size_t>(p));
-  for (int q = 0; q < p; ++q) std::memcpy(&all[static_cast<std::size_t>(q)], input_of(q), sizeof(Described));
-  consumed_ = true;
-  transport_.consumed_inline(seq_);
+  const std::vector<Described> all = take_descriptions();
   // What the peers read of each rank: its input (and for allreduce its result), or the root's buffer.
   const bool reads_send = kind_ != Collective::broadcast, reads_recv = kind_ == Collective::allreduce;
   const auto read = [&](int q, bool recv) {
