@@ -485,18 +485,19 @@ TEST_F(HostileShm, ZeroCopyBufferDescribedAsAnotherFile) {
   expect_zero_copy_refused([](core::SharedLocation& at) { at.inode += 1; }, "it is not the buffer the peer described");
 }
 
-// An alltoall in place whose peer's description carries an in-place flag other than 0 or 1 (see
-// DirectRun::describe): the victim fails with peer_failure naming rank 0 before it moves any block,
-// and its buffer is as it was.
-TEST_F(HostileShm, AlltoallDescribedWithABadInPlaceFlag) {
-  setenv("TUTTI_SHM_COLLECTIVE_COPY", "single", 1);  // where single copy serves it, alltoall describes
+// An alltoall or allgather in place whose peer's description carries an in-place flag other than
+// 0 or 1 (see DirectRun::describe): the victim fails with peer_failure naming rank 0 before it
+// moves any block, and its buffer is as it was.
+void expect_bad_in_place_flag_refused(Collective collective) {
+  setenv("TUTTI_SHM_COLLECTIVE_COPY", "single", 1);  // where single copy serves it, the call describes
   Pair pair;
   unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
   if (!pair.segment().single_copy()) GTEST_SKIP() << "process_vm_readv is not permitted here: nothing described";
   const std::size_t n = transport::shm::single_copy_bytes / sizeof(float);
   std::vector<float> buffer(2 * n, 1.0f);
-  const auto call =
-      comm::make_call(Collective::alltoall, buffer.data(), buffer.data(), n, DataType::f32, std::nullopt, -1, {});
+  // In place: an alltoall's input is its result, an allgather's is rank 1's block of it.
+  const float* send = collective == Collective::allgather ? buffer.data() + n : buffer.data();
+  const auto call = comm::make_call(collective, send, buffer.data(), n, DataType::f32, std::nullopt, -1, {});
   transport::Signature signature = transport::Signature::of(call, Algorithm::direct);
   signature.seq = 0;
   auto run = transport::shm::start_direct(*pair.t[1], call, 2000ms);
@@ -512,6 +513,10 @@ TEST_F(HostileShm, AlltoallDescribedWithABadInPlaceFlag) {
   EXPECT_TRUE(pair.t[1]->aborted().has_value());
   EXPECT_TRUE(std::all_of(buffer.begin(), buffer.end(), [](float x) { return x == 1.0f; })) << "the victim wrote";
 }
+
+TEST_F(HostileShm, AlltoallDescribedWithABadInPlaceFlag) { expect_bad_in_place_flag_refused(Collective::alltoall); }
+
+TEST_F(HostileShm, AllgatherDescribedWithABadInPlaceFlag) { expect_bad_in_place_flag_refused(Collective::allgather); }
 
 // Through the public API: a receive in progress when rank 0 writes a corrupt chunk fails with
 // peer_failure naming rank 0, and the communicator is aborted (later calls too), well before the

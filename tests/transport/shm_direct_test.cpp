@@ -305,6 +305,15 @@ TEST_F(ShmDirect, AlltoallInPlaceOutstandingCallsKeepTheirOwnSnapshots) {
 
 bool can_read_other_processes();
 
+// Whether a call went through the data sets (`sets`) or not, by the data-set uses its rank
+// reserved (`uses` before it).
+void expect_data_sets(const transport::shm::ShmTransport& shm, std::uint64_t uses, bool sets, const std::string& what) {
+  if (sets)
+    EXPECT_GT(shm.direct_uses(), uses) << what;
+  else
+    EXPECT_EQ(shm.direct_uses(), uses) << what;
+}
+
 // An alltoall that every rank runs in place goes through the data sets (no snapshot of the blocks
 // the peers read) below in_place_alltoall_single_copy_bytes of input, where single copy would
 // serve it out of place; where only some ranks run it in place (each rank says so with its
@@ -338,14 +347,50 @@ TEST_F(ShmDirect, AlltoallEveryRankInPlaceTakesTheDataSets) {
                         const std::string what = "alltoall n=" + std::to_string(n) + " who=" + std::to_string(who);
                         expect_equal(
                             recv, [&](std::size_t i) { return unique(static_cast<int>(i / n), ur * n + i % n); }, what);
-                        const bool sets = who == 0 && n != large;
-                        if (sets)
-                          EXPECT_GT(shm.direct_uses(), uses) << what;
-                        else
-                          EXPECT_EQ(shm.direct_uses(), uses) << what;
+                        expect_data_sets(shm, uses, who == 0 && n != large, what);
                       }
                   }),
         "")
+        << "p=" << p;
+  unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
+}
+
+// An allgather goes by single copy below single_copy_allgather_limit of result per rank, and from
+// it only where every rank runs it in place (each says so with its signature); otherwise the data
+// sets, whose streaming stores win there. Every block exact either way; which way each call went
+// shows in the data-set uses the ranks reserved.
+TEST_F(ShmDirect, AllgatherPastTheLimitBySingleCopyOnlyWhereEveryRankIsInPlace) {
+  if (!can_read_other_processes()) GTEST_SKIP() << "process_vm_readv is not permitted here: no single copy to leave";
+  const auto unique = [](int q, std::size_t i) {
+    return static_cast<float>(q * 200000 + static_cast<int>(i % 150000));
+  };
+  setenv("TUTTI_SHM_COLLECTIVE_COPY", "single", 1);
+  for (int p : {2, 3})
+    EXPECT_EQ(run_ranks(p,
+                        [&](Rank& rank) {
+                          auto& shm = dynamic_cast<transport::shm::ShmTransport&>(*rank.transport);
+                          const int r = rank.comm.rank();
+                          const auto up = static_cast<std::size_t>(p), ur = static_cast<std::size_t>(r);
+                          const std::size_t large = (transport::shm::single_copy_allgather_limit / 4 + up - 1) / up;
+                          // who: 0 every rank in place, 1 rank 0 only, 2 none.
+                          for (std::size_t n : {std::size_t{20000}, large})
+                            for (int who : {0, 1, 2}) {
+                              const bool in_place = who == 0 || (who == 1 && r == 0);
+                              std::vector<float> send(n), recv(up * n, std::nanf(""));
+                              for (std::size_t i = 0; i < n; ++i) send[i] = unique(r, i);
+                              if (in_place)
+                                std::copy(send.begin(), send.end(), recv.begin() + static_cast<std::ptrdiff_t>(ur * n));
+                              const std::uint64_t uses = shm.direct_uses();
+                              rank.comm.allgather(in_place ? recv.data() + ur * n : send.data(), recv.data(), n,
+                                                  DataType::f32, {Algorithm::direct, timeout});
+                              const std::string what =
+                                  "allgather n=" + std::to_string(n) + " who=" + std::to_string(who);
+                              expect_equal(
+                                  recv, [&](std::size_t i) { return unique(static_cast<int>(i / n), i % n); }, what);
+                              expect_data_sets(shm, uses, n == large && who != 0, what);
+                            }
+                        }),
+              "")
         << "p=" << p;
   unsetenv("TUTTI_SHM_COLLECTIVE_COPY");
 }

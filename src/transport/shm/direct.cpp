@@ -127,14 +127,17 @@ void DirectRun::plan() {
     exchange_ = true, chunks_ = 1, phases_ = 3;
     return;
   }
-  // An alltoall that every rank runs in place (their descriptions say) takes the data sets below
-  // the limit. A rank out of place knows without reading them that not every rank is (it lets the
-  // peers' slots go when it is done, as its own description may not be published yet: consuming
-  // the call would drop it).
+  // Every rank's description, where this call reads them: whether every rank runs it in place, and
+  // where their buffers lie (zero copy). An alltoall that every rank runs in place takes the data
+  // sets below the limit. A rank out of place in an alltoall knows without reading them that not
+  // every rank is (it lets the peers' slots go when it is done, as its own description may not be
+  // published yet: consuming the call would drop it).
   const bool alltoall = kind_ == Collective::alltoall;
-  const bool sets_in_place = reads_descriptions() && alltoall && every_rank_in_place() &&
-                             (segment_.crowded() || bytes * p < in_place_alltoall_single_copy_bytes);
-  if (reads_descriptions() && !alltoall && plan_zero_copy()) return;
+  const std::vector<Described> described = reads_descriptions() ? take_descriptions() : std::vector<Described>{};
+  const bool every_in_place = !described.empty() && every_rank_in_place(described);
+  const bool sets_in_place =
+      alltoall && every_in_place && (segment_.crowded() || bytes * p < in_place_alltoall_single_copy_bytes);
+  if (!described.empty() && !alltoall && plan_zero_copy(described)) return;
   // Allgather(v), alltoall, gather, scatter and a broadcast up to its limit where the segment's
   // probe found single copy faster on this machine (Segment::single_copy_collectives); where
   // ranks share cores, only alltoall, gather and a large scatter. A gather's ranks write into the
@@ -145,7 +148,8 @@ void DirectRun::plan() {
       (segment_.crowded()
            ? (alltoall && !sets_in_place) || gather || (kind_ == Collective::scatter && bytes >= crowded_scatter_bytes)
            : (alltoall && !sets_in_place) || gather || kind_ == Collective::scatter ||
-                 ((kind_ == Collective::allgather || kind_ == Collective::allgatherv) && bytes * p < streaming_bytes) ||
+                 ((kind_ == Collective::allgather || kind_ == Collective::allgatherv) &&
+                  (every_in_place || bytes * p < single_copy_allgather_limit)) ||
                  (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit));
   if (by_probe && bytes >= single_copy_bytes && p > 1 && segment_.single_copy()) {
     single_copy_ = true, chunks_ = 0, phases_ = 3;

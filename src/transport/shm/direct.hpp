@@ -28,7 +28,8 @@ inline constexpr std::size_t small_allreduce_bytes = 16 * 1024;
 /// allows it (Segment::single_copy), into the result (one copy instead of two), only where the
 /// segment's probe found that faster than the data sets, where every rank copies in and out at
 /// once, chunk after chunk (Segment::single_copy_collectives: which wins depends on the machine,
-/// docs/performance.md); then an allgather while its result is under streaming_bytes, a
+/// docs/performance.md); then an allgather in place at every size and out of place while its
+/// result is under single_copy_allgather_limit (from which the data sets' streaming stores win), a
 /// broadcast under single_copy_broadcast_limit (from which the data sets' pipelining wins), the
 /// others always. Where ranks outnumber cores (Segment::crowded), only an alltoall, and a scatter
 /// block from crowded_scatter_bytes: the others measured slower read straight from the peers there.
@@ -51,6 +52,11 @@ inline constexpr std::size_t in_place_alltoall_single_copy_bytes = std::size_t{1
 /// (512 KiB: with four data sets a broadcast through them measured 1.6x faster there than single
 /// copy at p = 2, level at 256 KiB, slower below; docs/performance.md, 2026-12-05, later.)
 inline constexpr std::size_t single_copy_broadcast_limit = 512 * 1024;
+/// (64 MiB of result per rank: at p = 2 single copy measured 1.3x faster than the data sets at 32
+/// MiB, level at 64 and the sets 1.3x faster at 128, where they write results with streaming
+/// stores; in place the sets write without them, and single copy measured 1.2-2x faster at every
+/// size from 16 to 128 MiB; docs/performance.md, 2026-12-07, evening.)
+inline constexpr std::size_t single_copy_allgather_limit = std::size_t{64} << 20;
 inline constexpr std::size_t streaming_bytes = std::size_t{32} << 20;
 /// A collective of at least this many bytes (its input or its result, whichever is larger)
 /// whose buffers that peers read are SharedBuffer memory on every rank runs zero copy, where the

@@ -241,7 +241,7 @@ class DirectRun final : public DirectCollective {
  private:
   struct Described {  // what describe publishes: where send and recv lie (id 0: not shared)
     core::SharedLocation send, recv;
-    std::uint64_t in_place = 0;  // an alltoall: 1 where this rank runs it in place (see plan)
+    std::uint64_t in_place = 0;  // an alltoall, an allgather: 1 where this rank runs it in place (see plan)
   };
 
   int rank() const { return transport_.rank(); }
@@ -331,11 +331,11 @@ class DirectRun final : public DirectCollective {
   void describe(const Signature& signature);
   /// Publishes described_ with the signature (as an inline input is carried).
   void publish_description(const Signature& signature);
-  bool plan_zero_copy();
+  bool plan_zero_copy(const std::vector<Described>& all);
   /// Every rank's description of this call, copied out of the slots (which are then consumed).
   std::vector<Described> take_descriptions();
-  /// An alltoall's descriptions: whether every rank runs it in place (and their slots consumed).
-  bool every_rank_in_place();
+  /// Whether every rank's description says it runs the call in place (an alltoall, an allgather).
+  bool every_rank_in_place(const std::vector<Described>& all) const;
   /// Whether this call chooses its way from every rank's description, read once every signature
   /// is compared: zero copy, and an alltoall in place (see plan).
   bool reads_descriptions() const { return describes_ && (kind_ != Collective::alltoall || send_ == recv_); }

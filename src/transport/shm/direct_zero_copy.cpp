@@ -19,7 +19,9 @@ namespace tutti::transport::shm {
 // rank publishes one or none.
 void DirectRun::describe(const Signature& signature) {
   // An alltoall where single copy may serve it says whether it runs in place: where every rank
-  // does, the data sets may serve it instead (plan, in_place_alltoall_single_copy_bytes).
+  // does, the data sets may serve it instead (plan, in_place_alltoall_single_copy_bytes); an
+  // allgather says so too, where single copy may serve it past single_copy_allgather_limit.
+  if (kind_ == Collective::allgather) described_.in_place = send_ == recv_ + block_offset(rank()) ? 1 : 0;
   if (kind_ == Collective::alltoall) {
     if (size() < 2 || count_ * esize_ < single_copy_bytes || !segment_.single_copy() ||
         !segment_.single_copy_collectives())
@@ -55,9 +57,8 @@ std::vector<DirectRun::Described> DirectRun::take_descriptions() {
   return all;
 }
 
-bool DirectRun::every_rank_in_place() {
+bool DirectRun::every_rank_in_place(const std::vector<Described>& all) const {
   bool every = true;
-  const std::vector<Described> all = take_descriptions();
   for (std::size_t q = 0; q < all.size(); ++q) {
     if (all[q].in_place > 1)
       throw corrupt_segment(segment_, static_cast<int>(q), "an in-place flag of " + std::to_string(all[q].in_place));
@@ -66,10 +67,9 @@ bool DirectRun::every_rank_in_place() {
   return every;
 }
 
-bool DirectRun::plan_zero_copy() {
+bool DirectRun::plan_zero_copy(const std::vector<Described>& all) {
   const int p = size(), r = rank();
   const std::size_t bytes = count_ * esize_;
-  const std::vector<Described> all = take_descriptions();
   // What the peers read of each rank: its input (and for allreduce its result), or the root's buffer.
   const bool reads_send = kind_ != Collective::broadcast, reads_recv = kind_ == Collective::allreduce;
   const auto read = [&](int q, bool recv) {
