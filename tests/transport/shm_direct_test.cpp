@@ -1488,13 +1488,15 @@ TEST_F(ShmDirect, ExitedProcessIsReportedToTheOthers) {
   }
 }
 
-// Allgather, reduce_scatter and broadcast from single_copy_bytes on read the peers' buffers in
-// place (process_vm_readv) up to their limits: exact results on both sides of each limit, in and
-// out of place, every root, with single copy on (where the system allows it) and off, and with
-// the collectives' copy forced each way (TUTTI_SHM_COLLECTIVE_COPY).
+// Allgather, reduce_scatter and broadcast from single_copy_bytes on move blocks straight between
+// the ranks' buffers: exact results on both sides of single_copy_bytes, in and out of place,
+// every root, with single copy on (where the system allows it) and off, and with the collectives'
+// copy forced each way (TUTTI_SHM_COLLECTIVE_COPY). A broadcast's root writes a 1/p share of
+// whole pages into every receiver while they read the rest from shared_broadcast_bytes: on both
+// sides of that, and shares of many pages, buffers of whole pages and not.
 TEST_F(ShmDirect, SizesAroundTheSingleCopyLimits) {
   const std::size_t low = transport::shm::single_copy_bytes / sizeof(float);
-  const std::size_t high = transport::shm::single_copy_broadcast_limit / sizeof(float);
+  const std::size_t high = 512 * 1024 / sizeof(float);
   for (const auto& [setting, copy] : copy_settings) {
     setenv("TUTTI_SHM_SINGLE_COPY", setting, 1);
     setenv("TUTTI_SHM_COLLECTIVE_COPY", copy, 1);
@@ -1536,7 +1538,8 @@ TEST_F(ShmDirect, SizesAroundTheSingleCopyLimits) {
                                     [&](std::size_t i) { return sum_value(p, r * n + i); },
                                     "reduce_scatter n=" + std::to_string(n) + " place " + std::to_string(place));
                               }
-                            for (std::size_t n : {low - 1, low, high - 1, high})
+                            const std::size_t shared = transport::shm::shared_broadcast_bytes / sizeof(float);
+                            for (std::size_t n : {low - 1, low, shared - 1, shared, high - 1, high})
                               for (int root : {0, p - 1}) {
                                 std::vector<float> data(n, -1.0f);
                                 if (r == root)

@@ -138,10 +138,11 @@ void DirectRun::plan() {
   const bool sets_in_place =
       alltoall && every_in_place && (segment_.crowded() || bytes * p < in_place_alltoall_single_copy_bytes);
   if (!described.empty() && !alltoall && plan_zero_copy(described)) return;
-  // Allgather(v), alltoall, gather, scatter and a broadcast up to its limit where the segment's
-  // probe found single copy faster on this machine (Segment::single_copy_collectives); where
-  // ranks share cores, only alltoall, gather and a large scatter. A gather's ranks write into the
-  // root's result (pushes), so only in a bound run.
+  // Allgather(v) (see single_copy_allgather_limit), alltoall, gather, scatter and a broadcast
+  // (whose root writes a share where it pushes, else up to its limit) where the segment's probe
+  // found single copy faster on this machine (Segment::single_copy_collectives); where ranks share
+  // cores, only alltoall, gather and a large scatter. A gather's ranks write into the root's result
+  // (pushes), so only in a bound run.
   const bool gather = kind_ == Collective::gather && pushes();
   const bool by_probe =
       segment_.single_copy_collectives() &&
@@ -150,7 +151,7 @@ void DirectRun::plan() {
            : (alltoall && !sets_in_place) || gather || kind_ == Collective::scatter ||
                  ((kind_ == Collective::allgather || kind_ == Collective::allgatherv) &&
                   (every_in_place || bytes * p < single_copy_allgather_limit)) ||
-                 (kind_ == Collective::broadcast && bytes < single_copy_broadcast_limit));
+                 (kind_ == Collective::broadcast && (pushes() || bytes < single_copy_broadcast_limit)));
   if (by_probe && bytes >= single_copy_bytes && p > 1 && segment_.single_copy()) {
     single_copy_ = true, chunks_ = 0, phases_ = 3;
     if (alltoall && send_ == recv_) snapshot_blocks();

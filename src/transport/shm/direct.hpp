@@ -29,9 +29,10 @@ inline constexpr std::size_t small_allreduce_bytes = 16 * 1024;
 /// segment's probe found that faster than the data sets, where every rank copies in and out at
 /// once, chunk after chunk (Segment::single_copy_collectives: which wins depends on the machine,
 /// docs/performance.md); then an allgather in place at every size and out of place while its
-/// result is under single_copy_allgather_limit (from which the data sets' streaming stores win), a
-/// broadcast under single_copy_broadcast_limit (from which the data sets' pipelining wins), the
-/// others always. Where ranks outnumber cores (Segment::crowded), only an alltoall, and a scatter
+/// result is under single_copy_allgather_limit (from which the data sets' streaming stores win),
+/// the others always (a broadcast whose root does not push a share, which only a run outside a
+/// communicator does, under single_copy_broadcast_limit, from which the data sets' pipelining
+/// wins). Where ranks outnumber cores (Segment::crowded), only an alltoall, and a scatter
 /// block from crowded_scatter_bytes: the others measured slower read straight from the peers there.
 /// (A reduce_scatter reads no peer's buffer: reading 16-64 KiB blocks into a scratch piece to
 /// reduce from measured 1.2-1.55x slower than the data sets once there were four of them,
@@ -50,8 +51,16 @@ inline constexpr std::size_t staged_reduce_bytes = 64 * 1024;
 /// 256 KiB-16 MiB, 1.3-2 times; docs/performance.md, 2026-12-07, night).
 inline constexpr std::size_t in_place_alltoall_single_copy_bytes = std::size_t{16} << 20;
 /// (512 KiB: with four data sets a broadcast through them measured 1.6x faster there than single
-/// copy at p = 2, level at 256 KiB, slower below; docs/performance.md, 2026-12-05, later.)
+/// copy read whole by the receiver at p = 2, level at 256 KiB, slower below; docs/performance.md,
+/// 2026-12-05, later. With the root writing a share while the receivers read the rest, single
+/// copy measured 1.5-4x faster than the sets at every size from 256 KiB to 16 MiB: 2026-12-07.)
 inline constexpr std::size_t single_copy_broadcast_limit = 512 * 1024;
+/// A broadcast by single copy of at least this many bytes has its root write a 1/p share of the
+/// buffer into every receiver while they read the rest (each rank moves (p - 1)/p of it, at once);
+/// below, the receivers read it whole: at p = 2 the two halves' copies measured slower at 16 KiB
+/// (2.7-2.9 against 2.3 us), level at 32 KiB and faster from 64 KiB (docs/performance.md,
+/// 2026-12-07, evening).
+inline constexpr std::size_t shared_broadcast_bytes = 64 * 1024;
 /// (64 MiB of result per rank: at p = 2 single copy measured 1.3x faster than the data sets at 32
 /// MiB, level at 64 and the sets 1.3x faster at 128, where they write results with streaming
 /// stores; in place the sets write without them, and single copy measured 1.2-2x faster at every

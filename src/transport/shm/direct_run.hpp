@@ -307,11 +307,14 @@ class DirectRun final : public DirectCollective {
   /// Whether single copy writes each block into the rank that receives it (gather, allgather,
   /// alltoall, alltoallv's inputs out of the set) rather than has that rank read it: a gather's
   /// root then copies only its own block while the others write theirs, and an alltoall or
-  /// allgather measured 1.0-1.3x faster than reading from 256 KiB at p = 2. Only in a bound run,
-  /// whose counts every rank compared before any rank writes into another.
+  /// allgather measured 1.0-1.3x faster than reading from 256 KiB at p = 2. A broadcast's root
+  /// writes a share of its buffer into every receiver while they read the rest
+  /// (direct_single_copy.cpp, root_share). Only in a bound run, whose counts every rank compared before any rank writes
+  /// into another.
   bool pushes() const {
-    return seq_ != no_seq && (kind_ == Collective::gather || kind_ == Collective::allgather ||
-                              kind_ == Collective::alltoall || kind_ == Collective::alltoallv);
+    return seq_ != no_seq &&
+           (kind_ == Collective::gather || kind_ == Collective::allgather || kind_ == Collective::alltoall ||
+            kind_ == Collective::alltoallv || kind_ == Collective::broadcast);
   }
   /// Alltoallv: phase 0 writes this rank's send displacements into its part of a data set, and
   /// its whole input after them when it fits (else publishes its address for single copy);

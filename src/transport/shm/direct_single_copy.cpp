@@ -11,6 +11,16 @@
 
 namespace tutti::transport::shm {
 
+// The bytes at the end of a broadcast's buffer of `bytes` that its root writes into each of the
+// p - 1 receivers (where it pushes), whole pages: a 1/p share, so that the root's p - 1 writes
+// take as long as each receiver's read of the rest; none below shared_broadcast_bytes.
+namespace {
+std::size_t root_share(std::size_t bytes, int p) {
+  constexpr std::size_t page = 4096;
+  return bytes < shared_broadcast_bytes ? 0 : bytes / static_cast<std::size_t>(p) / page * page;
+}
+}  // namespace
+
 // (Which collectives single copy, and when: DirectRun::plan.)
 void DirectRun::run_single_copy_phase(std::size_t phase) {
   const int p = size(), r = rank();
@@ -32,9 +42,19 @@ void DirectRun::run_single_copy_phase(std::size_t phase) {
   copy_own_block();
   const std::size_t bytes = count_ * esize_;
   switch (kind_) {
-    case Collective::broadcast:
-      if (r != root_) read_input(root_, 0, recv_, bytes);
+    case Collective::broadcast: {
+      // The root writes the last share of its buffer into every receiver while they read the rest
+      // of it (where it pushes): each rank then moves (p - 1) / p of the buffer, at once.
+      const std::size_t share = pushes() ? root_share(bytes, p) : 0;
+      if (r != root_)
+        read_input(root_, 0, recv_, bytes - share);
+      else if (share > 0)
+        for (int i = 1; i < p; ++i) {
+          const int q = (r + i) % p;
+          write_result(q, bytes - share, recv_ + (bytes - share), share);
+        }
       return;
+    }
     case Collective::scatter:  // block r of the root's input
       if (r != root_) read_input(root_, block_offset(r), recv_, bytes);
       return;
