@@ -59,12 +59,12 @@ inline constexpr std::size_t single_copy_broadcast_limit = 512 * 1024;
 /// buffer into every receiver while they read the rest (each rank moves (p - 1)/p of it, at once);
 /// below, the receivers read it whole: at p = 2 the two halves' copies measured slower at 16 KiB
 /// (2.7-2.9 against 2.3 us), level at 32 KiB and faster from 64 KiB (docs/performance.md,
-/// 2026-12-07, evening).
+/// 2026-12-07, late night).
 inline constexpr std::size_t shared_broadcast_bytes = 64 * 1024;
 /// (64 MiB of result per rank: at p = 2 single copy measured 1.3x faster than the data sets at 32
 /// MiB, level at 64 and the sets 1.3x faster at 128, where they write results with streaming
 /// stores; in place the sets write without them, and single copy measured 1.2-2x faster at every
-/// size from 16 to 128 MiB; docs/performance.md, 2026-12-07, evening.)
+/// size from 16 to 128 MiB; docs/performance.md, 2026-12-07, late night.)
 inline constexpr std::size_t single_copy_allgather_limit = std::size_t{64} << 20;
 inline constexpr std::size_t streaming_bytes = std::size_t{32} << 20;
 /// A collective of at least this many bytes (its input or its result, whichever is larger)
