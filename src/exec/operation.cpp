@@ -268,7 +268,7 @@ void ScheduleOperation::start_step(std::uint32_t index) {
   const auto& step = schedule().steps[index];
   const std::size_t bytes = step.region.count * elem_size_;
   Completion* done = &completions_[index];
-  const transport::MessageKey key{key_.channel, key_.seq, plan_->message_index[index]};
+  const transport::MessageKey key{key_.channel, key_.seq, plan_->message_index[index], plan_->notices};
   switch (step.kind) {
     case StepKind::copy: {
       std::byte* dst = address(step.region);

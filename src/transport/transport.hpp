@@ -70,6 +70,10 @@ struct MessageKey {
   Channel channel = Channel::collective;
   std::uint64_t seq = 0;
   std::uint32_t index = 0;
+  /// A send of a call that runs ahead of its peers (exec::Plan::notices): nothing waits on its
+  /// arrival before the next call, so a transport may hold a small one back a moment to send it
+  /// with the next (TCP does). Not part of what matches.
+  bool runs_ahead = false;
 };
 
 /// State of one posted operation. Set by the transport (from any thread), read by the executor.

@@ -382,6 +382,77 @@ TEST(TcpCollectives, ABroadcastRootRunsAheadOfItsReceivers) {
   }
 }
 
+// The small frames of calls that run ahead leave together: 200 broadcasts of 8 bytes whose root
+// runs ahead (their frames within the window, set to a second here) take far fewer writes than
+// calls, and with the window at 0 (TUTTI_TCP_COALESCE_US) one each. Every value arrives exactly.
+TEST(TcpCoalescing, SmallFramesOfCallsThatRunAheadLeaveTogether) {
+  for (const char* window : {"1000000", "0"}) {
+    ::setenv("TUTTI_TCP_COALESCE_US", window, 1);
+    MemoryStore store;
+    std::vector<std::string> errors;
+    Transports transports = connect_ranks(store, 2, &errors);
+    ::unsetenv("TUTTI_TCP_COALESCE_US");
+    transport::Transport& root_transport = *transports[0];
+    auto comms = to_communicators(transports);
+    constexpr int calls = 200;
+    std::uint64_t writes = 0;
+    const std::string failures = run_ranks(comms, [&](Communicator& comm) {
+      open_run_ahead_window(comm);
+      const std::uint64_t before = comm.rank() == 0 ? transport::tcp::testing::socket_writes(root_transport) : 0;
+      for (int k = 0; k < calls; ++k) {
+        std::vector<std::int32_t> b(2, comm.rank() == 0 ? 3 * k : -1);
+        comm.broadcast(b.data(), b.size(), DataType::i32, 0, {Algorithm::binomial_tree, op_timeout});
+        for (auto v : b) ASSERT_EQ(v, 3 * k) << "window " << window << " call " << k;
+      }
+      if (comm.rank() == 0) writes = transport::tcp::testing::socket_writes(root_transport) - before;
+      comm.barrier({{}, op_timeout});
+    });
+    EXPECT_EQ(failures, "") << "window " << window;
+    if (std::string(window) == "0")
+      EXPECT_GE(writes, std::uint64_t{calls}) << "every frame written alone";
+    else
+      EXPECT_LE(writes, std::uint64_t{calls / 8}) << "frames within the window written together";
+  }
+}
+
+// A window over a second, or not a number, is refused by name as the ranks connect.
+TEST(TcpCoalescing, AWindowOverASecondIsRefused) {
+  for (const char* bad : {"1000001", "20us"}) {
+    ::setenv("TUTTI_TCP_COALESCE_US", bad, 1);
+    MemoryStore store;
+    std::vector<std::string> errors;
+    Transports transports = connect_ranks(store, 2, &errors);
+    ::unsetenv("TUTTI_TCP_COALESCE_US");
+    for (int r = 0; r < 2; ++r)
+      EXPECT_NE(errors[static_cast<std::size_t>(r)].find("TUTTI_TCP_COALESCE_US"), std::string::npos)
+          << "rank " << r << " with " << bad << ": " << errors[static_cast<std::size_t>(r)];
+  }
+}
+
+// A frame held back to leave with the next leaves when the window ends, though its sender makes
+// no call meanwhile: a root makes three small broadcasts that run ahead (window 50 ms), then
+// sleeps for 3 s; the receiver has all three well before the root wakes.
+TEST(TcpCoalescing, HeldBackFramesLeaveWhenTheWindowEnds) {
+  ::setenv("TUTTI_TCP_COALESCE_US", "50000", 1);
+  auto comms = make_group(2);
+  ::unsetenv("TUTTI_TCP_COALESCE_US");
+  const std::string failures = run_ranks(comms, [&](Communicator& comm) {
+    open_run_ahead_window(comm);
+    const auto start = Clock::now();
+    for (int k = 0; k < 3; ++k) {
+      std::vector<std::int32_t> b(2, comm.rank() == 0 ? 11 * k : -1);
+      comm.broadcast(b.data(), b.size(), DataType::i32, 0, {Algorithm::binomial_tree, op_timeout});
+      for (auto v : b) ASSERT_EQ(v, 11 * k) << "call " << k;
+    }
+    if (comm.rank() == 0)
+      std::this_thread::sleep_for(3s);
+    else
+      EXPECT_LT(Clock::now() - start, 1500ms) << "the held-back frames waited for their sender";
+    comm.barrier({{}, op_timeout});
+  });
+  EXPECT_EQ(failures, "");
+}
+
 // A rooted call that runs ahead, as the broadcast above: a scatter's root returns once it has
 // sent, a reduce's or gather's leaves (p = 3: both non-roots) once they have sent. The ranks that
 // return first finish the calls of a run-ahead window before the others make their first, and the

@@ -54,6 +54,7 @@ struct OutFrame {
   std::size_t written = 0;     // of header + payload
   Completion* done = nullptr;  // a data send whose buffer the executor still owns
   bool sealed = false;         // its frame number and tags are fixed: it must be written, in order
+  bool may_wait = false;       // a send of a call that runs ahead (MessageKey::runs_ahead)
   Tag header_tag{}, payload_tag{};
 };
 
@@ -111,6 +112,12 @@ struct Peer {
   std::unique_ptr<FrameMac> send_mac, receive_mac;  // null in insecure mode
   std::uint64_t frames_sent = 0, frames_received = 0;
   std::size_t held = 0;  // bytes its frames make this rank keep: unexpected messages, early signatures
+  // Small data frames held back to leave together (see Hub::coalesces_locked): `out` holds only
+  // those while corked.
+  bool corked = false;
+  std::int64_t corked_since = 0;  // steady clock, ns
+  std::size_t corked_frames = 0, corked_bytes = 0;
+  std::int64_t last_write = 0;  // steady clock, ns: the last write to its socket that succeeded
 };
 
 /// A posted receive; with `operand`, a receive-and-reduce: data = operand op incoming.
@@ -250,6 +257,8 @@ class Hub {
   void crash_for_testing();
   /// Tests only: whether the connection to global rank `g` is closed (its end was handled).
   bool closed_for_testing(int g) const;
+  /// Tests only: the writes to all sockets that succeeded so far (each sendmsg).
+  std::uint64_t writes_for_testing() const;
 
  private:
   // I/O thread, writes and connection loss (hub_io.cpp).
@@ -268,6 +277,14 @@ class Hub {
   void drop_peer_locked(int g, const std::string& log_text, const std::string& before, const std::string& after);
   void close_peer_locked(int g);
   void enqueue_locked(int g, OutFrame frame);
+  /// Whether `frame` waits for more to leave with it, completed at once on a copy of its payload
+  /// (what may, and for how long: hub_io.cpp). Arms the timer for the first.
+  bool coalesces_locked(int g, OutFrame& frame, std::int64_t now);
+  /// Writes the queues of the corked peers: all of them, or those corked for the window by `now`
+  /// (then the timer is armed again for the rest).
+  void uncork_locked(bool all, std::int64_t now);
+  /// timer_fd_ fires `ns` from now.
+  void arm_timer_locked(std::int64_t ns);
   void seal_locked(Peer& peer, OutFrame& frame);
   std::size_t wire_bytes(const Peer& peer, const OutFrame& frame) const;
   void stop_thread();
@@ -334,7 +351,8 @@ class Hub {
   // Communicators this rank left, so that a late frame for one does not bring it back (bounded).
   std::set<std::uint64_t> left_ids_;
   std::deque<std::uint64_t> left_order_;
-  const std::size_t max_unexpected_;  // TUTTI_TCP_MAX_UNEXPECTED: bytes held per peer
+  const std::size_t max_unexpected_;    // TUTTI_TCP_MAX_UNEXPECTED: bytes held per peer
+  const std::int64_t coalesce_window_;  // ns, TUTTI_TCP_COALESCE_US (see coalesces_locked)
   // Buffers of small unexpected messages that were delivered, kept for the next (a message that
   // arrives before its receive is the common case of a small call: it then allocates nothing).
   static constexpr std::size_t small_kept = 64;
@@ -352,6 +370,10 @@ class Hub {
 
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
+  int timer_fd_ = -1;                // fires when the first corked peer's frames are due (the I/O thread writes them)
+  bool timer_armed_ = false;         // under mutex_
+  std::atomic<bool> corked_{false};  // some peer is corked (a waiting caller writes them at once)
+  std::uint64_t writes_ = 0;         // under mutex_: sendmsg calls that succeeded (tests)
   std::thread thread_;
   // While a caller waits it polls the sockets itself (poll()), and the I/O thread stays off them
   // until the time below (steady clock, ns): a message then costs no wake-up of the I/O thread and

@@ -3,11 +3,13 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "bootstrap/socket_io.hpp"
 #include "core/env.hpp"
@@ -19,6 +21,22 @@ namespace tutti::transport::tcp {
 namespace {
 
 constexpr std::uint32_t wake_tag = 0xffffffffu;
+constexpr std::uint32_t timer_tag = 0xfffffffeu;
+// Small calls that run ahead send a frame each, back to back; written one by one, each costs the
+// sender a write and the kernel a packet, and a stream of them goes at the rate of that cost. A
+// data frame of at most coalesce_payload bytes of a call that runs ahead (MessageKey::runs_ahead:
+// nothing waits on it before the next call; in an exchange, where a frame answers the peer's, any
+// wait would add to every round) to a peer written to within the window (coalesce_window_,
+// TUTTI_TCP_COALESCE_US, 0: never) waits for more to leave with it, completed at once on a copy
+// of its payload: until the window has passed since the first of them, coalesce_frames of them or
+// coalesce_bytes, another frame that may not wait, or a caller that waits on the hub (it may wait
+// for an answer to them), whichever comes first; the I/O thread writes them when the window ends
+// (timer_fd_). A frame to a peer not written to within the window (the first of a burst, a lone
+// call) leaves at once.
+constexpr std::int64_t default_coalesce_us = 20;
+constexpr std::size_t coalesce_payload = 1024;
+constexpr std::size_t coalesce_frames = 16;  // what one sendmsg of flush_locked takes (64 pieces, 4 a frame)
+constexpr std::size_t coalesce_bytes = 16 * 1024;
 constexpr auto flush_limit = std::chrono::seconds(5);  // how long shutdown waits for queued frames to leave
 // How long a waiting caller's polling keeps the I/O thread off the sockets. A caller that returns
 // and computes leaves its messages to the I/O thread again after this, at the latest.
@@ -27,6 +45,18 @@ constexpr auto polling_lease = std::chrono::milliseconds(1);
 std::int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+std::int64_t coalesce_window_from_env() {
+  const auto text = core::env("TUTTI_TCP_COALESCE_US");
+  if (!text) return 1000 * default_coalesce_us;
+  // A frame may wait that long for its peer: past a second it would be mistaken for a stall.
+  constexpr long long max_us = 1'000'000;
+  const long long us = core::parse_count(*text, "TUTTI_TCP_COALESCE_US");
+  if (us > max_us)
+    throw Error(ErrorCode::invalid_argument,
+                "TUTTI_TCP_COALESCE_US: at most " + std::to_string(max_us) + " (one second), got " + *text);
+  return 1000 * us;
 }
 
 std::size_t max_unexpected_from_env() {
@@ -38,20 +68,27 @@ std::size_t max_unexpected_from_env() {
 }  // namespace
 
 Hub::Hub(int rank, int size, std::vector<Link> links)
-    : rank_(rank), peers_(static_cast<std::size_t>(size)), max_unexpected_(max_unexpected_from_env()) {
+    : rank_(rank),
+      peers_(static_cast<std::size_t>(size)),
+      max_unexpected_(max_unexpected_from_env()),
+      coalesce_window_(coalesce_window_from_env()) {
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (epoll_fd_ < 0 || wake_fd_ < 0) {
+  timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  if (epoll_fd_ < 0 || wake_fd_ < 0 || timer_fd_ < 0) {
+    const std::string why = bootstrap::detail::errno_text(errno);
     for (const Link& link : links)
       if (link.fd >= 0) ::close(link.fd);
-    if (epoll_fd_ >= 0) ::close(epoll_fd_);
-    if (wake_fd_ >= 0) ::close(wake_fd_);
-    throw Error(ErrorCode::system, "tcp: epoll/eventfd: " + bootstrap::detail::errno_text(errno));
+    for (int fd : {epoll_fd_, wake_fd_, timer_fd_})
+      if (fd >= 0) ::close(fd);
+    throw Error(ErrorCode::system, "tcp: epoll/eventfd/timerfd: " + why);
   }
   epoll_event event{};
   event.events = EPOLLIN;
   event.data.u32 = wake_tag;
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &event);
+  event.data.u32 = timer_tag;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, timer_fd_, &event);
   for (int g = 0; g < size; ++g) {
     Peer& peer = peers_[static_cast<std::size_t>(g)];
     const Link& link = links[static_cast<std::size_t>(g)];
@@ -97,6 +134,7 @@ Hub::~Hub() {
   }
   ::close(epoll_fd_);
   ::close(wake_fd_);
+  ::close(timer_fd_);
 }
 
 void Hub::stop_thread() {
@@ -136,6 +174,11 @@ bool Hub::closed_for_testing(int g) const {
   return peers_.at(static_cast<std::size_t>(g)).closed;
 }
 
+std::uint64_t Hub::writes_for_testing() const {
+  std::lock_guard lock(mutex_);
+  return writes_;
+}
+
 void Hub::run() {
   epoll_event events[64];
   for (;;) {
@@ -160,9 +203,15 @@ void Hub::run() {
     const int n = ::epoll_wait(epoll_fd_, events, 64, more ? 0 : 50);
     if (more && !read_on()) return;
     for (int i = 0; i < n; ++i)
-      if (events[i].data.u32 == wake_tag) {
+      if (events[i].data.u32 == wake_tag || events[i].data.u32 == timer_tag) {
         std::uint64_t count = 0;
-        [[maybe_unused]] const auto got = ::read(wake_fd_, &count, sizeof(count));
+        [[maybe_unused]] const auto got =
+            ::read(events[i].data.u32 == wake_tag ? wake_fd_ : timer_fd_, &count, sizeof(count));
+        if (events[i].data.u32 == wake_tag) continue;
+        std::lock_guard lock(mutex_);
+        if (crashed_) return;
+        timer_armed_ = false;
+        uncork_locked(false, steady_ns());
       }
     if (!dispatch(events, n)) return;
   }
@@ -170,7 +219,7 @@ void Hub::run() {
 
 bool Hub::dispatch(const epoll_event* events, int n) {
   for (int i = 0; i < n; ++i) {
-    if (events[i].data.u32 == wake_tag) continue;
+    if (events[i].data.u32 == wake_tag || events[i].data.u32 == timer_tag) continue;
     const int g = static_cast<int>(events[i].data.u32);
     std::lock_guard lock(mutex_);
     if (crashed_) return false;
@@ -197,6 +246,10 @@ bool Hub::read_on() {
 }
 
 void Hub::poll() {
+  if (corked_.load()) {  // what this caller waits for may answer frames held back: they go now
+    std::lock_guard lock(mutex_);
+    uncork_locked(true, 0);
+  }
   polled_until_.store(steady_ns() + std::chrono::nanoseconds(polling_lease).count());
   epoll_event events[64];
   const int n = ::epoll_wait(epoll_fd_, events, 64, 0);
@@ -232,9 +285,75 @@ void Hub::enqueue_locked(int g, OutFrame frame) {
   frame.header.magic = frame_magic;
   frame.header.bytes = frame.bytes;
   const bool idle = peer.out.empty();
+  if (idle || peer.corked) {
+    const std::int64_t now = steady_ns();
+    if (coalesces_locked(g, frame, now)) {
+      peer.out.push_back(std::move(frame));
+      ++peer.corked_frames;
+      peer.corked_bytes += peer.out.back().bytes;
+      if (peer.corked_frames >= coalesce_frames || peer.corked_bytes >= coalesce_bytes ||
+          now - peer.corked_since >= coalesce_window_)
+        flush_locked(g);
+      return;
+    }
+  }
   peer.out.push_back(std::move(frame));
-  // Write at once from the posting thread when nothing is queued ahead: no hand-off to the I/O thread.
-  if (idle) flush_locked(g);
+  // Write at once from the posting thread when nothing is queued ahead (or only frames held
+  // back to leave with more): no hand-off to the I/O thread.
+  if (idle || peer.corked) flush_locked(g);
+}
+
+bool Hub::coalesces_locked(int g, OutFrame& frame, std::int64_t now) {
+  Peer& peer = peers_[static_cast<std::size_t>(g)];
+  if (coalesce_window_ <= 0 || frame.header.kind != FrameKind::data || frame.bytes > coalesce_payload ||
+      acked(frame.header.channel, frame.bytes) || stopping_ || peer.write_failed || !frame.may_wait ||
+      (!peer.corked && now - peer.last_write >= coalesce_window_))
+    return false;
+  // The caller may reuse its buffer once the send completes: the frame keeps a copy.
+  frame.owned = Bytes::make(frame.bytes);
+  if (frame.bytes > 0) std::memcpy(frame.owned.data.get(), frame.payload, frame.bytes);
+  frame.payload = frame.owned.data.get();
+  if (frame.done != nullptr) {
+    frame.done->set(Completion::done);
+    frame.done = nullptr;
+    ring();
+  }
+  if (!peer.corked) {
+    peer.corked = true;
+    peer.corked_since = now;
+    corked_.store(true);
+    if (!timer_armed_) arm_timer_locked(coalesce_window_);
+    // A parked I/O thread (a caller polled a moment ago) would not see the timer: it goes back to
+    // the sockets, as it would once this caller's polling lease ran out.
+    stop_polling();
+  }
+  return true;
+}
+
+void Hub::uncork_locked(bool all, std::int64_t now) {
+  std::int64_t next = 0;
+  bool corked = false;
+  for (int g = 0; g < size(); ++g) {
+    Peer& peer = peers_[static_cast<std::size_t>(g)];
+    if (!peer.corked) continue;
+    if (all || now - peer.corked_since >= coalesce_window_) {
+      flush_locked(g);
+      continue;
+    }
+    const std::int64_t due = peer.corked_since + coalesce_window_;
+    next = corked ? std::min(next, due) : due;
+    corked = true;
+  }
+  corked_.store(corked);
+  if (corked && !timer_armed_) arm_timer_locked(std::max<std::int64_t>(next - now, 1000));
+}
+
+void Hub::arm_timer_locked(std::int64_t ns) {
+  itimerspec when{};
+  when.it_value.tv_sec = static_cast<time_t>(ns / 1'000'000'000);
+  when.it_value.tv_nsec = static_cast<long>(ns % 1'000'000'000);
+  ::timerfd_settime(timer_fd_, 0, &when, nullptr);
+  timer_armed_ = true;
 }
 
 namespace {
@@ -276,6 +395,8 @@ void Hub::flush_locked(int g) {
   Peer& peer = peers_[static_cast<std::size_t>(g)];
   constexpr std::size_t max_iov = 64;
   const bool tagged = peer.send_mac != nullptr;
+  peer.corked = false;
+  peer.corked_frames = peer.corked_bytes = 0;
   if (peer.write_failed) return;
   while (!peer.out.empty()) {
     iovec iov[max_iov];
@@ -318,6 +439,8 @@ void Hub::flush_locked(int g) {
       if (!peer.reading) read_peer_locked(g);  // else the read under way finishes the job
       return;
     }
+    ++writes_;
+    peer.last_write = steady_ns();
     after_write_locked(g, static_cast<std::size_t>(sent));
   }
   set_write_armed_locked(g, false);

@@ -138,6 +138,7 @@ void Hub::post_send(std::uint64_t id, int peer, const MessageKey& key, const voi
   frame.payload = static_cast<const std::byte*>(data);
   frame.bytes = bytes;
   frame.done = done;
+  frame.may_wait = key.runs_ahead;
   enqueue_locked(g, std::move(frame));
 }
 

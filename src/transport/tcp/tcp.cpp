@@ -360,6 +360,10 @@ namespace testing {
 
 void crash(Transport& transport) { dynamic_cast<TcpTransport&>(transport).hub().crash_for_testing(); }
 
+std::uint64_t socket_writes(Transport& transport) {
+  return dynamic_cast<TcpTransport&>(transport).hub().writes_for_testing();
+}
+
 }  // namespace testing
 
 }  // namespace tutti::transport::tcp

@@ -10,4 +10,7 @@ namespace tutti::transport::tcp::testing {
 /// connections end and abort with Error(peer_failure). `transport` must come from tcp::connect.
 void crash(Transport& transport);
 
+/// The writes to its sockets that succeeded so far on `transport`'s hub (shared with its splits).
+std::uint64_t socket_writes(Transport& transport);
+
 }  // namespace tutti::transport::tcp::testing
