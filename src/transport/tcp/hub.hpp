@@ -283,7 +283,9 @@ class Hub {
   /// Writes the queues of the corked peers: all of them, or those corked for the window by `now`
   /// (then the timer is armed again for the rest).
   void uncork_locked(bool all, std::int64_t now);
-  /// timer_fd_ fires `ns` from now.
+  /// uncork_locked(true) where some peer is corked (poll: a waiting caller).
+  void send_held();
+  /// timer_fd_ fires `ns` from now (0: never).
   void arm_timer_locked(std::int64_t ns);
   void seal_locked(Peer& peer, OutFrame& frame);
   std::size_t wire_bytes(const Peer& peer, const OutFrame& frame) const;
@@ -372,6 +374,7 @@ class Hub {
   int wake_fd_ = -1;
   int timer_fd_ = -1;                // fires when the first corked peer's frames are due (the I/O thread writes them)
   bool timer_armed_ = false;         // under mutex_
+  int corked_peers_ = 0;             // under mutex_: peers whose frames are held back
   std::atomic<bool> corked_{false};  // some peer is corked (a waiting caller writes them at once)
   std::uint64_t writes_ = 0;         // under mutex_: sendmsg calls that succeeded (tests)
   std::thread thread_;

@@ -245,11 +245,14 @@ bool Hub::read_on() {
   return true;
 }
 
+void Hub::send_held() {
+  if (!corked_.load()) return;
+  std::lock_guard lock(mutex_);
+  uncork_locked(true, 0);
+}
+
 void Hub::poll() {
-  if (corked_.load()) {  // what this caller waits for may answer frames held back: they go now
-    std::lock_guard lock(mutex_);
-    uncork_locked(true, 0);
-  }
+  send_held();  // what this caller waits for may answer frames held back: they go now
   polled_until_.store(steady_ns() + std::chrono::nanoseconds(polling_lease).count());
   epoll_event events[64];
   const int n = ::epoll_wait(epoll_fd_, events, 64, 0);
@@ -320,6 +323,7 @@ bool Hub::coalesces_locked(int g, OutFrame& frame, std::int64_t now) {
   }
   if (!peer.corked) {
     peer.corked = true;
+    ++corked_peers_;
     peer.corked_since = now;
     corked_.store(true);
     if (!timer_armed_) arm_timer_locked(coalesce_window_);
@@ -349,11 +353,11 @@ void Hub::uncork_locked(bool all, std::int64_t now) {
 }
 
 void Hub::arm_timer_locked(std::int64_t ns) {
-  itimerspec when{};
+  itimerspec when{};  // 0: disarmed
   when.it_value.tv_sec = static_cast<time_t>(ns / 1'000'000'000);
   when.it_value.tv_nsec = static_cast<long>(ns % 1'000'000'000);
   ::timerfd_settime(timer_fd_, 0, &when, nullptr);
-  timer_armed_ = true;
+  timer_armed_ = ns > 0;
 }
 
 namespace {
@@ -395,8 +399,12 @@ void Hub::flush_locked(int g) {
   Peer& peer = peers_[static_cast<std::size_t>(g)];
   constexpr std::size_t max_iov = 64;
   const bool tagged = peer.send_mac != nullptr;
-  peer.corked = false;
-  peer.corked_frames = peer.corked_bytes = 0;
+  if (peer.corked) {
+    peer.corked = false;
+    peer.corked_frames = peer.corked_bytes = 0;
+    // The last held-back frames leave: the timer would only wake the I/O thread for nothing.
+    if (--corked_peers_ == 0 && timer_armed_) arm_timer_locked(0);
+  }
   if (peer.write_failed) return;
   while (!peer.out.empty()) {
     iovec iov[max_iov];
@@ -489,6 +497,10 @@ void Hub::close_peer_locked(int g) {
   ::close(peer.fd);
   peer.closed = true;
   peer.out.clear();
+  if (peer.corked) {  // its held-back frames go with the rest
+    peer.corked = false;
+    --corked_peers_;
+  }
   peer.in.stage = Inbound::Stage::header;
   peer.in.sink = Inbound::Sink::drain;
   peer.in.done = nullptr;
