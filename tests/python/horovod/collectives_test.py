@@ -151,18 +151,31 @@ def test_handle_keeps_the_tensor_memory():
 
 def test_fusion_of_many_small_tensors():
     tensors = [data(R, 1 + i % 17, torch.float32) for i in range(200)]
-    hvd.barrier()  # the ranks enqueue at the same time, within a cycle or two
-    before = hvd._horovod.stats()
-    handles = [hvd.allreduce_async(t, name="small.%d" % i, op=hvd.Sum) for i, t in enumerate(tensors)]
-    for i, h in enumerate(handles):
-        check_equal(hvd.synchronize(h), expected_reduce(1 + i % 17, torch.float32, hvd.Sum), "small.%d" % i)
-    after = hvd._horovod.stats()
-    tensors_done = after["tensors"] - before["tensors"]
-    calls = after["collectives"] - before["collectives"]
-    assert tensors_done == 200, (before, after)
     # Enqueued within a cycle or two of 5 ms (about 2 ms here), they travel in fewer messages than
-    # tensors (usually 1 to 3; how many depends on where the cycles fall).
-    assert calls < 200, "200 small tensors took %d collective calls: not fused (%s, %s)" % (calls, before, after)
+    # tensors (usually 1 to 3; how many depends on where the cycles fall). A rank starved of its
+    # core while it enqueues (the test suite runs two tests at once on two cores) hands them over
+    # one a cycle, as its peer waits and negotiates at once: then the ranks agree to try again,
+    # up to three times; every result is checked each time.
+    tries = []
+    for attempt in range(3):
+        hvd.barrier()  # the ranks enqueue at the same time, within a cycle or two
+        before = hvd._horovod.stats()
+        handles = [
+            hvd.allreduce_async(t, name="small.%d.%d" % (attempt, i), op=hvd.Sum) for i, t in enumerate(tensors)
+        ]
+        for i, h in enumerate(handles):
+            expected = expected_reduce(1 + i % 17, torch.float32, hvd.Sum)
+            check_equal(hvd.synchronize(h), expected, "small.%d" % i)
+        after = hvd._horovod.stats()
+        assert after["tensors"] - before["tensors"] == 200, (before, after)
+        calls = after["collectives"] - before["collectives"]
+        tries.append((calls, before, after))
+        # Every rank sees the same calls (they run the same fused collectives); agree all the same.
+        fused = hvd.allreduce(torch.tensor([1 if calls < 200 else 0]), name="fused.%d" % attempt, op=hvd.Min)
+        if int(fused[0]) == 1:
+            break
+    assert tries[-1][0] < 200, "200 small tensors took %s collective calls in %d tries: not fused (%s)" % (
+        [t[0] for t in tries], len(tries), tries)
 
 
 def test_allgather_different_first_dimensions():
