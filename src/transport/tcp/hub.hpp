@@ -372,11 +372,11 @@ class Hub {
 
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
-  int timer_fd_ = -1;                // fires when the first corked peer's frames are due (the I/O thread writes them)
-  bool timer_armed_ = false;         // under mutex_
-  int corked_peers_ = 0;             // under mutex_: peers whose frames are held back
-  std::atomic<bool> corked_{false};  // some peer is corked (a waiting caller writes them at once)
-  std::uint64_t writes_ = 0;         // under mutex_: sendmsg calls that succeeded (tests)
+  int timer_fd_ = -1;         // fires when the first corked peer's frames are due (the I/O thread writes them)
+  bool timer_armed_ = false;  // under mutex_
+  // Peers whose frames are held back (changed under mutex_; a waiting caller reads it without).
+  std::atomic<int> corked_peers_{0};
+  std::uint64_t writes_ = 0;  // under mutex_: sendmsg calls that succeeded (tests)
   std::thread thread_;
   // While a caller waits it polls the sockets itself (poll()), and the I/O thread stays off them
   // until the time below (steady clock, ns): a message then costs no wake-up of the I/O thread and

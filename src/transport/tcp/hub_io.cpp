@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include "bootstrap/socket_io.hpp"
 #include "core/env.hpp"
@@ -246,7 +247,7 @@ bool Hub::read_on() {
 }
 
 void Hub::send_held() {
-  if (!corked_.load()) return;
+  if (corked_peers_.load() == 0) return;
   std::lock_guard lock(mutex_);
   uncork_locked(true, 0);
 }
@@ -325,7 +326,6 @@ bool Hub::coalesces_locked(int g, OutFrame& frame, std::int64_t now) {
     peer.corked = true;
     ++corked_peers_;
     peer.corked_since = now;
-    corked_.store(true);
     if (!timer_armed_) arm_timer_locked(coalesce_window_);
     // A parked I/O thread (a caller polled a moment ago) would not see the timer: it goes back to
     // the sockets, as it would once this caller's polling lease ran out.
@@ -335,21 +335,16 @@ bool Hub::coalesces_locked(int g, OutFrame& frame, std::int64_t now) {
 }
 
 void Hub::uncork_locked(bool all, std::int64_t now) {
-  std::int64_t next = 0;
-  bool corked = false;
+  std::int64_t next = std::numeric_limits<std::int64_t>::max();
   for (int g = 0; g < size(); ++g) {
     Peer& peer = peers_[static_cast<std::size_t>(g)];
     if (!peer.corked) continue;
-    if (all || now - peer.corked_since >= coalesce_window_) {
+    if (all || now - peer.corked_since >= coalesce_window_)
       flush_locked(g);
-      continue;
-    }
-    const std::int64_t due = peer.corked_since + coalesce_window_;
-    next = corked ? std::min(next, due) : due;
-    corked = true;
+    else
+      next = std::min(next, peer.corked_since + coalesce_window_);
   }
-  corked_.store(corked);
-  if (corked && !timer_armed_) arm_timer_locked(std::max<std::int64_t>(next - now, 1000));
+  if (corked_peers_.load() > 0 && !timer_armed_) arm_timer_locked(std::max<std::int64_t>(next - now, 1000));
 }
 
 void Hub::arm_timer_locked(std::int64_t ns) {
