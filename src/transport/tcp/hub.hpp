@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -202,6 +203,16 @@ inline std::size_t charge_of(const Bytes& message) { return charge_of_message(me
 inline MatchKey frame_key(int g, const FrameHeader& h) {
   return MatchKey{g, static_cast<Channel>(h.channel), h.seq, h.index};
 }
+
+/// The steady clock in nanoseconds (the hub's deadlines and windows).
+inline std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+/// TUTTI_TCP_COALESCE_US in nanoseconds (how long small frames of calls that run ahead wait for
+/// more, hub_queue.cpp); throws invalid_argument past a second.
+std::int64_t coalesce_window_from_env();
 
 class Hub {
  public:
