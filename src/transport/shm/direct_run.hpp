@@ -309,8 +309,8 @@ class DirectRun final : public DirectCollective {
   /// root then copies only its own block while the others write theirs, and an alltoall or
   /// allgather measured 1.0-1.3x faster than reading from 256 KiB at p = 2. A broadcast's root
   /// writes a share of its buffer into every receiver while they read the rest
-  /// (direct_single_copy.cpp, root_share). Only in a bound run, whose counts every rank compared before any rank writes
-  /// into another.
+  /// (direct_single_copy.cpp, root_share). Only in a bound run, whose counts every rank compared
+  /// before any rank writes into another.
   bool pushes() const {
     return seq_ != no_seq &&
            (kind_ == Collective::gather || kind_ == Collective::allgather || kind_ == Collective::alltoall ||
