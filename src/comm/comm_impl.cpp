@@ -126,9 +126,9 @@ Request CommImpl::start_call(const Call& call, bool blocking) {
 // do, without its operation objects.
 bool CommImpl::run_now(const Call& call, std::optional<Extents>& validated) {
   if (transport_kind() != transport::Kind::shm) return false;  // the one transport that runs calls at once
-  // (An alltoallv's counts are checked in full: that is the general way's first step too, which
-  // then takes `validated` instead of checking them again.)
-  if (call.collective == Collective::alltoallv)
+  // (An alltoallv's and an allgatherv's counts are checked in full: that is the general way's first
+  // step too, which then takes `validated` instead of checking them again.)
+  if (call.collective == Collective::alltoallv || call.collective == Collective::allgatherv)
     validated = validate(call, rank_, size_);
   else if (!plainly_valid(call, rank_, size_))
     return false;

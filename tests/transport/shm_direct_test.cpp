@@ -1261,7 +1261,7 @@ TEST_F(ShmDirect, ZeroCountCollectivesWaitForNoRankYetMismatchesReachEveryRank) 
 // A blocking small direct collective on an idle communicator takes the short way
 // (ShmTransport::run_now): published and read under one lock. A rank whose peers are late hands
 // it to a DirectRun after its spin; whichever rank is late, every result is exact, and the calls
-// after it (short again) too.
+// after it (short again) too. Allgatherv with uneven blocks (one empty), in place and not.
 TEST_F(ShmDirect, ALateRankMakesTheShortWayHandOverWithExactResults) {
   const int p = 3;
   const auto up = static_cast<std::size_t>(p);
@@ -1272,10 +1272,10 @@ TEST_F(ShmDirect, ALateRankMakesTheShortWayHandOverWithExactResults) {
                   [&](Rank& rank) {
                     const int r = rank.comm.rank();
                     const Options o{Algorithm::direct, 20000ms};
-                    for (int call = 0; call < 12; ++call) {
-                      if (r == late && call % 4 == 0) std::this_thread::sleep_for(20ms);
+                    for (int call = 0; call < 25; ++call) {  // the late rank late once in each kind
+                      if (r == late && call % 5 == (call / 5) % 5) std::this_thread::sleep_for(20ms);
                       const std::string what = "late rank " + std::to_string(late) + ", call " + std::to_string(call);
-                      switch (call % 4) {
+                      switch (call % 5) {
                         case 0: {
                           std::vector<float> in(n), out(n, std::nanf(""));
                           for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i + call);
@@ -1299,6 +1299,25 @@ TEST_F(ShmDirect, ALateRankMakesTheShortWayHandOverWithExactResults) {
                           expect_equal(
                               out, [&](std::size_t i) { return value(static_cast<int>(i / n), i % n); },
                               "allgather " + what);
+                          break;
+                        }
+                        case 3: {
+                          const bool in_place = call % 2 == 1;
+                          std::vector<std::size_t> counts(up), starts(up + 1, 0);
+                          for (std::size_t q = 0; q < up; ++q) counts[q] = q == 1 ? 0 : n + q;
+                          for (std::size_t q = 0; q < up; ++q) starts[q + 1] = starts[q] + counts[q];
+                          const auto ur = static_cast<std::size_t>(r);
+                          std::vector<float> in(counts[ur]), out(starts[up], std::nanf(""));
+                          for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(r, i + call);
+                          if (in_place) std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(starts[ur]));
+                          rank.comm.allgatherv(in_place ? out.data() + starts[ur] : in.data(), counts[ur], out.data(),
+                                               counts, DataType::f32, o);
+                          for (std::size_t q = 0; q < up; ++q)
+                            expect_equal(
+                                std::vector<float>(out.begin() + static_cast<long>(starts[q]),
+                                                   out.begin() + static_cast<long>(starts[q + 1])),
+                                [&](std::size_t i) { return value(static_cast<int>(q), i + call); },
+                                "allgatherv block " + std::to_string(q) + (in_place ? " in place " : " ") + what);
                           break;
                         }
                         default: {
