@@ -1261,76 +1261,106 @@ TEST_F(ShmDirect, ZeroCountCollectivesWaitForNoRankYetMismatchesReachEveryRank) 
 // A blocking small direct collective on an idle communicator takes the short way
 // (ShmTransport::run_now): published and read under one lock. A rank whose peers are late hands
 // it to a DirectRun after its spin; whichever rank is late, every result is exact, and the calls
-// after it (short again) too. Allgatherv with uneven blocks (one empty), in place and not.
+// after it (short again) too. Allgatherv with uneven blocks (one empty) and alltoallv, in place
+// and not.
 TEST_F(ShmDirect, ALateRankMakesTheShortWayHandOverWithExactResults) {
   const int p = 3;
   const auto up = static_cast<std::size_t>(p);
   const std::size_t n = 3;
   for (int late = 0; late < p; ++late)
     EXPECT_EQ(
-        run_ranks(p,
-                  [&](Rank& rank) {
-                    const int r = rank.comm.rank();
-                    const Options o{Algorithm::direct, 20000ms};
-                    for (int call = 0; call < 25; ++call) {  // the late rank late once in each kind
-                      if (r == late && call % 5 == (call / 5) % 5) std::this_thread::sleep_for(20ms);
-                      const std::string what = "late rank " + std::to_string(late) + ", call " + std::to_string(call);
-                      switch (call % 5) {
-                        case 0: {
-                          std::vector<float> in(n), out(n, std::nanf(""));
-                          for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i + call);
-                          rank.comm.allreduce(in.data(), out.data(), n, DataType::f32, ReduceOp::sum, o);
-                          expect_equal(
-                              out, [&](std::size_t i) { return sum_value(p, i + call); }, "allreduce " + what);
-                          break;
-                        }
-                        case 1: {
-                          std::vector<float> in(up * n), out(n, std::nanf(""));
-                          for (std::size_t i = 0; i < up * n; ++i) in[i] = value(r, i);
-                          rank.comm.reduce_scatter(in.data(), out.data(), n, DataType::f32, ReduceOp::sum, o);
-                          expect_equal(
-                              out, [&](std::size_t i) { return sum_value(p, r * n + i); }, "reduce_scatter " + what);
-                          break;
-                        }
-                        case 2: {
-                          std::vector<float> in(n), out(up * n, std::nanf(""));
-                          for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i);
-                          rank.comm.allgather(in.data(), out.data(), n, DataType::f32, o);
-                          expect_equal(
-                              out, [&](std::size_t i) { return value(static_cast<int>(i / n), i % n); },
-                              "allgather " + what);
-                          break;
-                        }
-                        case 3: {
-                          const bool in_place = call % 2 == 1;
-                          std::vector<std::size_t> counts(up), starts(up + 1, 0);
-                          for (std::size_t q = 0; q < up; ++q) counts[q] = q == 1 ? 0 : n + q;
-                          for (std::size_t q = 0; q < up; ++q) starts[q + 1] = starts[q] + counts[q];
-                          const auto ur = static_cast<std::size_t>(r);
-                          std::vector<float> in(counts[ur]), out(starts[up], std::nanf(""));
-                          for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(r, i + call);
-                          if (in_place) std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(starts[ur]));
-                          rank.comm.allgatherv(in_place ? out.data() + starts[ur] : in.data(), counts[ur], out.data(),
-                                               counts, DataType::f32, o);
-                          for (std::size_t q = 0; q < up; ++q)
-                            expect_equal(
-                                std::vector<float>(out.begin() + static_cast<long>(starts[q]),
-                                                   out.begin() + static_cast<long>(starts[q + 1])),
-                                [&](std::size_t i) { return value(static_cast<int>(q), i + call); },
-                                "allgatherv block " + std::to_string(q) + (in_place ? " in place " : " ") + what);
-                          break;
-                        }
-                        default: {
-                          const int root = call % p;
-                          std::vector<float> b(n);
-                          for (std::size_t i = 0; i < n; ++i) b[i] = r == root ? value(root, i) : std::nanf("");
-                          rank.comm.broadcast(b.data(), n, DataType::f32, root, o);
-                          expect_equal(
-                              b, [&](std::size_t i) { return value(root, i); }, "broadcast " + what);
-                        }
-                      }
+        run_ranks(
+            p,
+            [&](Rank& rank) {
+              const int r = rank.comm.rank();
+              const Options o{Algorithm::direct, 20000ms};
+              for (int call = 0; call < 36; ++call) {  // the late rank late once in each kind
+                if (r == late && call % 6 == (call / 6) % 6) std::this_thread::sleep_for(20ms);
+                const std::string what = "late rank " + std::to_string(late) + ", call " + std::to_string(call);
+                switch (call % 6) {
+                  case 0: {
+                    std::vector<float> in(n), out(n, std::nanf(""));
+                    for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i + call);
+                    rank.comm.allreduce(in.data(), out.data(), n, DataType::f32, ReduceOp::sum, o);
+                    expect_equal(
+                        out, [&](std::size_t i) { return sum_value(p, i + call); }, "allreduce " + what);
+                    break;
+                  }
+                  case 1: {
+                    std::vector<float> in(up * n), out(n, std::nanf(""));
+                    for (std::size_t i = 0; i < up * n; ++i) in[i] = value(r, i);
+                    rank.comm.reduce_scatter(in.data(), out.data(), n, DataType::f32, ReduceOp::sum, o);
+                    expect_equal(
+                        out, [&](std::size_t i) { return sum_value(p, r * n + i); }, "reduce_scatter " + what);
+                    break;
+                  }
+                  case 2: {
+                    std::vector<float> in(n), out(up * n, std::nanf(""));
+                    for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i);
+                    rank.comm.allgather(in.data(), out.data(), n, DataType::f32, o);
+                    expect_equal(
+                        out, [&](std::size_t i) { return value(static_cast<int>(i / n), i % n); }, "allgather " + what);
+                    break;
+                  }
+                  case 3: {
+                    const bool in_place = call % 2 == 1;
+                    std::vector<std::size_t> counts(up), starts(up + 1, 0);
+                    for (std::size_t q = 0; q < up; ++q) counts[q] = q == 1 ? 0 : n + q;
+                    for (std::size_t q = 0; q < up; ++q) starts[q + 1] = starts[q] + counts[q];
+                    const auto ur = static_cast<std::size_t>(r);
+                    std::vector<float> in(counts[ur]), out(starts[up], std::nanf(""));
+                    for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(r, i + call);
+                    if (in_place) std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(starts[ur]));
+                    rank.comm.allgatherv(in_place ? out.data() + starts[ur] : in.data(), counts[ur], out.data(), counts,
+                                         DataType::f32, o);
+                    for (std::size_t q = 0; q < up; ++q)
+                      expect_equal(
+                          std::vector<float>(out.begin() + static_cast<long>(starts[q]),
+                                             out.begin() + static_cast<long>(starts[q + 1])),
+                          [&](std::size_t i) { return value(static_cast<int>(q), i + call); },
+                          "allgatherv block " + std::to_string(q) + (in_place ? " in place " : " ") + what);
+                    break;
+                  }
+                  case 4: {  // rank q sends q + t + 1 elements to rank t (in place: the reverse)
+                    const bool in_place = call % 2 == 1;
+                    const auto ur = static_cast<std::size_t>(r);
+                    const auto v = [&](std::size_t from, std::size_t to) {
+                      return in_place ? from + to + 1 : from + 2 * to + 1;
+                    };
+                    std::vector<std::size_t> sends(up), recvs(up), at(up + 1, 0);
+                    for (std::size_t q = 0; q < up; ++q) sends[q] = v(ur, q), recvs[q] = v(q, ur);
+                    for (std::size_t q = 0; q < up; ++q) at[q + 1] = at[q] + sends[q];
+                    std::vector<float> in(at[up]),
+                        out(std::max(at[up], std::accumulate(recvs.begin(), recvs.end(), std::size_t{0})),
+                            std::nanf(""));
+                    for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(r, i + call);
+                    if (in_place) std::copy(in.begin(), in.end(), out.begin());
+                    rank.comm.alltoallv(in_place ? out.data() : in.data(), sends, out.data(), recvs, DataType::f32, o);
+                    // Block q: what rank q sent from its block r, after its blocks 0..r-1.
+                    std::size_t from = 0;
+                    for (std::size_t q = 0; q < up; ++q) {
+                      std::size_t skip = 0;
+                      for (std::size_t t = 0; t < ur; ++t) skip += v(q, t);
+                      expect_equal(
+                          std::vector<float>(out.begin() + static_cast<long>(from),
+                                             out.begin() + static_cast<long>(from + recvs[q])),
+                          [&](std::size_t i) { return value(static_cast<int>(q), skip + i + call); },
+                          "alltoallv block " + std::to_string(q) + (in_place ? " in place " : " ") + what);
+                      from += recvs[q];
                     }
-                  }),
+                    break;
+                  }
+                  default: {
+                    const int root = call % p;
+                    std::vector<float> b(n);
+                    for (std::size_t i = 0; i < n; ++i) b[i] = r == root ? value(root, i) : std::nanf("");
+                    rank.comm.broadcast(b.data(), n, DataType::f32, root, o);
+                    expect_equal(
+                        b, [&](std::size_t i) { return value(root, i); }, "broadcast " + what);
+                  }
+                }
+              }
+            }),
         "")
         << "late rank " << late;
 }
