@@ -153,7 +153,7 @@ bool DirectRun::go_through_sets() {
 
 void DirectRun::deliver_inline() {
   const int r = rank(), p = size();
-  const std::byte* own = own_input(publication(kind_, send_, recv_, count_, esize_, r, p, root_), recv_,
+  const std::byte* own = own_input(kind_, r, publication(kind_, send_, recv_, count_, esize_, r, p, root_), recv_,
                                    static_cast<std::size_t>(p) * elements() * esize_, input_of(r));
   combine_inline(kind_, send_, recv_, count_, starts_, type_, op_, root_, r, p,
                  [&](int q) { return q == r ? own : input_of(q); });
@@ -240,7 +240,7 @@ bool ShmTransport::run_now(Algorithm algorithm, const NativeCall& call, const Si
       return true;
     }
     if (!reads || next == size_) {  // (a scatter's root still takes its own block)
-      const std::byte* own = own_input(mine, recv, p * (uneven ? elements : call.count) * esize,
+      const std::byte* own = own_input(kind, rank_, mine, recv, p * (uneven ? elements : call.count) * esize,
                                        segment_->signature_slot(rank_, seq).data);
       combine_inline(kind, send, recv, call.count, starts, call.type, call.op.value_or(ReduceOp::sum), call.root, rank_,
                      size_, [&](int q) { return q == rank_ ? own : segment_->signature_slot(q, seq).data; });

@@ -69,16 +69,21 @@ inline Publication publication(Collective kind, const std::byte* send, const std
   }
 }
 
-/// Where a rank reads its own input back in an inline collective: its publication in place (the
-/// caller's buffer) where that lies apart from its result, else its slot's copy (in place, the
-/// result overwrites it). Its slot's first line is also rank 0's `arrivals`, which the peers'
-/// arrivals take from this core: read back from there, an 8-byte alltoallv ran at 0.8 of
+/// Where rank r reads its own input back in inline collective `kind` (combine_inline): its
+/// publication in place (the caller's buffer) where that lies apart from its result, or where its
+/// result overwrites it only after reading it (a reduction's parts 0 and 1, which reduce_parts
+/// reads before it writes, so ranks 0 and 1; an alltoall's own block, which stays where it is);
+/// else its slot's copy. Rank 0's slot shares its first line with `arrivals`, which the peers'
+/// arrivals take from its core: read back from there, an 8-byte alltoallv ran at 0.8 of
 /// OpenMPI's speed.
-inline const std::byte* own_input(const Publication& mine, const std::byte* recv, std::size_t recv_bytes,
-                                  const std::byte* slot) {
+inline const std::byte* own_input(Collective kind, int r, const Publication& mine, const std::byte* recv,
+                                  std::size_t recv_bytes, const std::byte* slot) {
+  if (mine.data == nullptr) return slot;
   const auto in = reinterpret_cast<std::uintptr_t>(mine.data), out = reinterpret_cast<std::uintptr_t>(recv);
-  const bool apart = mine.data != nullptr && (recv == nullptr || in + mine.bytes <= out || out + recv_bytes <= in);
-  return apart ? mine.data : slot;
+  const bool apart = recv == nullptr || in + mine.bytes <= out || out + recv_bytes <= in;
+  const bool reduces =
+      kind == Collective::allreduce || kind == Collective::reduce_scatter || kind == Collective::reduce;
+  return apart || (reduces && r <= 1) || kind == Collective::alltoall ? mine.data : slot;
 }
 
 /// The most that any rank publishes (see publication), the same on every rank: whether the
@@ -189,8 +194,11 @@ void combine_inline(Collective kind, const std::byte* send, std::byte* recv, std
     const std::size_t offset = kind == Collective::reduce_scatter ? at(ur, bytes) : 0;
     reduce_parts(op, type, p, recv, count, [&](int q) { return input(q) + offset; });
   } else if (kind == Collective::alltoall) {
-    for (int q = 0; q < p; ++q)
-      core::copy(recv + at(static_cast<std::size_t>(q), bytes), input(q) + at(ur, bytes), bytes);
+    for (int q = 0; q < p; ++q) {
+      std::byte* dst = recv + at(static_cast<std::size_t>(q), bytes);
+      const std::byte* src = input(q) + at(ur, bytes);
+      if (dst != src) core::copy(dst, src, bytes);  // (in place, its own block stays)
+    }
   } else if (kind == Collective::allgather || (kind == Collective::gather && r == root)) {
     const bool in_place = send == recv + at(ur, bytes);
     for (int q = 0; q < p; ++q)
