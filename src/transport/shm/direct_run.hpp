@@ -167,9 +167,10 @@ inline void place_block_starts(BlockStarts& starts, std::span<const std::size_t>
 using AlltoallvHeaders = core::InlineArray<std::uint64_t, inline_ranks * alltoallv_header_words(inline_ranks)>;
 
 /// An inline collective's result on rank r of p from the inputs the ranks published (input(q):
-/// rank q's signature slot data), into `recv` (reduce_scatter: this rank's block; allgather in
-/// place, `send` already in its block: that block is left alone; alltoall: block q from block r
-/// of rank q's input, in place too, since the inputs are read from the slots; allgatherv: block q
+/// rank q's signature slot data, this rank's own_input), into `recv` (reduce_scatter: this rank's
+/// block; allgather(v) in place, `send` already in its block: that block is left alone; alltoall:
+/// block q from block r of rank q's input, in place too, since the peers' inputs are read from
+/// their slots and its own block stays where it is; allgatherv: block q
 /// at `starts[q]`, the counts' prefix sums; gather and reduce: at the root only; scatter: block r
 /// of the root's). The same on whichever path (DirectRun, ShmTransport::run_now) each rank takes.
 template <typename Input>
@@ -183,7 +184,7 @@ void combine_inline(Collective kind, const std::byte* send, std::byte* recv, std
       const auto u = static_cast<std::size_t>(q);
       std::byte* dst = recv + starts[u] * esize;
       const std::size_t len = (starts[u + 1] - starts[u]) * esize;
-      if (len > 0 && (q != r || send != dst)) core::copy(dst, q == r ? send : input(q), len);
+      if (len > 0 && (q != r || send != dst)) core::copy(dst, input(q), len);
     }
     return;
   }
