@@ -58,9 +58,10 @@ std::size_t per_rank_count(Collective c, int p, std::size_t bytes) {
   return ceil_div(bytes, elem_size * parts);
 }
 
-// A call's predicted time and its busiest port (schedule::Cost).
+// A call's predicted time, its busiest port and its messages across hosts on the critical path
+// (schedule::Cost).
 struct Prediction {
-  double time = 0, busiest = 0;
+  double time = 0, busiest = 0, across = 0;
 };
 
 Prediction simulate(Algorithm algorithm, Collective c, int p, std::size_t bytes, const CostParams& cost,
@@ -79,7 +80,7 @@ Prediction simulate(Algorithm algorithm, Collective c, int p, std::size_t bytes,
       spans ? schedule::estimate(algorithm, params, std::max(hosts.local.alpha, cost.alpha), hosts.local.beta,
                                  cost.gamma, {hosts.ranks_per_host, cost.alpha, cost.beta})
             : schedule::estimate(algorithm, params, cost.alpha, cost.beta, cost.gamma);
-  return {estimated.time, estimated.busiest};
+  return {estimated.time, estimated.busiest, estimated.rounds_across};
 }
 
 // Simulating every chunk of a 256 MiB call on 8 ranks takes tens of milliseconds; by 16 MiB every
@@ -96,7 +97,7 @@ Prediction predict_schedule(Algorithm algorithm, Collective c, int p, std::size_
     return at_full + (at_full - at_half) / static_cast<double>(simulated_bytes / 2) *
                          static_cast<double>(bytes - simulated_bytes);
   };
-  return {along(half.time, full.time), along(half.busiest, full.busiest)};
+  return {along(half.time, full.time), along(half.busiest, full.busiest), full.across};
 }
 
 Prediction predict_both(Algorithm algorithm, Collective collective, int ranks, std::size_t bytes,
@@ -117,12 +118,22 @@ double stream_time(transport::Kind kind, Algorithm algorithm, Collective collect
   return (ahead * predicted.busiest + predicted.time) / (ahead + 1);
 }
 
-// The candidate cheapest() returns (stream rule), and the prediction of the fastest single call
-// (the earlier candidate on a tie).
+// The candidate cheapest() returns (stream rule) with its prediction, and the prediction of the
+// fastest single call (the earlier candidate on a tie; where `hosts` spans, the one with fewer
+// messages across hosts, see across_tie).
 struct Pick {
   Algorithm chosen = Algorithm::automatic;
-  Prediction fastest_time;
+  Prediction fastest_time, chosen_time;
 };
+
+// Whether `a` is predicted as fast as `b` (a tie) with fewer messages across hosts on its critical
+// path. A message within a host is priced at the link's α (HostBlocks), so rounds within a host and
+// across tie where a round within measures cheaper: a barrier on 2 hosts x 2 ranks took 38-45 us by
+// recursive doubling (one round within the hosts, one across) against dissemination's 66-95 us
+// (both rounds across), priced alike (docs/performance.md, 2026-12-08).
+bool across_tie(const Prediction& a, const Prediction& b) {
+  return a.time <= b.time * (1 + tie_margin) && b.time <= a.time * (1 + tie_margin) && a.across < b.across;
+}
 
 // `streams`: calls that run ahead may be priced as a stream (run_ahead_latency).
 Pick pick(transport::Kind kind, Collective collective, int ranks, std::size_t bytes, bool direct_available,
@@ -133,7 +144,9 @@ Pick pick(transport::Kind kind, Collective collective, int ranks, std::size_t by
   std::size_t best = 0;
   for (std::size_t i = 0; i < all.size(); ++i) {
     predicted.push_back(predict_both(all[i], collective, ranks, bytes, cost, hosts));
-    if (predicted[i].time < predicted[best].time * (1 - tie_margin)) best = i;
+    if (predicted[i].time < predicted[best].time * (1 - tie_margin) ||
+        (hosts.spans() && across_tie(predicted[i], predicted[best])))
+      best = i;
   }
   // Among those within stream_margin of the fastest call, one whose busiest port is markedly less
   // busy (stream_gain): in a stream of calls (a training step's buckets, a benchmark's loop) it
@@ -154,7 +167,7 @@ Pick pick(transport::Kind kind, Collective collective, int ranks, std::size_t by
         chosen = i, chosen_stream = s;
     }
   }
-  return {all[chosen], predicted[best]};
+  return {all[chosen], predicted[best], predicted[chosen]};
 }
 
 // Hierarchical allreduce's three steps (cost_model.hpp, predict), each its cheapest candidate.
@@ -247,8 +260,9 @@ Algorithm cheapest(transport::Kind kind, Collective collective, int ranks, std::
   if (hierarchical_serves(collective, ranks, hosts) &&
       hierarchical_time(ranks, bytes, cost, hosts) < priced.fastest_time.time * (1 - tie_margin))
     return Algorithm::hierarchical;
-  if (priced.chosen != flat.chosen &&
-      predict_both(flat.chosen, collective, ranks, bytes, cost, hosts).time > priced.fastest_time.time * hosts_margin)
+  if (priced.chosen == flat.chosen) return flat.chosen;
+  const Prediction flat_on_hosts = predict_both(flat.chosen, collective, ranks, bytes, cost, hosts);
+  if (flat_on_hosts.time > priced.fastest_time.time * hosts_margin || across_tie(priced.chosen_time, flat_on_hosts))
     return priced.chosen;
   return flat.chosen;
 }

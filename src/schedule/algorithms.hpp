@@ -41,6 +41,7 @@ Schedule gather_binomial_tree(const Params& params);
 Schedule scatter_linear(const Params& params);
 Schedule scatter_binomial_tree(const Params& params);
 Schedule barrier_dissemination(const Params& params);  // Algorithm::bruck (dissemination is Bruck's pattern)
+Schedule barrier_recursive_doubling(const Params& params);
 
 // ---- helpers shared by the generators (schedule.cpp) ----
 

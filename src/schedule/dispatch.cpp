@@ -19,7 +19,7 @@ struct Entry {
 };
 
 // In each collective's preferred order when nothing else decides.
-constexpr std::array<Entry, 24> kTable{{
+constexpr std::array<Entry, 25> kTable{{
     {Collective::allreduce, Algorithm::ring, allreduce_ring},
     {Collective::allreduce, Algorithm::recursive_doubling, allreduce_recursive_doubling},
     {Collective::allreduce, Algorithm::rabenseifner, allreduce_rabenseifner},
@@ -44,6 +44,7 @@ constexpr std::array<Entry, 24> kTable{{
     {Collective::scatter, Algorithm::linear, scatter_linear},
     {Collective::scatter, Algorithm::binomial_tree, scatter_binomial_tree},
     {Collective::barrier, Algorithm::bruck, barrier_dissemination},
+    {Collective::barrier, Algorithm::recursive_doubling, barrier_recursive_doubling},
 }};
 
 const Entry* find(Algorithm algorithm, Collective collective) {
@@ -105,8 +106,8 @@ bool messages_cross_every_cut(Algorithm algorithm, Collective collective, std::s
                            (algorithm == Algorithm::recursive_doubling && power_of_two));
     case Collective::alltoall:  // step 1 of p - 1: block r + 1 out, block r - 1 in (count: each block's)
       return algorithm == Algorithm::pairwise && count > 0;
-    case Collective::barrier:  // round 0 signals rank + 1 with nothing before (no data, yet a message)
-      return algorithm == Algorithm::bruck;
+    case Collective::barrier:  // round 0 signals rank + 1 (or rank ^ 1) with nothing before (no data, yet a message)
+      return algorithm == Algorithm::bruck || (algorithm == Algorithm::recursive_doubling && power_of_two);
     default:
       return false;
   }

@@ -16,12 +16,15 @@ namespace tutti::schedule {
 
 namespace {
 
-// A path's counts and its time; `time` is what paths are compared by.
+// A path's counts and its time; `time` is what paths are compared by, and of paths that take as
+// long, the one with more messages across hosts is the critical one (Cost::rounds_across).
 struct Path {
-  double rounds = 0, bytes = 0, elements = 0, time = 0;
+  double rounds = 0, bytes = 0, elements = 0, time = 0, rounds_across = 0;
 };
 
-const Path& later(const Path& a, const Path& b) { return b.time > a.time ? b : a; }
+const Path& later(const Path& a, const Path& b) {
+  return b.time > a.time || (b.time == a.time && b.rounds_across > a.rounds_across) ? b : a;
+}
 
 struct Model {
   std::size_t elem_size;
@@ -37,6 +40,7 @@ struct Model {
   }
   Path latency(Path p, bool across) const {
     p.rounds += 1;
+    p.rounds_across += across ? 1 : 0;
     p.time += across ? hosts.alpha : alpha;
     return p;
   }
@@ -177,6 +181,7 @@ Cost estimate(std::span<const Schedule> schedules, std::size_t elem_size, double
   const Model model{elem_size, alpha, beta, gamma, hosts};
   const Path path = Simulation(schedules, model).run();
   Cost cost{path.rounds, path.bytes, path.elements, path.time};
+  cost.rounds_across = path.rounds_across;
   for (std::size_t r = 0; r < schedules.size(); ++r) {
     double out = 0, in = 0;
     for (const Step& step : schedules[r].steps) {

@@ -158,6 +158,9 @@ struct Cost {
   // The busiest rank's port: max over ranks of its sends' Σ(α + β·bytes), and of its receives'
   // Σ(α + β·bytes + γ·reduced). A stream of such calls goes no faster than one per this.
   double busiest = 0;
+  // Of `rounds`, the messages between ranks on different hosts (Hosts; of paths that take as
+  // long, the one with the most of them).
+  double rounds_across = 0;
 };
 
 /// Critical path through all ranks' schedules (schedules[r] is rank r's), where a message costs

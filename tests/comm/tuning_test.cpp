@@ -336,6 +336,14 @@ TEST_F(Tuning, RanksInBlocksOnHostsPriceTheLinksTheyShare) {
   EXPECT_NE(cheapest(transport::Kind::routed, Collective::allreduce, 4, 64, false, link, hosts),
             Algorithm::hierarchical);
   EXPECT_NE(cheapest(transport::Kind::routed, Collective::allreduce, 4, n, false, link), Algorithm::hierarchical);
+  // A barrier: dissemination's two rounds both cross between the hosts, recursive doubling's first
+  // stays within them; priced alike where every message costs the link's α.
+  EXPECT_EQ(cheapest(transport::Kind::routed, Collective::barrier, 4, 0, false, link, hosts),
+            Algorithm::recursive_doubling);
+  EXPECT_EQ(cheapest(transport::Kind::routed, Collective::barrier, 8, 0, false, link, hosts),
+            Algorithm::recursive_doubling);
+  EXPECT_EQ(cheapest(transport::Kind::tcp, Collective::barrier, 4, 0, false, link), Algorithm::bruck);
+  EXPECT_EQ(cheapest(transport::Kind::routed, Collective::barrier, 6, 0, false, link, hosts), Algorithm::bruck);
   // Otherwise the flat choice is the plain model's, unless the hosts' links price another at least
   // 1.3 times as fast: Rabenseifner's reduce_scatter (nearest ranks first: the links carry the
   // other host's blocks once) against ring's three blocks a link, from 1 MiB, where the plain

@@ -30,12 +30,19 @@ void PrintTo(const Case& c, std::ostream* os) {
 }
 
 const Case kCases[] = {
-    {Collective::broadcast, Algorithm::binomial_tree}, {Collective::broadcast, Algorithm::ring},
-    {Collective::reduce, Algorithm::binomial_tree},    {Collective::reduce, Algorithm::ring},
-    {Collective::allreduce, Algorithm::binomial_tree}, {Collective::alltoall, Algorithm::pairwise},
-    {Collective::alltoall, Algorithm::bruck},          {Collective::gather, Algorithm::linear},
-    {Collective::gather, Algorithm::binomial_tree},    {Collective::scatter, Algorithm::linear},
-    {Collective::scatter, Algorithm::binomial_tree},   {Collective::barrier, Algorithm::bruck},
+    {Collective::broadcast, Algorithm::binomial_tree},
+    {Collective::broadcast, Algorithm::ring},
+    {Collective::reduce, Algorithm::binomial_tree},
+    {Collective::reduce, Algorithm::ring},
+    {Collective::allreduce, Algorithm::binomial_tree},
+    {Collective::alltoall, Algorithm::pairwise},
+    {Collective::alltoall, Algorithm::bruck},
+    {Collective::gather, Algorithm::linear},
+    {Collective::gather, Algorithm::binomial_tree},
+    {Collective::scatter, Algorithm::linear},
+    {Collective::scatter, Algorithm::binomial_tree},
+    {Collective::barrier, Algorithm::bruck},
+    {Collective::barrier, Algorithm::recursive_doubling},
 };
 
 const int kSizes[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16};
@@ -282,6 +289,29 @@ TEST(RootedStructure, BruckAndDisseminationTakeCeilLog2PRounds) {
     const Schedule b = barrier_dissemination(params);
     EXPECT_EQ(count_kind(b, StepKind::send), log2_ceil(p)) << "p=" << p;
     EXPECT_EQ(count_kind(b, StepKind::recv), log2_ceil(p)) << "p=" << p;
+  }
+}
+
+// Recursive doubling's barrier: log2 p exchanges on a power of two, the first with the nearest
+// rank (rank ^ 1), so that ranks in blocks on hosts exchange within their host first; beyond a
+// power of two, the even rank of each of the first 2·rest pairs only signals its neighbour and
+// waits for its release, and the neighbour exchanges those two messages besides its rounds.
+TEST(RootedStructure, RecursiveDoublingBarrierPairsTheNearestRanksFirst) {
+  for (int p : kSizes) {
+    const int pof2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(p))), rest = p - pof2;
+    const int rounds = static_cast<int>(std::countr_zero(static_cast<unsigned>(pof2)));
+    for (int r = 0; r < p; ++r) {
+      Params params = rooted_params(Collective::barrier, p, r, 0, 0);
+      const Schedule b = barrier_recursive_doubling(params);
+      const bool sits_out = r < 2 * rest && r % 2 == 0, folds = r < 2 * rest && r % 2 == 1;
+      const int messages = sits_out ? 1 : rounds + (folds ? 1 : 0);
+      EXPECT_EQ(count_kind(b, StepKind::send), messages) << "p=" << p << " r=" << r;
+      EXPECT_EQ(count_kind(b, StepKind::recv), messages) << "p=" << p << " r=" << r;
+      if (rest == 0 && p > 1) {
+        EXPECT_EQ(b.steps.front().peer, r ^ 1) << "p=" << p << " r=" << r;
+        EXPECT_EQ(b.steps.back().peer, r ^ (pof2 / 2)) << "p=" << p << " r=" << r;
+      }
+    }
   }
 }
 

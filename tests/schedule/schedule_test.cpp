@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "schedule/algorithms.hpp"
@@ -141,7 +142,7 @@ TEST(SignatureRing, LeftOutOnlyWhereEveryDivisionOfTheRanksIsCrossed) {
         Case{Collective::allgather, Algorithm::ring}, Case{Collective::allgather, Algorithm::recursive_doubling},
         Case{Collective::allreduce, Algorithm::rabenseifner}, Case{Collective::allgather, Algorithm::bruck},
         Case{Collective::alltoall, Algorithm::pairwise}, Case{Collective::alltoall, Algorithm::bruck},
-        Case{Collective::barrier, Algorithm::bruck}})
+        Case{Collective::barrier, Algorithm::bruck}, Case{Collective::barrier, Algorithm::recursive_doubling}})
     for (int p : kSizes)
       for (std::size_t count : c.collective == Collective::barrier ? std::vector<std::size_t>{0} : counts_for(p))
         for (std::size_t chunk_bytes : {std::size_t{8}, std::size_t{1} << 18}) {
@@ -173,6 +174,8 @@ TEST(SignatureRing, LeftOutOnlyWhereEveryDivisionOfTheRanksIsCrossed) {
   EXPECT_TRUE(messages_cross_every_cut(Algorithm::recursive_doubling, Collective::allreduce, 1, 4));
   EXPECT_TRUE(messages_cross_every_cut(Algorithm::recursive_doubling, Collective::allreduce, 1, 16));
   EXPECT_TRUE(messages_cross_every_cut(Algorithm::bruck, Collective::barrier, 0, 3));
+  EXPECT_TRUE(messages_cross_every_cut(Algorithm::recursive_doubling, Collective::barrier, 0, 8));
+  EXPECT_FALSE(messages_cross_every_cut(Algorithm::recursive_doubling, Collective::barrier, 0, 6));
   // And the rule is not loose: where it says no, a division that is never crossed exists.
   for (int p : {3, 5, 6, 7}) {
     EXPECT_FALSE(messages_cross_every_cut(Algorithm::recursive_doubling, Collective::allreduce, 100, p));
@@ -423,7 +426,7 @@ TEST(Dispatch, TheTable) {
   EXPECT_EQ(algorithms_for(Collective::alltoallv), (std::vector<A>{A::pairwise}));
   EXPECT_EQ(algorithms_for(Collective::gather), (std::vector<A>{A::linear, A::binomial_tree}));
   EXPECT_EQ(algorithms_for(Collective::scatter), (std::vector<A>{A::linear, A::binomial_tree}));
-  EXPECT_EQ(algorithms_for(Collective::barrier), (std::vector<A>{A::bruck}));
+  EXPECT_EQ(algorithms_for(Collective::barrier), (std::vector<A>{A::bruck, A::recursive_doubling}));
   EXPECT_EQ(to_string(Collective::reduce_scatter), "reduce_scatter");
 }
 
@@ -517,6 +520,25 @@ TEST(Estimate, RecursiveDoublingAllgatherDoublesWithTheFarthestRankFirstOnHosts)
   EXPECT_EQ(sends_of(make(Algorithm::recursive_doubling, params)),
             (std::vector<std::pair<int, std::size_t>>{{1, 100}, {2, 200}, {4, 400}}));
   EXPECT_DOUBLE_EQ(estimate(Algorithm::recursive_doubling, params, 0, 0, 0, hosts).time, 4 * 400 * 4.0);
+}
+
+// The messages across hosts on the critical path, where every message costs the same α (the
+// path of those that take as long with the most of them): on 2 hosts of 2 ranks, both of
+// dissemination's rounds carry a message between the hosts on some path, recursive doubling's
+// first round stays within them; on 2 hosts of 4, dissemination crosses in all 3 rounds, recursive
+// doubling in its last only.
+TEST(Estimate, CountsTheMessagesAcrossHostsOnTheCriticalPath) {
+  for (const auto& [p, per_host, bruck_across, doubling_across] :
+       {std::tuple{4, 2, 2.0, 1.0}, std::tuple{8, 4, 3.0, 1.0}, std::tuple{8, 2, 3.0, 2.0}}) {
+    const Params params = params_of(Collective::barrier, p, 0, 8);
+    const Hosts hosts{per_host, 1.0, 0.0};
+    const Cost bruck = estimate(Algorithm::bruck, params, 1.0, 0, 0, hosts);
+    const Cost doubling = estimate(Algorithm::recursive_doubling, params, 1.0, 0, 0, hosts);
+    EXPECT_DOUBLE_EQ(bruck.time, doubling.time) << "p=" << p;
+    EXPECT_DOUBLE_EQ(bruck.rounds_across, bruck_across) << "p=" << p << " per host " << per_host;
+    EXPECT_DOUBLE_EQ(doubling.rounds_across, doubling_across) << "p=" << p << " per host " << per_host;
+    EXPECT_DOUBLE_EQ(estimate(Algorithm::bruck, params, 1.0, 0, 0).rounds_across, 0) << "one host";
+  }
 }
 
 // The busiest port: a rank's sends, or its receives with their reductions, one after another.

@@ -590,12 +590,11 @@ TEST(TcpConnect, TimesOutNamingTheMissingRanks) {
 }
 
 // A ring allreduce, recursive doubling and Rabenseifner over a power of two, Bruck's allgather
-// and barrier, and a pairwise alltoall send no signature message over TCP: ranks that disagree
-// always exchange a message, whose frame carries the sender's signature. A rank (or half the
-// ranks) that calls with another count, with a count that keeps the signature ring (fewer
-// elements than ranks, an empty call), or with another collective, is still caught, on every
-// rank, at once and as a mismatch, with no rank left waiting for a signature message that was
-// never sent.
+// and barrier, the recursive-doubling barrier over a power of two, and a pairwise alltoall send no signature message
+// over TCP: ranks that disagree always exchange a message, whose frame carries the sender's signature. A rank (or half
+// the ranks) that calls with another count, with a count that keeps the signature ring (fewer elements than ranks, an
+// empty call), or with another collective, is still caught, on every rank, at once and as a mismatch, with no rank left
+// waiting for a signature message that was never sent.
 TEST(TcpFailure, MismatchedRingCallsAreCaughtWithoutTheSignatureRing) {
   struct Odd {
     int p;
@@ -623,7 +622,9 @@ TEST(TcpFailure, MismatchedRingCallsAreCaughtWithoutTheSignatureRing) {
                        Odd{4, Collective::allreduce, Algorithm::rabenseifner, 40, 44, Collective::allreduce, 2, 3},
                        Odd{4, Collective::reduce_scatter, Algorithm::rabenseifner, 4, 5},
                        Odd{3, Collective::barrier, Algorithm::bruck, 0, 4, Collective::allgather},
-                       Odd{5, Collective::barrier, Algorithm::bruck, 0, 4, Collective::allreduce, 3, 4}};
+                       Odd{5, Collective::barrier, Algorithm::bruck, 0, 4, Collective::allreduce, 3, 4},
+                       Odd{4, Collective::barrier, Algorithm::recursive_doubling, 0, 4, Collective::allgather},
+                       Odd{8, Collective::barrier, Algorithm::recursive_doubling, 0, 4, Collective::allreduce, 4, 7}};
   for (const Odd c : cases) {
     auto comms = make_group(c.p);
     std::atomic<int> caught{0};
