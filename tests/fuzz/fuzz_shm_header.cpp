@@ -109,11 +109,10 @@ void check_chunk(const shm::Segment& segment, int from, int to, std::uint64_t sl
   const bool by_reference = written.by_reference == 1 && written.offset == 0 && written.bytes == 8 &&
                             written.total >= segment.reference_from() &&
                             written.channel == static_cast<std::uint8_t>(transport::Channel::point_to_point);
-  // An eager message: a whole point-to-point message of at most eager_bytes, in one chunk.
-  const bool eager =
-      written.eager == 0 || (written.eager == 1 && written.by_reference == 0 && written.offset == 0 &&
-                             written.bytes == written.total && written.total <= shm::eager_bytes &&
-                             written.channel == static_cast<std::uint8_t>(transport::Channel::point_to_point));
+  // An eager message: a whole message of at most eager_bytes, in one chunk (point to point, or a
+  // collective's of a call that runs ahead).
+  const bool eager = written.eager == 0 || (written.eager == 1 && written.by_reference == 0 && written.offset == 0 &&
+                                            written.bytes == written.total && written.total <= shm::eager_bytes);
   const bool valid = (cut || by_reference) && eager &&
                      written.channel <= static_cast<std::uint8_t>(transport::Channel::point_to_point) &&
                      written.has_signature <= 1;

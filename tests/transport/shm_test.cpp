@@ -406,6 +406,87 @@ TEST_F(Shm, SmallEagerMessagesTravelInTheirChunkHeader) {
   }
 }
 
+// A collective's small message of a call that runs ahead (MessageKey::runs_ahead: a gather's or
+// reduce's leaf, a broadcast's root, bounded by the communicator's RunAheadWindow) is eager too:
+// complete for its sender once it is in the ring, its signature in its header and its payload
+// after it (never in the header, where the signature is), delivered exactly whether its receive
+// was posted first or not; the receiver still compares the signature and aborts on a mismatch.
+// The same message of a call that does not run ahead completes only once its receiver took it.
+TEST_F(Shm, SmallMessagesOfCallsThatRunAheadAreEager) {
+  auto t = open_pair();
+  auto& segment = static_cast<transport::shm::ShmTransport&>(*t[0]).segment();
+  const auto signature_of = [](std::uint64_t seq, std::size_t count) {
+    transport::Signature s;
+    s.seq = seq;
+    s.collective = Collective::gather;
+    s.count = count;
+    s.type = DataType::u8;
+    s.algorithm = Algorithm::binomial_tree;
+    s.root = 1;
+    return s;
+  };
+  std::uint64_t seq = 0;
+  for (std::size_t bytes :
+       {std::size_t{8}, transport::shm::header_payload_bytes, std::size_t{1000}, transport::shm::eager_bytes})
+    for (bool posted_first : {false, true}) {
+      const transport::Signature signature = signature_of(seq, bytes);
+      t[0]->announce(signature);
+      t[1]->announce(signature);
+      std::vector<std::byte> out(bytes), in(bytes, std::byte{0});
+      for (std::size_t i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>(i * 7 + seq);
+      const MessageKey key{transport::Channel::collective, seq++, 0, true};
+      Completion sent, received;
+      if (posted_first) t[1]->post_recv(0, key, in.data(), bytes, &received);
+      const std::uint64_t head = segment.ring(0, 1).head.load();
+      t[0]->post_send(1, key, out.data(), bytes, &sent);
+      EXPECT_EQ(sent.state(), Completion::done) << bytes << " bytes: eager";
+      const auto header = transport::shm::read_chunk(segment, 0, 1, head);
+      EXPECT_EQ(header.eager, 1) << bytes << " bytes";
+      EXPECT_EQ(header.has_signature, 1) << bytes << " bytes";
+      EXPECT_TRUE(header.signature == transport::to_wire(signature)) << bytes << " bytes";
+      std::fill(out.begin(), out.end(), std::byte{0xee});  // the sender's buffer is its own again
+      if (!posted_first) {
+        for (int i = 0; i < 5; ++i) t[1]->progress();  // arrives before its receive: kept
+        t[1]->post_recv(0, key, in.data(), bytes, &received);
+      }
+      for (int i = 0; i < 10 && received.state() == Completion::posted; ++i) t[1]->progress();
+      ASSERT_EQ(received.state(), Completion::done) << bytes << " bytes: " << received.error;
+      for (std::size_t i = 0; i < bytes; ++i)
+        ASSERT_EQ(in[i], static_cast<std::byte>(i * 7 + seq - 1)) << bytes << " bytes, byte " << i;
+    }
+  // Not running ahead: the sender waits for its receiver's ack.
+  const transport::Signature signature = signature_of(seq, 8);
+  t[0]->announce(signature);
+  t[1]->announce(signature);
+  std::vector<std::byte> out(8, std::byte{5}), in(8, std::byte{0});
+  const MessageKey key{transport::Channel::collective, seq++, 0, false};
+  Completion sent, received;
+  t[0]->post_send(1, key, out.data(), 8, &sent);
+  for (int i = 0; i < 5; ++i) t[0]->progress();
+  EXPECT_EQ(sent.state(), Completion::posted);
+  t[1]->post_recv(0, key, in.data(), 8, &received);
+  for (int i = 0; i < 10 && (received.state() == Completion::posted || sent.state() == Completion::posted); ++i) {
+    t[1]->progress();
+    t[0]->progress();
+  }
+  EXPECT_EQ(received.state(), Completion::done) << received.error;
+  EXPECT_EQ(sent.state(), Completion::done) << sent.error;
+  EXPECT_EQ(in, out);
+  // A receiver in another call learns of it from the eager message's signature: both abort.
+  t[0]->announce(signature_of(seq, 8));
+  t[1]->announce(signature_of(seq, 9));
+  Completion mismatched_send, mismatched_recv;
+  const MessageKey next{transport::Channel::collective, seq, 0, true};
+  t[0]->post_send(1, next, out.data(), 8, &mismatched_send);
+  EXPECT_EQ(mismatched_send.state(), Completion::done);
+  t[1]->post_recv(0, next, in.data(), 9, &mismatched_recv);
+  for (int i = 0; i < 10 && mismatched_recv.state() == Completion::posted; ++i) t[1]->progress();
+  EXPECT_EQ(mismatched_recv.state(), Completion::failed);
+  ASSERT_TRUE(t[1]->aborted().has_value());
+  EXPECT_EQ(t[1]->aborted()->error.code(), ErrorCode::mismatch) << t[1]->aborted()->error.what();
+  ASSERT_TRUE(t[0]->aborted().has_value());
+}
+
 // A chunk is taken by its stamp, before (and without) its head: the receiver neither waits for the
 // head nor takes a head that lags behind its tail for a bad one. A chunk that only the head
 // publishes (no stamp) is still read, and every sent chunk carries the stamp of its slot.
@@ -428,7 +509,7 @@ TEST_F(Shm, ChunksAreTakenByTheirStampsAndByTheHeadAlone) {
   auto first = message(0, 16);
   first.stamp = transport::shm::stamp_for(0);
   std::memcpy(static_cast<void*>(&segment.chunk(0, 1, 0)), &first, transport::shm::header_fields_bytes);
-  std::memset(segment.payload(0, 1, 0, true, 16), 0x21, 16);
+  std::memset(segment.payload(0, 1, 0, true, false, 16), 0x21, 16);
   Completion received;
   t[1]->post_recv(0, MessageKey{transport::Channel::point_to_point, 6, 0}, in.data(), 16, &received);
   for (int i = 0; i < 5; ++i) t[1]->progress();
@@ -440,7 +521,7 @@ TEST_F(Shm, ChunksAreTakenByTheirStampsAndByTheHeadAlone) {
   // Slot 1 by the head alone (no stamp): read once the head says so.
   auto second = message(1, 8);
   std::memcpy(static_cast<void*>(&segment.chunk(0, 1, 1)), &second, transport::shm::header_fields_bytes);
-  std::memset(segment.payload(0, 1, 1, true, 8), 0x42, 8);
+  std::memset(segment.payload(0, 1, 1, true, false, 8), 0x42, 8);
   Completion received2;
   t[1]->post_recv(0, MessageKey{transport::Channel::point_to_point, 6, 1}, in.data(), 8, &received2);
   for (int i = 0; i < 5; ++i) t[1]->progress();

@@ -69,13 +69,13 @@ class RoutedTransport final : public Transport {
   void notify_signature(int peer, std::uint64_t seq) override {
     if (!is_local(peer)) remote_->notify_signature(peer, seq);
   }
-  // A small frame that runs ahead leaves at once here, not with the next (MessageKey::runs_ahead):
+  // A small frame that runs ahead leaves TCP at once here, not with the next (MessageKey::runs_ahead):
   // held back, small rooted calls on 2 hosts x 2 ranks measured 1.5-4x slower (docs/performance.md,
-  // 2026-12-07, late night).
+  // 2026-12-07, late night). Within the host it stays marked: shared memory sends it eagerly.
   void post_send(int peer, const MessageKey& key, const void* data, std::size_t bytes, Completion* done) override {
     const auto [transport, there] = route(peer, done);
     MessageKey at_once = key;
-    at_once.runs_ahead = false;
+    if (transport == remote_.get()) at_once.runs_ahead = false;
     transport->post_send(there, at_once, data, bytes, done);
   }
   void post_recv(int peer, const MessageKey& key, void* data, std::size_t bytes, Completion* done) override {

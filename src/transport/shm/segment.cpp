@@ -330,10 +330,10 @@ ChunkHeader read_chunk(const Segment& segment, int from, int to, std::uint64_t n
                                                    h.channel == static_cast<std::uint8_t>(Channel::point_to_point)
                                              : h.by_reference == 0 && h.offset <= h.total && h.offset % payload == 0 &&
                                                    h.bytes == std::min<std::uint64_t>(payload, h.total - h.offset);
-  // An eager message is a whole small point-to-point message in one chunk.
-  const bool eager_right =
-      h.eager == 0 || (h.eager == 1 && h.by_reference == 0 && h.offset == 0 && h.bytes == h.total &&
-                       h.total <= eager_bytes && h.channel == static_cast<std::uint8_t>(Channel::point_to_point));
+  // An eager message is a whole small message in one chunk (a point-to-point one, or a collective's
+  // of a call that runs ahead: ShmTransport::post_send).
+  const bool eager_right = h.eager == 0 || (h.eager == 1 && h.by_reference == 0 && h.offset == 0 &&
+                                            h.bytes == h.total && h.total <= eager_bytes);
   if (!cut_right || !eager_right || h.channel > static_cast<std::uint8_t>(Channel::point_to_point) ||
       h.has_signature > 1)
     throw corrupt_segment(segment, from,

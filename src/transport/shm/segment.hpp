@@ -195,8 +195,9 @@ inline constexpr std::uint32_t stamp_for(std::uint64_t n) { return static_cast<s
 inline std::atomic_ref<std::uint32_t> stamp_of(ChunkHeader& chunk) {
   return std::atomic_ref<std::uint32_t>(chunk.stamp);
 }
-/// An eager message of up to this many bytes travels in its chunk header's first cache line, after
-/// the fields, where a collective's signature would be: one line carries the whole message.
+/// An eager message of up to this many bytes without a signature (a point-to-point one) travels in
+/// its chunk header's first cache line, after the fields, where a collective's signature would be:
+/// one line carries the whole message.
 inline constexpr std::size_t header_payload_bytes = 24;
 inline constexpr std::size_t header_fields_bytes = offsetof(ChunkHeader, signature);
 static_assert(header_fields_bytes + header_payload_bytes <= 64);
@@ -277,10 +278,11 @@ class Segment {
     return *reinterpret_cast<ChunkHeader*>(slot_base(from, to, n));
   }
   std::byte* payload(int from, int to, std::uint64_t n) const { return slot_base(from, to, n) + chunk_header_bytes; }
-  /// Where the payload of slot n's chunk lies, by its header's `eager` and `bytes`: in the header
-  /// (header_payload_bytes), or after it.
-  std::byte* payload(int from, int to, std::uint64_t n, bool eager, std::size_t bytes) const {
-    return eager && bytes <= header_payload_bytes ? slot_base(from, to, n) + header_fields_bytes : payload(from, to, n);
+  /// Where the payload of slot n's chunk lies, by its header's `eager`, `has_signature` and `bytes`:
+  /// in the header (header_payload_bytes), or after it.
+  std::byte* payload(int from, int to, std::uint64_t n, bool eager, bool has_signature, std::size_t bytes) const {
+    return eager && !has_signature && bytes <= header_payload_bytes ? slot_base(from, to, n) + header_fields_bytes
+                                                                    : payload(from, to, n);
   }
   DirectRound& direct_round(int rank) const {
     return reinterpret_cast<DirectRound*>(base_ + layout_.direct_rounds)[rank];

@@ -80,17 +80,21 @@ void ShmTransport::post_send(int peer, const MessageKey& key, const void* data, 
   message.data = static_cast<const std::byte*>(data);
   message.bytes = bytes;
   message.done = done;
-  if (key.channel == Channel::point_to_point && bytes <= eager_bytes) {
-    try {
-      if (send_eager(peer, message)) return end_round();
-    } catch (const Error& error) {
-      return corrupted(error);
-    }
-  }
   if (key.channel == Channel::collective) {
     if (const WireSignature* mine = announced(key.seq)) {
       message.has_signature = true;
       message.signature = *mine;
+    }
+  }
+  // A small message is eager (complete once in the ring, never acknowledged) where nothing bounds
+  // how far its sender may run on but its receiver: point to point, and the collectives that run
+  // ahead, which their communicator's RunAheadWindow bounds (a gather's or reduce's leaves, a
+  // broadcast's root, which would otherwise wait for each receiver to take its message).
+  if ((key.channel == Channel::point_to_point || key.runs_ahead) && bytes <= eager_bytes) {
+    try {
+      if (send_eager(peer, message)) return end_round();
+    } catch (const Error& error) {
+      return corrupted(error);
     }
   }
   auto op = std::make_unique<SendOp>(message);
@@ -310,7 +314,8 @@ void ShmTransport::drain(int src) {
   std::uint64_t tail = start;
   const auto take = [&] {
     const ChunkHeader header = read_chunk(*segment_, src, rank_, tail);
-    handle_chunk(src, header, segment_->payload(src, rank_, tail, header.eager == 1, header.bytes));
+    handle_chunk(src, header,
+                 segment_->payload(src, rank_, tail, header.eager == 1, header.has_signature == 1, header.bytes));
     ring.tail.store(++tail, std::memory_order_release);  // frees the slot at once: the sender refills it
   };
   while (tail != limit &&

@@ -73,7 +73,7 @@ void ShmTransport::write_chunk(int dst, std::uint64_t head, SendOp& op, bool by_
     std::memcpy(segment_->payload(rank_, dst, head), &address, sizeof address);
     op.offset = op.bytes;  // read by the receiver before it acks
   } else {
-    if (n > 0) core::copy(segment_->payload(rank_, dst, head, eager, n), op.data + op.offset, n);
+    if (n > 0) core::copy(segment_->payload(rank_, dst, head, eager, op.has_signature, n), op.data + op.offset, n);
     op.offset += n;
   }
   stamp_of(chunk).store(stamp_for(head), std::memory_order_release);
