@@ -61,7 +61,7 @@ std::size_t per_rank_count(Collective c, int p, std::size_t bytes) {
 // A call's predicted time, its busiest port and its messages across hosts on the critical path
 // (schedule::Cost).
 struct Prediction {
-  double time = 0, busiest = 0, across = 0;
+  double time = 0, busiest = 0, across = 0, busiest_across = 0;
 };
 
 Prediction simulate(Algorithm algorithm, Collective c, int p, std::size_t bytes, const CostParams& cost,
@@ -80,7 +80,7 @@ Prediction simulate(Algorithm algorithm, Collective c, int p, std::size_t bytes,
       spans ? schedule::estimate(algorithm, params, std::max(hosts.local.alpha, cost.alpha), hosts.local.beta,
                                  cost.gamma, {hosts.ranks_per_host, cost.alpha, cost.beta})
             : schedule::estimate(algorithm, params, cost.alpha, cost.beta, cost.gamma);
-  return {estimated.time, estimated.busiest, estimated.rounds_across};
+  return {estimated.time, estimated.busiest, estimated.rounds_across, estimated.busiest_across};
 }
 
 // Simulating every chunk of a 256 MiB call on 8 ranks takes tens of milliseconds; by 16 MiB every
@@ -97,7 +97,7 @@ Prediction predict_schedule(Algorithm algorithm, Collective c, int p, std::size_
     return at_full + (at_full - at_half) / static_cast<double>(simulated_bytes / 2) *
                          static_cast<double>(bytes - simulated_bytes);
   };
-  return {along(half.time, full.time), along(half.busiest, full.busiest), full.across};
+  return {along(half.time, full.time), along(half.busiest, full.busiest), full.across, full.busiest_across};
 }
 
 Prediction predict_both(Algorithm algorithm, Collective collective, int ranks, std::size_t bytes,
@@ -168,6 +168,35 @@ Pick pick(transport::Kind kind, Collective collective, int ranks, std::size_t by
     }
   }
   return {all[chosen], predicted[best], predicted[chosen]};
+}
+
+// Where ranks lie in blocks on hosts, a small gather or scatter runs ahead (exec::Plan::
+// run_ahead_weight): a stream of them goes as fast as its busiest port takes the messages between
+// hosts, each of which costs its sender and its receiver the link's α where one within a host costs
+// shared memory's (the model prices both at the link's, see HostBlocks). So the candidate whose
+// busiest port takes the fewest of them, among those that run ahead, where that is fewer than
+// `chosen`'s (the earlier candidate on a tie): on 2 hosts x 2 ranks at 1 Gbit/s the binomial
+// tree's root takes one message from the other host a call where linear's takes two, and measured
+// 1.1-3 times as fast from 64 B to 4 KiB (level at 32 KiB); on 2 hosts x 4, one against four,
+// 2.4-5.7 times as fast from 64 B to 4 KiB and 1.5-3.8 at 32 KiB (one run), though its single call, three
+// rounds, is priced at more than twice linear's (docs/performance.md, 2026-12-08).
+std::optional<Algorithm> fewest_across(transport::Kind kind, Collective collective, int ranks, std::size_t bytes,
+                                       bool direct_available, const CostParams& cost, const HostBlocks& hosts,
+                                       Algorithm chosen) {
+  if (collective != Collective::gather && collective != Collective::scatter) return std::nullopt;
+  const std::vector<Algorithm> all = candidates(kind, collective, direct_available);
+  std::vector<Prediction> predicted;
+  for (Algorithm a : all) predicted.push_back(predict_both(a, collective, ranks, bytes, cost, hosts));
+  std::optional<std::size_t> best, current;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i] == chosen) current = i;
+    const bool runs_ahead = exec::Plan::run_ahead_weight(kind, collective, all[i], ranks,
+                                                         per_rank_count(collective, ranks, bytes), elem_size) > 0;
+    if (!runs_ahead) continue;
+    if (!best || predicted[i].busiest_across < predicted[*best].busiest_across) best = i;
+  }
+  if (!best || !current || predicted[*best].busiest_across >= predicted[*current].busiest_across) return std::nullopt;
+  return all[*best];
 }
 
 // Hierarchical allreduce's three steps (cost_model.hpp, predict), each its cheapest candidate.
@@ -260,6 +289,8 @@ Algorithm cheapest(transport::Kind kind, Collective collective, int ranks, std::
   if (hierarchical_serves(collective, ranks, hosts) &&
       hierarchical_time(ranks, bytes, cost, hosts) < priced.fastest_time.time * (1 - tie_margin))
     return Algorithm::hierarchical;
+  if (const auto fewer = fewest_across(kind, collective, ranks, bytes, direct_available, cost, hosts, flat.chosen))
+    return *fewer;
   if (priced.chosen == flat.chosen) return flat.chosen;
   const Prediction flat_on_hosts = predict_both(flat.chosen, collective, ranks, bytes, cost, hosts);
   if (flat_on_hosts.time > priced.fastest_time.time * hosts_margin || across_tie(priced.chosen_time, flat_on_hosts))

@@ -183,17 +183,21 @@ Cost estimate(std::span<const Schedule> schedules, std::size_t elem_size, double
   Cost cost{path.rounds, path.bytes, path.elements, path.time};
   cost.rounds_across = path.rounds_across;
   for (std::size_t r = 0; r < schedules.size(); ++r) {
-    double out = 0, in = 0;
+    double out = 0, in = 0, out_across = 0, in_across = 0;
     for (const Step& step : schedules[r].steps) {
       if (step.kind == StepKind::copy) continue;
       const bool across = model.host(static_cast<int>(r)) != model.host(step.peer);
       const double message = model.latency(model.transmit(Path{}, step.region.count, across), across).time;
-      if (step.kind == StepKind::send)
+      if (step.kind == StepKind::send) {
         out += message;
-      else
+        out_across += across ? 1 : 0;
+      } else {
         in += message + (step.kind == StepKind::recv_reduce ? model.reduction(Path{}, step.region.count).time : 0);
+        in_across += across ? 1 : 0;
+      }
     }
     cost.busiest = std::max({cost.busiest, out, in});
+    cost.busiest_across = std::max({cost.busiest_across, out_across, in_across});
   }
   return cost;
 }

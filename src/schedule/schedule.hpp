@@ -161,6 +161,8 @@ struct Cost {
   // Of `rounds`, the messages between ranks on different hosts (Hosts; of paths that take as
   // long, the one with the most of them).
   double rounds_across = 0;
+  // The most messages between hosts that one rank's port sends, or receives, in a call (Hosts).
+  double busiest_across = 0;
 };
 
 /// Critical path through all ranks' schedules (schedules[r] is rank r's), where a message costs

@@ -344,6 +344,22 @@ TEST_F(Tuning, RanksInBlocksOnHostsPriceTheLinksTheyShare) {
             Algorithm::recursive_doubling);
   EXPECT_EQ(cheapest(transport::Kind::tcp, Collective::barrier, 4, 0, false, link), Algorithm::bruck);
   EXPECT_EQ(cheapest(transport::Kind::routed, Collective::barrier, 6, 0, false, link, hosts), Algorithm::bruck);
+  // A small gather or scatter runs ahead: the binomial tree's root takes one message from the other
+  // host a call, linear's two; where the ranks do not lie in blocks, or the call is too large to run
+  // ahead, the plain choice stays.
+  for (Collective c : {Collective::gather, Collective::scatter}) {
+    for (std::size_t total : {std::size_t{64}, std::size_t{4096}, std::size_t{65536}}) {
+      EXPECT_EQ(cheapest(transport::Kind::routed, c, 4, total, false, link, hosts), Algorithm::binomial_tree)
+          << to_string(c) << " " << total;
+      EXPECT_EQ(cheapest(transport::Kind::routed, c, 4, total, false, link), Algorithm::linear) << to_string(c);
+    }
+    const HostBlocks fours{4, transport::default_cost(transport::Kind::shm), transport::Kind::shm};
+    EXPECT_EQ(cheapest(transport::Kind::routed, c, 8, 64 * 8, false, link, fours), Algorithm::binomial_tree)
+        << to_string(c);
+    EXPECT_EQ(cheapest(transport::Kind::routed, c, 4, std::size_t{1} << 20, false, link, hosts),
+              cheapest(transport::Kind::routed, c, 4, std::size_t{1} << 20, false, link))
+        << to_string(c);
+  }
   // Otherwise the flat choice is the plain model's, unless the hosts' links price another at least
   // 1.3 times as fast: Rabenseifner's reduce_scatter (nearest ranks first: the links carry the
   // other host's blocks once) against ring's three blocks a link, from 1 MiB, where the plain

@@ -539,6 +539,17 @@ TEST(Estimate, CountsTheMessagesAcrossHostsOnTheCriticalPath) {
     EXPECT_DOUBLE_EQ(doubling.rounds_across, doubling_across) << "p=" << p << " per host " << per_host;
     EXPECT_DOUBLE_EQ(estimate(Algorithm::bruck, params, 1.0, 0, 0).rounds_across, 0) << "one host";
   }
+  // And on the busiest port: a linear gather's root takes a message from every rank of the other
+  // hosts, the binomial tree's one from each host it has a child on (2 hosts x 2 and x 4 ranks:
+  // one; 4 hosts x 2: two, against six).
+  for (const auto& [p, per_host, linear_across, tree_across] :
+       {std::tuple{4, 2, 2.0, 1.0}, std::tuple{8, 4, 4.0, 1.0}, std::tuple{8, 2, 6.0, 2.0}}) {
+    Params params = params_of(Collective::gather, p, 4, 8);
+    const Hosts hosts{per_host, 1.0, 0.0};
+    EXPECT_DOUBLE_EQ(estimate(Algorithm::linear, params, 1.0, 0, 0, hosts).busiest_across, linear_across) << "p=" << p;
+    EXPECT_DOUBLE_EQ(estimate(Algorithm::binomial_tree, params, 1.0, 0, 0, hosts).busiest_across, tree_across)
+        << "p=" << p << " per host " << per_host;
+  }
 }
 
 // The busiest port: a rank's sends, or its receives with their reductions, one after another.
