@@ -86,10 +86,10 @@ void ShmTransport::post_send(int peer, const MessageKey& key, const void* data, 
       message.signature = *mine;
     }
   }
-  // A small message is eager (complete once in the ring, never acknowledged) where nothing bounds
-  // how far its sender may run on but its receiver: point to point, and the collectives that run
-  // ahead, which their communicator's RunAheadWindow bounds (a gather's or reduce's leaves, a
-  // broadcast's root, which would otherwise wait for each receiver to take its message).
+  // A small message is eager (complete once in the ring, never acknowledged) where its sender may
+  // go on without its receiver: point to point, and a collective's of a call that runs ahead (a
+  // gather's or reduce's leaf, a broadcast's root, which would otherwise wait for each receiver to
+  // take its message; how far such calls run ahead, the communicator's RunAheadWindow bounds).
   if ((key.channel == Channel::point_to_point || key.runs_ahead) && bytes <= eager_bytes) {
     try {
       if (send_eager(peer, message)) return end_round();
