@@ -14,6 +14,9 @@
                                          Tutti time (above 1: Tutti faster) with the min-max over runs
     bench_table.py matrix-in-place PEER FILE.json...   the same of the in-place forms (allreduce,
                                          allgather, alltoall, reduce against MPI_IN_PLACE)
+    bench_table.py matrix-median PEER FILE.json...   the matrix of the median calls (runs with
+                                         --per-call): PEER's median call / Tutti's, where a few
+                                         slow calls would swing the means
 
 Reads the primary form (out of place; in place for broadcast), except matrix-in-place. Exits 1
 with a one-line message on a malformed file.
@@ -86,13 +89,13 @@ def automatic_table(docs):
     return lines
 
 
-def automatic_ratios(peer, docs, in_place=False):
-    """(row, PEER time / Tutti time) of every automatic row the peer ran too."""
+def automatic_ratios(peer, docs, in_place=False, key="ratio"):
+    """(row, PEER time / Tutti time, or the `key` ratio) of every automatic row the peer ran too."""
     for doc in docs:
         for row in primary_rows(doc, in_place):
             p = (row.get("peers") or {}).get(peer)
             if row["algorithm"] == "automatic" and p:
-                yield row, p["ratio"]
+                yield row, p[key]
 
 
 def spread_table(peer, docs):
@@ -117,9 +120,9 @@ def size_class(size):
     return 0 if size <= 0 else 2 ** round(math.log2(size))
 
 
-def matrix_table(peer, docs, in_place=False):
+def matrix_table(peer, docs, in_place=False, key="ratio"):
     ratios = {}  # collective -> bytes -> [PEER time / Tutti time per run]
-    for row, ratio in automatic_ratios(peer, docs, in_place):
+    for row, ratio in automatic_ratios(peer, docs, in_place, key):
         ratios.setdefault(row["collective"], {}).setdefault(size_class(row["bytes"]), []).append(ratio)
     sizes = sorted({size for by in ratios.values() for size in by})
     lines = ["| collective | " + " | ".join(human(size) for size in sizes) + " |", "|" + " --- |" * (len(sizes) + 1)]
@@ -138,13 +141,14 @@ def matrix_table(peer, docs, in_place=False):
 
 
 def main(argv):
-    if len(argv) >= 4 and argv[1] in ("matrix", "matrix-in-place"):
+    if len(argv) >= 4 and argv[1] in ("matrix", "matrix-in-place", "matrix-median"):
         try:
             docs = []
             for name in argv[3:]:
                 with open(name) as f:
                     docs.append(json.load(f))
-            lines = matrix_table(argv[2], docs, argv[1] == "matrix-in-place")
+            lines = matrix_table(argv[2], docs, argv[1] == "matrix-in-place",
+                                 "median_ratio" if argv[1] == "matrix-median" else "ratio")
         except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
             print(f"bench_table.py: {' '.join(argv[3:])}: {e}", file=sys.stderr)
             return 1

@@ -254,6 +254,10 @@ void add_sweep_flags(CLI::App& app, BenchOptions& o, Text& t) {
                  "time peers in the same run: mpi, gloo (comma-separated); with --device: sync (synchronize, "
                  "copy to the host, host collective, copy back, synchronize: the MPI + CUDA way)");
   app.add_flag("--ceiling", o.ceiling, "measure memory bandwidth and flag latency; show t_bound / t");
+  app.add_flag("--per-call", o.per_call,
+               "also time each call and report the median call (each rank's median, the largest over ranks) "
+               "beside the mean, for Tutti and the peers: a mean well above it is a tail of slow calls "
+               "(costs a clock read per call)");
   app.add_flag("--shared-buffers", o.shared_buffers,
                "allocate the buffers with Communicator::allocate (shared memory the peers read in place)");
   app.add_flag("--no-progress", o.quiet_progress, "no progress line on stderr");

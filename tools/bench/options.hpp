@@ -55,6 +55,7 @@ struct BenchOptions {
   bool quiet_progress = false;
   bool corrupt_for_testing = false;  // --corrupt-for-testing: rank 0 flips a result byte in checks
   bool primary_only = false;         // time only the form peers compare (the tuner's sweeps)
+  bool per_call = false;             // --per-call: also the median call (Measure::median)
   bool sparse = false;               // --collective sparse_allreduce: the sparse table (bench/sparse_bench.hpp)
   std::vector<double> densities;     // --density: nnz / dim per rank
   std::size_t sparse_dim = std::size_t{1} << 20;  // --dim

@@ -85,7 +85,15 @@ void Report::print_row(const Row& row) const {
     std::printf(" %8.2f %8.2f", busbw(row, ranks_, it->second.time), it->second.time / mine.time);
   }
   if (ceiling_) std::printf(" %8.2f", row.bound / mine.time);
-  std::printf("%s\n", row.chosen.empty() ? "" : ("  " + row.chosen).c_str());
+  std::printf("%s", row.chosen.empty() ? "" : ("  " + row.chosen).c_str());
+  // --per-call: the median calls after the row, Tutti's primary form's first.
+  if (mine.median > 0) {
+    std::printf("  median(us) %.2f", mine.median * 1e6);
+    for (const std::string& peer : peers_)
+      if (const auto it = row.peers.find(peer); it != row.peers.end() && it->second.median > 0)
+        std::printf(" %s %.2f", peer.c_str(), it->second.median * 1e6);
+  }
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -128,6 +136,7 @@ void Report::write_json(const std::string& path, const std::string& command, con
                 {"algbw_GBps", algbw(row, ranks_, m.time)},
                 {"busbw_GBps", busbw(row, ranks_, m.time)},
                 {"wrong", m.wrong}};
+      if (m.median > 0) r["median_us"] = m.median * 1e6;
       if (m.idle >= 0)
         r["enqueue_us"] = m.enqueue * 1e6, r["enqueue_max_us"] = m.enqueue_max * 1e6, r["idle_fraction"] = m.idle;
       if (row.copy > 0) {
@@ -144,11 +153,15 @@ void Report::write_json(const std::string& path, const std::string& command, con
         r["ceiling_busbw_GBps"] = busbw(row, ranks_, row.bound);
       }
       for (const auto& [name, peer] : &m == &primary(row) ? row.peers : row.peers_in_place)
-        if (peer.measured())
+        if (peer.measured()) {
           r["peers"][name] = {{"time_us", peer.time * 1e6},
                               {"busbw_GBps", busbw(row, ranks_, peer.time)},
                               {"ratio", peer.time / m.time},
                               {"wrong", peer.wrong}};
+          if (peer.median > 0 && m.median > 0)
+            r["peers"][name]["median_us"] = peer.median * 1e6,
+            r["peers"][name]["median_ratio"] = peer.median / m.median;
+        }
       doc["results"].push_back(std::move(r));
     }
   }

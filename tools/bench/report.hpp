@@ -16,6 +16,8 @@ namespace tutti::bench {
 
 struct Measure {
   double time = 0;  // seconds per iteration (max over ranks of the mean); 0 = not measured
+  // --per-call: seconds of the median call (each rank's median, max over ranks); 0 = not measured.
+  double median = 0;
   std::size_t wrong = 0;
   // Device mode: host seconds per enqueueing call (max over ranks of the mean, and the longest
   // call), and the fraction of the batch the host spent outside the calls (min over ranks; < 0

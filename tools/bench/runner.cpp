@@ -64,6 +64,24 @@ double time_op(Communicator& world, const std::function<void()>& op, int warmup,
   return max_over_ranks(world, seconds_since(start) / iterations);
 }
 
+CallTimes time_calls(Communicator& world, const std::function<void()>& op, int warmup, int iterations) {
+  for (int i = 0; i < warmup; ++i) op();
+  std::vector<double> calls(static_cast<std::size_t>(std::max(iterations, 1)), 0.0);
+  world.barrier();
+  const auto start = clock::now();
+  auto last = start;
+  for (int i = 0; i < iterations; ++i) {
+    op();
+    const auto now = clock::now();
+    calls[static_cast<std::size_t>(i)] = std::chrono::duration<double>(now - last).count();
+    last = now;
+  }
+  const double mean = seconds_since(start) / iterations;
+  const auto middle = calls.begin() + static_cast<std::ptrdiff_t>(calls.size() / 2);
+  std::nth_element(calls.begin(), middle, calls.end());
+  return {max_over_ranks(world, mean), max_over_ranks(world, *middle)};
+}
+
 std::vector<double> time_alternating(Communicator& world, const std::vector<std::function<void()>>& ops, int warmup,
                                      const std::vector<int>& iterations) {
   for (int i = 0; i < warmup; ++i)

@@ -35,6 +35,13 @@ void run_tutti(Communicator& world, const Case& c, Buffers& buffers, Algorithm a
 /// `op`, after `warmup` untimed ones. Every rank gets the same value.
 double time_op(Communicator& world, const std::function<void()>& op, int warmup, int iterations);
 
+/// time_op's mean and the median call: each call timed on its own, each rank's median, the
+/// maximum over ranks (`median`). Every rank gets the same values.
+struct CallTimes {
+  double mean = 0, median = 0;
+};
+CallTimes time_calls(Communicator& world, const std::function<void()>& op, int warmup, int iterations);
+
 /// Times `ops` alternately: `warmup` rounds of every op, then rounds in which each op still short
 /// of its `iterations` runs once, from a barrier, each round in another order (shuffled, the same
 /// on every rank). Returns each op's mean time per call (the maximum over ranks of each rank's

@@ -14,7 +14,12 @@ Timed time_and_check(Communicator& world, const BenchOptions& options, Buffers& 
                      const std::function<void()>& op, int iterations) {
   Timed t;
   t.iterations = iterations > 0 ? iterations : choose_iterations(world, op, options.iterations);
-  t.measure.time = time_op(world, op, options.warmup, t.iterations);
+  if (options.per_call) {
+    const CallTimes times = time_calls(world, op, options.warmup, t.iterations);
+    t.measure.time = times.mean, t.measure.median = times.median;
+  } else {
+    t.measure.time = time_op(world, op, options.warmup, t.iterations);
+  }
   if (options.check) t.measure.wrong = check_op(world, buffers, op, options.corrupt_for_testing);
   return t;
 }

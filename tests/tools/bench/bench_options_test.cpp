@@ -41,7 +41,9 @@ TEST(BenchOptions, Defaults) {
   EXPECT_EQ(o.root, 0);
   EXPECT_TRUE(o.check);
   EXPECT_EQ(o.algorithm, Algorithm::automatic);
+  EXPECT_FALSE(o.per_call);
   EXPECT_EQ(o.command_line, "tutti-bench");
+  EXPECT_TRUE(parse({"--per-call"}).per_call);
 }
 
 TEST(BenchOptions, NcclTestsShortFlags) {

@@ -260,6 +260,33 @@ EOF
   else
     ok "in-place rows beside MPI_IN_PLACE, and bench_table.py matrix-in-place holds their ratios"
   fi
+  # --per-call: each row also has the median call, Tutti's and MPI's, in the text and the JSON, and
+  # bench_table.py matrix-median holds MPI's median call over Tutti's.
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -s KILL 120 "$mpirun" --oversubscribe -np 2 \
+    "$bench" --no-progress --collective allreduce,broadcast -b 8 -e 512 -f 8 -n 20 -w 2 --peers mpi -c 1 \
+    --per-call --json "$tmp/median.json" >"$tmp/out" 2>"$tmp/err"
+  status=$?
+  table=$(/usr/bin/python3 "$(dirname "$0")/../../../tools/bench_table.py" matrix-median mpi "$tmp/median.json")
+  if [[ $status -ne 0 ]]; then
+    fail "--per-call" "status $status"
+  elif [[ $(rows | grep -c " median(us) [0-9.]* mpi [0-9.]*$") -ne 6 ]]; then
+    fail "--per-call" "not every row ends with Tutti's and MPI's median call: $(cat "$tmp/out")"
+  elif ! /usr/bin/python3 - "$tmp/median.json" "$table" <<'EOF'; then
+import json, sys
+doc, table = json.load(open(sys.argv[1])), sys.argv[2].splitlines()
+rows = [r for r in doc["results"] if r["in_place"] == (r["collective"] == "broadcast")]
+assert len(rows) == 6 and all(r["median_us"] > 0 and r["wrong"] == 0 for r in rows), rows
+for r in rows:
+    mpi = r["peers"]["mpi"]
+    assert mpi["median_us"] > 0 and abs(mpi["median_ratio"] - mpi["median_us"] / r["median_us"]) < 1e-9, r
+for line, kind in zip(table[2:], ["allreduce", "broadcast"]):
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[0] == kind and cells[1:] == [f"{r['peers']['mpi']['median_ratio']:.2f}" for r in rows if r["collective"] == kind], (cells, kind)
+EOF
+    fail "--per-call" "the JSON's median calls or bench_table.py matrix-median are wrong: $table"
+  else
+    ok "--per-call: the median call of Tutti and MPI per row, and bench_table.py matrix-median"
+  fi
 fi
 
 # 7. Device mode: gpu::Communicator on the emulated device, with the sync peer and the D2D copy.
