@@ -118,12 +118,14 @@ double stream_time(transport::Kind kind, Algorithm algorithm, Collective collect
   return (ahead * predicted.busiest + predicted.time) / (ahead + 1);
 }
 
-// The candidate cheapest() returns (stream rule) with its prediction, and the prediction of the
+// The candidate cheapest() returns (stream rule) with its prediction, the prediction of the
 // fastest single call (the earlier candidate on a tie; where `hosts` spans, the one with fewer
-// messages across hosts, see across_tie).
+// messages across hosts, see across_tie), and every candidate with its prediction.
 struct Pick {
   Algorithm chosen = Algorithm::automatic;
   Prediction fastest_time, chosen_time;
+  std::vector<Algorithm> all;
+  std::vector<Prediction> predicted;
 };
 
 // Whether `a` is predicted as fast as `b` (a tie) with fewer messages across hosts on its critical
@@ -167,7 +169,7 @@ Pick pick(transport::Kind kind, Collective collective, int ranks, std::size_t by
         chosen = i, chosen_stream = s;
     }
   }
-  return {all[chosen], predicted[best], predicted[chosen]};
+  return {all[chosen], predicted[best], predicted[chosen], all, std::move(predicted)};
 }
 
 // Where ranks lie in blocks on hosts, a small gather or scatter runs ahead (exec::Plan::
@@ -175,18 +177,16 @@ Pick pick(transport::Kind kind, Collective collective, int ranks, std::size_t by
 // hosts, each of which costs its sender and its receiver the link's α where one within a host costs
 // shared memory's (the model prices both at the link's, see HostBlocks). So the candidate whose
 // busiest port takes the fewest of them, among those that run ahead, where that is fewer than
-// `chosen`'s (the earlier candidate on a tie): on 2 hosts x 2 ranks at 1 Gbit/s the binomial
-// tree's root takes one message from the other host a call where linear's takes two, and measured
-// 1.1-3 times as fast from 64 B to 4 KiB (level at 32 KiB); on 2 hosts x 4, one against four,
-// 2.4-5.7 times as fast from 64 B to 4 KiB and 1.5-3.8 at 32 KiB (one run), though its single call, three
-// rounds, is priced at more than twice linear's (docs/performance.md, 2026-12-08).
+// `chosen`'s (the earlier candidate on a tie), from `priced` (pick's candidates priced on the hosts): on 2 hosts x 2
+// ranks at 1 Gbit/s the binomial tree's root takes one message from the other host a call where linear's takes two, and
+// measured 1.1-3 times as fast from 64 B to 4 KiB (level at 32 KiB); on 2 hosts x 4, one against four, 2.4-5.7 times as
+// fast from 64 B to 4 KiB and 1.5-3.8 at 32 KiB (one run), though its single call, three rounds, is priced at more than
+// twice linear's (docs/performance.md, 2026-12-08).
 std::optional<Algorithm> fewest_across(transport::Kind kind, Collective collective, int ranks, std::size_t bytes,
-                                       bool direct_available, const CostParams& cost, const HostBlocks& hosts,
-                                       Algorithm chosen) {
+                                       const Pick& priced, Algorithm chosen) {
   if (collective != Collective::gather && collective != Collective::scatter) return std::nullopt;
-  const std::vector<Algorithm> all = candidates(kind, collective, direct_available);
-  std::vector<Prediction> predicted;
-  for (Algorithm a : all) predicted.push_back(predict_both(a, collective, ranks, bytes, cost, hosts));
+  const std::vector<Algorithm>& all = priced.all;
+  const std::vector<Prediction>& predicted = priced.predicted;
   std::optional<std::size_t> best, current;
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (all[i] == chosen) current = i;
@@ -289,8 +289,7 @@ Algorithm cheapest(transport::Kind kind, Collective collective, int ranks, std::
   if (hierarchical_serves(collective, ranks, hosts) &&
       hierarchical_time(ranks, bytes, cost, hosts) < priced.fastest_time.time * (1 - tie_margin))
     return Algorithm::hierarchical;
-  if (const auto fewer = fewest_across(kind, collective, ranks, bytes, direct_available, cost, hosts, flat.chosen))
-    return *fewer;
+  if (const auto fewer = fewest_across(kind, collective, ranks, bytes, priced, flat.chosen)) return *fewer;
   if (priced.chosen == flat.chosen) return flat.chosen;
   const Prediction flat_on_hosts = predict_both(flat.chosen, collective, ranks, bytes, cost, hosts);
   if (flat_on_hosts.time > priced.fastest_time.time * hosts_margin || across_tie(priced.chosen_time, flat_on_hosts))
